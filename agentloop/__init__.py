@@ -1,0 +1,118 @@
+"""agentloop: an embeddable asyncio agent-loop kernel.
+
+Interrupt it (`QueryEngine.interrupt`), steer it (`QueryEngine.interject`),
+replace its turn (`QueryEngine.send_now`): the transcript stays valid for the
+provider whatever happens, and the loop climbs out of runaway behaviour by
+itself. Extension points live in `agentloop.models`, `agentloop.policies`,
+`agentloop.sessions` and `agentloop.testing`.
+"""
+
+from ._abort import AbortController, AbortSignal
+from ._engine import QueryEngine
+from ._errors import (
+    AbortError,
+    AgentloopError,
+    ModelError,
+    PromptTooLongError,
+    ProviderError,
+    StreamProtocolError,
+    ToolInputError,
+    TranscriptError,
+)
+from ._events import (
+    AssistantMessage,
+    AttemptDiscarded,
+    DoomLoopDetected,
+    Event,
+    InterjectionDropped,
+    InterjectionInjected,
+    PermissionRequested,
+    PolicyNudge,
+    Resampling,
+    Retrying,
+    TerminalReason,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolInputDelta,
+    TurnEnded,
+    TurnStarted,
+)
+from ._inbox import Texts
+from ._messages import (
+    Block,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from ._model import Model, ModelRequest, Usage
+from ._policy import Policy
+from ._process import ProcessResult, run_process
+from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+from ._signals import DoomLoopSignal
+from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
+from ._transcript import repair_transcript, validate_transcript
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbortController",
+    "AbortError",
+    "AbortSignal",
+    "AgentloopError",
+    "Allow",
+    "AssistantMessage",
+    "AttemptDiscarded",
+    "Block",
+    "Deny",
+    "DoomLoopDetected",
+    "DoomLoopSignal",
+    "Event",
+    "InterjectionDropped",
+    "InterjectionInjected",
+    "Message",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "PermissionCallback",
+    "PermissionRequested",
+    "Policy",
+    "PolicyNudge",
+    "ProcessResult",
+    "PromptTooLongError",
+    "ProviderError",
+    "QueryEngine",
+    "RedactedThinkingBlock",
+    "Resampling",
+    "Retrying",
+    "ScriptedModel",
+    "ScriptedResponse",
+    "ScriptedToolCall",
+    "StreamProtocolError",
+    "TerminalReason",
+    "TextBlock",
+    "TextDelta",
+    "Texts",
+    "ThinkingBlock",
+    "ThinkingDelta",
+    "Tool",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolContext",
+    "ToolInputDelta",
+    "ToolInputError",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "TranscriptError",
+    "TurnEnded",
+    "TurnStarted",
+    "Usage",
+    "repair_transcript",
+    "run_process",
+    "tool",
+    "validate_transcript",
+]

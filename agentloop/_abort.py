@@ -1,0 +1,208 @@
+"""Cancellation: one controller, one signal, shared by everything a run starts.
+
+`AbortController.abort()` is the only way a signal becomes aborted. It is plain
+synchronous code that never blocks, so it is safe to call from any thread, from
+a signal handler and from inside a tool.
+
+Invariants:
+- a signal goes from "not aborted" to "aborted" at most once; the first reason
+  wins and never changes afterwards;
+- every listener registered before or after the abort is called exactly once
+  with the reason (late listeners are called at registration), unless it was
+  removed before the abort reached it;
+- a child controller (``AbortController(parent=...)``) follows its parent, never
+  the other way round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable, Iterable
+
+from ._errors import AbortError
+
+__all__ = ["AbortController", "AbortError", "AbortSignal"]
+
+Listener = Callable[[str], object]
+
+
+class AbortSignal:
+    """The read side of an `AbortController`: observe, never trigger.
+
+    Created by a controller; use `AbortSignal.any` and `AbortSignal.timeout` for
+    derived signals.
+    """
+
+    __slots__ = ("__weakref__", "_keys", "_listeners", "_once", "_reason")
+
+    def __init__(self) -> None:
+        self._reason: str | None = None
+        # Test-and-set flag: `acquire(blocking=False)` is atomic and never
+        # blocks, so the first `_abort` wins even from a signal handler that
+        # interrupted another `_abort` on the same thread.
+        self._once = threading.Lock()
+        self._listeners: dict[int, Listener] = {}
+        self._keys = itertools.count()
+
+    def __repr__(self) -> str:
+        state = f"aborted reason={self._reason!r}" if self._reason is not None else "active"
+        return f"<AbortSignal {state}>"
+
+    @property
+    def aborted(self) -> bool:
+        """True once the controller has aborted."""
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        """The first abort's reason, or None while not aborted."""
+        return self._reason
+
+    def throw_if_aborted(self) -> None:
+        """Raise `AbortError` with the reason if aborted; otherwise do nothing."""
+        reason = self._reason
+        if reason is not None:
+            raise AbortError(reason)
+
+    def add_listener(self, fn: Listener) -> Callable[[], None]:
+        """Call ``fn(reason)`` once on abort; returns a function that removes it.
+
+        If the signal is already aborted, ``fn`` is called at once. A listener
+        runs in the thread that aborts; exceptions it raises are swallowed so one
+        bad listener cannot stop the others (it is the caller's job to report).
+        """
+        key = next(self._keys)
+        listeners = self._listeners
+        listeners[key] = fn
+        if self._reason is not None:
+            # Aborted while (or before) we registered: whoever pops the entry
+            # calls it, so it runs exactly once.
+            self._dispatch(key)
+
+        def remove() -> None:
+            listeners.pop(key, None)
+
+        return remove
+
+    async def wait(self) -> str:
+        """Wait until aborted and return the reason (returns at once if already aborted)."""
+        reason = self._reason
+        if reason is not None:
+            return reason
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str] = loop.create_future()
+
+        def wake(reason: str) -> None:
+            if loop.is_closed():
+                return
+            if threading.get_ident() == _loop_thread(loop):
+                if not fut.done():
+                    fut.set_result(reason)
+            else:
+                loop.call_soon_threadsafe(_set_if_pending, fut, reason)
+
+        remove = self.add_listener(wake)
+        try:
+            return await fut
+        finally:
+            remove()
+
+    @staticmethod
+    def any(signals: Iterable[AbortSignal]) -> AbortSignal:
+        """A signal that aborts when any of ``signals`` does, with that one's reason."""
+        controller = AbortController()
+        for sig in signals:
+            sig.add_listener(controller.abort)
+            if controller.signal.aborted:
+                break
+        return controller.signal
+
+    @staticmethod
+    def timeout(seconds: float, reason: str = "deadline") -> AbortSignal:
+        """A signal that aborts with ``reason`` after ``seconds``.
+
+        Inside a running event loop the timer is a loop callback; otherwise a
+        daemon thread timer is used.
+        """
+        controller = AbortController()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            timer = threading.Timer(seconds, controller.abort, args=(reason,))
+            timer.daemon = True
+            timer.start()
+            controller.signal.add_listener(lambda _r: timer.cancel())
+        else:
+            handle = loop.call_later(seconds, controller.abort, reason)
+            controller.signal.add_listener(lambda _r: handle.cancel())
+        return controller.signal
+
+    # -- controller side ---------------------------------------------------
+
+    def _abort(self, reason: str) -> bool:
+        if not self._once.acquire(blocking=False):
+            return False
+        self._reason = reason
+        for key in list(self._listeners):
+            self._dispatch(key)
+        return True
+
+    def _dispatch(self, key: int) -> None:
+        fn = self._listeners.pop(key, None)  # atomic: exactly one caller gets it
+        if fn is None:
+            return
+        reason = self._reason
+        assert reason is not None
+        try:
+            fn(reason)
+        except Exception:  # a listener must not break abort() for the others
+            _log_listener_error(fn)
+
+
+class AbortController:
+    """Owns a signal and aborts it.
+
+    ``parent``: when given, the controller aborts (with the same reason) as soon
+    as the parent signal does; aborting this controller never touches the parent.
+    """
+
+    __slots__ = ("_unlink", "signal")
+
+    def __init__(self, *, parent: AbortSignal | None = None) -> None:
+        self.signal = AbortSignal()
+        self._unlink: Callable[[], None] | None = None
+        if parent is not None:
+            self._unlink = parent.add_listener(self.abort)
+
+    def __repr__(self) -> str:
+        return f"<AbortController signal={self.signal!r}>"
+
+    def abort(self, reason: str = "cancel") -> None:
+        """Abort the signal with ``reason``. Idempotent: later calls are ignored."""
+        if self.signal._abort(reason) and self._unlink is not None:
+            self._unlink()
+
+    def unlink(self) -> None:
+        """Stop following the parent signal (so a long-lived parent does not hold this)."""
+        if self._unlink is not None:
+            self._unlink()
+            self._unlink = None
+
+
+def _set_if_pending(fut: asyncio.Future[str], value: str) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
+    # BaseEventLoop records the thread it runs in; other loops fall back to
+    # call_soon_threadsafe, which is always correct, only slower.
+    return getattr(loop, "_thread_id", None)
+
+
+def _log_listener_error(fn: Listener) -> None:
+    import logging
+
+    logging.getLogger("agentloop").exception("abort listener %r raised", fn)

@@ -1,0 +1,180 @@
+"""Build one assistant message from a model's stream events.
+
+One accumulator serves every provider, so a given stream of `StreamEvent`s
+always yields the same message whichever adapter produced it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._messages import (
+    Block,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+)
+from ._model import (
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamRedactedThinking,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    StreamUsage,
+    Usage,
+)
+
+__all__ = ["Accumulator"]
+
+
+class _Part:
+    __slots__ = ("chunks", "closed", "id", "kind", "name", "signature")
+
+    def __init__(self, kind: str, id: str = "", name: str = "") -> None:
+        self.kind = kind
+        self.chunks: list[str] = []
+        self.signature = ""
+        self.id = id
+        self.name = name
+        self.closed = False
+
+
+class Accumulator:
+    """Feed stream events in order; read the message at any time.
+
+    Unknown event kinds (signals, logprobs) are ignored here: the engine routes
+    them to the policies.
+    """
+
+    __slots__ = ("_parts", "ended", "response_id", "stop_reason", "usage")
+
+    def __init__(self) -> None:
+        self._parts: dict[int, _Part] = {}
+        self.stop_reason: str | None = None
+        self.usage = Usage()
+        self.ended = False
+        self.response_id: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        """True while nothing visible has been streamed."""
+        return not self._parts
+
+    def feed(self, ev: StreamEvent) -> None:
+        """Apply one event."""
+        if isinstance(ev, StreamText):
+            self._part(ev.index, "text").chunks.append(ev.text)
+        elif isinstance(ev, StreamThinking):
+            self._part(ev.index, "thinking").chunks.append(ev.thinking)
+        elif isinstance(ev, StreamSignature):
+            self._part(ev.index, "thinking").signature += ev.signature
+        elif isinstance(ev, StreamToolInput):
+            self._part(ev.index, "tool_use").chunks.append(ev.partial_json)
+        elif isinstance(ev, StreamToolUseStart):
+            part = self._part(ev.index, "tool_use")
+            part.id, part.name = ev.id, ev.name
+        elif isinstance(ev, StreamRedactedThinking):
+            self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
+        elif isinstance(ev, StreamBlockStop):
+            part = self._parts.get(ev.index)
+            if part is not None:
+                part.closed = True
+        elif isinstance(ev, StreamUsage):
+            self.usage = _merge_usage(self.usage, ev.usage)
+        elif isinstance(ev, StreamEnd):
+            self.ended = True
+            self.stop_reason = ev.stop_reason
+            self.response_id = ev.response_id
+            if ev.usage is not None:
+                self.usage = _merge_usage(self.usage, ev.usage)
+            for part in self._parts.values():
+                part.closed = True
+
+    def _part(self, index: int, kind: str) -> _Part:
+        part = self._parts.get(index)
+        if part is None:
+            part = self._parts[index] = _Part(kind)
+        return part
+
+    def text(self) -> str:
+        """All text streamed so far."""
+        return "".join("".join(p.chunks) for p in self._parts.values() if p.kind == "text")
+
+    def thinking_text(self) -> str:
+        """All thinking streamed so far."""
+        return "".join("".join(p.chunks) for p in self._parts.values() if p.kind == "thinking")
+
+    def tool_identity(self, index: int) -> tuple[str, str]:
+        """(id, name) of the tool call streaming at ``index`` ("" while unknown)."""
+        part = self._parts.get(index)
+        return (part.id, part.name) if part is not None else ("", "")
+
+    @property
+    def tool_calls(self) -> int:
+        """How many tool calls the attempt has started."""
+        return sum(1 for p in self._parts.values() if p.kind == "tool_use")
+
+    def message(self, *, partial: bool = False) -> Message:
+        """The assistant message as streamed so far (blocks in index order).
+
+        Unfinished tool calls come out with ``complete=False``; thinking without
+        a signature keeps an empty signature. `clean_assistant` removes both.
+        """
+        blocks: list[Block] = []
+        for index in sorted(self._parts):
+            part = self._parts[index]
+            body = "".join(part.chunks)
+            if part.kind == "text":
+                blocks.append(TextBlock.model_construct(text=body))
+            elif part.kind == "thinking":
+                blocks.append(ThinkingBlock.model_construct(thinking=body, signature=part.signature))
+            elif part.kind == "redacted_thinking":
+                blocks.append(RedactedThinkingBlock.model_construct(data=body))
+            else:
+                blocks.append(_tool_use(part, body))
+        return Message.model_construct(
+            role="assistant",
+            content=blocks,
+            partial=partial,
+            synthetic=False,
+            kind=None,
+            meta={},
+        )
+
+
+def _tool_use(part: _Part, body: str) -> ToolUseBlock:
+    if not part.closed:
+        return ToolUseBlock(id=part.id, name=part.name, input={}, complete=False)
+    if not body.strip():
+        return ToolUseBlock.model_construct(
+            id=part.id, name=part.name, input={}, complete=True, input_error=None
+        )
+    error: str | None = None
+    value: Any = None
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        error = f"the tool input is not valid JSON ({exc}); raw input: {body[:500]!r}"
+    if error is None and not isinstance(value, dict):
+        error = f"the tool input must be a JSON object, got {type(value).__name__}"
+    if error is not None:
+        return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=error)
+    return ToolUseBlock.model_construct(
+        id=part.id, name=part.name, input=value, complete=True, input_error=None
+    )
+
+
+def _merge_usage(old: Usage, new: Usage) -> Usage:
+    return Usage(
+        new.input_tokens or old.input_tokens,
+        new.output_tokens or old.output_tokens,
+        new.cache_read_tokens or old.cache_read_tokens,
+        new.cache_write_tokens or old.cache_write_tokens,
+    )

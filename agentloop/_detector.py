@@ -1,0 +1,269 @@
+"""Client-side repetition detector: streamed text in, doom-loop signals out.
+
+A runaway generation is a *periodic suffix*: from some onset on, every
+character equals the one ``p`` characters earlier. `RepetitionDetector` finds
+the smallest such ``p`` (up to ``window`` characters) for the text streamed on
+one channel and reports it, in characters, with the server's vocabulary:
+
+    tail_repetition:{p}@{channel}            the tail repeats with period p
+    exact_repetition:{p}x{copies}@{channel}  a p-char unit repeated `copies` times
+
+How (exact, no hashing heuristics):
+
+- Checkpoints sit at fixed absolute offsets (every ``step`` characters), so the
+  work done never depends on how the stream is chunked. At a checkpoint the
+  last ``anchor`` characters are looked up backwards with ``str.rfind``; the
+  latest earlier occurrence at distance ``d`` is the smallest candidate period
+  (a tail with period p contains its anchor p characters back, so the latest
+  occurrence is never further than p). A candidate is kept only when the text
+  really holds two full copies (one slice comparison), and its onset is found
+  by comparing slices backwards.
+- The search window grows geometrically with the checkpoint's alignment:
+  ``16*step`` characters at every checkpoint, 4x that at every 4th, and so on up
+  to ``window``. A period p is therefore found within about p/4 characters of
+  having two copies, and the C-level scanning costs O(log window) per character.
+- A live candidate is extended per delta with one slice comparison; the first
+  mismatch (found only when the comparison fails) ends the run.
+- Memory is bounded: the buffer keeps at most ``3*window`` characters.
+
+Thresholds: a run of length L with smallest period p fires when ``L/p`` and
+``L`` reach the first `Rule` whose ``below`` exceeds p, per channel. The
+defaults (tuned on the benchmark in ``benchmarks/runaway``) are stricter on the
+content channel than on the thinking channel, and stricter still inside a
+Markdown code fence (a line opening with three back-ticks): fences raise the
+thresholds, they never switch detection off.
+
+Boundary cases (documented policy, see docs/policies.md): exact repetition that
+may be legitimate — base64 of zero bytes, a zero matrix, a hexdump of a zero
+page, or text the user asked to be repeated — *is* reported, because the
+detector cannot know intent. The stock policies never abort on the text
+channel, so on that channel such output only produces a non-confident warning;
+the confident verdict is reserved for the thinking channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._signals import DoomLoopSignal
+
+__all__ = ["RepetitionDetector", "Rule"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Fire for periods ``p < below`` once ``L/p >= min_copies`` and ``L >= min_chars``."""
+
+    below: int
+    min_copies: float
+    min_chars: int
+
+
+_BIG = 1 << 30
+THINKING_RULES = (Rule(16, 0, 256), Rule(64, 4, 0), Rule(_BIG, 3, 0))
+TEXT_RULES = (Rule(16, 0, 512), Rule(64, 5, 256), Rule(_BIG, 3, 400))
+FENCE_RULES = (Rule(16, 0, 2048), Rule(64, 12, 1024), Rule(_BIG, 4, 1024))
+_DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
+_BLOCK = 64  # slice size for the backwards onset search
+
+
+class _Run:
+    """A live candidate: the text from ``onset`` on has period ``period``."""
+
+    __slots__ = ("onset", "period", "reported")
+
+    def __init__(self, period: int, onset: int) -> None:
+        self.period = period
+        self.onset = onset
+        self.reported = 0  # copies at the last report; 0 = never reported
+
+
+class RepetitionDetector:
+    """Periodic-suffix detector for one channel ("thinking" or "text").
+
+    ``feed(delta)`` returns only new signals. A pattern (one run of one period)
+    is reported once when it crosses its threshold and again, as an
+    ``exact_repetition`` with the new count, each time its copies double.
+    ``rules`` / ``fence_rules`` replace the channel's thresholds.
+    """
+
+    def __init__(
+        self,
+        channel: str = "text",
+        *,
+        window: int = 4096,
+        anchor: int = 16,
+        step: int = 16,
+        rules: tuple[Rule, ...] | None = None,
+        fence_rules: tuple[Rule, ...] | None = FENCE_RULES,
+        max_candidates: int = 8,
+        tries: int = 4,
+    ) -> None:
+        if window < 2 * anchor or anchor < 2 or step < 1:
+            raise ValueError("need window >= 2*anchor, anchor >= 2 and step >= 1")
+        self.channel = channel
+        self.window = window
+        self.rules = rules if rules is not None else _DEFAULT_RULES.get(channel, TEXT_RULES)
+        self.fence_rules = fence_rules if fence_rules is not None else self.rules
+        self._k = anchor
+        self._step = step
+        self._max_candidates = max_candidates
+        self._tries = tries
+        self._keep = 2 * window + 2 * anchor
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a new attempt starts)."""
+        self._buf = ""
+        self._base = 0  # absolute offset of _buf[0]
+        self._n = 0  # characters fed so far
+        self._next_cp = self._step * ((self._k + self._step - 1) // self._step)
+        self._runs: dict[int, _Run] = {}
+        self._in_fence = False
+        self._fence_scan = 0
+        self.checkpoints = 0
+        self.fired = 0
+
+    @property
+    def chars(self) -> int:
+        """Characters fed since the last reset."""
+        return self._n
+
+    @property
+    def in_fence(self) -> bool:
+        """True inside a Markdown code fence."""
+        return self._in_fence
+
+    def tail(self) -> tuple[int, int] | None:
+        """(period, length) of the live run with the smallest period, or None."""
+        if not self._runs:
+            return None
+        p = min(self._runs)
+        return p, self._n - self._runs[p].onset
+
+    def feed(self, delta: str) -> list[DoomLoopSignal]:
+        """Add streamed text; return the signals that became due."""
+        if not delta:
+            return []
+        buf = self._buf
+        self._buf = ""  # drop the second reference so += can grow buf in place
+        buf += delta
+        start, n = self._n, self._n + len(delta)
+        self._n = n
+        if "`" in delta:
+            self._scan_fences(buf, n)
+        out: list[DoomLoopSignal] = []
+        if self._runs or n >= self._next_cp:
+            self._advance(buf, start, n, out)
+        if len(buf) > self._keep + self.window:
+            buf = buf[-self._keep :]
+            self._base = n - len(buf)
+        self._buf = buf
+        return out
+
+    # -- internals ----------------------------------------------------------
+
+    def _advance(self, buf: str, pos: int, n: int, out: list[DoomLoopSignal]) -> None:
+        while self._next_cp <= n:
+            cp = self._next_cp
+            self._extend(buf, pos, cp, out)
+            self._checkpoint(buf, cp)
+            self._next_cp = cp + self._step
+            pos = cp
+        self._extend(buf, pos, n, out)
+        for run in sorted(self._runs.values(), key=lambda r: r.period):
+            self._judge(run, n, out)
+
+    def _extend(self, buf: str, frm: int, to: int, out: list[DoomLoopSignal]) -> None:
+        """Check positions [frm, to) of every live run; end the runs that break."""
+        if frm >= to or not self._runs:
+            return
+        base = self._base
+        for p in list(self._runs):
+            a, b = frm - base, to - base
+            if buf[a:b] == buf[a - p : b - p]:
+                continue
+            end = next(i for i in range(a, b) if buf[i] != buf[i - p]) + base
+            run = self._runs.pop(p)
+            self._judge(run, end, out)  # a run that crossed its threshold mid-delta still fires
+
+    def _checkpoint(self, buf: str, cp: int) -> None:
+        """Look the anchor ending at ``cp`` up backwards; adopt the smallest viable period."""
+        self.checkpoints += 1
+        k, base = self._k, self._base
+        reach, stride = 16 * self._step, self._step
+        while cp % (stride * 4) == 0 and reach < self.window:
+            reach, stride = reach * 4, stride * 4
+        reach = min(reach, self.window)
+        anchor_at = cp - k - base
+        anchor = buf[anchor_at : cp - base]
+        lo = max(cp - k - reach, base) - base
+        hi = cp - 1 - base
+        for _ in range(self._tries):
+            j = buf.rfind(anchor, lo, hi)
+            if j < 0:
+                return
+            d = anchor_at - j
+            if d in self._runs:
+                return
+            onset = self._onset(buf, cp, d)
+            if onset is not None:
+                self._adopt(d, onset)
+                return
+            hi = j + k - 1
+
+    def _onset(self, buf: str, cp: int, d: int) -> int | None:
+        """Start of the d-periodic run ending at ``cp`` if it holds two copies, else None."""
+        base = self._base
+        m = max(d, self._k)
+        e = cp - base
+        if e - m - d < 0 or buf[e - m : e] != buf[e - m - d : e - d]:
+            return None
+        a = e - m  # buf[a:e] == buf[a-d:e-d]; walk back in blocks, then per char
+        while a - _BLOCK - d >= 0 and buf[a - _BLOCK : a] == buf[a - _BLOCK - d : a - d]:
+            a -= _BLOCK
+        while a - 1 - d >= 0 and buf[a - 1] == buf[a - 1 - d]:
+            a -= 1
+        return a - d + base
+
+    def _adopt(self, d: int, onset: int) -> None:
+        for q in [q for q in self._runs if q % d == 0 and self._runs[q].onset >= onset]:
+            del self._runs[q]  # a multiple inside the new run adds nothing
+        if len(self._runs) >= self._max_candidates:
+            del self._runs[max(self._runs)]
+        self._runs[d] = _Run(d, onset)
+
+    def _judge(self, run: _Run, end: int, out: list[DoomLoopSignal]) -> None:
+        p = run.period
+        length = end - run.onset
+        copies = length // p
+        if run.reported:
+            if copies >= 2 * run.reported:
+                run.reported = copies
+                out.append(self._exact(p, copies))
+            return
+        rules = self.fence_rules if self._in_fence else self.rules
+        rule = next((r for r in rules if p < r.below), None)
+        if rule is None or length < rule.min_chars or length < rule.min_copies * p:
+            return
+        run.reported = max(copies, 1)
+        self.fired += 1
+        out.append(DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client"))
+        out.append(self._exact(p, copies))
+
+    def _exact(self, p: int, copies: int) -> DoomLoopSignal:
+        return DoomLoopSignal(
+            "exact_repetition", self.channel, tokens=p, copies=copies, unit="chars", source="client"
+        )
+
+    def _scan_fences(self, buf: str, n: int) -> None:
+        """Toggle the fence state at each line-leading three back-ticks not seen yet."""
+        base = self._base
+        i = buf.find("```", max(self._fence_scan, base) - base)
+        while i >= 0:
+            line = buf.rfind("\n", 0, i)
+            if not buf[line + 1 : i].strip(" \t"):
+                self._in_fence = not self._in_fence
+            self._fence_scan = i + 3 + base
+            i = buf.find("```", i + 3)
+        self._fence_scan = max(self._fence_scan, n - 2)

@@ -1,0 +1,368 @@
+"""`QueryEngine`: the public face of the loop.
+
+The engine holds the transcript, the configuration and the host's inbox; the
+loop itself lives in `agentloop._loop` and is the only one: every way of using
+the engine (iterating `run()`, a subagent, the demo) drains the same event
+stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._abort import AbortController, AbortSignal
+from ._events import Event
+from ._inbox import Inbox, Texts
+from ._messages import Message
+from ._model import Model
+from ._policy import Policy
+from ._tools import PermissionCallback, Tool
+
+if TYPE_CHECKING:
+    from ._run import RunState
+    from .sessions import SessionStore
+
+__all__ = ["EngineOptions", "QueryEngine"]
+
+log = logging.getLogger("agentloop")
+
+AbortHook = Callable[[str], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The engine's settings, grouped (see `QueryEngine` for their meaning)."""
+
+    system: str | None = None
+    max_turns: int | None = None
+    max_parallel_tools: int = 10
+    tool_cancel_grace: float = 2.0
+    permission: PermissionCallback | None = None
+    follow_up_behavior: Literal["queue", "steer"] = "queue"
+    interrupt_notice: Literal["append", "envelope"] | None = "append"
+    doom_loop_recovery: bool = True
+    doom_budget: int = 2
+    retry_budget: int = 3
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 8.0
+    usage_limit: int | None = None
+    deadline: float | None = None
+    max_tokens: int | None = None
+    tool_choice: str | None = None
+    background_subagents: Literal["keep", "abort"] = "keep"
+    texts: Texts = field(default_factory=Texts)
+
+
+def _recovery_default(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    env = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "").strip().lower()
+    return env not in {"0", "false", "no", "off"}
+
+
+class QueryEngine:
+    """An agent loop over ``model`` and ``tools``.
+
+    Control calls (`interrupt`, `send_now`, `interject`, `follow_up`, `submit`)
+    are plain synchronous calls, safe from any thread; only `run()` is async.
+
+    Keyword arguments beyond API.md: ``usage_limit`` (total tokens per run,
+    terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
+    terminal ``deadline``), ``texts`` (every text the library writes),
+    ``session`` (a `agentloop.sessions.SessionStore` receiving each committed
+    message), ``background_subagents`` ("keep" or "abort" on a parent cancel),
+    ``retry_base_delay``/``retry_max_delay`` (back-off bounds, seconds),
+    ``max_tokens`` and ``tool_choice`` (passed on in each request).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        tools: Sequence[Tool] = (),
+        system: str | None = None,
+        messages: Sequence[Message] = (),
+        policies: Sequence[Policy] | None = None,
+        max_turns: int | None = None,
+        max_parallel_tools: int = 10,
+        tool_cancel_grace: float = 2.0,
+        permission: PermissionCallback | None = None,
+        follow_up_behavior: Literal["queue", "steer"] = "queue",
+        interrupt_notice: Literal["append", "envelope"] | None = "append",
+        doom_loop_recovery: bool | None = None,
+        doom_budget: int = 2,
+        retry_budget: int = 3,
+        parent: QueryEngine | None = None,
+        agent_id: str | None = None,
+        usage_limit: int | None = None,
+        deadline: float | None = None,
+        texts: Texts | None = None,
+        session: SessionStore | None = None,
+        background_subagents: Literal["keep", "abort"] = "keep",
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 8.0,
+        max_tokens: int | None = None,
+        tool_choice: str | None = None,
+    ) -> None:
+        if follow_up_behavior not in ("queue", "steer"):
+            raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {follow_up_behavior!r}")
+        if interrupt_notice not in ("append", "envelope", None):
+            raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {interrupt_notice!r}")
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")
+        self.model = model
+        self.tools = {t.name: t for t in tools}
+        self.options = EngineOptions(
+            system=system,
+            max_turns=max_turns,
+            max_parallel_tools=max_parallel_tools,
+            tool_cancel_grace=tool_cancel_grace,
+            permission=permission,
+            follow_up_behavior=follow_up_behavior,
+            interrupt_notice=interrupt_notice,
+            doom_loop_recovery=_recovery_default(doom_loop_recovery),
+            doom_budget=doom_budget,
+            retry_budget=retry_budget,
+            retry_base_delay=retry_base_delay,
+            retry_max_delay=retry_max_delay,
+            usage_limit=usage_limit,
+            deadline=deadline,
+            max_tokens=max_tokens,
+            tool_choice=tool_choice,
+            background_subagents=background_subagents,
+            texts=texts or Texts(),
+        )
+        self.messages: list[Message] = list(messages)
+        if policies is None:
+            from .policies import default_policies
+
+            policies = default_policies()
+        self.policies: list[Policy] = list(policies)
+        for policy in self.policies:
+            policy.bind(self.tools)
+        self.parent = parent
+        self.agent_id = agent_id
+        self.session = session
+        self.inbox = Inbox()
+        self.last_turn_ended: Event | None = None
+        self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
+        self._state: RunState | None = None
+        self._closing: asyncio.Future[None] | None = None
+        self._wrap_next = False
+        self._children: weakref.WeakSet[QueryEngine] = weakref.WeakSet()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        who = f" agent_id={self.agent_id!r}" if self.agent_id else ""
+        state = "running" if self._state is not None else "idle"
+        return f"<QueryEngine{who} {state} messages={len(self.messages)}>"
+
+    # -- running ---------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while a `run()` is in progress."""
+        return self._state is not None
+
+    @property
+    def signal(self) -> AbortSignal | None:
+        """The current run's abort signal (None when idle)."""
+        return self._state.signal if self._state is not None else None
+
+    def run(self, prompt: str | Message | None = None) -> AsyncIterator[Event]:
+        """Run the loop on ``prompt``; iterate the returned object for events.
+
+        Stopping the iteration early (``break``, ``aclose()``, a cancelled task)
+        aborts the run with reason ``"consumer_closed"`` and leaves a valid
+        transcript. Raises RuntimeError (on first iteration) if a run is
+        already in progress, ValueError if there is nothing to run.
+        """
+        from ._loop import drive
+
+        token = object()
+        return _Run(self, drive(self, prompt, token), token)
+
+    # -- control (sync, thread-safe) --------------------------------------------
+
+    def interrupt(self, reason: str = "cancel") -> None:
+        """Abort the current run with ``reason``. Never blocks, never raises."""
+        try:
+            state = self._state
+            if state is not None:
+                state.controller.abort(str(reason))
+        except Exception:  # a control call must never raise into its caller
+            log.exception("interrupt() failed")
+
+    def send_now(self, text: str) -> str:
+        """Stop the current turn and start a new one with ``text`` at once.
+
+        When idle, ``text`` starts the next run. Returns a receipt id; the text
+        is never lost (it is delivered by this run or the next one).
+        """
+        receipt = self.inbox.put(self.inbox.send_now, text, "send")
+        self.interrupt("send_now")
+        return receipt
+
+    def interject(self, text: str) -> str:
+        """Queue ``text`` for the model at the next safe point, cancelling nothing.
+
+        Returns a receipt id, repeated in the InterjectionInjected (or
+        InterjectionDropped) event.
+        """
+        return self.inbox.put(self.inbox.interjections, text, "int")
+
+    def follow_up(self, text: str) -> str:
+        """Queue ``text`` as a new turn after the current turn completes."""
+        return self.inbox.put(self.inbox.follow_ups, text, "fup")
+
+    def submit(self, text: str) -> str:
+        """`follow_up` or `interject`, according to ``follow_up_behavior``."""
+        if self.options.follow_up_behavior == "steer" and self.running:
+            return self.interject(text)
+        return self.follow_up(text)
+
+    def on_abort(self, fn: AbortHook, *, main_only: bool = False) -> None:
+        """Call ``fn(reason)`` (sync or async) when a run is aborted.
+
+        Hooks are inherited by subagents created afterwards; a ``main_only``
+        hook runs only when the main engine (not a subagent) is aborted.
+        """
+        self._abort_hooks.append((fn, main_only))
+
+    async def _run_abort_hooks(self, reason: str) -> None:
+        for fn, main_only in self._abort_hooks:
+            if main_only and self.parent is not None:
+                continue
+            try:
+                result = fn(reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_abort hook %r failed", fn)
+
+    # -- subagents ---------------------------------------------------------------
+
+    def subagent(self, *, agent_id: str, **overrides: Any) -> QueryEngine:
+        """A child engine sharing this one's model and tools.
+
+        Its runs are linked to this engine's current run: a parent abort aborts
+        the child with the same reason; the child's own abort leaves the parent
+        running. ``overrides`` are any `QueryEngine` keyword arguments.
+        """
+        opts = self.options
+        kwargs: dict[str, Any] = {
+            "tools": list(self.tools.values()),
+            "system": opts.system,
+            "policies": [p.fork() for p in self.policies],
+            "max_turns": opts.max_turns,
+            "max_parallel_tools": opts.max_parallel_tools,
+            "tool_cancel_grace": opts.tool_cancel_grace,
+            "permission": opts.permission,
+            "interrupt_notice": None,
+            "doom_loop_recovery": opts.doom_loop_recovery,
+            "doom_budget": opts.doom_budget,
+            "retry_budget": opts.retry_budget,
+            "texts": opts.texts,
+            "session": self.session.sidechain(agent_id) if self.session is not None else None,
+        }
+        kwargs.update(overrides)
+        model = kwargs.pop("model", self.model)
+        child = QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
+        self._children.add(child)
+        return child
+
+    def start_background(self, child: QueryEngine, prompt: str | Message) -> asyncio.Task[list[Event]]:
+        """Run ``child`` (from `subagent`) in the background; the task returns its events.
+
+        A background child is not linked to this engine's runs: on a parent
+        cancel it keeps running, unless ``background_subagents="abort"``.
+        """
+        if child.parent is not self:
+            raise ValueError("start_background() needs a subagent of this engine")
+        child._background_child = True
+
+        async def drain() -> list[Event]:
+            return [ev async for ev in child.run(prompt)]
+
+        task = asyncio.get_running_loop().create_task(drain(), name=f"agentloop-bg-{child.agent_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    _background_child = False
+
+    def _link_signal(self) -> AbortSignal | None:
+        """The signal a new run of this engine follows (its parent's run), if any."""
+        parent = self.parent
+        if parent is None or parent._state is None:
+            return None
+        if self._background_child and parent.options.background_subagents == "keep":
+            return None
+        return parent._state.signal
+
+    def _commit(self, message: Message) -> None:
+        self.messages.append(message)
+        if self.session is not None:
+            try:
+                self.session.append_message(message)
+            except Exception:
+                log.exception("session store failed to append a message")
+
+    def _record_event(self, event: Event) -> None:
+        if self.session is not None:
+            try:
+                self.session.append_event(event)
+            except Exception:
+                log.exception("session store failed to append an event")
+
+
+class _Run(AsyncIterator[Event]):
+    """The object `run()` returns: an async iterator over the loop's events.
+
+    Dropping it (``break`` out of ``async for``) settles the transcript at once
+    and lets the loop's cleanup finish in the background; ``aclose()`` does the
+    same and waits for the cleanup.
+    """
+
+    __slots__ = ("_agen", "_engine", "_token")
+
+    def __init__(self, engine: QueryEngine, agen: AsyncGenerator[Event, None], token: object) -> None:
+        self._engine = engine
+        self._agen = agen
+        self._token = token
+
+    def __aiter__(self) -> _Run:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._agen.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the run (reason ``"consumer_closed"`` if still going) and wait for cleanup."""
+        from ._loop import consumer_gone
+
+        consumer_gone(self._engine, self._token)
+        await self._agen.aclose()
+
+    def __del__(self) -> None:
+        from ._loop import consumer_gone
+
+        try:
+            consumer_gone(self._engine, self._token)
+        except Exception:  # never raise from a finalizer
+            pass
+
+
+def tag(event: Event, agent_id: str) -> Event:
+    """``event`` as seen from a parent engine: tagged with the subagent's id."""
+    if event.agent_id is not None:
+        return event
+    return replace(event, agent_id=agent_id)

@@ -1,0 +1,221 @@
+"""Events yielded by `QueryEngine.run()`: small frozen records tagged by ``type``.
+
+Every event carries ``agent_id``: None for the engine's own events, the
+subagent's id for events forwarded from a subagent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from ._messages import Message, ToolResultBlock, ToolUseBlock
+from ._model import Usage
+from ._signals import DoomLoopSignal
+
+__all__ = [
+    "AssistantMessage",
+    "AttemptDiscarded",
+    "DoomLoopDetected",
+    "Event",
+    "InterjectionDropped",
+    "InterjectionInjected",
+    "PermissionRequested",
+    "PolicyNudge",
+    "Resampling",
+    "Retrying",
+    "TerminalReason",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolInputDelta",
+    "TurnEnded",
+    "TurnStarted",
+]
+
+TerminalReason = Literal[
+    "completed",
+    "aborted_streaming",
+    "aborted_tools",
+    "max_turns",
+    "stationarity_ended",
+    "usage_limit",
+    "deadline",
+    "model_error",
+    "prompt_too_long",
+    "hook_stopped",
+]
+
+_EV = {"frozen": True, "slots": True, "kw_only": True}
+
+
+@dataclass(**_EV)
+class _Event:
+    agent_id: str | None = None
+
+
+@dataclass(**_EV)
+class TurnStarted(_Event):
+    """A turn begins: ``prompt`` is the user message that starts it (None when the
+    run resumes a transcript that already ends with a user message)."""
+
+    type: ClassVar[str] = "turn_started"
+    turn: int
+    prompt: Message | None = None
+
+
+@dataclass(**_EV)
+class TextDelta(_Event):
+    type: ClassVar[str] = "text_delta"
+    text: str
+
+
+@dataclass(**_EV)
+class ThinkingDelta(_Event):
+    type: ClassVar[str] = "thinking_delta"
+    thinking: str
+
+
+@dataclass(**_EV)
+class ToolInputDelta(_Event):
+    """A fragment of a tool call's input JSON as it streams."""
+
+    type: ClassVar[str] = "tool_input_delta"
+    tool_use_id: str
+    name: str
+    partial_json: str
+
+
+@dataclass(**_EV)
+class AssistantMessage(_Event):
+    """The model's response as committed to the transcript."""
+
+    type: ClassVar[str] = "assistant_message"
+    message: Message
+
+
+@dataclass(**_EV)
+class PermissionRequested(_Event):
+    type: ClassVar[str] = "permission_requested"
+    tool_use: ToolUseBlock
+
+
+@dataclass(**_EV)
+class ToolCallStarted(_Event):
+    type: ClassVar[str] = "tool_call_started"
+    tool_use: ToolUseBlock
+
+
+@dataclass(**_EV)
+class ToolCallFinished(_Event):
+    """A call's result: real, an error, or synthesized (``synthetic``) after an abort."""
+
+    type: ClassVar[str] = "tool_call_finished"
+    tool_use: ToolUseBlock
+    result: ToolResultBlock
+    synthetic: bool = False
+
+
+@dataclass(**_EV)
+class InterjectionInjected(_Event):
+    """Queued interjections were merged into the transcript (receipt ``ids``)."""
+
+    type: ClassVar[str] = "interjection_injected"
+    texts: tuple[str, ...]
+    ids: tuple[str, ...] = ()
+
+
+@dataclass(**_EV)
+class InterjectionDropped(_Event):
+    """Queued interjections were not delivered because the run ended (``reason``)."""
+
+    type: ClassVar[str] = "interjection_dropped"
+    texts: tuple[str, ...]
+    ids: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(**_EV)
+class PolicyNudge(_Event):
+    type: ClassVar[str] = "policy_nudge"
+    policy: str
+    reminder: str
+
+
+@dataclass(**_EV)
+class DoomLoopDetected(_Event):
+    """``action``: "resample" (stream cut, retrying), "warn" (not confident),
+    "disarmed" (budget spent, result accepted) or "off" (recovery switched off)."""
+
+    type: ClassVar[str] = "doom_loop_detected"
+    signals: tuple[DoomLoopSignal, ...]
+    confident: bool
+    action: Literal["resample", "warn", "disarmed", "off"] = "warn"
+    policy: str = ""
+
+
+@dataclass(**_EV)
+class Resampling(_Event):
+    type: ClassVar[str] = "resampling"
+    attempt: int
+
+
+@dataclass(**_EV)
+class Retrying(_Event):
+    type: ClassVar[str] = "retrying"
+    attempt: int
+    error: str
+    delay: float
+
+
+@dataclass(**_EV)
+class AttemptDiscarded(_Event):
+    """Output streamed by a failed or cut attempt was thrown away: a host showing
+    deltas should erase ``text_chars`` characters of text and ``thinking_chars``
+    of thinking from its view."""
+
+    type: ClassVar[str] = "attempt_discarded"
+    attempt: int
+    reason: Literal["retry", "resample"]
+    text_chars: int = 0
+    thinking_chars: int = 0
+
+
+@dataclass(**_EV)
+class TurnEnded(_Event):
+    """The turn's terminal. Exactly one per turn; the last event of a run.
+
+    ``error`` says what failed (model errors); ``detail`` why a policy ended the
+    turn; ``turns`` counts the model requests of the turn; ``usage`` is the
+    run's token usage so far; ``aborted_subagents`` lists subagents the abort
+    reached."""
+
+    type: ClassVar[str] = "turn_ended"
+    reason: TerminalReason
+    abort_reason: str | None = None
+    error: str | None = None
+    detail: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    turns: int = 0
+    aborted_subagents: tuple[str, ...] = ()
+
+
+Event = (
+    TurnStarted
+    | TextDelta
+    | ThinkingDelta
+    | ToolInputDelta
+    | AssistantMessage
+    | PermissionRequested
+    | ToolCallStarted
+    | ToolCallFinished
+    | InterjectionInjected
+    | InterjectionDropped
+    | PolicyNudge
+    | DoomLoopDetected
+    | Resampling
+    | Retrying
+    | AttemptDiscarded
+    | TurnEnded
+)

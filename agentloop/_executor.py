@@ -1,0 +1,193 @@
+"""Running tool calls: batching, permission, timeouts, and turning failures into results.
+
+The executor never decides what an abort means for the transcript: a call that
+is aborted raises `AbortError`, and the engine synthesizes its result from
+whether the call had started (``started``) or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ._abort import AbortSignal
+from ._errors import AbortError, ToolInputError
+from ._events import Event, PermissionRequested, ToolCallStarted
+from ._messages import ToolResultBlock, ToolUseBlock
+from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
+
+__all__ = ["CallRunner", "Mailbox", "plan_batches"]
+
+T = TypeVar("T")
+
+
+def plan_batches(
+    uses: Sequence[ToolUseBlock], tools: Mapping[str, Tool], max_parallel: int
+) -> list[list[ToolUseBlock]]:
+    """Split calls into batches: consecutive concurrency-safe calls together (at
+    most ``max_parallel``), any other call alone; the model's order is kept.
+
+    Calls that cannot run (unknown tool, bad input) only produce an error, so
+    they count as concurrency-safe.
+    """
+    batches: list[list[ToolUseBlock]] = []
+    current: list[ToolUseBlock] = []
+    for use in uses:
+        tool = tools.get(use.name)
+        safe = tool is None or use.input_error is not None or tool.concurrency_safe
+        if safe and len(current) < max(1, max_parallel):
+            current.append(use)
+            continue
+        if current:
+            batches.append(current)
+            current = []
+        if safe:
+            current.append(use)
+        else:
+            batches.append([use])
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Mailbox:
+    """The loop's single wake-up point: tasks, tools and abort listeners put, the loop gets.
+
+    `put` must run on the loop thread; use ``loop.call_soon_threadsafe(box.put, x)``
+    from elsewhere.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[object] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: object) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> list[object]:
+        """Everything queued so far, waiting for at least one item."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+
+def error_result(tool_use_id: str, text: str) -> ToolResultBlock:
+    return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+
+
+class CallRunner:
+    """Runs one tool call to a result; shared by every call of a run."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        signal: AbortSignal,
+        make_ctx: Callable[[ToolUseBlock], ToolContext],
+        emit: Callable[[Event], None],
+        permission: PermissionCallback | None,
+    ) -> None:
+        self.tools = tools
+        self.signal = signal
+        self.make_ctx = make_ctx
+        self.emit = emit
+        self.permission = permission
+        self.started: set[str] = set()
+        self._perm_lock = asyncio.Lock()
+
+    async def run(self, use: ToolUseBlock) -> ToolResultBlock:
+        """The call's result. Raises `AbortError` when the run was aborted first."""
+        tool = self.tools.get(use.name)
+        if tool is None:
+            names = ", ".join(sorted(self.tools)) or "(none)"
+            return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")
+        if use.input_error is not None:
+            return error_result(use.id, f"Tool {use.name!r} was not run: {use.input_error}")
+        ctx = self.make_ctx(use)
+        tool_input: dict[str, Any] = use.input
+        if self.permission is not None:
+            decision = await self._ask(use, ctx)
+            if isinstance(decision, ToolResultBlock):
+                return decision
+            if decision.updated_input is not None:
+                tool_input = decision.updated_input
+        self.signal.throw_if_aborted()
+        self.started.add(use.id)
+        self.emit(ToolCallStarted(tool_use=use))
+        return await self._execute(tool, use, tool_input, ctx)
+
+    async def _ask(self, use: ToolUseBlock, ctx: ToolContext) -> Allow | ToolResultBlock:
+        assert self.permission is not None
+        permission = self.permission
+
+        async def ask() -> Allow | Deny:
+            async with self._perm_lock:  # one prompt at a time
+                self.signal.throw_if_aborted()
+                self.emit(PermissionRequested(tool_use=use))
+                return await permission(use, ctx)
+
+        try:
+            decision = await race_abort(ask(), self.signal)
+        except AbortError:
+            raise
+        except Exception as exc:
+            return error_result(use.id, f"The permission check failed ({type(exc).__name__}: {exc}); the tool was not run.")
+        if isinstance(decision, Deny):
+            return error_result(use.id, f"Permission denied: {decision.message}")
+        if not isinstance(decision, Allow):
+            return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
+        return decision
+
+    async def _execute(
+        self, tool: Tool, use: ToolUseBlock, tool_input: dict[str, Any], ctx: ToolContext
+    ) -> ToolResultBlock:
+        try:
+            async with asyncio.timeout(tool.timeout) as scope:
+                output = await tool(tool_input, ctx)
+        except TimeoutError:
+            if scope.expired():
+                return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
+            return error_result(use.id, f"Tool {use.name!r} raised TimeoutError.")
+        except ToolInputError as exc:
+            return error_result(use.id, f"Tool {use.name!r} was not run: {exc}")
+        except AbortError:
+            if self.signal.aborted:
+                raise
+            return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
+        except Exception as exc:
+            return error_result(use.id, f"Tool {use.name!r} raised {type(exc).__name__}: {exc}")
+        try:
+            return output_to_result(use.id, output)
+        except Exception as exc:  # a result that cannot be represented
+            return error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
+
+
+async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
+    """Await ``aw`` unless ``signal`` aborts first; then cancel it and raise `AbortError`."""
+    signal.throw_if_aborted()
+    task = asyncio.ensure_future(aw)
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            # Give it a moment to unwind; a callback that ignores cancellation
+            # is abandoned rather than allowed to hold the run open.
+            await asyncio.wait({task}, timeout=0.1)
+    if task.cancelled() or not task.done():
+        raise AbortError(signal.reason or "cancel")
+    return task.result()

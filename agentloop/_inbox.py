@@ -1,0 +1,100 @@
+"""The host's inbox: interjections, follow-ups and send-now messages.
+
+All three queues are fed from any thread (`QueryEngine.interject` and friends
+are plain sync calls) and drained by the loop at its safe points. Each queued
+text gets a receipt id, returned to the caller and repeated in the event that
+reports its delivery or its drop, so a host can always tell what happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Inbox", "Queued", "Texts", "escape_envelope"]
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Texts:
+    """Every text the library writes into a transcript; override any of them."""
+
+    never_started: str = "Interrupted by user: this tool call never started, so it had no effect."
+    stopped_running: str = (
+        "Interrupted by user: this tool call was stopped while it was running; "
+        "it may have had side effects."
+    )
+    interrupt_notice: str = "[Request interrupted by user]"
+    interrupt_envelope: str = "The user interrupted the previous turn:"
+    interjection_intro: str = "The user sent a message while you were working:"
+    interjection_reminder: str = (
+        "Take this into account, and do not drop the work you were doing unless the "
+        "message asks you to: finish or adjust the unfinished steps."
+    )
+    doom_reminder: str = (
+        "Your previous output was judged to be a repetition loop and was discarded. "
+        "Do not repeat it: take a different approach, be concise, and move the task forward."
+    )
+
+
+_TAG = re.compile(r"<(?=\s*/?\s*user_query)", re.IGNORECASE)
+
+
+def escape_envelope(text: str) -> str:
+    """Neutralise anything in ``text`` that could open or close a ``<user_query>`` tag."""
+    return _TAG.sub("&lt;", text)
+
+
+def envelope(intro: str, texts: list[str], outro: str | None = None) -> str:
+    """``intro``, each text inside its own ``<user_query>`` tag, then ``outro``."""
+    parts = [intro]
+    parts += [f"<user_query>\n{escape_envelope(t)}\n</user_query>" for t in texts]
+    if outro:
+        parts.append(outro)
+    return "\n".join(parts)
+
+
+class Inbox:
+    """Three thread-safe FIFO queues with receipt ids.
+
+    ``on_put`` is called (from the caller's thread) after anything is queued;
+    the engine uses it to wake the loop.
+    """
+
+    def __init__(self, on_put: Callable[[], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.interjections: list[Queued] = []
+        self.follow_ups: list[Queued] = []
+        self.send_now: list[Queued] = []
+        self.on_put = on_put
+
+    def put(self, queue: list[Queued], text: str, prefix: str) -> str:
+        if not isinstance(text, str):
+            raise TypeError(f"expected a str, got {type(text).__name__}")
+        with self._lock:
+            receipt = f"{prefix}-{next(self._ids)}"
+            queue.append(Queued(receipt, text))
+        if self.on_put is not None:
+            self.on_put()
+        return receipt
+
+    def take(self, queue: list[Queued]) -> list[Queued]:
+        """Remove and return everything in ``queue`` (oldest first)."""
+        if not queue:  # fast path without the lock: a racing put is seen next time
+            return []
+        with self._lock:
+            items = queue[:]
+            queue.clear()
+        return items
+
+    def __bool__(self) -> bool:
+        return bool(self.interjections or self.follow_ups or self.send_now)

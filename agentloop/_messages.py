@@ -1,0 +1,144 @@
+"""Content blocks and messages: the provider-neutral transcript.
+
+Blocks follow the Anthropic Messages shapes (the strictest of the wire
+formats); the provider adapters map them to other formats. All models are
+frozen: a message, once built, is never edited in place, so a transcript can be
+shared with a request that is in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "Block",
+    "Message",
+    "RedactedThinkingBlock",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolResultBlock",
+    "ToolUseBlock",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextBlock(BaseModel):
+    """Plain text."""
+
+    model_config = _FROZEN
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ThinkingBlock(BaseModel):
+    """Model reasoning. ``signature`` is opaque provider data that must be sent back
+    unchanged; a block with an empty signature is incomplete and never sent."""
+
+    model_config = _FROZEN
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(BaseModel):
+    """Encrypted reasoning, passed back to the provider unchanged."""
+
+    model_config = _FROZEN
+    type: Literal["redacted_thinking"] = "redacted_thinking"
+    data: str
+
+
+class ToolUseBlock(BaseModel):
+    """A tool call requested by the model.
+
+    ``complete`` is False while (or if) the input JSON never finished streaming;
+    such a block is shown in events but never kept in history. ``input_error``
+    is set when the input arrived complete but was not a JSON object; the call
+    then gets an error result without running.
+    """
+
+    model_config = _FROZEN
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    complete: bool = True
+    input_error: str | None = None
+
+
+class ToolResultBlock(BaseModel):
+    """The outcome of a tool call, matched to its `ToolUseBlock` by ``tool_use_id``."""
+
+    model_config = _FROZEN
+    type: Literal["tool_result"] = "tool_result"
+    tool_use_id: str
+    content: str | list[TextBlock]
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content)
+
+
+Block = Annotated[
+    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(BaseModel):
+    """One transcript entry.
+
+    ``partial``: the model's output was cut by an abort mid-stream.
+    ``synthetic``: written by the library (a synthesized result, a notice, an
+    interjection envelope, a policy reminder), not by the user or the model.
+    ``kind``: for synthetic messages, what wrote it ("tool_results",
+    "interrupt_notice", "interjection", "nudge", ...).
+    ``meta``: free-form host data, persisted by session stores and never sent.
+    """
+
+    model_config = _FROZEN
+    role: Literal["user", "assistant"]
+    content: list[Block]
+    partial: bool = False
+    synthetic: bool = False
+    kind: str | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "text", "text": value}]
+        return value
+
+    @classmethod
+    def user(cls, text: str, **fields: Any) -> Message:
+        """A user message holding one text block."""
+        return cls(role="user", content=[TextBlock(text=text)], **fields)
+
+    @classmethod
+    def assistant(cls, text: str, **fields: Any) -> Message:
+        """An assistant message holding one text block."""
+        return cls(role="assistant", content=[TextBlock(text=text)], **fields)
+
+    @property
+    def text(self) -> str:
+        """The concatenated text blocks."""
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def tool_uses(self) -> list[ToolUseBlock]:
+        """The tool_use blocks, in order."""
+        return [b for b in self.content if isinstance(b, ToolUseBlock)]
+
+    @property
+    def tool_results(self) -> list[ToolResultBlock]:
+        """The tool_result blocks, in order."""
+        return [b for b in self.content if isinstance(b, ToolResultBlock)]

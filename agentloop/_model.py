@@ -1,0 +1,212 @@
+"""The model seam: one streamed request in, provider-neutral stream events out.
+
+A `Model` turns a `ModelRequest` into an async iterator of `StreamEvent`s. The
+events are deliberately low level (content block index + delta) so that every
+provider maps its wire format onto them directly, and one accumulator in the
+kernel (`agentloop._accumulate`) builds the final message the same way for all.
+
+Contract for implementers:
+- yield `StreamEnd` exactly once, last; a stream that stops without it was cut;
+- raise `ModelError` (or a subclass) for failures, with ``retryable`` set for
+  errors that a new attempt could fix;
+- do not catch `asyncio.CancelledError`: the engine cancels the await to stop a
+  stream at once, and closing the HTTP response must happen on the way out
+  (an ``async with`` around the response does it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from ._abort import AbortSignal
+from ._messages import Message
+
+__all__ = [
+    "Model",
+    "ModelRequest",
+    "StreamBlockStop",
+    "StreamEnd",
+    "StreamEvent",
+    "StreamLogprobs",
+    "StreamRedactedThinking",
+    "StreamSignals",
+    "StreamSignature",
+    "StreamText",
+    "StreamThinking",
+    "StreamToolInput",
+    "StreamToolUseStart",
+    "StreamUsage",
+    "ToolSpec",
+    "Usage",
+]
+
+
+@runtime_checkable
+class ToolSpec(Protocol):
+    """What a provider needs to declare a tool (a `Tool` satisfies it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def input_schema(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts; providers report what they know and leave the rest at 0."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """One model request.
+
+    ``messages`` is a read-only view of the transcript (plus, on a doom-loop
+    resample, the recovery reminder); it is valid for the duration of the call
+    and must not be kept. ``tool_choice`` is "auto", "none", "any" or a tool name.
+    ``attempt`` counts transport retries and resamples of the same turn step.
+    """
+
+    messages: Sequence[Message]
+    system: str | None = None
+    tools: Sequence[ToolSpec] = ()
+    tool_choice: str | None = None
+    max_tokens: int | None = None
+    attempt: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+# -- stream events ------------------------------------------------------------
+# ``index`` is the content block index within the response. Blocks of one index
+# are contiguous; a block ends at StreamBlockStop (or at StreamEnd).
+
+
+@dataclass(frozen=True, slots=True)
+class StreamText:
+    type: ClassVar[str] = "text"
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamThinking:
+    type: ClassVar[str] = "thinking"
+    index: int
+    thinking: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSignature:
+    """Completes a thinking block (the signature is opaque; pass it back verbatim)."""
+
+    type: ClassVar[str] = "signature"
+    index: int
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRedactedThinking:
+    type: ClassVar[str] = "redacted_thinking"
+    index: int
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamToolUseStart:
+    type: ClassVar[str] = "tool_use_start"
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamToolInput:
+    """A fragment of the tool input JSON text."""
+
+    type: ClassVar[str] = "tool_input"
+    index: int
+    partial_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBlockStop:
+    type: ClassVar[str] = "block_stop"
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUsage:
+    """Usage so far; later events replace non-zero fields of earlier ones."""
+
+    type: ClassVar[str] = "usage"
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSignals:
+    """Doom-loop signals sent by the server (all signals so far in this response)."""
+
+    type: ClassVar[str] = "signals"
+    signals: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLogprobs:
+    """Log probabilities of the tokens just streamed on ``channel``."""
+
+    type: ClassVar[str] = "logprobs"
+    channel: Literal["text", "thinking"]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The response is complete. ``stop_reason`` uses Anthropic's vocabulary:
+    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn"."""
+
+    type: ClassVar[str] = "end"
+    stop_reason: str | None = None
+    usage: Usage | None = None
+    response_id: str | None = None
+
+
+StreamEvent = (
+    StreamText
+    | StreamThinking
+    | StreamSignature
+    | StreamRedactedThinking
+    | StreamToolUseStart
+    | StreamToolInput
+    | StreamBlockStop
+    | StreamUsage
+    | StreamSignals
+    | StreamLogprobs
+    | StreamEnd
+)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """One streamed request. See the module docstring for the contract."""
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]: ...

@@ -1,0 +1,98 @@
+"""The policy seam: how runaway defences plug into the loop.
+
+A policy watches the loop through a few hooks and answers with a verdict. The
+engine knows only this module; `agentloop.policies` builds the stock policies
+on it. Every hook has a no-op default, so a subclass overrides only what it
+needs.
+
+Hook order within a turn:
+
+    begin_turn(real_user)                 a turn starts (real_user: a person wrote it)
+      begin_attempt()                     before each model request attempt
+        on_stream(event) -> verdict?      every stream event of the attempt
+      on_response(message) -> verdict?    the accepted response
+      on_results(message, results) -> verdict?   after its tool calls ran
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ._messages import Message, ToolResultBlock
+from ._model import StreamEvent, ToolSpec
+from ._signals import DoomLoopSignal
+
+__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn"]
+
+
+@dataclass(frozen=True, slots=True)
+class Warn:
+    """Report signals without acting (emits a non-confident DoomLoopDetected)."""
+
+    signals: tuple[DoomLoopSignal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Resample:
+    """Cut the stream now and resample within the doom budget.
+
+    ``reminder`` replaces the engine's default recovery reminder when set.
+    """
+
+    signals: tuple[DoomLoopSignal, ...] = ()
+    reminder: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    """Add ``reminder`` as a synthetic user message before the next request."""
+
+    reminder: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndTurn:
+    """End the turn with ``reason`` (a distinct terminal a headless host can act on)."""
+
+    message: str
+    reason: Literal["stationarity_ended", "hook_stopped"] = "stationarity_ended"
+
+
+Verdict = Warn | Resample | Nudge | EndTurn
+
+
+class Policy:
+    """Base class: override the hooks you need; each returns None to do nothing."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def bind(self, tools: Mapping[str, ToolSpec]) -> None:
+        """Called once by the engine with its tools by name (read tool attributes
+        such as ``stationarity``, ``poller`` and ``concurrency_safe`` here)."""
+
+    def fork(self) -> Policy:
+        """A fresh copy for a subagent engine (default: a deep copy)."""
+        return copy.deepcopy(self)
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        """A turn starts. ``real_user`` is False for the library's own messages."""
+
+    def begin_attempt(self) -> None:
+        """A model request attempt starts (also after a retry or a resample)."""
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        """One stream event. Only Warn and Resample are acted on here."""
+        return None
+
+    def on_response(self, message: Message) -> Verdict | None:
+        """The model's accepted response, before its tool calls run."""
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        """The response's tool calls have run; ``results`` are in call order."""
+        return None

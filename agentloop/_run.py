@@ -1,0 +1,199 @@
+"""Per-run state, and the machinery that lets an abort reach the loop at once.
+
+A run's loop is an async generator driven by the host's task. While the loop
+awaits the model stream (or a retry back-off), an abort cancels that await in
+the host's task, exactly as `asyncio.timeout` does: the cancellation is
+requested only while the loop is inside one of its own awaits, and converted
+back into an abort on the way out (``uncancel()`` counting), so a
+`CancelledError` from anyone else is never swallowed. While tools run, the
+loop waits on its `Mailbox`, which an abort simply wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from ._abort import AbortController, AbortSignal
+from ._accumulate import Accumulator
+from ._executor import Mailbox
+from ._messages import Message, ToolResultBlock, ToolUseBlock
+from ._model import Usage
+from ._policy import Nudge
+
+if TYPE_CHECKING:
+    from ._events import TerminalReason
+
+__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView"]
+
+T = TypeVar("T")
+
+ABORTED = object()  # mailbox marker: the run's signal aborted
+GRACE_OVER = object()  # mailbox marker: tool_cancel_grace has elapsed
+
+
+class Aborted(Exception):  # noqa: N818 - internal control flow, never escapes the engine
+    """The run's own cancellation, converted back from CancelledError."""
+
+
+class TranscriptView(Sequence[Message]):
+    """A read-only view of the first ``n`` messages of a list, plus ``extra``.
+
+    The engine only appends to its transcript during a run, so a length-capped
+    view is a faithful snapshot that costs O(1) to take.
+    """
+
+    __slots__ = ("_base", "_extra", "_n")
+
+    def __init__(self, base: list[Message], n: int, extra: tuple[Message, ...] = ()) -> None:
+        self._base = base
+        self._n = n
+        self._extra = extra
+
+    def __len__(self) -> int:
+        return self._n + len(self._extra)
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Message]: ...
+    def __getitem__(self, i: int | slice) -> Message | Sequence[Message]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if 0 <= i < self._n:
+            return self._base[i]
+        if self._n <= i < len(self):
+            return self._extra[i - self._n]
+        raise IndexError(i)
+
+    def __iter__(self) -> Iterator[Message]:
+        base = self._base
+        for i in range(self._n):
+            yield base[i]
+        yield from self._extra
+
+    def __repr__(self) -> str:
+        return f"<TranscriptView {len(self)} messages>"
+
+
+class RunState:
+    """Everything one `run()` call owns. Lives from the run's start to its end."""
+
+    def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None) -> None:
+        self.controller = controller
+        self.signal: AbortSignal = controller.signal
+        self.task = task
+        self.loop = asyncio.get_running_loop()
+        self.mailbox = Mailbox()
+        self.turns = 0
+        self.usage = Usage()
+        self.acc: Accumulator | None = None
+        self.phase = "idle"  # "model" | "tools" | "idle"
+        # Tool calls owed a result, in the committed assistant message's order.
+        self.owed: list[ToolUseBlock] = []
+        self.results: dict[str, ToolResultBlock] = {}
+        self.started: set[str] = set()
+        self.pending_tasks: set[asyncio.Task[Any]] = set()
+        self.terminal: TerminalReason | None = None
+        self.error: str | None = None
+        self.detail: str | None = None
+        self.closed = False
+        self.aborted_subagents: list[str] = []
+        self.nudges: list[tuple[str, Nudge]] = []
+        self.token: object = None
+        self.deadline_handle: asyncio.TimerHandle | None = None
+        self.turn_over = False
+        self.continues = False
+        self.last_reason: TerminalReason | None = None
+        self.response: Message | None = None
+        self.last_results: dict[str, ToolResultBlock] = {}
+        self.turn_index = 0
+        # Self-cancellation bookkeeping (see the module docstring).
+        self.guarding = False
+        self._cancel_requested = False
+        self._cancel_baseline = 0
+        self._remove_listener = self.signal.add_listener(self._on_abort)
+
+    def new_turn(self, controller: AbortController) -> None:
+        """A turn starts (a send-now turn replaces the aborted controller)."""
+        if self.turn_index > 0:
+            self._remove_listener()
+            self.controller.unlink()
+            self.controller, self.signal = controller, controller.signal
+            self._remove_listener = self.signal.add_listener(self._on_abort)
+            self.mailbox = Mailbox()
+        else:
+            controller.unlink()
+        self.turn_index += 1
+        self.turns = 0
+        self.turn_over = False
+        self.continues = False
+        self.terminal = None
+        self.error = None
+        self.detail = None
+        self.phase = "idle"
+        self.aborted_subagents = []
+
+    def begin_attempt(self) -> Accumulator:
+        acc = self.acc = Accumulator()
+        return acc
+
+    def consume_cancel(self) -> bool:
+        """After a CancelledError in a guarded await: True if it was our abort's."""
+        if not self._cancel_requested:
+            return False
+        self._cancel_requested = False
+        assert self.task is not None
+        return self.task.uncancel() <= self._cancel_baseline
+
+    def _on_abort(self, _reason: str) -> None:
+        # Any thread, even a signal handler: only hand over to the loop.
+        try:
+            self.loop.call_soon_threadsafe(self._abort_in_loop)
+        except RuntimeError:  # loop closed: the run is over anyway
+            pass
+
+    def _abort_in_loop(self) -> None:
+        if self.closed:
+            return
+        task = self.task
+        if (
+            self.guarding
+            and not self._cancel_requested
+            and task is not None
+            and asyncio.current_task() is not task
+        ):
+            self._cancel_requested = True
+            self._cancel_baseline = task.cancelling()
+            task.cancel()
+        self.mailbox.put(ABORTED)
+
+    async def guarded(self, aw: Awaitable[T]) -> T:
+        """Await ``aw`` so that an abort cancels it at once; raises `Aborted` then."""
+        if self.signal.aborted:
+            _close(aw)
+            raise Aborted
+        self.task = asyncio.current_task()
+        self.guarding = True
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            if self.consume_cancel():
+                raise Aborted from None
+            raise
+        finally:
+            self.guarding = False
+
+    def close(self) -> None:
+        self.closed = True
+        self._remove_listener()
+        self.controller.unlink()
+
+
+def _close(aw: Awaitable[Any]) -> None:
+    close = getattr(aw, "close", None)
+    if close is not None:
+        close()

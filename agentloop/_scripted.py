@@ -1,0 +1,147 @@
+"""`ScriptedModel`: a deterministic, offline model for tests, demos and benchmarks.
+
+Each request consumes the next scripted response. A response is a
+`ScriptedResponse`, a plain string (a text reply), or a callable that receives
+the `ModelRequest` and returns either. Responses stream in chunks with an
+optional delay between events, so interrupts can land mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._abort import AbortSignal
+from ._errors import ModelError
+from ._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    Usage,
+)
+
+__all__ = ["ScriptedModel", "ScriptedResponse", "ScriptedToolCall"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedToolCall:
+    name: str
+    input: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedResponse:
+    """One scripted model response.
+
+    ``thinking`` streams first (signed unless ``sign_thinking`` is False), then
+    ``text``, then the tool calls. ``chunk`` is the delta size in characters;
+    ``delay`` the pause (seconds) before each event. ``error``: raised after
+    ``error_after`` events (None: at the start). ``events``: raw stream events,
+    used instead of everything above when given.
+    """
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: Sequence[ScriptedToolCall] = ()
+    chunk: int = 16
+    delay: float = 0.0
+    sign_thinking: bool = True
+    stop_reason: str | None = None
+    usage: Usage = field(default_factory=lambda: Usage(10, 10))
+    error: ModelError | None = None
+    error_after: int | None = None
+    events: Sequence[StreamEvent] | None = None
+
+    def stream_events(self, ids: Callable[[], str]) -> list[StreamEvent]:
+        """The events this response streams (tool ids drawn from ``ids`` when unset)."""
+        if self.events is not None:
+            return list(self.events)
+        out: list[StreamEvent] = []
+        index = 0
+        if self.thinking:
+            out += [StreamThinking(index, c) for c in _chunks(self.thinking, self.chunk)]
+            if self.sign_thinking:
+                out.append(StreamSignature(index, f"sig-{len(self.thinking)}"))
+            out.append(StreamBlockStop(index))
+            index += 1
+        if self.text:
+            out += [StreamText(index, c) for c in _chunks(self.text, self.chunk)]
+            out.append(StreamBlockStop(index))
+            index += 1
+        for call in self.tool_calls:
+            out.append(StreamToolUseStart(index, call.id or ids(), call.name))
+            out += [StreamToolInput(index, c) for c in _chunks(json.dumps(call.input), self.chunk)]
+            out.append(StreamBlockStop(index))
+            index += 1
+        stop = self.stop_reason or ("tool_use" if self.tool_calls else "end_turn")
+        out.append(StreamEnd(stop_reason=stop, usage=self.usage))
+        return out
+
+
+Script = ScriptedResponse | str | Callable[[ModelRequest], "ScriptedResponse | str"]
+
+
+class ScriptedModel:
+    """Plays ``responses`` in order, one per request.
+
+    ``cycle``: start again from the first response when the script runs out
+    (otherwise a request past the end raises `ModelError`). ``requests`` records
+    every request's message count and attempt, for assertions.
+    """
+
+    def __init__(self, responses: Sequence[Script], *, cycle: bool = False, record: bool = True) -> None:
+        self._responses = list(responses)
+        self._cycle = cycle
+        self._next = 0
+        self._ids = itertools.count(1)
+        self._record = record
+        self.requests: list[ModelRequest] = []
+        self.request_count = 0
+
+    def __repr__(self) -> str:
+        return f"<ScriptedModel {self._next}/{len(self._responses)} played>"
+
+    def _new_id(self) -> str:
+        return f"toolu_{next(self._ids):04d}"
+
+    def _take(self, request: ModelRequest) -> ScriptedResponse:
+        if self._next >= len(self._responses):
+            if not self._cycle or not self._responses:
+                raise ModelError(f"ScriptedModel has no response left (played {self._next})")
+            self._next = 0
+        script = self._responses[self._next]
+        self._next += 1
+        if callable(script):
+            script = script(request)
+        return ScriptedResponse(text=script) if isinstance(script, str) else script
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream the next response; honours ``signal`` between events."""
+        self.request_count += 1
+        if self._record:
+            self.requests.append(request)
+        response = self._take(request)
+        events = response.stream_events(self._new_id)
+        for i, event in enumerate(events):
+            if response.error is not None and i == (response.error_after or 0):
+                raise response.error
+            if response.delay:
+                await asyncio.sleep(response.delay)
+            signal.throw_if_aborted()
+            yield event
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[i : i + size] for i in range(0, len(text), size)]

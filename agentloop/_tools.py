@@ -1,0 +1,234 @@
+"""Tools: the `@tool` decorator, `Tool`, `ToolContext`, and permission answers.
+
+A `Tool` is a name, a description, a JSON schema and an async handler taking
+``(input: dict, ctx: ToolContext)``. `@tool` builds one from an annotated async
+function: the schema comes from the annotations through pydantic, the
+description from the docstring, and a parameter annotated `ToolContext` is
+injected rather than shown to the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from ._abort import AbortSignal
+from ._errors import ToolInputError
+from ._messages import TextBlock, ToolResultBlock, ToolUseBlock
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
+    from ._events import Event
+
+__all__ = ["Allow", "Deny", "PermissionCallback", "Tool", "ToolContext", "ToolOutput", "tool"]
+
+ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
+Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a running tool receives.
+
+    ``signal`` aborts when the run is interrupted: pass it on to anything that
+    can wait (`run_process`, a subagent, your own IO). ``emit`` sends an event
+    into the run's event stream (a subagent's events reach the host this way).
+    """
+
+    signal: AbortSignal
+    tool_use_id: str
+    engine: QueryEngine
+    emit: Callable[[Event], None] = field(repr=False, default=lambda _e: None)
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Permission granted; ``updated_input`` replaces the model's input when given."""
+
+    updated_input: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Permission refused; ``message`` becomes the call's error result."""
+
+    message: str
+
+
+PermissionCallback = Callable[[ToolUseBlock, ToolContext], Awaitable[Allow | Deny]]
+
+
+class Tool:
+    """A tool the model can call.
+
+    ``concurrency_safe``: may run alongside other concurrency-safe calls.
+    ``timeout``: seconds before the call is cancelled with an error result.
+    ``stationarity``: "tight" tools (file reads, todo lists) get the stricter
+    repeated-call thresholds. ``poller``: a repeated call whose result changes
+    counts as progress. ``keepalive``: input values that mark a no-op call.
+    """
+
+    __slots__ = (
+        "concurrency_safe",
+        "description",
+        "handler",
+        "input_schema",
+        "name",
+        "poller",
+        "stationarity",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        input_schema: Mapping[str, Any],
+        handler: Handler,
+        *,
+        concurrency_safe: bool = False,
+        timeout: float | None = None,
+        stationarity: Literal["normal", "tight"] = "normal",
+        poller: bool = False,
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.input_schema = dict(input_schema)
+        self.handler = handler
+        self.concurrency_safe = concurrency_safe
+        self.timeout = timeout
+        self.stationarity = stationarity
+        self.poller = poller
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name!r} concurrency_safe={self.concurrency_safe}>"
+
+    async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return await self.handler(input, ctx)
+
+
+@overload
+def tool(fn: Callable[..., Awaitable[Any]], /) -> Tool: ...
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = False,
+    timeout: float | None = None,
+    stationarity: Literal["normal", "tight"] = "normal",
+    poller: bool = False,
+) -> Callable[[Callable[..., Awaitable[Any]]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Awaitable[Any]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = False,
+    timeout: float | None = None,
+    stationarity: Literal["normal", "tight"] = "normal",
+    poller: bool = False,
+) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
+    """Make a `Tool` from an annotated async function (usable with or without arguments).
+
+    Raises TypeError for a sync function or a parameter without an annotation.
+    """
+
+    def build(f: Callable[..., Awaitable[Any]]) -> Tool:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@tool needs an async function, got {f!r}")
+        args_model, ctx_param = _args_model(f)
+        doc = description if description is not None else inspect.getdoc(f) or ""
+
+        async def handler(raw: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+            try:
+                parsed = args_model.model_validate(raw)
+            except ValidationError as exc:
+                raise ToolInputError(_validation_message(exc)) from None
+            kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+            if ctx_param is not None:
+                kwargs[ctx_param] = ctx
+            return await f(**kwargs)
+
+        return Tool(
+            name or f.__name__,
+            doc,
+            _schema(args_model),
+            handler,
+            concurrency_safe=concurrency_safe,
+            timeout=timeout,
+            stationarity=stationarity,
+            poller=poller,
+        )
+
+    return build if fn is None else build(fn)
+
+
+def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
+    hints = get_type_hints(f, include_extras=True)
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for pname, param in inspect.signature(f).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"@tool does not support *args/**kwargs ({f.__name__})")
+        ann = hints.get(pname)
+        if ann is None:
+            raise TypeError(f"@tool parameter {pname!r} of {f.__name__} needs an annotation")
+        if ann is ToolContext:
+            ctx_param = pname
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[pname] = (ann, default)
+    model = create_model(  # type: ignore[call-overload]
+        f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return model, ctx_param
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict):
+            prop.pop("title", None)
+    return schema
+
+
+def _validation_message(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "(input)"
+        lines.append(f"{loc}: {err['msg']}")
+    return "invalid tool input: " + "; ".join(lines)
+
+
+def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
+    """Normalise what a handler returned into a result block."""
+    if isinstance(output, ToolResultBlock):
+        if output.tool_use_id == tool_use_id:
+            return output
+        return output.model_copy(update={"tool_use_id": tool_use_id})
+    if isinstance(output, str):
+        content: str | list[TextBlock] = output
+    elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):
+        content = output
+    elif output is None:
+        content = ""
+    else:
+        try:
+            content = json.dumps(output, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            content = repr(output)
+    if not (content if isinstance(content, str) else "".join(b.text for b in content)).strip():
+        content = "(no output)"
+    return ToolResultBlock(tool_use_id=tool_use_id, content=content)

@@ -1,0 +1,307 @@
+"""The transcript rules every provider enforces, and the repair that restores them.
+
+Rules (SPEC §3; WIRE.md §1.5, §2.4, §3.5), checked by `validate_transcript`:
+
+R1  every tool_use has exactly one tool_result, in the very next message, which
+    is a user message whose leading blocks are the results;
+R2  no tool_result without the tool_use it answers in the message just before;
+R3  no duplicate tool_result for one id, and no duplicate tool_use id;
+R4  no empty message, and no empty or whitespace-only text block;
+R5  the final message, when it is the assistant's, does not end with whitespace;
+R6  no thinking block without a signature;
+R7  no tool_use whose input never completed.
+
+`repair_transcript` fixes each violation deterministically. It is idempotent and
+leaves a valid transcript untouched (same objects, same order), so a repaired
+history keeps its provider prompt-cache prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ._messages import (
+    Block,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+__all__ = [
+    "clean_assistant",
+    "interrupted_result",
+    "repair_transcript",
+    "validate_transcript",
+]
+
+log = logging.getLogger("agentloop")
+
+NEVER_STARTED = (
+    "Interrupted by user: this tool call never started, so it had no effect."
+)
+STOPPED_RUNNING = (
+    "Interrupted by user: this tool call was stopped while it was running; "
+    "it may have had side effects."
+)
+NO_RESULT = "Interrupted by user: no result was recorded for this tool call."
+
+
+def interrupted_result(tool_use_id: str, text: str) -> ToolResultBlock:
+    """A synthetic error result for a call that did not finish."""
+    return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+
+
+def _blank(block: Block) -> bool:
+    return isinstance(block, TextBlock) and not block.text.strip()
+
+
+def _droppable(block: Block) -> str | None:
+    """Why a block may never be sent, or None."""
+    if isinstance(block, TextBlock) and not block.text.strip():
+        return "empty or whitespace-only text block"
+    if isinstance(block, ThinkingBlock) and not block.signature:
+        return "thinking block without a signature"
+    if isinstance(block, ToolUseBlock) and not block.complete:
+        return f"tool_use {block.id!r} ({block.name}) whose input never completed"
+    return None
+
+
+def clean_assistant(message: Message) -> Message | None:
+    """Drop the blocks of a streamed assistant message that may never be sent.
+
+    Returns None when nothing sendable is left.
+    """
+    kept = [b for b in message.content if _droppable(b) is None]
+    if not kept:
+        return None
+    if len(kept) == len(message.content):
+        return message
+    return message.model_copy(update={"content": kept})
+
+
+def _ends_with_space(message: Message) -> bool:
+    last = message.content[-1] if message.content else None
+    return isinstance(last, TextBlock) and last.text != last.text.rstrip()
+
+
+def validate_transcript(messages: Sequence[Message]) -> list[str]:
+    """Return one line per rule violation; an empty list means the transcript is valid."""
+    out: list[str] = []
+    seen_use: set[str] = set()
+    seen_result: set[str] = set()
+    expected: dict[str, str] = {}  # tool_use id -> name, owed by the next message
+    owed_at = -1
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}] ({msg.role})"
+        if not msg.content:
+            out.append(f"{where}: empty message")
+        for block in msg.content:
+            why = _droppable(block)
+            if why is not None:
+                out.append(f"{where}: {why}")
+        if expected:
+            out.extend(_check_answer(messages, i, owed_at, expected, seen_result))
+            expected = {}
+        else:
+            for block in msg.content:
+                if isinstance(block, ToolResultBlock):
+                    out.append(
+                        f"{where}: tool_result for {block.tool_use_id!r} has no tool_use "
+                        "in the message just before it"
+                    )
+        if msg.role == "assistant":
+            for block in msg.content:
+                if isinstance(block, ToolResultBlock):
+                    out.append(f"{where}: tool_result inside an assistant message")
+                if isinstance(block, ToolUseBlock):
+                    if block.id in seen_use:
+                        out.append(f"{where}: duplicate tool_use id {block.id!r}")
+                    seen_use.add(block.id)
+                    expected[block.id] = block.name
+            owed_at = i
+    for tid, name in expected.items():
+        out.append(
+            f"messages[{owed_at}] (assistant): tool_use {tid!r} ({name}) has no tool_result "
+            "(the transcript ends after it)"
+        )
+    if messages and messages[-1].role == "assistant" and _ends_with_space(messages[-1]):
+        out.append(f"messages[{len(messages) - 1}] (assistant): final assistant message ends with whitespace")
+    return out
+
+
+def _check_answer(
+    messages: Sequence[Message],
+    i: int,
+    owed_at: int,
+    expected: dict[str, str],
+    seen_result: set[str],
+) -> list[str]:
+    msg = messages[i]
+    out: list[str] = []
+    if msg.role != "user":
+        return [
+            f"messages[{owed_at}] (assistant): tool_use {tid!r} ({name}) has no tool_result "
+            f"in the next message (messages[{i}] is an assistant message)"
+            for tid, name in expected.items()
+        ]
+    leading = True
+    answered: set[str] = set()
+    for block in msg.content:
+        if not isinstance(block, ToolResultBlock):
+            leading = False
+            continue
+        tid = block.tool_use_id
+        if tid in seen_result or tid in answered:
+            out.append(f"messages[{i}] (user): duplicate tool_result for {tid!r}")
+            continue
+        if tid not in expected:
+            out.append(
+                f"messages[{i}] (user): tool_result for {tid!r} has no tool_use "
+                "in the message just before it"
+            )
+            continue
+        if not leading:
+            out.append(f"messages[{i}] (user): tool_result for {tid!r} comes after other content")
+        answered.add(tid)
+    seen_result |= answered
+    for tid, name in expected.items():
+        if tid not in answered:
+            out.append(
+                f"messages[{owed_at}] (assistant): tool_use {tid!r} ({name}) has no tool_result "
+                f"in the next message (messages[{i}])"
+            )
+    return out
+
+
+# -- repair -------------------------------------------------------------------
+
+
+def repair_transcript(
+    messages: Sequence[Message], *, changes: list[str] | None = None
+) -> list[Message]:
+    """Return a new list that satisfies every rule of `validate_transcript`.
+
+    What was changed is described, one line per change, in ``changes`` (when a
+    list is given) and in the ``agentloop`` logger at INFO. Deterministic and
+    idempotent: ``repair(repair(x)) == repair(x)``, and a valid transcript
+    comes back unchanged.
+    """
+    notes: list[str] = [] if changes is None else changes
+    cleaned = _clean_blocks(messages, notes)
+    paired = _pair_results(cleaned, notes)
+    _strip_final(paired, notes)
+    for line in notes:
+        log.info("repair_transcript: %s", line)
+    return paired
+
+
+def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message]:
+    out: list[Message] = []
+    seen_use: set[str] = set()
+    for i, msg in enumerate(messages):
+        kept: list[Block] = []
+        for block in msg.content:
+            why = _droppable(block)
+            if why is None and isinstance(block, ToolUseBlock):
+                if block.id in seen_use:
+                    why = f"duplicate tool_use id {block.id!r}"
+                seen_use.add(block.id)
+            if why is None and isinstance(block, ToolResultBlock) and msg.role == "assistant":
+                why = f"tool_result for {block.tool_use_id!r} inside an assistant message"
+            if why is None:
+                kept.append(block)
+            else:
+                notes.append(f"messages[{i}]: dropped {why}")
+        if not kept:
+            notes.append(f"messages[{i}]: dropped empty {msg.role} message")
+            continue
+        out.append(msg if len(kept) == len(msg.content) else msg.model_copy(update={"content": kept}))
+    return out
+
+
+def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
+    out: list[Message] = []
+    owed: list[ToolUseBlock] = []
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        if owed:
+            answers_it = msg.role == "user"
+            out.append(_answer(msg if answers_it else None, owed, notes))
+            owed = []
+            if answers_it:
+                i += 1
+            continue
+        fixed = _rebuild(msg, [], _orphan_blocks(msg.content, notes)) if msg.role == "user" else msg
+        out.append(fixed)
+        if msg.role == "assistant":
+            owed = msg.tool_uses
+        i += 1
+    if owed:
+        out.append(_answer(None, owed, notes))
+    return out
+
+
+def _answer(msg: Message | None, owed: list[ToolUseBlock], notes: list[str]) -> Message:
+    """The user message that answers ``owed``: results first, built from ``msg`` if any."""
+    wanted = {u.id for u in owed}
+    results: dict[str, ToolResultBlock] = {}
+    rest: list[Block] = []
+    for block in msg.content if msg is not None else ():
+        if isinstance(block, ToolResultBlock) and block.tool_use_id in wanted:
+            if block.tool_use_id in results:
+                notes.append(f"dropped duplicate tool_result for {block.tool_use_id!r}")
+            else:
+                results[block.tool_use_id] = block
+            continue
+        rest.append(block)
+    for use in owed:
+        if use.id not in results:
+            notes.append(f"added a synthetic result for tool_use {use.id!r} ({use.name})")
+            results[use.id] = interrupted_result(use.id, NO_RESULT)
+    if msg is None:
+        return Message(role="user", content=list(results.values()), synthetic=True, kind="tool_results")
+    return _rebuild(msg, list(results.values()), _orphan_blocks(rest, notes))
+
+
+def _rebuild(msg: Message, head: list[Block], tail: list[Block]) -> Message:
+    """``msg`` with content head + tail; the same object when nothing changed."""
+    content = [*head, *tail]
+    if len(content) == len(msg.content) and all(a is b for a, b in zip(content, msg.content, strict=True)):
+        return msg
+    return msg.model_copy(update={"content": content})
+
+
+def _orphan_blocks(blocks: Sequence[Block], notes: list[str]) -> list[Block]:
+    """``blocks`` with every tool_result turned into text (nothing is lost)."""
+    out: list[Block] = []
+    for block in blocks:
+        if isinstance(block, ToolResultBlock):
+            notes.append(f"turned orphan tool_result for {block.tool_use_id!r} into text")
+            body = block.text.strip() or "(empty)"
+            out.append(
+                TextBlock(text=f"[result of tool call {block.tool_use_id} without a matching call]\n{body}")
+            )
+        else:
+            out.append(block)
+    return out
+
+
+def _strip_final(messages: list[Message], notes: list[str]) -> None:
+    while messages and messages[-1].role == "assistant" and _ends_with_space(messages[-1]):
+        msg = messages[-1]
+        last = msg.content[-1]
+        assert isinstance(last, TextBlock)
+        stripped = last.text.rstrip()
+        notes.append(f"messages[{len(messages) - 1}]: stripped trailing whitespace of the final assistant message")
+        content = list(msg.content[:-1])
+        if stripped:
+            content.append(TextBlock(text=stripped))
+        if content:
+            messages[-1] = msg.model_copy(update={"content": content})
+        else:
+            messages.pop()
+            notes.append("dropped the final assistant message, which held only whitespace")

@@ -1,0 +1,132 @@
+"""The streaming loop shared by the HTTP providers, and transcript helpers.
+
+`run_stream` opens the response inside the async generator (so closing or
+cancelling the generator closes the response), decodes SSE, hands each event
+to a per-API `Mapper` and yields the `StreamEvent`s it returns. It checks the
+abort signal between events and raises `StreamProtocolError` if the body ends
+before the mapper saw its terminator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .._abort import AbortSignal
+from .._errors import AbortError, StreamProtocolError
+from .._messages import (
+    Block,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from .._model import StreamEvent
+from ._http import Connection
+from ._sse import ServerSentEvent, SSEDecoder
+
+__all__ = ["Mapper", "Prepared", "Turn", "run_stream", "turns"]
+
+#: ``(path, headers, body)`` of one request.
+Prepared = tuple[str, Mapping[str, str], Mapping[str, Any]]
+
+
+class Mapper(Protocol):
+    """Maps one API's SSE events to `StreamEvent`s.
+
+    ``done`` becomes True once the terminator was seen (the last events
+    returned then end with `StreamEnd`); ``terminator`` names it for errors.
+    """
+
+    done: bool
+    terminator: str
+
+    def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None: ...
+
+
+async def run_stream(
+    conn: Connection,
+    prepare: Callable[[], Prepared],
+    make_mapper: Callable[[str | None], Mapper],
+    signal: AbortSignal,
+    *,
+    error_field: bool = False,
+) -> AsyncIterator[StreamEvent]:
+    """Run one streamed request and yield its events.
+
+    Raises `AbortError` when ``signal`` is aborted (checked before the request
+    and between events), the errors of `Connection.open`, whatever the mapper
+    raises, and `StreamProtocolError` (retryable) for a body cut before the
+    terminator. Never catches `asyncio.CancelledError`.
+    """
+    path, headers, body = prepare()
+    if signal.aborted:
+        raise AbortError(signal.reason or "cancel")
+    async with conn.open(path, headers, body) as response:
+        mapper = make_mapper(response.headers.get(conn.request_id_header))
+        decoder = SSEDecoder(error_field=error_field)
+        feed, handle = decoder.feed, mapper.handle
+        async for chunk in response.aiter_bytes():
+            for sse in feed(chunk):
+                if signal.aborted:
+                    raise AbortError(signal.reason or "cancel")
+                out = handle(sse)
+                if out:
+                    for ev in out:
+                        yield ev
+                    if mapper.done:
+                        return
+        decoder.close()
+    raise StreamProtocolError(
+        f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
+        retryable=True,
+    )
+
+
+# -- transcript helpers -----------------------------------------------------
+
+Turn = tuple[str, list[Block]]
+
+
+def turns(messages: Sequence[Message]) -> list[Turn]:
+    """The transcript as the providers want it.
+
+    Drops what may not be sent (empty text, thinking without a signature,
+    unfinished tool calls, our metadata), drops messages left empty, merges
+    consecutive messages of one role, and puts tool results first in a user
+    message.
+    """
+    out: list[Turn] = []
+    for msg in messages:
+        blocks = [b for b in msg.content if _sendable(b)]
+        if not blocks:
+            continue
+        if out and out[-1][0] == msg.role:
+            out[-1][1].extend(blocks)
+        else:
+            out.append((msg.role, blocks))
+    for role, blocks in out:
+        if role == "user" and any(isinstance(b, ToolResultBlock) for b in blocks):
+            blocks.sort(key=lambda b: not isinstance(b, ToolResultBlock))  # stable
+    return out
+
+
+def _sendable(block: Block) -> bool:
+    if isinstance(block, TextBlock):
+        return bool(block.text)
+    if isinstance(block, ThinkingBlock):
+        return bool(block.signature)
+    if isinstance(block, ToolUseBlock):
+        return block.complete
+    return isinstance(block, RedactedThinkingBlock | ToolResultBlock)
+
+
+def result_text(block: ToolResultBlock, *, mark_error: bool) -> str:
+    """The result as one string; an error result is prefixed ``"Error: "`` when asked
+    (for APIs with no ``is_error`` flag, so the model can tell)."""
+    text = block.text
+    if mark_error and block.is_error and not text.startswith("Error"):
+        return "Error: " + text
+    return text

@@ -1,0 +1,265 @@
+"""The connection side of the HTTP providers: client, headers, error translation.
+
+Everything httpx-specific that can fail is translated here, at one boundary,
+into the `ProviderError` tree (`agentloop._errors`). Wire mapping (request
+bodies, event mapping) lives in the per-API modules and never touches httpx.
+
+Secrets: the API key is held in a `Secret`, whose repr hides it, and every
+error body and message built here has the key scrubbed out.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from .._errors import (
+    ModelError,
+    PromptTooLongError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderStatusError,
+)
+
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "Connection",
+    "Secret",
+    "parse_retry",
+    "status_error",
+]
+
+#: HTTP statuses a new attempt can fix (408 timeout, 409 conflict/lock,
+#: 429 rate limit, 5xx transient, 529 Anthropic overloaded).
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+_DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+_PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "context_length_exceeded", "maximum context length")
+
+
+class Secret:
+    """An API key that never shows itself in a repr or str."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The key itself, for the request header only."""
+        return self._value
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every occurrence of the key replaced by ``[REDACTED]``."""
+        if self._value and self._value in text:
+            return text.replace(self._value, "[REDACTED]")
+        return text
+
+    def __repr__(self) -> str:
+        return "Secret('[REDACTED]')"
+
+    __str__ = __repr__
+
+
+def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
+    """The explicit key, else the environment variable's, else None."""
+    value = api_key if api_key is not None else os.environ.get(env_var)
+    return Secret(value) if value else None
+
+
+def parse_retry(
+    status: int | None, headers: Mapping[str, str], *, now: float | None = None
+) -> tuple[bool, float | None]:
+    """Decide ``(retryable, retry_after_seconds)`` for a failed HTTP response.
+
+    ``x-should-retry: true|false`` decides outright; otherwise the status
+    decides (`RETRYABLE_STATUSES`). The delay comes from ``retry-after-ms``
+    (wins) or ``retry-after`` (seconds, or an HTTP-date relative to ``now``);
+    missing, negative or unparsable values give None. Never raises.
+    """
+    should = headers.get("x-should-retry", "").strip().lower()
+    if should == "true":
+        retryable = True
+    elif should == "false":
+        retryable = False
+    else:
+        retryable = status in RETRYABLE_STATUSES
+    return retryable, _retry_after(headers, now)
+
+
+def _retry_after(headers: Mapping[str, str], now: float | None) -> float | None:
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        ms = _float(raw_ms)
+        if ms is not None:
+            return ms / 1000.0
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    seconds = _float(raw)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _float(raw: str) -> float | None:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def error_fields(body: Any) -> tuple[str | None, str | None]:
+    """``(message, type_or_code)`` from an Anthropic or OpenAI error body."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, str):
+        return err, None
+    if not isinstance(err, dict):
+        err = body if isinstance(body, dict) else {}
+    message = err.get("message")
+    kind = err.get("type") or err.get("code")
+    return (
+        str(message) if message is not None else None,
+        str(kind) if kind is not None else None,
+    )
+
+
+def status_error(
+    provider: str,
+    status: int,
+    headers: Mapping[str, str],
+    raw_body: bytes,
+    *,
+    request_id_header: str,
+    secret: Secret | None,
+) -> ProviderStatusError:
+    """Build the error for a non-2xx response (the key scrubbed from body and message).
+
+    A 400/413 whose message says the context does not fit becomes `PromptTooLongError`.
+    """
+    text = raw_body.decode("utf-8", errors="replace")
+    if secret is not None:
+        text = secret.scrub(text)
+    try:
+        body: Any = json.loads(text) if text else None
+    except ValueError:
+        body = text
+    message, kind = error_fields(body)
+    if message is None:
+        message = text[:500] or httpx.codes.get_reason_phrase(status)
+    retryable, retry_after = parse_retry(status, headers)
+    lowered = f"{message} {kind or ''}".lower()
+    cls = ProviderStatusError
+    if status in (400, 413) and any(m in lowered for m in _PROMPT_TOO_LONG_MARKERS):
+        cls, retryable = PromptTooLongError, False
+    return cls(
+        f"{provider} HTTP {status}: {message}",
+        provider=provider,
+        status=status,
+        body=body,
+        request_id=headers.get(request_id_header),
+        error_type=kind,
+        retryable=retryable,
+        retry_after=retry_after,
+    )
+
+
+class Connection:
+    """One provider endpoint: the httpx client (shared or owned), auth and error mapping.
+
+    ``http_client``: use this client (the caller closes it); otherwise one is
+    created on first use and closed by `aclose`.
+    """
+
+    __slots__ = ("_client", "_owns", "base_url", "provider", "request_id_header", "secret")
+
+    def __init__(
+        self,
+        provider: str,
+        base_url: str,
+        *,
+        secret: Secret | None,
+        http_client: httpx.AsyncClient | None,
+        request_id_header: str,
+    ) -> None:
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        self.secret = secret
+        self.request_id_header = request_id_header
+        self._client = http_client
+        self._owns = http_client is None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The client requests go through (created on first use when not given)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=_DEFAULT_TIMEOUT)
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client if this connection created it."""
+        if self._owns and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    @asynccontextmanager
+    async def open(
+        self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]
+    ) -> AsyncIterator[httpx.Response]:
+        """POST ``body`` as JSON and yield the open 2xx streaming response.
+
+        The response is closed on the way out (never drained), also on
+        cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
+        for a non-2xx status and `ProviderConnectionError` for transport
+        failures, including those raised while the caller reads the body.
+        """
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            async with self.client.stream(
+                "POST", self.base_url + path, headers=headers, content=content
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    raw = await response.aread()
+                    raise status_error(
+                        self.provider,
+                        response.status_code,
+                        response.headers,
+                        raw,
+                        request_id_header=self.request_id_header,
+                        secret=self.secret,
+                    )
+                yield response
+        except httpx.TransportError as exc:
+            raise self._connection_error(exc) from exc
+
+    def _connection_error(self, exc: httpx.TransportError) -> ProviderError:
+        detail = str(exc) or type(exc).__name__
+        if self.secret is not None:
+            detail = self.secret.scrub(detail)
+        # Protocol misuse (bad URL, unsupported scheme) cannot be fixed by retrying.
+        retryable = not isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError)
+        return ProviderConnectionError(
+            f"{self.provider} connection failed ({type(exc).__name__}): {detail}",
+            provider=self.provider,
+            retryable=retryable,
+        )
+
+
+def missing_key(provider: str, env_var: str) -> ModelError:
+    """The error for a request made with no API key configured."""
+    return ModelError(
+        f"no API key for {provider}: pass api_key=... or set the {env_var} environment variable"
+    )

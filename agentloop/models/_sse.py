@@ -1,0 +1,134 @@
+"""An incremental Server-Sent Events decoder (WHATWG event-stream rules).
+
+Feed it bytes in any chunking; it returns the events completed by each chunk.
+
+- Lines end with ``\\r\\n``, ``\\n`` or ``\\r``; a ``\\r\\n`` split across two
+  chunks is one line break. UTF-8 split across chunks is decoded correctly
+  (invalid bytes become U+FFFD).
+- ``field: value``: one leading space is stripped from the value; several
+  ``data`` lines are joined with ``\\n``; ``event``, ``id`` and ``retry`` are
+  parsed; lines starting with ``:`` are comments; other fields are ignored.
+- An event is dispatched only on a blank line, and only if it had a ``data``
+  line. An event still open at EOF is dropped (callers then see no terminator).
+
+``error_field=True`` is a documented extension for old llama.cpp servers, which
+send a mid-stream failure as an ``error: {json}`` *field* line: the value is
+kept as data and the event is dispatched with ``event == "error"``.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+__all__ = ["SSEDecoder", "ServerSentEvent"]
+
+
+@dataclass(slots=True)
+class ServerSentEvent:
+    """One dispatched event. ``event`` is None when the stream sent no ``event:`` line."""
+
+    data: str
+    event: str | None = None
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Turn a byte stream into `ServerSentEvent`s, chunk by chunk.
+
+    ``last_event_id`` and ``retry`` keep the latest values the stream set.
+    """
+
+    __slots__ = (
+        "_data",
+        "_decoder",
+        "_error_field",
+        "_event",
+        "_has_data",
+        "_skip_lf",
+        "_tail",
+        "last_event_id",
+        "retry",
+    )
+
+    def __init__(self, *, error_field: bool = False) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._error_field = error_field
+        self._tail = ""  # an unterminated line carried to the next chunk
+        self._skip_lf = False  # the previous chunk ended in "\r": drop a leading "\n"
+        self._data: list[str] = []
+        self._has_data = False
+        self._event: str | None = None
+        self.last_event_id: str | None = None
+        self.retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Decode ``chunk`` and return the events it completed (often none)."""
+        text = self._decoder.decode(chunk)
+        if not text:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if text[0] == "\n":
+                text = text[1:]
+        if "\r" in text:
+            self._skip_lf = text[-1] == "\r"
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if self._tail:
+            text = self._tail + text
+        lines = text.split("\n")
+        self._tail = lines.pop()
+        out: list[ServerSentEvent] = []
+        for line in lines:
+            if line:
+                if line.startswith("data:"):
+                    value = line[5:]
+                    self._data.append(value[1:] if value[:1] == " " else value)
+                    self._has_data = True
+                else:
+                    self._field(line)
+            elif self._has_data:
+                out.append(self._dispatch())
+            else:
+                self._event = None
+        return out
+
+    def close(self) -> list[ServerSentEvent]:
+        """End of stream: an event without its blank line is dropped (WHATWG)."""
+        self._decoder.decode(b"", final=True)
+        self._tail = ""
+        self._data = []
+        self._has_data = False
+        self._event = None
+        return []
+
+    def _dispatch(self) -> ServerSentEvent:
+        data = self._data
+        ev = ServerSentEvent(data[0] if len(data) == 1 else "\n".join(data), self._event, self.last_event_id)
+        self._data = []
+        self._has_data = False
+        self._event = None
+        return ev
+
+    def _field(self, line: str) -> None:
+        if line[0] == ":":
+            return  # comment
+        name, colon, value = line.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":  # "data" with no colon: an empty data line
+            self._data.append(value)
+            self._has_data = True
+        elif name == "id":
+            if "\0" not in value:
+                self.last_event_id = value
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self.retry = int(value)
+        elif name == "error" and self._error_field:
+            self._event = "error"
+            self._data.append(value)
+            self._has_data = True

@@ -1,0 +1,319 @@
+"""Anthropic Messages API: request building, event mapping and the `AnthropicModel`.
+
+Wire reference: WIRE.md §1. Server-tool blocks (``server_tool_use``,
+``web_search_tool_result`` and the other ``*_tool_result`` blocks) are run by
+Anthropic itself and need no client result; this adapter skips them (and
+their deltas) safely, so the text around them is kept but the blocks are not
+replayed. A ``pause_turn`` response is therefore continued without them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import httpx
+
+from .._abort import AbortSignal
+from .._errors import ProviderStreamError, StreamProtocolError
+from .._messages import (
+    Block,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from .._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamRedactedThinking,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    StreamUsage,
+    Usage,
+)
+from ._driver import Prepared, run_stream, turns
+from ._http import Connection, missing_key, resolve_key
+from ._sse import ServerSentEvent
+
+__all__ = ["AnthropicModel", "build_request"]
+
+_RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+_TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
+
+
+# -- request ------------------------------------------------------------------
+
+
+def build_request(
+    request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The JSON body of a streamed Messages request for ``request``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens or max_tokens,
+        "messages": [
+            {"role": role, "content": [_block(b) for b in blocks]} for role, blocks in turns(request.messages)
+        ],
+        "stream": True,
+    }
+    if request.system:
+        body["system"] = request.system
+    if request.tools:
+        body["tools"] = [
+            {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
+            for t in request.tools
+        ]
+    if request.tool_choice is not None:
+        body["tool_choice"] = _TOOL_CHOICE.get(
+            request.tool_choice, {"type": "tool", "name": request.tool_choice}
+        )
+    if thinking is not None:
+        body["thinking"] = thinking
+    return body
+
+
+def _block(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ThinkingBlock):
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    assert isinstance(block, ToolResultBlock)
+    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id}
+    if isinstance(block.content, str):
+        out["content"] = block.content
+    else:
+        out["content"] = [{"type": "text", "text": b.text} for b in block.content if b.text]
+    if block.is_error:
+        out["is_error"] = True
+    return out
+
+
+# -- stream -------------------------------------------------------------------
+
+
+class AnthropicMapper:
+    """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
+    the ``event:`` line is not needed). Terminator: ``message_stop``."""
+
+    __slots__ = ("_known", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+
+    def __init__(self, request_id: str | None = None) -> None:
+        self.request_id = request_id
+        self.done = False
+        self.terminator = "message_stop"
+        self.response_id: str | None = None
+        self._known: set[int] = set()  # indices of blocks we map (not server-tool blocks)
+        self._stop_reason: str | None = None
+        self._usage = Usage()
+
+    def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
+        """Map one SSE event. Raises `StreamProtocolError` for malformed data and
+        `ProviderStreamError` for an ``error`` event."""
+        try:
+            obj = json.loads(sse.data)
+        except ValueError as exc:
+            raise StreamProtocolError(
+                f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {sse.data[:200]!r}",
+                retryable=True,
+            ) from None
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind is None:
+            kind = sse.event
+        try:
+            if kind == "content_block_delta":
+                return self._delta(obj)
+            if sse.event == "error" or kind == "error":
+                raise self._error(obj)
+            handler = _HANDLERS.get(kind)  # type: ignore[arg-type]
+            return None if handler is None else handler(self, obj)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise StreamProtocolError(
+                f"anthropic stream: malformed {kind} event ({type(exc).__name__}: {exc})", retryable=True
+            ) from None
+
+    def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        index = obj["index"]
+        if index not in self._known:
+            return None
+        delta = obj["delta"]
+        dt = delta["type"]
+        if dt == "text_delta":
+            return (StreamText(index, delta["text"]),)
+        if dt == "input_json_delta":
+            part = delta["partial_json"]
+            return (StreamToolInput(index, part),) if part else None
+        if dt == "thinking_delta":
+            return (StreamThinking(index, delta["thinking"]),)
+        if dt == "signature_delta":
+            return (StreamSignature(index, delta["signature"]),)
+        return None  # citations_delta and future delta types
+
+    def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        message = obj["message"]
+        self.response_id = message.get("id")
+        usage = message.get("usage")
+        if usage:
+            self._usage = _usage(usage, self._usage)
+            return (StreamUsage(self._usage),)
+        return None
+
+    def _block_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        index, block = obj["index"], obj["content_block"]
+        bt = block["type"]
+        if bt == "text":
+            self._known.add(index)
+            return (StreamText(index, block["text"]),) if block.get("text") else None
+        if bt == "thinking":
+            self._known.add(index)
+            return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
+        if bt == "redacted_thinking":
+            self._known.add(index)
+            return (StreamRedactedThinking(index, block["data"]),)
+        if bt == "tool_use":
+            self._known.add(index)
+            start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
+            if block.get("input"):  # a proxy that sends the whole input up front
+                start.append(StreamToolInput(index, json.dumps(block["input"])))
+            return start
+        return None  # server-tool blocks and future types: skipped (see module docstring)
+
+    def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        index = obj["index"]
+        return (StreamBlockStop(index),) if index in self._known else None
+
+    def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        reason = obj.get("delta", {}).get("stop_reason")
+        if reason is not None:
+            self._stop_reason = reason
+        usage = obj.get("usage")
+        if usage:
+            self._usage = _usage(usage, self._usage)
+        return None
+
+    def _message_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        self.done = True
+        return (StreamEnd(self._stop_reason, self._usage, self.response_id),)
+
+    def _error(self, obj: Any) -> ProviderStreamError:
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if not isinstance(err, dict):
+            err = {}
+        kind = err.get("type")
+        message = err.get("message") or "stream error"
+        request_id = obj.get("request_id") if isinstance(obj, dict) else None
+        return ProviderStreamError(
+            f"anthropic stream error ({kind}): {message}",
+            provider="anthropic",
+            status=200,
+            body=obj,
+            request_id=request_id or self.request_id,
+            error_type=kind,
+            retryable=kind in _RETRYABLE_ERRORS,
+        )
+
+
+def _usage(raw: dict[str, Any], old: Usage) -> Usage:
+    """Anthropic usage counts are cumulative: present fields replace old ones."""
+    return Usage(
+        raw.get("input_tokens") or old.input_tokens,
+        raw.get("output_tokens") or old.output_tokens,
+        raw.get("cache_read_input_tokens") or old.cache_read_tokens,
+        raw.get("cache_creation_input_tokens") or old.cache_write_tokens,
+    )
+
+
+_Handler = Callable[[AnthropicMapper, dict[str, Any]], Sequence[StreamEvent] | None]
+_HANDLERS: dict[str, _Handler] = {
+    "message_start": AnthropicMapper._message_start,
+    "content_block_start": AnthropicMapper._block_start,
+    "content_block_stop": AnthropicMapper._block_stop,
+    "message_delta": AnthropicMapper._message_delta,
+    "message_stop": AnthropicMapper._message_stop,
+}
+
+
+# -- model --------------------------------------------------------------------
+
+
+class AnthropicModel:
+    """A `Model` backed by the Anthropic Messages API (streaming).
+
+    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key raises
+    `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
+    object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
+    ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
+    ``extra_body`` is merged into every request body.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        max_tokens: int = 4096,
+        thinking: dict[str, Any] | int | None = None,
+        auth_header: str = "x-api-key",
+        anthropic_version: str = "2023-06-01",
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.max_tokens = max_tokens
+        self.thinking = (
+            {"type": "enabled", "budget_tokens": thinking} if isinstance(thinking, int) else thinking
+        )
+        self.auth_header = auth_header.lower()
+        self.anthropic_version = anthropic_version
+        self.extra_headers = dict(extra_headers or {})
+        self.extra_body = dict(extra_body or {})
+        self._conn = Connection(
+            "anthropic",
+            base_url or "https://api.anthropic.com",
+            secret=resolve_key(api_key, "ANTHROPIC_API_KEY"),
+            http_client=http_client,
+            request_id_header="request-id",
+        )
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel(model={self.model!r}, base_url={self._conn.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it."""
+        await self._conn.aclose()
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        return run_stream(self._conn, lambda: self._prepare(request), AnthropicMapper, signal)
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        secret = self._conn.secret
+        if secret is None:
+            raise missing_key("anthropic", "ANTHROPIC_API_KEY")
+        headers = {
+            "anthropic-version": self.anthropic_version,
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            **self.extra_headers,
+        }
+        if self.auth_header == "authorization":
+            headers["authorization"] = f"Bearer {secret.reveal()}"
+        else:
+            headers[self.auth_header] = secret.reveal()
+        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
+        body.update(self.extra_body)
+        return "/v1/messages", headers, body

@@ -1,0 +1,386 @@
+"""OpenAI Chat Completions (and compatible servers): request building, chunk mapping,
+and the `OpenAIChatModel`.
+
+Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
+
+- vLLM: a tool call whose every chunk repeats its id (or carries a fresh one)
+  stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
+- Ollama: a whole tool call in one chunk; ``delta.reasoning``.
+- llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
+  failure as an ``error: {json}`` SSE *field* line, which spec decoders
+  ignore. This adapter decodes that line as an ``error`` event and raises
+  `ProviderStreamError` (an event named ``error`` is always an error here).
+
+A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
+is ``data: [DONE]``; a stream without it raises `StreamProtocolError`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from .._abort import AbortSignal
+from .._errors import ProviderStreamError, StreamProtocolError
+from .._messages import TextBlock, ToolResultBlock, ToolUseBlock
+from .._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamLogprobs,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    StreamUsage,
+    Usage,
+)
+from ._driver import Prepared, result_text, run_stream, turns
+from ._http import Connection, error_fields, missing_key, resolve_key
+from ._sse import ServerSentEvent
+
+__all__ = ["OpenAIChatModel", "build_request"]
+
+_FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
+           "length": "max_tokens", "content_filter": "refusal"}  # fmt: skip
+_RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
+                              "server_is_overloaded", "slow_down", "InternalServerError",
+                              "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
+_RETRYABLE_INT = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+# -- request ------------------------------------------------------------------
+
+
+def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
+    """The JSON body (without stream options) of a Chat Completions request."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for role, blocks in turns(request.messages):
+        if role == "assistant":
+            messages.extend(_assistant(blocks))
+            continue
+        texts: list[str] = []
+        for b in blocks:
+            if isinstance(b, ToolResultBlock):
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": b.tool_use_id,
+                        "content": result_text(b, mark_error=True),
+                    }
+                )
+            elif isinstance(b, TextBlock):
+                texts.append(b.text)
+        if texts:
+            messages.append({"role": "user", "content": "\n\n".join(texts)})
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": dict(t.input_schema),
+                },
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        if choice in ("auto", "none"):
+            body["tool_choice"] = choice
+        elif choice == "any":
+            body["tool_choice"] = "required"
+        else:
+            body["tool_choice"] = {"type": "function", "function": {"name": choice}}
+    return body
+
+
+def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
+    text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    calls = [
+        {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+        for b in blocks
+        if isinstance(b, ToolUseBlock)
+    ]
+    if not text and not calls:
+        return []  # thinking only: not sent to Chat Completions
+    msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        msg["tool_calls"] = calls
+    return [msg]
+
+
+# -- stream -------------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("block", "id", "name", "pending", "started")
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.id = ""
+        self.name = ""
+        self.pending: list[str] = []  # argument fragments seen before the name
+        self.started = False
+
+
+class ChatMapper:
+    """Maps chat completion chunks to `StreamEvent`s. Terminator: ``[DONE]``.
+
+    Block indices are assigned in order of appearance: text and reasoning get
+    a new block whenever the channel changes; each tool call ``index`` gets
+    its own block, stopped at the end of the stream.
+    """
+
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_finish", "_next", "_refusal", "_usage",
+                 "done", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
+
+    def __init__(self, request_id: str | None = None, *, logprobs: bool = False) -> None:
+        self.request_id = request_id
+        self.logprobs = logprobs
+        self.done = False
+        self.terminator = "data: [DONE]"
+        self.response_id: str | None = None
+        self._calls: dict[int, _Call] = {}
+        self._cur = -1  # the open text/thinking block
+        self._cur_kind = ""
+        self._next = 0
+        self._finish: str | None = None
+        self._refusal = False
+        self._usage: Usage | None = None
+
+    def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
+        """Map one SSE event. Raises `StreamProtocolError` for malformed data and
+        `ProviderStreamError` for an error chunk or ``error`` event."""
+        data = sse.data
+        if data[:6] == "[DONE]":
+            return self._end()
+        try:
+            obj = json.loads(data)
+        except ValueError as exc:
+            if sse.event == "error":
+                raise self._error({"error": {"message": data}}) from None
+            raise StreamProtocolError(
+                f"openai chat stream: malformed JSON in data: {exc}; data: {data[:200]!r}", retryable=True
+            ) from None
+        if not isinstance(obj, dict):
+            raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {data[:200]!r}")
+        if sse.event == "error" or obj.get("error"):
+            raise self._error(obj)
+        try:
+            return self._chunk(obj)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise StreamProtocolError(
+                f"openai chat stream: malformed chunk ({type(exc).__name__}: {exc})", retryable=True
+            ) from None
+
+    def _chunk(self, obj: dict[str, Any]) -> list[StreamEvent] | None:
+        if self.response_id is None:
+            self.response_id = obj.get("id")
+        out: list[StreamEvent] = []
+        usage = obj.get("usage")
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            self._usage = Usage(
+                usage.get("prompt_tokens") or 0,
+                usage.get("completion_tokens") or 0,
+                details.get("cached_tokens") or 0,
+            )
+            out.append(StreamUsage(self._usage))
+        choices = obj.get("choices")
+        if choices:
+            choice = choices[0]
+            delta = choice.get("delta")
+            if delta:
+                self._delta(delta, out)
+            lp = choice.get("logprobs")
+            if self.logprobs and lp and lp.get("content"):
+                out.append(StreamLogprobs("text", tuple(t["logprob"] for t in lp["content"])))
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+        return out or None
+
+    def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+        if reasoning:
+            out.append(StreamThinking(self._channel("thinking", out), reasoning))
+        content = delta.get("content")
+        if content:
+            out.append(StreamText(self._channel("text", out), content))
+        refusal = delta.get("refusal")
+        if refusal:
+            self._refusal = True
+            out.append(StreamText(self._channel("text", out), refusal))
+        calls = delta.get("tool_calls")
+        if calls:
+            for pos, call in enumerate(calls):
+                self._tool_delta(call, pos, out)
+
+    def _channel(self, kind: str, out: list[StreamEvent]) -> int:
+        if self._cur_kind != kind:
+            self._close_current(out)
+            self._cur, self._cur_kind = self._next, kind
+            self._next += 1
+        return self._cur
+
+    def _close_current(self, out: list[StreamEvent]) -> None:
+        if self._cur_kind:
+            out.append(StreamBlockStop(self._cur))
+            self._cur_kind = ""
+
+    def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent]) -> None:
+        key = raw.get("index", pos)
+        call = self._calls.get(key)
+        if call is None:
+            self._close_current(out)
+            call = self._calls[key] = _Call(self._next)
+            self._next += 1
+        fn = raw.get("function") or {}
+        if not call.started:
+            # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
+            call.id = call.id or raw.get("id") or ""
+            call.name = call.name or fn.get("name") or ""
+        args = fn.get("arguments")
+        if not call.started and call.name:
+            call.started = True
+            out.append(StreamToolUseStart(call.block, call.id or _fresh_id(), call.name))
+            out.extend(StreamToolInput(call.block, p) for p in call.pending)
+            call.pending.clear()
+        if args:
+            if call.started:
+                out.append(StreamToolInput(call.block, args))
+            else:
+                call.pending.append(args)
+
+    def _end(self) -> list[StreamEvent]:
+        if self._finish is None and self._next == 0:
+            raise StreamProtocolError("openai chat stream: [DONE] without any output or finish_reason")
+        out: list[StreamEvent] = []
+        self._close_current(out)
+        started = False
+        for call in self._calls.values():
+            if call.started:
+                started = True
+                out.append(StreamBlockStop(call.block))
+        reason = _FINISH.get(self._finish or "stop", self._finish)
+        if started:
+            reason = "tool_use"  # some servers say "stop" after a tool call
+        elif self._refusal:
+            reason = "refusal"
+        self.done = True
+        out.append(StreamEnd(reason, self._usage, self.response_id))
+        return out
+
+    def _error(self, obj: dict[str, Any]) -> ProviderStreamError:
+        message, kind = error_fields(obj)
+        err = obj.get("error")
+        code = err.get("code") if isinstance(err, dict) else None
+        retryable = (isinstance(code, int) and code in _RETRYABLE_INT) or bool(
+            {str(code), kind} & _RETRYABLE_CODES
+        )
+        return ProviderStreamError(
+            f"openai chat stream error ({kind or code}): {message or 'stream error'}",
+            provider="openai",
+            status=200,
+            body=obj,
+            request_id=self.request_id,
+            error_type=kind or (str(code) if code is not None else None),
+            retryable=retryable,
+        )
+
+
+def _fresh_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+# -- model --------------------------------------------------------------------
+
+
+class OpenAIChatModel:
+    """A `Model` backed by OpenAI Chat Completions or a compatible server.
+
+    ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
+    vLLM, llama.cpp or Ollama server) it may be absent. ``logprobs=True``
+    requests log probabilities and emits `StreamLogprobs`.
+    ``max_tokens_param``: the body field for `ModelRequest.max_tokens`
+    (``"max_completion_tokens"``; some servers want ``"max_tokens"``).
+    ``extra_body`` is merged into every request body.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        include_usage: bool = True,
+        max_tokens_param: str = "max_completion_tokens",
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        self.include_usage = include_usage
+        self.max_tokens_param = max_tokens_param
+        self.extra_headers = dict(extra_headers or {})
+        self.extra_body = dict(extra_body or {})
+        self._key_optional = base_url is not None
+        self._conn = Connection(
+            "openai",
+            base_url or "https://api.openai.com/v1",
+            secret=resolve_key(api_key, "OPENAI_API_KEY"),
+            http_client=http_client,
+            request_id_header="x-request-id",
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel(model={self.model!r}, base_url={self._conn.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it."""
+        await self._conn.aclose()
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        logprobs = self.logprobs
+        return run_stream(
+            self._conn,
+            lambda: self._prepare(request),
+            lambda rid: ChatMapper(rid, logprobs=logprobs),
+            signal,
+            error_field=True,
+        )
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        secret = self._conn.secret
+        if secret is None and not self._key_optional:
+            raise missing_key("openai", "OPENAI_API_KEY")
+        headers = {"content-type": "application/json", "accept": "text/event-stream", **self.extra_headers}
+        if secret is not None:
+            headers["authorization"] = f"Bearer {secret.reveal()}"
+        body = build_request(request, model=self.model)
+        body["stream"] = True
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if request.max_tokens:
+            body[self.max_tokens_param] = request.max_tokens
+        if self.logprobs:
+            body["logprobs"] = True
+            if self.top_logprobs is not None:
+                body["top_logprobs"] = self.top_logprobs
+        body.update(self.extra_body)
+        return "/chat/completions", headers, body

@@ -1,0 +1,374 @@
+"""OpenAI Responses API: request building, event mapping and `OpenAIResponsesModel`.
+
+Wire reference: WIRE.md §3. Reasoning items round-trip through
+`ThinkingBlock.signature`, which holds the JSON ``{"id", "summary",
+"encrypted_content"?}`` of the item; thinking blocks whose signature is not
+such JSON (from another provider) are not sent.
+
+Doom-loop frames (``response.doom_loop_check``, SPEC §6) become
+`StreamSignals` and never reach normal event parsing. Unknown event types are
+ignored. Terminators: ``response.completed``, ``response.incomplete``
+(``response.failed`` and ``error`` raise `ProviderStreamError`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from .._abort import AbortSignal
+from .._errors import ProviderStreamError, StreamProtocolError
+from .._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from .._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamSignals,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    Usage,
+)
+from ._driver import Prepared, result_text, run_stream, turns
+from ._http import Connection, missing_key, resolve_key
+from ._sse import ServerSentEvent
+
+__all__ = ["OpenAIResponsesModel", "build_request"]
+
+_DOOM = "response.doom_loop_check"
+_RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "too_many_requests", "server_error", "internal_error",
+                              "server_is_overloaded", "slow_down", "vector_store_timeout"})  # fmt: skip
+_INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
+
+
+# -- request ------------------------------------------------------------------
+
+
+def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
+    """The JSON body (without ``stream`` and options) of a Responses request."""
+    items: list[dict[str, Any]] = []
+    for role, blocks in turns(request.messages):
+        for b in blocks:
+            item = _item(role, b)
+            if item is not None:
+                items.append(item)
+    body: dict[str, Any] = {"model": model, "input": items}
+    if request.system:
+        body["instructions"] = request.system
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.input_schema),
+                "strict": False,
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        if choice in ("auto", "none"):
+            body["tool_choice"] = choice
+        elif choice == "any":
+            body["tool_choice"] = "required"
+        else:
+            body["tool_choice"] = {"type": "function", "name": choice}
+    if request.max_tokens:
+        body["max_output_tokens"] = request.max_tokens
+    return body
+
+
+def _item(role: str, block: Any) -> dict[str, Any] | None:
+    if isinstance(block, TextBlock):
+        return {"type": "message", "role": role, "content": block.text}
+    if isinstance(block, ToolResultBlock):
+        return {
+            "type": "function_call_output",
+            "call_id": block.tool_use_id,
+            "output": result_text(block, mark_error=True),
+        }
+    if isinstance(block, ToolUseBlock):
+        return {"type": "function_call", "call_id": block.id, "name": block.name,
+                "arguments": json.dumps(block.input)}  # fmt: skip
+    if isinstance(block, ThinkingBlock):
+        return _reasoning_item(block)
+    return None  # redacted thinking (Anthropic only)
+
+
+def _reasoning_item(block: ThinkingBlock) -> dict[str, Any] | None:
+    try:
+        saved = json.loads(block.signature)
+    except ValueError:
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("id"), str):
+        return None
+    summary = saved.get("summary")
+    if summary is None:
+        summary = [{"type": "summary_text", "text": block.thinking}] if block.thinking else []
+    item: dict[str, Any] = {"type": "reasoning", "id": saved["id"], "summary": summary}
+    if saved.get("encrypted_content"):
+        item["encrypted_content"] = saved["encrypted_content"]
+    return item
+
+
+# -- stream -------------------------------------------------------------------
+
+
+class _Item:
+    __slots__ = ("block", "kind", "streamed", "summary_index")
+
+    def __init__(self, block: int, kind: str) -> None:
+        self.block = block
+        self.kind = kind
+        self.streamed = False  # deltas (text, thinking or arguments) were emitted
+        self.summary_index = 0
+
+
+class ResponsesMapper:
+    """Maps Responses stream events to `StreamEvent`s, one block per output item."""
+
+    __slots__ = ("_calls", "_items", "_refusal", "done", "request_id", "response_id", "terminator")
+
+    def __init__(self, request_id: str | None = None) -> None:
+        self.request_id = request_id
+        self.done = False
+        self.terminator = "response.completed"
+        self.response_id: str | None = None
+        self._items: dict[Any, _Item] = {}
+        self._calls = 0
+        self._refusal = False
+
+    def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
+        """Map one SSE event. Raises `StreamProtocolError` for malformed data and
+        `ProviderStreamError` for ``error`` and ``response.failed``."""
+        try:
+            obj = json.loads(sse.data)
+        except ValueError as exc:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
+                f"data: {sse.data[:200]!r}",
+                retryable=True,
+            ) from None
+        if not isinstance(obj, dict):
+            raise StreamProtocolError(
+                f"openai responses stream: expected a JSON object, got {sse.data[:200]!r}"
+            )
+        kind = obj.get("type") or sse.event
+        if kind == _DOOM or sse.event == _DOOM:  # absorbed here, never parsed as output
+            return (StreamSignals(tuple(str(s) for s in obj.get("signals") or ())),)
+        if kind == "error" or sse.event == "error":
+            nested = obj.get("error")
+            raise self._error(obj, nested if isinstance(nested, dict) else obj)
+        try:
+            return self._event(kind, obj)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed {kind} event ({type(exc).__name__}: {exc})",
+                retryable=True,
+            ) from None
+
+    def _event(self, kind: str | None, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        if kind == "response.output_text.delta" or kind == "response.refusal.delta":
+            self._refusal |= kind == "response.refusal.delta"
+            item = self._item(obj, "message")
+            item.streamed = True
+            return (StreamText(item.block, obj["delta"]),)
+        if kind == "response.function_call_arguments.delta":
+            item = self._item(obj, "function_call")
+            if item.kind != "function_call_started" or not obj["delta"]:
+                return None  # arguments of a call we never saw start: taken from .done
+            item.streamed = True
+            return (StreamToolInput(item.block, obj["delta"]),)
+        if kind == "response.reasoning_summary_text.delta" or kind == "response.reasoning_text.delta":
+            return self._thinking(obj)
+        if kind == "response.output_item.added":
+            return self._item_added(obj)
+        if kind == "response.output_item.done":
+            return self._item_done(obj)
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            self.response_id = obj["response"].get("id") or self.response_id
+            return None
+        if kind == "response.completed" or kind == "response.incomplete":
+            return self._end(obj["response"])
+        if kind == "response.failed":
+            response = obj.get("response") or {}
+            raise self._error(obj, response.get("error") or {})
+        return None  # unknown and uninteresting events
+
+    def _item(self, obj: dict[str, Any], kind: str) -> _Item:
+        key = obj.get("output_index")
+        if key is None:  # llama.cpp's emulation sends no output_index
+            key = obj.get("item_id") or (obj.get("item") or {}).get("id")
+        item = self._items.get(key)
+        if item is None:
+            item = self._items[key] = _Item(len(self._items), kind)
+        return item
+
+    def _thinking(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        item = self._item(obj, "reasoning")
+        text = obj["delta"]
+        summary_index = obj.get("summary_index", 0)
+        if item.streamed and summary_index != item.summary_index:
+            text = "\n\n" + text  # a new summary part
+        item.summary_index = summary_index
+        item.streamed = True
+        return (StreamThinking(item.block, text),) if text else None
+
+    def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        raw = obj["item"]
+        item = self._item(obj, raw["type"])
+        if raw["type"] != "function_call":
+            return None
+        return self._start_call(item, raw)
+
+    def _start_call(self, item: _Item, raw: dict[str, Any]) -> list[StreamEvent]:
+        item.kind = "function_call_started"
+        self._calls += 1
+        out: list[StreamEvent] = [
+            StreamToolUseStart(item.block, raw.get("call_id") or raw["id"], raw["name"])
+        ]
+        if raw.get("arguments"):
+            item.streamed = True
+            out.append(StreamToolInput(item.block, raw["arguments"]))
+        return out
+
+    def _item_done(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        raw = obj["item"]
+        item = self._item(obj, raw["type"])
+        out: list[StreamEvent] = []
+        kind = raw["type"]
+        if kind == "function_call":
+            if item.kind != "function_call_started":
+                out.extend(self._start_call(item, raw))
+            elif not item.streamed and raw.get("arguments"):
+                out.append(StreamToolInput(item.block, raw["arguments"]))
+        elif kind == "reasoning":
+            if not item.streamed:
+                text = "\n\n".join(p.get("text", "") for p in raw.get("summary") or ())
+                if text:
+                    out.append(StreamThinking(item.block, text))
+            saved = {"id": raw["id"], "summary": raw.get("summary") or []}
+            if raw.get("encrypted_content"):
+                saved["encrypted_content"] = raw["encrypted_content"]
+            out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
+        elif kind == "message":
+            if not item.streamed:
+                text = "".join(p.get("text") or p.get("refusal") or "" for p in raw.get("content") or ())
+                if text:
+                    out.append(StreamText(item.block, text))
+        else:
+            return None  # hosted tool items (web search, ...) are not kept
+        out.append(StreamBlockStop(item.block))
+        return out
+
+    def _end(self, response: dict[str, Any]) -> Sequence[StreamEvent]:
+        self.done = True
+        self.response_id = response.get("id") or self.response_id
+        if self._calls:
+            reason = "tool_use"
+        elif response.get("status") == "incomplete":
+            details = response.get("incomplete_details") or {}
+            reason = _INCOMPLETE.get(str(details.get("reason")), "end_turn")
+        else:
+            reason = "refusal" if self._refusal else "end_turn"
+        raw = response.get("usage") or {}
+        usage = Usage(
+            raw.get("input_tokens") or 0,
+            raw.get("output_tokens") or 0,
+            (raw.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        )
+        return (StreamEnd(reason, usage, self.response_id),)
+
+    def _error(self, obj: dict[str, Any], err: dict[str, Any]) -> ProviderStreamError:
+        code = err.get("code") or err.get("type")
+        message = err.get("message") or "stream error"
+        return ProviderStreamError(
+            f"openai responses stream error ({code}): {message}",
+            provider="openai",
+            status=200,
+            body=obj,
+            request_id=self.request_id,
+            error_type=str(code) if code is not None else None,
+            retryable=str(code) in _RETRYABLE_CODES,
+        )
+
+
+# -- model --------------------------------------------------------------------
+
+
+class OpenAIResponsesModel:
+    """A `Model` backed by the OpenAI Responses API (streaming, stateless input).
+
+    ``api_key`` defaults to ``OPENAI_API_KEY`` (optional when ``base_url`` is
+    given). ``reasoning``: the Responses ``reasoning`` object (e.g.
+    ``{"effort": "medium", "summary": "auto"}``); when set, encrypted reasoning
+    is requested so it can be passed back. ``doom_loop_check=True`` asks the
+    server for doom-loop signals (SPEC §6). ``store``: sent when not None.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        reasoning: dict[str, Any] | None = None,
+        doom_loop_check: bool = False,
+        store: bool | None = None,
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.reasoning = reasoning
+        self.doom_loop_check = doom_loop_check
+        self.store = store
+        self.extra_headers = dict(extra_headers or {})
+        self.extra_body = dict(extra_body or {})
+        self._key_optional = base_url is not None
+        self._conn = Connection(
+            "openai",
+            base_url or "https://api.openai.com/v1",
+            secret=resolve_key(api_key, "OPENAI_API_KEY"),
+            http_client=http_client,
+            request_id_header="x-request-id",
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._conn.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it."""
+        await self._conn.aclose()
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        return run_stream(self._conn, lambda: self._prepare(request), ResponsesMapper, signal)
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        secret = self._conn.secret
+        if secret is None and not self._key_optional:
+            raise missing_key("openai", "OPENAI_API_KEY")
+        headers = {"content-type": "application/json", "accept": "text/event-stream", **self.extra_headers}
+        if secret is not None:
+            headers["authorization"] = f"Bearer {secret.reveal()}"
+        if self.doom_loop_check:
+            headers["x-grok-doom-loop-check"] = "true"
+            headers["x-grok-exact-repetition-check"] = "true"
+        body = build_request(request, model=self.model)
+        body["stream"] = True
+        if self.reasoning is not None:
+            body["reasoning"] = self.reasoning
+            body["include"] = ["reasoning.encrypted_content"]
+        if self.store is not None:
+            body["store"] = self.store
+        body.update(self.extra_body)
+        return "/responses", headers, body
