@@ -93,7 +93,7 @@ class RepetitionDetector:
         *,
         window: int = 4096,
         anchor: int = 16,
-        step: int = 16,
+        step: int = 32,
         rules: tuple[Rule, ...] | None = None,
         fence_rules: tuple[Rule, ...] | None = FENCE_RULES,
         max_candidates: int = 8,
@@ -110,6 +110,7 @@ class RepetitionDetector:
         self._max_candidates = max_candidates
         self._tries = tries
         self._keep = 2 * window + 2 * anchor
+        self._trim_at = self._keep + window
         self.reset()
 
     def reset(self) -> None:
@@ -143,40 +144,41 @@ class RepetitionDetector:
 
     def feed(self, delta: str) -> list[DoomLoopSignal]:
         """Add streamed text; return the signals that became due."""
-        if not delta:
-            return []
         buf = self._buf
         self._buf = ""  # drop the second reference so += can grow buf in place
         buf += delta
-        start, n = self._n, self._n + len(delta)
-        self._n = n
+        start = self._n
+        n = self._n = start + len(delta)
         if "`" in delta:
             self._scan_fences(buf, n)
         out: list[DoomLoopSignal] = []
-        if self._runs or n >= self._next_cp:
+        if n >= self._next_cp or self._runs:
             self._advance(buf, start, n, out)
-        if len(buf) > self._keep + self.window:
-            buf = buf[-self._keep :]
-            self._base = n - len(buf)
+            if len(buf) > self._trim_at:
+                buf = buf[-self._keep :]
+                self._base = n - len(buf)
         self._buf = buf
         return out
 
     # -- internals ----------------------------------------------------------
 
     def _advance(self, buf: str, pos: int, n: int, out: list[DoomLoopSignal]) -> None:
+        runs = self._runs
         while self._next_cp <= n:
             cp = self._next_cp
-            self._extend(buf, pos, cp, out)
+            if runs:
+                self._extend(buf, pos, cp, out)
             self._checkpoint(buf, cp)
             self._next_cp = cp + self._step
             pos = cp
-        self._extend(buf, pos, n, out)
-        for run in sorted(self._runs.values(), key=lambda r: r.period):
-            self._judge(run, n, out)
+        if runs:
+            self._extend(buf, pos, n, out)
+            for p in sorted(runs):
+                self._judge(runs[p], n, out)
 
     def _extend(self, buf: str, frm: int, to: int, out: list[DoomLoopSignal]) -> None:
         """Check positions [frm, to) of every live run; end the runs that break."""
-        if frm >= to or not self._runs:
+        if frm >= to:
             return
         base = self._base
         for p in list(self._runs):
@@ -248,7 +250,9 @@ class RepetitionDetector:
             return
         run.reported = max(copies, 1)
         self.fired += 1
-        out.append(DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client"))
+        out.append(
+            DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client")
+        )
         out.append(self._exact(p, copies))
 
     def _exact(self, p: int, copies: int) -> DoomLoopSignal:

@@ -78,7 +78,8 @@ _NO_NOTICE = frozenset({"send_now", "consumer_closed", "deadline"})
 
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
     """One `run()`: turns until one ends without a follow-up or a send-now message."""
-    if engine._closing is not None:
+    previous = engine._state
+    if previous is not None and previous.finishing and engine._closing is not None:
         await asyncio.shield(engine._closing)  # the previous run is still cleaning up
     if engine._state is not None:
         raise RuntimeError("a run is already in progress on this engine")
@@ -108,6 +109,7 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
     st = engine._state
     if st is None or st.token is not token or st.closed or st.turn_over:
         return
+    st.finishing = True
     st.controller.abort("consumer_closed")
     _settle_partial(engine, st)
     _settle_results(engine, st)
@@ -209,7 +211,6 @@ async def _after_response(engine: QueryEngine, st: RunState) -> AsyncGenerator[E
     verdicts = _ask_policies(engine, "on_response", message) if message is not None else []
     end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
     if end is not None:
-        st.owed = list(uses)
         st.terminal, st.detail = end.reason, end.message
         for event in _settle_results(engine, st, not_run=f"Not run: {end.message}"):
             yield event
@@ -390,6 +391,7 @@ async def _model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Even
         if message is not None:
             engine._commit(message)
             st.response = message
+            st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
             yield AssistantMessage(message=message)
         return
 
@@ -537,7 +539,6 @@ def _describe(error: ModelError) -> str:
 
 async def _tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> AsyncGenerator[Event, None]:
     st.phase = "tools"
-    st.owed, st.results = list(uses), {}
 
     def make_ctx(use: ToolUseBlock) -> ToolContext:
         return ToolContext(signal=st.signal, tool_use_id=use.id, engine=engine, emit=st.mailbox.put)
@@ -671,6 +672,7 @@ def _strip_final(engine: QueryEngine) -> None:
 
 async def _finish(engine: QueryEngine, st: RunState) -> None:
     """Run cleanup: whatever ended the run, nothing it started survives it."""
+    st.finishing = True
     try:
         if not st.turn_over:
             if not st.signal.aborted:

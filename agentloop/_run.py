@@ -106,6 +106,7 @@ class RunState:
         self.token: object = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.turn_over = False
+        self.finishing = False
         self.continues = False
         self.last_reason: TerminalReason | None = None
         self.response: Message | None = None

@@ -120,7 +120,8 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
                     if block.id in seen_use:
                         out.append(f"{where}: duplicate tool_use id {block.id!r}")
                     seen_use.add(block.id)
-                    expected[block.id] = block.name
+                    if block.complete:  # an incomplete call is dropped, not answered
+                        expected[block.id] = block.name
             owed_at = i
     for tid, name in expected.items():
         out.append(

@@ -9,8 +9,10 @@ before the mapper saw its terminator.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+import httpx
 
 from .._abort import AbortSignal
 from .._errors import AbortError, StreamProtocolError
@@ -68,21 +70,64 @@ async def run_stream(
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
-        async for chunk in response.aiter_bytes():
-            for sse in feed(chunk):
-                if signal.aborted:
-                    raise AbortError(signal.reason or "cancel")
-                out = handle(sse)
-                if out:
+        chunks = _body(response)
+        try:
+            async for chunk in chunks:
+                for sse in feed(chunk):
+                    if signal.aborted:
+                        raise AbortError(signal.reason or "cancel")
+                    out = handle(sse)
+                    if not out:
+                        continue
+                    if mapper.done:
+                        await _read_tail(chunks)
+                        for ev in out:
+                            yield ev
+                        return
                     for ev in out:
                         yield ev
-                    if mapper.done:
-                        return
+        finally:
+            await chunks.aclose()
         decoder.close()
     raise StreamProtocolError(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
         retryable=True,
     )
+
+
+async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
+    """The response body, read from the transport stream directly.
+
+    `httpx.Response.aiter_bytes` stacks three async generators that are left
+    for the garbage collector to finalize when a reader stops early; reading
+    the stream here keeps one layer that `run_stream` closes itself. Encoded
+    bodies (we ask for ``identity``) fall back to `aiter_bytes`.
+    """
+    if response.headers.get("content-encoding", "identity") != "identity":
+        source: AsyncIterator[bytes] = response.aiter_bytes()
+    else:
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        source = stream.__aiter__()
+    try:
+        async for chunk in source:
+            if chunk:
+                yield chunk
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None:
+    """After the terminator, read what is left of the body (normally nothing) so the
+    connection can go back to the pool; give up (the connection is then closed)
+    past ``limit`` bytes."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            return
 
 
 # -- transcript helpers -----------------------------------------------------

@@ -227,6 +227,7 @@ class Connection:
         failures, including those raised while the caller reads the body.
         """
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
         try:
             async with self.client.stream(
                 "POST", self.base_url + path, headers=headers, content=content

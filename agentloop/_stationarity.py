@@ -1,0 +1,307 @@
+"""Stationarity policies: runaway *actions* (SPEC §7), re-exported by `agentloop.policies`.
+
+All of them count in ``on_results`` (after the response's calls ran), which a
+retried or resampled attempt never reaches, so a transport retry cannot count
+twice. They reset at a genuine user message only.
+
+Identity of a call is `StationarityPolicy.key`: the tool name plus the
+canonical JSON of *every* argument (sorted keys, no whitespace, non-ASCII kept),
+and, for a tool declared ``poller=True``, a digest of its result. Folding the
+result into a poller's key is how polling is told from looping: the same poll
+with a changed result is a new key (progress, the run restarts); the same poll
+with the same result N times is a run like any other and stops at the
+thresholds of its class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from math import gcd
+from typing import Any
+
+from ._messages import Message, ToolResultBlock, ToolUseBlock
+from ._model import ToolSpec
+from ._policy import EndTurn, Nudge, Policy, Verdict
+
+__all__ = [
+    "IdenticalToolCallRun",
+    "RepeatedErrorResult",
+    "StationarityPolicy",
+    "ToolCallCycle",
+    "canonical_key",
+    "is_keepalive",
+]
+
+Signature = frozenset[tuple[Hashable, int]]
+
+_NOOP = re.compile(
+    r"\s*(?:true|:|/bin/true|/usr/bin/true|sleep\s+0+(?:\.0+)?s?|exit(?:\s+0)?|wait|echo(?:\s+(?:''|\"\"))?)?"
+    r"\s*;?\s*\Z"
+)
+_COMMAND_KEYS = ("command", "cmd", "script", "shell")
+
+
+def canonical_key(call: ToolUseBlock) -> tuple[str, str]:
+    """(name, canonical JSON of all arguments): equal exactly when the calls are."""
+    args = json.dumps(call.input, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return call.name, args
+
+
+def is_keepalive(call: ToolUseBlock) -> bool:
+    """True for a shell-like call whose command does nothing: ``true``, ``:``,
+    ``sleep 0``, ``exit 0``, ``wait``, a bare ``echo`` or an empty command.
+
+    The command is the ``command``/``cmd``/``script``/``shell`` argument, or the
+    only argument when there is just one (a list of strings counts as argv).
+    """
+    args = call.input
+    cmd: Any = next((args[k] for k in _COMMAND_KEYS if k in args), None)
+    if cmd is None and len(args) == 1:
+        cmd = next(iter(args.values()))
+    if isinstance(cmd, list) and all(isinstance(part, str) for part in cmd):
+        cmd = " ".join(cmd)
+    return isinstance(cmd, str) and _NOOP.match(cmd) is not None
+
+
+def _names(calls: Sequence[ToolUseBlock]) -> str:
+    return ", ".join(sorted({c.name for c in calls}))
+
+
+class StationarityPolicy(Policy):
+    """Base for action-repetition policies. Override `key` to change what counts
+    as "the same call"; subclasses implement ``on_results``.
+
+    Tool classes come from `bind` (``stationarity="tight"``, ``poller=True``) and
+    can be added by name with ``tight_tools`` / ``poller_tools``.
+    """
+
+    def __init__(self, *, tight_tools: Iterable[str] = (), poller_tools: Iterable[str] = ()) -> None:
+        self.tight_tools = set(tight_tools)
+        self.poller_tools = set(poller_tools)
+        self.reset()
+
+    def bind(self, tools: Mapping[str, ToolSpec]) -> None:
+        for name, spec in tools.items():
+            if getattr(spec, "stationarity", "normal") == "tight":
+                self.tight_tools.add(name)
+            if getattr(spec, "poller", False):
+                self.poller_tools.add(name)
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        """Identity of one call (see the module docstring)."""
+        name, args = canonical_key(call)
+        if result is None or name not in self.poller_tools:
+            return name, args
+        digest = hashlib.blake2b(result.text.encode(), digest_size=16).hexdigest()
+        return name, args, result.is_error, digest
+
+    def reset(self) -> None:
+        """Forget all counters (called at a genuine user message)."""
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        if real_user:
+            self.reset()
+
+    def signature(self, message: Message, results: Sequence[ToolResultBlock]) -> tuple[Signature, int]:
+        """The response's calls as a multiset, reduced: (base, multiplicity).
+
+        Order is ignored; ``k`` parallel copies of the same set count ``k`` times
+        (five identical calls in one response are five repetitions).
+        """
+        by_id = {r.tool_use_id: r for r in results}
+        counts = Counter(self.key(c, by_id.get(c.id)) for c in message.tool_uses)
+        m = gcd(*counts.values())
+        return frozenset((k, n // m) for k, n in counts.items()), m
+
+
+class IdenticalToolCallRun(StationarityPolicy):
+    """Consecutive responses with the identical set of tool calls (SPEC §7).
+
+    At ``nudge_at`` repetitions a reminder is injected (again only when the
+    run reaches twice the count of the last nudge); at ``end_at`` the turn ends
+    with ``stationarity_ended``. A response made only of tight-class tools uses
+    the tight thresholds. ``keepalive_end_at`` no-op calls in a row (any mix of
+    them, per ``keepalive``) end the turn. ``None`` disables a threshold.
+    Texts are `str.format` templates with ``{count}`` and ``{tools}``.
+    """
+
+    nudge_text = (
+        "You have made the same tool call(s) ({tools}) {count} times in a row with identical "
+        "arguments, and repeating them gives you no new information. Step back, reconsider what "
+        "you already know, and try a different approach."
+    )
+    end_text = (
+        "Stopped: the same tool call(s) ({tools}) were repeated {count} times in a row without progress."
+    )
+    keepalive_text = "Stopped: {count} no-op keep-alive commands in a row ({tools})."
+
+    def __init__(
+        self,
+        nudge_at: int | None = 8,
+        end_at: int | None = 12,
+        tight_nudge_at: int | None = 4,
+        tight_end_at: int | None = 8,
+        keepalive_end_at: int | None = 4,
+        *,
+        keepalive: Callable[[ToolUseBlock], bool] | None = is_keepalive,
+        **kwargs: Any,
+    ) -> None:
+        self.nudge_at, self.end_at = nudge_at, end_at
+        self.tight_nudge_at, self.tight_end_at = tight_nudge_at, tight_end_at
+        self.keepalive_end_at = keepalive_end_at
+        self.keepalive = keepalive
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        self._last: Signature | None = None
+        self.count = 0
+        self._nudged = 0
+        self.idle = 0
+
+    def on_response(self, message: Message) -> Verdict | None:
+        if not message.tool_uses:  # a response without calls breaks every run
+            self.reset()
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        calls = message.tool_uses
+        if not calls:
+            return None
+        tools = _names(calls)
+        keep = self.keepalive
+        self.idle = self.idle + len(calls) if keep and all(keep(c) for c in calls) else 0
+        if self.keepalive_end_at is not None and self.idle >= self.keepalive_end_at:
+            return EndTurn(self.keepalive_text.format(count=self.idle, tools=tools))
+        base, m = self.signature(message, results)
+        if base == self._last:
+            self.count += m
+        else:
+            self._last, self.count, self._nudged = base, m, 0
+        tight = all(c.name in self.tight_tools for c in calls)
+        nudge_at = self.tight_nudge_at if tight else self.nudge_at
+        end_at = self.tight_end_at if tight else self.end_at
+        if end_at is not None and self.count >= end_at:
+            return EndTurn(self.end_text.format(count=self.count, tools=tools))
+        if nudge_at is not None and self.count >= max(nudge_at, 2 * self._nudged):
+            self._nudged = self.count
+            return Nudge(self.nudge_text.format(count=self.count, tools=tools))
+        return None
+
+
+class ToolCallCycle(StationarityPolicy):
+    """Opt-in: a cycle of 2..``max_period`` different responses (A, B, A, B, ...).
+
+    Nudges when the last cycle has repeated ``nudge_repeats`` times in a row
+    (again at twice that), ends the turn at ``end_repeats``.
+    """
+
+    nudge_text = (
+        "Your last {length} tool-call steps repeat the same cycle of {period} steps {count} times "
+        "({tools}). You are going in circles: stop and try a different approach."
+    )
+    end_text = "Stopped: a cycle of {period} tool-call steps ({tools}) repeated {count} times."
+
+    def __init__(
+        self,
+        max_period: int = 5,
+        nudge_repeats: int = 3,
+        end_repeats: int | None = 5,
+        **kwargs: Any,
+    ) -> None:
+        self.max_period = max_period
+        self.nudge_repeats = nudge_repeats
+        self.end_repeats = end_repeats
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        depth = self.max_period * max(self.nudge_repeats, self.end_repeats or 0, 2)
+        self._history: deque[Signature] = deque(maxlen=depth)
+        self._nudged: dict[tuple[Signature, ...], int] = {}
+
+    def on_response(self, message: Message) -> Verdict | None:
+        if not message.tool_uses:
+            self._history.clear()
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        if not message.tool_uses:
+            return None
+        self._history.append(self.signature(message, results)[0])
+        found = self._cycle()
+        if found is None:
+            return None
+        block, reps = found
+        fields = {"period": len(block), "count": reps, "length": reps * len(block)}
+        tools = ", ".join(sorted({str(k[0][0]) for sig in block for k in sig if isinstance(k[0], tuple)}))
+        if self.end_repeats is not None and reps >= self.end_repeats:
+            return EndTurn(self.end_text.format(tools=tools, **fields))
+        if reps >= max(self.nudge_repeats, 2 * self._nudged.get(block, 0)):
+            self._nudged[block] = reps
+            return Nudge(self.nudge_text.format(tools=tools, **fields))
+        return None
+
+    def _cycle(self) -> tuple[tuple[Signature, ...], int] | None:
+        """The shortest tail cycle with at least ``nudge_repeats`` repetitions."""
+        h = list(self._history)
+        for k in range(2, self.max_period + 1):
+            block = tuple(h[-k:])
+            if len(h) < k * self.nudge_repeats or len(set(block)) < 2:
+                continue
+            reps = 1
+            while len(h) >= (reps + 1) * k and tuple(h[-(reps + 1) * k : -reps * k]) == block:
+                reps += 1
+            if reps >= self.nudge_repeats:
+                return block, reps
+        return None
+
+
+class RepeatedErrorResult(StationarityPolicy):
+    """Opt-in: the same error from the same tool ``nudge_at`` times in a row,
+    whatever the arguments (the first ``prefix`` characters of the error are
+    compared). A successful result breaks the run."""
+
+    nudge_text = (
+        "The tool {tools} has returned the same error {count} times in a row. Repeating the call "
+        "will not fix it: read the error, then change the approach."
+    )
+    end_text = "Stopped: the tool {tools} returned the same error {count} times in a row."
+
+    def __init__(
+        self, nudge_at: int = 3, end_at: int | None = 6, *, prefix: int = 200, **kwargs: Any
+    ) -> None:
+        self.nudge_at, self.end_at, self.prefix = nudge_at, end_at, prefix
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        self._last: Hashable | None = None
+        self.count = 0
+        self._nudged = 0
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        text = result.text[: self.prefix].strip() if result is not None else ""
+        return call.name, text
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        by_id = {r.tool_use_id: r for r in results}
+        name = ""
+        for call in message.tool_uses:
+            result = by_id.get(call.id)
+            if result is None or not result.is_error:
+                self._last, self.count = None, 0
+                continue
+            k = self.key(call, result)
+            if k == self._last:
+                self.count += 1
+            else:
+                self._last, self.count, self._nudged = k, 1, 0
+            name = call.name
+        if self.end_at is not None and self.count >= self.end_at:
+            return EndTurn(self.end_text.format(tools=name, count=self.count))
+        if self.count >= max(self.nudge_at, 2 * self._nudged):
+            self._nudged = self.count
+            return Nudge(self.nudge_text.format(tools=name, count=self.count))
+        return None

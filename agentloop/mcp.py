@@ -1,0 +1,331 @@
+"""MCP servers as agentloop tools, over stdio or streamable HTTP (extra: ``agentloop[mcp]``).
+
+    async with MCPServer.stdio("python", ["server.py"]) as server:
+        engine = QueryEngine(model, tools=await server.list_tools())
+        server.attach(engine)   # main-only abort hook, see `MCPServer.on_main_abort`
+
+Cancellation: every tool handler races its MCP request against the run's abort
+signal. On abort it stops waiting at once, the MCP SDK sends the server
+``notifications/cancelled`` for the request in flight (mcp >= 2 does this
+itself for a cancelled request, with the reason "caller cancelled"; agentloop's
+reason is on the `AbortError` and in the log), and the handler raises
+`AbortError` so the engine records "stopped while running". The connection
+stays open for the next call.
+
+Connection lifetime: one connection per `MCPServer`, opened on first use and
+shared by the main engine and all its subagents. It is closed only by its
+owner (`aclose` or leaving ``async with``) or by the main-only abort hook
+`on_main_abort`, never by a subagent's interrupt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Protocol
+
+try:
+    import httpx2
+    from mcp import ClientSession, StdioServerParameters, types
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
+
+from ._abort import AbortSignal
+from ._errors import AbortError
+from ._messages import TextBlock, ToolResultBlock
+from ._tools import Tool, ToolContext, ToolOutput
+
+__all__ = ["MCPServer"]
+
+log = logging.getLogger("agentloop")
+
+Streams = tuple[Any, Any]
+Connect = Callable[[], AbstractAsyncContextManager[Streams]]
+
+
+class _AbortHookHost(Protocol):
+    def on_abort(self, fn: Callable[[str], Any], *, main_only: bool = False) -> None: ...
+
+
+class _Connection:
+    """One live MCP session, owned by a background task.
+
+    The SDK's transports are anyio task groups, which must be exited by the task
+    that entered them; a dedicated owner task lets any task (a tool call, an
+    abort hook, ``aclose``) use and close the connection.
+    """
+
+    def __init__(self, connect: Connect, label: str) -> None:
+        self._stop = asyncio.Event()
+        self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
+        self.label = label
+
+    async def session(self) -> ClientSession:
+        # shield: a caller giving up must not cancel the shared future.
+        return await asyncio.shield(self._ready)
+
+    async def _run(self, connect: Connect) -> None:
+        try:
+            async with connect() as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                self._ready.set_result(session)
+                await self._stop.wait()
+        except Exception as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            else:
+                log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
+        finally:
+            if not self._ready.done():
+                self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
+            if not self._ready.cancelled():
+                self._ready.exception()  # mark it retrieved: callers may all have given up
+
+    async def close(self) -> None:
+        """Close the session and its transport (stops a stdio server). Idempotent."""
+        self._stop.set()
+        if not self._ready.done():
+            self._task.cancel()  # still connecting: nobody is using it yet
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._task)
+
+
+class MCPServer:
+    """A connection to one MCP server, whose tools become agentloop `Tool`s.
+
+    Build it with `MCPServer.stdio` or `MCPServer.http`; use it as an async
+    context manager or call `aclose` when done. ``prefix`` is prepended to every
+    tool name (``"fs_"`` turns ``read`` into ``fs_read``); ``concurrency_safe``
+    and ``timeout`` are passed to every `Tool` made.
+    """
+
+    def __init__(
+        self,
+        connect: Connect,
+        *,
+        label: str,
+        prefix: str = "",
+        concurrency_safe: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        self._connect = connect
+        self.label = label
+        self.prefix = prefix
+        self.concurrency_safe = concurrency_safe
+        self.timeout = timeout
+        self._conn: _Connection | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._conn is not None else "idle"
+        return f"<MCPServer {self.label} {state}>"
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        **options: Any,
+    ) -> MCPServer:
+        """A server started as a subprocess and spoken to over its stdin/stdout.
+
+        ``env`` is merged over the SDK's safe default environment. The process
+        starts on first use and is stopped when the connection closes.
+        """
+        params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
+        return cls(lambda: stdio_client(params), label=f"stdio:{command}", **options)
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        **options: Any,
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url`` (for example ``http://host/mcp``).
+
+        ``headers`` go on every request (authentication, for instance);
+        ``timeout`` is the HTTP connect/write timeout in seconds (reads wait for
+        as long as a tool runs, bounded by the tool's own ``timeout``).
+        """
+
+        @contextlib.asynccontextmanager
+        async def connect() -> AsyncIterator[Streams]:
+            limits = httpx2.Timeout(timeout, read=None)
+            async with (
+                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits) as client,
+                streamable_http_client(url, http_client=client) as streams,
+            ):
+                yield streams
+
+        return cls(connect, label=url, **options)
+
+    async def __aenter__(self) -> MCPServer:
+        await self.session()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- connection ---------------------------------------------------------
+
+    async def session(self) -> ClientSession:
+        """The live `ClientSession`, connecting first if needed.
+
+        Raises RuntimeError once closed, and what the transport raises when the
+        server cannot be reached (the next call tries again).
+        """
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = _Connection(self._connect, self.label)
+        try:
+            return await conn.session()
+        except Exception:
+            if self._conn is conn:
+                self._conn = None
+            raise
+
+    async def reset(self) -> None:
+        """Close the current connection; the next call opens a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def aclose(self) -> None:
+        """Close the connection for good (a stdio server process is stopped). Idempotent."""
+        self._closed = True
+        await self.reset()
+
+    async def on_main_abort(self, reason: str) -> None:
+        """Abort hook for the *main* engine only: reset the connection.
+
+        Register it with ``engine.on_abort(server.on_main_abort, main_only=True)``
+        (or `attach`). Resetting stops server-side work that ignored the
+        cancellation (a stdio server is restarted on next use) and clears
+        per-connection state. Never register it for subagents: they share this
+        connection with the main engine, which may keep using it.
+        """
+        log.info("main engine aborted (%s): resetting MCP connection to %s", reason, self.label)
+        await self.reset()
+
+    def attach(self, engine: _AbortHookHost) -> None:
+        """Register `on_main_abort` on ``engine`` as a main-only abort hook."""
+        engine.on_abort(self.on_main_abort, main_only=True)
+
+    # -- tools --------------------------------------------------------------
+
+    async def list_tools(self) -> list[Tool]:
+        """The server's tools as agentloop `Tool`s (all pages)."""
+        session = await self.session()
+        tools: list[Tool] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            tools.extend(self._tool(t) for t in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any], *, signal: AbortSignal | None = None
+    ) -> types.CallToolResult:
+        """Call tool ``name`` (the server's name, without prefix) and return the raw result.
+
+        With ``signal``: on abort, stop waiting at once, let the SDK send the
+        server ``notifications/cancelled`` for the request, and raise
+        `AbortError` with the signal's reason. A result that arrived first wins.
+        Raises `MCPError` for a protocol error (unknown tool, connection lost).
+        """
+        if signal is None:
+            return await self._request(name, arguments)
+        signal.throw_if_aborted()
+        call = asyncio.create_task(self._request(name, arguments))
+        aborted = asyncio.create_task(signal.wait())
+        try:
+            await asyncio.wait((call, aborted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+            if not call.done():
+                call.cancel()  # the SDK writes notifications/cancelled on the way out
+                await asyncio.wait((call,))
+        if call.cancelled():
+            reason = signal.reason or "cancel"
+            log.info("MCP call %s on %s aborted: %s", name, self.label, reason)
+            raise AbortError(reason)
+        return call.result()
+
+    async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
+        session = await self.session()
+        conn = self._conn
+        try:
+            return await session.call_tool(name, dict(arguments))
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED and self._conn is conn:
+                await self.reset()  # the server went away: reconnect on the next call
+            raise
+
+    def _tool(self, spec: types.Tool) -> Tool:
+        remote = spec.name
+
+        async def handler(input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+            result = await self.call_tool(remote, input, signal=ctx.signal)
+            return result_to_block(ctx.tool_use_id, result)
+
+        return Tool(
+            self.prefix + remote,
+            spec.description or "",
+            spec.input_schema,
+            handler,
+            concurrency_safe=self.concurrency_safe,
+            timeout=self.timeout,
+        )
+
+
+def result_to_block(tool_use_id: str, result: types.CallToolResult) -> ToolResultBlock:
+    """Map an MCP tool result to a `ToolResultBlock`: text stays text, other content
+    is described in a short line, and ``is_error`` is kept."""
+    parts = [TextBlock(text=text) for text in map(_describe, result.content) if text]
+    if not parts and result.structured_content is not None:
+        parts = [TextBlock(text=json.dumps(result.structured_content, ensure_ascii=False, default=str))]
+    content: str | list[TextBlock] = parts if parts else "(no output)"
+    if len(parts) == 1:
+        content = parts[0].text
+    return ToolResultBlock(tool_use_id=tool_use_id, content=content, is_error=result.is_error)
+
+
+def _describe(block: types.ContentBlock) -> str:
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        size = len(block.data) * 3 // 4
+        return f"[{block.type}: {block.mime_type}, about {size} bytes, not shown]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link: {block.uri}{f' ({block.mime_type})' if block.mime_type else ''}]"
+    if isinstance(block, types.EmbeddedResource):
+        res = block.resource
+        if isinstance(res, types.TextResourceContents):
+            return res.text
+        return f"[resource: {res.uri} ({res.mime_type or 'binary'}), not shown]"
+    return f"[{getattr(block, 'type', 'unknown')} content, not shown]"

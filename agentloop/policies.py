@@ -1,0 +1,185 @@
+"""Stock runaway defences, built on the `agentloop._policy` seam (SPEC §6-7).
+
+Two families, composable in ``QueryEngine(policies=[...])``:
+
+- doom-loop policies watch the stream (`DoomLoopPolicy`, `ConservativeDoomLoopPolicy`):
+  server ``response.doom_loop_check`` signals and the client-side
+  `RepetitionDetector` are judged by one method, ``judge(signal)``;
+- stationarity policies watch the tool calls (`IdenticalToolCallRun`,
+  `ToolCallCycle`, `RepeatedErrorResult`): one method, ``key(call, result)``,
+  says when two calls are "the same".
+
+Every policy resets its counters at a genuine user message only
+(``begin_turn(real_user=True)``), never at the library's own nudges. The
+stationarity policies are implemented in `agentloop._stationarity`, the
+detector in `agentloop._detector`; this module is their public home.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ._detector import RepetitionDetector, Rule
+from ._model import StreamEvent, StreamLogprobs, StreamSignals, StreamText, StreamThinking
+from ._policy import EndTurn, Nudge, Policy, Resample, Verdict, Warn
+from ._signals import DoomLoopSignal
+from ._stationarity import (
+    IdenticalToolCallRun,
+    RepeatedErrorResult,
+    StationarityPolicy,
+    ToolCallCycle,
+    canonical_key,
+    is_keepalive,
+)
+
+__all__ = [
+    "ConservativeDoomLoopPolicy",
+    "DoomLoopPolicy",
+    "DoomLoopSignal",
+    "EndTurn",
+    "IdenticalToolCallRun",
+    "Judgement",
+    "Nudge",
+    "Policy",
+    "RepeatedErrorResult",
+    "RepetitionDetector",
+    "Resample",
+    "Rule",
+    "StationarityPolicy",
+    "ToolCallCycle",
+    "Verdict",
+    "Warn",
+    "canonical_key",
+    "default_policies",
+    "is_keepalive",
+]
+
+Judgement = Literal["ignore", "warn", "abort"]
+
+
+class DoomLoopPolicy(Policy):
+    """Judge doom-loop signals from the server and from the client detector.
+
+    Override `judge` to decide per signal: any "abort" cuts the stream and
+    resamples (`Resample`), else any "warn" reports (`Warn`). This base class
+    warns on everything and never aborts.
+
+    ``client_detector=False`` relies on server frames only; ``detector`` passes
+    keyword arguments to each channel's `RepetitionDetector` (e.g.
+    ``{"window": 2048}``). Low-logprob: ``low_logprob@{channel}`` is raised once
+    per run of ``logprob_run`` consecutive tokens whose log probability is below
+    ``logprob_floor`` (defaults -6.0 and 24: two dozen tokens in a row the model
+    itself found very unlikely, the mark of degenerate sampling rather than of
+    a chant); ``logprob_floor=None`` turns it off.
+    """
+
+    def __init__(
+        self,
+        *,
+        client_detector: bool = True,
+        server_signals: bool = True,
+        channels: tuple[str, ...] = ("thinking", "text"),
+        detector: Mapping[str, Any] | None = None,
+        logprob_floor: float | None = -6.0,
+        logprob_run: int = 24,
+    ) -> None:
+        opts = dict(detector or {})
+        self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
+        self.server_signals = server_signals
+        self.logprob_floor = logprob_floor
+        self.logprob_run = logprob_run
+        self._seen: set[str] = set()
+        self._low_runs: dict[str, int] = {}
+
+    def judge(self, signal: DoomLoopSignal) -> Judgement:
+        """What to do about one new signal. Base: always "warn"."""
+        return "warn"
+
+    def begin_attempt(self) -> None:
+        for det in self.detectors.values():
+            det.reset()
+        self._seen.clear()
+        self._low_runs.clear()
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        if isinstance(event, StreamThinking):
+            det = self.detectors.get("thinking")
+            return self._verdict(det.feed(event.thinking)) if det is not None else None
+        if isinstance(event, StreamText):
+            det = self.detectors.get("text")
+            return self._verdict(det.feed(event.text)) if det is not None else None
+        if isinstance(event, StreamSignals):
+            return self._verdict(self._server(event.signals)) if self.server_signals else None
+        if isinstance(event, StreamLogprobs):
+            return self._verdict(self._logprobs(event))
+        return None
+
+    def _verdict(self, signals: list[DoomLoopSignal]) -> Verdict | None:
+        if not signals:
+            return None
+        judged = [(s, self.judge(s)) for s in signals]
+        kept = tuple(s for s, j in judged if j != "ignore")
+        if any(j == "abort" for _, j in judged):
+            return Resample(kept)
+        return Warn(kept) if kept else None
+
+    def _server(self, raw: tuple[str, ...]) -> list[DoomLoopSignal]:
+        """New signals of a server frame (frames repeat all signals so far)."""
+        new: list[DoomLoopSignal] = []
+        for text in raw:
+            if text in self._seen:
+                continue
+            self._seen.add(text)
+            try:
+                new.append(DoomLoopSignal.parse(text))
+            except ValueError:
+                continue  # an unknown signal from a newer server is not an error
+        return new
+
+    def _logprobs(self, event: StreamLogprobs) -> list[DoomLoopSignal]:
+        floor = self.logprob_floor
+        if floor is None:
+            return []
+        run = self._low_runs.get(event.channel, 0)
+        fired = False
+        for lp in event.logprobs:
+            if lp >= floor:
+                run = 0
+                continue
+            run += 1
+            fired = fired or run == self.logprob_run
+        self._low_runs[event.channel] = run
+        if not fired:
+            return []
+        return [DoomLoopSignal("low_logprob", event.channel, source="client")]
+
+
+class ConservativeDoomLoopPolicy(DoomLoopPolicy):
+    """SPEC §6 default: only a short thinking-channel tail repetition is confident.
+
+    A server ``tail_repetition`` on the thinking channel aborts when its period
+    is at most ``max_threshold`` tokens; a client one (counted in characters)
+    when its period is at most ``max_chars`` (default 256, about 64 tokens at
+    four characters a token). The client detector only emits a thinking-channel
+    ``tail_repetition`` once the loop is unmistakable (at least 256 characters
+    of a short period, four copies of a 16-63-character unit, three copies of a
+    longer one), so this never aborts on a single repeated phrase. Every other
+    signal, and every text-channel signal, only warns.
+    """
+
+    def __init__(self, max_threshold: int = 64, *, max_chars: int = 256, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_threshold = max_threshold
+        self.max_chars = max_chars
+
+    def judge(self, signal: DoomLoopSignal) -> Judgement:
+        if signal.kind != "tail_repetition" or signal.channel != "thinking":
+            return "warn"
+        limit = self.max_chars if signal.unit == "chars" else self.max_threshold
+        return "abort" if signal.threshold is not None and signal.threshold <= limit else "warn"
+
+
+def default_policies() -> list[Policy]:
+    """The policies a `QueryEngine` uses when given ``policies=None``."""
+    return [ConservativeDoomLoopPolicy(), IdenticalToolCallRun()]

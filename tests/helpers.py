@@ -1,0 +1,40 @@
+"""Shared test doubles."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from agentloop import AbortSignal, Event, QueryEngine
+from agentloop._model import ModelRequest, StreamEvent, StreamText
+
+
+async def collect(engine: QueryEngine, prompt: object = None) -> list[Event]:
+    return [ev async for ev in engine.run(prompt)]  # type: ignore[arg-type]
+
+
+def kinds(events: Sequence[Event]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+class HangingModel:
+    """Streams ``prefix`` text deltas, then waits forever (until cancelled).
+
+    ``closed`` becomes True when the stream is closed, however that happens.
+    """
+
+    def __init__(self, prefix: Sequence[str] = ("Hello ", "wor")) -> None:
+        self.prefix = list(prefix)
+        self.closed = False
+        self.waiting = asyncio.Event()
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.requests.append(request)
+        try:
+            for text in self.prefix:
+                yield StreamText(0, text)
+            self.waiting.set()
+            await asyncio.Event().wait()  # ignores the signal: only cancellation stops it
+        finally:
+            self.closed = True

@@ -1,0 +1,184 @@
+"""AbortController / AbortSignal / AbortError: the whole API.md surface."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import pytest
+
+from agentloop import AbortController, AbortError, AbortSignal
+
+
+def test_abort_is_idempotent_and_first_reason_wins() -> None:
+    c = AbortController()
+    assert not c.signal.aborted and c.signal.reason is None
+    c.abort("send_now")
+    c.abort("cancel")
+    assert c.signal.aborted and c.signal.reason == "send_now"
+
+
+def test_default_reason_is_cancel() -> None:
+    c = AbortController()
+    c.abort()
+    assert c.signal.reason == "cancel"
+
+
+def test_throw_if_aborted_raises_abort_error_with_reason() -> None:
+    c = AbortController()
+    c.signal.throw_if_aborted()  # not aborted: nothing happens
+    c.abort("deadline")
+    with pytest.raises(AbortError) as info:
+        c.signal.throw_if_aborted()
+    assert info.value.reason == "deadline"
+
+
+def test_abort_from_many_threads_has_exactly_one_winner() -> None:
+    for _ in range(50):
+        c = AbortController()
+        calls: list[str] = []
+        c.signal.add_listener(calls.append)
+        barrier = threading.Barrier(8)
+
+        def hit(i: int, c: AbortController = c, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            c.abort(f"r{i}")
+
+        threads = [threading.Thread(target=hit, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert calls == [c.signal.reason]
+
+
+def test_abort_is_safe_from_a_signal_handler() -> None:
+    c = AbortController()
+    seen: list[str] = []
+    c.signal.add_listener(seen.append)
+    old = signal.signal(signal.SIGUSR1, lambda *_: c.abort("sigusr1"))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert c.signal.reason == "sigusr1" and seen == ["sigusr1"]
+
+
+def test_listener_added_after_abort_is_called_at_once() -> None:
+    c = AbortController()
+    c.abort("x")
+    seen: list[str] = []
+    c.signal.add_listener(seen.append)
+    assert seen == ["x"]
+
+
+def test_removed_listener_is_not_called() -> None:
+    c = AbortController()
+    seen: list[str] = []
+    remove = c.signal.add_listener(seen.append)
+    remove()
+    remove()  # removing twice is harmless
+    c.abort()
+    assert seen == []
+
+
+def test_a_raising_listener_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    c = AbortController()
+    seen: list[str] = []
+
+    def boom(_reason: str) -> None:
+        raise RuntimeError("listener bug")
+
+    c.signal.add_listener(boom)
+    c.signal.add_listener(seen.append)
+    c.abort("cancel")
+    assert seen == ["cancel"]
+    assert "listener bug" in caplog.text
+
+
+def test_linked_child_follows_parent_not_the_other_way() -> None:
+    parent = AbortController()
+    child = AbortController(parent=parent.signal)
+    sibling = AbortController(parent=parent.signal)
+    child.abort("child-only")
+    assert child.signal.reason == "child-only"
+    assert not parent.signal.aborted and not sibling.signal.aborted
+    parent.abort("send_now")
+    assert sibling.signal.reason == "send_now"
+    assert child.signal.reason == "child-only"  # first reason still wins
+
+
+def test_child_of_an_aborted_parent_starts_aborted() -> None:
+    parent = AbortController()
+    parent.abort("cancel")
+    assert AbortController(parent=parent.signal).signal.reason == "cancel"
+
+
+def test_unlinked_child_no_longer_follows_parent() -> None:
+    parent = AbortController()
+    child = AbortController(parent=parent.signal)
+    child.unlink()
+    parent.abort()
+    assert not child.signal.aborted
+
+
+def test_any_aborts_with_the_first_reason() -> None:
+    a, b = AbortController(), AbortController()
+    both = AbortSignal.any([a.signal, b.signal])
+    assert not both.aborted
+    b.abort("second")
+    a.abort("first")
+    assert both.reason == "second"
+
+
+def test_any_of_an_already_aborted_signal_is_aborted() -> None:
+    a = AbortController()
+    a.abort("early")
+    assert AbortSignal.any([AbortController().signal, a.signal]).reason == "early"
+
+
+async def test_timeout_aborts_with_its_reason() -> None:
+    sig = AbortSignal.timeout(0.01)
+    assert await sig.wait() == "deadline"
+    other = AbortSignal.timeout(0.01, reason="slow")
+    assert await other.wait() == "slow"
+
+
+def test_timeout_without_a_loop_uses_a_thread_timer() -> None:
+    sig = AbortSignal.timeout(0.01, reason="t")
+    done = threading.Event()
+    sig.add_listener(lambda _r: done.set())
+    assert done.wait(5) and sig.reason == "t"
+
+
+async def test_wait_returns_reason_when_aborted_from_another_thread() -> None:
+    c = AbortController()
+    waiter = asyncio.ensure_future(c.signal.wait())
+    await asyncio.sleep(0)
+    threading.Thread(target=c.abort, args=("remote",)).start()
+    assert await waiter == "remote"
+
+
+async def test_wait_on_aborted_signal_returns_at_once() -> None:
+    c = AbortController()
+    c.abort("done")
+    assert await c.signal.wait() == "done"
+
+
+async def test_cancelled_wait_removes_its_listener() -> None:
+    c = AbortController()
+    waiter = asyncio.ensure_future(c.signal.wait())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not c.signal._listeners
+
+
+def test_repr_shows_state() -> None:
+    c = AbortController()
+    assert "active" in repr(c.signal)
+    c.abort("why")
+    assert "why" in repr(c)

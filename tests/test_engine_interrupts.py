@@ -1,0 +1,382 @@
+"""SPEC §1–4: one abort reaches everything; three checkpoints; valid transcripts; reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from agentloop import (
+    Allow,
+    AssistantMessage,
+    Deny,
+    Message,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolContext,
+    ToolUseBlock,
+    TurnEnded,
+    TurnStarted,
+    tool,
+    validate_transcript,
+)
+from agentloop._inbox import Texts
+from tests.helpers import HangingModel, collect, kinds
+
+TEXTS = Texts()
+
+
+def engine_for(responses: list[object], **kw: object) -> QueryEngine:
+    kw.setdefault("policies", [])
+    return QueryEngine(ScriptedModel(responses), **kw)  # type: ignore[arg-type]
+
+
+def calls(*names: str) -> ScriptedResponse:
+    return ScriptedResponse(text="Working.", tool_calls=[ScriptedToolCall(n, {}) for n in names])
+
+
+def results(engine: QueryEngine) -> list[str]:
+    return [b.text for m in engine.messages for b in m.tool_results]
+
+
+# -- checkpoint 1: the model stream -------------------------------------------------
+
+
+async def test_checkpoint1_abort_mid_stream_keeps_partial_text_as_partial_message() -> None:
+    engine = engine_for([ScriptedResponse(text="The quick brown fox jumps", chunk=4)])
+    seen = ""
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            seen += ev.text
+            if len(seen) >= 8:
+                engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"
+    partial = engine.messages[1]
+    assert partial.role == "assistant" and partial.partial and partial.text == seen
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_checkpoint1_abort_cancels_a_stream_that_is_waiting_and_closes_it() -> None:
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    run = engine.run("go")
+    events = []
+
+    async def consume() -> None:
+        async for ev in run:
+            events.append(ev)
+
+    task = asyncio.ensure_future(consume())
+    await model.waiting.wait()
+    threading.Thread(target=engine.interrupt, args=("cancel",)).start()  # from another thread
+    await task
+    assert model.closed
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_streaming"
+    assert engine.messages[1].text == "Hello wor" and engine.messages[1].partial
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_checkpoint1_incomplete_tool_use_and_unsigned_thinking_are_dropped_from_history() -> None:
+    script = ScriptedResponse(
+        thinking="hmm", text="ok", tool_calls=[ScriptedToolCall("t", {"long": "x" * 50})], chunk=5
+    )
+    engine = engine_for([script])
+    async for ev in engine.run("go"):
+        if getattr(ev, "partial_json", "").startswith('{"lo'):
+            engine.interrupt()
+    partial = engine.messages[1]
+    assert [b.type for b in partial.content] == ["thinking", "text"]  # the signed thinking stays
+    assert validate_transcript(engine.messages) == []
+
+
+# -- checkpoint 2: between the response and the tools ---------------------------------
+
+
+async def test_checkpoint2_abort_after_response_starts_no_tool() -> None:
+    started: list[str] = []
+
+    @tool
+    async def t() -> str:
+        started.append("t")
+        return "ran"
+
+    engine = engine_for([calls("t", "t")], tools=[t])
+    async for ev in engine.run("go"):
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    assert started == []
+    assert results(engine) == [TEXTS.never_started] * 2
+    assert engine.last_turn_ended.reason == "aborted_tools"  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
+
+# -- checkpoint 3: between batches ---------------------------------------------------
+
+
+async def test_checkpoint3_abort_between_batches_keeps_finished_results() -> None:
+    @tool
+    async def first(ctx: ToolContext) -> str:
+        ctx.engine.interrupt()  # from inside a tool
+        return "first done"
+
+    @tool
+    async def second() -> str:
+        raise AssertionError("must not start")
+
+    engine = engine_for([calls("first", "second")], tools=[first, second])
+    events = await collect(engine, "go")
+    assert results(engine) == ["first done", TEXTS.never_started]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_tool_stopped_while_running_gets_a_side_effects_result() -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        gate.set()
+        await ctx.signal.wait()
+        raise asyncio.CancelledError  # cooperative tools may stop any way they like
+
+    engine = engine_for([calls("slow")], tools=[slow])
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await gate.wait()
+    engine.interrupt()
+    events = await run
+    assert results(engine) == [TEXTS.stopped_running]
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished[0].synthetic and "side effects" in finished[0].result.text
+
+
+async def test_settlement_a_tool_ignoring_the_signal_is_cancelled_after_the_grace() -> None:
+    gate = asyncio.Event()
+    cancelled: list[bool] = []
+
+    @tool
+    async def stubborn() -> str:
+        gate.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    engine = engine_for([calls("stubborn")], tools=[stubborn], tool_cancel_grace=0.05)
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await gate.wait()
+    engine.interrupt()
+    events = await run
+    assert cancelled == [True]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
+    assert results(engine) == [TEXTS.stopped_running]
+
+
+async def test_parallel_tools_all_receive_the_one_abort() -> None:
+    started = asyncio.Semaphore(0)
+    reasons: list[str] = []
+
+    @tool(concurrency_safe=True)
+    async def waiter(ctx: ToolContext) -> str:
+        started.release()
+        reasons.append(await ctx.signal.wait())
+        return "stopped cleanly"
+
+    engine = engine_for([calls(*["waiter"] * 5)], tools=[waiter])
+    run = asyncio.ensure_future(collect(engine, "go"))
+    for _ in range(5):
+        await started.acquire()
+    engine.interrupt("user_escape")
+    events = await run
+    assert reasons == ["user_escape"] * 5
+    # cooperative tools that return after the abort keep their real result
+    assert results(engine) == ["stopped cleanly"] * 5
+    assert isinstance(events[-1], TurnEnded) and events[-1].abort_reason == "user_escape"
+
+
+# -- permission --------------------------------------------------------------------
+
+
+async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
+    asked = asyncio.Event()
+    seen: list[str | None] = []
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            seen.append(ctx.signal.reason)
+        return Allow()
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    engine = engine_for([calls("t")], tools=[t], permission=permission)
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await asked.wait()
+    engine.interrupt("changed_my_mind")
+    events = await run
+    assert seen == ["changed_my_mind"]
+    assert results(engine) == [TEXTS.never_started]
+    assert "PermissionRequested" in kinds(events)
+
+
+async def test_permission_deny_allow_update_and_failure_become_results() -> None:
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        if use.input.get("x") == "deny":
+            return Deny("not in this repo")
+        if use.input.get("x") == "boom":
+            raise RuntimeError("prompt crashed")
+        return Allow(updated_input={"x": "rewritten"})
+
+    @tool
+    async def t(x: str) -> str:
+        return f"ran with {x}"
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("t", {"x": v}) for v in ("deny", "boom", "ok")])
+    engine = engine_for([script, "done"], tools=[t], permission=permission)
+    await collect(engine, "go")
+    texts = results(engine)
+    assert texts[0] == "Permission denied: not in this repo"
+    assert "permission check failed" in texts[1] and "prompt crashed" in texts[1]
+    assert texts[2] == "ran with rewritten"
+
+
+# -- reasons: cancel vs send_now ------------------------------------------------------
+
+
+async def test_send_now_replaces_the_turn_without_a_notice_in_the_same_run() -> None:
+    engine = engine_for([ScriptedResponse(text="a long answer that goes on", chunk=3), "New answer."])
+    events = []
+    async for ev in engine.run("first"):
+        events.append(ev)
+        if isinstance(ev, TextDelta) and len(events) == 3:
+            engine.send_now("actually, do this")
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [e.reason for e in ends] == ["aborted_streaming", "completed"]
+    assert ends[0].abort_reason == "send_now"
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    assert starts[1].prompt is not None and starts[1].prompt.text == "actually, do this"
+    assert not any(m.kind == "interrupt_notice" for m in engine.messages)
+    assert engine.messages[-1].text == "New answer."
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_send_now_while_idle_starts_the_next_run() -> None:
+    engine = engine_for(["hi"])
+    receipt = engine.send_now("queued for later")
+    assert receipt.startswith("send-")
+    events = await collect(engine)
+    assert isinstance(events[0], TurnStarted) and events[0].prompt is not None
+    assert events[0].prompt.text == "queued for later"
+
+
+async def test_send_now_text_is_never_lost_even_if_cancel_won() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "second"])
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("cancel")
+            engine.send_now("keep me")
+    assert any(m.text == "keep me" for m in engine.messages)
+
+
+async def test_other_reasons_are_treated_like_cancel() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)])
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("escape_key")
+    assert engine.last_turn_ended.abort_reason == "escape_key"  # type: ignore[union-attr]
+    assert engine.messages[-1].kind == "interrupt_notice"
+
+
+async def test_interrupt_notice_envelope_wraps_the_next_user_message() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok"], interrupt_notice="envelope")
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    assert not any(m.kind == "interrupt_notice" for m in engine.messages)
+    await collect(engine, "next question")
+    wrapped = [m for m in engine.messages if "next question" in m.text][0]
+    assert wrapped.text.startswith(TEXTS.interrupt_envelope) and "<user_query>" in wrapped.text
+
+
+async def test_interrupt_notice_envelope_is_not_used_when_a_call_was_dangling() -> None:
+    @tool
+    async def t() -> str:
+        return "x"
+
+    engine = engine_for([calls("t"), "ok"], tools=[t], interrupt_notice="envelope")
+    async for ev in engine.run("go"):
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    await collect(engine, "plain")
+    assert engine.messages[-2].text == "plain"
+
+
+async def test_interrupt_notice_none_adds_nothing() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)], interrupt_notice=None)
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    assert engine.messages[-1].role == "assistant" and engine.messages[-1].partial
+
+
+async def test_interrupt_when_idle_is_a_no_op_and_never_raises() -> None:
+    engine = engine_for(["hi"])
+    engine.interrupt()
+    engine.interrupt(None)  # type: ignore[arg-type]
+    events = await collect(engine, "go")
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
+    got: list[str] = []
+
+    async def async_hook(reason: str) -> None:
+        got.append("async:" + reason)
+
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
+    engine.on_abort(lambda r: got.append("sync:" + r))
+    engine.on_abort(async_hook, main_only=True)
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("stop")
+    assert got == ["sync:stop", "async:stop"]
+
+
+async def test_run_rejects_a_non_user_prompt_and_a_second_concurrent_run() -> None:
+    engine = engine_for(["a", "b"])
+    with pytest.raises(ValueError, match="user message"):
+        await collect(engine, Message.assistant("x"))
+    with pytest.raises(ValueError, match="needs a prompt"):
+        await collect(engine)
+    it = engine.run("one")
+    await it.__anext__()
+    with pytest.raises(RuntimeError, match="already in progress"):
+        await collect(engine, "two")
+    await it.aclose()  # type: ignore[attr-defined]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_toolcallstarted_is_emitted_when_a_call_starts() -> None:
+    @tool
+    async def t() -> str:
+        return "x"
+
+    events = await collect(engine_for([calls("t"), "done"], tools=[t]), "go")
+    names = kinds(events)
+    assert names.index("ToolCallStarted") < names.index("ToolCallFinished")
+    assert isinstance(events[names.index("ToolCallStarted")], ToolCallStarted)

@@ -1,0 +1,177 @@
+"""validate_transcript reports every rule; repair_transcript fixes each, idempotently."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    repair_transcript,
+    validate_transcript,
+)
+
+
+def use(i: str, name: str = "t", **kw: object) -> ToolUseBlock:
+    return ToolUseBlock(id=i, name=name, input={}, **kw)  # type: ignore[arg-type]
+
+
+def res(i: str, text: str = "ok") -> ToolResultBlock:
+    return ToolResultBlock(tool_use_id=i, content=text)
+
+
+def a(*blocks: object) -> Message:
+    return Message(role="assistant", content=list(blocks))  # type: ignore[arg-type]
+
+
+def u(*blocks: object) -> Message:
+    return Message(role="user", content=list(blocks))  # type: ignore[arg-type]
+
+
+T = TextBlock
+
+
+def only(messages: list[Message], needle: str) -> None:
+    problems = validate_transcript(messages)
+    assert len(problems) == 1 and needle in problems[0], problems
+    fixed = repair_transcript(messages)
+    assert validate_transcript(fixed) == []
+
+
+def test_valid_transcript_has_no_violations_and_repair_returns_it_unchanged() -> None:
+    msgs = [
+        u(T(text="hi")),
+        a(ThinkingBlock(thinking="hm", signature="s"), T(text="calling"), use("1"), use("2")),
+        u(res("2"), res("1"), T(text="and also")),
+        a(RedactedThinkingBlock(data="x"), T(text="done")),
+    ]
+    assert validate_transcript(msgs) == []
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert changes == []
+    assert all(x is y for x, y in zip(fixed, msgs, strict=True))
+
+
+def test_rule_tool_use_without_result_is_reported() -> None:
+    only([u(T(text="q")), a(use("1")), u(T(text="next"))], "'1' (t) has no tool_result")
+
+
+def test_rule_tool_use_at_the_end_is_reported() -> None:
+    only([u(T(text="q")), a(use("1"))], "transcript ends after it")
+
+
+def test_rule_result_must_be_in_the_very_next_message() -> None:
+    problems = validate_transcript([u(T(text="q")), a(use("1")), a(T(text="x")), u(res("1"))])
+    assert any("has no tool_result in the next message" in p for p in problems)
+    assert any("has no tool_use" in p for p in problems)
+
+
+def test_rule_results_come_first() -> None:
+    only([u(T(text="q")), a(use("1")), u(T(text="first"), res("1"))], "comes after other content")
+
+
+def test_rule_orphan_result_is_reported_and_kept_as_text() -> None:
+    msgs = [u(T(text="q")), a(T(text="no call")), u(res("9", "payload"))]
+    only(msgs, "'9' has no tool_use")
+    fixed = repair_transcript(msgs)
+    assert "payload" in fixed[-1].text  # nothing is lost
+
+
+def test_rule_duplicate_result() -> None:
+    only([u(T(text="q")), a(use("1")), u(res("1"), res("1"))], "duplicate tool_result")
+
+
+def test_rule_duplicate_tool_use_id() -> None:
+    problems = validate_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])
+    assert any("duplicate tool_use id" in p for p in problems)
+    assert validate_transcript(repair_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])) == []
+
+
+def test_rule_empty_text_block() -> None:
+    only([u(T(text="q")), a(T(text="  \n"), T(text="x"))], "empty or whitespace-only text block")
+
+
+def test_rule_empty_message() -> None:
+    only([u(T(text="q")), Message(role="assistant", content=[])], "empty message")
+
+
+def test_rule_trailing_whitespace_in_final_assistant_message() -> None:
+    msgs = [u(T(text="q")), a(T(text="answer \n"))]
+    only(msgs, "ends with whitespace")
+    assert repair_transcript(msgs)[-1].text == "answer"
+
+
+def test_rule_trailing_whitespace_is_fine_when_not_final() -> None:
+    assert validate_transcript([u(T(text="q")), a(T(text="answer ")), u(T(text="more"))]) == []
+
+
+def test_rule_thinking_without_signature() -> None:
+    only([u(T(text="q")), a(ThinkingBlock(thinking="x", signature=""), T(text="y"))], "without a signature")
+
+
+def test_rule_incomplete_tool_use() -> None:
+    only([u(T(text="q")), a(T(text="y"), use("1", complete=False))], "never completed")
+
+
+def test_repair_synthesizes_a_result_saying_what_happened() -> None:
+    changes: list[str] = []
+    fixed = repair_transcript([u(T(text="q")), a(use("1", "bash"))], changes=changes)
+    result = fixed[-1].content[0]
+    assert isinstance(result, ToolResultBlock) and result.is_error
+    assert result.text.startswith("Interrupted by user")
+    assert any("synthetic result" in c and "bash" in c for c in changes)
+
+
+def test_repair_of_an_incomplete_call_drops_it_and_its_orphan_result() -> None:
+    fixed = repair_transcript([u(T(text="q")), a(T(text="x"), use("1", complete=False)), u(res("1", "r"))])
+    assert validate_transcript(fixed) == []
+    assert not any(isinstance(b, ToolUseBlock) for m in fixed for b in m.content)
+
+
+# -- properties ------------------------------------------------------------------
+
+ids = st.sampled_from(["a", "b", "c", "d"])
+texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body"])
+blocks = st.one_of(
+    texts.map(lambda t: TextBlock(text=t)),
+    st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig"])),
+    st.builds(RedactedThinkingBlock, data=st.just("r")),
+    st.builds(lambda i, c: ToolUseBlock(id=i, name="t", input={}, complete=c), ids, st.booleans()),
+    st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
+)
+messages = st.builds(
+    lambda role, content: Message(role=role, content=content),
+    st.sampled_from(["user", "assistant"]),
+    st.lists(blocks, max_size=4),
+)
+transcripts = st.lists(messages, max_size=8)
+
+
+@given(transcripts)
+def test_property_repair_always_yields_a_valid_transcript(msgs: list[Message]) -> None:
+    assert validate_transcript(repair_transcript(msgs)) == []
+
+
+@given(transcripts)
+def test_property_repair_is_idempotent(msgs: list[Message]) -> None:
+    once = repair_transcript(msgs)
+    changes: list[str] = []
+    twice = repair_transcript(once, changes=changes)
+    assert twice == once and changes == []
+
+
+@given(transcripts)
+def test_property_repair_is_deterministic(msgs: list[Message]) -> None:
+    assert repair_transcript(msgs) == repair_transcript(list(msgs))
+
+
+@given(transcripts)
+def test_property_validate_reports_nothing_iff_repair_changes_nothing(msgs: list[Message]) -> None:
+    changes: list[str] = []
+    repair_transcript(msgs, changes=changes)
+    assert (validate_transcript(msgs) == []) == (changes == [])
