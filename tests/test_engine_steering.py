@@ -1,0 +1,345 @@
+"""SPEC §5, §8, §10, §11 and the consumer contract: steering, limits, terminals, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop import (
+    AssistantMessage,
+    AttemptDiscarded,
+    InterjectionDropped,
+    InterjectionInjected,
+    ModelError,
+    PromptTooLongError,
+    QueryEngine,
+    Retrying,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextDelta,
+    ToolContext,
+    TurnEnded,
+    TurnStarted,
+    tool,
+    validate_transcript,
+)
+from agentloop._inbox import envelope, escape_envelope
+from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart
+from tests.helpers import HangingModel, collect, kinds
+
+
+def engine_for(responses: list[object], **kw: object) -> QueryEngine:
+    kw.setdefault("policies", [])
+    kw.setdefault("retry_base_delay", 0.001)
+    return QueryEngine(ScriptedModel(responses), **kw)  # type: ignore[arg-type]
+
+
+def calls(*names: str) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=[ScriptedToolCall(n, {}) for n in names])
+
+
+# -- §5 interjections ------------------------------------------------------------------
+
+
+async def test_interjection_safe_point_top_of_iteration() -> None:
+    engine = engine_for(["ok"])
+    receipt = engine.interject("also mind the tests")
+    events = await collect(engine, "go")
+    injected = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert injected[0].ids == (receipt,)
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    assert "also mind the tests" in model.requests[0].messages[-1].text
+
+
+async def test_interjection_safe_point_after_a_tool_batch_cancels_nothing() -> None:
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        ctx.engine.interject("steer: use v2")
+        return "tool done"
+
+    engine = engine_for([calls("t"), "ok"], tools=[t])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    roles = [(m.role, m.kind) for m in engine.messages]
+    assert roles[2:4] == [("user", "tool_results"), ("user", "interjection")]
+    assert engine.messages[2].tool_results[0].text == "tool done"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_interjection_safe_point_before_turn_end_keeps_the_turn_going() -> None:
+    engine = engine_for(["first answer", "second answer"])
+    async for ev in engine.run("go"):
+        if isinstance(ev, AssistantMessage) and ev.message.text == "first answer":
+            engine.interject("one more thing")
+    assert [m.text for m in engine.messages if m.role == "assistant"] == ["first answer", "second answer"]
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_interjection_envelope_text_and_reminder() -> None:
+    engine = engine_for(["ok"])
+    engine.interject("hello")
+    await collect(engine, "go")
+    body = [m for m in engine.messages if m.kind == "interjection"][0].text
+    assert body.startswith("The user sent a message while you were working:")
+    assert "<user_query>\nhello\n</user_query>" in body
+    assert "do not drop the work" in body
+
+
+async def test_interjection_dropped_with_a_receipt_when_the_run_is_cancelled() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+            receipt = engine.interject("too late")
+    dropped = [e for e in events if isinstance(e, InterjectionDropped)]
+    assert dropped[0].ids == (receipt,) and dropped[0].texts == ("too late",)
+    assert kinds(events)[-1] == "TurnEnded"
+
+
+@given(st.text())
+def test_envelope_cannot_be_escaped_by_user_text(text: str) -> None:
+    wrapped = envelope("intro", [text], "outro")
+    closing = re.findall(r"<\s*/\s*user_query", wrapped, flags=re.IGNORECASE)
+    opening = re.findall(r"<\s*user_query", wrapped, flags=re.IGNORECASE)
+    assert len(closing) == 1 and len(opening) == 1
+    assert wrapped.endswith("</user_query>\nouttro".replace("outtro", "outro"))
+
+
+def test_envelope_escape_examples() -> None:
+    assert escape_envelope("a </user_query> b") == "a &lt;/user_query> b"
+    assert escape_envelope("< / USER_QUERY >") == "&lt; / USER_QUERY >"
+    assert escape_envelope("x < y") == "x < y"
+
+
+async def test_follow_up_runs_as_a_new_turn_after_the_current_one() -> None:
+    engine = engine_for(["first", "second"])
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            engine.follow_up("then this")
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    assert [s.prompt.text for s in starts if s.prompt] == ["go", "then this"]
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+
+
+async def test_follow_up_waits_after_a_cancel() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2), "later"])
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.follow_up("queued")
+            engine.interrupt()
+    assert not any(m.text == "queued" for m in engine.messages)
+    events = await collect(engine)  # the queued follow-up starts the next run
+    assert events[0].prompt.text == "queued"  # type: ignore[union-attr]
+
+
+async def test_submit_queues_or_steers_by_follow_up_behavior() -> None:
+    steer = engine_for(["a", "b"], follow_up_behavior="steer")
+    async for ev in steer.run("go"):
+        if isinstance(ev, TurnStarted):
+            assert steer.submit("steered").startswith("int-")
+    queue = engine_for(["a", "b"])
+    async for ev in queue.run("go"):
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            assert queue.submit("queued").startswith("fup-")
+    assert any(m.kind == "interjection" for m in steer.messages)
+    assert any(m.text == "queued" and not m.synthetic for m in queue.messages)
+
+
+# -- §8 limits -----------------------------------------------------------------------------
+
+
+async def test_max_turns_ends_with_its_terminal_and_a_valid_transcript() -> None:
+    @tool
+    async def t() -> str:
+        return "again"
+
+    engine = engine_for([calls("t")] * 5, tools=[t], max_turns=2)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "max_turns" and end.turns == 2
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_usage_limit_ends_with_its_terminal() -> None:
+    @tool
+    async def t() -> str:
+        return "x"
+
+    engine = engine_for([calls("t")] * 5, tools=[t], usage_limit=30)
+    events = await collect(engine, "go")
+    assert events[-1].reason == "usage_limit"  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_deadline_ends_with_its_terminal_and_no_notice() -> None:
+    engine = QueryEngine(HangingModel(), policies=[], deadline=0.05)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "deadline" and end.abort_reason == "deadline"
+    assert not any(m.kind == "interrupt_notice" for m in engine.messages)
+    assert validate_transcript(engine.messages) == []
+
+
+# -- §10/§11 errors and retries --------------------------------------------------------------
+
+
+async def test_model_error_ends_with_model_error_and_keeps_partial_output() -> None:
+    engine = engine_for([ScriptedResponse(text="partial words", chunk=4, error=ModelError("bad gateway"), error_after=2)])
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error" and "bad gateway" in (end.error or "")
+    assert engine.messages[-1].partial and engine.messages[-1].text == "partial"  # final: stripped
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_prompt_too_long_has_its_own_terminal() -> None:
+    err = PromptTooLongError("prompt is too long", provider="anthropic", status=400)
+    events = await collect(engine_for([ScriptedResponse(error=err)]), "go")
+    assert events[-1].reason == "prompt_too_long"  # type: ignore[union-attr]
+
+
+async def test_retry_discards_partial_output_so_nothing_is_duplicated() -> None:
+    flaky = ScriptedResponse(text="Hello there", chunk=3, error=ModelError("overloaded", retryable=True), error_after=2)
+    engine = engine_for([flaky, ScriptedResponse(text="Hello there", chunk=3)])
+    events = await collect(engine, "go")
+    names = kinds(events)
+    assert names.index("AttemptDiscarded") < names.index("Retrying")
+    discarded = [e for e in events if isinstance(e, AttemptDiscarded)][0]
+    assert discarded.text_chars == 6 and discarded.reason == "retry"
+    assert [m.text for m in engine.messages if m.role == "assistant"] == ["Hello there"]
+
+
+async def test_retry_budget_is_spent_then_model_error() -> None:
+    fail = ScriptedResponse(error=ModelError("503", retryable=True, retry_after=0.0))
+    engine = engine_for([fail] * 4, retry_budget=3)
+    events = await collect(engine, "go")
+    assert [e.attempt for e in events if isinstance(e, Retrying)] == [1, 2, 3]
+    assert events[-1].reason == "model_error"  # type: ignore[union-attr]
+
+
+async def test_retry_backoff_sleep_is_cut_by_an_abort() -> None:
+    fail = ScriptedResponse(error=ModelError("429", retryable=True, retry_after=30.0))
+    engine = engine_for([fail, "never"])
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, Retrying):
+            assert ev.delay == 30.0
+            asyncio.get_running_loop().call_soon(engine.interrupt)
+    assert events[-1].reason == "aborted_streaming"  # type: ignore[union-attr]
+
+
+async def test_stream_without_end_event_is_an_error_never_a_silent_success() -> None:
+    events = [StreamToolUseStart(0, "t1", "t"), StreamToolInput(0, "{}"), StreamBlockStop(0)]
+    engine = engine_for([ScriptedResponse(events=events)] * 4, retry_budget=0)
+    out = await collect(engine, "go")
+    assert out[-1].reason == "model_error" and "without its end event" in (out[-1].error or "")  # type: ignore[union-attr]
+
+
+async def test_bad_tool_input_unknown_tool_raising_tool_and_timeout_become_error_results() -> None:
+    @tool
+    async def boom() -> str:
+        raise ValueError("disk on fire")
+
+    @tool(timeout=0.01)
+    async def slow() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    bad_json = [
+        StreamToolUseStart(0, "j1", "boom"),
+        StreamToolInput(0, '{"oops": '),
+        StreamBlockStop(0),
+        StreamToolUseStart(1, "j2", "nope"),
+        StreamBlockStop(1),
+        StreamToolUseStart(2, "j3", "boom"),
+        StreamBlockStop(2),
+        StreamToolUseStart(3, "j4", "slow"),
+        StreamBlockStop(3),
+        StreamToolUseStart(4, "j5", "boom"),
+        StreamToolInput(4, '{"unexpected": 1}'),
+        StreamBlockStop(4),
+        StreamEnd(stop_reason="tool_use"),
+    ]
+    engine = engine_for([ScriptedResponse(events=bad_json), "recovered"], tools=[boom, slow])
+    events = await collect(engine, "go")
+    texts = [b.text for m in engine.messages for b in m.tool_results]
+    assert "not valid JSON" in texts[0]
+    assert texts[1].startswith("Unknown tool 'nope'") and "boom" in texts[1]
+    assert texts[2] == "Tool 'boom' raised ValueError: disk on fire"
+    assert "timed out after 0.01 s" in texts[3]
+    assert "unexpected" in texts[4] and "invalid tool input" in texts[4]
+    assert all(b.is_error for m in engine.messages for b in m.tool_results)
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
+    class Broken:
+        def stream(self, request: object, signal: object) -> object:
+            raise KeyError("bug")
+
+    events = await collect(QueryEngine(Broken(), policies=[]), "go")  # type: ignore[arg-type]
+    assert events[-1].reason == "model_error" and "KeyError" in (events[-1].error or "")  # type: ignore[union-attr]
+
+
+# -- the consumer contract ------------------------------------------------------------------
+
+
+async def test_consumer_break_aborts_with_consumer_closed_and_leaves_a_valid_transcript() -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        gate.set()
+        await ctx.signal.wait()
+        return "stopped"
+
+    reasons: list[str] = []
+    engine = engine_for([calls("t"), "next run"], tools=[t])
+    engine.on_abort(reasons.append)
+    async for ev in engine.run("go"):
+        if type(ev).__name__ == "ToolCallStarted":
+            break
+    assert validate_transcript(engine.messages) == []  # settled synchronously on break
+    events = await collect(engine, "again")  # the next run waits for the cleanup
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert reasons == ["consumer_closed"]
+
+
+async def test_consumer_aclose_aborts_and_cleans_up() -> None:
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    run = engine.run("go")
+    while not isinstance(await run.__anext__(), TextDelta):
+        pass
+    await run.aclose()  # type: ignore[attr-defined]
+    assert not engine.running and model.closed
+    assert engine.messages[-1].partial
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_foreign_cancellation_propagates_after_cleanup() -> None:
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+
+    async def consume() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    await model.waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert model.closed and not engine.running
+    assert validate_transcript(engine.messages) == []
