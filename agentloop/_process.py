@@ -68,11 +68,12 @@ async def run_process(
     err_task = asyncio.ensure_future(_read_capped(proc.stderr))
     abort_task = asyncio.ensure_future(signal.wait())
     wait_task = asyncio.ensure_future(_communicate(proc, stdin))
-    timed_out = False
+    timed_out = aborted = False
     try:
         done, _ = await asyncio.wait({wait_task, abort_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if wait_task not in done:
-            timed_out = abort_task not in done
+            aborted = abort_task in done
+            timed_out = not aborted
             await _kill_group(proc, kill_grace)
     finally:
         # Runs on cancellation too: the group never outlives this call.
@@ -83,7 +84,7 @@ async def run_process(
         await asyncio.gather(wait_task, abort_task, return_exceptions=True)
     out, out_cut = await out_task
     err, err_cut = await err_task
-    if signal.aborted and not timed_out and wait_task.cancelled():
+    if aborted:
         raise AbortError(signal.reason or "cancel")
     assert proc.returncode is not None
     return ProcessResult(

@@ -1,0 +1,168 @@
+"""The central invariant, checked on random sessions under random interrupts.
+
+Random scripted sessions (text, thinking, parallel and serial tools with random
+durations, permission prompts), a random interrupt instant and a random reason.
+After run(): the transcript is valid, every tool_use has exactly one result,
+partial text is kept when the abort hit mid-text, and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentloop import (
+    AbortSignal,
+    Allow,
+    AssistantMessage,
+    Deny,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextDelta,
+    ToolContext,
+    ToolUseBlock,
+    TurnEnded,
+    TurnStarted,
+    tool,
+    validate_transcript,
+)
+from agentloop._model import ModelRequest, StreamEvent
+
+
+@tool(concurrency_safe=True)
+async def fast(ms: int, ctx: ToolContext) -> str:
+    """Cooperative: stops at the abort."""
+    try:
+        async with asyncio.timeout(ms / 1000):
+            await ctx.signal.wait()
+    except TimeoutError:
+        return f"fast {ms}"
+    return "stopped early"
+
+
+@tool
+async def serial(ms: int) -> str:
+    """Ignores the signal: only cancellation stops it."""
+    await asyncio.sleep(ms / 1000)
+    return f"serial {ms}"
+
+
+@tool(concurrency_safe=True)
+async def failing(ms: int) -> str:
+    raise RuntimeError(f"failed after {ms}")
+
+
+class Tracking:
+    """Wraps a model and counts streams that were opened but never closed."""
+
+    def __init__(self, inner: ScriptedModel) -> None:
+        self.inner = inner
+        self.open = 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.open += 1
+        try:
+            async for event in self.inner.stream(request, signal):
+                yield event
+        finally:
+            self.open -= 1
+
+
+@dataclass
+class Plan:
+    responses: list[ScriptedResponse]
+    trigger: tuple[str, int]  # ("event", k) or ("timer", ms)
+    reason: str
+    permission: bool
+
+
+calls = st.builds(
+    lambda name, ms: ScriptedToolCall(name, {"ms": ms}),
+    st.sampled_from(["fast", "serial", "failing", "missing"]),
+    st.integers(0, 4),
+)
+responses = st.builds(
+    lambda text, thinking, signed, tools, chunk, delay: ScriptedResponse(
+        text=text, thinking=thinking, sign_thinking=signed, tool_calls=tools, chunk=chunk, delay=delay
+    ),
+    st.sampled_from(["", "Looking at it. ", "Done, all tests pass.  ", "Running the tools now."]),
+    st.sampled_from(["", "think think"]),
+    st.booleans(),
+    st.lists(calls, max_size=4),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 0.0, 0.0005]),
+)
+plans = st.builds(
+    Plan,
+    st.lists(responses, min_size=1, max_size=4),
+    st.one_of(st.tuples(st.just("event"), st.integers(0, 40)), st.tuples(st.just("timer"), st.integers(0, 6))),
+    st.sampled_from(["cancel", "send_now", "escape"]),
+    st.booleans(),
+)
+
+
+async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+    await asyncio.sleep(0.0005)
+    return Deny("no") if use.input.get("ms") == 3 else Allow()
+
+
+async def play(plan: Plan) -> None:
+    model = Tracking(ScriptedModel([*plan.responses, "Final answer.", "After send-now."], cycle=True))
+    engine = QueryEngine(
+        model,  # type: ignore[arg-type]
+        tools=[fast, serial, failing],
+        policies=[],
+        tool_cancel_grace=0.01,
+        permission=permission if plan.permission else None,
+        max_turns=6,
+    )
+
+    def interrupt() -> None:
+        if plan.reason == "send_now":
+            engine.send_now("new instructions")
+        else:
+            engine.interrupt(plan.reason)
+
+    kind, when = plan.trigger
+    timer = asyncio.get_running_loop().call_later(when / 1000, interrupt) if kind == "timer" else None
+    streamed = ""
+    partial_seen: list[str] = []
+    count = 0
+    async for event in engine.run("start"):
+        count += 1
+        if kind == "event" and count == when:
+            interrupt()
+        if isinstance(event, (TurnStarted, AssistantMessage)):
+            streamed = ""
+        elif isinstance(event, TextDelta):
+            streamed += event.text
+        elif isinstance(event, TurnEnded) and event.reason == "aborted_streaming" and streamed.strip():
+            partial_seen.append(streamed)
+    if timer is not None:
+        timer.cancel()
+
+    assert validate_transcript(engine.messages) == []
+    uses = [b.id for m in engine.messages for b in m.tool_uses]
+    answered = [b.tool_use_id for m in engine.messages for b in m.tool_results]
+    assert sorted(uses) == sorted(answered) and len(set(answered)) == len(answered)
+    partials = [m.text for m in engine.messages if m.partial]
+    for seen in partial_seen:
+        assert any(p.rstrip() == seen.rstrip() for p in partials), (seen, partials)
+    assert model.open == 0, "a model stream was left open"
+    assert not engine.running
+    for _ in range(3):
+        await asyncio.sleep(0)
+    me = asyncio.current_task()
+    assert [t for t in asyncio.all_tasks() if t is not me and not t.done()] == []
+
+
+@settings(max_examples=150)
+@given(plans)
+def test_property_transcript_valid_under_any_interrupt_timing(plan: Plan) -> None:
+    asyncio.run(play(plan), debug=True)

@@ -1,0 +1,213 @@
+"""@tool, batching, and run_process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import pytest
+from pydantic import Field
+
+from agentloop import (
+    AbortController,
+    AbortError,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextBlock,
+    ToolContext,
+    ToolResultBlock,
+    run_process,
+    tool,
+)
+from agentloop._executor import plan_batches
+from agentloop._messages import ToolUseBlock
+from tests.helpers import collect
+
+
+def test_tool_schema_from_annotations_and_description_from_docstring() -> None:
+    @tool(concurrency_safe=True, timeout=5, stationarity="tight")
+    async def read_file(path: Annotated[str, Field(description="file to read")], limit: int = 100, *, ctx: ToolContext) -> str:
+        """Read a text file.
+
+        Returns its first lines."""
+        return path
+
+    assert read_file.name == "read_file"
+    assert read_file.description.startswith("Read a text file.")
+    schema = read_file.input_schema
+    assert schema["required"] == ["path"]
+    assert schema["properties"]["path"] == {"type": "string", "description": "file to read"}
+    assert schema["properties"]["limit"]["default"] == 100
+    assert "ctx" not in schema["properties"]
+    assert (read_file.concurrency_safe, read_file.timeout, read_file.stationarity) == (True, 5, "tight")
+
+
+def test_tool_rejects_sync_functions_and_missing_annotations() -> None:
+    def sync(x: int) -> int:
+        return x
+
+    with pytest.raises(TypeError, match="async"):
+        tool(sync)  # type: ignore[arg-type]
+
+    async def bare(x):  # type: ignore[no-untyped-def]
+        return x
+
+    with pytest.raises(TypeError, match="annotation"):
+        tool(bare)
+
+
+def test_tool_name_and_description_overrides() -> None:
+    @tool(name="grep", description="Search.")
+    async def search(pattern: str) -> str:
+        """Ignored."""
+        return pattern
+
+    assert (search.name, search.description) == ("grep", "Search.")
+
+
+async def test_tool_outputs_are_normalised_to_results() -> None:
+    @tool
+    async def many(kind: str) -> object:
+        return {"text": "plain", "none": None, "blocks": [TextBlock(text="b")], "json": {"a": 1}}[kind]
+
+    @tool
+    async def custom() -> ToolResultBlock:
+        return ToolResultBlock(tool_use_id="ignored", content="mine", is_error=True)
+
+    script = ScriptedResponse(
+        tool_calls=[ScriptedToolCall("many", {"kind": k}) for k in ("text", "none", "blocks", "json")]
+        + [ScriptedToolCall("custom", {})]
+    )
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[many, custom], policies=[])
+    await collect(engine, "go")
+    got = [r for m in engine.messages for r in m.tool_results]
+    assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "mine"]
+    assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
+
+
+def _use(name: str, i: int) -> ToolUseBlock:
+    return ToolUseBlock(id=f"{name}{i}", name=name, input={})
+
+
+def test_batching_groups_consecutive_concurrency_safe_calls_up_to_the_limit() -> None:
+    @tool(concurrency_safe=True)
+    async def r() -> str:
+        return ""
+
+    @tool
+    async def w() -> str:
+        return ""
+
+    tools = {"r": r, "w": w}
+    uses = [_use("r", 1), _use("r", 2), _use("r", 3), _use("w", 4), _use("r", 5), _use("w", 6), _use("w", 7)]
+    batches = plan_batches(uses, tools, max_parallel=2)
+    assert [[u.id for u in b] for b in batches] == [["r1", "r2"], ["r3"], ["w4"], ["r5"], ["w6"], ["w7"]]
+
+
+async def test_batches_run_concurrently_and_results_keep_the_model_order() -> None:
+    active = 0
+    peak = 0
+    release = asyncio.Event()
+    arrived = asyncio.Semaphore(0)
+
+    @tool(concurrency_safe=True)
+    async def safe(n: int) -> str:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        arrived.release()
+        await release.wait()
+        active -= 1
+        return f"r{n}"
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("safe", {"n": n}) for n in range(5)])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[safe], policies=[], max_parallel_tools=3)
+    run = asyncio.ensure_future(collect(engine, "go"))
+    for _ in range(3):
+        await arrived.acquire()
+    assert active == 3  # the first batch of three runs together
+    release.set()
+    await run
+    assert peak == 3
+    assert [r.text for m in engine.messages for r in m.tool_results] == [f"r{n}" for n in range(5)]
+
+
+# -- run_process -------------------------------------------------------------------------
+
+SPAWNER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+async def test_run_process_collects_output_and_status() -> None:
+    ctl = AbortController()
+    result = await run_process(sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)", signal=ctl.signal)
+    assert (result.returncode, result.stdout.strip(), result.stderr.strip(), result.ok) == (3, "out", "err", False)
+
+
+async def test_run_process_abort_kills_the_whole_group_including_grandchildren(tmp_path: Path) -> None:
+    ctl = AbortController()
+    pidfile = tmp_path / "grandchild.pid"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", SPAWNER, str(pidfile), signal=ctl.signal, kill_grace=0.5))
+    while not pidfile.exists() or not pidfile.read_text():
+        await asyncio.sleep(0.01)
+    grandchild = int(pidfile.read_text())
+    assert _alive(grandchild)
+    ctl.abort("cancel")
+    with pytest.raises(AbortError):
+        await task
+    for _ in range(200):
+        if not _alive(grandchild):
+            break
+        await asyncio.sleep(0.01)
+    assert not _alive(grandchild)
+
+
+async def test_run_process_term_then_kill_after_grace() -> None:
+    ctl = AbortController()
+    ignore_term = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", ignore_term, signal=ctl.signal, kill_grace=0.05))
+    await asyncio.sleep(0.3)
+    ctl.abort()
+    with pytest.raises(AbortError):
+        await task
+
+
+async def test_run_process_timeout_is_a_result_not_an_error() -> None:
+    ctl = AbortController()
+    result = await run_process(sys.executable, "-c", "import time; time.sleep(600)", signal=ctl.signal, timeout=0.1, kill_grace=0.1)
+    assert result.timed_out and not result.ok and result.returncode < 0
+
+
+async def test_run_process_refuses_to_start_when_already_aborted() -> None:
+    ctl = AbortController()
+    ctl.abort("early")
+    with pytest.raises(AbortError):
+        await run_process("true", signal=ctl.signal)
+
+
+async def test_run_process_cancelled_task_still_kills_the_group() -> None:
+    ctl = AbortController()
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", "import time; time.sleep(600)", signal=ctl.signal, kill_grace=0.1))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
