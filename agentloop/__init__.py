@@ -54,6 +54,7 @@ from ._policy import Policy
 from ._process import ProcessResult, run_process
 from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
 from ._signals import DoomLoopSignal
+from ._subagent import delegate_tool
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
 from ._transcript import repair_transcript, validate_transcript
 
@@ -111,6 +112,7 @@ __all__ = [
     "TurnEnded",
     "TurnStarted",
     "Usage",
+    "delegate_tool",
     "repair_transcript",
     "run_process",
     "tool",

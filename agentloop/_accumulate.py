@@ -83,9 +83,9 @@ class Accumulator:
         elif isinstance(ev, StreamRedactedThinking):
             self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
         elif isinstance(ev, StreamBlockStop):
-            part = self._parts.get(ev.index)
-            if part is not None:
-                part.closed = True
+            stopped = self._parts.get(ev.index)
+            if stopped is not None:
+                stopped.closed = True
         elif isinstance(ev, StreamUsage):
             self.usage = _merge_usage(self.usage, ev.usage)
         elif isinstance(ev, StreamEnd):

@@ -18,10 +18,13 @@ How (exact, no hashing heuristics):
   occurrence is never further than p). A candidate is kept only when the text
   really holds two full copies (one slice comparison), and its onset is found
   by comparing slices backwards.
-- The search window grows geometrically with the checkpoint's alignment:
-  ``16*step`` characters at every checkpoint, 4x that at every 4th, and so on up
-  to ``window``. A period p is therefore found within about p/4 characters of
-  having two copies, and the C-level scanning costs O(log window) per character.
+- The search reach grows geometrically with the checkpoint's alignment:
+  ``4*step`` characters at every checkpoint, 4x that (and 4x the stride) at
+  every 4th, and so on up to ``window``. A period p is therefore adopted at most
+  one stride (<= p) after its second copy is complete, before any rule that
+  asks for three copies can be due; scanning costs O(log window) C-level
+  character comparisons per character, and Python runs once per checkpoint,
+  not per character (one ``rfind``; a method call only when the anchor recurs).
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
 - Memory is bounded: the buffer keeps at most ``3*window`` characters.
@@ -61,10 +64,11 @@ class Rule:
 
 _BIG = 1 << 30
 THINKING_RULES = (Rule(16, 0, 256), Rule(64, 4, 0), Rule(_BIG, 3, 0))
-TEXT_RULES = (Rule(16, 0, 512), Rule(64, 5, 256), Rule(_BIG, 3, 400))
-FENCE_RULES = (Rule(16, 0, 2048), Rule(64, 12, 1024), Rule(_BIG, 4, 1024))
+TEXT_RULES = (Rule(16, 0, 512), Rule(64, 4, 96), Rule(_BIG, 3, 0))
+FENCE_RULES = (Rule(16, 0, 2048), Rule(64, 12, 1024), Rule(_BIG, 4, 0))
 _DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
 _BLOCK = 64  # slice size for the backwards onset search
+_REACH = 4  # search reach of a checkpoint, in checkpoint strides
 
 
 class _Run:
@@ -122,7 +126,7 @@ class RepetitionDetector:
         self._runs: dict[int, _Run] = {}
         self._in_fence = False
         self._fence_scan = 0
-        self.checkpoints = 0
+        self._toggles: list[int] = []  # fence toggles seen in the last delta with a back-tick
         self.fired = 0
 
     @property
@@ -163,14 +167,22 @@ class RepetitionDetector:
     # -- internals ----------------------------------------------------------
 
     def _advance(self, buf: str, pos: int, n: int, out: list[DoomLoopSignal]) -> None:
-        runs = self._runs
-        while self._next_cp <= n:
-            cp = self._next_cp
+        runs, step, k, base, window = self._runs, self._step, self._k, self._base, self.window
+        cp = self._next_cp
+        while cp <= n:  # the hot loop: one rfind per checkpoint, a method call only on a hit
             if runs:
                 self._extend(buf, pos, cp, out)
-            self._checkpoint(buf, cp)
-            self._next_cp = cp + self._step
+            reach, stride = _REACH * step, step
+            while cp % (stride * 4) == 0 and reach < window:
+                reach, stride = reach * 4, stride * 4
+            e = cp - base
+            lo = e - k - min(reach, window)
+            j = buf.rfind(buf[e - k : e], lo if lo > 0 else 0, e - 1)
+            if j >= 0:
+                self._candidates(buf, cp, j, lo if lo > 0 else 0)
             pos = cp
+            cp += step
+        self._next_cp = cp
         if runs:
             self._extend(buf, pos, n, out)
             for p in sorted(runs):
@@ -189,22 +201,11 @@ class RepetitionDetector:
             run = self._runs.pop(p)
             self._judge(run, end, out)  # a run that crossed its threshold mid-delta still fires
 
-    def _checkpoint(self, buf: str, cp: int) -> None:
-        """Look the anchor ending at ``cp`` up backwards; adopt the smallest viable period."""
-        self.checkpoints += 1
-        k, base = self._k, self._base
-        reach, stride = 16 * self._step, self._step
-        while cp % (stride * 4) == 0 and reach < self.window:
-            reach, stride = reach * 4, stride * 4
-        reach = min(reach, self.window)
-        anchor_at = cp - k - base
-        anchor = buf[anchor_at : cp - base]
-        lo = max(cp - k - reach, base) - base
-        hi = cp - 1 - base
+    def _candidates(self, buf: str, cp: int, j: int, lo: int) -> None:
+        """The anchor ending at ``cp`` recurs at buffer index ``j`` (its latest earlier
+        occurrence): adopt the smallest distance that holds two full copies."""
+        k, anchor_at = self._k, cp - self._k - self._base
         for _ in range(self._tries):
-            j = buf.rfind(anchor, lo, hi)
-            if j < 0:
-                return
             d = anchor_at - j
             if d in self._runs:
                 return
@@ -212,7 +213,9 @@ class RepetitionDetector:
             if onset is not None:
                 self._adopt(d, onset)
                 return
-            hi = j + k - 1
+            j = buf.rfind(buf[anchor_at : anchor_at + k], lo, j + k - 1)
+            if j < 0:
+                return
 
     def _onset(self, buf: str, cp: int, d: int) -> int | None:
         """Start of the d-periodic run ending at ``cp`` if it holds two copies, else None."""
@@ -244,7 +247,8 @@ class RepetitionDetector:
                 run.reported = copies
                 out.append(self._exact(p, copies))
             return
-        rules = self.fence_rules if self._in_fence else self.rules
+        fenced = self._in_fence ^ (sum(t > end for t in self._toggles) % 2 == 1)  # state at `end`
+        rules = self.fence_rules if fenced else self.rules
         rule = next((r for r in rules if p < r.below), None)
         if rule is None or length < rule.min_chars or length < rule.min_copies * p:
             return
@@ -263,11 +267,13 @@ class RepetitionDetector:
     def _scan_fences(self, buf: str, n: int) -> None:
         """Toggle the fence state at each line-leading three back-ticks not seen yet."""
         base = self._base
+        self._toggles = []
         i = buf.find("```", max(self._fence_scan, base) - base)
         while i >= 0:
             line = buf.rfind("\n", 0, i)
             if not buf[line + 1 : i].strip(" \t"):
                 self._in_fence = not self._in_fence
+                self._toggles.append(i + base)
             self._fence_scan = i + 3 + base
             i = buf.find("```", i + 3)
         self._fence_scan = max(self._fence_scan, n - 2)

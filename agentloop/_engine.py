@@ -14,10 +14,10 @@ import logging
 import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._abort import AbortController, AbortSignal
+from ._abort import AbortSignal
 from ._events import Event
 from ._inbox import Inbox, Texts
 from ._messages import Message
@@ -361,8 +361,3 @@ class _Run(AsyncIterator[Event]):
             pass
 
 
-def tag(event: Event, agent_id: str) -> Event:
-    """``event`` as seen from a parent engine: tagged with the subagent's id."""
-    if event.agent_id is not None:
-        return event
-    return replace(event, agent_id=agent_id)

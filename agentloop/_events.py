@@ -47,15 +47,14 @@ TerminalReason = Literal[
     "hook_stopped",
 ]
 
-_EV = {"frozen": True, "slots": True, "kw_only": True}
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Event:
     agent_id: str | None = None
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnStarted(_Event):
     """A turn begins: ``prompt`` is the user message that starts it (None when the
     run resumes a transcript that already ends with a user message)."""
@@ -65,19 +64,19 @@ class TurnStarted(_Event):
     prompt: Message | None = None
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TextDelta(_Event):
     type: ClassVar[str] = "text_delta"
     text: str
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ThinkingDelta(_Event):
     type: ClassVar[str] = "thinking_delta"
     thinking: str
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolInputDelta(_Event):
     """A fragment of a tool call's input JSON as it streams."""
 
@@ -87,7 +86,7 @@ class ToolInputDelta(_Event):
     partial_json: str
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AssistantMessage(_Event):
     """The model's response as committed to the transcript."""
 
@@ -95,19 +94,19 @@ class AssistantMessage(_Event):
     message: Message
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PermissionRequested(_Event):
     type: ClassVar[str] = "permission_requested"
     tool_use: ToolUseBlock
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallStarted(_Event):
     type: ClassVar[str] = "tool_call_started"
     tool_use: ToolUseBlock
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallFinished(_Event):
     """A call's result: real, an error, or synthesized (``synthetic``) after an abort."""
 
@@ -117,7 +116,7 @@ class ToolCallFinished(_Event):
     synthetic: bool = False
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterjectionInjected(_Event):
     """Queued interjections were merged into the transcript (receipt ``ids``)."""
 
@@ -126,7 +125,7 @@ class InterjectionInjected(_Event):
     ids: tuple[str, ...] = ()
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterjectionDropped(_Event):
     """Queued interjections were not delivered because the run ended (``reason``)."""
 
@@ -136,14 +135,14 @@ class InterjectionDropped(_Event):
     reason: str = ""
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyNudge(_Event):
     type: ClassVar[str] = "policy_nudge"
     policy: str
     reminder: str
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DoomLoopDetected(_Event):
     """``action``: "resample" (stream cut, retrying), "warn" (not confident),
     "disarmed" (budget spent, result accepted) or "off" (recovery switched off)."""
@@ -155,13 +154,13 @@ class DoomLoopDetected(_Event):
     policy: str = ""
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Resampling(_Event):
     type: ClassVar[str] = "resampling"
     attempt: int
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Retrying(_Event):
     type: ClassVar[str] = "retrying"
     attempt: int
@@ -169,7 +168,7 @@ class Retrying(_Event):
     delay: float
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptDiscarded(_Event):
     """Output streamed by a failed or cut attempt was thrown away: a host showing
     deltas should erase ``text_chars`` characters of text and ``thinking_chars``
@@ -182,7 +181,7 @@ class AttemptDiscarded(_Event):
     thinking_chars: int = 0
 
 
-@dataclass(**_EV)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEnded(_Event):
     """The turn's terminal. Exactly one per turn; the last event of a run.
 

@@ -33,7 +33,7 @@ ABORTED = object()  # mailbox marker: the run's signal aborted
 GRACE_OVER = object()  # mailbox marker: tool_cancel_grace has elapsed
 
 
-class Aborted(Exception):  # noqa: N818 - internal control flow, never escapes the engine
+class Aborted(Exception):
     """The run's own cancellation, converted back from CancelledError."""
 
 

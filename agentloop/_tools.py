@@ -189,7 +189,7 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
             continue
         default = ... if param.default is param.empty else param.default
         fields[pname] = (ann, default)
-    model = create_model(  # type: ignore[call-overload]
+    model: type[BaseModel] = create_model(
         f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
     )
     return model, ctx_param

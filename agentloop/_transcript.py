@@ -106,12 +106,11 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
             out.extend(_check_answer(messages, i, owed_at, expected, seen_result))
             expected = {}
         else:
-            for block in msg.content:
-                if isinstance(block, ToolResultBlock):
-                    out.append(
-                        f"{where}: tool_result for {block.tool_use_id!r} has no tool_use "
-                        "in the message just before it"
-                    )
+            out.extend(
+                f"{where}: tool_result for {block.tool_use_id!r} has no tool_use in the message just before it"
+                for block in msg.content
+                if isinstance(block, ToolResultBlock)
+            )
         if msg.role == "assistant":
             for block in msg.content:
                 if isinstance(block, ToolResultBlock):

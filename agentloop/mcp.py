@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Protocol
@@ -52,7 +52,7 @@ Connect = Callable[[], AbstractAsyncContextManager[Streams]]
 
 
 class _AbortHookHost(Protocol):
-    def on_abort(self, fn: Callable[[str], Any], *, main_only: bool = False) -> None: ...
+    def on_abort(self, fn: Callable[[str], Awaitable[None] | None], *, main_only: bool = False) -> None: ...
 
 
 class _Connection:
@@ -153,19 +153,19 @@ class MCPServer:
         url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float = 30.0,
+        http_timeout: float = 30.0,
         **options: Any,
     ) -> MCPServer:
         """A server reached over streamable HTTP at ``url`` (for example ``http://host/mcp``).
 
         ``headers`` go on every request (authentication, for instance);
-        ``timeout`` is the HTTP connect/write timeout in seconds (reads wait for
-        as long as a tool runs, bounded by the tool's own ``timeout``).
+        ``http_timeout`` is the HTTP connect/write timeout in seconds (reads wait
+        for as long as a tool runs, bounded by the tool's own ``timeout``).
         """
 
         @contextlib.asynccontextmanager
         async def connect() -> AsyncIterator[Streams]:
-            limits = httpx2.Timeout(timeout, read=None)
+            limits = httpx2.Timeout(http_timeout, read=None)
             async with (
                 httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits) as client,
                 streamable_http_client(url, http_client=client) as streams,
@@ -270,7 +270,8 @@ class MCPServer:
             if not call.done():
                 call.cancel()  # the SDK writes notifications/cancelled on the way out
                 await asyncio.wait((call,))
-        if call.cancelled():
+        if call.cancelled() or (signal.aborted and call.exception() is not None):
+            # An error after the abort (the main abort hook reset the connection) is the abort.
             reason = signal.reason or "cancel"
             log.info("MCP call %s on %s aborted: %s", name, self.label, reason)
             raise AbortError(reason)

@@ -1,4 +1,4 @@
-"""SPEC §1–4: one abort reaches everything; three checkpoints; valid transcripts; reasons."""
+"""SPEC §1-4: one abort reaches everything; three checkpoints; valid transcripts; reasons."""
 
 from __future__ import annotations
 
@@ -73,8 +73,7 @@ async def test_checkpoint1_abort_cancels_a_stream_that_is_waiting_and_closes_it(
     events = []
 
     async def consume() -> None:
-        async for ev in run:
-            events.append(ev)
+        events.extend([ev async for ev in run])
 
     task = asyncio.ensure_future(consume())
     await model.waiting.wait()
@@ -309,7 +308,7 @@ async def test_interrupt_notice_envelope_wraps_the_next_user_message() -> None:
             engine.interrupt()
     assert not any(m.kind == "interrupt_notice" for m in engine.messages)
     await collect(engine, "next question")
-    wrapped = [m for m in engine.messages if "next question" in m.text][0]
+    wrapped = next(m for m in engine.messages if "next question" in m.text)
     assert wrapped.text.startswith(TEXTS.interrupt_envelope) and "<user_query>" in wrapped.text
 
 

@@ -85,7 +85,7 @@ async def test_interjection_envelope_text_and_reminder() -> None:
     engine = engine_for(["ok"])
     engine.interject("hello")
     await collect(engine, "go")
-    body = [m for m in engine.messages if m.kind == "interjection"][0].text
+    body = next(m for m in engine.messages if m.kind == "interjection").text
     assert body.startswith("The user sent a message while you were working:")
     assert "<user_query>\nhello\n</user_query>" in body
     assert "do not drop the work" in body
@@ -214,7 +214,7 @@ async def test_retry_discards_partial_output_so_nothing_is_duplicated() -> None:
     events = await collect(engine, "go")
     names = kinds(events)
     assert names.index("AttemptDiscarded") < names.index("Retrying")
-    discarded = [e for e in events if isinstance(e, AttemptDiscarded)][0]
+    discarded = next(e for e in events if isinstance(e, AttemptDiscarded))
     assert discarded.text_chars == 6 and discarded.reason == "retry"
     assert [m.text for m in engine.messages if m.role == "assistant"] == ["Hello there"]
 

@@ -9,6 +9,7 @@ before the mapper saw its terminator.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -29,7 +30,25 @@ from .._model import StreamEvent
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "run_stream", "turns"]
+__all__ = ["Mapper", "Prepared", "Turn", "loads", "run_stream", "turns"]
+
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def loads(text: str) -> Any:
+    """`json.loads` for the hot path: same results and errors, less per-call overhead
+    (it skips the whitespace handling that SSE data payloads never need).
+
+    Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON.
+    """
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or invalid: json.loads decides
+    if end != len(text) and text[end:].strip():
+        return json.loads(text)  # trailing garbage: raises with json's message
+    return value
+
 
 #: ``(path, headers, body)`` of one request.
 Prepared = tuple[str, Mapping[str, str], Mapping[str, Any]]

@@ -39,7 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from ._driver import Prepared, run_stream, turns
+from ._driver import Prepared, loads, run_stream, turns
 from ._http import Connection, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
@@ -122,7 +122,7 @@ class AnthropicMapper:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
         `ProviderStreamError` for an ``error`` event."""
         try:
-            obj = json.loads(sse.data)
+            obj = loads(sse.data)
         except ValueError as exc:
             raise StreamProtocolError(
                 f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {sse.data[:200]!r}",

@@ -40,7 +40,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from ._driver import Prepared, result_text, run_stream, turns
+from ._driver import Prepared, loads, result_text, run_stream, turns
 from ._http import Connection, error_fields, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
@@ -165,7 +165,7 @@ class ChatMapper:
         if data[:6] == "[DONE]":
             return self._end()
         try:
-            obj = json.loads(data)
+            obj = loads(data)
         except ValueError as exc:
             if sse.event == "error":
                 raise self._error({"error": {"message": data}}) from None

@@ -35,7 +35,7 @@ from .._model import (
     StreamToolUseStart,
     Usage,
 )
-from ._driver import Prepared, result_text, run_stream, turns
+from ._driver import Prepared, loads, result_text, run_stream, turns
 from ._http import Connection, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
@@ -149,7 +149,7 @@ class ResponsesMapper:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
         `ProviderStreamError` for ``error`` and ``response.failed``."""
         try:
-            obj = json.loads(sse.data)
+            obj = loads(sse.data)
         except ValueError as exc:
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "

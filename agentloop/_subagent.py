@@ -1,0 +1,86 @@
+"""The delegate tool: a model hands a task to a subagent (the "Task" tool pattern).
+
+The subagent is a child `QueryEngine` (`QueryEngine.subagent`) running the same
+loop. Its events reach the parent's stream tagged with its ``agent_id``; its
+final answer becomes the tool result. A parent abort aborts it with the same
+reason (the call then ends as "stopped while running"); an abort of the child
+alone gives the parent's call a clear error result and leaves the parent running.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Any
+
+from ._errors import AbortError
+from ._events import Event, TurnEnded
+from ._messages import ToolResultBlock
+from ._tools import Tool, ToolContext
+
+__all__ = ["delegate_tool"]
+
+_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "task": {"type": "string", "description": "What the subagent must do, with all the context it needs."},
+    },
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+
+def delegate_tool(
+    *,
+    name: str = "task",
+    description: str = (
+        "Delegate a self-contained task to a subagent that has the same tools. "
+        "It works on its own and returns its final answer."
+    ),
+    max_turns: int = 10,
+    agent_prefix: str = "sub",
+    system: str | None = None,
+    **overrides: Any,
+) -> Tool:
+    """A tool that runs each call in a fresh subagent with its own ``max_turns``.
+
+    ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
+    the subagent a narrower tool set).
+    """
+    counter = itertools.count(1)
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
+        task = args.get("task")
+        if not isinstance(task, str) or not task.strip():
+            return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
+        agent_id = f"{agent_prefix}-{next(counter)}"
+        extra = dict(overrides)
+        if system is not None:
+            extra["system"] = system
+        child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **extra)
+        end: TurnEnded | None = None
+        async for event in child.run(task):
+            ctx.emit(_tag(event, agent_id))
+            if isinstance(event, TurnEnded):
+                end = event
+        if ctx.signal.aborted:
+            raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
+        return _result(ctx.tool_use_id, agent_id, child.messages[-1].text if child.messages else "", end)
+
+    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+
+
+def _tag(event: Event, agent_id: str) -> Event:
+    return event if event.agent_id is not None else replace(event, agent_id=agent_id)
+
+
+def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None) -> ToolResultBlock:
+    if end is None:
+        return ToolResultBlock(tool_use_id=tool_use_id, content=f"Subagent {agent_id} ended without a result.", is_error=True)
+    if end.reason == "completed":
+        return ToolResultBlock(tool_use_id=tool_use_id, content=answer.strip() or "(the subagent gave no answer)")
+    why = end.abort_reason or end.error or end.detail or end.reason
+    text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})."
+    if answer.strip():
+        text += f" Its last words: {answer.strip()[:2000]}"
+    return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)

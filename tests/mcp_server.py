@@ -1,0 +1,75 @@
+"""A small MCP server for the tests of `agentloop.mcp`.
+
+Run over stdio (default) or streamable HTTP (``--http PORT``, on 127.0.0.1).
+``--markers DIR`` (or ``AGENTLOOP_MCP_MARKERS``) is where the ``slow`` tool
+leaves ``<tag>.started``, ``<tag>.cancelled`` and ``<tag>.finished`` files, so
+a test can see what the server saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("agentloop-test")
+markers = Path(os.environ.get("AGENTLOOP_MCP_MARKERS", "."))
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fail with ``message``."""
+    raise ToolError(message)
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id (tells a reconnect from a kept connection)."""
+    return os.getpid()
+
+
+@server.tool()
+async def slow(seconds: float, tag: str = "slow") -> str:
+    """Sleep for ``seconds``, recording whether the call was cancelled."""
+    (markers / f"{tag}.started").write_text(str(os.getpid()))
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        (markers / f"{tag}.cancelled").write_text("cancelled")
+        raise
+    (markers / f"{tag}.finished").write_text("finished")
+    return f"slept {seconds}"
+
+
+def main() -> None:
+    global markers
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT")
+    parser.add_argument("--markers", type=Path, help="directory for the slow tool's marker files")
+    args = parser.parse_args()
+    if args.markers is not None:
+        markers = args.markers
+    if args.http is None:
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=args.http)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""AnthropicModel: request building and every stream rule of WIRE.md §1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
+
+from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop._messages import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from agentloop.models import (
+    AnthropicModel,
+    StreamBlockStop,
+    StreamEnd,
+    StreamRedactedThinking,
+    StreamSignature,
+    StreamText,
+    StreamToolInput,
+    StreamToolUseStart,
+    StreamUsage,
+    Usage,
+)
+
+
+class Tool:
+    name = "get_weather"
+    description = "Get the weather"
+    input_schema: dict[str, Any] = {"type": "object", "properties": {"location": {"type": "string"}}}  # noqa: RUF012
+
+
+async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(AnthropicModel("m", api_key=API_KEY, http_client=client, **kw))
+
+
+START = (
+    "message_start",
+    {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 5, "output_tokens": 1}}},
+)
+STOP = ("message_stop", {"type": "message_stop"})
+
+
+def delta_ev(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def block_start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return ("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def block_stop(index: int) -> tuple[str, dict[str, Any]]:
+    return ("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def message_delta(reason: str, usage: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    return (
+        "message_delta",
+        {"type": "message_delta", "delta": {"stop_reason": reason}, "usage": usage or {}},
+    )
+
+
+# -- fixtures -------------------------------------------------------------------
+
+
+async def test_text_fixture() -> None:
+    events, acc = await run_fixture("anthropic_text.sse", load("anthropic_text.sse"))
+    assert acc.message().text == "Hello!"
+    assert acc.stop_reason == "end_turn"
+    assert acc.usage == Usage(25, 15)
+    assert acc.response_id == "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY"
+    assert isinstance(events[-1], StreamEnd)
+    assert sum(isinstance(e, StreamEnd) for e in events) == 1
+
+
+async def test_tool_use_fixture_input_assembled_from_fragments() -> None:
+    _, acc = await run_fixture("anthropic_tool_use.sse", load("anthropic_tool_use.sse"))
+    msg = acc.message()
+    assert msg.text == "Okay, let's check the weather for San Francisco, CA:"
+    (call,) = msg.tool_uses
+    assert (call.id, call.name) == ("toolu_01T1x1fJ34qAmk2tNTrN7Up6", "get_weather")
+    assert call.input == {"location": "San Francisco, CA", "unit": "fahrenheit"}
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage == Usage(472, 89)
+
+
+async def test_sdk_fixture_with_newer_fields() -> None:
+    _, acc = await run_fixture("anthropic_tool_use.sdkfixture.sse", load("anthropic_tool_use.sdkfixture.sse"))
+    assert acc.message().tool_uses[0].input == {"location": "Paris"}
+    assert acc.usage == Usage(377, 65)
+
+
+async def test_thinking_tool_use_and_redacted_thinking() -> None:
+    name = "anthropic_thinking_tool_use.assembled.sse"
+    events, acc = await run_fixture(name, load(name))
+    msg = acc.message()
+    kinds = [type(b) for b in msg.content]
+    assert kinds == [ThinkingBlock, RedactedThinkingBlock, TextBlock, ToolUseBlock]
+    thinking = msg.content[0]
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "The user wants the current weather in Paris. I should call get_weather."
+    assert thinking.signature.startswith("EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxB")
+    assert any(isinstance(e, StreamRedactedThinking) for e in events)
+    assert any(isinstance(e, StreamSignature) for e in events)
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage.output_tokens == 96
+
+
+async def test_thinking_fixture_without_usage() -> None:
+    _, acc = await run_fixture("anthropic_thinking.sse", load("anthropic_thinking.sse"))
+    assert acc.message().text == "The greatest common divisor of 1071 and 462 is **21**."
+    assert acc.usage == Usage()
+
+
+async def test_refusal_with_stop_details() -> None:
+    name = "anthropic_refusal.sdkfixture.sse"
+    _, acc = await run_fixture(name, load(name))
+    assert acc.stop_reason == "refusal"
+    assert acc.message().content == []  # the empty text block is not kept
+
+
+async def test_server_tool_blocks_are_skipped_safely() -> None:
+    name = "anthropic_web_search.repaired.sse"
+    events, acc = await run_fixture(name, load(name))
+    msg = acc.message()
+    assert all(isinstance(b, TextBlock) for b in msg.content)
+    assert msg.text.startswith("I'll check the current weather in New York City for you.")
+    assert not any(isinstance(e, StreamToolUseStart | StreamToolInput) for e in events)
+    assert acc.stop_reason == "end_turn"
+    assert acc.usage.input_tokens == 10682
+
+
+async def test_fixture_with_literal_ellipsis_is_malformed_json() -> None:
+    with pytest.raises(StreamProtocolError, match="malformed JSON"):
+        await run_fixture("anthropic_web_search.repaired.sse", load("anthropic_web_search.sse"))
+
+
+async def test_missing_final_blank_line_means_no_terminator() -> None:
+    raw = load("anthropic_tool_use.sdkfixture.sse", terminate=False)
+    assert not raw.endswith(b"\n\n")
+    with pytest.raises(StreamProtocolError, match="message_stop") as info:
+        await run_fixture("anthropic_tool_use.sdkfixture.sse", raw)
+    assert info.value.retryable is True
+
+
+async def test_midstream_overloaded_error_is_retryable_stream_error() -> None:
+    name = "anthropic_midstream_error.assembled.sse"
+    server = MockServer(load(name), headers={"request-id": "req_hdr"})
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        with pytest.raises(ProviderStreamError) as info:
+            await collect(model)
+    err = info.value
+    assert (err.status, err.error_type, err.retryable) == (200, "overloaded_error", True)
+    assert err.request_id == "req_hdr"
+    assert server.streams[0].closed
+
+
+async def test_error_event_with_request_id_and_details() -> None:
+    body = sse(
+        START,
+        ("error", {"type": "error", "error": {"details": None, "type": "api_error", "message": "Internal"},
+                   "request_id": "req_011Ce3"}),
+    )  # fmt: skip
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(body)
+    assert (info.value.error_type, info.value.retryable, info.value.request_id) == (
+        "api_error",
+        True,
+        "req_011Ce3",
+    )
+
+
+async def test_non_retryable_error_event() -> None:
+    body = sse(("error", {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}))
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(body)
+    assert info.value.retryable is False
+
+
+# -- event rules -------------------------------------------------------------------
+
+
+async def test_events_without_event_lines_follow_json_type() -> None:
+    body = load("anthropic_text.sse").replace(b"event: ", b": was event ")
+    _, acc = await run_body(body)
+    assert acc.message().text == "Hello!"
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_ping_and_unknown_events_ignored() -> None:
+    body = sse(
+        START,
+        ("ping", {"type": "ping"}),
+        ("brand_new_event", {"type": "brand_new_event", "x": 1}),
+        block_start(0, {"type": "text", "text": ""}),
+        delta_ev(0, {"type": "text_delta", "text": "hi"}),
+        delta_ev(0, {"type": "citations_delta", "citation": {}}),
+        block_stop(0),
+        message_delta("end_turn", {"output_tokens": 3}),
+        STOP,
+    )
+    events, acc = await run_body(body)
+    assert acc.message().text == "hi"
+    assert [type(e) for e in events] == [StreamUsage, StreamText, StreamBlockStop, StreamEnd]
+
+
+@pytest.mark.parametrize(
+    "reason", ["end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn"]
+)
+async def test_stop_reasons_pass_through(reason: str) -> None:
+    _, acc = await run_body(sse(START, message_delta(reason), STOP))
+    assert acc.stop_reason == reason
+
+
+async def test_signature_and_omitted_thinking() -> None:
+    body = sse(
+        START,
+        block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        delta_ev(0, {"type": "signature_delta", "signature": "EosnCkYICxIMMb3LzNrMu"}),
+        block_stop(0),
+        message_delta("end_turn"),
+        STOP,
+    )
+    _, acc = await run_body(body)
+    assert acc.message().content == [ThinkingBlock(thinking="", signature="EosnCkYICxIMMb3LzNrMu")]
+
+
+async def test_usage_is_cumulative_and_cache_fields_mapped() -> None:
+    start = ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {
+        "input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3}}})  # fmt: skip
+    _, acc = await run_body(sse(start, message_delta("end_turn", {"output_tokens": 40}), STOP))
+    assert acc.usage == Usage(10, 40, 7, 3)
+
+
+async def test_truncated_tool_input_is_incomplete() -> None:
+    body = sse(
+        START,
+        block_start(0, {"type": "tool_use", "id": "t1", "name": "f", "input": {}}),
+        delta_ev(0, {"type": "input_json_delta", "partial_json": '{"location": "San'}),
+    )
+    with pytest.raises(StreamProtocolError):
+        await run_body(body)
+
+
+async def test_malformed_json_data_line() -> None:
+    with pytest.raises(StreamProtocolError, match="malformed JSON"):
+        await run_body(sse(START, ("content_block_delta", "{not json")))
+
+
+async def test_event_missing_fields_is_a_protocol_error() -> None:
+    with pytest.raises(StreamProtocolError, match="malformed content_block_start"):
+        await run_body(sse(START, ("content_block_start", {"type": "content_block_start", "index": 0})))
+
+
+async def test_empty_body_is_a_protocol_error() -> None:
+    with pytest.raises(StreamProtocolError, match="without message_stop"):
+        await run_body(b"")
+
+
+# -- request ---------------------------------------------------------------------
+
+
+async def test_request_shape_and_headers() -> None:
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    history = [
+        Message.user("weather?"),
+        Message.user("in Paris", meta={"host": 1}),
+        Message(
+            role="assistant",
+            content=[
+                ThinkingBlock(thinking="think", signature="sig"),
+                ThinkingBlock(thinking="unsigned", signature=""),
+                RedactedThinkingBlock(data="opaque"),
+                TextBlock(text=""),
+                ToolUseBlock(id="t1", name="get_weather", input={"location": "Paris"}),
+                ToolUseBlock(id="t2", name="get_weather", input={}, complete=False),
+            ],
+        ),
+        Message(
+            role="user", content=[TextBlock(text="also"), ToolResultBlock(tool_use_id="t1", content="88F")]
+        ),
+        Message(
+            role="user",
+            content=[ToolResultBlock(tool_use_id="t9", content=[TextBlock(text="x")], is_error=True)],
+            synthetic=True,
+            kind="tool_results",
+        ),
+    ]
+    async with server.client() as client:
+        model = AnthropicModel("claude-x", api_key=API_KEY, http_client=client, thinking=2048, max_tokens=999)
+        await collect(model, request(*history, system="be brief", tools=[Tool()], tool_choice="get_weather"))
+    req = server.requests[0]
+    assert req.url == "https://api.anthropic.com/v1/messages"
+    assert req.headers["x-api-key"] == API_KEY
+    assert req.headers["anthropic-version"] == "2023-06-01"
+    body = server.body
+    assert body["model"] == "claude-x"
+    assert body["stream"] is True
+    assert body["max_tokens"] == 999
+    assert body["system"] == "be brief"
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert body["tool_choice"] == {"type": "tool", "name": "get_weather"}
+    assert body["tools"] == [
+        {"name": "get_weather", "description": "Get the weather", "input_schema": Tool.input_schema}
+    ]
+    msgs = body["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    assert msgs[0]["content"] == [{"type": "text", "text": "weather?"}, {"type": "text", "text": "in Paris"}]
+    assert msgs[1]["content"] == [
+        {"type": "thinking", "thinking": "think", "signature": "sig"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"location": "Paris"}},
+    ]
+    assert msgs[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "88F"},
+        {
+            "type": "tool_result",
+            "tool_use_id": "t9",
+            "content": [{"type": "text", "text": "x"}],
+            "is_error": True,
+        },
+        {"type": "text", "text": "also"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", {"type": "auto"}),
+        ("any", {"type": "any"}),
+        ("none", {"type": "none"}),
+        ("f", {"type": "tool", "name": "f"}),
+    ],
+)
+async def test_tool_choice_mapping(choice: str, wire: dict[str, str]) -> None:
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        await collect(
+            AnthropicModel("m", api_key=API_KEY, http_client=client),
+            request(tool_choice=choice, max_tokens=5),
+        )
+    assert server.body["tool_choice"] == wire
+    assert server.body["max_tokens"] == 5
+    assert "thinking" not in server.body
+
+
+async def test_bearer_auth_and_base_url_and_extras() -> None:
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        model = AnthropicModel(
+            "m", api_key=API_KEY, http_client=client, base_url="http://proxy.local/",
+            auth_header="authorization", anthropic_version="2026-10-21",
+            thinking={"type": "adaptive"}, extra_body={"metadata": {"user_id": "u"}},
+        )  # fmt: skip
+        await collect(model)
+    req = server.requests[0]
+    assert req.url == "http://proxy.local/v1/messages"
+    assert req.headers["authorization"] == f"Bearer {API_KEY}"
+    assert "x-api-key" not in req.headers
+    assert req.headers["anthropic-version"] == "2026-10-21"
+    assert server.body["thinking"] == {"type": "adaptive"}
+    assert server.body["metadata"] == {"user_id": "u"}

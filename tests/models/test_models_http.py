@@ -1,0 +1,240 @@
+"""Connection side: retry decisions, status errors, connection errors, key hygiene."""
+
+from __future__ import annotations
+
+import email.utils
+
+import httpx
+import pytest
+from _models_support import API_KEY, MockServer, collect
+
+from agentloop._errors import (
+    ModelError,
+    PromptTooLongError,
+    ProviderConnectionError,
+    ProviderStatusError,
+)
+from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
+from agentloop.models._http import Secret, status_error
+
+# -- parse_retry ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504, 529])
+def test_retryable_statuses(status: int) -> None:
+    assert parse_retry(status, {}) == (True, None)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422, 501])
+def test_non_retryable_statuses(status: int) -> None:
+    assert parse_retry(status, {}) == (False, None)
+
+
+def test_x_should_retry_decides_outright() -> None:
+    assert parse_retry(400, {"x-should-retry": "true"})[0] is True
+    assert parse_retry(529, {"x-should-retry": "false"})[0] is False
+
+
+def test_retry_after_ms_wins() -> None:
+    assert parse_retry(429, {"retry-after-ms": "1500", "retry-after": "30"}) == (True, 1.5)
+
+
+def test_retry_after_seconds_and_float() -> None:
+    assert parse_retry(429, {"retry-after": "7"})[1] == 7.0
+    assert parse_retry(429, {"retry-after": "0.25"})[1] == 0.25
+
+
+def test_retry_after_http_date() -> None:
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 12, usegmt=True)
+    assert parse_retry(503, {"retry-after": date}, now=now)[1] == pytest.approx(12.0)
+    past = email.utils.formatdate(now - 60, usegmt=True)
+    assert parse_retry(503, {"retry-after": past}, now=now)[1] == 0.0
+
+
+@pytest.mark.parametrize("value", ["soon", "-3", "nan", "inf", ""])
+def test_bad_retry_after_is_ignored(value: str) -> None:
+    assert parse_retry(429, {"retry-after": value})[1] is None
+    assert parse_retry(429, {"retry-after-ms": value, "retry-after": "2"})[1] == 2.0
+
+
+# -- status errors ----------------------------------------------------------------
+
+
+def test_anthropic_prompt_too_long_400() -> None:
+    body = b'{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}'
+    err = status_error(
+        "anthropic", 400, {"request-id": "req_1"}, body, request_id_header="request-id", secret=None
+    )
+    assert isinstance(err, PromptTooLongError)
+    assert err.retryable is False
+    assert err.request_id == "req_1"
+    assert err.error_type == "invalid_request_error"
+
+
+def test_openai_context_length_exceeded_400() -> None:
+    body = b'{"error":{"message":"This model\'s maximum context length is 128000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}'
+    err = status_error("openai", 400, {}, body, request_id_header="x-request-id", secret=None)
+    assert isinstance(err, PromptTooLongError)
+
+
+def test_anthropic_529_overloaded_with_headers() -> None:
+    body = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+    headers = {"x-should-retry": "true", "request-id": "req_01RCc7MbLyQNtGKzBTv8VCep", "retry-after": "3"}
+    err = status_error("anthropic", 529, headers, body, request_id_header="request-id", secret=None)
+    assert type(err) is ProviderStatusError
+    assert (err.status, err.error_type, err.retryable, err.retry_after) == (
+        529,
+        "overloaded_error",
+        True,
+        3.0,
+    )
+    assert err.request_id == "req_01RCc7MbLyQNtGKzBTv8VCep"
+    assert "Overloaded" in str(err)
+
+
+def test_openai_400_pairing_error_keeps_body_and_request_id() -> None:
+    body = (
+        b'{"error":{"message":"An assistant message with \'tool_calls\' must be followed by tool messages'
+        b' responding to each \'tool_call_id\'.","type":"invalid_request_error","param":"messages.[57].role","code":null}}'
+    )
+    err = status_error(
+        "openai", 400, {"x-request-id": "req_x"}, body, request_id_header="x-request-id", secret=None
+    )
+    assert type(err) is ProviderStatusError
+    assert err.retryable is False
+    assert err.body["error"]["param"] == "messages.[57].role"
+    assert err.request_id == "req_x"
+
+
+def test_non_json_error_body() -> None:
+    err = status_error(
+        "openai", 502, {}, b"<html>Bad gateway</html>", request_id_header="x-request-id", secret=None
+    )
+    assert err.retryable is True
+    assert "Bad gateway" in str(err)
+
+
+# -- through the models ----------------------------------------------------------
+
+
+async def test_http_status_error_through_model() -> None:
+    server = MockServer(
+        b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}',
+        status=429,
+        headers={"content-type": "application/json", "retry-after": "2", "request-id": "req_9"},
+    )
+    async with server.client() as client:
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    err = info.value
+    assert (err.status, err.retryable, err.retry_after, err.request_id) == (429, True, 2.0, "req_9")
+    assert server.streams[0].closed
+
+
+async def test_connection_error_is_retryable() -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(fail)) as client:
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is True
+    assert "connection refused" in str(info.value)
+
+
+async def test_read_error_mid_body_is_a_retryable_connection_error() -> None:
+    class Broken(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            yield b'event: message_start\ndata: {"type":"message_start","message":{"id":"x"}}\n\n'
+            raise httpx.ReadError("peer reset")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Broken())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+async def test_api_key_never_leaks_from_401(cls: type) -> None:
+    echo = (
+        '{"error":{"type":"authentication_error","message":"invalid x-api-key ' + API_KEY + '",'
+        '"headers":{"x-api-key":"' + API_KEY + '","authorization":"Bearer ' + API_KEY + '"}}}'
+    ).encode()
+    server = MockServer(echo, status=401, headers={"content-type": "application/json"})
+    async with server.client() as client:
+        model = cls("m", api_key=API_KEY, http_client=client)
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(model)
+    err = info.value
+    assert err.retryable is False
+    for text in (str(err), repr(err), str(err.body), repr(err.body), repr(model), str(model)):
+        assert API_KEY not in text
+    assert "[REDACTED]" in str(err)
+
+
+def test_secret_repr_hides_key() -> None:
+    s = Secret(API_KEY)
+    assert API_KEY not in repr(s)
+    assert API_KEY not in str(s)
+    assert s.reveal() == API_KEY
+
+
+@pytest.mark.parametrize(
+    ("cls", "env"),
+    [
+        (AnthropicModel, "ANTHROPIC_API_KEY"),
+        (OpenAIChatModel, "OPENAI_API_KEY"),
+        (OpenAIResponsesModel, "OPENAI_API_KEY"),
+    ],
+)
+async def test_missing_key_is_a_clear_error_at_request_time(
+    cls: type, env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(env, raising=False)
+    server = MockServer(b"")
+    async with server.client() as client:
+        model = cls("m", http_client=client)  # constructing is fine
+        with pytest.raises(ModelError, match=env):
+            await collect(model)
+    assert server.requests == []
+
+
+async def test_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    server = MockServer(b"")
+    async with server.client() as client:
+        with pytest.raises(ModelError):
+            await collect(AnthropicModel("m", http_client=client))
+    assert server.requests[0].headers["x-api-key"] == API_KEY
+
+
+async def test_owned_client_is_created_and_closed() -> None:
+    model = OpenAIChatModel("m", api_key=API_KEY)
+    client = model._conn.client
+    assert not client.is_closed
+    await model.aclose()
+    assert client.is_closed
+
+
+# -- the hot-path JSON parser --------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ['{"a": 1}', ' {"a": 1}', '{"a": 1}  ', "[1, 2]", '"s"', "3", "null"])
+def test_loads_matches_json(text: str) -> None:
+    import json
+
+    from agentloop.models._driver import loads
+
+    assert loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "{'a': 1}", "[DONE]", "  "])
+def test_loads_rejects_what_json_rejects(text: str) -> None:
+    from agentloop.models._driver import loads
+
+    with pytest.raises(ValueError):
+        loads(text)

@@ -1,0 +1,331 @@
+"""OpenAIChatModel: request building, recorded streams and local-server quirks (WIRE.md §2, §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, load, request, run_fixture
+
+from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from agentloop.models import (
+    OpenAIChatModel,
+    StreamBlockStop,
+    StreamEnd,
+    StreamLogprobs,
+    StreamThinking,
+    StreamToolUseStart,
+    Usage,
+)
+
+
+async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client, **kw))
+
+
+def call(
+    index: int, id: str | None = None, name: str | None = None, args: str | None = None
+) -> dict[str, Any]:
+    fn: dict[str, Any] = {}
+    if name is not None:
+        fn["name"] = name
+    if args is not None:
+        fn["arguments"] = args
+    out: dict[str, Any] = {"index": index, "function": fn}
+    if id is not None:
+        out["id"], out["type"] = id, "function"
+    return out
+
+
+USAGE = {
+    "id": "chatcmpl-1",
+    "choices": [],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+}
+
+
+# -- recorded streams -----------------------------------------------------------------
+
+
+async def test_text_fixture() -> None:
+    name = "openai_chat_text.recorded.sse"
+    events, acc = await run_fixture(name, load(name))
+    assert acc.message().text.startswith("I'm unable to provide real-time weather updates.")
+    assert acc.stop_reason == "end_turn"
+    assert acc.usage == Usage(14, 30)
+    assert isinstance(events[-1], StreamEnd)
+
+
+async def test_single_tool_fixture() -> None:
+    _, acc = await run_fixture("openai_chat_tool.recorded.sse", load("openai_chat_tool.recorded.sse"))
+    (tool,) = acc.message().tool_uses
+    assert (tool.id, tool.name, tool.input) == (
+        "call_4XzlGBLtUe9dy3GVNV4jhq7h",
+        "get_weather",
+        {"city": "New York City"},
+    )
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage == Usage(44, 16)
+
+
+async def test_parallel_tools_fixture() -> None:
+    name = "openai_chat_parallel_tools.recorded.sse"
+    _, acc = await run_fixture(name, load(name))
+    tools = acc.message().tool_uses
+    assert [t.name for t in tools] == ["GetWeatherArgs", "get_stock_price"]
+    assert tools[0].input == {"city": "Edinburgh", "country": "GB", "units": "c"}
+    assert tools[1].input == {"ticker": "AAPL", "exchange": "NASDAQ"}
+
+
+async def test_logprobs_fixture() -> None:
+    name = "openai_chat_logprobs.recorded.sse"
+    events, acc = await run_fixture(name, load(name), logprobs=True)
+    assert acc.message().text == "Foo!"
+    lps = [e for e in events if isinstance(e, StreamLogprobs)]
+    assert [e.logprobs for e in lps] == [(-0.0025094282,), (-0.26638845,)]
+    assert all(e.channel == "text" for e in lps)
+
+
+async def test_logprobs_not_emitted_unless_asked() -> None:
+    name = "openai_chat_logprobs.recorded.sse"
+    events, _ = await run_fixture(name, load(name))
+    assert not any(isinstance(e, StreamLogprobs) for e in events)
+
+
+async def test_missing_done_is_a_protocol_error() -> None:
+    body = load("openai_chat_text.recorded.sse").replace(b"data: [DONE]\n\n", b"")
+    with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
+        await run_fixture("openai_chat_text.recorded.sse", body)
+    assert info.value.retryable is True
+
+
+# -- finish reasons ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [
+        ("stop", "end_turn"),
+        ("length", "max_tokens"),
+        ("content_filter", "refusal"),
+        ("tool_calls", "tool_use"),
+    ],
+)
+async def test_finish_reason_mapping(finish: str, reason: str) -> None:
+    _, acc = await run_body(chat_stream(chat_chunk({"content": "x"}), chat_chunk(finish=finish)))
+    assert acc.stop_reason == reason
+
+
+async def test_streamed_tool_call_with_finish_stop_is_tool_use() -> None:
+    body = chat_stream(chat_chunk({"tool_calls": [call(0, "c1", "f", '{"a":1}')]}), chat_chunk(finish="stop"))
+    _, acc = await run_body(body)
+    assert acc.stop_reason == "tool_use"
+    assert acc.message().tool_uses[0].input == {"a": 1}
+
+
+async def test_done_without_any_output_is_an_error() -> None:
+    with pytest.raises(StreamProtocolError):
+        await run_body(chat_stream(USAGE))
+
+
+# -- local servers ------------------------------------------------------------------
+
+
+async def test_vllm_repeated_id_in_every_chunk() -> None:
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"tool_calls": [call(0, "chatcmpl-tool-A", "f", "")]}),
+        chat_chunk({"tool_calls": [call(0, "chatcmpl-tool-A", None, '{"a"')]}),
+        chat_chunk({"tool_calls": [call(0, "chatcmpl-tool-B", None, ": 1}")]}),  # a fresh id, same index
+        chat_chunk(finish="tool_calls"),
+    )
+    events, acc = await run_body(body)
+    (tool,) = acc.message().tool_uses
+    assert (tool.id, tool.input) == ("chatcmpl-tool-A", {"a": 1})
+    assert sum(isinstance(e, StreamToolUseStart) for e in events) == 1
+
+
+async def test_ollama_whole_calls_in_one_chunk_and_reasoning() -> None:
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "reasoning": "thinking it over"}),
+        chat_chunk({"tool_calls": [call(0, "call_a", "f", '{"x": 1}'), call(1, "call_b", "g", '{"y": 2}')]}),
+        chat_chunk(finish="stop"),
+        USAGE,
+    )
+    _events, acc = await run_body(body)
+    msg = acc.message()
+    assert msg.content[0] == ThinkingBlock(thinking="thinking it over", signature="")
+    assert [(t.id, t.name, t.input) for t in msg.tool_uses] == [
+        ("call_a", "f", {"x": 1}),
+        ("call_b", "g", {"y": 2}),
+    ]
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage == Usage(9, 2)
+
+
+async def test_llama_cpp_reasoning_content_then_text_new_blocks() -> None:
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": None}),
+        chat_chunk({"reasoning_content": "step 1"}),
+        chat_chunk({"reasoning_content": " step 2"}),
+        chat_chunk({"content": "answer"}),
+        chat_chunk({"tool_calls": [call(0, "id1", "f", "")]}),
+        chat_chunk({"tool_calls": [call(0, None, None, "{}")]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    events, acc = await run_body(body)
+    assert [type(b) for b in acc.message().content] == [ThinkingBlock, TextBlock, ToolUseBlock]
+    assert acc.message().content[0] == ThinkingBlock(thinking="step 1 step 2", signature="")
+    stops = [e.index for e in events if isinstance(e, StreamBlockStop)]
+    assert stops == [0, 1, 2]
+    assert sum(isinstance(e, StreamThinking) for e in events) == 2
+
+
+async def test_arguments_before_name_are_buffered_and_missing_id_generated() -> None:
+    body = chat_stream(
+        chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"q":'}}]}),
+        chat_chunk({"tool_calls": [{"index": 0, "function": {"name": "search", "arguments": '"x"}'}}]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    (tool,) = acc.message().tool_uses
+    assert tool.name == "search"
+    assert tool.input == {"q": "x"}
+    assert tool.id.startswith("call_")
+
+
+async def test_midstream_error_chunk_with_integer_code_vllm() -> None:
+    body = chat_stream(
+        chat_chunk({"content": "partial"}),
+        {"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}},
+    )
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(body)
+    err = info.value
+    assert (err.status, err.error_type, err.retryable) == (200, "InternalServerError", True)
+    assert "engine died" in str(err)
+
+
+async def test_midstream_error_chunk_not_retryable() -> None:
+    body = chat_stream(
+        {"error": {"message": "context too big", "type": "exceed_context_size_error", "code": 400}}
+    )
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(body)
+    assert info.value.retryable is False
+
+
+async def test_llama_cpp_error_field_line_is_an_error() -> None:
+    body = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\nerror: {"code":500,"message":"slot failed","type":"server_error"}\n\ndata: [DONE]\n\n'
+    with pytest.raises(ProviderStreamError, match="slot failed") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_error_event_with_non_json_data() -> None:
+    with pytest.raises(ProviderStreamError, match="overloaded"):
+        await run_body(b"event: error\ndata: overloaded\n\n")
+
+
+async def test_malformed_chunk_json() -> None:
+    with pytest.raises(StreamProtocolError, match="malformed JSON"):
+        await run_body(b"data: {oops\n\n")
+
+
+async def test_usage_chunk_with_empty_choices_and_cached_tokens() -> None:
+    usage = {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 5,
+                                      "prompt_tokens_details": {"cached_tokens": 64}}}  # fmt: skip
+    _, acc = await run_body(chat_stream(chat_chunk({"content": "x"}, finish="stop"), usage))
+    assert acc.usage == Usage(100, 5, 64)
+
+
+async def test_refusal_delta_is_text_and_refusal() -> None:
+    _, acc = await run_body(chat_stream(chat_chunk({"refusal": "I can't"}), chat_chunk(finish="stop")))
+    assert acc.message().text == "I can't"
+    assert acc.stop_reason == "refusal"
+
+
+# -- request --------------------------------------------------------------------------
+
+
+class Tool:
+    name = "f"
+    description = "does f"
+    input_schema: dict[str, Any] = {"type": "object"}  # noqa: RUF012
+
+
+async def test_request_shape() -> None:
+    server = MockServer(chat_stream(chat_chunk({"content": "x"}, finish="stop")))
+    history = [
+        Message.user("go"),
+        Message(role="assistant", content=[
+            ThinkingBlock(thinking="t", signature="s"), TextBlock(text="calling"),
+            ToolUseBlock(id="c1", name="f", input={"a": 1}), ToolUseBlock(id="c2", name="f", input={}),
+        ]),
+        Message(role="user", content=[
+            TextBlock(text="and then?"), ToolResultBlock(tool_use_id="c1", content="ok"),
+            ToolResultBlock(tool_use_id="c2", content="boom", is_error=True),
+        ]),
+        Message(role="assistant", content=[ThinkingBlock(thinking="only thinking", signature="s")]),
+    ]  # fmt: skip
+    async with server.client() as client:
+        model = OpenAIChatModel("gpt-x", api_key=API_KEY, http_client=client, logprobs=True, top_logprobs=3,
+                                extra_body={"temperature": 0})  # fmt: skip
+        await collect(
+            model, request(*history, system="sys", tools=[Tool()], tool_choice="any", max_tokens=64)
+        )
+    req = server.requests[0]
+    assert req.url == "https://api.openai.com/v1/chat/completions"
+    assert req.headers["authorization"] == f"Bearer {API_KEY}"
+    body = server.body
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["logprobs"], body["top_logprobs"], body["temperature"]) == (True, 3, 0)
+    assert body["max_completion_tokens"] == 64
+    assert body["tool_choice"] == "required"
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": "does f", "parameters": {"type": "object"}},
+        }
+    ]
+    assert body["messages"] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "calling", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c2", "content": "Error: boom"},
+        {"role": "user", "content": "and then?"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [("auto", "auto"), ("none", "none"), ("f", {"type": "function", "function": {"name": "f"}})],
+)
+async def test_tool_choice(choice: str, wire: Any) -> None:
+    server = MockServer(chat_stream(chat_chunk({"content": "x"}, finish="stop")))
+    async with server.client() as client:
+        await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client), request(tool_choice=choice))
+    assert server.body["tool_choice"] == wire
+
+
+async def test_local_server_without_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    server = MockServer(chat_stream(chat_chunk({"content": "x"}, finish="stop")))
+    async with server.client() as client:
+        model = OpenAIChatModel("llama", base_url="http://localhost:8080/v1", http_client=client,
+                                max_tokens_param="max_tokens", include_usage=False)  # fmt: skip
+        _, acc = await collect(model, request(max_tokens=10))
+    req = server.requests[0]
+    assert req.url == "http://localhost:8080/v1/chat/completions"
+    assert "authorization" not in req.headers
+    assert server.body["max_tokens"] == 10
+    assert "stream_options" not in server.body
+    assert acc.message().text == "x"

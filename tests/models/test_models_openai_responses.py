@@ -1,0 +1,323 @@
+"""OpenAIResponsesModel: request items, stream events, errors, doom-loop frames (WIRE.md §3, SPEC §6)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
+
+from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from agentloop.models import OpenAIResponsesModel, StreamEnd, StreamSignals, StreamText, Usage
+
+
+async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, **kw))
+
+
+def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    return (kind, {"type": kind, **fields})
+
+
+CREATED = ev("response.created", response={"id": "resp_1", "status": "in_progress"})
+
+
+def completed(status: str = "completed", **response: Any) -> tuple[str, dict[str, Any]]:
+    kind = {"completed": "response.completed", "incomplete": "response.incomplete"}[status]
+    return ev(kind, response={"id": "resp_1", "status": status,
+                              "usage": {"input_tokens": 3, "output_tokens": 4}, **response})  # fmt: skip
+
+
+def text_item(index: int, *deltas: str) -> list[tuple[str, dict[str, Any]]]:
+    item = {"id": f"msg_{index}", "type": "message", "content": [], "role": "assistant"}
+    out = [ev("response.output_item.added", output_index=index, item=item)]
+    out += [ev("response.output_text.delta", output_index=index, content_index=0, item_id=item["id"], delta=d)
+            for d in deltas]  # fmt: skip
+    done = {**item, "content": [{"type": "output_text", "text": "".join(deltas)}]}
+    out.append(ev("response.output_item.done", output_index=index, item=done))
+    return out
+
+
+# -- recorded streams ------------------------------------------------------------------
+
+
+async def test_text_fixture() -> None:
+    name = "openai_responses_text.prism.sse"
+    events, acc = await run_fixture(name, load(name))
+    assert (
+        acc.message().text
+        == "I'm an artificial intelligence trained to assist with tasks and provide information."
+    )
+    assert acc.stop_reason == "end_turn"
+    assert acc.usage == Usage(10, 16)
+    assert acc.response_id == "resp_684b3e43e9648199951aea692dce026b010b42c5871a937b"
+    assert isinstance(events[-1], StreamEnd)
+
+
+async def test_reasoning_and_function_call_fixture() -> None:
+    name = "openai_responses_reasoning_function_call.prism.sse"
+    _, acc = await run_fixture(name, load(name))
+    thinking, tool = acc.message().content
+    assert isinstance(thinking, ThinkingBlock)
+    assert json.loads(thinking.signature) == {
+        "id": "rs_684d4bc2885081999e06b1e760a86b6709b7481857442983",
+        "summary": [],
+    }
+    assert isinstance(tool, ToolUseBlock)
+    assert (tool.id, tool.name, tool.input) == (
+        "call_Kfzsl8lPJayEwvd0rkI7731q",
+        "weather",
+        {"city": "Detroit"},
+    )
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage == Usage(78, 719)
+
+
+async def test_missing_completed_is_a_protocol_error() -> None:
+    body = load("openai_responses_text.prism.sse")
+    body = body[: body.index(b"event: response.completed")]
+    with pytest.raises(StreamProtocolError, match=r"response\.completed") as info:
+        await run_fixture("openai_responses_text.prism.sse", body)
+    assert info.value.retryable is True
+
+
+# -- events ---------------------------------------------------------------------------
+
+
+async def test_reasoning_summary_deltas_and_encrypted_content_round_trip() -> None:
+    rs = {"id": "rs_1", "type": "reasoning", "summary": []}
+    summary = [{"type": "summary_text", "text": "First."}, {"type": "summary_text", "text": "Second."}]
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev(
+            "response.reasoning_summary_text.delta",
+            output_index=0,
+            item_id="rs_1",
+            summary_index=0,
+            delta="First.",
+        ),
+        ev(
+            "response.reasoning_summary_text.delta",
+            output_index=0,
+            item_id="rs_1",
+            summary_index=1,
+            delta="Second.",
+        ),
+        ev(
+            "response.output_item.done",
+            output_index=0,
+            item={**rs, "summary": summary, "encrypted_content": "ENC"},
+        ),
+        *text_item(1, "Hi"),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    thinking = acc.message().content[0]
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "First.\n\nSecond."
+    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary, "encrypted_content": "ENC"}
+    # ... and it goes back as the same reasoning item.
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        model = OpenAIResponsesModel("o", api_key=API_KEY, http_client=client, reasoning={"effort": "low"})
+        await collect(model, request(Message.user("q"), acc.message(), Message.user("more")))
+    items = server.body["input"]
+    assert items[1] == {"type": "reasoning", "id": "rs_1", "summary": summary, "encrypted_content": "ENC"}
+    assert server.body["include"] == ["reasoning.encrypted_content"]
+    assert server.body["reasoning"] == {"effort": "low"}
+
+
+async def test_reasoning_text_delta_is_thinking() -> None:
+    body = sse(
+        CREATED,
+        ev("response.reasoning_text.delta", output_index=0, item_id="rs_1", delta="raw reasoning"),
+        ev(
+            "response.output_item.done",
+            output_index=0,
+            item={"id": "rs_1", "type": "reasoning", "summary": []},
+        ),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().content[0].thinking == "raw reasoning"  # type: ignore[union-attr]
+
+
+async def test_function_call_arguments_only_in_done_event() -> None:
+    fc = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=fc),
+        ev("response.function_call_arguments.done", output_index=0, item_id="fc_1", arguments='{"a": 1}'),
+        ev("response.output_item.done", output_index=0, item={**fc, "arguments": '{"a": 1}'}),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().tool_uses[0].input == {"a": 1}
+
+
+async def test_llama_cpp_style_events_without_output_index() -> None:
+    fc = {"id": "fc_x", "type": "function_call", "call_id": "fc_x", "name": "f", "arguments": ""}
+    body = sse(
+        (
+            "response.created",
+            {
+                "type": "response.created",
+                "response": {"id": "r", "object": "response", "status": "in_progress"},
+            },
+        ),
+        ev("response.output_text.delta", item_id="msg_a", delta="Hello"),
+        ev("response.output_item.added", item=fc),
+        ev("response.function_call_arguments.delta", item_id="fc_x", delta='{"k":'),
+        ev("response.function_call_arguments.delta", item_id="fc_x", delta=' "v"}'),
+        ev("response.output_item.done", item={**fc, "arguments": '{"k": "v"}'}),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().text == "Hello"
+    assert acc.message().tool_uses[0].input == {"k": "v"}
+
+
+@pytest.mark.parametrize(
+    ("reason", "stop"),
+    [("max_output_tokens", "max_tokens"), ("content_filter", "refusal"), ("max_messages", "end_turn")],
+)
+async def test_incomplete(reason: str, stop: str) -> None:
+    body = sse(CREATED, *text_item(0, "cut"), completed("incomplete", incomplete_details={"reason": reason}))
+    _, acc = await run_body(body)
+    assert acc.stop_reason == stop
+    assert acc.message().text == "cut"
+
+
+async def test_failed_is_a_stream_error() -> None:
+    failed = ev("response.failed", response={"id": "r", "status": "failed",
+                                             "error": {"code": "server_error", "message": "boom"}})  # fmt: skip
+    with pytest.raises(ProviderStreamError, match="boom") as info:
+        await run_body(sse(CREATED, failed))
+    assert (info.value.error_type, info.value.retryable) == ("server_error", True)
+
+
+async def test_error_event_flat_shape() -> None:
+    body = sse(CREATED, ("error", {"type": "error", "code": "ERR_SOMETHING", "message": "Something went wrong",
+                                   "param": None, "sequence_number": 1}))  # fmt: skip
+    with pytest.raises(ProviderStreamError, match="Something went wrong") as info:
+        await run_body(body)
+    assert (info.value.error_type, info.value.retryable) == ("ERR_SOMETHING", False)
+
+
+async def test_error_event_nested_shape_rate_limit_is_retryable() -> None:
+    body = sse(CREATED, ("error", {"type": "error", "sequence_number": 2, "error": {
+        "type": "too_many_requests", "code": "too_many_requests", "message": "Too Many Requests", "param": None}}))  # fmt: skip
+    with pytest.raises(ProviderStreamError, match="Too Many Requests") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+    assert info.value.status == 200
+
+
+async def test_unknown_events_ignored_and_refusal() -> None:
+    body = sse(
+        CREATED,
+        ev("response.web_search_call.in_progress", output_index=0, item_id="ws"),
+        ev("response.output_item.done", output_index=0, item={"id": "ws", "type": "web_search_call"}),
+        ev("response.refusal.delta", output_index=1, item_id="m", content_index=0, delta="No."),
+        ev("response.something_new", x=1),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().text == "No."
+    assert acc.stop_reason == "refusal"
+
+
+async def test_malformed_json() -> None:
+    with pytest.raises(StreamProtocolError, match="malformed JSON"):
+        await run_body(b"event: response.created\ndata: {\n\n")
+
+
+# -- doom-loop frames -------------------------------------------------------------------
+
+
+async def test_doom_loop_frames_become_signals_and_headers_sent() -> None:
+    doom = {"type": "response.doom_loop_check", "signals": ["tail_repetition:32@thinking"]}
+    doom2 = {
+        "type": "response.doom_loop_check",
+        "signals": ["tail_repetition:32@thinking", "low_logprob@text"],
+    }
+    body = sse(
+        CREATED,
+        *text_item(0, "a", "b")[:2],
+        ("response.doom_loop_check", doom),
+        *text_item(0, "a", "b")[2:],
+        ("response.doom_loop_check", doom2),
+        completed(),
+    )
+    server = MockServer(body)
+    async with server.client() as client:
+        model = OpenAIResponsesModel("grok", api_key=API_KEY, http_client=client, doom_loop_check=True)
+        events, acc = await collect(model)
+    headers = server.requests[0].headers
+    assert headers["x-grok-doom-loop-check"] == "true"
+    assert headers["x-grok-exact-repetition-check"] == "true"
+    signals = [e for e in events if isinstance(e, StreamSignals)]
+    assert [s.signals for s in signals] == [
+        ("tail_repetition:32@thinking",),
+        ("tail_repetition:32@thinking", "low_logprob@text"),
+    ]
+    assert acc.message().text == "ab"
+    assert [e.text for e in events if isinstance(e, StreamText)] == ["a", "b"]
+
+
+async def test_doom_loop_headers_off_by_default() -> None:
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+    assert "x-grok-doom-loop-check" not in server.requests[0].headers
+
+
+async def test_doom_loop_frame_without_type_field_is_still_absorbed() -> None:
+    body = sse(CREATED, ("response.doom_loop_check", {"signals": ["low_logprob@text"]}), completed())
+    events, _ = await run_body(body)
+    assert [e.signals for e in events if isinstance(e, StreamSignals)] == [("low_logprob@text",)]
+
+
+# -- request -------------------------------------------------------------------------
+
+
+class Tool:
+    name = "f"
+    description = "does f"
+    input_schema: dict[str, Any] = {"type": "object"}  # noqa: RUF012
+
+
+async def test_request_items() -> None:
+    server = MockServer(sse(CREATED, completed()))
+    history = [
+        Message.user("go"),
+        Message(role="assistant", content=[
+            ThinkingBlock(thinking="anthropic thinking", signature="not-json"),
+            ThinkingBlock(thinking="summary", signature='{"id": "rs_9"}'),
+            TextBlock(text="calling"), ToolUseBlock(id="call_1", name="f", input={"a": 1}),
+        ]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="bad", is_error=True)]),
+    ]  # fmt: skip
+    async with server.client() as client:
+        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, store=False)
+        await collect(model, request(*history, system="sys", tools=[Tool()], tool_choice="f", max_tokens=50))
+    assert server.requests[0].url == "https://api.openai.com/v1/responses"
+    body = server.body
+    assert body["instructions"] == "sys"
+    assert (body["stream"], body["store"], body["max_output_tokens"]) == (True, False, 50)
+    assert body["tool_choice"] == {"type": "function", "name": "f"}
+    assert body["tools"] == [{"type": "function", "name": "f", "description": "does f",
+                              "parameters": {"type": "object"}, "strict": False}]  # fmt: skip
+    assert "include" not in body
+    assert body["input"] == [
+        {"type": "message", "role": "user", "content": "go"},
+        {"type": "reasoning", "id": "rs_9", "summary": [{"type": "summary_text", "text": "summary"}]},
+        {"type": "message", "role": "assistant", "content": "calling"},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Error: bad"},
+    ]

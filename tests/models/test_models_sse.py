@@ -1,0 +1,102 @@
+"""SSEDecoder: the WHATWG framing rules of WIRE.md §0.1, under any chunking."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentloop.models import ServerSentEvent, SSEDecoder
+
+
+def decode(*chunks: bytes, error_field: bool = False) -> list[ServerSentEvent]:
+    dec = SSEDecoder(error_field=error_field)
+    out: list[ServerSentEvent] = []
+    for c in chunks:
+        out += dec.feed(c)
+    out += dec.close()
+    return out
+
+
+def test_basic_event_and_data() -> None:
+    (ev,) = decode(b"event: ping\ndata: {}\n\n")
+    assert (ev.event, ev.data) == ("ping", "{}")
+
+
+def test_all_line_endings() -> None:
+    for sep in (b"\n", b"\r\n", b"\r"):
+        body = b"event: a" + sep + b"data: 1" + sep + sep + b"data: 2" + sep + sep
+        assert [(e.event, e.data) for e in decode(body)] == [("a", "1"), (None, "2")]
+
+
+def test_crlf_split_across_chunks_is_one_line_break() -> None:
+    events = decode(b"data: 1\r", b"\n\r", b"\ndata: 2\r\n\r\n")
+    assert [e.data for e in events] == ["1", "2"]
+
+
+def test_lone_cr_at_chunk_end_then_text() -> None:
+    assert [e.data for e in decode(b"data: 1\r", b"\rdata: 2\r\r")] == ["1", "2"]
+
+
+def test_multiline_data_joined_with_newline() -> None:
+    (ev,) = decode(b"data: a\ndata:b\ndata\n\n")
+    assert ev.data == "a\nb\n"
+
+
+def test_one_leading_space_stripped_only() -> None:
+    (ev,) = decode(b"data:  two spaces\n\n")
+    assert ev.data == " two spaces"
+
+
+def test_comments_and_unknown_fields_ignored() -> None:
+    (ev,) = decode(b": keep-alive\nfoo: bar\nerror: {}\ndata: x\n\n")
+    assert (ev.event, ev.data) == (None, "x")
+
+
+def test_id_and_retry_parsed() -> None:
+    dec = SSEDecoder()
+    (ev,) = dec.feed(b"id: 42\nretry: 1500\nretry: soon\ndata: x\n\n")
+    assert ev.id == "42"
+    assert dec.last_event_id == "42"
+    assert dec.retry == 1500
+
+
+def test_dispatch_only_on_blank_line_and_only_with_data() -> None:
+    assert decode(b"event: a\n\n") == []
+    assert decode(b"data: unterminated\n") == []  # dropped at EOF
+    assert decode(b"data: unterminated") == []
+
+
+def test_event_name_reset_after_dispatch() -> None:
+    events = decode(b"event: a\ndata: 1\n\ndata: 2\n\n")
+    assert [e.event for e in events] == ["a", None]
+
+
+def test_utf8_split_across_chunks() -> None:
+    body = "data: héllo - 😀\n\n".encode()
+    cut = body.index("😀".encode()) + 2
+    (ev,) = decode(body[:cut], body[cut:])
+    assert ev.data == "héllo - 😀"
+
+
+def test_error_field_extension_for_llama_cpp() -> None:
+    body = b'error: {"message":"boom"}\n\ndata: [DONE]\n\n'
+    assert [e.data for e in decode(body)] == ["[DONE]"]
+    events = decode(body, error_field=True)
+    assert [(e.event, e.data) for e in events] == [("error", '{"message":"boom"}'), (None, "[DONE]")]
+
+
+BODY = (
+    'event: a\r\ndata: 1\r\n\r\n: c\rdata: ü\rdata: 2\r\rid: 7\ndata: {"k": "v"}\n\nevent: e\ndata:\n\n'
+).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(BODY) - 1), max_size=12))
+def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
+    points = sorted(set(cuts))
+    edges = [0, *points, len(BODY)]
+    chunks = [BODY[a:b] for a, b in itertools.pairwise(edges)]
+    assert decode(*chunks) == decode(BODY)
+    assert [e.data for e in decode(BODY)] == ["1", "ü\n2", '{"k": "v"}', ""]

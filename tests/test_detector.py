@@ -1,0 +1,268 @@
+"""RepetitionDetector: SPEC §6 client-side detection, properties against a brute-force reference."""
+
+from __future__ import annotations
+
+import random
+import string
+from itertools import pairwise, product
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentloop._detector import RepetitionDetector, Rule
+from agentloop._signals import DoomLoopSignal
+
+ALPHABET = string.ascii_letters + string.digits + "αβγδεζηθ"  # 70 symbols: anchors never recur by chance
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def chunks(text: str, lo: int, hi: int, seed: int = 0) -> list[str]:
+    rnd, out, i = random.Random(seed), list[str](), 0
+    while i < len(text):
+        k = rnd.randint(lo, hi)
+        out.append(text[i : i + k])
+        i += k
+    return out
+
+
+def fires(det: RepetitionDetector, deltas: list[str]) -> list[tuple[int, str]]:
+    """(end offset of the delta, signal) for every signal emitted."""
+    out: list[tuple[int, str]] = []
+    pos = 0
+    for d in deltas:
+        pos += len(d)
+        out.extend((pos, s.format()) for s in det.feed(d))
+    return out
+
+
+def first_tail(events: list[tuple[int, str]]) -> tuple[int, str] | None:
+    return next(((p, s) for p, s in events if s.startswith("tail_repetition")), None)
+
+
+def reference_tail(s: str, window: int = 4096, anchor: int = 16) -> tuple[int, int] | None:
+    """O(n·W) reference: smallest p whose periodic suffix holds two copies (and the anchor)."""
+    for p in range(1, min(window, len(s) // 2) + 1):
+        run = 0
+        while run < len(s) - p and s[-1 - run] == s[-1 - run - p]:
+            run += 1
+        if run >= max(p, anchor):
+            return p, run + p
+    return None
+
+
+def random_text(rnd: random.Random, n: int) -> str:
+    return "".join(rnd.choice(ALPHABET) for _ in range(n))
+
+
+PROSE = "We read the configuration, then compare it with the plan and decide what to change next.\n"
+
+
+# -- SPEC §6 rules living in the detector ---------------------------------------------------------
+
+
+def test_tail_repetition_signal_uses_chars_and_client_source() -> None:
+    det = RepetitionDetector("thinking")
+    out = [s for d in chunks(PROSE + "I'll do it.\nI'll execute.\n" * 10, 1, 24) for s in det.feed(d)]
+    tail = next(s for s in out if s.kind == "tail_repetition")
+    assert tail == DoomLoopSignal("tail_repetition", "thinking", threshold=26, unit="chars", source="client")
+    exact = next(s for s in out if s.kind == "exact_repetition")
+    assert exact.tokens == 26 and exact.copies is not None and exact.copies >= 4
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(1, 4), (1, 24), (30, 200)])
+def test_short_thinking_chant_caught_within_four_copies_plus_one_delta(lo: int, hi: int) -> None:
+    unit = "I'll do it.\nI'll execute.\n"
+    events = fires(RepetitionDetector("thinking"), chunks(PROSE + unit * 40, lo, hi))
+    hit = first_tail(events)
+    assert hit is not None
+    assert hit[0] - len(PROSE) <= 4 * len(unit) + hi
+
+
+def test_smallest_period_is_reported_not_a_multiple() -> None:
+    events = fires(RepetitionDetector("thinking"), chunks(PROSE + "ab-" * 300, 1, 24))
+    assert first_tail(events) is not None
+    assert {s for _, s in events if s.startswith("tail")} == {"tail_repetition:3@thinking"}
+
+
+def test_pattern_reported_once_then_only_when_copies_double() -> None:
+    events = fires(RepetitionDetector("thinking"), chunks(PROSE + "Done. Sending.\n" * 200, 1, 24))
+    tails = [s for _, s in events if s.startswith("tail")]
+    copies = [DoomLoopSignal.parse(s).copies or 0 for _, s in events if s.startswith("exact")]
+    assert len(tails) == 1
+    assert all(b >= 2 * a for a, b in pairwise(copies))
+
+
+def test_flood_needs_a_long_run_and_a_divider_is_not_a_loop() -> None:
+    divider = fires(RepetitionDetector("text"), chunks(PROSE + "-" * 120 + "\n" + PROSE, 1, 24))
+    assert divider == []
+    flood = fires(RepetitionDetector("text"), chunks(PROSE + "so " * 400, 1, 24))
+    assert first_tail(flood) is not None and first_tail(flood)[0] - len(PROSE) >= 256  # type: ignore[index]
+
+
+def test_code_fence_raises_thresholds_but_never_disables_detection() -> None:
+    body = "def f(x):\n    return x + 1\n\n"
+    plain = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + body * 200, 1, 24)))
+    fenced_det = RepetitionDetector("text")
+    fenced = first_tail(fires(fenced_det, chunks(PROSE + "```python\n" + body * 200, 1, 24)))
+    assert plain is not None and fenced is not None
+    assert fenced[0] - 10 > plain[0]
+    assert fenced_det.in_fence
+
+
+def test_fence_marker_split_across_deltas_is_seen_once() -> None:
+    det = RepetitionDetector("text")
+    for d in ["intro\n`", "`", "`py\nx = 1\n", "``", "`\nafter"]:
+        det.feed(d)
+    assert not det.in_fence
+
+
+def test_boundary_base64_of_zero_bytes_is_reported_even_in_a_fence() -> None:
+    events = fires(RepetitionDetector("text"), chunks("```\n" + "A" * 4096 + "\n```\n", 30, 200))
+    assert first_tail(events) is not None
+
+
+def test_boundary_user_requested_repetition_is_reported_on_text() -> None:
+    events = fires(RepetitionDetector("text"), chunks("hello world " * 50, 1, 24))
+    assert first_tail(events) == (pytest.approx(first_tail(events)[0]), "tail_repetition:12@text")  # type: ignore[index]
+
+
+def test_custom_rules_replace_the_channel_thresholds() -> None:
+    det = RepetitionDetector("text", rules=(Rule(1 << 30, 2, 0),), fence_rules=None)
+    events = fires(det, chunks(PROSE + "x" * 40 + "abcdefghijklmnopqrstu" * 3, 1, 4))
+    assert "tail_repetition:21@text" in {s for _, s in events}
+
+
+def test_memory_is_bounded_by_the_window() -> None:
+    det = RepetitionDetector("text", window=256)
+    rnd = random.Random(3)
+    for _ in range(2000):
+        det.feed(random_text(rnd, 20))
+    assert len(det._buf) <= 3 * 256 + 2 * 16 + 20
+    assert det.chars == 40000
+
+
+def test_reset_forgets_the_stream() -> None:
+    det = RepetitionDetector("thinking")
+    det.feed(PROSE + "loop! " * 30)
+    det.reset()
+    assert det.chars == 0 and det.tail() is None and det.fired == 0
+
+
+def test_constructor_rejects_impossible_geometry() -> None:
+    with pytest.raises(ValueError, match="window"):
+        RepetitionDetector(window=8, anchor=16)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+
+def de_bruijn(k: int, n: int) -> str:
+    """Every length-n word over k symbols exactly once (Lyndon-word construction)."""
+    a, seq = [0] * k * n, []
+
+    def db(t: int, p: int) -> None:
+        if t > n:
+            if n % p == 0:
+                seq.extend(a[1 : p + 1])
+            return
+        a[t] = a[t - p]
+        db(t + 1, p)
+        for j in range(a[t - p] + 1, k):
+            a[t] = j
+            db(t + 1, t)
+
+    db(1, 1)
+    return "".join("acgt"[i] for i in seq)
+
+
+@pytest.mark.parametrize("channel", ["thinking", "text"])
+def test_no_signal_on_de_bruijn_text(channel: str) -> None:
+    text = de_bruijn(4, 7)  # 16384 chars, no 7-gram twice
+    assert fires(RepetitionDetector(channel), chunks(text, 1, 24)) == []
+
+
+@FAST
+@given(st.integers(0, 2**32), st.sampled_from(["thinking", "text"]))
+def test_no_signal_on_aperiodic_random_text(seed: int, channel: str) -> None:
+    text = random_text(random.Random(seed), 6000)
+    assert fires(RepetitionDetector(channel), chunks(text, 1, 24, seed)) == []
+
+
+@FAST
+@given(st.integers(1, 1500), st.integers(0, 400), st.integers(0, 2**32))
+def test_agrees_with_brute_force_reference_on_periodic_text(p: int, prefix: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    unit = random_text(rnd, p)
+    need = 2 * p + 64 + max(16 - p, 0)
+    text = random_text(rnd, prefix) + unit * (need // p + 2) + unit[: rnd.randint(0, p - 1)]
+    det = RepetitionDetector("text")
+    for d in chunks(text, 1, 40, seed):
+        det.feed(d)
+    assert det.tail() == reference_tail(text)
+
+
+@FAST
+@given(st.integers(0, 2**32))
+def test_agrees_with_reference_on_aperiodic_text(seed: int) -> None:
+    text = random_text(random.Random(seed), 3000)
+    det = RepetitionDetector("text")
+    for d in chunks(text, 1, 40, seed):
+        det.feed(d)
+    assert det.tail() is None and reference_tail(text) is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(4, 400), st.integers(0, 2**32), st.sampled_from(["thinking", "text"]))
+def test_fire_position_is_chunking_invariant(p: int, seed: int, channel: str) -> None:
+    rnd = random.Random(seed)
+    unit = random_text(rnd, p)
+    text = PROSE + unit * max(3000 // p, 6) + PROSE
+    exact = first_tail(fires(RepetitionDetector(channel), list(text)))
+    assert exact is not None
+    for lo, hi in [(1, 4), (1, 24), (30, 200)]:
+        got = first_tail(fires(RepetitionDetector(channel), chunks(text, lo, hi, seed)))
+        assert got is not None and got[1] == exact[1]
+        assert exact[0] <= got[0] < exact[0] + hi
+
+
+kinds = st.sampled_from(["tail_repetition", "low_logprob", "exact_repetition"])
+
+
+@given(kinds, st.sampled_from(["thinking", "text"]), st.integers(1, 10**6), st.integers(1, 10**4))
+def test_signal_parse_format_round_trip(kind: str, channel: str, a: int, b: int) -> None:
+    if kind == "tail_repetition":
+        sig = DoomLoopSignal("tail_repetition", channel, threshold=a)
+    elif kind == "exact_repetition":
+        sig = DoomLoopSignal("exact_repetition", channel, tokens=a, copies=b)
+    else:
+        sig = DoomLoopSignal("low_logprob", channel)
+    assert DoomLoopSignal.parse(sig.format()) == sig
+    assert DoomLoopSignal.parse(sig.format(), unit="chars").format() == sig.format()
+
+
+def test_detector_signals_round_trip_through_the_wire_form() -> None:
+    det = RepetitionDetector("thinking")
+    out = [s for d in chunks(PROSE + "again and again " * 40, 1, 24) for s in det.feed(d)]
+    assert out
+    for sig in out:
+        back = DoomLoopSignal.parse(sig.format(), unit="chars")
+        assert (back.kind, back.channel, back.threshold, back.tokens, back.copies) == (
+            sig.kind,
+            sig.channel,
+            sig.threshold,
+            sig.tokens,
+            sig.copies,
+        )
+
+
+def test_every_small_period_over_a_tiny_alphabet_matches_the_reference() -> None:
+    """Exhaustive check on units over {a, b} (internal repeats stress the anchor search)."""
+    for n in range(1, 7):
+        for letters in product("ab", repeat=n):
+            unit = "".join(letters)
+            text = "xyz0123456789" + unit * (80 // n + 40)
+            det = RepetitionDetector("text")
+            for d in chunks(text, 1, 24):
+                det.feed(d)
+            assert det.tail() == reference_tail(text), unit

@@ -1,0 +1,238 @@
+"""SPEC §6-7 end to end through the engine: doom-loop recovery and stationarity."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop import (
+    AttemptDiscarded,
+    DoomLoopDetected,
+    Message,
+    ModelError,
+    PolicyNudge,
+    QueryEngine,
+    Resampling,
+    Retrying,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ThinkingDelta,
+    TurnEnded,
+    tool,
+    validate_transcript,
+)
+from agentloop._model import (
+    StreamBlockStop,
+    StreamEnd,
+    StreamSignals,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+)
+from agentloop._recovery import REPLAY_THINKING_BYTES, truncate_utf8
+from agentloop.policies import ConservativeDoomLoopPolicy, IdenticalToolCallRun
+from tests.helpers import collect, kinds
+
+CHANT = "I'll do it.\nI'll execute.\n" * 60
+LOOPING = ScriptedResponse(thinking="Let me plan the fix first.\n" + CHANT, text="never shown", chunk=7)
+GOOD = ScriptedResponse(thinking="A fresh plan.", text="Fixed it.")
+
+
+def doom_engine(responses: list[object], **kw: object) -> QueryEngine:
+    kw.setdefault("policies", [ConservativeDoomLoopPolicy()])
+    kw.setdefault("retry_base_delay", 0.001)
+    return QueryEngine(ScriptedModel(responses), **kw)  # type: ignore[arg-type]
+
+
+def streamed_thinking(events: list[object]) -> int:
+    return sum(len(e.thinking) for e in events if isinstance(e, ThinkingDelta))
+
+
+async def test_doom_loop_confident_verdict_cuts_the_stream_and_resamples() -> None:
+    engine = doom_engine([LOOPING, GOOD])
+    events = await collect(engine, "fix it")
+    names = kinds(events)
+    assert names.index("DoomLoopDetected") < names.index("AttemptDiscarded") < names.index("Resampling")
+    detected = next(e for e in events if isinstance(e, DoomLoopDetected))
+    assert detected.confident and detected.action == "resample"
+    assert detected.signals[0].kind == "tail_repetition" and detected.signals[0].channel == "thinking"
+    assert streamed_thinking(events) < len(LOOPING.thinking) // 2  # cut early, not streamed to the end
+    assert [e.attempt for e in events if isinstance(e, Resampling)] == [1]
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_doom_loop_transcript_keeps_neither_reminder_nor_cut_attempt() -> None:
+    engine = doom_engine([LOOPING, GOOD])
+    await collect(engine, "fix it")
+    assert [m.text for m in engine.messages] == ["fix it", "Fixed it."]
+    assert all("I'll execute." not in str(m.content) for m in engine.messages)
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_doom_loop_resample_request_carries_the_reminder_and_the_replay() -> None:
+    engine = doom_engine([LOOPING, GOOD])
+    await collect(engine, "fix it")
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    retry = model.requests[1]
+    reminder = retry.messages[-1]
+    assert reminder.synthetic and reminder.kind == "doom_reminder"
+    assert "judged to be a repetition loop" in reminder.text
+    assert "<previous_reasoning>" in reminder.text and "Let me plan the fix first." in reminder.text
+    assert retry.attempt == 1 and len(retry.messages) == len(model.requests[0].messages) + 1
+
+
+async def test_doom_loop_replay_is_skipped_when_the_attempt_made_tool_calls() -> None:
+    chant = [StreamThinking(1, CHANT[i : i + 7]) for i in range(0, len(CHANT), 7)]
+    head = [StreamToolUseStart(0, "c1", "t"), StreamToolInput(0, "{}"), StreamBlockStop(0)]
+    looping_with_call = ScriptedResponse(events=[*head, *chant, StreamEnd(stop_reason="tool_use")])
+    engine = doom_engine([looping_with_call, GOOD])
+    await collect(engine, "go")
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    assert "<previous_reasoning>" not in model.requests[1].messages[-1].text
+
+
+def test_doom_loop_replay_is_cut_on_character_boundaries() -> None:
+    text = "é" * (REPLAY_THINKING_BYTES)  # two bytes each
+    cut = truncate_utf8(text, REPLAY_THINKING_BYTES)
+    assert len(cut.encode()) <= REPLAY_THINKING_BYTES and cut == "é" * (REPLAY_THINKING_BYTES // 2)
+    assert truncate_utf8("short", 10) == "short"
+
+
+async def test_doom_budget_spent_disarms_and_accepts_the_next_attempt() -> None:
+    engine = doom_engine([LOOPING, LOOPING, LOOPING, GOOD], doom_budget=2)
+    events = await collect(engine, "go")
+    actions = [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident]
+    assert actions == ["resample", "resample", "disarmed"]
+    # the third attempt was not cut: its full (looping) output is accepted
+    assert engine.messages[-1].text == "never shown"
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_doom_budget_never_consumes_the_retry_budget() -> None:
+    flaky = ScriptedResponse(error=ModelError("overloaded", retryable=True))
+    engine = doom_engine([LOOPING, LOOPING, flaky, GOOD], doom_budget=2, retry_budget=1)
+    events = await collect(engine, "go")
+    assert len([e for e in events if isinstance(e, Resampling)]) == 2
+    assert len([e for e in events if isinstance(e, Retrying)]) == 1
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+
+
+async def test_retry_budget_never_consumes_the_doom_budget() -> None:
+    flaky = ScriptedResponse(error=ModelError("overloaded", retryable=True))
+    engine = doom_engine([flaky, flaky, LOOPING, GOOD], doom_budget=1, retry_budget=2)
+    events = await collect(engine, "go")
+    assert len([e for e in events if isinstance(e, Retrying)]) == 2
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident] == ["resample"]
+    assert engine.messages[-1].text == "Fixed it."
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+async def test_doom_loop_recovery_can_be_switched_off(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kw: dict[str, object] = {}
+    if how == "argument":
+        kw["doom_loop_recovery"] = False
+    else:
+        monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", "false")
+    engine = doom_engine([LOOPING, GOOD], **kw)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, (Resampling, AttemptDiscarded)) for e in events)
+    assert {e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident} == {"off"}
+    assert engine.messages[-1].text == "never shown"
+
+
+async def test_doom_loop_recovery_can_be_switched_off_by_a_policy() -> None:
+    class Observe(ConservativeDoomLoopPolicy):
+        def judge(self, signal: object) -> str:  # type: ignore[override]
+            return "ignore"
+
+    engine = doom_engine([LOOPING, GOOD], policies=[Observe()])
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+
+
+async def test_server_signals_drive_the_same_policy() -> None:
+    frames = [
+        StreamText(0, "partial "),
+        StreamSignals(("low_logprob@text",)),
+        StreamSignals(("low_logprob@text", "tail_repetition:32@thinking")),
+        StreamText(0, "more"),
+        StreamEnd(stop_reason="end_turn"),
+    ]
+    engine = doom_engine([ScriptedResponse(events=frames), GOOD])
+    events = await collect(engine, "go")
+    found = [e for e in events if isinstance(e, DoomLoopDetected)]
+    assert [(e.confident, e.action) for e in found] == [(False, "warn"), (True, "resample")]
+    assert found[1].signals[-1].unit == "tokens" and found[1].signals[-1].threshold == 32
+
+
+# -- stationarity ---------------------------------------------------------------------------
+
+
+@tool
+async def read_file(path: str) -> str:
+    return "same content"
+
+
+@tool(stationarity="tight")
+async def todo(items: list[str]) -> str:
+    return "ok"
+
+
+def same_call(name: str = "read_file", **args: object) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=[ScriptedToolCall(name, args or {"path": "a.py"})])
+
+
+async def test_stationarity_nudges_at_8_and_ends_at_12_with_a_distinct_terminal() -> None:
+    engine = QueryEngine(ScriptedModel([same_call()] * 20), tools=[read_file], policies=[IdenticalToolCallRun()])
+    events = await collect(engine, "go")
+    nudges = [e for e in events if isinstance(e, PolicyNudge)]
+    assert len(nudges) == 1 and nudges[0].policy == "IdenticalToolCallRun"
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.turns == 12
+    nudge_at = next(i for i, m in enumerate(engine.messages) if m.kind == "nudge")
+    assert sum(1 for m in engine.messages[:nudge_at] if m.role == "assistant") == 8
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_stationarity_tight_tools_use_4_and_8() -> None:
+    engine = QueryEngine(
+        ScriptedModel([same_call("todo", items=["x"])] * 20), tools=[todo], policies=[IdenticalToolCallRun()]
+    )
+    events = await collect(engine, "go")
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 8  # type: ignore[union-attr]
+
+
+async def test_stationarity_counters_reset_at_a_real_user_message_not_at_nudges() -> None:
+    engine = QueryEngine(ScriptedModel([same_call()] * 30), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=7)
+    await collect(engine, "go")  # 7 identical responses: below the nudge threshold
+    events = await collect(engine, "continue")  # a real user message: counting starts again
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+    assert events[-1].reason == "max_turns"  # type: ignore[union-attr]
+
+
+async def test_stationarity_is_not_fooled_by_varying_text_around_an_identical_call() -> None:
+    responses = [
+        ScriptedResponse(text=f"Attempt {i}: let me read it again.", tool_calls=[ScriptedToolCall("read_file", {"path": "a.py"})])
+        for i in range(20)
+    ]
+    engine = QueryEngine(ScriptedModel(responses), tools=[read_file], policies=[IdenticalToolCallRun()])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "stationarity_ended"  # type: ignore[union-attr]
+
+
+async def test_stationarity_batch_work_over_different_arguments_is_not_a_loop() -> None:
+    responses: list[object] = [same_call(path=f"file{i}.py") for i in range(15)] + ["done"]
+    engine = QueryEngine(ScriptedModel(responses), tools=[read_file], policies=[IdenticalToolCallRun()])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+
+
+async def test_default_policies_are_used_when_none_given() -> None:
+    engine = QueryEngine(ScriptedModel(["hi"]))
+    names = [type(p).__name__ for p in engine.policies]
+    assert names == ["ConservativeDoomLoopPolicy", "IdenticalToolCallRun"]
+    await collect(engine, Message.user("hello"))

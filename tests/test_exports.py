@@ -1,0 +1,33 @@
+"""The public surface: API.md names are reachable and __all__ is sorted and exact."""
+
+from __future__ import annotations
+
+import agentloop
+import agentloop.models
+import agentloop.policies
+
+API_NAMES = ["AbortError", "AbortSignal", "AbortController", "TextBlock", "ThinkingBlock", "RedactedThinkingBlock", "ToolUseBlock", "ToolResultBlock", "Message", "validate_transcript", "repair_transcript", "ToolContext", "tool", "Tool", "run_process", "QueryEngine", "Allow", "Deny", "PermissionCallback", "TurnStarted", "TextDelta", "ThinkingDelta", "AssistantMessage", "ToolCallStarted", "ToolCallFinished", "InterjectionInjected", "PolicyNudge", "DoomLoopDetected", "Resampling", "Retrying", "TurnEnded", "TerminalReason", "Model", "ScriptedModel", "DoomLoopSignal"]
+
+
+def test_all_is_sorted_and_matches_the_module() -> None:
+    names = agentloop.__all__
+    assert names == sorted(names)
+    assert len(names) == len(set(names))
+    for name in names:
+        assert hasattr(agentloop, name), name
+    public = {n for n in dir(agentloop) if not n.startswith("_") and n not in {"models", "policies", "sessions", "mcp"}}
+    assert public - set(names) == set()
+
+
+def test_every_api_md_name_is_exported() -> None:
+    missing = [n for n in API_NAMES if n not in agentloop.__all__]
+    assert missing == []
+
+
+def test_extension_modules_export_the_rest() -> None:
+    for name in ("AnthropicModel", "OpenAIChatModel", "OpenAIResponsesModel", "ModelRequest", "StreamText"):
+        assert name in agentloop.models.__all__, name
+    for name in ("DoomLoopPolicy", "ConservativeDoomLoopPolicy", "RepetitionDetector", "StationarityPolicy", "IdenticalToolCallRun"):
+        assert name in agentloop.policies.__all__, name
+    assert agentloop.models.__all__ == sorted(agentloop.models.__all__)
+    assert agentloop.policies.__all__ == sorted(agentloop.policies.__all__)

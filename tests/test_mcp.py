@@ -1,0 +1,306 @@
+"""agentloop.mcp against a real MCP server process (tests/mcp_server.py), stdio and HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import types
+
+from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock
+from agentloop._tools import Tool, ToolContext
+from agentloop.mcp import MCPServer, result_to_block
+
+SERVER = str(Path(__file__).with_name("mcp_server.py"))
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with (task / "children").open() as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+async def _until(condition: Any, what: str, within: float = 10.0) -> None:
+    """Bounded polling for an observable condition."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+async def no_child_left_behind() -> AsyncIterator[None]:
+    before = _children()
+    yield
+    await _until(lambda: not [p for p in _children() - before if _alive(p)], "child processes to exit")
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+async def server(markers: Path) -> AsyncIterator[MCPServer]:
+    async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers)]) as srv:
+        yield srv
+
+
+def _ctx(signal: Any, tool_use_id: str = "toolu_1") -> ToolContext:
+    return ToolContext(signal=signal, tool_use_id=tool_use_id, engine=None)  # type: ignore[arg-type]
+
+
+async def _run(tool: Tool, args: dict[str, Any], signal: Any = None) -> Any:
+    return await tool.handler(args, _ctx(signal or AbortController().signal))
+
+
+async def test_list_tools_maps_name_description_and_schema(server: MCPServer) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    assert {"echo", "add", "slow", "fail", "pid"} <= set(tools)
+    echo = tools["echo"]
+    assert echo.description == "Return the text unchanged."
+    assert echo.input_schema["type"] == "object"
+    assert echo.input_schema["properties"]["text"]["type"] == "string"
+    assert echo.input_schema["required"] == ["text"]
+    assert tools["add"].input_schema["properties"]["a"]["type"] == "integer"
+
+
+async def test_prefix_and_tool_options(markers: Path) -> None:
+    srv = MCPServer.stdio(sys.executable, [SERVER], prefix="t_", concurrency_safe=True, timeout=5)
+    try:
+        tools = {t.name: t for t in await srv.list_tools()}
+        assert tools["t_echo"].concurrency_safe and tools["t_echo"].timeout == 5
+        result = await _run(tools["t_echo"], {"text": "prefixed"})
+        assert result == ToolResultBlock(tool_use_id="toolu_1", content="prefixed")
+    finally:
+        await srv.aclose()
+    await srv.aclose()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        await srv.list_tools()
+
+
+async def test_call_echo_add_and_an_error_result(server: MCPServer) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    assert (await _run(tools["echo"], {"text": "héllo"})).content == "héllo"
+    assert (await _run(tools["add"], {"a": 2, "b": 40})).content == "42"
+    failed = await _run(tools["fail"], {"message": "boom"})
+    assert failed.is_error and "boom" in failed.text
+
+
+async def test_abort_mid_call_cancels_on_the_server_and_keeps_the_connection(
+    server: MCPServer, markers: Path
+) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    pid_before = (await _run(tools["pid"], {})).content
+    controller = AbortController()
+    call = asyncio.create_task(_run(tools["slow"], {"seconds": 30}, controller.signal))
+    await _until((markers / "slow.started").exists, "the server to start the slow call")
+    assert not call.done()
+    aborted_at = time.monotonic()
+    controller.abort("cancel")
+    with pytest.raises(AbortError) as info:
+        await call
+    assert info.value.reason == "cancel"
+    assert time.monotonic() - aborted_at < 2.0  # promptly, not after the 30 s call
+    await _until((markers / "slow.cancelled").exists, "the server to see notifications/cancelled")
+    assert not (markers / "slow.finished").exists()
+    # Same connection, same server process: the cancel travelled as a notification.
+    assert (await _run(tools["echo"], {"text": "still here"})).content == "still here"
+    assert (await _run(tools["pid"], {})).content == pid_before
+
+
+async def test_one_abort_cancels_every_call_in_flight(server: MCPServer, markers: Path) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    controller = AbortController()
+    calls = [
+        asyncio.create_task(_run(tools["slow"], {"seconds": 30, "tag": tag}, controller.signal))
+        for tag in ("a", "b")
+    ]
+    await _until(lambda: all((markers / f"{t}.started").exists() for t in "ab"), "both calls to start")
+    controller.abort("send_now")
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        assert isinstance(outcome, AbortError) and outcome.reason == "send_now"
+    await _until(lambda: all((markers / f"{t}.cancelled").exists() for t in "ab"), "both cancellations")
+
+
+async def test_already_aborted_signal_sends_nothing(server: MCPServer, markers: Path) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    controller = AbortController()
+    controller.abort("cancel")
+    with pytest.raises(AbortError):
+        await _run(tools["slow"], {"seconds": 30}, controller.signal)
+    assert (await _run(tools["echo"], {"text": "ok"})).content == "ok"
+    assert not (markers / "slow.started").exists()
+
+
+async def test_main_only_abort_hook_resets_the_connection(server: MCPServer, markers: Path) -> None:
+    registered: list[tuple[Any, bool]] = []
+
+    class Engine:
+        def on_abort(self, fn: Any, *, main_only: bool = False) -> None:
+            registered.append((fn, main_only))
+
+    server.attach(Engine())
+    assert registered == [(server.on_main_abort, True)]
+    tools = {t.name: t for t in await server.list_tools()}
+    old_pid = int((await _run(tools["pid"], {})).text)
+    controller = AbortController()
+    call = asyncio.create_task(_run(tools["slow"], {"seconds": 30}, controller.signal))
+    await _until((markers / "slow.started").exists, "the slow call to start")
+    controller.abort("cancel")  # the main engine is interrupted: its hook resets the connection
+    await server.on_main_abort("cancel")
+    with pytest.raises(AbortError):
+        await call
+    await _until(lambda: not _alive(old_pid), "the old server process to stop")
+    new_pid = int((await _run(tools["pid"], {})).text)  # reconnects on next use
+    assert new_pid != old_pid
+
+
+async def test_import_error_without_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    monkeypatch.delitem(sys.modules, "agentloop.mcp")
+    with pytest.raises(ImportError, match=r"pip install 'agentloop\[mcp\]'"):
+        importlib.import_module("agentloop.mcp")
+
+
+def test_results_are_mapped_to_text() -> None:
+    image = types.ImageContent(type="image", data="AAAA", mime_type="image/png")
+    link = types.ResourceLink(type="resource_link", uri="file:///a.txt", name="a", mime_type="text/plain")
+    text_res = types.EmbeddedResource(
+        type="resource", resource=types.TextResourceContents(uri="file:///b", text="inline")
+    )
+    blob = types.EmbeddedResource(
+        type="resource", resource=types.BlobResourceContents(uri="file:///c", blob="AA")
+    )
+    mixed = types.CallToolResult(
+        content=[types.TextContent(type="text", text="hi"), image, link, text_res, blob]
+    )
+    block = result_to_block("t1", mixed)
+    assert isinstance(block.content, list) and block.content[0] == TextBlock(text="hi")
+    assert block.content[1].text == "[image: image/png, about 3 bytes, not shown]"
+    assert block.content[2].text == "[resource link: file:///a.txt (text/plain)]"
+    assert block.content[3].text == "inline"
+    assert block.content[4].text == "[resource: file:///c (binary), not shown]"
+    structured = types.CallToolResult(content=[], structured_content={"n": 1}, is_error=True)
+    assert result_to_block("t2", structured) == ToolResultBlock(
+        tool_use_id="t2", content='{"n": 1}', is_error=True
+    )
+    assert result_to_block("t3", types.CallToolResult(content=[])).content == "(no output)"
+
+
+# -- streamable HTTP ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def http_url(markers: Path) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--http", str(port), "--markers", str(markers)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # bounded: wait until the server accepts connections
+            assert proc.poll() is None, "the HTTP server exited"
+            assert time.monotonic() < deadline, "the HTTP server did not start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode is not None and not _alive(proc.pid)
+
+
+async def test_streamable_http(http_url: str, markers: Path) -> None:
+    async with MCPServer.http(http_url, headers={"x-test": "1"}, timeout=20) as srv:
+        tools = {t.name: t for t in await srv.list_tools()}
+        assert tools["add"].timeout == 20
+        assert (await _run(tools["add"], {"a": 1, "b": 2})).content == "3"
+        controller = AbortController()
+        call = asyncio.create_task(_run(tools["slow"], {"seconds": 30}, controller.signal))
+        await _until((markers / "slow.started").exists, "the slow call to start")
+        controller.abort("cancel")
+        with pytest.raises(AbortError):
+            await call
+        await _until((markers / "slow.cancelled").exists, "the server to see the cancellation")
+        assert (await _run(tools["echo"], {"text": "over http"})).content == "over http"
+
+
+# -- with the engine -----------------------------------------------------------------
+
+
+async def test_engine_subagent_interrupt_keeps_the_connection_main_interrupt_resets_it(
+    server: MCPServer, markers: Path
+) -> None:
+    # The engine and the scripted model are the lead's modules; imported here so the
+    # rest of this file does not depend on them.
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+    from agentloop.sessions import JsonlSession
+
+    def slow_then(tag: str, text: str) -> ScriptedModel:
+        call = ScriptedToolCall("slow", {"seconds": 30, "tag": tag})
+        return ScriptedModel([ScriptedResponse(tool_calls=[call]), text])
+
+    async def interrupt_when_started(engine: Any, tag: str) -> None:
+        await _until((markers / f"{tag}.started").exists, f"{tag} to start")
+        engine.interrupt("cancel")
+
+    tools = await server.list_tools()
+    pid_tool = next(t for t in tools if t.name == "pid")
+    first_pid = (await _run(pid_tool, {})).content
+    with JsonlSession(markers / "session.jsonl") as session:
+        main = QueryEngine(slow_then("main", "main done"), tools=tools, session=session)
+        server.attach(main)
+        child = main.subagent(agent_id="sub-1", model=slow_then("sub", "sub done"))
+        stopper = asyncio.create_task(interrupt_when_started(child, "sub"))
+        events = [ev async for ev in child.run("work")]
+        await stopper
+        assert events[-1].reason == "aborted_tools"
+        await _until((markers / "sub.cancelled").exists, "the subagent's call to be cancelled")
+        assert (await _run(pid_tool, {})).content == first_pid  # a subagent interrupt keeps it
+
+        stopper = asyncio.create_task(interrupt_when_started(main, "main"))
+        events = [ev async for ev in main.run("work")]
+        await stopper
+        assert events[-1].reason == "aborted_tools"
+        assert (await _run(pid_tool, {})).content != first_pid  # the main-only hook reset it
+    sidechain = JsonlSession(markers / "subagents" / "sub-1.jsonl").load()
+    assert sidechain.messages[0].text == "work" and sidechain.repairs == []
+    results = [r for m in sidechain.messages for r in m.tool_results]
+    assert results[0].is_error and "stopped while it was running" in results[0].text
+    assert JsonlSession(markers / "session.jsonl").load().events[-1]["reason"] == "aborted_tools"

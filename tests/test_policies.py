@@ -1,0 +1,408 @@
+"""Stock policies (SPEC §6-7), driven through the Policy hooks the engine calls."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from agentloop._messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from agentloop._model import StreamLogprobs, StreamSignals, StreamText, StreamThinking, StreamUsage, Usage
+from agentloop.policies import (
+    ConservativeDoomLoopPolicy,
+    DoomLoopPolicy,
+    DoomLoopSignal,
+    EndTurn,
+    IdenticalToolCallRun,
+    Judgement,
+    Nudge,
+    Policy,
+    RepeatedErrorResult,
+    Resample,
+    StationarityPolicy,
+    ToolCallCycle,
+    Verdict,
+    Warn,
+    canonical_key,
+    default_policies,
+    is_keepalive,
+)
+
+_ids = itertools.count()
+
+
+def call(name: str, **args: Any) -> ToolUseBlock:
+    return ToolUseBlock(id=f"t{next(_ids)}", name=name, input=args)
+
+
+def step(
+    policy: Policy, *calls: ToolUseBlock, result: str = "ok", error: bool = False, thought: str = ""
+) -> Verdict | None:
+    """One accepted response and its results, as the engine reports them."""
+    content: list[Any] = [TextBlock(text=thought)] if thought else []
+    msg = Message(role="assistant", content=[*content, *calls])
+    assert policy.on_response(msg) is None
+    results = [ToolResultBlock(tool_use_id=c.id, content=result, is_error=error) for c in calls]
+    return policy.on_results(msg, results)
+
+
+def run(policy: Policy, n: int, *calls: ToolUseBlock, **kw: Any) -> list[Verdict | None]:
+    return [step(policy, *calls, **kw) for _ in range(n)]
+
+
+def first(verdicts: list[Verdict | None], kind: type) -> int | None:
+    """1-based index of the first verdict of ``kind``."""
+    return next((i + 1 for i, v in enumerate(verdicts) if isinstance(v, kind)), None)
+
+
+class Spec:
+    def __init__(self, name: str, stationarity: str = "normal", poller: bool = False) -> None:
+        self.name, self.stationarity, self.poller = name, stationarity, poller
+        self.description: str = ""
+        self.input_schema: dict[str, Any] = {}
+
+
+# -- SPEC §6: doom-loop judgement ---------------------------------------------------------------
+
+
+def test_conservative_thinking_tail_repetition_within_max_threshold_is_confident() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    v = pol.on_stream(StreamSignals(("tail_repetition:64@thinking",)))
+    assert isinstance(v, Resample)
+    assert v.signals == (DoomLoopSignal.parse("tail_repetition:64@thinking"),)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "tail_repetition:65@thinking",
+        "tail_repetition:8@text",
+        "low_logprob@thinking",
+        "exact_repetition:40x3@thinking",
+    ],
+)
+def test_conservative_everything_else_only_warns(raw: str) -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    assert pol.on_stream(StreamSignals((raw,))) == Warn((DoomLoopSignal.parse(raw),))
+
+
+def test_conservative_max_threshold_is_configurable() -> None:
+    pol = ConservativeDoomLoopPolicy(max_threshold=16)
+    assert isinstance(pol.on_stream(StreamSignals(("tail_repetition:32@thinking",))), Warn)
+
+
+def test_server_frames_repeat_signals_so_far_and_are_deduplicated() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    assert isinstance(pol.on_stream(StreamSignals(("low_logprob@text",))), Warn)
+    v = pol.on_stream(StreamSignals(("low_logprob@text", "tail_repetition:32@thinking")))
+    assert v == Resample((DoomLoopSignal.parse("tail_repetition:32@thinking"),))
+    assert pol.on_stream(StreamSignals(("low_logprob@text", "tail_repetition:32@thinking"))) is None
+
+
+def test_malformed_server_signal_is_ignored_not_raised() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    assert pol.on_stream(StreamSignals(("nonsense", "tail_repetition:x@thinking"))) is None
+
+
+def test_begin_attempt_resets_stream_state() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is not None
+    pol.begin_attempt()
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is not None
+
+
+def feed(pol: DoomLoopPolicy, text: str, thinking: bool, size: int = 17) -> list[Verdict]:
+    out = []
+    for i in range(0, len(text), size):
+        piece = text[i : i + size]
+        ev = StreamThinking(0, piece) if thinking else StreamText(1, piece)
+        if (v := pol.on_stream(ev)) is not None:
+            out.append(v)
+    return out
+
+
+LOOP = "Thinking about it. I'll send.\n" * 40
+
+
+def test_client_detector_thinking_loop_is_confident_and_in_chars() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    verdicts = feed(pol, "Let me plan the change first.\n" + LOOP, thinking=True)
+    assert isinstance(verdicts[0], Resample)
+    tail = verdicts[0].signals[0]
+    assert (tail.kind, tail.unit, tail.source, tail.threshold) == ("tail_repetition", "chars", "client", 30)
+
+
+def test_client_detector_text_loop_only_warns() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    verdicts = feed(pol, "Here is the answer.\n" + LOOP, thinking=False)
+    assert verdicts and all(isinstance(v, Warn) for v in verdicts)
+
+
+def test_client_thinking_period_above_max_chars_only_warns() -> None:
+    pol = ConservativeDoomLoopPolicy(max_chars=20)
+    pol.begin_attempt()
+    assert all(isinstance(v, Warn) for v in feed(pol, LOOP, thinking=True))
+
+
+def test_boundary_user_requested_repetition_on_text_is_a_warning_never_an_abort() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    verdicts = feed(pol, "hello world " * 50, thinking=False)
+    assert verdicts and not any(isinstance(v, Resample) for v in verdicts)
+
+
+def test_boundary_base64_zeros_on_text_is_a_warning_never_an_abort() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    verdicts = feed(pol, "```\n" + "A" * 4096 + "\n```\n", thinking=False)
+    assert verdicts and all(isinstance(v, Warn) for v in verdicts)
+
+
+def test_client_detector_can_be_switched_off() -> None:
+    pol = ConservativeDoomLoopPolicy(client_detector=False)
+    pol.begin_attempt()
+    assert feed(pol, LOOP, thinking=True) == []
+
+
+def test_detector_settings_are_passed_through() -> None:
+    pol = DoomLoopPolicy(detector={"window": 512})
+    assert all(d.window == 512 for d in pol.detectors.values())
+
+
+def test_begin_attempt_resets_the_client_detectors() -> None:
+    pol = ConservativeDoomLoopPolicy()
+    pol.begin_attempt()
+    feed(pol, LOOP[:100], thinking=True)
+    pol.begin_attempt()
+    assert all(d.chars == 0 for d in pol.detectors.values())
+
+
+def test_judge_is_the_one_method_to_override() -> None:
+    class AbortOnText(DoomLoopPolicy):
+        def judge(self, signal: DoomLoopSignal) -> Judgement:
+            return "abort" if signal.channel == "text" else "ignore"
+
+    pol = AbortOnText()
+    pol.begin_attempt()
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is None
+    assert isinstance(pol.on_stream(StreamSignals(("low_logprob@text",))), Resample)
+
+
+def test_base_doom_loop_policy_only_warns() -> None:
+    pol = DoomLoopPolicy()
+    pol.begin_attempt()
+    assert isinstance(pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))), Warn)
+
+
+def test_low_logprob_run_raises_a_signal_once_per_run() -> None:
+    pol = DoomLoopPolicy(logprob_floor=-5.0, logprob_run=4)
+    pol.begin_attempt()
+    assert pol.on_stream(StreamLogprobs("text", (-6.0, -7.0, -0.1, -6.0))) is None
+    v = pol.on_stream(StreamLogprobs("text", (-6.0, -6.0, -9.0, -8.0)))
+    assert v == Warn((DoomLoopSignal("low_logprob", "text", source="client"),))
+    assert pol.on_stream(StreamLogprobs("text", (-6.0, -6.0))) is None
+
+
+def test_low_logprob_can_be_switched_off() -> None:
+    pol = DoomLoopPolicy(logprob_floor=None)
+    assert pol.on_stream(StreamLogprobs("thinking", (-50.0,) * 100)) is None
+
+
+def test_unrelated_stream_events_are_ignored() -> None:
+    assert ConservativeDoomLoopPolicy().on_stream(StreamUsage(Usage(1, 2))) is None
+
+
+# -- SPEC §7: identical tool-call run -----------------------------------------------------------
+
+
+def test_identical_run_nudges_on_8th_and_ends_on_12th() -> None:
+    verdicts = run(IdenticalToolCallRun(), 12, call("grep", pattern="x", path="src"))
+    assert first(verdicts, Nudge) == 8
+    assert first(verdicts, EndTurn) == 12
+    end = verdicts[-1]
+    assert isinstance(end, EndTurn) and end.reason == "stationarity_ended"
+    assert [type(v) for v in verdicts[8:11]] == [type(None)] * 3
+
+
+def test_tight_class_tools_use_4_and_8() -> None:
+    pol = IdenticalToolCallRun()
+    pol.bind({"read_file": Spec("read_file", stationarity="tight")})
+    verdicts = run(pol, 8, call("read_file", path="a.py"))
+    assert first(verdicts, Nudge) == 4 and first(verdicts, EndTurn) == 8
+
+
+def test_keepalive_noop_repeated_4_times_ends_the_turn() -> None:
+    pol = IdenticalToolCallRun()
+    verdicts = [step(pol, call("bash", command=c)) for c in ["true", ":", "sleep 0", "true"]]
+    assert first(verdicts, EndTurn) == 4
+
+
+@pytest.mark.parametrize("cmd", ["true", ":", "sleep 0", "exit 0", "  true ; ", "", "/bin/true"])
+def test_keepalive_default_predicate_recognises_noops(cmd: str) -> None:
+    assert is_keepalive(call("bash", command=cmd, timeout=5))
+    assert is_keepalive(call("shell", argv=[cmd]) if cmd.strip() else call("sh", cmd=cmd))
+
+
+@pytest.mark.parametrize(
+    "args", [{"command": "pytest -q"}, {"command": "sleep 60"}, {"path": "true", "mode": "r"}]
+)
+def test_keepalive_default_predicate_rejects_real_work(args: dict[str, Any]) -> None:
+    assert not is_keepalive(call("bash", **args))
+
+
+def test_keepalive_predicate_is_configurable() -> None:
+    pol = IdenticalToolCallRun(keepalive=lambda c: c.name == "ping", nudge_at=None, end_at=None)
+    assert first(run(pol, 4, call("ping")), EndTurn) == 4
+
+
+def test_call_order_is_ignored_and_arguments_compared_canonically() -> None:
+    pol = IdenticalToolCallRun(nudge_at=3)
+    step(pol, call("a", x=1, y={"b": 2, "a": 1}), call("b"))
+    step(pol, call("b"), call("a", y={"a": 1, "b": 2}, x=1))
+    assert isinstance(step(pol, call("a", x=1, y={"a": 1, "b": 2}), call("b")), Nudge)
+
+
+def test_canonical_key_sorts_keys_strips_whitespace_keeps_unicode() -> None:
+    assert canonical_key(call("w", b=[1, 2], a="é")) == ("w", '{"a":"é","b":[1,2]}')
+
+
+def test_parallel_identical_calls_in_one_response_count() -> None:
+    pol = IdenticalToolCallRun()
+    assert isinstance(step(pol, *[call("mvn", goal="test") for _ in range(8)]), Nudge)
+    assert isinstance(step(pol, *[call("mvn", goal="test") for _ in range(4)]), EndTurn)
+
+
+def test_batch_work_over_different_arguments_is_not_a_run() -> None:
+    pol = IdenticalToolCallRun()
+    verdicts = [step(pol, call("edit", path=f"f{i}.py", old="a", new="b")) for i in range(20)]
+    verdicts += [step(pol, call("read_file", path="big.py", offset=i * 100)) for i in range(20)]
+    assert verdicts == [None] * 40
+
+
+def test_varying_thought_text_with_identical_call_still_counts() -> None:
+    pol = IdenticalToolCallRun()
+    verdicts = [step(pol, call("ls", path="."), thought=f"Maybe now, attempt {i}") for i in range(8)]
+    assert first(verdicts, Nudge) == 8
+
+
+def test_counters_reset_at_a_real_user_message_only() -> None:
+    pol = IdenticalToolCallRun()
+    run(pol, 7, call("ls"))
+    pol.begin_turn(real_user=False)  # a nudge or an interjection envelope
+    assert isinstance(step(pol, call("ls")), Nudge)
+    pol.begin_turn(real_user=True)  # the user typed "continue"
+    assert run(pol, 7, call("ls")) == [None] * 7
+
+
+def test_transport_retry_does_not_double_count() -> None:
+    pol = IdenticalToolCallRun()
+    for _ in range(7):
+        pol.begin_attempt()
+        pol.begin_attempt()  # a retried attempt never reaches on_response
+        step(pol, call("ls"))
+    assert pol.count == 7
+
+
+def test_response_without_tool_calls_breaks_the_run() -> None:
+    pol = IdenticalToolCallRun()
+    run(pol, 7, call("ls"))
+    pol.on_response(Message.assistant("Let me think."))
+    assert run(pol, 7, call("ls")) == [None] * 7
+
+
+def test_nudge_fires_once_per_pattern_and_again_when_it_doubles() -> None:
+    verdicts = run(IdenticalToolCallRun(end_at=None), 20, call("ls"))
+    assert [i + 1 for i, v in enumerate(verdicts) if isinstance(v, Nudge)] == [8, 16]
+
+
+def test_nudge_text_is_configurable_and_names_the_count() -> None:
+    pol = IdenticalToolCallRun(nudge_at=2)
+    pol.nudge_text = "again {count}x: {tools}"
+    assert run(pol, 2, call("ls"))[-1] == Nudge("again 2x: ls")
+    default = run(IdenticalToolCallRun(nudge_at=2), 2, call("ls"))[-1]
+    assert isinstance(default, Nudge) and "2 times in a row" in default.reminder
+
+
+def test_polling_with_changing_results_is_progress() -> None:
+    pol = IdenticalToolCallRun()
+    pol.bind({"tail_log": Spec("tail_log", poller=True)})
+    verdicts = [step(pol, call("tail_log", n=20), result=f"line {i}") for i in range(30)]
+    assert verdicts == [None] * 30
+
+
+def test_polling_with_unchanged_result_stops() -> None:
+    pol = IdenticalToolCallRun(poller_tools=["task_list"])
+    verdicts = run(pol, 12, call("task_list"), result="3 running")
+    assert first(verdicts, Nudge) == 8 and first(verdicts, EndTurn) == 12
+
+
+def test_non_poller_with_changing_results_still_counts() -> None:
+    pol = IdenticalToolCallRun()
+    verdicts = [step(pol, call("git_status"), result=f"t={i}") for i in range(8)]
+    assert first(verdicts, Nudge) == 8
+
+
+def test_key_is_the_one_method_to_override() -> None:
+    class IgnoreTimeout(IdenticalToolCallRun):
+        def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Any:
+            return call.name, call.input.get("command")
+
+    pol = IgnoreTimeout(nudge_at=3)
+    verdicts = [step(pol, call("bash", command="make", timeout=t)) for t in (1, 2, 3)]
+    assert isinstance(verdicts[-1], Nudge)
+    assert isinstance(pol, StationarityPolicy)
+
+
+def test_fork_gives_an_independent_copy() -> None:
+    pol = IdenticalToolCallRun()
+    run(pol, 7, call("ls"))
+    child = pol.fork()
+    assert isinstance(child, IdenticalToolCallRun)
+    run(child, 3, call("ls"))
+    assert pol.count == 7
+
+
+# -- opt-in: cycles and repeated errors -----------------------------------------------------------
+
+
+def test_cycle_a_b_three_times_over_nudges_and_five_ends() -> None:
+    pol = ToolCallCycle()
+    a, b = call("edit", path="x", new="1"), call("pytest")
+    verdicts = [step(pol, a if i % 2 == 0 else b) for i in range(10)]
+    assert first(verdicts, Nudge) == 6
+    assert first(verdicts, EndTurn) == 10
+
+
+def test_cycle_of_period_five_is_caught_and_identical_run_is_not_a_cycle() -> None:
+    pol = ToolCallCycle()
+    steps = [call(f"s{i % 5}") for i in range(15)]
+    assert first([step(pol, c) for c in steps], Nudge) == 15
+    assert run(ToolCallCycle(), 12, call("ls")) == [None] * 12
+
+
+def test_repeated_error_result_three_times_nudges() -> None:
+    pol = RepeatedErrorResult()
+    verdicts = [step(pol, call("fetch", url=f"u{i}"), result="404 Not Found", error=True) for i in range(6)]
+    assert first(verdicts, Nudge) == 3
+    assert first(verdicts, EndTurn) == 6
+
+
+def test_repeated_error_run_is_broken_by_a_success() -> None:
+    pol = RepeatedErrorResult()
+    step(pol, call("fetch"), result="boom", error=True)
+    step(pol, call("fetch"), result="boom", error=True)
+    step(pol, call("fetch"), result="fine")
+    assert step(pol, call("fetch"), result="boom", error=True) is None
+
+
+def test_default_policies_are_conservative_doom_loop_and_identical_run() -> None:
+    pols = default_policies()
+    assert [type(p) for p in pols] == [ConservativeDoomLoopPolicy, IdenticalToolCallRun]
+    assert isinstance(pols[0], ConservativeDoomLoopPolicy) and pols[0].max_threshold == 64

@@ -1,0 +1,372 @@
+"""JsonlSession: round trips, sidechains, resume + repair, fsync policy, crash safety."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import agentloop
+from agentloop import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    validate_transcript,
+)
+from agentloop._events import AssistantMessage, InterjectionInjected, TurnEnded
+from agentloop._model import Usage
+from agentloop.sessions import JsonlSession, LoadedSession, SessionStore
+
+REPO = Path(agentloop.__file__).resolve().parent.parent
+
+
+def make_message(i: int) -> Message:
+    """The i-th message of a deterministic transcript: question, tool call, result, ..."""
+    from agentloop import Message, TextBlock, ToolResultBlock, ToolUseBlock
+
+    if i % 3 == 0:
+        return Message(role="user", content=[TextBlock(text=f"question {i} \u00e9\u4e2d")])
+    if i % 3 == 1:
+        use = ToolUseBlock(id=f"t{i}", name="echo", input={"n": i, "pad": "x" * (i % 97)})
+        return Message(role="assistant", content=[TextBlock(text=f"calling {i}"), use])
+    return Message(role="user", content=[ToolResultBlock(tool_use_id=f"t{i - 1}", content=f"result {i}")])
+
+
+def test_round_trip_every_block_type(tmp_path: Path) -> None:
+    messages = [
+        Message.user("hello\nworld", meta={"host": {"k": [1, 2]}}),
+        Message(
+            role="assistant",
+            content=[
+                ThinkingBlock(thinking="hmm", signature="sig=="),
+                RedactedThinkingBlock(data="opaque"),
+                TextBlock(text="let me look"),
+                ToolUseBlock(id="a", name="read", input={"path": "x.py", "n": [1, {"z": None}]}),
+                ToolUseBlock(id="b", name="grep", input={}),
+            ],
+        ),
+        Message(
+            role="user",
+            content=[
+                ToolResultBlock(tool_use_id="a", content="file body"),
+                ToolResultBlock(tool_use_id="b", content=[TextBlock(text="no match")], is_error=True),
+                TextBlock(text="and also"),
+            ],
+            synthetic=True,
+            kind="tool_results",
+        ),
+        Message.assistant("partial answer", partial=True),
+    ]
+    with JsonlSession(tmp_path / "s.jsonl") as session:
+        for m in messages:
+            session.append_message(m)
+    loaded = JsonlSession(tmp_path / "s.jsonl").load()
+    assert loaded.messages == messages
+    assert loaded.repairs == [] and loaded.warnings == []
+
+
+def test_events_are_serialised_generically(tmp_path: Path) -> None:
+    session = JsonlSession(tmp_path / "s.jsonl")
+    session.append_event(TurnEnded(reason="aborted_tools", abort_reason="cancel", usage=Usage(), turns=2))
+    session.append_event(InterjectionInjected(texts=("a", "b"), ids=("1", "2"), agent_id="sub"))
+    session.append_event(AssistantMessage(message=Message.assistant("hi")))
+    session.append_event({"type": "custom", "value": object()})
+    session.close()
+    events = JsonlSession(tmp_path / "s.jsonl").load().events
+    assert events[0]["type"] == "turn_ended"
+    assert events[0]["reason"] == "aborted_tools" and events[0]["abort_reason"] == "cancel"
+    assert events[0]["usage"]["input_tokens"] == 0
+    assert events[1] == {
+        "type": "interjection_injected",
+        "agent_id": "sub",
+        "texts": ["a", "b"],
+        "ids": ["1", "2"],
+    }
+    assert Message.model_validate(events[2]["message"]) == Message.assistant("hi")
+    assert events[3]["value"].startswith("<object object")
+
+
+def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
+    main = JsonlSession(tmp_path / "proj" / "main.jsonl", fsync="never")
+    child = main.sidechain("agent-1")
+    assert child is main.sidechain("agent-1")
+    assert child.path == tmp_path / "proj" / "subagents" / "agent-1.jsonl"
+    assert child.fsync == "never"
+    assert child.sidechain("agent-2").path == tmp_path / "proj" / "subagents" / "agent-2.jsonl"
+    child.append_message(Message.user("from the subagent"))
+    main.append_message(Message.user("from the main agent"))
+    main.close()
+    assert JsonlSession(child.path).load().messages == [Message.user("from the subagent")]
+    assert JsonlSession(main.path).load().messages == [Message.user("from the main agent")]
+    with pytest.raises(ValueError, match="closed"):
+        child.append_message(Message.user("late"))
+    for bad in ("", "..", "a/b", "a\\b"):
+        with pytest.raises(ValueError):
+            main.sidechain(bad)
+
+
+def test_the_protocol_is_satisfied(tmp_path: Path) -> None:
+    assert isinstance(JsonlSession(tmp_path / "s.jsonl"), SessionStore)
+
+
+def test_missing_file_loads_empty_and_creates_nothing(tmp_path: Path) -> None:
+    session = JsonlSession(tmp_path / "deep" / "s.jsonl")
+    assert session.load() == LoadedSession(messages=[])
+    session.close()
+    assert not (tmp_path / "deep").exists()
+
+
+def test_resume_repairs_a_dangling_tool_use_and_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        for i in range(5):  # ends with the assistant's tool_use t4, no result
+            session.append_message(make_message(i))
+    session, loaded = JsonlSession.resume(path)
+    assert (
+        len(loaded.repairs) == 1 and "synthetic result" in loaded.repairs[0] and "'t4'" in loaded.repairs[0]
+    )
+    assert validate_transcript(loaded.messages) == []
+    last = loaded.messages[-1]
+    assert last.synthetic and last.tool_results[0].tool_use_id == "t4" and last.tool_results[0].is_error
+    session.append_message(Message.user("go on"))
+    session.close()
+    again = JsonlSession(path).load()  # the checkpoint replays the repaired transcript
+    assert again.repairs == [] and again.warnings == []
+    assert again.messages == [*loaded.messages, Message.user("go on")]
+
+
+def test_corrupt_middle_line_is_skipped_and_the_rest_kept(tmp_path: Path, caplog: Any) -> None:
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+    with path.open("ab") as f:
+        f.write(b'{"type":"message","message":{"role":"user"\n{"type":"mystery"}\n')
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("two"))
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("one"), Message.user("two")]
+    assert len(loaded.warnings) == 2
+    assert "corrupt line 2" in loaded.warnings[0] and "unknown record type 'mystery'" in loaded.warnings[1]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == loaded.warnings
+
+
+def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("kept"))
+    with path.open("ab") as f:
+        f.write(b'{"type":"message","mess')
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("kept")]
+    assert len(loaded.warnings) == 1 and "the torn last line" in loaded.warnings[0]
+    session, _ = JsonlSession.resume(path)
+    session.append_message(Message.assistant("after the crash"))
+    session.close()
+    again = JsonlSession(path).load()
+    assert again.warnings == []
+    assert again.messages == [Message.user("kept"), Message.assistant("after the crash")]
+
+
+# -- fsync policy -----------------------------------------------------------------
+
+
+def _count_fsyncs(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, int]:
+    counts = {"file": 0, "other": 0}
+    real_fsync = os.fsync
+
+    def fake_fsync(fd: int) -> None:
+        same = path.exists() and os.fstat(fd).st_ino == path.stat().st_ino
+        counts["file" if same else "other"] += 1
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fake_fsync)
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("policy", "every", "after_appends", "after_flush", "after_close"),
+    [
+        ("always", None, 5, 5, 5),
+        ("batch", None, 0, 1, 1),
+        ("batch", 2, 2, 3, 3),
+        ("never", None, 0, 0, 0),
+    ],
+)
+def test_fsync_policy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: Any,
+    every: int | None,
+    after_appends: int,
+    after_flush: int,
+    after_close: int,
+) -> None:
+    path = tmp_path / "s.jsonl"
+    counts = _count_fsyncs(monkeypatch, path)
+    session = JsonlSession(path, fsync=policy, fsync_every=every)
+    for i in range(5):
+        session.append_message(make_message(i))
+    assert counts["file"] == after_appends
+    session.flush()
+    assert counts["file"] == after_flush
+    session.close()
+    assert counts["file"] == after_close
+    assert counts["other"] == (0 if policy == "never" else 1)  # the new file's directory, once
+
+
+def test_batch_close_syncs_unsynced_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s.jsonl"
+    counts = _count_fsyncs(monkeypatch, path)
+    session = JsonlSession(path)
+    session.append_message(Message.user("x"))
+    session.close()
+    session.close()
+    assert counts["file"] == 1
+
+
+def test_bad_options_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        JsonlSession(tmp_path / "s.jsonl", fsync="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        JsonlSession(tmp_path / "s.jsonl", fsync_every=0)
+
+
+# -- crash safety with a real writer process ------------------------------------------
+
+CHILD = (
+    "from __future__ import annotations\n"
+    + inspect.getsource(make_message)
+    + '''
+import os, sys
+from agentloop.sessions import JsonlSession
+
+path, mode, stall_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+real_write = os.write
+count = 0
+
+def split_write(fd, data):
+    """Write a line in two syscalls, so that a kill can land between them."""
+    global count
+    data = bytes(data)
+    half = len(data) // 2
+    written = real_write(fd, data[:half])
+    if mode == "stall" and count == stall_at:
+        print("mid-line", flush=True)
+        sys.stdin.read()  # wait here, half a line written, until killed
+    count += 1
+    return written + real_write(fd, data[half:])
+
+os.write = split_write
+session = JsonlSession(path, fsync="always")
+i = 0
+while True:
+    session.append_message(make_message(i))
+    i += 1
+'''
+)
+
+
+def _start_writer(path: Path, mode: str, stall_at: int = -1) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), mode, str(stall_at)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert proc.poll() is not None
+
+
+def _check_recovered(path: Path) -> LoadedSession:
+    data = path.read_bytes()
+    committed = data.count(b"\n")
+    torn = not data.endswith(b"\n")
+    loaded = JsonlSession(path).load()
+    assert len(loaded.warnings) == int(torn)
+    assert loaded.messages[:committed] == [make_message(i) for i in range(committed)]
+    assert len(loaded.messages) == committed + ((committed - 1) % 3 == 1)  # + a synthetic result
+    assert len(loaded.repairs) == ((committed - 1) % 3 == 1)
+    assert validate_transcript(loaded.messages) == []
+    return loaded
+
+
+def test_sigkill_mid_line_tears_only_the_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with _start_writer(path, "stall", stall_at=50) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"mid-line\n"  # the child is half-way through line 51
+        finally:
+            _kill(proc)
+    assert path.read_bytes().count(b"\n") == 50
+    loaded = _check_recovered(path)
+    assert len(loaded.warnings) == 1 and len(loaded.repairs) == 1  # message 49 is a tool_use
+
+
+def test_sigkill_while_writing_flat_out(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with _start_writer(path, "run") as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while not path.exists() or path.read_bytes().count(b"\n") < 300:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.001)
+        finally:
+            _kill(proc)
+    _check_recovered(path)
+
+
+def _session_bytes() -> tuple[bytes, list[int]]:
+    """A session file of messages and events, and the offsets where each line ends."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.jsonl"
+        with JsonlSession(path, fsync="never") as session:
+            for i in range(24):
+                session.append_message(make_message(i))
+                if i % 5 == 0:
+                    session.append_event(TurnEnded(reason="completed", turns=i))
+        data = path.read_bytes()
+    ends = [i + 1 for i, b in enumerate(data) if b == ord("\n")]
+    return data, ends
+
+
+SESSION_BYTES, LINE_ENDS = _session_bytes()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(min_value=0, max_value=len(SESSION_BYTES)))
+def test_a_tear_at_any_byte_loses_only_the_torn_line(cut: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.jsonl"
+        path.write_bytes(SESSION_BYTES[:cut])
+        loaded = JsonlSession(path).load()
+    complete = sum(end <= cut for end in LINE_ENDS)
+    torn = cut not in (0, *LINE_ENDS)
+    assert len(loaded.warnings) == int(torn)
+    lines = SESSION_BYTES.split(b"\n")[:complete]
+    prefix = b'{"type":"message","message":'
+    expected = [Message.model_validate_json(ln[len(prefix) : -1]) for ln in lines if ln.startswith(prefix)]
+    assert loaded.messages[: len(expected)] == expected
+    assert validate_transcript(loaded.messages) == []
+    assert len(loaded.events) == sum(line.startswith(b'{"type":"event"') for line in lines)

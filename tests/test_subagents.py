@@ -1,0 +1,146 @@
+"""SPEC §9: subagents share the model and tools, follow the parent's abort, keep their own transcript."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentloop import (
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextDelta,
+    ToolCallFinished,
+    ToolContext,
+    TurnEnded,
+    delegate_tool,
+    tool,
+    validate_transcript,
+)
+from tests.helpers import collect
+
+
+def delegate(task: str) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": task})])
+
+
+async def test_subagent_shares_model_and_tools_and_keeps_its_own_transcript() -> None:
+    @tool
+    async def lookup() -> str:
+        return "42"
+
+    model = ScriptedModel([
+        delegate("find the answer"),
+        ScriptedResponse(tool_calls=[ScriptedToolCall("lookup", {})]),  # the child's first request
+        "The answer is 42.",  # the child's final answer
+        "Parent: the subagent says 42.",
+    ])
+    engine = QueryEngine(model, tools=[lookup, delegate_tool()], policies=[])
+    events = await collect(engine, "ask a subagent")
+    child_events = [e for e in events if e.agent_id == "sub-1"]
+    assert child_events and all(e.agent_id == "sub-1" for e in child_events)
+    assert any(isinstance(e, ToolCallFinished) and e.result.text == "42" for e in child_events)
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert result.text == "The answer is 42." and not result.is_error
+    assert not any(r.text == "42" for m in engine.messages for r in m.tool_results)  # kept apart
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_parent_abort_aborts_the_child_with_the_same_reason_and_lists_it() -> None:
+    model = ScriptedModel([delegate("long job"), ScriptedResponse(text="child working " * 50, chunk=2, delay=0.001)])
+    engine = QueryEngine(model, tools=[delegate_tool()], policies=[])
+    child_reasons: list[str | None] = []
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TextDelta) and ev.agent_id == "sub-1" and not child_reasons:
+            child_reasons.append(None)
+            engine.interrupt("cancel")
+        if isinstance(ev, TurnEnded) and ev.agent_id == "sub-1":
+            child_reasons[0] = ev.abort_reason
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.agent_id is None
+    assert end.reason == "aborted_tools" and end.aborted_subagents == ("sub-1",)
+    assert child_reasons == ["cancel"]
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert "stopped while it was running" in result.text
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_child_abort_leaves_the_parent_running_with_a_clear_error_result() -> None:
+    model = ScriptedModel([
+        delegate("job"),
+        ScriptedResponse(text="child text " * 50, chunk=2, delay=0.001),
+        "Parent continues after the failed subagent.",
+    ])
+    engine = QueryEngine(model, tools=[delegate_tool()], policies=[])
+    children: list[QueryEngine] = []
+    original = engine.subagent
+
+    def spy(**kw: object) -> QueryEngine:
+        child = original(**kw)  # type: ignore[arg-type]
+        children.append(child)
+        return child
+
+    engine.subagent = spy  # type: ignore[method-assign]
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta) and ev.agent_id == "sub-1" and children[0].running:
+            children[0].interrupt("child_only")
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert result.is_error and "sub-1 stopped before finishing" in result.text and "child_only" in result.text
+    assert validate_transcript(children[0].messages) == []
+
+
+async def test_main_only_hooks_run_only_when_the_main_engine_is_interrupted() -> None:
+    calls: list[str] = []
+    model = ScriptedModel([ScriptedResponse(text="abcdefghij" * 10, chunk=2)] * 3)
+    engine = QueryEngine(model, policies=[])
+    engine.on_abort(lambda r: calls.append("main-only:" + r), main_only=True)
+    engine.on_abort(lambda r: calls.append("any:" + r))
+    child = engine.subagent(agent_id="c1")
+    async for ev in child.run("child"):
+        if isinstance(ev, TextDelta):
+            child.interrupt("child_cancel")
+    assert calls == ["any:child_cancel"]
+    async for ev in engine.run("main"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("main_cancel")
+    assert calls == ["any:child_cancel", "main-only:main_cancel", "any:main_cancel"]
+
+
+def _gate_tool(gate: asyncio.Event):  # type: ignore[no-untyped-def]
+    @tool
+    async def wait_for_gate(ctx: ToolContext) -> str:
+        await gate.wait()
+        return "background finished"
+
+    return wait_for_gate
+
+
+async def test_background_subagent_is_kept_or_aborted_by_the_engine_setting() -> None:
+    for setting, survives in (("keep", True), ("abort", False)):
+        gate = asyncio.Event()
+        wait_for_gate = _gate_tool(gate)
+
+        child_model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("wait_for_gate", {})]), "bg done"])
+        engine = QueryEngine(
+            ScriptedModel([ScriptedResponse(text="main " * 40, chunk=2)]),
+            tools=[wait_for_gate],
+            policies=[],
+            background_subagents=setting,  # type: ignore[arg-type]
+        )
+        bg_task = None
+        async for ev in engine.run("go"):
+            if bg_task is None:
+                child = engine.subagent(agent_id="bg", model=child_model)
+                bg_task = engine.start_background(child, "background work")
+            elif isinstance(ev, TextDelta):
+                await asyncio.sleep(0)
+                engine.interrupt()
+        gate.set()
+        assert bg_task is not None
+        events = await bg_task
+        end = events[-1]
+        assert isinstance(end, TurnEnded)
+        assert (end.reason == "completed") is survives, (setting, end)
