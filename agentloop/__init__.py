@@ -57,6 +57,14 @@ from ._signals import DoomLoopSignal
 from ._subagent import delegate_tool
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
 from ._transcript import repair_transcript, validate_transcript
+from .models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
+from .policies import (
+    ConservativeDoomLoopPolicy,
+    DoomLoopPolicy,
+    IdenticalToolCallRun,
+    RepetitionDetector,
+    StationarityPolicy,
+)
 
 __version__ = "0.1.0"
 
@@ -66,19 +74,25 @@ __all__ = [
     "AbortSignal",
     "AgentloopError",
     "Allow",
+    "AnthropicModel",
     "AssistantMessage",
     "AttemptDiscarded",
     "Block",
+    "ConservativeDoomLoopPolicy",
     "Deny",
     "DoomLoopDetected",
+    "DoomLoopPolicy",
     "DoomLoopSignal",
     "Event",
+    "IdenticalToolCallRun",
     "InterjectionDropped",
     "InterjectionInjected",
     "Message",
     "Model",
     "ModelError",
     "ModelRequest",
+    "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "PermissionCallback",
     "PermissionRequested",
     "Policy",
@@ -88,11 +102,13 @@ __all__ = [
     "ProviderError",
     "QueryEngine",
     "RedactedThinkingBlock",
+    "RepetitionDetector",
     "Resampling",
     "Retrying",
     "ScriptedModel",
     "ScriptedResponse",
     "ScriptedToolCall",
+    "StationarityPolicy",
     "StreamProtocolError",
     "TerminalReason",
     "TextBlock",

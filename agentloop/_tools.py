@@ -70,7 +70,7 @@ class Tool:
     ``timeout``: seconds before the call is cancelled with an error result.
     ``stationarity``: "tight" tools (file reads, todo lists) get the stricter
     repeated-call thresholds. ``poller``: a repeated call whose result changes
-    counts as progress. ``keepalive``: input values that mark a no-op call.
+    counts as progress.
     """
 
     __slots__ = (

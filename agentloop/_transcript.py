@@ -9,7 +9,9 @@ R3  no duplicate tool_result for one id, and no duplicate tool_use id;
 R4  no empty message, and no empty or whitespace-only text block;
 R5  the final message, when it is the assistant's, does not end with whitespace;
 R6  no thinking block without a signature;
-R7  no tool_use whose input never completed.
+R7  no tool_use whose input never completed;
+R8  each block in a message of the right role: tool_use and thinking only from
+    the assistant, tool_result only from the user.
 
 `repair_transcript` fixes each violation deterministically. It is idempotent and
 leaves a valid transcript untouched (same objects, same order), so a repaired
@@ -58,6 +60,17 @@ def _blank(block: Block) -> bool:
     return isinstance(block, TextBlock) and not block.text.strip()
 
 
+_ASSISTANT_ONLY = ("tool_use", "thinking", "redacted_thinking")
+
+
+def _misplaced(block: Block, role: str) -> str | None:
+    if role == "user" and block.type in _ASSISTANT_ONLY:
+        return f"{block.type} block inside a user message"
+    if role == "assistant" and block.type == "tool_result":
+        return "tool_result inside an assistant message"
+    return None
+
+
 def _droppable(block: Block) -> str | None:
     """Why a block may never be sent, or None."""
     if isinstance(block, TextBlock) and not block.text.strip():
@@ -99,7 +112,7 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
         if not msg.content:
             out.append(f"{where}: empty message")
         for block in msg.content:
-            why = _droppable(block)
+            why = _droppable(block) or _misplaced(block, msg.role)
             if why is not None:
                 out.append(f"{where}: {why}")
         if expected:
@@ -109,12 +122,10 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
             out.extend(
                 f"{where}: tool_result for {block.tool_use_id!r} has no tool_use in the message just before it"
                 for block in msg.content
-                if isinstance(block, ToolResultBlock)
+                if isinstance(block, ToolResultBlock) and msg.role == "user"
             )
         if msg.role == "assistant":
             for block in msg.content:
-                if isinstance(block, ToolResultBlock):
-                    out.append(f"{where}: tool_result inside an assistant message")
                 if isinstance(block, ToolUseBlock):
                     if block.id in seen_use:
                         out.append(f"{where}: duplicate tool_use id {block.id!r}")
@@ -204,13 +215,11 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message
     for i, msg in enumerate(messages):
         kept: list[Block] = []
         for block in msg.content:
-            why = _droppable(block)
+            why = _droppable(block) or _misplaced(block, msg.role)
             if why is None and isinstance(block, ToolUseBlock):
                 if block.id in seen_use:
                     why = f"duplicate tool_use id {block.id!r}"
                 seen_use.add(block.id)
-            if why is None and isinstance(block, ToolResultBlock) and msg.role == "assistant":
-                why = f"tool_result for {block.tool_use_id!r} inside an assistant message"
             if why is None:
                 kept.append(block)
             else:

@@ -118,6 +118,12 @@ def test_rule_incomplete_tool_use() -> None:
     only([u(T(text="q")), a(T(text="y"), use("1", complete=False))], "never completed")
 
 
+def test_rule_blocks_in_the_wrong_role() -> None:
+    only([u(T(text="q"), use("1"))], "tool_use block inside a user message")
+    only([u(T(text="q")), a(T(text="x"), res("1"))], "tool_result inside an assistant message")
+    only([u(T(text="q"), ThinkingBlock(thinking="t", signature="s"))], "thinking block inside a user message")
+
+
 def test_repair_synthesizes_a_result_saying_what_happened() -> None:
     changes: list[str] = []
     fixed = repair_transcript([u(T(text="q")), a(use("1", "bash"))], changes=changes)

@@ -1,0 +1,61 @@
+"""``python -m agentloop`` (and the ``agentloop`` console script)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentloop", description="agentloop command line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo",
+        help="an interactive agent you can interrupt and steer (offline by default)",
+        description="An interactive coding agent on ScriptedModel: interrupt it with Ctrl-C, steer it by "
+        "typing, send a message now with !text. See /help inside.",
+    )
+    demo.add_argument(
+        "--provider",
+        choices=["anthropic", "openai", "openai-responses", "openai-compatible"],
+        help="run against a real endpoint instead of the scripted model",
+    )
+    demo.add_argument("--model", help="the model name for --provider")
+    demo.add_argument("--base-url", help="the endpoint for --provider (required for openai-compatible)")
+    demo.add_argument(
+        "--script",
+        metavar="FILE|builtin",
+        help="play a scenario of host actions (JSON, see agentloop/demo/scenario.py) instead of the keyboard",
+    )
+    demo.add_argument("--speed", type=float, default=1.0, help="speed factor for the scripted model (default 1)")
+    demo.add_argument("--plain", action="store_true", help="no colour, no status line")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command != "demo":
+        _parser().print_help()
+        return 2
+    if args.speed <= 0:
+        print("agentloop demo: --speed must be positive", file=sys.stderr)
+        return 2
+    from .demo import Options, run
+
+    opts = Options(
+        provider=args.provider,
+        model=args.model,
+        base_url=args.base_url,
+        script=args.script,
+        speed=args.speed,
+        plain=args.plain,
+    )
+    return run(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

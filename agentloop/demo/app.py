@@ -1,0 +1,165 @@
+"""Wiring: the model (scripted or a real provider), the engine, the terminal, the session.
+
+`run(options)` is what ``python -m agentloop demo`` calls; it returns the exit
+status: 0 when the final transcript is valid, 1 when it is not (or a scenario
+got stuck), 2 for a usage error (a missing provider or API key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+from .._engine import QueryEngine
+from .._model import Model
+from .._scripted import ScriptedModel
+from .host import Host
+from .keyboard import HELP, LineReader, parse
+from .project import Project, make_permission, make_tools
+from .render import Renderer
+from .scenario import Player, Scenario, ScenarioError, load
+from .screen import Screen
+from .story import Story
+
+__all__ = ["DemoError", "Options", "build_model", "run"]
+
+FIRST_PROMPT = "Fix the failing test in utils.py"
+SYSTEM = (
+    "You are a coding assistant working on a tiny Python project through the tools you are given. "
+    "Be brief. Use run_tests to check your work."
+)
+# provider -> (class name in agentloop.models, API key variable, default model)
+PROVIDERS: dict[str, tuple[str, str, str]] = {
+    "anthropic": ("AnthropicModel", "ANTHROPIC_API_KEY", "claude-sonnet-4-5"),
+    "openai": ("OpenAIChatModel", "OPENAI_API_KEY", "gpt-4.1-mini"),
+    "openai-responses": ("OpenAIResponsesModel", "OPENAI_API_KEY", "gpt-4.1-mini"),
+    "openai-compatible": ("OpenAIChatModel", "", "default"),
+}
+
+
+class DemoError(Exception):
+    """A usage error, reported as one line with exit status 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    provider: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+    script: str | None = None
+    speed: float = 1.0
+    plain: bool = False
+
+
+def build_model(opts: Options) -> Model:
+    """The scripted model, or a provider's model imported lazily. Raises DemoError."""
+    if opts.provider is None:
+        story = Story(delay=0.03 / opts.speed)
+        return ScriptedModel([story], cycle=True, record=False)
+    if opts.provider not in PROVIDERS:
+        raise DemoError(f"unknown provider {opts.provider!r}: choose one of {', '.join(PROVIDERS)}")
+    cls_name, key_var, default_model = PROVIDERS[opts.provider]
+    try:
+        from .. import models
+
+        cls = getattr(models, cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise DemoError(f"provider {opts.provider!r} is not available in this install ({exc})") from None
+    if opts.provider == "openai-compatible" and not opts.base_url:
+        raise DemoError("--provider openai-compatible needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    if key_var and not os.environ.get(key_var) and not opts.base_url:
+        raise DemoError(f"{key_var} is not set: export it, or run the offline demo without --provider")
+    model: Model = cls(opts.model or default_model, base_url=opts.base_url)
+    return model
+
+
+def build_engine(model: Model, speed: float) -> QueryEngine:
+    project = Project(test_pause=0.5 / speed)
+    return QueryEngine(
+        model,
+        tools=make_tools(project, poll_pause=0.15 / speed),
+        system=SYSTEM,
+        permission=make_permission(0.4 / speed),
+        max_turns=40,
+    )
+
+
+def run(opts: Options, out: TextIO | None = None) -> int:
+    """Run the demo; returns the exit status (see the module docstring)."""
+    stream = out or sys.stdout
+    try:
+        model = build_model(opts)
+        scenario = load(opts.script) if opts.script else None
+    except (DemoError, ScenarioError) as exc:
+        print(f"agentloop demo: {exc}", file=sys.stderr)
+        return 2
+    screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
+    try:
+        return asyncio.run(_session(model, screen, opts, scenario))
+    except KeyboardInterrupt:  # Ctrl-C before the handler was installed, or after it was removed
+        return 130
+    finally:
+        screen.stop()
+
+
+async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
+    loop = asyncio.get_running_loop()
+    renderer = Renderer(screen, asks=frozenset({"edit_file"}))
+    host = Host(build_engine(model, opts.speed), renderer)
+    reader: LineReader | None = None
+    _install_signals(loop, host, screen)
+    screen.start()
+    try:
+        if scenario is not None:
+            player = Player(host, scenario)
+            player.begin()
+            try:
+                await asyncio.wait_for(player.finished.wait(), scenario.timeout)
+            except TimeoutError:
+                renderer.note(f"[script] timed out after {scenario.timeout:g}s", "red")
+                player.stuck = True
+            stuck = player.stuck
+        else:
+            renderer.note(f"agentloop demo: {_what(opts)}", "bold")
+            renderer.note(HELP)
+            reader = LineReader(loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), host.quit)
+            reader.start()
+            host.start(FIRST_PROMPT)  # something happens at once, until the user types
+            await host.exit.wait()
+            stuck = False
+        await host.close()
+    finally:
+        if reader is not None:
+            reader.stop()
+        _remove_signals(loop)
+        screen.stop()
+        close = getattr(model, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+    valid = host.summary()
+    return 0 if valid and not stuck else 1
+
+
+def _what(opts: Options) -> str:
+    if opts.provider is None:
+        return "a scripted coding agent (ScriptedModel, offline, no API key)"
+    return f"{opts.provider} ({opts.model or PROVIDERS[opts.provider][2]})"
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop, host: Host, screen: Screen) -> None:
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, host.sigint)
+        loop.add_signal_handler(signal.SIGTERM, host.quit)
+        loop.add_signal_handler(signal.SIGWINCH, screen.resized)
+
+
+def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGWINCH):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,163 @@
+"""The host: what a person (or a scenario) does to a running `QueryEngine`.
+
+Every action is one of the engine's plain, thread-safe control calls:
+Ctrl-C is ``engine.interrupt("cancel")``, a typed line is
+``engine.interject`` (steer) or ``engine.follow_up`` (queue), ``!text`` is
+``engine.send_now``. A turn runs in its own task that drains ``engine.run()``
+into the `Renderer`; the host itself never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Literal
+
+from .._engine import QueryEngine
+from .._events import Event
+from .._transcript import validate_transcript
+from .keyboard import HELP, Input
+from .render import Renderer, format_transcript
+
+__all__ = ["Host"]
+
+
+class Host:
+    """Runs turns of ``engine`` and routes the user's input to it."""
+
+    def __init__(self, engine: QueryEngine, renderer: Renderer, *, mode: Literal["steer", "queue"] = "steer") -> None:
+        self.engine = engine
+        self.r = renderer
+        self.mode: Literal["steer", "queue"] = mode
+        self.task: asyncio.Task[None] | None = None
+        self.exit = asyncio.Event()
+        self.on_event: Callable[[Event], None] | None = None
+        self.on_idle: Callable[[], None] | None = None
+        self._idle_sigint = False
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    # -- turns -------------------------------------------------------------------------
+
+    def start(self, prompt: str | None) -> None:
+        """Start a run on ``prompt`` (None: run what the inbox holds)."""
+        if self.busy:
+            self.engine.follow_up(prompt or "")
+            return
+        self._idle_sigint = False
+        self.task = asyncio.get_running_loop().create_task(self._drive(prompt), name="agentloop-demo-run")
+        self.task.add_done_callback(self._ran)
+
+    async def _drive(self, prompt: str | None) -> None:
+        try:
+            async for event in self.engine.run(prompt):
+                self.r.show(event)
+                if self.on_event is not None:
+                    self.on_event(event)
+        except Exception as exc:  # a host keeps going: show it, stay usable
+            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        queued = len(self.engine.inbox.follow_ups)
+        hint = f"{queued} queued message(s): press Enter to run" if queued else "type a message, /help, Ctrl-D to exit"
+        self.r.idle(hint)
+        if self.on_idle is not None:
+            self.on_idle()
+
+    async def close(self) -> None:
+        """Stop the run in progress (reason "quit") and wait for it to settle."""
+        if self.task is not None:
+            if not self.task.done():
+                self.engine.interrupt("quit")
+            await self.task
+
+    # -- input ----------------------------------------------------------------------------
+
+    def handle(self, item: Input) -> None:
+        if item.kind == "command":
+            self.command(item.text, item.arg)
+        elif item.kind == "send_now":
+            self.send_now(item.text) if item.text else self.r.note("usage: !text sends text now", "dim")
+        elif item.kind == "message":
+            self.message(item.text)
+        elif not self.busy and self.engine.inbox.follow_ups:
+            self.start(None)
+
+    def message(self, text: str) -> None:
+        if not self.busy:
+            self.start(text)  # the turn header shows the prompt
+        elif self.mode == "steer":
+            self.r.note(f"you (steer): {text}  -> engine.interject, delivered at the next safe point", "magenta")
+            self.r.stats.steers += 1
+            self.engine.interject(text)
+        else:
+            self.r.note(f"you (queued): {text}  -> engine.follow_up, runs when this turn completes", "magenta")
+            self.engine.follow_up(text)
+
+    def send_now(self, text: str) -> None:
+        self.r.note(f"you (send now): {text}  -> engine.send_now", "magenta")
+        if self.busy:
+            self.engine.send_now(text)
+        else:
+            self.start(text)
+
+    def command(self, name: str, arg: str) -> None:
+        if name in ("quit", "exit", "q"):
+            self.quit()
+        elif name == "help":
+            self.r.note(HELP)
+        elif name == "mode":
+            if arg in ("steer", "queue"):
+                self.mode = arg  # type: ignore[assignment]  # checked just above
+            elif arg:
+                self.r.note("usage: /mode steer|queue", "red")
+                return
+            self.r.note(f"typing while the agent works will {'steer it' if self.mode == 'steer' else 'queue a turn'}")
+        elif name == "transcript":
+            self.print_transcript()
+        else:
+            self.r.note(f"unknown command /{name}: try /help", "red")
+
+    def print_transcript(self) -> None:
+        msgs = self.engine.messages
+        self.r.note(f"transcript ({len(msgs)} messages):", "bold")
+        for line in format_transcript(msgs):
+            self.r.screen.line(line)
+
+    def sigint(self) -> None:
+        """Ctrl-C: cancel the turn; when idle, a hint, and a second one exits."""
+        if self.busy:
+            self.r.note("^C cancel -> engine.interrupt('cancel')", "yellow")
+            self.engine.interrupt("cancel")
+        elif self._idle_sigint:
+            self.quit()
+        else:
+            self._idle_sigint = True
+            self.r.note("(idle: Ctrl-C again or Ctrl-D to exit)", "dim")
+
+    def quit(self) -> None:
+        if self.busy:
+            self.engine.interrupt("quit")
+        self.exit.set()
+
+    # -- the end ------------------------------------------------------------------------
+
+    def summary(self) -> bool:
+        """Print the exit summary and the final transcript; True when the transcript is valid."""
+        st = self.r.stats
+        problems = validate_transcript(self.engine.messages)
+        terminals = ", ".join(f"{k} x{v}" for k, v in sorted(st.terminals.items())) or "none"
+        self.r.note("\u2500\u2500 summary \u2500\u2500", "bold")
+        self.r.note(
+            f"turns: {st.turns}   tool calls: {st.tool_calls}   interrupts: {st.interrupts}   "
+            f"doom loops cut: {st.doom_loops}   nudges: {st.nudges}   steers: {st.steers}"
+        )
+        self.r.note(f"terminals: {terminals}")
+        self.print_transcript()
+        if problems:
+            self.r.note("transcript INVALID: " + "; ".join(problems), "red", "bold")
+        else:
+            self.r.note("transcript valid (validate_transcript(engine.messages) == [])", "green", "bold")
+        return not problems

@@ -1,0 +1,119 @@
+"""Keyboard input without blocking the event loop.
+
+`LineReader` watches a file descriptor with ``loop.add_reader`` (TTYs, pipes)
+and falls back to a daemon thread feeding ``loop.call_soon_threadsafe`` where
+the selector cannot watch it (a regular file). It reads with ``os.read`` on the
+raw descriptor, never through ``sys.stdin``'s buffered object, so an
+abandoned thread holds no interpreter lock at exit.
+
+`parse` turns a typed line into an `Input`: a command (``/help``), a send-now
+message (``!text``) or a plain message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["HELP", "Input", "LineReader", "parse"]
+
+HELP = """\
+keys     Ctrl-C  cancel the running turn (when idle: press it again to exit)
+         Ctrl-D  exit (the summary and the final transcript are printed)
+typing   while the agent works, a line steers it (/mode steer, the default:
+         engine.interject) or waits for the turn to end (/mode queue:
+         engine.follow_up); when idle, a line starts a new turn.
+         !text   stop the current turn and send text now (engine.send_now)
+commands /help  /mode steer|queue  /transcript  /quit"""
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    kind: Literal["command", "send_now", "message", "empty"]
+    text: str
+    arg: str = ""
+
+
+def parse(line: str) -> Input:
+    """Classify one typed line."""
+    text = line.strip()
+    if not text:
+        return Input("empty", "")
+    if text.startswith("/"):
+        name, _, arg = text[1:].partition(" ")
+        return Input("command", name.lower(), arg.strip())
+    if text.startswith("!"):
+        return Input("send_now", text[1:].strip())
+    return Input("message", text)
+
+
+class LineReader:
+    """Calls ``on_line(text)`` per complete line and ``on_eof()`` once at end of input."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fd: int,
+        on_line: Callable[[str], None],
+        on_eof: Callable[[], None],
+    ) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._on_line = on_line
+        self._on_eof = on_eof
+        self._buf = b""
+        self._watching = False
+        self._closed = False
+
+    def start(self) -> None:
+        try:
+            self._loop.add_reader(self._fd, self._readable)
+            self._watching = True
+        except (OSError, ValueError, NotImplementedError):
+            threading.Thread(target=self._pump, name="agentloop-demo-stdin", daemon=True).start()
+
+    def stop(self) -> None:
+        self._closed = True
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._fd)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:  # e.g. EIO when the terminal went away
+            data = b""
+        self._feed(data)
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self._fd, 4096)
+            except OSError:
+                data = b""
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                self._loop.call_soon_threadsafe(self._feed, data)
+            if not data:
+                return
+
+    def _feed(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if not data:
+            rest, self._buf = self._buf, b""
+            if rest.strip():
+                self._on_line(rest.decode("utf-8", "replace"))
+            self.stop()
+            self._on_eof()
+            return
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self._on_line(line.decode("utf-8", "replace"))

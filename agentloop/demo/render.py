@@ -1,0 +1,218 @@
+"""Events to readable lines: the demo's view of a running engine.
+
+`Renderer.show(event)` prints one event (streamed deltas inline, everything
+else on a line of its own), keeps the status line current and counts what the
+exit summary reports. `format_transcript` prints `engine.messages`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .._events import (
+    AttemptDiscarded,
+    DoomLoopDetected,
+    Event,
+    InterjectionDropped,
+    InterjectionInjected,
+    PermissionRequested,
+    PolicyNudge,
+    Resampling,
+    Retrying,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnEnded,
+    TurnStarted,
+)
+from .._messages import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from .screen import Screen
+
+__all__ = ["Renderer", "Stats", "format_transcript", "short"]
+
+
+def short(text: str, limit: int = 100) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[: limit - 1] + "\u2026"
+
+
+def call_text(use: ToolUseBlock) -> str:
+    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in use.input.items())
+    return short(f"{use.name}({args})", 90)
+
+
+@dataclass
+class Stats:
+    """What the exit summary reports."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    interrupts: int = 0
+    doom_loops: int = 0
+    nudges: int = 0
+    steers: int = 0
+    terminals: Counter[str] = field(default_factory=Counter)
+
+
+class Renderer:
+    """Prints events on a `Screen` and keeps its status line up to date."""
+
+    def __init__(self, screen: Screen, *, asks: frozenset[str] = frozenset()) -> None:
+        """``asks``: the tools whose permission prompt is worth a line (others only show in the status)."""
+        self.screen = screen
+        self.asks = asks
+        self.s = screen.style
+        self.stats = Stats()
+        self._channel: str | None = None  # the delta stream in progress
+        self._running: dict[str, str] = {}  # tool_use_id -> name
+        self._asking: set[str] = set()
+
+    def note(self, text: str, *style: str) -> None:
+        """A line from the host (not an event)."""
+        self._channel = None
+        self.screen.line(self.s(text, *style))
+
+    def show(self, event: Event) -> None:
+        if isinstance(event, TextDelta | ThinkingDelta):
+            self._delta(event)
+            return
+        self._channel = None
+        self._line(event)
+        self.screen.status(self.status())
+
+    def status(self) -> str:
+        if self._asking:
+            return "waiting for permission"
+        if self._running:
+            n = len(self._running)
+            return f"{n} tool{'s' if n > 1 else ''} running: {', '.join(sorted(set(self._running.values())))}"
+        if self._channel is not None:
+            return f"streaming {self._channel}"
+        return "working"
+
+    def idle(self, hint: str = "") -> None:
+        self._running.clear()
+        self._asking.clear()
+        self._channel = None
+        self.screen.status("idle" + (f" \u2014 {hint}" if hint else ""))
+
+    def _delta(self, event: TextDelta | ThinkingDelta) -> None:
+        channel = "text" if isinstance(event, TextDelta) else "thinking"
+        chunk = event.text if isinstance(event, TextDelta) else event.thinking
+        head = ""
+        if channel != self._channel:
+            self._channel = channel
+            self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
+            head = self.s("assistant: ", "bold") if channel == "text" else self.s("thinking: ", "dim")
+            head = ("" if self.screen.at_line_start else "\n") + head
+        self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
+
+    def _line(self, event: Event) -> None:
+        text = self._describe(event)
+        if text:
+            self.screen.line(text)
+
+    def _describe(self, ev: Event) -> str | None:
+        s = self.s
+        if isinstance(ev, TurnStarted):
+            self.stats.turns += 1
+            who = short(ev.prompt.text, 200) if ev.prompt is not None else "(resuming)"
+            return s(f"\u2500\u2500 turn {self.stats.turns} \u2500\u2500 you: ", "bold", "magenta") + who
+        if isinstance(ev, PermissionRequested):
+            self._asking.add(ev.tool_use.id)
+            if ev.tool_use.name not in self.asks:
+                return None
+            return s(f"? permission asked for {call_text(ev.tool_use)} (the demo allows it after a moment)", "yellow")
+        if isinstance(ev, ToolCallStarted):
+            self._asking.discard(ev.tool_use.id)
+            self._running[ev.tool_use.id] = ev.tool_use.name
+            self.stats.tool_calls += 1
+            return s("\u2699 ", "cyan") + s(call_text(ev.tool_use), "cyan")
+        if isinstance(ev, ToolCallFinished):
+            return self._finished(ev)
+        if isinstance(ev, InterjectionInjected):
+            return s(f"\u21aa steer delivered to the model: {'; '.join(short(t, 80) for t in ev.texts)}", "magenta")
+        if isinstance(ev, InterjectionDropped):
+            return s(f"\u21aa not delivered (the turn ended: {ev.reason}): {'; '.join(ev.texts)}", "yellow")
+        if isinstance(ev, PolicyNudge):
+            self.stats.nudges += 1
+            return s(f"\u2691 stationarity nudge from {ev.policy}: {short(ev.reminder, 120)}", "yellow")
+        if isinstance(ev, DoomLoopDetected):
+            self.stats.doom_loops += ev.action == "resample"
+            sig = ", ".join(str(x) for x in ev.signals)
+            verdict = "cut the stream, resampling" if ev.action == "resample" else ev.action
+            return s(f"\u26a0 doom loop detected [{sig}] by {ev.policy or 'policy'}: {verdict}", "yellow", "bold")
+        if isinstance(ev, AttemptDiscarded):
+            n = ev.text_chars + ev.thinking_chars
+            return s(f"  (the looping attempt was discarded: {n} characters dropped from history)", "dim")
+        if isinstance(ev, Resampling):
+            return s(f"\u21bb resampling (attempt {ev.attempt}) with a recovery reminder", "yellow")
+        if isinstance(ev, Retrying):
+            return s(f"\u21bb retrying in {ev.delay:.1f}s (attempt {ev.attempt}): {short(ev.error, 80)}", "yellow")
+        if isinstance(ev, TurnEnded):
+            return self._ended(ev)
+        return None
+
+    def _finished(self, ev: ToolCallFinished) -> str:
+        self._running.pop(ev.tool_use.id, None)
+        self._asking.discard(ev.tool_use.id)
+        body = short(ev.result.text, 110)
+        if ev.synthetic:
+            return self.s(f"  \u2298 {ev.tool_use.name}: {body}", "yellow")
+        if ev.result.is_error:
+            return self.s(f"  \u2717 {ev.tool_use.name}: {body}", "red")
+        return self.s("  \u2713 ", "green") + self.s(f"{ev.tool_use.name}: {body}", "dim")
+
+    def _ended(self, ev: TurnEnded) -> str:
+        self.stats.terminals[ev.reason] += 1
+        self._running.clear()
+        self._asking.clear()
+        extra = ""
+        if ev.abort_reason is not None:
+            self.stats.interrupts += 1
+            extra = f" (interrupted: {ev.abort_reason})"
+        if ev.detail:
+            extra += f": {short(ev.detail, 100)}"
+        if ev.error:
+            extra += f": {short(ev.error, 100)}"
+        colour = "green" if ev.reason == "completed" else "yellow"
+        return self.s(f"\u25a0 turn ended: {ev.reason}{extra}", colour, "bold")
+
+
+def _block(block: object) -> str:
+    if isinstance(block, TextBlock):
+        return short(block.text, 160)
+    if isinstance(block, ThinkingBlock):
+        return "[thinking] " + short(block.thinking, 100)
+    if isinstance(block, RedactedThinkingBlock):
+        return "[redacted thinking]"
+    if isinstance(block, ToolUseBlock):
+        return f"[tool_use {block.id}] {call_text(block)}"
+    if isinstance(block, ToolResultBlock):
+        flag = " error" if block.is_error else ""
+        return f"[tool_result {block.tool_use_id}{flag}] {short(block.text, 100)}"
+    return repr(block)
+
+
+def format_transcript(messages: Sequence[Message]) -> list[str]:
+    """One header line per message, one indented line per block."""
+    lines: list[str] = []
+    for i, m in enumerate(messages, 1):
+        flags = [f for f, on in (("partial", m.partial), ("synthetic", m.synthetic)) if on]
+        if m.kind:
+            flags.append(m.kind)
+        lines.append(f"{i:3d}. {m.role}" + (f" ({', '.join(flags)})" if flags else ""))
+        lines += [f"       {_block(b)}" for b in m.content]
+    return lines

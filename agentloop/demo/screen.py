@@ -1,0 +1,128 @@
+"""The terminal: colours, a status line pinned to the bottom row, and a clean exit.
+
+On a TTY the status line lives on the last row, outside a scroll region
+(DECSTBM) that holds everything else, so streamed text never overwrites it.
+Piped output (or ``--plain``) gets neither the status line nor any escape
+sequence; ``NO_COLOR`` (https://no-color.org) removes the colours only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TextIO
+
+__all__ = ["Screen", "Style"]
+
+_CODES = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+}
+
+
+class Style:
+    """ANSI styling, or none at all."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str, *names: str) -> str:
+        if not self.enabled or not names or not text:
+            return text
+        codes = ";".join(_CODES[n] for n in names)
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+
+class Screen:
+    """Writes output; keeps track of the cursor column and of the status line."""
+
+    def __init__(self, out: TextIO, *, tty: bool, color: bool) -> None:
+        self.out = out
+        self.tty = tty
+        self.style = Style(color)
+        self.at_line_start = True
+        self._status = ""
+        self._rows = 0
+        self._drawn = False
+
+    @classmethod
+    def for_stream(cls, out: TextIO, *, plain: bool = False) -> Screen:
+        tty = not plain and out.isatty() and os.environ.get("TERM", "") != "dumb"
+        color = tty and not os.environ.get("NO_COLOR")
+        return cls(out, tty=tty, color=color)
+
+    # -- output -----------------------------------------------------------------
+
+    def write(self, text: str) -> None:
+        """Write ``text`` as is (streamed deltas)."""
+        if not text:
+            return
+        self.out.write(text)
+        self.at_line_start = text.endswith("\n")
+        self.out.flush()
+
+    def line(self, text: str = "") -> None:
+        """Write ``text`` on a line of its own, in one write."""
+        prefix = "" if self.at_line_start else "\n"
+        self.out.write(f"{prefix}{text}\n")
+        self.at_line_start = True
+        self.out.flush()
+
+    # -- the status line -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Reserve the bottom row for the status line (TTY only)."""
+        if not self.tty:
+            return
+        rows = shutil.get_terminal_size((0, 0)).lines
+        if rows < 4:
+            self.tty = False
+            return
+        self._rows = rows
+        # The region's bottom is the row above the status; keep the cursor at its end.
+        self.out.write(f"\n\x1b[1;{rows - 1}r\x1b[{rows - 1};1H")
+        self.out.flush()
+        self.status(self._status or "starting")
+
+    def resized(self) -> None:
+        """The terminal changed size (SIGWINCH): set the region up again."""
+        if self._rows:
+            self._rows = 0
+            self._drawn = False
+            self.out.write("\x1b7\x1b[r\x1b8")
+            self.tty = True
+            rows = shutil.get_terminal_size((0, 0)).lines
+            if rows >= 4:
+                self._rows = rows
+                self.out.write(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
+            self.status(self._status)
+
+    def status(self, text: str) -> None:
+        """Show ``text`` on the status line (remembered, drawn on a TTY only, and only when it changes)."""
+        if text == self._status and self._drawn:
+            return
+        self._status = text
+        if not self._rows:
+            return
+        self._drawn = True
+        cols = shutil.get_terminal_size((80, 24)).columns
+        shown = self.style(f" {text} ".ljust(cols - 1)[: cols - 1], "bold", "blue")
+        self.out.write(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
+        self.out.flush()
+
+    def stop(self) -> None:
+        """Give the whole terminal back: no region, no status line, attributes reset."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, 0
+        self.out.write(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m")
+        if not self.at_line_start:
+            self.out.write("\n")
+            self.at_line_start = True
+        self.out.flush()

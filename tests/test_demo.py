@@ -1,0 +1,173 @@
+"""The demo, driven as its users drive it: a scenario in a subprocess, and a person at a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from agentloop.demo.keyboard import parse
+from agentloop.demo.scenario import BUILTIN, ScenarioError
+from agentloop.demo.scenario import parse as parse_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER_MARK = 'exec(files["utils.py"]'  # in the command line of the demo's test-runner subprocess
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
+    env.pop("PYTHONASYNCIODEBUG", None)  # the demo is timed for a person, not for debug mode
+    return env
+
+
+def _runner_processes() -> list[int]:
+    """Live processes running the demo's test runner (started by any demo)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if RUNNER_MARK.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_builtin_script_exercises_every_control() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "2"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    log = proc.stdout
+    assert proc.returncode == 0, log[-3000:] + proc.stderr
+    assert proc.stderr == ""
+    assert "turn ended: aborted_streaming (interrupted: cancel)" in log
+    assert "steer delivered to the model: Keep the public API" in log
+    assert "Noted your message" in log  # the model saw the steer
+    assert "turn ended: aborted_tools (interrupted: send_now)" in log
+    assert "Switching to your message" in log
+    assert "doom loop detected [tail_repetition" in log and "resampling (attempt 1)" in log
+    assert "loop detector cut me off" in log  # the resampled answer
+    assert "stationarity nudge from IdenticalToolCallRun" in log
+    assert "turn ended: stationarity_ended" in log
+    assert "terminals: aborted_streaming x1, aborted_tools x1, completed x1, stationarity_ended x1" in log
+    assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+    assert "\x1b[" not in log  # piped: no escape sequences
+    assert not _runner_processes()
+
+
+def test_scenario_file_and_errors(tmp_path: Path) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"on": "tool_call_started", "tool": "list_files", "do": "interrupt"}]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(script)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    # No prompt in the file: the first step waits for an event while the agent is idle.
+    assert proc.returncode == 1 and "stuck" in proc.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"do": "dance"}]')
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(bad)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "must be one of" in proc.stderr
+    with pytest.raises(ScenarioError):
+        parse_scenario([{"do": "interrupt", "when": "soon"}])
+    assert len(parse_scenario(BUILTIN).steps) == 5
+
+
+def test_missing_provider_key_is_one_line_exit_2() -> None:
+    env = _env()
+    env.pop("ANTHROPIC_API_KEY", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--provider", "anthropic"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "agentloop demo: ANTHROPIC_API_KEY is not set: export it, or run the offline demo without --provider"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--provider", "openai-compatible"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 2 and "--base-url" in proc.stderr
+
+
+def test_input_lines_are_classified() -> None:
+    assert parse("  /mode queue ").kind == "command" and parse("/mode queue").arg == "queue"
+    assert parse("!stop now") == parse("! stop now")
+    assert parse("!stop now").kind == "send_now" and parse("!stop now").text == "stop now"
+    assert parse("hello").kind == "message" and parse("   ").kind == "empty"
+
+
+def test_a_person_at_the_terminal() -> None:
+    """Ctrl-C mid-stream, a steer while a tool runs, a send-now, Ctrl-D: as typed on a keyboard."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect("turn 1 .* you: Fix the failing test")
+        child.expect("assistant: Let me")  # text is streaming
+        child.sendintr()
+        child.expect(r"\^C cancel")
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
+        child.expect("idle")
+        child.sendline("/mode steer")
+        child.expect("steer it")
+        child.sendline("go on please")
+        child.expect("turn 2 .* you: go on please")
+        child.expect(r"run_tests\(\)")  # the real subprocess is running
+        child.sendline("keep the public API unchanged")
+        child.expect(r"you \(steer\): keep the public API unchanged")
+        child.expect("steer delivered to the model: keep the public API unchanged")
+        child.expect("doom loop detected")
+        child.expect(r"permission asked for edit_file")
+        child.sendline("!stop and summarise")
+        child.expect(r"you \(send now\): stop and summarise")
+        child.expect(r"interrupted: send_now\)")
+        child.expect("turn 3 .* you: stop and summarise")
+        child.expect("turn ended: completed")
+        child.expect("idle")
+        child.sendeof()  # Ctrl-D
+        child.expect("summary")
+        child.expect("interrupts: 2")
+        child.expect("Noted your message")  # in the printed transcript: the steer reached the model
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    assert not _runner_processes()
+
+
+def test_ctrl_d_while_running_stops_the_tool_process() -> None:
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect("thinking: ")
+        child.sendintr()
+        child.expect("turn ended: aborted_streaming")
+        child.expect("idle —")
+        child.sendline("")  # nothing queued: an empty line does nothing
+        child.sendintr()  # idle Ctrl-C: a hint
+        child.expect("Ctrl-C again")
+        child.sendline("run the tests")
+        child.expect(r"run_tests\(\)")
+        assert _runner_processes()
+        child.sendeof()
+        child.expect(r"interrupted: quit\)")
+        child.expect("transcript valid")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert not _runner_processes()
