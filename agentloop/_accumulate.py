@@ -7,15 +7,18 @@ always yields the same message whichever adapter produced it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ._messages import (
     Block,
     Message,
     RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
     ToolUseBlock,
+    message,
+    text_block,
+    thinking_block,
+    tool_use_block,
 )
 from ._model import (
     StreamBlockStop,
@@ -68,34 +71,46 @@ class Accumulator:
         return not self._parts
 
     def feed(self, ev: StreamEvent) -> None:
-        """Apply one event."""
-        if isinstance(ev, StreamText):
-            self._part(ev.index, "text").chunks.append(ev.text)
-        elif isinstance(ev, StreamThinking):
-            self._part(ev.index, "thinking").chunks.append(ev.thinking)
-        elif isinstance(ev, StreamSignature):
-            self._part(ev.index, "thinking").signature += ev.signature
-        elif isinstance(ev, StreamToolInput):
-            self._part(ev.index, "tool_use").chunks.append(ev.partial_json)
-        elif isinstance(ev, StreamToolUseStart):
-            part = self._part(ev.index, "tool_use")
-            part.id, part.name = ev.id, ev.name
-        elif isinstance(ev, StreamRedactedThinking):
-            self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
-        elif isinstance(ev, StreamBlockStop):
-            stopped = self._parts.get(ev.index)
-            if stopped is not None:
-                stopped.closed = True
-        elif isinstance(ev, StreamUsage):
+        """Apply one event (dispatched on its exact type: this is the hot path)."""
+        apply = _APPLY.get(type(ev))
+        if apply is not None:
+            apply(self, ev)
+
+    def _text(self, ev: StreamText) -> None:
+        self._part(ev.index, "text").chunks.append(ev.text)
+
+    def _thinking(self, ev: StreamThinking) -> None:
+        self._part(ev.index, "thinking").chunks.append(ev.thinking)
+
+    def _signature(self, ev: StreamSignature) -> None:
+        self._part(ev.index, "thinking").signature += ev.signature
+
+    def _tool_input(self, ev: StreamToolInput) -> None:
+        self._part(ev.index, "tool_use").chunks.append(ev.partial_json)
+
+    def _tool_start(self, ev: StreamToolUseStart) -> None:
+        part = self._part(ev.index, "tool_use")
+        part.id, part.name = ev.id, ev.name
+
+    def _redacted(self, ev: StreamRedactedThinking) -> None:
+        self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
+
+    def _stop(self, ev: StreamBlockStop) -> None:
+        part = self._parts.get(ev.index)
+        if part is not None:
+            part.closed = True
+
+    def _usage(self, ev: StreamUsage) -> None:
+        self.usage = _merge_usage(self.usage, ev.usage)
+
+    def _end(self, ev: StreamEnd) -> None:
+        self.ended = True
+        self.stop_reason = ev.stop_reason
+        self.response_id = ev.response_id
+        if ev.usage is not None:
             self.usage = _merge_usage(self.usage, ev.usage)
-        elif isinstance(ev, StreamEnd):
-            self.ended = True
-            self.stop_reason = ev.stop_reason
-            self.response_id = ev.response_id
-            if ev.usage is not None:
-                self.usage = _merge_usage(self.usage, ev.usage)
-            for part in self._parts.values():
-                part.closed = True
+        for part in self._parts.values():
+            part.closed = True
 
     def _part(self, index: int, kind: str) -> _Part:
         part = self._parts.get(index)
@@ -132,30 +147,34 @@ class Accumulator:
             part = self._parts[index]
             body = "".join(part.chunks)
             if part.kind == "text":
-                blocks.append(TextBlock.model_construct(text=body))
+                blocks.append(text_block(body))
             elif part.kind == "thinking":
-                blocks.append(ThinkingBlock.model_construct(thinking=body, signature=part.signature))
+                blocks.append(thinking_block(body, part.signature))
             elif part.kind == "redacted_thinking":
-                blocks.append(RedactedThinkingBlock.model_construct(data=body))
+                blocks.append(RedactedThinkingBlock(data=body))
             else:
                 blocks.append(_tool_use(part, body))
-        return Message.model_construct(
-            role="assistant",
-            content=blocks,
-            partial=partial,
-            synthetic=False,
-            kind=None,
-            meta={},
-        )
+        return message("assistant", blocks, partial=partial)
+
+
+_APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
+    StreamText: Accumulator._text,
+    StreamThinking: Accumulator._thinking,
+    StreamSignature: Accumulator._signature,
+    StreamToolInput: Accumulator._tool_input,
+    StreamToolUseStart: Accumulator._tool_start,
+    StreamRedactedThinking: Accumulator._redacted,
+    StreamBlockStop: Accumulator._stop,
+    StreamUsage: Accumulator._usage,
+    StreamEnd: Accumulator._end,
+}
 
 
 def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     if not part.closed:
-        return ToolUseBlock(id=part.id, name=part.name, input={}, complete=False)
+        return tool_use_block(part.id, part.name, {}, complete=False)
     if not body.strip():
-        return ToolUseBlock.model_construct(
-            id=part.id, name=part.name, input={}, complete=True, input_error=None
-        )
+        return tool_use_block(part.id, part.name, {})
     error: str | None = None
     value: Any = None
     try:
@@ -166,9 +185,7 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
         error = f"the tool input must be a JSON object, got {type(value).__name__}"
     if error is not None:
         return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=error)
-    return ToolUseBlock.model_construct(
-        id=part.id, name=part.name, input=value, complete=True, input_error=None
-    )
+    return tool_use_block(part.id, part.name, value)
 
 
 def _merge_usage(old: Usage, new: Usage) -> Usage:

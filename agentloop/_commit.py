@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
-from ._messages import Message, TextBlock
+from ._messages import Message, TextBlock, message
 from ._run import RunState
 from ._transcript import clean_assistant, interrupted_result
 
@@ -56,7 +56,7 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
         blocks.append(result)
     st.last_results = {b.tool_use_id: b for b in blocks}
     st.owed, st.results = [], {}
-    engine._commit(Message(role="user", content=list(blocks), synthetic=True, kind="tool_results"))
+    engine._commit(message("user", list(blocks), synthetic=True, kind="tool_results"))
     return events
 
 

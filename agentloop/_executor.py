@@ -153,11 +153,15 @@ class CallRunner:
     async def _execute(
         self, tool: Tool, use: ToolUseBlock, tool_input: dict[str, Any], ctx: ToolContext
     ) -> ToolResultBlock:
+        scope: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(tool.timeout) as scope:
-                output = await tool(tool_input, ctx)
+            if tool.timeout is None:
+                output = await tool.handler(tool_input, ctx)
+            else:
+                async with asyncio.timeout(tool.timeout) as scope:
+                    output = await tool.handler(tool_input, ctx)
         except TimeoutError:
-            if scope.expired():
+            if scope is not None and scope.expired():
                 return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
             return error_result(use.id, f"Tool {use.name!r} raised TimeoutError.")
         except ToolInputError as exc:

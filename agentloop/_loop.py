@@ -37,7 +37,7 @@ from ._commit import (
 )
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, TurnStarted
 from ._inbox import envelope
-from ._messages import Message
+from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict
 from ._run import RunState
 from ._streaming import model_phase
@@ -146,14 +146,27 @@ async def _turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> Asy
         if reason is not None:
             break
         st.turns += 1
-        async with contextlib.aclosing(model_phase(engine, st)) as phase:
+        phase = model_phase(engine, st)
+        try:
             async for event in phase:
                 yield event
+        finally:
+            await phase.aclose()
         if st.terminal is not None:
             reason = st.terminal
             break
-        async with contextlib.aclosing(_after_response(engine, st)) as after:
-            async for event in after:
+        uses = _before_tools(engine, st)
+        if uses:
+            tools = tool_phase(engine, st, uses)
+            try:
+                async for event in tools:
+                    yield event
+            finally:
+                await tools.aclose()
+            for event in _after_tools(engine, st, uses):
+                yield event
+        else:
+            for event in st.take_pending_events():
                 yield event
         reason = st.terminal
     for event in await _end_turn(engine, st, reason):
@@ -172,42 +185,42 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
 
 
 
-async def _after_response(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event, None]:
-    """Everything between an accepted response and the next request."""
+def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
+    """Judge the accepted response; return the calls to run (checkpoint 2 included)."""
     message = st.response
     uses = message.tool_uses if message is not None else []
-    verdicts = _ask_policies(engine, "on_response", message) if message is not None else []
-    end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
-    if end is not None:
-        st.terminal, st.detail = end.reason, end.message
-        for event in settle_results(engine, st, not_run=f"Not run: {end.message}"):
-            yield event
-        return
-    st.nudges += [(name, v) for name, v in verdicts if isinstance(v, Nudge)]
+    if engine.policies and message is not None:
+        verdicts = _ask_policies(engine, "on_response", message)
+        end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
+        if end is not None:
+            st.terminal, st.detail = end.reason, end.message
+            st.pending_events = settle_results(engine, st, not_run=f"Not run: {end.message}")
+            return []
+        st.nudges += [(name, v) for name, v in verdicts if isinstance(v, Nudge)]
     if not uses:
         if not engine.inbox.interjections:  # safe point: a queued message keeps the turn going
             st.terminal = "completed"
-        return
+        return []
     if st.signal.aborted:  # checkpoint 2: no tool starts
         st.phase = "tools"
         st.terminal = abort_terminal(st)
-        return
-    async with contextlib.aclosing(tool_phase(engine, st, uses)) as phase:
-        async for event in phase:
-            yield event
+        return []
+    return uses
+
+
+def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> list[Event]:
     if st.signal.aborted:
         st.terminal = abort_terminal(st)
-        return
-    assert message is not None
-    results = [st.last_results[u.id] for u in uses]
-    for name, verdict in _ask_policies(engine, "on_results", message, results):
-        if isinstance(verdict, EndTurn):
-            st.terminal, st.detail = verdict.reason, verdict.message
-        elif isinstance(verdict, Nudge):
-            st.nudges.append((name, verdict))
-    for event in flush_nudges(engine, st):
-        yield event
-
+        return []
+    if engine.policies:
+        assert st.response is not None
+        results = [st.last_results[u.id] for u in uses]
+        for name, verdict in _ask_policies(engine, "on_results", st.response, results):
+            if isinstance(verdict, EndTurn):
+                st.terminal, st.detail = verdict.reason, verdict.message
+            elif isinstance(verdict, Nudge):
+                st.nudges.append((name, verdict))
+    return flush_nudges(engine, st) if st.nudges else []
 
 
 def _ask_policies(engine: QueryEngine, hook: str, *args: object) -> list[tuple[str, Verdict]]:

@@ -8,7 +8,7 @@ shared with a request that is in flight.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class TextBlock(BaseModel):
@@ -142,3 +143,58 @@ class Message(BaseModel):
     def tool_results(self) -> list[ToolResultBlock]:
         """The tool_result blocks, in order."""
         return [b for b in self.content if isinstance(b, ToolResultBlock)]
+
+
+# -- trusted fast construction ----------------------------------------------------------
+# The loop builds a few blocks and messages per iteration from values it produced
+# itself. Validating them again costs more than the rest of the iteration, so the
+# loop uses these constructors, which fill a model exactly as validation would
+# (every field set, defaults included) without running the validator. Public
+# construction (hosts, providers, sessions) always validates.
+
+
+def _trusted(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+def text_block(text: str) -> TextBlock:
+    return _trusted(TextBlock, {"type": "text", "text": text}, {"text"})
+
+
+def thinking_block(thinking: str, signature: str) -> ThinkingBlock:
+    return _trusted(
+        ThinkingBlock, {"type": "thinking", "thinking": thinking, "signature": signature}, {"thinking", "signature"}
+    )
+
+
+def tool_use_block(id: str, name: str, input: dict[str, Any], *, complete: bool = True) -> ToolUseBlock:
+    return _trusted(
+        ToolUseBlock,
+        {"type": "tool_use", "id": id, "name": name, "input": input, "complete": complete, "input_error": None},
+        {"id", "name", "input"} if complete else {"id", "name", "input", "complete"},
+    )
+
+
+def tool_result_block(tool_use_id: str, content: str, *, is_error: bool = False) -> ToolResultBlock:
+    return _trusted(
+        ToolResultBlock,
+        {"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": is_error},
+        {"tool_use_id", "content", "is_error"} if is_error else {"tool_use_id", "content"},
+    )
+
+
+def message(
+    role: Literal["user", "assistant"],
+    content: list[Block],
+    *,
+    partial: bool = False,
+    synthetic: bool = False,
+    kind: str | None = None,
+) -> Message:
+    values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": {}}
+    return _trusted(Message, values, {k for k in ("role", "content", "partial", "synthetic", "kind") if values[k]})

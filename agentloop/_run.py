@@ -23,7 +23,7 @@ from ._model import Usage
 from ._policy import Nudge
 
 if TYPE_CHECKING:
-    from ._events import TerminalReason
+    from ._events import Event, TerminalReason
 
 __all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView"]
 
@@ -112,6 +112,7 @@ class RunState:
         self.response: Message | None = None
         self.last_results: dict[str, ToolResultBlock] = {}
         self.turn_index = 0
+        self.pending_events: list[Event] = []
         # Self-cancellation bookkeeping (see the module docstring).
         self.guarding = False
         self._cancel_requested = False
@@ -137,6 +138,10 @@ class RunState:
         self.detail = None
         self.phase = "idle"
         self.aborted_subagents = []
+
+    def take_pending_events(self) -> list[Event]:
+        events, self.pending_events = self.pending_events, []
+        return events
 
     def begin_attempt(self) -> Accumulator:
         acc = self.acc = Accumulator()

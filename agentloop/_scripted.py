@@ -108,6 +108,7 @@ class ScriptedModel:
         self._record = record
         self.requests: list[ModelRequest] = []
         self.request_count = 0
+        self._templates: dict[int, list[StreamEvent]] = {}
 
     def __repr__(self) -> str:
         return f"<ScriptedModel {self._next}/{len(self._responses)} played>"
@@ -115,7 +116,7 @@ class ScriptedModel:
     def _new_id(self) -> str:
         return f"toolu_{next(self._ids):04d}"
 
-    def _take(self, request: ModelRequest) -> ScriptedResponse:
+    def _take(self, request: ModelRequest) -> tuple[ScriptedResponse, list[StreamEvent]]:
         if self._next >= len(self._responses):
             if not self._cycle or not self._responses:
                 raise ModelError(f"ScriptedModel has no response left (played {self._next})")
@@ -124,15 +125,24 @@ class ScriptedModel:
         self._next += 1
         if callable(script):
             script = script(request)
-        return ScriptedResponse(text=script) if isinstance(script, str) else script
+            response = ScriptedResponse(text=script) if isinstance(script, str) else script
+            return response, response.stream_events(self._new_id)
+        response = ScriptedResponse(text=script) if isinstance(script, str) else script
+        template = self._templates.get(id(script))  # the script object lives in self._responses
+        if template is None:
+            template = self._templates[id(script)] = response.stream_events(lambda: "")
+        # Tool calls scripted without an id get a fresh one on every play.
+        return response, [
+            StreamToolUseStart(e.index, self._new_id(), e.name) if type(e) is StreamToolUseStart and not e.id else e
+            for e in template
+        ]
 
     async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream the next response; honours ``signal`` between events."""
         self.request_count += 1
         if self._record:
             self.requests.append(request)
-        response = self._take(request)
-        events = response.stream_events(self._new_id)
+        response, events = self._take(request)
         for i, event in enumerate(events):
             if response.error is not None and i == (response.error_after or 0):
                 raise response.error

@@ -9,11 +9,10 @@ so the host can erase it and nothing is duplicated in the transcript.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._commit import abort_terminal, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
@@ -50,75 +49,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentloop")
 
-_WATCHED = (StreamText, StreamThinking, StreamSignals, StreamLogprobs)
+class _Budgets:
+    """One model phase's attempts: the transport retry and doom-loop budgets, kept apart."""
 
+    __slots__ = ("armed", "attempt", "dooms", "extra", "retries")
 
-async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event, None]:
-    """Stream one response, with transport retries and doom-loop resamples."""
-    opts = engine.options
-    st.phase, st.response = "model", None
-    retries, dooms, armed = opts.retry_budget, opts.doom_budget, opts.doom_loop_recovery
-    attempt = 0
-    extra: tuple[Message, ...] = ()
-    while True:
-        acc = st.begin_attempt()
-        for policy in engine.policies:
-            policy.begin_attempt()
-        request = ModelRequest(
-            messages=TranscriptView(engine.messages, len(engine.messages), extra),
-            system=opts.system,
-            tools=tuple(engine.tools.values()),
-            tool_choice=opts.tool_choice,
-            max_tokens=opts.max_tokens,
-            attempt=attempt,
-        )
-        outcome = _Outcome()
-        async with contextlib.aclosing(_stream(engine, st, request, acc, outcome, armed)) as stream:
-            async for event in stream:
-                yield event
-        st.usage = st.usage + acc.usage
-        if outcome.aborted:
-            settle_partial(engine, st)
-            st.terminal = abort_terminal(st)
-            return
-        if outcome.cut is not None and dooms > 0 and armed:
-            dooms -= 1
-            yield DoomLoopDetected(signals=outcome.cut.signals, confident=True, action="resample", policy=outcome.policy)
-            yield _discarded(acc, attempt, "resample")
-            attempt += 1
-            yield Resampling(attempt=attempt)
-            extra = (doom_reminder(opts.texts, acc, outcome.cut),)
-            armed = dooms > 0
-            st.acc = None
-            continue
-        error = outcome.error
-        if error is not None:
-            if error.retryable and retries > 0 and not st.signal.aborted:
-                retries -= 1
-                delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - retries, error)
-                if not acc.empty:
-                    yield _discarded(acc, attempt, "retry")
-                st.acc = None
-                attempt += 1
-                yield Retrying(attempt=attempt, error=str(error), delay=delay)
-                try:
-                    await st.guarded(asyncio.sleep(delay))
-                except Aborted:
-                    st.terminal = abort_terminal(st)
-                    return
-                continue
-            settle_partial(engine, st)
-            st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
-            st.error = _describe(error)
-            return
-        message = clean_assistant(acc.message())
-        st.acc = None
-        if message is not None:
-            engine._commit(message)
-            st.response = message
-            st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
-            yield AssistantMessage(message=message)
-        return
+    def __init__(self, engine: QueryEngine) -> None:
+        opts = engine.options
+        self.retries, self.dooms, self.armed = opts.retry_budget, opts.doom_budget, opts.doom_loop_recovery
+        self.attempt = 0
+        self.extra: tuple[Message, ...] = ()
 
 
 class _Outcome:
@@ -131,69 +71,143 @@ class _Outcome:
         self.policy = ""
 
 
-async def _stream(
-    engine: QueryEngine,
-    st: RunState,
-    request: ModelRequest,
-    acc: Accumulator,
-    outcome: _Outcome,
-    armed: bool,
-) -> AsyncGenerator[Event, None]:
-    """Pump one attempt's stream into ``acc``; the hot path of the loop."""
+async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event, None]:
+    """Stream one response, with transport retries and doom-loop resamples.
+
+    The hot path of the loop: one async generator for the whole phase (each
+    generator level costs every event a resumption).
+    """
+    opts = engine.options
+    st.phase, st.response = "model", None
+    budgets = _Budgets(engine)
     watch = bool(engine.policies)
-    recovery = engine.options.doom_loop_recovery
-    stream: AsyncIterator[StreamEvent] | None = None
-    try:
-        if st.signal.aborted:
-            raise Aborted
-        stream = aiter(engine.model.stream(request, st.signal))
-        while True:
-            st.task = asyncio.current_task()
-            st.guarding = True
-            try:
-                event = await anext(stream)
-            except StopAsyncIteration:
-                break
-            except asyncio.CancelledError:
-                if st.consume_cancel():
-                    raise Aborted from None
-                raise
-            finally:
-                st.guarding = False
-            acc.feed(event)
-            out = _delta_event(event, acc)
-            if out is not None:
-                yield out
-            if watch and isinstance(event, _WATCHED):
-                verdict = _judge_stream(engine, event, outcome)
-                if isinstance(verdict, Resample):
-                    if armed:
+    while True:
+        acc = st.begin_attempt()
+        for policy in engine.policies:
+            policy.begin_attempt()
+        request = ModelRequest(
+            messages=TranscriptView(engine.messages, len(engine.messages), budgets.extra),
+            system=opts.system,
+            tools=tuple(engine.tools.values()),
+            tool_choice=opts.tool_choice,
+            max_tokens=opts.max_tokens,
+            attempt=budgets.attempt,
+        )
+        outcome = _Outcome()
+        stream: AsyncIterator[StreamEvent] | None = None
+        try:
+            if st.signal.aborted:
+                raise Aborted
+            stream = aiter(engine.model.stream(request, st.signal))
+            while True:
+                st.task = asyncio.current_task()
+                st.guarding = True
+                try:
+                    event = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if st.consume_cancel():
+                        raise Aborted from None
+                    raise
+                finally:
+                    st.guarding = False
+                acc.feed(event)
+                make = _DELTAS.get(type(event))
+                if make is not None:
+                    yield make(event, acc)
+                if watch and type(event) in _WATCHED:
+                    verdict = _judge_stream(engine, event, outcome)
+                    if isinstance(verdict, Resample) and budgets.armed:
                         outcome.cut = verdict
-                        return
-                    yield DoomLoopDetected(
-                        signals=verdict.signals,
-                        confident=True,
-                        action="off" if not recovery else "disarmed",
-                        policy=outcome.policy,
-                    )
-                elif isinstance(verdict, Warn):
-                    yield DoomLoopDetected(signals=verdict.signals, confident=False, action="warn", policy=outcome.policy)
-        if not acc.ended:
-            raise StreamProtocolError("the model stream ended without its end event", retryable=True)
-    except Aborted:
-        outcome.aborted = True
-    except AbortError:
-        if not st.signal.aborted:
-            outcome.error = ModelError("the model stream raised AbortError without an abort")
-        else:
+                        break
+                    if verdict is not None:
+                        yield _detected(engine, verdict, outcome.policy)
+            if outcome.cut is None and not acc.ended:
+                raise StreamProtocolError("the model stream ended without its end event", retryable=True)
+        except Aborted:
             outcome.aborted = True
-    except ModelError as exc:
-        outcome.error = exc
-    except Exception as exc:  # a model implementation bug: a terminal, never a crash
-        outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
-    finally:
-        if stream is not None:
-            await _aclose(stream)
+        except AbortError:
+            outcome.aborted = st.signal.aborted
+            if not outcome.aborted:
+                outcome.error = ModelError("the model stream raised AbortError without an abort")
+        except ModelError as exc:
+            outcome.error = exc
+        except Exception as exc:  # a model implementation bug: a terminal, never a crash
+            outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
+        finally:
+            if stream is not None:
+                await _aclose(stream)
+        st.usage = st.usage + acc.usage
+        events, delay = _conclude(engine, st, acc, outcome, budgets)
+        for step in events:
+            yield step
+        if delay is None:
+            return
+        if delay > 0:
+            try:
+                await st.guarded(asyncio.sleep(delay))
+            except Aborted:
+                st.terminal = abort_terminal(st)
+                return
+
+
+def _conclude(
+    engine: QueryEngine, st: RunState, acc: Accumulator, outcome: _Outcome, budgets: _Budgets
+) -> tuple[list[Event], float | None]:
+    """After one attempt: commit, resample, retry or end.
+
+    Returns the events to yield and, for another attempt, the delay before it
+    (None: the phase is over).
+    """
+    opts = engine.options
+    if outcome.aborted:
+        settle_partial(engine, st)
+        st.terminal = abort_terminal(st)
+        return [], None
+    if outcome.cut is not None:
+        budgets.dooms -= 1
+        cut = outcome.cut
+        events: list[Event] = [
+            DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
+            _discarded(acc, budgets.attempt, "resample"),
+            Resampling(attempt=budgets.attempt + 1),
+        ]
+        budgets.attempt += 1
+        budgets.extra = (doom_reminder(opts.texts, acc, cut),)
+        budgets.armed = budgets.dooms > 0
+        st.acc = None
+        return events, 0.0
+    error = outcome.error
+    if error is None:
+        message = clean_assistant(acc.message())
+        st.acc = None
+        if message is None:
+            return [], None
+        engine._commit(message)
+        st.response = message
+        st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
+        return [AssistantMessage(message=message)], None
+    if not error.retryable or budgets.retries <= 0 or st.signal.aborted:
+        settle_partial(engine, st)
+        st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
+        st.error = _describe(error)
+        return [], None
+    budgets.retries -= 1
+    delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - budgets.retries, error)
+    events = [_discarded(acc, budgets.attempt, "retry")] if not acc.empty else []
+    st.acc = None
+    budgets.attempt += 1
+    events.append(Retrying(attempt=budgets.attempt, error=str(error), delay=delay))
+    return events, delay
+
+
+def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDetected:
+    if isinstance(verdict, Resample):  # confident, but recovery is off or its budget is spent
+        action: Literal["off", "disarmed", "warn"] = "disarmed" if engine.options.doom_loop_recovery else "off"
+        return DoomLoopDetected(signals=verdict.signals, confident=True, action=action, policy=policy)
+    signals = verdict.signals if isinstance(verdict, Warn) else ()
+    return DoomLoopDetected(signals=signals, confident=False, action="warn", policy=policy)
 
 
 async def _aclose(stream: AsyncIterator[StreamEvent]) -> None:
@@ -222,17 +236,25 @@ def _judge_stream(engine: QueryEngine, event: StreamEvent, outcome: _Outcome) ->
     return found
 
 
-def _delta_event(event: StreamEvent, acc: Accumulator) -> Event | None:
-    if isinstance(event, StreamText):
-        return TextDelta(text=event.text)
-    if isinstance(event, StreamThinking):
-        return ThinkingDelta(thinking=event.thinking)
-    if isinstance(event, StreamToolInput):
-        tool_id, name = acc.tool_identity(event.index)
-        return ToolInputDelta(tool_use_id=tool_id, name=name, partial_json=event.partial_json)
-    if isinstance(event, StreamToolUseStart):
-        return ToolInputDelta(tool_use_id=event.id, name=event.name, partial_json="")
-    return None
+def _tool_delta(event: StreamEvent, acc: Accumulator) -> Event:
+    assert isinstance(event, StreamToolInput)
+    tool_id, name = acc.tool_identity(event.index)
+    return ToolInputDelta(tool_use_id=tool_id, name=name, partial_json=event.partial_json)
+
+
+def _tool_start(event: StreamEvent, acc: Accumulator) -> Event:
+    assert isinstance(event, StreamToolUseStart)
+    return ToolInputDelta(tool_use_id=event.id, name=event.name, partial_json="")
+
+
+# What the host sees of each stream event (by exact type: the hot path avoids isinstance chains).
+_DELTAS: dict[type, Callable[[Any, Accumulator], Event]] = {
+    StreamText: lambda e, _acc: TextDelta(text=e.text),
+    StreamThinking: lambda e, _acc: ThinkingDelta(thinking=e.thinking),
+    StreamToolInput: _tool_delta,
+    StreamToolUseStart: _tool_start,
+}
+_WATCHED = frozenset({StreamText, StreamThinking, StreamSignals, StreamLogprobs})
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:

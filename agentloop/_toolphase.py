@@ -8,7 +8,6 @@ drained (a safe point) and merged after the results. On abort the calls get
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, cast
@@ -30,7 +29,33 @@ log = logging.getLogger("agentloop")
 _ABANDON = object()
 
 
+class _Done:
+    """A finished call, put into the mailbox by the call's own task."""
+
+    __slots__ = ("outcome", "task", "use")
+
+    def __init__(self, use: ToolUseBlock, task: asyncio.Task[None] | None, outcome: ToolResultBlock | BaseException) -> None:
+        self.use = use
+        self.task = task
+        self.outcome = outcome
+
+
+async def _call(runner: CallRunner, use: ToolUseBlock, st: RunState) -> None:
+    # The task reports its own outcome, which saves the loop a done-callback hop.
+    task = asyncio.current_task()
+    try:
+        result = await runner.run(use)
+    except asyncio.CancelledError as exc:
+        st.mailbox.put(_Done(use, task, exc))
+        raise
+    except BaseException as exc:  # AbortError, or a bug in the runner: never lost
+        st.mailbox.put(_Done(use, task, exc))
+    else:
+        st.mailbox.put(_Done(use, task, result))
+
+
 async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> AsyncGenerator[Event, None]:
+    """Run ``uses`` batch by batch, yielding each call's events; commits the results."""
     st.phase = "tools"
 
     def make_ctx(use: ToolUseBlock) -> ToolContext:
@@ -42,9 +67,36 @@ async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
         if st.signal.aborted:  # checkpoint 3: the next batch does not start
             break
-        async with contextlib.aclosing(_run_batch(engine, st, runner, batch)) as events:
-            async for event in events:
-                yield event
+        waiting = {use.id: use for use in batch}
+        for use in batch:
+            st.pending_tasks.add(st.loop.create_task(_call(runner, use, st)))
+        timers: list[asyncio.TimerHandle] = []
+        if st.signal.aborted:
+            st.mailbox.put(ABORTED)
+        try:
+            while waiting:
+                for item in await st.mailbox.get():
+                    if isinstance(item, _Done):
+                        if waiting.pop(item.use.id, None) is not None:
+                            if item.task is not None:
+                                st.pending_tasks.discard(item.task)
+                            yield _record(engine, st, item)
+                    elif item is ABORTED:
+                        if not timers:
+                            timers.append(st.loop.call_later(engine.options.tool_cancel_grace, st.mailbox.put, GRACE_OVER))
+                    elif item is GRACE_OVER:
+                        for task in st.pending_tasks:
+                            task.cancel()
+                        timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
+                    elif item is _ABANDON:
+                        for use in waiting.values():
+                            log.warning("tool %r ignored cancellation; abandoning it", use.name)
+                        waiting.clear()
+                    else:
+                        yield cast(Event, item)  # emitted by a tool (ToolContext.emit)
+        finally:
+            for timer in timers:
+                timer.cancel()
         if not st.signal.aborted:  # safe point: drained now, merged after the results
             drained += engine.inbox.take(engine.inbox.interjections)
     for event in settle_results(engine, st):
@@ -55,59 +107,16 @@ async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
             yield event
 
 
-async def _run_batch(
-    engine: QueryEngine, st: RunState, runner: CallRunner, batch: list[ToolUseBlock]
-) -> AsyncGenerator[Event, None]:
-    loop = st.loop
-    tasks: dict[asyncio.Future[ToolResultBlock], ToolUseBlock] = {}
-    for use in batch:
-        task = loop.create_task(runner.run(use))
-        task.add_done_callback(st.mailbox.put)
-        tasks[task] = use
-        st.pending_tasks.add(task)
-    timers: list[asyncio.TimerHandle] = []
-    grace = engine.options.tool_cancel_grace
-    if st.signal.aborted:
-        st.mailbox.put(ABORTED)
-    try:
-        while tasks:
-            for item in await st.mailbox.get():
-                if item is ABORTED and not timers:
-                    timers.append(loop.call_later(grace, st.mailbox.put, GRACE_OVER))
-                elif item is GRACE_OVER:
-                    for running in tasks:
-                        running.cancel()
-                    timers.append(loop.call_later(0.1, st.mailbox.put, _ABANDON))
-                elif item is _ABANDON:
-                    for stuck, use in list(tasks.items()):
-                        log.warning("tool %r ignored cancellation; abandoning it", use.name)
-                        st.pending_tasks.discard(stuck)
-                        del tasks[stuck]
-                elif isinstance(item, asyncio.Future):
-                    done: asyncio.Future[ToolResultBlock] = item
-                    use_or_none = tasks.pop(done, None)
-                    if use_or_none is not None:
-                        st.pending_tasks.discard(done)
-                        yield _record(engine, st, done, use_or_none)
-                elif item is not ABORTED:
-                    yield cast(Event, item)  # emitted by a tool (ToolContext.emit)
-    finally:
-        for timer in timers:
-            timer.cancel()
-
-
-def _record(
-    engine: QueryEngine, st: RunState, task: asyncio.Future[ToolResultBlock], use: ToolUseBlock
-) -> ToolCallFinished:
-    texts = engine.options.texts
+def _record(engine: QueryEngine, st: RunState, done: _Done) -> ToolCallFinished:
+    use, outcome = done.use, done.outcome
     synthetic = False
-    if task.cancelled() or isinstance(task.exception(), AbortError):
-        text = texts.stopped_running if use.id in st.started else texts.never_started
-        result = interrupted_result(use.id, text)
+    if isinstance(outcome, ToolResultBlock):
+        result = outcome
+    elif isinstance(outcome, (AbortError, asyncio.CancelledError)):
+        texts = engine.options.texts
+        result = interrupted_result(use.id, texts.stopped_running if use.id in st.started else texts.never_started)
         synthetic = True
-    elif (exc := task.exception()) is not None:
-        result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {exc!r}")
     else:
-        result = task.result()
+        result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {outcome!r}")
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ._abort import AbortSignal
 from ._errors import ToolInputError
-from ._messages import TextBlock, ToolResultBlock, ToolUseBlock
+from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, tool_result_block
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -218,6 +218,8 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         if output.tool_use_id == tool_use_id:
             return output
         return output.model_copy(update={"tool_use_id": tool_use_id})
+    if type(output) is str and output.strip():  # the common case, built without re-validation
+        return tool_result_block(tool_use_id, output)
     if isinstance(output, str):
         content: str | list[TextBlock] = output
     elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):

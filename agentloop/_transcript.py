@@ -30,6 +30,7 @@ from ._messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    tool_result_block,
 )
 
 __all__ = [
@@ -53,7 +54,7 @@ NO_RESULT = "Interrupted by user: no result was recorded for this tool call."
 
 def interrupted_result(tool_use_id: str, text: str) -> ToolResultBlock:
     """A synthetic error result for a call that did not finish."""
-    return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+    return tool_result_block(tool_use_id, text, is_error=True)
 
 
 def _blank(block: Block) -> bool:

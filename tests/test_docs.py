@@ -7,6 +7,7 @@ an API key) is only compiled.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -45,7 +46,8 @@ def test_the_docs_have_examples() -> None:
 
 @pytest.mark.parametrize(("where", "code", "runs"), BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_code_block(where: str, code: str, runs: bool, tmp_path: Path) -> None:
-    compile(code, where, "exec")  # a syntax error fails here, runnable or not
+    # A syntax error fails here, runnable or not; a no-run snippet may use top-level await.
+    compile(code, where, "exec", flags=0 if runs else ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     if not runs:
         return
     script = tmp_path / "example.py"

@@ -1,0 +1,318 @@
+"""Kernel benchmarks: interrupt latency, loop overhead against peers, history scaling, memory.
+
+Run: ``python benchmarks/bench_kernel.py`` (``--quick`` for fewer trials). Prints
+markdown tables. Peers (pydantic-ai, openai-agents) are measured in the same
+process and run when installed (``pip install -e '.[bench]'``); a missing peer
+is reported, not skipped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agentloop import (  # noqa: E402
+    Allow,
+    Deny,
+    Message,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolContext,
+    ToolUseBlock,
+    TurnEnded,
+    tool,
+)
+from agentloop.policies import ConservativeDoomLoopPolicy  # noqa: E402
+from agentloop._model import StreamText  # noqa: E402
+
+# -- interrupt latency ---------------------------------------------------------------
+
+
+class _Waiting:
+    """A model that streams one delta and then waits for the network forever."""
+
+    def __init__(self, ready: asyncio.Event) -> None:
+        self.ready = ready
+
+    async def stream(self, request: Any, signal: Any) -> Any:
+        yield StreamText(0, "partial")
+        self.ready.set()
+        await asyncio.Event().wait()
+
+
+async def _latency_trial(kind: str) -> float:
+    ready = asyncio.Event()
+    started = 0
+
+    @tool(concurrency_safe=True)
+    async def wait(ctx: ToolContext) -> str:
+        nonlocal started
+        started += 1
+        if started == 100:
+            ready.set()
+        await ctx.signal.wait()
+        return "stopped"
+
+    async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        ready.set()
+        await asyncio.Event().wait()
+        return Allow()
+
+    if kind == "streaming":
+        engine = QueryEngine(_Waiting(ready), policies=[])  # type: ignore[arg-type]
+    elif kind == "100 tools":
+        calls = [ScriptedToolCall("wait", {}) for _ in range(100)]
+        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[wait], policies=[], max_parallel_tools=100)
+    else:
+        calls = [ScriptedToolCall("wait", {})]
+        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[wait], policies=[], permission=ask)
+    ended: list[float] = []
+
+    async def consume() -> None:
+        async for event in engine.run("go"):
+            if isinstance(event, TurnEnded):
+                ended.append(time.perf_counter())
+
+    task = asyncio.ensure_future(consume())
+    await ready.wait()
+    t0 = time.perf_counter()
+    engine.interrupt()
+    await task
+    return (ended[0] - t0) * 1e3
+
+
+async def interrupt_latency(trials: int) -> list[list[str]]:
+    rows = []
+    for kind in ("streaming", "100 tools", "permission"):
+        samples = sorted([await _latency_trial(kind) for _ in range(trials)])
+        p50 = samples[len(samples) // 2]
+        p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+        rows.append([kind, str(trials), f"{p50:.3f}", f"{p99:.3f}", f"{samples[-1]:.3f}", "yes" if p99 <= 2.0 else "no"])
+    return rows
+
+
+# -- loop overhead ----------------------------------------------------------------------
+
+
+@tool
+async def noop() -> str:
+    """Does nothing."""
+    return "ok"
+
+
+def _history(n: int) -> list[Message]:
+    msgs: list[Message] = []
+    for i in range(n // 2):
+        msgs.append(Message.user(f"question {i}"))
+        msgs.append(Message.assistant(f"answer {i}"))
+    return msgs
+
+
+async def agentloop_iterations(n: int, *, prior: int = 0, policies: bool = True) -> float:
+    script = [ScriptedResponse(tool_calls=[ScriptedToolCall("noop", {})])] * n + ["done"]
+    # The stationarity policy would (rightly) end a run of identical calls, so the
+    # "policies on" variant measures the per-delta doom-loop detector only.
+    engine = QueryEngine(
+        ScriptedModel(script, record=False),
+        tools=[noop],
+        messages=_history(prior),
+        policies=[ConservativeDoomLoopPolicy()] if policies else [],
+        max_turns=n + 5,
+    )
+    t0 = time.perf_counter()
+    async for _event in engine.run("go"):
+        pass
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def floor_iterations(n: int) -> float:
+    async def model(history: list[Any]) -> dict[str, str]:
+        return {"tool": "noop"} if len(history) < 2 * n else {"text": "done"}
+
+    async def run_tool() -> str:
+        return "ok"
+
+    history: list[Any] = []
+    t0 = time.perf_counter()
+    while True:
+        response = await model(history)
+        history.append(response)
+        if "text" in response:
+            break
+        result = await asyncio.get_running_loop().create_task(run_tool())
+        history.append(result)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def pydantic_ai_iterations(n: int) -> float:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import UsageLimits
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = sum(1 for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart))
+        if returns < n:
+            return ModelResponse(parts=[ToolCallPart("noop", {})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(respond))
+
+    @agent.tool_plain
+    async def noop() -> str:
+        return "ok"
+
+    t0 = time.perf_counter()
+    await agent.run("go", usage_limits=UsageLimits(request_limit=None))
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def openai_agents_iterations(n: int) -> float:
+    from agents import Agent, ModelResponse, Runner, Usage, function_tool
+    from agents.models.interface import Model
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    class Fake(Model):
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            self.calls += 1
+            if self.calls <= n:
+                item: Any = ResponseFunctionToolCall(
+                    arguments="{}", call_id=f"call_{self.calls}", name="noop", type="function_call", id=f"fc_{self.calls}"
+                )
+            else:
+                item = ResponseOutputMessage(
+                    id="msg", role="assistant", status="completed", type="message",
+                    content=[ResponseOutputText(text="done", type="output_text", annotations=[])],
+                )
+            return ModelResponse(output=[item], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    async def noop() -> str:
+        """Does nothing."""
+        return "ok"
+
+    agent = Agent(name="bench", model=Fake(), tools=[noop])
+    t0 = time.perf_counter()
+    await Runner.run(agent, "go", max_turns=n + 5)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def _best(fn: Callable[[], Awaitable[float]], repeat: int) -> float:
+    return min([await fn() for _ in range(repeat)])
+
+
+async def loop_overhead(n: int, repeat: int) -> list[list[str]]:
+    floor = await _best(lambda: floor_iterations(n), repeat)
+    rows = [["bare asyncio floor", f"{floor:.1f}", "1.00"]]
+    ours = await _best(lambda: agentloop_iterations(n, policies=False), repeat)
+    rows.append(["agentloop (no policies)", f"{ours:.1f}", f"{ours / floor:.2f}"])
+    ours_p = await _best(lambda: agentloop_iterations(n), repeat)
+    rows.append(["agentloop (doom-loop detector on)", f"{ours_p:.1f}", f"{ours_p / floor:.2f}"])
+    for name, fn in (("pydantic-ai FunctionModel", pydantic_ai_iterations), ("openai-agents fake Model", openai_agents_iterations)):
+        try:
+            peer = await _best(lambda fn=fn: fn(n), repeat)  # type: ignore[misc]
+        except ImportError as exc:
+            rows.append([name, f"not installed ({exc.name})", "-"])
+            continue
+        rows.append([name, f"{peer:.1f}", f"{peer / floor:.2f}"])
+    return rows
+
+
+async def history_scaling(n: int, repeat: int) -> list[list[str]]:
+    base = None
+    rows = []
+    for prior in (10, 1_000, 10_000):
+        us = await _best(lambda prior=prior: agentloop_iterations(n, prior=prior, policies=False), repeat)  # type: ignore[misc]
+        base = base or us
+        rows.append([f"{prior:,}", f"{us:.1f}", f"{us / base:.2f}"])
+    return rows
+
+
+# -- memory -------------------------------------------------------------------------------
+
+
+async def memory() -> list[list[str]]:
+    gate = asyncio.Event()
+    measured: list[int] = []
+
+    @tool
+    async def hold(ctx: ToolContext) -> str:
+        measured.append(tracemalloc.get_traced_memory()[0])
+        gate.set()
+        return "ok"
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("hold", {})]), "done"], record=False),
+        tools=[hold],
+        messages=_history(10),
+        policies=[],
+    )
+    async for _event in engine.run("go"):
+        pass
+    in_flight = measured[0] - base
+    del engine
+    gc.collect()
+    base = tracemalloc.get_traced_memory()[0]
+    idle = [
+        QueryEngine(ScriptedModel(["x"], record=False), tools=[noop], messages=_history(10), policies=[])
+        for _ in range(1000)
+    ]
+    per_idle = (tracemalloc.get_traced_memory()[0] - base) / len(idle)
+    tracemalloc.stop()
+    return [
+        ["one engine in flight, 10-message transcript", f"{in_flight / 1024:.1f}", "yes" if in_flight <= 20 * 1024 else "no"],
+        ["per idle engine (1,000 idle, 10-message transcripts)", f"{per_idle / 1024:.1f}", "-"],
+    ]
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+async def amain(quick: bool) -> None:
+    trials = 100 if quick else 1000
+    n, repeat = (50, 3) if quick else (200, 5)
+    print(f"# agentloop kernel benchmarks\n\nPython {platform.python_version()}, {platform.machine()}\n")
+    print("## Interrupt latency: interrupt() to TurnEnded received (ms)\n")
+    print(table(["state", "trials", "p50", "p99", "max", "p99 <= 2 ms"], await interrupt_latency(trials)))
+    print(f"\n## Loop overhead per model -> tool -> model iteration ({n} iterations, best of {repeat}, us)\n")
+    print(table(["implementation", "us / iteration", "x floor"], await loop_overhead(n, repeat)))
+    print("\n## Per-iteration overhead against prior transcript length (agentloop, us)\n")
+    print(table(["prior messages", "us / iteration", "x at 10"], await history_scaling(n, repeat)))
+    print("\n## Memory (tracemalloc)\n")
+    print(table(["what", "KB", "<= 20 KB"], await memory()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(amain(args.quick))
+
+
+if __name__ == "__main__":
+    main()
