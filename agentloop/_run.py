@@ -82,6 +82,42 @@ class TranscriptView(Sequence[Message]):
 class RunState:
     """Everything one `run()` call owns. Lives from the run's start to its end."""
 
+    __slots__ = (
+        "_cancel_baseline",
+        "_cancel_requested",
+        "_remove_listener",
+        "aborted_subagents",
+        "acc",
+        "closed",
+        "continues",
+        "controller",
+        "deadline_handle",
+        "detail",
+        "error",
+        "finishing",
+        "guarding",
+        "last_reason",
+        "last_results",
+        "loop",
+        "mailbox",
+        "nudges",
+        "owed",
+        "pending_events",
+        "pending_tasks",
+        "phase",
+        "response",
+        "results",
+        "signal",
+        "started",
+        "task",
+        "terminal",
+        "token",
+        "turn_index",
+        "turn_over",
+        "turns",
+        "usage",
+    )
+
     def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None) -> None:
         self.controller = controller
         self.signal: AbortSignal = controller.signal

@@ -239,8 +239,10 @@ class ToolCallCycle(StationarityPolicy):
         tools = ", ".join(sorted({str(k[0][0]) for sig in block for k in sig if isinstance(k[0], tuple)}))
         if self.end_repeats is not None and reps >= self.end_repeats:
             return EndTurn(self.end_text.format(tools=tools, **fields))
-        if reps >= max(self.nudge_repeats, 2 * self._nudged.get(block, 0)):
-            self._nudged[block] = reps
+        # (A, B) and (B, A) are one cycle seen from two places: key on one rotation.
+        pattern = min((block[i:] + block[:i] for i in range(len(block))), key=repr)
+        if reps >= max(self.nudge_repeats, 2 * self._nudged.get(pattern, 0)):
+            self._nudged[pattern] = reps
             return Nudge(self.nudge_text.format(tools=tools, **fields))
         return None
 

@@ -150,12 +150,14 @@ def tool(
         args_model, ctx_param = _args_model(f)
         doc = description if description is not None else inspect.getdoc(f) or ""
 
+        names = tuple(args_model.model_fields)  # computed once: the class property is slow
+
         async def handler(raw: dict[str, Any], ctx: ToolContext) -> ToolOutput:
             try:
                 parsed = args_model.model_validate(raw)
             except ValidationError as exc:
                 raise ToolInputError(_validation_message(exc)) from None
-            kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+            kwargs = {k: getattr(parsed, k) for k in names}
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
             return await f(**kwargs)

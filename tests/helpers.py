@@ -38,3 +38,16 @@ class HangingModel:
             await asyncio.Event().wait()  # ignores the signal: only cancellation stops it
         finally:
             self.closed = True
+
+
+def child_pids_alive() -> set[int]:
+    """Live (non-zombie) child processes of this process."""
+    from pathlib import Path
+
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            stat = Path(f"/proc/{pid}/stat")
+            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                pids.add(int(pid))
+    return pids

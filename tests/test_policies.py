@@ -378,6 +378,8 @@ def test_cycle_a_b_three_times_over_nudges_and_five_ends() -> None:
     verdicts = [step(pol, a if i % 2 == 0 else b) for i in range(10)]
     assert first(verdicts, Nudge) == 6
     assert first(verdicts, EndTurn) == 10
+    # (A, B) seen again as (B, A) one step later is the same cycle: one nudge only
+    assert sum(isinstance(v, Nudge) for v in verdicts) == 1
 
 
 def test_cycle_of_period_five_is_caught_and_identical_run_is_not_a_cycle() -> None:

@@ -167,7 +167,8 @@ async def test_run_process_abort_kills_the_whole_group_including_grandchildren(t
     ctl = AbortController()
     pidfile = tmp_path / "grandchild.pid"
     task = asyncio.ensure_future(run_process(sys.executable, "-c", SPAWNER, str(pidfile), signal=ctl.signal, kill_grace=0.5))
-    while not pidfile.exists() or not pidfile.read_text():
+    await _until_exists(pidfile)
+    while not pidfile.read_text():
         await asyncio.sleep(0.01)
     grandchild = int(pidfile.read_text())
     assert _alive(grandchild)
@@ -181,11 +182,23 @@ async def test_run_process_abort_kills_the_whole_group_including_grandchildren(t
     assert not _alive(grandchild)
 
 
-async def test_run_process_term_then_kill_after_grace() -> None:
+async def _until_exists(path: Path) -> None:
+    for _ in range(1000):  # bounded wait for an observable condition
+        if path.exists():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+async def test_run_process_term_then_kill_after_grace(tmp_path: Path) -> None:
     ctl = AbortController()
-    ignore_term = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    ready = tmp_path / "ready"
+    ignore_term = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+    )
     task = asyncio.ensure_future(run_process(sys.executable, "-c", ignore_term, signal=ctl.signal, kill_grace=0.05))
-    await asyncio.sleep(0.3)
+    await _until_exists(ready)
     ctl.abort()
     with pytest.raises(AbortError):
         await task
@@ -204,10 +217,12 @@ async def test_run_process_refuses_to_start_when_already_aborted() -> None:
         await run_process("true", signal=ctl.signal)
 
 
-async def test_run_process_cancelled_task_still_kills_the_group() -> None:
+async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) -> None:
     ctl = AbortController()
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", "import time; time.sleep(600)", signal=ctl.signal, kill_grace=0.1))
-    await asyncio.sleep(0.2)
+    ready = tmp_path / "ready"
+    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", code, signal=ctl.signal, kill_grace=0.1))
+    await _until_exists(ready)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
