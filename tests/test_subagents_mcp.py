@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +106,8 @@ async def play(server: MCPServer, tools: list, scenario: Scenario) -> None:  # t
     assert "still there" in str(result.content)
 
 
-async def play_all(batch: list[Scenario]) -> None:
-    async with MCPServer.stdio(sys.executable, [SERVER], concurrency_safe=True) as server:
+async def play_all(batch: list[Scenario], markers: str) -> None:
+    async with MCPServer.stdio(sys.executable, [SERVER, "--markers", markers], concurrency_safe=True) as server:
         tools = await server.list_tools()
         for scenario in batch:
             await play(server, tools, scenario)
@@ -119,5 +120,6 @@ async def play_all(batch: list[Scenario]) -> None:
 @settings(max_examples=4)
 @given(st.lists(scenarios, min_size=6, max_size=6))
 def test_property_two_subagents_and_shared_mcp_survive_any_interrupt(batch: list[Scenario]) -> None:
-    asyncio.run(play_all(batch), debug=True)
+    with tempfile.TemporaryDirectory() as markers:
+        asyncio.run(play_all(batch, markers), debug=True)
     assert child_pids_alive() == set()
