@@ -169,19 +169,26 @@ class RepetitionDetector:
     def _advance(self, buf: str, pos: int, n: int, out: list[DoomLoopSignal]) -> None:
         runs, step, k, base, window = self._runs, self._step, self._k, self._base, self.window
         cp = self._next_cp
-        while cp <= n:  # the hot loop: one rfind per checkpoint, a method call only on a hit
-            if runs:
-                self._extend(buf, pos, cp, out)
+        if cp <= n:
+            # One search per delta, at its last checkpoint, reaching as far back as the
+            # farthest-reaching checkpoint the delta spans: a periodic tail is found from
+            # any anchor inside it, so the skipped checkpoints would add nothing but cost.
+            last = cp + (n - cp) // step * step
             reach, stride = _REACH * step, step
-            while cp % (stride * 4) == 0 and reach < window:
+            while stride * 4 <= last and reach < window:
+                # the largest power-of-4 stride that divides some checkpoint in [cp, last]
+                if (last // (stride * 4)) * (stride * 4) < cp:
+                    break
                 reach, stride = reach * 4, stride * 4
-            e = cp - base
+            if runs:
+                self._extend(buf, pos, last, out)
+            e = last - base
             lo = e - k - min(reach, window)
             j = buf.rfind(buf[e - k : e], lo if lo > 0 else 0, e - 1)
             if j >= 0:
-                self._candidates(buf, cp, j, lo if lo > 0 else 0)
-            pos = cp
-            cp += step
+                self._candidates(buf, last, j, lo if lo > 0 else 0)
+            pos = last
+            cp = last + step
         self._next_cp = cp
         if runs:
             self._extend(buf, pos, n, out)

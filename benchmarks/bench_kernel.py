@@ -268,6 +268,81 @@ async def history_scaling(n: int, rounds: int) -> list[list[str]]:
     return [[name, f"{us:.1f}", f"{us / base:.2f}"] for name, us in best.items()]
 
 
+# -- doom-loop detector overhead, end to end -------------------------------------------
+
+
+def _anthropic_body(text: str, delta: int, channel: str) -> bytes:
+    """A well-formed Anthropic stream of ``text`` in ``delta``-character deltas."""
+    import json
+
+    kind, key = ("thinking", "thinking") if channel == "thinking" else ("text", "text")
+    out = [
+        'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+        '"role":"assistant","content":[],"model":"m","stop_reason":null,"usage":{"input_tokens":5,"output_tokens":1}}}\n\n',
+        f'event: content_block_start\ndata: {{"type":"content_block_start","index":0,"content_block":{{"type":"{kind}","{key}":""}}}}\n\n',
+    ]
+    for i in range(0, len(text), delta):
+        payload = {"type": "content_block_delta", "index": 0, "delta": {"type": f"{kind}_delta", key: text[i : i + delta]}}
+        out.append(f"event: content_block_delta\ndata: {json.dumps(payload)}\n\n")
+    if channel == "thinking":
+        sig = {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}
+        out.append(f"event: content_block_delta\ndata: {json.dumps(sig)}\n\n")
+    out += [
+        'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+        'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}\n\n',
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ]
+    return "".join(out).encode()
+
+
+def _corpus(size: int) -> str:
+    """Real, non-repeating prose and code: this file's own stdlib neighbours."""
+    import sysconfig
+
+    parts: list[str] = []
+    total = 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        chunk = path.read_text(errors="replace")
+        parts.append(chunk)
+        total += len(chunk)
+        if total >= size:
+            break
+    return "".join(parts)[:size]
+
+
+async def detector_overhead(rounds: int) -> list[list[str]]:
+    import httpx
+
+    from agentloop.models import AnthropicModel
+
+    text = _corpus(64 * 1024)
+    rows = []
+    for channel in ("text", "thinking"):
+        for delta in (4, 24, 120):
+            body = _anthropic_body(text, delta, channel)
+            client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _r, body=body: httpx.Response(200, content=body)))
+
+            async def once(policies: list[Any], client: httpx.AsyncClient = client) -> float:
+                model = AnthropicModel("m", api_key="k", http_client=client)
+                engine = QueryEngine(model, policies=policies)
+                t0 = time.perf_counter()
+                async for _event in engine.run("go"):
+                    pass
+                return time.perf_counter() - t0
+
+            best = await _interleaved(
+                {"off": lambda once=once: once([]), "on": lambda once=once: once([ConservativeDoomLoopPolicy()])},
+                rounds,
+            )
+            await client.aclose()
+            n = len(text) / delta
+            rows.append([
+                channel, str(delta), f"{best['off'] / n * 1e6:.2f}", f"{best['on'] / n * 1e6:.2f}",
+                f"{best['on'] / best['off']:.2f}",
+            ])
+    return rows
+
+
 # -- memory -------------------------------------------------------------------------------
 
 
@@ -332,6 +407,9 @@ async def amain(quick: bool) -> None:
     print(table(header, await loop_overhead(n, rounds)))
     print("\n## Per-iteration overhead against prior transcript length (agentloop, no policies)\n")
     print(table(["prior messages", "us / iteration", "x at 10"], await history_scaling(n, rounds)))
+    print("\n## Doom-loop detector overhead, end to end (Anthropic SSE over a mock transport -> engine -> host)\n")
+    header = ["channel", "chars / delta", "us / delta, detector off", "us / delta, on", "on / off"]
+    print(table(header, await detector_overhead(3 if quick else 9)))
     print("\n## Memory (tracemalloc)\n")
     print(table(["what", "KB", "<= 20 KB"], await memory()))
 
