@@ -120,6 +120,7 @@ class QueryEngine:
             raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")
         self.model = model
         self.tools = {t.name: t for t in tools}
+        self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
         self.options = EngineOptions(
             system=system,
             max_turns=max_turns,

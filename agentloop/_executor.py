@@ -105,7 +105,7 @@ class CallRunner:
         self.emit = emit
         self.permission = permission
         self.started: set[str] = set()
-        self._perm_lock = asyncio.Lock()
+        self._perm_lock: asyncio.Lock | None = None  # made on first use: most runs ask no one
 
     async def run(self, use: ToolUseBlock) -> ToolResultBlock:
         """The call's result. Raises `AbortError` when the run was aborted first."""
@@ -132,8 +132,12 @@ class CallRunner:
         assert self.permission is not None
         permission = self.permission
 
+        if self._perm_lock is None:
+            self._perm_lock = asyncio.Lock()
+        lock = self._perm_lock
+
         async def ask() -> Allow | Deny:
-            async with self._perm_lock:  # one prompt at a time
+            async with lock:  # one prompt at a time
                 self.signal.throw_if_aborted()
                 self.emit(PermissionRequested(tool_use=use))
                 return await permission(use, ctx)

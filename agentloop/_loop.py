@@ -20,7 +20,6 @@ synchronously (so even a host that stops iterating leaves a valid transcript).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
@@ -50,27 +49,72 @@ log = logging.getLogger("agentloop")
 
 
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
-    """One `run()`: turns until one ends without a follow-up or a send-now message."""
+    """One `run()`: turns until one ends without a follow-up or a send-now message.
+
+    The turn loop is written out here rather than in a nested generator: every
+    generator level costs each event one more resumption.
+    """
     previous = engine._state
     if previous is not None and previous.finishing and engine._closing is not None:
         await asyncio.shield(engine._closing)  # the previous run is still cleaning up
+    st, starts = _begin(engine, prompt, token)
+    try:
+        while starts is not None:
+            yield _start_turn(engine, st, starts)
+            reason: TerminalReason | None = None
+            while reason is None:
+                for event in drain_interjections(engine, st):  # safe point: top of the iteration
+                    yield event
+                reason = _limit_reached(engine, st)
+                if reason is not None:
+                    break
+                st.turns += 1
+                phase = model_phase(engine, st)
+                try:
+                    async for event in phase:
+                        yield event
+                finally:
+                    await phase.aclose()
+                uses = _before_tools(engine, st) if st.terminal is None else []
+                if uses:
+                    tools = tool_phase(engine, st, uses)
+                    try:
+                        async for event in tools:
+                            yield event
+                    finally:
+                        await tools.aclose()
+                    for event in _after_tools(engine, st, uses):
+                        yield event
+                for event in st.take_pending_events():
+                    yield event
+                reason = st.terminal
+            for event in await _end_turn(engine, st, reason):
+                yield event
+            starts = _next_turn(engine, st)
+    finally:
+        await _finish(engine, st)
+
+
+def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> tuple[RunState, list[Message] | None]:
     if engine._state is not None:
         raise RuntimeError("a run is already in progress on this engine")
-    starts: list[Message] | None = _first_turn(engine, prompt)
+    starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
     st.token = token
     engine._state = st
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _abort_current, st, "deadline")
-    try:
-        while starts is not None:
-            async with contextlib.aclosing(_turn(engine, st, starts)) as turn:
-                async for event in turn:
-                    yield event
-            starts = _next_turn(engine, st)
-    finally:
-        await _finish(engine, st)
+    return st, starts
+
+
+def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> TurnStarted:
+    st.new_turn(AbortController(parent=engine._link_signal()))
+    for message in starts:
+        engine._commit(message)
+    for policy in engine.policies:
+        policy.begin_turn(real_user=True)
+    return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
 
 
 def _abort_current(st: RunState, reason: str) -> None:
@@ -129,48 +173,6 @@ def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:
         return None
     starts = _take_starts(engine, follow_ups=st.last_reason == "completed")
     return starts or None
-
-
-async def _turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> AsyncGenerator[Event, None]:
-    st.new_turn(AbortController(parent=engine._link_signal()))
-    for message in starts:
-        engine._commit(message)
-    for policy in engine.policies:
-        policy.begin_turn(real_user=True)
-    yield TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
-    reason: TerminalReason | None = None
-    while reason is None:
-        for event in drain_interjections(engine, st):
-            yield event
-        reason = _limit_reached(engine, st)
-        if reason is not None:
-            break
-        st.turns += 1
-        phase = model_phase(engine, st)
-        try:
-            async for event in phase:
-                yield event
-        finally:
-            await phase.aclose()
-        if st.terminal is not None:
-            reason = st.terminal
-            break
-        uses = _before_tools(engine, st)
-        if uses:
-            tools = tool_phase(engine, st, uses)
-            try:
-                async for event in tools:
-                    yield event
-            finally:
-                await tools.aclose()
-            for event in _after_tools(engine, st, uses):
-                yield event
-        else:
-            for event in st.take_pending_events():
-                yield event
-        reason = st.terminal
-    for event in await _end_turn(engine, st, reason):
-        yield event
 
 
 def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:

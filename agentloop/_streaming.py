@@ -88,7 +88,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
         request = ModelRequest(
             messages=TranscriptView(engine.messages, len(engine.messages), budgets.extra),
             system=opts.system,
-            tools=tuple(engine.tools.values()),
+            tools=engine.tool_specs,
             tool_choice=opts.tool_choice,
             max_tokens=opts.max_tokens,
             attempt=budgets.attempt,

@@ -379,3 +379,69 @@ async def test_toolcallstarted_is_emitted_when_a_call_starts() -> None:
     names = kinds(events)
     assert names.index("ToolCallStarted") < names.index("ToolCallFinished")
     assert isinstance(events[names.index("ToolCallStarted")], ToolCallStarted)
+
+
+async def test_interrupt_from_a_signal_handler_stops_the_stream() -> None:
+    import os
+    import signal
+
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    old = signal.signal(signal.SIGUSR1, lambda *_: engine.interrupt("sigusr1"))
+    try:
+        run = asyncio.ensure_future(collect(engine, "go"))
+        await model.waiting.wait()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        events = await run
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "sigusr1"
+    assert model.closed and validate_transcript(engine.messages) == []
+
+
+async def test_interject_from_another_thread_is_delivered() -> None:
+    gate = asyncio.Event()
+    release = threading.Event()
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        gate.set()
+        await asyncio.to_thread(release.wait, 10)
+        return "done"
+
+    engine = engine_for([calls("slow"), "ok"], tools=[slow])
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await gate.wait()
+    receipts: list[str] = []
+    thread = threading.Thread(target=lambda: (receipts.append(engine.interject("from a thread")), release.set()))
+    thread.start()
+    events = await run
+    thread.join()
+    injected = [e for e in events if type(e).__name__ == "InterjectionInjected"]
+    assert injected and injected[0].ids == tuple(receipts)  # type: ignore[attr-defined]
+    assert any("from a thread" in m.text for m in engine.messages if m.kind == "interjection")
+
+
+async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn | None:
+            return EndTurn("a pre-tool hook refused this batch", reason="hook_stopped") if message.tool_uses else None
+
+    ran: list[str] = []
+
+    @tool
+    async def t() -> str:
+        ran.append("t")
+        return "x"
+
+    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "hook_stopped"
+    assert end.detail == "a pre-tool hook refused this batch" and ran == []
+    assert results(engine) == ["Not run: a pre-tool hook refused this batch"]
+    assert validate_transcript(engine.messages) == []
