@@ -67,6 +67,12 @@ THINKING_RULES = (Rule(16, 0, 256), Rule(64, 4, 0), Rule(_BIG, 3, 0))
 TEXT_RULES = (Rule(16, 0, 512), Rule(64, 4, 96), Rule(_BIG, 3, 0))
 FENCE_RULES = (Rule(16, 0, 2048), Rule(64, 12, 1024), Rule(_BIG, 4, 0))
 _DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
+# A short unit made of words ("I'll check.", a CJK phrase) is a chant, not a divider:
+# periods of 6-15 characters holding at least 3 letters are judged by copies, not by
+# length. Punctuation-only units (table separators, box drawing) keep the length rule.
+WORDY_RULES = {"thinking": Rule(16, 4, 48), "text": Rule(16, 5, 64)}
+_WORDY_MIN_PERIOD = 6
+_WORDY_MIN_LETTERS = 3
 _BLOCK = 64  # slice size for the backwards onset search
 _REACH = 4  # search reach of a checkpoint, in checkpoint strides
 
@@ -100,6 +106,7 @@ class RepetitionDetector:
         step: int = 32,
         rules: tuple[Rule, ...] | None = None,
         fence_rules: tuple[Rule, ...] | None = FENCE_RULES,
+        wordy_rule: Rule | None = None,
         max_candidates: int = 8,
         tries: int = 4,
     ) -> None:
@@ -109,6 +116,7 @@ class RepetitionDetector:
         self.window = window
         self.rules = rules if rules is not None else _DEFAULT_RULES.get(channel, TEXT_RULES)
         self.fence_rules = fence_rules if fence_rules is not None else self.rules
+        self.wordy_rule = wordy_rule if wordy_rule is not None else WORDY_RULES.get(channel)
         self._k = anchor
         self._step = step
         self._max_candidates = max_candidates
@@ -193,7 +201,7 @@ class RepetitionDetector:
         if runs:
             self._extend(buf, pos, n, out)
             for p in sorted(runs):
-                self._judge(runs[p], n, out)
+                self._judge(runs[p], n, out, buf)
 
     def _extend(self, buf: str, frm: int, to: int, out: list[DoomLoopSignal]) -> None:
         """Check positions [frm, to) of every live run; end the runs that break."""
@@ -206,7 +214,7 @@ class RepetitionDetector:
                 continue
             end = next(i for i in range(a, b) if buf[i] != buf[i - p]) + base
             run = self._runs.pop(p)
-            self._judge(run, end, out)  # a run that crossed its threshold mid-delta still fires
+            self._judge(run, end, out, buf)  # a run that crossed its threshold mid-delta still fires
 
     def _candidates(self, buf: str, cp: int, j: int, lo: int) -> None:
         """The anchor ending at ``cp`` recurs at buffer index ``j`` (its latest earlier
@@ -245,7 +253,7 @@ class RepetitionDetector:
             del self._runs[max(self._runs)]
         self._runs[d] = _Run(d, onset)
 
-    def _judge(self, run: _Run, end: int, out: list[DoomLoopSignal]) -> None:
+    def _judge(self, run: _Run, end: int, out: list[DoomLoopSignal], buf: str) -> None:
         p = run.period
         length = end - run.onset
         copies = length // p
@@ -257,6 +265,10 @@ class RepetitionDetector:
         fenced = self._in_fence ^ (sum(t > end for t in self._toggles) % 2 == 1)  # state at `end`
         rules = self.fence_rules if fenced else self.rules
         rule = next((r for r in rules if p < r.below), None)
+        if not fenced and self.wordy_rule is not None and _WORDY_MIN_PERIOD <= p < self.wordy_rule.below:
+            unit = buf[end - self._base - p : end - self._base]
+            if sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS:
+                rule = self.wordy_rule
         if rule is None or length < rule.min_chars or length < rule.min_copies * p:
             return
         run.reported = max(copies, 1)

@@ -109,7 +109,8 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
 
 
 def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> TurnStarted:
-    st.new_turn(AbortController(parent=engine._link_signal()))
+    # The first turn uses the run's controller; a later one (send-now, follow-up) gets a fresh one.
+    st.new_turn(AbortController(parent=engine._link_signal()) if st.turn_index else None)
     for message in starts:
         engine._commit(message)
     for policy in engine.policies:
@@ -186,7 +187,6 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
     return None
 
 
-
 def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     """Judge the accepted response; return the calls to run (checkpoint 2 included)."""
     message = st.response
@@ -238,7 +238,6 @@ def _ask_policies(engine: QueryEngine, hook: str, *args: object) -> list[tuple[s
     return out
 
 
-
 async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
     events: list[Event] = settle_results(engine, st)
     aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
@@ -277,7 +276,6 @@ def _report_to_parent(engine: QueryEngine) -> None:
     parent = engine.parent
     if parent is not None and parent._state is not None and engine.agent_id is not None:
         parent._state.aborted_subagents.append(engine.agent_id)
-
 
 
 async def _finish(engine: QueryEngine, st: RunState) -> None:

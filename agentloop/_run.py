@@ -155,16 +155,14 @@ class RunState:
         self._cancel_baseline = 0
         self._remove_listener = self.signal.add_listener(self._on_abort)
 
-    def new_turn(self, controller: AbortController) -> None:
-        """A turn starts (a send-now turn replaces the aborted controller)."""
-        if self.turn_index > 0:
+    def new_turn(self, controller: AbortController | None) -> None:
+        """A turn starts; a later turn (send-now, follow-up) replaces the spent controller."""
+        if controller is not None:
             self._remove_listener()
             self.controller.unlink()
             self.controller, self.signal = controller, controller.signal
             self._remove_listener = self.signal.add_listener(self._on_abort)
             self.mailbox = Mailbox()
-        else:
-            controller.unlink()
         self.turn_index += 1
         self.turns = 0
         self.turn_over = False

@@ -100,6 +100,16 @@ def test_flood_needs_a_long_run_and_a_divider_is_not_a_loop() -> None:
     assert first_tail(flood) is not None and first_tail(flood)[0] - len(PROSE) >= 256  # type: ignore[index]
 
 
+def test_short_wordy_unit_is_judged_by_copies_not_length() -> None:
+    chant = "我需要再检查一下这个文件。"  # 13 characters, all letters but the full stop
+    found = fires(RepetitionDetector("thinking"), chunks(PROSE + chant * 30, 1, 24))
+    tail = first_tail(found)
+    assert tail is not None and tail[1] == f"tail_repetition:{len(chant)}@thinking"
+    assert (tail[0] - len(PROSE)) / len(chant) <= 6  # 4 copies, + the delta it fires in
+    separator = "|" + "---|" * 40 + "\n"
+    assert fires(RepetitionDetector("thinking"), chunks(PROSE + separator + PROSE, 1, 24)) == []
+
+
 def test_code_fence_raises_thresholds_but_never_disables_detection() -> None:
     body = "def f(x):\n    return x + 1\n\n"
     plain = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + body * 200, 1, 24)))

@@ -264,3 +264,46 @@ def missing_key(provider: str, env_var: str) -> ModelError:
     return ModelError(
         f"no API key for {provider}: pass api_key=... or set the {env_var} environment variable"
     )
+
+
+class HTTPModel:
+    """What every HTTP model shares: its `Connection`, a repr without the key, `aclose`.
+
+    Subclasses set ``model`` and ``_conn`` in ``__init__``.
+    """
+
+    model: str
+    _conn: Connection
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it."""
+        await self._conn.aclose()
+
+
+def openai_connection(api_key: str | None, base_url: str | None, http_client: httpx.AsyncClient | None) -> Connection:
+    """The connection both OpenAI APIs use (key from ``OPENAI_API_KEY`` by default)."""
+    return Connection(
+        "openai",
+        base_url or "https://api.openai.com/v1",
+        secret=resolve_key(api_key, "OPENAI_API_KEY"),
+        http_client=http_client,
+        request_id_header="x-request-id",
+    )
+
+
+def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, str]) -> dict[str, str]:
+    """JSON + SSE headers with ``Authorization: Bearer``; an OpenAI-compatible server
+    (``key_optional``: a custom base URL) may be used without a key.
+
+    Raises `ModelError` when the key is required and missing.
+    """
+    secret = conn.secret
+    if secret is None and not key_optional:
+        raise missing_key("openai", "OPENAI_API_KEY")
+    headers = {"content-type": "application/json", "accept": "text/event-stream", **extra}
+    if secret is not None:
+        headers["authorization"] = f"Bearer {secret.reveal()}"
+    return headers

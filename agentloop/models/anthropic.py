@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from ._driver import Prepared, loads, run_stream, turns
-from ._http import Connection, missing_key, resolve_key
+from ._http import Connection, HTTPModel, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
 __all__ = ["AnthropicModel", "build_request"]
@@ -247,7 +247,7 @@ _HANDLERS: dict[str, _Handler] = {
 # -- model --------------------------------------------------------------------
 
 
-class AnthropicModel:
+class AnthropicModel(HTTPModel):
     """A `Model` backed by the Anthropic Messages API (streaming).
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key raises
@@ -288,13 +288,6 @@ class AnthropicModel:
             http_client=http_client,
             request_id_header="request-id",
         )
-
-    def __repr__(self) -> str:
-        return f"AnthropicModel(model={self.model!r}, base_url={self._conn.base_url!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this model created it."""
-        await self._conn.aclose()
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""

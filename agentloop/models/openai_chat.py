@@ -41,7 +41,7 @@ from .._model import (
     Usage,
 )
 from ._driver import Prepared, loads, result_text, run_stream, turns
-from ._http import Connection, error_fields, missing_key, resolve_key
+from ._http import HTTPModel, error_fields, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIChatModel", "build_request"]
@@ -305,7 +305,7 @@ def _fresh_id() -> str:
 # -- model --------------------------------------------------------------------
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(HTTPModel):
     """A `Model` backed by OpenAI Chat Completions or a compatible server.
 
     ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
@@ -339,20 +339,7 @@ class OpenAIChatModel:
         self.extra_headers = dict(extra_headers or {})
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
-        self._conn = Connection(
-            "openai",
-            base_url or "https://api.openai.com/v1",
-            secret=resolve_key(api_key, "OPENAI_API_KEY"),
-            http_client=http_client,
-            request_id_header="x-request-id",
-        )
-
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel(model={self.model!r}, base_url={self._conn.base_url!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this model created it."""
-        await self._conn.aclose()
+        self._conn = openai_connection(api_key, base_url, http_client)
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
@@ -366,12 +353,7 @@ class OpenAIChatModel:
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
-        secret = self._conn.secret
-        if secret is None and not self._key_optional:
-            raise missing_key("openai", "OPENAI_API_KEY")
-        headers = {"content-type": "application/json", "accept": "text/event-stream", **self.extra_headers}
-        if secret is not None:
-            headers["authorization"] = f"Bearer {secret.reveal()}"
+        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
         body = build_request(request, model=self.model)
         body["stream"] = True
         if self.include_usage:

@@ -36,7 +36,7 @@ from .._model import (
     Usage,
 )
 from ._driver import Prepared, loads, result_text, run_stream, turns
-from ._http import Connection, missing_key, resolve_key
+from ._http import HTTPModel, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIResponsesModel", "build_request"]
@@ -303,7 +303,7 @@ class ResponsesMapper:
 # -- model --------------------------------------------------------------------
 
 
-class OpenAIResponsesModel:
+class OpenAIResponsesModel(HTTPModel):
     """A `Model` backed by the OpenAI Responses API (streaming, stateless input).
 
     ``api_key`` defaults to ``OPENAI_API_KEY`` (optional when ``base_url`` is
@@ -334,32 +334,14 @@ class OpenAIResponsesModel:
         self.extra_headers = dict(extra_headers or {})
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
-        self._conn = Connection(
-            "openai",
-            base_url or "https://api.openai.com/v1",
-            secret=resolve_key(api_key, "OPENAI_API_KEY"),
-            http_client=http_client,
-            request_id_header="x-request-id",
-        )
-
-    def __repr__(self) -> str:
-        return f"OpenAIResponsesModel(model={self.model!r}, base_url={self._conn.base_url!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this model created it."""
-        await self._conn.aclose()
+        self._conn = openai_connection(api_key, base_url, http_client)
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
         return run_stream(self._conn, lambda: self._prepare(request), ResponsesMapper, signal)
 
     def _prepare(self, request: ModelRequest) -> Prepared:
-        secret = self._conn.secret
-        if secret is None and not self._key_optional:
-            raise missing_key("openai", "OPENAI_API_KEY")
-        headers = {"content-type": "application/json", "accept": "text/event-stream", **self.extra_headers}
-        if secret is not None:
-            headers["authorization"] = f"Bearer {secret.reveal()}"
+        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
         if self.doom_loop_check:
             headers["x-grok-doom-loop-check"] = "true"
             headers["x-grok-exact-repetition-check"] = "true"
