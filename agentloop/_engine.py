@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import logging
 import os
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -158,8 +157,8 @@ class QueryEngine:
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
         self._wrap_next = False
-        self._children: weakref.WeakSet[QueryEngine] = weakref.WeakSet()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # strong refs: a running task is never collected
+        self._background_child = False
 
     def __repr__(self) -> str:
         who = f" agent_id={self.agent_id!r}" if self.agent_id else ""
@@ -276,9 +275,7 @@ class QueryEngine:
         }
         kwargs.update(overrides)
         model = kwargs.pop("model", self.model)
-        child = QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
-        self._children.add(child)
-        return child
+        return QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
 
     def start_background(self, child: QueryEngine, prompt: str | Message) -> asyncio.Task[list[Event]]:
         """Run ``child`` (from `subagent`) in the background; the task returns its events.
@@ -297,8 +294,6 @@ class QueryEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
-
-    _background_child = False
 
     def _link_signal(self) -> AbortSignal | None:
         """The signal a new run of this engine follows (its parent's run), if any."""
