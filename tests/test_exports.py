@@ -35,3 +35,17 @@ def test_extension_modules_export_the_rest() -> None:
         assert name in agentloop.policies.__all__, name
     assert agentloop.models.__all__ == sorted(agentloop.models.__all__)
     assert agentloop.policies.__all__ == sorted(agentloop.policies.__all__)
+
+
+async def test_testing_module_helpers() -> None:
+    import pytest
+
+    from agentloop import Message, QueryEngine, TranscriptError
+    from agentloop.testing import ScriptedModel, assert_valid, collect
+
+    engine = QueryEngine(ScriptedModel(["hello"]), policies=[])
+    events = await collect(engine.run("hi"))
+    assert type(events[-1]).__name__ == "TurnEnded"
+    assert_valid(engine.messages)
+    with pytest.raises(TranscriptError, match="empty message"):
+        assert_valid([Message(role="user", content=[])])
