@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -126,6 +127,10 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
     """The host stopped iterating: abort with "consumer_closed" and settle now (sync)."""
     st = engine._state
     if st is None or st.token is not token or st.closed or st.turn_over:
+        return
+    if threading.get_ident() != getattr(st.loop, "_thread_id", threading.get_ident()):
+        # Dropped (garbage-collected) in another thread: settle on the loop's own thread.
+        st.loop.call_soon_threadsafe(consumer_gone, engine, token)
         return
     st.finishing = True
     st.controller.abort("consumer_closed")

@@ -45,9 +45,9 @@ async def _call(runner: CallRunner, use: ToolUseBlock, st: RunState) -> None:
     task = asyncio.current_task()
     try:
         result = await runner.run(use)
-    except asyncio.CancelledError as exc:
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
         st.mailbox.put(_Done(use, task, exc))
-        raise
+        raise  # never swallowed: the call is settled, the exception goes on
     except BaseException as exc:  # AbortError, or a bug in the runner: never lost
         st.mailbox.put(_Done(use, task, exc))
     else:

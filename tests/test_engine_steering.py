@@ -343,3 +343,24 @@ async def test_foreign_cancellation_propagates_after_cleanup() -> None:
         await task
     assert model.closed and not engine.running
     assert validate_transcript(engine.messages) == []
+
+
+async def test_a_run_dropped_in_another_thread_is_settled_on_the_loop_thread() -> None:
+    import threading
+
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    run = engine.run("go")
+    while not isinstance(await run.__anext__(), TextDelta):
+        pass
+    holder = [run]
+    del run
+    dropper = threading.Thread(target=holder.clear)  # the last reference dies in that thread
+    dropper.start()
+    dropper.join()
+    for _ in range(200):  # bounded: the loop thread settles, then the generator's cleanup runs
+        if not engine.running:
+            break
+        await asyncio.sleep(0)
+    assert not engine.running and model.closed
+    assert engine.messages[-1].partial and validate_transcript(engine.messages) == []
