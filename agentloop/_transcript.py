@@ -42,23 +42,12 @@ __all__ = [
 
 log = logging.getLogger("agentloop")
 
-NEVER_STARTED = (
-    "Interrupted by user: this tool call never started, so it had no effect."
-)
-STOPPED_RUNNING = (
-    "Interrupted by user: this tool call was stopped while it was running; "
-    "it may have had side effects."
-)
 NO_RESULT = "Interrupted by user: no result was recorded for this tool call."
 
 
 def interrupted_result(tool_use_id: str, text: str) -> ToolResultBlock:
     """A synthetic error result for a call that did not finish."""
     return tool_result_block(tool_use_id, text, is_error=True)
-
-
-def _blank(block: Block) -> bool:
-    return isinstance(block, TextBlock) and not block.text.strip()
 
 
 _ASSISTANT_ONLY = ("tool_use", "thinking", "redacted_thinking")
