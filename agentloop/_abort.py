@@ -93,14 +93,13 @@ class AbortSignal:
             return reason
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[str] = loop.create_future()
+        loop_thread = _loop_thread(loop)
 
         def wake(reason: str) -> None:
-            if loop.is_closed():
-                return
-            if threading.get_ident() == _loop_thread(loop):
+            if threading.get_ident() == loop_thread:  # aborted from the loop itself: no hop
                 if not fut.done():
                     fut.set_result(reason)
-            else:
+            elif not loop.is_closed():
                 loop.call_soon_threadsafe(_set_if_pending, fut, reason)
 
         remove = self.add_listener(wake)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import Event, PermissionRequested, ToolCallStarted
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
 
 __all__ = ["CallRunner", "Mailbox", "plan_batches"]
 
@@ -93,15 +96,14 @@ class CallRunner:
 
     def __init__(
         self,
-        tools: Mapping[str, Tool],
+        engine: QueryEngine,
         signal: AbortSignal,
-        make_ctx: Callable[[ToolUseBlock], ToolContext],
         emit: Callable[[Event], None],
         permission: PermissionCallback | None,
     ) -> None:
-        self.tools = tools
+        self.engine = engine
+        self.tools: Mapping[str, Tool] = engine.tools
         self.signal = signal
-        self.make_ctx = make_ctx
         self.emit = emit
         self.permission = permission
         self.started: set[str] = set()
@@ -115,7 +117,7 @@ class CallRunner:
             return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")
         if use.input_error is not None:
             return error_result(use.id, f"Tool {use.name!r} was not run: {use.input_error}")
-        ctx = self.make_ctx(use)
+        ctx = ToolContext(self.signal, use.id, self.engine, self.emit)
         tool_input: dict[str, Any] = use.input
         if self.permission is not None:
             decision = await self._ask(use, ctx)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, cast
 
 from ._commit import drain_interjections, settle_results
@@ -18,7 +18,6 @@ from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, plan_batches
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
-from ._tools import ToolContext
 from ._transcript import interrupted_result
 
 if TYPE_CHECKING:
@@ -32,44 +31,39 @@ _ABANDON = object()
 class _Done:
     """A finished call, put into the mailbox by the call's own task."""
 
-    __slots__ = ("outcome", "task", "use")
+    __slots__ = ("outcome", "use")
 
-    def __init__(self, use: ToolUseBlock, task: asyncio.Task[None] | None, outcome: ToolResultBlock | BaseException) -> None:
+    def __init__(self, use: ToolUseBlock, outcome: ToolResultBlock | BaseException) -> None:
         self.use = use
-        self.task = task
         self.outcome = outcome
 
 
-async def _call(runner: CallRunner, use: ToolUseBlock, st: RunState) -> None:
+async def _call(runner: CallRunner, use: ToolUseBlock, put: Callable[[object], None]) -> None:
     # The task reports its own outcome, which saves the loop a done-callback hop.
-    task = asyncio.current_task()
     try:
         result = await runner.run(use)
     except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
-        st.mailbox.put(_Done(use, task, exc))
+        put(_Done(use, exc))
         raise  # never swallowed: the call is settled, the exception goes on
     except BaseException as exc:  # AbortError, or a bug in the runner: never lost
-        st.mailbox.put(_Done(use, task, exc))
+        put(_Done(use, exc))
     else:
-        st.mailbox.put(_Done(use, task, result))
+        put(_Done(use, result))
 
 
 async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> AsyncGenerator[Event, None]:
     """Run ``uses`` batch by batch, yielding each call's events; commits the results."""
     st.phase = "tools"
 
-    def make_ctx(use: ToolUseBlock) -> ToolContext:
-        return ToolContext(signal=st.signal, tool_use_id=use.id, engine=engine, emit=st.mailbox.put)
-
-    runner = CallRunner(engine.tools, st.signal, make_ctx, st.mailbox.put, engine.options.permission)
+    runner = CallRunner(engine, st.signal, st.mailbox.put, engine.options.permission)
     st.started = runner.started
     drained = []
     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
         if st.signal.aborted:  # checkpoint 3: the next batch does not start
             break
         waiting = {use.id: use for use in batch}
-        for use in batch:
-            st.pending_tasks.add(st.loop.create_task(_call(runner, use, st)))
+        tasks = {use.id: st.loop.create_task(_call(runner, use, st.mailbox.put)) for use in batch}
+        st.pending_tasks.update(tasks.values())
         timers: list[asyncio.TimerHandle] = []
         if st.signal.aborted:
             st.mailbox.put(ABORTED)
@@ -78,8 +72,7 @@ async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
                 for item in await st.mailbox.get():
                     if isinstance(item, _Done):
                         if waiting.pop(item.use.id, None) is not None:
-                            if item.task is not None:
-                                st.pending_tasks.discard(item.task)
+                            st.pending_tasks.discard(tasks[item.use.id])
                             yield _record(engine, st, item)
                     elif item is ABORTED:
                         if not timers:
