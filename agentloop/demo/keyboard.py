@@ -53,7 +53,13 @@ def parse(line: str) -> Input:
 
 
 class LineReader:
-    """Calls ``on_line(text)`` per complete line and ``on_eof()`` once at end of input."""
+    """Calls ``on_line(text)`` per complete line and ``on_eof()`` once at end of input.
+
+    Standard input is read by a daemon thread, never by the event loop: a Ctrl-C
+    makes the terminal discard typed input, so a read that ``select()`` announced
+    can find nothing and block; in a thread that costs nothing, in the loop it
+    would freeze the demo (including its Ctrl-C handling).
+    """
 
     def __init__(
         self,
@@ -67,36 +73,19 @@ class LineReader:
         self._on_line = on_line
         self._on_eof = on_eof
         self._buf = b""
-        self._watching = False
         self._closed = False
 
     def start(self) -> None:
-        try:
-            self._loop.add_reader(self._fd, self._readable)
-            self._watching = True
-        except (OSError, ValueError, NotImplementedError):
-            threading.Thread(target=self._pump, name="agentloop-demo-stdin", daemon=True).start()
+        threading.Thread(target=self._pump, name="agentloop-demo-stdin", daemon=True).start()
 
     def stop(self) -> None:
         self._closed = True
-        if self._watching:
-            self._watching = False
-            self._loop.remove_reader(self._fd)
-
-    def _readable(self) -> None:
-        try:
-            data = os.read(self._fd, 4096)
-        except BlockingIOError:
-            return
-        except OSError:  # e.g. EIO when the terminal went away
-            data = b""
-        self._feed(data)
 
     def _pump(self) -> None:
         while True:
             try:
                 data = os.read(self._fd, 4096)
-            except OSError:
+            except OSError:  # e.g. EIO when the terminal went away
                 data = b""
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 self._loop.call_soon_threadsafe(self._feed, data)
