@@ -182,16 +182,15 @@ class RepetitionDetector:
             # farthest-reaching checkpoint the delta spans: a periodic tail is found from
             # any anchor inside it, so the skipped checkpoints would add nothing but cost.
             last = cp + (n - cp) // step * step
-            reach, stride = _REACH * step, step
-            while stride * 4 <= last and reach < window:
-                # the largest power-of-4 stride that divides some checkpoint in [cp, last]
-                if (last // (stride * 4)) * (stride * 4) < cp:
-                    break
-                reach, stride = reach * 4, stride * 4
+            # The checkpoint of [cp, last] divisible by the largest power of 4 (in strides)
+            # sets the reach: its trailing zero bits are the highest bit where the first
+            # checkpoint index minus one and the last index differ (O(1), no loop).
+            bits = (((cp // step) - 1) ^ (last // step)).bit_length() - 1
+            reach = min((_REACH * step) << (bits & ~1), window)
             if runs:
                 self._extend(buf, pos, last, out)
             e = last - base
-            lo = e - k - min(reach, window)
+            lo = e - k - reach
             j = buf.rfind(buf[e - k : e], lo if lo > 0 else 0, e - 1)
             if j >= 0:
                 self._candidates(buf, last, j, lo if lo > 0 else 0)

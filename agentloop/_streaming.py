@@ -38,7 +38,7 @@ from ._model import (
     StreamToolInput,
     StreamToolUseStart,
 )
-from ._policy import Resample, Verdict, Warn
+from ._policy import Policy, Resample, Verdict, Warn
 from ._recovery import doom_reminder
 from ._run import Aborted, RunState, TranscriptView
 from ._transcript import clean_assistant
@@ -80,7 +80,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
     opts = engine.options
     st.phase, st.response = "model", None
     budgets = _Budgets(engine)
-    watch = bool(engine.policies)
+    watchers = _stream_watchers(engine)
     while True:
         acc = st.begin_attempt()
         for policy in engine.policies:
@@ -116,8 +116,8 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                 make = _DELTAS.get(type(event))
                 if make is not None:
                     yield make(event, acc)
-                if watch and type(event) in _WATCHED:
-                    verdict = _judge_stream(engine, event, outcome)
+                if watchers and type(event) in _WATCHED:
+                    verdict = _judge_stream(watchers, event, outcome)
                     if isinstance(verdict, Resample) and budgets.armed:
                         outcome.cut = verdict
                         break
@@ -219,13 +219,23 @@ async def _aclose(stream: AsyncIterator[StreamEvent]) -> None:
             log.debug("closing the model stream raised", exc_info=True)
 
 
-def _judge_stream(engine: QueryEngine, event: StreamEvent, outcome: _Outcome) -> Verdict | None:
+Watcher = tuple[Policy, Callable[[StreamEvent], "Verdict | None"]]
+
+
+def _stream_watchers(engine: QueryEngine) -> list[Watcher]:
+    """The policies that look at the stream: the others are not called once per delta."""
+    return [(p, p.on_stream) for p in engine.policies if type(p).on_stream is not Policy.on_stream]
+
+
+def _judge_stream(watchers: list[Watcher], event: StreamEvent, outcome: _Outcome) -> Verdict | None:
     found: Verdict | None = None
-    for policy in engine.policies:
+    for policy, on_stream in watchers:
         try:
-            verdict = policy.on_stream(event)
+            verdict = on_stream(event)
         except Exception:
             log.exception("policy %s.on_stream raised; ignored", policy.name)
+            continue
+        if verdict is None:
             continue
         if isinstance(verdict, Resample):
             outcome.policy = policy.name

@@ -18,7 +18,7 @@ detector in `agentloop._detector`; this module is their public home.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ._detector import RepetitionDetector, Rule
 from ._model import StreamEvent, StreamLogprobs, StreamSignals, StreamText, StreamThinking
@@ -83,9 +83,16 @@ class DoomLoopPolicy(Policy):
         detector: Mapping[str, Any] | None = None,
         logprob_floor: float | None = -6.0,
         logprob_run: int = 24,
+        batch: int = 32,
     ) -> None:
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
+        # Deltas are handed to the detector in batches of at least ``batch`` characters:
+        # it only acts at its 32-character checkpoints anyway, and a per-delta call would
+        # cost more than everything else the loop does for a small delta.
+        self.batch = batch
+        self._pending: dict[str, list[str]] = {ch: [] for ch in self.detectors}
+        self._pending_len: dict[str, int] = dict.fromkeys(self.detectors, 0)
         self.server_signals = server_signals
         self.logprob_floor = logprob_floor
         self.logprob_run = logprob_run
@@ -97,23 +104,38 @@ class DoomLoopPolicy(Policy):
         return "warn"
 
     def begin_attempt(self) -> None:
-        for det in self.detectors.values():
+        for channel, det in self.detectors.items():
             det.reset()
+            self._pending[channel].clear()
+            self._pending_len[channel] = 0
         self._seen.clear()
         self._low_runs.clear()
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
-        if isinstance(event, StreamThinking):
-            det = self.detectors.get("thinking")
-            return self._verdict(det.feed(event.thinking)) if det is not None else None
-        if isinstance(event, StreamText):
-            det = self.detectors.get("text")
-            return self._verdict(det.feed(event.text)) if det is not None else None
+        kind = type(event)
+        if kind is StreamText:
+            return self._feed("text", cast(StreamText, event).text)
+        if kind is StreamThinking:
+            return self._feed("thinking", cast(StreamThinking, event).thinking)
         if isinstance(event, StreamSignals):
             return self._verdict(self._server(event.signals)) if self.server_signals else None
         if isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
         return None
+
+    def _feed(self, channel: str, delta: str) -> Verdict | None:
+        pending = self._pending.get(channel)
+        if pending is None:  # no client detector on this channel
+            return None
+        pending.append(delta)
+        size = self._pending_len[channel] + len(delta)
+        if size < self.batch:
+            self._pending_len[channel] = size
+            return None
+        self._pending_len[channel] = 0
+        text = "".join(pending) if len(pending) > 1 else delta
+        pending.clear()
+        return self._verdict(self.detectors[channel].feed(text))
 
     def _verdict(self, signals: list[DoomLoopSignal]) -> Verdict | None:
         if not signals:

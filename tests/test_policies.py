@@ -408,3 +408,16 @@ def test_default_policies_are_conservative_doom_loop_and_identical_run() -> None
     pols = default_policies()
     assert [type(p) for p in pols] == [ConservativeDoomLoopPolicy, IdenticalToolCallRun]
     assert isinstance(pols[0], ConservativeDoomLoopPolicy) and pols[0].max_threshold == 64
+
+
+def test_doom_policy_hands_the_detector_batches_of_at_least_batch_chars() -> None:
+    pol = ConservativeDoomLoopPolicy(batch=32)
+    det = pol.detectors["text"]
+    for _ in range(3):
+        assert pol.on_stream(StreamText(0, "ten chars.")) is None
+    assert det.chars == 0  # 30 characters pending: not yet handed over
+    pol.on_stream(StreamText(0, "ten chars."))
+    assert det.chars == 40
+    pol.begin_attempt()  # a new attempt forgets what was pending
+    pol.on_stream(StreamText(0, "x" * 5))
+    assert det.chars == 0 and pol._pending_len["text"] == 5
