@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
-from ._events import Event
+from ._events import Event, TurnEnded
 from ._inbox import Inbox, Texts
 from ._messages import Message
 from ._model import Model
@@ -152,7 +152,7 @@ class QueryEngine:
         self.agent_id = agent_id
         self.session = session
         self.inbox = Inbox()
-        self.last_turn_ended: Event | None = None
+        self.last_turn_ended: TurnEnded | None = None
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None

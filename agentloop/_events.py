@@ -88,10 +88,12 @@ class ToolInputDelta(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AssistantMessage(_Event):
-    """The model's response as committed to the transcript."""
+    """The model's response as committed to the transcript, and why the model stopped
+    (``stop_reason``: "end_turn", "tool_use", "max_tokens", "refusal", ...)."""
 
     type: ClassVar[str] = "assistant_message"
     message: Message
+    stop_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["Inbox", "Queued", "Texts", "escape_envelope"]
@@ -63,19 +62,14 @@ def envelope(intro: str, texts: list[str], outro: str | None = None) -> str:
 
 
 class Inbox:
-    """Three thread-safe FIFO queues with receipt ids.
+    """Three thread-safe FIFO queues with receipt ids (the loop polls them at its safe points)."""
 
-    ``on_put`` is called (from the caller's thread) after anything is queued;
-    the engine uses it to wake the loop.
-    """
-
-    def __init__(self, on_put: Callable[[], None] | None = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.interjections: list[Queued] = []
         self.follow_ups: list[Queued] = []
         self.send_now: list[Queued] = []
-        self.on_put = on_put
 
     def put(self, queue: list[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
@@ -83,8 +77,6 @@ class Inbox:
         with self._lock:
             receipt = f"{prefix}-{next(self._ids)}"
             queue.append(Queued(receipt, text))
-        if self.on_put is not None:
-            self.on_put()
         return receipt
 
     def take(self, queue: list[Queued]) -> list[Queued]:
@@ -95,6 +87,3 @@ class Inbox:
             items = queue[:]
             queue.clear()
         return items
-
-    def __bool__(self) -> bool:
-        return bool(self.interjections or self.follow_ups or self.send_now)

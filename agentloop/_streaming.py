@@ -187,7 +187,7 @@ def _conclude(
         engine._commit(message)
         st.response = message
         st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
-        return [AssistantMessage(message=message)], None
+        return [AssistantMessage(message=message, stop_reason=acc.stop_reason)], None
     if not error.retryable or budgets.retries <= 0 or st.signal.aborted:
         settle_partial(engine, st)
         st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"

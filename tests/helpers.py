@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from agentloop import AbortSignal, Event, QueryEngine
+from agentloop import AbortSignal, Event, Message, QueryEngine
 from agentloop._model import ModelRequest, StreamEvent, StreamText
 
 
-async def collect(engine: QueryEngine, prompt: object = None) -> list[Event]:
-    return [ev async for ev in engine.run(prompt)]  # type: ignore[arg-type]
+async def collect(engine: QueryEngine, prompt: str | Message | None = None) -> list[Event]:
+    return [ev async for ev in engine.run(prompt)]
 
 
 def kinds(events: Sequence[Event]) -> list[str]:

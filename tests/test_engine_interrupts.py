@@ -445,3 +445,13 @@ async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
     assert end.detail == "a pre-tool hook refused this batch" and ran == []
     assert results(engine) == ["Not run: a pre-tool hook refused this batch"]
     assert validate_transcript(engine.messages) == []
+
+
+async def test_assistant_message_event_says_why_the_model_stopped() -> None:
+    @tool
+    async def t() -> str:
+        return "x"
+
+    events = await collect(engine_for([calls("t"), "done"], tools=[t]), "go")
+    stops = [e.stop_reason for e in events if isinstance(e, AssistantMessage)]
+    assert stops == ["tool_use", "end_turn"]

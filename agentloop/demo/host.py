@@ -109,8 +109,10 @@ class Host:
         elif name == "help":
             self.r.note(HELP)
         elif name == "mode":
-            if arg in ("steer", "queue"):
-                self.mode = arg  # type: ignore[assignment]  # checked just above
+            if arg == "steer":
+                self.mode = "steer"
+            elif arg == "queue":
+                self.mode = "queue"
             elif arg:
                 self.r.note("usage: /mode steer|queue", "red")
                 return
