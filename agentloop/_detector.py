@@ -95,6 +95,10 @@ class RepetitionDetector:
     is reported once when it crosses its threshold and again, as an
     ``exact_repetition`` with the new count, each time its copies double.
     ``rules`` / ``fence_rules`` replace the channel's thresholds.
+
+    ``live`` (read-only) maps each candidate period being tracked to its run; it
+    is empty while the text does not repeat, and then a delta costs one append
+    until the next checkpoint.
     """
 
     def __init__(
@@ -123,18 +127,23 @@ class RepetitionDetector:
         self._tries = tries
         self._keep = 2 * window + 2 * anchor
         self._trim_at = self._keep + window
+        self.live: dict[int, _Run] = {}
+        # Search reach by the bit length of (first checkpoint index - 1) ^ (last index).
+        self._reach = tuple(min((_REACH * step) << ((b - 1) & ~1 if b else 0), window) for b in range(65))
         self.reset()
 
     def reset(self) -> None:
         """Forget everything (a new attempt starts)."""
         self._buf = ""
+        self._pending = ""  # text fed but not yet appended to _buf
         self._base = 0  # absolute offset of _buf[0]
         self._n = 0  # characters fed so far
+        self._done = 0  # characters appended to _buf and checked
         self._next_cp = self._step * ((self._k + self._step - 1) // self._step)
-        self._runs: dict[int, _Run] = {}
+        self.live.clear()  # the same dict across resets: holders may keep a reference
         self._in_fence = False
         self._fence_scan = 0
-        self._toggles: list[int] = []  # fence toggles seen in the last delta with a back-tick
+        self._toggles: list[int] = []  # fence toggles seen in the last chunk with a back-tick
         self.fired = 0
 
     @property
@@ -145,74 +154,115 @@ class RepetitionDetector:
     @property
     def in_fence(self) -> bool:
         """True inside a Markdown code fence."""
+        if self._pending:
+            self._absorb()
         return self._in_fence
 
     def tail(self) -> tuple[int, int] | None:
         """(period, length) of the live run with the smallest period, or None."""
-        if not self._runs:
+        if not self.live:
             return None
-        p = min(self._runs)
-        return p, self._n - self._runs[p].onset
+        p = min(self.live)
+        return p, self._n - self.live[p].onset
 
-    def feed(self, delta: str) -> list[DoomLoopSignal]:
-        """Add streamed text; return the signals that became due."""
+    def feed(self, delta: str) -> tuple[DoomLoopSignal, ...]:
+        """Add streamed text; return the signals that became due.
+
+        While no run is live, a delta is only queued until the next checkpoint:
+        the text is looked at then.
+        """
+        n = self._n = self._n + len(delta)
+        cp = self._next_cp
+        if n < cp and not self.live:
+            self._pending += delta
+            return ()
+        chunk = self._pending + delta
+        self._pending = ""
         buf = self._buf
         self._buf = ""  # drop the second reference so += can grow buf in place
-        buf += delta
-        start = self._n
-        n = self._n = start + len(delta)
-        if "`" in delta:
-            self._scan_fences(buf, n)
-        out: list[DoomLoopSignal] = []
-        if n >= self._next_cp or self._runs:
-            self._advance(buf, start, n, out)
-            if len(buf) > self._trim_at:
-                buf = buf[-self._keep :]
-                self._base = n - len(buf)
+        buf += chunk
         self._buf = buf
-        return out
+        if "`" in chunk:
+            self._scan_fences(buf, n)
+        if self.live or n < cp:
+            return self._check(buf, n)
+        # The common case, inline: a checkpoint reached and no live run. One search
+        # per chunk, at its last checkpoint, reaching as far back as the
+        # farthest-reaching checkpoint the chunk spans: a periodic tail is found from
+        # any anchor inside it, so the skipped checkpoints would add nothing but cost.
+        step, k = self._step, self._k
+        last = n - (n - cp) % step
+        e = last - self._base
+        lo = e - k - self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
+        if lo < 0:
+            lo = 0
+        j = buf.rfind(buf[e - k : e], lo, e - 1)
+        self._next_cp = last + step
+        if j >= 0:
+            self._done = last
+            self._candidates(buf, last, j, lo)
+            if self.live:
+                return self._check(buf, n)
+        self._done = n
+        if len(buf) > self._trim_at:
+            self._buf = buf[-self._keep :]
+            self._base = n - self._keep
+        return ()
 
     # -- internals ----------------------------------------------------------
 
-    def _advance(self, buf: str, pos: int, n: int, out: list[DoomLoopSignal]) -> None:
-        runs, step, k, base, window = self._runs, self._step, self._k, self._base, self.window
+    def _absorb(self) -> None:
+        """Append the queued text to the buffer (and track code fences in it)."""
+        chunk = self._pending
+        self._pending = ""
+        buf = self._buf
+        self._buf = ""
+        buf += chunk
+        self._buf = buf
+        if "`" in chunk:
+            self._scan_fences(buf, self._n)
+
+    def _check(self, buf: str, n: int) -> tuple[DoomLoopSignal, ...]:
+        """The general case: live runs to extend and judge, and maybe a checkpoint."""
+        runs, step, k = self.live, self._step, self._k
+        out: list[DoomLoopSignal] = []
+        pos = self._done
         cp = self._next_cp
         if cp <= n:
-            # One search per delta, at its last checkpoint, reaching as far back as the
-            # farthest-reaching checkpoint the delta spans: a periodic tail is found from
-            # any anchor inside it, so the skipped checkpoints would add nothing but cost.
-            last = cp + (n - cp) // step * step
+            last = n - (n - cp) % step
+            self._extend(buf, pos, last, out)
             # The checkpoint of [cp, last] divisible by the largest power of 4 (in strides)
             # sets the reach: its trailing zero bits are the highest bit where the first
             # checkpoint index minus one and the last index differ (O(1), no loop).
-            bits = (((cp // step) - 1) ^ (last // step)).bit_length() - 1
-            reach = min((_REACH * step) << (bits & ~1), window)
-            if runs:
-                self._extend(buf, pos, last, out)
-            e = last - base
-            lo = e - k - reach
-            j = buf.rfind(buf[e - k : e], lo if lo > 0 else 0, e - 1)
+            e = last - self._base
+            lo = e - k - self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
+            if lo < 0:
+                lo = 0
+            j = buf.rfind(buf[e - k : e], lo, e - 1)
             if j >= 0:
-                self._candidates(buf, last, j, lo if lo > 0 else 0)
+                self._candidates(buf, last, j, lo)
             pos = last
-            cp = last + step
-        self._next_cp = cp
-        if runs:
-            self._extend(buf, pos, n, out)
-            for p in sorted(runs):
-                self._judge(runs[p], n, out, buf)
+            self._next_cp = last + step
+        self._extend(buf, pos, n, out)
+        for p in sorted(runs):
+            self._judge(runs[p], n, out, buf)
+        self._done = n
+        if len(buf) > self._trim_at:
+            self._buf = buf[-self._keep :]
+            self._base = n - self._keep
+        return tuple(out) if out else ()
 
     def _extend(self, buf: str, frm: int, to: int, out: list[DoomLoopSignal]) -> None:
         """Check positions [frm, to) of every live run; end the runs that break."""
         if frm >= to:
             return
         base = self._base
-        for p in list(self._runs):
+        for p in list(self.live):
             a, b = frm - base, to - base
             if buf[a:b] == buf[a - p : b - p]:
                 continue
             end = next(i for i in range(a, b) if buf[i] != buf[i - p]) + base
-            run = self._runs.pop(p)
+            run = self.live.pop(p)
             self._judge(run, end, out, buf)  # a run that crossed its threshold mid-delta still fires
 
     def _candidates(self, buf: str, cp: int, j: int, lo: int) -> None:
@@ -221,7 +271,7 @@ class RepetitionDetector:
         k, anchor_at = self._k, cp - self._k - self._base
         for _ in range(self._tries):
             d = anchor_at - j
-            if d in self._runs:
+            if d in self.live:
                 return
             onset = self._onset(buf, cp, d)
             if onset is not None:
@@ -233,10 +283,16 @@ class RepetitionDetector:
 
     def _onset(self, buf: str, cp: int, d: int) -> int | None:
         """Start of the d-periodic run ending at ``cp`` if it holds two copies, else None."""
-        base = self._base
-        m = max(d, self._k)
+        base, k = self._base, self._k
+        m = max(d, k)
         e = cp - base
-        if e - m - d < 0 or buf[e - m : e] != buf[e - m - d : e - d]:
+        if e - m - d < 0:
+            return None
+        if m > _BLOCK + k:  # most candidates fail just before the anchor: test that block first
+            f = e - k
+            if buf[f - _BLOCK : f] != buf[f - _BLOCK - d : f - d]:
+                return None
+        if buf[e - m : e] != buf[e - m - d : e - d]:
             return None
         a = e - m  # buf[a:e] == buf[a-d:e-d]; walk back in blocks, then per char
         while a - _BLOCK - d >= 0 and buf[a - _BLOCK : a] == buf[a - _BLOCK - d : a - d]:
@@ -246,11 +302,11 @@ class RepetitionDetector:
         return a - d + base
 
     def _adopt(self, d: int, onset: int) -> None:
-        for q in [q for q in self._runs if q % d == 0 and self._runs[q].onset >= onset]:
-            del self._runs[q]  # a multiple inside the new run adds nothing
-        if len(self._runs) >= self._max_candidates:
-            del self._runs[max(self._runs)]
-        self._runs[d] = _Run(d, onset)
+        for q in [q for q in self.live if q % d == 0 and self.live[q].onset >= onset]:
+            del self.live[q]  # a multiple inside the new run adds nothing
+        if len(self.live) >= self._max_candidates:
+            del self.live[max(self.live)]
+        self.live[d] = _Run(d, onset)
 
     def _judge(self, run: _Run, end: int, out: list[DoomLoopSignal], buf: str) -> None:
         p = run.period

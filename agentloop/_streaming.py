@@ -31,8 +31,6 @@ from ._messages import Message
 from ._model import (
     ModelRequest,
     StreamEvent,
-    StreamLogprobs,
-    StreamSignals,
     StreamText,
     StreamThinking,
     StreamToolInput,
@@ -80,7 +78,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
     opts = engine.options
     st.phase, st.response = "model", None
     budgets = _Budgets(engine)
-    watchers = _stream_watchers(engine)
+    watch, credit = _stream_watch(engine)
     while True:
         acc = st.begin_attempt()
         for policy in engine.policies:
@@ -116,12 +114,17 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                 make = _DELTAS.get(type(event))
                 if make is not None:
                     yield make(event, acc)
-                if watchers and type(event) in _WATCHED:
-                    verdict = _judge_stream(watchers, event, outcome)
-                    if isinstance(verdict, Resample) and budgets.armed:
-                        outcome.cut = verdict
-                        break
+                if watch is not None:
+                    try:
+                        verdict = watch(event)
+                    except Exception:
+                        log.exception("policy %s.on_stream raised; ignored", credit)
+                        verdict = None
                     if verdict is not None:
+                        outcome.policy = credit if isinstance(credit, str) else credit.policy
+                        if isinstance(verdict, Resample) and budgets.armed:
+                            outcome.cut = verdict
+                            break
                         yield _detected(engine, verdict, outcome.policy)
             if outcome.cut is None and not acc.ended:
                 raise StreamProtocolError("the model stream ended without its end event", retryable=True)
@@ -219,31 +222,46 @@ async def _aclose(stream: AsyncIterator[StreamEvent]) -> None:
             log.debug("closing the model stream raised", exc_info=True)
 
 
-Watcher = tuple[Policy, Callable[[StreamEvent], "Verdict | None"]]
+def _stream_watch(engine: QueryEngine) -> tuple[Callable[[StreamEvent], Verdict | None] | None, str | _Panel]:
+    """What to call per stream event, and who to credit its verdicts to: a policy
+    name, or the `_Panel` that remembers which of several policies spoke.
+
+    Only the policies that override ``on_stream`` are called once per delta; a
+    single one is called directly (the common case: one doom-loop policy).
+    """
+    watchers = [p for p in engine.policies if type(p).on_stream is not Policy.on_stream]
+    if not watchers:
+        return None, ""
+    if len(watchers) == 1:
+        return watchers[0].on_stream, watchers[0].name
+    panel = _Panel(watchers)
+    return panel.judge, panel
 
 
-def _stream_watchers(engine: QueryEngine) -> list[Watcher]:
-    """The policies that look at the stream: the others are not called once per delta."""
-    return [(p, p.on_stream) for p in engine.policies if type(p).on_stream is not Policy.on_stream]
+class _Panel:
+    """Several stream-watching policies: the first `Resample` wins, else the first `Warn`."""
 
+    __slots__ = ("policy", "watchers")
 
-def _judge_stream(watchers: list[Watcher], event: StreamEvent, outcome: _Outcome) -> Verdict | None:
-    found: Verdict | None = None
-    for policy, on_stream in watchers:
-        try:
-            verdict = on_stream(event)
-        except Exception:
-            log.exception("policy %s.on_stream raised; ignored", policy.name)
-            continue
-        if verdict is None:
-            continue
-        if isinstance(verdict, Resample):
-            outcome.policy = policy.name
-            return verdict
-        if isinstance(verdict, Warn) and found is None:
-            outcome.policy = policy.name
-            found = verdict
-    return found
+    def __init__(self, watchers: list[Policy]) -> None:
+        self.watchers = watchers
+        self.policy = ""
+
+    def judge(self, event: StreamEvent) -> Verdict | None:
+        found: Verdict | None = None
+        for policy in self.watchers:
+            try:
+                verdict = policy.on_stream(event)
+            except Exception:
+                log.exception("policy %s.on_stream raised; ignored", policy.name)
+                continue
+            if isinstance(verdict, Resample):
+                self.policy = policy.name
+                return verdict
+            if isinstance(verdict, Warn) and found is None:
+                self.policy = policy.name
+                found = verdict
+        return found
 
 
 def _tool_delta(event: StreamEvent, acc: Accumulator) -> Event:
@@ -264,7 +282,6 @@ _DELTAS: dict[type, Callable[[Any, Accumulator], Event]] = {
     StreamToolInput: _tool_delta,
     StreamToolUseStart: _tool_start,
 }
-_WATCHED = frozenset({StreamText, StreamThinking, StreamSignals, StreamLogprobs})
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:

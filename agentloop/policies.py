@@ -17,8 +17,8 @@ detector in `agentloop._detector`; this module is their public home.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from ._detector import RepetitionDetector, Rule
 from ._model import StreamEvent, StreamLogprobs, StreamSignals, StreamText, StreamThinking
@@ -72,6 +72,14 @@ class DoomLoopPolicy(Policy):
     ``logprob_floor`` (defaults -6.0 and 24: two dozen tokens in a row the model
     itself found very unlikely, the mark of degenerate sampling rather than of
     a chant); ``logprob_floor=None`` turns it off.
+
+    ``every`` (default 4) trades delay for cost: while nothing repeats, each
+    detector gets the text once per ``every`` deltas (a detector search costs
+    about as much as all the loop's other work for a few deltas), so a loop is
+    seen at most ``every - 1`` deltas later than with ``every=1``: three
+    characters for one-character deltas, 360 for 120-character ones. Once a run
+    is live, every delta goes through, so it fires in the delta that crosses its
+    threshold.
     """
 
     def __init__(
@@ -83,16 +91,15 @@ class DoomLoopPolicy(Policy):
         detector: Mapping[str, Any] | None = None,
         logprob_floor: float | None = -6.0,
         logprob_run: int = 24,
-        batch: int = 32,
+        every: int = 4,
     ) -> None:
+        if every < 1:
+            raise ValueError("every must be at least 1")
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
-        # Deltas are handed to the detector in batches of at least ``batch`` characters:
-        # it only acts at its 32-character checkpoints anyway, and a per-delta call would
-        # cost more than everything else the loop does for a small delta.
-        self.batch = batch
-        self._pending: dict[str, list[str]] = {ch: [] for ch in self.detectors}
-        self._pending_len: dict[str, int] = dict.fromkeys(self.detectors, 0)
+        self.every = every
+        self._text = _Channel(self.detectors["text"]) if "text" in self.detectors else None
+        self._thinking = _Channel(self.detectors["thinking"]) if "thinking" in self.detectors else None
         self.server_signals = server_signals
         self.logprob_floor = logprob_floor
         self.logprob_run = logprob_run
@@ -104,40 +111,36 @@ class DoomLoopPolicy(Policy):
         return "warn"
 
     def begin_attempt(self) -> None:
-        for channel, det in self.detectors.items():
+        for det in self.detectors.values():
             det.reset()
-            self._pending[channel].clear()
-            self._pending_len[channel] = 0
+        for ch in (self._text, self._thinking):
+            if ch is not None:
+                ch.parts.clear()
         self._seen.clear()
         self._low_runs.clear()
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
-        kind = type(event)
-        if kind is StreamText:
-            return self._feed("text", cast(StreamText, event).text)
-        if kind is StreamThinking:
-            return self._feed("thinking", cast(StreamThinking, event).thinking)
-        if isinstance(event, StreamSignals):
+        # Called once per delta: exact-type tests first.
+        if type(event) is StreamText:
+            ch, delta = self._text, event.text
+        elif type(event) is StreamThinking:
+            ch, delta = self._thinking, event.thinking
+        elif isinstance(event, StreamSignals):
             return self._verdict(self._server(event.signals)) if self.server_signals else None
-        if isinstance(event, StreamLogprobs):
+        elif isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
-        return None
-
-    def _feed(self, channel: str, delta: str) -> Verdict | None:
-        pending = self._pending.get(channel)
-        if pending is None:  # no client detector on this channel
+        else:
             return None
-        pending.append(delta)
-        size = self._pending_len[channel] + len(delta)
-        if size < self.batch:
-            self._pending_len[channel] = size
+        if ch is None:  # no client detector on this channel
             return None
-        self._pending_len[channel] = 0
-        text = "".join(pending) if len(pending) > 1 else delta
-        pending.clear()
-        return self._verdict(self.detectors[channel].feed(text))
+        parts = ch.parts
+        parts.append(delta)
+        if len(parts) < self.every and not ch.live:
+            return None
+        signals = ch.flush()
+        return self._verdict(signals) if signals else None
 
-    def _verdict(self, signals: list[DoomLoopSignal]) -> Verdict | None:
+    def _verdict(self, signals: Sequence[DoomLoopSignal]) -> Verdict | None:
         if not signals:
             return None
         judged = [(s, self.judge(s)) for s in signals]
@@ -175,6 +178,23 @@ class DoomLoopPolicy(Policy):
         if not fired:
             return []
         return [DoomLoopSignal("low_logprob", event.channel, source="client")]
+
+
+class _Channel:
+    """One channel's detector and the deltas held back from it."""
+
+    __slots__ = ("det", "live", "parts")
+
+    def __init__(self, det: RepetitionDetector) -> None:
+        self.det = det
+        self.live = det.live  # the detector keeps this dict across resets
+        self.parts: list[str] = []
+
+    def flush(self) -> tuple[DoomLoopSignal, ...]:
+        parts = self.parts
+        text = parts[0] if len(parts) == 1 else "".join(parts)
+        parts.clear()
+        return self.det.feed(text)
 
 
 class ConservativeDoomLoopPolicy(DoomLoopPolicy):

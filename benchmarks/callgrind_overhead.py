@@ -11,6 +11,7 @@ minutes). Not part of ``python -m benchmarks``, which stays wall-clock only.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -51,6 +52,7 @@ def _instructions(*args: str) -> int:
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # the same dict and set layouts in every run
     )
     match = re.search(r"Collected : (\d+)", out.stderr)
     assert match is not None, out.stderr[-500:]

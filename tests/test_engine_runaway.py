@@ -24,6 +24,7 @@ from agentloop import (
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
+    StreamEvent,
     StreamSignals,
     StreamText,
     StreamThinking,
@@ -31,7 +32,7 @@ from agentloop._model import (
     StreamToolUseStart,
 )
 from agentloop._recovery import REPLAY_THINKING_BYTES, truncate_utf8
-from agentloop.policies import ConservativeDoomLoopPolicy, IdenticalToolCallRun
+from agentloop.policies import ConservativeDoomLoopPolicy, IdenticalToolCallRun, Policy, Verdict, Warn
 from tests.helpers import collect, kinds
 
 CHANT = "I'll do it.\nI'll execute.\n" * 60
@@ -166,6 +167,39 @@ async def test_server_signals_drive_the_same_policy() -> None:
     found = [e for e in events if isinstance(e, DoomLoopDetected)]
     assert [(e.confident, e.action) for e in found] == [(False, "warn"), (True, "resample")]
     assert found[1].signals[-1].unit == "tokens" and found[1].signals[-1].threshold == 32
+
+
+class Shouts(Policy):
+    """Warns on every text delta (a stream watcher that never resamples)."""
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        return Warn(()) if isinstance(event, StreamText) else None
+
+
+class Breaks(Policy):
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        raise RuntimeError("a bug in a host policy")
+
+
+async def test_several_stream_policies_resample_wins_and_is_credited_to_its_policy() -> None:
+    engine = doom_engine([LOOPING, GOOD], policies=[Shouts(), Breaks(), ConservativeDoomLoopPolicy()])
+    events = await collect(engine, "go")
+    found = [e for e in events if isinstance(e, DoomLoopDetected)]
+    resample = next(e for e in found if e.action == "resample")
+    assert resample.policy == "ConservativeDoomLoopPolicy" and resample.confident
+    assert {e.policy for e in found if not e.confident} == {"Shouts"}
+    assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_a_stream_policy_that_raises_is_logged_and_ignored(alone: bool, caplog: pytest.LogCaptureFixture) -> None:
+    policies: list[Policy] = [Breaks()] if alone else [Breaks(), ConservativeDoomLoopPolicy()]
+    engine = doom_engine([GOOD], policies=policies)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert engine.messages[-1].text == "Fixed it."
+    assert "policy Breaks.on_stream raised; ignored" in caplog.text
 
 
 # -- stationarity ---------------------------------------------------------------------------

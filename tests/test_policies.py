@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentloop._detector import RepetitionDetector
 from agentloop._messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from agentloop._model import StreamLogprobs, StreamSignals, StreamText, StreamThinking, StreamUsage, Usage
 from agentloop.policies import (
@@ -410,14 +411,59 @@ def test_default_policies_are_conservative_doom_loop_and_identical_run() -> None
     assert isinstance(pols[0], ConservativeDoomLoopPolicy) and pols[0].max_threshold == 64
 
 
-def test_doom_policy_hands_the_detector_batches_of_at_least_batch_chars() -> None:
-    pol = ConservativeDoomLoopPolicy(batch=32)
-    det = pol.detectors["text"]
+def test_detector_queues_deltas_until_its_next_checkpoint() -> None:
+    det = RepetitionDetector("text")
     for _ in range(3):
-        assert pol.on_stream(StreamText(0, "ten chars.")) is None
-    assert det.chars == 0  # 30 characters pending: not yet handed over
-    pol.on_stream(StreamText(0, "ten chars."))
-    assert det.chars == 40
-    pol.begin_attempt()  # a new attempt forgets what was pending
-    pol.on_stream(StreamText(0, "x" * 5))
-    assert det.chars == 0 and pol._pending_len["text"] == 5
+        assert det.feed("ten chars.") == ()
+    assert det.chars == 30 and det._buf == ""  # queued: the first checkpoint is at 32
+    det.feed("ten chars.")
+    assert det._buf == "ten chars." * 4 and det._pending == ""
+    assert det.in_fence is False
+    det.feed("\n```py\n")  # queued, but asking for the fence state looks at it
+    assert det.in_fence is True and det._pending == ""
+
+
+def test_doom_policy_holds_cold_text_for_every_deltas() -> None:
+    pol = ConservativeDoomLoopPolicy(every=3)
+    det = pol.detectors["text"]
+    pol.on_stream(StreamText(0, "a" * 40))
+    pol.on_stream(StreamText(0, "b" * 40))
+    assert det.chars == 0  # two deltas held by the policy
+    pol.on_stream(StreamText(0, "c" * 40))
+    assert det._buf == "a" * 40 + "b" * 40 + "c" * 40
+    pol.on_stream(StreamThinking(0, "t" * 40))  # channels are counted apart
+    assert pol.detectors["thinking"].chars == 0
+    pol.begin_attempt()  # a new attempt forgets what was held
+    for ch in "xyz":
+        pol.on_stream(StreamText(0, ch))
+    assert det.chars == 3
+    assert ConservativeDoomLoopPolicy().every == 4  # the stock setting
+
+
+def test_doom_policy_hands_over_every_delta_once_a_run_is_live() -> None:
+    pol = ConservativeDoomLoopPolicy(every=3)
+    det = pol.detectors["thinking"]
+    unit = "I'll check the file again. "
+    for _ in range(3):
+        pol.on_stream(StreamThinking(0, unit * 2))
+    assert det.live  # the repeat is being tracked
+    pol.on_stream(StreamThinking(0, unit))
+    assert det.chars == 7 * len(unit)  # handed over at once, not held
+
+
+def test_doom_policy_every_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="every"):
+        ConservativeDoomLoopPolicy(every=0)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("size", [1, 4, 24, 120])
+def test_doom_policy_fires_at_most_every_minus_one_deltas_after_the_detector(every: int, size: int) -> None:
+    unit = "Checking the config again before I answer. "
+    text = "We read the plan, compare it with the file, and decide.\n" * 3 + unit * 30
+    deltas = [text[i : i + size] for i in range(0, len(text), size)]
+    det = RepetitionDetector("thinking")
+    bare = next(i for i, d in enumerate(deltas) if any(s.kind == "tail_repetition" for s in det.feed(d)))
+    pol = ConservativeDoomLoopPolicy(every=every)
+    via = next(i for i, d in enumerate(deltas) if pol.on_stream(StreamThinking(0, d)) is not None)
+    assert bare <= via <= bare + every - 1
