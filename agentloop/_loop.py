@@ -80,8 +80,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 if uses:
                     tools = tool_phase(engine, st, uses)
                     try:
-                        async for event in tools:
-                            yield event
+                        async for events in tools:
+                            for event in events:
+                                yield event
                     finally:
                         await tools.aclose()
                     for event in _after_tools(engine, st, uses):

@@ -51,8 +51,14 @@ async def _call(runner: CallRunner, use: ToolUseBlock, put: Callable[[object], N
         put(_Done(use, result))
 
 
-async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> AsyncGenerator[Event, None]:
-    """Run ``uses`` batch by batch, yielding each call's events; commits the results."""
+async def tool_phase(
+    engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
+) -> AsyncGenerator[list[Event], None]:
+    """Run ``uses`` batch by batch, yielding the calls' events; commits the results.
+
+    Events come in lists, one per wake-up of the loop: a hundred calls that end
+    together cost one generator resumption here, not a hundred.
+    """
     st.phase = "tools"
 
     runner = CallRunner(engine, st.signal, st.mailbox.put, engine.options.permission)
@@ -69,11 +75,12 @@ async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
             st.mailbox.put(ABORTED)
         try:
             while waiting:
+                events: list[Event] = []
                 for item in await st.mailbox.get():
                     if isinstance(item, _Done):
                         if waiting.pop(item.use.id, None) is not None:
                             st.pending_tasks.discard(tasks[item.use.id])
-                            yield _record(engine, st, item)
+                            events.append(_record(engine, st, item))
                     elif item is ABORTED:
                         if not timers:
                             timers.append(st.loop.call_later(engine.options.tool_cancel_grace, st.mailbox.put, GRACE_OVER))
@@ -86,18 +93,20 @@ async def tool_phase(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
                             log.warning("tool %r ignored cancellation; abandoning it", use.name)
                         waiting.clear()
                     else:
-                        yield cast(Event, item)  # emitted by a tool (ToolContext.emit)
+                        events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)
+                if events:
+                    yield events
         finally:
             for timer in timers:
                 timer.cancel()
         if not st.signal.aborted:  # safe point: drained now, merged after the results
             drained += engine.inbox.take(engine.inbox.interjections)
-    for event in settle_results(engine, st):
-        yield event
+    events = list(settle_results(engine, st))
     if drained:
         engine.inbox.interjections[:0] = drained  # delivered by the next top-of-iteration drain
-        for event in drain_interjections(engine, st):
-            yield event
+        events += drain_interjections(engine, st)
+    if events:
+        yield events
 
 
 def _record(engine: QueryEngine, st: RunState, done: _Done) -> ToolCallFinished:
