@@ -8,6 +8,7 @@ shared with a request that is in flight.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -23,10 +24,33 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FIELD_SETS: dict[frozenset[str], set[str]] = {}
+
+
+def _shared(names: Iterable[str]) -> set[str]:
+    """One set object per distinct set of field names.
+
+    Every pydantic instance carries the set of fields that were given; an empty
+    set alone is 216 bytes, about a quarter of a short message. The models are
+    frozen and pydantic copies the set before changing a copy's, so instances can
+    share it.
+    """
+    key = frozenset(names)
+    found = _FIELD_SETS.get(key)
+    if found is None:
+        found = _FIELD_SETS[key] = set(key)
+    return found
+
+
+class _Shared(BaseModel):
+    """Base of the transcript models: validated instances share their fields set."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        object.__setattr__(self, "__pydantic_fields_set__", _shared(self.__pydantic_fields_set__))
 _M = TypeVar("_M", bound=BaseModel)
 
 
-class TextBlock(BaseModel):
+class TextBlock(_Shared):
     """Plain text."""
 
     model_config = _FROZEN
@@ -34,7 +58,7 @@ class TextBlock(BaseModel):
     text: str
 
 
-class ThinkingBlock(BaseModel):
+class ThinkingBlock(_Shared):
     """Model reasoning. ``signature`` is opaque provider data that must be sent back
     unchanged; a block with an empty signature is incomplete and never sent."""
 
@@ -44,7 +68,7 @@ class ThinkingBlock(BaseModel):
     signature: str = ""
 
 
-class RedactedThinkingBlock(BaseModel):
+class RedactedThinkingBlock(_Shared):
     """Encrypted reasoning, passed back to the provider unchanged."""
 
     model_config = _FROZEN
@@ -52,7 +76,7 @@ class RedactedThinkingBlock(BaseModel):
     data: str
 
 
-class ToolUseBlock(BaseModel):
+class ToolUseBlock(_Shared):
     """A tool call requested by the model.
 
     ``complete`` is False while (or if) the input JSON never finished streaming;
@@ -70,7 +94,7 @@ class ToolUseBlock(BaseModel):
     input_error: str | None = None
 
 
-class ToolResultBlock(BaseModel):
+class ToolResultBlock(_Shared):
     """The outcome of a tool call, matched to its `ToolUseBlock` by ``tool_use_id``."""
 
     model_config = _FROZEN
@@ -93,7 +117,7 @@ Block = Annotated[
 ]
 
 
-class Message(BaseModel):
+class Message(_Shared):
     """One transcript entry.
 
     ``partial``: the model's output was cut by an abort mid-stream.
@@ -162,21 +186,27 @@ def _trusted(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
     return obj
 
 
+_TEXT = _shared(("text",))
+_THINKING = _shared(("thinking", "signature"))
+_USE = _shared(("id", "name", "input"))
+_USE_PARTIAL = _shared(("id", "name", "input", "complete"))
+_RESULT = _shared(("tool_use_id", "content"))
+_RESULT_ERROR = _shared(("tool_use_id", "content", "is_error"))
+
+
 def text_block(text: str) -> TextBlock:
-    return _trusted(TextBlock, {"type": "text", "text": text}, {"text"})
+    return _trusted(TextBlock, {"type": "text", "text": text}, _TEXT)
 
 
 def thinking_block(thinking: str, signature: str) -> ThinkingBlock:
-    return _trusted(
-        ThinkingBlock, {"type": "thinking", "thinking": thinking, "signature": signature}, {"thinking", "signature"}
-    )
+    return _trusted(ThinkingBlock, {"type": "thinking", "thinking": thinking, "signature": signature}, _THINKING)
 
 
 def tool_use_block(id: str, name: str, input: dict[str, Any], *, complete: bool = True) -> ToolUseBlock:
     return _trusted(
         ToolUseBlock,
         {"type": "tool_use", "id": id, "name": name, "input": input, "complete": complete, "input_error": None},
-        {"id", "name", "input"} if complete else {"id", "name", "input", "complete"},
+        _USE if complete else _USE_PARTIAL,
     )
 
 
@@ -184,7 +214,7 @@ def tool_result_block(tool_use_id: str, content: str, *, is_error: bool = False)
     return _trusted(
         ToolResultBlock,
         {"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": is_error},
-        {"tool_use_id", "content", "is_error"} if is_error else {"tool_use_id", "content"},
+        _RESULT_ERROR if is_error else _RESULT,
     )
 
 
@@ -197,4 +227,4 @@ def message(
     kind: str | None = None,
 ) -> Message:
     values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": {}}
-    return _trusted(Message, values, {k for k in ("role", "content", "partial", "synthetic", "kind") if values[k]})
+    return _trusted(Message, values, _shared(k for k in ("role", "content", "partial", "synthetic", "kind") if values[k]))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from agentloop import (
     Message,
@@ -181,3 +183,15 @@ def test_property_validate_reports_nothing_iff_repair_changes_nothing(msgs: list
     changes: list[str] = []
     repair_transcript(msgs, changes=changes)
     assert (validate_transcript(msgs) == []) == (changes == [])
+
+
+def test_messages_share_their_fields_set_and_copies_stay_independent() -> None:
+    a, b = Message.user("one"), Message.user("two")
+    assert a.__pydantic_fields_set__ is b.__pydantic_fields_set__  # one set per combination of fields
+    assert a.content[0].__pydantic_fields_set__ is b.content[0].__pydantic_fields_set__
+    flagged = a.model_copy(update={"partial": True})
+    assert flagged.partial and "partial" in flagged.__pydantic_fields_set__
+    assert a.__pydantic_fields_set__ == b.__pydantic_fields_set__ == {"role", "content"}
+    assert a.model_dump(exclude_unset=True) == {"role": "user", "content": [{"text": "one"}]}
+    with pytest.raises(ValidationError):
+        a.role = "assistant"  # type: ignore[misc]  # frozen: the shared set can never be grown
