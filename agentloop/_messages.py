@@ -218,6 +218,17 @@ def tool_result_block(tool_use_id: str, content: str, *, is_error: bool = False)
     )
 
 
+# The fields set of a trusted message, by (content given, partial, synthetic, kind given):
+# looked up, not built, on the loop's hot path.
+_MESSAGE_FIELDS = {
+    (c, p, s, k): _shared(("role",) + ("content",) * c + ("partial",) * p + ("synthetic",) * s + ("kind",) * k)
+    for c in (False, True)
+    for p in (False, True)
+    for s in (False, True)
+    for k in (False, True)
+}
+
+
 def message(
     role: Literal["user", "assistant"],
     content: list[Block],
@@ -227,4 +238,4 @@ def message(
     kind: str | None = None,
 ) -> Message:
     values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": {}}
-    return _trusted(Message, values, _shared(k for k in ("role", "content", "partial", "synthetic", "kind") if values[k]))
+    return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind)])

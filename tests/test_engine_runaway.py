@@ -202,6 +202,27 @@ async def test_a_stream_policy_that_raises_is_logged_and_ignored(alone: bool, ca
     assert "policy Breaks.on_stream raised; ignored" in caplog.text
 
 
+async def test_a_stream_policy_sees_every_stream_event_of_the_attempt() -> None:
+    seen: list[type] = []
+
+    class Watch(Policy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            seen.append(type(event))
+            return None
+
+    frames = [
+        StreamText(0, "checking"),
+        StreamBlockStop(0),
+        StreamToolUseStart(1, "t1", "read_file"),
+        StreamToolInput(1, '{"path": "a.py"}'),
+        StreamBlockStop(1),
+        StreamEnd(stop_reason="tool_use"),
+    ]
+    engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[Watch()], tools=[read_file])
+    await collect(engine, "go")
+    assert seen[: len(frames)] == [type(f) for f in frames]  # tool input and block ends too, not only text
+
+
 # -- stationarity ---------------------------------------------------------------------------
 
 
