@@ -157,7 +157,7 @@ class QueryEngine:
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
         self._wrap_next = False
-        self._background: set[asyncio.Task[Any]] = set()  # strong refs: a running task is never collected
+        self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
 
     def __repr__(self) -> str:
@@ -291,6 +291,8 @@ class QueryEngine:
             return [ev async for ev in child.run(prompt)]
 
         task = asyncio.get_running_loop().create_task(drain(), name=f"agentloop-bg-{child.agent_id}")
+        if self._background is None:
+            self._background = set()  # a running task must never be garbage-collected
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task

@@ -8,7 +8,6 @@ whether the call had started (``started``) or not.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,7 +64,7 @@ class Mailbox:
     __slots__ = ("_items", "_waiter")
 
     def __init__(self) -> None:
-        self._items: deque[object] = deque()
+        self._items: list[object] = []  # a list, not a deque: an empty deque holds a 64-slot block
         self._waiter: asyncio.Future[None] | None = None
 
     def put(self, item: object) -> None:
@@ -82,8 +81,7 @@ class Mailbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        items = list(self._items)
-        self._items.clear()
+        items, self._items = self._items, []
         return items
 
 
@@ -128,7 +126,31 @@ class CallRunner:
         self.signal.throw_if_aborted()
         self.started.add(use.id)
         self.emit(ToolCallStarted(tool_use=use))
-        return await self._execute(tool, use, tool_input, ctx)
+        # The handler is awaited here, not in a helper coroutine: one frame less
+        # for every resumption of every call.
+        scope: asyncio.Timeout | None = None
+        try:
+            if tool.timeout is None:
+                output = await tool.handler(tool_input, ctx)
+            else:
+                async with asyncio.timeout(tool.timeout) as scope:
+                    output = await tool.handler(tool_input, ctx)
+        except TimeoutError:
+            if scope is not None and scope.expired():
+                return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
+            return error_result(use.id, f"Tool {use.name!r} raised TimeoutError.")
+        except ToolInputError as exc:
+            return error_result(use.id, f"Tool {use.name!r} was not run: {exc}")
+        except AbortError:
+            if self.signal.aborted:
+                raise
+            return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
+        except Exception as exc:
+            return error_result(use.id, f"Tool {use.name!r} raised {type(exc).__name__}: {exc}")
+        try:
+            return output_to_result(use.id, output)
+        except Exception as exc:  # a result that cannot be represented
+            return error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
 
     async def _ask(self, use: ToolUseBlock, ctx: ToolContext) -> Allow | ToolResultBlock:
         assert self.permission is not None
@@ -155,33 +177,6 @@ class CallRunner:
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         return decision
-
-    async def _execute(
-        self, tool: Tool, use: ToolUseBlock, tool_input: dict[str, Any], ctx: ToolContext
-    ) -> ToolResultBlock:
-        scope: asyncio.Timeout | None = None
-        try:
-            if tool.timeout is None:
-                output = await tool.handler(tool_input, ctx)
-            else:
-                async with asyncio.timeout(tool.timeout) as scope:
-                    output = await tool.handler(tool_input, ctx)
-        except TimeoutError:
-            if scope is not None and scope.expired():
-                return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
-            return error_result(use.id, f"Tool {use.name!r} raised TimeoutError.")
-        except ToolInputError as exc:
-            return error_result(use.id, f"Tool {use.name!r} was not run: {exc}")
-        except AbortError:
-            if self.signal.aborted:
-                raise
-            return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
-        except Exception as exc:
-            return error_result(use.id, f"Tool {use.name!r} raised {type(exc).__name__}: {exc}")
-        try:
-            return output_to_result(use.id, output)
-        except Exception as exc:  # a result that cannot be represented
-            return error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
 
 
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:

@@ -76,6 +76,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         yield event
                 finally:
                     await phase.aclose()
+                del phase  # spent: not held while the tools run
                 uses = _before_tools(engine, st) if st.terminal is None else []
                 if uses:
                     tools = tool_phase(engine, st, uses)

@@ -42,6 +42,35 @@ def _shared(names: Iterable[str]) -> set[str]:
     return found
 
 
+class _NoMeta(dict[str, Any]):
+    """The ``meta`` of a message built without one: empty, read-only, and shared.
+
+    A message is frozen, so its ``meta`` is set when it is built (``meta=`` or
+    ``model_copy(update={"meta": ...})``); sharing one empty mapping saves every
+    message a dict of its own.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a message's meta is read-only: pass meta= when building it, or use model_copy(update=...)")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _read_only  # type: ignore[assignment]
+    __ior__ = _read_only  # type: ignore[assignment]
+
+    def __copy__(self) -> dict[str, Any]:
+        return {}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        return {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, ())
+
+
+NO_META: dict[str, Any] = _NoMeta()
+
+
 class _Shared(BaseModel):
     """Base of the transcript models: validated instances share their fields set."""
 
@@ -134,7 +163,7 @@ class Message(_Shared):
     partial: bool = False
     synthetic: bool = False
     kind: str | None = None
-    meta: dict[str, Any] = Field(default_factory=dict)
+    meta: dict[str, Any] = Field(default_factory=lambda: NO_META)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -237,5 +266,5 @@ def message(
     synthetic: bool = False,
     kind: str | None = None,
 ) -> Message:
-    values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": {}}
+    values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": NO_META}
     return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind)])

@@ -52,18 +52,28 @@ class _Waiting:
         await asyncio.Event().wait()
 
 
-async def _latency_trial(kind: str) -> float:
+class _Trial:
+    """The current latency trial's state, shared with the module-level tool below."""
+
     ready = asyncio.Event()
     started = 0
 
-    @tool(concurrency_safe=True)
-    async def wait(ctx: ToolContext) -> str:
-        nonlocal started
-        started += 1
-        if started == 100:
-            ready.set()
-        await ctx.signal.wait()
-        return "stopped"
+
+@tool(concurrency_safe=True)
+async def _wait(ctx: ToolContext) -> str:
+    """Waits for the abort (a cooperative tool)."""
+    _Trial.started += 1
+    if _Trial.started == 100:
+        _Trial.ready.set()
+    await ctx.signal.wait()
+    return "stopped"
+
+
+async def _latency_trial(kind: str) -> float:
+    # The tool is defined once, as hosts do: a @tool made per trial would add a
+    # pydantic model class per trial, garbage that only a full GC collection frees.
+    ready = _Trial.ready = asyncio.Event()
+    _Trial.started = 0
 
     async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         ready.set()
@@ -73,11 +83,11 @@ async def _latency_trial(kind: str) -> float:
     if kind == "streaming":
         engine = QueryEngine(_Waiting(ready), policies=[])  # type: ignore[arg-type]
     elif kind == "100 tools":
-        calls = [ScriptedToolCall("wait", {}) for _ in range(100)]
-        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[wait], policies=[], max_parallel_tools=100)
+        calls = [ScriptedToolCall("_wait", {}) for _ in range(100)]
+        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[_wait], policies=[], max_parallel_tools=100)
     else:
-        calls = [ScriptedToolCall("wait", {})]
-        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[wait], policies=[], permission=ask)
+        calls = [ScriptedToolCall("_wait", {})]
+        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls)]), tools=[_wait], policies=[], permission=ask)
     ended: list[float] = []
 
     async def consume() -> None:

@@ -195,3 +195,26 @@ def test_messages_share_their_fields_set_and_copies_stay_independent() -> None:
     assert a.model_dump(exclude_unset=True) == {"role": "user", "content": [{"text": "one"}]}
     with pytest.raises(ValidationError):
         a.role = "assistant"  # type: ignore[misc]  # frozen: the shared set can never be grown
+
+
+def test_a_message_built_without_meta_shares_an_empty_read_only_one() -> None:
+    import copy
+    import pickle
+
+    a, b = Message.user("one"), Message.assistant("two")
+    assert a.meta == {} and a.meta is b.meta  # one shared mapping, not a dict per message
+    with pytest.raises(TypeError, match="read-only"):
+        a.meta["note"] = "x"
+    with pytest.raises(TypeError, match="read-only"):
+        a.meta.update(note="x")
+    assert b.meta == {}  # nothing leaked into the other message
+    noted = a.model_copy(update={"meta": {"note": "x"}})
+    assert noted.meta == {"note": "x"} and a.meta == {}
+    given_meta = Message.user("three", meta={"receipt": "r1"})
+    given_meta.meta["extra"] = 1  # a host's own dict stays an ordinary dict
+    assert given_meta.meta == {"receipt": "r1", "extra": 1}
+    for clone in (copy.deepcopy(a), copy.copy(a.meta), pickle.loads(pickle.dumps(a))):
+        meta = clone.meta if isinstance(clone, Message) else clone
+        assert meta == {}
+        meta["free"] = True  # copies are ordinary dicts again
+    assert Message.model_validate_json(a.model_dump_json()) == a
