@@ -102,11 +102,16 @@ class AbortSignal:
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(_set_if_pending, fut, reason)
 
-        remove = self.add_listener(wake)
+        # add_listener, inlined: no removal closure per waiter.
+        key = next(self._keys)
+        listeners = self._listeners
+        listeners[key] = wake
+        if self._reason is not None:  # aborted from another thread meanwhile
+            self._dispatch(key)
         try:
             return await fut
         finally:
-            remove()
+            listeners.pop(key, None)
 
     @staticmethod
     def any(signals: Iterable[AbortSignal]) -> AbortSignal:
@@ -144,8 +149,15 @@ class AbortSignal:
         if not self._once.acquire(blocking=False):
             return False
         self._reason = reason
-        for key in list(self._listeners):
-            self._dispatch(key)
+        listeners = self._listeners
+        for key in list(listeners):
+            fn = listeners.pop(key, None)  # atomic: exactly one caller gets it (see _dispatch)
+            if fn is None:
+                continue
+            try:
+                fn(reason)
+            except Exception:  # a listener must not break abort() for the others
+                _log_listener_error(fn)
         return True
 
     def _dispatch(self, key: int) -> None:

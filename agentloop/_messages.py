@@ -175,12 +175,12 @@ class Message(_Shared):
     @classmethod
     def user(cls, text: str, **fields: Any) -> Message:
         """A user message holding one text block."""
-        return cls(role="user", content=[TextBlock(text=text)], **fields)
+        return _one_text(cls, "user", text, fields)
 
     @classmethod
     def assistant(cls, text: str, **fields: Any) -> Message:
         """An assistant message holding one text block."""
-        return cls(role="assistant", content=[TextBlock(text=text)], **fields)
+        return _one_text(cls, "assistant", text, fields)
 
     @property
     def text(self) -> str:
@@ -247,14 +247,17 @@ def tool_result_block(tool_use_id: str, content: str, *, is_error: bool = False)
     )
 
 
-# The fields set of a trusted message, by (content given, partial, synthetic, kind given):
-# looked up, not built, on the loop's hot path.
+# The fields set of a trusted message, by (content given, partial, synthetic, kind given,
+# meta given): looked up, not built, on the loop's hot path.
 _MESSAGE_FIELDS = {
-    (c, p, s, k): _shared(("role",) + ("content",) * c + ("partial",) * p + ("synthetic",) * s + ("kind",) * k)
+    (c, p, s, k, m): _shared(
+        ("role",) + ("content",) * c + ("partial",) * p + ("synthetic",) * s + ("kind",) * k + ("meta",) * m
+    )
     for c in (False, True)
     for p in (False, True)
     for s in (False, True)
     for k in (False, True)
+    for m in (False, True)
 }
 
 
@@ -265,6 +268,44 @@ def message(
     partial: bool = False,
     synthetic: bool = False,
     kind: str | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Message:
-    values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": NO_META}
-    return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind)])
+    values: dict[str, Any] = {
+        "role": role,
+        "content": content,
+        "partial": partial,
+        "synthetic": synthetic,
+        "kind": kind,
+        "meta": NO_META if meta is None else meta,
+    }
+    return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind), meta is not None])
+
+
+def _one_text(cls: type[Message], role: Literal["user", "assistant"], text: str, fields: dict[str, Any]) -> Message:
+    """`Message.user` / `Message.assistant`: built as validation would, without running it
+    when every value already has its exact type (the library's own messages, most hosts')."""
+    if cls is Message and type(text) is str and fields.keys() <= _QUICK_FIELDS:
+        partial = fields.get("partial", False)
+        synthetic = fields.get("synthetic", False)
+        kind = fields.get("kind")
+        meta = fields.get("meta", NO_META)
+        if (
+            type(partial) is bool
+            and type(synthetic) is bool
+            and (kind is None or type(kind) is str)
+            and (meta is NO_META or (type(meta) is dict and all(type(key) is str for key in meta)))
+        ):
+            values = {
+                "role": role,
+                "content": [text_block(text)],
+                "partial": partial,
+                "synthetic": synthetic,
+                "kind": kind,
+                "meta": meta if meta is NO_META else dict(meta),  # a copy, as validation makes
+            }
+            given = (True, "partial" in fields, "synthetic" in fields, "kind" in fields, "meta" in fields)
+            return _trusted(Message, values, _MESSAGE_FIELDS[given])
+    return cls(role=role, content=[TextBlock(text=text)], **fields)
+
+
+_QUICK_FIELDS = frozenset({"partial", "synthetic", "kind", "meta"})

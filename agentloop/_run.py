@@ -108,6 +108,7 @@ class RunState:
         "response",
         "results",
         "signal",
+        "spent_tasks",
         "started",
         "task",
         "terminal",
@@ -133,6 +134,9 @@ class RunState:
         self.results: dict[str, ToolResultBlock] = {}
         self.started: set[str] = set()
         self.pending_tasks: set[asyncio.Task[Any]] = set()
+        # The last tool phase's finished tasks: freed at the next tool phase or at the
+        # run's end, so their teardown never delays the events that follow them.
+        self.spent_tasks: list[asyncio.Task[Any]] = []
         self.terminal: TerminalReason | None = None
         self.error: str | None = None
         self.detail: str | None = None
@@ -229,6 +233,7 @@ class RunState:
 
     def close(self) -> None:
         self.closed = True
+        self.spent_tasks = []
         self._remove_listener()
         self.controller.unlink()
 

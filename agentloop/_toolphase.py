@@ -63,6 +63,7 @@ async def tool_phase(
 
     runner = CallRunner(engine, st.signal, st.mailbox.put, engine.options.permission)
     st.started = runner.started
+    spent = st.spent_tasks = []
     drained = []
     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
         if st.signal.aborted:  # checkpoint 3: the next batch does not start
@@ -70,6 +71,7 @@ async def tool_phase(
         waiting = {use.id: use for use in batch}
         tasks = {use.id: st.loop.create_task(_call(runner, use, st.mailbox.put)) for use in batch}
         st.pending_tasks.update(tasks.values())
+        spent += tasks.values()
         timers: list[asyncio.TimerHandle] = []
         if st.signal.aborted:
             st.mailbox.put(ABORTED)

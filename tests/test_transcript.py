@@ -218,3 +218,34 @@ def test_a_message_built_without_meta_shares_an_empty_read_only_one() -> None:
         assert meta == {}
         meta["free"] = True  # copies are ordinary dicts again
     assert Message.model_validate_json(a.model_dump_json()) == a
+
+
+_FIELD_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "partial": st.sampled_from([True, False, 1, 0, "yes"]),
+        "synthetic": st.sampled_from([True, False, 1]),
+        "kind": st.sampled_from([None, "nudge", "", 3]),
+        "meta": st.sampled_from([{}, {"receipt": "r1"}, {"n": [1, 2]}, {1: "x"}, "not a dict", None]),
+    },
+)
+
+
+@given(text=st.one_of(st.text(max_size=20), st.integers(), st.none()), fields=_FIELD_VALUES, role=st.sampled_from(["user", "assistant"]))
+def test_property_message_shorthands_build_what_validation_builds(text: object, fields: dict[str, object], role: str) -> None:
+    # Message.user / Message.assistant skip the validator when every value already has its
+    # exact type; whatever the input, the outcome must be what validation gives.
+    shorthand = Message.user if role == "user" else Message.assistant
+    try:
+        expected = Message.model_validate({"role": role, "content": [TextBlock.model_validate({"text": text})], **fields})
+    except ValidationError:
+        with pytest.raises(ValidationError):
+            shorthand(text, **fields)  # type: ignore[arg-type]
+        return
+    built = shorthand(text, **fields)  # type: ignore[arg-type]
+    assert built == expected
+    assert built.__pydantic_fields_set__ == expected.__pydantic_fields_set__
+    assert built.content[0].__pydantic_fields_set__ == {"text"}
+    assert type(built.meta) is type(expected.meta) or built.meta == expected.meta == {}
+    if "meta" in fields and isinstance(fields["meta"], dict):
+        assert built.meta is not fields["meta"]  # a copy, never the caller's dict
