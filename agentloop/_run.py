@@ -12,7 +12,8 @@ loop waits on its `Mailbox`, which an abort simply wakes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._abort import AbortController, AbortSignal
@@ -31,6 +32,14 @@ T = TypeVar("T")
 
 ABORTED = object()  # mailbox marker: the run's signal aborted
 GRACE_OVER = object()  # mailbox marker: tool_cancel_grace has elapsed
+
+
+if sys.version_info >= (3, 12):
+    current_task_of: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = asyncio.current_task
+else:
+    # Python 3.11's current_task() is Python code around this dict lookup; the loop asks
+    # once per stream event, so it reads the dict directly (C speed). 3.12+ has a C one.
+    current_task_of = getattr(asyncio.tasks, "_current_tasks").get  # noqa: B009
 
 
 class Aborted(Exception):
@@ -220,7 +229,7 @@ class RunState:
         if self.signal.aborted:
             _close(aw)
             raise Aborted
-        self.task = asyncio.current_task()
+        self.task = current_task_of(self.loop)
         self.guarding = True
         try:
             return await aw

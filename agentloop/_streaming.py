@@ -39,6 +39,7 @@ from ._model import (
 from ._policy import Policy, Resample, Verdict, Warn
 from ._recovery import doom_reminder
 from ._run import Aborted, RunState, TranscriptView
+from ._run import current_task_of as current_task
 from ._transcript import clean_assistant
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
     st.phase, st.response = "model", None
     budgets = _Budgets(engine)
     watch, credit = _stream_watch(engine)
+    loop = st.loop
     while True:
         acc = st.begin_attempt()
         for policy in engine.policies:
@@ -98,7 +100,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                 raise Aborted
             stream = aiter(engine.model.stream(request, st.signal))
             while True:
-                st.task = asyncio.current_task()
+                st.task = current_task(loop)
                 st.guarding = True
                 try:
                     event = await anext(stream)
