@@ -75,6 +75,7 @@ _WORDY_MIN_PERIOD = 6
 _WORDY_MIN_LETTERS = 3
 _BLOCK = 64  # slice size for the backwards onset search
 _REACH = 4  # search reach of a checkpoint, in checkpoint strides
+_LONG_NEEDLE = 64  # longest needle of a continued candidate search
 
 
 class _Run:
@@ -268,18 +269,23 @@ class RepetitionDetector:
     def _candidates(self, buf: str, cp: int, j: int, lo: int) -> None:
         """The anchor ending at ``cp`` recurs at buffer index ``j`` (its latest earlier
         occurrence): adopt the smallest distance that holds two full copies."""
-        k, anchor_at = self._k, cp - self._k - self._base
+        k, e = self._k, cp - self._base
+        d = e - k - j
         for _ in range(self._tries):
-            d = anchor_at - j
             if d in self.live:
                 return
             onset = self._onset(buf, cp, d)
             if onset is not None:
                 self._adopt(d, onset)
                 return
-            j = buf.rfind(buf[anchor_at : anchor_at + k], lo, j + k - 1)
+            # Any longer period p > d repeats the last max(p, k) characters, so the last
+            # n <= max(d + 1, k) recur p back as well: the search goes on with that longer
+            # needle, which recurs far less often (fewer false candidates) and is found faster.
+            n = min(max(d + 1, k), _LONG_NEEDLE)
+            j = buf.rfind(buf[e - n : e], max(lo + k - n, 0), e - d - 1)
             if j < 0:
                 return
+            d = e - n - j
 
     def _onset(self, buf: str, cp: int, d: int) -> int | None:
         """Start of the d-periodic run ending at ``cp`` if it holds two copies, else None."""
@@ -288,14 +294,15 @@ class RepetitionDetector:
         e = cp - base
         if e - m - d < 0:
             return None
+        # Region comparisons are startswith() of one slice: half the copying of two slices.
         if m > _BLOCK + k:  # most candidates fail just before the anchor: test that block first
             f = e - k
-            if buf[f - _BLOCK : f] != buf[f - _BLOCK - d : f - d]:
+            if not buf.startswith(buf[f - _BLOCK - d : f - d], f - _BLOCK):
                 return None
-        if buf[e - m : e] != buf[e - m - d : e - d]:
+        if not buf.startswith(buf[e - m - d : e - d], e - m):
             return None
         a = e - m  # buf[a:e] == buf[a-d:e-d]; walk back in blocks, then per char
-        while a - _BLOCK - d >= 0 and buf[a - _BLOCK : a] == buf[a - _BLOCK - d : a - d]:
+        while a - _BLOCK - d >= 0 and buf.startswith(buf[a - _BLOCK - d : a - d], a - _BLOCK):
             a -= _BLOCK
         while a - 1 - d >= 0 and buf[a - 1] == buf[a - 1 - d]:
             a -= 1
