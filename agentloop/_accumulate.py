@@ -61,7 +61,7 @@ class Accumulator:
     def __init__(self) -> None:
         self._parts: dict[int, _Part] = {}
         self.stop_reason: str | None = None
-        self.usage = Usage()
+        self.usage = _NO_USAGE
         self.ended = False
         self.response_id: str | None = None
 
@@ -178,7 +178,7 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     error: str | None = None
     value: Any = None
     try:
-        value = json.loads(body)
+        value = _json_value(body)
     except ValueError as exc:
         error = f"the tool input is not valid JSON ({exc}); raw input: {body[:500]!r}"
     if error is None and not isinstance(value, dict):
@@ -188,7 +188,30 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     return tool_use_block(part.id, part.name, value)
 
 
+_NO_USAGE = Usage()  # frozen: one shared zero
+_JSON_SPACE = " \t\n\r"
+# What json.loads ends up calling (the C scanner), without its Python wrappers.
+_scan_json: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
+
+
+def _json_value(body: str) -> Any:
+    """``json.loads(body)`` for a str, minus two layers of Python; anything unusual
+    (an error, trailing data) goes through json.loads itself for its exact message."""
+    text = body.strip(_JSON_SPACE)
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        return json.loads(body)  # raises the JSONDecodeError json.loads would
+    return value
+
+
 def _merge_usage(old: Usage, new: Usage) -> Usage:
+    if not old:
+        return new
+    if not new:
+        return old
     return Usage(
         new.input_tokens or old.input_tokens,
         new.output_tokens or old.output_tokens,

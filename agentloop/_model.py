@@ -68,7 +68,15 @@ class Usage:
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def __bool__(self) -> bool:
+        """False when every count is 0."""
+        return bool(self.input_tokens or self.output_tokens or self.cache_read_tokens or self.cache_write_tokens)
+
     def __add__(self, other: Usage) -> Usage:
+        if not other:  # most attempts report nothing new: no new object
+            return self
+        if not self:
+            return other
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,

@@ -108,7 +108,8 @@ class ScriptedModel:
         self._record = record
         self.requests: list[ModelRequest] = []
         self.request_count = 0
-        self._templates: dict[int, list[StreamEvent]] = {}
+        # Per script object: its events, and where a fresh tool id goes on every play.
+        self._templates: dict[int, tuple[list[StreamEvent], list[tuple[int, StreamToolUseStart]]]] = {}
 
     def __repr__(self) -> str:
         return f"<ScriptedModel {self._next}/{len(self._responses)} played>"
@@ -128,14 +129,19 @@ class ScriptedModel:
             response = ScriptedResponse(text=script) if isinstance(script, str) else script
             return response, response.stream_events(self._new_id)
         response = ScriptedResponse(text=script) if isinstance(script, str) else script
-        template = self._templates.get(id(script))  # the script object lives in self._responses
-        if template is None:
-            template = self._templates[id(script)] = response.stream_events(lambda: "")
+        found = self._templates.get(id(script))  # the script object lives in self._responses
+        if found is None:
+            events = response.stream_events(lambda: "")
+            fills = [(i, e) for i, e in enumerate(events) if isinstance(e, StreamToolUseStart) and not e.id]
+            found = self._templates[id(script)] = (events, fills)
+        template, fills = found
+        if not fills:
+            return response, template
         # Tool calls scripted without an id get a fresh one on every play.
-        return response, [
-            StreamToolUseStart(e.index, self._new_id(), e.name) if type(e) is StreamToolUseStart and not e.id else e
-            for e in template
-        ]
+        events = list(template)
+        for i, e in fills:
+            events[i] = StreamToolUseStart(e.index, self._new_id(), e.name)
+        return response, events
 
     async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream the next response; honours ``signal`` between events."""
@@ -143,12 +149,16 @@ class ScriptedModel:
         if self._record:
             self.requests.append(request)
         response, events = self._take(request)
+        error, delay = response.error, response.delay
+        fail_at = (response.error_after or 0) if error is not None else -1
         for i, event in enumerate(events):
-            if response.error is not None and i == (response.error_after or 0):
-                raise response.error
-            if response.delay:
-                await asyncio.sleep(response.delay)
-            signal.throw_if_aborted()
+            if i == fail_at:
+                assert error is not None
+                raise error
+            if delay:
+                await asyncio.sleep(delay)
+            if signal.aborted:
+                signal.throw_if_aborted()
             yield event
 
 

@@ -1,0 +1,69 @@
+"""The accumulator's own decisions: tool input decoding and usage arithmetic."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop._accumulate import Accumulator
+from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart, Usage
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=8,
+)
+_NOISE = st.sampled_from(["", " ", "\n", "\t", "\r\n", "\x0c", "\u00a0", "x", "}", ",", "{"])
+
+
+def _input_of(body: str) -> tuple[dict[str, Any], str | None]:
+    acc = Accumulator()
+    for event in (StreamToolUseStart(0, "toolu_1", "t"), StreamToolInput(0, body), StreamBlockStop(0), StreamEnd()):
+        acc.feed(event)
+    use = acc.message().tool_uses[0]
+    return use.input, use.input_error
+
+
+@given(value=_JSON, before=_NOISE, after=_NOISE)
+def test_property_tool_input_decodes_exactly_as_json_loads(value: Any, before: str, after: str) -> None:
+    body = before + json.dumps(value) + after
+    got, error = _input_of(body)
+    try:
+        expected = json.loads(body)
+    except ValueError as exc:
+        assert error is not None and str(exc) in error  # json.loads's own message
+        return
+    if isinstance(expected, dict):
+        assert error is None and got == expected
+    else:
+        assert error is not None and "must be a JSON object" in error
+
+
+@given(text=st.text(max_size=12))
+def test_property_any_text_as_tool_input_matches_json_loads(text: str) -> None:
+    got, error = _input_of(text)
+    if not text.strip():
+        assert (got, error) == ({}, None)  # no input at all: an empty object
+        return
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        assert error is not None and got == {}
+        return
+    assert (got, error) == ((expected, None) if isinstance(expected, dict) else ({}, error))
+
+
+def test_usage_adds_and_merges_without_losing_counts() -> None:
+    zero, some = Usage(), Usage(3, 4, 1, 2)
+    assert not zero and some
+    assert zero + some is some and some + zero is some  # nothing new: no new object
+    assert some + some == Usage(6, 8, 2, 4)
+    acc = Accumulator()
+    assert acc.usage == zero
+    acc.feed(StreamEnd(usage=Usage(5, 0)))
+    assert acc.usage == Usage(5, 0)
+    acc.feed(StreamEnd(usage=Usage(0, 7)))
+    assert acc.usage == Usage(5, 7)  # each count keeps its latest non-zero report
