@@ -151,12 +151,13 @@ def tool(
         doc = description if description is not None else inspect.getdoc(f) or ""
 
         names = tuple(args_model.model_fields)  # computed once: the class property is slow
+        validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
 
         def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
             # Validates now and returns the function's coroutine: awaiting it directly
             # saves every call a coroutine level. Bad input raises ToolInputError here.
             try:
-                parsed = args_model.model_validate(raw)
+                parsed = validate(raw)
             except ValidationError as exc:
                 raise ToolInputError(_validation_message(exc)) from None
             kwargs = {k: getattr(parsed, k) for k in names}

@@ -1,0 +1,59 @@
+"""Events: frozen records whose quick constructor matches the dataclass one exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, get_args
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop import Event, TurnEnded, Usage
+from agentloop._messages import text_block, tool_result_block, tool_use_block
+
+EVENT_CLASSES = get_args(Event)
+_VALUES = st.sampled_from(
+    [None, "x", "", 0, 3, True, (), ("a",), Usage(1, 2), text_block("t"), tool_use_block("toolu_1", "t", {}), tool_result_block("toolu_1", "ok")]
+)
+
+
+def _outcome(make: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        return make(**kwargs)
+    except TypeError as exc:
+        return ("TypeError", str(exc).split("(")[-1].split(")")[-1])
+
+
+@given(cls=st.sampled_from(EVENT_CLASSES), data=st.data())
+def test_property_quick_init_builds_what_the_dataclass_init_builds(cls: Any, data: st.DataObject) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    chosen = data.draw(st.lists(st.sampled_from([*names, "unknown_field"]), unique=True))
+    kwargs = {name: data.draw(_VALUES) for name in chosen}
+
+    def reference(**kw: Any) -> Any:
+        obj = object.__new__(cls)
+        cls._dataclass_init(obj, **kw)
+        return obj
+
+    quick, ref = _outcome(cls, kwargs), _outcome(reference, kwargs)
+    if isinstance(ref, tuple):
+        assert isinstance(quick, tuple) and quick[0] == "TypeError"  # same failure, same kind
+    else:
+        assert quick == ref and repr(quick) == repr(ref)
+
+
+@pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.__name__)
+def test_quick_init_keeps_the_signature_and_frozenness(cls: Any) -> None:
+    quick = inspect.signature(cls)
+    original = inspect.signature(cls._dataclass_init)
+    assert [(p.name, p.kind) for p in quick.parameters.values()] == [
+        (p.name, p.kind) for p in list(original.parameters.values())[1:]
+    ]
+    for p, q in zip(list(original.parameters.values())[1:], quick.parameters.values(), strict=True):
+        assert (p.default is inspect.Parameter.empty) == (q.default is inspect.Parameter.empty)
+    ended = TurnEnded(reason="completed")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ended.reason = "max_turns"  # type: ignore[misc]
+    assert ended.usage == Usage() and TurnEnded(reason="completed").usage is not ended.usage  # factory per instance
