@@ -200,7 +200,7 @@ def _json_value(body: str) -> Any:
     text = body.strip(_JSON_SPACE)
     try:
         value, end = _scan_json(text, 0)
-    except StopIteration:
+    except (StopIteration, ValueError):  # ValueError: positions would be off by the strip
         end = -1
     if end != len(text):
         return json.loads(body)  # raises the JSONDecodeError json.loads would

@@ -6,11 +6,12 @@ subagent's id for events forwarded from a subagent.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, get_args
 
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
+from ._quick import quick_init
 from ._signals import DoomLoopSignal
 
 __all__ = [
@@ -222,69 +223,7 @@ Event = (
 )
 
 
-# -- construction speed ---------------------------------------------------------------
-# A frozen dataclass's generated __init__ sets each field through a global lookup and
-# object.__setattr__; the loop builds several events per iteration, so each event class
-# gets an equivalent __init__ (same keyword-only signature and defaults) that sets the
-# slots through their descriptors. The dataclass's own stays as ``_dataclass_init``.
+# -- construction speed: the loop builds several events per iteration ------------------
 
-class _Factory:
-    def __repr__(self) -> str:
-        return "<factory>"  # as dataclasses shows a default_factory in a signature
-
-
-_NO_VALUE = _Factory()
-
-
-def _quick_init(cls: Any) -> None:
-    names: list[str] = []
-    params: list[str] = []
-    lines: list[str] = []
-    setters: dict[str, Any] = {}
-    defaults: dict[str, object] = {"_NO_VALUE": _NO_VALUE}
-    for f in fields(cls):
-        i = len(names)
-        names.append(f.name)
-        setters[f"_set{i}"] = getattr(cls, f.name).__set__
-        if f.default is not MISSING:
-            defaults[f"_d{i}"] = f.default
-            params.append(f"{f.name}=_d{i}")
-        elif f.default_factory is not MISSING:
-            defaults[f"_f{i}"] = f.default_factory
-            params.append(f"{f.name}=_NO_VALUE")
-            lines.append(f"    if {f.name} is _NO_VALUE: {f.name} = _f{i}()")
-        else:
-            params.append(f.name)
-        lines.append(f"    _set{i}(self, {f.name})")
-    source = f"def __init__(self, *, {', '.join(params)}):\n" + "\n".join(lines) + "\n"
-    namespace = {**setters, **defaults}
-    exec(source, namespace)  # same technique as dataclasses itself
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    original = cls.__init__
-    init.__annotations__ = dict(original.__annotations__)
-    init.__doc__ = original.__doc__
-    cls._dataclass_init = original
-    cls.__init__ = init
-
-
-for _cls in (
-    TurnStarted,
-    TextDelta,
-    ThinkingDelta,
-    ToolInputDelta,
-    AssistantMessage,
-    PermissionRequested,
-    ToolCallStarted,
-    ToolCallFinished,
-    InterjectionInjected,
-    InterjectionDropped,
-    PolicyNudge,
-    DoomLoopDetected,
-    Resampling,
-    Retrying,
-    AttemptDiscarded,
-    TurnEnded,
-):
-    _quick_init(_cls)
+for _cls in get_args(Event):
+    quick_init(_cls)

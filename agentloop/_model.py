@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
 
 from ._abort import AbortSignal
 from ._messages import Message
+from ._quick import quick_init
 
 __all__ = [
     "Model",
@@ -218,3 +219,8 @@ class Model(Protocol):
     """One streamed request. See the module docstring for the contract."""
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]: ...
+
+
+# Built per delta by every provider, and per attempt by the loop: quick constructors.
+for _cls in (Usage, ModelRequest, *get_args(StreamEvent)):
+    quick_init(_cls)

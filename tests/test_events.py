@@ -1,4 +1,4 @@
-"""Events: frozen records whose quick constructor matches the dataclass one exactly."""
+"""Events and stream events: frozen records whose quick constructor matches the dataclass one exactly."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from agentloop import Event, TurnEnded, Usage
 from agentloop._messages import text_block, tool_result_block, tool_use_block
+from agentloop._model import ModelRequest, StreamEvent
+from agentloop._quick import quick_init
 
-EVENT_CLASSES = get_args(Event)
+EVENT_CLASSES = (*get_args(Event), Usage, ModelRequest, *get_args(StreamEvent))
 _VALUES = st.sampled_from(
     [None, "x", "", 0, 3, True, (), ("a",), Usage(1, 2), text_block("t"), tool_use_block("toolu_1", "t", {}), tool_result_block("toolu_1", "ok")]
 )
@@ -29,15 +31,18 @@ def _outcome(make: Any, kwargs: dict[str, Any]) -> Any:
 @given(cls=st.sampled_from(EVENT_CLASSES), data=st.data())
 def test_property_quick_init_builds_what_the_dataclass_init_builds(cls: Any, data: st.DataObject) -> None:
     names = [f.name for f in dataclasses.fields(cls)]
+    positional = [f.name for f in dataclasses.fields(cls) if not f.kw_only]
+    args = data.draw(st.lists(_VALUES, max_size=len(positional) + 1))
     chosen = data.draw(st.lists(st.sampled_from([*names, "unknown_field"]), unique=True))
     kwargs = {name: data.draw(_VALUES) for name in chosen}
 
-    def reference(**kw: Any) -> Any:
+    def reference(*a: Any, **kw: Any) -> Any:
         obj = object.__new__(cls)
-        cls._dataclass_init(obj, **kw)
+        cls._dataclass_init(obj, *a, **kw)
         return obj
 
-    quick, ref = _outcome(cls, kwargs), _outcome(reference, kwargs)
+    quick = _outcome(lambda **kw: cls(*args, **kw), kwargs)
+    ref = _outcome(lambda **kw: reference(*args, **kw), kwargs)
     if isinstance(ref, tuple):
         assert isinstance(quick, tuple) and quick[0] == "TypeError"  # same failure, same kind
     else:
@@ -57,3 +62,20 @@ def test_quick_init_keeps_the_signature_and_frozenness(cls: Any) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         ended.reason = "max_turns"  # type: ignore[misc]
     assert ended.usage == Usage() and TurnEnded(reason="completed").usage is not ended.usage  # factory per instance
+
+
+def test_quick_init_refuses_what_it_cannot_copy() -> None:
+    @dataclasses.dataclass
+    class Mutable:
+        x: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        x: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for cls in (Mutable, Checked):
+        with pytest.raises(TypeError, match="slotted frozen dataclass"):
+            quick_init(cls)
