@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from ._abort import AbortSignal
 from ._errors import ToolInputError
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, tool_result_block
+from ._quick import quick_init
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -44,6 +45,9 @@ class ToolContext:
     tool_use_id: str
     engine: QueryEngine
     emit: Callable[[Event], None] = field(repr=False, default=lambda _e: None)
+
+
+quick_init(ToolContext)  # one per tool call
 
 
 @dataclass(frozen=True, slots=True)

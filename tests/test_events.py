@@ -14,8 +14,9 @@ from agentloop import Event, TurnEnded, Usage
 from agentloop._messages import text_block, tool_result_block, tool_use_block
 from agentloop._model import ModelRequest, StreamEvent
 from agentloop._quick import quick_init
+from agentloop._tools import ToolContext
 
-EVENT_CLASSES = (*get_args(Event), Usage, ModelRequest, *get_args(StreamEvent))
+EVENT_CLASSES = (*get_args(Event), Usage, ModelRequest, ToolContext, *get_args(StreamEvent))
 _VALUES = st.sampled_from(
     [None, "x", "", 0, 3, True, (), ("a",), Usage(1, 2), text_block("t"), tool_use_block("toolu_1", "t", {}), tool_result_block("toolu_1", "ok")]
 )
