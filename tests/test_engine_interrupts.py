@@ -455,3 +455,18 @@ async def test_assistant_message_event_says_why_the_model_stopped() -> None:
     events = await collect(engine_for([calls("t"), "done"], tools=[t]), "go")
     stops = [e.stop_reason for e in events if isinstance(e, AssistantMessage)]
     assert stops == ["tool_use", "end_turn"]
+
+
+async def test_the_loop_reads_the_running_task_as_asyncio_does() -> None:
+    # The stream loop records the task it runs in (an abort cancels that task's await);
+    # on Python 3.11 it reads it without the Python current_task() wrapper.
+    from agentloop._run import current_task_of
+
+    loop = asyncio.get_running_loop()
+    assert current_task_of(loop) is asyncio.current_task() is not None
+
+    async def report() -> object:
+        return current_task_of(loop)
+
+    inner = asyncio.ensure_future(report())
+    assert await inner is inner
