@@ -26,9 +26,15 @@ _NO_VALUE = _Factory()
 
 
 def quick_init(cls: Any) -> Any:
-    """Replace ``cls.__init__`` (a slotted, frozen dataclass without ``__post_init__``)."""
-    if not cls.__dataclass_params__.frozen or "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__"):
-        raise TypeError(f"quick_init needs a slotted frozen dataclass without __post_init__: {cls!r}")
+    """Replace ``cls.__init__`` (a slotted, frozen dataclass without ``__post_init__``
+    or ``init=False`` fields, which the generated code does not reproduce)."""
+    if (
+        not cls.__dataclass_params__.frozen
+        or "__slots__" not in cls.__dict__
+        or hasattr(cls, "__post_init__")
+        or not all(f.init for f in fields(cls))
+    ):
+        raise TypeError(f"quick_init needs a slotted frozen dataclass without __post_init__ or init=False fields: {cls!r}")
     positional: list[str] = []
     keyword: list[str] = []
     lines: list[str] = []

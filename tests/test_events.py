@@ -59,6 +59,8 @@ def test_quick_init_keeps_the_signature_and_frozenness(cls: Any) -> None:
     ]
     for p, q in zip(list(original.parameters.values())[1:], quick.parameters.values(), strict=True):
         assert (p.default is inspect.Parameter.empty) == (q.default is inspect.Parameter.empty)
+        if repr(p.default) != "<factory>":
+            assert q.default is p.default or q.default == p.default
     ended = TurnEnded(reason="completed")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ended.reason = "max_turns"  # type: ignore[misc]
@@ -77,6 +79,11 @@ def test_quick_init_refuses_what_it_cannot_copy() -> None:
         def __post_init__(self) -> None:
             pass
 
-    for cls in (Mutable, Checked):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Derived:
+        x: int
+        y: int = dataclasses.field(init=False, default=0)
+
+    for cls in (Mutable, Checked, Derived):
         with pytest.raises(TypeError, match="slotted frozen dataclass"):
             quick_init(cls)
