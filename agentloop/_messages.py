@@ -9,7 +9,7 @@ shared with a request that is in flight.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -52,11 +52,10 @@ class _NoMeta(dict[str, Any]):
 
     __slots__ = ()
 
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+    def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("a message's meta is read-only: pass meta= when building it, or use model_copy(update=...)")
 
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _read_only  # type: ignore[assignment]
-    __ior__ = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only
 
     def __copy__(self) -> dict[str, Any]:
         return {}
@@ -277,17 +276,9 @@ def message(
     partial: bool = False,
     synthetic: bool = False,
     kind: str | None = None,
-    meta: dict[str, Any] | None = None,
 ) -> Message:
-    values: dict[str, Any] = {
-        "role": role,
-        "content": content,
-        "partial": partial,
-        "synthetic": synthetic,
-        "kind": kind,
-        "meta": NO_META if meta is None else meta,
-    }
-    return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind), meta is not None])
+    values: dict[str, Any] = {"role": role, "content": content, "partial": partial, "synthetic": synthetic, "kind": kind, "meta": NO_META}
+    return _trusted(Message, values, _MESSAGE_FIELDS[bool(content), partial, synthetic, bool(kind), False])
 
 
 def _one_text(cls: type[Message], role: Literal["user", "assistant"], text: str, fields: dict[str, Any]) -> Message:

@@ -115,7 +115,7 @@ class ScriptedModel:
         return f"<ScriptedModel {self._next}/{len(self._responses)} played>"
 
     def _new_id(self) -> str:
-        return "toolu_%04d" % next(self._ids)  # noqa: UP031  (faster than an f-string with a format spec)
+        return f"toolu_{next(self._ids):04d}"
 
     def _take(self, request: ModelRequest) -> tuple[ScriptedResponse, list[StreamEvent]]:
         if self._next >= len(self._responses):
@@ -157,8 +157,7 @@ class ScriptedModel:
                 raise error
             if delay:
                 await asyncio.sleep(delay)
-            if signal.aborted:
-                signal.throw_if_aborted()
+            signal.throw_if_aborted()
             yield event
 
 

@@ -103,7 +103,7 @@ async def tool_phase(
                 timer.cancel()
         if not st.signal.aborted:  # safe point: drained now, merged after the results
             drained += engine.inbox.take(engine.inbox.interjections)
-    events = list(settle_results(engine, st))
+    events = settle_results(engine, st)  # a fresh list
     if drained:
         engine.inbox.interjections[:0] = drained  # delivered by the next top-of-iteration drain
         events += drain_interjections(engine, st)
