@@ -35,7 +35,7 @@ class AbortSignal:
     derived signals.
     """
 
-    __slots__ = ("__weakref__", "_keys", "_listeners", "_once", "_reason")
+    __slots__ = ("__weakref__", "_keys", "_listeners", "_once", "_reason", "_waiters")
 
     def __init__(self) -> None:
         self._reason: str | None = None
@@ -45,6 +45,7 @@ class AbortSignal:
         self._once = threading.Lock()
         self._listeners: dict[int, Listener] = {}
         self._keys = itertools.count()
+        self._waiters: _LoopWaiters | None = None  # made by the first wait()
 
     def __repr__(self) -> str:
         state = f"aborted reason={self._reason!r}" if self._reason is not None else "active"
@@ -92,26 +93,24 @@ class AbortSignal:
         if reason is not None:
             return reason
         loop = asyncio.get_running_loop()
+        waiters = self._waiters
+        if waiters is None or waiters.loop is not loop:
+            waiters = self._waiters = _LoopWaiters(loop)
+            waiters.remove = self.add_listener(waiters)
         fut: asyncio.Future[str] = loop.create_future()
-        loop_thread = _loop_thread(loop)
-
-        def wake(reason: str) -> None:
-            if threading.get_ident() == loop_thread:  # aborted from the loop itself: no hop
-                if not fut.done():
-                    fut.set_result(reason)
-            elif not loop.is_closed():
-                loop.call_soon_threadsafe(_set_if_pending, fut, reason)
-
-        # add_listener, inlined: no removal closure per waiter.
-        key = next(self._keys)
-        listeners = self._listeners
-        listeners[key] = wake
-        if self._reason is not None:  # aborted from another thread meanwhile
-            self._dispatch(key)
+        waiters.futures.add(fut)
+        reason = self._reason
+        if reason is not None and not fut.done():  # aborted (from another thread) meanwhile
+            fut.set_result(reason)
         try:
             return await fut
         finally:
-            listeners.pop(key, None)
+            futures = waiters.futures
+            futures.discard(fut)
+            if not futures:  # the last waiter of this loop: nothing stays registered
+                waiters.remove()
+                if self._waiters is waiters:
+                    self._waiters = None
 
     @staticmethod
     def any(signals: Iterable[AbortSignal]) -> AbortSignal:
@@ -202,9 +201,36 @@ class AbortController:
             self._unlink = None
 
 
-def _set_if_pending(fut: asyncio.Future[str], value: str) -> None:
-    if not fut.done():
-        fut.set_result(value)
+class _LoopWaiters:
+    """The `AbortSignal.wait` futures of one event loop, woken by one listener.
+
+    An abort from another thread costs one hop to the loop for all of them, and
+    an abort on the loop's own thread wakes them all without one.
+    """
+
+    __slots__ = ("futures", "loop", "remove", "thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.thread = _loop_thread(loop)
+        self.futures: set[asyncio.Future[str]] = set()
+        self.remove: Callable[[], None] = _nothing
+
+    def __call__(self, reason: str) -> None:
+        if threading.get_ident() == self.thread:
+            _wake(self.futures, reason)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(_wake, self.futures, reason)
+
+
+def _wake(futures: set[asyncio.Future[str]], reason: str) -> None:
+    for fut in list(futures):  # a snapshot: a waiter cancelled meanwhile discards its own
+        if not fut.done():
+            fut.set_result(reason)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:

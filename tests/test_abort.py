@@ -177,6 +177,51 @@ async def test_cancelled_wait_removes_its_listener() -> None:
     assert not c.signal._listeners
 
 
+async def test_abort_from_another_thread_wakes_every_waiter_in_one_hop() -> None:
+    c = AbortController()
+    loop = asyncio.get_running_loop()
+    waiters = [asyncio.ensure_future(c.signal.wait()) for _ in range(50)]
+    await asyncio.sleep(0)  # every waiter registered
+    hops: list[object] = []
+    hop = loop.call_soon_threadsafe
+
+    def counted(callback: object, *args: object, **kwargs: object) -> object:
+        hops.append(callback)
+        return hop(callback, *args, **kwargs)  # type: ignore[arg-type]
+
+    def abort_elsewhere() -> int:
+        before = len(hops)
+        c.abort("ui")
+        return len(hops) - before  # the hops abort() itself asked for
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    try:
+        made = await loop.run_in_executor(None, abort_elsewhere)
+        assert await asyncio.gather(*waiters) == ["ui"] * 50
+    finally:
+        del loop.call_soon_threadsafe
+    assert made == 1
+    assert not c.signal._listeners
+
+
+async def test_waiters_leave_nothing_registered_once_all_are_gone() -> None:
+    c = AbortController()
+    first = [asyncio.ensure_future(c.signal.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert len(c.signal._listeners) == 1  # one listener for all of this loop's waiters
+    for waiter in first[:2]:
+        waiter.cancel()
+    await asyncio.gather(*first[:2], return_exceptions=True)
+    assert len(c.signal._listeners) == 1  # the third still waits
+    first[2].cancel()
+    await asyncio.gather(first[2], return_exceptions=True)
+    assert not c.signal._listeners
+    again = asyncio.ensure_future(c.signal.wait())  # a later wait registers afresh
+    await asyncio.sleep(0)
+    c.abort("late")
+    assert await again == "late"
+
+
 def test_repr_shows_state() -> None:
     c = AbortController()
     assert "active" in repr(c.signal)
