@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, cast
 
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
-from ._executor import CallRunner, plan_batches
+from ._executor import CallRunner, Done, plan_batches
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
 from ._transcript import interrupted_result
@@ -26,29 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentloop")
 
 _ABANDON = object()
-
-
-class _Done:
-    """A finished call, put into the mailbox by the call's own task."""
-
-    __slots__ = ("outcome", "use")
-
-    def __init__(self, use: ToolUseBlock, outcome: ToolResultBlock | BaseException) -> None:
-        self.use = use
-        self.outcome = outcome
-
-
-async def _call(runner: CallRunner, use: ToolUseBlock, put: Callable[[object], None]) -> None:
-    # The task reports its own outcome, which saves the loop a done-callback hop.
-    try:
-        result = await runner.run(use)
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
-        put(_Done(use, exc))
-        raise  # never swallowed: the call is settled, the exception goes on
-    except BaseException as exc:  # AbortError, or a bug in the runner: never lost
-        put(_Done(use, exc))
-    else:
-        put(_Done(use, result))
 
 
 async def tool_phase(
@@ -69,7 +46,7 @@ async def tool_phase(
         if st.signal.aborted:  # checkpoint 3: the next batch does not start
             break
         waiting = {use.id: use for use in batch}
-        tasks = {use.id: st.loop.create_task(_call(runner, use, st.mailbox.put)) for use in batch}
+        tasks = {use.id: st.loop.create_task(runner.call(use)) for use in batch}
         st.pending_tasks.update(tasks.values())
         spent += tasks.values()
         timers: list[asyncio.TimerHandle] = []
@@ -79,7 +56,7 @@ async def tool_phase(
             while waiting:
                 events: list[Event] = []
                 for item in await st.mailbox.get():
-                    if isinstance(item, _Done):
+                    if isinstance(item, Done):
                         if waiting.pop(item.use.id, None) is not None:
                             st.pending_tasks.discard(tasks[item.use.id])
                             events.append(_record(engine, st, item))
@@ -111,7 +88,7 @@ async def tool_phase(
         yield events
 
 
-def _record(engine: QueryEngine, st: RunState, done: _Done) -> ToolCallFinished:
+def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     use, outcome = done.use, done.outcome
     synthetic = False
     if isinstance(outcome, ToolResultBlock):
