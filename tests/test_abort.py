@@ -8,6 +8,8 @@ import signal
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentloop import AbortController, AbortError, AbortSignal
 
@@ -227,3 +229,39 @@ def test_repr_shows_state() -> None:
     assert "active" in repr(c.signal)
     c.abort("why")
     assert "why" in repr(c)
+
+
+# Waiters: any interleaving of waits, cancellations and one abort, from the loop or a thread.
+waiter_steps = st.lists(st.one_of(st.just("wait"), st.integers(0, 20), st.just("tick")), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(waiter_steps, st.sampled_from(["loop", "thread", "never"]))
+def test_property_every_waiter_gets_the_reason_and_nothing_stays_registered(steps: list[object], where: str) -> None:
+    async def play() -> None:
+        c = AbortController()
+        waiters: list[asyncio.Task[str]] = []
+        for step in steps:
+            if step == "wait":
+                waiters.append(asyncio.ensure_future(c.signal.wait()))
+            elif step == "tick":
+                await asyncio.sleep(0)
+            elif isinstance(step, int) and step < len(waiters):
+                waiters[step].cancel()
+        await asyncio.sleep(0)
+        if where == "loop":
+            c.abort("why")
+        elif where == "thread":
+            await asyncio.get_running_loop().run_in_executor(None, c.abort, "why")
+        else:
+            for waiter in waiters:
+                waiter.cancel()
+        outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+        for waiter, outcome in zip(waiters, outcomes, strict=True):
+            if waiter.cancelled():
+                assert isinstance(outcome, asyncio.CancelledError)
+            else:
+                assert outcome == "why"
+        assert not c.signal._listeners  # woken, cancelled or both: no listener is left behind
+
+    asyncio.run(play(), debug=True)
