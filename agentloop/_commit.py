@@ -66,7 +66,7 @@ def strip_final(engine: QueryEngine) -> None:
     while messages and messages[-1].role == "assistant":
         last = messages[-1]
         block = last.content[-1]
-        if not isinstance(block, TextBlock) or block.text == block.text.rstrip():
+        if block.type != "text" or block.text == block.text.rstrip():
             return
         content = [*last.content[:-1]]
         if block.text.strip():

@@ -136,7 +136,7 @@ class CallRunner:
                 ctx = ToolContext(self.signal, use.id, self.engine, put)
                 tool_input: dict[str, Any] = use.input
                 decision = await self._ask(use, ctx) if self.permission is not None else None
-                if isinstance(decision, ToolResultBlock):
+                if decision is not None and not isinstance(decision, Allow):  # refused: its result
                     result = decision
                 else:
                     if decision is not None and decision.updated_input is not None:

@@ -223,12 +223,12 @@ def _validation_message(exc: ValidationError) -> str:
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block."""
+    if type(output) is str and output.strip():  # the common case, built without re-validation
+        return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
         if output.tool_use_id == tool_use_id:
             return output
         return output.model_copy(update={"tool_use_id": tool_use_id})
-    if type(output) is str and output.strip():  # the common case, built without re-validation
-        return tool_result_block(tool_use_id, output)
     if isinstance(output, str):
         content: str | list[TextBlock] = output
     elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):

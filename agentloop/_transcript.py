@@ -27,7 +27,6 @@ from ._messages import (
     Block,
     Message,
     TextBlock,
-    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     tool_result_block,
@@ -62,12 +61,12 @@ def _misplaced(block: Block, role: str) -> str | None:
 
 
 def _droppable(block: Block) -> str | None:
-    """Why a block may never be sent, or None."""
-    if isinstance(block, TextBlock) and not block.text.strip():
+    """Why a block may never be sent, or None (blocks told apart by their discriminator)."""
+    if block.type == "text" and not block.text.strip():
         return "empty or whitespace-only text block"
-    if isinstance(block, ThinkingBlock) and not block.signature:
+    if block.type == "thinking" and not block.signature:
         return "thinking block without a signature"
-    if isinstance(block, ToolUseBlock) and not block.complete:
+    if block.type == "tool_use" and not block.complete:
         return f"tool_use {block.id!r} ({block.name}) whose input never completed"
     return None
 
@@ -87,7 +86,7 @@ def clean_assistant(message: Message) -> Message | None:
 
 def _ends_with_space(message: Message) -> bool:
     last = message.content[-1] if message.content else None
-    return isinstance(last, TextBlock) and last.text != last.text.rstrip()
+    return last is not None and last.type == "text" and last.text != last.text.rstrip()
 
 
 def validate_transcript(messages: Sequence[Message]) -> list[str]:
