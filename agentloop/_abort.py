@@ -148,15 +148,8 @@ class AbortSignal:
         if not self._once.acquire(blocking=False):
             return False
         self._reason = reason
-        listeners = self._listeners
-        for key in list(listeners):
-            fn = listeners.pop(key, None)  # atomic: exactly one caller gets it (see _dispatch)
-            if fn is None:
-                continue
-            try:
-                fn(reason)
-            except Exception:  # a listener must not break abort() for the others
-                _log_listener_error(fn)
+        for key in list(self._listeners):
+            self._dispatch(key)
         return True
 
     def _dispatch(self, key: int) -> None:

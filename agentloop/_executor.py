@@ -130,34 +130,35 @@ class CallRunner:
         put = self.emit
         try:
             tool = self.tools.get(use.name)
-            if tool is None or use.input_error is not None:
-                result = self._refused(use, tool)
-            else:
+            result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
+            tool_input: dict[str, Any] = use.input
+            if result is None:
                 ctx = ToolContext(self.signal, use.id, self.engine, put)
-                tool_input: dict[str, Any] = use.input
-                decision = await self._ask(use, ctx) if self.permission is not None else None
-                if decision is not None and not isinstance(decision, Allow):  # refused: its result
-                    result = decision
-                else:
-                    if decision is not None and decision.updated_input is not None:
+                if self.permission is not None:
+                    decision = await self._ask(use, ctx)
+                    if not isinstance(decision, Allow):
+                        result = decision  # refused: the refusal is the result
+                    elif decision.updated_input is not None:
                         tool_input = decision.updated_input
-                    self.signal.throw_if_aborted()
-                    self.started.add(use.id)
-                    put(ToolCallStarted(tool_use=use))
-                    scope: asyncio.Timeout | None = None
-                    try:
-                        if tool.timeout is None:
-                            output = await tool.handler(tool_input, ctx)
-                        else:
-                            async with asyncio.timeout(tool.timeout) as scope:
-                                output = await tool.handler(tool_input, ctx)
-                    except Exception as exc:
-                        result = self._failed(use, tool, exc, scope)
+            if result is None:
+                assert tool is not None  # a call without its tool was refused above
+                self.signal.throw_if_aborted()
+                self.started.add(use.id)
+                put(ToolCallStarted(tool_use=use))
+                scope: asyncio.Timeout | None = None
+                try:
+                    if tool.timeout is None:
+                        output = await tool.handler(tool_input, ctx)
                     else:
-                        try:
-                            result = output_to_result(use.id, output)
-                        except Exception as exc:  # a result that cannot be represented
-                            result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
+                        async with asyncio.timeout(tool.timeout) as scope:
+                            output = await tool.handler(tool_input, ctx)
+                except Exception as exc:
+                    result = self._failed(use, tool, exc, scope)
+                else:
+                    try:
+                        result = output_to_result(use.id, output)
+                    except Exception as exc:  # a result that cannot be represented
+                        result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             put(Done(use, exc))
             raise
@@ -166,7 +167,8 @@ class CallRunner:
         else:
             put(Done(use, result))
 
-    def _refused(self, use: ToolUseBlock, tool: Tool | None) -> ToolResultBlock:
+    def _refusal(self, use: ToolUseBlock, tool: Tool | None) -> ToolResultBlock:
+        """The error result of a call that cannot run: no such tool, or input that never parsed."""
         if tool is None:
             names = ", ".join(sorted(self.tools)) or "(none)"
             return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")

@@ -16,7 +16,7 @@ from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, Done, plan_batches
-from ._messages import ToolResultBlock, ToolUseBlock
+from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
 from ._transcript import interrupted_result
 
@@ -91,7 +91,7 @@ async def tool_phase(
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     use, outcome = done.use, done.outcome
     synthetic = False
-    if isinstance(outcome, ToolResultBlock):
+    if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
         result = outcome
     elif isinstance(outcome, (AbortError, asyncio.CancelledError)):
         texts = engine.options.texts

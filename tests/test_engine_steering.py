@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import (
+    AbortError,
     AssistantMessage,
     AttemptDiscarded,
     InterjectionDropped,
@@ -23,6 +24,7 @@ from agentloop import (
     ScriptedToolCall,
     TextDelta,
     ToolContext,
+    ToolInputError,
     TurnEnded,
     TurnStarted,
     tool,
@@ -282,6 +284,40 @@ async def test_bad_tool_input_unknown_tool_raising_tool_and_timeout_become_error
     assert all(b.is_error for m in engine.messages for b in m.tool_results)
     assert events[-1].reason == "completed"  # type: ignore[union-attr]
 
+
+async def test_every_other_tool_failure_becomes_an_error_result_that_says_what_happened() -> None:
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    @tool
+    async def own_timeout() -> str:
+        raise TimeoutError
+
+    @tool
+    async def stray_abort() -> str:
+        raise AbortError("mine")
+
+    @tool
+    async def bad_args() -> str:
+        raise ToolInputError("path must be relative")
+
+    @tool
+    async def weird() -> object:
+        return Unprintable()
+
+    calls = [ScriptedToolCall(name, {}) for name in ("own_timeout", "stray_abort", "bad_args", "weird")]
+    engine = engine_for([ScriptedResponse(tool_calls=calls), "recovered"], tools=[own_timeout, stray_abort, bad_args, weird])
+    events = await collect(engine, "go")
+    texts = [b.text for m in engine.messages for b in m.tool_results]
+    assert texts == [
+        "Tool 'own_timeout' raised TimeoutError.",
+        "Tool 'stray_abort' raised AbortError although the run was not aborted.",
+        "Tool 'bad_args' was not run: path must be relative",
+        "Tool 'weird' returned an unusable result: no text for you",
+    ]
+    assert all(b.is_error for m in engine.messages for b in m.tool_results)
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
 
 async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
     class Broken:
