@@ -216,8 +216,14 @@ class CallRunner:
 
 
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
-    """Await ``aw`` unless ``signal`` aborts first; then cancel it and raise `AbortError`."""
-    signal.throw_if_aborted()
+    """Await ``aw`` unless ``signal`` aborts first; then cancel it and raise `AbortError`.
+
+    Aborted already: a coroutine passed in is closed unstarted (never left unawaited).
+    """
+    if signal.aborted:
+        if asyncio.iscoroutine(aw):
+            aw.close()
+        signal.throw_if_aborted()
     task = asyncio.ensure_future(aw)
     waiter = asyncio.ensure_future(signal.wait())
     try:

@@ -233,6 +233,33 @@ async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
     assert "PermissionRequested" in kinds(events)
 
 
+async def test_abort_between_starting_the_calls_and_their_first_step_asks_no_one() -> None:
+    """An interrupt queued just before the tool phase lands after the call tasks are made and
+    before they first run: no prompt is shown, no prompt coroutine is left unawaited (a
+    RuntimeWarning, an error under -W error), and each call gets its never-started result."""
+    asked: list[str] = []
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        asked.append(use.id)
+        return Allow()
+
+    @tool(concurrency_safe=True)
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    engine = engine_for([calls("t", "t")], tools=[t], permission=permission)
+    events = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, AssistantMessage):
+            asyncio.get_running_loop().call_soon(engine.interrupt, "late")
+    assert asked == []
+    assert results(engine) == [TEXTS.never_started, TEXTS.never_started]
+    assert "PermissionRequested" not in kinds(events)
+    assert isinstance(events[-1], TurnEnded) and events[-1].abort_reason == "late"
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_permission_deny_allow_update_and_failure_become_results() -> None:
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         if use.input.get("x") == "deny":
