@@ -272,16 +272,22 @@ class RepetitionDetector:
         k, e = self._k, cp - self._base
         d = e - k - j
         for _ in range(self._tries):
-            if d in self.live:
-                return
-            onset = self._onset(buf, cp, d)
-            if onset is not None:
-                self._adopt(d, onset)
-                return
-            # Any longer period p > d repeats the last max(p, k) characters, so the last
-            # n <= max(d + 1, k) recur p back as well: the search goes on with that longer
-            # needle, which recurs far less often (fewer false candidates) and is found faster.
-            n = min(max(d + 1, k), _LONG_NEEDLE)
+            run = self.live.get(d)
+            onset = run.onset if run is not None else self._onset(buf, cp, d)
+            if onset is None:
+                # Any longer period p > d repeats the last max(p, k) characters, so the last
+                # n <= max(d + 1, k) recur p back as well: the search goes on with that longer
+                # needle, which recurs far less often (fewer false candidates) and is found faster.
+                n = min(max(d + 1, k), _LONG_NEEDLE)
+            else:
+                if run is None:
+                    self._adopt(d, onset)
+                # The anchor lies in a short periodic run (an indentation, a divider) that can
+                # sit inside one copy of a longer period: a needle one character longer than
+                # the run reaches past it, and recurs p back if the tail is p-periodic.
+                n = cp - onset + 1
+                if n > _LONG_NEEDLE or n > e:
+                    return
             j = buf.rfind(buf[e - n : e], max(lo + k - n, 0), e - d - 1)
             if j < 0:
                 return

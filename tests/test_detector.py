@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import string
 from itertools import pairwise, product
@@ -276,3 +277,53 @@ def test_every_small_period_over_a_tiny_alphabet_matches_the_reference() -> None
             for d in chunks(text, 1, 24):
                 det.feed(d)
             assert det.tail() == reference_tail(text), unit
+
+
+def _real_text() -> str:
+    """Text nobody here wrote: a few standard-library modules, code and docstrings alike."""
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return "".join((stdlib / name).read_text(errors="replace") for name in ("textwrap.py", "argparse.py", "shlex.py"))
+
+
+REAL = _real_text()
+
+
+def _onset(text: str, start: int, p: int) -> int:
+    """First index from which ``text`` is p-periodic (the loop may start inside the prefix)."""
+    while start > 0 and text[start - 1] == text[start - 1 + p]:
+        start -= 1
+    return start
+
+
+@FAST
+@given(st.integers(16, 1500), st.integers(0, 10**9), st.sampled_from(["thinking", "text"]), st.sampled_from([(1, 4), (1, 24), (30, 200)]))
+def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
+    length: int, seed: int, channel: str, chunking: tuple[int, int]
+) -> None:
+    """A unit cut anywhere from real source (indentation runs, repeated words, blank lines)
+    after prose: the tail fires with the unit's smallest period, never before the channel's
+    rule allows, and no later than two copies (and the anchor) plus one search stride (at
+    most max(32, p + 16) characters) past the rule, plus the delta it fires in."""
+    rnd = random.Random(seed)
+    at = rnd.randrange(len(REAL) - length)
+    unit = REAL[at : at + length]
+    if "`" in unit:  # a code fence would raise the thresholds: covered by its own test
+        unit = unit.replace("`", "'")
+    p = next(q for q in range(1, length + 1) if length % q == 0 and unit[:q] * (length // q) == unit)
+    if p < 16:  # a flood of one character or a short divider: judged by length, tested elsewhere
+        return
+    lo, hi = chunking
+    text = PROSE + unit * max(8, 1200 // p + 2)
+    onset = _onset(text, len(PROSE), p)
+    rule = next(r for r in RepetitionDetector(channel).rules if p < r.below)
+    need = max(math.ceil(rule.min_copies * p), rule.min_chars)
+    adopted = max(2 * p, p + 16) + max(32, p + 16)
+    hit = first_tail(fires(RepetitionDetector(channel), chunks(text, lo, hi, seed)))
+    assert hit is not None, (p, unit[:80])
+    pos, signal = hit
+    assert signal == f"tail_repetition:{p}@{channel}"
+    assert pos - onset >= need
+    assert pos - onset <= max(need, adopted) + hi, (p, (pos - onset) / p, unit[:80])

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from generated import draw
 from scenarios import Case, text_cases
 from tools import tool_scenarios
 
@@ -204,6 +205,55 @@ def run_corpus(limit: int) -> None:
             )
 
 
+def fire_span(channel: str, deltas: Iterable[str]) -> tuple[int, int, int] | None:
+    """(start, end) of the delta in which the first tail_repetition fired, and its period."""
+    det, pos = RepetitionDetector(channel), 0
+    for d in deltas:
+        start, pos = pos, pos + len(d)
+        tail = next((s for s in det.feed(d) if s.kind == "tail_repetition"), None)
+        if tail is not None:
+            return start, pos, tail.threshold or 0
+    return None
+
+
+def run_generated(pool: str, count: int) -> None:
+    print(f"\n## {count} loops drawn at random, never seen in tuning (generated.py)\n")
+    print("Units cut from the corpus below (16-2,048 chars) or made of words in other scripts, after prose.")
+    print("'on time' = fired in the delta in which the channel's rule is first met; 'late' = a later delta")
+    print("(by how many copies); 'early' = before the rule allows it (a bug if ever > 0).\n")
+    print(
+        f"{'source':<14} {'deltas':<7} {'loops':>5} {'caught':>6} {'period ok':>9} {'on time':>7} {'late':>4} "
+        f"{'late max':>8} {'early':>5} {'copies p50':>10} {'p95':>5} {'max':>5}"
+    )
+    loops = draw(pool, count, 2026)
+    for group in ("real text", "other scripts"):
+        mine = [g for g in loops if (g.source == "real text") == (group == "real text")]
+        for lo, hi in CHUNKINGS:
+            caught = period_ok = on_time = early = 0
+            late: list[float] = []
+            copies: list[float] = []
+            for i, g in enumerate(mine):
+                span = fire_span(g.channel, chunks(g.text, lo, hi, i))
+                if span is None:
+                    continue
+                start, end, period = span
+                caught += 1
+                period_ok += period == g.period
+                allowed = g.onset + g.need  # characters fed when the rule is first met
+                if end < allowed:
+                    early += 1
+                elif start >= allowed:
+                    late.append((start - allowed) / g.period)
+                else:
+                    on_time += 1
+                copies.append((end - g.onset) / g.period)
+            print(
+                f"{group:<14} {f'{lo}-{hi}':<7} {len(mine):>5} {caught:>6} {period_ok:>9} {on_time:>7} {len(late):>4} "
+                f"{max(late, default=0.0):>8.2f} {early:>5} {pct(copies, 0.5):>10.2f} {pct(copies, 0.95):>5.2f} "
+                f"{max(copies, default=0.0):>5.2f}"
+            )
+
+
 def best(fn: Callable[[], object], repeat: int = 5) -> float:
     times = []
     for _ in range(repeat):
@@ -280,6 +330,7 @@ def main() -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {name:<62} {detail}")
     limit = 600_000 if quick else 2_200_000
     run_corpus(limit)
+    run_generated("".join(t for _, t in corpus(300_000 if quick else 1_000_000)), 120 if quick else 400)
     text = corpus(1_000_000)[0][1] if quick else "".join(t for k, t in corpus(1_000_000) if k == "stdlib .py")
     run_cost(text[:1_000_000])
     print(
