@@ -8,7 +8,7 @@ import string
 from itertools import pairwise, product
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentloop._detector import RepetitionDetector, Rule
@@ -300,6 +300,11 @@ def _onset(text: str, start: int, p: int) -> int:
 
 @FAST
 @given(st.integers(16, 1500), st.integers(0, 10**9), st.sampled_from(["thinking", "text"]), st.sampled_from([(1, 4), (1, 24), (30, 200)]))
+# Drawn by this test before an anchor inside an indentation run stopped hiding the longer
+# period: these fired 2.1, 1.3 and 1.1 copies after the bound.
+@example(130, 599839278, "text", (1, 24))
+@example(807, 349788066, "text", (1, 24))
+@example(595, 31633485, "text", (1, 4))
 def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
     length: int, seed: int, channel: str, chunking: tuple[int, int]
 ) -> None:
@@ -327,3 +332,12 @@ def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
     assert signal == f"tail_repetition:{p}@{channel}"
     assert pos - onset >= need
     assert pos - onset <= max(need, adopted) + hi, (p, (pos - onset) / p, unit[:80])
+
+
+def test_anchor_inside_an_indentation_run_does_not_hide_the_longer_period() -> None:
+    """A checkpoint whose anchor is all spaces finds the 1-periodic run first; the search goes
+    on past it, so the 25-character unit around it fires at four copies, not a stride later."""
+    unit = "and\n" + " " * 21
+    for channel in ("thinking", "text"):
+        hit = first_tail(fires(RepetitionDetector(channel), list(PROSE + unit * 40)))
+        assert hit == (len(PROSE) + 4 * len(unit), f"tail_repetition:25@{channel}")
