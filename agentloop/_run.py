@@ -210,7 +210,10 @@ class RunState:
             pass
 
     def _abort_in_loop(self) -> None:
-        if self.closed:
+        if self.closed or not self.signal.aborted:
+            # The run is over, or this abort was a spent turn's: the loop settled that turn and
+            # began the next without suspending, so the hand-over arrives inside a fresh turn
+            # whose own signal it must not act for.
             return
         task = self.task
         if (

@@ -301,6 +301,31 @@ async def test_send_now_replaces_the_turn_without_a_notice_in_the_same_run() -> 
     assert validate_transcript(engine.messages) == []
 
 
+async def test_an_abort_spent_on_one_turn_never_reaches_the_next() -> None:
+    """send_now while the host holds an event: the loop settles turn 1 and starts turn 2 without
+    suspending, so the abort's hand-over to the loop runs only inside turn 2. It must neither
+    cancel turn 2's stream nor put an abort into turn 2's mailbox (which would cancel its tools
+    after the grace period)."""
+
+    @tool(concurrency_safe=True)
+    async def step(ctx: ToolContext) -> str:
+        await asyncio.sleep(0)
+        return "stepped"
+
+    second = ScriptedResponse(text="Working on it.", chunk=4, delay=0.0005, tool_calls=[ScriptedToolCall("step")])
+    engine = engine_for([second, "New answer."], tools=[step], tool_cancel_grace=0)  # turn 1 never streams
+    events = []
+    async for ev in engine.run("first"):
+        events.append(ev)
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            engine.send_now("actually, do this")
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [(e.reason, e.abort_reason) for e in ends] == [("aborted_streaming", "send_now"), ("completed", None)]
+    assert results(engine) == ["stepped"]
+    assert engine.messages[-1].text == "New answer."
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_send_now_while_idle_starts_the_next_run() -> None:
     engine = engine_for(["hi"])
     receipt = engine.send_now("queued for later")

@@ -20,6 +20,9 @@ from agentloop import (
     Allow,
     AssistantMessage,
     Deny,
+    InterjectionDropped,
+    InterjectionInjected,
+    ModelError,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -166,3 +169,115 @@ async def play(plan: Plan) -> None:
 @given(plans)
 def test_property_transcript_valid_under_any_interrupt_timing(plan: Plan) -> None:
     asyncio.run(play(plan), debug=True)
+
+
+# -- a host doing everything at once ------------------------------------------------------------
+
+ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "break", "aclose", "cancel"]
+
+with_errors = st.one_of(
+    responses,
+    st.builds(
+        lambda after, retryable: ScriptedResponse(
+            text="Partial answer that fails", chunk=4, error=ModelError("upstream hiccup", retryable=retryable), error_after=after
+        ),
+        st.integers(0, 6),
+        st.booleans(),
+    ),
+)
+
+
+@dataclass
+class HostPlan:
+    responses: list[ScriptedResponse]
+    actions: list[tuple[int, str]]  # (event count, action), in any order
+    permission: bool
+
+
+host_plans = st.builds(
+    HostPlan,
+    st.lists(with_errors, min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(1, 30), st.sampled_from(ACTIONS)), max_size=5),
+    st.booleans(),
+)
+
+
+async def host(plan: HostPlan) -> None:
+    model = Tracking(ScriptedModel([*plan.responses, "Final answer."], cycle=True))
+    engine = QueryEngine(
+        model,  # type: ignore[arg-type]
+        tools=[fast, serial, failing],
+        policies=[],
+        tool_cancel_grace=0.01,
+        permission=permission if plan.permission else None,
+        retry_base_delay=0.0005,
+        retry_max_delay=0.001,
+        max_turns=8,
+    )
+    receipts: dict[str, str] = {}  # receipt -> kind
+    injected: list[str] = []
+    dropped: list[str] = []
+    events = engine.run("start")
+
+    async def consume() -> None:
+        count = 0
+        async for event in events:
+            count += 1
+            if isinstance(event, TurnEnded) and event.reason.startswith("aborted"):
+                assert event.abort_reason is not None, event  # an abort always says whose
+            if isinstance(event, InterjectionInjected):
+                injected.extend(event.ids)
+            elif isinstance(event, InterjectionDropped):
+                dropped.extend(event.ids)
+            for when, action in plan.actions:
+                if when != count:
+                    continue
+                if action == "interject":
+                    receipts[engine.interject(f"note {count}")] = action
+                elif action == "send_now":
+                    receipts[engine.send_now(f"instead {count}")] = action
+                elif action == "follow_up":
+                    receipts[engine.follow_up(f"then {count}")] = action
+                elif action == "interrupt":
+                    engine.interrupt("host")
+                elif action == "aclose":
+                    await events.aclose()  # type: ignore[attr-defined]
+                    return
+                elif action == "break":
+                    return
+                else:  # "cancel": the host's task is cancelled while it awaits the next event
+                    me = asyncio.current_task()
+                    assert me is not None
+                    me.cancel()
+
+    task = asyncio.ensure_future(consume())
+    try:
+        await task
+    except asyncio.CancelledError:
+        assert task.cancelled()
+    await events.aclose()  # type: ignore[attr-defined]  # a no-op when it already ended
+
+    assert validate_transcript(engine.messages) == []
+    uses = [b.id for m in engine.messages for b in m.tool_uses]
+    answered = [b.tool_use_id for m in engine.messages for b in m.tool_results]
+    assert sorted(uses) == sorted(answered) and len(set(answered)) == len(answered)
+    assert model.open == 0, "a model stream was left open"
+    assert not engine.running
+    # Nothing the host queued is lost: every receipt was delivered, reported dropped, or waits.
+    delivered = {str(m.meta.get("receipt")) for m in engine.messages if m.meta}
+    queued = {q.id for q in [*engine.inbox.interjections, *engine.inbox.send_now, *engine.inbox.follow_ups]}
+    for receipt, kind in receipts.items():
+        places = [receipt in delivered, receipt in queued, receipt in injected, receipt in dropped]
+        assert sum(places) == 1 or (kind == "interject" and places == [True, False, True, False]), (receipt, kind, places)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    me = asyncio.current_task()
+    assert [t for t in asyncio.all_tasks() if t is not me and not t.done()] == []
+
+
+@settings(max_examples=150)
+@given(host_plans)
+def test_property_host_actions_at_random_events_lose_nothing(plan: HostPlan) -> None:
+    """Interjections, send-now, follow-ups, interrupts, a host that stops iterating (break,
+    aclose, a cancelled task) and failing model attempts, at random events, in any mix."""
+    asyncio.run(host(plan), debug=True)
