@@ -28,6 +28,8 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
     ToolContext,
     ToolUseBlock,
     TurnEnded,
@@ -219,12 +221,32 @@ async def host(plan: HostPlan) -> None:
     dropped: list[str] = []
     events = engine.run("start")
 
+    turn_open = False
+    calls_open: set[str] = set()
+    finished: list[str] = []
+
     async def consume() -> None:
+        nonlocal turn_open
         count = 0
         async for event in events:
             count += 1
-            if isinstance(event, TurnEnded) and event.reason.startswith("aborted"):
-                assert event.abort_reason is not None, event  # an abort always says whose
+            # The event protocol: turns do not overlap, a started call finishes once, in its turn.
+            if isinstance(event, TurnStarted):
+                assert not turn_open and not calls_open
+                turn_open = True
+            elif isinstance(event, TurnEnded):
+                assert turn_open and not calls_open, (event, calls_open)
+                turn_open = False
+                if event.reason.startswith("aborted"):
+                    assert event.abort_reason is not None, event  # an abort always says whose
+            elif isinstance(event, ToolCallStarted):
+                assert event.tool_use.id not in calls_open and event.tool_use.id not in finished
+                calls_open.add(event.tool_use.id)
+            elif isinstance(event, ToolCallFinished):
+                assert event.tool_use.id not in finished
+                assert event.tool_use.id in calls_open or event.synthetic or event.result.is_error
+                calls_open.discard(event.tool_use.id)
+                finished.append(event.tool_use.id)
             if isinstance(event, InterjectionInjected):
                 injected.extend(event.ids)
             elif isinstance(event, InterjectionDropped):
@@ -269,6 +291,15 @@ async def host(plan: HostPlan) -> None:
     for receipt, kind in receipts.items():
         places = [receipt in delivered, receipt in queued, receipt in injected, receipt in dropped]
         assert sum(places) == 1 or (kind == "interject" and places == [True, False, True, False]), (receipt, kind, places)
+    # What waits is delivered by the next run: a send-now or a follow-up starts its turn.
+    if engine.inbox.send_now or engine.inbox.follow_ups:
+        waiting = {q.id for q in [*engine.inbox.send_now, *engine.inbox.follow_ups]}
+        async for _event in engine.run():
+            pass
+        delivered = {str(m.meta.get("receipt")) for m in engine.messages if m.meta}
+        assert waiting <= delivered, (waiting, delivered)
+        assert validate_transcript(engine.messages) == []
+        assert model.open == 0 and not engine.running
     for _ in range(3):
         await asyncio.sleep(0)
     me = asyncio.current_task()
