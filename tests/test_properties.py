@@ -9,6 +9,7 @@ partial text is kept when the abort hit mid-text, and nothing is left running.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -175,10 +176,11 @@ def test_property_transcript_valid_under_any_interrupt_timing(plan: Plan) -> Non
 
 # -- a host doing everything at once ------------------------------------------------------------
 
-ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "break", "aclose", "cancel"]
+ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "interrupt_thread", "break", "aclose", "cancel"]
 
 with_errors = st.one_of(
     responses,
+    st.just(ScriptedResponse(thinking="Let me check the file again. " * 16, chunk=16)),  # a doom loop: resampled
     st.builds(
         lambda after, retryable: ScriptedResponse(
             text="Partial answer that fails", chunk=4, error=ModelError("upstream hiccup", retryable=retryable), error_after=after
@@ -194,12 +196,14 @@ class HostPlan:
     responses: list[ScriptedResponse]
     actions: list[tuple[int, str]]  # (event count, action), in any order
     permission: bool
+    policies: bool  # the stock policies: doom-loop resamples and stationarity verdicts
 
 
 host_plans = st.builds(
     HostPlan,
     st.lists(with_errors, min_size=1, max_size=4),
     st.lists(st.tuples(st.integers(1, 30), st.sampled_from(ACTIONS)), max_size=5),
+    st.booleans(),
     st.booleans(),
 )
 
@@ -209,7 +213,7 @@ async def host(plan: HostPlan) -> None:
     engine = QueryEngine(
         model,  # type: ignore[arg-type]
         tools=[fast, serial, failing],
-        policies=[],
+        policies=None if plan.policies else [],
         tool_cancel_grace=0.01,
         permission=permission if plan.permission else None,
         retry_base_delay=0.0005,
@@ -262,6 +266,10 @@ async def host(plan: HostPlan) -> None:
                     receipts[engine.follow_up(f"then {count}")] = action
                 elif action == "interrupt":
                     engine.interrupt("host")
+                elif action == "interrupt_thread":  # a host's UI thread
+                    ui = threading.Thread(target=engine.interrupt, args=("host",))
+                    ui.start()
+                    ui.join()
                 elif action == "aclose":
                     await events.aclose()  # type: ignore[attr-defined]
                     return
@@ -291,13 +299,17 @@ async def host(plan: HostPlan) -> None:
     for receipt, kind in receipts.items():
         places = [receipt in delivered, receipt in queued, receipt in injected, receipt in dropped]
         assert sum(places) == 1 or (kind == "interject" and places == [True, False, True, False]), (receipt, kind, places)
-    # What waits is delivered by the next run: a send-now or a follow-up starts its turn.
+    # The next run delivers what waits: every send-now starts it; a follow-up runs after a turn
+    # that completed, and otherwise keeps waiting.
     if engine.inbox.send_now or engine.inbox.follow_ups:
-        waiting = {q.id for q in [*engine.inbox.send_now, *engine.inbox.follow_ups]}
+        sends = {q.id for q in engine.inbox.send_now}
+        waiting = sends | {q.id for q in engine.inbox.follow_ups}
         async for _event in engine.run():
             pass
         delivered = {str(m.meta.get("receipt")) for m in engine.messages if m.meta}
-        assert waiting <= delivered, (waiting, delivered)
+        still = {q.id for q in engine.inbox.follow_ups}
+        assert sends <= delivered and waiting <= delivered | still, (waiting, delivered, still)
+        assert not delivered & still
         assert validate_transcript(engine.messages) == []
         assert model.open == 0 and not engine.running
     for _ in range(3):
