@@ -23,6 +23,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
+    ToolCallStarted,
     ToolContext,
     ToolInputError,
     TurnEnded,
@@ -71,6 +72,36 @@ async def test_interjection_safe_point_after_a_tool_batch_cancels_nothing() -> N
     roles = [(m.role, m.kind) for m in engine.messages]
     assert roles[2:4] == [("user", "tool_results"), ("user", "interjection")]
     assert engine.messages[2].tool_results[0].text == "tool done"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_interjection_past_a_safe_point_survives_a_host_that_stops_in_a_later_batch() -> None:
+    """Drained after the first batch, merged only after the last: if the host stops iterating
+    in between, the interjection goes back to the queue and the next run delivers it."""
+    @tool(concurrency_safe=True)
+    async def a() -> str:
+        return "a done"
+
+    @tool  # not concurrency-safe: a batch of its own
+    async def b(ctx: ToolContext) -> str:
+        await ctx.signal.wait()
+        return "b stopped"
+
+    engine = engine_for([calls("a", "b"), "resumed"], tools=[a, b])
+    events = engine.run("go")
+    receipt, stopped = "", False
+    async for ev in events:
+        if isinstance(ev, AssistantMessage):
+            receipt = engine.interject("also check the logs")
+        if isinstance(ev, ToolCallStarted) and ev.tool_use.name == "b":
+            stopped = True
+            break
+    await events.aclose()  # type: ignore[attr-defined]
+    assert stopped
+    assert [q.id for q in engine.inbox.interjections] == [receipt]
+    again = await collect(engine)
+    injected = [e for e in again if isinstance(e, InterjectionInjected)]
+    assert [e.ids for e in injected] == [(receipt,)]
     assert validate_transcript(engine.messages) == []
 
 
