@@ -16,7 +16,6 @@ from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, Done, plan_batches
-from ._inbox import Queued
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
 from ._transcript import interrupted_result
@@ -42,51 +41,48 @@ async def tool_phase(
     runner = CallRunner(engine, st.signal, st.mailbox.put, engine.options.permission)
     st.started = runner.started
     spent = st.spent_tasks = []
-    drained: list[Queued] = []  # interjections past a safe point, merged after the results
-    try:
-        for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
-            if st.signal.aborted:  # checkpoint 3: the next batch does not start
-                break
-            waiting = {use.id: use for use in batch}
-            tasks = {use.id: st.loop.create_task(runner.call(use)) for use in batch}
-            st.pending_tasks.update(tasks.values())
-            spent += tasks.values()
-            timers: list[asyncio.TimerHandle] = []
-            if st.signal.aborted:
-                st.mailbox.put(ABORTED)
-            try:
-                while waiting:
-                    events: list[Event] = []
-                    for item in await st.mailbox.get():
-                        if isinstance(item, Done):
-                            if waiting.pop(item.use.id, None) is not None:
-                                st.pending_tasks.discard(tasks[item.use.id])
-                                events.append(_record(engine, st, item))
-                        elif item is ABORTED:
-                            if not timers:
-                                timers.append(st.loop.call_later(engine.options.tool_cancel_grace, st.mailbox.put, GRACE_OVER))
-                        elif item is GRACE_OVER:
-                            for task in st.pending_tasks:
-                                task.cancel()
-                            timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
-                        elif item is _ABANDON:
-                            for use in waiting.values():
-                                log.warning("tool %r ignored cancellation; abandoning it", use.name)
-                            waiting.clear()
-                        else:
-                            events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)
-                    if events:
-                        yield events
-            finally:
-                for timer in timers:
-                    timer.cancel()
-            if not st.signal.aborted:  # safe point: drained now, merged after the results
-                drained += engine.inbox.take(engine.inbox.interjections)
-    finally:
-        if drained:  # back at the front of the queue: merged below, or kept for later if the loop stops here
-            engine.inbox.interjections[:0] = drained
+    # Interjections stay queued until merged after the results, so a host that stops iterating
+    # mid-phase loses none; a batch that ends unaborted is the safe point that lets them in.
+    merge = False
+    for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
+        if st.signal.aborted:  # checkpoint 3: the next batch does not start
+            break
+        waiting = {use.id: use for use in batch}
+        tasks = {use.id: st.loop.create_task(runner.call(use)) for use in batch}
+        st.pending_tasks.update(tasks.values())
+        spent += tasks.values()
+        timers: list[asyncio.TimerHandle] = []
+        if st.signal.aborted:
+            st.mailbox.put(ABORTED)
+        try:
+            while waiting:
+                events: list[Event] = []
+                for item in await st.mailbox.get():
+                    if isinstance(item, Done):
+                        if waiting.pop(item.use.id, None) is not None:
+                            st.pending_tasks.discard(tasks[item.use.id])
+                            events.append(_record(engine, st, item))
+                    elif item is ABORTED:
+                        if not timers:
+                            timers.append(st.loop.call_later(engine.options.tool_cancel_grace, st.mailbox.put, GRACE_OVER))
+                    elif item is GRACE_OVER:
+                        for task in st.pending_tasks:
+                            task.cancel()
+                        timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
+                    elif item is _ABANDON:
+                        for use in waiting.values():
+                            log.warning("tool %r ignored cancellation; abandoning it", use.name)
+                        waiting.clear()
+                    else:
+                        events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)
+                if events:
+                    yield events
+        finally:
+            for timer in timers:
+                timer.cancel()
+        merge = merge or not st.signal.aborted
     events = settle_results(engine, st)  # a fresh list
-    if drained:
+    if merge:
         events += drain_interjections(engine, st)
     if events:
         yield events
