@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
@@ -257,22 +257,16 @@ class QueryEngine:
         the child with the same reason; the child's own abort leaves the parent
         running. ``overrides`` are any `QueryEngine` keyword arguments.
         """
-        opts = self.options
-        kwargs: dict[str, Any] = {
-            "tools": list(self.tools.values()),
-            "system": opts.system,
-            "policies": [p.fork() for p in self.policies],
-            "max_turns": opts.max_turns,
-            "max_parallel_tools": opts.max_parallel_tools,
-            "tool_cancel_grace": opts.tool_cancel_grace,
-            "permission": opts.permission,
-            "interrupt_notice": None,
-            "doom_loop_recovery": opts.doom_loop_recovery,
-            "doom_budget": opts.doom_budget,
-            "retry_budget": opts.retry_budget,
-            "texts": opts.texts,
-            "session": self.session.sidechain(agent_id) if self.session is not None else None,
-        }
+        # Every setting is copied but two: a child writes no interrupt notice (its parent's
+        # transcript tells the story), and a forced tool_choice is the parent's own business.
+        kwargs: dict[str, Any] = {f.name: getattr(self.options, f.name) for f in fields(EngineOptions)}
+        kwargs.update(
+            tools=list(self.tools.values()),
+            policies=[p.fork() for p in self.policies],
+            interrupt_notice=None,
+            tool_choice=None,
+            session=self.session.sidechain(agent_id) if self.session is not None else None,
+        )
         kwargs.update(overrides)
         model = kwargs.pop("model", self.model)
         return QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)

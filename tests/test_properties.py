@@ -12,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +36,7 @@ from agentloop import (
     ToolUseBlock,
     TurnEnded,
     TurnStarted,
+    delegate_tool,
     tool,
     validate_transcript,
 )
@@ -180,6 +182,7 @@ ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "interrupt_thread"
 
 with_errors = st.one_of(
     responses,
+    st.just(ScriptedResponse(text="Delegating.", tool_calls=[ScriptedToolCall("task", {"task": "look around"})])),
     st.just(ScriptedResponse(thinking="Let me check the file again. " * 16, chunk=16)),  # a doom loop: resampled
     st.builds(
         lambda after, retryable: ScriptedResponse(
@@ -212,7 +215,7 @@ async def host(plan: HostPlan) -> None:
     model = Tracking(ScriptedModel([*plan.responses, "Final answer."], cycle=True))
     engine = QueryEngine(
         model,  # type: ignore[arg-type]
-        tools=[fast, serial, failing],
+        tools=[fast, serial, failing, delegate_tool(max_turns=3, tools=[fast, serial, failing])],
         policies=None if plan.policies else [],
         tool_cancel_grace=0.01,
         permission=permission if plan.permission else None,
@@ -220,37 +223,49 @@ async def host(plan: HostPlan) -> None:
         retry_max_delay=0.001,
         max_turns=8,
     )
+    children: list[QueryEngine] = []
+    make_child = engine.subagent
+
+    def subagent(**kwargs: Any) -> QueryEngine:
+        children.append(make_child(**kwargs))
+        return children[-1]
+
+    engine.subagent = subagent  # type: ignore[method-assign]
     receipts: dict[str, str] = {}  # receipt -> kind
     injected: list[str] = []
     dropped: list[str] = []
     events = engine.run("start")
 
-    turn_open = False
-    calls_open: set[str] = set()
-    finished: list[str] = []
+    # Per agent (None: the engine itself; a subagent's events come tagged with its id).
+    turn_open: dict[str | None, bool] = {}
+    calls_open: dict[str | None, set[str]] = {}
+    finished: list[tuple[str | None, str]] = []
 
     async def consume() -> None:
-        nonlocal turn_open
         count = 0
         async for event in events:
             count += 1
             # The event protocol: turns do not overlap, a started call finishes once, in its turn.
+            who = event.agent_id
+            open_calls = calls_open.setdefault(who, set())
             if isinstance(event, TurnStarted):
-                assert not turn_open and not calls_open
-                turn_open = True
+                assert not turn_open.get(who) and not open_calls
+                turn_open[who] = True
             elif isinstance(event, TurnEnded):
-                assert turn_open and not calls_open, (event, calls_open)
-                turn_open = False
+                assert turn_open.get(who) and not open_calls, (event, open_calls)
+                turn_open[who] = False
                 if event.reason.startswith("aborted"):
                     assert event.abort_reason is not None, event  # an abort always says whose
             elif isinstance(event, ToolCallStarted):
-                assert event.tool_use.id not in calls_open and event.tool_use.id not in finished
-                calls_open.add(event.tool_use.id)
+                key = (who, event.tool_use.id)
+                assert event.tool_use.id not in open_calls and key not in finished
+                open_calls.add(event.tool_use.id)
             elif isinstance(event, ToolCallFinished):
-                assert event.tool_use.id not in finished
-                assert event.tool_use.id in calls_open or event.synthetic or event.result.is_error
-                calls_open.discard(event.tool_use.id)
-                finished.append(event.tool_use.id)
+                key = (who, event.tool_use.id)
+                assert key not in finished
+                assert event.tool_use.id in open_calls or event.synthetic or event.result.is_error
+                open_calls.discard(event.tool_use.id)
+                finished.append(key)
             if isinstance(event, InterjectionInjected):
                 injected.extend(event.ids)
             elif isinstance(event, InterjectionDropped):
@@ -293,6 +308,9 @@ async def host(plan: HostPlan) -> None:
     assert sorted(uses) == sorted(answered) and len(set(answered)) == len(answered)
     assert model.open == 0, "a model stream was left open"
     assert not engine.running
+    for child in children:  # a subagent stops with its parent and leaves a valid transcript
+        assert not child.running
+        assert validate_transcript(child.messages) == [], child.messages
     # Nothing the host queued is lost: every receipt was delivered, reported dropped, or waits.
     delivered = {str(m.meta.get("receipt")) for m in engine.messages if m.meta}
     queued = {q.id for q in [*engine.inbox.interjections, *engine.inbox.send_now, *engine.inbox.follow_ups]}

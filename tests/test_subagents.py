@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from agentloop import (
     QueryEngine,
@@ -22,6 +23,28 @@ from tests.helpers import collect
 
 def delegate(task: str) -> ScriptedResponse:
     return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": task})])
+
+
+def test_subagent_copies_every_setting_but_the_notice_and_a_forced_tool_choice() -> None:
+    parent = QueryEngine(
+        ScriptedModel([]),
+        system="be brief",
+        max_turns=4,
+        tool_cancel_grace=0.3,
+        retry_budget=1,
+        retry_base_delay=0.01,
+        retry_max_delay=0.02,
+        max_tokens=512,
+        usage_limit=9000,
+        follow_up_behavior="steer",
+        background_subagents="abort",
+        tool_choice="lookup",
+        policies=[],
+    )
+    child = parent.subagent(agent_id="sub-1")
+    same = replace(parent.options, interrupt_notice=None, tool_choice=None)
+    assert child.options == same
+    assert parent.subagent(agent_id="sub-2", max_tokens=64).options.max_tokens == 64  # overrides win
 
 
 async def test_subagent_shares_model_and_tools_and_keeps_its_own_transcript() -> None:
