@@ -29,6 +29,7 @@ from ._messages import (
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
+    text_block,
     tool_result_block,
 )
 
@@ -79,7 +80,12 @@ def clean_assistant(message: Message) -> Message | None:
     kept = [b for b in message.content if _droppable(b) is None]
     if not kept:
         return None
-    if len(kept) == len(message.content):
+    last = kept[-1]
+    if last.type == "text" and last.text != last.text.rstrip():
+        # Trailing whitespace is stripped before the message is committed, not when the turn ends:
+        # the transcript never changes after commit, so a session file replays to it exactly.
+        kept[-1] = text_block(last.text.rstrip())  # not empty: a blank text block was dropped above
+    elif len(kept) == len(message.content):
         return message
     return message.model_copy(update={"content": kept})
 

@@ -9,9 +9,11 @@ partial text is kept when the abort hit mid-text, and nothing is left running.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -41,6 +43,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._model import ModelRequest, StreamEvent
+from agentloop.sessions import JsonlSession
 
 
 @tool(concurrency_safe=True)
@@ -212,6 +215,17 @@ host_plans = st.builds(
 
 
 async def host(plan: HostPlan) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "session.jsonl"
+        with JsonlSession(path) as session:
+            engine = await host_with(plan, session)
+        # The file replays to exactly the transcript the engine ended with, with nothing to repair.
+        loaded = JsonlSession(path).load()
+        assert loaded.repairs == [] and loaded.warnings == []
+        assert loaded.messages == engine.messages
+
+
+async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
     model = Tracking(ScriptedModel([*plan.responses, "Final answer."], cycle=True))
     engine = QueryEngine(
         model,  # type: ignore[arg-type]
@@ -222,6 +236,7 @@ async def host(plan: HostPlan) -> None:
         retry_base_delay=0.0005,
         retry_max_delay=0.001,
         max_turns=8,
+        session=session,
     )
     children: list[QueryEngine] = []
     make_child = engine.subagent
@@ -334,6 +349,7 @@ async def host(plan: HostPlan) -> None:
         await asyncio.sleep(0)
     me = asyncio.current_task()
     assert [t for t in asyncio.all_tasks() if t is not me and not t.done()] == []
+    return engine
 
 
 @settings(max_examples=150)

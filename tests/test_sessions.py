@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 import agentloop
 from agentloop import (
     Message,
+    QueryEngine,
     RedactedThinkingBlock,
+    ScriptedModel,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -121,6 +123,19 @@ def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
 
 def test_the_protocol_is_satisfied(tmp_path: Path) -> None:
     assert isinstance(JsonlSession(tmp_path / "s.jsonl"), SessionStore)
+
+
+async def test_a_reply_ending_in_whitespace_replays_exactly_with_nothing_to_repair(tmp_path: Path) -> None:
+    """Trailing whitespace is stripped before the message is committed, so the file holds the
+    transcript the engine ends with (a later load reports no repair and writes no checkpoint)."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Done, all tests pass.  \n"]), session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    assert engine.messages[-1].text == "Done, all tests pass."
+    loaded = JsonlSession(path).load()
+    assert loaded.repairs == [] and loaded.messages == engine.messages
 
 
 def test_missing_file_loads_empty_and_creates_nothing(tmp_path: Path) -> None:
