@@ -203,6 +203,8 @@ class HostPlan:
     actions: list[tuple[int, str]]  # (event count, action), in any order
     permission: bool
     policies: bool  # the stock policies: doom-loop resamples and stationarity verdicts
+    deadline: float | None = None  # seconds: the run ends with "deadline" wherever it is
+    usage_limit: int | None = None  # tokens: ScriptedModel counts 20 per response
 
 
 host_plans = st.builds(
@@ -211,6 +213,8 @@ host_plans = st.builds(
     st.lists(st.tuples(st.integers(1, 30), st.sampled_from(ACTIONS)), max_size=5),
     st.booleans(),
     st.booleans(),
+    st.one_of(st.none(), st.sampled_from([0.0005, 0.002, 0.01])),
+    st.one_of(st.none(), st.sampled_from([20, 40, 60])),
 )
 
 
@@ -237,6 +241,8 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
         retry_max_delay=0.001,
         max_turns=8,
         session=session,
+        deadline=plan.deadline,
+        usage_limit=plan.usage_limit,
     )
     children: list[QueryEngine] = []
     make_child = engine.subagent
