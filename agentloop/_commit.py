@@ -27,6 +27,82 @@ def abort_terminal(st: RunState) -> TerminalReason:
     return "aborted_tools" if st.phase == "tools" else "aborted_streaming"
 
 
+def commit_response(engine: QueryEngine, message: Message) -> Message:
+    """Commit a streamed assistant message; returns it as committed.
+
+    A tool call the provider sent without an id, or with one the transcript already holds (some
+    servers number their calls afresh in every response), gets a fresh id: providers reject a
+    transcript whose ids are missing or repeated, and results are paired by id.
+    """
+    for block in message.content:
+        if block.type == "tool_use":
+            ids = engine._tool_ids
+            if ids is None:  # made at the first tool call: most engines never need one
+                ids = engine._tool_ids = ToolIds()
+            message = ids.claim(message, engine.messages)
+            break
+    engine._commit(message)
+    return message
+
+
+class ToolIds:
+    """The tool_use ids of one transcript, brought up to date as it grows."""
+
+    __slots__ = ("_ids", "_of", "_upto")
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._of: list[Message] | None = None
+        self._upto = 0  # messages of ``_of`` already read
+
+    def claim(self, message: Message, transcript: list[Message]) -> Message:
+        """``message`` with every tool_use id unique in ``transcript``; records them.
+
+        The caller appends the message to ``transcript`` next, so it is not read again (were it
+        not appended, the next claim would find the list shorter than read and read it all).
+        """
+        ids = self._ids
+        end = len(transcript)
+        if self._upto != end:  # what was committed since: in a loop, one message of results
+            self._read(transcript, end)
+        self._upto = end + 1
+        for i, block in enumerate(message.content):
+            if block.type == "tool_use":
+                if not block.id or block.id in ids:
+                    return self._renamed(message, i)
+                ids.add(block.id)
+        return message
+
+    def _read(self, transcript: list[Message], end: int) -> None:
+        upto = self._upto
+        if transcript is not self._of or upto > end:  # a new or a shortened list: read it all
+            self._ids.clear()
+            self._of, upto = transcript, 0
+        add = self._ids.add
+        for seen in transcript[upto:end]:
+            if seen.role == "assistant":
+                for block in seen.content:
+                    if block.type == "tool_use":
+                        add(block.id)
+
+    def _renamed(self, message: Message, first: int) -> Message:
+        ids = self._ids
+        content = list(message.content)
+        for i in range(first, len(content)):
+            block = content[i]
+            if block.type != "tool_use":
+                continue
+            if block.id and block.id not in ids:
+                ids.add(block.id)
+                continue
+            stem, n = block.id or "toolu", 1
+            while f"{stem}_{n}" in ids:
+                n += 1
+            ids.add(f"{stem}_{n}")
+            content[i] = block.model_copy(update={"id": f"{stem}_{n}"})
+        return message.model_copy(update={"content": content})
+
+
 def settle_partial(engine: QueryEngine, st: RunState) -> None:
     """Commit what the current attempt streamed, marked partial (sync)."""
     acc = st.acc
@@ -36,7 +112,7 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     message = clean_assistant(acc.message(partial=True))
     if message is None:
         return
-    engine._commit(message)
+    message = commit_response(engine, message)
     st.owed = message.tool_uses  # completed calls in a cut response never started
 
 

@@ -25,6 +25,7 @@ from ._policy import Policy
 from ._tools import PermissionCallback, Tool
 
 if TYPE_CHECKING:
+    from ._commit import ToolIds
     from ._run import RunState
     from .sessions import SessionStore
 
@@ -157,6 +158,7 @@ class QueryEngine:
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
         self._wrap_next = False
+        self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
 

@@ -14,7 +14,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._commit import abort_terminal, settle_partial
+from ._commit import abort_terminal, commit_response, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -189,7 +189,7 @@ def _conclude(
         st.acc = None
         if message is None:
             return [], None
-        engine._commit(message)
+        message = commit_response(engine, message)
         st.response = message
         st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
         return [AssistantMessage(message=message, stop_reason=acc.stop_reason)], None

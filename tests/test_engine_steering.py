@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -349,6 +350,32 @@ async def test_every_other_tool_failure_becomes_an_error_result_that_says_what_h
     ]
     assert all(b.is_error for m in engine.messages for b in m.tool_results)
     assert events[-1].reason == "completed"  # type: ignore[union-attr]
+
+async def test_tool_calls_without_an_id_or_with_a_repeated_one_get_fresh_ids() -> None:
+    """Some OpenAI-compatible servers number their calls afresh in every response ("call_0"),
+    or send no id: the transcript would repeat ids, which providers reject, and results are paired
+    by id. Such a call gets a fresh id before it is committed."""
+
+    @tool(concurrency_safe=True)
+    async def t(n: int) -> str:
+        return f"ran {n}"
+
+    def response(*ids: str) -> ScriptedResponse:
+        events: list[Any] = []
+        for i, tid in enumerate(ids):
+            events += [StreamToolUseStart(i, tid, "t"), StreamToolInput(i, f'{{"n": {i}}}'), StreamBlockStop(i)]
+        return ScriptedResponse(events=[*events, StreamEnd("tool_use")])
+
+    first = response("call_0", "call_0", "")
+    engine = engine_for([lambda _request: first, response("call_0"), "done"], tools=[t])  # played as is
+    await collect(engine, "go")
+    ids = [b.id for m in engine.messages for b in m.tool_uses]
+    assert ids == ["call_0", "call_0_1", "toolu_1", "call_0_2"]
+    assert [(r.tool_use_id, r.text) for m in engine.messages for r in m.tool_results] == [
+        ("call_0", "ran 0"), ("call_0_1", "ran 1"), ("toolu_1", "ran 2"), ("call_0_2", "ran 0")
+    ]
+    assert validate_transcript(engine.messages) == []
+
 
 async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
     class Broken:

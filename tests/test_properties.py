@@ -42,7 +42,19 @@ from agentloop import (
     tool,
     validate_transcript,
 )
-from agentloop._model import ModelRequest, StreamEvent
+from agentloop._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamRedactedThinking,
+    StreamSignals,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+)
 from agentloop.sessions import JsonlSession
 
 
@@ -364,3 +376,39 @@ def test_property_host_actions_at_random_events_lose_nothing(plan: HostPlan) -> 
     """Interjections, send-now, follow-ups, interrupts, a host that stops iterating (break,
     aclose, a cancelled task) and failing model attempts, at random events, in any mix."""
     asyncio.run(host(plan), debug=True)
+
+
+# -- a model that breaks the stream protocol ------------------------------------------------------
+
+_index = st.integers(0, 3)
+stream_events = st.one_of(
+    st.builds(StreamText, _index, st.sampled_from(["", " ", "Hello ", "world.\n", "  "])),
+    st.builds(StreamThinking, _index, st.sampled_from(["", "hmm ", "think"])),
+    st.builds(StreamSignature, _index, st.sampled_from(["", "sig"])),
+    st.builds(StreamRedactedThinking, _index, st.just("opaque")),
+    st.builds(StreamToolUseStart, _index, st.sampled_from(["t1", "t2", "t1", ""]), st.sampled_from(["fast", "failing", "missing", ""])),
+    st.builds(StreamToolInput, _index, st.sampled_from(['{"ms": 1}', '{"ms"', ": 2}", "", "[1]", "null", '{"ms": "x"}', "}"])),
+    st.builds(StreamBlockStop, _index),
+    st.builds(StreamSignals, st.just(("tail_repetition:8@thinking", "nonsense"))),
+    st.builds(StreamEnd, st.sampled_from([None, "end_turn", "tool_use", "max_tokens", "refusal"])),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(stream_events, max_size=14), min_size=1, max_size=3))
+def test_property_any_stream_event_sequence_ends_cleanly(scripts: list[list[StreamEvent]]) -> None:
+    """Out-of-order blocks, reused ids, empty names, broken tool JSON, events after the end, no
+    end at all: every run ends with a terminal and a transcript a provider accepts."""
+
+    async def main() -> None:
+        model = Tracking(ScriptedModel([*(ScriptedResponse(events=e) for e in scripts), "Final answer."], cycle=True))
+        engine = QueryEngine(model, tools=[fast, failing], policies=None, max_turns=5, retry_budget=1, retry_base_delay=0.0005)  # type: ignore[arg-type]
+        events = [event async for event in engine.run("start")]
+        assert isinstance(events[-1], TurnEnded)
+        assert validate_transcript(engine.messages) == [], engine.messages
+        uses = [b.id for m in engine.messages for b in m.tool_uses]
+        answered = [b.tool_use_id for m in engine.messages for b in m.tool_results]
+        assert sorted(uses) == sorted(answered) and len(set(answered)) == len(answered)
+        assert model.open == 0 and not engine.running
+
+    asyncio.run(main(), debug=True)
