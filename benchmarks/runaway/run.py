@@ -218,7 +218,7 @@ def fire_span(channel: str, deltas: Iterable[str]) -> tuple[int, int, int] | Non
 
 def run_generated(pool: str, count: int) -> None:
     print(f"\n## {count} loops drawn at random, never seen in tuning (generated.py)\n")
-    print("Units cut from the corpus below (16-2,048 chars) or made of words in other scripts, after prose.")
+    print("Units cut from the corpus above (16-2,048 chars) or made of words in other scripts, after prose.")
     print("'on time' = fired in the delta in which the channel's rule is first met; 'late' = a later delta")
     print("(by how many copies); 'early' = before the rule allows it (a bug if ever > 0).\n")
     print(
