@@ -4,6 +4,11 @@ Random scripted sessions (text, thinking, parallel and serial tools with random
 durations, permission prompts), a random interrupt instant and a random reason.
 After run(): the transcript is valid, every tool_use has exactly one result,
 partial text is kept when the abort hit mid-text, and nothing is left running.
+
+Two more properties: a host doing everything at once (steering, send-now,
+follow-ups, interrupts from the loop and from a thread, stopping the iteration
+three ways, failing and looping attempts, subagents, a deadline, a usage limit,
+a session file), and a model whose stream breaks the protocol in any way.
 """
 
 from __future__ import annotations
@@ -349,7 +354,7 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
     queued = {q.id for q in [*engine.inbox.interjections, *engine.inbox.send_now, *engine.inbox.follow_ups]}
     for receipt, kind in receipts.items():
         places = [receipt in delivered, receipt in queued, receipt in injected, receipt in dropped]
-        assert sum(places) == 1 or (kind == "interject" and places == [True, False, True, False]), (receipt, kind, places)
+        assert sum(places) == 1, (receipt, kind, places)
     # The next run delivers what waits: every send-now starts it; a follow-up runs after a turn
     # that completed, and otherwise keeps waiting.
     if engine.inbox.send_now or engine.inbox.follow_ups:
