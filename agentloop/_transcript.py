@@ -122,7 +122,9 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
         if msg.role == "assistant":
             for block in msg.content:
                 if isinstance(block, ToolUseBlock):
-                    if block.id in seen_use:
+                    if not block.id:
+                        out.append(f"{where}: tool_use ({block.name}) without an id")
+                    elif block.id in seen_use:
                         out.append(f"{where}: duplicate tool_use id {block.id!r}")
                     seen_use.add(block.id)
                     if block.complete:  # an incomplete call is dropped, not answered
@@ -206,24 +208,74 @@ def repair_transcript(
 
 def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message]:
     out: list[Message] = []
-    seen_use: set[str] = set()
+    ids = _Ids(messages)
     for i, msg in enumerate(messages):
         kept: list[Block] = []
         for block in msg.content:
             why = _droppable(block) or _misplaced(block, msg.role)
-            if why is None and isinstance(block, ToolUseBlock):
-                if block.id in seen_use:
-                    why = f"duplicate tool_use id {block.id!r}"
-                seen_use.add(block.id)
-            if why is None:
-                kept.append(block)
-            else:
+            if why is not None:
                 notes.append(f"messages[{i}]: dropped {why}")
+                continue
+            if isinstance(block, ToolUseBlock):
+                renamed = ids.use(block)
+                if renamed is not block:
+                    notes.append(f"messages[{i}]: gave tool_use {block.id!r} ({block.name}) the unused id {renamed.id!r}")
+                block = renamed
+            elif isinstance(block, ToolResultBlock):
+                block = ids.result(block)
+            kept.append(block)
+        ids.next_message()
         if not kept:
             notes.append(f"messages[{i}]: dropped empty {msg.role} message")
             continue
-        out.append(msg if len(kept) == len(msg.content) else msg.model_copy(update={"content": kept}))
+        same = len(kept) == len(msg.content) and all(a is b for a, b in zip(kept, msg.content, strict=True))
+        out.append(msg if same else msg.model_copy(update={"content": kept}))
     return out
+
+
+class _Ids:
+    """Tool-call ids while repairing: a call whose id is empty or already used gets an unused
+    one, and the result that answers it in the next message follows (the first results with
+    that id answer the calls that kept it, the next ones the renamed calls, in order)."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.taken = {b.id for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
+        self.taken |= {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
+        self.used: set[str] = set()
+        self.kept: dict[str, int] = {}  # this message's calls that kept their id, by id
+        self.renamed: dict[str, list[str]] = {}  # this message's renamed calls, by old id
+        self.answer: tuple[dict[str, int], dict[str, list[str]]] = ({}, {})  # the previous message's
+        self.seen: dict[str, int] = {}  # results read in this message, by id
+
+    def use(self, block: ToolUseBlock) -> ToolUseBlock:
+        if block.id and block.id not in self.used:
+            self.used.add(block.id)
+            self.kept[block.id] = self.kept.get(block.id, 0) + 1
+            return block
+        stem, n = block.id or "toolu", 1
+        while f"{stem}_{n}" in self.taken:
+            n += 1
+        fresh = f"{stem}_{n}"
+        self.taken.add(fresh)
+        self.used.add(fresh)
+        self.renamed.setdefault(block.id, []).append(fresh)
+        return block.model_copy(update={"id": fresh})
+
+    def result(self, block: ToolResultBlock) -> ToolResultBlock:
+        kept, renamed = self.answer
+        tid = block.tool_use_id
+        if tid not in renamed:
+            return block
+        nth = self.seen.get(tid, 0)
+        self.seen[tid] = nth + 1
+        k = nth - kept.get(tid, 0)
+        if 0 <= k < len(renamed[tid]):
+            return block.model_copy(update={"tool_use_id": renamed[tid][k]})
+        return block
+
+    def next_message(self) -> None:
+        self.answer = (self.kept, self.renamed)
+        self.kept, self.renamed, self.seen = {}, {}, {}
 
 
 def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:

@@ -94,6 +94,26 @@ def test_rule_duplicate_tool_use_id() -> None:
     assert validate_transcript(repair_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])) == []
 
 
+def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_its_result() -> None:
+    """Servers that number their calls afresh in every response leave repeated ids in a saved
+    transcript; the repair renames the later call and the result that answers it, losing nothing."""
+    msgs = [
+        u(T(text="q")), a(use("call_0")), u(res("call_0", "first")),
+        a(use("call_0"), use("call_0")), u(res("call_0", "second"), res("call_0", "third")),
+        a(use("")), u(res("", "fourth")),
+    ]
+    problems = validate_transcript(msgs)
+    assert any("duplicate tool_use id 'call_0'" in p for p in problems)
+    assert any("without an id" in p for p in problems)
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert validate_transcript(fixed) == []
+    pairs = [(r.tool_use_id, r.text) for m in fixed for r in m.tool_results]
+    assert pairs == [("call_0", "first"), ("call_0_1", "second"), ("call_0_2", "third"), ("toolu_1", "fourth")]
+    assert [b.id for m in fixed for b in m.tool_uses] == ["call_0", "call_0_1", "call_0_2", "toolu_1"]
+    assert len(changes) == 3 and repair_transcript(fixed) == fixed
+
+
 def test_rule_empty_text_block() -> None:
     only([u(T(text="q")), a(T(text="  \n"), T(text="x"))], "empty or whitespace-only text block")
 
@@ -143,7 +163,7 @@ def test_repair_of_an_incomplete_call_drops_it_and_its_orphan_result() -> None:
 
 # -- properties ------------------------------------------------------------------
 
-ids = st.sampled_from(["a", "b", "c", "d"])
+ids = st.sampled_from(["a", "b", "c", "d", "", "a_1"])
 texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body"])
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
