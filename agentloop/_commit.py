@@ -13,7 +13,7 @@ from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, T
 from ._inbox import envelope
 from ._messages import Message, TextBlock, message
 from ._run import RunState
-from ._transcript import clean_assistant, interrupted_result
+from ._transcript import clean_assistant, interrupted_result, unused_id
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -95,11 +95,9 @@ class ToolIds:
             if block.id and block.id not in ids:
                 ids.add(block.id)
                 continue
-            stem, n = block.id or "toolu", 1
-            while f"{stem}_{n}" in ids:
-                n += 1
-            ids.add(f"{stem}_{n}")
-            content[i] = block.model_copy(update={"id": f"{stem}_{n}"})
+            fresh = unused_id(block.id, ids)
+            ids.add(fresh)
+            content[i] = block.model_copy(update={"id": fresh})
         return message.model_copy(update={"content": content})
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from ._messages import (
     Block,
@@ -233,6 +234,15 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message
     return out
 
 
+def unused_id(old: str, taken: AbstractSet[str]) -> str:
+    """A fresh id for a tool call: ``old`` with the smallest suffix ``_n`` not in ``taken``
+    (``toolu_n`` when ``old`` is empty)."""
+    stem, n = old or "toolu", 1
+    while f"{stem}_{n}" in taken:
+        n += 1
+    return f"{stem}_{n}"
+
+
 class _Ids:
     """Tool-call ids while repairing: a call whose id is empty or already used gets an unused
     one, and the result that answers it in the next message follows (the first results with
@@ -252,10 +262,7 @@ class _Ids:
             self.used.add(block.id)
             self.kept[block.id] = self.kept.get(block.id, 0) + 1
             return block
-        stem, n = block.id or "toolu", 1
-        while f"{stem}_{n}" in self.taken:
-            n += 1
-        fresh = f"{stem}_{n}"
+        fresh = unused_id(block.id, self.taken)
         self.taken.add(fresh)
         self.used.add(fresh)
         self.renamed.setdefault(block.id, []).append(fresh)
