@@ -311,7 +311,8 @@ def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
     """A unit cut anywhere from real source (indentation runs, repeated words, blank lines)
     after prose: the tail fires with the unit's smallest period, never before the channel's
     rule allows, and no later than two copies (and the anchor) plus one search stride (at
-    most max(32, p + 16) characters) past the rule, plus the delta it fires in."""
+    most max(32, p + 16) characters) past the rule, plus the delta it fires in; and in the
+    same delta as with one-character deltas."""
     rnd = random.Random(seed)
     at = rnd.randrange(len(REAL) - length)
     unit = REAL[at : at + length]
@@ -332,6 +333,8 @@ def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
     assert signal == f"tail_repetition:{p}@{channel}"
     assert pos - onset >= need
     assert pos - onset <= max(need, adopted) + hi, (p, (pos - onset) / p, unit[:80])
+    exact = first_tail(fires(RepetitionDetector(channel), list(text)))  # chunking invariance
+    assert exact is not None and exact[1] == signal and exact[0] <= pos < exact[0] + hi
 
 
 def test_anchor_inside_an_indentation_run_does_not_hide_the_longer_period() -> None:
