@@ -1,0 +1,82 @@
+"""Any valid transcript becomes a request each provider accepts.
+
+Random transcripts are repaired into valid ones; each provider's request body
+is then checked against that provider's pairing rules: Anthropic's strict
+alternation with results first in the next user turn, Chat Completions' tool
+messages right after the call that asked for them, and the Responses API's one
+output per function call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+
+from agentloop import Message, repair_transcript, validate_transcript
+from agentloop.models import ModelRequest
+from agentloop.models import anthropic as anthropic_api
+from agentloop.models import openai_chat as chat_api
+from agentloop.models import openai_responses as responses_api
+from tests.test_transcript import transcripts
+
+
+def repaired(msgs: list[Message]) -> list[Message]:
+    fixed = repair_transcript(msgs)
+    assert validate_transcript(fixed) == []
+    return fixed
+
+
+def check_anthropic(body: dict[str, Any]) -> None:
+    messages = body["messages"]
+    for i, msg in enumerate(messages):
+        assert msg["content"], msg
+        if i:
+            assert msg["role"] != messages[i - 1]["role"], "roles must alternate"
+        uses = [b["id"] for b in msg["content"] if b["type"] == "tool_use"]
+        results = [b["tool_use_id"] for b in msg["content"] if b["type"] == "tool_result"]
+        asked = [b["id"] for b in messages[i - 1]["content"] if b["type"] == "tool_use"] if i else []
+        if msg["role"] == "assistant":
+            assert not results
+        else:
+            assert not uses
+            assert sorted(results) == sorted(asked), (asked, results)  # every call answered, nothing else
+            kinds = [b["type"] for b in msg["content"]]
+            assert kinds[: len(results)] == ["tool_result"] * len(results), kinds  # results first
+    if messages and messages[-1]["role"] == "user":
+        assert not [b for b in messages[-1]["content"] if b["type"] == "tool_use"]
+
+
+def check_chat(body: dict[str, Any]) -> None:
+    owed: set[str] = set()
+    for msg in body["messages"]:
+        if msg["role"] == "tool":
+            assert msg["tool_call_id"] in owed, "a tool message must answer a call just before it"
+            owed.discard(msg["tool_call_id"])
+            continue
+        assert not owed, f"calls {owed} were not answered before the next message"
+        if msg["role"] == "assistant":
+            assert msg.get("content") or msg.get("tool_calls"), msg
+            owed = {c["id"] for c in msg.get("tool_calls", [])}
+    assert not owed
+
+
+def check_responses(body: dict[str, Any]) -> None:
+    calls: list[str] = []
+    outputs: list[str] = []
+    for item in body["input"]:
+        if item["type"] == "function_call":
+            calls.append(item["call_id"])
+        elif item["type"] == "function_call_output":
+            assert item["call_id"] in calls, "an output must follow its call"
+            outputs.append(item["call_id"])
+    assert sorted(calls) == sorted(outputs) and len(set(calls)) == len(calls)
+
+
+@settings(max_examples=300)
+@given(transcripts)
+def test_any_valid_transcript_is_a_request_every_provider_accepts(msgs: list[Message]) -> None:
+    request = ModelRequest(messages=repaired(msgs))
+    check_anthropic(anthropic_api.build_request(request, model="m", max_tokens=1024, thinking=None))
+    check_chat(chat_api.build_request(request, model="m"))
+    check_responses(responses_api.build_request(request, model="m"))
