@@ -82,7 +82,7 @@ async def tool_phase(
                 timer.cancel()
         merge = merge or not st.signal.aborted
     events = settle_results(engine, st)  # a fresh list
-    if merge:
+    if merge and engine.inbox.interjections:
         events += drain_interjections(engine, st)
     if events:
         yield events
