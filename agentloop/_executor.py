@@ -235,6 +235,8 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
             # Give it a moment to unwind; a callback that ignores cancellation
             # is abandoned rather than allowed to hold the run open.
             await asyncio.wait({task}, timeout=0.1)
-    if task.cancelled() or not task.done():
+    if signal.aborted and (task.cancelled() or not task.done()):
         raise AbortError(signal.reason or "cancel")
+    if task.cancelled():  # it cancelled itself: a failure of its own, not an abort
+        raise RuntimeError("it was cancelled although the run was not aborted")
     return task.result()

@@ -260,6 +260,22 @@ async def test_abort_between_starting_the_calls_and_their_first_step_asks_no_one
     assert validate_transcript(engine.messages) == []
 
 
+async def test_a_permission_prompt_that_cancels_itself_is_a_failed_check_not_an_interrupt() -> None:
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        raise asyncio.CancelledError  # e.g. a UI dialog torn down by its own framework
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    engine = engine_for([calls("t"), "carrying on"], tools=[t], permission=permission)
+    events = await collect(engine, "go")
+    [text] = results(engine)
+    assert text.startswith("The permission check failed") and "cancelled" in text
+    assert "Interrupted" not in text
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
 async def test_permission_deny_allow_update_and_failure_become_results() -> None:
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         if use.input.get("x") == "deny":
