@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
-from ._executor import CallRunner, Done, plan_batches
+from ._executor import CallRunner, Done, error_result, plan_batches
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
 from ._transcript import interrupted_result
@@ -93,10 +93,13 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     synthetic = False
     if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
         result = outcome
-    elif isinstance(outcome, (AbortError, asyncio.CancelledError)):
+    elif isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted:
         texts = engine.options.texts
         result = interrupted_result(use.id, texts.stopped_running if use.id in st.started else texts.never_started)
         synthetic = True
+    elif isinstance(outcome, asyncio.CancelledError):  # cancelled by the tool itself or by its host, not by an abort
+        effects = "; it may have had side effects" if use.id in st.started else ""
+        result = error_result(use.id, f"Tool {use.name!r} was cancelled, although the run was not interrupted{effects}.")
     else:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {outcome!r}")
     st.results[use.id] = result

@@ -276,6 +276,20 @@ async def test_a_permission_prompt_that_cancels_itself_is_a_failed_check_not_an_
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
 
 
+async def test_a_tool_that_cancels_itself_gets_an_error_result_not_an_interrupt() -> None:
+    @tool
+    async def t() -> str:
+        raise asyncio.CancelledError
+
+    engine = engine_for([calls("t"), "carrying on"], tools=[t])
+    events = await collect(engine, "go")
+    [text] = results(engine)
+    assert text == "Tool 't' was cancelled, although the run was not interrupted; it may have had side effects."
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert not finished[0].synthetic and finished[0].result.is_error
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
 async def test_permission_deny_allow_update_and_failure_become_results() -> None:
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         if use.input.get("x") == "deny":
