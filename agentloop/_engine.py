@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -179,7 +179,7 @@ class QueryEngine:
         """The current run's abort signal (None when idle)."""
         return self._state.signal if self._state is not None else None
 
-    def run(self, prompt: str | Message | None = None) -> AsyncIterator[Event]:
+    def run(self, prompt: str | Message | None = None) -> AsyncGenerator[Event, None]:
         """Run the loop on ``prompt``; iterate the returned object for events.
 
         Stopping the iteration early (``break``, ``aclose()``, a cancelled task)
@@ -318,12 +318,13 @@ class QueryEngine:
                 log.exception("session store failed to append an event")
 
 
-class _Run(AsyncIterator[Event]):
-    """The object `run()` returns: an async iterator over the loop's events.
+class _Run(AsyncGenerator[Event, None]):
+    """The object `run()` returns: an async generator of the loop's events.
 
     Dropping it (``break`` out of ``async for``) settles the transcript at once
     and lets the loop's cleanup finish in the background; ``aclose()`` does the
-    same and waits for the cleanup.
+    same and waits for the cleanup. Typed as an async generator so that a host's
+    ``aclose()`` type-checks.
     """
 
     __slots__ = ("_agen", "_engine", "_token")
@@ -336,9 +337,15 @@ class _Run(AsyncIterator[Event]):
     def __aiter__(self) -> _Run:
         return self
 
-    def __anext__(self) -> Awaitable[Event]:
+    def __anext__(self) -> Coroutine[Any, Any, Event]:
         # The generator's own awaitable, not a coroutine around it: one frame less per event.
         return self._agen.__anext__()
+
+    def asend(self, value: None) -> Coroutine[Any, Any, Event]:
+        return self._agen.asend(value)
+
+    def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Coroutine[Any, Any, Event]:
+        return self._agen.athrow(typ) if val is None and tb is None else self._agen.athrow(typ, val, tb)
 
     async def aclose(self) -> None:
         """Stop the run (reason ``"consumer_closed"`` if still going) and wait for cleanup."""

@@ -448,7 +448,7 @@ async def test_run_rejects_a_non_user_prompt_and_a_second_concurrent_run() -> No
     await it.__anext__()
     with pytest.raises(RuntimeError, match="already in progress"):
         await collect(engine, "two")
-    await it.aclose()  # type: ignore[attr-defined]
+    await it.aclose()
     assert validate_transcript(engine.messages) == []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ async def test_interjection_safe_point_after_a_tool_batch_cancels_nothing() -> N
 
     engine = engine_for([calls("t"), "ok"], tools=[t])
     events = await collect(engine, "go")
-    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     roles = [(m.role, m.kind) for m in engine.messages]
     assert roles[2:4] == [("user", "tool_results"), ("user", "interjection")]
     assert engine.messages[2].tool_results[0].text == "tool done"
@@ -97,7 +98,7 @@ async def test_interjection_past_a_safe_point_survives_a_host_that_stops_in_a_la
         if isinstance(ev, ToolCallStarted) and ev.tool_use.name == "b":
             stopped = True
             break
-    await events.aclose()  # type: ignore[attr-defined]
+    await events.aclose()
     assert stopped
     assert [q.id for q in engine.inbox.interjections] == [receipt]
     again = await collect(engine)
@@ -314,7 +315,7 @@ async def test_bad_tool_input_unknown_tool_raising_tool_and_timeout_become_error
     assert "timed out after 0.01 s" in texts[3]
     assert "unexpected" in texts[4] and "invalid tool input" in texts[4]
     assert all(b.is_error for m in engine.messages for b in m.tool_results)
-    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
 
 
 async def test_every_other_tool_failure_becomes_an_error_result_that_says_what_happened() -> None:
@@ -349,7 +350,7 @@ async def test_every_other_tool_failure_becomes_an_error_result_that_says_what_h
         "Tool 'weird' returned an unusable result: no text for you",
     ]
     assert all(b.is_error for m in engine.messages for b in m.tool_results)
-    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
 
 async def test_tool_calls_without_an_id_or_with_a_repeated_one_get_fresh_ids() -> None:
     """Some OpenAI-compatible servers number their calls afresh in every response ("call_0"),
@@ -406,7 +407,7 @@ async def test_consumer_break_aborts_with_consumer_closed_and_leaves_a_valid_tra
             break
     assert validate_transcript(engine.messages) == []  # settled synchronously on break
     events = await collect(engine, "again")  # the next run waits for the cleanup
-    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert reasons == ["consumer_closed"]
 
 
@@ -416,7 +417,23 @@ async def test_consumer_aclose_aborts_and_cleans_up() -> None:
     run = engine.run("go")
     while not isinstance(await run.__anext__(), TextDelta):
         pass
-    await run.aclose()  # type: ignore[attr-defined]
+    await run.aclose()
+    assert not engine.running and model.closed
+    assert engine.messages[-1].partial
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_run_is_an_async_generator_and_an_error_thrown_in_settles_the_run() -> None:
+    """run() returns an async generator (so a host's aclose() type-checks); a host that throws
+    its own error into it (athrow) gets that error back after the same cleanup as aclose()."""
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    run = engine.run("go")
+    assert isinstance(run, AsyncGenerator)
+    while not isinstance(await run.asend(None), TextDelta):
+        pass
+    with pytest.raises(LookupError, match="host failed"):
+        await run.athrow(LookupError("host failed"))
     assert not engine.running and model.closed
     assert engine.messages[-1].partial
     assert validate_transcript(engine.messages) == []

@@ -143,7 +143,7 @@ async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
 async def play(plan: Plan) -> None:
     model = Tracking(ScriptedModel([*plan.responses, "Final answer.", "After send-now."], cycle=True))
     engine = QueryEngine(
-        model,  # type: ignore[arg-type]
+        model,
         tools=[fast, serial, failing],
         policies=[],
         tool_cancel_grace=0.01,
@@ -249,7 +249,7 @@ async def host(plan: HostPlan) -> None:
 async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
     model = Tracking(ScriptedModel([*plan.responses, "Final answer."], cycle=True))
     engine = QueryEngine(
-        model,  # type: ignore[arg-type]
+        model,
         tools=[fast, serial, failing, delegate_tool(max_turns=3, tools=[fast, serial, failing])],
         policies=None if plan.policies else [],
         tool_cancel_grace=0.01,
@@ -324,7 +324,7 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
                     ui.start()
                     ui.join()
                 elif action == "aclose":
-                    await events.aclose()  # type: ignore[attr-defined]
+                    await events.aclose()
                     return
                 elif action == "break":
                     return
@@ -338,7 +338,7 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
         await task
     except asyncio.CancelledError:
         assert task.cancelled()
-    await events.aclose()  # type: ignore[attr-defined]  # a no-op when it already ended
+    await events.aclose()  # a no-op when it already ended
 
     assert validate_transcript(engine.messages) == []
     uses = [b.id for m in engine.messages for b in m.tool_uses]
@@ -407,7 +407,7 @@ def test_property_any_stream_event_sequence_ends_cleanly(scripts: list[list[Stre
 
     async def main() -> None:
         model = Tracking(ScriptedModel([*(ScriptedResponse(events=e) for e in scripts), "Final answer."], cycle=True))
-        engine = QueryEngine(model, tools=[fast, failing], policies=None, max_turns=5, retry_budget=1, retry_base_delay=0.0005)  # type: ignore[arg-type]
+        engine = QueryEngine(model, tools=[fast, failing], policies=None, max_turns=5, retry_budget=1, retry_base_delay=0.0005)
         events = [event async for event in engine.run("start")]
         assert isinstance(events[-1], TurnEnded)
         assert validate_transcript(engine.messages) == [], engine.messages

@@ -92,7 +92,7 @@ async def play(provider: str, first: int, cuts: list[int], actions: list[tuple[i
                 engine.send_now("never mind, what time is it?")
             if "break" in todo:
                 break
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
         assert validate_transcript(engine.messages) == [], engine.messages
         uses = [b.id for m in engine.messages for b in m.tool_uses]
         answered = [b.tool_use_id for m in engine.messages for b in m.tool_results]
