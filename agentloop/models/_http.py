@@ -224,7 +224,8 @@ class Connection:
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
         for a non-2xx status and `ProviderConnectionError` for transport
-        failures, including those raised while the caller reads the body.
+        failures and undecodable bodies, including those raised while the caller
+        reads the body.
         """
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
@@ -243,17 +244,22 @@ class Connection:
                         secret=self.secret,
                     )
                 yield response
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
             raise self._connection_error(exc) from exc
 
-    def _connection_error(self, exc: httpx.TransportError) -> ProviderError:
+    def _connection_error(self, exc: httpx.RequestError) -> ProviderError:
         detail = str(exc) or type(exc).__name__
         if self.secret is not None:
             detail = self.secret.scrub(detail)
-        # Protocol misuse (bad URL, unsupported scheme) cannot be fixed by retrying.
-        retryable = not isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError)
+        # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
+        # fixed by retrying; a body that failed to decode (a corrupt compressed
+        # stream) or a transport failure can.
+        retryable = not isinstance(
+            exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects
+        )
+        what = "response could not be decoded" if isinstance(exc, httpx.DecodingError) else "connection failed"
         return ProviderConnectionError(
-            f"{self.provider} connection failed ({type(exc).__name__}): {detail}",
+            f"{self.provider} {what} ({type(exc).__name__}): {detail}",
             provider=self.provider,
             retryable=retryable,
         )

@@ -55,7 +55,7 @@ class SSEDecoder:
     def __init__(self, *, error_field: bool = False) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._error_field = error_field
-        self._tail = ""  # an unterminated line carried to the next chunk
+        self._tail: list[str] = []  # the pieces of an unterminated line, for the next chunk
         self._skip_lf = False  # the previous chunk ended in "\r": drop a leading "\n"
         self._data: list[str] = []
         self._has_data = False
@@ -75,10 +75,15 @@ class SSEDecoder:
         if "\r" in text:
             self._skip_lf = text[-1] == "\r"
             text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if "\n" not in text:  # a long line arriving in many chunks: collect, split once
+            self._tail.append(text)
+            return []
         if self._tail:
-            text = self._tail + text
+            self._tail.append(text)
+            text = "".join(self._tail)
         lines = text.split("\n")
-        self._tail = lines.pop()
+        tail = lines.pop()
+        self._tail = [tail] if tail else []
         out: list[ServerSentEvent] = []
         for line in lines:
             if line:
@@ -97,7 +102,7 @@ class SSEDecoder:
     def close(self) -> list[ServerSentEvent]:
         """End of stream: an event without its blank line is dropped (WHATWG)."""
         self._decoder.decode(b"", final=True)
-        self._tail = ""
+        self._tail = []
         self._data = []
         self._has_data = False
         self._event = None

@@ -158,6 +158,32 @@ async def test_read_error_mid_body_is_a_retryable_connection_error() -> None:
     assert info.value.retryable is True
 
 
+async def test_a_body_that_cannot_be_decoded_is_a_retryable_connection_error() -> None:
+    # A proxy that gzips the stream and corrupts it: httpx raises DecodingError, which
+    # is not a TransportError; it must not pass for a bug in the model implementation.
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip " + API_KEY.encode())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is True
+    assert "could not be decoded" in str(info.value)
+    assert API_KEY not in str(info.value)
+
+
+async def test_a_redirect_loop_is_a_connection_error_that_is_not_retried() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": str(request.url)})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport, follow_redirects=True, max_redirects=3) as client:
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is False
+    assert "TooManyRedirects" in str(info.value)
+
+
 @pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
 async def test_api_key_never_leaks_from_401(cls: type) -> None:
     echo = (
