@@ -214,12 +214,14 @@ class ResponsesMapper:
     def _thinking(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         item = self._item(obj, "reasoning")
         text = obj["delta"]
+        if not text:
+            return None  # an empty part adds nothing, not even a separator
         summary_index = obj.get("summary_index", 0)
         if item.streamed and summary_index != item.summary_index:
             text = "\n\n" + text  # a new summary part
         item.summary_index = summary_index
         item.streamed = True
-        return (StreamThinking(item.block, text),) if text else None
+        return (StreamThinking(item.block, text),)
 
     def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         raw = obj["item"]
@@ -251,7 +253,8 @@ class ResponsesMapper:
                 out.append(StreamToolInput(item.block, raw["arguments"]))
         elif kind == "reasoning":
             if not item.streamed:
-                text = "\n\n".join(p.get("text", "") for p in raw.get("summary") or ())
+                # As streamed: the non-empty parts, a blank line between two.
+                text = "\n\n".join(t for p in raw.get("summary") or () if (t := p.get("text")))
                 if text:
                     out.append(StreamThinking(item.block, text))
             saved = {"id": raw["id"], "summary": raw.get("summary") or []}

@@ -132,6 +132,30 @@ async def test_reasoning_summary_deltas_and_encrypted_content_round_trip() -> No
     assert server.body["reasoning"] == {"effort": "low"}
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole-in-done"])
+async def test_a_reasoning_item_is_its_non_empty_summary_parts_a_blank_line_between(streamed: bool) -> None:
+    # Either way the same text: an empty part adds no separator (streamed, it used to
+    # after an empty delta; whole, every part was joined, empty ones too).
+    texts = ["", "First.", "", "Second.", ""]
+    summary = [{"type": "summary_text", "text": t} for t in texts]
+    deltas = [
+        ev("response.reasoning_summary_text.delta", output_index=0, item_id="rs_1", summary_index=i, delta=t)
+        for i, t in enumerate(texts)
+    ]
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []}),
+        *(deltas if streamed else []),
+        ev("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": summary}),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    (thinking,) = acc.message().content
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "First.\n\nSecond."
+    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary}  # sent back as it came
+
+
 async def test_reasoning_text_delta_is_thinking() -> None:
     body = sse(
         CREATED,
