@@ -33,6 +33,7 @@ from ._model import (
     StreamUsage,
     Usage,
 )
+from ._unicode import json_escapes_surrogate, scrub, scrub_json
 
 __all__ = ["Accumulator"]
 
@@ -83,7 +84,7 @@ class Accumulator:
         self._part(ev.index, "thinking").chunks.append(ev.thinking)
 
     def _signature(self, ev: StreamSignature) -> None:
-        self._part(ev.index, "thinking").signature += ev.signature
+        self._part(ev.index, "thinking").signature = ev.signature  # whole, never a piece
 
     def _tool_input(self, ev: StreamToolInput) -> None:
         self._part(ev.index, "tool_use").chunks.append(ev.partial_json)
@@ -141,15 +142,17 @@ class Accumulator:
 
         Unfinished tool calls come out with ``complete=False``; thinking without
         a signature keeps an empty signature. `clean_assistant` removes both.
+        Text that UTF-8 cannot encode (a lone UTF-16 surrogate from a model) is
+        scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
         blocks: list[Block] = []
         for index in sorted(self._parts):
             part = self._parts[index]
             body = "".join(part.chunks)
             if part.kind == "text":
-                blocks.append(text_block(body))
+                blocks.append(text_block(scrub(body)))
             elif part.kind == "thinking":
-                blocks.append(thinking_block(body, part.signature))
+                blocks.append(thinking_block(scrub(body), part.signature))
             elif part.kind == "redacted_thinking":
                 blocks.append(RedactedThinkingBlock(data=body))
             else:
@@ -184,7 +187,9 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     if error is None and not isinstance(value, dict):
         error = f"the tool input must be a JSON object, got {type(value).__name__}"
     if error is not None:
-        return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=error)
+        return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=scrub(error))
+    if json_escapes_surrogate(body):
+        value = scrub_json(value)
     return tool_use_block(part.id, part.name, value)
 
 

@@ -13,6 +13,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from ._unicode import scrub
+
 __all__ = ["Inbox", "Queued", "Texts", "escape_envelope"]
 
 
@@ -74,6 +76,7 @@ class Inbox:
     def put(self, queue: list[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
+        text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
         with self._lock:
             receipt = f"{prefix}-{next(self._ids)}"
             queue.append(Queued(receipt, text))

@@ -42,6 +42,8 @@ from ._policy import EndTurn, Nudge, Verdict
 from ._run import RunState
 from ._streaming import model_phase
 from ._toolphase import tool_phase
+from ._transcript import encodable_message
+from ._unicode import scrub
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -148,14 +150,14 @@ def _user(engine: QueryEngine, text: str, **fields: object) -> Message:
     if engine._wrap_next:
         engine._wrap_next = False
         text = envelope(engine.options.texts.interrupt_envelope, [text])
-    return Message.user(text, **fields)
+    return Message.user(scrub(text), **fields)
 
 
 def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Message]:
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
-        return [prompt]
+        return [encodable_message(prompt)]
     if isinstance(prompt, str):
         return [_user(engine, prompt)]
     if prompt is not None:

@@ -126,7 +126,11 @@ class StreamThinking:
 
 @dataclass(frozen=True, slots=True)
 class StreamSignature:
-    """Completes a thinking block (the signature is opaque; pass it back verbatim)."""
+    """Completes a thinking block (the signature is opaque; pass it back verbatim).
+
+    A later one for the same block replaces it, as Anthropic's ``signature_delta``
+    does (it carries the whole signature, not a piece of it).
+    """
 
     type: ClassVar[str] = "signature"
     index: int

@@ -18,7 +18,7 @@ from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, Done, error_result, plan_batches
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
-from ._transcript import interrupted_result
+from ._transcript import encodable, interrupted_result
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -102,5 +102,6 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         result = error_result(use.id, f"Tool {use.name!r} was cancelled, although the run was not interrupted{effects}.")
     else:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {outcome!r}")
+    result = encodable(result)
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic)

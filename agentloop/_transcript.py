@@ -11,7 +11,9 @@ R5  the final message, when it is the assistant's, does not end with whitespace;
 R6  no thinking block without a signature;
 R7  no tool_use whose input never completed;
 R8  each block in a message of the right role: tool_use and thinking only from
-    the assistant, tool_result only from the user.
+    the assistant, tool_result only from the user;
+R9  no string that UTF-8 cannot encode (a lone UTF-16 surrogate), which would make
+    every later request fail to encode.
 
 `repair_transcript` fixes each violation deterministically. It is idempotent and
 leaves a valid transcript untouched (same objects, same order), so a repaired
@@ -27,15 +29,20 @@ from collections.abc import Set as AbstractSet
 from ._messages import (
     Block,
     Message,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     text_block,
     tool_result_block,
 )
+from ._unicode import has_surrogates, scrub, scrub_json
 
 __all__ = [
     "clean_assistant",
+    "encodable",
+    "encodable_message",
     "interrupted_result",
     "repair_transcript",
     "validate_transcript",
@@ -71,6 +78,73 @@ def _droppable(block: Block) -> str | None:
     if block.type == "tool_use" and not block.complete:
         return f"tool_use {block.id!r} ({block.name}) whose input never completed"
     return None
+
+
+def encodable(block: ToolResultBlock) -> ToolResultBlock:
+    """``block`` with its content scrubbed of lone surrogates (a tool's output may hold a
+    file name decoded with ``surrogateescape``); ``block`` itself when it has none."""
+    content = block.content
+    if isinstance(content, str):
+        if not has_surrogates(content):  # the common case: one isascii() call
+            return block
+        return block.model_copy(update={"content": scrub(content)})
+    if not any(has_surrogates(b.text) for b in content):
+        return block
+    return block.model_copy(update={"content": [text_block(scrub(b.text)) for b in content]})
+
+
+def _strings(block: Block) -> list[str]:
+    """Every string of ``block`` that is sent to a provider (a tool input's keys and values too)."""
+    if isinstance(block, TextBlock):
+        return [block.text]
+    if isinstance(block, ThinkingBlock):
+        return [block.thinking, block.signature]
+    if isinstance(block, RedactedThinkingBlock):
+        return [block.data]
+    if isinstance(block, ToolUseBlock):
+        out = [block.id, block.name]
+        _json_strings(block.input, out)
+        return out
+    content = block.content
+    return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]
+
+
+def _json_strings(value: object, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _json_strings(k, out)
+            _json_strings(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _json_strings(v, out)
+
+
+def _unencodable(block: Block) -> bool:
+    return any(has_surrogates(text) for text in _strings(block))
+
+
+def _scrubbed(block: Block) -> Block:
+    """``block`` with every string scrubbed of lone surrogates (R9)."""
+    if isinstance(block, TextBlock):
+        return block.model_copy(update={"text": scrub(block.text)})
+    if isinstance(block, ThinkingBlock):
+        return block.model_copy(update={"thinking": scrub(block.thinking), "signature": scrub(block.signature)})
+    if isinstance(block, RedactedThinkingBlock):
+        return block.model_copy(update={"data": scrub(block.data)})
+    if isinstance(block, ToolUseBlock):
+        return block.model_copy(
+            update={"id": scrub(block.id), "name": scrub(block.name), "input": scrub_json(block.input)}
+        )
+    return encodable(block).model_copy(update={"tool_use_id": scrub(block.tool_use_id)})
+
+
+def encodable_message(message: Message) -> Message:
+    """``message`` with its blocks scrubbed of lone surrogates (R9); itself when it has none."""
+    if not any(_unencodable(b) for b in message.content):
+        return message
+    return message.model_copy(update={"content": [_scrubbed(b) if _unencodable(b) else b for b in message.content]})
 
 
 def clean_assistant(message: Message) -> Message | None:
@@ -111,6 +185,8 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
             why = _droppable(block) or _misplaced(block, msg.role)
             if why is not None:
                 out.append(f"{where}: {why}")
+            if _unencodable(block):
+                out.append(f"{where}: {block.type} block holds text UTF-8 cannot encode (a lone UTF-16 surrogate)")
         if expected:
             out.extend(_check_answer(messages, i, owed_at, expected, seen_result))
             expected = {}
@@ -217,6 +293,9 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message
             if why is not None:
                 notes.append(f"messages[{i}]: dropped {why}")
                 continue
+            if _unencodable(block):
+                block = _scrubbed(block)
+                notes.append(f"messages[{i}]: replaced lone UTF-16 surrogates in a {block.type} block with U+FFFD")
             if isinstance(block, ToolUseBlock):
                 renamed = ids.use(block)
                 if renamed is not block:

@@ -43,9 +43,11 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._messages import Message
 from ._transcript import repair_transcript
+from ._unicode import has_surrogates
 
 __all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionStore"]
 
@@ -129,7 +131,11 @@ class JsonlSession:
 
     def append_message(self, message: Message) -> None:
         """Append one committed message. Raises ValueError once closed, OSError on IO failure."""
-        self._append('{"type":"message","message":' + message.model_dump_json() + "}\n")
+        try:
+            body = message.model_dump_json()
+        except PydanticSerializationError:  # a lone UTF-16 surrogate: kept exactly, as a \udXXX escape
+            body = json.dumps(message.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"))
+        self._append('{"type":"message","message":' + body + "}\n")
 
     def append_event(self, event: object) -> None:
         """Append an event record: any agentloop event dataclass (or pydantic model, or
@@ -317,7 +323,10 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    if has_surrogates(text):  # UTF-8 cannot encode it: escape everything non-ASCII instead
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr)
+    return text
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -9,7 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop._accumulate import Accumulator
-from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart, Usage
+from agentloop._messages import ThinkingBlock
+from agentloop._model import (
+    StreamBlockStop,
+    StreamEnd,
+    StreamSignature,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    Usage,
+)
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -67,3 +76,20 @@ def test_usage_adds_and_merges_without_losing_counts() -> None:
     assert acc.usage == Usage(5, 0)
     acc.feed(StreamEnd(usage=Usage(0, 7)))
     assert acc.usage == Usage(5, 7)  # each count keeps its latest non-zero report
+
+
+def test_a_later_signature_replaces_the_earlier_one() -> None:
+    # Anthropic's signature_delta carries the whole signature (its SDK replaces, too):
+    # appending a second one would make a signature the API rejects.
+    acc = Accumulator()
+    for event in (
+        StreamThinking(0, "hmm"),
+        StreamSignature(0, "AAAA"),
+        StreamSignature(0, "BBBB"),
+        StreamBlockStop(0),
+        StreamEnd(),
+    ):
+        acc.feed(event)
+    (block,) = acc.message().content
+    assert isinstance(block, ThinkingBlock)
+    assert (block.thinking, block.signature) == ("hmm", "BBBB")

@@ -164,7 +164,7 @@ def test_repair_of_an_incomplete_call_drops_it_and_its_orphan_result() -> None:
 # -- properties ------------------------------------------------------------------
 
 ids = st.sampled_from(["a", "b", "c", "d", "", "a_1"])
-texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body"])
+texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "caf\udce9"])  # the last: R9
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
     st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig"])),

@@ -27,6 +27,7 @@ from .._messages import (
     ToolUseBlock,
 )
 from .._model import StreamEvent
+from .._unicode import scrub_json
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
 
@@ -39,14 +40,18 @@ def loads(text: str) -> Any:
     """`json.loads` for the hot path: same results and errors, less per-call overhead
     (it skips the whitespace handling that SSE data payloads never need).
 
-    Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON.
+    Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON. A lone UTF-16
+    surrogate escape (``"\\ud83d"`` without its pair) decodes to U+FFFD, never to a
+    string that UTF-8 cannot encode (see `agentloop._unicode`).
     """
     try:
         value, end = _scan_once(text, 0)
     except StopIteration:
-        return json.loads(text)  # leading whitespace or invalid: json.loads decides
-    if end != len(text) and text[end:].strip():
-        return json.loads(text)  # trailing garbage: raises with json's message
+        value, end = json.loads(text), -1  # leading whitespace or invalid: json.loads decides
+    if end != -1 and end != len(text) and text[end:].strip():
+        value = json.loads(text)  # trailing garbage: raises with json's message
+    if "\\ud" in text or "\\uD" in text:  # an escaped UTF-16 half, maybe without its pair
+        value = scrub_json(value)
     return value
 
 

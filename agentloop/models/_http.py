@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import math
 import os
 import time
@@ -28,6 +29,7 @@ from .._errors import (
     ProviderError,
     ProviderStatusError,
 )
+from .._unicode import scrub_json
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -40,6 +42,8 @@ __all__ = [
 #: HTTP statuses a new attempt can fix (408 timeout, 409 conflict/lock,
 #: 429 rate limit, 5xx transient, 529 Anthropic overloaded).
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+log = logging.getLogger("agentloop")
 
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 _PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "context_length_exceeded", "maximum context length")
@@ -227,7 +231,13 @@ class Connection:
         failures and undecodable bodies, including those raised while the caller
         reads the body.
         """
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            # A lone UTF-16 surrogate in text the host wrote into the transcript itself
+            # (`validate_transcript` reports it): sent as U+FFFD rather than failing every request.
+            log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
+            content = json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
         headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
         try:
             async with self.client.stream(

@@ -256,13 +256,18 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
         if kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
             parts = draw(deltas)
-            signature = draw(
-                st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", max_size=40)
+            # Normally one signature_delta; a later one replaces the earlier (as the SDK does).
+            sent = draw(
+                st.lists(
+                    st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", max_size=40),
+                    min_size=1,
+                    max_size=2,
+                )
             )
             body = [delta(index, {"type": "thinking_delta", "thinking": p}) for p in parts]
-            body.append(delta(index, {"type": "signature_delta", "signature": signature}))
+            body += [delta(index, {"type": "signature_delta", "signature": sig}) for sig in sent]
             thinking.append("".join(parts))
-            signatures.append(signature)
+            signatures.append(sent[-1])
         elif kind == "redacted":
             data = draw(
                 st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", min_size=1)
