@@ -195,20 +195,31 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
 
 _NO_USAGE = Usage()  # frozen: one shared zero
 _JSON_SPACE = " \t\n\r"
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; JSON does not, and a request that echoes them
+    # back in the tool call would be rejected by the provider, every time.
+    raise ValueError(f"{name} is not a JSON value")
+
+
 # What json.loads ends up calling (the C scanner), without its Python wrappers.
-_scan_json: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
+_scan_json: Callable[[str, int], tuple[Any, int]] = getattr(  # noqa: B009
+    json.JSONDecoder(parse_constant=_no_constant), "scan_once"
+)
 
 
 def _json_value(body: str) -> Any:
-    """``json.loads(body)`` for a str, minus two layers of Python; anything unusual
-    (an error, trailing data) goes through json.loads itself for its exact message."""
+    """``json.loads(body)`` for a str (strict: no NaN or Infinity), minus two layers of
+    Python; anything unusual (an error, trailing data) goes through json.loads itself
+    for its exact message."""
     text = body.strip(_JSON_SPACE)
     try:
         value, end = _scan_json(text, 0)
     except (StopIteration, ValueError):  # ValueError: positions would be off by the strip
         end = -1
     if end != len(text):
-        return json.loads(body)  # raises the JSONDecodeError json.loads would
+        return json.loads(body, parse_constant=_no_constant)  # raises the error json.loads would
     return value
 
 

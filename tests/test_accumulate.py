@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,12 +37,21 @@ def _input_of(body: str) -> tuple[dict[str, Any], str | None]:
     return use.input, use.input_error
 
 
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def strict_loads(text: str) -> Any:
+    """json.loads without Python's extensions (NaN, Infinity): JSON as providers parse it."""
+    return json.loads(text, parse_constant=_reject)
+
+
 @given(value=_JSON, before=_NOISE, after=_NOISE)
 def test_property_tool_input_decodes_exactly_as_json_loads(value: Any, before: str, after: str) -> None:
     body = before + json.dumps(value) + after
     got, error = _input_of(body)
     try:
-        expected = json.loads(body)
+        expected = strict_loads(body)
     except ValueError as exc:
         assert error is not None and str(exc) in error  # json.loads's own message
         return
@@ -58,11 +68,20 @@ def test_property_any_text_as_tool_input_matches_json_loads(text: str) -> None:
         assert (got, error) == ({}, None)  # no input at all: an empty object
         return
     try:
-        expected = json.loads(text)
+        expected = strict_loads(text)
     except ValueError:
         assert error is not None and got == {}
         return
     assert (got, error) == ((expected, None) if isinstance(expected, dict) else ({}, error))
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_or_infinity_in_a_tool_input_is_an_input_error(constant: str) -> None:
+    # Python's json reads them; JSON has no such values, and a provider would reject every
+    # later request that echoed the call back with them.
+    got, error = _input_of(f'{{"x": 1, "y": {constant}}}')
+    assert got == {}
+    assert error is not None and f"{constant.lstrip('-')} is not a JSON value" in error
 
 
 def test_usage_adds_and_merges_without_losing_counts() -> None:

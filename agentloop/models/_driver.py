@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 
 from .._abort import AbortSignal
-from .._errors import AbortError, StreamProtocolError
+from .._errors import AbortError, ModelError, StreamProtocolError
 from .._messages import (
     Block,
     Message,
@@ -31,7 +31,7 @@ from .._unicode import scrub_json
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "loads", "run_stream", "turns"]
+__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -53,6 +53,21 @@ def loads(text: str) -> Any:
     if "\\ud" in text or "\\uD" in text:  # an escaped UTF-16 half, maybe without its pair
         value = scrub_json(value)
     return value
+
+
+def dumps_input(value: Mapping[str, Any]) -> str:
+    """A tool call's input as the JSON text the OpenAI APIs carry in ``arguments``.
+
+    Strict, like the request body around it: raises `ModelError` (not retryable) for a
+    value JSON cannot represent (NaN, Infinity, an object), which only a host can put in
+    a transcript.
+    """
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(
+            f"request cannot be encoded as JSON ({exc}): a tool_use input holds a value JSON cannot represent"
+        ) from None
 
 
 #: ``(path, headers, body)`` of one request.

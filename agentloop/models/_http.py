@@ -231,13 +231,7 @@ class Connection:
         failures and undecodable bodies, including those raised while the caller
         reads the body.
         """
-        try:
-            content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        except UnicodeEncodeError:
-            # A lone UTF-16 surrogate in text the host wrote into the transcript itself
-            # (`validate_transcript` reports it): sent as U+FFFD rather than failing every request.
-            log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
-            content = json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
+        content = self._encode(body)
         headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
         try:
             async with self.client.stream(
@@ -256,6 +250,27 @@ class Connection:
                 yield response
         except httpx.RequestError as exc:
             raise self._connection_error(exc) from exc
+
+    def _encode(self, body: Mapping[str, Any]) -> bytes:
+        """The request body as strict JSON (no NaN or Infinity) in UTF-8.
+
+        Raises `ModelError` (not retryable) for a value JSON cannot represent, which only
+        a host can put in a transcript (the library rejects NaN in a model's tool input).
+        """
+        try:
+            text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ModelError(
+                f"{self.provider} request cannot be encoded as JSON ({exc}): a message or tool "
+                "definition holds a value JSON cannot represent"
+            ) from None
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            # A lone UTF-16 surrogate in text the host wrote into the transcript itself
+            # (`validate_transcript` reports it): sent as U+FFFD rather than failing every request.
+            log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
+            return json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
 
     def _connection_error(self, exc: httpx.RequestError) -> ProviderError:
         detail = str(exc) or type(exc).__name__

@@ -17,7 +17,6 @@ is ``data: [DONE]``; a stream without it raises `StreamProtocolError`.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from ._driver import Prepared, loads, result_text, run_stream, turns
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns
 from ._http import HTTPModel, error_fields, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
@@ -107,7 +106,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
 def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     calls = [
-        {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+        {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": dumps_input(b.input)}}
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]

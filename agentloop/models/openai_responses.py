@@ -35,7 +35,7 @@ from .._model import (
     StreamToolUseStart,
     Usage,
 )
-from ._driver import Prepared, loads, result_text, run_stream, turns
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns
 from ._http import HTTPModel, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
@@ -96,7 +96,7 @@ def _item(role: str, block: Any) -> dict[str, Any] | None:
         }
     if isinstance(block, ToolUseBlock):
         return {"type": "function_call", "call_id": block.id, "name": block.name,
-                "arguments": json.dumps(block.input)}  # fmt: skip
+                "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
         return _reasoning_item(block)
     return None  # redacted thinking (Anthropic only)

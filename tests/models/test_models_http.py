@@ -6,7 +6,7 @@ import email.utils
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect
+from _models_support import API_KEY, MockServer, collect, request
 
 from agentloop._errors import (
     ModelError,
@@ -14,6 +14,7 @@ from agentloop._errors import (
     ProviderConnectionError,
     ProviderStatusError,
 )
+from agentloop._messages import Message, ToolResultBlock, ToolUseBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
 from agentloop.models._http import Secret, status_error
 
@@ -182,6 +183,24 @@ async def test_a_redirect_loop_is_a_connection_error_that_is_not_retried() -> No
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert info.value.retryable is False
     assert "TooManyRedirects" in str(info.value)
+
+
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), object()], ids=["nan", "inf", "object"])
+async def test_a_value_json_cannot_represent_is_a_clear_error_and_nothing_is_sent(cls: type, value: object) -> None:
+    # Only a host can put one there (the library refuses NaN in a model's tool input):
+    # Python's json would write NaN, which no provider parses, so the request is refused here.
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[ToolUseBlock(id="t1", name="f", input={"x": value})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="r")]),
+    ]
+    server = MockServer(b"")
+    async with server.client() as client:
+        with pytest.raises(ModelError, match="cannot be encoded as JSON") as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client), request(*history))
+    assert info.value.retryable is False
+    assert server.streams == []  # nothing was sent
 
 
 @pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
