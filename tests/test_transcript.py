@@ -163,7 +163,8 @@ def test_repair_of_an_incomplete_call_drops_it_and_its_orphan_result() -> None:
 
 # -- properties ------------------------------------------------------------------
 
-ids = st.sampled_from(["a", "b", "c", "d", "", "a_1"])
+# The last three as other providers make them: Kimi's, vLLM's (46 characters), and a long one.
+ids = st.sampled_from(["a", "b", "c", "d", "", "a_1", "functions.read:0", "chatcmpl-tool-" + "f" * 32, "x" * 70])
 texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "caf\udce9"])  # the last: R9
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),

@@ -9,7 +9,9 @@ before the mapper saw its terminator.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -31,7 +33,7 @@ from .._unicode import scrub_json
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns"]
+__all__ = ["ANTHROPIC_ID", "Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -53,6 +55,33 @@ def loads(text: str) -> Any:
     if "\\ud" in text or "\\uD" in text:  # an escaped UTF-16 half, maybe without its pair
         value = scrub_json(value)
     return value
+
+
+def wire_id(tool_id: str, *, max_len: int, pattern: re.Pattern[str] | None = None) -> str:
+    """A tool call id as one provider accepts it; ``tool_id`` itself when it already does.
+
+    Providers restrict the ids they are sent back, and the transcript may hold ids another
+    provider made (a host that switches models, a resumed session, an OpenAI-compatible
+    server): Anthropic wants ``^[a-zA-Z0-9_-]+$``, Chat Completions at most 40 characters,
+    the Responses API at most 64. Any other id becomes its allowed characters, cut to fit,
+    plus a hash of the whole id: the same id always maps to the same wire id (prompt caches
+    hold), a call and its result stay paired, and two different ids stay apart.
+    """
+    if len(tool_id) <= max_len and (pattern is None or pattern.fullmatch(tool_id)):
+        return tool_id
+    digest = hashlib.sha256(tool_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    stem = pattern_safe(tool_id) if pattern is not None else tool_id
+    return f"{stem[: max_len - len(digest) - 1]}_{digest}"
+
+
+def pattern_safe(text: str) -> str:
+    """``text`` with every character outside ``[a-zA-Z0-9_-]`` replaced by ``_``."""
+    return _UNSAFE_ID.sub("_", text)
+
+
+_UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
+#: Anthropic's rule for a tool_use id it is sent back.
+ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
 def dumps_input(value: Mapping[str, Any]) -> str:

@@ -39,7 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from ._driver import Prepared, loads, run_stream, turns
+from ._driver import ANTHROPIC_ID, Prepared, loads, run_stream, turns, wire_id
 from ._http import Connection, HTTPModel, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
@@ -80,6 +80,11 @@ def build_request(
     return body
 
 
+def _id(tool_id: str) -> str:
+    """The id as Anthropic accepts it back (``^[a-zA-Z0-9_-]+$``; see `wire_id`)."""
+    return wire_id(tool_id, max_len=64, pattern=ANTHROPIC_ID)
+
+
 def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
@@ -88,9 +93,9 @@ def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, RedactedThinkingBlock):
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+        return {"type": "tool_use", "id": _id(block.id), "name": block.name, "input": block.input}
     assert isinstance(block, ToolResultBlock)
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id}
+    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": _id(block.tool_use_id)}
     if isinstance(block.content, str):
         out["content"] = block.content
     else:

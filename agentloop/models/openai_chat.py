@@ -39,7 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, error_fields, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
@@ -71,7 +71,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
                 messages.append(
                     {
                         "role": "tool",
-                        "tool_call_id": b.tool_use_id,
+                        "tool_call_id": wire_id(b.tool_use_id, max_len=40),
                         "content": result_text(b, mark_error=True),
                     }
                 )
@@ -106,7 +106,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
 def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     calls = [
-        {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": dumps_input(b.input)}}
+        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": b.name, "arguments": dumps_input(b.input)}}
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]

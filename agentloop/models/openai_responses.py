@@ -35,7 +35,7 @@ from .._model import (
     StreamToolUseStart,
     Usage,
 )
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, openai_connection, openai_headers
 from ._sse import ServerSentEvent
 
@@ -91,11 +91,11 @@ def _item(role: str, block: Any) -> dict[str, Any] | None:
     if isinstance(block, ToolResultBlock):
         return {
             "type": "function_call_output",
-            "call_id": block.tool_use_id,
+            "call_id": wire_id(block.tool_use_id, max_len=64),
             "output": result_text(block, mark_error=True),
         }
     if isinstance(block, ToolUseBlock):
-        return {"type": "function_call", "call_id": block.id, "name": block.name,
+        return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": block.name,
                 "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
         return _reasoning_item(block)

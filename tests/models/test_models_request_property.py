@@ -9,15 +9,18 @@ output per function call.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentloop import Message, repair_transcript, validate_transcript
 from agentloop.models import ModelRequest
 from agentloop.models import anthropic as anthropic_api
 from agentloop.models import openai_chat as chat_api
 from agentloop.models import openai_responses as responses_api
+from agentloop.models._driver import wire_id
 from tests.test_transcript import transcripts
 
 
@@ -27,8 +30,15 @@ def repaired(msgs: list[Message]) -> list[Message]:
     return fixed
 
 
+ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")  # what Anthropic accepts back as a tool_use id
+
+
 def check_anthropic(body: dict[str, Any]) -> None:
     messages = body["messages"]
+    for msg in messages:
+        for b in msg["content"]:
+            if b["type"] in ("tool_use", "tool_result"):
+                assert ANTHROPIC_ID.fullmatch(b.get("id") or b.get("tool_use_id")), b
     for i, msg in enumerate(messages):
         assert msg["content"], msg
         if i:
@@ -51,6 +61,7 @@ def check_chat(body: dict[str, Any]) -> None:
     owed: set[str] = set()
     for msg in body["messages"]:
         if msg["role"] == "tool":
+            assert len(msg["tool_call_id"]) <= 40, "Chat Completions rejects a longer id"
             assert msg["tool_call_id"] in owed, "a tool message must answer a call just before it"
             owed.discard(msg["tool_call_id"])
             continue
@@ -65,6 +76,8 @@ def check_responses(body: dict[str, Any]) -> None:
     calls: list[str] = []
     outputs: list[str] = []
     for item in body["input"]:
+        if item["type"] in ("function_call", "function_call_output"):
+            assert len(item["call_id"]) <= 64, "the Responses API rejects a longer call_id"
         if item["type"] == "function_call":
             calls.append(item["call_id"])
         elif item["type"] == "function_call_output":
@@ -80,3 +93,20 @@ def test_any_valid_transcript_is_a_request_every_provider_accepts(msgs: list[Mes
     check_anthropic(anthropic_api.build_request(request, model="m", max_tokens=1024, thinking=None))
     check_chat(chat_api.build_request(request, model="m"))
     check_responses(responses_api.build_request(request, model="m"))
+
+
+@given(st.lists(st.text(min_size=1, max_size=90), min_size=1, max_size=6, unique=True))
+def test_wire_ids_fit_each_provider_and_keep_distinct_ids_apart(tool_ids: list[str]) -> None:
+    # A transcript may hold ids another provider made (a host that switches models, a
+    # resumed session): Anthropic rejects one outside [a-zA-Z0-9_-], Chat Completions one
+    # over 40 characters, the Responses API one over 64, on every later request.
+    for rule in ({"max_len": 64, "pattern": ANTHROPIC_ID}, {"max_len": 40}, {"max_len": 64}):
+        wired = [wire_id(t, **rule) for t in tool_ids]  # type: ignore[arg-type]
+        assert len(set(wired)) == len(wired)  # still one id per call
+        assert wired == [wire_id(t, **rule) for t in tool_ids]  # deterministic: prompt caches hold
+        for original, sent in zip(tool_ids, wired, strict=True):
+            assert len(sent) <= rule["max_len"]  # type: ignore[operator]
+            if "pattern" in rule:
+                assert ANTHROPIC_ID.fullmatch(sent)
+            ok = len(original) <= rule["max_len"] and ("pattern" not in rule or ANTHROPIC_ID.fullmatch(original))  # type: ignore[operator]
+            assert (sent == original) == bool(ok)  # an id that fits is sent as it is
