@@ -168,7 +168,7 @@ ids = st.sampled_from(["a", "b", "c", "d", "", "a_1", "functions.read:0", "chatc
 texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "caf\udce9"])  # the last: R9
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
-    st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig"])),
+    st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig", '{"id": "rs_1"}'])),  # last: OpenAI's
     st.builds(RedactedThinkingBlock, data=st.just("r")),
     st.builds(lambda i, c: ToolUseBlock(id=i, name="t", input={}, complete=c), ids, st.booleans()),
     st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),

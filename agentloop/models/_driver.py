@@ -203,17 +203,21 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
 Turn = tuple[str, list[Block]]
 
 
-def turns(messages: Sequence[Message]) -> list[Turn]:
+def turns(messages: Sequence[Message], *, foreign: Callable[[ThinkingBlock], bool] | None = None) -> list[Turn]:
     """The transcript as the providers want it.
 
     Drops what may not be sent (empty text, thinking without a signature,
-    unfinished tool calls, our metadata), drops messages left empty, merges
-    consecutive messages of one role, and puts tool results first in a user
-    message.
+    unfinished tool calls, our metadata, and thinking that ``foreign`` says
+    another provider made), drops messages left empty, merges consecutive
+    messages of one role, and puts tool results first in a user message.
     """
     out: list[Turn] = []
     for msg in messages:
-        blocks = [b for b in msg.content if _sendable(b)]
+        blocks = [
+            b
+            for b in msg.content
+            if _sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b))
+        ]
         if not blocks:
             continue
         if out and out[-1][0] == msg.role:

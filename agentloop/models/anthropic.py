@@ -60,7 +60,8 @@ def build_request(
         "model": model,
         "max_tokens": request.max_tokens or max_tokens,
         "messages": [
-            {"role": role, "content": [_block(b) for b in blocks]} for role, blocks in turns(request.messages)
+            {"role": role, "content": [_block(b) for b in blocks]}
+            for role, blocks in turns(request.messages, foreign=_foreign)
         ],
         "stream": True,
     }
@@ -78,6 +79,13 @@ def build_request(
     if thinking is not None:
         body["thinking"] = thinking
     return body
+
+
+def _foreign(block: ThinkingBlock) -> bool:
+    """Thinking another provider made: an OpenAI reasoning item is kept as a JSON object in
+    the signature (an Anthropic signature is base64). Sent back, it would fail every request
+    with "Invalid `signature` in `thinking` block"."""
+    return block.signature.startswith("{")
 
 
 def _id(tool_id: str) -> str:

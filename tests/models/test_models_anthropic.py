@@ -369,3 +369,33 @@ async def test_bearer_auth_and_base_url_and_extras() -> None:
     assert req.headers["anthropic-version"] == "2026-10-21"
     assert server.body["thinking"] == {"type": "adaptive"}
     assert server.body["metadata"] == {"user_id": "u"}
+
+
+async def test_a_transcript_from_another_provider_is_sent_as_anthropic_accepts_it() -> None:
+    # A host that moves a session from an OpenAI-compatible server or the Responses API to
+    # Claude: reasoning kept as a Responses item (a JSON signature) would fail every request
+    # with "Invalid `signature` in `thinking` block", and Kimi's ids with the id pattern.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    history = [
+        Message.user("list it"),
+        Message(
+            role="assistant",
+            content=[
+                ThinkingBlock(thinking="from OpenAI", signature='{"id":"rs_1","summary":[]}'),
+                ToolUseBlock(id="functions.ls:0", name="ls", input={}),
+            ],
+        ),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="functions.ls:0", content="a.txt")]),
+        Message(role="assistant", content=[ThinkingBlock(thinking="mine", signature="EqQBCgIY")]),
+        Message(role="assistant", content=[TextBlock(text="one file")]),
+        Message.user("thanks"),
+    ]
+    async with server.client() as client:
+        await collect(AnthropicModel("claude-x", api_key=API_KEY, http_client=client), request(*history))
+    messages = server.body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    (use,) = messages[1]["content"]  # the foreign thinking is not sent
+    (result,) = messages[2]["content"]
+    assert use["type"] == "tool_use" and use["id"] == result["tool_use_id"]
+    assert use["id"].startswith("functions_ls_0_") and use["id"].replace("_", "").isalnum()
+    assert [b["type"] for b in messages[3]["content"]] == ["thinking", "text"]  # Claude's own is kept

@@ -39,6 +39,8 @@ def check_anthropic(body: dict[str, Any]) -> None:
         for b in msg["content"]:
             if b["type"] in ("tool_use", "tool_result"):
                 assert ANTHROPIC_ID.fullmatch(b.get("id") or b.get("tool_use_id")), b
+            if b["type"] == "thinking":  # never another provider's: Anthropic rejects its signature
+                assert not b["signature"].startswith("{"), b
     for i, msg in enumerate(messages):
         assert msg["content"], msg
         if i:
