@@ -9,8 +9,10 @@ injected rather than shown to the model.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
@@ -27,6 +29,25 @@ if TYPE_CHECKING:
     from ._events import Event
 
 __all__ = ["Allow", "Deny", "PermissionCallback", "Tool", "ToolContext", "ToolOutput", "tool"]
+
+#: The tool names every provider accepts (OpenAI's rule, the strictest): letters, digits,
+#: ``_`` and ``-``, at most 64 of them.
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def safe_name(name: str) -> str:
+    """``name`` if every provider accepts it as a tool name, else a name they all accept:
+    its allowed characters (others become ``_``), cut to fit, and a hash of the whole name
+    (so two names stay apart, and the same name always gives the same result).
+
+    For names made elsewhere: an MCP server's ``github.create_issue``, or a name a model
+    made up (``multi_tool_use.parallel``) that a request would echo back.
+    """
+    if TOOL_NAME.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{_NOT_IN_NAME.sub('_', name)[:53]}_{digest}"
 
 ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
 Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]
@@ -100,6 +121,10 @@ class Tool:
         stationarity: Literal["normal", "tight"] = "normal",
         poller: bool = False,
     ) -> None:
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise ValueError(
+                f"tool name {name!r} is not accepted by the providers: use 1-64 letters, digits, '_' or '-'"
+            )
         self.name = name
         self.description = description
         self.input_schema = dict(input_schema)

@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._abort import AbortSignal
 from ._errors import AbortError
 from ._messages import TextBlock, ToolResultBlock
-from ._tools import Tool, ToolContext, ToolOutput
+from ._tools import Tool, ToolContext, ToolOutput, safe_name
 
 __all__ = ["MCPServer"]
 
@@ -295,7 +295,7 @@ class MCPServer:
             return result_to_block(ctx.tool_use_id, result)
 
         return Tool(
-            self.prefix + remote,
+            safe_name(self.prefix + remote),  # MCP allows '.', '/' and more; providers do not
             spec.description or "",
             spec.input_schema,
             handler,

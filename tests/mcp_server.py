@@ -32,6 +32,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@server.tool(name="notes.read")
+def notes_read(title: str) -> str:
+    """A name with a dot: MCP allows it, the model providers do not."""
+    return f"notes of {title}"
+
+
 @server.tool()
 def fail(message: str) -> str:
     """Always fail with ``message``."""

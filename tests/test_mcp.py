@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import re
 import socket
 import subprocess
 import sys
@@ -95,6 +96,13 @@ async def test_prefix_and_tool_options(markers: Path) -> None:
     await srv.aclose()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         await srv.list_tools()
+
+
+async def test_a_tool_name_the_providers_refuse_is_mapped_and_still_calls_the_server(server: MCPServer) -> None:
+    tools = {t.name: t for t in await server.list_tools()}
+    (name,) = [n for n in tools if n.startswith("notes_read_")]  # "notes.read" on the server
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name)
+    assert (await _run(tools[name], {"title": "x"})).content == "notes of x"
 
 
 async def test_call_echo_add_and_an_error_result(server: MCPServer) -> None:

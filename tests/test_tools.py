@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pytest
 from pydantic import Field
@@ -19,6 +19,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextBlock,
+    Tool,
     ToolContext,
     ToolResultBlock,
     run_process,
@@ -26,6 +27,7 @@ from agentloop import (
 )
 from agentloop._executor import plan_batches
 from agentloop._messages import ToolUseBlock
+from agentloop._tools import TOOL_NAME, safe_name
 from tests.helpers import collect
 
 
@@ -226,3 +228,29 @@ async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_tool_name_no_provider_accepts_is_refused_when_the_tool_is_made() -> None:
+    # Every provider rejects the request (every request) that declares such a tool.
+    async def handler(input: dict[str, Any], ctx: ToolContext) -> str:
+        return ""
+
+    for bad in ("", "read.file", "read file", "x" * 65, "ファイル"):
+        with pytest.raises(ValueError, match="not accepted by the providers"):
+            Tool(bad, "d", {"type": "object"}, handler)
+    assert Tool("x" * 64, "d", {"type": "object"}, handler).name == "x" * 64
+    with pytest.raises(ValueError, match="not accepted"):
+        tool(name="fs.read")(handler_fn)
+
+
+async def handler_fn(path: str) -> str:
+    """Read."""
+    return path
+
+
+def test_safe_name_keeps_good_names_and_maps_others_apart() -> None:
+    assert safe_name("read_file-2") == "read_file-2"
+    made = [safe_name(n) for n in ("github.create_issue", "github/create_issue", "multi_tool_use.parallel", "ü" * 80)]
+    assert len(set(made)) == len(made)
+    assert all(TOOL_NAME.fullmatch(n) for n in made)
+    assert made[0].startswith("github_create_issue_") and made[0] == safe_name("github.create_issue")

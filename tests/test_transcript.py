@@ -170,7 +170,12 @@ blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
     st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig", '{"id": "rs_1"}'])),  # last: OpenAI's
     st.builds(RedactedThinkingBlock, data=st.just("r")),
-    st.builds(lambda i, c: ToolUseBlock(id=i, name="t", input={}, complete=c), ids, st.booleans()),
+    st.builds(
+        lambda i, n, c: ToolUseBlock(id=i, name=n, input={}, complete=c),
+        ids,
+        st.sampled_from(["t", "multi_tool_use.parallel"]),  # the second: a name a model made up
+        st.booleans(),
+    ),
     st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
 )
 messages = st.builds(

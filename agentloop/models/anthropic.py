@@ -39,6 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
+from .._tools import safe_name
 from ._driver import ANTHROPIC_ID, Prepared, loads, run_stream, turns, wire_id
 from ._http import Connection, HTTPModel, missing_key, resolve_key
 from ._sse import ServerSentEvent
@@ -101,7 +102,7 @@ def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, RedactedThinkingBlock):
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": _id(block.id), "name": block.name, "input": block.input}
+        return {"type": "tool_use", "id": _id(block.id), "name": safe_name(block.name), "input": block.input}
     assert isinstance(block, ToolResultBlock)
     out: dict[str, Any] = {"type": "tool_result", "tool_use_id": _id(block.tool_use_id)}
     if isinstance(block.content, str):

@@ -39,6 +39,7 @@ from .._model import (
     StreamUsage,
     Usage,
 )
+from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, error_fields, openai_connection, openai_headers
 from ._sse import ServerSentEvent
@@ -106,7 +107,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
 def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     calls = [
-        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": b.name, "arguments": dumps_input(b.input)}}
+        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}
         for b in blocks
         if isinstance(b, ToolUseBlock)
     ]

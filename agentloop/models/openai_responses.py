@@ -35,6 +35,7 @@ from .._model import (
     StreamToolUseStart,
     Usage,
 )
+from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, openai_connection, openai_headers
 from ._sse import ServerSentEvent
@@ -95,7 +96,7 @@ def _item(role: str, block: Any) -> dict[str, Any] | None:
             "output": result_text(block, mark_error=True),
         }
     if isinstance(block, ToolUseBlock):
-        return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": block.name,
+        return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": safe_name(block.name),
                 "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
         return _reasoning_item(block)

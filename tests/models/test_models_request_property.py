@@ -31,6 +31,7 @@ def repaired(msgs: list[Message]) -> list[Message]:
 
 
 ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")  # what Anthropic accepts back as a tool_use id
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a tool name, also in history
 
 
 def check_anthropic(body: dict[str, Any]) -> None:
@@ -39,6 +40,8 @@ def check_anthropic(body: dict[str, Any]) -> None:
         for b in msg["content"]:
             if b["type"] in ("tool_use", "tool_result"):
                 assert ANTHROPIC_ID.fullmatch(b.get("id") or b.get("tool_use_id")), b
+            if b["type"] == "tool_use":
+                assert TOOL_NAME.fullmatch(b["name"]), b
             if b["type"] == "thinking":  # never another provider's: Anthropic rejects its signature
                 assert not b["signature"].startswith("{"), b
     for i, msg in enumerate(messages):
@@ -70,6 +73,8 @@ def check_chat(body: dict[str, Any]) -> None:
         assert not owed, f"calls {owed} were not answered before the next message"
         if msg["role"] == "assistant":
             assert msg.get("content") or msg.get("tool_calls"), msg
+            for call in msg.get("tool_calls", []):  # OpenAI checks the names it is sent back
+                assert TOOL_NAME.fullmatch(call["function"]["name"]), call
             owed = {c["id"] for c in msg.get("tool_calls", [])}
     assert not owed
 
@@ -81,6 +86,7 @@ def check_responses(body: dict[str, Any]) -> None:
         if item["type"] in ("function_call", "function_call_output"):
             assert len(item["call_id"]) <= 64, "the Responses API rejects a longer call_id"
         if item["type"] == "function_call":
+            assert TOOL_NAME.fullmatch(item["name"]), item
             calls.append(item["call_id"])
         elif item["type"] == "function_call_output":
             assert item["call_id"] in calls, "an output must follow its call"
