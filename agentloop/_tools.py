@@ -44,10 +44,16 @@ def safe_name(name: str) -> str:
     For names made elsewhere: an MCP server's ``github.create_issue``, or a name a model
     made up (``multi_tool_use.parallel``) that a request would echo back.
     """
-    if TOOL_NAME.fullmatch(name):
-        return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{_NOT_IN_NAME.sub('_', name)[:53]}_{digest}"
+    return name if TOOL_NAME.fullmatch(name) else fitted(name, 64, safe_chars=True)
+
+
+def fitted(text: str, max_len: int, *, safe_chars: bool) -> str:
+    """``text`` made to fit a provider's rule: cut to ``max_len`` characters (with
+    ``safe_chars``, every one outside ``[a-zA-Z0-9_-]`` first becomes ``_``), ending in ``_``
+    and a hash of the whole of ``text``. Deterministic, and two texts stay apart."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    stem = _NOT_IN_NAME.sub("_", text) if safe_chars else text
+    return f"{stem[: max_len - len(digest) - 1]}_{digest}"
 
 ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
 Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]

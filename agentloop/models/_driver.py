@@ -9,7 +9,6 @@ before the mapper saw its terminator.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from .._messages import (
     ToolUseBlock,
 )
 from .._model import StreamEvent
+from .._tools import fitted
 from .._unicode import scrub_json
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
@@ -69,17 +69,9 @@ def wire_id(tool_id: str, *, max_len: int, pattern: re.Pattern[str] | None = Non
     """
     if len(tool_id) <= max_len and (pattern is None or pattern.fullmatch(tool_id)):
         return tool_id
-    digest = hashlib.sha256(tool_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    stem = pattern_safe(tool_id) if pattern is not None else tool_id
-    return f"{stem[: max_len - len(digest) - 1]}_{digest}"
+    return fitted(tool_id, max_len, safe_chars=pattern is not None)
 
 
-def pattern_safe(text: str) -> str:
-    """``text`` with every character outside ``[a-zA-Z0-9_-]`` replaced by ``_``."""
-    return _UNSAFE_ID.sub("_", text)
-
-
-_UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
 #: Anthropic's rule for a tool_use id it is sent back.
 ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
