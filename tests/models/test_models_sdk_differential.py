@@ -490,6 +490,28 @@ def chat_sdk_summary(final: Any) -> dict[str, Any]:
 # -- OpenAI Responses ----------------------------------------------------------------------
 
 
+def _summary_events(events: list[dict[str, Any]], ref: dict[str, Any], parts: list[list[str]]) -> list[Any]:
+    """Append the events of a reasoning item's summary parts (part ``s`` streams the deltas
+    ``parts[s]``) to ``events``; return the summary the item ends with."""
+    summary = []
+    for s, deltas in enumerate(parts):
+        part, full = {"type": "summary_text", "text": ""}, "".join(deltas)
+        events.append(
+            {"type": "response.reasoning_summary_part.added", **ref, "summary_index": s, "part": part}
+        )
+        events += [
+            {"type": "response.reasoning_summary_text.delta", **ref, "summary_index": s, "delta": d}
+            for d in deltas
+        ]
+        events.append(
+            {"type": "response.reasoning_summary_text.done", **ref, "summary_index": s, "text": full}
+        )
+        part_done = {"type": "response.reasoning_summary_part.done", **ref, "summary_index": s}
+        events.append({**part_done, "part": dict(part, text=full)})
+        summary.append(dict(part, text=full))
+    return summary
+
+
 @st.composite
 def responses_cases(draw: st.DrawFn) -> Case:
     resp_id = "resp_" + draw(idents)
@@ -544,30 +566,8 @@ def responses_cases(draw: st.DrawFn) -> Case:
                     "item": {"id": item_id, "type": "reasoning", "summary": []},
                 }
             )
-            summary = []
             # A summary part streams any number of deltas (also none, or only empty ones).
-            for s, parts in enumerate(draw(st.lists(st.lists(texts, max_size=3), max_size=3))):
-                full = "".join(parts)
-                part = {"type": "summary_text", "text": ""}
-                events.append(
-                    {"type": "response.reasoning_summary_part.added", **ref, "summary_index": s, "part": part}
-                )
-                events += [
-                    {"type": "response.reasoning_summary_text.delta", **ref, "summary_index": s, "delta": p}
-                    for p in parts
-                ]
-                events.append(
-                    {"type": "response.reasoning_summary_text.done", **ref, "summary_index": s, "text": full}
-                )
-                events.append(
-                    {
-                        "type": "response.reasoning_summary_part.done",
-                        **ref,
-                        "summary_index": s,
-                        "part": dict(part, text=full),
-                    }
-                )
-                summary.append({"type": "summary_text", "text": full})
+            summary = _summary_events(events, ref, draw(st.lists(st.lists(texts, max_size=3), max_size=3)))
             item: dict[str, Any] = {"id": item_id, "type": "reasoning", "summary": summary}
             if draw(st.booleans()):
                 item["encrypted_content"] = "gAAAA" + draw(idents)
@@ -872,28 +872,7 @@ def _reasoning_only(parts: list[list[str]]) -> Case:
             "item": {"id": "rs_1", "type": "reasoning", "summary": []},
         },
     ]
-    summary = []
-    for s, deltas_ in enumerate(parts):
-        part, full = {"type": "summary_text", "text": ""}, "".join(deltas_)
-        events.append(
-            {"type": "response.reasoning_summary_part.added", **ref, "summary_index": s, "part": part}
-        )
-        events += [
-            {"type": "response.reasoning_summary_text.delta", **ref, "summary_index": s, "delta": d}
-            for d in deltas_
-        ]
-        events.append(
-            {"type": "response.reasoning_summary_text.done", **ref, "summary_index": s, "text": full}
-        )
-        events.append(
-            {
-                "type": "response.reasoning_summary_part.done",
-                **ref,
-                "summary_index": s,
-                "part": dict(part, text=full),
-            }
-        )
-        summary.append(dict(part, text=full))
+    summary = _summary_events(events, ref, parts)
     item = {"id": "rs_1", "type": "reasoning", "summary": summary}
     usage = {
         "input_tokens": 1,
