@@ -51,12 +51,17 @@ _INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
 # -- request ------------------------------------------------------------------
 
 
-def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
-    """The JSON body (without ``stream`` and options) of a Responses request."""
+def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> dict[str, Any]:
+    """The JSON body (without ``stream`` and options) of a Responses request.
+
+    ``stored=False`` (the request says ``store: false``): a reasoning item is sent only
+    with its encrypted content, since the server keeps nothing to look its id up by (it
+    would answer every request with "Item with id 'rs_...' not found").
+    """
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
         for b in blocks:
-            item = _item(role, b)
+            item = _item(role, b, stored)
             if item is not None:
                 items.append(item)
     body: dict[str, Any] = {"model": model, "input": items}
@@ -86,7 +91,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
     return body
 
 
-def _item(role: str, block: Any) -> dict[str, Any] | None:
+def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:
     if isinstance(block, TextBlock):
         return {"type": "message", "role": role, "content": block.text}
     if isinstance(block, ToolResultBlock):
@@ -99,11 +104,11 @@ def _item(role: str, block: Any) -> dict[str, Any] | None:
         return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": safe_name(block.name),
                 "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
-        return _reasoning_item(block)
+        return _reasoning_item(block, stored)
     return None  # redacted thinking (Anthropic only)
 
 
-def _reasoning_item(block: ThinkingBlock) -> dict[str, Any] | None:
+def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None:
     try:
         saved = json.loads(block.signature)
     except ValueError:
@@ -116,6 +121,8 @@ def _reasoning_item(block: ThinkingBlock) -> dict[str, Any] | None:
     item: dict[str, Any] = {"type": "reasoning", "id": saved["id"], "summary": summary}
     if saved.get("encrypted_content"):
         item["encrypted_content"] = saved["encrypted_content"]
+    elif not stored:
+        return None  # nothing to look the id up by
     return item
 
 
@@ -349,7 +356,7 @@ class OpenAIResponsesModel(HTTPModel):
         if self.doom_loop_check:
             headers["x-grok-doom-loop-check"] = "true"
             headers["x-grok-exact-repetition-check"] = "true"
-        body = build_request(request, model=self.model)
+        body = build_request(request, model=self.model, stored=self.store is not False)
         body["stream"] = True
         if self.reasoning is not None:
             body["reasoning"] = self.reasoning

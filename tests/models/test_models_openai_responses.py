@@ -328,12 +328,12 @@ async def test_request_items() -> None:
         Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="bad", is_error=True)]),
     ]  # fmt: skip
     async with server.client() as client:
-        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, store=False)
+        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, store=True)
         await collect(model, request(*history, system="sys", tools=[Tool()], tool_choice="f", max_tokens=50))
     assert server.requests[0].url == "https://api.openai.com/v1/responses"
     body = server.body
     assert body["instructions"] == "sys"
-    assert (body["stream"], body["store"], body["max_output_tokens"]) == (True, False, 50)
+    assert (body["stream"], body["store"], body["max_output_tokens"]) == (True, True, 50)
     assert body["tool_choice"] == {"type": "function", "name": "f"}
     assert body["tools"] == [{"type": "function", "name": "f", "description": "does f",
                               "parameters": {"type": "object"}, "strict": False}]  # fmt: skip
@@ -345,3 +345,24 @@ async def test_request_items() -> None:
         {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "Error: bad"},
     ]
+
+
+@pytest.mark.parametrize("store", [None, True, False])
+async def test_with_store_false_reasoning_goes_back_only_with_its_encrypted_content(store: bool | None) -> None:
+    # With store=false the server keeps nothing: an item sent back by id alone is answered
+    # with "Item with id 'rs_...' not found", on every request.
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[
+            ThinkingBlock(thinking="plain", signature='{"id":"rs_1","summary":[]}'),
+            ThinkingBlock(thinking="sealed", signature='{"id":"rs_2","summary":[],"encrypted_content":"ENC"}'),
+            TextBlock(text="a"),
+        ]),
+        Message.user("more"),
+    ]  # fmt: skip
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        await collect(OpenAIResponsesModel("o", api_key=API_KEY, http_client=client, store=store), request(*history))
+    sent = [item["id"] for item in server.body["input"] if item["type"] == "reasoning"]
+    assert sent == (["rs_2"] if store is False else ["rs_1", "rs_2"])
+    assert server.body.get("store") == store
