@@ -122,6 +122,8 @@ def _json_strings(value: object, out: list[str]) -> None:
 
 
 def _unencodable(block: Block) -> bool:
+    if block.type == "text":  # the common case, without building a list
+        return has_surrogates(block.text)
     return any(has_surrogates(text) for text in _strings(block))
 
 
@@ -274,8 +276,14 @@ def repair_transcript(
     idempotent: ``repair(repair(x)) == repair(x)``, and a valid transcript
     comes back unchanged.
     """
+    return repair(messages, changes=changes)
+
+
+def repair(messages: Sequence[Message], *, changes: list[str] | None = None, text_checked: bool = False) -> list[Message]:
+    """`repair_transcript`; ``text_checked``: the caller knows no string holds a surrogate
+    (a session file without a ``\\ud`` escape), so R9 is not checked block by block."""
     notes: list[str] = [] if changes is None else changes
-    cleaned = _clean_blocks(messages, notes)
+    cleaned = _clean_blocks(messages, notes, check_text=not text_checked)
     paired = _pair_results(cleaned, notes)
     _strip_final(paired, notes)
     for line in notes:
@@ -283,7 +291,7 @@ def repair_transcript(
     return paired
 
 
-def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message]:
+def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: bool) -> list[Message]:
     out: list[Message] = []
     ids = _Ids(messages)
     for i, msg in enumerate(messages):
@@ -293,7 +301,7 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str]) -> list[Message
             if why is not None:
                 notes.append(f"messages[{i}]: dropped {why}")
                 continue
-            if _unencodable(block):
+            if check_text and _unencodable(block):
                 block = _scrubbed(block)
                 notes.append(f"messages[{i}]: replaced lone UTF-16 surrogates in a {block.type} block with U+FFFD")
             if isinstance(block, ToolUseBlock):
