@@ -27,6 +27,7 @@ from agentloop import (
     ScriptedToolCall,
     TextBlock,
     TextDelta,
+    ToolCallFinished,
     ToolResultBlock,
     ToolUseBlock,
     TurnEnded,
@@ -132,7 +133,7 @@ async def test_a_tool_output_holding_a_surrogate_escaped_file_name_is_scrubbed()
     ])
     engine = QueryEngine(model, tools=[ls, cat])
     events = await collect(engine, "what is here?")
-    results = [e.result for e in events if type(e).__name__ == "ToolCallFinished"]  # type: ignore[attr-defined]
+    results = [e.result for e in events if isinstance(e, ToolCallFinished)]
     assert results[0].content == "files: caf\ufffd.txt, notes.md"  # the event shows what history holds
     assert results[1].is_error and "FileNotFoundError" in results[1].text
     assert not has_surrogates(results[1].text)
