@@ -109,7 +109,7 @@ def test_wire_ids_fit_each_provider_and_keep_distinct_ids_apart(tool_ids: list[s
     # resumed session): Anthropic rejects one outside [a-zA-Z0-9_-], Chat Completions one
     # over 40 characters, the Responses API one over 64, on every later request.
     for rule in ({"max_len": 64, "pattern": ANTHROPIC_ID}, {"max_len": 40}, {"max_len": 64}):
-        wired = [wire_id(t, **rule) for t in tool_ids]  # type: ignore[arg-type]
+        wired = [wire_id(t, **rule) for t in tool_ids]
         assert len(set(wired)) == len(wired)  # still one id per call
         assert wired == [wire_id(t, **rule) for t in tool_ids]  # deterministic: prompt caches hold
         for original, sent in zip(tool_ids, wired, strict=True):

@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +153,7 @@ class Wire:
     space: bool
     comments: frozenset[int]
 
-    def encode(self, events: list[tuple[str | None, Any]]) -> bytes:
+    def encode(self, events: Sequence[tuple[str | None, Any]]) -> bytes:
         out: list[str] = []
         sep = (",", ":") if self.compact else (", ", ": ")
         lead = " " if self.space else ""
@@ -400,7 +400,7 @@ def chat_cases(draw: st.DrawFn) -> Case:
     first: dict[str, Any] = {"role": "assistant", "content": draw(st.sampled_from([None, ""]))}
     if draw(st.booleans()):
         first["refusal"] = None
-    events = [chunk(first)]
+    events: list[tuple[None, Any]] = [chunk(first)]
     parts = draw(deltas)
     events += [chunk({"content": p}) for p in parts]
 
@@ -450,7 +450,7 @@ def chat_cases(draw: st.DrawFn) -> Case:
         _, last = chunk(None)
         events.append((None, dict(last, choices=[], usage=raw)))
         usage = (prompt, completion, cached, 0)
-    events.append((None, "[DONE]"))
+    events.append((None, "[DONE]"))  # the one data line that is not JSON
 
     expected = {
         "text": "".join(parts),
@@ -555,7 +555,7 @@ def responses_cases(draw: st.DrawFn) -> Case:
     tools: list[tuple[str, str, str, None]] = []
 
     for k, kind in enumerate(kinds):
-        ref = {"output_index": k}
+        ref: dict[str, Any] = {"output_index": k}
         if kind == "reasoning":
             item_id = f"rs_{k}{draw(idents)}"
             ref["item_id"] = item_id
