@@ -159,6 +159,8 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
             raise ValueError("run() takes a user message as its prompt")
         return [encodable_message(prompt)]
     if isinstance(prompt, str):
+        if not prompt.strip():  # it would be a blank user message, which providers refuse
+            raise ValueError("run() needs a prompt with text in it (or None, to resume)")
         return [_user(engine, prompt)]
     if prompt is not None:
         raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")

@@ -444,6 +444,10 @@ async def test_run_rejects_a_non_user_prompt_and_a_second_concurrent_run() -> No
         await collect(engine, Message.assistant("x"))
     with pytest.raises(ValueError, match="needs a prompt"):
         await collect(engine)
+    for blank in ("", "  \n"):  # a blank user message, which providers refuse on every request
+        with pytest.raises(ValueError, match="needs a prompt with text"):
+            await collect(engine, blank)
+    assert engine.messages == []
     it = engine.run("one")
     await it.__anext__()
     with pytest.raises(RuntimeError, match="already in progress"):

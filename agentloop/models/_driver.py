@@ -198,7 +198,7 @@ Turn = tuple[str, list[Block]]
 def turns(messages: Sequence[Message], *, foreign: Callable[[ThinkingBlock], bool] | None = None) -> list[Turn]:
     """The transcript as the providers want it.
 
-    Drops what may not be sent (empty text, thinking without a signature,
+    Drops what may not be sent (empty or blank text, thinking without a signature,
     unfinished tool calls, our metadata, and thinking that ``foreign`` says
     another provider made), drops messages left empty, merges consecutive
     messages of one role, and puts tool results first in a user message.
@@ -224,7 +224,9 @@ def turns(messages: Sequence[Message], *, foreign: Callable[[ThinkingBlock], boo
 
 def _sendable(block: Block) -> bool:
     if isinstance(block, TextBlock):
-        return bool(block.text)
+        # Anthropic refuses a whitespace-only text block ("text content blocks must contain
+        # non-whitespace text"), on every request that carries it; it says nothing anyway.
+        return not block.text.isspace() and bool(block.text)
     if isinstance(block, ThinkingBlock):
         return bool(block.signature)
     if isinstance(block, ToolUseBlock):

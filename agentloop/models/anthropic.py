@@ -105,10 +105,15 @@ def _block(block: Block) -> dict[str, Any]:
         return {"type": "tool_use", "id": _id(block.id), "name": safe_name(block.name), "input": block.input}
     assert isinstance(block, ToolResultBlock)
     out: dict[str, Any] = {"type": "tool_result", "tool_use_id": _id(block.tool_use_id)}
+    # Blank text is refused here too ("text content blocks must contain non-whitespace
+    # text"); a result with nothing else to say is sent without content, which is allowed.
     if isinstance(block.content, str):
-        out["content"] = block.content
+        if block.content.strip():
+            out["content"] = block.content
     else:
-        out["content"] = [{"type": "text", "text": b.text} for b in block.content if b.text]
+        parts = [{"type": "text", "text": b.text} for b in block.content if b.text.strip()]
+        if parts:
+            out["content"] = parts
     if block.is_error:
         out["is_error"] = True
     return out

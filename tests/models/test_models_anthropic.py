@@ -399,3 +399,25 @@ async def test_a_transcript_from_another_provider_is_sent_as_anthropic_accepts_i
     assert use["type"] == "tool_use" and use["id"] == result["tool_use_id"]
     assert use["id"].startswith("functions_ls_0_") and use["id"].replace("_", "").isalnum()
     assert [b["type"] for b in messages[3]["content"]] == ["thinking", "text"]  # Claude's own is kept
+
+
+async def test_blank_text_is_never_sent_not_even_inside_a_tool_result() -> None:
+    # Anthropic answers "text content blocks must contain non-whitespace text" to every
+    # request that carries one: a blank message a host wrote, a tool that printed a newline.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    history = [
+        Message.user("  \n"),
+        Message.user("list it"),
+        Message(role="assistant", content=[ToolUseBlock(id="t1", name="ls", input={}),
+                                           ToolUseBlock(id="t2", name="ls", input={})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="\n"),
+                                      ToolResultBlock(tool_use_id="t2", content=[TextBlock(text=" "), TextBlock(text="a")])]),
+    ]  # fmt: skip
+    async with server.client() as client:
+        await collect(AnthropicModel("claude-x", api_key=API_KEY, http_client=client), request(*history))
+    first, _, results = server.body["messages"]
+    assert first["content"] == [{"type": "text", "text": "list it"}]
+    assert results["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1"},
+        {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "a"}]},
+    ]

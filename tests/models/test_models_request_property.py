@@ -44,6 +44,9 @@ def check_anthropic(body: dict[str, Any]) -> None:
                 assert TOOL_NAME.fullmatch(b["name"]), b
             if b["type"] == "thinking":  # never another provider's: Anthropic rejects its signature
                 assert not b["signature"].startswith("{"), b
+            texts = [b] if b["type"] == "text" else b.get("content") if b["type"] == "tool_result" else []
+            for t in [{"text": texts}] if isinstance(texts, str) else texts:
+                assert t["text"].strip(), b  # "text content blocks must contain non-whitespace text"
     for i, msg in enumerate(messages):
         assert msg["content"], msg
         if i:
