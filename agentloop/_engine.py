@@ -207,7 +207,8 @@ class QueryEngine:
         """Stop the current turn and start a new one with ``text`` at once.
 
         When idle, ``text`` starts the next run. Returns a receipt id; the text
-        is never lost (it is delivered by this run or the next one).
+        is never lost (it is delivered by this run or the next one). Raises
+        ValueError for a blank text (it would be a blank user message).
         """
         receipt = self.inbox.put(self.inbox.send_now, text, "send")
         self.interrupt("send_now")
@@ -222,7 +223,7 @@ class QueryEngine:
         return self.inbox.put(self.inbox.interjections, text, "int")
 
     def follow_up(self, text: str) -> str:
-        """Queue ``text`` as a new turn after the current turn completes."""
+        """Queue ``text`` as a new turn after the current turn completes (ValueError if blank)."""
         return self.inbox.put(self.inbox.follow_ups, text, "fup")
 
     def submit(self, text: str) -> str:

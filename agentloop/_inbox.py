@@ -76,6 +76,9 @@ class Inbox:
     def put(self, queue: list[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
+        if queue is not self.interjections and not text.strip():
+            # It would start a turn with a blank user message, which providers refuse.
+            raise ValueError("a message that starts a turn needs text in it")
         text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
         with self._lock:
             receipt = f"{prefix}-{next(self._ids)}"

@@ -447,7 +447,11 @@ async def test_run_rejects_a_non_user_prompt_and_a_second_concurrent_run() -> No
     for blank in ("", "  \n"):  # a blank user message, which providers refuse on every request
         with pytest.raises(ValueError, match="needs a prompt with text"):
             await collect(engine, blank)
-    assert engine.messages == []
+        with pytest.raises(ValueError, match="needs text"):
+            engine.follow_up(blank)
+        with pytest.raises(ValueError, match="needs text"):
+            engine.send_now(blank)
+    assert engine.messages == [] and not engine.inbox.follow_ups and not engine.inbox.send_now
     it = engine.run("one")
     await it.__anext__()
     with pytest.raises(RuntimeError, match="already in progress"):

@@ -44,7 +44,8 @@ class Host:
     def start(self, prompt: str | None) -> None:
         """Start a run on ``prompt`` (None: run what the inbox holds)."""
         if self.busy:
-            self.engine.follow_up(prompt or "")
+            if prompt:  # None: the running turn takes what the inbox holds anyway
+                self.engine.follow_up(prompt)
             return
         self._idle_sigint = False
         self.task = asyncio.get_running_loop().create_task(self._drive(prompt), name="agentloop-demo-run")
