@@ -150,7 +150,7 @@ def _user(engine: QueryEngine, text: str, **fields: object) -> Message:
     if engine._wrap_next:
         engine._wrap_next = False
         text = envelope(engine.options.texts.interrupt_envelope, [text])
-    return Message.user(scrub(text), **fields)
+    return Message.user(text, **fields)
 
 
 def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Message]:
@@ -161,7 +161,7 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
-        return [_user(engine, prompt)]
+        return [_user(engine, scrub(prompt))]  # queued texts were scrubbed when queued
     if prompt is not None:
         raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
     queued = _take_starts(engine, follow_ups=True)

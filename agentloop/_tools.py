@@ -42,7 +42,9 @@ def safe_name(name: str) -> str:
     (so two names stay apart, and the same name always gives the same result).
 
     For names made elsewhere: an MCP server's ``github.create_issue``, or a name a model
-    made up (``multi_tool_use.parallel``) that a request would echo back.
+    made up (``multi_tool_use.parallel``) that a request would echo back. Anthropic holds
+    the tool call ids it is sent back to the same rule (another provider's
+    ``functions.read:0`` is refused), so its adapter sends ids through this too.
     """
     return name if TOOL_NAME.fullmatch(name) else fitted(name, 64, safe_chars=True)
 

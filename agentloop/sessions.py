@@ -261,7 +261,7 @@ class JsonlSession:
             loaded.warnings.append(warning)
         # JSON from UTF-8 bytes holds a surrogate only through a \ud escape: without one,
         # rule R9 need not be checked string by string (about a tenth of a large load).
-        escaped = b"\\ud" in data or b"\\uD" in data
+        escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
         loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not escaped)
         return loaded
 

@@ -10,7 +10,6 @@ before the mapper saw its terminator.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,7 +32,7 @@ from .._unicode import scrub_json
 from ._http import Connection
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["ANTHROPIC_ID", "Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
+__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -52,28 +51,22 @@ def loads(text: str) -> Any:
         value, end = json.loads(text), -1  # leading whitespace or invalid: json.loads decides
     if end != -1 and end != len(text) and text[end:].strip():
         value = json.loads(text)  # trailing garbage: raises with json's message
-    if "\\ud" in text or "\\uD" in text:  # an escaped UTF-16 half, maybe without its pair
+    if "\\u" in text and ("\\ud" in text or "\\uD" in text):  # a UTF-16 half, maybe without its pair
         value = scrub_json(value)
     return value
 
 
-def wire_id(tool_id: str, *, max_len: int, pattern: re.Pattern[str] | None = None) -> str:
-    """A tool call id as one provider accepts it; ``tool_id`` itself when it already does.
+def wire_id(tool_id: str, *, max_len: int) -> str:
+    """A tool call id as an OpenAI API accepts it back; ``tool_id`` itself when it fits.
 
-    Providers restrict the ids they are sent back, and the transcript may hold ids another
-    provider made (a host that switches models, a resumed session, an OpenAI-compatible
-    server): Anthropic wants ``^[a-zA-Z0-9_-]+$``, Chat Completions at most 40 characters,
-    the Responses API at most 64. Any other id becomes its allowed characters, cut to fit,
-    plus a hash of the whole id: the same id always maps to the same wire id (prompt caches
-    hold), a call and its result stay paired, and two different ids stay apart.
+    The transcript may hold ids another provider made (a host that switches models, a
+    resumed session, an OpenAI-compatible server), and Chat Completions refuses one over
+    40 characters, the Responses API one over 64. A longer id is cut to fit and ends in a
+    hash of the whole id: the same id always maps to the same wire id (prompt caches hold),
+    a call and its result stay paired, and two different ids stay apart. (Anthropic's rule,
+    ``^[a-zA-Z0-9_-]+$``, is the tool-name rule: `agentloop._tools.safe_name`.)
     """
-    if len(tool_id) <= max_len and (pattern is None or pattern.fullmatch(tool_id)):
-        return tool_id
-    return fitted(tool_id, max_len, safe_chars=pattern is not None)
-
-
-#: Anthropic's rule for a tool_use id it is sent back.
-ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
+    return tool_id if len(tool_id) <= max_len else fitted(tool_id, max_len, safe_chars=False)
 
 
 def dumps_input(value: Mapping[str, Any]) -> str:
@@ -226,7 +219,7 @@ def _sendable(block: Block) -> bool:
     if isinstance(block, TextBlock):
         # Anthropic refuses a whitespace-only text block ("text content blocks must contain
         # non-whitespace text"), on every request that carries it; it says nothing anyway.
-        return not block.text.isspace() and bool(block.text)
+        return bool(block.text) and not block.text.isspace()
     if isinstance(block, ThinkingBlock):
         return bool(block.signature)
     if isinstance(block, ToolUseBlock):

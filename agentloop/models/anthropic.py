@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import ANTHROPIC_ID, Prepared, loads, run_stream, turns, wire_id
+from ._driver import Prepared, loads, run_stream, turns
 from ._http import Connection, HTTPModel, missing_key, resolve_key
 from ._sse import ServerSentEvent
 
@@ -89,11 +89,6 @@ def _foreign(block: ThinkingBlock) -> bool:
     return block.signature.startswith("{")
 
 
-def _id(tool_id: str) -> str:
-    """The id as Anthropic accepts it back (``^[a-zA-Z0-9_-]+$``; see `wire_id`)."""
-    return wire_id(tool_id, max_len=64, pattern=ANTHROPIC_ID)
-
-
 def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
@@ -102,9 +97,9 @@ def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, RedactedThinkingBlock):
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": _id(block.id), "name": safe_name(block.name), "input": block.input}
+        return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
     assert isinstance(block, ToolResultBlock)
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": _id(block.tool_use_id)}
+    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
     # Blank text is refused here too ("text content blocks must contain non-whitespace
     # text"); a result with nothing else to say is sent without content, which is allowed.
     if isinstance(block.content, str):

@@ -10,12 +10,15 @@ output per function call.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentloop import Message, repair_transcript, validate_transcript
+from agentloop._tools import safe_name
 from agentloop.models import ModelRequest
 from agentloop.models import anthropic as anthropic_api
 from agentloop.models import openai_chat as chat_api
@@ -111,13 +114,18 @@ def test_wire_ids_fit_each_provider_and_keep_distinct_ids_apart(tool_ids: list[s
     # A transcript may hold ids another provider made (a host that switches models, a
     # resumed session): Anthropic rejects one outside [a-zA-Z0-9_-], Chat Completions one
     # over 40 characters, the Responses API one over 64, on every later request.
-    for rule in ({"max_len": 64, "pattern": ANTHROPIC_ID}, {"max_len": 40}, {"max_len": 64}):
-        wired = [wire_id(t, **rule) for t in tool_ids]
+    rules: list[tuple[Callable[[str], str], int, re.Pattern[str] | None]] = [
+        (safe_name, 64, ANTHROPIC_ID),  # what AnthropicModel sends ids through
+        (partial(wire_id, max_len=40), 40, None),  # Chat Completions
+        (partial(wire_id, max_len=64), 64, None),  # Responses
+    ]
+    for fit, max_len, pattern in rules:
+        wired = [fit(t) for t in tool_ids]
         assert len(set(wired)) == len(wired)  # still one id per call
-        assert wired == [wire_id(t, **rule) for t in tool_ids]  # deterministic: prompt caches hold
+        assert wired == [fit(t) for t in tool_ids]  # deterministic: prompt caches hold
         for original, sent in zip(tool_ids, wired, strict=True):
-            assert len(sent) <= rule["max_len"]  # type: ignore[operator]
-            if "pattern" in rule:
-                assert ANTHROPIC_ID.fullmatch(sent)
-            ok = len(original) <= rule["max_len"] and ("pattern" not in rule or ANTHROPIC_ID.fullmatch(original))  # type: ignore[operator]
+            assert len(sent) <= max_len
+            if pattern is not None:
+                assert pattern.fullmatch(sent)
+            ok = len(original) <= max_len and (pattern is None or pattern.fullmatch(original))
             assert (sent == original) == bool(ok)  # an id that fits is sent as it is
