@@ -14,10 +14,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agentloop import Message, repair_transcript, validate_transcript
+from agentloop import Message, ToolResultBlock, ToolUseBlock, repair_transcript, validate_transcript
 from agentloop._tools import safe_name
 from agentloop.models import ModelRequest
 from agentloop.models import anthropic as anthropic_api
@@ -47,9 +47,11 @@ def check_anthropic(body: dict[str, Any]) -> None:
                 assert TOOL_NAME.fullmatch(b["name"]), b
             if b["type"] == "thinking":  # never another provider's: Anthropic rejects its signature
                 assert not b["signature"].startswith("{"), b
-            texts = [b] if b["type"] == "text" else b.get("content") if b["type"] == "tool_result" else []
-            for t in [{"text": texts}] if isinstance(texts, str) else texts:
-                assert t["text"].strip(), b  # "text content blocks must contain non-whitespace text"
+            # A tool_result may leave its content out (nothing but blank text was left).
+            texts = [b] if b["type"] == "text" else (b.get("content") or []) if b["type"] == "tool_result" else []
+            for t in [{"type": "text", "text": texts}] if isinstance(texts, str) else texts:
+                if t["type"] == "text":
+                    assert t["text"].strip(), b  # "text content blocks must contain non-whitespace text"
     for i, msg in enumerate(messages):
         assert msg["content"], msg
         if i:
@@ -102,6 +104,11 @@ def check_responses(body: dict[str, Any]) -> None:
 
 @settings(max_examples=300)
 @given(transcripts)
+@example([  # a tool result of blank text only: Anthropic gets it without content
+    Message.user("go"),
+    Message(role="assistant", content=[ToolUseBlock(id="t1", name="read", input={})]),
+    Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="  ")]),
+])
 def test_any_valid_transcript_is_a_request_every_provider_accepts(msgs: list[Message]) -> None:
     request = ModelRequest(messages=repaired(msgs))
     check_anthropic(anthropic_api.build_request(request, model="m", max_tokens=1024, thinking=None))
