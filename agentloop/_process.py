@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal as _signal
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._errors import AbortError
 __all__ = ["ProcessResult", "run_process"]
 
 _CAP = 1 << 20  # bytes kept per stream
+_DRAIN = 0.25  # seconds to read what is left in the pipes once the group is dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,87 +51,135 @@ async def run_process(
     stdin: bytes | None = None,
     **kw: Any,
 ) -> ProcessResult:
-    """Run ``args`` and wait for it; extra keywords go to `asyncio.create_subprocess_exec`.
+    """Run ``args`` and wait for it to exit and its output to end; extra keywords
+    (``cwd``, ``env``...) go to `asyncio.loop.subprocess_exec`.
 
     Raises `AbortError` (after the process group is dead) if ``signal`` aborts
-    first. A timeout is not an error: the result has ``timed_out=True``.
+    first. A timeout is not an error: the result has ``timed_out=True``. Both
+    hold while a process that left the group (``setsid``) keeps the pipes open:
+    the call stops reading and returns, leaving that process alone.
     """
     signal.throw_if_aborted()
-    proc = await asyncio.create_subprocess_exec(
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.subprocess_exec(
+        lambda: _Collector(loop),
         *args,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         start_new_session=True,
         **kw,
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    out_task = asyncio.ensure_future(_read_capped(proc.stdout))
-    err_task = asyncio.ensure_future(_read_capped(proc.stderr))
-    abort_task = asyncio.ensure_future(signal.wait())
-    wait_task = asyncio.ensure_future(_communicate(proc, stdin))
     timed_out = aborted = False
     try:
-        done, _ = await asyncio.wait({wait_task, abort_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if wait_task not in done:
+        if stdin is not None:
+            _feed(transport, stdin)
+        abort_task = asyncio.ensure_future(signal.wait())
+        try:
+            done, _ = await asyncio.wait((proto.done, abort_task), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort_task.cancel()
+            await asyncio.gather(abort_task, return_exceptions=True)
+        if proto.done not in done:
             aborted = abort_task in done
             timed_out = not aborted
-            await _kill_group(proc, kill_grace)
+            await _kill_group(transport.get_pid(), proto, kill_grace)
     finally:
-        # Runs on cancellation too: the group never outlives this call.
-        if proc.returncode is None:
-            await asyncio.shield(_kill_group(proc, kill_grace))
-        abort_task.cancel()
-        wait_task.cancel()
-        await asyncio.gather(wait_task, abort_task, return_exceptions=True)
-    out, out_cut = await out_task
-    err, err_cut = await err_task
+        try:
+            # Runs on cancellation too: the group never outlives this call.
+            if transport.get_returncode() is None:
+                await asyncio.shield(_kill_group(transport.get_pid(), proto, kill_grace))
+        finally:
+            await _close(transport, proto)
     if aborted:
         raise AbortError(signal.reason or "cancel")
-    assert proc.returncode is not None
+    returncode = transport.get_returncode()
+    assert returncode is not None
     return ProcessResult(
         args=tuple(args),
-        returncode=proc.returncode,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
+        returncode=returncode,
+        stdout=bytes(proto.output[1]).decode("utf-8", "replace"),
+        stderr=bytes(proto.output[2]).decode("utf-8", "replace"),
         timed_out=timed_out,
-        truncated=out_cut or err_cut,
+        truncated=proto.truncated,
     )
 
 
-async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes | None) -> int:
-    if stdin is not None and proc.stdin is not None:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-        proc.stdin.close()
-    return await proc.wait()
+class _Collector(asyncio.SubprocessProtocol):
+    """Keeps up to `_CAP` bytes of stdout and stderr; ``done`` when the child has
+    exited and both have ended, ``closed`` when the transport is finished."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.output = {1: bytearray(), 2: bytearray()}
+        self.truncated = False
+        self.open = {0, 1, 2}  # the pipes not yet lost
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        buf = self.output[fd]
+        room = _CAP - len(buf)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        buf += data
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.open.discard(fd)
+        self._check_done()
+
+    def process_exited(self) -> None:
+        _resolve(self.exited)
+        self._check_done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _resolve(self.closed)
+
+    def _check_done(self) -> None:
+        if 1 not in self.open and 2 not in self.open and self.exited.done():
+            _resolve(self.done)
 
 
-async def _read_capped(stream: asyncio.StreamReader) -> tuple[bytes, bool]:
-    chunks: list[bytes] = []
-    size = 0
-    cut = False
-    while chunk := await stream.read(65536):
-        if size < _CAP:
-            chunks.append(chunk[: _CAP - size])
-            cut = cut or size + len(chunk) > _CAP
-        else:
-            cut = True
-        size += len(chunk)
-    return b"".join(chunks), cut
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
-async def _kill_group(proc: asyncio.subprocess.Process, grace: float) -> None:
-    """SIGTERM the group, wait ``grace`` s, then SIGKILL it; reap the child."""
-    _signal_group(proc.pid, _signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), grace)
-    except TimeoutError:
-        pass
+def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
+    """Hand ``data`` to the child's stdin and close it once written (a child that
+    stops reading or exits early only loses the rest)."""
+    pipe = transport.get_pipe_transport(0)
+    if isinstance(pipe, asyncio.WriteTransport):
+        pipe.write(data)
+        pipe.close()
+
+
+async def _kill_group(pgid: int, proto: _Collector, grace: float) -> None:
+    """SIGTERM the group, wait ``grace`` s for it to exit and let go of the pipes,
+    then SIGKILL it; reap the child, and read what the pipes still hold."""
+    _signal_group(pgid, _signal.SIGTERM)
+    await asyncio.wait({proto.done}, timeout=grace)
     # Grandchildren may ignore TERM even after the leader exited.
-    _signal_group(proc.pid, _signal.SIGKILL)
-    await proc.wait()
+    _signal_group(pgid, _signal.SIGKILL)
+    await proto.exited
+    # Output written before the kill is still in the pipes; a process outside the
+    # group (it called setsid) may hold them open forever, so this wait is bounded.
+    await asyncio.wait({proto.done}, timeout=_DRAIN)
+
+
+async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> None:
+    """Close our ends of the pipes now (no flush: a stalled reader cannot hold this
+    up) and wait until the transport has let go of them."""
+    for fd in tuple(proto.open):  # a lost pipe is closed already (and must not be aborted)
+        pipe = transport.get_pipe_transport(fd)
+        if isinstance(pipe, asyncio.WriteTransport):
+            pipe.abort()
+        elif pipe is not None:
+            pipe.close()
+    transport.close()
+    if transport.get_returncode() is not None:  # else the transport only finishes once the child is reaped
+        await asyncio.shield(proto.closed)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

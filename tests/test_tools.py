@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -228,6 +230,64 @@ async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# The child forks a process that leaves the group (setsid, as daemons do) and keeps the
+# child's stdout and stderr open, then exits: killpg cannot reach it, and the pipes never end.
+ESCAPEE = """
+import os, sys, time
+print("before", flush=True)
+if os.fork() == 0:
+    os.setsid()
+    open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(60)
+    os._exit(0)
+"""
+
+
+async def _escapee(pidfile: Path) -> int:
+    await _until_exists(pidfile)
+    return int(pidfile.read_text())
+
+
+def _reap_escapee(pidfile: Path) -> None:
+    # Not our child (it was re-parented when the child exited): killing it leaves no zombie here.
+    if pidfile.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+async def test_run_process_abort_returns_although_an_escaped_grandchild_holds_the_pipes(tmp_path: Path) -> None:
+    ctl = AbortController()
+    pidfile = tmp_path / "escapee.pid"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", ESCAPEE, str(pidfile), signal=ctl.signal, kill_grace=0.1))
+    try:
+        await _escapee(pidfile)
+        ctl.abort("cancel")
+        with pytest.raises(AbortError):
+            await asyncio.wait_for(task, 10)
+    finally:
+        _reap_escapee(pidfile)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_run_process_timeout_returns_although_an_escaped_grandchild_holds_the_pipes(tmp_path: Path) -> None:
+    ctl = AbortController()
+    pidfile = tmp_path / "escapee.pid"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", ESCAPEE, str(pidfile), signal=ctl.signal, timeout=0.5, kill_grace=0.1))
+    try:
+        await _escapee(pidfile)
+        result = await asyncio.wait_for(task, 10)
+        assert result.timed_out and result.returncode == 0  # the child itself had exited cleanly
+        assert result.stdout == "before\n"  # what was written before the timeout is kept
+    finally:
+        _reap_escapee(pidfile)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def test_a_tool_name_no_provider_accepts_is_refused_when_the_tool_is_made() -> None:
