@@ -15,9 +15,9 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ._abort import AbortSignal
 from ._errors import ToolInputError
@@ -184,10 +184,9 @@ def tool(
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool needs an async function, got {f!r}")
-        args_model, ctx_param = _args_model(f)
+        args_model, names, ctx_param = _args_model(f)
         doc = description if description is not None else inspect.getdoc(f) or ""
 
-        names = tuple(args_model.model_fields)  # computed once: the class property is slow
         validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
 
         def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
@@ -197,7 +196,7 @@ def tool(
                 parsed = validate(raw)
             except ValidationError as exc:
                 raise ToolInputError(_validation_message(exc)) from None
-            kwargs = {k: getattr(parsed, k) for k in names}
+            kwargs = {p: getattr(parsed, k) for k, p in names}
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
             return f(**kwargs)
@@ -216,11 +215,14 @@ def tool(
     return build if fn is None else build(fn)
 
 
-def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
+def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
+    """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter."""
     hints = get_type_hints(f, include_extras=True)
     fields: dict[str, Any] = {}
+    names: list[tuple[str, str]] = []
     ctx_param: str | None = None
-    for pname, param in inspect.signature(f).parameters.items():
+    params = inspect.signature(f).parameters
+    for i, (pname, param) in enumerate(params.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"@tool does not support *args/**kwargs ({f.__name__})")
         ann = hints.get(pname)
@@ -230,11 +232,20 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
             ctx_param = pname
             continue
         default = ... if param.default is param.empty else param.default
-        fields[pname] = (ann, default)
+        fname = pname
+        if pname.startswith(("_", "model_")) or hasattr(BaseModel, pname):
+            # pydantic forbids, reserves or shadows this name (``_raw``, ``model_config``,
+            # ``schema``): the field gets a free name, and the parameter's name is its alias.
+            fname = f"arg{i}"
+            while fname in params:
+                fname += "_"
+            ann = Annotated[ann, Field(alias=pname)]
+        fields[fname] = (ann, default)
+        names.append((fname, pname))
     model: type[BaseModel] = create_model(
         f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
     )
-    return model, ctx_param
+    return model, tuple(names), ctx_param
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from agentloop import (
     TextBlock,
     Tool,
     ToolContext,
+    ToolInputError,
     ToolResultBlock,
     run_process,
     tool,
@@ -63,6 +65,28 @@ def test_tool_rejects_sync_functions_and_missing_annotations() -> None:
 
     with pytest.raises(TypeError, match="annotation"):
         tool(bare)
+
+
+async def test_tool_parameters_named_like_pydantic_members_reach_the_function() -> None:
+    # Plain parameter names a tool may well have; pydantic reserves, shadows or forbids them.
+    async def query(
+        schema: str, json: bool, copy: int, model_config: str, model_extra: str, model_fields_set: str, _raw: str = "-"
+    ) -> str:
+        """Run a query."""
+        return repr((schema, json, copy, model_config, model_extra, model_fields_set, _raw))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "shadows an attribute in parent BaseModel" at import time
+        made = tool(query)
+    props = made.input_schema["properties"]
+    assert list(props) == ["schema", "json", "copy", "model_config", "model_extra", "model_fields_set", "_raw"]
+    assert props["_raw"] == {"default": "-", "type": "string"}
+    assert made.input_schema["required"] == list(props)[:-1]
+    given = {"schema": "s", "json": True, "copy": 2, "model_config": "c", "model_extra": "e", "model_fields_set": "f", "_raw": "r"}
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+    assert await made(given, ctx) == repr(("s", True, 2, "c", "e", "f", "r"))
+    with pytest.raises(ToolInputError, match=r"model_extra: Field required"):
+        await made({k: v for k, v in given.items() if k != "model_extra"}, ctx)
 
 
 def test_tool_name_and_description_overrides() -> None:
