@@ -2,7 +2,8 @@
 
 The child is started in a new session (so a new process group), which makes
 ``killpg`` reach every grandchild it forks. On abort or timeout the group gets
-SIGTERM, then SIGKILL after ``kill_grace`` seconds. Output is collected with a
+SIGTERM, then SIGKILL after ``kill_grace`` seconds; a cancelled call (the engine's
+``tool_cancel_grace`` ran out) SIGKILLs it at once. Output is collected with a
 size cap so a chatty child cannot exhaust memory.
 """
 
@@ -22,7 +23,9 @@ from ._errors import AbortError
 __all__ = ["ProcessResult", "run_process"]
 
 _CAP = 1 << 20  # bytes kept per stream
-_DRAIN = 0.25  # seconds to read what is left in the pipes once the group is dead
+# Seconds to read what is left in the pipes once a timed-out group is dead: a process
+# that left the group (setsid) may hold them open forever.
+_DRAIN = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,7 @@ async def run_process(
         start_new_session=True,
         **kw,
     )
-    timed_out = aborted = False
+    timed_out = aborted = cancelled = False
     try:
         if stdin is not None:
             _feed(transport, stdin)
@@ -84,11 +87,17 @@ async def run_process(
             aborted = abort_task in done
             timed_out = not aborted
             await _kill_group(transport.get_pid(), proto, kill_grace)
+            if timed_out:  # what the group wrote before it died is part of the result
+                await asyncio.wait((proto.done,), timeout=_DRAIN)
+    except asyncio.CancelledError:
+        cancelled = True
+        raise
     finally:
         try:
-            # Runs on cancellation too: the group never outlives this call.
+            # Runs on cancellation too: the group never outlives this call. A cancellation
+            # (a caller's grace ran out) kills it at once, without a TERM grace of its own.
             if transport.get_returncode() is None:
-                await asyncio.shield(_kill_group(transport.get_pid(), proto, kill_grace))
+                await asyncio.shield(_kill_group(transport.get_pid(), proto, 0 if cancelled else kill_grace))
         finally:
             await _close(transport, proto)
     if aborted:
@@ -157,15 +166,13 @@ def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
 
 async def _kill_group(pgid: int, proto: _Collector, grace: float) -> None:
     """SIGTERM the group, wait ``grace`` s for it to exit and let go of the pipes,
-    then SIGKILL it; reap the child, and read what the pipes still hold."""
-    _signal_group(pgid, _signal.SIGTERM)
-    await asyncio.wait({proto.done}, timeout=grace)
+    then SIGKILL it; reap the child."""
+    if grace > 0:
+        _signal_group(pgid, _signal.SIGTERM)
+        await asyncio.wait((proto.done,), timeout=grace)
     # Grandchildren may ignore TERM even after the leader exited.
     _signal_group(pgid, _signal.SIGKILL)
     await proto.exited
-    # Output written before the kill is still in the pipes; a process outside the
-    # group (it called setsid) may hold them open forever, so this wait is bounded.
-    await asyncio.wait({proto.done}, timeout=_DRAIN)
 
 
 async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from agentloop import (
     ScriptedToolCall,
     TextBlock,
     Tool,
+    ToolCallFinished,
     ToolContext,
     ToolInputError,
     ToolResultBlock,
@@ -312,6 +314,57 @@ async def test_run_process_timeout_returns_although_an_escaped_grandchild_holds_
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+# The child and its grandchild both ignore SIGTERM: only SIGKILL stops them.
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+async def test_the_cancel_grace_kills_a_run_process_group_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The tool honours the abort; run_process is still in its TERM grace when the engine's cancel
+    # grace runs out. The cancellation must SIGKILL the group now, not start another TERM grace.
+    pidfile = tmp_path / "grandchild.pid"
+
+    @tool
+    async def build(ctx: ToolContext) -> str:
+        """Run the build."""
+        result = await run_process(sys.executable, "-c", STUBBORN, str(pidfile), signal=ctx.signal, kill_grace=30)
+        return result.stdout
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("build", {})]), "ok"]), tools=[build], tool_cancel_grace=0.2)
+
+    async def drive() -> list[str]:
+        texts = []
+        async for event in engine.run("go"):
+            if type(event).__name__ == "ToolCallStarted":
+                await _until_exists(pidfile)
+                engine.interrupt()
+            elif isinstance(event, ToolCallFinished):
+                texts.append(event.result.text)
+        return texts
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            texts = await asyncio.wait_for(drive(), 10)
+        grandchild = int(pidfile.read_text())
+        for _ in range(200):
+            if not _alive(grandchild):
+                break
+            await asyncio.sleep(0.01)
+        assert not _alive(grandchild)
+        assert texts[0].startswith("Interrupted by user")
+        assert "ignored cancellation" not in caplog.text
+    finally:
+        _reap_escapee(pidfile)
 
 
 def test_a_tool_name_no_provider_accepts_is_refused_when_the_tool_is_made() -> None:
