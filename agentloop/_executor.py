@@ -152,13 +152,15 @@ class CallRunner:
                     else:
                         async with asyncio.timeout(tool.timeout) as scope:
                             output = await tool.handler(tool_input, ctx)
-                except Exception as exc:
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # GeneratorExit or a framework's own: the tool's failure too
                     result = self._failed(use, tool, exc, scope)
                 else:
                     try:
                         result = output_to_result(use.id, output)
                     except Exception as exc:  # a result that cannot be represented
-                        result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {exc}")
+                        result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             put(Done(use, exc))
             raise
@@ -174,7 +176,7 @@ class CallRunner:
             return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")
         return error_result(use.id, f"Tool {use.name!r} was not run: {use.input_error}")
 
-    def _failed(self, use: ToolUseBlock, tool: Tool, exc: Exception, scope: asyncio.Timeout | None) -> ToolResultBlock:
+    def _failed(self, use: ToolUseBlock, tool: Tool, exc: BaseException, scope: asyncio.Timeout | None) -> ToolResultBlock:
         """The result of a handler that raised; an `AbortError` of an aborted run goes on."""
         if isinstance(exc, TimeoutError):
             if scope is not None and scope.expired():
@@ -186,7 +188,7 @@ class CallRunner:
             if self.signal.aborted:
                 raise exc
             return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
-        return error_result(use.id, f"Tool {use.name!r} raised {type(exc).__name__}: {exc}")
+        return error_result(use.id, f"Tool {use.name!r} raised {describe(exc)}")
 
     async def _ask(self, use: ToolUseBlock, ctx: ToolContext) -> Allow | ToolResultBlock:
         assert self.permission is not None
@@ -207,12 +209,21 @@ class CallRunner:
         except AbortError:
             raise
         except Exception as exc:
-            return error_result(use.id, f"The permission check failed ({type(exc).__name__}: {exc}); the tool was not run.")
+            return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
         if isinstance(decision, Deny):
             return error_result(use.id, f"Permission denied: {decision.message}")
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         return decision
+
+
+def describe(exc: BaseException, *, name: bool = True) -> str:
+    """``Name: message`` (or only the message), even for an exception whose ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be formatted)"
+    return f"{type(exc).__name__}: {text}" if name else text
 
 
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
-from ._executor import CallRunner, Done, error_result, plan_batches
+from ._executor import CallRunner, Done, describe, error_result, plan_batches
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState
 from ._transcript import encodable, interrupted_result
@@ -101,7 +101,7 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         effects = "; it may have had side effects" if use.id in st.started else ""
         result = error_result(use.id, f"Tool {use.name!r} was cancelled, although the run was not interrupted{effects}.")
     else:
-        result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {outcome!r}")
+        result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {describe(outcome)}")
     result = encodable(result)
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic)

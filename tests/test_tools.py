@@ -28,6 +28,7 @@ from agentloop import (
     ToolContext,
     ToolInputError,
     ToolResultBlock,
+    TurnEnded,
     run_process,
     tool,
 )
@@ -118,6 +119,43 @@ async def test_tool_outputs_are_normalised_to_results() -> None:
     got = [r for m in engine.messages for r in m.tool_results]
     assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "mine"]
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
+
+
+class _NoMessage(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("'_NoMessage' object has no attribute 'msg'")
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise self
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+class _FrameworkStop(BaseException):
+    pass
+
+
+async def test_a_tool_failure_that_cannot_be_printed_or_is_a_base_exception_is_the_tools_error() -> None:
+    @tool(concurrency_safe=True)
+    async def fails(kind: str) -> str:
+        """Fail in an odd way."""
+        raise {"nomessage": _NoMessage(), "unprintable": _Unprintable(), "base": _FrameworkStop("halt")}[kind]
+
+    kinds = ("nomessage", "unprintable", "base")
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("fails", {"kind": k}) for k in kinds])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[fails], policies=[])
+    events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    got = [r for m in engine.messages for r in m.tool_results]
+    assert all(r.is_error and "inside agentloop" not in r.text for r in got)
+    assert [r.text for r in got] == [
+        "Tool 'fails' raised _NoMessage (its message could not be formatted)",
+        "Tool 'fails' raised _Unprintable (its message could not be formatted)",
+        "Tool 'fails' raised _FrameworkStop: halt",
+    ]
 
 
 def _use(name: str, i: int) -> ToolUseBlock:
