@@ -15,7 +15,18 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints, overload
+from types import NoneType, UnionType
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -228,7 +239,7 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
         ann = hints.get(pname)
         if ann is None:
             raise TypeError(f"@tool parameter {pname!r} of {f.__name__} needs an annotation")
-        if ann is ToolContext:
+        if _is_context(ann):
             ctx_param = pname
             continue
         default = ... if param.default is param.empty else param.default
@@ -246,6 +257,15 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
         f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
     )
     return model, tuple(names), ctx_param
+
+
+def _is_context(ann: Any) -> bool:
+    """``ToolContext``, also as ``ToolContext | None`` or ``Annotated[ToolContext, ...]``."""
+    if get_origin(ann) is Annotated:
+        ann = get_args(ann)[0]
+    if get_origin(ann) in (Union, UnionType):
+        return ToolContext in get_args(ann) and all(a in (ToolContext, NoneType) for a in get_args(ann))
+    return ann is ToolContext
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -92,6 +92,29 @@ async def test_tool_parameters_named_like_pydantic_members_reach_the_function() 
         await made({k: v for k, v in given.items() if k != "model_extra"}, ctx)
 
 
+async def test_a_context_parameter_that_may_be_none_or_is_annotated_is_injected() -> None:
+    # ``ctx: ToolContext | None = None`` lets the function be called directly (in a test) too.
+    seen: list[object] = []
+
+    @tool
+    async def optional(path: str, ctx: ToolContext | None = None) -> str:
+        """Read."""
+        seen.append(ctx)
+        return path
+
+    @tool
+    async def annotated(path: str, context: Annotated[ToolContext, "injected"]) -> str:
+        """Read."""
+        seen.append(context)
+        return path
+
+    for made in (optional, annotated):
+        assert list(made.input_schema["properties"]) == ["path"]
+        ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+        assert await made({"path": "a"}, ctx) == "a"
+        assert seen.pop() is ctx
+
+
 def test_tool_name_and_description_overrides() -> None:
     @tool(name="grep", description="Search.")
     async def search(pattern: str) -> str:
