@@ -199,6 +199,8 @@ def tool(
         doc = description if description is not None else inspect.getdoc(f) or ""
 
         validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
+        params = inspect.signature(f).parameters
+        positional = [p for p, param in params.items() if param.kind is param.POSITIONAL_ONLY]
 
         def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
             # Validates now and returns the function's coroutine: awaiting it directly
@@ -210,6 +212,8 @@ def tool(
             kwargs = {p: getattr(parsed, k) for k, p in names}
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
+            if positional:  # ``def f(path: str, /)``: those cannot be passed by name
+                return f(*[kwargs.pop(p) for p in positional], **kwargs)
             return f(**kwargs)
 
         return Tool(

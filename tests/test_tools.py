@@ -115,6 +115,18 @@ async def test_a_context_parameter_that_may_be_none_or_is_annotated_is_injected(
         assert seen.pop() is ctx
 
 
+async def test_positional_only_parameters_are_passed_by_position() -> None:
+    @tool
+    async def read(ctx: ToolContext, path: str, /, limit: int = 10) -> str:
+        """Read."""
+        return f"{path}:{limit}:{ctx.tool_use_id}"
+
+    assert read.input_schema["required"] == ["path"]
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+    assert await read({"path": "a.txt"}, ctx) == "a.txt:10:t1"
+    assert await read({"path": "a.txt", "limit": 3}, ctx) == "a.txt:3:t1"
+
+
 def test_tool_name_and_description_overrides() -> None:
     @tool(name="grep", description="Search.")
     async def search(pattern: str) -> str:
