@@ -65,7 +65,10 @@ def delegate_tool(
                 end = event
         if ctx.signal.aborted:
             raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
-        return _result(ctx.tool_use_id, agent_id, child.messages[-1].text if child.messages else "", end)
+        last = child.messages[-1] if child.messages else None
+        # Only the child's own words: when it said nothing, its last message is the task itself.
+        answer = last.text if last is not None and last.role == "assistant" else ""
+        return _result(ctx.tool_use_id, agent_id, answer, end)
 
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
 

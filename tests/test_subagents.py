@@ -167,3 +167,18 @@ async def test_background_subagent_is_kept_or_aborted_by_the_engine_setting() ->
         end = events[-1]
         assert isinstance(end, TurnEnded)
         assert (end.reason == "completed") is survives, (setting, end)
+
+
+async def test_a_child_without_an_answer_never_hands_back_its_task_as_the_answer() -> None:
+    from agentloop import ModelError
+
+    for child_reply, expected, is_error in (
+        ("", "(the subagent gave no answer)", False),
+        (ScriptedResponse(error=ModelError("bad request")), "Subagent sub-1 stopped before finishing", True),
+    ):
+        model = ScriptedModel([delegate("the confidential task text"), child_reply, "parent done"])
+        engine = QueryEngine(model, tools=[delegate_tool()], policies=[])
+        await collect(engine, "go")
+        result = next(r for m in engine.messages for r in m.tool_results)
+        assert result.is_error is is_error and result.text.startswith(expected), result.text
+        assert "confidential task text" not in result.text
