@@ -81,7 +81,7 @@ class _Connection:
                 await self._stop.wait()
         except Exception as exc:
             if not self._ready.done():
-                self._ready.set_exception(exc)
+                self._ready.set_exception(_unwrap(exc))
             else:
                 log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
         finally:
@@ -302,6 +302,13 @@ class MCPServer:
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
         )
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The one error the SDK's task groups wrapped (a group of one, nested), else ``exc``."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def result_to_block(tool_use_id: str, result: types.CallToolResult) -> ToolResultBlock:

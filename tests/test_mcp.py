@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from mcp import types
+from mcp.shared.exceptions import MCPError
 
 from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock
 from agentloop._tools import Tool, ToolContext
@@ -180,6 +181,20 @@ async def test_main_only_abort_hook_resets_the_connection(server: MCPServer, mar
     await _until(lambda: not _alive(old_pid), "the old server process to stop")
     new_pid = int((await _run(tools["pid"], {})).text)  # reconnects on next use
     assert new_pid != old_pid
+
+
+async def test_a_server_that_cannot_start_raises_the_transport_error_not_a_task_group() -> None:
+    for srv in (
+        MCPServer.stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]),  # exits at once
+        MCPServer.http(f"http://127.0.0.1:{_free_port()}/mcp"),  # nobody listens
+    ):
+        with pytest.raises(Exception) as info:
+            await srv.list_tools()
+        assert not isinstance(info.value, BaseExceptionGroup), repr(info.value)
+        assert repr(srv) == f"<MCPServer {srv.label} idle>"  # the next call tries again
+        await srv.aclose()
+    with pytest.raises(MCPError, match="Connection closed"):
+        await MCPServer.stdio(sys.executable, ["-c", "pass"]).session()
 
 
 async def test_import_error_without_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
