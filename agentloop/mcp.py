@@ -63,20 +63,28 @@ class _Connection:
     abort hook, ``aclose``) use and close the connection.
     """
 
-    def __init__(self, connect: Connect, label: str) -> None:
+    def __init__(self, connect: Connect, label: str, timeout: float | None) -> None:
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
         self.label = label
+        self.timeout = timeout  # for the initialize handshake
+        self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
 
     async def session(self) -> ClientSession:
         # shield: a caller giving up must not cancel the shared future.
         return await asyncio.shield(self._ready)
 
     async def _run(self, connect: Connect) -> None:
+        timeout = self.timeout
         try:
             async with connect() as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await session.initialize()
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
+                    ) from None
                 self._ready.set_result(session)
                 await self._stop.wait()
         except Exception as exc:
@@ -105,7 +113,8 @@ class MCPServer:
     Build it with `MCPServer.stdio` or `MCPServer.http`; use it as an async
     context manager or call `aclose` when done. ``prefix`` is prepended to every
     tool name (``"fs_"`` turns ``read`` into ``fs_read``); ``concurrency_safe``
-    and ``timeout`` are passed to every `Tool` made.
+    and ``timeout`` are passed to every `Tool` made. ``connect_timeout`` bounds
+    the wait for the server's answer to ``initialize`` (None: no bound).
     """
 
     def __init__(
@@ -116,8 +125,10 @@ class MCPServer:
         prefix: str = "",
         concurrency_safe: bool = False,
         timeout: float | None = None,
+        connect_timeout: float | None = 60.0,
     ) -> None:
         self._connect = connect
+        self.connect_timeout = connect_timeout
         self.label = label
         self.prefix = prefix
         self.concurrency_safe = concurrency_safe
@@ -191,14 +202,15 @@ class MCPServer:
     async def session(self) -> ClientSession:
         """The live `ClientSession`, connecting first if needed.
 
-        Raises RuntimeError once closed, and what the transport raises when the
-        server cannot be reached (the next call tries again).
+        Raises RuntimeError once closed, what the transport raises when the
+        server cannot be reached, and TimeoutError when it does not answer
+        ``initialize`` within ``connect_timeout`` (the next call tries again).
         """
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
-            conn = self._conn = _Connection(self._connect, self.label)
+            conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout)
         try:
             return await conn.session()
         except Exception:

@@ -197,6 +197,19 @@ async def test_a_server_that_cannot_start_raises_the_transport_error_not_a_task_
         await MCPServer.stdio(sys.executable, ["-c", "pass"]).session()
 
 
+SILENT = "import sys; sys.stdout.write('not json\\n'); sys.stdout.flush(); sys.stdin.read()"
+
+
+async def test_a_server_that_never_answers_initialize_times_out_and_is_stopped() -> None:
+    srv = MCPServer.stdio(sys.executable, ["-c", SILENT], connect_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not answer .*0\.5 s"):
+        await srv.list_tools()
+    assert time.monotonic() - started < 5.0
+    assert repr(srv) == f"<MCPServer {srv.label} idle>"
+    await srv.aclose()  # the fixture checks the server process is gone
+
+
 async def test_import_error_without_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mcp", None)
     monkeypatch.delitem(sys.modules, "agentloop.mcp")
