@@ -186,7 +186,11 @@ class MCPServer:
         return cls(connect, label=url, **options)
 
     async def __aenter__(self) -> MCPServer:
-        await self.session()
+        try:
+            await self.session()
+        except BaseException:
+            await self.aclose()  # no __aexit__ will run: nothing may outlive this failed entry
+            raise
         return self
 
     async def __aexit__(

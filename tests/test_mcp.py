@@ -210,6 +210,15 @@ async def test_a_server_that_never_answers_initialize_times_out_and_is_stopped()
     await srv.aclose()  # the fixture checks the server process is gone
 
 
+async def test_async_with_cancelled_while_connecting_leaves_no_server_behind() -> None:
+    srv = MCPServer.stdio(sys.executable, ["-c", SILENT])
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5), srv:
+            raise AssertionError("never connected")
+    assert repr(srv) == f"<MCPServer {srv.label} closed>"
+    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("agentloop-mcp")] == []
+
+
 async def test_import_error_without_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mcp", None)
     monkeypatch.delitem(sys.modules, "agentloop.mcp")
