@@ -9,14 +9,17 @@ alone gives the parent's call a clear error result and leaves the parent running
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from ._errors import AbortError
 from ._events import Event, TurnEnded
 from ._messages import ToolResultBlock
 from ._tools import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
 
 __all__ = ["delegate_tool"]
 
@@ -45,15 +48,17 @@ def delegate_tool(
     """A tool that runs each call in a fresh subagent with its own ``max_turns``.
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
-    the subagent a narrower tool set).
+    the subagent a narrower tool set). Agent ids are ``<agent_prefix>-<n>``,
+    numbered across the whole tree of engines under one main engine, so two
+    delegate tools, or a child's own, never hand out the same id (nor the same
+    sidechain file).
     """
-    counter = itertools.count(1)
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
         if not isinstance(task, str) or not task.strip():
             return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
-        agent_id = f"{agent_prefix}-{next(counter)}"
+        agent_id = _new_agent_id(ctx.engine, agent_prefix)
         extra = dict(overrides)
         if system is not None:
             extra["system"] = system
@@ -71,6 +76,19 @@ def delegate_tool(
         return _result(ctx.tool_use_id, agent_id, answer, end)
 
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+
+
+# Per main engine: the last number given to each prefix (an engine going away takes its numbers).
+_numbers: WeakKeyDictionary[QueryEngine, dict[str, int]] = WeakKeyDictionary()
+
+
+def _new_agent_id(engine: QueryEngine, prefix: str) -> str:
+    root = engine
+    while root.parent is not None:
+        root = root.parent
+    numbers = _numbers.setdefault(root, {})
+    n = numbers[prefix] = numbers.get(prefix, 0) + 1
+    return f"{prefix}-{n}"
 
 
 def _tag(event: Event, agent_id: str) -> Event:

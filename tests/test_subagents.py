@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 from agentloop import (
+    ModelRequest,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -18,6 +20,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
+from agentloop.sessions import JsonlSession
 from tests.helpers import collect
 
 
@@ -182,3 +185,36 @@ async def test_a_child_without_an_answer_never_hands_back_its_task_as_the_answer
         result = next(r for m in engine.messages for r in m.tool_results)
         assert result.is_error is is_error and result.text.startswith(expected), result.text
         assert "confidential task text" not in result.text
+
+
+async def test_subagents_of_one_engine_never_share_an_agent_id_or_a_sidechain(tmp_path: Path) -> None:
+    # Two delegate tools with the default prefix run in parallel, and the first child has a
+    # delegate tool of its own (a narrower tool set): three children, three ids, three files.
+    inner = delegate_tool(tools=[])
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        first = request.messages[0].text
+        if first == "job A" and not any(m.tool_results for m in request.messages):
+            return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "job C"})])
+        if first.startswith("job"):
+            return ScriptedResponse(text=f"answer to {first}", chunk=3, delay=0.001)
+        if any(m.tool_results for m in request.messages):
+            return "done"
+        calls = [ScriptedToolCall("research", {"task": "job A"}), ScriptedToolCall("code", {"task": "job B"})]
+        return ScriptedResponse(tool_calls=calls)
+
+    tools = [delegate_tool(name="research", tools=[inner]), delegate_tool(name="code")]
+    with JsonlSession(tmp_path / "main.jsonl") as session:
+        engine = QueryEngine(ScriptedModel([script], cycle=True), tools=tools, session=session, policies=[])
+        events = await collect(engine, "go")
+    ends = {e.agent_id: e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
+    assert len(ends) == 3 and all(e.reason == "completed" for e in ends.values())
+    files = sorted((tmp_path / "subagents").iterdir())
+    assert [f.stem for f in files] == sorted(ends)
+    firsts = set()
+    for f in files:
+        loaded = JsonlSession(f).load()
+        assert [m.role for m in loaded.messages][:1] == ["user"] and loaded.repairs == []
+        assert sum(m.role == "user" and not m.tool_results for m in loaded.messages) == 1, f
+        firsts.add(loaded.messages[0].text)
+    assert firsts == {"job A", "job B", "job C"}
