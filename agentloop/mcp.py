@@ -135,6 +135,7 @@ class MCPServer:
         self.timeout = timeout
         self._conn: _Connection | None = None
         self._closed = False
+        self._in_flight: list[AbortSignal | None] = []  # the signal of each call in flight
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -241,7 +242,20 @@ class MCPServer:
         cancellation (a stdio server is restarted on next use) and clears
         per-connection state. Never register it for subagents: they share this
         connection with the main engine, which may keep using it.
+
+        The connection is kept while a call whose run was not aborted is in
+        flight on it (a background subagent that goes on running, a call made
+        without a signal): resetting would kill that call too.
         """
+        live = sum(signal is None or not signal.aborted for signal in self._in_flight)
+        if live:
+            log.info(
+                "main engine aborted (%s): keeping MCP connection to %s, %d call(s) of runs not aborted use it",
+                reason,
+                self.label,
+                live,
+            )
+            return
         log.info("main engine aborted (%s): resetting MCP connection to %s", reason, self.label)
         await self.reset()
 
@@ -274,6 +288,15 @@ class MCPServer:
         `AbortError` with the signal's reason. A result that arrived first wins.
         Raises `MCPError` for a protocol error (unknown tool, connection lost).
         """
+        self._in_flight.append(signal)
+        try:
+            return await self._call(name, arguments, signal)
+        finally:
+            self._in_flight.remove(signal)
+
+    async def _call(
+        self, name: str, arguments: Mapping[str, Any], signal: AbortSignal | None
+    ) -> types.CallToolResult:
         if signal is None:
             return await self._request(name, arguments)
         signal.throw_if_aborted()

@@ -349,3 +349,28 @@ async def test_engine_subagent_interrupt_keeps_the_connection_main_interrupt_res
     results = [r for m in sidechain.messages for r in m.tool_results]
     assert results[0].is_error and "stopped while it was running" in results[0].text
     assert JsonlSession(markers / "session.jsonl").load().events[-1]["reason"] == "aborted_tools"
+
+
+async def test_main_abort_keeps_the_connection_a_kept_background_subagent_is_using(
+    server: MCPServer, markers: Path
+) -> None:
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+    tools = await server.list_tools()
+    main = QueryEngine(ScriptedModel([ScriptedResponse(text="main " * 2000, chunk=5, delay=0.01)]), tools=tools)
+    server.attach(main)
+    call = ScriptedToolCall("slow", {"seconds": 4, "tag": "bg"})
+    background = None
+    async for _ in main.run("work"):
+        if background is None:
+            child = main.subagent(agent_id="bg", model=ScriptedModel([ScriptedResponse(tool_calls=[call]), "bg done"]))
+            background = main.start_background(child, "background work")  # kept on a main cancel
+        elif (markers / "bg.started").exists() and main.running:
+            main.interrupt("cancel")  # the main-only hook runs while the child's call is in flight
+    assert main.last_turn_ended is not None and main.last_turn_ended.reason == "aborted_streaming"
+    assert background is not None and not (markers / "bg.finished").exists()
+    await background
+    result = next(r for m in child.messages for r in m.tool_results)
+    assert (result.text, result.is_error) == ("slept 4.0", False)
+    assert (markers / "bg.finished").exists()
