@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 try:
     import httpx2
@@ -172,7 +173,9 @@ class MCPServer:
 
         ``headers`` go on every request (authentication, for instance);
         ``http_timeout`` is the HTTP connect/write timeout in seconds (reads wait
-        for as long as a tool runs, bounded by the tool's own ``timeout``).
+        for as long as a tool runs, bounded by the tool's own ``timeout``). The
+        label (in the repr, logs and errors) is the URL without its user info
+        and query, where credentials often ride.
         """
 
         @contextlib.asynccontextmanager
@@ -184,7 +187,7 @@ class MCPServer:
             ):
                 yield streams
 
-        return cls(connect, label=url, **options)
+        return cls(connect, label=_public_url(url), **options)
 
     async def __aenter__(self) -> MCPServer:
         try:
@@ -341,6 +344,20 @@ class MCPServer:
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
         )
+
+
+def _public_url(url: str) -> str:
+    """``url`` without user info, query or fragment: what can be shown in logs."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(unparsable MCP URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _unwrap(exc: Exception) -> Exception:

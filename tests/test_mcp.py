@@ -374,3 +374,16 @@ async def test_main_abort_keeps_the_connection_a_kept_background_subagent_is_usi
     result = next(r for m in child.messages for r in m.tool_results)
     assert (result.text, result.is_error) == ("slept 4.0", False)
     assert (markers / "bg.finished").exists()
+
+
+async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
+    port = _free_port()
+    srv = MCPServer.http(f"http://alice:pa55word@127.0.0.1:{port}/mcp?api_key=sk-secret-123&x=1")
+    assert srv.label == f"http://127.0.0.1:{port}/mcp"
+    with caplog.at_level("DEBUG", logger="agentloop"), pytest.raises(Exception) as info:
+        await srv.list_tools()
+    await srv.on_main_abort("cancel")
+    seen = [repr(srv), str(info.value), repr(info.value), caplog.text]
+    assert not [s for s in seen if "pa55word" in s or "sk-secret-123" in s], seen
+    assert f"127.0.0.1:{port}/mcp" in caplog.text  # still says which server
+    await srv.aclose()
