@@ -51,7 +51,8 @@ def delegate_tool(
     the subagent a narrower tool set). Agent ids are ``<agent_prefix>-<n>``,
     numbered across the whole tree of engines under one main engine, so two
     delegate tools, or a child's own, never hand out the same id (nor the same
-    sidechain file).
+    sidechain file); with a `JsonlSession`, ids whose sidechain file exists
+    already (a resumed session) are skipped.
     """
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
@@ -87,8 +88,22 @@ def _new_agent_id(engine: QueryEngine, prefix: str) -> str:
     while root.parent is not None:
         root = root.parent
     numbers = _numbers.setdefault(root, {})
-    n = numbers[prefix] = numbers.get(prefix, 0) + 1
-    return f"{prefix}-{n}"
+    n = numbers.get(prefix, 0)
+    while True:
+        n += 1
+        agent_id = f"{prefix}-{n}"
+        if not _sidechain_exists(root, agent_id):
+            break
+    numbers[prefix] = n
+    return agent_id
+
+
+def _sidechain_exists(root: QueryEngine, agent_id: str) -> bool:
+    """A resumed session already holds this id's file (from an earlier process)."""
+    from .sessions import JsonlSession
+
+    store = root.session
+    return isinstance(store, JsonlSession) and (store.sidechain_dir / f"{agent_id}.jsonl").exists()
 
 
 def _tag(event: Event, agent_id: str) -> Event:

@@ -218,3 +218,19 @@ async def test_subagents_of_one_engine_never_share_an_agent_id_or_a_sidechain(tm
         assert sum(m.role == "user" and not m.tool_results for m in loaded.messages) == 1, f
         firsts.add(loaded.messages[0].text)
     assert firsts == {"job A", "job B", "job C"}
+
+
+async def test_a_resumed_session_gives_a_new_subagent_a_new_sidechain(tmp_path: Path) -> None:
+    path = tmp_path / "main.jsonl"
+    for job in ("first job", "second job"):  # two processes, one session file
+        model = ScriptedModel([delegate(job), f"answer to {job}", "done"])
+        with JsonlSession(path) as session:
+            messages = session.load().messages
+            engine = QueryEngine(model, tools=[delegate_tool()], session=session, messages=messages, policies=[])
+            events = await collect(engine, f"please do the {job}")
+        ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+        assert [e.reason for e in ends] == ["completed"]
+    assert sorted(f.stem for f in (tmp_path / "subagents").iterdir()) == ["sub-1", "sub-2"]
+    for name, job in (("sub-1", "first job"), ("sub-2", "second job")):
+        loaded = JsonlSession(tmp_path / "subagents" / f"{name}.jsonl").load()
+        assert [m.text for m in loaded.messages] == [job, f"answer to {job}"]
