@@ -120,6 +120,7 @@ class JsonlSession:
         self._fd: int | None = None
         self._closed = False
         self._unsynced = 0
+        self._torn = False  # a failed append may have left part of its line at the end
         self._dir_synced = True
         self._lock = threading.Lock()
         self._sidechains: dict[str, JsonlSession] = {}
@@ -201,7 +202,20 @@ class JsonlSession:
         data = line.encode("utf-8")
         with self._lock:
             fd = self._open()
-            _write_all(fd, data)
+            if self._torn:
+                _cut_torn_tail(fd, self.path)
+                self._torn = False
+            try:
+                _write_all(fd, data)
+            except BaseException:
+                # Part of the line may be in the file (a short write, then ENOSPC or EIO): cut it
+                # off now, or before the next append if that fails too, so that the next record
+                # is never glued to it (which would lose that record as well).
+                self._torn = True
+                with contextlib.suppress(OSError):
+                    _cut_torn_tail(fd, self.path)
+                    self._torn = False
+                raise
             self._unsynced += 1
             if self.fsync == "always" or (
                 self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every

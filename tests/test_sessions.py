@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
@@ -385,3 +386,48 @@ def test_a_tear_at_any_byte_loses_only_the_torn_line(cut: int) -> None:
     assert loaded.messages[: len(expected)] == expected
     assert validate_transcript(loaded.messages) == []
     assert len(loaded.events) == sum(line.startswith(b'{"type":"event"') for line in lines)
+
+
+# -- IO failures --------------------------------------------------------------------
+
+
+def _fail_next_write(monkeypatch: pytest.MonkeyPatch, *, truncate_fails: bool = False) -> None:
+    """The next line is written in part, then the disk is full (ENOSPC); later writes succeed.
+    With ``truncate_fails``, cutting the torn part off fails once too."""
+    real_write, real_truncate = os.write, os.ftruncate
+    state = {"writes": 0, "truncates": 0}
+
+    def write(fd: int, data: Any) -> int:
+        state["writes"] += 1
+        if state["writes"] == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        if state["writes"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    def ftruncate(fd: int, length: int) -> None:
+        state["truncates"] += 1
+        if truncate_fails and state["truncates"] == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_truncate(fd, length)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+
+
+@pytest.mark.parametrize("truncate_fails", [False, True])
+def test_a_failed_write_never_costs_the_next_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truncate_fails: bool
+) -> None:
+    """A write that fails part-way (disk full) leaves half a line; the next append must not be
+    glued to it, or that record, reported as written, is lost on load as well."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        _fail_next_write(monkeypatch, truncate_fails=truncate_fails)
+        with pytest.raises(OSError, match="No space left"):
+            session.append_message(Message.user("two " * 50))
+        session.append_message(Message.user("three"))
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == []
+    assert loaded.messages == [Message.user("one"), Message.user("three")]
