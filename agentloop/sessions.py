@@ -121,7 +121,7 @@ class JsonlSession:
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
-        self._dir_synced = True
+        self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
         self._lock = threading.Lock()
         self._sidechains: dict[str, JsonlSession] = {}
 
@@ -158,12 +158,12 @@ class JsonlSession:
             if self._closed:
                 return
             self._closed = True
-            fd, self._fd = self._fd, None
-            if fd is not None:
-                try:
-                    if self.fsync != "never" and self._unsynced:
-                        _fsync(fd)
-                finally:
+            try:
+                if self._fd is not None and self.fsync != "never" and self._unsynced:
+                    self._sync()
+            finally:
+                fd, self._fd = self._fd, None
+                if fd is not None:
                     os.close(fd)
 
     def __enter__(self) -> JsonlSession:
@@ -226,7 +226,7 @@ class JsonlSession:
         if self._closed:
             raise ValueError(f"I/O operation on closed session {str(self.path)!r}")
         if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            made = _make_dirs(self.path.parent)
             created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             try:
@@ -235,17 +235,18 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
-            self._dir_synced = not created
+            self._dirs_owed += ([self.path.parent] if created else []) + made
         return self._fd
 
     def _sync(self) -> None:
         assert self._fd is not None
         _fsync(self._fd)
         self._unsynced = 0
-        if not self._dir_synced:
-            # A new file's directory entry is durable only once the directory is synced.
-            _fsync_dir(self.path.parent)
-            self._dir_synced = True
+        while self._dirs_owed:
+            # A new file (or directory) is durable only once the directory holding its entry is
+            # synced: until then a power loss can lose the whole file, however often it was synced.
+            _fsync_dir(self._dirs_owed[0])
+            del self._dirs_owed[0]
 
     # -- reading ------------------------------------------------------------
 
@@ -355,6 +356,23 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _fsync(fd: int) -> None:
     os.fsync(fd)
+
+
+def _make_dirs(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; return the directories that got a new
+    entry (the parent of each directory made), deepest first."""
+    missing: list[Path] = []
+    while not directory.exists() and directory.parent != directory:
+        missing.append(directory)
+        directory = directory.parent
+    changed: list[Path] = []
+    for made in reversed(missing):
+        try:
+            made.mkdir()
+        except FileExistsError:  # made by someone else meanwhile
+            continue
+        changed.append(made.parent)
+    return changed[::-1]
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -255,6 +255,35 @@ def test_batch_close_syncs_unsynced_appends(tmp_path: Path, monkeypatch: pytest.
     assert counts["file"] == 1
 
 
+@pytest.mark.parametrize("policy", ["always", "batch", "never"])
+def test_a_new_file_and_the_directories_made_for_it_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: Any
+) -> None:
+    """A file is durable only once the entries naming it (and every directory made for it) are:
+    ``close()`` of a batch session syncs them, an ``"always"`` append does at once."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fake_fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fake_fsync)
+    path = tmp_path / "a" / "b" / "s.jsonl"
+    session = JsonlSession(path, fsync=policy)
+    session.append_message(Message.user("x"))
+    chain = [path, path.parent, tmp_path / "a", tmp_path]
+    if policy == "always":
+        assert sorted(synced) == sorted(p.stat().st_ino for p in chain)
+    session.close()
+    expected = [] if policy == "never" else chain
+    assert sorted(set(synced)) == sorted(p.stat().st_ino for p in expected)
+    synced.clear()
+    with JsonlSession(path, fsync=policy) as again:  # an existing file: only the file itself
+        again.append_message(Message.user("y"))
+    assert synced == ([] if policy == "never" else [path.stat().st_ino])
+
+
 def test_bad_options_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         JsonlSession(tmp_path / "s.jsonl", fsync="sometimes")  # type: ignore[arg-type]
