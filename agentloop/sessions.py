@@ -431,6 +431,7 @@ def _read_record(line: bytes, loaded: LoadedSession) -> str | None:
             loaded.messages = [Message.model_validate(m) for m in record["messages"]]
         else:
             return f"unknown record type {kind!r}"
-    except (ValueError, KeyError, TypeError, ValidationError) as exc:
+    except (ValueError, KeyError, TypeError, ValidationError, RecursionError) as exc:
+        # RecursionError: a line nested deeper than the parser's stack (damage, or not a session)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return None

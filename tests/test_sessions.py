@@ -181,6 +181,22 @@ def test_corrupt_middle_line_is_skipped_and_the_rest_kept(tmp_path: Path, caplog
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == loaded.warnings
 
 
+def test_a_line_nested_too_deep_to_parse_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """A damaged line of brackets nested deeper than the JSON parser's stack is one more
+    corrupt line: the load goes on, rather than raising RecursionError for the whole file."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+    with path.open("ab") as f:
+        f.write(b"[" * 100_000 + b"\n" + b'{"type":"event","event":' * 50_000 + b"\n")
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("two"))
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("one"), Message.user("two")]
+    assert len(loaded.warnings) == 2
+    assert all("RecursionError" in w for w in loaded.warnings)
+
+
 def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     with JsonlSession(path) as session:
