@@ -35,6 +35,7 @@ import gc
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ __all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionStore"]
 log = logging.getLogger("agentloop")
 
 FsyncPolicy = Literal["always", "batch", "never"]
+
+_ENCODED_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 @runtime_checkable
@@ -274,10 +277,13 @@ class JsonlSession:
             warning = f"{self.path}: skipped {where} ({why})"
             log.warning("%s", warning)
             loaded.warnings.append(warning)
-        # JSON from UTF-8 bytes holds a surrogate only through a \ud escape: without one,
-        # rule R9 need not be checked string by string (about a tenth of a large load).
+        # A string holds a surrogate only through a \ud escape, or through the bytes of one
+        # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
+        # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
+        # checked string by string (about a tenth of a large load).
         escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
-        loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not escaped)
+        encoded = b"\xed" in data and _ENCODED_SURROGATE.search(data) is not None
+        loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
         return loaded
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import json
 import logging
 import os
 import signal
@@ -195,6 +196,22 @@ def test_a_line_nested_too_deep_to_parse_is_skipped_not_fatal(tmp_path: Path) ->
     assert loaded.messages == [Message.user("one"), Message.user("two")]
     assert len(loaded.warnings) == 2
     assert all("RecursionError" in w for w in loaded.warnings)
+
+
+def test_surrogates_encoded_as_bytes_are_repaired_on_load(tmp_path: Path) -> None:
+    """A file from a CESU-8 writer (Java's modified UTF-8, Python's "surrogatepass") holds
+    UTF-16 halves as raw bytes, which json decodes to lone surrogates without any \\ud escape:
+    the load repairs them too, so the transcript it returns is valid (rule R9)."""
+    path = tmp_path / "s.jsonl"
+    text = "smile \ud83d\ude00, half \ud83d"
+    body = Message.user("x").model_dump(mode="json")
+    body["content"][0]["text"] = text
+    line = json.dumps({"type": "message", "message": body}, ensure_ascii=False)
+    path.write_bytes(line.encode("utf-8", "surrogatepass") + b"\n")
+    loaded = JsonlSession(path).load()
+    assert validate_transcript(loaded.messages) == []
+    assert loaded.messages[0].text == "smile \U0001f600, half \ufffd"
+    assert len(loaded.repairs) == 1 and "surrogate" in loaded.repairs[0]
 
 
 def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) -> None:
