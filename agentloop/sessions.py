@@ -44,7 +44,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._messages import Message
 from ._transcript import repair
@@ -137,8 +137,12 @@ class JsonlSession:
         """Append one committed message. Raises ValueError once closed, OSError on IO failure."""
         try:
             body = message.model_dump_json()
-        except PydanticSerializationError:  # a lone UTF-16 surrogate: kept exactly, as a \udXXX escape
-            body = json.dumps(message.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"))
+        except (PydanticSerializationError, ValueError):
+            # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
+            # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
+            data = message.model_dump(mode="json", exclude={"meta"})
+            data["meta"] = _jsonable(message.meta)
+            body = _dumps(data)
         self._append('{"type":"message","message":' + body + "}\n")
 
     def append_event(self, event: object) -> None:
@@ -331,6 +335,18 @@ def event_to_json(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return event_to_json(value.value)
     return value
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON-ready data, as pydantic dumps it; what it cannot dump becomes its repr."""
+    try:
+        return to_jsonable_python(value, fallback=repr)
+    except (PydanticSerializationError, ValueError):  # bytes that are not UTF-8, too deep, ...
+        if isinstance(value, Mapping):
+            return {str(k): _jsonable(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [_jsonable(v) for v in value]
+        return repr(value)
 
 
 @contextlib.contextmanager

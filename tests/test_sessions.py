@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import errno
 import inspect
 import json
@@ -102,6 +103,36 @@ def test_events_are_serialised_generically(tmp_path: Path) -> None:
     }
     assert Message.model_validate(events[2]["message"]) == Message.assistant("hi")
     assert events[3]["value"].startswith("<object object")
+
+
+class _HostObject:
+    def __repr__(self) -> str:
+        return "<HostObject>"
+
+
+async def test_a_meta_value_json_cannot_encode_does_not_cost_the_message(tmp_path: Path) -> None:
+    """``meta`` is free-form host data: a value JSON cannot encode is written as its repr (as in
+    an event record), where the whole message, content and all, used to be left out of the file."""
+    path = tmp_path / "s.jsonl"
+    when = datetime.datetime(2024, 6, 1, 12, 0)
+    meta = {"obj": _HostObject(), "raw": b"\xff\xfe", "when": when, "tags": {"a"}, "text": "caf\udce9"}
+    prompt = Message.user("Refactor the parser", meta=meta)
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Done."]), session=session, policies=[])
+        async for _ in engine.run(prompt):
+            pass
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == []
+    assert [m.model_copy(update={"meta": {}}) for m in loaded.messages] == [
+        m.model_copy(update={"meta": {}}) for m in engine.messages
+    ]
+    assert loaded.messages[0].meta == {
+        "obj": "<HostObject>",
+        "raw": repr(b"\xff\xfe"),
+        "when": "2024-06-01T12:00:00",
+        "tags": ["a"],
+        "text": "caf\udce9",
+    }
 
 
 def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
