@@ -158,9 +158,16 @@ class JsonlSession:
                 self._sync()
 
     def close(self) -> None:
-        """Flush (per the policy) and close this file and its sidechains. Idempotent."""
-        for child in list(self._sidechains.values()):
-            child.close()
+        """Flush (per the policy) and close this file and its sidechains. Idempotent.
+
+        Every file is closed even when syncing one fails; the (last) OSError is raised after.
+        """
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._close_own)
+            for child in reversed(list(self._sidechains.values())):
+                stack.callback(child.close)  # run first, in the order they were made
+
+    def _close_own(self) -> None:
         with self._lock:
             if self._closed:
                 return

@@ -154,6 +154,34 @@ def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
             main.sidechain(bad)
 
 
+def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sidechain whose fsync fails at close (EIO) does not leave the main file, or the other
+    sidechains, open and unsynced: all are closed, and the error is raised after."""
+    main = JsonlSession(tmp_path / "main.jsonl")
+    first, second = main.sidechain("agent-1"), main.sidechain("agent-2")
+    for session in (main, first, second):
+        session.append_message(Message.user("x"))
+    failing = first.path.stat().st_ino
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fake_fsync(fd: int) -> None:
+        ino = os.fstat(fd).st_ino
+        if ino == failing:
+            raise OSError(errno.EIO, "Input/output error")
+        synced.append(ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fake_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        main.close()
+    assert main.path.stat().st_ino in synced and second.path.stat().st_ino in synced
+    for session in (main, first, second):
+        with pytest.raises(ValueError, match="closed"):
+            session.append_message(Message.user("late"))
+    main.close()  # idempotent: nothing left to fail
+
+
 def test_the_protocol_is_satisfied(tmp_path: Path) -> None:
     assert isinstance(JsonlSession(tmp_path / "s.jsonl"), SessionStore)
 
