@@ -46,7 +46,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from ._messages import Message
+from ._messages import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from ._transcript import repair
 from ._unicode import has_surrogates
 
@@ -277,15 +284,20 @@ class JsonlSession:
         except FileNotFoundError:
             return LoadedSession(messages=[])
         loaded = LoadedSession(messages=[])
-        skipped: list[tuple[int, str]] = []
+        problems: list[str] = []
+        notes: list[str] = []  # what a record from a newer version lost, yet was kept
         with _gc_paused():
             for lineno, line, complete in _lines(data):
-                why = _read_record(line, loaded) if complete else "no final newline"
+                why = _read_record(line, loaded, notes) if complete else "no final newline"
                 if why is not None:
-                    skipped.append((lineno, why))
-        for lineno, why in skipped:
-            where = "the torn last line" if lineno == -1 else f"corrupt line {lineno}"
-            warning = f"{self.path}: skipped {where} ({why})"
+                    where = "the torn last line" if lineno == -1 else f"corrupt line {lineno}"
+                    problems.append(f"skipped {where} ({why})")
+                elif notes:
+                    where = "the last line" if lineno == -1 else f"line {lineno}"
+                    problems += [f"{where}: {note}" for note in notes]
+                    notes = []
+        for problem in problems:
+            warning = f"{self.path}: {problem}"
             log.warning("%s", warning)
             loaded.warnings.append(warning)
         # A string holds a surrogate only through a \ud escape, or through the bytes of one
@@ -447,20 +459,71 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
         yield -1, tail, False
 
 
-def _read_record(line: bytes, loaded: LoadedSession) -> str | None:
-    """Add one record to ``loaded``; return why it was skipped, or None."""
+def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | None:
+    """Add one record to ``loaded``; return why it was skipped, or None (``notes``: what a
+    record kept from a newer version lost)."""
     try:
         record = json.loads(line)
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "message":
-            loaded.messages.append(Message.model_validate(record["message"]))
+            loaded.messages.append(_message(record["message"], notes))
         elif kind == "event" and isinstance(record.get("event"), dict):
             loaded.events.append(record["event"])
         elif kind == "checkpoint":
-            loaded.messages = [Message.model_validate(m) for m in record["messages"]]
+            loaded.messages = [_message(m, notes) for m in record["messages"]]
         else:
             return f"unknown record type {kind!r}"
     except (ValueError, KeyError, TypeError, ValidationError, RecursionError) as exc:
         # RecursionError: a line nested deeper than the parser's stack (damage, or not a session)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return None
+
+
+_BLOCKS: dict[str, type[BaseModel]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+}
+
+
+def _message(data: Any, notes: list[str]) -> Message:
+    """``data`` as a `Message`. One written by a newer version is kept without the fields and
+    the blocks this version does not know (each noted in ``notes``) rather than skipped whole;
+    raises the original ValidationError when even that does not validate."""
+    try:
+        return Message.model_validate(data)
+    except ValidationError as exc:
+        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+            raise
+        lost: list[str] = []
+        known = _known_fields(data, Message, "message", lost)
+        known["content"] = _known_blocks(data["content"], lost)
+        try:
+            message = Message.model_validate(known)
+        except ValidationError:
+            raise exc from None
+        notes += lost
+        return message
+
+
+def _known_blocks(blocks: list[Any], lost: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for block in blocks:
+        cls = _BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
+        if cls is None:
+            if isinstance(block, dict):
+                lost.append(f"dropped a block of unknown type {block.get('type')!r}")
+            else:
+                out.append(block)  # not a block at all: validation fails, as it should
+            continue
+        known = _known_fields(block, cls, f"{block['type']} block", lost)
+        if cls is ToolResultBlock and isinstance(known.get("content"), list):
+            known["content"] = _known_blocks(known["content"], lost)
+        out.append(known)
+    return out
+
+
+def _known_fields(data: dict[str, Any], cls: type[BaseModel], what: str, lost: list[str]) -> dict[str, Any]:
+    unknown = [k for k in data if k not in cls.model_fields]
+    if unknown:
+        lost.append(f"ignored unknown field(s) {', '.join(map(repr, unknown))} of a {what}")
+    return {k: v for k, v in data.items() if k in cls.model_fields}

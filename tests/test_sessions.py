@@ -273,6 +273,34 @@ def test_surrogates_encoded_as_bytes_are_repaired_on_load(tmp_path: Path) -> Non
     assert len(loaded.repairs) == 1 and "surrogate" in loaded.repairs[0]
 
 
+def test_a_message_from_a_newer_version_keeps_what_this_version_knows(tmp_path: Path) -> None:
+    """A field or a block type this version does not know (a newer version wrote the file) costs
+    only that field or block, with a warning each: the message used to be skipped whole, so an
+    added optional field lost the entire transcript."""
+    path = tmp_path / "s.jsonl"
+    records = [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}], "id": "m1"},
+        {"role": "assistant", "content": [{"type": "server_tool_use", "id": "s1"}, {"type": "tool_use", "id": "t1", "name": "grep"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "r"}, {"type": "image"}]}]},
+        {"role": "user", "content": "x", "partial": "not a bool", "extra": 1},  # still invalid: skipped
+    ]
+    path.write_text("".join(json.dumps({"type": "message", "message": r}) + "\n" for r in records), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [
+        Message.user("hi"),
+        Message(role="assistant", content=[ToolUseBlock(id="t1", name="grep")]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content=[TextBlock(text="r")])]),
+    ]
+    assert loaded.repairs == []
+    assert [w.split(": ", 1)[1] for w in loaded.warnings] == [
+        "line 1: ignored unknown field(s) 'id' of a message",
+        "line 1: ignored unknown field(s) 'cache_control' of a text block",
+        "line 2: dropped a block of unknown type 'server_tool_use'",
+        "line 3: dropped a block of unknown type 'image'",
+        "skipped the torn last line (ValidationError: 2 validation errors for Message)",
+    ]
+
+
 def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     with JsonlSession(path) as session:
