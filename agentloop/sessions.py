@@ -147,9 +147,7 @@ class JsonlSession:
         except (PydanticSerializationError, ValueError):
             # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
             # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
-            data = message.model_dump(mode="json", exclude={"meta"})
-            data["meta"] = _jsonable(message.meta)
-            body = _dumps(data)
+            body = _dumps(event_to_json(message))
         self._append('{"type":"message","message":' + body + "}\n")
 
     def append_event(self, event: object) -> None:
@@ -333,12 +331,16 @@ def event_to_json(value: Any) -> Any:
     """Turn an event (or any value inside one) into JSON-ready data.
 
     Dataclasses become objects (with their ``type`` tag when they have one),
-    pydantic models are dumped in JSON mode, tuples and sets become lists, enums
+    pydantic models are dumped in JSON mode (a value a model cannot dump, such as a
+    host's object in a message's ``meta``, as its repr), tuples and sets become lists, enums
     their value; anything else JSON cannot encode is left for the encoder's
     ``repr`` fallback.
     """
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        try:
+            return value.model_dump(mode="json")
+        except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
+            return {name: _jsonable(getattr(value, name)) for name in type(value).model_fields}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         tag = getattr(type(value), "type", None)

@@ -32,7 +32,7 @@ from agentloop import (
     ToolUseBlock,
     validate_transcript,
 )
-from agentloop._events import AssistantMessage, InterjectionInjected, TurnEnded
+from agentloop._events import AssistantMessage, InterjectionInjected, TurnEnded, TurnStarted
 from agentloop._model import Usage
 from agentloop.sessions import JsonlSession, LoadedSession, SessionStore
 
@@ -112,16 +112,19 @@ class _HostObject:
 
 async def test_a_meta_value_json_cannot_encode_does_not_cost_the_message(tmp_path: Path) -> None:
     """``meta`` is free-form host data: a value JSON cannot encode is written as its repr (as in
-    an event record), where the whole message, content and all, used to be left out of the file."""
+    an event record), where the whole message, content and all, used to be left out of the file,
+    and an event holding such a message failed to append."""
     path = tmp_path / "s.jsonl"
     when = datetime.datetime(2024, 6, 1, 12, 0)
     meta = {"obj": _HostObject(), "raw": b"\xff\xfe", "when": when, "tags": {"a"}, "text": "caf\udce9"}
     prompt = Message.user("Refactor the parser", meta=meta)
     with JsonlSession(path) as session:
         engine = QueryEngine(ScriptedModel(["Done."]), session=session, policies=[])
-        async for _ in engine.run(prompt):
-            pass
+        async for event in engine.run(prompt):
+            if isinstance(event, TurnStarted):  # a host that records an event holding the message
+                session.append_event(event)
     loaded = JsonlSession(path).load()
+    assert Message.model_validate(loaded.events[0]["prompt"]) == loaded.messages[0]
     assert loaded.warnings == []
     assert [m.model_copy(update={"meta": {}}) for m in loaded.messages] == [
         m.model_copy(update={"meta": {}}) for m in engine.messages
