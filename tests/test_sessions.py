@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import errno
 import inspect
@@ -26,10 +27,13 @@ from agentloop import (
     QueryEngine,
     RedactedThinkingBlock,
     ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    tool,
     validate_transcript,
 )
 from agentloop._events import AssistantMessage, InterjectionInjected, TurnEnded, TurnStarted
@@ -583,3 +587,74 @@ def test_a_failed_write_never_costs_the_next_record(
     loaded = JsonlSession(path).load()
     assert loaded.warnings == []
     assert loaded.messages == [Message.user("one"), Message.user("three")]
+
+
+# -- a crash at any byte, resumed and continued ------------------------------------
+
+
+@tool
+async def echo(text: str) -> str:
+    """Echo the text."""
+    return text
+
+
+async def _engine_session(path: Path) -> None:
+    """What a real engine writes: parallel and serial tool calls, thinking, an interjection."""
+    model = ScriptedModel(
+        [
+            ScriptedResponse(
+                text="Looking.",
+                thinking="Two reads.",
+                tool_calls=[ScriptedToolCall("echo", {"text": "a"}), ScriptedToolCall("echo", {"text": "b"})],
+            ),
+            ScriptedResponse(tool_calls=[ScriptedToolCall("echo", {"text": "c"})]),
+            "Done.",
+        ]
+    )
+    with JsonlSession(path, fsync="never") as session:
+        engine = QueryEngine(model, tools=[echo], session=session, policies=[])
+        async for _ in engine.run("Start"):
+            pass
+        engine.interject("also this")
+        async for _ in engine.run("Again"):
+            pass
+
+
+def _engine_bytes() -> bytes:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.jsonl"
+        asyncio.run(_engine_session(path))
+        return path.read_bytes()
+
+
+ENGINE_BYTES = _engine_bytes()
+
+
+async def _resume_and_continue(path: Path) -> QueryEngine:
+    session, loaded = JsonlSession.resume(path)
+    assert validate_transcript(loaded.messages) == []
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("echo", {"text": "z"})]), "Fine."])
+    with session:
+        engine = QueryEngine(model, tools=[echo], messages=loaded.messages, session=session, policies=[])
+        async for _ in engine.run("Continue"):
+            pass
+    return engine
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(min_value=0, max_value=len(ENGINE_BYTES)))
+def test_a_crash_at_any_byte_resumes_continues_and_replays_exactly(cut: int) -> None:
+    """Resume from a file cut at any byte, continue, resume again, continue: each time the file
+    replays to exactly the engine's transcript, with nothing left to repair, and resuming a file
+    that needs no repair writes nothing."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.jsonl"
+        path.write_bytes(ENGINE_BYTES[:cut])
+        for _ in range(2):
+            engine = asyncio.run(_resume_and_continue(path), debug=True)
+            loaded = JsonlSession(path).load()
+            assert loaded.repairs == [] and loaded.warnings == []
+            assert loaded.messages == engine.messages
+        before = path.read_bytes()
+        JsonlSession.resume(path)[0].close()
+        assert path.read_bytes() == before
