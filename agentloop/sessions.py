@@ -200,8 +200,9 @@ class JsonlSession:
         """The session of subagent ``agent_id``: ``<sidechain_dir>/<agent_id>.jsonl``.
 
         Same policy as this one; nested subagents share the same directory. The
-        same object is returned for the same id, and `close` closes it too.
-        Raises ValueError for an id that is not a plain file name.
+        same object is returned for the same id, and `close` closes it too (one
+        asked for once this session is closed comes closed). Raises ValueError
+        for an id that is not a plain file name.
         """
         if not agent_id or agent_id in (".", "..") or any(c in agent_id for c in "/\\\0"):
             raise ValueError(f"agent_id {agent_id!r} cannot be used as a file name")
@@ -214,6 +215,7 @@ class JsonlSession:
                     fsync_every=self.fsync_every,
                     sidechain_dir=self.sidechain_dir,
                 )
+                child._closed = self._closed  # nothing would ever close it (nor its file)
                 self._sidechains[agent_id] = child
             return child
 

@@ -189,6 +189,21 @@ def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypa
     main.close()  # idempotent: nothing left to fail
 
 
+async def test_a_subagent_made_after_the_session_closed_writes_nothing(tmp_path: Path) -> None:
+    """Once the owner closed the session, a subagent's sidechain comes closed too (its appends
+    fail like the main file's), rather than opening a file nothing would ever close."""
+    main = JsonlSession(tmp_path / "main.jsonl")
+    main.close()
+    engine = QueryEngine(ScriptedModel(["Done."]), session=main, policies=[])
+    child = engine.subagent(agent_id="late")
+    async for _ in child.run("go"):
+        pass
+    assert child.messages[-1].text == "Done."
+    assert not (tmp_path / "subagents").exists()
+    with pytest.raises(ValueError, match="closed"):
+        main.sidechain("late").append_message(Message.user("x"))
+
+
 def test_the_protocol_is_satisfied(tmp_path: Path) -> None:
     assert isinstance(JsonlSession(tmp_path / "s.jsonl"), SessionStore)
 
