@@ -92,11 +92,11 @@ class RunState:
     """Everything one `run()` call owns. Lives from the run's start to its end."""
 
     __slots__ = (
-        "_cancel_baseline",
         "_cancel_requested",
         "_remove_listener",
         "aborted_subagents",
         "acc",
+        "cancel_baseline",
         "closed",
         "continues",
         "controller",
@@ -162,10 +162,12 @@ class RunState:
         self.last_results: dict[str, ToolResultBlock] = {}
         self.turn_index = 0
         self.pending_events: list[Event] = []
-        # Self-cancellation bookkeeping (see the module docstring).
+        # Self-cancellation bookkeeping (see the module docstring). ``cancel_baseline`` is the
+        # task's ``cancelling()`` count when the guarded await began, as asyncio.timeout records
+        # it on entry: a cancellation requested by anyone else before our own is never ours.
         self.guarding = False
         self._cancel_requested = False
-        self._cancel_baseline = 0
+        self.cancel_baseline = 0
         self._remove_listener = self.signal.add_listener(self._on_abort)
 
     def new_turn(self, controller: AbortController | None) -> None:
@@ -200,7 +202,7 @@ class RunState:
             return False
         self._cancel_requested = False
         assert self.task is not None
-        return self.task.uncancel() <= self._cancel_baseline
+        return self.task.uncancel() <= self.cancel_baseline
 
     def _on_abort(self, _reason: str) -> None:
         # Any thread, even a signal handler: only hand over to the loop.
@@ -223,7 +225,6 @@ class RunState:
             and asyncio.current_task() is not task
         ):
             self._cancel_requested = True
-            self._cancel_baseline = task.cancelling()
             task.cancel()
         self.mailbox.put(ABORTED)
 
@@ -232,7 +233,8 @@ class RunState:
         if self.signal.aborted:
             _close(aw)
             raise Aborted
-        self.task = current_task_of(self.loop)
+        task = self.task = current_task_of(self.loop)
+        self.cancel_baseline = task.cancelling() if task is not None else 0
         self.guarding = True
         try:
             return await aw

@@ -100,7 +100,8 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                 raise Aborted
             stream = aiter(engine.model.stream(request, st.signal))
             while True:
-                st.task = current_task(loop)
+                task = st.task = current_task(loop)
+                st.cancel_baseline = task.cancelling() if task is not None else 0
                 st.guarding = True
                 try:
                     event = await anext(stream)

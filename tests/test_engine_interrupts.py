@@ -12,7 +12,9 @@ from agentloop import (
     AssistantMessage,
     Deny,
     Message,
+    ModelError,
     QueryEngine,
+    Retrying,
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
@@ -560,3 +562,34 @@ async def test_the_loop_reads_the_running_task_as_asyncio_does() -> None:
 
     inner = asyncio.ensure_future(report())
     assert await inner is inner
+
+
+@pytest.mark.parametrize("where", ["stream", "retry_backoff"])
+async def test_a_cancel_of_the_host_task_is_never_swallowed_by_an_abort_that_follows_it(where: str) -> None:
+    """A server shutting down interrupts the engine, then cancels the task iterating it: both
+    land before the task runs again. The abort's own cancellation is converted; the host's must
+    still reach the host (asyncio.timeout's rule: a cancel requested before ours is not ours)."""
+    if where == "stream":
+        model: object = HangingModel()
+    else:
+        busy = ModelError("overloaded", retryable=True, retry_after=30.0)
+        model = ScriptedModel([ScriptedResponse(error=busy), "never streamed"])
+    engine = QueryEngine(model, policies=[])  # type: ignore[arg-type]
+    events: list[object] = []
+    waiting = asyncio.Event()
+
+    async def consume() -> None:
+        async for ev in engine.run("go"):
+            events.append(ev)
+            if isinstance(ev, Retrying):
+                waiting.set()  # the task goes on into the back-off sleep, then suspends
+
+    task = asyncio.ensure_future(consume())
+    await (model.waiting if isinstance(model, HangingModel) else waiting).wait()
+    engine.interrupt("shutdown")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    assert not engine.running and not any(isinstance(e, TurnEnded) for e in events)
+    assert validate_transcript(engine.messages) == []
