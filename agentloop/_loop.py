@@ -109,7 +109,7 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     engine._state = st
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
-        st.deadline_handle = st.loop.call_later(engine.options.deadline, _abort_current, st, "deadline")
+        st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
     return st, starts
 
 
@@ -123,8 +123,9 @@ def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> Tur
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
 
 
-def _abort_current(st: RunState, reason: str) -> None:
-    st.controller.abort(reason)
+def _deadline_passed(st: RunState) -> None:
+    st.expired = True
+    st.controller.abort("deadline")
 
 
 def consumer_gone(engine: QueryEngine, token: object) -> None:
@@ -181,9 +182,16 @@ def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
 
 
 def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:
-    if not st.continues:
+    """The next turn's messages, if this run goes on (read again after the host saw TurnEnded).
+
+    A send-now text always goes on, until the deadline; follow-ups only after a turn that
+    completed with no abort: an interrupt while the host held the turn's last events (or
+    between turns) means "stop", so they stay queued for the next run.
+    """
+    if st.expired:
         return None
-    starts = _take_starts(engine, follow_ups=st.last_reason == "completed")
+    follow_ups = st.last_reason == "completed" and not st.signal.aborted
+    starts = _take_starts(engine, follow_ups=follow_ups)
     return starts or None
 
 
@@ -260,7 +268,9 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
-    st.continues = bool(inbox.send_now) or (reason == "completed" and bool(inbox.follow_ups))
+    st.continues = not st.expired and (
+        bool(inbox.send_now) or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups))
+    )
     if not st.continues and inbox.interjections:
         dropped = inbox.take(inbox.interjections)
         drop = InterjectionDropped(texts=tuple(q.text for q in dropped), ids=tuple(q.id for q in dropped), reason=reason)

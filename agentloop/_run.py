@@ -103,6 +103,7 @@ class RunState:
         "deadline_handle",
         "detail",
         "error",
+        "expired",
         "finishing",
         "guarding",
         "last_reason",
@@ -154,6 +155,7 @@ class RunState:
         self.nudges: list[tuple[str, Nudge]] = []
         self.token: object = None
         self.deadline_handle: asyncio.TimerHandle | None = None
+        self.expired = False  # the run's deadline has passed: no further turn starts
         self.turn_over = False
         self.finishing = False
         self.continues = False

@@ -177,6 +177,54 @@ async def test_follow_up_waits_after_a_cancel() -> None:
     assert events[0].prompt.text == "queued"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("at", [AssistantMessage, TurnEnded])
+async def test_an_interrupt_while_the_host_holds_a_turns_last_events_stops_its_follow_ups(at: type) -> None:
+    """The run is still going (engine.running) while the host handles the final answer or the
+    turn's TurnEnded: a Ctrl-C then means "stop", so the queued follow-up does not start."""
+    engine = engine_for(["first", "second"])
+    receipt = engine.follow_up("then this")
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, at) and len(events) < 5:
+            assert engine.running
+            engine.interrupt()
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed"]
+    assert [m.text for m in engine.messages] == ["go", "first"]
+    assert [q.id for q in engine.inbox.follow_ups] == [receipt]  # waits for the next run
+    events = await collect(engine)
+    assert events[0].prompt.text == "then this"  # type: ignore[union-attr]
+    assert engine.messages[-1].text == "second"
+
+
+async def test_send_now_while_the_host_holds_turn_ended_starts_a_turn_in_the_same_run() -> None:
+    engine = engine_for(["first", "second"])
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TurnEnded) and not engine.inbox.send_now and len(events) < 5:
+            engine.send_now("and this")
+    assert [s.prompt.text for s in events if isinstance(s, TurnStarted) and s.prompt] == ["go", "and this"]
+    assert engine.messages[-1].text == "second" and not engine.inbox.send_now
+
+
+async def test_no_turn_starts_after_the_run_deadline_even_for_send_now() -> None:
+    """The deadline counts from run(): a send-now that races it waits for the next run instead of
+    starting a turn with no deadline at all."""
+    engine = engine_for(["never streamed"], deadline=0.0)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            signal = engine.signal
+            assert signal is not None
+            await signal.wait()  # the deadline passes while the host handles the event
+            receipt = engine.send_now("instead")
+    assert [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)] == [("deadline", "deadline")]
+    assert [q.id for q in engine.inbox.send_now] == [receipt]
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_submit_queues_or_steers_by_follow_up_behavior() -> None:
     steer = engine_for(["a", "b"], follow_up_behavior="steer")
     async for ev in steer.run("go"):
