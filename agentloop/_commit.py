@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
 from ._messages import Message, TextBlock, message
+from ._policy import notify
 from ._run import RunState
 from ._transcript import clean_assistant, interrupted_result, unused_id
 
@@ -158,8 +159,7 @@ def drain_interjections(engine: QueryEngine, st: RunState) -> list[Event]:
     texts = engine.options.texts
     body = envelope(texts.interjection_intro, [q.text for q in items], texts.interjection_reminder)
     engine._commit(Message.user(body, synthetic=True, kind="interjection", meta={"receipts": [q.id for q in items]}))
-    for policy in engine.policies:
-        policy.begin_turn(real_user=True)
+    notify(engine.policies, "begin_turn", real_user=True)
     event = InterjectionInjected(texts=tuple(q.text for q in items), ids=tuple(q.id for q in items))
     engine._record_event(event)
     return [event]

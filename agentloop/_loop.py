@@ -38,7 +38,7 @@ from ._commit import (
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, TurnStarted
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
-from ._policy import EndTurn, Nudge, Verdict
+from ._policy import EndTurn, Nudge, Verdict, notify
 from ._run import RunState
 from ._streaming import model_phase
 from ._toolphase import tool_phase
@@ -118,8 +118,7 @@ def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> Tur
     st.new_turn(AbortController(parent=engine._link_signal()) if st.turn_index else None)
     for message in starts:
         engine._commit(message)
-    for policy in engine.policies:
-        policy.begin_turn(real_user=True)
+    notify(engine.policies, "begin_turn", real_user=True)
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
 
 

@@ -17,6 +17,7 @@ Hook order within a turn:
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -25,7 +26,9 @@ from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
 
-__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn"]
+__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "notify"]
+
+log = logging.getLogger("agentloop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +99,15 @@ class Policy:
     def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
         """The response's tool calls have run; ``results`` are in call order."""
         return None
+
+
+def notify(policies: Sequence[Policy], hook: str, **kwargs: bool) -> None:
+    """Call the verdict-less ``hook`` of each policy; one that raises is logged and skipped.
+
+    A policy is host code: like a verdict hook that raises, it must not break the run.
+    """
+    for policy in policies:
+        try:
+            getattr(policy, hook)(**kwargs)
+        except Exception:
+            log.exception("policy %s.%s raised; ignored", policy.name, hook)

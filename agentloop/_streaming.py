@@ -36,7 +36,7 @@ from ._model import (
     StreamToolInput,
     StreamToolUseStart,
 )
-from ._policy import Policy, Resample, Verdict, Warn
+from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
 from ._run import Aborted, RunState, TranscriptView
 from ._run import current_task_of as current_task
@@ -83,8 +83,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
     loop = st.loop
     while True:
         acc = st.begin_attempt()
-        for policy in engine.policies:
-            policy.begin_attempt()
+        notify(engine.policies, "begin_attempt")
         request = ModelRequest(
             messages=TranscriptView(engine.messages, len(engine.messages), budgets.extra),
             system=opts.system,

@@ -7,6 +7,7 @@ import pytest
 from agentloop import (
     AttemptDiscarded,
     DoomLoopDetected,
+    InterjectionInjected,
     Message,
     ModelError,
     PolicyNudge,
@@ -200,6 +201,34 @@ async def test_a_stream_policy_that_raises_is_logged_and_ignored(alone: bool, ca
     assert not any(isinstance(e, DoomLoopDetected) for e in events)
     assert engine.messages[-1].text == "Fixed it."
     assert "policy Breaks.on_stream raised; ignored" in caplog.text
+
+
+@pytest.mark.parametrize("hook", ["begin_turn", "begin_attempt"])
+async def test_a_policy_whose_begin_hook_raises_is_logged_and_ignored(hook: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Like a verdict hook, a begin hook that raises must not end the run without a terminal, nor
+    leave an interjection in the transcript without its InterjectionInjected receipt."""
+
+    class Broken(Policy):
+        def begin_turn(self, *, real_user: bool) -> None:
+            if hook == "begin_turn":
+                raise RuntimeError("policy bug")
+
+        def begin_attempt(self) -> None:
+            if hook == "begin_attempt":
+                raise RuntimeError("policy bug")
+
+    calling = ScriptedResponse(tool_calls=[ScriptedToolCall("read_file", {"path": "a.py"})])
+    engine = doom_engine([calling, GOOD], policies=[Broken()], tools=[read_file])
+    events = []
+    receipt = ""
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if ev.type == "tool_call_started":
+            receipt = engine.interject("also check b.py")
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [(receipt,)]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert engine.messages[-1].text == "Fixed it." and validate_transcript(engine.messages) == []
+    assert f"policy Broken.{hook} raised; ignored" in caplog.text
 
 
 async def test_a_stream_policy_sees_every_stream_event_of_the_attempt() -> None:
