@@ -349,9 +349,17 @@ class _Run(AsyncGenerator[Event, None]):
         return self._agen.athrow(typ) if val is None and tb is None else self._agen.athrow(typ, val, tb)
 
     async def aclose(self) -> None:
-        """Stop the run (reason ``"consumer_closed"`` if still going) and wait for cleanup."""
-        from ._loop import consumer_gone
+        """Stop the run (reason ``"consumer_closed"`` if still going) and wait for cleanup.
 
+        Called while another task awaits the next event, it stops the run the same way and
+        returns at once: that task receives the run's last events (its ``TurnEnded``), then the
+        end of iteration, and the cleanup runs there.
+        """
+        from ._loop import close_elsewhere, consumer_gone
+
+        if getattr(self._agen, "ag_running", False):  # another task is inside the loop: the run ends there
+            close_elsewhere(self._engine, self._token)
+            return
         consumer_gone(self._engine, self._token)
         await self._agen.aclose()
 

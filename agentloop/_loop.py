@@ -143,6 +143,18 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
     strip_final(engine)
 
 
+def close_elsewhere(engine: QueryEngine, token: object) -> None:
+    """``aclose()`` while another task is inside the loop: abort and start no further turn.
+
+    The loop, still driven by that task, settles the transcript and ends the run itself.
+    """
+    st = engine._state
+    if st is None or st.token is not token or st.closed:
+        return
+    st.finishing = True
+    st.controller.abort("consumer_closed")
+
+
 # -- turns -------------------------------------------------------------------
 
 
@@ -187,7 +199,7 @@ def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:
     completed with no abort: an interrupt while the host held the turn's last events (or
     between turns) means "stop", so they stay queued for the next run.
     """
-    if st.expired:
+    if st.expired or st.finishing:  # the deadline passed, or aclose() from another task
         return None
     follow_ups = st.last_reason == "completed" and not st.signal.aborted
     starts = _take_starts(engine, follow_ups=follow_ups)
@@ -267,7 +279,7 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
-    st.continues = not st.expired and (
+    st.continues = not (st.expired or st.finishing) and (
         bool(inbox.send_now) or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups))
     )
     if not st.continues and inbox.interjections:

@@ -471,6 +471,42 @@ async def test_consumer_aclose_aborts_and_cleans_up() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("phase", ["model", "tools"])
+async def test_aclose_from_another_task_stops_the_run_the_iterating_task_sees_its_end(phase: str) -> None:
+    """A "stop" button's task closes the run while the host's task awaits the next event: no
+    RuntimeError ("already running"), the run aborts with consumer_closed, no further turn starts
+    (a send-now queued meanwhile waits), and the iterating task gets the turn's end."""
+    started = asyncio.Event()
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        started.set()
+        await ctx.signal.wait()
+        ctx.signal.throw_if_aborted()
+        return "not reached"
+
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[]) if phase == "model" else engine_for([calls("t"), "next"], tools=[t])
+    run = engine.run("go")
+    events = []
+
+    async def consume() -> None:
+        events.extend([ev async for ev in run])
+
+    task = asyncio.ensure_future(consume())
+    await (model.waiting if phase == "model" else started).wait()
+    await run.aclose()
+    receipt = engine.send_now("and then this")
+    await task
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.abort_reason == "consumer_closed"
+    assert end.reason == ("aborted_streaming" if phase == "model" else "aborted_tools")
+    assert sum(isinstance(e, TurnEnded) for e in events) == 1
+    assert not engine.running and [q.id for q in engine.inbox.send_now] == [receipt]
+    assert validate_transcript(engine.messages) == []
+    await run.aclose()  # a no-op once the run has ended
+
+
 async def test_run_is_an_async_generator_and_an_error_thrown_in_settles_the_run() -> None:
     """run() returns an async generator (so a host's aclose() type-checks); a host that throws
     its own error into it (athrow) gets that error back after the same cleanup as aclose()."""
