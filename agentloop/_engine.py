@@ -210,8 +210,17 @@ class QueryEngine:
         is never lost (it is delivered by this run or the next one). Raises
         ValueError for a blank text (it would be a blank user message).
         """
+        # The turn to stop is the one running now. Read before the text is queued: from another
+        # thread, the loop may take the text and start its turn before the abort below, and
+        # that turn must not be the one stopped.
+        state = self._state
+        controller = state.controller if state is not None else None
         receipt = self.inbox.put(self.inbox.send_now, text, "send")
-        self.interrupt("send_now")
+        if controller is not None:
+            try:
+                controller.abort("send_now")
+            except Exception:  # as interrupt(): a control call never raises once the text is queued
+                log.exception("send_now() failed to stop the turn")
         return receipt
 
     def interject(self, text: str) -> str:

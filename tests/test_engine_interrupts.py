@@ -358,6 +358,36 @@ async def test_an_abort_spent_on_one_turn_never_reaches_the_next() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+async def test_send_now_from_a_thread_never_stops_the_turn_its_own_text_started() -> None:
+    """A UI thread's send_now queues the text, then stops the running turn. If the loop takes
+    the text and starts its turn in between (the previous turn was just ending), the stop must
+    land on the spent turn, not on the new one: the user's message gets its answer."""
+    engine = engine_for(["first answer", ScriptedResponse(text="the answer to it", chunk=4), "unused"])
+    queued, turn2 = threading.Event(), threading.Event()
+    put = engine.inbox.put
+
+    def slow_put(*args: object) -> str:
+        receipt = put(*args)  # type: ignore[arg-type]
+        queued.set()
+        turn2.wait(5)  # the UI thread is descheduled here until the loop has started turn 2
+        return receipt
+
+    engine.inbox.put = slow_put  # type: ignore[method-assign]
+    ui = threading.Thread(target=engine.send_now, args=("instead",))
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage) and not ui.is_alive() and not turn2.is_set():
+            ui.start()
+            await asyncio.to_thread(queued.wait, 5)
+        elif isinstance(ev, TurnStarted) and ev.turn == 2:
+            turn2.set()
+            await asyncio.to_thread(ui.join, 5)  # its stop has landed
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("completed", None), ("completed", None)]
+    assert [m.text for m in engine.messages] == ["go", "first answer", "instead", "the answer to it"]
+
+
 async def test_send_now_while_idle_starts_the_next_run() -> None:
     engine = engine_for(["hi"])
     receipt = engine.send_now("queued for later")
