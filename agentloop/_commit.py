@@ -49,12 +49,13 @@ def commit_response(engine: QueryEngine, message: Message) -> Message:
 class ToolIds:
     """The tool_use ids of one transcript, brought up to date as it grows."""
 
-    __slots__ = ("_ids", "_of", "_upto")
+    __slots__ = ("_ids", "_last", "_of", "_upto")
 
     def __init__(self) -> None:
         self._ids: set[str] = set()
         self._of: list[Message] | None = None
         self._upto = 0  # messages of ``_of`` already read
+        self._last: Message | None = None  # the message read last, at ``_upto - 1``
 
     def claim(self, message: Message, transcript: list[Message]) -> Message:
         """``message`` with every tool_use id unique in ``transcript``; records them.
@@ -62,21 +63,30 @@ class ToolIds:
         The caller appends the message to ``transcript`` next, so it is not read again (were it
         not appended, the next claim would find the list shorter than read and read it all).
         """
-        ids = self._ids
         end = len(transcript)
-        if self._upto != end:  # what was committed since: in a loop, one message of results
+        upto = self._upto
+        if upto != end or self._stale(transcript):  # what was committed since: in a loop, one message of results
             self._read(transcript, end)
         self._upto = end + 1
+        ids = self._ids
         for i, block in enumerate(message.content):
             if block.type == "tool_use":
                 if not block.id or block.id in ids:
-                    return self._renamed(message, i)
+                    message = self._renamed(message, i)
+                    break
                 ids.add(block.id)
+        self._last = message
         return message
+
+    def _stale(self, transcript: list[Message]) -> bool:
+        """True if ``transcript`` is not the list read so far: another list, or this one rewritten
+        in place by the host between runs (``messages[:] = ...``, ``clear()`` then ``extend()``)."""
+        upto = self._upto
+        return transcript is not self._of or (upto > 0 and transcript[upto - 1] is not self._last)
 
     def _read(self, transcript: list[Message], end: int) -> None:
         upto = self._upto
-        if transcript is not self._of or upto > end:  # a new or a shortened list: read it all
+        if upto > end or self._stale(transcript):  # a new, shortened or rewritten list: read it all
             self._ids.clear()
             self._of, upto = transcript, 0
         add = self._ids.add

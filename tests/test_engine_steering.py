@@ -426,6 +426,37 @@ async def test_tool_calls_without_an_id_or_with_a_repeated_one_get_fresh_ids() -
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("how", ["slice", "clear_extend", "same_length"])
+async def test_fresh_ids_hold_after_the_host_rewrites_the_transcript_in_place(how: str) -> None:
+    """A host switching conversations rewrites ``engine.messages`` in place between runs; a
+    server that numbers its calls afresh ("call_0") must still never repeat an id of the new
+    content, even one the engine had not seen before."""
+
+    @tool
+    async def t() -> str:
+        return "ran"
+
+    def call(tid: str) -> ScriptedResponse:
+        return ScriptedResponse(tool_calls=[ScriptedToolCall("t", id=tid)])
+
+    other = engine_for([call("call_0"), "ok", call("call_1"), "ok"], tools=[t])
+    await collect(other, "b")
+    await collect(other, "c")
+    engine = engine_for([call("first"), "ok", call("call_0"), "ok"], tools=[t])
+    await collect(engine, "a")
+    if how == "slice":
+        engine.messages[:] = other.messages
+    elif how == "clear_extend":
+        engine.messages.clear()
+        engine.messages.extend(other.messages)
+    else:  # as many messages as the engine had read, so nothing looks new
+        engine.messages[:] = other.messages[: len(engine.messages)]
+    await collect(engine, "d")
+    ids = [b.id for m in engine.messages for b in m.tool_uses]
+    assert len(ids) == len(set(ids)) and ids[-1] != "call_0"
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
     class Broken:
         def stream(self, request: object, signal: object) -> object:
