@@ -323,6 +323,10 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
         await _cancel_tasks(st, engine.options.tool_cancel_grace)
     finally:
+        for task in st.pending_tasks:  # the cleanup was cut short (the host cancelled it again)
+            if not task.done() and not task.cancelling():
+                task.cancel()
+        st.pending_tasks.clear()
         if st.deadline_handle is not None:
             st.deadline_handle.cancel()
         st.close()
@@ -333,8 +337,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
 
 
 async def _cancel_tasks(st: RunState, grace: float) -> None:
-    pending = {t for t in st.pending_tasks if not t.done()}
-    st.pending_tasks.clear()
+    pending = {t for t in st.pending_tasks if not t.done()}  # cleared by _finish, even if this is cut short
     if not pending:
         return
     _, still = await asyncio.wait(pending, timeout=grace)

@@ -571,6 +571,45 @@ async def test_foreign_cancellation_propagates_after_cleanup() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("during", ["grace", "abort_hook"])
+async def test_a_second_cancel_during_cleanup_still_stops_every_tool_task(during: str) -> None:
+    """The host cancels its task, then cancels it again while the run cleans up (a shutdown
+    that will not wait out tool_cancel_grace): no tool task may outlive the run."""
+    started, cleaning, stopped = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def stubborn() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # ignores the signal: only a cancel stops it
+        finally:
+            stopped.set()
+        return "not reached"
+
+    engine = engine_for([calls("stubborn")], tools=[stubborn], tool_cancel_grace=30.0)
+
+    async def hook(_reason: str) -> None:
+        cleaning.set()
+        if during == "abort_hook":
+            await asyncio.Event().wait()  # a slow cleanup of the host's own
+
+    engine.on_abort(hook if during == "abort_hook" else lambda _reason: cleaning.set())
+
+    async def consume() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    await started.wait()
+    task.cancel()
+    await cleaning.wait()  # the run is cleaning up: awaiting the hook, or the tools' grace
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(stopped.wait(), 5)
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
 async def test_a_run_dropped_in_another_thread_is_settled_on_the_loop_thread() -> None:
     import threading
 
