@@ -274,6 +274,7 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     abort_reason = st.signal.reason if aborted else None
     if aborted and abort_reason is not None:
         interrupt_notice(engine, reason, abort_reason)
+        st.hooked = True  # before the await: a host that cancels it does not get them called twice
         await engine._run_abort_hooks(abort_reason)
         _report_to_parent(engine)
     strip_final(engine)
@@ -320,7 +321,8 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             settle_partial(engine, st)
             settle_results(engine, st)
             strip_final(engine)
-            await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
+            if not st.hooked:
+                await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
         await _cancel_tasks(st, engine.options.tool_cancel_grace)
     finally:
         for task in st.pending_tasks:  # the cleanup was cut short (the host cancelled it again)

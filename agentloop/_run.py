@@ -106,6 +106,7 @@ class RunState:
         "expired",
         "finishing",
         "guarding",
+        "hooked",
         "last_reason",
         "last_results",
         "loop",
@@ -157,6 +158,7 @@ class RunState:
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False  # the run's deadline has passed: no further turn starts
         self.turn_over = False
+        self.hooked = False  # this turn's abort hooks have been called
         self.finishing = False
         self.continues = False
         self.last_reason: TerminalReason | None = None
@@ -183,6 +185,7 @@ class RunState:
         self.turn_index += 1
         self.turns = 0
         self.turn_over = False
+        self.hooked = False
         self.continues = False
         self.terminal = None
         self.error = None

@@ -470,6 +470,35 @@ async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
     assert got == ["sync:stop", "async:stop"]
 
 
+async def test_an_abort_hook_cut_short_by_a_cancel_of_the_host_is_not_called_again() -> None:
+    """A server interrupts the run, then cancels its task while a slow async on_abort hook runs
+    (closing a connection, say): the cleanup that follows must not call the hooks a second time."""
+    calls: list[str] = []
+    entered = asyncio.Event()
+
+    async def slow_hook(reason: str) -> None:
+        calls.append(reason)
+        entered.set()
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # until the host cancels it
+
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
+    engine.on_abort(slow_hook)
+
+    async def consume() -> None:
+        async for ev in engine.run("go"):
+            if isinstance(ev, TextDelta):
+                engine.interrupt("shutdown")
+
+    task = asyncio.ensure_future(consume())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls == ["shutdown"]
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
 async def test_run_rejects_a_non_user_prompt_and_a_second_concurrent_run() -> None:
     engine = engine_for(["a", "b"])
     with pytest.raises(ValueError, match="user message"):
