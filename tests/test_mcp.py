@@ -380,9 +380,10 @@ async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(c
     port = _free_port()
     srv = MCPServer.http(f"http://alice:pa55word@127.0.0.1:{port}/mcp?api_key=sk-secret-123&x=1")
     assert srv.label == f"http://127.0.0.1:{port}/mcp"
-    with caplog.at_level("DEBUG", logger="agentloop"), pytest.raises(Exception) as info:
-        await srv.list_tools()
-    await srv.on_main_abort("cancel")
+    with caplog.at_level("DEBUG", logger="agentloop"):
+        with pytest.raises(Exception) as info:
+            await srv.list_tools()
+        await srv.on_main_abort("cancel")
     seen = [repr(srv), str(info.value), repr(info.value), caplog.text]
     assert not [s for s in seen if "pa55word" in s or "sk-secret-123" in s], seen
     assert f"127.0.0.1:{port}/mcp" in caplog.text  # still says which server
