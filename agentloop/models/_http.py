@@ -46,7 +46,16 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 log = logging.getLogger("agentloop")
 
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
-_PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "context_length_exceeded", "maximum context length")
+#: What a context-overflow error says in its message, type or code: Anthropic, OpenAI Chat
+#: ("maximum context length") and Responses ("exceeds the context window"), xAI, llama.cpp.
+_PROMPT_TOO_LONG_MARKERS = (
+    "prompt is too long",
+    "context_length_exceeded",
+    "maximum context length",
+    "exceeds the context window",
+    "maximum prompt length",
+    "exceed_context_size",
+)
 
 
 class Secret:
@@ -126,6 +135,19 @@ def _float(raw: str) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+def prompt_too_long(*fields: object) -> bool:
+    """Whether an error's message, type or code (None fields skipped) says the context
+    does not fit the model's window."""
+    text = " ".join(str(f) for f in fields if f is not None).lower()
+    return any(m in text for m in _PROMPT_TOO_LONG_MARKERS)
+
+
+def error_code(body: Any) -> object:
+    """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``), else None."""
+    err = body.get("error") if isinstance(body, dict) else None
+    return err.get("code") if isinstance(err, dict) else None
+
+
 def error_fields(body: Any) -> tuple[str | None, str | None]:
     """``(message, type_or_code)`` from an Anthropic or OpenAI error body."""
     err = body.get("error") if isinstance(body, dict) else None
@@ -152,7 +174,8 @@ def status_error(
 ) -> ProviderStatusError:
     """Build the error for a non-2xx response (the key scrubbed from body and message).
 
-    A 400/413 whose message says the context does not fit becomes `PromptTooLongError`.
+    A 400/413 whose message, type or code says the context does not fit becomes
+    `PromptTooLongError`.
     """
     text = raw_body.decode("utf-8", errors="replace")
     if secret is not None:
@@ -165,9 +188,8 @@ def status_error(
     if message is None:
         message = text[:500] or httpx.codes.get_reason_phrase(status)
     retryable, retry_after = parse_retry(status, headers)
-    lowered = f"{message} {kind or ''}".lower()
     cls = ProviderStatusError
-    if status in (400, 413) and any(m in lowered for m in _PROMPT_TOO_LONG_MARKERS):
+    if status in (400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False
     return cls(
         f"{provider} HTTP {status}: {message}",

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from .._abort import AbortSignal
-from .._errors import ProviderStreamError, StreamProtocolError
+from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import (
     Block,
     RedactedThinkingBlock,
@@ -41,7 +41,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, loads, run_stream, turns
-from ._http import Connection, HTTPModel, missing_key, resolve_key
+from ._http import Connection, HTTPModel, missing_key, prompt_too_long, resolve_key
 from ._sse import ServerSentEvent
 
 __all__ = ["AnthropicModel", "build_request"]
@@ -220,21 +220,23 @@ class AnthropicMapper:
         self.done = True
         return (StreamEnd(self._stop_reason, self._usage, self.response_id),)
 
-    def _error(self, obj: Any) -> ProviderStreamError:
+    def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None
         if not isinstance(err, dict):
             err = {}
         kind = err.get("type")
         message = err.get("message") or "stream error"
         request_id = obj.get("request_id") if isinstance(obj, dict) else None
-        return ProviderStreamError(
+        too_long = prompt_too_long(message)
+        cls = PromptTooLongError if too_long else ProviderStreamError
+        return cls(
             f"anthropic stream error ({kind}): {message}",
             provider="anthropic",
             status=200,
             body=obj,
             request_id=request_id or self.request_id,
             error_type=kind,
-            retryable=kind in _RETRYABLE_ERRORS,
+            retryable=not too_long and kind in _RETRYABLE_ERRORS,
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from .._abort import AbortSignal
-from .._errors import ProviderStreamError, StreamProtocolError
+from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import TextBlock, ToolResultBlock, ToolUseBlock
 from .._model import (
     ModelRequest,
@@ -41,7 +41,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
-from ._http import HTTPModel, error_fields, openai_connection, openai_headers
+from ._http import HTTPModel, error_fields, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIChatModel", "build_request"]
@@ -280,14 +280,18 @@ class ChatMapper:
         out.append(StreamEnd(reason, self._usage, self.response_id))
         return out
 
-    def _error(self, obj: dict[str, Any]) -> ProviderStreamError:
+    def _error(self, obj: dict[str, Any]) -> ProviderError:
+        """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
+        overflow (llama.cpp's ``exceed_context_size_error``, OpenAI's ``context_length_exceeded``)."""
         message, kind = error_fields(obj)
         err = obj.get("error")
         code = err.get("code") if isinstance(err, dict) else None
-        retryable = (isinstance(code, int) and code in _RETRYABLE_INT) or bool(
-            {str(code), kind} & _RETRYABLE_CODES
+        too_long = prompt_too_long(message, kind, code)
+        retryable = not too_long and (
+            (isinstance(code, int) and code in _RETRYABLE_INT) or bool({str(code), kind} & _RETRYABLE_CODES)
         )
-        return ProviderStreamError(
+        cls = PromptTooLongError if too_long else ProviderStreamError
+        return cls(
             f"openai chat stream error ({kind or code}): {message or 'stream error'}",
             provider="openai",
             status=200,

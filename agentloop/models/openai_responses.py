@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from .._abort import AbortSignal
-from .._errors import ProviderStreamError, StreamProtocolError
+from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from .._model import (
     ModelRequest,
@@ -37,7 +37,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
-from ._http import HTTPModel, openai_connection, openai_headers
+from ._http import HTTPModel, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIResponsesModel", "build_request"]
@@ -297,17 +297,21 @@ class ResponsesMapper:
         )
         return (StreamEnd(reason, usage, self.response_id),)
 
-    def _error(self, obj: dict[str, Any], err: dict[str, Any]) -> ProviderStreamError:
+    def _error(self, obj: dict[str, Any], err: dict[str, Any]) -> ProviderError:
+        """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
+        overflow (``context_length_exceeded``, sent as an ``error`` event)."""
         code = err.get("code") or err.get("type")
         message = err.get("message") or "stream error"
-        return ProviderStreamError(
+        too_long = prompt_too_long(message, err.get("type"), err.get("code"))
+        cls = PromptTooLongError if too_long else ProviderStreamError
+        return cls(
             f"openai responses stream error ({code}): {message}",
             provider="openai",
             status=200,
             body=obj,
             request_id=self.request_id,
             error_type=str(code) if code is not None else None,
-            retryable=str(code) in _RETRYABLE_CODES,
+            retryable=not too_long and str(code) in _RETRYABLE_CODES,
         )
 
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from _models_support import API_KEY, MockServer, collect, request
 
+from agentloop import QueryEngine, TurnEnded
 from agentloop._errors import (
     ModelError,
     PromptTooLongError,
@@ -283,3 +284,45 @@ def test_loads_rejects_what_json_rejects(text: str) -> None:
 
     with pytest.raises(ValueError):
         loads(text)
+
+
+# -- context overflow, whatever the server calls it --------------------------------------
+
+CONTEXT_OVERFLOW_BODIES = {
+    # The Responses API: the code says it, the message does not use the Chat wording.
+    "openai_responses": b'{"error":{"message":"Your input exceeds the context window of this model. Please adjust'
+    b' your input and try again.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}',
+    # llama.cpp: only the type says it.
+    "llama_cpp": b'{"error":{"code":400,"message":"request (4476 tokens) exceeds the available context size'
+    b' (4096 tokens)","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}}',
+    "xai": b'{"code":"Client specified an invalid argument","error":"This model\'s maximum prompt length is 131072'
+    b' but the request contains 136973 tokens."}',
+}
+
+
+@pytest.mark.parametrize("server", sorted(CONTEXT_OVERFLOW_BODIES))
+def test_a_context_overflow_400_is_prompt_too_long_whatever_field_says_it(server: str) -> None:
+    body = CONTEXT_OVERFLOW_BODIES[server]
+    err = status_error("openai", 400, {}, body, request_id_header="x-request-id", secret=None)
+    assert isinstance(err, PromptTooLongError)
+    assert err.retryable is False
+
+
+def test_an_ordinary_400_is_not_prompt_too_long() -> None:
+    body = b'{"error":{"message":"Invalid value for tool_choice","type":"invalid_request_error","code":"invalid_value"}}'
+    err = status_error("openai", 400, {}, body, request_id_header="x-request-id", secret=None)
+    assert type(err) is ProviderStatusError
+
+
+async def test_a_context_overflow_400_ends_the_run_with_prompt_too_long() -> None:
+    server = MockServer(
+        CONTEXT_OVERFLOW_BODIES["openai_responses"], status=400, headers={"content-type": "application/json"}
+    )
+    async with server.client() as client:
+        engine = QueryEngine(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client), policies=[])
+        events = [e async for e in engine.run("hi")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert end.reason == "prompt_too_long"
+    assert "exceeds the context window" in (end.error or "")
+    assert len(server.requests) == 1  # not retried

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, load, request, run_fixture
 
-from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import (
     OpenAIChatModel,
@@ -210,12 +210,18 @@ async def test_midstream_error_chunk_with_integer_code_vllm() -> None:
 
 
 async def test_midstream_error_chunk_not_retryable() -> None:
-    body = chat_stream(
-        {"error": {"message": "context too big", "type": "exceed_context_size_error", "code": 400}}
-    )
+    body = chat_stream({"error": {"message": "grammar failed to parse", "type": "invalid_request_error", "code": 400}})
     with pytest.raises(ProviderStreamError) as info:
         await run_body(body)
     assert info.value.retryable is False
+
+
+async def test_midstream_llama_cpp_context_overflow_is_prompt_too_long() -> None:
+    body = chat_stream({"error": {"code": 400, "type": "exceed_context_size_error",
+                                  "message": "request (4476 tokens) exceeds the available context size (4096 tokens)"}})  # fmt: skip
+    with pytest.raises(PromptTooLongError, match="exceeds the available context size") as info:
+        await run_body(body)
+    assert (info.value.status, info.value.retryable) == (200, False)
 
 
 async def test_llama_cpp_error_field_line_is_an_error() -> None:

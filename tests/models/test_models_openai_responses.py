@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
 
-from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import OpenAIResponsesModel, StreamEnd, StreamSignals, StreamText, Usage
 
@@ -240,6 +240,23 @@ async def test_error_event_nested_shape_rate_limit_is_retryable() -> None:
         await run_body(body)
     assert info.value.retryable is True
     assert info.value.status == 200
+
+
+async def test_a_context_overflow_error_event_is_prompt_too_long() -> None:
+    # What the API sends, inside a 200 stream, when the input does not fit.
+    body = sse(CREATED, ("error", {"type": "error", "sequence_number": 2, "error": {
+        "type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
+        "message": "Your input exceeds the context window of this model. Please adjust your input and try again."}}))  # fmt: skip
+    with pytest.raises(PromptTooLongError, match="exceeds the context window") as info:
+        await run_body(body)
+    assert (info.value.status, info.value.error_type, info.value.retryable) == (200, "context_length_exceeded", False)
+
+
+async def test_a_failed_response_for_context_overflow_is_prompt_too_long() -> None:
+    failed = ev("response.failed", response={"id": "r", "status": "failed", "error": {
+        "code": "context_length_exceeded", "message": "Your input exceeds the context window of this model."}})  # fmt: skip
+    with pytest.raises(PromptTooLongError):
+        await run_body(sse(CREATED, failed))
 
 
 async def test_unknown_events_ignored_and_refusal() -> None:
