@@ -70,6 +70,22 @@ class Secret:
         """The key itself, for the request header only."""
         return self._value
 
+    def check(self, provider: str) -> None:
+        """Raise `ModelError` (not retryable, without the key) unless the key can go in an
+        HTTP header: printable ASCII without surrounding whitespace.
+
+        A key read from a file with its trailing newline would otherwise be refused by the
+        HTTP layer with an error that quotes the header, key and all (escaped, so scrubbing
+        misses it), and a non-ASCII character would raise `UnicodeEncodeError`.
+        """
+        value = self._value
+        if not (value.isascii() and value.isprintable() and value == value.strip()):
+            raise ModelError(
+                f"the {provider} API key holds a character an HTTP header cannot carry (a line "
+                "break, a control or non-ASCII character, or whitespace at either end): check how "
+                "the key was read"
+            )
+
     def scrub(self, text: str) -> str:
         """``text`` with every occurrence of the key replaced by ``[REDACTED]``."""
         if self._value and self._value in text:
@@ -251,8 +267,10 @@ class Connection:
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
         for a non-2xx status and `ProviderConnectionError` for transport
         failures and undecodable bodies, including those raised while the caller
-        reads the body.
+        reads the body; `ModelError` (nothing sent) for an API key a header cannot carry.
         """
+        if self.secret is not None:
+            self.secret.check(self.provider)
         content = self._encode(body)
         headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 
+import httpcore
 import httpx
 import pytest
 from _models_support import API_KEY, MockServer, collect, request
@@ -326,3 +327,69 @@ async def test_a_context_overflow_400_ends_the_run_with_prompt_too_long() -> Non
     assert end.reason == "prompt_too_long"
     assert "exceeds the context window" in (end.error or "")
     assert len(server.requests) == 1  # not retried
+
+
+# -- an API key a header cannot carry -----------------------------------------------------
+
+
+class _Socket(httpcore.AsyncNetworkStream):
+    """A fake socket that records what was written and answers nothing."""
+
+    def __init__(self, written: list[bytes]) -> None:
+        self.written = written
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        return b""
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        self.written.append(buffer)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Network(httpcore.AsyncNetworkBackend):
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
+        local_address: str | None = None,
+        socket_options: object = None,
+    ) -> _Socket:
+        return _Socket(self.written)
+
+
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+@pytest.mark.parametrize(
+    "key",
+    [API_KEY + "\n", API_KEY + "\r\n", " " + API_KEY, API_KEY + "\x00", API_KEY + "\u200b"],
+    ids=["newline", "crlf", "leading-space", "nul", "zero-width-space"],
+)
+async def test_a_key_a_header_cannot_carry_is_a_clear_error_that_never_shows_it(cls: type, key: str) -> None:
+    # A key read from a file keeps its newline: the HTTP layer refuses the header and quotes
+    # it, escaped ("...\\n'"), so scrubbing the key out of the message would miss it.
+    network = _Network()
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = cls("m", api_key=key, base_url="http://llm.test", http_client=client)
+        with pytest.raises(ModelError, match="API key holds a character") as info:
+            await collect(model)
+    err = info.value
+    assert err.retryable is False
+    chain = [err, err.__cause__, err.__context__]
+    assert not any(API_KEY in str(e) or API_KEY in repr(e) for e in chain if e is not None)
+    assert network.written == []  # nothing was sent
+
+
+async def test_a_key_with_inner_punctuation_is_sent_as_is() -> None:
+    server = MockServer(b"")
+    key = "sk-proj_AbC.123~x+y/z="
+    async with server.client() as client:
+        with pytest.raises(ModelError, match="without data: \\[DONE\\]"):
+            await collect(OpenAIChatModel("m", api_key=key, http_client=client))
+    assert server.requests[0].headers["authorization"] == f"Bearer {key}"
