@@ -29,7 +29,7 @@ from .._messages import (
 from .._model import StreamEvent
 from .._tools import fitted
 from .._unicode import scrub_json
-from ._http import Connection
+from ._http import Connection, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
 __all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
@@ -114,7 +114,8 @@ async def run_stream(
     Raises `AbortError` when ``signal`` is aborted (checked before the request
     and between events), the errors of `Connection.open`, whatever the mapper
     raises, and `StreamProtocolError` (retryable) for a body cut before the
-    terminator. Never catches `asyncio.CancelledError`.
+    terminator. A body that is one JSON document and no event stream raises what
+    `document_error` says instead. Never catches `asyncio.CancelledError`.
     """
     path, headers, body = prepare()
     if signal.aborted:
@@ -124,9 +125,18 @@ async def run_stream(
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
         chunks = _body(response)
+        head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
+        size = 0
         try:
             async for chunk in chunks:
-                for sse in feed(chunk):
+                events = feed(chunk)
+                if head is not None:
+                    size += len(chunk)
+                    if events or size > _HEAD_LIMIT:
+                        head = None
+                    else:
+                        head.append(chunk)
+                for sse in events:
                     if signal.aborted:
                         raise AbortError(signal.reason or "cancel")
                     out = handle(sse)
@@ -142,10 +152,23 @@ async def run_stream(
         finally:
             await chunks.aclose()
         decoder.close()
+        if head:
+            error = document_error(
+                conn.provider,
+                response.headers,
+                b"".join(head),
+                request_id_header=conn.request_id_header,
+                secret=conn.secret,
+            )
+            if error is not None:
+                raise error
     raise StreamProtocolError(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
         retryable=True,
     )
+
+
+_HEAD_LIMIT = 1 << 20
 
 
 async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:

@@ -28,6 +28,7 @@ from .._errors import (
     ProviderConnectionError,
     ProviderError,
     ProviderStatusError,
+    StreamProtocolError,
 )
 from .._unicode import scrub_json
 
@@ -191,7 +192,8 @@ def status_error(
     """Build the error for a non-2xx response (the key scrubbed from body and message).
 
     A 400/413 whose message, type or code says the context does not fit becomes
-    `PromptTooLongError`.
+    `PromptTooLongError`. (Also used for an error body a server sent with 200 instead of
+    a stream: see `document_error`.)
     """
     text = raw_body.decode("utf-8", errors="replace")
     if secret is not None:
@@ -205,7 +207,7 @@ def status_error(
         message = text[:500] or httpx.codes.get_reason_phrase(status)
     retryable, retry_after = parse_retry(status, headers)
     cls = ProviderStatusError
-    if status in (400, 413) and prompt_too_long(message, kind, error_code(body)):
+    if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False
     return cls(
         f"{provider} HTTP {status}: {message}",
@@ -216,6 +218,36 @@ def status_error(
         error_type=kind,
         retryable=retryable,
         retry_after=retry_after,
+    )
+
+
+def document_error(
+    provider: str,
+    headers: Mapping[str, str],
+    raw: bytes,
+    *,
+    request_id_header: str,
+    secret: Secret | None,
+) -> ModelError | None:
+    """The error for a 2xx body that is one JSON document instead of an event stream
+    (None when ``raw`` is not JSON): a gateway's error body sent with status 200 becomes
+    `ProviderStatusError` (``status=200``, or `PromptTooLongError`), anything else (a whole
+    response: the server ignored ``"stream": true``) `StreamProtocolError`. Neither is
+    retryable (unless ``x-should-retry: true`` says so), since the same request gets the
+    same answer.
+    """
+    text = raw.decode("utf-8", errors="replace")
+    if secret is not None:
+        text = secret.scrub(text)
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and body.get("error"):
+        return status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
+    return StreamProtocolError(
+        f"{provider} answered with a JSON document, not an event stream (does the server "
+        f"support streaming?): {text[:200]}"
     )
 
 

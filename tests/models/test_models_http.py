@@ -15,6 +15,7 @@ from agentloop._errors import (
     PromptTooLongError,
     ProviderConnectionError,
     ProviderStatusError,
+    StreamProtocolError,
 )
 from agentloop._messages import Message, ToolResultBlock, ToolUseBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
@@ -393,3 +394,54 @@ async def test_a_key_with_inner_punctuation_is_sent_as_is() -> None:
         with pytest.raises(ModelError, match="without data: \\[DONE\\]"):
             await collect(OpenAIChatModel("m", api_key=key, http_client=client))
     assert server.requests[0].headers["authorization"] == f"Bearer {key}"
+
+
+# -- a 200 that is a JSON document, not an event stream ---------------------------------------
+
+
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_error_body_sent_with_200_is_the_servers_error_not_a_cut_stream(cls: type, chunked: bool) -> None:
+    # Gateways that answer a streamed request with a JSON error and status 200: the
+    # server's message must reach the user, and the same request is not sent again.
+    body = b'{"error":{"message":"model \\"m\\" is not available for your plan","type":"invalid_request_error"}}'
+    server = MockServer([body[i : i + 1] for i in range(len(body))] if chunked else body,
+                        headers={"content-type": "application/json", "x-request-id": "r1", "request-id": "r1"})  # fmt: skip
+    async with server.client() as client:
+        with pytest.raises(ProviderStatusError, match="not available for your plan") as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    err = info.value
+    assert (err.status, err.retryable, err.error_type, err.request_id) == (200, False, "invalid_request_error", "r1")
+    assert server.streams[0].closed
+
+
+async def test_a_context_overflow_sent_with_200_is_prompt_too_long() -> None:
+    server = MockServer(CONTEXT_OVERFLOW_BODIES["openai_responses"], headers={"content-type": "application/json"})
+    async with server.client() as client:
+        with pytest.raises(PromptTooLongError):
+            await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+
+
+async def test_a_whole_response_instead_of_a_stream_is_a_clear_error_that_is_not_retried() -> None:
+    # A server that ignores "stream": true and sends the whole completion.
+    body = (b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+            b'"content":"hi"},"finish_reason":"stop"}]}')  # fmt: skip
+    server = MockServer(body, headers={"content-type": "application/json"})
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError, match="not an event stream") as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is False
+    assert server.streams[0].closed
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b'{"error":', b"<html>ok</html>"],
+    ids=["events-then-cut", "cut-json", "html"],
+)
+async def test_a_cut_stream_is_still_a_retryable_protocol_error(body: bytes) -> None:
+    server = MockServer(body, headers={"content-type": "application/json"})
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError, match="without data: \\[DONE\\]") as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is True
