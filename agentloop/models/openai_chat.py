@@ -5,6 +5,9 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
 
 - vLLM: a tool call whose every chunk repeats its id (or carries a fresh one)
   stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
+- Gemini: parallel calls sent whole, one per chunk, all with ``index`` 0 (or
+  none): a named delta with an id of its own, after whole JSON arguments, starts
+  the next call (`_Call.succeeded_by`).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
@@ -123,14 +126,30 @@ def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 class _Call:
-    __slots__ = ("block", "id", "name", "pending", "started")
+    __slots__ = ("args", "block", "id", "name", "pending", "started")
 
     def __init__(self, block: int) -> None:
         self.block = block
         self.id = ""
         self.name = ""
         self.pending: list[str] = []  # argument fragments seen before the name
+        self.args: list[str] = []  # every argument fragment, in order
         self.started = False
+
+    def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
+        """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
+        OpenAI endpoint (and gateways in front of it) send parallel calls whole, one per
+        chunk, all with ``index`` 0 or none. Such a delta has a name and an id of its own,
+        and this call's arguments are already a whole JSON object (a vLLM fragment with a
+        fresh id has neither a name nor follows whole arguments)."""
+        new_id = raw.get("id")
+        if not (self.started and fn.get("name") and new_id and new_id != self.id):
+            return False
+        try:
+            value = loads("".join(self.args))
+        except ValueError:
+            return False
+        return isinstance(value, dict)
 
 
 class ChatMapper:
@@ -240,16 +259,21 @@ class ChatMapper:
     def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent]) -> None:
         key = raw.get("index", pos)
         call = self._calls.get(key)
+        fn = raw.get("function") or {}
+        if call is not None and call.succeeded_by(raw, fn):
+            out.append(StreamBlockStop(call.block))  # complete: it ends here
+            call = None
         if call is None:
             self._close_current(out)
             call = self._calls[key] = _Call(self._next)
             self._next += 1
-        fn = raw.get("function") or {}
         if not call.started:
             # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
             call.id = call.id or raw.get("id") or ""
             call.name = call.name or fn.get("name") or ""
         args = fn.get("arguments")
+        if args:
+            call.args.append(args)
         if not call.started and call.name:
             call.started = True
             out.append(StreamToolUseStart(call.block, call.id or _fresh_id(), call.name))

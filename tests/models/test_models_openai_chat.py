@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -146,6 +147,46 @@ async def test_vllm_repeated_id_in_every_chunk() -> None:
     (tool,) = acc.message().tool_uses
     assert (tool.id, tool.input) == ("chatcmpl-tool-A", {"a": 1})
     assert sum(isinstance(e, StreamToolUseStart) for e in events) == 1
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+async def test_gemini_parallel_calls_sent_whole_under_one_index_stay_apart(indexed: bool) -> None:
+    # Gemini's OpenAI endpoint sends each parallel call whole, in its own chunk, all
+    # with index 0 (or no index at all): they must not merge into one call whose
+    # arguments are '{"city":"Paris"}{"city":"Oslo"}'.
+    def whole(call_id: str, city: str) -> dict[str, Any]:
+        raw = {"index": 0, "id": call_id, "type": "function",
+               "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}  # fmt: skip
+        if not indexed:
+            del raw["index"]
+        return raw
+
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "tool_calls": [whole("function-call-1", "Paris")]}),
+        chat_chunk({"tool_calls": [whole("function-call-2", "Oslo")]}),
+        chat_chunk({"tool_calls": [whole("function-call-3", "Lima")]}, finish="stop"),
+    )
+    events, acc = await run_body(body)
+    calls = [(t.id, t.name, t.input, t.complete) for t in acc.message().tool_uses]
+    assert calls == [
+        ("function-call-1", "get_weather", {"city": "Paris"}, True),
+        ("function-call-2", "get_weather", {"city": "Oslo"}, True),
+        ("function-call-3", "get_weather", {"city": "Lima"}, True),
+    ]
+    assert acc.stop_reason == "tool_use"
+    stops = [e.index for e in events if isinstance(e, StreamBlockStop)]
+    assert sorted(stops) == [0, 1, 2]
+
+
+async def test_a_named_fragment_with_a_fresh_id_inside_unfinished_arguments_stays_one_call() -> None:
+    body = chat_stream(
+        chat_chunk({"tool_calls": [call(0, "chatcmpl-tool-A", "f", '{"a"')]}),
+        chat_chunk({"tool_calls": [call(0, "chatcmpl-tool-B", "f", ": 1}")]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    (tool,) = acc.message().tool_uses
+    assert (tool.id, tool.input) == ("chatcmpl-tool-A", {"a": 1})
 
 
 async def test_ollama_whole_calls_in_one_chunk_and_reasoning() -> None:
