@@ -149,6 +149,10 @@ async def run_stream(
                         return
                     for ev in out:
                         yield ev
+        except ModelError as exc:  # a mapper's error quotes what the server sent
+            if conn.secret is not None:
+                conn.secret.scrub_error(exc)
+            raise
         finally:
             await chunks.aclose()
         decoder.close()

@@ -93,6 +93,27 @@ class Secret:
             return text.replace(self._value, "[REDACTED]")
         return text
 
+    def scrub_error(self, exc: ModelError) -> None:
+        """Scrub the key out of ``exc`` in place: its message and, for a `ProviderError`,
+        its body (an error event or chunk inside a stream that echoes the key)."""
+        value = self._value
+        if not value:
+            return
+        if value in exc.message:
+            exc.message = self.scrub(exc.message)
+            exc.args = (exc.message,)
+        if isinstance(exc, ProviderError) and exc.body is not None and value in repr(exc.body):
+            exc.body = self._scrub_json(exc.body)
+
+    def _scrub_json(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self._scrub_json(k): self._scrub_json(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub_json(v) for v in value]
+        return value
+
     def __repr__(self) -> str:
         return "Secret('[REDACTED]')"
 

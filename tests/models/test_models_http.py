@@ -7,7 +7,7 @@ import email.utils
 import httpcore
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect, request
+from _models_support import API_KEY, MockServer, collect, request, sse
 
 from agentloop import QueryEngine, TurnEnded
 from agentloop._errors import (
@@ -445,3 +445,36 @@ async def test_a_cut_stream_is_still_a_retryable_protocol_error(body: bytes) -> 
         with pytest.raises(StreamProtocolError, match="without data: \\[DONE\\]") as info:
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert info.value.retryable is True
+
+
+# -- the key inside a stream ----------------------------------------------------------------
+
+ANTHROPIC_ECHO = {"type": "error", "error": {"type": "authentication_error", "message": f"invalid x-api-key {API_KEY}"},
+                  "echo": [API_KEY]}  # fmt: skip
+CHAT_ECHO = {"error": {"message": f"Incorrect API key provided: {API_KEY}", "type": "invalid_request_error",
+                       "code": "invalid_api_key"}}  # fmt: skip
+RESPONSES_ECHO = {"type": "error", "code": "invalid_api_key", "message": f"Incorrect API key provided: {API_KEY}"}
+ECHOES = {
+    AnthropicModel: sse(("error", ANTHROPIC_ECHO)),
+    OpenAIChatModel: sse((None, CHAT_ECHO)),
+    OpenAIResponsesModel: sse(("error", RESPONSES_ECHO)),
+}
+
+
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+@pytest.mark.parametrize("kind", ["error-event", "malformed-data"])
+async def test_the_key_is_scrubbed_from_errors_raised_inside_a_stream(cls: type, kind: str) -> None:
+    # A proxy that reports a bad key inside the 200 stream, echoing it; or data so broken
+    # that the protocol error quotes it.
+    body = ECHOES[cls] if kind == "error-event" else f"data: {{oops {API_KEY}\n\n".encode()
+    server = MockServer(body)
+    async with server.client() as client:
+        with pytest.raises(ModelError) as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    err = info.value
+    body_text = repr(getattr(err, "body", None))
+    for text in (str(err), repr(err), err.message, body_text):
+        assert API_KEY not in text
+    assert "[REDACTED]" in str(err)
+    if kind == "error-event":
+        assert "[REDACTED]" in body_text
