@@ -9,6 +9,8 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   none): a named delta with an id of its own, after whole JSON arguments, starts
   the next call (`_Call.succeeded_by`).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
+- Mistral's reasoning models: ``delta.content`` as a list of typed chunks
+  (``thinking``, ``text``); litellm: ``arguments`` as an object.
 - llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
   ignore. This adapter decodes that line as an ``error`` event and raises
@@ -20,6 +22,7 @@ is ``data: [DONE]``; a stream without it raises `StreamProtocolError`.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -43,7 +46,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, string, turns, wire_id
 from ._http import HTTPModel, error_fields, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -231,18 +234,40 @@ class ChatMapper:
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
-            out.append(StreamThinking(self._channel("thinking", out), reasoning))
+            out.append(StreamThinking(self._channel("thinking", out), string(reasoning)))
         content = delta.get("content")
         if content:
-            out.append(StreamText(self._channel("text", out), content))
+            if type(content) is list:
+                self._parts(content, out)
+            else:
+                out.append(StreamText(self._channel("text", out), string(content)))
         refusal = delta.get("refusal")
         if refusal:
             self._refusal = True
-            out.append(StreamText(self._channel("text", out), refusal))
+            out.append(StreamText(self._channel("text", out), string(refusal)))
         calls = delta.get("tool_calls")
         if calls:
             for pos, call in enumerate(calls):
                 self._tool_delta(call, pos, out)
+
+    def _parts(self, parts: list[Any], out: list[StreamEvent]) -> None:
+        """``content`` as a list of typed chunks (Mistral's reasoning models):
+        ``{"type": "text", "text"}`` and ``{"type": "thinking", "thinking": [{"type":
+        "text", "text"}, ...]}``. Chunks without text (images, references) are skipped."""
+        for part in parts:
+            kind = part.get("type")
+            if kind == "text":
+                piece = string(part.get("text") or "")
+                if piece:
+                    out.append(StreamText(self._channel("text", out), piece))
+            elif kind == "thinking":
+                inner = part.get("thinking") or ""
+                if type(inner) is list:
+                    piece = "".join(string(p.get("text") or "") for p in inner)
+                else:
+                    piece = string(inner)
+                if piece:
+                    out.append(StreamThinking(self._channel("thinking", out), piece))
 
     def _channel(self, kind: str, out: list[StreamEvent]) -> int:
         if self._cur_kind != kind:
@@ -269,10 +294,12 @@ class ChatMapper:
             self._next += 1
         if not call.started:
             # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
-            call.id = call.id or raw.get("id") or ""
-            call.name = call.name or fn.get("name") or ""
+            call.id = call.id or string(raw.get("id") or "")
+            call.name = call.name or string(fn.get("name") or "")
         args = fn.get("arguments")
         if args:
+            # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
+            args = json.dumps(args) if type(args) is dict else string(args)
             call.args.append(args)
         if not call.started and call.name:
             call.started = True

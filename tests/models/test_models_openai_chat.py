@@ -376,3 +376,38 @@ async def test_local_server_without_key(monkeypatch: pytest.MonkeyPatch) -> None
     assert server.body["max_tokens"] == 10
     assert "stream_options" not in server.body
     assert acc.message().text == "x"
+
+
+# -- content and arguments in other shapes ----------------------------------------------
+
+
+async def test_mistral_content_as_a_list_of_thinking_and_text_chunks() -> None:
+    # Magistral streams delta.content as typed chunks: thinking first, then text.
+    def thinking(t: str) -> dict[str, Any]:
+        return {"content": [{"type": "thinking", "thinking": [{"type": "text", "text": t}]}]}
+
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk(thinking("It's a greeting")),
+        chat_chunk(thinking(", I should greet back.")),
+        chat_chunk({"content": [{"type": "text", "text": "Hello"}]}),
+        chat_chunk({"content": "!"}),
+        chat_chunk({"content": [{"type": "image_url", "image_url": "x"}]}),
+        chat_chunk(finish="stop"),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().content == [
+        ThinkingBlock(thinking="It's a greeting, I should greet back.", signature=""),
+        TextBlock(text="Hello!"),
+    ]
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_arguments_sent_as_an_object_are_the_input() -> None:
+    body = chat_stream(
+        chat_chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": {"a": [1, 2]}}}]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    (tool,) = acc.message().tool_uses
+    assert (tool.id, tool.input, tool.complete) == ("c1", {"a": [1, 2]}, True)
