@@ -4,7 +4,9 @@ Feed it bytes in any chunking; it returns the events completed by each chunk.
 
 - Lines end with ``\\r\\n``, ``\\n`` or ``\\r``; a ``\\r\\n`` split across two
   chunks is one line break. UTF-8 split across chunks is decoded correctly
-  (invalid bytes become U+FFFD).
+  (invalid bytes become U+FFFD). One byte order mark at the very start of the
+  stream is dropped (a .NET server writing UTF-8 "with BOM"); otherwise it would
+  be part of the first field name, and the first event would be lost.
 - ``field: value``: one leading space is stripped from the value; several
   ``data`` lines are joined with ``\\n``; ``event``, ``id`` and ``retry`` are
   parsed; lines starting with ``:`` are comments; other fields are ignored.
@@ -53,7 +55,7 @@ class SSEDecoder:
     )
 
     def __init__(self, *, error_field: bool = False) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")  # drops a leading BOM
         self._error_field = error_field
         self._tail: list[str] = []  # the pieces of an unterminated line, for the next chunk
         self._skip_lf = False  # the previous chunk ended in "\r": drop a leading "\n"

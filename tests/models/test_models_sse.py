@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop.models import ServerSentEvent, SSEDecoder
+from agentloop.models import OpenAIChatModel, ServerSentEvent, SSEDecoder
 
 
 def decode(*chunks: bytes, error_field: bool = False) -> list[ServerSentEvent]:
@@ -78,6 +80,23 @@ def test_utf8_split_across_chunks() -> None:
     cut = body.index("😀".encode()) + 2
     (ev,) = decode(body[:cut], body[cut:])
     assert ev.data == "héllo - 😀"
+
+
+@pytest.mark.parametrize("cut", range(5))
+def test_a_leading_byte_order_mark_is_dropped_wherever_the_chunks_split(cut: int) -> None:
+    # A .NET server writing UTF-8 "with BOM": the first line would read "\ufeffdata: ..."
+    # and the first event (the first chunk of a response) would be lost.
+    body = b"\xef\xbb\xbfdata: first\n\ndata: \xef\xbb\xbfsecond\n\n"
+    events = decode(body[:cut], body[cut:])
+    assert [e.data for e in events] == ["first", "\ufeffsecond"]  # only the stream's first BOM goes
+
+
+async def test_a_stream_that_starts_with_a_byte_order_mark_loses_nothing() -> None:
+    body = b"\xef\xbb\xbf" + chat_stream(chat_chunk({"content": "Hello"}), chat_chunk({"content": "!"}, finish="stop"))
+    server = MockServer(body)
+    async with server.client() as client:
+        _, acc = await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert acc.message().text == "Hello!"
 
 
 def test_error_field_extension_for_llama_cpp() -> None:
