@@ -276,10 +276,11 @@ class Connection:
     """One provider endpoint: the httpx client (shared or owned), auth and error mapping.
 
     ``http_client``: use this client (the caller closes it); otherwise one is
-    created on first use and closed by `aclose`.
+    created on first use and closed by `aclose`. A query string in ``base_url``
+    (Azure's ``?api-version=...``) stays at the end of every request URL.
     """
 
-    __slots__ = ("_client", "_owns", "base_url", "provider", "request_id_header", "secret")
+    __slots__ = ("_client", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header", "secret")
 
     def __init__(
         self,
@@ -291,7 +292,9 @@ class Connection:
         request_id_header: str,
     ) -> None:
         self.provider = provider
-        self.base_url = base_url.rstrip("/")
+        base, mark, query = base_url.partition("?")
+        self._prefix, self._query = base.rstrip("/"), mark + query
+        self.base_url = self._prefix + self._query
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
@@ -328,7 +331,7 @@ class Connection:
         headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
         try:
             async with self.client.stream(
-                "POST", self.base_url + path, headers=headers, content=content
+                "POST", self._prefix + path + self._query, headers=headers, content=content
             ) as response:
                 if not 200 <= response.status_code < 300:
                     raw = await response.aread()

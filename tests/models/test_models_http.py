@@ -478,3 +478,31 @@ async def test_the_key_is_scrubbed_from_errors_raised_inside_a_stream(cls: type,
     assert "[REDACTED]" in str(err)
     if kind == "error-event":
         assert "[REDACTED]" in body_text
+
+
+# -- base_url -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cls", "path"),
+    [(AnthropicModel, "/v1/messages"), (OpenAIChatModel, "/chat/completions"), (OpenAIResponsesModel, "/responses")],
+)
+@pytest.mark.parametrize("slash", ["", "/"])
+async def test_a_query_string_in_base_url_stays_at_the_end(cls: type, path: str, slash: str) -> None:
+    # Azure's deployment URLs carry ?api-version=...: the path goes before it, not into it.
+    server = MockServer(b"")
+    base = f"https://r.openai.azure.com/openai/deployments/d{slash}?api-version=2024-10-21"
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError):
+            await collect(cls("m", api_key=API_KEY, base_url=base, http_client=client))
+    url = server.requests[0].url
+    assert url.path == "/openai/deployments/d" + path
+    assert url.params["api-version"] == "2024-10-21"
+
+
+async def test_a_plain_base_url_with_a_trailing_slash() -> None:
+    server = MockServer(b"")
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError):
+            await collect(OpenAIChatModel("m", base_url="http://localhost:8000/v1/", http_client=client))
+    assert str(server.requests[0].url) == "http://localhost:8000/v1/chat/completions"
