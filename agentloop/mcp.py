@@ -269,10 +269,15 @@ class MCPServer:
     # -- tools --------------------------------------------------------------
 
     async def list_tools(self) -> list[Tool]:
-        """The server's tools as agentloop `Tool`s (all pages)."""
+        """The server's tools as agentloop `Tool`s (all pages).
+
+        Raises `MCPError` when the server hands out a cursor it gave before (its pages would
+        never end).
+        """
         session = await self.session()
         tools: list[Tool] = []
         cursor: str | None = None
+        seen: set[str] = set()
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await session.list_tools(params=params)
@@ -280,6 +285,12 @@ class MCPServer:
             cursor = page.next_cursor
             if not cursor:
                 return tools
+            if cursor in seen:
+                raise MCPError(
+                    types.INTERNAL_ERROR,
+                    f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
+                )
+            seen.add(cursor)
 
     async def call_tool(
         self, name: str, arguments: Mapping[str, Any], *, signal: AbortSignal | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import re
 import socket
@@ -388,3 +389,24 @@ async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(c
     assert not [s for s in seen if "pa55word" in s or "sk-secret-123" in s], seen
     assert f"127.0.0.1:{port}/mcp" in caplog.text  # still says which server
     await srv.aclose()
+
+
+async def test_a_server_whose_tool_pages_never_end_is_an_error_not_a_hang() -> None:
+    class Looping:  # a server that hands out the same cursor again
+        calls = 0
+
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            self.calls += 1
+            tool = types.Tool(name=f"t{self.calls}", inputSchema={"type": "object"})
+            return types.ListToolsResult(tools=[tool], nextCursor="page-2")
+
+    looping = Looping()
+    srv = MCPServer(contextlib.nullcontext, label="looping")  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return looping
+
+    srv.session = session  # type: ignore[method-assign]
+    with pytest.raises(MCPError, match="repeated the tools/list cursor 'page-2'"):
+        await srv.list_tools()
+    assert looping.calls == 2
