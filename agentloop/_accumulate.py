@@ -50,6 +50,12 @@ class _Part:
         self.closed = False
 
 
+def _str(value: object, event: object) -> str:
+    if type(value) is not str:
+        raise TypeError(f"{type(event).__name__} carries {type(value).__name__} where a str belongs: {value!r:.80}")
+    return value
+
+
 class Accumulator:
     """Feed stream events in order; read the message at any time.
 
@@ -77,24 +83,27 @@ class Accumulator:
         if apply is not None:
             apply(self, ev)
 
+    # A field of the wrong type (from a custom `Model`) is refused here, inside the engine's
+    # error handling, rather than breaking the join of the message after the stream.
+
     def _text(self, ev: StreamText) -> None:
-        self._part(ev.index, "text").chunks.append(ev.text)
+        self._part(ev.index, "text").chunks.append(_str(ev.text, ev))
 
     def _thinking(self, ev: StreamThinking) -> None:
-        self._part(ev.index, "thinking").chunks.append(ev.thinking)
+        self._part(ev.index, "thinking").chunks.append(_str(ev.thinking, ev))
 
     def _signature(self, ev: StreamSignature) -> None:
-        self._part(ev.index, "thinking").signature = ev.signature  # whole, never a piece
+        self._part(ev.index, "thinking").signature = _str(ev.signature, ev)  # whole, never a piece
 
     def _tool_input(self, ev: StreamToolInput) -> None:
-        self._part(ev.index, "tool_use").chunks.append(ev.partial_json)
+        self._part(ev.index, "tool_use").chunks.append(_str(ev.partial_json, ev))
 
     def _tool_start(self, ev: StreamToolUseStart) -> None:
         part = self._part(ev.index, "tool_use")
-        part.id, part.name = ev.id, ev.name
+        part.id, part.name = _str(ev.id, ev), _str(ev.name, ev)
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
-        self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
+        self._part(ev.index, "redacted_thinking").chunks.append(_str(ev.data, ev))
 
     def _stop(self, ev: StreamBlockStop) -> None:
         part = self._parts.get(ev.index)

@@ -9,12 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentloop import QueryEngine, TurnEnded, validate_transcript
 from agentloop._accumulate import Accumulator
 from agentloop._messages import ThinkingBlock
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
     StreamSignature,
+    StreamText,
     StreamThinking,
     StreamToolInput,
     StreamToolUseStart,
@@ -112,3 +114,38 @@ def test_a_later_signature_replaces_the_earlier_one() -> None:
     (block,) = acc.message().content
     assert isinstance(block, ThinkingBlock)
     assert (block.thinking, block.signature) == ("hmm", "BBBB")
+
+
+class _WrongTypes:
+    """A custom model that streams a field of the wrong type after some good text."""
+
+    def __init__(self, bad: object) -> None:
+        self.bad = bad
+
+    async def stream(self, request: object, signal: object) -> Any:
+        yield StreamText(0, "partial ")
+        yield self.bad
+        yield StreamBlockStop(0)
+        yield StreamEnd(stop_reason="end_turn")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        StreamText(0, 5),  # type: ignore[arg-type]
+        StreamText(0, ["a", "b"]),  # type: ignore[arg-type]
+        StreamThinking(1, None),  # type: ignore[arg-type]
+        StreamToolUseStart(2, 7, "read"),  # type: ignore[arg-type]
+        StreamToolInput(2, {"path": "a"}),  # type: ignore[arg-type]
+        StreamSignature(1, b"sig"),  # type: ignore[arg-type]
+    ],
+    ids=["int-text", "list-text", "null-thinking", "int-id", "dict-arguments", "bytes-signature"],
+)
+async def test_a_custom_model_streaming_a_field_of_the_wrong_type_ends_the_turn_not_the_run(bad: object) -> None:
+    engine = QueryEngine(_WrongTypes(bad), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and type(bad).__name__ in end.error and "where a str belongs" in end.error
+    assert validate_transcript(engine.messages) == []
+    assert engine.messages[-1].text == "partial"  # what streamed before it is kept, as for any failure
