@@ -83,7 +83,8 @@ class Policy:
         return copy.deepcopy(self)
 
     def begin_turn(self, *, real_user: bool) -> None:
-        """A turn starts. ``real_user`` is False for the library's own messages."""
+        """A turn starts, or an interjection is merged into it. ``real_user`` is True when a
+        person wrote the text; the library's own messages (nudges) never call this."""
 
     def begin_attempt(self) -> None:
         """A model request attempt starts (also after a retry or a resample)."""
