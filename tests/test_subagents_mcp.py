@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,6 +118,9 @@ async def play_all(batch: list[Scenario], markers: str) -> None:
     assert [t for t in asyncio.all_tasks() if t is not me and not t.done()] == []
 
 
+# About 30 s on a quiet machine: each parent interrupt restarts the real MCP server (a Python
+# process importing the SDK). The default 60 s left too little room on a loaded machine.
+@pytest.mark.timeout(240)
 @settings(max_examples=4)
 @given(st.lists(scenarios, min_size=6, max_size=6))
 def test_property_two_subagents_and_shared_mcp_survive_any_interrupt(batch: list[Scenario]) -> None:
