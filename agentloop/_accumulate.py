@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ._errors import StreamProtocolError
 from ._messages import (
     Block,
     Message,
@@ -50,10 +51,12 @@ class _Part:
         self.closed = False
 
 
-def _str(value: object, event: object) -> str:
-    if type(value) is not str:
-        raise TypeError(f"{type(event).__name__} carries {type(value).__name__} where a str belongs: {value!r:.80}")
-    return value
+def _malformed(value: object, event: object) -> StreamProtocolError:
+    return StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries {type(value).__name__} where a str belongs: "
+        f"{value!r:.80}",
+        retryable=True,
+    )
 
 
 class Accumulator:
@@ -83,27 +86,44 @@ class Accumulator:
         if apply is not None:
             apply(self, ev)
 
-    # A field of the wrong type (from a custom `Model`) is refused here, inside the engine's
-    # error handling, rather than breaking the join of the message after the stream.
+    # The one check every model's events pass through: a field of the wrong type (a server's
+    # null or list, a custom `Model`'s bug) is a malformed event here, inside the engine's error
+    # handling, rather than a TypeError when the message is joined after the stream.
 
     def _text(self, ev: StreamText) -> None:
-        self._part(ev.index, "text").chunks.append(_str(ev.text, ev))
+        text = ev.text
+        if type(text) is not str:
+            raise _malformed(text, ev)
+        self._part(ev.index, "text").chunks.append(text)
 
     def _thinking(self, ev: StreamThinking) -> None:
-        self._part(ev.index, "thinking").chunks.append(_str(ev.thinking, ev))
+        text = ev.thinking
+        if type(text) is not str:
+            raise _malformed(text, ev)
+        self._part(ev.index, "thinking").chunks.append(text)
 
     def _signature(self, ev: StreamSignature) -> None:
-        self._part(ev.index, "thinking").signature = _str(ev.signature, ev)  # whole, never a piece
+        if type(ev.signature) is not str:
+            raise _malformed(ev.signature, ev)
+        self._part(ev.index, "thinking").signature = ev.signature  # whole, never a piece
 
     def _tool_input(self, ev: StreamToolInput) -> None:
-        self._part(ev.index, "tool_use").chunks.append(_str(ev.partial_json, ev))
+        text = ev.partial_json
+        if type(text) is not str:
+            raise _malformed(text, ev)
+        self._part(ev.index, "tool_use").chunks.append(text)
 
     def _tool_start(self, ev: StreamToolUseStart) -> None:
+        for value in (ev.id, ev.name):
+            if type(value) is not str:
+                raise _malformed(value, ev)
         part = self._part(ev.index, "tool_use")
-        part.id, part.name = _str(ev.id, ev), _str(ev.name, ev)
+        part.id, part.name = ev.id, ev.name
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
-        self._part(ev.index, "redacted_thinking").chunks.append(_str(ev.data, ev))
+        if type(ev.data) is not str:
+            raise _malformed(ev.data, ev)
+        self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
 
     def _stop(self, ev: StreamBlockStop) -> None:
         part = self._parts.get(ev.index)
@@ -213,9 +233,7 @@ def _no_constant(name: str) -> Any:
 
 
 # What json.loads ends up calling (the C scanner), without its Python wrappers.
-_scan_json: Callable[[str, int], tuple[Any, int]] = getattr(  # noqa: B009
-    json.JSONDecoder(parse_constant=_no_constant), "scan_once"
-)
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(parse_constant=_no_constant).scan_once  # type: ignore[attr-defined]
 
 
 def _json_value(body: str) -> Any:

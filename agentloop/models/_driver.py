@@ -32,7 +32,7 @@ from .._unicode import scrub_json
 from ._http import Connection, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "string", "turns", "wire_id"]
+__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -53,18 +53,6 @@ def loads(text: str) -> Any:
         value = json.loads(text)  # trailing garbage: raises with json's message
     if "\\u" in text and ("\\ud" in text or "\\uD" in text):  # a UTF-16 half, maybe without its pair
         value = scrub_json(value)
-    return value
-
-
-def string(value: Any) -> str:
-    """``value``, which a stream event must carry as a string (text, arguments, an id).
-
-    Raises `TypeError`, which the mappers report as a malformed event
-    (`StreamProtocolError`): a number, null or list passed on would break the
-    accumulator long after the event, outside any error handling.
-    """
-    if type(value) is not str:
-        raise TypeError(f"expected a string, got {type(value).__name__}: {str(value)[:80]!r}")
     return value
 
 

@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, loads, run_stream, string, turns
+from ._driver import Prepared, loads, run_stream, turns
 from ._http import Connection, HTTPModel, missing_key, prompt_too_long, resolve_key
 from ._sse import ServerSentEvent
 
@@ -164,14 +164,14 @@ class AnthropicMapper:
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
-            return (StreamText(index, string(delta["text"])),)
+            return (StreamText(index, delta["text"]),)
         if dt == "input_json_delta":
             part = delta["partial_json"]
-            return (StreamToolInput(index, string(part)),) if part else None
+            return (StreamToolInput(index, part),) if part else None
         if dt == "thinking_delta":
-            return (StreamThinking(index, string(delta["thinking"])),)
+            return (StreamThinking(index, delta["thinking"]),)
         if dt == "signature_delta":
-            return (StreamSignature(index, string(delta["signature"])),)
+            return (StreamSignature(index, delta["signature"]),)
         return None  # citations_delta and future delta types
 
     def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -188,16 +188,16 @@ class AnthropicMapper:
         bt = block["type"]
         if bt == "text":
             self._known.add(index)
-            return (StreamText(index, string(block["text"])),) if block.get("text") else None
+            return (StreamText(index, block["text"]),) if block.get("text") else None
         if bt == "thinking":
             self._known.add(index)
-            return (StreamThinking(index, string(block["thinking"])),) if block.get("thinking") else None
+            return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
         if bt == "redacted_thinking":
             self._known.add(index)
-            return (StreamRedactedThinking(index, string(block["data"])),)
+            return (StreamRedactedThinking(index, block["data"]),)
         if bt == "tool_use":
             self._known.add(index)
-            start: list[StreamEvent] = [StreamToolUseStart(index, string(block["id"]), string(block["name"]))]
+            start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
             if block.get("input"):  # a proxy that sends the whole input up front
                 start.append(StreamToolInput(index, json.dumps(block["input"])))
             return start

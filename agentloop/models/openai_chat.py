@@ -46,7 +46,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, string, turns, wire_id
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, error_fields, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -234,17 +234,17 @@ class ChatMapper:
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
-            out.append(StreamThinking(self._channel("thinking", out), string(reasoning)))
+            out.append(StreamThinking(self._channel("thinking", out), reasoning))
         content = delta.get("content")
         if content:
             if type(content) is list:
                 self._parts(content, out)
             else:
-                out.append(StreamText(self._channel("text", out), string(content)))
+                out.append(StreamText(self._channel("text", out), content))
         refusal = delta.get("refusal")
         if refusal:
             self._refusal = True
-            out.append(StreamText(self._channel("text", out), string(refusal)))
+            out.append(StreamText(self._channel("text", out), refusal))
         calls = delta.get("tool_calls")
         if calls:
             for pos, call in enumerate(calls):
@@ -257,15 +257,15 @@ class ChatMapper:
         for part in parts:
             kind = part.get("type")
             if kind == "text":
-                piece = string(part.get("text") or "")
+                piece = part.get("text") or ""
                 if piece:
                     out.append(StreamText(self._channel("text", out), piece))
             elif kind == "thinking":
                 inner = part.get("thinking") or ""
                 if type(inner) is list:
-                    piece = "".join(string(p.get("text") or "") for p in inner)
+                    piece = "".join(p.get("text") or "" for p in inner)
                 else:
-                    piece = string(inner)
+                    piece = inner
                 if piece:
                     out.append(StreamThinking(self._channel("thinking", out), piece))
 
@@ -294,12 +294,12 @@ class ChatMapper:
             self._next += 1
         if not call.started:
             # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
-            call.id = call.id or string(raw.get("id") or "")
-            call.name = call.name or string(fn.get("name") or "")
+            call.id = call.id or raw.get("id") or ""
+            call.name = call.name or fn.get("name") or ""
         args = fn.get("arguments")
         if args:
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
-            args = json.dumps(args) if type(args) is dict else string(args)
+            args = json.dumps(args) if type(args) is dict else args
             call.args.append(args)
         if not call.started and call.name:
             call.started = True

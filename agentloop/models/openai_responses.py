@@ -36,7 +36,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, string, turns, wire_id
+from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -187,13 +187,13 @@ class ResponsesMapper:
             self._refusal |= kind == "response.refusal.delta"
             item = self._item(obj, "message")
             item.streamed = True
-            return (StreamText(item.block, string(obj["delta"])),)
+            return (StreamText(item.block, obj["delta"]),)
         if kind == "response.function_call_arguments.delta":
             item = self._item(obj, "function_call")
             if item.kind != "function_call_started" or not obj["delta"]:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
-            return (StreamToolInput(item.block, string(obj["delta"])),)
+            return (StreamToolInput(item.block, obj["delta"]),)
         if kind == "response.reasoning_summary_text.delta" or kind == "response.reasoning_text.delta":
             return self._thinking(obj)
         if kind == "response.output_item.added":
@@ -224,7 +224,6 @@ class ResponsesMapper:
         text = obj["delta"]
         if not text:
             return None  # an empty part adds nothing, not even a separator
-        text = string(text)
         summary_index = obj.get("summary_index", 0)
         if item.streamed and summary_index != item.summary_index:
             text = "\n\n" + text  # a new summary part
@@ -243,11 +242,11 @@ class ResponsesMapper:
         item.kind = "function_call_started"
         self._calls += 1
         out: list[StreamEvent] = [
-            StreamToolUseStart(item.block, string(raw.get("call_id") or raw["id"]), string(raw["name"]))
+            StreamToolUseStart(item.block, raw.get("call_id") or raw["id"], raw["name"])
         ]
         if raw.get("arguments"):
             item.streamed = True
-            out.append(StreamToolInput(item.block, string(raw["arguments"])))
+            out.append(StreamToolInput(item.block, raw["arguments"]))
         return out
 
     def _item_done(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -259,7 +258,7 @@ class ResponsesMapper:
             if item.kind != "function_call_started":
                 out.extend(self._start_call(item, raw))
             elif not item.streamed and raw.get("arguments"):
-                out.append(StreamToolInput(item.block, string(raw["arguments"])))
+                out.append(StreamToolInput(item.block, raw["arguments"]))
         elif kind == "reasoning":
             if not item.streamed:
                 # As streamed: the non-empty parts, a blank line between two.
