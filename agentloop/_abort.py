@@ -114,13 +114,26 @@ class AbortSignal:
 
     @staticmethod
     def any(signals: Iterable[AbortSignal]) -> AbortSignal:
-        """A signal that aborts when any of ``signals`` does, with that one's reason."""
+        """A signal that aborts when any of ``signals`` does, with that one's reason.
+
+        Once it has aborted, it stops listening to every source, so a long-lived
+        source (an application-wide signal combined with a per-call timeout) does
+        not keep one listener per derived signal.
+        """
         controller = AbortController()
+        derived = controller.signal
+        removers: list[Callable[[], None]] = []
         for sig in signals:
-            sig.add_listener(controller.abort)
-            if controller.signal.aborted:
+            removers.append(sig.add_listener(controller.abort))
+            if derived.aborted:
                 break
-        return controller.signal
+
+        def detach(_reason: str) -> None:
+            for remove in removers:
+                remove()
+
+        derived.add_listener(detach)  # called at once if a source had already aborted
+        return derived
 
     @staticmethod
     def timeout(seconds: float, reason: str = "deadline") -> AbortSignal:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import threading
+import weakref
 
 import pytest
 from hypothesis import given, settings
@@ -265,3 +267,31 @@ def test_property_every_waiter_gets_the_reason_and_nothing_stays_registered(step
         assert not c.signal._listeners  # woken, cancelled or both: no listener is left behind
 
     asyncio.run(play(), debug=True)
+
+
+def test_any_stops_listening_to_its_sources_once_aborted() -> None:
+    app = AbortController()  # long-lived, never aborted
+    refs = []
+    for i in range(50):
+        per_call = AbortController()
+        derived = AbortSignal.any([app.signal, per_call.signal])
+        refs.append(weakref.ref(derived))
+        per_call.abort(f"call {i} done")
+        assert derived.reason == f"call {i} done"
+        del derived, per_call
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []  # the app signal holds none of them
+    late = AbortSignal.any([app.signal])
+    app.abort("shutdown")
+    assert late.reason == "shutdown"  # a live derived signal still follows its source
+
+
+def test_any_of_an_aborted_source_does_not_stay_registered_on_the_others() -> None:
+    app, done = AbortController(), AbortController()
+    done.abort("early")
+    derived = AbortSignal.any([app.signal, done.signal])
+    ref = weakref.ref(derived)
+    assert derived.reason == "early"
+    del derived
+    gc.collect()
+    assert ref() is None
