@@ -375,13 +375,18 @@ class _Ids:
 def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
     out: list[Message] = []
     owed: list[ToolUseBlock] = []
+    moved: dict[str, ToolResultBlock] = {}
+    pending: list[Message | None] = list(messages)
     i = 0
-    while i < len(messages):
-        msg = messages[i]
+    while i < len(pending):
+        msg = pending[i]
+        if msg is None:  # its only blocks were results, moved next to their calls
+            i += 1
+            continue
         if owed:
             answers_it = msg.role == "user"
-            out.append(_answer(msg if answers_it else None, owed, notes))
-            owed = []
+            out.append(_answer(msg if answers_it else None, owed, moved, notes))
+            owed, moved = [], {}
             if answers_it:
                 i += 1
             continue
@@ -389,14 +394,66 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
         out.append(fixed)
         if msg.role == "assistant":
             owed = msg.tool_uses
+            if owed:
+                moved = _gather(pending, i, owed, notes)
         i += 1
     if owed:
-        out.append(_answer(None, owed, notes))
+        out.append(_answer(None, owed, moved, notes))
     return out
 
 
-def _answer(msg: Message | None, owed: list[ToolUseBlock], notes: list[str]) -> Message:
-    """The user message that answers ``owed``: results first, built from ``msg`` if any."""
+def _gather(pending: list[Message | None], at: int, owed: list[ToolUseBlock], notes: list[str]) -> dict[str, ToolResultBlock]:
+    """Take out of later messages the results for ``owed`` that a provider would still pair with
+    their calls, because it merges consecutive messages of one role: those in the assistant
+    messages right after ``pending[at]`` and in the user messages after those (a history that
+    holds one message per result, as OpenAI Chat does). The very next message, when it is the
+    user's, is left to `_answer`; a message left empty becomes None."""
+    wanted = {u.id for u in owed}
+    first_user = _run_end(pending, at + 1, "assistant")
+    end = _run_end(pending, first_user, "user")
+    start = at + 1
+    nxt = pending[start] if start < end else None
+    if nxt is not None and nxt.role == "user":  # the very next message: `_answer` reads it
+        wanted -= {b.tool_use_id for b in nxt.content if isinstance(b, ToolResultBlock)}
+        start += 1
+    found: dict[str, ToolResultBlock] = {}
+    for j in range(start, end):
+        msg = pending[j]
+        if not wanted or msg is None:
+            continue
+        kept: list[Block] = []
+        for block in msg.content:
+            if isinstance(block, ToolResultBlock) and block.tool_use_id in wanted:
+                wanted.discard(block.tool_use_id)
+                found[block.tool_use_id] = block
+            else:
+                kept.append(block)
+        if len(kept) == len(msg.content):
+            continue
+        if not kept:
+            notes.append(f"dropped a {msg.role} message left empty by moving its tool results")
+        pending[j] = msg.model_copy(update={"content": kept}) if kept else None
+    return found
+
+
+def _run_end(pending: list[Message | None], start: int, role: str) -> int:
+    """The index after the run of ``role`` messages (or removed ones) that begins at ``start``."""
+    end = start
+    while end < len(pending):
+        msg = pending[end]
+        if msg is not None and msg.role != role:
+            break
+        end += 1
+    return end
+
+
+def _answer(
+    msg: Message | None, owed: list[ToolUseBlock], moved: dict[str, ToolResultBlock], notes: list[str]
+) -> Message:
+    """The user message that answers ``owed``: results first, built from ``msg`` if any.
+
+    A result in ``moved`` (found in a later message, see `_gather`) takes the place of the
+    synthetic one."""
     wanted = {u.id for u in owed}
     results: dict[str, ToolResultBlock] = {}
     rest: list[Block] = []
@@ -409,7 +466,13 @@ def _answer(msg: Message | None, owed: list[ToolUseBlock], notes: list[str]) -> 
             continue
         rest.append(block)
     for use in owed:
-        if use.id not in results:
+        if use.id in results:
+            continue
+        found = moved.get(use.id)
+        if found is not None:
+            notes.append(f"moved the tool_result for {use.id!r} ({use.name}) next to its call")
+            results[use.id] = found
+        else:
             notes.append(f"added a synthetic result for tool_use {use.id!r} ({use.name})")
             results[use.id] = interrupted_result(use.id, NO_RESULT)
     if msg is None:

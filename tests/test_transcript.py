@@ -161,6 +161,50 @@ def test_repair_of_an_incomplete_call_drops_it_and_its_orphan_result() -> None:
     assert not any(isinstance(b, ToolUseBlock) for m in fixed for b in m.content)
 
 
+def test_repair_keeps_results_split_over_consecutive_user_messages_with_their_calls() -> None:
+    """A history imported from OpenAI Chat holds one message per result; a provider merges them
+    (and would pair the results), so the repair moves each real result next to its call rather
+    than calling it an interrupted call and its result an orphan."""
+    msgs = [
+        u(T(text="q")),
+        a(T(text="reading"), use("1", "read"), use("2", "grep")),
+        u(res("1", "file body")),
+        u(res("2", "3 matches")),
+        a(T(text="done")),
+    ]
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert validate_transcript(fixed) == []
+    assert [m.role for m in fixed] == ["user", "assistant", "user", "assistant"]
+    assert [(r.tool_use_id, r.text, r.is_error) for r in fixed[2].tool_results] == [
+        ("1", "file body", False),
+        ("2", "3 matches", False),
+    ]
+    assert not any("synthetic" in c or "orphan" in c for c in changes), changes
+    assert repair_transcript(fixed) == fixed
+
+
+def test_repair_moves_a_result_that_follows_other_user_text_or_a_later_assistant_message() -> None:
+    after_text = repair_transcript([u(T(text="q")), a(use("1")), u(T(text="hi")), u(res("1", "out"))])
+    assert validate_transcript(after_text) == []
+    assert [(b.type, getattr(b, "text", None)) for b in after_text[2].content] == [("tool_result", "out"), ("text", "hi")]
+    assert len(after_text) == 3
+
+    after_assistant = repair_transcript([u(T(text="q")), a(use("1")), a(T(text="more")), u(res("1", "out"))])
+    assert validate_transcript(after_assistant) == []
+    assert [m.role for m in after_assistant] == ["user", "assistant", "user", "assistant"]
+    assert [(r.tool_use_id, r.text, r.is_error) for r in after_assistant[2].tool_results] == [("1", "out", False)]
+    assert after_assistant[3].text == "more"
+
+
+def test_repair_pairs_each_call_of_consecutive_assistant_messages_with_its_own_result() -> None:
+    msgs = [u(T(text="q")), a(use("1")), a(use("2")), u(res("2", "two")), u(res("1", "one"))]
+    fixed = repair_transcript(msgs)
+    assert validate_transcript(fixed) == []
+    pairs = [(m.role, [(r.tool_use_id, r.text) for r in m.tool_results]) for m in fixed[1:]]
+    assert pairs == [("assistant", []), ("user", [("1", "one")]), ("assistant", []), ("user", [("2", "two")])]
+
+
 # -- properties ------------------------------------------------------------------
 
 # The last three as other providers make them: Kimi's, vLLM's (46 characters), and a long one.
