@@ -297,7 +297,8 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
     for i, msg in enumerate(messages):
         kept: list[Block] = []
         for block in msg.content:
-            why = _droppable(block) or _misplaced(block, msg.role)
+            # A result in an assistant message is kept: paired with its call, or turned into text.
+            why = _droppable(block) or (None if block.type == "tool_result" else _misplaced(block, msg.role))
             if why is not None:
                 notes.append(f"messages[{i}]: dropped {why}")
                 continue
@@ -390,12 +391,12 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
             if answers_it:
                 i += 1
             continue
-        fixed = _rebuild(msg, [], _orphan_blocks(msg.content, notes)) if msg.role == "user" else msg
-        out.append(fixed)
         if msg.role == "assistant":
             owed = msg.tool_uses
             if owed:
                 moved = _gather(pending, i, owed, notes)
+                msg = pending[i] or msg  # without the results it held for its own calls
+        out.append(_rebuild(msg, [], _orphan_blocks(msg.content, notes)))
         i += 1
     if owed:
         out.append(_answer(None, owed, moved, notes))
@@ -403,11 +404,12 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
 
 
 def _gather(pending: list[Message | None], at: int, owed: list[ToolUseBlock], notes: list[str]) -> dict[str, ToolResultBlock]:
-    """Take out of later messages the results for ``owed`` that a provider would still pair with
-    their calls, because it merges consecutive messages of one role: those in the assistant
-    messages right after ``pending[at]`` and in the user messages after those (a history that
-    holds one message per result, as OpenAI Chat does). The very next message, when it is the
-    user's, is left to `_answer`; a message left empty becomes None."""
+    """Take out of other messages the results for ``owed`` that belong with their calls: those a
+    provider would still pair, because it merges consecutive messages of one role (in the
+    assistant messages right after ``pending[at]`` and in the user messages after those: a
+    history that holds one message per result, as OpenAI Chat does), and those misplaced in
+    ``pending[at]`` itself. The very next message, when it is the user's, is left to `_answer`;
+    a message left empty becomes None."""
     wanted = {u.id for u in owed}
     first_user = _run_end(pending, at + 1, "assistant")
     end = _run_end(pending, first_user, "user")
@@ -417,7 +419,7 @@ def _gather(pending: list[Message | None], at: int, owed: list[ToolUseBlock], no
         wanted -= {b.tool_use_id for b in nxt.content if isinstance(b, ToolResultBlock)}
         start += 1
     found: dict[str, ToolResultBlock] = {}
-    for j in range(start, end):
+    for j in (*range(start, end), at):
         msg = pending[j]
         if not wanted or msg is None:
             continue

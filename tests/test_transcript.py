@@ -17,6 +17,7 @@ from agentloop import (
     repair_transcript,
     validate_transcript,
 )
+from agentloop._unicode import scrub
 
 
 def use(i: str, name: str = "t", **kw: object) -> ToolUseBlock:
@@ -205,6 +206,21 @@ def test_repair_pairs_each_call_of_consecutive_assistant_messages_with_its_own_r
     assert pairs == [("assistant", []), ("user", [("1", "one")]), ("assistant", []), ("user", [("2", "two")])]
 
 
+def test_repair_keeps_a_result_found_inside_an_assistant_message() -> None:
+    """A converter that keeps each call and its output together puts the result in the
+    assistant's message: it is moved next to its call, and one without a call kept as text."""
+    changes: list[str] = []
+    fixed = repair_transcript([u(T(text="q")), a(T(text="running"), use("1", "bash"), res("1", "exit 0"))], changes=changes)
+    assert validate_transcript(fixed) == []
+    assert [b.type for b in fixed[1].content] == ["text", "tool_use"]
+    assert [(r.tool_use_id, r.text, r.is_error) for r in fixed[2].tool_results] == [("1", "exit 0", False)]
+    assert not any("synthetic" in c for c in changes), changes
+
+    stray = repair_transcript([u(T(text="q")), a(T(text="x"), res("9", "payload"))])
+    assert validate_transcript(stray) == []
+    assert "payload" in stray[-1].text
+
+
 # -- properties ------------------------------------------------------------------
 
 # The last three as other providers make them: Kimi's, vLLM's (46 characters), and a long one.
@@ -254,6 +270,37 @@ def test_property_validate_reports_nothing_iff_repair_changes_nothing(msgs: list
     repair_transcript(msgs, changes=changes)
     assert (validate_transcript(msgs) == []) == (changes == [])
 
+
+def _tagged(msgs: list[Message]) -> list[Message]:
+    """``msgs`` with every non-blank user text and tool output made unique, so each can be found."""
+    out: list[Message] = []
+    for n, m in enumerate(msgs):
+        content: list[object] = []
+        for k, b in enumerate(m.content):
+            if isinstance(b, TextBlock) and b.text.strip():
+                b = TextBlock(text=f"<said {n}.{k}> {b.text}")
+            elif isinstance(b, ToolResultBlock) and b.text.strip():
+                b = ToolResultBlock(tool_use_id=b.tool_use_id, content=f"<output {n}.{k}> {b.text}", is_error=b.is_error)
+            content.append(b)
+        out.append(Message(role=m.role, content=content))  # type: ignore[arg-type]
+    return out
+
+
+@given(transcripts.map(_tagged))
+def test_property_repair_loses_no_user_text_and_no_tool_output(msgs: list[Message]) -> None:
+    """Nothing is lost: every text a user wrote and every tool output is still there (a result
+    where it can be paired, else as text), but a second result for one id in the message that
+    answers it."""
+    fixed = repair_transcript(msgs)
+    kept = "\n".join(b.text for m in fixed for b in m.content if isinstance(b, TextBlock | ToolResultBlock))
+    for m in msgs:
+        answered: set[str] = set()
+        for b in m.content:
+            if isinstance(b, TextBlock) and m.role == "user" and b.text.strip():
+                assert scrub(b.text) in kept
+            if isinstance(b, ToolResultBlock) and b.text.strip() and b.tool_use_id not in answered:
+                answered.add(b.tool_use_id)
+                assert scrub(b.text).strip() in kept, (b, fixed)
 
 def test_messages_share_their_fields_set_and_copies_stay_independent() -> None:
     a, b = Message.user("one"), Message.user("two")
