@@ -249,9 +249,12 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
         results = [st.last_results[u.id] for u in uses]
         for name, verdict in _ask_policies(engine, "on_results", st.response, results):
             if isinstance(verdict, EndTurn):
-                st.terminal, st.detail = verdict.reason, verdict.message
+                if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
+                    st.terminal, st.detail = verdict.reason, verdict.message
             elif isinstance(verdict, Nudge):
                 st.nudges.append((name, verdict))
+        if st.terminal is not None:  # no model reads a reminder now: it would go, stale, with the next prompt
+            st.nudges = []
     return flush_nudges(engine, st) if st.nudges else []
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from agentloop import (
@@ -18,6 +20,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     ThinkingDelta,
+    ToolResultBlock,
     TurnEnded,
     tool,
     validate_transcript,
@@ -33,7 +36,15 @@ from agentloop._model import (
     StreamToolUseStart,
 )
 from agentloop._recovery import REPLAY_THINKING_BYTES, truncate_utf8
-from agentloop.policies import ConservativeDoomLoopPolicy, IdenticalToolCallRun, Policy, Verdict, Warn
+from agentloop.policies import (
+    ConservativeDoomLoopPolicy,
+    EndTurn,
+    IdenticalToolCallRun,
+    Policy,
+    RepeatedErrorResult,
+    Verdict,
+    Warn,
+)
 from tests.helpers import collect, kinds
 
 CHANT = "I'll do it.\nI'll execute.\n" * 60
@@ -320,3 +331,44 @@ async def test_default_policies_are_used_when_none_given() -> None:
     names = [type(p).__name__ for p in engine.policies]
     assert names == ["ConservativeDoomLoopPolicy", "IdenticalToolCallRun"]
     await collect(engine, Message.user("hello"))
+
+
+@tool
+async def run_tests() -> str:
+    raise RuntimeError("3 tests failed")
+
+
+async def test_policies_that_disagree_end_the_turn_without_a_nudge_after_it() -> None:
+    """Four identical failing calls per response: `RepeatedErrorResult` ends the turn on the second
+    response, where `IdenticalToolCallRun` nudges. The turn ends; no reminder is left behind for
+    a model that will not read it (it would be sent, stale, before the user's next message)."""
+    four = ScriptedResponse(tool_calls=[ScriptedToolCall("run_tests", {})] * 4)
+    engine = QueryEngine(
+        ScriptedModel([four] * 5), tools=[run_tests], policies=[IdenticalToolCallRun(), RepeatedErrorResult()]
+    )
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.turns == 2
+    assert end.detail is not None and "returned the same error 8 times" in end.detail
+    nudges = [e.policy for e in events if isinstance(e, PolicyNudge)]
+    assert nudges == ["RepeatedErrorResult"]  # the first response's, before the turn ended
+    assert engine.messages[-1].kind == "tool_results"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_when_several_policies_end_the_turn_the_first_one_speaks() -> None:
+    class Stop(Policy):
+        def __init__(self, text: str, hook: str) -> None:
+            self.text, self.hook = text, hook
+
+        def on_response(self, message: Message) -> Verdict | None:
+            return EndTurn(self.text) if self.hook == "on_response" else None
+
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return EndTurn(self.text)
+
+    for hook in ("on_response", "on_results"):
+        policies: list[Policy] = [Stop("first", hook), Stop("second", hook)]
+        engine = QueryEngine(ScriptedModel([same_call()] * 3), tools=[read_file], policies=policies)
+        end = (await collect(engine, "go"))[-1]
+        assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.detail == "first", hook
