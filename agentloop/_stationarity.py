@@ -218,19 +218,26 @@ class ToolCallCycle(StationarityPolicy):
         super().__init__(**kwargs)
 
     def reset(self) -> None:
-        depth = self.max_period * max(self.nudge_repeats, self.end_repeats or 0, 2)
-        self._history: deque[Signature] = deque(maxlen=depth)
+        self._history: deque[Signature] = deque(maxlen=self.max_period)
+        # _streak[k]: how many of the latest responses each equal the one k before it, so the
+        # tail repeats with period k for _streak[k] + k responses, however long the cycle runs.
+        self._streak = [0] * (self.max_period + 1)
         self._nudged: dict[tuple[Signature, ...], int] = {}
 
     def on_response(self, message: Message) -> Verdict | None:
         if not message.tool_uses:
             self._history.clear()
+            self._streak = [0] * (self.max_period + 1)
         return None
 
     def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
         if not message.tool_uses:
             return None
-        self._history.append(self.signature(message, results)[0])
+        sig = self.signature(message, results)[0]
+        h, streak = self._history, self._streak
+        for k in range(2, self.max_period + 1):
+            streak[k] = streak[k] + 1 if len(h) >= k and h[-k] == sig else 0
+        h.append(sig)
         found = self._cycle()
         if found is None:
             return None
@@ -247,16 +254,15 @@ class ToolCallCycle(StationarityPolicy):
         return None
 
     def _cycle(self) -> tuple[tuple[Signature, ...], int] | None:
-        """The shortest tail cycle with at least ``nudge_repeats`` repetitions."""
-        h = list(self._history)
-        for k in range(2, self.max_period + 1):
-            block = tuple(h[-k:])
-            if len(h) < k * self.nudge_repeats or len(set(block)) < 2:
+        """The shortest tail cycle with enough repetitions to nudge or to end the turn."""
+        least = self.nudge_repeats if self.end_repeats is None else min(self.nudge_repeats, self.end_repeats)
+        h = self._history
+        for k in range(2, min(self.max_period, len(h)) + 1):
+            reps = (self._streak[k] + k) // k
+            if reps < least:
                 continue
-            reps = 1
-            while len(h) >= (reps + 1) * k and tuple(h[-(reps + 1) * k : -reps * k]) == block:
-                reps += 1
-            if reps >= self.nudge_repeats:
+            block = tuple(h)[-k:]
+            if len(set(block)) >= 2:
                 return block, reps
         return None
 

@@ -390,6 +390,20 @@ def test_cycle_of_period_five_is_caught_and_identical_run_is_not_a_cycle() -> No
     assert run(ToolCallCycle(), 12, call("ls")) == [None] * 12
 
 
+
+@pytest.mark.parametrize("period", [2, 3, 5])
+def test_cycle_without_an_end_nudges_again_each_time_it_doubles(period: int) -> None:
+    """With ``end_repeats=None`` a cycle that goes on is nudged at 3, 6, 12, ... repetitions,
+    whatever its period (counting is not bounded by a history of a few responses)."""
+    pol = ToolCallCycle(end_repeats=None)
+    steps = [call(f"s{i % period}") for i in range(period * 24)]
+    verdicts = [step(pol, c) for c in steps]
+    nudged = [i + 1 for i, v in enumerate(verdicts) if isinstance(v, Nudge)]
+    assert nudged == [period * 3, period * 6, period * 12, period * 24]
+    assert not any(isinstance(v, EndTurn) for v in verdicts)
+    last = verdicts[nudged[-1] - 1]
+    assert isinstance(last, Nudge) and f"{period} steps 24 times" in last.reminder
+
 def test_repeated_error_result_three_times_nudges() -> None:
     pol = RepeatedErrorResult()
     verdicts = [step(pol, call("fetch", url=f"u{i}"), result="404 Not Found", error=True) for i in range(6)]
