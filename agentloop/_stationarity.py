@@ -46,7 +46,14 @@ _COMMAND_KEYS = ("command", "cmd", "script", "shell")
 
 
 def canonical_key(call: ToolUseBlock) -> tuple[str, str]:
-    """(name, canonical JSON of all arguments): equal exactly when the calls are."""
+    """(name, canonical JSON of all arguments): equal exactly when the calls are.
+
+    A call whose input was not a JSON object has no arguments to encode; its ``input_error``
+    (which quotes the start of what the model sent) stands for them, so two different
+    malformed inputs are two calls, and neither is the call with no arguments.
+    """
+    if call.input_error is not None:
+        return call.name, call.input_error
     args = json.dumps(call.input, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return call.name, args
 

@@ -274,6 +274,24 @@ def test_canonical_key_sorts_keys_strips_whitespace_keeps_unicode() -> None:
     assert canonical_key(call("w", b=[1, 2], a="é")) == ("w", '{"a":"é","b":[1,2]}')
 
 
+
+def test_calls_whose_input_was_not_json_are_told_apart_by_what_the_model_sent() -> None:
+    """Each attempt at a call whose JSON broke differently is a different call, not a run of
+    "identical arguments"; the same broken input repeated is a run."""
+
+    def broken(raw: str) -> ToolUseBlock:
+        error = f"the tool input is not valid JSON (Expecting ',' delimiter); raw input: {raw!r}"
+        return ToolUseBlock(id=f"t{next(_ids)}", name="todo", input={}, input_error=error)
+
+    pol = IdenticalToolCallRun()
+    pol.bind({"todo": Spec("todo", stationarity="tight")})
+    attempts = [step(pol, broken(f'{{"items": ["step {i}" "more"]}}')) for i in range(10)]
+    assert attempts == [None] * 10
+    assert step(pol, call("todo")) is None  # no arguments at all: not the broken call before it
+    same = run(pol, 8, broken('{"items": [1 2]}'))
+    assert first(same, Nudge) == 4 and first(same, EndTurn) == 8
+    assert canonical_key(broken("{")) != canonical_key(call("todo"))
+
 def test_parallel_identical_calls_in_one_response_count() -> None:
     pol = IdenticalToolCallRun()
     assert isinstance(step(pol, *[call("mvn", goal="test") for _ in range(8)]), Nudge)
