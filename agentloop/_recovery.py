@@ -12,6 +12,7 @@ from ._accumulate import Accumulator
 from ._inbox import Texts
 from ._messages import Message
 from ._policy import Resample
+from ._unicode import scrub
 
 __all__ = ["REPLAY_TEXT_BYTES", "REPLAY_THINKING_BYTES", "doom_reminder", "truncate_utf8"]
 
@@ -33,8 +34,10 @@ def doom_reminder(texts: Texts, acc: Accumulator, verdict: Resample) -> Message:
     if verdict.signals:
         parts.append("Signals: " + ", ".join(str(s) for s in verdict.signals))
     if acc.tool_calls == 0:
-        thinking = truncate_utf8(acc.thinking_text(), REPLAY_THINKING_BYTES)
-        text = truncate_utf8(acc.text(), REPLAY_TEXT_BYTES)
+        # The cut attempt's deltas as they streamed: a lone surrogate in them is replaced, as it
+        # is in a committed message, or the replay could not be cut (nor sent) as UTF-8.
+        thinking = truncate_utf8(scrub(acc.thinking_text()), REPLAY_THINKING_BYTES)
+        text = truncate_utf8(scrub(acc.text()), REPLAY_TEXT_BYTES)
         if thinking:
             parts.append(f"Your discarded reasoning began:\n<previous_reasoning>\n{thinking}\n</previous_reasoning>")
         if text:

@@ -96,6 +96,21 @@ async def test_doom_loop_resample_request_carries_the_reminder_and_the_replay() 
     assert retry.attempt == 1 and len(retry.messages) == len(model.requests[0].messages) + 1
 
 
+
+async def test_doom_loop_replay_of_text_utf8_cannot_encode_is_scrubbed_not_raised() -> None:
+    """A model of the host's that streams a lone surrogate (a name decoded with surrogateescape,
+    half an emoji) in a looping attempt: the replay gets U+FFFD, the run does not raise."""
+    looping = ScriptedResponse(thinking="Let me open caf\udce9.txt first.\n" + CHANT, text="never shown", chunk=7)
+    engine = doom_engine([looping, GOOD])
+    events = await collect(engine, "fix it")
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert any(isinstance(e, Resampling) for e in events)
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    reminder = model.requests[1].messages[-1].text
+    assert "Let me open caf\ufffd.txt first." in reminder
+    reminder.encode("utf-8")
+
 async def test_doom_loop_replay_is_skipped_when_the_attempt_made_tool_calls() -> None:
     chant = [StreamThinking(1, CHANT[i : i + 7]) for i in range(0, len(CHANT), 7)]
     head = [StreamToolUseStart(0, "c1", "t"), StreamToolInput(0, "{}"), StreamBlockStop(0)]
