@@ -232,6 +232,8 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     if not uses:
         if not engine.inbox.interjections:  # safe point: a queued message keeps the turn going
             st.terminal = "completed"
+        elif st.nudges:  # the turn goes on: a policy's reminder goes before the next request
+            st.pending_events += flush_nudges(engine, st)
         return []
     if st.signal.aborted:  # checkpoint 2: no tool starts
         st.phase = "tools"
@@ -272,6 +274,7 @@ def _ask_policies(engine: QueryEngine, hook: str, *args: object) -> list[tuple[s
 
 
 async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
+    st.nudges = []  # a reminder for a request this turn will not make is not carried into the next
     events: list[Event] = settle_results(engine, st)
     aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
     abort_reason = st.signal.reason if aborted else None

@@ -19,6 +19,7 @@ from agentloop import (
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
+    TextDelta,
     ThinkingDelta,
     ToolResultBlock,
     TurnEnded,
@@ -40,6 +41,7 @@ from agentloop.policies import (
     ConservativeDoomLoopPolicy,
     EndTurn,
     IdenticalToolCallRun,
+    Nudge,
     Policy,
     RepeatedErrorResult,
     Verdict,
@@ -387,3 +389,36 @@ async def test_when_several_policies_end_the_turn_the_first_one_speaks() -> None
         engine = QueryEngine(ScriptedModel([same_call()] * 3), tools=[read_file], policies=policies)
         end = (await collect(engine, "go"))[-1]
         assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.detail == "first", hook
+
+
+class AskForTests(Policy):
+    """Nudges a final answer that ran no tool (a host's own "check your work" policy)."""
+
+    def on_response(self, message: Message) -> Verdict | None:
+        return None if message.tool_uses else Nudge("Run the tests before you answer.")
+
+
+async def test_a_nudge_on_a_final_answer_is_not_delivered_later_in_another_turn() -> None:
+    engine = QueryEngine(
+        ScriptedModel(["All done.", same_call(), "Read it."]), tools=[read_file], policies=[AskForTests()]
+    )
+    engine.follow_up("Now read a.py")
+    events = await collect(engine, "Fix the bug")
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+    # the first turn ended with the answer: no model was left to read the nudge, in any turn
+    assert not any(m.kind == "nudge" for m in engine.messages), [m.text for m in engine.messages]
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+
+
+async def test_a_nudge_on_an_answer_the_turn_goes_on_from_is_delivered_before_the_next_request() -> None:
+    model = ScriptedModel(["All done.", "Tests pass."])
+    engine = QueryEngine(model, policies=[AskForTests()])
+    events: list[object] = []
+    async for event in engine.run("Fix the bug"):
+        events.append(event)
+        if isinstance(event, TextDelta) and len(model.requests) == 1:
+            engine.interject("and mind the docs")  # keeps the turn going after the first answer
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed"]
+    second = model.requests[1].messages
+    assert [m.kind for m in second[-2:]] == ["nudge", "interjection"]
+    assert sum(isinstance(e, PolicyNudge) for e in events) == 1
