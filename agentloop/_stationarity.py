@@ -277,7 +277,8 @@ class ToolCallCycle(StationarityPolicy):
 class RepeatedErrorResult(StationarityPolicy):
     """Opt-in: the same error from the same tool ``nudge_at`` times in a row,
     whatever the arguments (the first ``prefix`` characters of the error are
-    compared). A successful result breaks the run."""
+    compared). A response with a successful result breaks the run: the calls of
+    one response are judged together, whatever their order."""
 
     nudge_text = (
         "The tool {tools} has returned the same error {count} times in a row. Repeating the call "
@@ -301,19 +302,27 @@ class RepeatedErrorResult(StationarityPolicy):
         return call.name, text
 
     def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        # The calls of one response ran together: their order says nothing, so a response is
+        # judged as a whole. One with a success breaks the run, and so does one whose errors
+        # differ from each other; one whose calls all failed alike extends it.
         by_id = {r.tool_use_id: r for r in results}
-        name = ""
+        errors: list[Hashable] = []
+        name, broken = "", False
         for call in message.tool_uses:
             result = by_id.get(call.id)
             if result is None or not result.is_error:
-                self._last, self.count = None, 0
+                broken = True
                 continue
-            k = self.key(call, result)
-            if k == self._last:
-                self.count += 1
-            else:
-                self._last, self.count, self._nudged = k, 1, 0
+            errors.append(self.key(call, result))
             name = call.name
+        if broken or len(set(errors)) != 1:
+            self._last, self.count = None, 0
+            return None
+        k = errors[0]
+        if k == self._last:
+            self.count += len(errors)
+        else:
+            self._last, self.count, self._nudged = k, len(errors), 0
         if self.end_at is not None and self.count >= self.end_at:
             return EndTurn(self.end_text.format(tools=name, count=self.count))
         if self.count >= max(self.nudge_at, 2 * self._nudged):

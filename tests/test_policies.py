@@ -6,6 +6,8 @@ import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentloop._detector import RepetitionDetector
 from agentloop._messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
@@ -436,6 +438,55 @@ def test_repeated_error_run_is_broken_by_a_success() -> None:
     step(pol, call("fetch"), result="fine")
     assert step(pol, call("fetch"), result="boom", error=True) is None
 
+
+
+def test_repeated_error_ignores_the_order_of_a_responses_calls() -> None:
+    """Three parallel calls fail alike and a fourth succeeds, response after response: the
+    verdict does not depend on whether the model listed the successful call first or last
+    (it nudged on every response when the success came first, never when it came last)."""
+
+    def respond(pol: RepeatedErrorResult, ok_first: bool) -> Verdict | None:
+        failing = [call("test", shard=i) for i in range(3)]
+        ok = call("read", path="a.py")
+        calls = [ok, *failing] if ok_first else [*failing, ok]
+        msg = Message(role="assistant", content=list(calls))
+        results = [ToolResultBlock(tool_use_id=c.id, content="ok" if c is ok else "boom", is_error=c is not ok) for c in calls]
+        assert pol.on_response(msg) is None
+        return pol.on_results(msg, results)
+
+    for ok_first in (True, False):
+        pol = RepeatedErrorResult()
+        assert [respond(pol, ok_first) for _ in range(4)] == [None] * 4, ok_first
+    pol = RepeatedErrorResult()  # the same failures without the success are a run
+    verdicts = [step(pol, *[call("test", shard=i) for i in range(3)], result="boom", error=True) for _ in range(2)]
+    assert [type(v) for v in verdicts] == [Nudge, EndTurn]
+
+
+_responses = st.lists(
+    st.lists(
+        st.tuples(st.sampled_from(["ls", "test", "bash"]), st.sampled_from([{}, {"x": 1}, {"command": "true"}]), st.booleans()),
+        max_size=4,
+    ),
+    max_size=24,
+)
+
+
+@given(_responses, st.randoms(), st.sampled_from([IdenticalToolCallRun, ToolCallCycle, RepeatedErrorResult]))
+def test_property_stationarity_verdicts_ignore_the_order_of_a_responses_calls(
+    responses: list[list[tuple[str, dict[str, Any], bool]]], rnd: Any, cls: type[StationarityPolicy]
+) -> None:
+    listed, shuffled = cls(), cls()
+    for calls in responses:
+        verdicts = []
+        for pol, order in ((listed, calls), (shuffled, rnd.sample(calls, len(calls)))):
+            uses = [call(name, **args) for name, args, _ in order]
+            msg = Message(role="assistant", content=list(uses)) if uses else Message.assistant("Thinking it over.")
+            results = [
+                ToolResultBlock(tool_use_id=u.id, content="boom" if err else "ok", is_error=err)
+                for u, (_, _, err) in zip(uses, order, strict=True)
+            ]
+            verdicts.append((pol.on_response(msg), pol.on_results(msg, results) if uses else None))
+        assert verdicts[0] == verdicts[1], calls
 
 def test_default_policies_are_conservative_doom_loop_and_identical_run() -> None:
     pols = default_policies()
