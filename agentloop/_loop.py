@@ -71,6 +71,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 reason = _limit_reached(engine, st)
                 if reason is not None:
                     break
+                if st.nudges:  # a policy's reminder goes with the request it was given for
+                    for event in flush_nudges(engine, st):
+                        yield event
                 st.turns += 1
                 phase = model_phase(engine, st)
                 try:
@@ -88,8 +91,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 yield event
                     finally:
                         await tools.aclose()
-                    for event in _after_tools(engine, st, uses):
-                        yield event
+                    _after_tools(engine, st, uses)
                 for event in st.take_pending_events():
                     yield event
                 reason = st.terminal
@@ -232,8 +234,6 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     if not uses:
         if not engine.inbox.interjections:  # safe point: a queued message keeps the turn going
             st.terminal = "completed"
-        elif st.nudges:  # the turn goes on: a policy's reminder goes before the next request
-            st.pending_events += flush_nudges(engine, st)
         return []
     if st.signal.aborted:  # checkpoint 2: no tool starts
         st.phase = "tools"
@@ -242,10 +242,11 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     return uses
 
 
-def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> list[Event]:
+def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> None:
+    """Judge the results; nudges wait in ``st`` for the next request, if the turn makes one."""
     if st.signal.aborted:
         st.terminal = abort_terminal(st)
-        return []
+        return
     if engine.policies:
         assert st.response is not None
         results = [st.last_results[u.id] for u in uses]
@@ -255,9 +256,6 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
                     st.terminal, st.detail = verdict.reason, verdict.message
             elif isinstance(verdict, Nudge):
                 st.nudges.append((name, verdict))
-        if st.terminal is not None:  # no model reads a reminder now: it would go, stale, with the next prompt
-            st.nudges = []
-    return flush_nudges(engine, st) if st.nudges else []
 
 
 def _ask_policies(engine: QueryEngine, hook: str, *args: object) -> list[tuple[str, Verdict]]:
@@ -274,7 +272,7 @@ def _ask_policies(engine: QueryEngine, hook: str, *args: object) -> list[tuple[s
 
 
 async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
-    st.nudges = []  # a reminder for a request this turn will not make is not carried into the next
+    st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one
     events: list[Event] = settle_results(engine, st)
     aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
     abort_reason = st.signal.reason if aborted else None

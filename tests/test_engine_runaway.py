@@ -420,5 +420,21 @@ async def test_a_nudge_on_an_answer_the_turn_goes_on_from_is_delivered_before_th
             engine.interject("and mind the docs")  # keeps the turn going after the first answer
     assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed"]
     second = model.requests[1].messages
-    assert [m.kind for m in second[-2:]] == ["nudge", "interjection"]
+    assert [m.kind for m in second[-2:]] == ["interjection", "nudge"]  # as after tool results
     assert sum(isinstance(e, PolicyNudge) for e in events) == 1
+
+
+async def test_a_nudge_due_when_the_turn_hits_its_limit_is_not_left_in_the_transcript() -> None:
+    """The 8th identical response earns a nudge, but ``max_turns=8`` ends the turn before any
+    request could carry it: it is not committed, to reach the model before the next prompt."""
+    engine = QueryEngine(ScriptedModel([same_call()] * 20), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=8)
+    events = await collect(engine, "go")
+    assert events[-1].reason == "max_turns"  # type: ignore[union-attr]
+    assert engine.messages[-1].kind == "tool_results"
+    assert not any(m.kind == "nudge" for m in engine.messages)
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+    # with a turn to spare, the same nudge goes before the 9th request
+    engine = QueryEngine(ScriptedModel([same_call()] * 20), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=9)
+    await collect(engine, "go")
+    model = engine.model
+    assert isinstance(model, ScriptedModel) and model.requests[8].messages[-1].kind == "nudge"
