@@ -227,7 +227,7 @@ class QueryEngine:
         """Queue ``text`` for the model at the next safe point, cancelling nothing.
 
         Returns a receipt id, repeated in the InterjectionInjected (or
-        InterjectionDropped) event.
+        InterjectionDropped) event. Raises ValueError for a blank text.
         """
         return self.inbox.put(self.inbox.interjections, text, "int")
 
@@ -236,7 +236,7 @@ class QueryEngine:
         return self.inbox.put(self.inbox.follow_ups, text, "fup")
 
     def submit(self, text: str) -> str:
-        """`follow_up` or `interject`, according to ``follow_up_behavior``."""
+        """`follow_up` or `interject`, according to ``follow_up_behavior`` (ValueError if blank)."""
         if self.options.follow_up_behavior == "steer" and self.running:
             return self.interject(text)
         return self.follow_up(text)

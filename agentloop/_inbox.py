@@ -76,9 +76,10 @@ class Inbox:
     def put(self, queue: list[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
-        if queue is not self.interjections and not text.strip():
-            # It would start a turn with a blank user message, which providers refuse.
-            raise ValueError("a message that starts a turn needs text in it")
+        if not text.strip():
+            # A turn would start with a blank user message, which providers refuse; an
+            # interjection would be an empty envelope, which says nothing to the model.
+            raise ValueError("a message for the model needs text in it (this one is blank)")
         text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
         with self._lock:
             receipt = f"{prefix}-{next(self._ids)}"

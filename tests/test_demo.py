@@ -78,6 +78,9 @@ def test_scenario_file_and_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "must be one of" in proc.stderr
     with pytest.raises(ScenarioError):
         parse_scenario([{"do": "interrupt", "when": "soon"}])
+    for do in ("interject", "follow_up", "send_now", "submit"):  # the engine would refuse it mid-run
+        with pytest.raises(ScenarioError, match="needs a \"text\""):
+            parse_scenario([{"do": do, "text": "  "}])
     assert len(parse_scenario(BUILTIN).steps) == 5
 
 

@@ -126,6 +126,31 @@ async def test_interjection_envelope_text_and_reminder() -> None:
     assert "do not drop the work" in body
 
 
+@pytest.mark.parametrize("behavior", ["queue", "steer"])
+async def test_a_blank_text_is_refused_by_every_control_call(behavior: str) -> None:
+    """A blank interjection used to be queued and delivered as an envelope around nothing (an
+    empty <user_query>), while the other three calls refused it: all four refuse it alike, idle
+    or running, and queue nothing."""
+    engine = engine_for(["first answer", "second answer"], follow_up_behavior=behavior)
+    controls = [engine.interject, engine.follow_up, engine.send_now, engine.submit]
+    blanks = ["", " ", "\n\t", "\u3000\u2003"]  # ideographic and em spaces are whitespace too
+    for call in controls:
+        for blank in blanks:
+            with pytest.raises(ValueError, match="needs text"):
+                call(blank)
+    running = []
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta) and not running:
+            running.append(engine.running)
+            for call in controls:
+                with pytest.raises(ValueError, match="needs text"):
+                    call(" \r\n")
+    assert running == [True]
+    assert not (engine.inbox.interjections or engine.inbox.follow_ups or engine.inbox.send_now)
+    assert [m.kind for m in engine.messages] == [None, None]
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_interjection_dropped_with_a_receipt_when_the_run_is_cancelled() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
     events = []

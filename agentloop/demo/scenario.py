@@ -49,6 +49,7 @@ from .host import Host
 __all__ = ["BUILTIN", "Player", "Scenario", "ScenarioError", "Step", "load"]
 
 _ACTIONS = {"interrupt", "interject", "follow_up", "send_now", "submit", "prompt", "mode", "transcript", "quit"}
+_SENDS = {"interject", "follow_up", "send_now", "submit"}  # the engine refuses a blank text
 
 
 class ScenarioError(ValueError):
@@ -121,6 +122,8 @@ def parse(data: Any) -> Scenario:
         unknown = set(raw) - known
         if unknown:
             raise ScenarioError(f"step {i}: unknown keys {sorted(unknown)}")
+        if raw["do"] in _SENDS and not str(raw.get("text", "")).strip():
+            raise ScenarioError(f"step {i}: \"{raw['do']}\" needs a \"text\" to send")
         try:
             steps.append(Step(**raw))
         except TypeError as exc:
