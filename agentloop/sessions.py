@@ -34,10 +34,11 @@ import enum
 import gc
 import json
 import logging
+import math
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -286,9 +287,11 @@ class JsonlSession:
         loaded = LoadedSession(messages=[])
         problems: list[str] = []
         notes: list[str] = []  # what a record from a newer version lost, yet was kept
+        # Only a file holding such a token needs the slower decoder (one scan of the file).
+        loads = _loads_non_finite if b"NaN" in data or b"Infinity" in data else json.loads
         with _gc_paused():
             for lineno, line, complete in _lines(data):
-                why = _read_record(line, loaded, notes) if complete else "no final newline"
+                why = _read_record(line, loaded, notes, loads) if complete else "no final newline"
                 if why is not None:
                     where = "the torn last line" if lineno == -1 else f"corrupt line {lineno}"
                     problems.append(f"skipped {where} ({why})")
@@ -386,10 +389,41 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _dumps(obj: Any) -> str:
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr, allow_nan=False)
+    except ValueError:  # a NaN or an infinity, which JSON has no number for: null, as in a message
+        obj = _finite(obj)
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
     if has_surrogates(text):  # UTF-8 cannot encode it: escape everything non-ASCII instead
         text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr)
     return text
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is NaN or infinite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _non_finite(constant: str) -> None:
+    """What a ``NaN``, ``Infinity`` or ``-Infinity`` token (not JSON; an older version wrote
+    them in event records) reads as: None, as the null written for one today."""
+    return None
+
+
+_DECODER = json.JSONDecoder(parse_constant=_non_finite)
+
+
+def _loads_non_finite(line: bytes) -> Any:
+    """json.loads, with a ``NaN`` or ``Infinity`` token read as None."""
+    # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
+    # surrogates kept for the repair to join or replace.
+    return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -463,11 +497,13 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
         yield -1, tail, False
 
 
-def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | None:
+def _read_record(
+    line: bytes, loaded: LoadedSession, notes: list[str], loads: Callable[[bytes], Any]
+) -> str | None:
     """Add one record to ``loaded``; return why it was skipped, or None (``notes``: what a
     record kept from a newer version lost)."""
     try:
-        record = json.loads(line)
+        record = loads(line)
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "message":
             loaded.messages.append(_message(record["message"], notes))

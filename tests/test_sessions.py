@@ -8,6 +8,7 @@ import errno
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -36,7 +37,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
-from agentloop._events import AssistantMessage, InterjectionInjected, TurnEnded, TurnStarted
+from agentloop._events import AssistantMessage, InterjectionInjected, Retrying, TurnEnded, TurnStarted
 from agentloop._model import Usage
 from agentloop.sessions import JsonlSession, LoadedSession, SessionStore
 
@@ -107,6 +108,84 @@ def test_events_are_serialised_generically(tmp_path: Path) -> None:
     }
     assert Message.model_validate(events[2]["message"]) == Message.assistant("hi")
     assert events[3]["value"].startswith("<object object")
+
+
+def _strict_json(line: str) -> Any:
+    """json.loads without Python's extensions (NaN, Infinity): JSON as every other reader parses it."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _nulled(value: Any) -> Any:
+    """``value`` as written: every NaN or infinite float becomes None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nulled(v) for v in value]
+    return value
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=_JSON_VALUES, bad=st.sampled_from([math.nan, math.inf, -math.inf]))
+def test_a_non_finite_float_is_written_as_null_by_every_record_type(value: Any, bad: float) -> None:
+    """A NaN or an infinity was written as null in a message but as a bare ``NaN`` token (not
+    JSON: other readers refuse the line) in an event, and in a message whose meta needed the
+    fallback encoder. Every record now writes null, and load() reads back exactly that."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.jsonl"
+        values = {"value": value, "bad": bad, "list": [bad, 1.5]}
+        plain = Message.user("plain", meta=values)
+        fallback = Message.user("fallback", meta={**values, "host": _HostObject()})
+        use = Message(role="assistant", content=[ToolUseBlock(id="t1", name="calc", input=values)])
+        with JsonlSession(path) as session:
+            for m in (plain, fallback, use):
+                session.append_message(m)
+            session.append_event(Retrying(attempt=1, error="overloaded", delay=bad))
+            session.append_event({"type": "custom", **values})
+        session, loaded = JsonlSession.resume(path)  # repairs the dangling tool_use: a checkpoint
+        session.close()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines(): "\x85" is in a string
+        assert lines.pop() == ""
+        records = [_strict_json(line) for line in lines]
+        assert [r["type"] for r in records] == ["message"] * 3 + ["event"] * 2 + ["checkpoint"]
+        written = _nulled(values)
+        assert records[3]["event"]["delay"] is None and records[4]["event"]["bad"] is None
+        assert loaded.messages[0].meta == written and loaded.messages[2].tool_uses[0].input == written
+        assert loaded.messages[1].meta == {**written, "host": "<HostObject>"}
+        assert loaded.events[1] == {"type": "custom", **written}
+        again = JsonlSession(path).load()
+        assert again.messages == loaded.messages and again.repairs == [] and again.warnings == []
+        assert [Message.model_validate(m) for m in records[5]["messages"]] == loaded.messages
+
+
+def test_a_bare_nan_token_from_an_older_version_loads_as_null(tmp_path: Path) -> None:
+    """Older versions wrote ``NaN``/``Infinity`` tokens in events (and in fallback messages): they
+    load as None, as the null written today, so a tool input loaded from such a file can be sent
+    again (a NaN in a request is refused)."""
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(
+        b'{"type":"message","message":{"role":"assistant","content":[{"type":"tool_use","id":"t1",'
+        b'"name":"calc","input":{"x":NaN,"y":[Infinity,-Infinity]}}]}}\r\n'
+        b'{"type":"message","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1",'
+        b'"content":"ok"}]}}\r\n'
+        b'{"type":"event","event":{"type":"retrying","delay":Infinity}}\r\n'
+    )
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == [] and loaded.repairs == []
+    assert loaded.messages[0].tool_uses[0].input == {"x": None, "y": [None, None]}
+    assert loaded.events == [{"type": "retrying", "delay": None}]
 
 
 class _HostObject:
