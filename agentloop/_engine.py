@@ -77,8 +77,9 @@ class QueryEngine:
     terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
     terminal ``deadline``), ``texts`` (every text the library writes),
     ``session`` (a `agentloop.sessions.SessionStore` receiving each committed
-    message), ``background_subagents`` ("keep" or "abort" on a parent cancel),
-    ``retry_base_delay``/``retry_max_delay`` (back-off bounds, seconds),
+    message; a record it fails to append costs the run nothing and adds one line
+    to ``session_errors``, as does a subagent's), ``background_subagents``
+    ("keep" or "abort" on a parent cancel), ``retry_base_delay``/``retry_max_delay`` (back-off bounds, seconds),
     ``max_tokens`` and ``tool_choice`` (passed on in each request).
     """
 
@@ -154,6 +155,7 @@ class QueryEngine:
         self.session = session
         self.inbox = Inbox()
         self.last_turn_ended: TurnEnded | None = None
+        self.session_errors: list[str] = []
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
@@ -317,15 +319,27 @@ class QueryEngine:
         if self.session is not None:
             try:
                 self.session.append_message(message)
-            except Exception:
-                log.exception("session store failed to append a message")
+            except Exception as exc:
+                self._store_failed(f"a message ({message.role})", exc)
 
     def _record_event(self, event: Event) -> None:
         if self.session is not None:
             try:
                 self.session.append_event(event)
-            except Exception:
-                log.exception("session store failed to append an event")
+            except Exception as exc:
+                self._store_failed(f"an event ({event.type})", exc)
+
+    def _store_failed(self, what: str, exc: Exception) -> None:
+        # The run goes on (the transcript in memory is whole), but the file is not: say so where
+        # the host can look, on this engine and on each one above it (a sidechain is part of the
+        # main session, and a subagent engine is often gone by the time the host looks).
+        who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
+        note = f"{who}could not record {what}: {type(exc).__name__}: {exc}"
+        log.error("session store failed: %s", note, exc_info=exc)
+        engine: QueryEngine | None = self
+        while engine is not None:
+            engine.session_errors.append(note)
+            engine = engine.parent
 
 
 class _Run(AsyncGenerator[Event, None]):

@@ -683,6 +683,47 @@ def test_a_failed_write_never_costs_the_next_record(
     assert loaded.messages == [Message.user("one"), Message.user("three")]
 
 
+async def test_a_record_the_store_fails_to_write_is_reported_on_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed append (disk full) was only logged: the run went on and the host could not know
+    its session file lacked a message. The run still goes on, and each lost record is listed in
+    ``session_errors``: a subagent's too, on every engine above it."""
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if any(marker in bytes(data) for marker in (b"Looking.", b'"turn_ended"', b"the sub answer")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    model = ScriptedModel([
+        ScriptedResponse(text="Looking.", tool_calls=[ScriptedToolCall("task", {"task": "look it up"})]),
+        "the sub answer",
+        "Done.",
+    ])
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(model, tools=[agentloop.delegate_tool()], session=session, policies=[])
+        monkeypatch.setattr(os, "write", write)
+        events = [ev async for ev in engine.run("go")]
+        monkeypatch.undo()
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [(e.agent_id, e.reason) for e in ends] == [("sub-1", "completed"), (None, "completed")]
+    assert engine.messages[-1].text == "Done."
+    full = "OSError: [Errno 28] No space left on device"
+    assert engine.session_errors == [
+        f"could not record a message (assistant): {full}",
+        f"subagent 'sub-1': could not record a message (assistant): {full}",
+        f"subagent 'sub-1': could not record an event (turn_ended): {full}",
+        f"could not record a message (user): {full}",  # the tool result quotes the sub answer
+        f"could not record an event (turn_ended): {full}",
+    ]
+    child = JsonlSession(tmp_path / "subagents" / "sub-1.jsonl").load()
+    assert child.events == [] and [m.role for m in child.messages] == ["user"]
+    loaded = JsonlSession(path).load()  # holds what the list says it lacks, and no more
+    assert loaded.events == [] and [m.text for m in loaded.messages] == ["go", "Done."]
+
+
 # -- a crash at any byte, resumed and continued ------------------------------------
 
 
