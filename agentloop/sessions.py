@@ -31,12 +31,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import gc
 import json
 import logging
 import math
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -434,7 +436,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _fsync(fd: int) -> None:
-    os.fsync(fd)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # A pipe, a FIFO, a socket or a device (os.devnull, /dev/stdout piped to a viewer) keeps
+        # nothing to make durable, and refuses fsync with EINVAL: there is nothing to lose.
+        if exc.errno != errno.EINVAL or stat.S_ISREG(os.fstat(fd).st_mode):
+            raise
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -505,6 +505,41 @@ def test_a_new_file_and_the_directories_made_for_it_are_synced(
     assert synced == ([] if policy == "never" else [path.stat().st_ino])
 
 
+@pytest.mark.parametrize("policy", ["always", "batch", "never"])
+def test_a_session_written_to_a_pipe_or_to_devnull_works_under_every_policy(policy: Any) -> None:
+    """fsync refuses a pipe or a device with EINVAL: ``JsonlSession(os.devnull)`` (persistence
+    off) failed at close, and a session piped to a viewer (``/dev/stdout | jq``) failed on every
+    append with ``"always"``. Such a file has nothing to make durable: the sync is skipped."""
+    read_end, write_end = os.pipe()
+    try:
+        piped = JsonlSession(f"/dev/fd/{write_end}", fsync=policy, fsync_every=1)
+        discarded = JsonlSession(os.devnull, fsync=policy, fsync_every=1)
+        for session in (piped, discarded):
+            session.append_message(Message.user("hi"))
+            session.append_event(TurnEnded(reason="completed"))
+            session.flush()
+            session.close()
+        data = os.read(read_end, 65536)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    records = [json.loads(line) for line in data.decode("utf-8").split("\n")[:-1]]
+    assert [r["type"] for r in records] == ["message", "event"]
+    assert Message.model_validate(records[0]["message"]) == Message.user("hi")
+
+
+def test_a_failed_fsync_of_a_regular_file_is_still_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    session = JsonlSession(tmp_path / "s.jsonl", fsync="always")
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Invalid argument"):
+        session.append_message(Message.user("hi"))
+    monkeypatch.undo()
+    session.close()
+
+
 def test_bad_options_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         JsonlSession(tmp_path / "s.jsonl", fsync="sometimes")  # type: ignore[arg-type]
