@@ -12,6 +12,8 @@ the file. A crash (even SIGKILL, even between two halves of a short write) can
 only leave a torn *last* line without its newline; `JsonlSession.load` skips it
 with a warning, and everything before it is intact. Reopening a file for
 appending cuts such a torn tail off first, so a new line is never glued to it.
+(A last line that is a whole record, its newline alone missing, is no tear:
+JSON Lines lets a file end so. It is loaded, and ended with a newline on reopening.)
 
 Durability is the ``fsync`` policy: ``"always"`` fsyncs after every append
 (survives power loss, costs one disk flush per message); ``"batch"`` (the
@@ -254,7 +256,7 @@ class JsonlSession:
             created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                _cut_torn_tail(fd, self.path)
+                _cut_torn_tail(fd, self.path, keep_whole=True)
             except BaseException:
                 os.close(fd)
                 raise
@@ -293,7 +295,9 @@ class JsonlSession:
         loads = _loads_non_finite if b"NaN" in data or b"Infinity" in data else json.loads
         with _gc_paused():
             for lineno, line, complete in _lines(data):
-                why = _read_record(line, loaded, notes, loads) if complete else "no final newline"
+                why = _read_record(line, loaded, notes, loads)
+                if why is not None and not complete:
+                    why = "no final newline"  # torn: a whole record without one is kept (JSON Lines)
                 if why is not None:
                     where = "the torn last line" if lineno == -1 else f"corrupt line {lineno}"
                     problems.append(f"skipped {where} ({why})")
@@ -475,8 +479,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dfd)
 
 
-def _cut_torn_tail(fd: int, path: Path) -> None:
-    """Truncate a final line that has no newline (a torn write), so appends start clean."""
+def _cut_torn_tail(fd: int, path: Path, *, keep_whole: bool = False) -> None:
+    """Truncate a final line that has no newline (a torn write), so appends start clean.
+
+    With ``keep_whole``, a final line that is a whole JSON object (a file that simply ends
+    without a newline, as JSON Lines allows) is ended with a newline instead of cut.
+    """
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return
@@ -489,8 +497,19 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
             keep = start + nl + 1
             break
         keep = start
+    if keep_whole and _is_object(os.pread(fd, size - keep, keep)):
+        _write_all(fd, b"\n")
+        return
     log.warning("%s: cut a torn last line of %d bytes before appending", path, size - keep)
     os.ftruncate(fd, keep)
+
+
+def _is_object(line: bytes) -> bool:
+    # A torn object never parses: its closing brace is its last byte.
+    try:
+        return isinstance(_loads_non_finite(line), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:

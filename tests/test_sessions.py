@@ -419,6 +419,25 @@ def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) ->
     assert again.messages == [Message.user("kept"), Message.assistant("after the crash")]
 
 
+def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -> None:
+    """JSON Lines lets a file end without a newline (``"\\n".join(lines)``, a host that rewrote
+    the file to redact it): its last record, whole, was skipped as torn on load, and the next
+    append cut it off the file for good. It is kept, and ended with a newline before appending."""
+    path = tmp_path / "s.jsonl"
+    first = [make_message(i) for i in range(3)]
+    lines = [json.dumps({"type": "message", "message": m.model_dump(mode="json")}) for m in first]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == first and loaded.warnings == [] and loaded.repairs == []
+    session, resumed = JsonlSession.resume(path)
+    with session:
+        session.append_message(Message.user("next"))
+    assert resumed.messages == first
+    assert path.read_text(encoding="utf-8").split("\n")[:3] == lines
+    again = JsonlSession(path).load()
+    assert again.messages == [*first, Message.user("next")] and again.warnings == []
+
+
 # -- fsync policy -----------------------------------------------------------------
 
 
@@ -662,8 +681,8 @@ def test_a_tear_at_any_byte_loses_only_the_torn_line(cut: int) -> None:
         path = Path(d) / "s.jsonl"
         path.write_bytes(SESSION_BYTES[:cut])
         loaded = JsonlSession(path).load()
-    complete = sum(end <= cut for end in LINE_ENDS)
-    torn = cut not in (0, *LINE_ENDS)
+    complete = sum(end - 1 <= cut for end in LINE_ENDS)  # a whole record lacking only its newline counts
+    torn = cut not in (0, *LINE_ENDS, *(end - 1 for end in LINE_ENDS))
     assert len(loaded.warnings) == int(torn)
     lines = SESSION_BYTES.split(b"\n")[:complete]
     prefix = b'{"type":"message","message":'
