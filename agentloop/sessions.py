@@ -530,7 +530,11 @@ def _read_record(
     """Add one record to ``loaded``; return why it was skipped, or None (``notes``: what a
     record kept from a newer version lost)."""
     try:
-        record = loads(line)
+        try:
+            record = loads(line)
+        except UnicodeDecodeError:  # bytes that are not UTF-8 (edited or damaged elsewhere): keep the rest
+            record = loads(line.decode("utf-8", "replace").encode("utf-8"))
+            notes.append("replaced bytes that are not UTF-8 with U+FFFD")
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "message":
             loaded.messages.append(_message(record["message"], notes))

@@ -374,6 +374,23 @@ def test_surrogates_encoded_as_bytes_are_repaired_on_load(tmp_path: Path) -> Non
     assert len(loaded.repairs) == 1 and "surrogate" in loaded.repairs[0]
 
 
+def test_bytes_that_are_not_utf8_cost_only_themselves(tmp_path: Path) -> None:
+    """A line holding a byte that is not UTF-8 (a file edited in Latin-1, a damaged sector) was
+    skipped whole: a tool call lost that way took its result with it. The line is kept, each bad
+    byte read as U+FFFD, with a warning."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        for i in range(3):  # a question, a tool call, its result
+            session.append_message(make_message(i))
+    data = path.read_bytes().replace(b"calling 1", b"caf\xe9 \xff 1")
+    path.write_bytes(data)
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["question 0 \u00e9\u4e2d", "caf\ufffd \ufffd 1", ""]
+    assert loaded.messages[1].tool_uses == make_message(1).tool_uses and loaded.repairs == []
+    assert loaded.messages[2] == make_message(2)
+    assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["line 2: replaced bytes that are not UTF-8 with U+FFFD"]
+
+
 def test_a_message_from_a_newer_version_keeps_what_this_version_knows(tmp_path: Path) -> None:
     """A field or a block type this version does not know (a newer version wrote the file) costs
     only that field or block, with a warning each: the message used to be skipped whole, so an
