@@ -301,6 +301,7 @@ class JsonlSession:
                 if why is not None:
                     where = "the torn last line" if lineno == -1 else f"corrupt line {lineno}"
                     problems.append(f"skipped {where} ({why})")
+                    notes = []  # what the skipped line would have lost: not news of the next line
                 elif notes:
                     where = "the last line" if lineno == -1 else f"line {lineno}"
                     problems += [f"{where}: {note}" for note in notes]

@@ -419,6 +419,24 @@ def test_a_message_from_a_newer_version_keeps_what_this_version_knows(tmp_path: 
     ]
 
 
+def test_a_skipped_line_does_not_pass_its_notes_to_the_next_one(tmp_path: Path) -> None:
+    """What a line that was skipped in the end would have lost was reported as news of the next
+    line kept: a warning naming the wrong line, about a field it does not hold."""
+    path = tmp_path / "s.jsonl"
+    newer = {"role": "user", "content": [{"type": "text", "text": "hi"}], "id": "m1"}
+    lines = [
+        {"type": "checkpoint", "messages": [newer, {"role": "system", "content": []}]},
+        {"type": "message", "message": Message.user("next").model_dump(mode="json")},
+    ]
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in lines) + b'{"a": "\xff\n')
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("next")]
+    assert [w.split(": ", 1)[1] for w in loaded.warnings] == [
+        "skipped corrupt line 1 (ValidationError: 1 validation error for Message)",
+        "skipped the torn last line (JSONDecodeError: Unterminated string starting at: line 1 column 7 (char 6))",
+    ]
+
+
 def test_torn_tail_is_skipped_then_cut_before_the_next_append(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     with JsonlSession(path) as session:
