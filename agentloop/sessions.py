@@ -110,7 +110,8 @@ class JsonlSession:
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents``). The file and its directories are created on
-    the first append; constructing or loading never creates anything.
+    the first append; constructing or loading never creates anything. A relative
+    path is taken from the working directory at construction.
     A session is safe to append to from several threads.
     """
 
@@ -126,11 +127,13 @@ class JsonlSession:
             raise ValueError(f"fsync must be 'always', 'batch' or 'never', not {fsync!r}")
         if fsync_every is not None and fsync_every < 1:
             raise ValueError("fsync_every must be >= 1")
-        self.path = Path(path)
+        # Absolute now: the file is opened at the first append, and a sidechain's much later,
+        # by when the process (a tool, the host) may have changed its working directory.
+        self.path = Path(path).absolute()
         self.fsync: FsyncPolicy = fsync
         self.fsync_every = fsync_every
         self.sidechain_dir = (
-            Path(sidechain_dir) if sidechain_dir is not None else self.path.parent / "subagents"
+            Path(sidechain_dir).absolute() if sidechain_dir is not None else self.path.parent / "subagents"
         )
         self._fd: int | None = None
         self._closed = False

@@ -240,6 +240,40 @@ def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
             main.sidechain(bad)
 
 
+async def test_a_relative_path_is_fixed_when_the_session_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is opened at the first append and a sidechain much later: a tool (or the host)
+    that changed the working directory in between put them in another directory than the one
+    the session was made in, and load() read yet another."""
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+
+    @tool
+    async def cd(path: str) -> str:
+        """Change the working directory."""
+        os.chdir(path)
+        return "ok"
+
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("cd", {"path": str(elsewhere)})]),
+        ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "look"})]),
+        "sub answer",
+        "Done.",
+    ])
+    monkeypatch.chdir(home)
+    with JsonlSession("s.jsonl") as session:
+        monkeypatch.chdir(tmp_path)  # before the first append, as a host may do
+        engine = QueryEngine(model, tools=[cd, agentloop.delegate_tool()], session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    assert Path.cwd() == elsewhere and engine.session_errors == []
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.jsonl")) == [
+        "project/s.jsonl",
+        "project/subagents/sub-1.jsonl",
+    ]
+    assert session.load().messages == engine.messages
+
+
 def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sidechain whose fsync fails at close (EIO) does not leave the main file, or the other
     sidechains, open and unsynced: all are closed, and the error is raised after."""
