@@ -197,14 +197,17 @@ def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
 def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:
     """The next turn's messages, if this run goes on (read again after the host saw TurnEnded).
 
-    A send-now text always goes on, until the deadline; follow-ups only after a turn that
-    completed with no abort: an interrupt while the host held the turn's last events (or
-    between turns) means "stop", so they stay queued for the next run.
+    A send-now text always goes on, until the deadline; follow-ups, and interjections sent
+    while the host held the last events (a new turn with no prompt delivers them), only after a
+    turn that completed with no abort: an interrupt while the host held the turn's last events
+    (or between turns) means "stop", so they stay queued for the next run.
     """
     if st.expired or st.finishing:  # the deadline passed, or aclose() from another task
         return None
     follow_ups = st.last_reason == "completed" and not st.signal.aborted
     starts = _take_starts(engine, follow_ups=follow_ups)
+    if not starts and follow_ups and engine.inbox.interjections:
+        return []
     return starts or None
 
 

@@ -116,6 +116,37 @@ async def test_interjection_safe_point_before_turn_end_keeps_the_turn_going() ->
     assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("how", ["submit_steer", "interject"])
+async def test_a_message_steered_in_while_the_host_holds_the_last_turnended_gets_its_turn(how: str) -> None:
+    """A message steered in while the host handled the final TurnEnded (the run still going)
+    was neither delivered nor reported dropped: the run ended and left it queued, so the user got
+    no reply until they typed again. After a completed turn it now gets a turn of its own, as a
+    follow-up does; after an interrupted one it waits for the next run, as a follow-up does."""
+    engine = engine_for(["first", "second"], follow_up_behavior="steer")
+    receipts = []
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TurnEnded) and not receipts:
+            receipts.append(engine.submit("and also this") if how == "submit_steer" else engine.interject("and also this"))
+    injected = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert [e.ids for e in injected] == [tuple(receipts)]
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+    assert [e.prompt for e in events if isinstance(e, TurnStarted)][1] is None
+    assert [m.kind for m in engine.messages] == [None, None, "interjection", None]
+    assert engine.messages[-1].text == "second" and not engine.inbox.interjections
+
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2), "later"], follow_up_behavior="steer")
+    receipt = None
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta) and not engine.signal.aborted:  # type: ignore[union-attr]
+            engine.interrupt()
+        if isinstance(ev, TurnEnded):
+            receipt = engine.interject("after the stop")
+    assert engine.last_turn_ended.reason == "aborted_streaming"  # type: ignore[union-attr]
+    assert [q.id for q in engine.inbox.interjections] == [receipt]  # the user said stop: kept for later
+
+
 async def test_interjection_envelope_text_and_reminder() -> None:
     engine = engine_for(["ok"])
     engine.interject("hello")
