@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import operator
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, fields
@@ -156,6 +157,7 @@ class QueryEngine:
         self.inbox = Inbox()
         self.last_turn_ended: TurnEnded | None = None
         self.session_errors: list[str] = []
+        self._recorded: list[Message] = list(self.messages)  # what the session holds (given: all of it)
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
@@ -317,6 +319,7 @@ class QueryEngine:
     def _commit(self, message: Message) -> None:
         self.messages.append(message)
         if self.session is not None:
+            self._recorded.append(message)
             try:
                 self.session.append_message(message)
             except Exception as exc:
@@ -328,6 +331,35 @@ class QueryEngine:
                 self.session.append_event(event)
             except Exception as exc:
                 self._store_failed(f"an event ({event.type})", exc)
+
+    def _catch_up_session(self) -> None:
+        """As a run starts: record in the session what the host did to `messages` since the
+        last commit (appended messages are appended; a rewound or edited transcript is written
+        as a checkpoint), so that the session replays to the transcript the run starts from."""
+        if self.session is None:
+            return
+        messages, recorded = self.messages, self._recorded
+        if len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):
+            if len(messages) == len(recorded):
+                return
+            for message in messages[len(recorded) :]:  # appended by the host
+                self._commit_to_store(message)
+        else:
+            checkpoint = getattr(self.session, "append_checkpoint", None)
+            try:
+                if checkpoint is None:
+                    raise TypeError(f"{type(self.session).__name__} has no append_checkpoint()")
+                checkpoint(list(messages))
+            except Exception as exc:
+                self._store_failed("a checkpoint of the transcript the host rewrote", exc)
+        self._recorded = list(messages)
+
+    def _commit_to_store(self, message: Message) -> None:
+        assert self.session is not None
+        try:
+            self.session.append_message(message)
+        except Exception as exc:
+            self._store_failed(f"a message ({message.role})", exc)
 
     def _store_failed(self, what: str, exc: Exception) -> None:
         # The run goes on (the transcript in memory is whole), but the file is not: say so where

@@ -105,6 +105,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> tuple[RunState, list[Message] | None]:
     if engine._state is not None:
         raise RuntimeError("a run is already in progress on this engine")
+    engine._catch_up_session()
     starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
     st.token = token

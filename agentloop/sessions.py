@@ -42,7 +42,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -79,7 +79,9 @@ class SessionStore(Protocol):
     transcript, `append_event` for events worth keeping (`TurnEnded`,
     interjection receipts), and `sidechain` once per subagent, whose transcript
     is kept apart. `close` is the owner's job; the engine never calls it on the
-    store it was given.
+    store it was given. A store may also have ``append_checkpoint(messages)``
+    (as `JsonlSession` does): the engine calls it when a run starts on a
+    transcript the host rewound or edited since the last commit.
     """
 
     def append_message(self, message: Message) -> None: ...
@@ -157,6 +159,12 @@ class JsonlSession:
             # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
             body = _dumps(event_to_json(message))
         self._append('{"type":"message","message":' + body + "}\n")
+
+    def append_checkpoint(self, messages: Sequence[Message]) -> None:
+        """Append a checkpoint record: on load, ``messages`` replace every message read before
+        it (a transcript rewound or edited by the host). Raises as `append_message` does."""
+        record = {"type": "checkpoint", "messages": [event_to_json(m) for m in messages]}
+        self._append(_dumps(record) + "\n")
 
     def append_event(self, event: object) -> None:
         """Append an event record: any agentloop event dataclass (or pydantic model, or
@@ -334,8 +342,7 @@ class JsonlSession:
         session = cls(path, **options)
         loaded = session.load()
         if loaded.repairs:
-            messages = [m.model_dump(mode="json") for m in loaded.messages]
-            session._append(_dumps({"type": "checkpoint", "messages": messages}) + "\n")
+            session.append_checkpoint(loaded.messages)
         return session, loaded
 
 

@@ -334,6 +334,62 @@ async def test_a_reply_ending_in_whitespace_replays_exactly_with_nothing_to_repa
     assert loaded.repairs == [] and loaded.messages == engine.messages
 
 
+class _ListStore:
+    """A store of the four protocol methods only (no append_checkpoint)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def append_message(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def append_event(self, event: object) -> None:
+        pass
+
+    def sidechain(self, agent_id: str) -> _ListStore:
+        return _ListStore()
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_transcript_the_host_rewound_or_extended_between_runs_replays_from_the_file(tmp_path: Path) -> None:
+    """The file recorded only what the engine committed: after the host rewound the transcript
+    (an edited question), the file still replayed the discarded exchange, and a message the host
+    appended before a run was missing. The next run now records both, and nothing otherwise."""
+    path = tmp_path / "s.jsonl"
+    model = ScriptedModel(["A1", "A2", "A2 again", "A3"])
+    with JsonlSession(path) as session:
+        engine = QueryEngine(model, session=session, policies=[])
+        for prompt in ("Q1", "Q2"):
+            async for _ in engine.run(prompt):
+                pass
+        assert b'"checkpoint"' not in path.read_bytes()  # nothing to catch up on
+        del engine.messages[2:]  # the user edits Q2
+        async for _ in engine.run("Q2 edited"):
+            pass
+        engine.messages.append(Message.user("Q3, added by the host"))
+        async for _ in engine.run():
+            pass
+    assert [m.text for m in engine.messages] == ["Q1", "A1", "Q2 edited", "A2 again", "Q3, added by the host", "A3"]
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and loaded.repairs == [] and loaded.warnings == []
+    assert path.read_bytes().count(b'{"type":"checkpoint"') == 1 and engine.session_errors == []
+
+    store = _ListStore()  # a store that cannot record a checkpoint says so
+    engine = QueryEngine(ScriptedModel(["A1", "A2"]), session=store, policies=[])
+    async for _ in engine.run("Q1"):
+        pass
+    engine.messages.clear()
+    async for _ in engine.run("Q2"):
+        pass
+    assert [m.text for m in store.messages] == ["Q1", "A1", "Q2", "A2"]
+    assert engine.session_errors == [
+        "could not record a checkpoint of the transcript the host rewrote: "
+        "TypeError: _ListStore has no append_checkpoint()"
+    ]
+
+
 def test_missing_file_loads_empty_and_creates_nothing(tmp_path: Path) -> None:
     session = JsonlSession(tmp_path / "deep" / "s.jsonl")
     assert session.load() == LoadedSession(messages=[])
