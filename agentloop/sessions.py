@@ -69,6 +69,7 @@ log = logging.getLogger("agentloop")
 FsyncPolicy = Literal["always", "batch", "never"]
 
 _ENCODED_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+_OTHER_LINE_BREAK = re.compile("[\x85\u2028\u2029]")  # JSON escapes the others (\n, \r, \v, \f, \x1c-\x1e)
 
 
 @runtime_checkable
@@ -236,6 +237,10 @@ class JsonlSession:
             return child
 
     def _append(self, line: str) -> None:
+        if _OTHER_LINE_BREAK.search(line) is not None:
+            # Raw in a JSON string, yet a line break to str.splitlines() and to other readers of
+            # "lines": escaped, the file has one record per line for every reader.
+            line = _OTHER_LINE_BREAK.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
         data = line.encode("utf-8")
         with self._lock:
             fd = self._open()

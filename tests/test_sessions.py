@@ -89,6 +89,25 @@ def test_round_trip_every_block_type(tmp_path: Path) -> None:
     assert loaded.repairs == [] and loaded.warnings == []
 
 
+def test_every_line_is_one_record_for_splitlines_too(tmp_path: Path) -> None:
+    """U+2028, U+2029 and U+0085 (NEL: cp1252's ellipsis decoded as Latin-1) were written raw
+    inside JSON strings: a line break to ``str.splitlines()``, which read the file as more lines
+    than records, each one a broken record. They are written as \\u escapes."""
+    path = tmp_path / "s.jsonl"
+    text = "web text\u2028with breaks\u2029and an ellipsis\x85 \\\u2028"
+    message = Message.user(text, meta={"k\u2028": text})
+    with JsonlSession(path) as session:
+        session.append_message(message)
+        session.append_message(Message.user(text, meta={"host": _HostObject()}))  # the fallback encoder
+        session.append_event({"type": "custom", "text": text})
+        session.append_checkpoint([message])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["type"] for line in lines] == ["message", "message", "event", "checkpoint"]
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [message] and loaded.events == [{"type": "custom", "text": text}]
+    assert json.loads(lines[1])["message"]["content"][0]["text"] == text
+
+
 def test_events_are_serialised_generically(tmp_path: Path) -> None:
     session = JsonlSession(tmp_path / "s.jsonl")
     session.append_event(TurnEnded(reason="aborted_tools", abort_reason="cancel", usage=Usage(), turns=2))
