@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import secrets
 import threading
 from dataclasses import dataclass
 
@@ -69,6 +70,9 @@ class Inbox:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        # Receipts outlive the engine in a session file: one resumed by a new engine (another
+        # process, a server's next request) must not hand out the ids the file already holds.
+        self._tag = secrets.token_hex(4)
         self.interjections: list[Queued] = []
         self.follow_ups: list[Queued] = []
         self.send_now: list[Queued] = []
@@ -82,7 +86,7 @@ class Inbox:
             raise ValueError("a message for the model needs text in it (this one is blank)")
         text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
         with self._lock:
-            receipt = f"{prefix}-{next(self._ids)}"
+            receipt = f"{prefix}-{self._tag}-{next(self._ids)}"
             queue.append(Queued(receipt, text))
         return receipt
 

@@ -409,6 +409,25 @@ async def test_a_transcript_the_host_rewound_or_extended_between_runs_replays_fr
     ]
 
 
+async def test_a_resumed_session_never_hands_out_a_receipt_its_file_holds(tmp_path: Path) -> None:
+    """Receipt ids were numbered from 1 by each engine: a session resumed by a new engine (the
+    next process, a server's next request) handed out "int-1" again, and the file then held two
+    deliveries of "int-1", of different texts."""
+    path = tmp_path / "s.jsonl"
+    handed: list[str] = []
+    for _ in range(2):  # two processes, one session file
+        session, loaded = JsonlSession.resume(path)
+        with session:
+            engine = QueryEngine(ScriptedModel(["ok", "later ok"]), messages=loaded.messages, session=session, policies=[])
+            handed += [engine.interject("note"), engine.follow_up("later")]
+            async for _ in engine.run("go"):
+                pass
+    loaded = JsonlSession(path).load()
+    delivered = [i for e in loaded.events if e["type"] == "interjection_injected" for i in e["ids"]]
+    delivered += [m.meta["receipt"] for m in loaded.messages if "receipt" in m.meta]
+    assert sorted(delivered) == sorted(handed) and len(set(handed)) == 4
+
+
 def test_missing_file_loads_empty_and_creates_nothing(tmp_path: Path) -> None:
     session = JsonlSession(tmp_path / "deep" / "s.jsonl")
     assert session.load() == LoadedSession(messages=[])
