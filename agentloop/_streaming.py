@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentloop")
 
+#: The longest ``retry_after`` (seconds) the engine waits; a server asking for more (a
+#: quota that resets in an hour) ends the turn with ``model_error`` instead of a retry.
+_MAX_RETRY_AFTER = 60.0
+
+
 class _Budgets:
     """One model phase's attempts: the transport retry and doom-loop budgets, kept apart."""
 
@@ -193,10 +198,17 @@ def _conclude(
         st.response = message
         st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
         return [AssistantMessage(message=message, stop_reason=acc.stop_reason)], None
-    if not error.retryable or budgets.retries <= 0 or st.signal.aborted:
+    wait = error.retry_after
+    too_long = wait is not None and wait > _MAX_RETRY_AFTER
+    if not error.retryable or budgets.retries <= 0 or st.signal.aborted or too_long:
         settle_partial(engine, st)
         st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
         st.error = _describe(error)
+        if too_long and error.retryable:
+            st.error += (
+                f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
+                f"{_MAX_RETRY_AFTER:.0f} s the engine waits)"
+            )
         return [], None
     budgets.retries -= 1
     delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - budgets.retries, error)
@@ -298,9 +310,14 @@ def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:
 
 
 def _backoff(base: float, cap: float, n: int, error: ModelError) -> float:
-    if error.retry_after is not None and error.retry_after >= 0:
-        return float(min(error.retry_after, 60.0))
-    return float(min(base * 2 ** (n - 1), cap) * (1 - 0.25 * random.random()))
+    """The delay before retry ``n`` (1-based): the jittered exponential back-off, or the
+    server's ``retry_after`` when that is longer. The back-off is a floor: a server that
+    answers 429 with ``retry-after: 0`` (or a date in the past) would otherwise have the
+    whole budget spent within microseconds."""
+    delay = min(base * 2 ** (n - 1), cap) * (1 - 0.25 * random.random())
+    if error.retry_after is not None and error.retry_after > delay:
+        delay = error.retry_after
+    return float(delay)
 
 
 def _describe(error: ModelError) -> str:

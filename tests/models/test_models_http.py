@@ -9,7 +9,7 @@ import httpx
 import pytest
 from _models_support import API_KEY, MockServer, collect, request, sse
 
-from agentloop import QueryEngine, TurnEnded
+from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import (
     ModelError,
     PromptTooLongError,
@@ -60,6 +60,66 @@ def test_retry_after_http_date() -> None:
 def test_bad_retry_after_is_ignored(value: str) -> None:
     assert parse_retry(429, {"retry-after": value})[1] is None
     assert parse_retry(429, {"retry-after-ms": value, "retry-after": "2"})[1] == 2.0
+
+
+_RATE_LIMITED = b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}'
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "0"},
+        {"retry-after-ms": "0"},
+        {"retry-after": "-5"},
+        {"retry-after": email.utils.formatdate(1_000_000_000, usegmt=True)},  # long past
+    ],
+    ids=["zero", "zero-ms", "negative", "past-date"],
+)
+async def test_a_zero_or_past_retry_after_still_waits_the_normal_back_off(headers: dict[str, str]) -> None:
+    # Retried at once, a server hammering 429 with "retry-after: 0" spends the whole budget in microseconds.
+    server = MockServer(_RATE_LIMITED, status=429, headers={"content-type": "application/json", **headers})
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, policies=[], retry_budget=3, retry_base_delay=0.002, retry_max_delay=1.0)
+        events = [e async for e in engine.run("hi")]
+    delays = [e.delay for e in events if isinstance(e, Retrying)]
+    assert len(delays) == 3 and len(server.requests) == 4
+    floors = [0.002 * 2**n * 0.75 for n in range(3)]  # the jittered exponential back-off
+    assert all(d >= f for d, f in zip(delays, floors, strict=True)), delays
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+
+
+async def test_a_retry_after_longer_than_a_minute_is_not_waited_for() -> None:
+    # A quota that resets tomorrow: the turn ends now, saying why, instead of sleeping (or
+    # retrying after a capped wait that cannot succeed).
+    server = MockServer(
+        _RATE_LIMITED, status=429, headers={"content-type": "application/json", "retry-after": "86400"}
+    )
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), policies=[])
+        events = []
+        async for event in engine.run("hi"):
+            events.append(event)
+            if isinstance(event, Retrying):
+                engine.interrupt()  # the old behaviour: stop the wait rather than sleep through it
+    assert not [e for e in events if isinstance(e, Retrying)]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert "86400 s" in (end.error or "") and "slow down" in (end.error or "")
+    assert len(server.requests) == 1
+
+
+async def test_a_retry_after_within_a_minute_is_honoured() -> None:
+    server = MockServer(_RATE_LIMITED, status=429, headers={"content-type": "application/json", "retry-after": "30"})
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), policies=[])
+        events = []
+        async for event in engine.run("hi"):
+            events.append(event)
+            if isinstance(event, Retrying):
+                engine.interrupt()  # the sleep is cut: nothing waits 30 s
+    assert [e.delay for e in events if isinstance(e, Retrying)] == [30.0]
 
 
 # -- status errors ----------------------------------------------------------------
