@@ -17,7 +17,9 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   `ProviderStreamError` (an event named ``error`` is always an error here).
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
-is ``data: [DONE]``; a stream without it raises `StreamProtocolError`.
+is ``data: [DONE]``; a stream without it, or whose ``[DONE]`` follows neither a
+``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
+raises `StreamProtocolError`.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_finish", "_next", "_refusal", "_usage",
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_next", "_refusal", "_usage",
                  "done", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
 
     def __init__(self, request_id: str | None = None, *, logprobs: bool = False) -> None:
@@ -179,6 +181,7 @@ class ChatMapper:
         self._finish: str | None = None
         self._refusal = False
         self._usage: Usage | None = None
+        self._final_usage = False  # the usage-only chunk a server sends once it has finished
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -219,6 +222,8 @@ class ChatMapper:
             )
             out.append(StreamUsage(self._usage))
         choices = obj.get("choices")
+        if usage and not choices:
+            self._final_usage = True
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
@@ -313,6 +318,16 @@ class ChatMapper:
                 call.pending.append(args)
 
     def _end(self) -> list[StreamEvent]:
+        if self._finish is None and not self._final_usage:
+            # The output may have been cut anywhere (a proxy that closes a broken upstream with
+            # its own [DONE]): before it began, mid-sentence, or inside a tool call's arguments.
+            # The usage-only chunk (``include_usage``) comes once the server has finished
+            # generating, so a stream that has it is complete even if no choice carried a
+            # finish_reason.
+            raise StreamProtocolError(
+                "openai chat stream: [DONE] without a finish_reason or final usage (the response was cut)",
+                retryable=True,
+            )
         if self._finish is None and self._next == 0:
             raise StreamProtocolError("openai chat stream: [DONE] without any output or finish_reason")
         out: list[StreamEvent] = []

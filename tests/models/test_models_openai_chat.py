@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, load, request, run_fixture
 
+from agentloop import AssistantMessage, QueryEngine, Retrying
 from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import (
@@ -101,6 +103,60 @@ async def test_missing_done_is_a_protocol_error() -> None:
     with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
         await run_fixture("openai_chat_text.recorded.sse", body)
     assert info.value.retryable is True
+
+
+def _cut(name: str, marker: bytes) -> bytes:
+    """A recorded stream cut just before the chunk holding ``marker``, then closed with
+    ``[DONE]``, as a proxy does that ends a broken upstream stream with its own terminator."""
+    body = load(name)
+    return body[: body.rindex(b"data: ", 0, body.index(marker))] + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "marker"),
+    [
+        ("openai_chat_text.recorded.sse", b" weather"),
+        ("openai_chat_tool.recorded.sse", b'"\\"}"'),  # the chunk closing the arguments
+        ("openai_chat_parallel_tools.recorded.sse", b'"index":1,"id"'),  # cut between two calls
+        ("openai_chat_text.recorded.sse", b'"finish_reason":"stop"'),
+        ("openai_chat_text.recorded.sse", b'"role":"assistant"'),
+    ],
+    ids=["mid-text", "mid-arguments", "between-calls", "before-finish", "before-any-output"],
+)
+async def test_done_without_finish_reason_is_a_retryable_cut(name: str, marker: bytes) -> None:
+    body = _cut(name, marker)
+    assert b'"finish_reason":"' not in body
+    with pytest.raises(StreamProtocolError, match="finish_reason") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_a_cut_stream_is_retried_not_committed() -> None:
+    bodies = [_cut("openai_chat_tool.recorded.sse", b'"\\"}"'), load("openai_chat_tool.recorded.sse")]
+    sent: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        sent.append(req)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies[len(sent) - 1])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, policies=[], retry_base_delay=0.001, max_turns=1)
+        events = [e async for e in engine.run("weather?")]
+    assert len(sent) == 2 and len([e for e in events if isinstance(e, Retrying)]) == 1
+    (answer,) = [e.message for e in events if isinstance(e, AssistantMessage)]
+    assert answer.tool_uses[0].input == {"city": "New York City"}  # never the cut '{"city":"New York City'
+
+
+@pytest.mark.parametrize("name", ["openai_chat_text.recorded.sse", "openai_chat_tool.recorded.sse"])
+async def test_final_usage_chunk_stands_for_a_missing_finish_reason(name: str) -> None:
+    # A server that never fills finish_reason but sends the usage-only chunk (include_usage) has finished.
+    body = load(name)
+    for finish in (b'"finish_reason":"stop"', b'"finish_reason":"tool_calls"'):
+        body = body.replace(finish, b'"finish_reason":null')
+    _, whole = await run_body(load(name))
+    _, acc = await run_body(body)
+    assert (acc.message(), acc.stop_reason, acc.usage) == (whole.message(), whole.stop_reason, whole.usage)
 
 
 # -- finish reasons ---------------------------------------------------------------------
