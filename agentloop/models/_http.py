@@ -126,6 +126,53 @@ def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
     return Secret(value) if value else None
 
 
+#: The characters of an HTTP header name (RFC 9110 ``token``).
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def check_base_url(base_url: str) -> str:
+    """``base_url`` itself when it is an absolute http(s) URL; raises `ValueError` otherwise.
+
+    Checked when a model is made: a typo ("htps://"), a missing scheme, a space or a
+    trailing newline would otherwise fail every request with a bare httpx error. The
+    message never quotes the URL, which may carry credentials (``https://user:pass@...``).
+    """
+    if not isinstance(base_url, str):
+        raise ValueError(f"base_url must be a str, got {type(base_url).__name__}")
+    if any(c.isspace() or not c.isprintable() for c in base_url):
+        raise ValueError("base_url holds whitespace or a control character: check how it was read")
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url is not a valid URL ({exc})") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError("base_url must start with http:// or https://")
+    if not url.host:
+        raise ValueError("base_url has no host")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise ValueError(f"base_url has an invalid port ({url.port})")
+    return base_url
+
+
+def check_headers(extra_headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``extra_headers``; raises `ValueError` for a name that is not an HTTP token
+    or a value an HTTP header cannot carry (non-ASCII, a control character, whitespace at
+    either end), naming the header but never quoting its value, which may be a credential."""
+    out: dict[str, str] = {}
+    for name, value in (extra_headers or {}).items():
+        if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
+            raise ValueError(f"extra_headers: {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str):
+            raise ValueError(f"extra_headers[{name!r}] must be a str, got {type(value).__name__}")
+        if not (value.isascii() and value.replace("\t", " ").isprintable() and value == value.strip()):
+            raise ValueError(
+                f"extra_headers[{name!r}] holds a character an HTTP header cannot carry (a line break, "
+                "a control or non-ASCII character, or whitespace at either end)"
+            )
+        out[name] = value
+    return out
+
+
 def parse_retry(
     status: int | None, headers: Mapping[str, str], *, now: float | None = None
 ) -> tuple[bool, float | None]:
@@ -292,7 +339,7 @@ class Connection:
         request_id_header: str,
     ) -> None:
         self.provider = provider
-        base, mark, query = base_url.partition("?")
+        base, mark, query = check_base_url(base_url).partition("?")
         self._prefix, self._query = base.rstrip("/"), mark + query
         self.base_url = self._prefix + self._query
         self.secret = secret
@@ -328,11 +375,27 @@ class Connection:
         if self.secret is not None:
             self.secret.check(self.provider)
         content = self._encode(body)
-        headers = {"accept": "text/event-stream", "accept-encoding": "identity", **headers}
+        client = self.client
+        if client.is_closed:
+            raise ModelError(
+                f"{self.provider}: the http_client given to the model is closed (it must stay open "
+                "while the model is used)"
+            )
         try:
-            async with self.client.stream(
-                "POST", self._prefix + path + self._query, headers=headers, content=content
-            ) as response:
+            request = client.build_request(
+                "POST",
+                self._prefix + path + self._query,
+                headers={"accept": "text/event-stream", "accept-encoding": "identity", **headers},
+                content=content,
+            )
+        except (httpx.InvalidURL, UnicodeEncodeError, ValueError, TypeError) as exc:
+            # Not quoted: the message can hold a header value, and a header can be a credential.
+            raise ModelError(
+                f"{self.provider} request could not be built ({type(exc).__name__}): check base_url "
+                "and the extra headers"
+            ) from None
+        try:
+            async with _sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
                     raw = await response.aread()
                     raise status_error(
@@ -384,6 +447,17 @@ class Connection:
             provider=self.provider,
             retryable=retryable,
         )
+
+
+@asynccontextmanager
+async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
+    """``request`` sent with a streamed response, closed on the way out (what
+    `httpx.AsyncClient.stream` does, for a request already built)."""
+    response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 def missing_key(provider: str, env_var: str) -> ModelError:

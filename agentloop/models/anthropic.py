@@ -41,7 +41,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, loads, run_stream, turns
-from ._http import Connection, HTTPModel, missing_key, prompt_too_long, resolve_key
+from ._http import Connection, HTTPModel, check_headers, missing_key, prompt_too_long, resolve_key
 from ._sse import ServerSentEvent
 
 __all__ = ["AnthropicModel", "build_request"]
@@ -295,7 +295,7 @@ class AnthropicModel(HTTPModel):
         )
         self.auth_header = auth_header.lower()
         self.anthropic_version = anthropic_version
-        self.extra_headers = dict(extra_headers or {})
+        self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
         self._conn = Connection(
             "anthropic",

@@ -49,7 +49,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
-from ._http import HTTPModel, error_fields, openai_connection, openai_headers, prompt_too_long
+from ._http import HTTPModel, check_headers, error_fields, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIChatModel", "build_request"]
@@ -406,7 +406,7 @@ class OpenAIChatModel(HTTPModel):
         self.top_logprobs = top_logprobs
         self.include_usage = include_usage
         self.max_tokens_param = max_tokens_param
-        self.extra_headers = dict(extra_headers or {})
+        self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)

@@ -37,7 +37,7 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
-from ._http import HTTPModel, openai_connection, openai_headers, prompt_too_long
+from ._http import HTTPModel, check_headers, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIResponsesModel", "build_request"]
@@ -346,7 +346,7 @@ class OpenAIResponsesModel(HTTPModel):
         self.reasoning = reasoning
         self.doom_loop_check = doom_loop_check
         self.store = store
-        self.extra_headers = dict(extra_headers or {})
+        self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)

@@ -390,6 +390,97 @@ async def test_a_context_overflow_400_ends_the_run_with_prompt_too_long() -> Non
     assert len(server.requests) == 1  # not retried
 
 
+# -- base_url and extra_headers are checked when the model is made ------------------------
+
+_MODELS = [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel]
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "htps://api.example.com/v1",
+        "api.example.com/v1",
+        "localhost:8000/v1",
+        "https://api example.com/v1",
+        "https://api.example.com/v1\n",
+        " https://api.example.com/v1",
+        "https:///v1",
+        "http://[::1/v1",
+        "http://localhost:99999/v1",
+        "ftp://user:sk-live-PASSWORD@api.example.com/v1",
+    ],
+)
+def test_a_malformed_base_url_is_refused_when_the_model_is_made(cls: type, base_url: str) -> None:
+    with pytest.raises(ValueError, match="base_url") as info:
+        cls("m", api_key=API_KEY, base_url=base_url)
+    assert "PASSWORD" not in str(info.value) and API_KEY not in str(info.value)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "https://api.example.com/v1/",
+        "http://localhost:8000/v1",
+        "http://[::1]:8000/v1",
+        "https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21",
+        "HTTPS://API.EXAMPLE.COM/v1",
+    ],
+)
+def test_a_well_formed_base_url_is_accepted(cls: type, base_url: str) -> None:
+    assert cls("m", api_key=API_KEY, base_url=base_url)._conn.base_url == base_url.replace("/v1/", "/v1")
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-user": "J\u00f6rg"},
+        {"api-key": "sk-live-PASSWORD\n"},
+        {"api-key": "sk-live-PASSWORD\r\nx-evil: 1"},
+        {"x-trace": " sk-live-PASSWORD"},
+        {"x user": "a"},
+        {"x-user:": "a"},
+        {"": "a"},
+        {"x-n": 3},
+    ],
+)
+def test_bad_extra_headers_are_refused_when_the_model_is_made(cls: type, headers: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="extra_headers") as info:
+        cls("m", api_key=API_KEY, base_url="http://localhost:8000/v1", extra_headers=headers)
+    assert "PASSWORD" not in str(info.value)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_a_header_broken_after_construction_ends_with_a_clear_model_error(cls: type) -> None:
+    server = MockServer(b"")
+    async with server.client() as client:
+        model = cls("m", api_key=API_KEY, http_client=client, extra_headers={"api-key": "ok"})
+        model.extra_headers["api-key"] = "sk-live-PASSW\u00d6RD"
+        end = (await collect_engine(QueryEngine(model, policies=[])))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert "could not be built" in (end.error or "") and "extra headers" in (end.error or "")
+    assert "PASSW" not in (end.error or "")
+    assert not server.requests
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_a_closed_http_client_ends_with_a_clear_model_error(cls: type) -> None:
+    server = MockServer(b"")
+    client = server.client()
+    await client.aclose()
+    model = cls("m", api_key=API_KEY, http_client=client)
+    end = (await collect_engine(QueryEngine(model, policies=[], retry_base_delay=0.001)))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert "http_client given to the model is closed" in (end.error or "")
+    assert "the model raised" not in (end.error or "")
+
+
+async def collect_engine(engine: QueryEngine) -> list[object]:
+    return [e async for e in engine.run("hi")]
+
+
 # -- an API key a header cannot carry -----------------------------------------------------
 
 
