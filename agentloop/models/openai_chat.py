@@ -55,7 +55,7 @@ from ._sse import ServerSentEvent
 __all__ = ["OpenAIChatModel", "build_request"]
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
-           "length": "max_tokens", "content_filter": "refusal"}  # fmt: skip
+           "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal"}  # fmt: skip
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
@@ -338,8 +338,10 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         reason = _FINISH.get(self._finish or "stop", self._finish)
-        if started:
-            reason = "tool_use"  # some servers say "stop" after a tool call
+        if started and reason not in ("max_tokens", "refusal"):
+            # Some servers say "stop" after a tool call; but a call cut by the token limit
+            # (or a filter) is not one the model finished, and the host is told why.
+            reason = "tool_use"
         elif self._refusal:
             reason = "refusal"
         self.done = True

@@ -282,13 +282,12 @@ class ResponsesMapper:
     def _end(self, response: dict[str, Any]) -> Sequence[StreamEvent]:
         self.done = True
         self.response_id = response.get("id") or self.response_id
-        if self._calls:
-            reason = "tool_use"
-        elif response.get("status") == "incomplete":
+        reason = None
+        if response.get("status") == "incomplete":  # the token limit or a filter cut it: even a call
             details = response.get("incomplete_details") or {}
-            reason = _INCOMPLETE.get(str(details.get("reason")), "end_turn")
-        else:
-            reason = "refusal" if self._refusal else "end_turn"
+            reason = _INCOMPLETE.get(str(details.get("reason")))
+        if reason is None:
+            reason = "tool_use" if self._calls else "refusal" if self._refusal else "end_turn"
         raw = response.get("usage") or {}
         usage = Usage(
             raw.get("input_tokens") or 0,

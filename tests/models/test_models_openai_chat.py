@@ -167,12 +167,24 @@ async def test_final_usage_chunk_stands_for_a_missing_finish_reason(name: str) -
     [
         ("stop", "end_turn"),
         ("length", "max_tokens"),
+        ("model_length", "max_tokens"),
         ("content_filter", "refusal"),
         ("tool_calls", "tool_use"),
     ],
 )
 async def test_finish_reason_mapping(finish: str, reason: str) -> None:
     _, acc = await run_body(chat_stream(chat_chunk({"content": "x"}), chat_chunk(finish=finish)))
+    assert acc.stop_reason == reason
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [("length", "max_tokens"), ("model_length", "max_tokens"), ("content_filter", "refusal"), ("stop", "tool_use")],
+)
+async def test_a_tool_call_cut_by_the_token_limit_reports_max_tokens(finish: str, reason: str) -> None:
+    # "tool_use" would tell the host the model finished its call; the limit cut its arguments.
+    body = chat_stream(chat_chunk({"tool_calls": [call(0, "c1", "write", '{"path": "/tm')]}), chat_chunk(finish=finish))
+    _, acc = await run_body(body)
     assert acc.stop_reason == reason
 
 

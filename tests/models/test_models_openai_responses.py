@@ -217,6 +217,21 @@ async def test_incomplete(reason: str, stop: str) -> None:
     assert acc.message().text == "cut"
 
 
+@pytest.mark.parametrize(("reason", "stop"), [("max_output_tokens", "max_tokens"), ("content_filter", "refusal"),
+                                            ("max_messages", "tool_use")])  # fmt: skip
+async def test_incomplete_with_a_function_call_says_why_it_was_cut(reason: str, stop: str) -> None:
+    # The host must learn that the token limit cut the call (its arguments may be cut too).
+    fc = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=fc),
+        ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta='{"path": "/tm'),
+        completed("incomplete", incomplete_details={"reason": reason}),
+    )
+    _, acc = await run_body(body)
+    assert acc.stop_reason == stop
+
+
 async def test_failed_is_a_stream_error() -> None:
     failed = ev("response.failed", response={"id": "r", "status": "failed",
                                              "error": {"code": "server_error", "message": "boom"}})  # fmt: skip
