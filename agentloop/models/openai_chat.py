@@ -234,6 +234,8 @@ class ChatMapper:
                 out.append(StreamLogprobs("text", tuple(t["logprob"] for t in lp["content"])))
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
+                if self._finish == "error":
+                    raise self._failed(choice.get("error"))
         return out or None
 
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
@@ -368,6 +370,18 @@ class ChatMapper:
             error_type=kind or (str(code) if code is not None else None),
             retryable=retryable,
         )
+
+
+    def _failed(self, detail: Any) -> ProviderError:
+        """The error for ``finish_reason: "error"`` (Mistral, OpenRouter): the generation
+        failed midway, so what streamed is not the whole answer. Retryable, as a server
+        failure is, unless the context does not fit."""
+        if not isinstance(detail, dict) or not detail.get("message"):
+            detail = {"message": "the server ended the response with finish_reason 'error'"}
+        err = self._error({"error": detail})
+        if not isinstance(err, PromptTooLongError):
+            err.retryable = True
+        return err
 
 
 def _fresh_id() -> str:

@@ -188,6 +188,22 @@ async def test_a_tool_call_cut_by_the_token_limit_reports_max_tokens(finish: str
     assert acc.stop_reason == reason
 
 
+@pytest.mark.parametrize(
+    "detail",
+    [None, {"code": 502, "message": "Provider disconnected"}],
+    ids=["mistral", "openrouter"],
+)
+async def test_finish_reason_error_is_a_retryable_stream_error(detail: dict[str, Any] | None) -> None:
+    # The generation failed midway: the text so far must not pass for a complete answer.
+    last = chat_chunk(finish="error")
+    if detail is not None:
+        last["choices"][0]["error"] = detail
+    body = chat_stream(chat_chunk({"content": "The answer is"}), last, USAGE)
+    with pytest.raises(ProviderStreamError, match="Provider disconnected" if detail else "finish_reason 'error'") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
 async def test_streamed_tool_call_with_finish_stop_is_tool_use() -> None:
     body = chat_stream(chat_chunk({"tool_calls": [call(0, "c1", "f", '{"a":1}')]}), chat_chunk(finish="stop"))
     _, acc = await run_body(body)
