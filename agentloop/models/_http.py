@@ -10,12 +10,14 @@ error body and message built here has the key scrubbed out.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import logging
 import math
 import os
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -323,11 +325,15 @@ class Connection:
     """One provider endpoint: the httpx client (shared or owned), auth and error mapping.
 
     ``http_client``: use this client (the caller closes it); otherwise one is
-    created on first use and closed by `aclose`. A query string in ``base_url``
-    (Azure's ``?api-version=...``) stays at the end of every request URL.
+    created on first use and closed by `aclose`, and made anew when the event loop
+    it was made in has ended (a model used by one ``asyncio.run`` after another: the
+    old client's pooled connections belong to the closed loop and would fail every
+    request). A query string in ``base_url`` (Azure's ``?api-version=...``) stays at
+    the end of every request URL.
     """
 
-    __slots__ = ("_client", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header", "secret")
+    __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header",
+                 "secret")  # fmt: skip
 
     def __init__(
         self,
@@ -346,18 +352,37 @@ class Connection:
         self.request_id_header = request_id_header
         self._client = http_client
         self._owns = http_client is None
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None  # where an owned client was made
 
     @property
     def client(self) -> httpx.AsyncClient:
         """The client requests go through (created on first use when not given)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=_DEFAULT_TIMEOUT)
+        if self._owns:
+            try:
+                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            made_in = self._loop() if self._loop is not None else None
+            if self._client is not None and made_in is not loop and (made_in is None or made_in.is_closed()):
+                # Not closed here: its connections can only be closed by the loop that is gone.
+                log.debug("%s: the event loop the HTTP client was made in has ended; making a new one", self.provider)
+                self._client = None
+            if self._client is None:
+                self._client = self._new_client()
+                self._loop = weakref.ref(loop) if loop is not None else None
+        assert self._client is not None
         return self._client
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=_DEFAULT_TIMEOUT)
 
     async def aclose(self) -> None:
         """Close the client if this connection created it."""
         if self._owns and self._client is not None:
             client, self._client = self._client, None
+            made_in = self._loop() if self._loop is not None else None
+            if made_in is not None and made_in.is_closed():
+                return  # its connections went with their loop: closing them would raise
             await client.aclose()
 
     @asynccontextmanager

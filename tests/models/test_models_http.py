@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 
 import httpcore
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect, request, sse
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, request, sse
 
 from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import (
@@ -19,7 +20,7 @@ from agentloop._errors import (
 )
 from agentloop._messages import Message, ToolResultBlock, ToolUseBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
-from agentloop.models._http import Secret, status_error
+from agentloop.models._http import Connection, Secret, status_error
 
 # -- parse_retry ----------------------------------------------------------------
 
@@ -388,6 +389,97 @@ async def test_a_context_overflow_400_ends_the_run_with_prompt_too_long() -> Non
     assert end.reason == "prompt_too_long"
     assert "exceeds the context window" in (end.error or "")
     assert len(server.requests) == 1  # not retried
+
+
+# -- a model used by one asyncio.run after another ------------------------------------------
+
+
+class _LoopBoundSocket(httpcore.AsyncNetworkStream):
+    """A keep-alive connection that, like a real socket's transport, works only in the event
+    loop that opened it, and answers each request with ``body``."""
+
+    def __init__(self, body: bytes) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.body = body
+        self.pending = b""
+
+    def _check(self) -> None:
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("Event loop is closed")
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        self._check()
+        out, self.pending = self.pending[:max_bytes], self.pending[max_bytes:]
+        return out
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        self._check()
+        if buffer.startswith(b"POST "):
+            head = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len(self.body)}\r\n\r\n"
+            self.pending += head.encode() + self.body
+
+    async def aclose(self) -> None:
+        self._check()
+
+
+class _LoopBoundNetwork(httpcore.AsyncNetworkBackend):
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.opened = 0
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
+        local_address: str | None = None,
+        socket_options: object = None,
+    ) -> _LoopBoundSocket:
+        self.opened += 1
+        return _LoopBoundSocket(self.body)
+
+
+def test_a_model_serves_one_asyncio_run_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script, a notebook or a test suite calling asyncio.run per question with one model:
+    # the pooled connection of the first run belongs to its closed loop.
+    network = _LoopBoundNetwork(chat_stream(chat_chunk({"content": "hi"}, finish="stop")))
+
+    def new_client(conn: object) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport()
+        transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
+        return httpx.AsyncClient(transport=transport)
+
+    monkeypatch.setattr(Connection, "_new_client", new_client)
+    model = OpenAIChatModel("m", api_key=API_KEY, base_url="http://llm.test/v1")
+
+    async def ask(close: bool = False) -> TurnEnded:
+        events = [e async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi")]
+        if close:
+            await model.aclose()
+        assert isinstance(events[-1], TurnEnded)
+        return events[-1]
+
+    ends = [asyncio.run(ask()), asyncio.run(ask()), asyncio.run(ask(close=True))]
+    assert [(e.reason, e.error) for e in ends] == [("completed", None)] * 3
+    assert network.opened == 3
+
+
+def test_closing_a_model_after_its_loop_has_ended_does_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    network = _LoopBoundNetwork(chat_stream(chat_chunk({"content": "hi"}, finish="stop")))
+
+    def new_client(conn: object) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport()
+        transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
+        return httpx.AsyncClient(transport=transport)
+
+    monkeypatch.setattr(Connection, "_new_client", new_client)
+    model = OpenAIChatModel("m", api_key=API_KEY, base_url="http://llm.test/v1")
+
+    async def ask() -> None:
+        [e async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi")]
+
+    asyncio.run(ask())
+    asyncio.run(model.aclose())
 
 
 # -- base_url and extra_headers are checked when the model is made ------------------------
