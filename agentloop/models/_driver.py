@@ -157,13 +157,14 @@ async def run_stream(
             await chunks.aclose()
         decoder.close()
         if head:
+            raw = b"".join(head)
             error = document_error(
                 conn.provider,
                 response.headers,
-                b"".join(head),
+                raw,
                 request_id_header=conn.request_id_header,
                 secret=conn.secret,
-            )
+            ) or _web_page(conn, response.headers, raw)
             if error is not None:
                 raise error
     raise StreamProtocolError(
@@ -173,6 +174,22 @@ async def run_stream(
 
 
 _HEAD_LIMIT = 1 << 20
+
+
+def _web_page(conn: Connection, headers: Mapping[str, str], raw: bytes) -> StreamProtocolError | None:
+    """The error for a 2xx web page instead of an event stream (a ``base_url`` that points at
+    a site or a web UI, a captive portal), else None: not retryable, the same URL gives the
+    same page. A page is not a cut stream, and says so."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media not in ("text/html", "application/xhtml+xml"):
+        return None
+    text = " ".join(raw.decode("utf-8", errors="replace").split())
+    if conn.secret is not None:
+        text = conn.secret.scrub(text)
+    return StreamProtocolError(
+        f"{conn.provider} answered with a web page ({media}), not an event stream: is base_url the "
+        f"API's address? {text[:200]}"
+    )
 
 
 async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:

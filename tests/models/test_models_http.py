@@ -690,6 +690,23 @@ async def test_a_cut_stream_is_still_a_retryable_protocol_error(body: bytes) -> 
     assert info.value.retryable is True
 
 
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+async def test_a_web_page_sent_with_200_is_a_clear_error_not_a_cut_stream(cls: type) -> None:
+    # base_url pointing at a web UI, a site or a captive portal: the page is not a cut stream,
+    # and the same request would get the same page again.
+    page = f"<!doctype html>\n<html><head><title>Chat UI</title></head>\n<body>key {API_KEY}</body></html>".encode()
+    server = MockServer(page, headers={"content-type": "text/html; charset=utf-8"})
+    async with server.client() as client:
+        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert "web page (text/html)" in (end.error or "") and "Chat UI" in (end.error or "")
+    assert API_KEY not in (end.error or "")
+    assert len(server.requests) == 1
+    assert server.streams[0].closed
+
+
 # -- the key inside a stream ----------------------------------------------------------------
 
 ANTHROPIC_ECHO = {"type": "error", "error": {"type": "authentication_error", "message": f"invalid x-api-key {API_KEY}"},
