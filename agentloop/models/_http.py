@@ -333,7 +333,7 @@ class Connection:
     """
 
     __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header",
-                 "secret")  # fmt: skip
+                 "secret", "shown_url")  # fmt: skip
 
     def __init__(
         self,
@@ -348,6 +348,9 @@ class Connection:
         base, mark, query = check_base_url(base_url).partition("?")
         self._prefix, self._query = base.rstrip("/"), mark + query
         self.base_url = self._prefix + self._query
+        # For reprs: credentials in the URL (``https://user:password@proxy/v1``) are not shown.
+        userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
+        self.shown_url = self.base_url.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self.base_url
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
@@ -502,7 +505,7 @@ class HTTPModel:
     _conn: Connection
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.base_url!r})"
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.shown_url!r})"
 
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it."""

@@ -285,6 +285,20 @@ async def test_api_key_never_leaks_from_401(cls: type) -> None:
     assert "[REDACTED]" in str(err)
 
 
+@pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
+@pytest.mark.parametrize(
+    "base_url",
+    ["https://alice:s3cr3t-PASS@proxy.test/v1", "https://tok-s3cr3t-PASS@proxy.test/v1?api-version=1"],
+)
+def test_credentials_in_base_url_are_not_in_the_repr(cls: type, base_url: str) -> None:
+    # A proxy behind basic auth, given as https://user:password@host: httpx sends it, the repr hides it.
+    model = cls("m", api_key=API_KEY, base_url=base_url)
+    for text in (repr(model), str(model)):
+        assert "s3cr3t" not in text and API_KEY not in text
+        assert "[REDACTED]@proxy.test/v1" in text
+    assert model._conn.base_url == base_url  # what is sent is untouched
+
+
 def test_secret_repr_hides_key() -> None:
     s = Secret(API_KEY)
     assert API_KEY not in repr(s)
