@@ -56,10 +56,19 @@ _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type
 def build_request(
     request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The JSON body of a streamed Messages request for ``request``."""
+    """The JSON body of a streamed Messages request for ``request``.
+
+    ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
+    refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
+    and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
+    """
+    limit = request.max_tokens or max_tokens
+    budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
+    if type(budget) is int and limit <= budget:
+        limit += budget
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": request.max_tokens or max_tokens,
+        "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
             for role, blocks in turns(request.messages, foreign=_foreign)

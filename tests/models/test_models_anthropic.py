@@ -296,7 +296,7 @@ async def test_request_shape_and_headers() -> None:
         ),
     ]
     async with server.client() as client:
-        model = AnthropicModel("claude-x", api_key=API_KEY, http_client=client, thinking=2048, max_tokens=999)
+        model = AnthropicModel("claude-x", api_key=API_KEY, http_client=client, thinking=2048, max_tokens=4999)
         await collect(model, request(*history, system="be brief", tools=[Tool()], tool_choice="get_weather"))
     req = server.requests[0]
     assert req.url == "https://api.anthropic.com/v1/messages"
@@ -305,7 +305,7 @@ async def test_request_shape_and_headers() -> None:
     body = server.body
     assert body["model"] == "claude-x"
     assert body["stream"] is True
-    assert body["max_tokens"] == 999
+    assert body["max_tokens"] == 4999
     assert body["system"] == "be brief"
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
     assert body["tool_choice"] == {"type": "tool", "name": "get_weather"}
@@ -351,6 +351,28 @@ async def test_tool_choice_mapping(choice: str, wire: dict[str, str]) -> None:
     assert server.body["tool_choice"] == wire
     assert server.body["max_tokens"] == 5
     assert "thinking" not in server.body
+
+
+@pytest.mark.parametrize(
+    ("thinking", "max_tokens", "sent"),
+    [
+        (8000, None, 4096 + 8000),  # the docs' example: thinking=8000 with the default max_tokens
+        ({"type": "enabled", "budget_tokens": 2048}, 1000, 3048),
+        ({"type": "enabled", "budget_tokens": 2048}, 2048, 4096),
+        ({"type": "enabled", "budget_tokens": 2048}, 3000, 3000),  # room already: untouched
+        ({"type": "adaptive"}, 1000, 1000),
+    ],
+)
+async def test_max_tokens_always_exceeds_the_thinking_budget(
+    thinking: object, max_tokens: int | None, sent: int
+) -> None:
+    # Anthropic answers 400 "`max_tokens` must be greater than `thinking.budget_tokens`" otherwise.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        await collect(AnthropicModel("m", api_key=API_KEY, http_client=client, thinking=thinking),  # type: ignore[arg-type]
+                      request(max_tokens=max_tokens))  # fmt: skip
+    assert server.body["max_tokens"] == sent
+    assert server.body["thinking"] == (thinking if isinstance(thinking, dict) else {"type": "enabled", "budget_tokens": 8000})
 
 
 async def test_bearer_auth_and_base_url_and_extras() -> None:
