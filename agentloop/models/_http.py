@@ -43,8 +43,10 @@ __all__ = [
 ]
 
 #: HTTP statuses a new attempt can fix (408 timeout, 409 conflict/lock,
-#: 429 rate limit, 5xx transient, 529 Anthropic overloaded).
-RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: 429 rate limit, 5xx transient, 520-524 Cloudflare in front of the server: unknown
+#: error, origin down, connect timeout, origin unreachable, read timeout; 529 Anthropic
+#: overloaded).
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
 
 log = logging.getLogger("agentloop")
 

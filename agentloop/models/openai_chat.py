@@ -49,7 +49,15 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
-from ._http import HTTPModel, check_headers, error_fields, openai_connection, openai_headers, prompt_too_long
+from ._http import (
+    RETRYABLE_STATUSES,
+    HTTPModel,
+    check_headers,
+    error_fields,
+    openai_connection,
+    openai_headers,
+    prompt_too_long,
+)
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIChatModel", "build_request"]
@@ -59,7 +67,7 @@ _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
-_RETRYABLE_INT = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+_RETRYABLE_INT = RETRYABLE_STATUSES
 
 
 # -- request ------------------------------------------------------------------

@@ -30,6 +30,21 @@ def test_retryable_statuses(status: int) -> None:
     assert parse_retry(status, {}) == (True, None)
 
 
+@pytest.mark.parametrize("status", [520, 521, 522, 523, 524])
+async def test_cloudflare_transient_statuses_are_retried(status: int) -> None:
+    # Many OpenAI-compatible hosts sit behind Cloudflare; "524: A timeout occurred" is transient
+    # (the official SDKs retry every 5xx).
+    page = f"<html><title>{status}: A timeout occurred</title></html>".encode()
+    server = MockServer(page, status=status, headers={"content-type": "text/html"})
+    async with server.client() as client:
+        model = OpenAIChatModel("m", api_key=API_KEY, base_url="https://llm.example/v1", http_client=client)
+        engine = QueryEngine(model, policies=[], retry_budget=2, retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    assert len([e for e in events if isinstance(e, Retrying)]) == 2 and len(server.requests) == 3
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error" and f"HTTP {status}" in (end.error or "")
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422, 501])
 def test_non_retryable_statuses(status: int) -> None:
     assert parse_retry(status, {}) == (False, None)
