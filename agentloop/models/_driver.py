@@ -9,6 +9,7 @@ before the mapper saw its terminator.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -216,15 +217,26 @@ async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
             await aclose()
 
 
+#: Seconds to wait for the end of the body after the terminator. A server that keeps the
+#: response open after it (keep-alive comments, a proxy that never ends the body) would
+#: otherwise hold back the final event until the read timeout, which then fails the
+#: finished response.
+_TAIL_WAIT = 1.0
+
+
 async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None:
     """After the terminator, read what is left of the body (normally nothing) so the
     connection can go back to the pool; give up (the connection is then closed)
-    past ``limit`` bytes."""
+    past ``limit`` bytes or ``_TAIL_WAIT`` seconds."""
     size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            return
+    try:
+        async with asyncio.timeout(_TAIL_WAIT):
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    return
+    except TimeoutError:
+        return
 
 
 # -- transcript helpers -----------------------------------------------------

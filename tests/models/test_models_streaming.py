@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from agentloop._abort import AbortController
 from agentloop._accumulate import Accumulator
 from agentloop._errors import AbortError, ModelError
-from agentloop.models import AnthropicModel, StreamEnd
+from agentloop.models import AnthropicModel, StreamEnd, _driver
 
 NAMES = sorted(COMPLETE_FIXTURES)
 
@@ -129,6 +129,23 @@ async def test_stop_after_every_event_closes_the_response(name: str, mode: str) 
 async def _events(name: str, body: bytes) -> list[Any]:
     events, _ = await run_fixture(name, body)
     return events
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_a_server_that_keeps_the_body_open_after_the_terminator_does_not_hold_the_answer(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The terminator says the response is whole; a server (or proxy) that keeps the body open
+    # after it held back the final event until the read timeout, which then failed the answer.
+    monkeypatch.setattr(_driver, "_TAIL_WAIT", 0.01)
+    body = load(name)
+    _, whole = await run_fixture(name, body)
+    server = MockServer([body, b": keep-alive\n\n"], hang=True)
+    async with server.client() as client:
+        events, acc = await asyncio.wait_for(collect(model_for(name, client)), 10)
+    assert final(acc) == final(whole)
+    assert isinstance(events[-1], StreamEnd)
+    assert server.streams[0].blocked.is_set() and server.streams[0].closed
 
 
 async def test_aborted_before_start_sends_nothing() -> None:
