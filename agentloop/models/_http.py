@@ -51,10 +51,13 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522
 log = logging.getLogger("agentloop")
 
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
-#: What a context-overflow error says in its message, type or code: Anthropic, OpenAI Chat
-#: ("maximum context length") and Responses ("exceeds the context window"), xAI, llama.cpp.
+#: What a context-overflow error says in its message, type or code: Anthropic (also "input
+#: length and `max_tokens` exceed context limit"), OpenAI Chat ("maximum context length") and
+#: Responses ("exceeds the context window"), xAI, llama.cpp, Gemini.
 _PROMPT_TOO_LONG_MARKERS = (
     "prompt is too long",
+    "exceed context limit",
+    "exceeds the maximum number of tokens allowed",
     "context_length_exceeded",
     "maximum context length",
     "exceeds the context window",

@@ -389,6 +389,13 @@ CONTEXT_OVERFLOW_BODIES = {
     b' (4096 tokens)","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}}',
     "xai": b'{"code":"Client specified an invalid argument","error":"This model\'s maximum prompt length is 131072'
     b' but the request contains 136973 tokens."}',
+    # Anthropic, when the input fits but input + max_tokens does not.
+    "anthropic_with_max_tokens": b'{"type":"error","error":{"type":"invalid_request_error","message":"input length'
+    b' and `max_tokens` exceed context limit: 178959 + 64000 > 200000, decrease input length or `max_tokens` and'
+    b' try again"},"request_id":"req_011CUB2XUHWkFnQzxcKBbjpF"}',
+    # Gemini (its OpenAI endpoint wraps the error in a list).
+    "gemini": b'[{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of'
+    b' tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}]',
 }
 
 
