@@ -284,7 +284,7 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
         interrupt_notice(engine, reason, abort_reason)
         st.hooked = True  # before the await: a host that cancels it does not get them called twice
         await engine._run_abort_hooks(abort_reason)
-        _report_to_parent(engine)
+        _report_to_parent(engine, st)
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
@@ -312,11 +312,13 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     return events
 
 
-def _report_to_parent(engine: QueryEngine) -> None:
-    """An aborted subagent is listed in its parent's terminal event."""
+def _report_to_parent(engine: QueryEngine, st: RunState) -> None:
+    """An aborted subagent is listed in its parent's terminal event, with the subagents of its own
+    that the abort reached (they ended first, so the child's list is complete): a main engine's
+    list names every engine of the tree the abort stopped, not only its direct children."""
     parent = engine.parent
     if parent is not None and parent._state is not None and engine.agent_id is not None:
-        parent._state.aborted_subagents.append(engine.agent_id)
+        parent._state.aborted_subagents += [engine.agent_id, *st.aborted_subagents]
 
 
 async def _finish(engine: QueryEngine, st: RunState) -> None:

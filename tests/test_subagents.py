@@ -93,6 +93,24 @@ async def test_parent_abort_aborts_the_child_with_the_same_reason_and_lists_it()
     assert validate_transcript(engine.messages) == []
 
 
+async def test_a_parent_abort_lists_the_grandchildren_it_reached_too() -> None:
+    model = ScriptedModel([
+        delegate("plan the work"),  # the main engine
+        delegate("do the work"),  # sub-1 delegates again
+        ScriptedResponse(text="grandchild working " * 50, chunk=2, delay=0.001),  # sub-2
+    ])
+    engine = QueryEngine(model, tools=[delegate_tool()], policies=[])
+    ends: dict[str | None, TurnEnded] = {}
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta) and ev.agent_id == "sub-2" and engine.signal is not None:
+            engine.interrupt("cancel")
+        if isinstance(ev, TurnEnded):
+            ends[ev.agent_id] = ev
+    assert {k: v.abort_reason for k, v in ends.items()} == {"sub-2": "cancel", "sub-1": "cancel", None: "cancel"}
+    assert ends["sub-1"].aborted_subagents == ("sub-2",)
+    assert ends[None].aborted_subagents == ("sub-1", "sub-2")
+
+
 async def test_child_abort_leaves_the_parent_running_with_a_clear_error_result() -> None:
     model = ScriptedModel([
         delegate("job"),
