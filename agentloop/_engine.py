@@ -75,7 +75,7 @@ class QueryEngine:
     are plain synchronous calls, safe from any thread; only `run()` is async.
 
     Keyword arguments beyond API.md: ``usage_limit`` (total tokens per run,
-    terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
+    subagents' included, terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
     terminal ``deadline``), ``texts`` (every text the library writes),
     ``session`` (a `agentloop.sessions.SessionStore` receiving each committed
     message; a record it fails to append costs the run nothing and adds one line

@@ -190,7 +190,7 @@ class TurnEnded(_Event):
 
     ``error`` says what failed (model errors); ``detail`` why a policy ended the
     turn; ``turns`` counts the model requests of the turn; ``usage`` is the
-    run's token usage so far; ``aborted_subagents`` lists subagents the abort
+    run's token usage so far, its subagents' included; ``aborted_subagents`` lists subagents the abort
     reached, at any depth (a child's own subagents follow it)."""
 
     type: ClassVar[str] = "turn_ended"

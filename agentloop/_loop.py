@@ -39,7 +39,7 @@ from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, Turn
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, notify
-from ._run import RunState
+from ._run import RunState, over_ancestor_limit
 from ._streaming import model_phase
 from ._toolphase import tool_phase
 from ._transcript import encodable_message
@@ -219,6 +219,8 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
     if opts.usage_limit is not None and st.usage.total >= opts.usage_limit:
+        return "usage_limit"
+    if engine.parent is not None and over_ancestor_limit(engine):  # the tree's budget is spent
         return "usage_limit"
     return None
 

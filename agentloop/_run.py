@@ -24,9 +24,10 @@ from ._model import Usage
 from ._policy import Nudge
 
 if TYPE_CHECKING:
+    from ._engine import QueryEngine
     from ._events import Event, TerminalReason
 
-__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView"]
+__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView", "charge_ancestors", "over_ancestor_limit"]
 
 T = TypeVar("T")
 
@@ -261,3 +262,29 @@ def _close(aw: Awaitable[Any]) -> None:
     close = getattr(aw, "close", None)
     if close is not None:
         close()
+
+
+def charge_ancestors(engine: QueryEngine, usage: Usage) -> None:
+    """Add a subagent's ``usage`` to the current run of each engine above it.
+
+    A parent's usage (its ``TurnEnded.usage`` and its ``usage_limit``) counts what its
+    subagents spent for it. Each attempt is charged once, when it ends, so nothing is
+    counted twice: not by a later run of the same child, nor by a resumed session.
+    """
+    parent = engine.parent
+    while parent is not None:
+        state = parent._state
+        if state is not None:
+            state.usage = state.usage + usage
+        parent = parent.parent
+
+
+def over_ancestor_limit(engine: QueryEngine) -> bool:
+    """True when a running engine above ``engine`` has reached its ``usage_limit``."""
+    parent = engine.parent
+    while parent is not None:
+        state, limit = parent._state, parent.options.usage_limit
+        if state is not None and limit is not None and state.usage.total >= limit:
+            return True
+        parent = parent.parent
+    return False

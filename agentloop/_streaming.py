@@ -38,7 +38,7 @@ from ._model import (
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
-from ._run import Aborted, RunState, TranscriptView
+from ._run import Aborted, RunState, TranscriptView, charge_ancestors
 from ._run import current_task_of as current_task
 from ._transcript import clean_assistant
 
@@ -149,6 +149,8 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
             if stream is not None:
                 await _aclose(stream)
         st.usage = st.usage + acc.usage
+        if engine.parent is not None and acc.usage:
+            charge_ancestors(engine, acc.usage)
         events, delay = _conclude(engine, st, acc, outcome, budgets)
         for step in events:
             yield step

@@ -111,6 +111,28 @@ async def test_a_parent_abort_lists_the_grandchildren_it_reached_too() -> None:
     assert ends[None].aborted_subagents == ("sub-1", "sub-2")
 
 
+async def test_a_parent_usage_limit_counts_its_subagents_tokens() -> None:
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    ping_call = ScriptedResponse(tool_calls=[ScriptedToolCall("ping", {})])  # 20 tokens each, like every response
+    model = ScriptedModel([delegate("keep pinging"), *[ping_call] * 9, "The parent goes on."])
+    engine = QueryEngine(model, tools=[ping, delegate_tool()], policies=[], usage_limit=100)
+    ends = {ev.agent_id: ev for ev in await collect(engine, "go") if isinstance(ev, TurnEnded)}
+    # The parent spent 20 and its subagent 80: the tree's budget of 100 stops the subagent, then the parent.
+    assert (ends["sub-1"].reason, ends["sub-1"].usage.total, ends["sub-1"].turns) == ("usage_limit", 80, 4)
+    assert (ends[None].reason, ends[None].usage.total) == ("usage_limit", 100)
+    assert len(model.requests) == 5
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert result.is_error and "usage_limit" in result.text
+    assert validate_transcript(engine.messages) == []
+    # A later run counts afresh: nothing of the first run, nor of its subagent, is counted again.
+    more = ScriptedModel(["Fine."])
+    engine.model = more
+    assert [ev.usage.total for ev in await collect(engine, "and now?") if isinstance(ev, TurnEnded)] == [20]
+
+
 async def test_child_abort_leaves_the_parent_running_with_a_clear_error_result() -> None:
     model = ScriptedModel([
         delegate("job"),
