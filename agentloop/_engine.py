@@ -13,7 +13,7 @@ import inspect
 import logging
 import operator
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +35,7 @@ __all__ = ["EngineOptions", "QueryEngine"]
 log = logging.getLogger("agentloop")
 
 AbortHook = Callable[[str], Awaitable[None] | None]
+ToolWatcher = Callable[[Mapping[str, Tool]], Sequence[Tool] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,13 @@ class EngineOptions:
     tool_choice: str | None = None
     background_subagents: Literal["keep", "abort"] = "keep"
     texts: Texts = field(default_factory=Texts)
+
+
+def _tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    return {t.name: t for t in tools}
 
 
 def _recovery_default(value: bool | None) -> bool:
@@ -117,11 +125,8 @@ class QueryEngine:
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {follow_up_behavior!r}")
         if interrupt_notice not in ("append", "envelope", None):
             raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {interrupt_notice!r}")
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")
         self.model = model
-        self.tools = {t.name: t for t in tools}
+        self.tools = _tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
         self.options = EngineOptions(
             system=system,
@@ -159,6 +164,7 @@ class QueryEngine:
         self.session_errors: list[str] = []
         self._recorded: list[Message] = list(self.messages)  # what the session holds (given: all of it)
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
+        self._tool_watchers: list[ToolWatcher] = list(parent._tool_watchers) if parent else []
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
         self._wrap_next = False
@@ -252,6 +258,34 @@ class QueryEngine:
         hook runs only when the main engine (not a subagent) is aborted.
         """
         self._abort_hooks.append((fn, main_only))
+
+    def watch_tools(self, fn: ToolWatcher) -> None:
+        """Let ``fn`` change the tool set: ``fn(tools)`` gets the current tools by name and
+        returns the tools to offer instead, or None to keep them.
+
+        It is called before each model request of a run (never during a request or a tool
+        batch: the calls of a response run with the tools the model was offered). A tool
+        server whose tool list changes uses it (`agentloop.mcp.MCPServer.attach`). Subagents
+        created afterwards inherit it. A watcher that raises, or returns duplicate names, is
+        logged and the tools are kept.
+        """
+        self._tool_watchers.append(fn)
+
+    def _set_tools(self, tools: Sequence[Tool]) -> None:
+        self.tools = _tool_map(tools)  # a new dict: a tool phase in progress keeps its own
+        self.tool_specs = tuple(self.tools.values())
+        for policy in self.policies:
+            policy.bind(self.tools)
+
+    def _refresh_tools(self) -> None:
+        """Apply the tool watchers (the loop calls this before each model request)."""
+        for fn in self._tool_watchers:
+            try:
+                tools = fn(self.tools)
+                if tools is not None:
+                    self._set_tools(tools)
+            except Exception:
+                log.exception("tool watcher %r failed; the tools are kept", fn)
 
     async def _run_abort_hooks(self, reason: str) -> None:
         for fn, main_only in self._abort_hooks:

@@ -74,6 +74,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 if st.nudges:  # a policy's reminder goes with the request it was given for
                     for event in flush_nudges(engine, st):
                         yield event
+                if engine._tool_watchers:
+                    engine._refresh_tools()
                 st.turns += 1
                 phase = model_phase(engine, st)
                 try:

@@ -75,8 +75,9 @@ class Policy:
         return type(self).__name__
 
     def bind(self, tools: Mapping[str, ToolSpec]) -> None:
-        """Called once by the engine with its tools by name (read tool attributes
-        such as ``stationarity``, ``poller`` and ``concurrency_safe`` here)."""
+        """Called by the engine with its tools by name, and again when its tool set
+        changes (read tool attributes such as ``stationarity``, ``poller`` and
+        ``concurrency_safe`` here)."""
 
     def fork(self) -> Policy:
         """A fresh copy for a subagent engine (default: a deep copy)."""

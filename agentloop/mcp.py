@@ -52,8 +52,10 @@ Streams = tuple[Any, Any]
 Connect = Callable[[], AbstractAsyncContextManager[Streams]]
 
 
-class _AbortHookHost(Protocol):
+class _EngineLike(Protocol):
     def on_abort(self, fn: Callable[[str], Awaitable[None] | None], *, main_only: bool = False) -> None: ...
+
+    def watch_tools(self, fn: Callable[[Mapping[str, Tool]], Sequence[Tool] | None]) -> None: ...
 
 
 class _Connection:
@@ -64,8 +66,11 @@ class _Connection:
     abort hook, ``aclose``) use and close the connection.
     """
 
-    def __init__(self, connect: Connect, label: str, timeout: float | None) -> None:
+    def __init__(
+        self, connect: Connect, label: str, timeout: float | None, on_message: Callable[[object], None]
+    ) -> None:
         self._stop = asyncio.Event()
+        self._on_message = on_message
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.label = label
         self.timeout = timeout  # for the initialize handshake
@@ -78,7 +83,7 @@ class _Connection:
     async def _run(self, connect: Connect) -> None:
         timeout = self.timeout
         try:
-            async with connect() as (read, write), ClientSession(read, write) as session:
+            async with connect() as (read, write), ClientSession(read, write, message_handler=self._message) as session:
                 try:
                     async with asyncio.timeout(timeout):
                         await session.initialize()
@@ -98,6 +103,11 @@ class _Connection:
                 self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
             if not self._ready.cancelled():
                 self._ready.exception()  # mark it retrieved: callers may all have given up
+
+    async def _message(self, message: object) -> None:
+        # Runs in the SDK's read loop: it must not wait for the server (a request from here
+        # would never get its answer), so it only hands the news over.
+        self._on_message(message)
 
     async def close(self) -> None:
         """Close the session and its transport (stops a stdio server). Idempotent."""
@@ -137,6 +147,9 @@ class MCPServer:
         self._conn: _Connection | None = None
         self._closed = False
         self._in_flight: list[AbortSignal | None] = []  # the signal of each call in flight
+        self._listed: dict[str, Tool] = {}  # the last tools/list answer, by the server's names
+        self._stale = False  # the server said its tool list changed since the last listing began
+        self._relisting: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -218,7 +231,7 @@ class MCPServer:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
-            conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout)
+            conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout, self._on_message)
         try:
             return await conn.session()
         except Exception:
@@ -229,6 +242,10 @@ class MCPServer:
     async def reset(self) -> None:
         """Close the current connection; the next call opens a new one."""
         conn, self._conn = self._conn, None
+        relisting, self._relisting = self._relisting, None
+        if relisting is not None and not relisting.done():
+            relisting.cancel()  # it would open the next connection
+            await asyncio.wait((relisting,))
         if conn is not None:
             await conn.close()
 
@@ -262,9 +279,12 @@ class MCPServer:
         log.info("main engine aborted (%s): resetting MCP connection to %s", reason, self.label)
         await self.reset()
 
-    def attach(self, engine: _AbortHookHost) -> None:
-        """Register `on_main_abort` on ``engine`` as a main-only abort hook."""
+    def attach(self, engine: _EngineLike) -> None:
+        """Register `on_main_abort` on ``engine`` as a main-only abort hook, and let the
+        engine (and the subagents it makes afterwards) follow this server's tool list
+        (`QueryEngine.watch_tools` with `follow_tools`)."""
         engine.on_abort(self.on_main_abort, main_only=True)
+        engine.watch_tools(self.follow_tools)
 
     # -- tools --------------------------------------------------------------
 
@@ -275,22 +295,73 @@ class MCPServer:
         never end).
         """
         session = await self.session()
-        tools: list[Tool] = []
+        specs: list[types.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await session.list_tools(params=params)
-            tools.extend(self._tool(t) for t in page.tools)
+            specs.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
-                return tools
+                break
             if cursor in seen:
                 raise MCPError(
                     types.INTERNAL_ERROR,
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
+        listing = frozenset(spec.name for spec in specs)
+        tools = [self._tool(spec, listing) for spec in specs]
+        self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
+        return tools
+
+    def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
+        """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
+        updated to this server's last tool listing, or None when it is up to date.
+
+        This server's tools in ``current`` are replaced by their newest version, and
+        dropped when the server no longer lists them; tools the server added are
+        added only to an engine that held all of this server's tools (a subagent given
+        a narrower set is never widened). Other tools are kept as they are.
+        """
+        mine = [t.handler for t in current.values() if isinstance(t.handler, _Remote) and t.handler.server is self]
+        if not mine:
+            return None
+        listed = self._listed
+        held = {h.remote for h in mine}
+        wanted = set(listed) if held >= frozenset().union(*(h.listing for h in mine)) else held & set(listed)
+        if held == wanted and all(listed[h.remote].handler is h for h in mine):
+            return None
+        out: list[Tool] = []
+        for tool in current.values():
+            h = tool.handler
+            if not (isinstance(h, _Remote) and h.server is self):
+                out.append(tool)
+            elif h.remote in wanted:
+                out.append(listed[h.remote])
+        out += [tool for remote, tool in listed.items() if remote in wanted and remote not in held]
+        return out
+
+    def _on_message(self, message: object) -> None:
+        if not isinstance(message, types.ToolListChangedNotification):
+            return
+        log.info("MCP server %s: its tool list changed", self.label)
+        self._stale = True
+        if self._relisting is None or self._relisting.done():
+            self._relisting = asyncio.get_running_loop().create_task(
+                self._relist(), name=f"agentloop-mcp-relist {self.label}"
+            )
+
+    async def _relist(self) -> None:
+        """List the tools again, as long as the server keeps saying they changed."""
+        while self._stale and not self._closed:
+            self._stale = False
+            try:
+                await self.list_tools()
+            except Exception as exc:
+                log.warning("MCP server %s: listing its tools after a change failed: %r", self.label, exc)
+                return
 
     async def call_tool(
         self, name: str, arguments: Mapping[str, Any], *, signal: AbortSignal | None = None
@@ -334,27 +405,43 @@ class MCPServer:
         session = await self.session()
         conn = self._conn
         try:
-            return await session.call_tool(name, dict(arguments))
+            result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED and self._conn is conn:
                 await self.reset()  # the server went away: reconnect on the next call
             raise
+        relisting = self._relisting
+        if relisting is not None and not relisting.done():
+            # The call changed the tool list (its notification came before its answer): the
+            # model's next request must see the new list, so the result waits for it.
+            await asyncio.wait((relisting,))
+        return result
 
-    def _tool(self, spec: types.Tool) -> Tool:
-        remote = spec.name
-
-        async def handler(input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-            result = await self.call_tool(remote, input, signal=ctx.signal)
-            return result_to_block(ctx.tool_use_id, result)
-
+    def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:
         return Tool(
-            safe_name(self.prefix + remote),  # MCP allows '.', '/' and more; providers do not
+            safe_name(self.prefix + spec.name),  # MCP allows '.', '/' and more; providers do not
             spec.description or "",
             spec.input_schema,
-            handler,
+            _Remote(self, spec.name, listing),
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
         )
+
+
+class _Remote:
+    """The handler of a tool made by `MCPServer.list_tools`: it calls the server's tool
+    ``remote``; ``listing`` holds the names of the listing it came from."""
+
+    __slots__ = ("listing", "remote", "server")
+
+    def __init__(self, server: MCPServer, remote: str, listing: frozenset[str]) -> None:
+        self.server = server
+        self.remote = remote
+        self.listing = listing
+
+    async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
+        return result_to_block(ctx.tool_use_id, result)
 
 
 def _public_url(url: str) -> str:

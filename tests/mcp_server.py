@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("agentloop-test")
@@ -61,6 +61,31 @@ async def slow(seconds: float, tag: str = "slow") -> str:
         raise
     (markers / f"{tag}.finished").write_text("finished")
     return f"slept {seconds}"
+
+
+def extra(x: int) -> int:
+    """Double ``x`` (a tool that `grow` adds)."""
+    return 2 * x
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add the tool ``extra`` and tell the client that the tool list changed."""
+    server.add_tool(extra)
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+@server.tool()
+async def retire(ctx: Context, name: str, after: str = "") -> str:
+    """Remove the tool ``name`` (once the ``slow`` call tagged ``after`` has started) and tell the client."""
+    if after:
+        with anyio.fail_after(10):
+            while not (markers / f"{after}.started").exists():
+                await anyio.sleep(0.01)
+    server.remove_tool(name)
+    await ctx.session.send_tool_list_changed()
+    return f"retired {name}"
 
 
 def main() -> None:

@@ -163,13 +163,17 @@ async def test_already_aborted_signal_sends_nothing(server: MCPServer, markers: 
 
 async def test_main_only_abort_hook_resets_the_connection(server: MCPServer, markers: Path) -> None:
     registered: list[tuple[Any, bool]] = []
+    watchers: list[Any] = []
 
     class Engine:
         def on_abort(self, fn: Any, *, main_only: bool = False) -> None:
             registered.append((fn, main_only))
 
+        def watch_tools(self, fn: Any) -> None:
+            watchers.append(fn)
+
     server.attach(Engine())
-    assert registered == [(server.on_main_abort, True)]
+    assert registered == [(server.on_main_abort, True)] and watchers == [server.follow_tools]
     tools = {t.name: t for t in await server.list_tools()}
     old_pid = int((await _run(tools["pid"], {})).text)
     controller = AbortController()
@@ -375,6 +379,61 @@ async def test_main_abort_keeps_the_connection_a_kept_background_subagent_is_usi
     result = next(r for m in child.messages for r in m.tool_results)
     assert (result.text, result.is_error) == ("slept 4.0", False)
     assert (markers / "bg.finished").exists()
+
+
+async def test_a_tool_list_change_applies_from_the_next_model_request(server: MCPServer) -> None:
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+    def offered(model: ScriptedModel) -> list[set[str]]:
+        return [{t.name for t in request.tools} for request in model.requests]
+
+    def calls(*names: str) -> ScriptedModel:
+        return ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall(n, {"x": 21})]) for n in names] + ["ok"])
+
+    tools = await server.list_tools()
+    echo = next(t for t in tools if t.name == "echo")
+    model = calls("grow", "extra")
+    main = QueryEngine(model, tools=tools, policies=[])
+    server.attach(main)
+    earlier = main.subagent(agent_id="earlier", model=calls("extra"))  # made before the change
+    narrow = main.subagent(agent_id="narrow", model=calls("echo"), tools=[echo])
+    async for _ in main.run("add a tool, then use it"):
+        pass
+    assert [("extra" in names) for names in offered(model)] == [False, True, True]
+    results = [r for m in main.messages for r in m.tool_results]
+    assert [(r.text, r.is_error) for r in results] == [("grown", False), ("42", False)]
+    async for _ in earlier.run("use the new tool"):
+        pass
+    assert "extra" in offered(earlier.model)[0]  # type: ignore[arg-type]
+    assert [r.text for m in earlier.messages for r in m.tool_results] == ["42"]
+    async for _ in narrow.run("echo"):
+        pass
+    assert offered(narrow.model) == [{"echo"}, {"echo"}]  # type: ignore[arg-type]  # never widened
+
+
+async def test_a_tool_removed_while_its_call_runs_still_answers_and_is_offered_no_more(
+    markers: Path,
+) -> None:
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+    async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers)], concurrency_safe=True) as srv:
+        model = ScriptedModel([
+            ScriptedResponse(tool_calls=[
+                ScriptedToolCall("slow", {"seconds": 0.5, "tag": "gone"}),
+                ScriptedToolCall("retire", {"name": "slow", "after": "gone"}),
+            ]),
+            "ok",
+        ])
+        main = QueryEngine(model, tools=await srv.list_tools(), policies=[])
+        srv.attach(main)
+        async for _ in main.run("retire the slow tool while it runs"):
+            pass
+    results = [(r.text, r.is_error) for m in main.messages for r in m.tool_results]
+    assert results == [("slept 0.5", False), ("retired slow", False)]
+    assert ["slow" in {t.name for t in request.tools} for request in model.requests] == [True, False]
+    assert "slow" not in main.tools
 
 
 async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:

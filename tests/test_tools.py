@@ -464,3 +464,34 @@ def test_safe_name_keeps_good_names_and_maps_others_apart() -> None:
     assert len(set(made)) == len(made)
     assert all(TOOL_NAME.fullmatch(n) for n in made)
     assert made[0].startswith("github_create_issue_") and made[0] == safe_name("github.create_issue")
+
+
+async def test_a_tool_watcher_changes_the_tools_only_between_model_requests(caplog: pytest.LogCaptureFixture) -> None:
+    @tool
+    async def old() -> str:
+        return "old"
+
+    @tool
+    async def new() -> str:
+        return "new"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("old", {})])] * 3 + ["done"])
+    engine = QueryEngine(model, tools=[old], policies=[])
+    seen: list[list[str]] = []
+
+    def watcher(current: Any) -> list[Tool] | None:
+        seen.append(sorted(current))
+        if len(seen) == 2:
+            raise RuntimeError("boom")  # logged; the tools are kept
+        if len(seen) == 3:
+            return [new, new]  # duplicate names: logged, kept
+        return [new] if len(seen) == 4 else None
+
+    engine.watch_tools(watcher)
+    with caplog.at_level(logging.ERROR, logger="agentloop"):
+        await collect(engine, "go")
+    assert seen == [["old"]] * 4  # once before each model request
+    assert [[t.name for t in r.tools] for r in model.requests] == [["old"], ["old"], ["old"], ["new"]]
+    assert [r.text for m in engine.messages for r in m.tool_results] == ["old"] * 3
+    assert "boom" in caplog.text and "duplicate tool names" in caplog.text
+    assert engine.subagent(agent_id="c")._tool_watchers == [watcher]  # inherited
