@@ -9,6 +9,7 @@ stream.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import operator
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from ._run import RunState
     from .sessions import SessionStore
 
-__all__ = ["EngineOptions", "QueryEngine"]
+__all__ = ["EngineOptions", "QueryEngine", "wait_at_run_end"]
 
 log = logging.getLogger("agentloop")
 
@@ -60,6 +61,26 @@ class EngineOptions:
     tool_choice: str | None = None
     background_subagents: Literal["keep", "abort"] = "keep"
     texts: Texts = field(default_factory=Texts)
+
+
+# The engine whose abort hooks are being called (set around each call, in the run's task).
+_hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
+
+
+def wait_at_run_end(task: asyncio.Task[Any]) -> bool:
+    """From an abort hook: let cleanup it started go on without delaying the turn's end.
+
+    The run's ``TurnEnded`` does not wait for ``task``; the run itself waits for it
+    before it returns, within ``tool_cancel_grace`` (past that, ``task`` is left to
+    whoever owns it). Returns False (and does nothing) outside an abort hook.
+    """
+    engine = _hooked_engine.get()
+    if engine is None or engine._state is None:
+        return False
+    if engine._cleanup is None:
+        engine._cleanup = set()
+    engine._cleanup.add(task)
+    return True
 
 
 def _tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
@@ -171,6 +192,7 @@ class QueryEngine:
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
+        self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
 
     def __repr__(self) -> str:
         who = f" agent_id={self.agent_id!r}" if self.agent_id else ""
@@ -288,15 +310,19 @@ class QueryEngine:
                 log.exception("tool watcher %r failed; the tools are kept", fn)
 
     async def _run_abort_hooks(self, reason: str) -> None:
-        for fn, main_only in self._abort_hooks:
-            if main_only and self.parent is not None:
-                continue
-            try:
-                result = fn(reason)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("on_abort hook %r failed", fn)
+        token = _hooked_engine.set(self)
+        try:
+            for fn, main_only in self._abort_hooks:
+                if main_only and self.parent is not None:
+                    continue
+                try:
+                    result = fn(reason)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("on_abort hook %r failed", fn)
+        finally:
+            _hooked_engine.reset(token)
 
     # -- subagents ---------------------------------------------------------------
 

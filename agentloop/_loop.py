@@ -328,6 +328,8 @@ def _report_to_parent(engine: QueryEngine, st: RunState) -> None:
 async def _finish(engine: QueryEngine, st: RunState) -> None:
     """Run cleanup: whatever ended the run, nothing it started survives it."""
     st.finishing = True
+    grace = engine.options.tool_cancel_grace
+    ends_by = st.loop.time() + grace  # tools and hooks' cleanup share one grace
     try:
         if not st.turn_over:
             if not st.signal.aborted:
@@ -337,7 +339,10 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             strip_final(engine)
             if not st.hooked:
                 await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
-        await _cancel_tasks(st, engine.options.tool_cancel_grace)
+        await _cancel_tasks(st, grace)
+        cleanup, engine._cleanup = engine._cleanup, None
+        if cleanup:  # started by abort hooks (closing a tool server, say), owned by them
+            await asyncio.wait(cleanup, timeout=max(0.0, ends_by - st.loop.time()))
     finally:
         for task in st.pending_tasks:  # the cleanup was cut short (the host cancelled it again)
             if not task.done() and not task.cancelling():

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
 
 from ._abort import AbortSignal
+from ._engine import wait_at_run_end
 from ._errors import AbortError
 from ._messages import TextBlock, ToolResultBlock
 from ._tools import Tool, ToolContext, ToolOutput, safe_name
@@ -150,6 +151,7 @@ class MCPServer:
         self._listed: dict[str, Tool] = {}  # the last tools/list answer, by the server's names
         self._stale = False  # the server said its tool list changed since the last listing began
         self._relisting: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # connections being closed
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -241,18 +243,31 @@ class MCPServer:
 
     async def reset(self) -> None:
         """Close the current connection; the next call opens a new one."""
-        conn, self._conn = self._conn, None
-        relisting, self._relisting = self._relisting, None
-        if relisting is not None and not relisting.done():
-            relisting.cancel()  # it would open the next connection
-            await asyncio.wait((relisting,))
-        if conn is not None:
-            await conn.close()
+        closing = self._detach()
+        if closing is not None:
+            await asyncio.shield(closing)  # a caller giving up leaves it to `aclose`
 
     async def aclose(self) -> None:
-        """Close the connection for good (a stdio server process is stopped). Idempotent."""
+        """Close the connection for good (a stdio server process is stopped). Idempotent.
+
+        Also waits for connections still closing after `on_main_abort`.
+        """
         self._closed = True
         await self.reset()
+        while pending := {task for task in self._closing if not task.done()}:
+            await asyncio.wait(pending)
+
+    def _detach(self) -> asyncio.Task[None] | None:
+        """Take the connection out of use at once (the next call opens a new one) and close
+        it in a task, which `aclose` waits for."""
+        conn, self._conn = self._conn, None
+        relisting, self._relisting = self._relisting, None
+        if conn is None and relisting is None:
+            return None
+        task = asyncio.get_running_loop().create_task(_close(conn, relisting), name=f"agentloop-mcp-close {self.label}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return task
 
     async def on_main_abort(self, reason: str) -> None:
         """Abort hook for the *main* engine only: reset the connection.
@@ -266,6 +281,11 @@ class MCPServer:
         The connection is kept while a call whose run was not aborted is in
         flight on it (a background subagent that goes on running, a call made
         without a signal): resetting would kill that call too.
+
+        As an engine's abort hook it returns at once, so the turn ends without
+        waiting for the server to stop; the run waits for the close before it
+        returns, within its ``tool_cancel_grace``, and `aclose` waits for what
+        is left. Called directly, it waits for the close.
         """
         live = sum(signal is None or not signal.aborted for signal in self._in_flight)
         if live:
@@ -277,7 +297,12 @@ class MCPServer:
             )
             return
         log.info("main engine aborted (%s): resetting MCP connection to %s", reason, self.label)
-        await self.reset()
+        closing = self._detach()
+        # Stopping a server takes it a while (a stdio one gets seconds to exit): the turn's
+        # end must not wait for it. The run waits for it before it returns, within its
+        # tool_cancel_grace; outside a run's abort hooks, the caller waits here.
+        if closing is not None and not wait_at_run_end(closing):
+            await asyncio.shield(closing)
 
     def attach(self, engine: _EngineLike) -> None:
         """Register `on_main_abort` on ``engine`` as a main-only abort hook, and let the
@@ -442,6 +467,14 @@ class _Remote:
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
         return result_to_block(ctx.tool_use_id, result)
+
+
+async def _close(conn: _Connection | None, relisting: asyncio.Task[None] | None) -> None:
+    if relisting is not None and not relisting.done():
+        relisting.cancel()  # it would open the next connection
+        await asyncio.wait((relisting,))
+    if conn is not None:
+        await conn.close()
 
 
 def _public_url(url: str) -> str:

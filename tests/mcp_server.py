@@ -3,13 +3,15 @@
 Run over stdio (default) or streamable HTTP (``--http PORT``, on 127.0.0.1).
 ``--markers DIR`` (or ``AGENTLOOP_MCP_MARKERS``) is where the ``slow`` tool
 leaves ``<tag>.started``, ``<tag>.cancelled`` and ``<tag>.finished`` files, so
-a test can see what the server saw.
+a test can see what the server saw. ``--linger S`` keeps a stdio server alive
+for S seconds after its stdin closes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import anyio
@@ -93,11 +95,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT")
     parser.add_argument("--markers", type=Path, help="directory for the slow tool's marker files")
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay alive after stdin closes")
     args = parser.parse_args()
     if args.markers is not None:
         markers = args.markers
     if args.http is None:
         server.run("stdio")
+        time.sleep(args.linger)  # a server slow to exit: the client has to wait, or kill it
     else:
         server.run("streamable-http", host="127.0.0.1", port=args.http)
 

@@ -18,7 +18,7 @@ import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
-from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock
+from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock, TurnEnded
 from agentloop._tools import Tool, ToolContext
 from agentloop.mcp import MCPServer, result_to_block
 
@@ -434,6 +434,35 @@ async def test_a_tool_removed_while_its_call_runs_still_answers_and_is_offered_n
     assert results == [("slept 0.5", False), ("retired slow", False)]
     assert ["slow" in {t.name for t in request.tools} for request in model.requests] == [True, False]
     assert "slow" not in main.tools
+
+
+async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Path) -> None:
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+    grace = 0.3
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 30})]), "ok"])
+    # The server stays alive 30 s after its stdin closes: the SDK gives it 2 s, then kills it.
+    async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers), "--linger", "30"]) as srv:
+        tools = await srv.list_tools()
+        old_pid = int((await srv.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+        main = QueryEngine(model, tools=tools, tool_cancel_grace=grace, policies=[])
+        srv.attach(main)
+        loop = asyncio.get_running_loop()
+        async for event in main.run("work"):
+            if event.type == "tool_call_started":
+                await _until((markers / "slow.started").exists, "the slow call to start")
+                main.interrupt("cancel")
+                interrupted = loop.time()
+            if isinstance(event, TurnEnded):
+                settled = loop.time() - interrupted
+                alive_at_end = _alive(old_pid)
+        returned = loop.time() - interrupted
+        assert event.reason == "aborted_tools" and alive_at_end  # the turn ended without waiting for it
+        assert settled < grace and returned < grace + 0.5, (settled, returned)
+        assert repr(srv) == f"<MCPServer stdio:{sys.executable} idle>"  # the next call opens a new one
+        assert int((await srv.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
+    assert not _alive(old_pid)  # leaving `async with` waited for it to be stopped
 
 
 async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
