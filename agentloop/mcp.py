@@ -317,15 +317,20 @@ class MCPServer:
         """The server's tools as agentloop `Tool`s (all pages).
 
         Raises `MCPError` when the server hands out a cursor it gave before (its pages would
-        never end).
+        never end), or for a protocol error (the connection lost: the next call reconnects).
         """
         session = await self.session()
+        conn = self._conn
         specs: list[types.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await session.list_tools(params=params)
+            try:
+                page = await session.list_tools(params=params)
+            except MCPError as exc:
+                await self._lost(exc, conn)
+                raise
             specs.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
@@ -432,8 +437,7 @@ class MCPServer:
         try:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
-            if exc.code == types.CONNECTION_CLOSED and self._conn is conn:
-                await self.reset()  # the server went away: reconnect on the next call
+            await self._lost(exc, conn)
             raise
         relisting = self._relisting
         if relisting is not None and not relisting.done():
@@ -441,6 +445,10 @@ class MCPServer:
             # model's next request must see the new list, so the result waits for it.
             await asyncio.wait((relisting,))
         return result
+
+    async def _lost(self, exc: MCPError, conn: _Connection | None) -> None:
+        if exc.code == types.CONNECTION_CLOSED and self._conn is conn and conn is not None:
+            await self.reset()  # the server went away: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:
         return Tool(

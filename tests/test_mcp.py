@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -463,6 +465,16 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
         assert repr(srv) == f"<MCPServer stdio:{sys.executable} idle>"  # the next call opens a new one
         assert int((await srv.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
     assert not _alive(old_pid)  # leaving `async with` waited for it to be stopped
+
+
+async def test_listing_tools_after_the_server_died_reconnects_on_the_next_call(server: MCPServer) -> None:
+    old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+    os.kill(old_pid, signal.SIGKILL)
+    await _until(lambda: not _alive(old_pid), "the server to die")
+    with pytest.raises(MCPError, match="Connection closed"):
+        await server.list_tools()
+    assert {"echo", "pid"} <= {t.name for t in await server.list_tools()}  # a new server process
+    assert int((await server.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
 
 
 async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
