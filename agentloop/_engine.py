@@ -183,7 +183,8 @@ class QueryEngine:
         self.inbox = Inbox()
         self.last_turn_ended: TurnEnded | None = None
         self.session_errors: list[str] = []
-        self._recorded: list[Message] = list(self.messages)  # what the session holds (given: all of it)
+        # What the session holds (messages given at construction: all of them); kept only with a session.
+        self._recorded: list[Message] = list(self.messages) if session is not None else []
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
         self._tool_watchers: list[ToolWatcher] = list(parent._tool_watchers) if parent else []
         self._state: RunState | None = None
