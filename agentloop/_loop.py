@@ -39,7 +39,7 @@ from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, Turn
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, notify
-from ._run import RunState, over_ancestor_limit
+from ._run import RunState, abandon, over_ancestor_limit
 from ._streaming import model_phase
 from ._toolphase import tool_phase
 from ._transcript import encodable_message
@@ -358,11 +358,15 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
 
 
 async def _cancel_tasks(st: RunState, grace: float) -> None:
+    """Give the calls still running what is left of their grace, then cancel them;
+    abandon those that swallow the cancellation."""
     pending = {t for t in st.pending_tasks if not t.done()}  # cleared by _finish, even if this is cut short
     if not pending:
         return
-    _, still = await asyncio.wait(pending, timeout=grace)
+    _, still = await asyncio.wait(pending, timeout=st.grace_left(grace))
     for task in still:
         task.cancel()
     if still:
-        await asyncio.wait(still, timeout=0.1)
+        _, stuck = await asyncio.wait(still, timeout=0.1)
+        for task in stuck:
+            abandon(st, task, "the run ended")

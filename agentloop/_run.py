@@ -12,6 +12,7 @@ loop waits on its `Mailbox`, which an abort simply wakes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -27,9 +28,11 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
     from ._events import Event, TerminalReason
 
-__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView", "charge_ancestors", "over_ancestor_limit"]
+__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView", "abandon", "charge_ancestors", "over_ancestor_limit"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("agentloop")
 
 ABORTED = object()  # mailbox marker: the run's signal aborted
 GRACE_OVER = object()  # mailbox marker: tool_cancel_grace has elapsed
@@ -95,6 +98,7 @@ class RunState:
     __slots__ = (
         "_cancel_requested",
         "_remove_listener",
+        "aborted_at",
         "aborted_subagents",
         "acc",
         "cancel_baseline",
@@ -145,7 +149,11 @@ class RunState:
         self.owed: list[ToolUseBlock] = []
         self.results: dict[str, ToolResultBlock] = {}
         self.started: set[str] = set()
-        self.pending_tasks: set[asyncio.Task[Any]] = set()
+        # The running calls' tasks, each with its call.
+        self.pending_tasks: dict[asyncio.Task[Any], ToolUseBlock] = {}
+        # When this turn's abort reached the loop (loop time): the calls' cancel grace counts
+        # from here, once, however long the host holds an event and whoever waits on the calls.
+        self.aborted_at: float | None = None
         # The last tool phase's finished tasks: freed at the next tool phase or at the
         # run's end, so their teardown never delays the events that follow them.
         self.spent_tasks: list[asyncio.Task[Any]] = []
@@ -192,6 +200,7 @@ class RunState:
         self.error = None
         self.detail = None
         self.phase = "idle"
+        self.aborted_at = None
         self.aborted_subagents = []
 
     def take_pending_events(self) -> list[Event]:
@@ -223,6 +232,8 @@ class RunState:
             # began the next without suspending, so the hand-over arrives inside a fresh turn
             # whose own signal it must not act for.
             return
+        if self.aborted_at is None:
+            self.aborted_at = self.loop.time()
         task = self.task
         if (
             self.guarding
@@ -251,11 +262,37 @@ class RunState:
         finally:
             self.guarding = False
 
+    def grace_left(self, grace: float) -> float:
+        """What is left of the calls' cancel ``grace`` (all of it if no abort has reached the loop)."""
+        if self.aborted_at is None:
+            return grace
+        return max(0.0, self.aborted_at + grace - self.loop.time())
+
     def close(self) -> None:
         self.closed = True
         self.spent_tasks = []
         self._remove_listener()
         self.controller.unlink()
+
+
+#: Calls that swallowed their cancellation and were given up on: held here until they end,
+#: so that one waiting on a future nothing else holds is not garbage-collected mid-await.
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+def abandon(st: RunState, task: asyncio.Task[Any], why: str) -> None:
+    """Stop waiting for a call's task that ignored its cancellation; it runs on unowned.
+
+    Python cannot stop a coroutine that swallows `CancelledError`, so the run ends
+    without it; a warning names the call, once. Whatever it returns later is discarded.
+    """
+    use = st.pending_tasks.pop(task, None)
+    if task.done() or task in _abandoned:
+        return
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+    name = use.name if use is not None else "?"
+    log.warning("tool %r (call %s) ignored cancellation; abandoning it (%s)", name, use.id if use else "?", why)
 
 
 def _close(aw: Awaitable[Any]) -> None:

@@ -8,7 +8,6 @@ drained (a safe point) and merged after the results. On abort the calls get
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, cast
 
@@ -17,13 +16,12 @@ from ._errors import AbortError
 from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, Done, describe, error_result, plan_batches
 from ._messages import ToolUseBlock
-from ._run import ABORTED, GRACE_OVER, RunState
+from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._transcript import encodable, interrupted_result
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-log = logging.getLogger("agentloop")
 
 _ABANDON = object()
 
@@ -49,7 +47,7 @@ async def tool_phase(
             break
         waiting = {use.id: use for use in batch}
         tasks = {use.id: st.loop.create_task(runner.call(use)) for use in batch}
-        st.pending_tasks.update(tasks.values())
+        st.pending_tasks.update({tasks[use.id]: use for use in batch})
         spent += tasks.values()
         timers: list[asyncio.TimerHandle] = []
         if st.signal.aborted:
@@ -60,18 +58,19 @@ async def tool_phase(
                 for item in await st.mailbox.get():
                     if isinstance(item, Done):
                         if waiting.pop(item.use.id, None) is not None:
-                            st.pending_tasks.discard(tasks[item.use.id])
+                            st.pending_tasks.pop(tasks[item.use.id], None)
                             events.append(_record(engine, st, item))
                     elif item is ABORTED:
                         if not timers:
-                            timers.append(st.loop.call_later(engine.options.tool_cancel_grace, st.mailbox.put, GRACE_OVER))
+                            grace = st.grace_left(engine.options.tool_cancel_grace)
+                            timers.append(st.loop.call_later(grace, st.mailbox.put, GRACE_OVER))
                     elif item is GRACE_OVER:
                         for task in st.pending_tasks:
                             task.cancel()
                         timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
                     elif item is _ABANDON:
                         for use in waiting.values():
-                            log.warning("tool %r ignored cancellation; abandoning it", use.name)
+                            abandon(st, tasks[use.id], "the run was interrupted")
                         waiting.clear()
                     else:
                         events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from agentloop import AbortSignal, Event, Message, QueryEngine
 from agentloop._model import ModelRequest, StreamEvent, StreamText
@@ -51,3 +52,44 @@ def child_pids_alive() -> set[int]:
             if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
                 pids.add(int(pid))
     return pids
+
+
+class VirtualClock:
+    """Virtual time for the running loop: whenever the loop would sleep until its next
+    timer, its clock jumps there at once. IO that is ready is still handled first; with
+    no timer pending the loop waits for real (a thread, a signal).
+
+    ``with VirtualClock():`` inside a test; ``now`` is the loop's time.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.now = self.loop.time()
+
+    def __enter__(self) -> VirtualClock:
+        loop: Any = self.loop
+        self._selector = loop._selector
+        loop._selector = _JumpingSelector(self._selector, self)
+        loop.time = lambda: self.now
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop: Any = self.loop
+        loop._selector = self._selector
+        del loop.time
+
+
+class _JumpingSelector:
+    def __init__(self, inner: Any, clock: VirtualClock) -> None:
+        self._inner = inner
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> Any:
+        ready = self._inner.select(0)
+        if ready or timeout is None or timeout <= 0:
+            return ready if ready or timeout is not None else self._inner.select(None)
+        self._clock.now += timeout
+        return ready
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

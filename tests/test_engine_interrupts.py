@@ -29,7 +29,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._inbox import Texts
-from tests.helpers import HangingModel, collect, kinds
+from tests.helpers import HangingModel, VirtualClock, collect, kinds
 
 TEXTS = Texts()
 
@@ -182,6 +182,88 @@ async def test_settlement_a_tool_ignoring_the_signal_is_cancelled_after_the_grac
     assert cancelled == [True]
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
     assert results(engine) == [TEXTS.stopped_running]
+
+
+@pytest.mark.parametrize("then", ["keeps_running", "returns"])
+async def test_settlement_run_returns_within_one_grace_when_a_tool_swallows_the_cancellation(
+    then: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SPEC §1: run() ends within tool_cancel_grace (plus the unwind) of the interrupt,
+    # however the tool treats its cancellation; run() used to wait a second grace for it.
+    gate, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def stubborn() -> str:
+        gate.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed: it carries on
+        if then == "returns":
+            await asyncio.sleep(30)
+        else:
+            await release.wait()
+        return "late"
+
+    grace = 2.0
+    with VirtualClock() as clock:
+        engine = engine_for([calls("stubborn")], tools=[stubborn], tool_cancel_grace=grace)
+        events = []
+        with caplog.at_level("WARNING", logger="agentloop"):
+            async for event in engine.run("go"):
+                events.append(event)
+                if isinstance(event, ToolCallStarted):
+                    await gate.wait()
+                    engine.interrupt()
+                    interrupted_at = clock.now
+        returned_at = clock.now
+        release.set()
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            await task  # the abandoned call ends by itself
+    assert returned_at - interrupted_at <= grace + 0.1 + 0.01
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
+    assert results(engine) == [TEXTS.stopped_running]
+    assert caplog.text.count("ignored cancellation") == 1  # said once, naming the tool
+    assert "'stubborn'" in caplog.text
+
+
+async def test_settlement_a_host_closing_the_run_mid_grace_waits_only_for_the_rest_of_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The grace counts from the abort: a host that holds an event, then closes the run,
+    # does not start a fresh grace for a tool that ignores both the signal and cancellation.
+    gate, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def stubborn() -> str:
+        gate.set()
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                pass
+        return "late"
+
+    grace = 2.0
+    with VirtualClock() as clock:
+        engine = engine_for([calls("stubborn")], tools=[stubborn], tool_cancel_grace=grace)
+        run = engine.run("go")
+        with caplog.at_level("WARNING", logger="agentloop"):
+            async for event in run:
+                if isinstance(event, ToolCallStarted):
+                    await gate.wait()
+                    engine.interrupt()
+                    interrupted_at = clock.now
+                    await asyncio.sleep(1.5)  # the host holds the event...
+                    break
+            await run.aclose()  # ...then stops
+        returned_at = clock.now
+        release.set()
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            await task
+    assert returned_at - interrupted_at <= grace + 0.1 + 0.01
+    assert results(engine) == [TEXTS.stopped_running]
+    assert caplog.text.count("ignored cancellation") == 1
 
 
 async def test_parallel_tools_all_receive_the_one_abort() -> None:
