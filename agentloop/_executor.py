@@ -20,7 +20,7 @@ from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_t
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["CallRunner", "Done", "Mailbox", "plan_batches"]
+__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "plan_batches"]
 
 T = TypeVar("T")
 
@@ -95,6 +95,24 @@ class Done:
         self.outcome = outcome
 
 
+class Overdue:
+    """A call still running ``tool_cancel_grace`` after its own timeout cancelled it:
+    it swallowed the cancellation. Put into the mailbox by a timer of the call."""
+
+    __slots__ = ("timeout", "use")
+
+    def __init__(self, use: ToolUseBlock, timeout: float) -> None:
+        self.use = use
+        self.timeout = timeout
+
+    def result(self) -> ToolResultBlock:
+        return error_result(
+            self.use.id,
+            f"Tool {self.use.name!r} timed out after {self.timeout:g} s and did not stop when cancelled; "
+            "it was abandoned and may still have side effects.",
+        )
+
+
 def error_result(tool_use_id: str, text: str) -> ToolResultBlock:
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
 
@@ -150,8 +168,16 @@ class CallRunner:
                     if tool.timeout is None:
                         output = await tool.handler(tool_input, ctx)
                     else:
-                        async with asyncio.timeout(tool.timeout) as scope:
-                            output = await tool.handler(tool_input, ctx)
+                        # If the timeout's cancellation is swallowed, the loop gives up on the call
+                        # a cancel grace later (see `Overdue`), so the timeout holds either way.
+                        overdue = asyncio.get_running_loop().call_later(
+                            tool.timeout + self.engine.options.tool_cancel_grace, put, Overdue(use, tool.timeout)
+                        )
+                        try:
+                            async with asyncio.timeout(tool.timeout) as scope:
+                                output = await tool.handler(tool_input, ctx)
+                        finally:
+                            overdue.cancel()
                 except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as exc:  # GeneratorExit or a framework's own: the tool's failure too

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
-from ._executor import CallRunner, Done, describe, error_result, plan_batches
+from ._executor import CallRunner, Done, Overdue, describe, error_result, plan_batches
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._transcript import encodable, interrupted_result
@@ -60,6 +60,12 @@ async def tool_phase(
                         if waiting.pop(item.use.id, None) is not None:
                             st.pending_tasks.pop(tasks[item.use.id], None)
                             events.append(_record(engine, st, item))
+                    elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
+                        if waiting.pop(item.use.id, None) is not None:
+                            task = tasks[item.use.id]
+                            task.cancel()  # once more: it may honour a second one
+                            abandon(st, task, f"it timed out after {item.timeout:g} s")
+                            events.append(_record(engine, st, Done(item.use, item.result())))
                     elif item is ABORTED:
                         if not timers:
                             grace = st.grace_left(engine.options.tool_cancel_grace)

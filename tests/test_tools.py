@@ -35,7 +35,7 @@ from agentloop import (
 from agentloop._executor import plan_batches
 from agentloop._messages import ToolUseBlock
 from agentloop._tools import TOOL_NAME, safe_name
-from tests.helpers import collect
+from tests.helpers import VirtualClock, collect
 
 
 def test_tool_schema_from_annotations_and_description_from_docstring() -> None:
@@ -191,6 +191,38 @@ async def test_a_tool_failure_that_cannot_be_printed_or_is_a_base_exception_is_t
         "Tool 'fails' raised _Unprintable (its message could not be formatted)",
         "Tool 'fails' raised _FrameworkStop: halt",
     ]
+
+
+async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation(caplog: pytest.LogCaptureFixture) -> None:
+    # The timeout cancels the call; a call that swallows that is given up on a cancel grace
+    # later, with its timeout error, and the loop goes on. It used to run as long as it liked.
+    @tool(timeout=1)
+    async def stuck() -> str:
+        """Hang."""
+        try:
+            await asyncio.sleep(50)
+        except asyncio.CancelledError:
+            pass  # swallowed: it carries on
+        await asyncio.sleep(50)
+        return "late"
+
+    grace = 2.0
+    with VirtualClock() as clock:
+        script = ScriptedResponse(tool_calls=[ScriptedToolCall("stuck", {})])
+        engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[stuck], policies=[], tool_cancel_grace=grace)
+        times = {}
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            async for event in engine.run("go"):
+                times[type(event).__name__] = clock.now
+                if isinstance(event, TurnEnded):
+                    ended = event
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            await asyncio.gather(task, return_exceptions=True)  # the abandoned call, cancelled once more
+    assert times["ToolCallFinished"] - times["ToolCallStarted"] <= 1 + grace + 0.01
+    assert ended.reason == "completed"
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    assert result.is_error and result.text.startswith("Tool 'stuck' timed out after 1 s")
+    assert caplog.text.count("ignored cancellation") == 1 and "'stuck'" in caplog.text
 
 
 def _use(name: str, i: int) -> ToolUseBlock:
