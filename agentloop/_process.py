@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal as _signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._abort import AbortSignal
@@ -32,7 +32,9 @@ _DRAIN = 0.25
 class ProcessResult:
     """``returncode`` is negative when killed by a signal; ``timed_out`` when the
     timeout killed it. ``stdout``/``stderr`` are decoded (UTF-8, replace) and
-    capped at 1 MiB each (``truncated`` says so)."""
+    capped at 1 MiB each (``truncated`` says so); ``stdout_bytes``/``stderr_bytes``
+    are the same output exactly as the child wrote it (binary output, another
+    encoding)."""
 
     args: tuple[str, ...]
     returncode: int
@@ -40,6 +42,8 @@ class ProcessResult:
     stderr: str
     timed_out: bool = False
     truncated: bool = False
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
 
     @property
     def ok(self) -> bool:
@@ -104,13 +108,16 @@ async def run_process(
         raise AbortError(signal.reason or "cancel")
     returncode = transport.get_returncode()
     assert returncode is not None
+    stdout, stderr = bytes(proto.output[1]), bytes(proto.output[2])
     return ProcessResult(
         args=tuple(args),
         returncode=returncode,
-        stdout=bytes(proto.output[1]).decode("utf-8", "replace"),
-        stderr=bytes(proto.output[2]).decode("utf-8", "replace"),
+        stdout=stdout.decode("utf-8", "replace"),
+        stderr=stderr.decode("utf-8", "replace"),
         timed_out=timed_out,
         truncated=proto.truncated,
+        stdout_bytes=stdout,
+        stderr_bytes=stderr,
     )
 
 

@@ -298,6 +298,16 @@ async def test_run_process_collects_output_and_status() -> None:
     assert (result.returncode, result.stdout.strip(), result.stderr.strip(), result.ok) == (3, "out", "err", False)
 
 
+async def test_run_process_keeps_the_raw_bytes_of_binary_or_non_utf8_output() -> None:
+    # Binary on stdout, Latin-1 on stderr: the decoded text cannot give them back.
+    code = "import sys; sys.stdout.buffer.write(bytes(range(256))); sys.stderr.buffer.write('caf\\xe9'.encode('latin-1'))"
+    result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
+    assert result.ok
+    assert result.stdout_bytes == bytes(range(256))
+    assert result.stderr_bytes == b"caf\xe9" and result.stderr == "caf\ufffd"
+    assert "stdout_bytes" not in repr(result)  # the repr stays short
+
+
 async def test_run_process_abort_kills_the_whole_group_including_grandchildren(tmp_path: Path) -> None:
     ctl = AbortController()
     pidfile = tmp_path / "grandchild.pid"
