@@ -13,7 +13,7 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import (
@@ -29,6 +29,7 @@ from typing import (
 )
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
 
 from ._abort import AbortSignal
 from ._errors import ToolInputError
@@ -289,8 +290,21 @@ def _validation_message(exc: ValidationError) -> str:
     return "invalid tool input: " + "; ".join(lines)
 
 
+def _jsonable(value: object) -> object:
+    """What `json` cannot encode itself (a pydantic model, a dataclass, a datetime, an enum...),
+    as pydantic would put it in JSON; anything else as ``str(value)``. An iterator is never
+    run (pydantic would drain it, forever for an endless one): it is its ``str()`` too."""
+    if isinstance(value, (Iterator, AsyncIterator)):
+        return str(value)
+    try:
+        return to_jsonable_python(value, fallback=str)
+    except ValueError:  # bytes that are not UTF-8
+        return str(value)
+
+
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
-    """Normalise what a handler returned into a result block."""
+    """Normalise what a handler returned into a result block: text as it is, anything
+    else as JSON (pydantic models and dataclasses by their fields)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
@@ -305,7 +319,7 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content = ""
     else:
         try:
-            content = json.dumps(output, ensure_ascii=False, default=str)
+            content = json.dumps(output, ensure_ascii=False, default=_jsonable)
         except (TypeError, ValueError):
             content = repr(output)
     if not (content if isinstance(content, str) else "".join(b.text for b in content)).strip():

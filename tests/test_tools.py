@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
+import itertools
+import json
 import logging
 import os
 import signal
@@ -13,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from agentloop import (
     AbortController,
@@ -154,6 +158,34 @@ async def test_tool_outputs_are_normalised_to_results() -> None:
     got = [r for m in engine.messages for r in m.tool_results]
     assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "mine"]
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
+
+
+class _Point(BaseModel):
+    x: int
+    label: str
+    seen: datetime.date
+
+
+@dataclasses.dataclass
+class _Size:
+    width: int
+
+
+async def test_a_tool_returning_pydantic_models_or_dataclasses_gives_the_model_their_json() -> None:
+    # They used to reach the model as their str(): "x=1 label='a' seen=datetime.date(2024, 5, 1)".
+    @tool
+    async def shapes(kind: str) -> object:
+        point = _Point(x=1, label="a", seen=datetime.date(2024, 5, 1))
+        endless = {"count": itertools.count()}  # never drained: it would block the loop for good
+        return {"model": point, "models": [point], "dataclass": _Size(3), "bytes": {"b": b"\xff"}, "endless": endless}[kind]
+
+    kinds = ("model", "models", "dataclass", "bytes", "endless")
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("shapes", {"kind": k}) for k in kinds])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[shapes], policies=[])
+    await collect(engine, "go")
+    got = [r.text for m in engine.messages for r in m.tool_results]
+    point = {"x": 1, "label": "a", "seen": "2024-05-01"}
+    assert [json.loads(t) for t in got] == [point, [point], {"width": 3}, {"b": "b'\\xff'"}, {"count": "count(0)"}]
 
 
 class _NoMessage(Exception):
