@@ -56,24 +56,34 @@ async def run_process(
     timeout: float | None = None,
     kill_grace: float = 2.0,
     stdin: bytes | None = None,
+    stderr: int = subprocess.PIPE,
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
     (``cwd``, ``env``...) go to `asyncio.loop.subprocess_exec`.
+    ``stderr=subprocess.STDOUT`` merges the child's stderr into ``stdout``, in the
+    order it was written (``stderr`` is then empty).
 
     Raises `AbortError` (after the process group is dead) if ``signal`` aborts
     first. A timeout is not an error: the result has ``timed_out=True``. Both
     hold while a process that left the group (``setsid``) keeps the pipes open:
-    the call stops reading and returns, leaving that process alone.
+    the call stops reading and returns, leaving that process alone. Raises
+    ValueError for another ``stderr`` and TypeError for ``stdout``: the output
+    is collected here.
     """
+    if stderr not in (subprocess.PIPE, subprocess.STDOUT):
+        raise ValueError("run_process takes stderr=subprocess.PIPE (kept apart, the default) or subprocess.STDOUT (merged)")
+    if "stdout" in kw:
+        raise TypeError("run_process collects stdout itself; it does not take stdout=")
+    merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
     transport, proto = await loop.subprocess_exec(
-        lambda: _Collector(loop),
+        lambda: _Collector(loop, merged=merged),
         *args,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         start_new_session=True,
         **kw,
     )
@@ -108,16 +118,16 @@ async def run_process(
         raise AbortError(signal.reason or "cancel")
     returncode = transport.get_returncode()
     assert returncode is not None
-    stdout, stderr = bytes(proto.output[1]), bytes(proto.output[2])
+    out, err = bytes(proto.output[1]), bytes(proto.output[2])
     return ProcessResult(
         args=tuple(args),
         returncode=returncode,
-        stdout=stdout.decode("utf-8", "replace"),
-        stderr=stderr.decode("utf-8", "replace"),
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
         timed_out=timed_out,
         truncated=proto.truncated,
-        stdout_bytes=stdout,
-        stderr_bytes=stderr,
+        stdout_bytes=out,
+        stderr_bytes=err,
     )
 
 
@@ -125,10 +135,10 @@ class _Collector(asyncio.SubprocessProtocol):
     """Keeps up to `_CAP` bytes of stdout and stderr; ``done`` when the child has
     exited and both have ended, ``closed`` when the transport is finished."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, merged: bool = False) -> None:
         self.output = {1: bytearray(), 2: bytearray()}
         self.truncated = False
-        self.open = {0, 1, 2}  # the pipes not yet lost
+        self.open = {0, 1} if merged else {0, 1, 2}  # the pipes not yet lost (stderr has none when merged)
         self.exited: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.closed: asyncio.Future[None] = loop.create_future()

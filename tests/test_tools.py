@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -338,6 +339,20 @@ async def test_run_process_keeps_the_raw_bytes_of_binary_or_non_utf8_output() ->
     assert result.stdout_bytes == bytes(range(256))
     assert result.stderr_bytes == b"caf\xe9" and result.stderr == "caf\ufffd"
     assert "stdout_bytes" not in repr(result)  # the repr stays short
+
+
+async def test_run_process_can_merge_stderr_into_stdout_in_order() -> None:
+    # A build log reads in the order it was written; this used to be a TypeError
+    # ("got multiple values for keyword argument 'stderr'").
+    code = "import sys\nfor i in range(3):\n    print('out', i, flush=True); print('err', i, file=sys.stderr, flush=True)"
+    signal = AbortController().signal
+    result = await run_process(sys.executable, "-c", code, signal=signal, stderr=subprocess.STDOUT)
+    assert result.ok and result.stderr == ""
+    assert result.stdout.splitlines() == ["out 0", "err 0", "out 1", "err 1", "out 2", "err 2"]
+    with pytest.raises(ValueError, match="STDOUT"):
+        await run_process("true", signal=signal, stderr=subprocess.DEVNULL)
+    with pytest.raises(TypeError, match="stdout"):
+        await run_process("true", signal=signal, stdout=subprocess.DEVNULL)
 
 
 async def test_run_process_abort_kills_the_whole_group_including_grandchildren(tmp_path: Path) -> None:
