@@ -303,8 +303,9 @@ def _jsonable(value: object) -> object:
 
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
-    """Normalise what a handler returned into a result block: text as it is, anything
-    else as JSON (pydantic models and dataclasses by their fields)."""
+    """Normalise what a handler returned into a result block: text (a string, a text
+    block or a list of them) as it is, anything else as JSON (pydantic models and
+    dataclasses by their fields)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
@@ -315,6 +316,8 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content: str | list[TextBlock] = output
     elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):
         content = output
+    elif isinstance(output, TextBlock):
+        content = [output]
     elif output is None:
         content = ""
     else:

@@ -144,20 +144,20 @@ def test_tool_name_and_description_overrides() -> None:
 async def test_tool_outputs_are_normalised_to_results() -> None:
     @tool
     async def many(kind: str) -> object:
-        return {"text": "plain", "none": None, "blocks": [TextBlock(text="b")], "json": {"a": 1}}[kind]
+        return {"text": "plain", "none": None, "blocks": [TextBlock(text="b")], "json": {"a": 1}, "block": TextBlock(text="one")}[kind]
 
     @tool
     async def custom() -> ToolResultBlock:
         return ToolResultBlock(tool_use_id="ignored", content="mine", is_error=True)
 
     script = ScriptedResponse(
-        tool_calls=[ScriptedToolCall("many", {"kind": k}) for k in ("text", "none", "blocks", "json")]
+        tool_calls=[ScriptedToolCall("many", {"kind": k}) for k in ("text", "none", "blocks", "json", "block")]
         + [ScriptedToolCall("custom", {})]
     )
     engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[many, custom], policies=[])
     await collect(engine, "go")
     got = [r for m in engine.messages for r in m.tool_results]
-    assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "mine"]
+    assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "one", "mine"]  # a lone text block is text too
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
 
 
