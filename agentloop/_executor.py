@@ -73,6 +73,11 @@ class Mailbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def take(self) -> list[object]:
+        """Everything queued so far, without waiting."""
+        items, self._items = self._items, []
+        return items
+
     async def get(self) -> list[object]:
         """Everything queued so far, waiting for at least one item."""
         while not self._items:

@@ -41,7 +41,7 @@ from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, notify
 from ._run import RunState, abandon, over_ancestor_limit
 from ._streaming import model_phase
-from ._toolphase import tool_phase
+from ._toolphase import record_finished, tool_phase
 from ._transcript import encodable_message
 from ._unicode import scrub
 
@@ -144,6 +144,7 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
     st.finishing = True
     st.controller.abort("consumer_closed")
     settle_partial(engine, st)
+    record_finished(engine, st)
     settle_results(engine, st)
     strip_final(engine)
 
@@ -335,6 +336,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             if not st.signal.aborted:
                 st.controller.abort("consumer_closed")
             settle_partial(engine, st)
+            record_finished(engine, st)
             settle_results(engine, st)
             strip_final(engine)
             if not st.hooked:

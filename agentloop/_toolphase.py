@@ -93,6 +93,20 @@ async def tool_phase(
         yield events
 
 
+def record_finished(engine: QueryEngine, st: RunState) -> None:
+    """Before a turn the host stopped is settled: record the calls that finished while the
+    loop was suspended at a yield (their outcome still queued), so they keep their real result.
+
+    Events queued with them are dropped: no one will read them.
+    """
+    if not st.owed:
+        return
+    owed = {use.id for use in st.owed}
+    for item in st.mailbox.take():
+        if isinstance(item, Done) and item.use.id in owed and item.use.id not in st.results:
+            _record(engine, st, item)
+
+
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     use, outcome = done.use, done.outcome
     synthetic = False

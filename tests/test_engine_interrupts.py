@@ -266,6 +266,39 @@ async def test_settlement_a_host_closing_the_run_mid_grace_waits_only_for_the_re
     assert caplog.text.count("ignored cancellation") == 1
 
 
+@pytest.mark.parametrize("how", ["aclose", "drop"])
+async def test_settlement_a_call_that_finished_while_the_host_held_an_event_keeps_its_result(how: str) -> None:
+    # SPEC §3: a call that finished before the abort keeps its real result, also when the
+    # abort is the host ceasing to iterate while it held another call's event.
+    release, b_done = asyncio.Event(), asyncio.Event()
+
+    @tool(concurrency_safe=True)
+    async def fast() -> str:
+        return "fast result"
+
+    @tool(concurrency_safe=True)
+    async def slow() -> str:
+        await release.wait()
+        b_done.set()
+        return "slow result"
+
+    engine = engine_for([calls("fast", "slow"), "ok"], tools=[fast, slow])
+    run = engine.run("go")
+    async for event in run:
+        if isinstance(event, ToolCallFinished) and event.tool_use.name == "fast":
+            release.set()
+            await b_done.wait()  # slow has returned; its outcome waits for the loop
+            break
+    if how == "aclose":
+        await run.aclose()
+    else:
+        del run  # dropped: settled when collected
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert results(engine) == ["fast result", "slow result"]
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_parallel_tools_all_receive_the_one_abort() -> None:
     started = asyncio.Semaphore(0)
     reasons: list[str] = []
