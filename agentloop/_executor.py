@@ -209,17 +209,16 @@ class CallRunner:
 
     def _failed(self, use: ToolUseBlock, tool: Tool, exc: BaseException, scope: asyncio.Timeout | None) -> ToolResultBlock:
         """The result of a handler that raised; an `AbortError` of an aborted run goes on."""
-        if isinstance(exc, TimeoutError):
-            if scope is not None and scope.expired():
-                return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
-            return error_result(use.id, f"Tool {use.name!r} raised TimeoutError.")
+        if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
+            return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
         if isinstance(exc, ToolInputError):
             return error_result(use.id, f"Tool {use.name!r} was not run: {exc}")
         if isinstance(exc, AbortError):
             if self.signal.aborted:
                 raise exc
             return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
-        return error_result(use.id, f"Tool {use.name!r} raised {describe(exc)}")
+        what = describe(exc)
+        return error_result(use.id, f"Tool {use.name!r} raised {what}{'.' if what == type(exc).__name__ else ''}")
 
     async def _ask(self, use: ToolUseBlock, ctx: ToolContext) -> Allow | ToolResultBlock:
         assert self.permission is not None
@@ -249,12 +248,15 @@ class CallRunner:
 
 
 def describe(exc: BaseException, *, name: bool = True) -> str:
-    """``Name: message`` (or only the message), even for an exception whose ``__str__`` raises."""
+    """``Name: message`` (or only the message; only the name when it has no message),
+    even for an exception whose ``__str__`` raises."""
     try:
         text = str(exc)
     except Exception:
         return f"{type(exc).__name__} (its message could not be formatted)"
-    return f"{type(exc).__name__}: {text}" if name else text
+    if not name:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:

@@ -161,6 +161,21 @@ async def test_tool_outputs_are_normalised_to_results() -> None:
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
 
 
+async def test_a_tools_own_timeout_error_keeps_its_message_and_a_bare_exception_has_no_dangling_colon() -> None:
+    @tool(concurrency_safe=True)
+    async def fails(kind: str) -> str:
+        """Fail."""
+        raise {"timeout": TimeoutError("the database did not answer in 5 s"), "bare": ValueError()}[kind]
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("fails", {"kind": k}) for k in ("timeout", "bare")])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[fails], policies=[])
+    await collect(engine, "go")
+    assert [r.text for m in engine.messages for r in m.tool_results] == [
+        "Tool 'fails' raised TimeoutError: the database did not answer in 5 s",  # was "raised TimeoutError."
+        "Tool 'fails' raised ValueError.",  # was "raised ValueError: "
+    ]
+
+
 class _Point(BaseModel):
     x: int
     label: str
