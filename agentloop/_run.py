@@ -284,11 +284,14 @@ def abandon(st: RunState, task: asyncio.Task[Any], why: str) -> None:
     """Stop waiting for a call's task that ignored its cancellation; it runs on unowned.
 
     Python cannot stop a coroutine that swallows `CancelledError`, so the run ends
-    without it; a warning names the call, once. Whatever it returns later is discarded.
+    without it; a warning names the call, once. It is cancelled once more (a tool that
+    swallowed one may honour the next), not waited for; whatever it returns later is
+    discarded.
     """
     use = st.pending_tasks.pop(task, None)
     if task.done() or task in _abandoned:
         return
+    task.cancel()
     _abandoned.add(task)
     task.add_done_callback(_abandoned.discard)
     name = use.name if use is not None else "?"

@@ -62,9 +62,7 @@ async def tool_phase(
                             events.append(_record(engine, st, item))
                     elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
                         if waiting.pop(item.use.id, None) is not None:
-                            task = tasks[item.use.id]
-                            task.cancel()  # once more: it may honour a second one
-                            abandon(st, task, f"it timed out after {item.timeout:g} s")
+                            abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
                             events.append(_record(engine, st, Done(item.use, item.result())))
                     elif item is ABORTED:
                         if not timers:
