@@ -236,9 +236,13 @@ class CallRunner:
 
         try:
             decision = await race_abort(ask(), self.signal)
-        except AbortError:
+        except AbortError as exc:
+            if self.signal.aborted:  # the run's abort: the call never started
+                raise
+            return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # GeneratorExit or a framework's own: the callback's failure too
             return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
         if isinstance(decision, Deny):
             return error_result(use.id, f"Permission denied: {decision.message}")

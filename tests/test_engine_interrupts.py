@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from agentloop import (
+    AbortError,
     Allow,
     AssistantMessage,
     Deny,
@@ -299,6 +300,38 @@ async def test_settlement_a_call_that_finished_while_the_host_held_an_event_keep
             await asyncio.sleep(0)
     assert results(engine) == ["fast result", "slow result"]
     assert validate_transcript(engine.messages) == []
+
+
+class _PromptClosed(BaseException):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [(AbortError("deadline"), "AbortError: aborted: deadline"), (_PromptClosed("window closed"), "_PromptClosed: window closed")],
+)
+async def test_a_permission_callback_raising_an_abort_error_or_base_exception_is_a_failed_check(
+    error: BaseException, said: str
+) -> None:
+    # A prompt with a timeout of its own (AbortSignal.timeout) raises AbortError("deadline")
+    # while the run is not aborted; that, like a framework's BaseException, used to read
+    # "failed inside agentloop".
+    ran: list[bool] = []
+
+    @tool
+    async def act() -> str:
+        ran.append(True)
+        return "acted"
+
+    async def prompt(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        raise error
+
+    engine = engine_for([calls("act"), "ok"], tools=[act], permission=prompt)
+    events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    [text] = results(engine)
+    assert text == f"The permission check failed ({said}); the tool was not run."
+    assert not ran
 
 
 async def test_parallel_tools_all_receive_the_one_abort() -> None:
