@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hyp
 
 from agentloop import (
     AbortError,
@@ -332,6 +335,76 @@ async def test_a_permission_callback_raising_an_abort_error_or_base_exception_is
     [text] = results(engine)
     assert text == f"The permission check failed ({said}); the tool was not run."
     assert not ran
+
+
+_BEHAVIOURS = ["honours_signal", "honours_cancel", "swallows_once", "swallows_always"]
+
+
+@settings(max_examples=40)
+@given(
+    grace=hyp.floats(0, 5),
+    behaviours=hyp.lists(hyp.sampled_from(_BEHAVIOURS), min_size=1, max_size=3),
+    host=hyp.sampled_from(["iterate", "hold_then_continue", "hold_then_aclose"]),
+    hold=hyp.floats(0, 6),
+)
+def test_property_run_ends_one_grace_after_the_interrupt_whatever_the_tools_and_the_host_do(
+    grace: float, behaviours: list[str], host: str, hold: float
+) -> None:
+    # SPEC §1: whatever the calls do with the signal and the cancellation, run() ends
+    # tool_cancel_grace (plus the 0.1 s unwind) after the interrupt, or when the host
+    # that held an event lets go, if that is later. Virtual time: no real waiting.
+    logging.getLogger("agentloop").disabled = True  # the abandon warnings are expected here
+    try:
+        asyncio.run(_interrupt_stubborn_batch(grace, behaviours, host, hold), debug=True)
+    finally:
+        logging.getLogger("agentloop").disabled = False
+
+
+async def _interrupt_stubborn_batch(grace: float, behaviours: list[str], host: str, hold: float) -> None:
+    release = asyncio.Event()
+    started = asyncio.Semaphore(0)
+
+    @tool(concurrency_safe=True)
+    async def work(how: str, ctx: ToolContext) -> str:
+        started.release()
+        if how == "honours_signal":
+            await ctx.signal.wait()
+            ctx.signal.throw_if_aborted()
+        swallowed = 0
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                if how == "honours_cancel" or (how == "swallows_once" and swallowed):
+                    raise
+                swallowed += 1
+        return "late"
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("work", {"how": how}) for how in behaviours])
+    with VirtualClock() as clock:
+        engine = engine_for([script, "ok"], tools=[work], tool_cancel_grace=grace)
+        run = engine.run("go")
+        held = 0.0
+        async for event in run:
+            if isinstance(event, ToolCallStarted) and event.tool_use.id == engine.messages[-1].tool_uses[-1].id:
+                for _ in behaviours:
+                    await started.acquire()
+                engine.interrupt()
+                interrupted_at = clock.now
+                if host != "iterate":
+                    await asyncio.sleep(hold)
+                    held = hold
+                    if host == "hold_then_aclose":
+                        break
+        await run.aclose()
+        returned_at = clock.now
+        release.set()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.gather(*others, return_exceptions=True)
+    assert returned_at - interrupted_at <= max(grace, held) + 0.1 + 0.01
+    assert validate_transcript(engine.messages) == []
+    assert len(results(engine)) == len(behaviours)
+    assert all(text.startswith("Interrupted by user") for text in results(engine))
 
 
 async def test_parallel_tools_all_receive_the_one_abort() -> None:
