@@ -8,6 +8,7 @@ whether the call had started (``started``) or not.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -139,6 +140,7 @@ class CallRunner:
         self.permission = permission
         self.started: set[str] = set()
         self._perm_lock: asyncio.Lock | None = None  # made on first use: most runs ask no one
+        self.emit_any_thread = _from_any_thread(emit)  # what tools get as ``ctx.emit``
 
     async def call(self, use: ToolUseBlock) -> None:
         """One call's task: run it and put its outcome, a `Done`, into the mailbox.
@@ -156,7 +158,7 @@ class CallRunner:
             result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
             tool_input: dict[str, Any] = use.input
             if result is None:
-                ctx = ToolContext(self.signal, use.id, self.engine, put)
+                ctx = ToolContext(self.signal, use.id, self.engine, self.emit_any_thread)
                 if self.permission is not None:
                     decision = await self._ask(use, ctx)
                     if not isinstance(decision, Allow):
@@ -249,6 +251,24 @@ class CallRunner:
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         return decision
+
+
+def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:
+    """``put``, callable from any thread: a tool may report progress from a worker thread
+    (``asyncio.to_thread``), and the mailbox may only be touched on the loop's thread."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+
+    def emit(item: object) -> None:
+        if threading.get_ident() == loop_thread:
+            put(item)
+            return
+        try:
+            loop.call_soon_threadsafe(put, item)
+        except RuntimeError:  # the loop is closed: the run is long over, no one would read it
+            pass
+
+    return emit
 
 
 def describe(exc: BaseException, *, name: bool = True) -> str:

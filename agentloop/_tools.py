@@ -79,7 +79,8 @@ class ToolContext:
 
     ``signal`` aborts when the run is interrupted: pass it on to anything that
     can wait (`run_process`, a subagent, your own IO). ``emit`` sends an event
-    into the run's event stream (a subagent's events reach the host this way).
+    into the run's event stream (a subagent's events reach the host this way);
+    it may be called from any thread (a worker of ``asyncio.to_thread``).
     """
 
     signal: AbortSignal

@@ -273,6 +273,60 @@ async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation
     assert caplog.text.count("ignored cancellation") == 1 and "'stuck'" in caplog.text
 
 
+EMIT_FROM_A_THREAD = """
+import asyncio, threading
+from agentloop import QueryEngine, ScriptedModel, ScriptedResponse, ScriptedToolCall, TextDelta, ToolCallStarted, ToolContext, tool
+
+async def main():
+    host_saw_start, host_saw_progress = asyncio.Event(), asyncio.Event()
+    go, errors = threading.Event(), []
+
+    def work(ctx):
+        go.wait(10)
+        try:
+            ctx.emit(TextDelta(text="50% done"))
+        except Exception as exc:
+            errors.append(exc)
+
+    @tool
+    async def report(ctx: ToolContext) -> str:
+        \"\"\"Work in a thread, reporting progress.\"\"\"
+        worker = threading.Thread(target=work, args=(ctx,))
+        worker.start()
+        await host_saw_start.wait()  # the loop is back waiting for the calls
+        go.set()
+        await host_saw_progress.wait()
+        await asyncio.to_thread(worker.join)
+        return "finished"
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("report", {})]), "ok"]), tools=[report], policies=[])
+    async for event in engine.run("go"):
+        if isinstance(event, ToolCallStarted):
+            host_saw_start.set()
+        if isinstance(event, TextDelta) and event.text == "50% done":
+            host_saw_progress.set()
+    print(errors, engine.messages[2].tool_results[0].text)
+
+asyncio.run(main(), debug=True)
+"""
+
+
+def test_a_tool_can_emit_events_from_a_worker_thread() -> None:
+    # Progress reported from a worker thread (asyncio.to_thread) touched the loop's mailbox from
+    # that thread: in asyncio debug mode the put raised there and the loop was never woken again,
+    # so the run hung for good (interrupt() could not end it); otherwise the event waited for
+    # something else to wake the loop. A child process, so that a hang is bounded.
+    import agentloop
+
+    env = {**os.environ, "PYTHONPATH": str(Path(agentloop.__file__).parents[1])}
+    try:
+        done = subprocess.run([sys.executable, "-c", EMIT_FROM_A_THREAD], env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run hung after a tool emitted an event from a worker thread")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] finished"
+
+
 def _use(name: str, i: int) -> ToolUseBlock:
     return ToolUseBlock(id=f"{name}{i}", name=name, input={})
 
