@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pexpect
@@ -35,6 +37,15 @@ def _runner_processes() -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def _wait_for(probe: Callable[[], list[int]], timeout: float = 20.0) -> list[int]:
+    """What ``probe`` finds once it finds something, or [] after ``timeout`` seconds: a
+    child process the demo starts appears some time after the line that announces it."""
+    deadline = time.monotonic() + timeout
+    while not (found := probe()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
 
 
 def test_builtin_script_exercises_every_control() -> None:
@@ -164,8 +175,8 @@ def test_ctrl_d_while_running_stops_the_tool_process() -> None:
         child.sendintr()  # idle Ctrl-C: a hint
         child.expect("Ctrl-C again")
         child.sendline("run the tests")
-        child.expect(r"run_tests\(\)")
-        assert _runner_processes()
+        child.expect(r"run_tests\(\)")  # printed as the call starts, before its process does
+        assert _wait_for(_runner_processes)
         child.sendeof()
         child.expect(r"interrupted: quit\)")
         child.expect("transcript valid")
