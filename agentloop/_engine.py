@@ -184,9 +184,9 @@ class QueryEngine:
         self.last_turn_ended: TurnEnded | None = None
         self.session_errors: list[str] = []
         # What the session holds (messages given at construction: all of them); kept only with a session.
-        self._recorded: list[Message] = list(self.messages) if session is not None else []
+        self._recorded: list[Message] | None = list(self.messages) if session is not None else None
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
-        self._tool_watchers: list[ToolWatcher] = list(parent._tool_watchers) if parent else []
+        self._tool_watchers: tuple[ToolWatcher, ...] = parent._tool_watchers if parent else ()
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
         self._wrap_next = False
@@ -292,7 +292,7 @@ class QueryEngine:
         created afterwards inherit it. A watcher that raises, or returns duplicate names, is
         logged and the tools are kept.
         """
-        self._tool_watchers.append(fn)
+        self._tool_watchers = (*self._tool_watchers, fn)
 
     def _set_tools(self, tools: Sequence[Tool]) -> None:
         self.tools = _tool_map(tools)  # a new dict: a tool phase in progress keeps its own
@@ -380,6 +380,7 @@ class QueryEngine:
     def _commit(self, message: Message) -> None:
         self.messages.append(message)
         if self.session is not None:
+            assert self._recorded is not None
             self._recorded.append(message)
             try:
                 self.session.append_message(message)
@@ -397,9 +398,10 @@ class QueryEngine:
         """As a run starts: record in the session what the host did to `messages` since the
         last commit (appended messages are appended; a rewound or edited transcript is written
         as a checkpoint), so that the session replays to the transcript the run starts from."""
-        if self.session is None:
+        recorded = self._recorded
+        if self.session is None or recorded is None:
             return
-        messages, recorded = self.messages, self._recorded
+        messages = self.messages
         if len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):
             if len(messages) == len(recorded):
                 return

@@ -72,7 +72,8 @@ class Inbox:
         self._ids = itertools.count(1)
         # Receipts outlive the engine in a session file: one resumed by a new engine (another
         # process, a server's next request) must not hand out the ids the file already holds.
-        self._tag = secrets.token_hex(4)
+        # Made at the first receipt: most engines never give one.
+        self._tag: str | None = None
         self.interjections: list[Queued] = []
         self.follow_ups: list[Queued] = []
         self.send_now: list[Queued] = []
@@ -86,6 +87,8 @@ class Inbox:
             raise ValueError("a message for the model needs text in it (this one is blank)")
         text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
         with self._lock:
+            if self._tag is None:
+                self._tag = secrets.token_hex(4)
             receipt = f"{prefix}-{self._tag}-{next(self._ids)}"
             queue.append(Queued(receipt, text))
         return receipt

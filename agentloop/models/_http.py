@@ -338,7 +338,7 @@ class Connection:
     """
 
     __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header",
-                 "secret", "shown_url")  # fmt: skip
+                 "secret")  # fmt: skip
 
     def __init__(
         self,
@@ -353,14 +353,17 @@ class Connection:
         base, mark, query = check_base_url(base_url).partition("?")
         self._prefix, self._query = base.rstrip("/"), mark + query
         self.base_url = self._prefix + self._query
-        # For reprs: credentials in the URL (``https://user:password@proxy/v1``) are not shown.
-        userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
-        self.shown_url = self.base_url.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self.base_url
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
         self._owns = http_client is None
         self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None  # where an owned client was made
+
+    @property
+    def shown_url(self) -> str:
+        """``base_url`` for reprs: credentials in it (``https://user:password@proxy/v1``) are not shown."""
+        userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
+        return self.base_url.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self.base_url
 
     @property
     def client(self) -> httpx.AsyncClient:
