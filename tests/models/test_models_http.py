@@ -475,10 +475,8 @@ class _LoopBoundNetwork(httpcore.AsyncNetworkBackend):
         return _LoopBoundSocket(self.body)
 
 
-def test_a_model_serves_one_asyncio_run_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A script, a notebook or a test suite calling asyncio.run per question with one model:
-    # the pooled connection of the first run belongs to its closed loop.
-    network = _LoopBoundNetwork(chat_stream(chat_chunk({"content": "hi"}, finish="stop")))
+def _model_over(network: _LoopBoundNetwork, monkeypatch: pytest.MonkeyPatch) -> OpenAIChatModel:
+    """A model whose own HTTP clients (made by the model, one per event loop) use ``network``."""
 
     def new_client(conn: object) -> httpx.AsyncClient:
         transport = httpx.AsyncHTTPTransport()
@@ -486,7 +484,15 @@ def test_a_model_serves_one_asyncio_run_after_another(monkeypatch: pytest.Monkey
         return httpx.AsyncClient(transport=transport)
 
     monkeypatch.setattr(Connection, "_new_client", new_client)
-    model = OpenAIChatModel("m", api_key=API_KEY, base_url="http://llm.test/v1")
+    return OpenAIChatModel("m", api_key=API_KEY, base_url="http://llm.test/v1")
+
+
+def test_a_model_serves_one_asyncio_run_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script, a notebook or a test suite calling asyncio.run per question with one model:
+    # the pooled connection of the first run belongs to its closed loop.
+    network = _LoopBoundNetwork(chat_stream(chat_chunk({"content": "hi"}, finish="stop")))
+
+    model = _model_over(network, monkeypatch)
 
     async def ask(close: bool = False) -> TurnEnded:
         events = [e async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi")]
@@ -503,13 +509,7 @@ def test_a_model_serves_one_asyncio_run_after_another(monkeypatch: pytest.Monkey
 def test_closing_a_model_after_its_loop_has_ended_does_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     network = _LoopBoundNetwork(chat_stream(chat_chunk({"content": "hi"}, finish="stop")))
 
-    def new_client(conn: object) -> httpx.AsyncClient:
-        transport = httpx.AsyncHTTPTransport()
-        transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
-        return httpx.AsyncClient(transport=transport)
-
-    monkeypatch.setattr(Connection, "_new_client", new_client)
-    model = OpenAIChatModel("m", api_key=API_KEY, base_url="http://llm.test/v1")
+    model = _model_over(network, monkeypatch)
 
     async def ask() -> None:
         [e async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi")]
