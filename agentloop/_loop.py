@@ -123,8 +123,21 @@ def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> Tur
     st.new_turn(AbortController(parent=engine._link_signal()) if st.turn_index else None)
     for message in starts:
         engine._commit(message)
-    notify(engine.policies, "begin_turn", real_user=True)
+    notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
+
+
+def _unanswered_person(messages: list[Message]) -> bool:
+    """True when the transcript ends with a message a person wrote (a host appended it itself).
+
+    A resume that adds nothing (the transcript ends with tool results, say) is not a new request
+    from anyone: it keeps the policies' counts, so a host that runs again after
+    ``stationarity_ended`` does not hand the loop a fresh allowance. Queued interjections are
+    a person's words too; merging them calls ``begin_turn`` itself."""
+    if not messages:
+        return False
+    last = messages[-1]
+    return last.role == "user" and not last.synthetic and not any(b.type == "tool_result" for b in last.content)
 
 
 def _deadline_passed(st: RunState) -> None:

@@ -325,6 +325,22 @@ async def test_stationarity_counters_reset_at_a_real_user_message_not_at_nudges(
     assert events[-1].reason == "max_turns"  # type: ignore[union-attr]
 
 
+
+async def test_stationarity_a_resume_without_a_new_message_keeps_the_count() -> None:
+    # run(None) continues the transcript: no one asked for anything new, so a headless host that
+    # resumes after stationarity_ended must not hand the loop a fresh allowance of 12 calls.
+    engine = QueryEngine(ScriptedModel([same_call()] * 40), tools=[read_file], policies=[IdenticalToolCallRun()])
+    first = await collect(engine, "go")
+    assert first[-1].reason == "stationarity_ended" and first[-1].turns == 12  # type: ignore[union-attr]
+    again = await collect(engine)
+    assert again[-1].reason == "stationarity_ended" and again[-1].turns == 1  # type: ignore[union-attr]
+    fresh = await collect(engine, "try another way")  # a real user message: counting starts again
+    assert fresh[-1].reason == "stationarity_ended" and fresh[-1].turns == 12  # type: ignore[union-attr]
+    engine.messages.append(Message.user("and now?"))  # a person's message the host added itself
+    by_hand = await collect(engine)
+    assert by_hand[-1].reason == "stationarity_ended" and by_hand[-1].turns == 12  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
 async def test_stationarity_is_not_fooled_by_varying_text_around_an_identical_call() -> None:
     responses = [
         ScriptedResponse(text=f"Attempt {i}: let me read it again.", tool_calls=[ScriptedToolCall("read_file", {"path": "a.py"})])
