@@ -396,7 +396,9 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
             if owed:
                 moved = _gather(pending, i, owed, notes)
                 msg = pending[i] or msg  # without the results it held for its own calls
-        out.append(_rebuild(msg, [], _orphan_blocks(msg.content, notes)))
+        if any(isinstance(block, ToolResultBlock) for block in msg.content):
+            msg = _rebuild(msg, [], _orphan_blocks(msg.content, notes))
+        out.append(msg)
         i += 1
     if owed:
         out.append(_answer(None, owed, moved, notes))
@@ -411,6 +413,12 @@ def _gather(pending: list[Message | None], at: int, owed: list[ToolUseBlock], no
     ``pending[at]`` itself. The very next message, when it is the user's, is left to `_answer`;
     a message left empty becomes None."""
     wanted = {u.id for u in owed}
+    nxt = pending[at + 1] if at + 1 < len(pending) else None
+    if nxt is not None and nxt.role == "user":  # the common case: the next message answers them all
+        wanted -= {b.tool_use_id for b in nxt.content if isinstance(b, ToolResultBlock)}
+        if not wanted:
+            return {}
+        wanted = {u.id for u in owed}
     first_user = _run_end(pending, at + 1, "assistant")
     end = _run_end(pending, first_user, "user")
     start = at + 1

@@ -42,7 +42,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -307,11 +307,9 @@ class JsonlSession:
         loaded = LoadedSession(messages=[])
         problems: list[str] = []
         notes: list[str] = []  # what a record from a newer version lost, yet was kept
-        # Only a file holding such a token needs the slower decoder (one scan of the file).
-        loads = _loads_non_finite if b"NaN" in data or b"Infinity" in data else json.loads
         with _gc_paused():
             for lineno, line, complete in _lines(data):
-                why = _read_record(line, loaded, notes, loads)
+                why = _read_record(line, loaded, notes)
                 if why is not None and not complete:
                     why = "no final newline"  # torn: a whole record without one is kept (JSON Lines)
                 if why is not None:
@@ -442,7 +440,8 @@ _DECODER = json.JSONDecoder(parse_constant=_non_finite)
 
 
 def _loads_non_finite(line: bytes) -> Any:
-    """json.loads, with a ``NaN`` or ``Infinity`` token read as None."""
+    """json.loads, with a ``NaN`` or ``Infinity`` token read as None (it costs what json.loads
+    costs: the token is handled only where it occurs)."""
     # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
     # surrogates kept for the repair to join or replace.
     return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
@@ -540,16 +539,14 @@ def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
         yield -1, tail, False
 
 
-def _read_record(
-    line: bytes, loaded: LoadedSession, notes: list[str], loads: Callable[[bytes], Any]
-) -> str | None:
+def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | None:
     """Add one record to ``loaded``; return why it was skipped, or None (``notes``: what a
     record kept from a newer version lost)."""
     try:
         try:
-            record = loads(line)
+            record = _loads_non_finite(line)
         except UnicodeDecodeError:  # bytes that are not UTF-8 (edited or damaged elsewhere): keep the rest
-            record = loads(line.decode("utf-8", "replace").encode("utf-8"))
+            record = _loads_non_finite(line.decode("utf-8", "replace").encode("utf-8"))
             notes.append("replaced bytes that are not UTF-8 with U+FFFD")
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "message":

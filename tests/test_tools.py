@@ -652,4 +652,4 @@ async def test_a_tool_watcher_changes_the_tools_only_between_model_requests(capl
     assert [[t.name for t in r.tools] for r in model.requests] == [["old"], ["old"], ["old"], ["new"]]
     assert [r.text for m in engine.messages for r in m.tool_results] == ["old"] * 3
     assert "boom" in caplog.text and "duplicate tool names" in caplog.text
-    assert engine.subagent(agent_id="c")._tool_watchers == [watcher]  # inherited
+    assert engine.subagent(agent_id="c")._tool_watchers == (watcher,)  # inherited
