@@ -8,6 +8,7 @@ whether the call had started (``started``) or not.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,7 +22,9 @@ from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_t
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "plan_batches"]
+__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "hold_until_done", "plan_batches"]
+
+log = logging.getLogger("agentloop")
 
 T = TypeVar("T")
 
@@ -283,6 +286,21 @@ def describe(exc: BaseException, *, name: bool = True) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+#: Tasks given up on because they ignored their cancellation: held here until they end, so that
+#: one waiting on a future nothing else holds is not garbage-collected mid-await.
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+def hold_until_done(task: asyncio.Task[Any]) -> bool:
+    """Keep ``task`` referenced until it ends. False (nothing done) when it has ended or is
+    held already, so a caller reports an abandoned task once."""
+    if task.done() or task in _abandoned:
+        return False
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+    return True
+
+
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
     """Await ``aw`` unless ``signal`` aborts first; then cancel it and raise `AbortError`.
 
@@ -301,8 +319,10 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
         if not task.done():
             task.cancel()
             # Give it a moment to unwind; a callback that ignores cancellation
-            # is abandoned rather than allowed to hold the run open.
+            # is abandoned (with a warning) rather than allowed to hold the run open.
             await asyncio.wait({task}, timeout=0.1)
+            if not task.done() and hold_until_done(task):
+                log.warning("%r ignored cancellation; abandoning it", task.get_coro())
     if signal.aborted and (task.cancelled() or not task.done()):
         raise AbortError(signal.reason or "cancel")
     if task.cancelled():  # it cancelled itself: a failure of its own, not an abort

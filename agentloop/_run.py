@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._abort import AbortController, AbortSignal
 from ._accumulate import Accumulator
-from ._executor import Mailbox
+from ._executor import Mailbox, hold_until_done
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
 from ._policy import Nudge
@@ -275,11 +275,6 @@ class RunState:
         self.controller.unlink()
 
 
-#: Calls that swallowed their cancellation and were given up on: held here until they end,
-#: so that one waiting on a future nothing else holds is not garbage-collected mid-await.
-_abandoned: set[asyncio.Task[Any]] = set()
-
-
 def abandon(st: RunState, task: asyncio.Task[Any], why: str) -> None:
     """Stop waiting for a call's task that ignored its cancellation; it runs on unowned.
 
@@ -289,11 +284,9 @@ def abandon(st: RunState, task: asyncio.Task[Any], why: str) -> None:
     discarded.
     """
     use = st.pending_tasks.pop(task, None)
-    if task.done() or task in _abandoned:
+    if not hold_until_done(task):
         return
     task.cancel()
-    _abandoned.add(task)
-    task.add_done_callback(_abandoned.discard)
     name = use.name if use is not None else "?"
     log.warning("tool %r (call %s) ignored cancellation; abandoning it (%s)", name, use.id if use else "?", why)
 

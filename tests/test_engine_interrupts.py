@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 
@@ -457,6 +458,41 @@ async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
     assert results(engine) == [TEXTS.never_started]
     assert "PermissionRequested" in kinds(events)
 
+
+
+async def test_a_permission_prompt_ignoring_its_cancellation_is_abandoned_with_a_warning_and_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asked, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed: a UI toolkit's prompt that cannot be cancelled
+        try:
+            await release.wait()  # a future only this coroutine holds
+        finally:
+            ended.set()
+        return Allow()
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    engine = engine_for([calls("t")], tools=[t], permission=permission)
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await asked.wait()
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        engine.interrupt()
+        events = await run
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
+    assert results(engine) == [TEXTS.never_started]
+    assert "ignored cancellation; abandoning it" in caplog.text
+    gc.collect()  # held: not collected mid-await (a pending task nothing references would be)
+    release.set()
+    await ended.wait()  # it ran to its end, and its Allow was discarded
 
 async def test_abort_between_starting_the_calls_and_their_first_step_asks_no_one() -> None:
     """An interrupt queued just before the tool phase lands after the call tasks are made and
