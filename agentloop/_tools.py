@@ -9,6 +9,7 @@ injected rather than shown to the model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -191,10 +192,16 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a `Tool` from an annotated async function (usable with or without arguments).
 
-    Raises TypeError for a sync function or a parameter without an annotation.
+    Raises TypeError for a sync function, a ``functools.partial`` or a parameter without an
+    annotation.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
+        if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
+            raise TypeError(
+                "@tool needs an async function, got a functools.partial: define an async def that calls "
+                "it (its name, docstring and annotations describe the tool to the model)"
+            )
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool needs an async function, got {f!r}")
         args_model, names, ctx_param = _args_model(f)

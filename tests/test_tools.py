@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import logging
@@ -73,6 +74,12 @@ def test_tool_rejects_sync_functions_and_missing_annotations() -> None:
 
     with pytest.raises(TypeError, match="annotation"):
         tool(bare)
+
+    async def add(a: int, b: int) -> str:
+        return str(a + b)
+
+    with pytest.raises(TypeError, match=r"functools\.partial: define an async def"):
+        tool(functools.partial(add, b=1))
 
 
 async def test_tool_parameters_named_like_pydantic_members_reach_the_function() -> None:
