@@ -188,9 +188,9 @@ class CallRunner:
                                 output = await tool.handler(tool_input, ctx)
                         finally:
                             overdue.cancel()
-                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                except (asyncio.CancelledError, KeyboardInterrupt):
                     raise
-                except BaseException as exc:  # GeneratorExit or a framework's own: the tool's failure too
+                except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
                     result = self._failed(use, tool, exc, scope)
                 else:
                     try:
@@ -216,6 +216,10 @@ class CallRunner:
         """The result of a handler that raised; an `AbortError` of an aborted run goes on."""
         if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
             return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
+        if isinstance(exc, SystemExit):  # a command-line parser inside the tool, given bad arguments
+            return error_result(
+                use.id, f"Tool {use.name!r} tried to exit the program (SystemExit({exc.code!r})); it was stopped there."
+            )
         if isinstance(exc, ToolInputError):
             return error_result(use.id, f"Tool {use.name!r} was not run: {exc}")
         if isinstance(exc, AbortError):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
 import datetime
 import functools
+import io
 import itertools
 import json
 import logging
@@ -37,6 +39,7 @@ from agentloop import (
     TurnEnded,
     run_process,
     tool,
+    validate_transcript,
 )
 from agentloop._executor import plan_batches
 from agentloop._messages import ToolUseBlock
@@ -181,6 +184,28 @@ async def test_a_tools_own_timeout_error_keeps_its_message_and_a_bare_exception_
         "Tool 'fails' raised TimeoutError: the database did not answer in 5 s",  # was "raised TimeoutError."
         "Tool 'fails' raised ValueError.",  # was "raised ValueError: "
     ]
+
+
+
+async def test_a_tool_whose_command_line_parser_exits_gives_an_error_result_not_a_host_exit() -> None:
+    # argparse (click, typer) raises SystemExit on arguments it refuses; inside a tool that is the
+    # model's bad input, which must not end the host program.
+    @tool
+    async def grep(args: list[str]) -> str:
+        """Search with grep-like arguments."""
+        parser = argparse.ArgumentParser(prog="grep")
+        parser.add_argument("pattern")
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed = parser.parse_args(args)
+        return f"searched for {parsed.pattern}"
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("grep", {"args": ["--nope"]})])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[grep], policies=[])
+    events = await collect(engine, "go")
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    assert result.is_error and result.text == "Tool 'grep' tried to exit the program (SystemExit(2)); it was stopped there."
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert validate_transcript(engine.messages) == []
 
 
 class _Point(BaseModel):
