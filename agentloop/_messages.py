@@ -8,10 +8,11 @@ shared with a request that is in flight.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 __all__ = [
     "Block",
@@ -311,3 +312,21 @@ def _one_text(cls: type[Message], role: Literal["user", "assistant"], text: str,
 
 
 _QUICK_FIELDS = frozenset({"partial", "synthetic", "kind", "meta"})
+
+
+def jsonable(value: Any, fallback: Callable[[Any], str]) -> Any:
+    """``value`` as JSON-ready data, as pydantic dumps it (models, dataclasses, datetimes,
+    enums...); what it cannot dump becomes ``fallback(value)``, element by element inside a
+    container that fails as a whole (bytes that are not UTF-8, nesting too deep). An iterator
+    is never run (pydantic would drain it, forever for an endless one): it is ``fallback``'s too.
+    """
+    if isinstance(value, Iterator | AsyncIterator):
+        return fallback(value)
+    try:
+        return to_jsonable_python(value, fallback=fallback)
+    except (PydanticSerializationError, ValueError):
+        if isinstance(value, Mapping):
+            return {str(k): jsonable(v, fallback) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [jsonable(v, fallback) for v in value]
+        return fallback(value)

@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import (
@@ -30,11 +30,10 @@ from typing import (
 )
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-from pydantic_core import to_jsonable_python
 
 from ._abort import AbortSignal
 from ._errors import ToolInputError
-from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, tool_result_block
+from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._quick import quick_init
 
 if TYPE_CHECKING:
@@ -298,16 +297,9 @@ def _validation_message(exc: ValidationError) -> str:
     return "invalid tool input: " + "; ".join(lines)
 
 
-def _jsonable(value: object) -> object:
-    """What `json` cannot encode itself (a pydantic model, a dataclass, a datetime, an enum...),
-    as pydantic would put it in JSON; anything else as ``str(value)``. An iterator is never
-    run (pydantic would drain it, forever for an endless one): it is its ``str()`` too."""
-    if isinstance(value, (Iterator, AsyncIterator)):
-        return str(value)
-    try:
-        return to_jsonable_python(value, fallback=str)
-    except ValueError:  # bytes that are not UTF-8
-        return str(value)
+def _as_json(value: object) -> object:
+    # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON.
+    return jsonable(value, str)
 
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
@@ -330,7 +322,7 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content = ""
     else:
         try:
-            content = json.dumps(output, ensure_ascii=False, default=_jsonable)
+            content = json.dumps(output, ensure_ascii=False, default=_as_json)
         except (TypeError, ValueError):
             content = repr(output)
     if not (content if isinstance(content, str) else "".join(b.text for b in content)).strip():

@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import PydanticSerializationError
 
 from ._messages import (
     Message,
@@ -58,6 +58,7 @@ from ._messages import (
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    jsonable,
 )
 from ._transcript import repair
 from ._unicode import has_surrogates
@@ -365,7 +366,7 @@ def event_to_json(value: Any) -> Any:
         try:
             return value.model_dump(mode="json")
         except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
-            return {name: _jsonable(getattr(value, name)) for name in type(value).model_fields}
+            return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         tag = getattr(type(value), "type", None)
@@ -381,18 +382,6 @@ def event_to_json(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return event_to_json(value.value)
     return value
-
-
-def _jsonable(value: Any) -> Any:
-    """``value`` as JSON-ready data, as pydantic dumps it; what it cannot dump becomes its repr."""
-    try:
-        return to_jsonable_python(value, fallback=repr)
-    except (PydanticSerializationError, ValueError):  # bytes that are not UTF-8, too deep, ...
-        if isinstance(value, Mapping):
-            return {str(k): _jsonable(v) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [_jsonable(v) for v in value]
-        return repr(value)
 
 
 @contextlib.contextmanager
