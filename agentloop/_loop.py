@@ -188,11 +188,14 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
-        return [encodable_message(prompt)]
+        given = encodable_message(prompt)
+        # Texts sent now while the engine was idle start the run: they were typed first.
+        return [*_take_starts(engine, follow_ups=False), given]
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
-        return [_user(engine, scrub(prompt))]  # queued texts were scrubbed when queued
+        queued = _take_starts(engine, follow_ups=False)
+        return [*queued, _user(engine, scrub(prompt))]  # queued texts were scrubbed when queued
     if prompt is not None:
         raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
     queued = _take_starts(engine, follow_ups=True)

@@ -911,3 +911,23 @@ async def test_a_cancel_of_the_host_task_is_never_swallowed_by_an_abort_that_fol
     assert task.cancelled()
     assert not engine.running and not any(isinstance(e, TurnEnded) for e in events)
     assert validate_transcript(engine.messages) == []
+
+
+async def test_send_now_while_idle_comes_before_the_prompt_of_the_next_run() -> None:
+    """A text sent now while idle starts the next run: run(prompt) used to send the prompt
+    first and the earlier text after the model had answered it, as a second turn."""
+    seen: list[list[str]] = []
+
+    def answer(request: object) -> str:
+        seen.append([m.text for m in request.messages])  # type: ignore[attr-defined]
+        return "both answered"
+
+    engine = engine_for([answer])
+    receipt = engine.send_now("first, this")
+    events = await collect(engine, "then this")
+    assert seen == [["first, this", "then this"]]
+    assert [m.text for m in engine.messages] == ["first, this", "then this", "both answered"]
+    assert engine.messages[0].meta == {"receipt": receipt}
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed"]
+    assert not engine.inbox.send_now
+
