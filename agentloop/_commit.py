@@ -121,6 +121,11 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     message = clean_assistant(acc.message(partial=True))
     if message is None:
         return
+    reason = st.signal.reason
+    if reason is not None:
+        # Kept with the message (and in a session file): whether the next user message is
+        # wrapped in the interrupt envelope follows from the transcript, whichever engine runs next.
+        message = message.model_copy(update={"meta": {**message.meta, "abort_reason": reason}})
     message = commit_response(engine, message)
     st.owed = message.tool_uses  # completed calls in a cut response never started
 
@@ -191,6 +196,14 @@ def interrupt_notice(engine: QueryEngine, reason: TerminalReason, abort_reason: 
     if mode == "append":
         engine._commit(Message.user(engine.options.texts.interrupt_notice, synthetic=True, kind="interrupt_notice"))
         return
-    last = engine.messages[-1] if engine.messages else None
-    if reason == "aborted_streaming" and last is not None and last.role == "assistant" and last.partial:
-        engine._wrap_next = True  # grok's way: only truncated text, no dangling call
+    # "envelope" (grok's way) writes nothing now: the next user message is wrapped (envelope_due).
+
+
+def envelope_due(engine: QueryEngine) -> bool:
+    """True when the next user message goes in the interrupt envelope: the transcript ends with
+    assistant text an interrupt cut (no dangling call), as a partial message records it."""
+    if engine.options.interrupt_notice != "envelope" or not engine.messages:
+        return False
+    last = engine.messages[-1]
+    reason = last.meta.get("abort_reason") if last.role == "assistant" and last.partial else None
+    return isinstance(reason, str) and reason not in _NO_NOTICE

@@ -189,7 +189,6 @@ class QueryEngine:
         self._tool_watchers: tuple[ToolWatcher, ...] = parent._tool_watchers if parent else ()
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
-        self._wrap_next = False
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False

@@ -29,6 +29,7 @@ from ._abort import AbortController
 from ._commit import (
     abort_terminal,
     drain_interjections,
+    envelope_due,
     flush_nudges,
     interrupt_notice,
     settle_partial,
@@ -177,9 +178,8 @@ def close_elsewhere(engine: QueryEngine, token: object) -> None:
 # -- turns -------------------------------------------------------------------
 
 
-def _user(engine: QueryEngine, text: str, **fields: object) -> Message:
-    if engine._wrap_next:
-        engine._wrap_next = False
+def _user(engine: QueryEngine, text: str, wrap: bool, **fields: object) -> Message:
+    if wrap:
         text = envelope(engine.options.texts.interrupt_envelope, [text])
     return Message.user(text, **fields)
 
@@ -195,7 +195,8 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
         queued = _take_starts(engine, follow_ups=False)
-        return [*queued, _user(engine, scrub(prompt))]  # queued texts were scrubbed when queued
+        wrap = not queued and envelope_due(engine)
+        return [*queued, _user(engine, scrub(prompt), wrap)]  # queued texts were scrubbed when queued
     if prompt is not None:
         raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
     queued = _take_starts(engine, follow_ups=True)
@@ -211,7 +212,8 @@ def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
     items = inbox.take(inbox.send_now)
     if not items and follow_ups:
         items = inbox.take(inbox.follow_ups)
-    return [_user(engine, q.text, meta={"receipt": q.id}) for q in items]
+    wrap = envelope_due(engine)  # the first text only: it follows the cut answer
+    return [_user(engine, q.text, wrap and i == 0, meta={"receipt": q.id}) for i, q in enumerate(items)]
 
 
 def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:

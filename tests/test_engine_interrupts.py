@@ -931,3 +931,72 @@ async def test_send_now_while_idle_comes_before_the_prompt_of_the_next_run() -> 
     assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed"]
     assert not engine.inbox.send_now
 
+
+
+async def test_interrupt_envelope_survives_a_new_engine_on_the_same_transcript() -> None:
+    """The "envelope" notice was a flag of the engine that was interrupted: a host that builds a
+    new engine for the next request (a server, a resumed session) lost it, and the model never
+    learned that its previous answer was cut short."""
+    first = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)], interrupt_notice="envelope")
+    async for ev in first.run("go"):
+        if isinstance(ev, TextDelta):
+            first.interrupt()
+    second = engine_for(["ok"], messages=first.messages, interrupt_notice="envelope")
+    await collect(second, "next question")
+    wrapped = second.messages[-2]
+    assert wrapped.text.startswith(TEXTS.interrupt_envelope) and "next question" in wrapped.text
+
+
+async def test_interrupt_envelope_survives_a_session_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from agentloop.sessions import JsonlSession
+
+    path = Path(str(tmp_path)) / "s.jsonl"
+    with JsonlSession(path) as session:
+        first = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)], interrupt_notice="envelope", session=session)
+        async for ev in first.run("go"):
+            if isinstance(ev, TextDelta):
+                first.interrupt()
+    session, loaded = JsonlSession.resume(path)
+    with session:
+        second = engine_for(["ok"], messages=loaded.messages, interrupt_notice="envelope", session=session)
+        await collect(second, "next question")
+    assert second.messages[-2].text.startswith(TEXTS.interrupt_envelope)
+    assert JsonlSession(path).load().messages == second.messages
+
+
+async def test_interrupt_envelope_wraps_only_the_message_right_after_the_cut() -> None:
+    """The flag used to wait for the next str prompt: after a Message prompt (or an interjection)
+    answered the cut, a much later question was still wrapped as if it followed the interrupt."""
+    engine = engine_for(
+        [ScriptedResponse(text="abcdefghij", chunk=2), "one", "two"], interrupt_notice="envelope"
+    )
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    await collect(engine, Message.user("a message of the host's"))
+    await collect(engine, "a later question")
+    assert engine.messages[-2].text == "a later question"
+    assert not any(TEXTS.interrupt_envelope in m.text for m in engine.messages)
+
+
+async def test_interrupt_envelope_is_not_used_after_a_consumer_close() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok"], interrupt_notice="envelope")
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            break
+    assert engine.messages[-1].partial
+    await collect(engine, "plain")
+    assert engine.messages[-2].text == "plain"
+
+
+async def test_send_now_while_idle_after_an_envelope_interrupt_wraps_only_the_first_text() -> None:
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok"], interrupt_notice="envelope")
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    engine.send_now("sent now")
+    await collect(engine, "the prompt")
+    assert engine.messages[-3].text.startswith(TEXTS.interrupt_envelope) and "sent now" in engine.messages[-3].text
+    assert engine.messages[-2].text == "the prompt"
