@@ -143,6 +143,7 @@ class JsonlSession:
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
+        self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
         self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
         self._lock = threading.Lock()
         self._sidechains: dict[str, JsonlSession] = {}
@@ -165,8 +166,7 @@ class JsonlSession:
     def append_checkpoint(self, messages: Sequence[Message]) -> None:
         """Append a checkpoint record: on load, ``messages`` replace every message read before
         it (a transcript rewound or edited by the host). Raises as `append_message` does."""
-        record = {"type": "checkpoint", "messages": [event_to_json(m) for m in messages]}
-        self._append(_dumps(record) + "\n")
+        self._append(_checkpoint_line(messages))
 
     def append_event(self, event: object) -> None:
         """Append an event record: any agentloop event dataclass (or pydantic model, or
@@ -238,32 +238,35 @@ class JsonlSession:
             return child
 
     def _append(self, line: str) -> None:
-        if _OTHER_LINE_BREAK.search(line) is not None:
-            # Raw in a JSON string, yet a line break to str.splitlines() and to other readers of
-            # "lines": escaped, the file has one record per line for every reader.
-            line = _OTHER_LINE_BREAK.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
-        data = line.encode("utf-8")
+        data = _encode_line(line)
         with self._lock:
             fd = self._open()
             if self._torn:
                 _cut_torn_tail(fd, self.path)
                 self._torn = False
-            try:
-                _write_all(fd, data)
-            except BaseException:
-                # Part of the line may be in the file (a short write, then ENOSPC or EIO): cut it
-                # off now, or before the next append if that fails too, so that the next record
-                # is never glued to it (which would lose that record as well).
-                self._torn = True
-                with contextlib.suppress(OSError):
-                    _cut_torn_tail(fd, self.path)
-                    self._torn = False
-                raise
-            self._unsynced += 1
-            if self.fsync == "always" or (
-                self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every
-            ):
-                self._sync()
+            if self._owed is not None:  # the checkpoint must come before any later record
+                self._write(fd, self._owed)
+                self._owed = None
+            self._write(fd, data)
+
+    def _write(self, fd: int, data: bytes) -> None:
+        """Write one whole line (the lock held)."""
+        try:
+            _write_all(fd, data)
+        except BaseException:
+            # Part of the line may be in the file (a short write, then ENOSPC or EIO): cut it
+            # off now, or before the next append if that fails too, so that the next record
+            # is never glued to it (which would lose that record as well).
+            self._torn = True
+            with contextlib.suppress(OSError):
+                _cut_torn_tail(fd, self.path)
+                self._torn = False
+            raise
+        self._unsynced += 1
+        if self.fsync == "always" or (
+            self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every
+        ):
+            self._sync()
 
     def _open(self) -> int:
         if self._closed:
@@ -341,12 +344,24 @@ class JsonlSession:
         Pass ``loaded.messages`` to the engine and the session as its store. When
         the load needed repairs, the repaired transcript is appended as a
         checkpoint record, so the file replays to exactly what the engine
-        continues from. ``options`` go to the constructor.
+        continues from. A checkpoint that cannot be written (a read-only file, a
+        full disk) is a warning in ``loaded.warnings``, not an error: it is written
+        before the next record the session appends. ``options`` go to the
+        constructor. Raises OSError only if the file exists but cannot be read.
         """
         session = cls(path, **options)
         loaded = session.load()
         if loaded.repairs:
-            session.append_checkpoint(loaded.messages)
+            try:
+                session.append_checkpoint(loaded.messages)
+            except OSError as exc:
+                session._owed = _encode_line(_checkpoint_line(loaded.messages))
+                warning = (
+                    f"{session.path}: could not append the repaired transcript as a checkpoint "
+                    f"({type(exc).__name__}: {exc}); it is written before the next record"
+                )
+                log.warning("%s", warning)
+                loaded.warnings.append(warning)
         return session, loaded
 
 
@@ -395,6 +410,18 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _encode_line(line: str) -> bytes:
+    if _OTHER_LINE_BREAK.search(line) is not None:
+        # Raw in a JSON string, yet a line break to str.splitlines() and to other readers of
+        # "lines": escaped, the file has one record per line for every reader.
+        line = _OTHER_LINE_BREAK.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    return line.encode("utf-8")
+
+
+def _checkpoint_line(messages: Sequence[Message]) -> str:
+    return _dumps({"type": "checkpoint", "messages": [event_to_json(m) for m in messages]}) + "\n"
 
 
 def _dumps(obj: Any) -> str:

@@ -454,6 +454,36 @@ def test_resume_repairs_a_dangling_tool_use_and_reports_it(tmp_path: Path) -> No
     assert again.messages == [*loaded.messages, Message.user("go on")]
 
 
+def test_resume_of_a_file_it_cannot_write_loads_and_reports(tmp_path: Path, monkeypatch: Any) -> None:
+    """A session that needs repair, on a file opened read-only (an archive, a read-only mount, a
+    viewer with less permission): resume() used to raise from the checkpoint it appends, and the
+    host got nothing, though load() alone reads it fine."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        for i in range(5):  # ends with the assistant's tool_use t4, no result
+            session.append_message(make_message(i))
+    before = path.read_bytes()
+    real_open = os.open
+
+    def read_only(file: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if Path(file) == path and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(errno.EROFS, "Read-only file system", str(file))
+        return real_open(file, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", read_only)
+    session, loaded = JsonlSession.resume(path)
+    assert loaded.messages == JsonlSession(path).load().messages and validate_transcript(loaded.messages) == []
+    assert len(loaded.repairs) == 1
+    assert len(loaded.warnings) == 1 and "checkpoint" in loaded.warnings[0] and "Read-only" in loaded.warnings[0]
+    assert path.read_bytes() == before
+    with pytest.raises(PermissionError):  # still read-only: each append says so (the engine lists it)
+        session.append_message(Message.user("go on"))
+    monkeypatch.setattr(os, "open", real_open)  # writable again: the owed checkpoint goes first
+    session.append_message(Message.user("go on"))
+    session.close()
+    again = JsonlSession(path).load()
+    assert again.repairs == [] and again.warnings == []
+    assert again.messages == [*loaded.messages, Message.user("go on")]
 def test_corrupt_middle_line_is_skipped_and_the_rest_kept(tmp_path: Path, caplog: Any) -> None:
     path = tmp_path / "s.jsonl"
     with JsonlSession(path) as session:
