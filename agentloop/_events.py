@@ -58,11 +58,13 @@ class _Event:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnStarted(_Event):
     """A turn begins: ``prompt`` is the user message that starts it (None when the
-    run resumes a transcript that already ends with a user message)."""
+    run resumes a transcript that already ends with a user message). ``ids``: the
+    receipts of the queued texts (`send_now`, `follow_up`, `submit`) it starts with."""
 
     type: ClassVar[str] = "turn_started"
     turn: int
     prompt: Message | None = None
+    ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

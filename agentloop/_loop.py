@@ -62,9 +62,10 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     if previous is not None and previous.finishing and engine._closing is not None:
         await asyncio.shield(engine._closing)  # the previous run is still cleaning up
     st, starts = _begin(engine, prompt, token)
+    queued = len(starts) - isinstance(prompt, str | Message) if starts is not None else 0
     try:
         while starts is not None:
-            yield _start_turn(engine, st, starts)
+            yield _start_turn(engine, st, starts, queued)
             reason: TerminalReason | None = None
             while reason is None:
                 for event in drain_interjections(engine, st):  # safe point: top of the iteration
@@ -101,6 +102,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
             for event in await _end_turn(engine, st, reason):
                 yield event
             starts = _next_turn(engine, st)
+            queued = len(starts) if starts is not None else 0
     finally:
         await _finish(engine, st)
 
@@ -119,13 +121,15 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     return st, starts
 
 
-def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message]) -> TurnStarted:
+def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message], queued: int) -> TurnStarted:
+    """Begin a turn with ``starts``, whose first ``queued`` messages come from the inbox."""
     # The first turn uses the run's controller; a later one (send-now, follow-up) gets a fresh one.
     st.new_turn(AbortController(parent=engine._link_signal()) if st.turn_index else None)
     for message in starts:
         engine._commit(message)
     notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
-    return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None)
+    ids = tuple(m.meta["receipt"] for m in starts[:queued])
+    return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
 
 
 def _unanswered_person(messages: list[Message]) -> bool:

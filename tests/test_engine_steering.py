@@ -17,6 +17,7 @@ from agentloop import (
     AttemptDiscarded,
     InterjectionDropped,
     InterjectionInjected,
+    Message,
     ModelError,
     PromptTooLongError,
     QueryEngine,
@@ -222,6 +223,23 @@ async def test_follow_up_runs_as_a_new_turn_after_the_current_one() -> None:
     assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
 
 
+async def test_turn_started_repeats_the_receipts_of_the_queued_texts_it_delivers() -> None:
+    """follow_up(), submit() and send_now() return a receipt id "repeated in the event that
+    reports the delivery", but no event carried it: only interjections' did (and a turn that
+    two send-now texts started named only the last one, as its prompt)."""
+    engine = engine_for(["first", "second", "third"])
+    now = [engine.send_now("one"), engine.send_now("two")]
+    later = ""
+    events = []
+    async for ev in engine.run():
+        events.append(ev)
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            later = engine.follow_up("three")
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    assert [s.ids for s in starts] == [tuple(now), (later,)]
+    host = Message.user("mine", meta={"receipt": "not one of ours"})
+    events = await collect(engine, host)
+    assert [e.ids for e in events if isinstance(e, TurnStarted)] == [()]
 async def test_follow_up_waits_after_a_cancel() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2), "later"])
     async for ev in engine.run("go"):
