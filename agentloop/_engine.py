@@ -63,6 +63,10 @@ class EngineOptions:
     texts: Texts = field(default_factory=Texts)
 
 
+# The running engine writing to each session store, by the store's id: a store holds one
+# transcript, and two engines appending to it at once would interleave their records.
+_store_writers: dict[int, QueryEngine] = {}
+
 # The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
 
@@ -217,7 +221,8 @@ class QueryEngine:
         Stopping the iteration early (``break``, ``aclose()``, a cancelled task)
         aborts the run with reason ``"consumer_closed"`` and leaves a valid
         transcript. Raises RuntimeError (on first iteration) if a run is
-        already in progress, ValueError if there is nothing to run.
+        already in progress, or another engine's run is writing to this one's
+        session store; ValueError if there is nothing to run.
         """
         from ._loop import drive
 
@@ -392,6 +397,27 @@ class QueryEngine:
                 self.session.append_event(event)
             except Exception as exc:
                 self._store_failed(f"an event ({event.type})", exc)
+
+    def _check_store_free(self) -> None:
+        """Raise RuntimeError if another running engine writes to this engine's session store."""
+        store = self.session
+        other = _store_writers.get(id(store)) if store is not None else None
+        if other is not None and other is not self and other._state is not None and other.session is store:
+            who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
+            raise RuntimeError(
+                f"the session store {store!r} is in use by another running engine{who}: a store records "
+                "one transcript (give each engine its own, a subagent its own agent_id)"
+            )
+
+    def _claim_store(self, claim: bool) -> None:
+        """As a run starts (``claim``) or ends: mark this engine as its store's writer, or not."""
+        if self.session is None:
+            return
+        key = id(self.session)
+        if claim:
+            _store_writers[key] = self
+        elif _store_writers.get(key) is self:
+            del _store_writers[key]
 
     def _catch_up_session(self) -> None:
         """As a run starts: record in the session what the host did to `messages` since the

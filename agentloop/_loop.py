@@ -110,11 +110,13 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> tuple[RunState, list[Message] | None]:
     if engine._state is not None:
         raise RuntimeError("a run is already in progress on this engine")
+    engine._check_store_free()
     engine._catch_up_session()
     starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
     st.token = token
     engine._state = st
+    engine._claim_store(True)
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
@@ -376,6 +378,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             st.deadline_handle.cancel()
         st.close()
         engine._state = None
+        engine._claim_store(False)
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():
             closing.set_result(None)

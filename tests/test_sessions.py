@@ -1040,3 +1040,38 @@ def test_a_crash_at_any_byte_resumes_continues_and_replays_exactly(cut: int) -> 
         before = path.read_bytes()
         JsonlSession.resume(path)[0].close()
         assert path.read_bytes() == before
+
+
+async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp_path: Path) -> None:
+    """Two engines running at once on one store interleaved their records: on resume, a tool's
+    result landed after the other engine's messages, was turned into text, and its call got a
+    synthetic "interrupted" result. The second run is refused before it writes anything."""
+    gate = asyncio.Event()
+
+    @tool
+    async def work() -> str:
+        """Work."""
+        await gate.wait()
+        return "done"
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        first = QueryEngine(
+            ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("work")]), "A done"]),
+            tools=[work], session=session, policies=[],
+        )
+        second = QueryEngine(ScriptedModel(["B done"]), session=session, policies=[])
+        second.follow_up("queued for B")
+        run = first.run("task A")
+        async for ev in run:
+            if ev.type == "tool_call_started":
+                with pytest.raises(RuntimeError, match="session store"):
+                    await second.run("task B").__anext__()
+                gate.set()
+        assert second.messages == [] and len(second.inbox.follow_ups) == 1  # nothing taken or written
+        async for _ in second.run():  # once the first run is over, the store is free again
+            pass
+    loaded = JsonlSession(path).load()
+    assert loaded.repairs == [] and loaded.warnings == []
+    assert [m.text for m in loaded.messages][-2:] == ["queued for B", "B done"]
+    assert first.messages[-1].text == "A done" and first.session_errors == second.session_errors == []
