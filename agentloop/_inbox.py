@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-import threading
+from collections import deque
 from dataclasses import dataclass
 
 from ._unicode import scrub
@@ -65,20 +65,25 @@ def envelope(intro: str, texts: list[str], outro: str | None = None) -> str:
 
 
 class Inbox:
-    """Three thread-safe FIFO queues with receipt ids (the loop polls them at its safe points)."""
+    """Three thread-safe FIFO queues with receipt ids (the loop polls them at its safe points).
+
+    No lock: a signal handler runs on the thread it interrupts, which may be the loop's own,
+    in the middle of a `take`; with a lock held there, a control call from the handler would
+    wait for it forever. ``deque.append`` and ``deque.popleft`` are atomic, and so is drawing
+    the next id, so a text queued at any instant is either taken or left for the next take.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         # Receipts outlive the engine in a session file: one resumed by a new engine (another
         # process, a server's next request) must not hand out the ids the file already holds.
         # Made at the first receipt: most engines never give one.
         self._tag: str | None = None
-        self.interjections: list[Queued] = []
-        self.follow_ups: list[Queued] = []
-        self.send_now: list[Queued] = []
+        self.interjections: deque[Queued] = deque()
+        self.follow_ups: deque[Queued] = deque()
+        self.send_now: deque[Queued] = deque()
 
-    def put(self, queue: list[Queued], text: str, prefix: str) -> str:
+    def put(self, queue: deque[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
         if not text.strip():
@@ -86,18 +91,23 @@ class Inbox:
             # interjection would be an empty envelope, which says nothing to the model.
             raise ValueError("a message for the model needs text in it (this one is blank)")
         text = scrub(text)  # a lone UTF-16 surrogate could never be sent (see agentloop._unicode)
-        with self._lock:
-            if self._tag is None:
-                self._tag = secrets.token_hex(4)
-            receipt = f"{prefix}-{self._tag}-{next(self._ids)}"
-            queue.append(Queued(receipt, text))
+        tag = self._tag
+        if tag is None:
+            # Two first receipts at once may each make a tag: both are fresh, and the count
+            # they share keeps every id distinct.
+            tag = self._tag = secrets.token_hex(4)
+        receipt = f"{prefix}-{tag}-{next(self._ids)}"
+        queue.append(Queued(receipt, text))
         return receipt
 
-    def take(self, queue: list[Queued]) -> list[Queued]:
-        """Remove and return everything in ``queue`` (oldest first)."""
-        if not queue:  # fast path without the lock: a racing put is seen next time
-            return []
-        with self._lock:
-            items = queue[:]
-            queue.clear()
+    def take(self, queue: deque[Queued]) -> list[Queued]:
+        """Remove and return everything in ``queue`` (oldest first); a text queued meanwhile
+        is either among them or left for the next take."""
+        items: list[Queued] = []
+        pop = queue.popleft
+        for _ in range(len(queue)):  # what is there now: a busy producer cannot keep this going
+            try:
+                items.append(pop())
+            except IndexError:  # taken meanwhile by another take
+                break
         return items

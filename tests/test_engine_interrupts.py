@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -1000,3 +1004,40 @@ async def test_send_now_while_idle_after_an_envelope_interrupt_wraps_only_the_fi
     await collect(engine, "the prompt")
     assert engine.messages[-3].text.startswith(TEXTS.interrupt_envelope) and "sent now" in engine.messages[-3].text
     assert engine.messages[-2].text == "the prompt"
+
+
+_SIGNAL_CHILD = """
+import signal
+from agentloop import QueryEngine, ScriptedModel
+
+engine = QueryEngine(ScriptedModel([]), policies=[])
+from_handler, typed, taken = [], [], []
+
+def handler(signum, frame):
+    from_handler.append(engine.interject("from a signal handler"))
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+while len(from_handler) < 500:  # the loop's safe points, as the user types and hits keys
+    typed.append(engine.follow_up("typed"))
+    taken += [q.id for q in engine.inbox.take(engine.inbox.follow_ups)]
+    taken += [q.id for q in engine.inbox.take(engine.inbox.interjections)]
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+taken += [q.id for q in engine.inbox.take(engine.inbox.interjections)]
+sent = from_handler + typed
+assert len(set(sent)) == len(sent), "a receipt was given twice"
+assert sorted(taken) == sorted(sent), "a queued text was lost"
+print("ok")
+"""
+
+
+def test_a_control_call_from_a_signal_handler_never_waits_for_the_thread_it_interrupted() -> None:
+    """A signal handler runs on the thread it interrupts. Landing while that thread was inside
+    the inbox (the loop draining it, or the host queueing a text), an interject() from the
+    handler waited for a lock that thread held, and the process hung for good."""
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_CHILD], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]
