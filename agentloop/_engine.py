@@ -63,9 +63,22 @@ class EngineOptions:
     texts: Texts = field(default_factory=Texts)
 
 
-# The running engine writing to each session store, by the store's id: a store holds one
+# The running engine writing to each session store (by `_store_key`): a store holds one
 # transcript, and two engines appending to it at once would interleave their records.
-_store_writers: dict[int, QueryEngine] = {}
+_store_writers: dict[object, QueryEngine] = {}
+
+
+def _store_key(store: SessionStore) -> object:
+    """What identifies a store's records: a `JsonlSession`'s file (two objects may open one,
+    as a server resuming the file for each request does), any other store itself."""
+    from .sessions import JsonlSession
+
+    if isinstance(store, JsonlSession):
+        try:
+            return store.path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the file cannot be opened anyway
+            return store.path
+    return id(store)
 
 # The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
@@ -197,6 +210,7 @@ class QueryEngine:
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
+        self._store_claimed: object = None  # this engine's key in _store_writers while it runs
 
     def __repr__(self) -> str:
         who = f" agent_id={self.agent_id!r}" if self.agent_id else ""
@@ -401,8 +415,17 @@ class QueryEngine:
     def _check_store_free(self) -> None:
         """Raise RuntimeError if another running engine writes to this engine's session store."""
         store = self.session
-        other = _store_writers.get(id(store)) if store is not None else None
-        if other is not None and other is not self and other._state is not None and other.session is store:
+        if store is None:
+            return
+        key = _store_key(store)
+        other = _store_writers.get(key)
+        if (
+            other is not None
+            and other is not self
+            and other._state is not None
+            and other.session is not None
+            and _store_key(other.session) == key
+        ):
             who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
             raise RuntimeError(
                 f"the session store {store!r} is in use by another running engine{who}: a store records "
@@ -411,13 +434,13 @@ class QueryEngine:
 
     def _claim_store(self, claim: bool) -> None:
         """As a run starts (``claim``) or ends: mark this engine as its store's writer, or not."""
-        if self.session is None:
-            return
-        key = id(self.session)
-        if claim:
+        if claim and self.session is not None:
+            key = self._store_claimed = _store_key(self.session)
             _store_writers[key] = self
-        elif _store_writers.get(key) is self:
-            del _store_writers[key]
+        elif not claim and self._store_claimed is not None:
+            key, self._store_claimed = self._store_claimed, None
+            if _store_writers.get(key) is self:
+                del _store_writers[key]
 
     def _catch_up_session(self) -> None:
         """As a run starts: record in the session what the host did to `messages` since the

@@ -1075,3 +1075,32 @@ async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp
     assert loaded.repairs == [] and loaded.warnings == []
     assert [m.text for m in loaded.messages][-2:] == ["queued for B", "B done"]
     assert first.messages[-1].text == "A done" and first.session_errors == second.session_errors == []
+
+
+async def test_a_file_a_running_engine_writes_is_refused_through_another_session_object(tmp_path: Path) -> None:
+    """A server that resumes the file for each request (a fresh JsonlSession each time) ran two
+    requests on one conversation at once, and they interleaved their records in the file."""
+    gate = asyncio.Event()
+
+    @tool
+    async def work() -> str:
+        """Work."""
+        await gate.wait()
+        return "done"
+
+    path = tmp_path / "conversations" / "c.jsonl"
+    first_store, _ = JsonlSession.resume(path)
+    second_store, _ = JsonlSession.resume(tmp_path / "conversations" / ".." / "conversations" / "c.jsonl")
+    with first_store, second_store:
+        first = QueryEngine(
+            ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("work")]), "A done"]),
+            tools=[work], session=first_store, policies=[],
+        )
+        second = QueryEngine(ScriptedModel(["B done"]), session=second_store, policies=[])
+        async for ev in first.run("task A"):
+            if ev.type == "tool_call_started":
+                with pytest.raises(RuntimeError, match="session store"):
+                    await second.run("task B").__anext__()
+                gate.set()
+    loaded = JsonlSession(path).load()
+    assert loaded.repairs == [] and loaded.messages == first.messages
