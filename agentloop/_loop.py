@@ -63,9 +63,10 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
         await asyncio.shield(engine._closing)  # the previous run is still cleaning up
     st, starts = _begin(engine, prompt, token)
     queued = len(starts) - isinstance(prompt, str | Message) if starts is not None else 0
+    stopped = False
     try:
         while starts is not None:
-            yield _start_turn(engine, st, starts, queued)
+            yield _start_turn(engine, st, starts, queued, stopped)
             reason: TerminalReason | None = None
             while reason is None:
                 for event in drain_interjections(engine, st):  # safe point: top of the iteration
@@ -101,7 +102,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 reason = st.terminal
             for event in await _end_turn(engine, st, reason):
                 yield event
-            starts = _next_turn(engine, st)
+            stopped = st.signal.aborted  # what _next_turn decides by: read once
+            starts = _next_turn(engine, st, stopped)
             queued = len(starts) if starts is not None else 0
     finally:
         await _finish(engine, st)
@@ -123,10 +125,19 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     return st, starts
 
 
-def _start_turn(engine: QueryEngine, st: RunState, starts: list[Message], queued: int) -> TurnStarted:
-    """Begin a turn with ``starts``, whose first ``queued`` messages come from the inbox."""
+def _start_turn(
+    engine: QueryEngine, st: RunState, starts: list[Message], queued: int, stopped: bool
+) -> TurnStarted:
+    """Begin a turn with ``starts``, whose first ``queued`` messages come from the inbox
+    (``stopped``: the spent turn's signal had aborted when the inbox was read)."""
     # The first turn uses the run's controller; a later one (send-now, follow-up) gets a fresh one.
+    spent = st.signal
     st.new_turn(AbortController(parent=engine._link_signal()) if st.turn_index else None)
+    if spent is not st.signal and not stopped and spent.reason not in (None, "send_now"):
+        # interrupt() from another thread found the spent turn still in place, after the inbox
+        # was read: the stop was meant for this turn. (A send_now's stop never is: it stops the
+        # turn it interrupted, and the text it queued starts a turn of its own.)
+        st.controller.abort(spent.reason)
     for message in starts:
         engine._commit(message)
     notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
@@ -222,17 +233,18 @@ def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
     return [_user(engine, q.text, wrap and i == 0, meta={"receipt": q.id}) for i, q in enumerate(items)]
 
 
-def _next_turn(engine: QueryEngine, st: RunState) -> list[Message] | None:
+def _next_turn(engine: QueryEngine, st: RunState, stopped: bool) -> list[Message] | None:
     """The next turn's messages, if this run goes on (read again after the host saw TurnEnded).
 
     A send-now text always goes on, until the deadline; follow-ups, and interjections sent
     while the host held the last events (a new turn with no prompt delivers them), only after a
     turn that completed with no abort: an interrupt while the host held the turn's last events
-    (or between turns) means "stop", so they stay queued for the next run.
+    (or between turns) means "stop", so they stay queued for the next run. ``stopped``: the
+    turn's signal has aborted.
     """
     if st.expired or st.finishing:  # the deadline passed, or aclose() from another task
         return None
-    follow_ups = st.last_reason == "completed" and not st.signal.aborted
+    follow_ups = st.last_reason == "completed" and not stopped
     starts = _take_starts(engine, follow_ups=follow_ups)
     if not starts and follow_ups and engine.inbox.interjections:
         return []

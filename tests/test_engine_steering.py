@@ -34,7 +34,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
-from agentloop._inbox import envelope, escape_envelope
+from agentloop._inbox import Texts, envelope, escape_envelope
 from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart
 from tests.helpers import HangingModel, collect, kinds
 
@@ -703,3 +703,52 @@ async def test_a_run_dropped_in_another_thread_is_settled_on_the_loop_thread() -
         await asyncio.sleep(0)
     assert not engine.running and model.closed
     assert engine.messages[-1].partial and validate_transcript(engine.messages) == []
+
+
+async def test_an_interrupt_that_lands_as_the_next_turn_starts_stops_that_turn() -> None:
+    """From another thread (or a signal handler), interrupt() stops the turn it finds running.
+    One landing while the loop took a follow-up to start its turn reached the spent turn's
+    controller, which the new turn replaced: the user's stop was lost and the follow-up ran
+    to completion, a model request the user had cancelled."""
+    engine = engine_for(["first", "second"])
+    take = engine.inbox.take
+
+    def take_then_interrupt(queue: Any) -> Any:
+        items = take(queue)
+        if items and queue is engine.inbox.follow_ups:
+            engine.interrupt()  # what a UI thread's Ctrl-C does at this instant
+        return items
+
+    engine.inbox.take = take_then_interrupt  # type: ignore[method-assign]
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TurnStarted) and ev.turn == 1:
+            engine.follow_up("then this")
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("completed", None), ("aborted_streaming", "cancel")]
+    assert [m.text for m in engine.messages] == ["go", "first", "then this", Texts().interrupt_notice]
+
+
+async def test_a_send_now_that_lands_as_its_own_turn_starts_does_not_stop_that_turn() -> None:
+    engine = engine_for(["first", "second"])
+    take = engine.inbox.take
+    sent: list[str] = []
+
+    def take_then_stop(queue: Any) -> Any:
+        items = take(queue)
+        if items and queue is engine.inbox.send_now and not sent:
+            sent.append("x")
+            state = engine._state
+            assert state is not None
+            state.controller.abort("send_now")  # the stop of a send_now() that read the old turn
+        return items
+
+    engine.inbox.take = take_then_stop  # type: ignore[method-assign]
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage) and len(events) < 5:
+            engine.inbox.put(engine.inbox.send_now, "instead", "send")  # queued, not yet stopped
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("completed", None), ("completed", None)]
