@@ -30,7 +30,7 @@ from .._messages import (
 from .._model import StreamEvent
 from .._tools import fitted
 from .._unicode import scrub_json
-from ._http import Connection, document_error
+from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
 __all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
@@ -121,6 +121,7 @@ async def run_stream(
     path, headers, body = prepare()
     if signal.aborted:
         raise AbortError(signal.reason or "cancel")
+    redactor = conn.redactor(headers)
     async with conn.open(path, headers, body) as response:
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
@@ -151,8 +152,8 @@ async def run_stream(
                     for ev in out:
                         yield ev
         except ModelError as exc:  # a mapper's error quotes what the server sent
-            if conn.secret is not None:
-                conn.secret.scrub_error(exc)
+            if redactor is not None:
+                redactor.scrub_error(exc)
             raise
         finally:
             await chunks.aclose()
@@ -164,8 +165,8 @@ async def run_stream(
                 response.headers,
                 raw,
                 request_id_header=conn.request_id_header,
-                secret=conn.secret,
-            ) or _web_page(conn, response.headers, raw)
+                secret=redactor,
+            ) or _web_page(conn, response.headers, raw, redactor)
             if error is not None:
                 raise error
     raise StreamProtocolError(
@@ -177,7 +178,9 @@ async def run_stream(
 _HEAD_LIMIT = 1 << 20
 
 
-def _web_page(conn: Connection, headers: Mapping[str, str], raw: bytes) -> StreamProtocolError | None:
+def _web_page(
+    conn: Connection, headers: Mapping[str, str], raw: bytes, redactor: Redactor | None
+) -> StreamProtocolError | None:
     """The error for a 2xx web page instead of an event stream (a ``base_url`` that points at
     a site or a web UI, a captive portal), else None: not retryable, the same URL gives the
     same page. A page is not a cut stream, and says so."""
@@ -185,8 +188,8 @@ def _web_page(conn: Connection, headers: Mapping[str, str], raw: bytes) -> Strea
     if media not in ("text/html", "application/xhtml+xml"):
         return None
     text = " ".join(raw.decode("utf-8", errors="replace").split())
-    if conn.secret is not None:
-        text = conn.secret.scrub(text)
+    if redactor is not None:
+        text = redactor.scrub(text)
     return StreamProtocolError(
         f"{conn.provider} answered with a web page ({media}), not an event stream: is base_url the "
         f"API's address? {text[:200]}"

@@ -5,7 +5,9 @@ into the `ProviderError` tree (`agentloop._errors`). Wire mapping (request
 bodies, event mapping) lives in the per-API modules and never touches httpx.
 
 Secrets: the API key is held in a `Secret`, whose repr hides it, and every
-error body and message built here has the key scrubbed out.
+error body and message built here has the key scrubbed out, with the values of the
+request's credential headers (an ``extra_headers`` ``Authorization`` for a proxy,
+``api-key``, a cookie) and the credentials in ``base_url``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import math
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 import httpx
 
@@ -37,6 +40,7 @@ from .._unicode import scrub_json
 __all__ = [
     "RETRYABLE_STATUSES",
     "Connection",
+    "Redactor",
     "Secret",
     "parse_retry",
     "status_error",
@@ -66,12 +70,87 @@ _PROMPT_TOO_LONG_MARKERS = (
 )
 
 
-class Secret:
+#: Words in a header or query parameter name that mark its value as a credential:
+#: ``authorization``, ``proxy-authorization``, ``x-api-key``, ``api-key``, ``cookie``,
+#: ``x-auth-token``, ``client-secret``, ``password``, ``sig`` (a signed URL)...
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "pass", "session", "credential", "sig")
+#: Shorter values are not scrubbed: no credential is that short, and replacing every "1" of
+#: an error (a header such as ``x-session-affinity: 1``) would garble it.
+_MIN_PART = 4
+
+
+def is_credential(name: str) -> bool:
+    """Whether a header or query parameter called ``name`` carries a credential."""
+    lowered = name.lower()
+    return any(word in lowered for word in _CREDENTIAL_WORDS)
+
+
+def credential_parts(value: str) -> list[str]:
+    """What to scrub for a credential ``value``: the value, the credentials after its
+    scheme (``Bearer <token>``, ``Basic <base64>``) and each cookie's value, since a
+    server may echo any one of them."""
+    parts = [value]
+    rest = value.partition(" ")[2].strip()
+    if rest:
+        parts.append(rest)
+    for pair in value.split(";"):
+        _, eq, part = pair.partition("=")
+        if eq and part.strip():
+            parts.append(part.strip())
+    return [p for p in parts if len(p) >= _MIN_PART]
+
+
+class Redactor:
+    """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
+    out of text and errors; its repr shows none of them."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Iterable[str]) -> None:
+        # Longest first: a secret that holds another (``Bearer <key>`` and ``<key>``) goes whole.
+        self._values = tuple(sorted({v for v in values if v}, key=len, reverse=True))
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every occurrence of a secret replaced by ``[REDACTED]``."""
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, "[REDACTED]")
+        return text
+
+    def _found_in(self, text: str) -> bool:
+        return any(value in text for value in self._values)
+
+    def scrub_error(self, exc: ModelError) -> None:
+        """Scrub the secrets out of ``exc`` in place: its message and, for a `ProviderError`,
+        its body (an error event or chunk inside a stream that echoes a secret)."""
+        if self._found_in(exc.message):
+            exc.message = self.scrub(exc.message)
+            exc.args = (exc.message,)
+        if isinstance(exc, ProviderError) and exc.body is not None and self._found_in(repr(exc.body)):
+            exc.body = self._scrub_json(exc.body)
+
+    def _scrub_json(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self._scrub_json(k): self._scrub_json(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub_json(v) for v in value]
+        return value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}('[REDACTED]')"
+
+    __str__ = __repr__
+
+
+class Secret(Redactor):
     """An API key that never shows itself in a repr or str."""
 
     __slots__ = ("_value",)
 
     def __init__(self, value: str) -> None:
+        super().__init__((value,))
         self._value = value
 
     def reveal(self) -> str:
@@ -93,38 +172,6 @@ class Secret:
                 "break, a control or non-ASCII character, or whitespace at either end): check how "
                 "the key was read"
             )
-
-    def scrub(self, text: str) -> str:
-        """``text`` with every occurrence of the key replaced by ``[REDACTED]``."""
-        if self._value and self._value in text:
-            return text.replace(self._value, "[REDACTED]")
-        return text
-
-    def scrub_error(self, exc: ModelError) -> None:
-        """Scrub the key out of ``exc`` in place: its message and, for a `ProviderError`,
-        its body (an error event or chunk inside a stream that echoes the key)."""
-        value = self._value
-        if not value:
-            return
-        if value in exc.message:
-            exc.message = self.scrub(exc.message)
-            exc.args = (exc.message,)
-        if isinstance(exc, ProviderError) and exc.body is not None and value in repr(exc.body):
-            exc.body = self._scrub_json(exc.body)
-
-    def _scrub_json(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.scrub(value)
-        if isinstance(value, dict):
-            return {self._scrub_json(k): self._scrub_json(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._scrub_json(v) for v in value]
-        return value
-
-    def __repr__(self) -> str:
-        return "Secret('[REDACTED]')"
-
-    __str__ = __repr__
 
 
 def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
@@ -262,7 +309,7 @@ def status_error(
     raw_body: bytes,
     *,
     request_id_header: str,
-    secret: Secret | None,
+    secret: Redactor | None,
 ) -> ProviderStatusError:
     """Build the error for a non-2xx response (the key scrubbed from body and message).
 
@@ -302,7 +349,7 @@ def document_error(
     raw: bytes,
     *,
     request_id_header: str,
-    secret: Secret | None,
+    secret: Redactor | None,
 ) -> ModelError | None:
     """The error for a 2xx body that is one JSON document instead of an event stream
     (None when ``raw`` is not JSON): a gateway's error body sent with status 200 becomes
@@ -337,8 +384,8 @@ class Connection:
     the end of every request URL.
     """
 
-    __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "base_url", "provider", "request_id_header",
-                 "secret")  # fmt: skip
+    __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "_url_secrets", "base_url", "provider",
+                 "request_id_header", "secret")  # fmt: skip
 
     def __init__(
         self,
@@ -353,6 +400,7 @@ class Connection:
         base, mark, query = check_base_url(base_url).partition("?")
         self._prefix, self._query = base.rstrip("/"), mark + query
         self.base_url = self._prefix + self._query
+        self._url_secrets = _url_credentials(self.base_url)
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
@@ -361,9 +409,29 @@ class Connection:
 
     @property
     def shown_url(self) -> str:
-        """``base_url`` for reprs: credentials in it (``https://user:password@proxy/v1``) are not shown."""
+        """``base_url`` for reprs: credentials in it (``https://user:password@proxy/v1``, a
+        ``?key=...`` query parameter) are not shown."""
         userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
-        return self.base_url.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self.base_url
+        shown = self._prefix.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self._prefix
+        if self._query:
+            pairs = self._query[1:].split("&")
+            shown += "?" + "&".join(
+                f"{name}=[REDACTED]" if eq and is_credential(unquote(name)) else name + eq + value
+                for name, eq, value in (pair.partition("=") for pair in pairs)
+            )
+        return shown
+
+    def redactor(self, headers: Mapping[str, str]) -> Redactor | None:
+        """What scrubs the secrets of a request with ``headers`` out of its errors: the API
+        key, the values of credential headers (`is_credential`) and the credentials in
+        ``base_url``; None when there are none."""
+        values = list(self._url_secrets)
+        if self.secret is not None:
+            values.append(self.secret.reveal())
+        for name, value in headers.items():
+            if is_credential(name):
+                values += credential_parts(value)
+        return Redactor(values) if values else None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -410,6 +478,7 @@ class Connection:
         """
         if self.secret is not None:
             self.secret.check(self.provider)
+        redactor = self.redactor(headers)
         content = self._encode(body)
         client = self.client
         if client.is_closed:
@@ -440,11 +509,11 @@ class Connection:
                         response.headers,
                         raw,
                         request_id_header=self.request_id_header,
-                        secret=self.secret,
+                        secret=redactor,
                     )
                 yield response
         except httpx.RequestError as exc:
-            raise self._connection_error(exc) from exc
+            raise self._connection_error(exc, redactor) from exc
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.
@@ -467,10 +536,10 @@ class Connection:
             log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
             return json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
 
-    def _connection_error(self, exc: httpx.RequestError) -> ProviderError:
+    def _connection_error(self, exc: httpx.RequestError, redactor: Redactor | None) -> ProviderError:
         detail = str(exc) or type(exc).__name__
-        if self.secret is not None:
-            detail = self.secret.scrub(detail)
+        if redactor is not None:
+            detail = redactor.scrub(detail)
         # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
         # fixed by retrying; a body that failed to decode (a corrupt compressed
         # stream) or a transport failure can.
@@ -494,6 +563,20 @@ async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncItera
         yield response
     finally:
         await response.aclose()
+
+
+def _url_credentials(url: str) -> list[str]:
+    """The credentials in ``url``, as written and percent-decoded: its user info
+    (``user:password``, and the password alone) and the values of its credential query
+    parameters (``?key=...``)."""
+    parsed = httpx.URL(url)
+    userinfo = parsed.userinfo.decode("ascii", "replace")
+    out = [p for p in (userinfo, unquote(userinfo), parsed.password or "") if len(p) >= _MIN_PART]
+    for pair in parsed.query.decode("ascii", "replace").split("&"):
+        name, eq, value = pair.partition("=")
+        if eq and value and is_credential(unquote(name)):
+            out += [value, *credential_parts(unquote_plus(value))]
+    return out
 
 
 def missing_key(provider: str, env_var: str) -> ModelError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 
 import httpcore
 import httpx
@@ -802,3 +803,58 @@ async def test_a_plain_base_url_with_a_trailing_slash() -> None:
         with pytest.raises(StreamProtocolError):
             await collect(OpenAIChatModel("m", base_url="http://localhost:8000/v1/", http_client=client))
     assert str(server.requests[0].url) == "http://localhost:8000/v1/chat/completions"
+
+
+# -- credentials in extra_headers and base_url ----------------------------------------------
+
+PROXY_SECRETS = ("prx-bearer-SECRET-1", "cookie-SECRET-2", "hdr-SECRET-3", "qry-SECRET-4")
+PROXY_HEADERS = {
+    "Authorization": f"Bearer {PROXY_SECRETS[0]}",
+    "Cookie": f"theme=dark; sid={PROXY_SECRETS[1]}",
+    "X-Gateway-Token": PROXY_SECRETS[2],
+}
+_ECHO = " ".join(PROXY_SECRETS) + " " + " ".join(f"{k}: {v}" for k, v in PROXY_HEADERS.items())
+_ERROR_EVENT = {"type": "error", "error": {"type": "api_error", "message": f"bad token {_ECHO}"},
+                "code": "x", "message": f"bad token {_ECHO}"}  # fmt: skip
+PROXY_ECHOES = {
+    "401 body": (401, "application/json", json.dumps({"error": {"message": f"denied: {_ECHO}", "echo": _ECHO}})),
+    "error event": (200, "text/event-stream", f"event: error\ndata: {json.dumps(_ERROR_EVENT)}\n\n"),
+    "malformed data": (200, "text/event-stream", f"data: {{oops {_ECHO}\n\n"),
+    "error document": (200, "application/json", json.dumps({"error": f"bad gateway credentials {_ECHO}"})),
+    "web page": (200, "text/html", f"<html><body>Sign in again: {_ECHO}</body></html>"),
+}
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("kind", list(PROXY_ECHOES))
+async def test_credentials_in_extra_headers_and_base_url_never_leak(
+    cls: type, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A gateway in front of the provider, authenticated by headers and a ?key= the host
+    # configured, that echoes them back in its error.
+    status, media, body = PROXY_ECHOES[kind]
+    server = MockServer(body.encode(), status=status, headers={"content-type": media})
+    base = f"https://gw.test/v1?api-version=2024-10-21&key={PROXY_SECRETS[3]}"
+    async with server.client() as client:
+        model = cls("m", api_key=API_KEY, base_url=base, http_client=client, extra_headers=PROXY_HEADERS)
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+        with caplog.at_level("DEBUG"):
+            engine = QueryEngine(model, policies=[], retry_budget=1, retry_base_delay=0.001)
+            events = [e async for e in engine.run("hi")]
+    err = info.value
+    # httpx's own INFO line shows each request's URL, ?key= and all (docs/providers.md says so).
+    logged = [r.getMessage() for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    shown = [str(err), repr(err), err.message, repr(getattr(err, "body", None)), repr(model), str(model),
+             *logged, *(repr(e) for e in events)]  # fmt: skip
+    leaks = [(secret, text) for secret in (*PROXY_SECRETS, API_KEY) for text in shown if secret in text]
+    assert not leaks
+    assert "[REDACTED]" in str(err)
+    assert "api-version=2024-10-21" in repr(model) and "key=[REDACTED]" in repr(model)
+    assert server.requests[0].headers["x-gateway-token"] == PROXY_SECRETS[2]  # what is sent is untouched
+
+
+def test_short_or_harmless_header_values_do_not_garble_errors() -> None:
+    conn = Connection("openai", "https://gw.test/v1", secret=None, http_client=None, request_id_header="x")
+    redactor = conn.redactor({"x-session-affinity": "1", "content-type": "application/json"})
+    assert redactor is None  # nothing to scrub: "HTTP 401" stays as it is
