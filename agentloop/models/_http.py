@@ -227,6 +227,14 @@ def check_headers(extra_headers: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
+def merge_headers(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``base`` updated with ``extra``, header names compared without case (as HTTP does):
+    a host's ``Authorization`` replaces the library's ``authorization`` rather than being
+    sent next to it."""
+    names = {name.lower() for name in extra}
+    return {**{k: v for k, v in base.items() if k.lower() not in names}, **extra}
+
+
 def parse_retry(
     status: int | None, headers: Mapping[str, str], *, now: float | None = None
 ) -> tuple[bool, float | None]:
@@ -490,7 +498,7 @@ class Connection:
             request = client.build_request(
                 "POST",
                 self._prefix + path + self._query,
-                headers={"accept": "text/event-stream", "accept-encoding": "identity", **headers},
+                headers=merge_headers({"accept": "text/event-stream", "accept-encoding": "identity"}, headers),
                 content=content,
             )
         except (httpx.InvalidURL, UnicodeEncodeError, ValueError, TypeError) as exc:
@@ -616,14 +624,16 @@ def openai_connection(api_key: str | None, base_url: str | None, http_client: ht
 
 def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """JSON + SSE headers with ``Authorization: Bearer``; an OpenAI-compatible server
-    (``key_optional``: a custom base URL) may be used without a key.
+    (``key_optional``: a custom base URL) may be used without a key. An ``Authorization``
+    header in ``extra`` (a gateway's own credential) is sent instead of the key, never
+    next to it.
 
     Raises `ModelError` when the key is required and missing.
     """
     secret = conn.secret
     if secret is None and not key_optional:
         raise missing_key("openai", "OPENAI_API_KEY")
-    headers = {"content-type": "application/json", "accept": "text/event-stream", **extra}
+    base = {"content-type": "application/json", "accept": "text/event-stream"}
     if secret is not None:
-        headers["authorization"] = f"Bearer {secret.reveal()}"
-    return headers
+        base["authorization"] = f"Bearer {secret.reveal()}"
+    return merge_headers(base, extra)

@@ -41,7 +41,15 @@ from .._model import (
 )
 from .._tools import safe_name
 from ._driver import Prepared, loads, run_stream, turns
-from ._http import Connection, HTTPModel, check_headers, missing_key, prompt_too_long, resolve_key
+from ._http import (
+    Connection,
+    HTTPModel,
+    check_headers,
+    merge_headers,
+    missing_key,
+    prompt_too_long,
+    resolve_key,
+)
 from ._sse import ServerSentEvent
 
 __all__ = ["AnthropicModel", "build_request"]
@@ -326,12 +334,12 @@ class AnthropicModel(HTTPModel):
             "anthropic-version": self.anthropic_version,
             "content-type": "application/json",
             "accept": "text/event-stream",
-            **self.extra_headers,
         }
         if self.auth_header == "authorization":
             headers["authorization"] = f"Bearer {secret.reveal()}"
         else:
             headers[self.auth_header] = secret.reveal()
+        headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
         body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
         body.update(self.extra_body)
         return "/v1/messages", headers, body

@@ -858,3 +858,22 @@ def test_short_or_harmless_header_values_do_not_garble_errors() -> None:
     conn = Connection("openai", "https://gw.test/v1", secret=None, http_client=None, request_id_header="x")
     redactor = conn.redactor({"x-session-affinity": "1", "content-type": "application/json"})
     assert redactor is None  # nothing to scrub: "HTTP 401" stays as it is
+
+
+@pytest.mark.parametrize(
+    ("cls", "header"),
+    [(AnthropicModel, "X-Api-Key"), (OpenAIChatModel, "Authorization"), (OpenAIResponsesModel, "AUTHORIZATION")],
+)
+async def test_an_auth_header_in_extra_headers_replaces_the_key_instead_of_joining_it(cls: type, header: str) -> None:
+    # A gateway with its own credential while OPENAI_API_KEY / ANTHROPIC_API_KEY is set: the
+    # host's header is the one sent, and the provider key does not go to the gateway as well.
+    server = MockServer(b"")
+    async with server.client() as client:
+        model = cls("m", api_key=API_KEY, base_url="https://gw.test/v1", http_client=client,
+                    extra_headers={header: "gw-credential", "Accept-Encoding": "identity"})  # fmt: skip
+        with pytest.raises(ModelError):
+            await collect(model)
+    raw = server.requests[0].headers.raw
+    assert [v for k, v in raw if k.lower() == header.lower().encode()] == [b"gw-credential"]
+    assert [k for k, _ in raw if k.lower() == b"accept-encoding"] == [b"Accept-Encoding"]
+    assert not [k for k, v in raw if API_KEY.encode() in v]
