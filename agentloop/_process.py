@@ -10,6 +10,7 @@ size cap so a chatty child cannot exhaust memory.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
 import signal as _signal
@@ -32,9 +33,10 @@ _DRAIN = 0.25
 class ProcessResult:
     """``returncode`` is negative when killed by a signal; ``timed_out`` when the
     timeout killed it. ``stdout``/``stderr`` are decoded (UTF-8, replace) and
-    capped at 1 MiB each (``truncated`` says so); ``stdout_bytes``/``stderr_bytes``
-    are the same output exactly as the child wrote it (binary output, another
-    encoding)."""
+    capped at 1 MiB each: ``stdout_truncated``/``stderr_truncated`` say which was
+    cut (``truncated``: either), and a cut stream's text ends on a whole character;
+    ``stdout_bytes``/``stderr_bytes`` are the same output exactly as the child
+    wrote it (binary output, another encoding), up to the cap."""
 
     args: tuple[str, ...]
     returncode: int
@@ -44,6 +46,8 @@ class ProcessResult:
     truncated: bool = False
     stdout_bytes: bytes = field(default=b"", repr=False)
     stderr_bytes: bytes = field(default=b"", repr=False)
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -119,16 +123,27 @@ async def run_process(
     returncode = transport.get_returncode()
     assert returncode is not None
     out, err = bytes(proto.output[1]), bytes(proto.output[2])
+    cut = proto.truncated
     return ProcessResult(
         args=tuple(args),
         returncode=returncode,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
+        stdout=_decode(out, cut=1 in cut),
+        stderr=_decode(err, cut=2 in cut),
         timed_out=timed_out,
-        truncated=proto.truncated,
+        truncated=bool(cut),
         stdout_bytes=out,
         stderr_bytes=err,
+        stdout_truncated=1 in cut,
+        stderr_truncated=2 in cut,
     )
+
+
+def _decode(data: bytes, *, cut: bool) -> str:
+    """``data`` as text (UTF-8, an invalid byte becoming U+FFFD). Output cut at the cap may
+    end inside a character: that partial character is left out, not shown as U+FFFD."""
+    if not cut:
+        return data.decode("utf-8", "replace")
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
 
 
 class _Collector(asyncio.SubprocessProtocol):
@@ -137,7 +152,7 @@ class _Collector(asyncio.SubprocessProtocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *, merged: bool = False) -> None:
         self.output = {1: bytearray(), 2: bytearray()}
-        self.truncated = False
+        self.truncated: set[int] = set()  # the streams cut at the cap
         self.open = {0, 1} if merged else {0, 1, 2}  # the pipes not yet lost (stderr has none when merged)
         self.exited: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
@@ -147,7 +162,7 @@ class _Collector(asyncio.SubprocessProtocol):
         buf = self.output[fd]
         room = _CAP - len(buf)
         if len(data) > room:
-            self.truncated = True
+            self.truncated.add(fd)
             data = data[: max(room, 0)]
         buf += data
 

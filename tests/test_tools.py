@@ -685,3 +685,18 @@ async def test_a_tool_watcher_changes_the_tools_only_between_model_requests(capl
     assert [r.text for m in engine.messages for r in m.tool_results] == ["old"] * 3
     assert "boom" in caplog.text and "duplicate tool names" in caplog.text
     assert engine.subagent(agent_id="c")._tool_watchers == (watcher,)  # inherited
+
+
+async def test_run_process_says_which_stream_was_cut_and_cuts_on_a_whole_character() -> None:
+    # 1 MiB + 1 byte of 'é' (two bytes each) on stderr, a short line on stdout: only stderr
+    # was cut, and its text does not end in a U+FFFD made from half a character.
+    code = "import sys; print('short'); sys.stderr.write('\\xe9' * (1 << 19) + 'x')"
+    result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
+    assert result.ok and result.truncated
+    assert (result.stdout_truncated, result.stderr_truncated) == (False, True)
+    assert result.stdout == "short\n"
+    assert len(result.stderr_bytes) == 1 << 20 and result.stderr == "\xe9" * (1 << 19)
+    code = "import sys; sys.stdout.write('ab' + '\\u20ac' * (1 << 19))"  # 3-byte characters, cut mid-character
+    result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
+    assert (result.stdout_truncated, result.stderr_truncated) == (True, False)
+    assert result.stdout == "ab" + "\u20ac" * (((1 << 20) - 2) // 3) and "\ufffd" not in result.stdout
