@@ -61,6 +61,7 @@ class EngineOptions:
     tool_choice: str | None = None
     background_subagents: Literal["keep", "abort"] = "keep"
     texts: Texts = field(default_factory=Texts)
+    max_tool_result_chars: int | None = 100_000
 
 
 # The running engine writing to each session store (by `_store_key`): a store holds one
@@ -127,7 +128,9 @@ class QueryEngine:
     message; a record it fails to append costs the run nothing and adds one line
     to ``session_errors``, as does a subagent's), ``background_subagents``
     ("keep" or "abort" on a parent cancel), ``retry_base_delay``/``retry_max_delay`` (back-off bounds, seconds),
-    ``max_tokens`` and ``tool_choice`` (passed on in each request).
+    ``max_tokens`` and ``tool_choice`` (passed on in each request), ``max_tool_result_chars``
+    (a longer tool result is cut in the middle before it enters the transcript, default
+    100,000 characters, None for no cap; `ToolCallFinished.full_result` keeps the whole).
     """
 
     def __init__(
@@ -158,11 +161,16 @@ class QueryEngine:
         retry_max_delay: float = 8.0,
         max_tokens: int | None = None,
         tool_choice: str | None = None,
+        max_tool_result_chars: int | None = 100_000,
     ) -> None:
         if follow_up_behavior not in ("queue", "steer"):
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {follow_up_behavior!r}")
         if interrupt_notice not in ("append", "envelope", None):
             raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {interrupt_notice!r}")
+        if max_tool_result_chars is not None and (
+            type(max_tool_result_chars) is not int or max_tool_result_chars < 1
+        ):
+            raise ValueError(f"max_tool_result_chars must be a positive int or None, not {max_tool_result_chars!r}")
         self.model = model
         self.tools = _tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
@@ -185,6 +193,7 @@ class QueryEngine:
             tool_choice=tool_choice,
             background_subagents=background_subagents,
             texts=texts or Texts(),
+            max_tool_result_chars=max_tool_result_chars,
         )
         self.messages: list[Message] = list(messages)
         if policies is None:

@@ -113,12 +113,18 @@ class ToolCallStarted(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallFinished(_Event):
-    """A call's result: real, an error, or synthesized (``synthetic``) after an abort."""
+    """A call's result: real, an error, or synthesized (``synthetic``) after an abort.
+
+    ``result`` is what the transcript holds. A result longer than the engine's
+    ``max_tool_result_chars`` is cut there; ``full_result`` is then the whole of it
+    (else None).
+    """
 
     type: ClassVar[str] = "tool_call_finished"
     tool_use: ToolUseBlock
     result: ToolResultBlock
     synthetic: bool = False
+    full_result: ToolResultBlock | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -45,6 +45,9 @@ class Texts:
         "Your previous output was judged to be a repetition loop and was discarded. "
         "Do not repeat it: take a different approach, be concise, and move the task forward."
     )
+    #: Put where a tool result over ``max_tool_result_chars`` was cut; ``{cut}`` and
+    #: ``{total}`` become the numbers of characters cut and of the whole result.
+    result_cut: str = "[... {cut} of the {total} characters of this tool result were cut here ...]"
 
 
 _TAG = re.compile(r"<(?=\s*/?\s*user_query)", re.IGNORECASE)

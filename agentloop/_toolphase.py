@@ -17,6 +17,7 @@ from ._events import Event, ToolCallFinished
 from ._executor import CallRunner, Done, Overdue, describe, error_result, plan_batches
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
+from ._tools import cut_result, result_length
 from ._transcript import encodable, interrupted_result
 
 if TYPE_CHECKING:
@@ -120,5 +121,9 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     else:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {describe(outcome)}")
     result = encodable(result)
+    limit = engine.options.max_tool_result_chars
+    full = None
+    if limit is not None and result_length(result) > limit:
+        full, result = result, cut_result(result, limit, engine.options.texts.result_cut)
     st.results[use.id] = result
-    return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic)
+    return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full)

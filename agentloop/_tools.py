@@ -40,7 +40,17 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
     from ._events import Event
 
-__all__ = ["Allow", "Deny", "PermissionCallback", "Tool", "ToolContext", "ToolOutput", "tool"]
+__all__ = [
+    "Allow",
+    "Deny",
+    "PermissionCallback",
+    "Tool",
+    "ToolContext",
+    "ToolOutput",
+    "cut_result",
+    "result_length",
+    "tool",
+]
 
 #: The tool names every provider accepts (OpenAI's rule, the strictest): letters, digits,
 #: ``_`` and ``-``, at most 64 of them.
@@ -300,6 +310,25 @@ def _validation_message(exc: ValidationError) -> str:
 def _as_json(value: object) -> object:
     # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON.
     return jsonable(value, str)
+
+
+def result_length(block: ToolResultBlock) -> int:
+    """The number of characters of ``block``'s content."""
+    content = block.content
+    return len(content) if isinstance(content, str) else sum(len(b.text) for b in content)
+
+
+def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlock:
+    """``block`` with its text cut to ``limit`` characters: the first and the last half are
+    kept (a log's end says as much as a document's start), with ``marker`` between them,
+    its ``{cut}`` and ``{total}`` filled in. Several text blocks become one string."""
+    text = block.text
+    total = len(text)
+    head = (limit + 1) // 2
+    tail = limit - head
+    note = marker.replace("{cut}", f"{total - limit:,}").replace("{total}", f"{total:,}")
+    cut = "\n\n".join(part for part in (text[:head], note, text[total - tail :] if tail else "") if part)
+    return block.model_copy(update={"content": cut})
 
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from agentloop import (
@@ -43,7 +45,7 @@ from agentloop import (
 )
 from agentloop._executor import plan_batches
 from agentloop._messages import ToolUseBlock
-from agentloop._tools import TOOL_NAME, safe_name
+from agentloop._tools import TOOL_NAME, cut_result, safe_name
 from tests.helpers import VirtualClock, collect
 
 
@@ -700,3 +702,75 @@ async def test_run_process_says_which_stream_was_cut_and_cuts_on_a_whole_charact
     result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
     assert (result.stdout_truncated, result.stderr_truncated) == (True, False)
     assert result.stdout == "ab" + "\u20ac" * (((1 << 20) - 2) // 3) and "\ufffd" not in result.stdout
+
+
+# -- the size cap on a tool's result ----------------------------------------------------------
+
+
+async def test_a_huge_tool_result_is_cut_in_the_transcript_and_kept_whole_on_the_event() -> None:
+    # A `cat` of a big log would otherwise ride along in every later request, each then
+    # failing with the provider's "prompt is too long", for good.
+    log = "START " + "x" * 999_988 + " END\u00e9\u20ac"
+    blocks = [TextBlock(text="part one "), TextBlock(text="y" * 200_000)]
+
+    @tool
+    async def cat(which: str) -> str | list[TextBlock]:
+        """Print a file."""
+        return log if which == "log" else blocks
+
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("cat", {"which": "log"}), ScriptedToolCall("cat", {"which": "b"})]),
+        "done",
+    ])  # fmt: skip
+    engine = QueryEngine(model, tools=[cat], policies=[])
+    events = await collect(engine, "show me")
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    results = [b for m in engine.messages for b in m.content if isinstance(b, ToolResultBlock)]
+    assert [f.result for f in finished] == results  # the event says what the transcript holds
+    first, second = results
+    assert isinstance(first.content, str) and first.content.startswith("START xxx") and first.content.endswith(" END\u00e9\u20ac")
+    assert "[... 900,000 of the 1,000,000 characters of this tool result were cut here ...]" in first.content
+    assert len(first.content) - len("\n\n[... 900,000 of the 1,000,000 characters of this tool result were cut here ...]\n\n") == 100_000
+    assert finished[0].full_result is not None and finished[0].full_result.content == log  # nothing is lost
+    assert finished[1].full_result is not None and finished[1].full_result.content == blocks
+    assert isinstance(second.content, str) and second.content.startswith("part one yyy") and "100,009 of the 200,009" in second.content
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_the_tool_result_cap_can_be_set_or_switched_off() -> None:
+    @tool
+    async def big() -> str:
+        """Big output."""
+        return "0123456789" * 10
+
+    def run(**kw: Any) -> QueryEngine:
+        model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("big", {})]), "ok"])
+        return QueryEngine(model, tools=[big], policies=[], **kw)
+
+    engine = run(max_tool_result_chars=10)
+    finished = next(e for e in await collect(engine, "go") if isinstance(e, ToolCallFinished))
+    assert finished.result.content == "01234\n\n[... 90 of the 100 characters of this tool result were cut here ...]\n\n56789"
+    child = engine.subagent(agent_id="c")
+    assert child.options.max_tool_result_chars == 10  # a subagent keeps its parent's cap
+    engine = run(max_tool_result_chars=None)
+    finished = next(e for e in await collect(engine, "go") if isinstance(e, ToolCallFinished))
+    assert finished.result.content == "0123456789" * 10 and finished.full_result is None
+    engine = run(max_tool_result_chars=100)  # exactly at the cap: not cut
+    finished = next(e for e in await collect(engine, "go") if isinstance(e, ToolCallFinished))
+    assert finished.result.content == "0123456789" * 10 and finished.full_result is None
+    for bad in (0, -1, 1.5, True, "100"):
+        with pytest.raises(ValueError, match="max_tool_result_chars"):
+            run(max_tool_result_chars=bad)
+
+
+@given(text=st.text(), limit=st.integers(min_value=1, max_value=50))
+def test_a_cut_result_keeps_exactly_the_first_and_last_characters_up_to_the_limit(text: str, limit: int) -> None:
+    block = ToolResultBlock(tool_use_id="t", content=text, is_error=True)
+    if len(text) <= limit:
+        return
+    cut = cut_result(block, limit, "<{cut}/{total}>")
+    assert cut.is_error and isinstance(cut.content, str)
+    head, tail = (limit + 1) // 2, limit // 2
+    note = f"<{len(text) - limit:,}/{len(text):,}>"
+    assert cut.content == "\n\n".join(p for p in (text[:head], note, text[len(text) - tail :] if tail else "") if p)
