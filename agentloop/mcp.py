@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:
     import httpx2
@@ -191,14 +191,21 @@ class MCPServer:
         for as long as a tool runs, bounded by the tool's own ``timeout``). The
         label (in the repr, logs and errors) is the URL without its user info
         and query, where credentials often ride.
+
+        User info in ``url`` (``https://user:password@host/mcp``) is sent as HTTP
+        Basic authentication, as the HTTP client would, but the URL handed to the
+        SDK is without it: the SDK and the HTTP client log the URL they are given.
+        A query string (``?token=...``) cannot be taken out, since it is part of
+        the address: prefer ``headers`` for credentials.
         """
+        target, auth = _split_userinfo(url)
 
         @contextlib.asynccontextmanager
         async def connect() -> AsyncIterator[Streams]:
             limits = httpx2.Timeout(http_timeout, read=None)
             async with (
-                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits) as client,
-                streamable_http_client(url, http_client=client) as streams,
+                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth) as client,
+                streamable_http_client(target, http_client=client) as streams,
             ):
                 yield streams
 
@@ -497,6 +504,21 @@ def _public_url(url: str) -> str:
         host = f"[{host}]"
     netloc = f"{host}:{port}" if port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _split_userinfo(url: str) -> tuple[str, httpx2.BasicAuth | None]:
+    """``url`` without its user info, and that user info as Basic authentication (None
+    when there is none, or when the URL cannot be parsed: the SDK then reports it)."""
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return url, None
+    if user is None and password is None:
+        return url, None
+    netloc = parts.netloc.rpartition("@")[2]
+    auth = httpx2.BasicAuth(unquote(user or ""), unquote(password or ""))
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), auth
 
 
 def _unwrap(exc: Exception) -> Exception:

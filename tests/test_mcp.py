@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import importlib
 import os
@@ -510,3 +511,37 @@ async def test_a_server_whose_tool_pages_never_end_is_an_error_not_a_hang() -> N
     with pytest.raises(MCPError, match="repeated the tools/list cursor 'page-2'"):
         await srv.list_tools()
     assert looping.calls == 2
+
+
+async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_every_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK logs the URL it is given ("Connecting to StreamableHTTP endpoint: ..."), and so
+    # does the HTTP client for each request: the user info must not be in it.
+    port = _free_port()
+    url = f"http://alice:pa%40ss-w0rd@127.0.0.1:{port}/mcp?x=1"
+    srv = MCPServer.http(url, connect_timeout=10)
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(Exception):  # noqa: B017 - whatever the transport raises; nobody listens
+            await srv.list_tools()
+        await srv.aclose()
+    assert "pa@ss-w0rd" not in caplog.text and "pa%40ss-w0rd" not in caplog.text and "alice" not in caplog.text
+    assert f"127.0.0.1:{port}/mcp" in caplog.text  # the SDK still says where it connects
+
+    seen: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def fake_transport(target: str, *, http_client: Any) -> AsyncIterator[Any]:
+        seen["url"] = target
+        request = http_client.build_request("POST", target)
+        seen["authorization"] = next(http_client.auth.sync_auth_flow(request)).headers["authorization"]
+        raise ConnectionError("not connecting in this test")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr("agentloop.mcp.streamable_http_client", fake_transport)
+    srv = MCPServer.http(url, connect_timeout=10)
+    with pytest.raises(ConnectionError):
+        await srv.list_tools()
+    await srv.aclose()
+    assert seen["url"] == f"http://127.0.0.1:{port}/mcp?x=1"
+    assert seen["authorization"] == "Basic " + base64.b64encode(b"alice:pa@ss-w0rd").decode()
