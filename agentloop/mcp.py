@@ -198,6 +198,7 @@ class MCPServer:
         A query string (``?token=...``) cannot be taken out, since it is part of
         the address: prefer ``headers`` for credentials.
         """
+        _check_url(url)
         target, auth = _split_userinfo(url)
 
         @contextlib.asynccontextmanager
@@ -504,6 +505,22 @@ def _public_url(url: str) -> str:
         host = f"[{host}]"
     netloc = f"{host}:{port}" if port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _check_url(url: str) -> None:
+    """Raise ValueError, without quoting ``url``, when its host or port cannot be read: the
+    SDK's HTTP client would quote the part it refuses, which for a password holding an
+    unencoded "/", "?" or "#" (``https://user:ab/cd@host``) is the start of the password."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for an invalid port
+    except ValueError:
+        raise ValueError(
+            "the MCP server URL is not a valid URL (its host or port cannot be read); a '/', '?', '#' "
+            "or '@' in a user name or password must be percent-encoded (%2F, %3F, %23, %40)"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("the MCP server URL must be an absolute http:// or https:// URL with a host")
 
 
 def _split_userinfo(url: str) -> tuple[str, httpx2.BasicAuth | None]:

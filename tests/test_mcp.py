@@ -545,3 +545,11 @@ async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_ev
     await srv.aclose()
     assert seen["url"] == f"http://127.0.0.1:{port}/mcp?x=1"
     assert seen["authorization"] == "Basic " + base64.b64encode(b"alice:pa@ss-w0rd").decode()
+
+
+@pytest.mark.parametrize("url", ["http://alice:Zx9/Qw8-PASSWORD@127.0.0.1/mcp", "http://alice:Zx9#PASSWORD@h/mcp",
+                                 "ftp://h/mcp", "/mcp"])  # fmt: skip
+async def test_an_unreadable_http_url_is_refused_without_quoting_it(url: str) -> None:
+    with pytest.raises(ValueError, match="MCP server URL") as info:
+        MCPServer.http(url)
+    assert "Zx9" not in str(info.value) and "PASSWORD" not in str(info.value)

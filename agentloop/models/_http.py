@@ -198,7 +198,9 @@ def check_base_url(base_url: str) -> str:
     try:
         url = httpx.URL(base_url)
     except httpx.InvalidURL as exc:
-        raise ValueError(f"base_url is not a valid URL ({exc})") from None
+        # Only the kind of fault: httpx quotes the part it refused ("Invalid port: 'x'"), which
+        # for a password holding an unencoded "/", "?" or "#" is the start of the password.
+        raise ValueError(f"base_url is not a valid URL ({invalid_url_kind(exc)}); {_USERINFO_HINT}") from None
     if url.scheme not in ("http", "https"):
         raise ValueError("base_url must start with http:// or https://")
     if not url.host:
@@ -206,6 +208,15 @@ def check_base_url(base_url: str) -> str:
     if url.port is not None and not 0 < url.port < 65536:
         raise ValueError(f"base_url has an invalid port ({url.port})")
     return base_url
+
+
+#: Said with an invalid URL: the usual cause in a URL that carries credentials.
+_USERINFO_HINT = "a '/', '?', '#' or '@' in a user name or password must be percent-encoded (%2F, %3F, %23, %40)"
+
+
+def invalid_url_kind(exc: Exception) -> str:
+    """What an invalid-URL error says, without the part of the URL it quotes."""
+    return str(exc).partition(":")[0].strip() or type(exc).__name__
 
 
 def check_headers(extra_headers: Mapping[str, str] | None) -> dict[str, str]:

@@ -877,3 +877,13 @@ async def test_an_auth_header_in_extra_headers_replaces_the_key_instead_of_joini
     assert [v for k, v in raw if k.lower() == header.lower().encode()] == [b"gw-credential"]
     assert [k for k, _ in raw if k.lower() == b"accept-encoding"] == [b"Accept-Encoding"]
     assert not [k for k, v in raw if API_KEY.encode() in v]
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("sep", ["/", "?", "#"])
+def test_a_password_with_an_unencoded_slash_is_not_quoted_by_the_base_url_error(cls: type, sep: str) -> None:
+    # httpx reads "Zx9" as the port ("Invalid port: 'Zx9'"): the start of the password.
+    with pytest.raises(ValueError, match="base_url is not a valid URL") as info:
+        cls("m", api_key=API_KEY, base_url=f"https://alice:Zx9{sep}Qw8-PASSWORD@proxy.test/v1")
+    assert "Zx9" not in str(info.value) and "PASSWORD" not in str(info.value)
+    assert "Invalid port" in str(info.value) and "percent-encoded" in str(info.value)
