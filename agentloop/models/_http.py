@@ -122,11 +122,12 @@ class Redactor:
 
     def scrub_error(self, exc: ModelError) -> None:
         """Scrub the secrets out of ``exc`` in place: its message and, for a `ProviderError`,
-        its body (an error event or chunk inside a stream that echoes a secret)."""
+        its body (an error event or chunk inside a stream that echoes a secret). The body's
+        strings are searched as decoded: a JSON escape (``\\/`` for ``/``) hides nothing."""
         if self._found_in(exc.message):
             exc.message = self.scrub(exc.message)
             exc.args = (exc.message,)
-        if isinstance(exc, ProviderError) and exc.body is not None and self._found_in(repr(exc.body)):
+        if isinstance(exc, ProviderError) and exc.body is not None:
             exc.body = self._scrub_json(exc.body)
 
     def _scrub_json(self, value: Any) -> Any:
@@ -350,7 +351,7 @@ def status_error(
     cls = ProviderStatusError
     if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False
-    return cls(
+    error = cls(
         f"{provider} HTTP {status}: {message}",
         provider=provider,
         status=status,
@@ -360,6 +361,9 @@ def status_error(
         retryable=retryable,
         retry_after=retry_after,
     )
+    if secret is not None:  # a secret the body escaped (``\\/``, ``\\u002b``) is plain once decoded
+        secret.scrub_error(error)
+    return error
 
 
 def document_error(

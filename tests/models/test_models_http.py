@@ -887,3 +887,24 @@ def test_a_password_with_an_unencoded_slash_is_not_quoted_by_the_base_url_error(
         cls("m", api_key=API_KEY, base_url=f"https://alice:Zx9{sep}Qw8-PASSWORD@proxy.test/v1")
     assert "Zx9" not in str(info.value) and "PASSWORD" not in str(info.value)
     assert "Invalid port" in str(info.value) and "percent-encoded" in str(info.value)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("where", ["401 body", "error event"])
+async def test_a_credential_the_server_json_escaped_is_scrubbed_too(cls: type, where: str) -> None:
+    # PHP's json_encode writes "/" as "\/" (and some encoders "+" as "\u002b"): the raw body
+    # does not hold the token as sent, the decoded error does.
+    token = "gw/tok+EN=SECRET/5"
+    escaped = token.replace("/", "\\/").replace("+", "\\u002b")
+    echo = '{"type":"error","error":{"type":"api_error","message":"bad token ' + escaped + '"},"message":"bad token ' + escaped + '"}'
+    body, status, media = (echo, 401, "application/json") if where == "401 body" else (f"event: error\ndata: {echo}\n\n", 200, "text/event-stream")
+    server = MockServer(body.encode(), status=status, headers={"content-type": media})
+    async with server.client() as client:
+        model = cls("m", api_key=API_KEY, base_url="https://gw.test/v1", http_client=client,
+                    extra_headers={"x-gateway-token": token})  # fmt: skip
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+    err = info.value
+    for text in (str(err), repr(err), err.message, repr(getattr(err, "body", None))):
+        assert "SECRET" not in text
+    assert "[REDACTED]" in str(err)
