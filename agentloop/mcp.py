@@ -182,13 +182,17 @@ class MCPServer:
         *,
         headers: Mapping[str, str] | None = None,
         http_timeout: float = 30.0,
+        max_event_size: int | None = 64 << 20,
         **options: Any,
     ) -> MCPServer:
         """A server reached over streamable HTTP at ``url`` (for example ``http://host/mcp``).
 
         ``headers`` go on every request (authentication, for instance);
         ``http_timeout`` is the HTTP connect/write timeout in seconds (reads wait
-        for as long as a tool runs, bounded by the tool's own ``timeout``). The
+        for as long as a tool runs, bounded by the tool's own ``timeout``).
+        ``max_event_size``: the most bytes one server-sent event may hold (the SDK's
+        own default, 1 MiB, fails every tool result over it; the engine cuts a long
+        result itself, see ``max_tool_result_chars``); None for no limit. The
         label (in the repr, logs and errors) is the URL without its user info
         and query, where credentials often ride.
 
@@ -206,7 +210,7 @@ class MCPServer:
             limits = httpx2.Timeout(http_timeout, read=None)
             async with (
                 httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth) as client,
-                streamable_http_client(target, http_client=client) as streams,
+                streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as streams,
             ):
                 yield streams
 

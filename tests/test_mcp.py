@@ -531,7 +531,7 @@ async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_ev
     seen: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
-    async def fake_transport(target: str, *, http_client: Any) -> AsyncIterator[Any]:
+    async def fake_transport(target: str, *, http_client: Any, **_: Any) -> AsyncIterator[Any]:
         seen["url"] = target
         request = http_client.build_request("POST", target)
         seen["authorization"] = next(http_client.auth.sync_auth_flow(request)).headers["authorization"]
@@ -553,3 +553,16 @@ async def test_an_unreadable_http_url_is_refused_without_quoting_it(url: str) ->
     with pytest.raises(ValueError, match="MCP server URL") as info:
         MCPServer.http(url)
     assert "Zx9" not in str(info.value) and "PASSWORD" not in str(info.value)
+
+
+async def test_a_tool_result_over_a_mebibyte_comes_through_streamable_http(http_url: str) -> None:
+    # The SDK's default SSE event limit (1 MiB) failed such a call outright ("Server-sent event
+    # exceeded the 1048576 byte limit"): the result was lost, not cut to size by the engine.
+    text = "0123456789" * 300_000  # 3 MB
+    async with MCPServer.http(http_url, timeout=60) as srv:
+        result = await srv.call_tool("echo", {"text": text})
+        assert not result.is_error and isinstance(result.content[0], types.TextContent)
+        assert result.content[0].text == text
+    async with MCPServer.http(http_url, max_event_size=1 << 20) as srv:  # a host's own limit holds
+        with pytest.raises(MCPError, match="byte limit"):
+            await srv.call_tool("echo", {"text": text})
