@@ -446,12 +446,14 @@ class Connection:
 
     def redactor(self, headers: Mapping[str, str]) -> Redactor | None:
         """What scrubs the secrets of a request with ``headers`` out of its errors: the API
-        key, the values of credential headers (`is_credential`) and the credentials in
-        ``base_url``; None when there are none."""
+        key, the values of credential headers (`is_credential`: the request's, and those
+        the host set on its own ``http_client``) and the credentials in ``base_url``; None
+        when there are none."""
         values = list(self._url_secrets)
         if self.secret is not None:
             values.append(self.secret.reveal())
-        for name, value in headers.items():
+        given = self._client.headers.items() if not self._owns and self._client is not None else ()
+        for name, value in (*given, *headers.items()):
             if is_credential(name):
                 values += credential_parts(value)
         return Redactor(values) if values else None

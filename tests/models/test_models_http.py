@@ -908,3 +908,19 @@ async def test_a_credential_the_server_json_escaped_is_scrubbed_too(cls: type, w
     for text in (str(err), repr(err), err.message, repr(getattr(err, "body", None))):
         assert "SECRET" not in text
     assert "[REDACTED]" in str(err)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_credentials_set_on_the_hosts_http_client_are_scrubbed_too(cls: type) -> None:
+    # A gateway credential given as the http_client's default headers, echoed in a 401.
+    echo = json.dumps({"error": {"message": f"bad gateway token {PROXY_SECRETS[2]}", "type": "auth"}})
+    server = MockServer(echo.encode(), status=401, headers={"content-type": "application/json"})
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler), headers={"X-Gateway-Token": PROXY_SECRETS[2]})
+    async with client:
+        model = cls("m", api_key=API_KEY, base_url="https://gw.test/v1", http_client=client)
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+    err = info.value
+    for text in (str(err), repr(err), err.message, repr(getattr(err, "body", None))):
+        assert PROXY_SECRETS[2] not in text
+    assert server.requests[0].headers["x-gateway-token"] == PROXY_SECRETS[2]
