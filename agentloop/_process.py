@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal as _signal
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._abort import AbortSignal
@@ -52,6 +52,12 @@ class ProcessResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+    def as_json(self) -> dict[str, Any]:
+        """The result as JSON data, without ``stdout_bytes``/``stderr_bytes``: what a tool
+        that returns it gives the model. The raw bytes would repeat the output (twice the
+        size in the transcript), and bytes that are not UTF-8 cannot be JSON at all."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_bytes")}
 
 
 async def run_process(

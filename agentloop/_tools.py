@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from ._abort import AbortSignal
 from ._errors import ToolInputError
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
+from ._process import ProcessResult
 from ._quick import quick_init
 
 if TYPE_CHECKING:
@@ -334,7 +335,7 @@ def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlo
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a list of them) as it is, anything else as JSON (pydantic models and
-    dataclasses by their fields)."""
+    dataclasses by their fields; a `ProcessResult` without its raw bytes)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
@@ -349,6 +350,8 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content = [output]
     elif output is None:
         content = ""
+    elif isinstance(output, ProcessResult):  # ``return await run_process(...)``
+        content = json.dumps(output.as_json(), ensure_ascii=False)
     else:
         try:
             content = json.dumps(output, ensure_ascii=False, default=_as_json)

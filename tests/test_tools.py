@@ -774,3 +774,22 @@ def test_a_cut_result_keeps_exactly_the_first_and_last_characters_up_to_the_limi
     head, tail = (limit + 1) // 2, limit // 2
     note = f"<{len(text) - limit:,}/{len(text):,}>"
     assert cut.content == "\n\n".join(p for p in (text[:head], note, text[len(text) - tail :] if tail else "") if p)
+
+
+async def test_a_tool_that_returns_a_process_result_gives_the_output_once_as_json() -> None:
+    # The raw-bytes fields repeated stdout and stderr (twice the size in every later request),
+    # and output that is not UTF-8 turned the whole result into a Python repr.
+    @tool
+    async def sh(code: str, ctx: ToolContext) -> Any:
+        """Run Python code."""
+        return await run_process(sys.executable, "-c", code, signal=ctx.signal)
+
+    calls = [ScriptedToolCall("sh", {"code": "print('hello' * 3)"}),
+             ScriptedToolCall("sh", {"code": "import sys; sys.stdout.buffer.write(b'caf\\xe9')"})]  # fmt: skip
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=calls), "ok"]), tools=[sh], policies=[])
+    results = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    first, second = (json.loads(r.text) for r in results)
+    assert first["stdout"] == "hellohellohello\n" and first["returncode"] == 0
+    assert results[0].text.count("hellohellohello") == 1
+    assert second["stdout"] == "caf\ufffd"
+    assert not {k for k in (*first, *second) if k.endswith("_bytes")}
