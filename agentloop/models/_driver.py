@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,7 +34,7 @@ from .._unicode import scrub_json
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "loads", "run_stream", "turns", "wire_id"]
+__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "excerpt", "loads", "run_stream", "turns", "wire_id"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -55,6 +56,26 @@ def loads(text: str) -> Any:
     if "\\u" in text and ("\\ud" in text or "\\uD" in text):  # a UTF-16 half, maybe without its pair
         value = scrub_json(value)
     return value
+
+
+#: The characters keys and tokens are made of (base64, base64url, hex, JWTs, ``sk-...``).
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_.+/=~-]*")
+
+
+def excerpt(text: str, limit: int = 200) -> str:
+    """``text`` cut to about ``limit`` characters, to quote in an error message.
+
+    Never inside a run of the characters keys and tokens are made of: such a run is kept
+    whole (up to 512 characters more), since a secret cut in two would escape the
+    scrubbing that replaces every secret the request carried (`Redactor`).
+    """
+    if len(text) <= limit:
+        return text
+    end = limit
+    if _TOKEN_RUN.fullmatch(text[limit - 1]):
+        run = _TOKEN_RUN.match(text, limit)  # never None: the pattern matches the empty string
+        end = run.end() if run is not None else limit
+    return text[: min(end, limit + 512)]
 
 
 def wire_id(tool_id: str, *, max_len: int) -> str:

@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, loads, run_stream, turns
+from ._driver import Prepared, excerpt, loads, run_stream, turns
 from ._http import (
     Connection,
     HTTPModel,
@@ -156,7 +156,7 @@ class AnthropicMapper:
             obj = loads(sse.data)
         except ValueError as exc:
             raise StreamProtocolError(
-                f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {sse.data[:200]!r}",
+                f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {excerpt(sse.data)!r}",
                 retryable=True,
             ) from None
         kind = obj.get("type") if isinstance(obj, dict) else None

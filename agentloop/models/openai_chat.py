@@ -48,7 +48,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
+from ._driver import Prepared, dumps_input, excerpt, loads, result_text, run_stream, turns, wire_id
 from ._http import (
     RETRYABLE_STATUSES,
     HTTPModel,
@@ -203,10 +203,10 @@ class ChatMapper:
             if sse.event == "error":
                 raise self._error({"error": {"message": data}}) from None
             raise StreamProtocolError(
-                f"openai chat stream: malformed JSON in data: {exc}; data: {data[:200]!r}", retryable=True
+                f"openai chat stream: malformed JSON in data: {exc}; data: {excerpt(data)!r}", retryable=True
             ) from None
         if not isinstance(obj, dict):
-            raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {data[:200]!r}")
+            raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {excerpt(data)!r}")
         if sse.event == "error" or obj.get("error"):
             raise self._error(obj)
         try:

@@ -36,7 +36,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, loads, result_text, run_stream, turns, wire_id
+from ._driver import Prepared, dumps_input, excerpt, loads, result_text, run_stream, turns, wire_id
 from ._http import HTTPModel, check_headers, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -161,12 +161,12 @@ class ResponsesMapper:
         except ValueError as exc:
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
-                f"data: {sse.data[:200]!r}",
+                f"data: {excerpt(sse.data)!r}",
                 retryable=True,
             ) from None
         if not isinstance(obj, dict):
             raise StreamProtocolError(
-                f"openai responses stream: expected a JSON object, got {sse.data[:200]!r}"
+                f"openai responses stream: expected a JSON object, got {excerpt(sse.data)!r}"
             )
         kind = obj.get("type") or sse.event
         if kind == _DOOM or sse.event == _DOOM:  # absorbed here, never parsed as output

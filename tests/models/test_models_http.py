@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import re
 
 import httpcore
 import httpx
 import pytest
 from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, request, sse
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import (
@@ -21,6 +24,7 @@ from agentloop._errors import (
 )
 from agentloop._messages import Message, ToolResultBlock, ToolUseBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
+from agentloop.models._driver import excerpt
 from agentloop.models._http import Connection, Secret, status_error
 
 # -- parse_retry ----------------------------------------------------------------
@@ -924,3 +928,24 @@ async def test_credentials_set_on_the_hosts_http_client_are_scrubbed_too(cls: ty
     for text in (str(err), repr(err), err.message, repr(getattr(err, "body", None))):
         assert PROXY_SECRETS[2] not in text
     assert server.requests[0].headers["x-gateway-token"] == PROXY_SECRETS[2]
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("at", [184, 190, 196])
+async def test_a_key_across_the_quoted_excerpts_cut_is_not_half_shown(cls: type, at: int) -> None:
+    # A malformed chunk quoted in the error is cut at 200 characters; a key the cut fell
+    # inside escaped the scrubbing of the whole key, and its first part was shown.
+    data = "{oops " + " " * (at - 6) + API_KEY + " and more"
+    server = MockServer(f"data: {data}\n\n".encode())
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError) as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    assert API_KEY[: 200 - at] not in str(info.value) and "[REDACTED]" in str(info.value)
+
+
+@given(text=st.text(alphabet="ab/+= .\"", max_size=400), limit=st.integers(min_value=1, max_value=300))
+def test_an_excerpt_is_a_prefix_that_never_ends_inside_a_token_run(text: str, limit: int) -> None:
+    out = excerpt(text, limit)
+    assert text.startswith(out) and len(out) >= min(len(text), limit) and len(out) <= limit + 512
+    if len(out) < len(text) and len(out) < limit + 512:
+        assert not (re.fullmatch(r"[A-Za-z0-9_.+/=~-]", out[-1]) and re.fullmatch(r"[A-Za-z0-9_.+/=~-]", text[len(out)]))
