@@ -69,8 +69,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
             yield _start_turn(engine, st, starts, queued, stopped)
             reason: TerminalReason | None = None
             while reason is None:
-                for event in drain_interjections(engine, st):  # safe point: top of the iteration
-                    yield event
+                if engine.inbox.interjections:  # safe point: top of the iteration
+                    for event in drain_interjections(engine, st):
+                        yield event
                 reason = _limit_reached(engine, st)
                 if reason is not None:
                     break
@@ -97,8 +98,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     finally:
                         await tools.aclose()
                     _after_tools(engine, st, uses)
-                for event in st.take_pending_events():
-                    yield event
+                if st.pending_events:  # a policy ended the turn before its calls ran
+                    for event in st.take_pending_events():
+                        yield event
                 reason = st.terminal
             for event in await _end_turn(engine, st, reason):
                 yield event

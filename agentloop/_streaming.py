@@ -88,7 +88,8 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
     loop = st.loop
     while True:
         acc = st.begin_attempt()
-        notify(engine.policies, "begin_attempt")
+        if engine.policies:
+            notify(engine.policies, "begin_attempt")
         request = ModelRequest(
             messages=TranscriptView(engine.messages, len(engine.messages), budgets.extra),
             system=opts.system,
@@ -245,6 +246,8 @@ def _stream_watch(engine: QueryEngine) -> tuple[Callable[[StreamEvent], Verdict 
     Only the policies that override ``on_stream`` are called once per delta; a
     single one is called directly (the common case: one doom-loop policy).
     """
+    if not engine.policies:
+        return None, ""
     watchers = [p for p in engine.policies if type(p).on_stream is not Policy.on_stream]
     if not watchers:
         return None, ""
