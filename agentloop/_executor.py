@@ -38,6 +38,8 @@ def plan_batches(
     Calls that cannot run (unknown tool, bad input) only produce an error, so
     they count as concurrency-safe.
     """
+    if len(uses) == 1:  # the common case: one call is one batch, whatever the tool
+        return [[uses[0]]]
     batches: list[list[ToolUseBlock]] = []
     current: list[ToolUseBlock] = []
     for use in uses:
@@ -65,11 +67,19 @@ class Mailbox:
     from elsewhere.
     """
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_any_thread", "_items", "_waiter")
 
     def __init__(self) -> None:
         self._items: list[object] = []  # a list, not a deque: an empty deque holds a 64-slot block
         self._waiter: asyncio.Future[None] | None = None
+        self._any_thread: Callable[[object], None] | None = None
+
+    def put_any_thread(self) -> Callable[[object], None]:
+        """`put`, callable from any thread (what tools get as ``ctx.emit``); made once per
+        mailbox, on the loop's thread, at the first tool phase that needs it."""
+        if self._any_thread is None:
+            self._any_thread = _from_any_thread(self.put)
+        return self._any_thread
 
     def put(self, item: object) -> None:
         self._items.append(item)
@@ -133,17 +143,17 @@ class CallRunner:
         self,
         engine: QueryEngine,
         signal: AbortSignal,
-        emit: Callable[[object], None],  # the mailbox: events and the calls' outcomes
+        mailbox: Mailbox,  # events and the calls' outcomes
         permission: PermissionCallback | None,
     ) -> None:
         self.engine = engine
         self.tools: Mapping[str, Tool] = engine.tools
         self.signal = signal
-        self.emit = emit
+        self.emit = mailbox.put
         self.permission = permission
         self.started: set[str] = set()
         self._perm_lock: asyncio.Lock | None = None  # made on first use: most runs ask no one
-        self.emit_any_thread = _from_any_thread(emit)  # what tools get as ``ctx.emit``
+        self.emit_any_thread = mailbox.put_any_thread()  # what tools get as ``ctx.emit``
 
     async def call(self, use: ToolUseBlock) -> None:
         """One call's task: run it and put its outcome, a `Done`, into the mailbox.

@@ -37,7 +37,7 @@ async def tool_phase(
     """
     st.phase = "tools"
 
-    runner = CallRunner(engine, st.signal, st.mailbox.put, engine.options.permission)
+    runner = CallRunner(engine, st.signal, st.mailbox, engine.options.permission)
     st.started = runner.started
     spent = st.spent_tasks = []
     # Interjections stay queued until merged after the results, so a host that stops iterating
@@ -46,10 +46,13 @@ async def tool_phase(
     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
         if st.signal.aborted:  # checkpoint 3: the next batch does not start
             break
-        waiting = {use.id: use for use in batch}
-        tasks = {use.id: st.loop.create_task(runner.call(use)) for use in batch}
-        st.pending_tasks.update({tasks[use.id]: use for use in batch})
-        spent += tasks.values()
+        waiting: dict[str, ToolUseBlock] = {}
+        tasks: dict[str, asyncio.Task[None]] = {}
+        for use in batch:  # ids are unique: commit_response saw to it
+            task = tasks[use.id] = st.loop.create_task(runner.call(use))
+            waiting[use.id] = use
+            st.pending_tasks[task] = use
+            spent.append(task)
         timers: list[asyncio.TimerHandle] = []
         if st.signal.aborted:
             st.mailbox.put(ABORTED)
