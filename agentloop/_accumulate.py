@@ -36,7 +36,7 @@ from ._model import (
 )
 from ._unicode import json_escapes_surrogate, scrub, scrub_json
 
-__all__ = ["Accumulator"]
+__all__ = ["APPLY", "Accumulator"]
 
 
 class _Part:
@@ -82,7 +82,7 @@ class Accumulator:
 
     def feed(self, ev: StreamEvent) -> None:
         """Apply one event (dispatched on its exact type: this is the hot path)."""
-        apply = _APPLY.get(type(ev))
+        apply = APPLY.get(type(ev))
         if apply is not None:
             apply(self, ev)
 
@@ -189,7 +189,8 @@ class Accumulator:
         return message("assistant", blocks, partial=partial)
 
 
-_APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
+#: What `Accumulator.feed` calls for each event type (the engine's hot loop reads it directly).
+APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
     StreamText: Accumulator._text,
     StreamThinking: Accumulator._thinking,
     StreamSignature: Accumulator._signature,

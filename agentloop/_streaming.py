@@ -14,6 +14,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._accumulate import APPLY, Accumulator
 from ._commit import abort_terminal, commit_response, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
@@ -43,7 +44,6 @@ from ._run import current_task_of as current_task
 from ._transcript import clean_assistant
 
 if TYPE_CHECKING:
-    from ._accumulate import Accumulator
     from ._engine import QueryEngine
 
 log = logging.getLogger("agentloop")
@@ -118,8 +118,9 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                     raise
                 finally:
                     st.guarding = False
-                acc.feed(event)
-                make = _DELTAS.get(type(event))
+                apply, make = _STEPS.get(type(event), _IGNORED)
+                if apply is not None:  # acc.feed(event), one call less per event
+                    apply(acc, event)
                 if make is not None:
                     yield make(event, acc)
                 if watch is not None:
@@ -301,6 +302,11 @@ _DELTAS: dict[type, Callable[[Any, Accumulator], Event]] = {
     StreamToolInput: _tool_delta,
     StreamToolUseStart: _tool_start,
 }
+
+# Per stream event type, one lookup: how the accumulator applies it, and what the host sees.
+_Step = tuple[Callable[[Accumulator, Any], None] | None, Callable[[Any, Accumulator], Event] | None]
+_STEPS: dict[type, _Step] = {kind: (APPLY.get(kind), _DELTAS.get(kind)) for kind in (*APPLY, *_DELTAS)}
+_IGNORED: _Step = (None, None)  # a type the accumulator does not know (a policy may)
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:
