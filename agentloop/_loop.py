@@ -37,12 +37,13 @@ from ._commit import (
     strip_final,
 )
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, TurnStarted
+from ._executor import plan_batches
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, notify
 from ._run import RunState, abandon, over_ancestor_limit
 from ._streaming import model_phase
-from ._toolphase import record_finished, tool_phase
+from ._toolphase import Batch, end_tools, record_finished, start_tools
 from ._transcript import encodable_message
 from ._unicode import scrub
 
@@ -55,8 +56,8 @@ log = logging.getLogger("agentloop")
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
     """One `run()`: turns until one ends without a follow-up or a send-now message.
 
-    The turn loop is written out here rather than in a nested generator: every
-    generator level costs each event one more resumption.
+    The turn loop, and the tool phase's wait for its calls, are written out here rather than
+    in nested generators: every generator level costs each event one more resumption.
     """
     previous = engine._state
     if previous is not None and previous.finishing and engine._closing is not None:
@@ -89,14 +90,24 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     await phase.aclose()
                 del phase  # spent: not held while the tools run
                 uses = _before_tools(engine, st) if st.terminal is None else []
-                if uses:
-                    tools = tool_phase(engine, st, uses)
-                    try:
-                        async for events in tools:
-                            for event in events:
-                                yield event
-                    finally:
-                        await tools.aclose()
+                if uses:  # the tool phase (see _toolphase)
+                    runner = start_tools(engine, st)
+                    # Interjections stay queued until merged after the results, so a host that stops
+                    # iterating mid-phase loses none; a batch that ends unaborted is the safe point.
+                    merge = False
+                    for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
+                        if st.signal.aborted:  # checkpoint 3: the next batch does not start
+                            break
+                        calls = Batch(engine, st, runner, batch)
+                        try:
+                            while calls.waiting:  # one list of events per wake-up
+                                for event in calls.receive(await st.mailbox.get()):
+                                    yield event
+                        finally:
+                            calls.close()
+                        merge = merge or not st.signal.aborted
+                    for event in end_tools(engine, st, merge):
+                        yield event
                     _after_tools(engine, st, uses)
                 if st.pending_events:  # a policy ended the turn before its calls ran
                     for event in st.take_pending_events():

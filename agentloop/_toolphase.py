@@ -3,18 +3,19 @@
 Checkpoint 3 sits between batches; after each batch queued interjections are
 drained (a safe point) and merged after the results. On abort the calls get
 ``tool_cancel_grace`` to stop by themselves, then are cancelled.
+
+The phase's steps are here; its loop, which awaits the mailbox, is in `_loop.drive`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, cast
 
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished
-from ._executor import CallRunner, Done, Overdue, describe, error_result, plan_batches
+from ._executor import CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._tools import cut_result, result_length
@@ -27,72 +28,78 @@ if TYPE_CHECKING:
 _ABANDON = object()
 
 
-async def tool_phase(
-    engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]
-) -> AsyncGenerator[list[Event], None]:
-    """Run ``uses`` batch by batch, yielding the calls' events; commits the results.
-
-    Events come in lists, one per wake-up of the loop: a hundred calls that end
-    together cost one generator resumption here, not a hundred.
-    """
+def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
+    """The tool phase begins: the runner its calls share."""
     st.phase = "tools"
-
     runner = CallRunner(engine, st.signal, st.mailbox, engine.options.permission)
     st.started = runner.started
-    spent = st.spent_tasks = []
-    # Interjections stay queued until merged after the results, so a host that stops iterating
-    # mid-phase loses none; a batch that ends unaborted is the safe point that lets them in.
-    merge = False
-    for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
-        if st.signal.aborted:  # checkpoint 3: the next batch does not start
-            break
-        waiting: dict[str, ToolUseBlock] = {}
-        tasks: dict[str, asyncio.Task[None]] = {}
+    st.spent_tasks = []
+    return runner
+
+
+class Batch:
+    """One batch of calls, started together: `receive` turns what the mailbox held into the
+    host's events, until no call is left ``waiting``; `close` (always) stops its timers.
+
+    The loop awaits the mailbox itself (`_loop.drive`) rather than through a generator of
+    this phase: every generator level costs each event a resumption.
+    """
+
+    __slots__ = ("engine", "st", "tasks", "timers", "waiting")
+
+    def __init__(self, engine: QueryEngine, st: RunState, runner: CallRunner, batch: list[ToolUseBlock]) -> None:
+        self.engine = engine
+        self.st = st
+        self.waiting: dict[str, ToolUseBlock] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.timers: list[asyncio.TimerHandle] = []
         for use in batch:  # ids are unique: commit_response saw to it
-            task = tasks[use.id] = st.loop.create_task(runner.call(use))
-            waiting[use.id] = use
+            task = self.tasks[use.id] = st.loop.create_task(runner.call(use))
+            self.waiting[use.id] = use
             st.pending_tasks[task] = use
-            spent.append(task)
-        timers: list[asyncio.TimerHandle] = []
+            st.spent_tasks.append(task)
         if st.signal.aborted:
             st.mailbox.put(ABORTED)
-        try:
-            while waiting:
-                events: list[Event] = []
-                for item in await st.mailbox.get():
-                    if isinstance(item, Done):
-                        if waiting.pop(item.use.id, None) is not None:
-                            st.pending_tasks.pop(tasks[item.use.id], None)
-                            events.append(_record(engine, st, item))
-                    elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
-                        if waiting.pop(item.use.id, None) is not None:
-                            abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
-                            events.append(_record(engine, st, Done(item.use, item.result())))
-                    elif item is ABORTED:
-                        if not timers:
-                            grace = st.grace_left(engine.options.tool_cancel_grace)
-                            timers.append(st.loop.call_later(grace, st.mailbox.put, GRACE_OVER))
-                    elif item is GRACE_OVER:
-                        for task in st.pending_tasks:
-                            task.cancel()
-                        timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
-                    elif item is _ABANDON:
-                        for use in waiting.values():
-                            abandon(st, tasks[use.id], "the run was interrupted")
-                        waiting.clear()
-                    else:
-                        events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)
-                if events:
-                    yield events
-        finally:
-            for timer in timers:
-                timer.cancel()
-        merge = merge or not st.signal.aborted
+
+    def receive(self, items: list[object]) -> list[Event]:
+        engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
+        events: list[Event] = []
+        for item in items:
+            if isinstance(item, Done):
+                if waiting.pop(item.use.id, None) is not None:
+                    st.pending_tasks.pop(tasks[item.use.id], None)
+                    events.append(_record(engine, st, item))
+            elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
+                if waiting.pop(item.use.id, None) is not None:
+                    abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
+                    events.append(_record(engine, st, Done(item.use, item.result())))
+            elif item is ABORTED:
+                if not timers:
+                    grace = st.grace_left(engine.options.tool_cancel_grace)
+                    timers.append(st.loop.call_later(grace, st.mailbox.put, GRACE_OVER))
+            elif item is GRACE_OVER:
+                for task in st.pending_tasks:
+                    task.cancel()
+                timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
+            elif item is _ABANDON:
+                for use in waiting.values():
+                    abandon(st, tasks[use.id], "the run was interrupted")
+                waiting.clear()
+            else:
+                events.append(cast(Event, item))  # emitted by a tool (ToolContext.emit)
+        return events
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+
+
+def end_tools(engine: QueryEngine, st: RunState, merge: bool) -> list[Event]:
+    """The tool phase ends: commit the results; then, if ``merge``, the queued interjections."""
     events = settle_results(engine, st)  # a fresh list
     if merge and engine.inbox.interjections:
         events += drain_interjections(engine, st)
-    if events:
-        yield events
+    return events
 
 
 def record_finished(engine: QueryEngine, st: RunState) -> None:
