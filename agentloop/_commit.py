@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
-from ._messages import Message, TextBlock, message
+from ._messages import Block, Message, TextBlock, message
 from ._policy import notify
 from ._run import RunState
 from ._transcript import clean_assistant, interrupted_result, unused_id
@@ -135,7 +135,8 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
     if not st.owed:
         return []
     texts = engine.options.texts
-    blocks = []
+    blocks: list[Block] = []
+    last = st.last_results = {}
     events: list[Event] = []
     for use in st.owed:
         result = st.results.get(use.id)
@@ -144,9 +145,9 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
             result = interrupted_result(use.id, text)
             events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True))
         blocks.append(result)
-    st.last_results = {b.tool_use_id: b for b in blocks}
+        last[result.tool_use_id] = result
     st.owed, st.results = [], {}
-    engine._commit(message("user", list(blocks), synthetic=True, kind="tool_results"))
+    engine._commit(message("user", blocks, synthetic=True, kind="tool_results"))
     return events
 
 

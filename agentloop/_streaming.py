@@ -66,13 +66,13 @@ class _Budgets:
 
 
 class _Outcome:
-    __slots__ = ("aborted", "cut", "error", "policy")
+    """How one attempt ended. The defaults are class attributes: an attempt that ends normally
+    (most) sets none of them, so making one runs no ``__init__``."""
 
-    def __init__(self) -> None:
-        self.aborted = False
-        self.cut: Resample | None = None
-        self.error: ModelError | None = None
-        self.policy = ""
+    aborted = False
+    cut: Resample | None = None
+    error: ModelError | None = None
+    policy = ""
 
 
 async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event, None]:
