@@ -33,6 +33,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextBlock,
+    TextDelta,
     Tool,
     ToolCallFinished,
     ToolContext,
@@ -360,6 +361,29 @@ def test_a_tool_can_emit_events_from_a_worker_thread() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] finished"
 
+
+
+async def test_every_tool_phase_of_a_run_delivers_events_emitted_from_a_worker_thread() -> None:
+    # The thread-safe emit is made once per mailbox and shared by the run's tool phases: the
+    # second phase's tool gets the same one, and its event still reaches the host, in order.
+    @tool
+    async def report(ctx: ToolContext) -> str:
+        """Reports progress from a worker thread."""
+        await asyncio.to_thread(ctx.emit, TextDelta(text=f"progress of {ctx.tool_use_id}"))
+        return "done"
+
+    call = ScriptedResponse(tool_calls=[ScriptedToolCall("report", {}, id="a")])
+    again = ScriptedResponse(tool_calls=[ScriptedToolCall("report", {}, id="b")])
+    engine = QueryEngine(ScriptedModel([call, again, "ok"]), tools=[report], policies=[])
+    events = await asyncio.wait_for(collect(engine, "go"), 10)
+    seen = [(type(e).__name__, getattr(e, "text", None)) for e in events if isinstance(e, TextDelta | ToolCallFinished)]
+    assert seen == [
+        ("TextDelta", "progress of a"),
+        ("ToolCallFinished", None),
+        ("TextDelta", "progress of b"),
+        ("ToolCallFinished", None),
+        ("TextDelta", "ok"),
+    ]
 
 def _use(name: str, i: int) -> ToolUseBlock:
     return ToolUseBlock(id=f"{name}{i}", name=name, input={})
