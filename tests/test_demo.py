@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -185,3 +186,30 @@ def test_ctrl_d_while_running_stops_the_tool_process() -> None:
         child.close(force=True)
     assert child.exitstatus == 0
     assert not _runner_processes()
+
+
+def test_sigterm_ends_a_scenario_instead_of_playing_its_next_step(tmp_path: Path) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({
+        "prompt": "Fix the failing test in utils.py",
+        "steps": [{"on": "idle", "do": "prompt", "text": "Now wait for CI to go green."}],
+    }))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(script)],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+    )
+    try:
+        assert proc.stdout is not None
+        head = proc.stdout.readline()
+        assert "turn 1" in head
+        proc.send_signal(signal.SIGTERM)  # as a service manager stops a program
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert "turn ended: aborted_streaming (interrupted: quit)" in out
+    assert "turn 2" not in out and "wait for CI" not in out.split("summary")[0]
+    assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])"), out[-2000:]
+    assert err == ""
+    assert not _runner_processes()
+

@@ -119,7 +119,8 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             player = Player(host, scenario)
             player.begin()
             try:
-                await asyncio.wait_for(player.finished.wait(), scenario.timeout)
+                async with asyncio.timeout(scenario.timeout):
+                    await _first(player.finished, host.exit)  # the end, or the user quit
             except TimeoutError:
                 renderer.note(f"[script] timed out after {scenario.timeout:g}s", "red")
                 player.stuck = True
@@ -144,6 +145,17 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
                 await close()
     valid = host.summary()
     return 0 if valid and not stuck else 1
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def _what(opts: Options) -> str:

@@ -180,7 +180,7 @@ class Player:
         step = self.step
         if self._waiting:
             return
-        if step is None:
+        if step is None or self.host.exit.is_set():  # the end, or the user quit (SIGTERM, say)
             self.finished.set()
         elif step.on == "idle":
             self._trigger(step)
@@ -198,6 +198,9 @@ class Player:
 
     def _fire(self, step: Step) -> None:
         self._waiting = False
+        if self.host.exit.is_set():  # the user quit during the step's delay
+            self.finished.set()
+            return
         self.host.r.note(f"[script] step {self._i + 1}, {step.describe()}", "blue")
         self._i += 1
         self._seen = 0
