@@ -213,3 +213,22 @@ def test_sigterm_ends_a_scenario_instead_of_playing_its_next_step(tmp_path: Path
     assert err == ""
     assert not _runner_processes()
 
+
+def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
+    """``python -m agentloop demo --script builtin | head -1``: the demo stops when the pipe closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentloop", "demo", "--script", "builtin"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert b"turn 1" in proc.stdout.readline()
+        proc.stdout.close()  # the reader is gone: the next write fails with EPIPE
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert err == b""  # no traceback, neither from the run nor from the interpreter's exit
+    assert proc.returncode == 0
+    assert not _runner_processes()
+

@@ -111,6 +111,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
     loop = asyncio.get_running_loop()
     renderer = Renderer(screen, asks=frozenset({"edit_file"}))
     host = Host(build_engine(model, opts.speed), renderer)
+    screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
     reader: LineReader | None = None
     _install_signals(loop, host, screen)
     screen.start()

@@ -4,12 +4,17 @@ On a TTY the status line lives on the last row, outside a scroll region
 (DECSTBM) that holds everything else, so streamed text never overwrites it.
 Piped output (or ``--plain``) gets neither the status line nor any escape
 sequence; ``NO_COLOR`` (https://no-color.org) removes the colours only.
+
+Output that goes away (a pipe into ``head`` that closed, a terminal that hung
+up) is not an error of the demo: the screen drops what follows and calls
+``on_closed`` once, so the host can end the session.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import TextIO
 
 __all__ = ["Screen", "Style"]
@@ -47,6 +52,8 @@ class Screen:
         self.tty = tty
         self.style = Style(color)
         self.at_line_start = True
+        self.closed = False  # the output went away: nothing more is written
+        self.on_closed: Callable[[], None] | None = None
         self._status = ""
         self._rows = 0
         self._drawn = False
@@ -59,20 +66,45 @@ class Screen:
 
     # -- output -----------------------------------------------------------------
 
+    def _emit(self, text: str) -> None:
+        """Write and flush ``text``; every byte the screen writes goes through here."""
+        if self.closed:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except OSError:  # EPIPE (the reader closed the pipe), EIO (the terminal hung up)
+            self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        self._rows = 0
+        # What the stream still buffers would fail again when the interpreter flushes it at
+        # exit (a traceback on stderr): point its descriptor at /dev/null, as a CLI should.
+        try:
+            fd = self.out.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        if self.on_closed is not None:
+            self.on_closed()
+
     def write(self, text: str) -> None:
         """Write ``text`` as is (streamed deltas)."""
         if not text:
             return
-        self.out.write(text)
         self.at_line_start = text.endswith("\n")
-        self.out.flush()
+        self._emit(text)
 
     def line(self, text: str = "") -> None:
         """Write ``text`` on a line of its own, in one write."""
         prefix = "" if self.at_line_start else "\n"
-        self.out.write(f"{prefix}{text}\n")
         self.at_line_start = True
-        self.out.flush()
+        self._emit(f"{prefix}{text}\n")
 
     # -- the status line -----------------------------------------------------------
 
@@ -86,8 +118,7 @@ class Screen:
             return
         self._rows = rows
         # The region's bottom is the row above the status; keep the cursor at its end.
-        self.out.write(f"\n\x1b[1;{rows - 1}r\x1b[{rows - 1};1H")
-        self.out.flush()
+        self._emit(f"\n\x1b[1;{rows - 1}r\x1b[{rows - 1};1H")
         self.status(self._status or "starting")
 
     def resized(self) -> None:
@@ -95,12 +126,12 @@ class Screen:
         if self._rows:
             self._rows = 0
             self._drawn = False
-            self.out.write("\x1b7\x1b[r\x1b8")
+            self._emit("\x1b7\x1b[r\x1b8")
             self.tty = True
             rows = shutil.get_terminal_size((0, 0)).lines
-            if rows >= 4:
+            if rows >= 4 and not self.closed:
                 self._rows = rows
-                self.out.write(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
+                self._emit(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
             self.status(self._status)
 
     def status(self, text: str) -> None:
@@ -113,16 +144,13 @@ class Screen:
         self._drawn = True
         cols = shutil.get_terminal_size((80, 24)).columns
         shown = self.style(f" {text} ".ljust(cols - 1)[: cols - 1], "bold", "blue")
-        self.out.write(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
-        self.out.flush()
+        self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
 
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""
         if not self._rows:
             return
         rows, self._rows = self._rows, 0
-        self.out.write(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m")
-        if not self.at_line_start:
-            self.out.write("\n")
-            self.at_line_start = True
-        self.out.flush()
+        end = "" if self.at_line_start else "\n"
+        self.at_line_start = True
+        self._emit(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m{end}")
