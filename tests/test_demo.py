@@ -232,3 +232,16 @@ def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
     assert proc.returncode == 0
     assert not _runner_processes()
 
+
+def test_output_in_an_encoding_without_the_demos_symbols() -> None:
+    """A console in an 8-bit code page (or output piped on such a system): '?' for what it cannot show."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
+        cwd=ROOT, env=dict(_env(), PYTHONIOENCODING="ascii"), capture_output=True, timeout=55,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert proc.stderr == b""
+    out = proc.stdout.decode("ascii")
+    assert "the run failed" not in out
+    assert "?? turn 1 ?? you: Fix the failing test in utils.py" in out
+    assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")

@@ -7,7 +7,8 @@ sequence; ``NO_COLOR`` (https://no-color.org) removes the colours only.
 
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
-``on_closed`` once, so the host can end the session.
+``on_closed`` once, so the host can end the session. A character the output's
+encoding cannot hold (a console in an 8-bit code page) is written as ``?``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,11 @@ class Screen:
         if self.closed:
             return
         try:
-            self.out.write(text)
+            try:
+                self.out.write(text)
+            except UnicodeEncodeError:  # the stream encodes before it writes: nothing went out yet
+                encoding = getattr(self.out, "encoding", None) or "ascii"
+                self.out.write(text.encode(encoding, "replace").decode(encoding))
             self.out.flush()
         except OSError:  # EPIPE (the reader closed the pipe), EIO (the terminal hung up)
             self._close()
