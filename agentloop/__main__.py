@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "demo":
         _parser().print_help()
         return 2
-    if args.speed <= 0:
+    if not args.speed > 0:  # NaN too: every pause of the scripted model would never end
         print("agentloop demo: --speed must be positive", file=sys.stderr)
         return 2
     from .demo import Options, run

@@ -245,3 +245,11 @@ def test_output_in_an_encoding_without_the_demos_symbols() -> None:
     assert "the run failed" not in out
     assert "?? turn 1 ?? you: Fix the failing test in utils.py" in out
     assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+
+
+def test_speed_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentloop.__main__ import main
+
+    for speed in ("0", "-1", "nan"):
+        assert main(["demo", "--speed", speed]) == 2, speed
+        assert capsys.readouterr().err == "agentloop demo: --speed must be positive\n"
