@@ -253,3 +253,14 @@ def test_speed_must_be_a_positive_number(capsys: pytest.CaptureFixture[str]) -> 
     for speed in ("0", "-1", "nan"):
         assert main(["demo", "--speed", speed]) == 2, speed
         assert capsys.readouterr().err == "agentloop demo: --speed must be positive\n"
+
+
+def test_closed_standard_input_is_a_usage_error() -> None:
+    """``python -m agentloop demo <&-`` (a service, a cron job): one line and exit 2, not a traceback."""
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m agentloop demo <&-', sys.executable],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "standard input is not readable" in proc.stderr
+    assert "--script builtin" in proc.stderr

@@ -95,6 +95,8 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     try:
         model = build_model(opts)
         scenario = load(opts.script) if opts.script else None
+        if scenario is None:
+            _check_stdin()
     except (DemoError, ScenarioError) as exc:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
@@ -105,6 +107,18 @@ def run(opts: Options, out: TextIO | None = None) -> int:
         return 130
     finally:
         screen.stop()
+
+
+def _check_stdin() -> None:
+    """The keyboard demo reads standard input's descriptor. Raises DemoError without one."""
+    try:
+        if sys.stdin is None:
+            raise OSError("closed")
+        os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError) as exc:  # io.UnsupportedOperation is both
+        raise DemoError(
+            f"standard input is not readable ({exc}): run it in a terminal, or play a scenario with --script builtin"
+        ) from None
 
 
 async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
