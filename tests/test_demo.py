@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -264,3 +265,25 @@ def test_closed_standard_input_is_a_usage_error() -> None:
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr
     assert proc.stderr.count("\n") == 1 and "standard input is not readable" in proc.stderr
     assert "--script builtin" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [
+        ({"timeout": "soon", "steps": []}, '"timeout" must be a number of seconds > 0'),
+        ({"timeout": None, "steps": []}, '"timeout" must be a number'),
+        ({"timeout": 0, "steps": []}, '"timeout" must be a number'),
+        ({"prompt": 5, "steps": []}, '"prompt" must be a string'),
+        ([{"do": "interrupt", "on": "text_delta", "count": "2"}], 'step 1: "count" must be a whole number >= 1'),
+        ([{"do": "interrupt", "on": "text_delta", "count": 0}], 'step 1: "count" must be a whole number'),
+        ([{"do": "quit"}, {"do": "interrupt", "delay": "1"}], 'step 2: "delay" must be a number of seconds >= 0'),
+        ([{"do": "interject", "on": "text_delta", "text": 5}], 'step 1: "text" must be a string'),
+        ([{"do": "interrupt", "reason": None}], 'step 1: "reason" must be a non-empty string'),
+        ([{"do": "interrupt", "on": 3}], 'step 1: "on" must be an event type'),
+        ([{"do": "interrupt", "on": "turn_ended", "turn": "1"}], 'step 1: "turn" must be a turn number'),
+    ],
+)
+def test_a_scenario_with_a_wrongly_typed_value_is_refused_before_it_plays(scenario: object, message: str) -> None:
+    """Each of these used to be accepted and fail mid-run (``the run failed: TypeError``) or crash."""
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        parse_scenario(scenario)

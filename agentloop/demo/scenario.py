@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .._events import Event, TurnEnded, TurnStarted
 from .host import Host
@@ -109,11 +110,34 @@ def load(source: str) -> Scenario:
     return parse(data)
 
 
+def _number(value: object) -> TypeGuard[float]:
+    """A JSON number that is finite (``true`` is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# What each key of a step holds (a wrong type would fail mid-run, blamed on the run).
+_KEYS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "on": (lambda v: isinstance(v, str), "an event type (a string)"),
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number >= 1"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "reason": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "tool": (lambda v: v is None or isinstance(v, str), "a tool name (a string)"),
+    "terminal": (lambda v: v is None or isinstance(v, str), "a terminal reason (a string)"),
+    "turn": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a turn number"),
+    "delay": (lambda v: _number(v) and v >= 0, "a number of seconds >= 0"),
+}
+
+
 def parse(data: Any) -> Scenario:
     if isinstance(data, list):
         data = {"steps": data}
     if not isinstance(data, Mapping) or not isinstance(data.get("steps", []), list):
         raise ScenarioError("a scenario is an object with a list of \"steps\" (or just that list)")
+    prompt, timeout = data.get("prompt"), data.get("timeout", 120.0)
+    if prompt is not None and not isinstance(prompt, str):
+        raise ScenarioError("\"prompt\" must be a string")
+    if not _number(timeout) or timeout <= 0:
+        raise ScenarioError(f"\"timeout\" must be a number of seconds > 0, not {timeout!r}")
     known = {f.name for f in fields(Step)}
     steps = []
     for i, raw in enumerate(data.get("steps", []), 1):
@@ -122,14 +146,13 @@ def parse(data: Any) -> Scenario:
         unknown = set(raw) - known
         if unknown:
             raise ScenarioError(f"step {i}: unknown keys {sorted(unknown)}")
+        for key, value in raw.items():
+            if key in _KEYS and not _KEYS[key][0](value):
+                raise ScenarioError(f"step {i}: \"{key}\" must be {_KEYS[key][1]}, not {value!r}")
         if raw["do"] in _SENDS and not str(raw.get("text", "")).strip():
             raise ScenarioError(f"step {i}: \"{raw['do']}\" needs a \"text\" to send")
-        try:
-            steps.append(Step(**raw))
-        except TypeError as exc:
-            raise ScenarioError(f"step {i}: {exc}") from None
-    prompt = data.get("prompt")
-    return Scenario(prompt if isinstance(prompt, str) else None, tuple(steps), float(data.get("timeout", 120.0)))
+        steps.append(Step(**raw))
+    return Scenario(prompt or None, tuple(steps), float(timeout))
 
 
 class Player:
