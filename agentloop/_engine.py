@@ -108,6 +108,21 @@ def _tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
     return {t.name: t for t in tools}
 
 
+def _check_model(model: object) -> None:
+    """Raise TypeError, at construction, for what cannot be a `Model` (rather than a
+    ``model_error`` at the first request, blamed on the model)."""
+    if isinstance(model, type) or not callable(getattr(model, "stream", None)):
+        hint = ""
+        if isinstance(model, str):
+            hint = f" (a model name? pass a model object, e.g. agentloop.models.AnthropicModel({model!r}))"
+        elif isinstance(model, type):
+            hint = f" (the class {model.__name__}: pass an instance of it)"
+        raise TypeError(
+            f"QueryEngine needs a model with a stream(request, signal) method, such as "
+            f"ScriptedModel([...]) or a model from agentloop.models; got {model!r}{hint}"
+        )
+
+
 def _recovery_default(value: bool | None) -> bool:
     if value is not None:
         return value
@@ -171,6 +186,7 @@ class QueryEngine:
             type(max_tool_result_chars) is not int or max_tool_result_chars < 1
         ):
             raise ValueError(f"max_tool_result_chars must be a positive int or None, not {max_tool_result_chars!r}")
+        _check_model(model)
         self.model = model
         self.tools = _tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
