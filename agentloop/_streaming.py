@@ -9,6 +9,7 @@ so the host can erase it and nothing is duplicated in the transcript.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -103,7 +104,11 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
         try:
             if st.signal.aborted:
                 raise Aborted
-            stream = aiter(engine.model.stream(request, st.signal))
+            produced = engine.model.stream(request, st.signal)
+            try:
+                stream = aiter(produced)
+            except TypeError:
+                raise _not_a_stream(engine, produced) from None
             while True:
                 task = st.task = current_task(loop)
                 st.cancel_baseline = task.cancelling() if task is not None else 0
@@ -164,6 +169,19 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
             except Aborted:
                 st.terminal = abort_terminal(st)
                 return
+
+
+def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:
+    """The error for a ``stream()`` that returned no async iterator (a coroutine is closed,
+    so that it does not also warn that it was never awaited)."""
+    where = f"{type(engine.model).__name__}.stream()"
+    if inspect.iscoroutine(produced):
+        produced.close()
+        return ModelError(
+            f"{where} returned a coroutine, not an async iterator: write it as an async generator "
+            "(an async def that yields the stream events)"
+        )
+    return ModelError(f"{where} returned {type(produced).__name__}, not an async iterator of stream events")
 
 
 def _conclude(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import AsyncIterator
+
 import pytest
 
-from agentloop import QueryEngine, ScriptedModel
+from agentloop import ModelRequest, QueryEngine, ScriptedModel, TurnEnded
+from agentloop._abort import AbortSignal
+from agentloop.testing import collect
 
 
 class NoStream:
@@ -25,3 +30,34 @@ def test_a_model_without_stream_is_refused_at_construction(model: object, hint: 
         QueryEngine(model)  # type: ignore[arg-type]
     assert hint in str(info.value)
 
+
+async def test_a_stream_written_as_a_coroutine_gets_a_model_error_that_says_how_to_write_it() -> None:
+    class ReturnsInsteadOfYields:
+        async def stream(self, request: ModelRequest, signal: AbortSignal) -> list[object]:
+            return []
+
+    class ReturnsAList:
+        def stream(self, request: ModelRequest, signal: AbortSignal) -> list[object]:
+            return []
+
+    for model, says in (
+        (ReturnsInsteadOfYields(), "returned a coroutine, not an async iterator: write it as an async generator"),
+        (ReturnsAList(), "returned list, not an async iterator of stream events"),
+    ):
+        engine = QueryEngine(model)  # type: ignore[arg-type]
+        events = await collect(engine.run("hi"))
+        end = events[-1]
+        assert isinstance(end, TurnEnded) and end.reason == "model_error"
+        assert end.error is not None and says in end.error, end.error
+        gc.collect()  # a coroutine left unclosed would warn here ("never awaited"), an error under -W error
+
+
+async def test_an_async_generator_model_still_works() -> None:
+    class Echo:
+        async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[object]:
+            async for event in ScriptedModel(["hello"]).stream(request, signal):
+                yield event
+
+    engine = QueryEngine(Echo())  # type: ignore[arg-type]
+    events = await collect(engine.run("hi"))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
