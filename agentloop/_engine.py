@@ -102,6 +102,13 @@ def wait_at_run_end(task: asyncio.Task[Any]) -> bool:
 
 
 def _tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
+    if isinstance(tools, Tool):
+        raise TypeError(f"tools takes a list of tools: tools=[{tools.name}]")
+    for t in tools:
+        if not isinstance(t, Tool):
+            what = getattr(t, "__name__", None)
+            hint = f": decorate {what} with @tool (an async def with annotated parameters)" if what else ""
+            raise TypeError(f"tools takes Tool objects, not {type(t).__name__} {t!r}{hint}")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentloop import ModelRequest, QueryEngine, ScriptedModel, TurnEnded
+from agentloop import ModelRequest, QueryEngine, ScriptedModel, TurnEnded, tool
 from agentloop._abort import AbortSignal
 from agentloop.testing import collect
 
@@ -61,3 +61,19 @@ async def test_an_async_generator_model_still_works() -> None:
     engine = QueryEngine(Echo())  # type: ignore[arg-type]
     events = await collect(engine.run("hi"))
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
+async def _add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+def test_a_function_in_tools_is_refused_with_a_hint_to_decorate_it() -> None:
+    with pytest.raises(TypeError, match=r"tools takes Tool objects, not function .*: decorate _add with @tool"):
+        QueryEngine(ScriptedModel(["hi"]), tools=[_add])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"tools takes Tool objects, not str 'add'$"):
+        QueryEngine(ScriptedModel(["hi"]), tools=["add"])  # type: ignore[list-item]
+    add = tool(_add)
+    with pytest.raises(TypeError, match=r"tools takes a list of tools: tools=\[_add\]"):
+        QueryEngine(ScriptedModel(["hi"]), tools=add)  # type: ignore[arg-type]
+    assert list(QueryEngine(ScriptedModel(["hi"]), tools=(add,)).tools) == ["_add"]
