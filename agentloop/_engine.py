@@ -130,6 +130,21 @@ def _check_model(model: object) -> None:
         )
 
 
+def _message_list(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as a new list. Raises TypeError for anything but `Message`s (a dict in the
+    wire format would otherwise fail later, at a request, far from where it came in)."""
+    if isinstance(messages, str | Message):
+        raise TypeError(f"messages takes a list of Message objects, not a {type(messages).__name__}")
+    out = list(messages)
+    for m in out:
+        if not isinstance(m, Message):
+            raise TypeError(
+                f"messages takes Message objects, not {type(m).__name__}: build one with "
+                "Message.user(text), Message(role=..., content=[...]) or, from a dict, Message.model_validate(d)"
+            )
+    return out
+
+
 def _recovery_default(value: bool | None) -> bool:
     if value is not None:
         return value
@@ -218,7 +233,7 @@ class QueryEngine:
             texts=texts or Texts(),
             max_tool_result_chars=max_tool_result_chars,
         )
-        self.messages: list[Message] = list(messages)
+        self.messages: list[Message] = _message_list(messages)
         if policies is None:
             from .policies import default_policies
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentloop import ModelRequest, QueryEngine, ScriptedModel, TurnEnded, tool
+from agentloop import Message, ModelRequest, QueryEngine, ScriptedModel, TurnEnded, tool
 from agentloop._abort import AbortSignal
 from agentloop.testing import collect
 
@@ -77,3 +77,16 @@ def test_a_function_in_tools_is_refused_with_a_hint_to_decorate_it() -> None:
     with pytest.raises(TypeError, match=r"tools takes a list of tools: tools=\[_add\]"):
         QueryEngine(ScriptedModel(["hi"]), tools=add)  # type: ignore[arg-type]
     assert list(QueryEngine(ScriptedModel(["hi"]), tools=(add,)).tools) == ["_add"]
+
+
+async def test_messages_that_are_not_message_objects_are_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"messages takes Message objects, not dict: .*Message.model_validate\(d\)"):
+        QueryEngine(ScriptedModel(["hi"]), messages=[{"role": "user", "content": "hi"}])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="messages takes a list of Message objects, not a str"):
+        QueryEngine(ScriptedModel(["hi"]), messages="hello")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="messages takes a list of Message objects, not a Message"):
+        QueryEngine(ScriptedModel(["hi"]), messages=Message.user("hello"))  # type: ignore[arg-type]
+    engine = QueryEngine(ScriptedModel(["hi"]), messages=(Message.model_validate({"role": "user", "content": "hello"}),))
+    events = await collect(engine.run())
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert [m.text for m in engine.messages] == ["hello", "hi"]
