@@ -209,6 +209,8 @@ class QueryEngine:
         ):
             raise ValueError(f"max_tool_result_chars must be a positive int or None, not {max_tool_result_chars!r}")
         _check_model(model)
+        if permission is not None and not callable(permission):
+            raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {permission!r}")
         self.model = model
         self.tools = _tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares

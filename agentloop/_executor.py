@@ -8,6 +8,7 @@ whether the call had started (``started``) or not.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -251,7 +252,9 @@ class CallRunner:
             async with lock:  # one prompt at a time
                 self.signal.throw_if_aborted()
                 self.emit(PermissionRequested(tool_use=use))
-                return await permission(use, ctx)
+                decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
+                # A plain function answering at once is a permission callback too (as for on_abort).
+                return await decision if inspect.isawaitable(decision) else decision
 
         try:
             decision = await race_abort(ask(), self.signal)

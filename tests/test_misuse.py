@@ -90,3 +90,40 @@ async def test_messages_that_are_not_message_objects_are_refused_at_construction
     events = await collect(engine.run())
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert [m.text for m in engine.messages] == ["hello", "hi"]
+
+
+async def test_a_plain_function_is_a_permission_callback_too() -> None:
+    """A newcomer's first permission check is often a plain def: every call used to be refused
+    with "object Allow can't be used in 'await' expression", told only to the model."""
+    from agentloop import Allow, Deny, ScriptedResponse, ScriptedToolCall, ToolUseBlock
+
+    @tool
+    async def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    def ask(use: ToolUseBlock, ctx: object) -> Allow | Deny:
+        if use.input["path"].startswith("/etc"):
+            return Deny("not outside the project")
+        return Allow(updated_input={"path": use.input["path"].strip()})
+
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[
+            ScriptedToolCall("delete", {"path": "/etc/passwd"}),
+            ScriptedToolCall("delete", {"path": " notes.txt "}),
+        ]),
+        "done",
+    ])
+    engine = QueryEngine(model, tools=[delete], permission=ask)  # type: ignore[arg-type]
+    events = await collect(engine.run("clean up"))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    results = engine.messages[2].tool_results
+    assert [(r.is_error, r.text) for r in results] == [
+        (True, "Permission denied: not outside the project"),
+        (False, "deleted notes.txt"),
+    ]
+
+
+def test_a_permission_that_cannot_be_called_is_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"permission takes a callable \(use, ctx\) -> Allow \| Deny, not True"):
+        QueryEngine(ScriptedModel(["hi"]), permission=True)  # type: ignore[arg-type]
