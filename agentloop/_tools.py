@@ -174,11 +174,10 @@ class Tool:
 
 
 @overload
-def tool(fn: Callable[..., Awaitable[Any]], /) -> Tool: ...
+def tool(fn: Callable[..., Awaitable[Any]]) -> Tool: ...
 @overload
 def tool(
     fn: None = None,
-    /,
     *,
     name: str | None = None,
     description: str | None = None,
@@ -191,7 +190,6 @@ def tool(
 
 def tool(
     fn: Callable[..., Awaitable[Any]] | None = None,
-    /,
     *,
     name: str | None = None,
     description: str | None = None,
@@ -246,6 +244,8 @@ def tool(
             poller=poller,
         )
 
+    if isinstance(fn, str):  # @tool("search"): the name goes by keyword
+        raise TypeError(f"@tool takes the function, not a string: to name the tool, write @tool(name={fn!r})")
     return build if fn is None else build(fn)
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentloop import Message, ModelRequest, QueryEngine, ScriptedModel, TurnEnded, tool
+from agentloop import Message, ModelRequest, QueryEngine, ScriptedModel, Tool, TurnEnded, tool
 from agentloop._abort import AbortSignal
 from agentloop.testing import collect
 
@@ -127,3 +127,10 @@ async def test_a_plain_function_is_a_permission_callback_too() -> None:
 def test_a_permission_that_cannot_be_called_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"permission takes a callable \(use, ctx\) -> Allow \| Deny, not True"):
         QueryEngine(ScriptedModel(["hi"]), permission=True)  # type: ignore[arg-type]
+
+
+def test_tool_takes_its_function_by_keyword_as_api_md_writes_it_and_a_name_only_by_keyword() -> None:
+    made = tool(fn=_add)  # API.md: tool(fn=None, *, name=None, ...)
+    assert isinstance(made, Tool) and made.name == "_add"
+    with pytest.raises(TypeError, match=r"@tool takes the function, not a string: to name the tool, write @tool\(name='add'\)"):
+        tool("add")  # type: ignore[call-overload]
