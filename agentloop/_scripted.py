@@ -101,7 +101,17 @@ class ScriptedModel:
     """
 
     def __init__(self, responses: Sequence[Script], *, cycle: bool = False, record: bool = True) -> None:
+        """Raises TypeError for what is not a list of scripts (a bare string would play
+        one character per request)."""
+        if isinstance(responses, str | ScriptedResponse) or callable(responses):
+            raise TypeError(f"ScriptedModel takes a list of responses: ScriptedModel([{responses!r}])")
         self._responses = list(responses)
+        for i, script in enumerate(self._responses):
+            if not (isinstance(script, str | ScriptedResponse) or callable(script)):
+                raise TypeError(
+                    f"ScriptedModel response {i} is a {type(script).__name__}: a response is a str, "
+                    "a ScriptedResponse, or a callable of the ModelRequest returning one of those"
+                )
         self._cycle = cycle
         self._next = 0
         self._ids = itertools.count(1)
@@ -125,8 +135,10 @@ class ScriptedModel:
         script = self._responses[self._next]
         self._next += 1
         if callable(script):
-            script = script(request)
-            response = ScriptedResponse(text=script) if isinstance(script, str) else script
+            made = script(request)
+            if not isinstance(made, str | ScriptedResponse):
+                raise ModelError(f"the scripted callable {script!r} returned {type(made).__name__}, not a str or a ScriptedResponse")
+            response = ScriptedResponse(text=made) if isinstance(made, str) else made
             return response, response.stream_events(self._new_id)
         response = ScriptedResponse(text=script) if isinstance(script, str) else script
         found = self._templates.get(id(script))  # the script object lives in self._responses

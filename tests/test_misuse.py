@@ -7,7 +7,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentloop import Message, ModelRequest, QueryEngine, ScriptedModel, Tool, TurnEnded, tool
+from agentloop import (
+    Message,
+    ModelRequest,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    Tool,
+    TurnEnded,
+    tool,
+)
 from agentloop._abort import AbortSignal
 from agentloop.testing import collect
 
@@ -134,3 +143,18 @@ def test_tool_takes_its_function_by_keyword_as_api_md_writes_it_and_a_name_only_
     assert isinstance(made, Tool) and made.name == "_add"
     with pytest.raises(TypeError, match=r"@tool takes the function, not a string: to name the tool, write @tool\(name='add'\)"):
         tool("add")  # type: ignore[call-overload]
+
+
+async def test_scripted_model_takes_a_list_of_scripts() -> None:
+    """ScriptedModel("Hello!") used to play "H", then "e", ... one character per request."""
+    with pytest.raises(TypeError, match=r"ScriptedModel takes a list of responses: ScriptedModel\(\['Hello!'\]\)"):
+        ScriptedModel("Hello!")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ScriptedModel takes a list of responses"):
+        ScriptedModel(ScriptedResponse(text="Hello!"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ScriptedModel response 1 is a dict: a response is a str, a ScriptedResponse"):
+        ScriptedModel(["Hi", {"text": "Hello!"}])  # type: ignore[list-item]
+    engine = QueryEngine(ScriptedModel([lambda request: {"text": "Hello!"}]))  # type: ignore[list-item]
+    events = await collect(engine.run("hi"))
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "returned dict, not a str or a ScriptedResponse" in end.error
