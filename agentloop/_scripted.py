@@ -63,6 +63,19 @@ class ScriptedResponse:
     error_after: int | None = None
     events: Sequence[StreamEvent] | None = None
 
+    def __post_init__(self) -> None:
+        """Raises TypeError for a script that could only fail when played, blamed on the model."""
+        for name in ("text", "thinking"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"ScriptedResponse {name} must be a str, not {type(getattr(self, name)).__name__}")
+        if isinstance(self.tool_calls, ScriptedToolCall):
+            raise TypeError("ScriptedResponse tool_calls takes a list: tool_calls=[ScriptedToolCall(...)]")
+        for call in self.tool_calls:
+            if not isinstance(call, ScriptedToolCall):
+                raise TypeError(f"ScriptedResponse tool_calls holds ScriptedToolCall(name, input), not {call!r}")
+            if not isinstance(call.input, dict):
+                raise TypeError(f"ScriptedToolCall input must be a dict (the tool's arguments), not {call.input!r}")
+
     def stream_events(self, ids: Callable[[], str]) -> list[StreamEvent]:
         """The events this response streams (tool ids drawn from ``ids`` when unset)."""
         if self.events is not None:

@@ -13,6 +13,7 @@ from agentloop import (
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
+    ScriptedToolCall,
     Tool,
     TurnEnded,
     tool,
@@ -158,3 +159,18 @@ async def test_scripted_model_takes_a_list_of_scripts() -> None:
     end = events[-1]
     assert isinstance(end, TurnEnded) and end.reason == "model_error"
     assert end.error is not None and "returned dict, not a str or a ScriptedResponse" in end.error
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ScriptedResponse(tool_calls=ScriptedToolCall("add", {"a": 1})), r"tool_calls takes a list: tool_calls=\[ScriptedToolCall"),
+        (lambda: ScriptedResponse(tool_calls=[("add", {"a": 1})]), r"tool_calls holds ScriptedToolCall\(name, input\), not \('add'"),
+        (lambda: ScriptedResponse(tool_calls=[ScriptedToolCall("add", '{"a": 1}')]), "input must be a dict"),
+        (lambda: ScriptedResponse(text=5), "text must be a str, not int"),
+    ],
+)
+def test_a_scripted_response_that_could_only_fail_when_played_is_refused_when_written(make: object, message: str) -> None:
+    """Each used to end the run with model_error ("the model raised TypeError: ...")."""
+    with pytest.raises(TypeError, match=message):
+        make()  # type: ignore[operator]
