@@ -60,7 +60,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     in nested generators: every generator level costs each event one more resumption.
     """
     previous = engine._state
-    if previous is not None and previous.finishing and engine._closing is not None:
+    if previous is not None and previous.loop is not asyncio.get_running_loop():
+        _left_in_another_loop(engine, previous)
+    elif previous is not None and previous.finishing and engine._closing is not None:
         await asyncio.shield(engine._closing)  # the previous run is still cleaning up
     st, starts = _begin(engine, prompt, token)
     queued = len(starts) - isinstance(prompt, str | Message) if starts is not None else 0
@@ -185,12 +187,36 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
         # Dropped (garbage-collected) in another thread: settle on the loop's own thread.
         st.loop.call_soon_threadsafe(consumer_gone, engine, token)
         return
+    _settle_now(engine, st)
+
+
+def _settle_now(engine: QueryEngine, st: RunState) -> None:
     st.finishing = True
     st.controller.abort("consumer_closed")
     settle_partial(engine, st)
     record_finished(engine, st)
     settle_results(engine, st)
     strip_final(engine)
+
+
+def _left_in_another_loop(engine: QueryEngine, st: RunState) -> None:
+    """A new run finds the last one bound to another event loop.
+
+    If that loop was closed before the run could end (closed without shutting down its
+    async generators, as a hand-made loop or a thread's often is), the run never will:
+    settle what it left and forget it, so the engine serves the new loop. A loop still
+    open may yet end its run: RuntimeError.
+    """
+    if not st.loop.is_closed():
+        raise RuntimeError(
+            "a run of this engine is in progress in another event loop: end it there (iterate it "
+            "to its end, or await its aclose()) before starting one in this loop"
+        )
+    if not (st.closed or st.turn_over):
+        _settle_now(engine, st)
+    st.close()
+    engine._state = None
+    engine._closing = None
 
 
 def close_elsewhere(engine: QueryEngine, token: object) -> None:

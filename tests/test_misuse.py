@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +180,64 @@ def test_a_scripted_response_that_could_only_fail_when_played_is_refused_when_wr
     """Each used to end the run with model_error ("the model raised TypeError: ...")."""
     with pytest.raises(TypeError, match=message):
         make()  # type: ignore[operator]
+
+
+_CLOSED_LOOP_SCRIPT = """
+import asyncio
+from agentloop import QueryEngine, ScriptedModel, ScriptedResponse, validate_transcript
+
+engine = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01), "second answer"]))
+run = engine.run("first")
+loop = asyncio.new_event_loop()
+for _ in range(3):  # TurnStarted, then two deltas: the run is mid-stream
+    loop.run_until_complete(run.__anext__())
+loop.close()  # closed without shutting down its async generators: the run can never end there
+
+
+async def again() -> None:
+    async for _ in engine.run("second"):
+        pass
+    print(engine.last_turn_ended.reason, [m.role for m in engine.messages], validate_transcript(engine.messages))
+
+asyncio.run(again())
+print("partial kept:", engine.messages[1].partial, engine.messages[1].text)
+"""
+
+
+def test_an_engine_whose_run_was_left_in_a_closed_event_loop_runs_in_the_next_one(tmp_path: Path) -> None:
+    """It used to fail for good: "Task ... got Future ... attached to a different loop" on every later run."""
+    script = tmp_path / "closed_loop.py"
+    script.write_text(_CLOSED_LOOP_SCRIPT, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=50,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "completed ['user', 'assistant', 'user', 'assistant'] []", proc.stdout
+    assert lines[1] == "partial kept: True word word"
+
+
+async def test_a_run_going_on_in_another_loop_is_named_in_the_error() -> None:
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01)]))
+    started, stop = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        async def drive() -> None:
+            async for _ in engine.run("first"):
+                started.set()
+                await asyncio.to_thread(stop.wait)
+                break
+
+        asyncio.run(drive())
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        assert await asyncio.to_thread(started.wait, 10)
+        with pytest.raises(RuntimeError, match="a run of this engine is in progress in another event loop"):
+            await collect(engine.run("second"))
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 10)
+    assert not engine.running
