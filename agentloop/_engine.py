@@ -579,9 +579,9 @@ class _Run(AsyncGenerator[Event, None]):
         await self._agen.aclose()
 
     def __del__(self) -> None:
-        from ._loop import consumer_gone
+        try:  # the import too: at interpreter exit, an import fails ("sys.meta_path is None")
+            from ._loop import consumer_gone
 
-        try:
             consumer_gone(self._engine, self._token)
         except Exception:  # never raise from a finalizer
             pass

@@ -241,3 +241,26 @@ async def test_a_run_going_on_in_another_loop_is_named_in_the_error() -> None:
         stop.set()
         await asyncio.to_thread(thread.join, 10)
     assert not engine.running
+
+
+def test_a_run_object_alive_at_interpreter_exit_prints_nothing(tmp_path: Path) -> None:
+    """A script holding a half-iterated ``run()`` in a global used to end with "Exception ignored in:
+    <function _Run.__del__> ... ImportError: sys.meta_path is None" on stderr."""
+    script = tmp_path / "global_run.py"
+    script.write_text(
+        "import asyncio\n"
+        "from agentloop import QueryEngine, ScriptedModel, ScriptedResponse\n"
+        "engine = QueryEngine(ScriptedModel([ScriptedResponse(text='word ' * 40, chunk=5, delay=0.01)]))\n"
+        "run = engine.run('first')\n"
+        "async def main() -> None:\n"
+        "    await run.__anext__()\n"
+        "    await run.__anext__()\n"
+        "asyncio.run(main())\n"
+        "print('done', engine.running)\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=50,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "done False\n", "")
