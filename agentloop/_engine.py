@@ -145,6 +145,19 @@ def _message_list(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def _policy_list(policies: Sequence[Policy]) -> list[Policy]:
+    """``policies`` as a new list. Raises TypeError for anything but `Policy` instances."""
+    if isinstance(policies, Policy):
+        raise TypeError(f"policies takes a list of policies: policies=[{type(policies).__name__}(...)]")
+    out = list(policies)
+    for p in out:
+        if isinstance(p, type):
+            raise TypeError(f"policies takes Policy objects, not the class {p.__name__}: write {p.__name__}()")
+        if not isinstance(p, Policy):
+            raise TypeError(f"policies takes Policy objects (subclasses of agentloop.Policy), not {p!r}")
+    return out
+
+
 def _recovery_default(value: bool | None) -> bool:
     if value is not None:
         return value
@@ -240,7 +253,7 @@ class QueryEngine:
             from .policies import default_policies
 
             policies = default_policies()
-        self.policies: list[Policy] = list(policies)
+        self.policies: list[Policy] = _policy_list(policies)
         for policy in self.policies:
             policy.bind(self.tools)
         self.parent = parent

@@ -264,3 +264,16 @@ def test_a_run_object_alive_at_interpreter_exit_prints_nothing(tmp_path: Path) -
         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "done False\n", "")
+
+
+def test_policies_takes_a_list_of_policy_instances() -> None:
+    from agentloop import IdenticalToolCallRun
+
+    model = ScriptedModel(["hi"])
+    with pytest.raises(TypeError, match=r"policies takes a list of policies: policies=\[IdenticalToolCallRun\(...\)\]"):
+        QueryEngine(model, policies=IdenticalToolCallRun())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"not the class IdenticalToolCallRun: write IdenticalToolCallRun\(\)"):
+        QueryEngine(model, policies=[IdenticalToolCallRun])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"policies takes Policy objects \(subclasses of agentloop.Policy\), not 'doom'"):
+        QueryEngine(model, policies=["doom"])  # type: ignore[list-item]
+    assert len(QueryEngine(model, policies=(IdenticalToolCallRun(),)).policies) == 1
