@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import numbers
 import operator
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -145,6 +146,35 @@ def _message_list(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+# The numeric settings: (name, whole numbers only, may be None). Each is >= 0 (a count or a
+# number of seconds): a wrong type would otherwise fail deep inside a run, as a TypeError from run().
+_NUMBERS = (
+    ("max_turns", True, True),
+    ("max_parallel_tools", True, False),
+    ("tool_cancel_grace", False, False),
+    ("doom_budget", True, False),
+    ("retry_budget", True, False),
+    ("retry_base_delay", False, False),
+    ("retry_max_delay", False, False),
+    ("usage_limit", True, True),
+    ("deadline", False, True),
+    ("max_tokens", True, True),
+)
+
+
+def _check_options(options: EngineOptions) -> None:
+    """Raise TypeError or ValueError for a numeric setting that is not a number >= 0."""
+    for name, whole, optional in _NUMBERS:
+        value: Any = getattr(options, name)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+            what = "a whole number" if whole else "a number of seconds"
+            raise TypeError(f"{name} takes {what}{' or None' if optional else ''}, not {value!r}")
+        if not float(value) >= 0:  # NaN too
+            raise ValueError(f"{name} must be >= 0, not {value!r}")
+
+
 def _policy_list(policies: Sequence[Policy]) -> list[Policy]:
     """``policies`` as a new list. Raises TypeError for anything but `Policy` instances."""
     if isinstance(policies, Policy):
@@ -248,6 +278,7 @@ class QueryEngine:
             texts=texts or Texts(),
             max_tool_result_chars=max_tool_result_chars,
         )
+        _check_options(self.options)
         self.messages: list[Message] = _message_list(messages)
         if policies is None:
             from .policies import default_policies

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -277,3 +278,33 @@ def test_policies_takes_a_list_of_policy_instances() -> None:
     with pytest.raises(TypeError, match=r"policies takes Policy objects \(subclasses of agentloop.Policy\), not 'doom'"):
         QueryEngine(model, policies=["doom"])  # type: ignore[list-item]
     assert len(QueryEngine(model, policies=(IdenticalToolCallRun(),)).policies) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error", "message"),
+    [
+        ("max_turns", "3", TypeError, "max_turns takes a whole number or None, not '3'"),
+        ("max_turns", 2.5, TypeError, "max_turns takes a whole number or None"),
+        ("max_turns", -1, ValueError, "max_turns must be >= 0, not -1"),
+        ("max_parallel_tools", None, TypeError, "max_parallel_tools takes a whole number, not None"),
+        ("tool_cancel_grace", "2", TypeError, "tool_cancel_grace takes a number of seconds, not '2'"),
+        ("tool_cancel_grace", -1, ValueError, "tool_cancel_grace must be >= 0"),
+        ("deadline", float("nan"), ValueError, "deadline must be >= 0, not nan"),
+        ("retry_budget", True, TypeError, "retry_budget takes a whole number, not True"),
+        ("usage_limit", "9000", TypeError, "usage_limit takes a whole number or None"),
+        ("max_tokens", 1e3, TypeError, "max_tokens takes a whole number or None"),
+    ],
+)
+def test_a_numeric_setting_of_the_wrong_type_is_refused_at_construction(
+    setting: str, value: object, error: type[Exception], message: str
+) -> None:
+    """max_turns="3" (from a config file or an environment variable) used to be accepted, and the run
+    then raised "TypeError: '>=' not supported between instances of 'int' and 'str'" out of run()."""
+    with pytest.raises(error, match=re.escape(message)):
+        QueryEngine(ScriptedModel(["hi"]), **{setting: value})  # type: ignore[arg-type]
+
+
+async def test_numeric_settings_in_range_still_work() -> None:
+    engine = QueryEngine(ScriptedModel(["hi"]), max_turns=0, tool_cancel_grace=0, deadline=30.0, retry_budget=0)
+    events = await collect(engine.run("hi"))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "max_turns"
