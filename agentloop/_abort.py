@@ -120,10 +120,11 @@ class AbortSignal:
         source (an application-wide signal combined with a per-call timeout) does
         not keep one listener per derived signal.
         """
+        sources = [_signal(sig, "AbortSignal.any()") for sig in signals]  # all checked before any is linked
         controller = AbortController()
         derived = controller.signal
         removers: list[Callable[[], None]] = []
-        for sig in signals:
+        for sig in sources:
             removers.append(sig.add_listener(controller.abort))
             if derived.aborted:
                 break
@@ -190,7 +191,7 @@ class AbortController:
         self.signal = AbortSignal()
         self._unlink: Callable[[], None] | None = None
         if parent is not None:
-            self._unlink = parent.add_listener(self.abort)
+            self._unlink = _signal(parent, "AbortController(parent=...)").add_listener(self.abort)
 
     def __repr__(self) -> str:
         return f"<AbortController signal={self.signal!r}>"
@@ -205,6 +206,15 @@ class AbortController:
         if self._unlink is not None:
             self._unlink()
             self._unlink = None
+
+
+def _signal(value: object, where: str) -> AbortSignal:
+    """``value`` if it is a signal; TypeError otherwise (a controller is the usual slip)."""
+    if isinstance(value, AbortSignal):
+        return value
+    if isinstance(value, AbortController):
+        raise TypeError(f"{where} takes an AbortSignal, not an AbortController: pass its .signal")
+    raise TypeError(f"{where} takes an AbortSignal, not {type(value).__name__}")
 
 
 class _LoopWaiters:

@@ -308,3 +308,19 @@ async def test_numeric_settings_in_range_still_work() -> None:
     engine = QueryEngine(ScriptedModel(["hi"]), max_turns=0, tool_cancel_grace=0, deadline=30.0, retry_budget=0)
     events = await collect(engine.run("hi"))
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "max_turns"
+
+
+def test_a_controller_where_a_signal_belongs_says_to_pass_its_signal() -> None:
+    """AbortController(parent=controller) and AbortSignal.any([controller]) used to raise
+    AttributeError: 'AbortController' object has no attribute 'add_listener'."""
+    from agentloop import AbortController, AbortSignal
+
+    app, call = AbortController(), AbortController()
+    with pytest.raises(TypeError, match=r"AbortController\(parent=...\) takes an AbortSignal, not an AbortController: pass its .signal"):
+        AbortController(parent=app)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"AbortSignal.any\(\) takes an AbortSignal, not an AbortController"):
+        AbortSignal.any([app.signal, call])  # type: ignore[list-item]
+    assert app.signal._listeners == {}  # the refused any() left no listener on the signal before the slip
+    child = AbortController(parent=call.signal)
+    call.abort("done")
+    assert child.signal.reason == "done"
