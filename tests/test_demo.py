@@ -287,3 +287,25 @@ def test_a_scenario_with_a_wrongly_typed_value_is_refused_before_it_plays(scenar
     """Each of these used to be accepted and fail mid-run (``the run failed: TypeError``) or crash."""
     with pytest.raises(ScenarioError, match=re.escape(message)):
         parse_scenario(scenario)
+
+
+def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
+    """The terminal window closed (SIGHUP) while the tests ran: the demo used to die at once and
+    leave the test runner's process group running on its own."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect("thinking: ")
+        child.sendintr()
+        child.expect("idle —")
+        child.sendline("run the tests")
+        child.expect(r"run_tests\(\)")
+        assert _wait_for(_runner_processes)
+        child.kill(signal.SIGHUP)
+        child.expect(r"interrupted: quit\)")
+        child.expect(pexpect.EOF)
+        assert not _runner_processes()  # stopped by the demo, not left to finish on its own
+    finally:
+        child.close(force=True)

@@ -183,10 +183,11 @@ def _install_signals(loop: asyncio.AbstractEventLoop, host: Host, screen: Screen
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, host.sigint)
         loop.add_signal_handler(signal.SIGTERM, host.quit)
+        loop.add_signal_handler(signal.SIGHUP, host.quit)  # the terminal closed: end as on SIGTERM
         loop.add_signal_handler(signal.SIGWINCH, screen.resized)
 
 
 def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGWINCH):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(sig)
