@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "demo":
         _parser().print_help()
         return 2
+    if args.provider is None and (args.model or args.base_url):  # else the offline demo runs, ignoring them
+        print("agentloop demo: --model and --base-url need --provider (without it the demo is offline)", file=sys.stderr)
+        return 2
     if not args.speed > 0:  # NaN too: every pause of the scripted model would never end
         print("agentloop demo: --speed must be positive", file=sys.stderr)
         return 2

@@ -309,3 +309,14 @@ def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
         assert not _runner_processes()  # stopped by the demo, not left to finish on its own
     finally:
         child.close(force=True)
+
+
+def test_model_or_base_url_without_provider_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """``demo --model gpt-4o`` used to run the offline scripted demo, ignoring the model asked for."""
+    from agentloop.__main__ import main
+
+    for args in (["--model", "gpt-4o"], ["--base-url", "http://127.0.0.1:8000/v1"]):
+        assert main(["demo", *args]) == 2, args
+        assert capsys.readouterr().err == (
+            "agentloop demo: --model and --base-url need --provider (without it the demo is offline)\n"
+        )
