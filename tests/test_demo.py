@@ -279,7 +279,7 @@ def test_closed_standard_input_is_a_usage_error() -> None:
         ([{"do": "quit"}, {"do": "interrupt", "delay": "1"}], 'step 2: "delay" must be a number of seconds >= 0'),
         ([{"do": "interject", "on": "text_delta", "text": 5}], 'step 1: "text" must be a string'),
         ([{"do": "interrupt", "reason": None}], 'step 1: "reason" must be a non-empty string'),
-        ([{"do": "interrupt", "on": 3}], 'step 1: "on" must be an event type'),
+        ([{"do": "interrupt", "on": 3}], 'step 1: "on" must be "idle" or an event type'),
         ([{"do": "interrupt", "on": "turn_ended", "turn": "1"}], 'step 1: "turn" must be a turn number'),
     ],
 )
@@ -320,3 +320,16 @@ def test_model_or_base_url_without_provider_is_a_usage_error(capsys: pytest.Capt
         assert capsys.readouterr().err == (
             "agentloop demo: --model and --base-url need --provider (without it the demo is offline)\n"
         )
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"do": "interrupt", "on": "text-delta"}, '"on" must be "idle" or an event type (assistant_message, '),
+        ({"do": "quit", "on": "turn_ended", "terminal": "done"}, '"terminal" must be a terminal reason (aborted_streaming, '),
+    ],
+)
+def test_a_step_waiting_for_an_event_that_does_not_exist_is_refused(step: dict[str, object], message: str) -> None:
+    """A typo used to make a step that could never fire: the scenario played, then reported itself stuck."""
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        parse_scenario([step])

@@ -42,9 +42,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, get_args
 
-from .._events import Event, TurnEnded, TurnStarted
+from .._events import Event, TerminalReason, TurnEnded, TurnStarted
 from .host import Host
 
 __all__ = ["BUILTIN", "Player", "Scenario", "ScenarioError", "Step", "load"]
@@ -115,14 +115,18 @@ def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# A step waiting for anything else would never fire: the scenario would report itself stuck.
+_ON = frozenset({"idle", *(cls.type for cls in get_args(Event))})
+_TERMINALS = frozenset(get_args(TerminalReason))
+
 # What each key of a step holds (a wrong type would fail mid-run, blamed on the run).
 _KEYS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "on": (lambda v: isinstance(v, str), "an event type (a string)"),
+    "on": (lambda v: v in _ON, f"\"idle\" or an event type ({', '.join(sorted(_ON - {'idle'}))})"),
     "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number >= 1"),
     "text": (lambda v: isinstance(v, str), "a string"),
     "reason": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "tool": (lambda v: v is None or isinstance(v, str), "a tool name (a string)"),
-    "terminal": (lambda v: v is None or isinstance(v, str), "a terminal reason (a string)"),
+    "terminal": (lambda v: v is None or v in _TERMINALS, f"a terminal reason ({', '.join(sorted(_TERMINALS))})"),
     "turn": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a turn number"),
     "delay": (lambda v: _number(v) and v >= 0, "a number of seconds >= 0"),
 }
