@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -333,3 +334,37 @@ def test_a_step_waiting_for_an_event_that_does_not_exist_is_refused(step: dict[s
     """A typo used to make a step that could never fire: the scenario played, then reported itself stuck."""
     with pytest.raises(ScenarioError, match=re.escape(message)):
         parse_scenario([step])
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("first_rows", [24, 3])
+def test_the_status_line_comes_back_when_a_small_terminal_grows(
+    monkeypatch: pytest.MonkeyPatch, first_rows: int
+) -> None:
+    """A terminal made (or started) too small for the status line used to lose it for good."""
+    from agentloop.demo.screen import Screen
+
+    rows = [first_rows]
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((40, rows[0]))
+    )
+    out = _Tty()
+    screen = Screen(out, tty=True, color=False)
+    screen.start()
+    screen.status("working")
+    rows[0] = 3  # too small: the region is given back
+    screen.resized()
+    screen.status("2 tools running")
+    assert "2 tools running" not in out.getvalue()  # nothing drawn while there is no room
+    rows[0] = 30
+    out.seek(0)
+    out.truncate()
+    screen.resized()
+    assert "\x1b[1;29r" in out.getvalue()  # the region is back, above the last row
+    assert "\x1b[30;1H\x1b[2K 2 tools running " in out.getvalue()  # with the latest status
+    screen.stop()
+    assert out.getvalue().endswith("\x1b7\x1b[r\x1b[30;1H\x1b[2K\x1b8\x1b[0m")

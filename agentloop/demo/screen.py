@@ -54,6 +54,7 @@ class Screen:
         self.style = Style(color)
         self.at_line_start = True
         self.closed = False  # the output went away: nothing more is written
+        self._live = False  # started on a TTY: a status line whenever the terminal has room
         self.on_closed: Callable[[], None] | None = None
         self._status = ""
         self._rows = 0
@@ -117,9 +118,9 @@ class Screen:
         """Reserve the bottom row for the status line (TTY only)."""
         if not self.tty:
             return
+        self._live = True
         rows = shutil.get_terminal_size((0, 0)).lines
-        if rows < 4:
-            self.tty = False
+        if rows < 4:  # no room for now: a resize that makes room brings the status line
             return
         self._rows = rows
         # The region's bottom is the row above the status; keep the cursor at its end.
@@ -127,17 +128,19 @@ class Screen:
         self.status(self._status or "starting")
 
     def resized(self) -> None:
-        """The terminal changed size (SIGWINCH): set the region up again."""
+        """The terminal changed size (SIGWINCH): set the region up again (or drop it while
+        the terminal is too small for one, until it is large enough again)."""
+        if not self._live:
+            return
         if self._rows:
             self._rows = 0
-            self._drawn = False
             self._emit("\x1b7\x1b[r\x1b8")
-            self.tty = True
-            rows = shutil.get_terminal_size((0, 0)).lines
-            if rows >= 4 and not self.closed:
-                self._rows = rows
-                self._emit(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
-            self.status(self._status)
+        self._drawn = False
+        rows = shutil.get_terminal_size((0, 0)).lines
+        if rows >= 4 and not self.closed:
+            self._rows = rows
+            self._emit(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
+        self.status(self._status)
 
     def status(self, text: str) -> None:
         """Show ``text`` on the status line (remembered, drawn on a TTY only, and only when it changes)."""
@@ -153,6 +156,7 @@ class Screen:
 
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""
+        self._live = False
         if not self._rows:
             return
         rows, self._rows = self._rows, 0
