@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -368,3 +369,29 @@ def test_the_status_line_comes_back_when_a_small_terminal_grows(
     assert "\x1b[30;1H\x1b[2K 2 tools running " in out.getvalue()  # with the latest status
     screen.stop()
     assert out.getvalue().endswith("\x1b7\x1b[r\x1b[30;1H\x1b[2K\x1b8\x1b[0m")
+
+
+def test_only_output_that_went_away_ends_the_screen() -> None:
+    """EPIPE or EIO: nobody reads any more, the session ends. EAGAIN from a terminal left non-blocking
+    by another program is not that: it is raised as before, not taken for a closed output."""
+    from agentloop.demo.screen import Screen
+
+    class Failing(io.StringIO):
+        def __init__(self, exc: OSError) -> None:
+            super().__init__()
+            self.exc = exc
+
+        def write(self, text: str) -> int:
+            raise self.exc
+
+    ended: list[str] = []
+    gone = Screen(Failing(BrokenPipeError(errno.EPIPE, "Broken pipe")), tty=False, color=False)
+    gone.on_closed = lambda: ended.append("closed")
+    gone.line("a")
+    gone.line("b")  # dropped: the screen is closed
+    assert gone.closed and ended == ["closed"]
+    busy = Screen(Failing(BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")), tty=False, color=False)
+    busy.on_closed = lambda: ended.append("wrongly closed")
+    with pytest.raises(BlockingIOError):
+        busy.line("a")
+    assert not busy.closed and ended == ["closed"]

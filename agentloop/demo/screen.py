@@ -13,12 +13,16 @@ encoding cannot hold (a console in an 8-bit code page) is written as ``?``.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Callable
 from typing import TextIO
 
 __all__ = ["Screen", "Style"]
+
+# The output went away: the reader closed the pipe, the terminal hung up, the descriptor was closed.
+_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.EIO, errno.EBADF})
 
 _CODES = {
     "bold": "1",
@@ -79,7 +83,9 @@ class Screen:
                 encoding = getattr(self.out, "encoding", None) or "ascii"
                 self.out.write(text.encode(encoding, "replace").decode(encoding))
             self.out.flush()
-        except OSError:  # EPIPE (the reader closed the pipe), EIO (the terminal hung up)
+        except OSError as exc:
+            if exc.errno not in _GONE:  # a full disk, a non-blocking terminal: not "nobody reads"
+                raise
             self._close()
 
     def _close(self) -> None:
