@@ -15,6 +15,7 @@ import logging
 import numbers
 import operator
 import os
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
@@ -66,8 +67,10 @@ class EngineOptions:
 
 
 # The running engine writing to each session store (by `_store_key`): a store holds one
-# transcript, and two engines appending to it at once would interleave their records.
-_store_writers: dict[object, QueryEngine] = {}
+# transcript, and two engines appending to it at once would interleave their records. Weak:
+# an engine whose run could never end (its event loop closed under it) frees the store when
+# the engine goes.
+_store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakValueDictionary()
 
 
 def _store_key(store: SessionStore) -> object:
@@ -247,10 +250,11 @@ class QueryEngine:
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {follow_up_behavior!r}")
         if interrupt_notice not in ("append", "envelope", None):
             raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {interrupt_notice!r}")
-        if max_tool_result_chars is not None and (
-            type(max_tool_result_chars) is not int or max_tool_result_chars < 1
-        ):
-            raise ValueError(f"max_tool_result_chars must be a positive int or None, not {max_tool_result_chars!r}")
+        if max_tool_result_chars is not None:
+            if isinstance(max_tool_result_chars, bool) or not isinstance(max_tool_result_chars, int):
+                raise TypeError(f"max_tool_result_chars takes a whole number or None, not {max_tool_result_chars!r}")
+            if max_tool_result_chars < 1:
+                raise ValueError(f"max_tool_result_chars must be at least 1, not {max_tool_result_chars!r}")
         _check_model(model)
         if permission is not None and not callable(permission):
             raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {permission!r}")
@@ -516,6 +520,7 @@ class QueryEngine:
             other is not None
             and other is not self
             and other._state is not None
+            and not other._state.loop.is_closed()  # a run whose loop closed under it writes no more
             and other.session is not None
             and _store_key(other.session) == key
         ):

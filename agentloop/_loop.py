@@ -217,6 +217,7 @@ def _left_in_another_loop(engine: QueryEngine, st: RunState) -> None:
     st.close()
     engine._state = None
     engine._closing = None
+    engine._claim_store(False)
 
 
 def close_elsewhere(engine: QueryEngine, token: object) -> None:

@@ -219,6 +219,46 @@ def test_an_engine_whose_run_was_left_in_a_closed_event_loop_runs_in_the_next_on
     assert lines[1] == "partial kept: True word word"
 
 
+_CLOSED_LOOP_STORE_SCRIPT = """
+import asyncio, gc, sys
+from agentloop import QueryEngine, ScriptedModel, ScriptedResponse
+from agentloop.sessions import JsonlSession
+
+path = sys.argv[1]
+first = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01)]), session=JsonlSession(path))
+run = first.run("first")
+loop = asyncio.new_event_loop()
+for _ in range(3):  # mid-stream
+    loop.run_until_complete(run.__anext__())
+loop.close()  # the first run can never end, nor write again
+
+
+async def other(store: JsonlSession) -> str:
+    engine = QueryEngine(ScriptedModel(["answer"]), session=store)
+    async for _ in engine.run("second"):
+        pass
+    return engine.last_turn_ended.reason
+
+print(asyncio.run(other(JsonlSession(path))))  # the first engine is still referenced
+del run, first
+gc.collect()
+print(asyncio.run(other(JsonlSession(path))))
+"""
+
+
+def test_a_store_whose_writer_was_left_in_a_closed_loop_is_free_for_another_engine(tmp_path: Path) -> None:
+    """A run left in a closed event loop will never write again: its session file must not stay
+    refused to every other engine (as "in use by another running engine")."""
+    script = tmp_path / "closed_loop_store.py"
+    script.write_text(_CLOSED_LOOP_STORE_SCRIPT, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s.jsonl")], cwd=tmp_path, capture_output=True, text=True,
+        timeout=50, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["completed", "completed"], proc.stdout
+
+
 async def test_a_run_going_on_in_another_loop_is_named_in_the_error() -> None:
     engine = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01)]))
     started, stop = threading.Event(), threading.Event()
