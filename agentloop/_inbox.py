@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-from collections import deque
 from dataclasses import dataclass
 
 from ._unicode import scrub
@@ -72,8 +71,10 @@ class Inbox:
 
     No lock: a signal handler runs on the thread it interrupts, which may be the loop's own,
     in the middle of a `take`; with a lock held there, a control call from the handler would
-    wait for it forever. ``deque.append`` and ``deque.popleft`` are atomic, and so is drawing
-    the next id, so a text queued at any instant is either taken or left for the next take.
+    wait for it forever. ``list.append``, a slice copy and a slice deletion are each atomic, and
+    so is drawing the next id; the engine's run is the one taker, so a text queued at any instant
+    is either taken or left for the next take. (Lists, not deques: an empty deque holds a
+    half-kilobyte block, and every engine has three queues.)
     """
 
     def __init__(self) -> None:
@@ -82,11 +83,11 @@ class Inbox:
         # process, a server's next request) must not hand out the ids the file already holds.
         # Made at the first receipt: most engines never give one.
         self._tag: str | None = None
-        self.interjections: deque[Queued] = deque()
-        self.follow_ups: deque[Queued] = deque()
-        self.send_now: deque[Queued] = deque()
+        self.interjections: list[Queued] = []
+        self.follow_ups: list[Queued] = []
+        self.send_now: list[Queued] = []
 
-    def put(self, queue: deque[Queued], text: str, prefix: str) -> str:
+    def put(self, queue: list[Queued], text: str, prefix: str) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
         if not text.strip():
@@ -103,14 +104,12 @@ class Inbox:
         queue.append(Queued(receipt, text))
         return receipt
 
-    def take(self, queue: deque[Queued]) -> list[Queued]:
+    def take(self, queue: list[Queued]) -> list[Queued]:
         """Remove and return everything in ``queue`` (oldest first); a text queued meanwhile
         is either among them or left for the next take."""
-        items: list[Queued] = []
-        pop = queue.popleft
-        for _ in range(len(queue)):  # what is there now: a busy producer cannot keep this going
-            try:
-                items.append(pop())
-            except IndexError:  # taken meanwhile by another take
-                break
+        if not queue:
+            return []
+        n = len(queue)
+        items = queue[:n]
+        del queue[:n]  # a text appended since the copy sits after them, and stays
         return items
