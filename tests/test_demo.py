@@ -25,18 +25,34 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER_MARK = 'exec(files["utils.py"]'  # in the command line of the demo's test-runner subprocess
 
 
+# Marks the processes this test run starts (a demo's test runner inherits its environment),
+# so that a demo run by another test session on the machine is never taken for one of ours.
+_TOKEN = f"AGENTLOOP_DEMO_TEST={os.getpid()}-{time.monotonic_ns()}"
+
+
 def _env() -> dict[str, str]:
-    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
+    name, value = _TOKEN.split("=")
+    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8", **{name: value})
     env.pop("PYTHONASYNCIODEBUG", None)  # the demo is timed for a person, not for debug mode
     return env
 
 
+def _spawn_demo() -> pexpect.spawn:
+    """The interactive demo in a pseudo-terminal of 24 x 110."""
+    return pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+
+
 def _runner_processes() -> list[int]:
-    """Live processes running the demo's test runner (started by any demo)."""
+    """Live processes running the demo's test runner, started by a demo of this test run."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if RUNNER_MARK.encode() in cmdline.read_bytes():
+            if RUNNER_MARK.encode() in cmdline.read_bytes() and (
+                _TOKEN.encode() in (cmdline.parent / "environ").read_bytes().split(b"\0")
+            ):
                 pids.append(int(cmdline.parent.name))
         except OSError:
             continue
@@ -126,10 +142,7 @@ def test_input_lines_are_classified() -> None:
 
 def test_a_person_at_the_terminal() -> None:
     """Ctrl-C mid-stream, a steer while a tool runs, a send-now, Ctrl-D: as typed on a keyboard."""
-    child = pexpect.spawn(
-        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
-        encoding="utf-8", timeout=30, dimensions=(24, 110),
-    )
+    child = _spawn_demo()
     try:
         child.expect("turn 1 .* you: Fix the failing test")
         child.expect("assistant: Let me")  # text is streaming
@@ -166,10 +179,7 @@ def test_a_person_at_the_terminal() -> None:
 
 
 def test_ctrl_d_while_running_stops_the_tool_process() -> None:
-    child = pexpect.spawn(
-        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
-        encoding="utf-8", timeout=30, dimensions=(24, 110),
-    )
+    child = _spawn_demo()
     try:
         child.expect("thinking: ")
         child.sendintr()
@@ -294,10 +304,7 @@ def test_a_scenario_with_a_wrongly_typed_value_is_refused_before_it_plays(scenar
 def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
     """The terminal window closed (SIGHUP) while the tests ran: the demo used to die at once and
     leave the test runner's process group running on its own."""
-    child = pexpect.spawn(
-        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
-        encoding="utf-8", timeout=30, dimensions=(24, 110),
-    )
+    child = _spawn_demo()
     try:
         child.expect("thinking: ")
         child.sendintr()
