@@ -20,7 +20,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, unquote_plus
@@ -104,11 +104,27 @@ class Redactor:
     """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
     out of text and errors; its repr shows none of them."""
 
-    __slots__ = ("_values",)
+    __slots__ = ("_make", "_sorted")
 
-    def __init__(self, values: Iterable[str]) -> None:
+    def __init__(self, values: Iterable[str] | Callable[[], Iterable[str]]) -> None:
+        # A callable is called at the first scrub: a request's redactor is needed only when
+        # something goes wrong, so a request that succeeds never collects its secrets.
+        self._make = values
+        self._sorted: tuple[str, ...] | None = None if callable(values) else self._order(values)
+
+    @staticmethod
+    def _order(values: Iterable[str]) -> tuple[str, ...]:
         # Longest first: a secret that holds another (``Bearer <key>`` and ``<key>``) goes whole.
-        self._values = tuple(sorted({v for v in values if v}, key=len, reverse=True))
+        return tuple(sorted({v for v in values if v}, key=len, reverse=True))
+
+    @property
+    def _values(self) -> tuple[str, ...]:
+        values = self._sorted
+        if values is None:
+            make = self._make
+            assert callable(make)
+            values = self._sorted = self._order(make())
+        return values
 
     def scrub(self, text: str) -> str:
         """``text`` with every occurrence of a secret replaced by ``[REDACTED]``."""
@@ -444,19 +460,23 @@ class Connection:
             )
         return shown
 
-    def redactor(self, headers: Mapping[str, str]) -> Redactor | None:
+    def redactor(self, headers: Mapping[str, str]) -> Redactor:
         """What scrubs the secrets of a request with ``headers`` out of its errors: the API
         key, the values of credential headers (`is_credential`: the request's, and those
-        the host set on its own ``http_client``) and the credentials in ``base_url``; None
-        when there are none."""
-        values = list(self._url_secrets)
-        if self.secret is not None:
-            values.append(self.secret.reveal())
-        given = self._client.headers.items() if not self._owns and self._client is not None else ()
-        for name, value in (*given, *headers.items()):
-            if is_credential(name):
-                values += credential_parts(value)
-        return Redactor(values) if values else None
+        the host set on its own ``http_client``) and the credentials in ``base_url``. They
+        are collected at its first use (an error), not for every request."""
+
+        def collect() -> list[str]:
+            values = list(self._url_secrets)
+            if self.secret is not None:
+                values.append(self.secret.reveal())
+            given = self._client.headers.items() if not self._owns and self._client is not None else ()
+            for name, value in (*given, *headers.items()):
+                if is_credential(name):
+                    values += credential_parts(value)
+            return values
+
+        return Redactor(collect)
 
     @property
     def client(self) -> httpx.AsyncClient:

@@ -14,6 +14,7 @@ from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collec
 from hypothesis import given
 from hypothesis import strategies as st
 
+import agentloop.models._http
 from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import (
     ModelError,
@@ -25,7 +26,7 @@ from agentloop._errors import (
 from agentloop._messages import Message, ToolResultBlock, ToolUseBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, parse_retry
 from agentloop.models._driver import excerpt
-from agentloop.models._http import Connection, Secret, status_error
+from agentloop.models._http import Connection, Secret, credential_parts, status_error
 
 # -- parse_retry ----------------------------------------------------------------
 
@@ -861,7 +862,27 @@ async def test_credentials_in_extra_headers_and_base_url_never_leak(
 def test_short_or_harmless_header_values_do_not_garble_errors() -> None:
     conn = Connection("openai", "https://gw.test/v1", secret=None, http_client=None, request_id_header="x")
     redactor = conn.redactor({"x-session-affinity": "1", "content-type": "application/json"})
-    assert redactor is None  # nothing to scrub: "HTTP 401" stays as it is
+    assert redactor._values == ()  # nothing to scrub
+    assert redactor.scrub("HTTP 401: session 1 refused") == "HTTP 401: session 1 refused"
+
+
+def test_a_request_that_succeeds_never_collects_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secrets to scrub are gathered at the first error, not for every request."""
+    conn = Connection("openai", "https://u:pw1234@gw.test/v1", secret=Secret("sk-abcdef"), http_client=None,
+                      request_id_header="x")  # fmt: skip
+    calls: list[str] = []
+
+    def counting(value: str) -> list[str]:
+        calls.append(value)
+        return credential_parts(value)
+
+    monkeypatch.setattr(agentloop.models._http, "credential_parts", counting)
+    redactor = conn.redactor({"authorization": "Bearer gw-token-1"})
+    assert calls == []
+    assert redactor.scrub("echo: Bearer gw-token-1, sk-abcdef, pw1234") == "echo: [REDACTED], [REDACTED], [REDACTED]"
+    assert calls == ["Bearer gw-token-1"]
+    redactor.scrub("again")
+    assert calls == ["Bearer gw-token-1"]  # collected once
 
 
 @pytest.mark.parametrize(
