@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -50,6 +51,13 @@ def engine_for(responses: list[object], **kw: object) -> QueryEngine:
 
 def calls(*names: str) -> ScriptedResponse:
     return ScriptedResponse(text="Working.", tool_calls=[ScriptedToolCall(n, {}) for n in names])
+
+
+async def interrupt_at_first_text(engine: QueryEngine, reason: str = "cancel") -> None:
+    """Run ``engine`` on "go", interrupting it (with ``reason``) at each text delta."""
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt(reason)
 
 
 def results(engine: QueryEngine) -> list[str]:
@@ -437,6 +445,20 @@ async def test_parallel_tools_all_receive_the_one_abort() -> None:
 # -- permission --------------------------------------------------------------------
 
 
+@tool(name="t", concurrency_safe=True)
+async def _must_not_run() -> str:
+    """A call a permission check stops, or an interrupt stops before it starts."""
+    raise AssertionError("must not run")
+
+
+async def _prompting(permission: Any, asked: asyncio.Event) -> tuple[QueryEngine, asyncio.Future[list[Any]]]:
+    """A run whose one call ``t`` is at its permission prompt (``asked`` is set)."""
+    engine = engine_for([calls("t")], tools=[_must_not_run], permission=permission)
+    run = asyncio.ensure_future(collect(engine, "go"))
+    await asked.wait()
+    return engine, run
+
+
 async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
     asked = asyncio.Event()
     seen: list[str | None] = []
@@ -449,13 +471,7 @@ async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
             seen.append(ctx.signal.reason)
         return Allow()
 
-    @tool
-    async def t() -> str:
-        raise AssertionError("must not run")
-
-    engine = engine_for([calls("t")], tools=[t], permission=permission)
-    run = asyncio.ensure_future(collect(engine, "go"))
-    await asked.wait()
+    engine, run = await _prompting(permission, asked)
     engine.interrupt("changed_my_mind")
     events = await run
     assert seen == ["changed_my_mind"]
@@ -481,13 +497,7 @@ async def test_a_permission_prompt_ignoring_its_cancellation_is_abandoned_with_a
             ended.set()
         return Allow()
 
-    @tool
-    async def t() -> str:
-        raise AssertionError("must not run")
-
-    engine = engine_for([calls("t")], tools=[t], permission=permission)
-    run = asyncio.ensure_future(collect(engine, "go"))
-    await asked.wait()
+    engine, run = await _prompting(permission, asked)
     with caplog.at_level(logging.WARNING, logger="agentloop"):
         engine.interrupt()
         events = await run
@@ -508,11 +518,7 @@ async def test_abort_between_starting_the_calls_and_their_first_step_asks_no_one
         asked.append(use.id)
         return Allow()
 
-    @tool(concurrency_safe=True)
-    async def t() -> str:
-        raise AssertionError("must not run")
-
-    engine = engine_for([calls("t", "t")], tools=[t], permission=permission)
+    engine = engine_for([calls("t", "t")], tools=[_must_not_run], permission=permission)
     events = []
     async for event in engine.run("go"):
         events.append(event)
@@ -529,11 +535,7 @@ async def test_a_permission_prompt_that_cancels_itself_is_a_failed_check_not_an_
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         raise asyncio.CancelledError  # e.g. a UI dialog torn down by its own framework
 
-    @tool
-    async def t() -> str:
-        raise AssertionError("must not run")
-
-    engine = engine_for([calls("t"), "carrying on"], tools=[t], permission=permission)
+    engine = engine_for([calls("t"), "carrying on"], tools=[_must_not_run], permission=permission)
     events = await collect(engine, "go")
     [text] = results(engine)
     assert text.startswith("The permission check failed") and "cancelled" in text
@@ -671,18 +673,14 @@ async def test_send_now_text_is_never_lost_even_if_cancel_won() -> None:
 
 async def test_other_reasons_are_treated_like_cancel() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)])
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt("escape_key")
+    await interrupt_at_first_text(engine, "escape_key")
     assert engine.last_turn_ended.abort_reason == "escape_key"  # type: ignore[union-attr]
     assert engine.messages[-1].kind == "interrupt_notice"
 
 
 async def test_interrupt_notice_envelope_wraps_the_next_user_message() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok"], interrupt_notice="envelope")
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt()
+    await interrupt_at_first_text(engine)
     assert not any(m.kind == "interrupt_notice" for m in engine.messages)
     await collect(engine, "next question")
     wrapped = next(m for m in engine.messages if "next question" in m.text)
@@ -704,9 +702,7 @@ async def test_interrupt_notice_envelope_is_not_used_when_a_call_was_dangling() 
 
 async def test_interrupt_notice_none_adds_nothing() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)], interrupt_notice=None)
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt()
+    await interrupt_at_first_text(engine)
     assert engine.messages[-1].role == "assistant" and engine.messages[-1].partial
 
 
@@ -727,9 +723,7 @@ async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
     engine.on_abort(lambda r: got.append("sync:" + r))
     engine.on_abort(async_hook, main_only=True)
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt("stop")
+    await interrupt_at_first_text(engine, "stop")
     assert got == ["sync:stop", "async:stop"]
 
 
@@ -976,9 +970,7 @@ async def test_interrupt_envelope_wraps_only_the_message_right_after_the_cut() -
     engine = engine_for(
         [ScriptedResponse(text="abcdefghij", chunk=2), "one", "two"], interrupt_notice="envelope"
     )
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt()
+    await interrupt_at_first_text(engine)
     await collect(engine, Message.user("a message of the host's"))
     await collect(engine, "a later question")
     assert engine.messages[-2].text == "a later question"
@@ -997,9 +989,7 @@ async def test_interrupt_envelope_is_not_used_after_a_consumer_close() -> None:
 
 async def test_send_now_while_idle_after_an_envelope_interrupt_wraps_only_the_first_text() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok"], interrupt_notice="envelope")
-    async for ev in engine.run("go"):
-        if isinstance(ev, TextDelta):
-            engine.interrupt()
+    await interrupt_at_first_text(engine)
     engine.send_now("sent now")
     await collect(engine, "the prompt")
     assert engine.messages[-3].text.startswith(TEXTS.interrupt_envelope) and "sent now" in engine.messages[-3].text

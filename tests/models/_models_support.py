@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
 from agentloop._abort import AbortController, AbortSignal
@@ -180,3 +181,20 @@ def split(body: bytes, cuts: Iterable[int]) -> list[bytes]:
 
 
 Factory = Callable[[httpx.AsyncClient], Any]
+
+
+class FakeNetwork(httpcore.AsyncNetworkBackend):
+    """An httpcore network whose connections `connect()` makes (one per TCP connect)."""
+
+    def connect(self) -> httpcore.AsyncNetworkStream:
+        raise NotImplementedError
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return self.connect()

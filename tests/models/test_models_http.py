@@ -10,7 +10,7 @@ import re
 import httpcore
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, request, sse
+from _models_support import API_KEY, FakeNetwork, MockServer, chat_chunk, chat_stream, collect, request, sse
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -464,19 +464,12 @@ class _LoopBoundSocket(httpcore.AsyncNetworkStream):
         self._check()
 
 
-class _LoopBoundNetwork(httpcore.AsyncNetworkBackend):
+class _LoopBoundNetwork(FakeNetwork):
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.opened = 0
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
-        local_address: str | None = None,
-        socket_options: object = None,
-    ) -> _LoopBoundSocket:
+    def connect(self) -> _LoopBoundSocket:
         self.opened += 1
         return _LoopBoundSocket(self.body)
 
@@ -634,18 +627,11 @@ class _Socket(httpcore.AsyncNetworkStream):
         return None
 
 
-class _Network(httpcore.AsyncNetworkBackend):
+class _Network(FakeNetwork):
     def __init__(self) -> None:
         self.written: list[bytes] = []
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
-        local_address: str | None = None,
-        socket_options: object = None,
-    ) -> _Socket:
+    def connect(self) -> _Socket:
         return _Socket(self.written)
 
 

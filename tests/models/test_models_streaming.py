@@ -12,6 +12,7 @@ import pytest
 from _models_support import (
     API_KEY,
     COMPLETE_FIXTURES,
+    FakeNetwork,
     MockServer,
     collect,
     final,
@@ -186,20 +187,13 @@ class HangingNetworkStream(httpcore.AsyncNetworkStream):
         return None
 
 
-class Backend(httpcore.AsyncNetworkBackend):
+class Backend(FakeNetwork):
     def __init__(self, response: bytes) -> None:
         self.response = response
         self.streams: list[HangingNetworkStream] = []
         self.blocked = asyncio.Event()
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's signature)
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> HangingNetworkStream:
+    def connect(self) -> HangingNetworkStream:
         stream = HangingNetworkStream(self.response, self.blocked)
         self.streams.append(stream)
         return stream
