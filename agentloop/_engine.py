@@ -27,6 +27,7 @@ from ._messages import Message
 from ._model import Model
 from ._policy import Policy
 from ._tools import PermissionCallback, Tool
+from ._transcript import is_valid, repair
 
 if TYPE_CHECKING:
     from ._commit import ToolIds
@@ -132,6 +133,18 @@ def _check_model(model: object) -> None:
             f"QueryEngine needs a model with a stream(request, signal) method, such as "
             f"ScriptedModel([...]) or a model from agentloop.models; got {model!r}{hint}"
         )
+
+
+def _valid_history(messages: list[Message], what: str) -> list[Message]:
+    """``messages`` itself when every provider would accept it, else a repaired copy: a host's
+    history with, say, a call left without its result would make every request fail. Says what
+    it changed in a warning."""
+    if is_valid(messages):
+        return messages
+    changes: list[str] = []
+    repaired = repair(messages, changes=changes)
+    log.warning("%s broke the transcript rules; repaired before sending: %s", what, "; ".join(changes))
+    return repaired
 
 
 def _message_list(messages: Sequence[Message]) -> list[Message]:
@@ -283,7 +296,10 @@ class QueryEngine:
             max_tool_result_chars=max_tool_result_chars,
         )
         _check_options(self.options)
-        self.messages: list[Message] = _message_list(messages)
+        given = _message_list(messages)
+        self.messages: list[Message] = _valid_history(given, "the messages given to QueryEngine")
+        # The transcript as last seen valid: run() checks only what the host changed since.
+        self._vetted: list[Message] = list(self.messages)
         if policies is None:
             from .policies import default_policies
 
@@ -298,7 +314,8 @@ class QueryEngine:
         self.last_turn_ended: TurnEnded | None = None
         self.session_errors: list[str] = []
         # What the session holds (messages given at construction: all of them); kept only with a session.
-        self._recorded: list[Message] | None = list(self.messages) if session is not None else None
+        # A repair is not in the session yet: the first run records it as a checkpoint.
+        self._recorded: list[Message] | None = list(given) if session is not None else None
         self._abort_hooks: list[tuple[AbortHook, bool]] = list(parent._abort_hooks) if parent else []
         self._tool_watchers: tuple[ToolWatcher, ...] = parent._tool_watchers if parent else ()
         self._state: RunState | None = None
@@ -539,6 +556,25 @@ class QueryEngine:
             key, self._store_claimed = self._store_claimed, None
             if _store_writers.get(key) is self:
                 del _store_writers[key]
+
+    def _vet_history(self) -> None:
+        """As a run starts: repair what the host broke in `messages` since it was last valid
+        (appended, edited or replaced between runs), before any of it is sent."""
+        messages, vetted = self.messages, self._vetted
+        n = len(vetted)
+        if len(messages) >= n and all(map(operator.is_, messages, vetted)):
+            if len(messages) == n:
+                return
+            fresh = messages[n:]
+            # A valid prefix owes no result, so appended messages are checked on their own, unless
+            # they make calls (whose ids must differ from every earlier call's).
+            calls = any(b.type == "tool_use" for m in fresh for b in m.content)
+            valid = is_valid(messages if calls else fresh)
+        else:
+            valid = is_valid(messages)
+        if not valid:
+            messages[:] = _valid_history(messages, "the transcript, as changed since the last run")
+        self._vetted = list(messages)
 
     def _catch_up_session(self) -> None:
         """As a run starts: record in the session what the host did to `messages` since the

@@ -128,6 +128,7 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     if engine._state is not None:
         raise RuntimeError("a run is already in progress on this engine")
     engine._check_store_free()
+    engine._vet_history()
     engine._catch_up_session()
     starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
@@ -429,6 +430,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
         if st.deadline_handle is not None:
             st.deadline_handle.cancel()
         st.close()
+        engine._vetted = list(engine.messages)  # valid: the run settled it
         engine._state = None
         engine._claim_store(False)
         closing, engine._closing = engine._closing, None

@@ -95,18 +95,21 @@ def encodable(block: ToolResultBlock) -> ToolResultBlock:
 
 def _strings(block: Block) -> list[str]:
     """Every string of ``block`` that is sent to a provider (a tool input's keys and values too)."""
-    if isinstance(block, TextBlock):
-        return [block.text]
-    if isinstance(block, ThinkingBlock):
-        return [block.thinking, block.signature]
-    if isinstance(block, RedactedThinkingBlock):
-        return [block.data]
-    if isinstance(block, ToolUseBlock):
-        out = [block.id, block.name]
-        _json_strings(block.input, out)
+    # By the discriminator: an isinstance against a pydantic class runs its metaclass's
+    # __instancecheck__ in Python.
+    kind = block.type
+    if kind == "text":
+        return [block.text]  # type: ignore[union-attr]
+    if kind == "thinking":
+        return [block.thinking, block.signature]  # type: ignore[union-attr]
+    if kind == "redacted_thinking":
+        return [block.data]  # type: ignore[union-attr]
+    if kind == "tool_use":
+        out = [block.id, block.name]  # type: ignore[union-attr]
+        _json_strings(block.input, out)  # type: ignore[union-attr]
         return out
-    content = block.content
-    return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]
+    content = block.content  # type: ignore[union-attr]
+    return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]  # type: ignore[union-attr]
 
 
 def _json_strings(value: object, out: list[str]) -> None:
@@ -217,6 +220,57 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
     if messages and messages[-1].role == "assistant" and _ends_with_space(messages[-1]):
         out.append(f"messages[{len(messages) - 1}] (assistant): final assistant message ends with whitespace")
     return out
+
+
+def is_valid(messages: Sequence[Message]) -> bool:
+    """True exactly when `validate_transcript` would report nothing, without writing its lines
+    (a property test holds the two together): one pass, stopping at the first violation."""
+    seen_use: set[str] = set()
+    seen_result: set[str] = set()
+    owed: set[str] | None = None  # the ids the message must answer: the calls just before it
+    for msg in messages:
+        content = msg.content
+        if not content:
+            return False
+        user = msg.role == "user"
+        calls: set[str] | None = None
+        answered = 0
+        leading = True
+        for block in content:
+            kind = block.type
+            if kind == "text":
+                text = block.text  # type: ignore[union-attr]
+                if not text or text.isspace() or has_surrogates(text):
+                    return False
+                leading = False
+                continue
+            if kind == "tool_result":
+                tid = block.tool_use_id  # type: ignore[union-attr]
+                if not user or not leading or owed is None or tid not in owed or tid in seen_result:
+                    return False
+                seen_result.add(tid)
+                answered += 1
+            elif kind == "tool_use":
+                tid = block.id  # type: ignore[union-attr]
+                if user or not block.complete or not tid or tid in seen_use:  # type: ignore[union-attr]
+                    return False
+                seen_use.add(tid)
+                if calls is None:
+                    calls = set()
+                calls.add(tid)
+                leading = False
+            else:  # thinking, redacted thinking
+                if user or (kind == "thinking" and not block.signature):  # type: ignore[union-attr]
+                    return False
+                leading = False
+            if _unencodable(block):
+                return False
+        if owed is not None and answered != len(owed):
+            return False
+        owed = calls
+    if owed:
+        return False
+    return not (messages and messages[-1].role == "assistant" and _ends_with_space(messages[-1]))
 
 
 def _check_answer(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -366,3 +366,58 @@ def test_property_message_shorthands_build_what_validation_builds(text: object, 
     assert type(built.meta) is type(expected.meta) or built.meta == expected.meta == {}
     if "meta" in fields and isinstance(fields["meta"], dict):
         assert built.meta is not fields["meta"]  # a copy, never the caller's dict
+
+
+
+# is_valid: the engine's one-pass check of a host's history, held to validate_transcript on
+# valid transcripts (repaired ones) edited in one or two places: each edit breaks a rule, or not.
+edits = st.tuples(st.sampled_from(["add", "prepend", "set", "insert", "drop", "twice", "swap"]), st.integers(0, 15), blocks)
+
+
+def _edited(msgs: list[Message], edit: tuple[str, int, object]) -> list[Message]:
+    op, at, block = edit
+    out = list(msgs)
+    if not out:
+        return [Message(role="user", content=[block])]  # type: ignore[list-item]
+    i = at % len(out)
+    target = out[i]
+    if op == "add":  # a block at the end of a message
+        out[i] = target.model_copy(update={"content": [*target.content, block]})
+    elif op == "prepend":
+        out[i] = target.model_copy(update={"content": [block, *target.content]})
+    elif op == "set":  # a block replaced
+        content = list(target.content)
+        content[at % len(content)] = block  # type: ignore[call-overload]
+        out[i] = target.model_copy(update={"content": content})
+    elif op == "insert":  # a message of its own
+        out.insert(i, Message(role="assistant" if at % 2 else "user", content=[block]))  # type: ignore[list-item]
+    elif op == "drop":
+        del out[i]
+    elif op == "twice":  # a block repeated in its message
+        blocks_ = list(target.content)
+        out[i] = target.model_copy(update={"content": [*blocks_, blocks_[at % len(blocks_)]]})
+    else:
+        j = (i + 1) % len(out)
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+@settings(max_examples=400)
+@given(transcripts, st.lists(edits, max_size=2))
+def test_property_is_valid_agrees_with_validate_transcript(msgs: list[Message], changes: list[tuple[str, int, object]]) -> None:
+    from agentloop._transcript import is_valid
+
+    case = repair_transcript(msgs)
+    assert is_valid(case)
+    for edit in changes:
+        case = _edited(case, edit)
+    assert is_valid(case) == (validate_transcript(case) == []), validate_transcript(case)
+    assert is_valid(msgs) == (validate_transcript(msgs) == [])
+
+
+def test_is_valid_refuses_one_call_answered_twice_in_place_of_another() -> None:
+    from agentloop._transcript import is_valid
+
+    case = [u(T(text="q")), a(use("1"), use("2")), u(res("1"), res("1"))]
+    assert validate_transcript(case) != [] and not is_valid(case)
+    assert is_valid(repair_transcript(case))
