@@ -423,8 +423,8 @@ class Connection:
     the end of every request URL.
     """
 
-    __slots__ = ("_client", "_loop", "_owns", "_prefix", "_query", "_url_secrets", "base_url", "provider",
-                 "request_id_header", "secret")  # fmt: skip
+    __slots__ = ("__weakref__", "_client", "_loop", "_owns", "_prefix", "_query", "_url_secrets", "base_url",
+                 "provider", "request_id_header", "secret")  # fmt: skip
 
     def __init__(
         self,
@@ -440,6 +440,8 @@ class Connection:
         self._prefix, self._query = base.rstrip("/"), mark + query
         self.base_url = self._prefix + self._query
         self._url_secrets = _url_credentials(self.base_url)
+        if self._url_secrets:
+            _HTTPX_LOG.watch(self)
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
@@ -608,6 +610,35 @@ async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncItera
         yield response
     finally:
         await response.aclose()
+
+
+class _HttpxLogScrubber(logging.Filter):
+    """Scrubs the credentials in live connections' ``base_url`` (a ``?key=...``, user info) out
+    of httpx's own log records: its INFO line ``HTTP Request: POST <url> ...`` quotes the URL.
+
+    Installed on the ``httpx`` logger by the first connection that has such credentials; a
+    record that holds none of them passes untouched (and none is made while that logger is
+    below INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__("agentloop")
+        self._live: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    def watch(self, conn: Connection) -> None:
+        self._live.add(conn)
+        logging.getLogger("httpx").addFilter(self)  # once: a filter already there is not added again
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = [value for conn in list(self._live) for value in conn._url_secrets]
+        if secrets:
+            redactor = Redactor(secrets)
+            text = record.getMessage()
+            if redactor._found_in(text):
+                record.msg, record.args = redactor.scrub(text), ()
+        return True
+
+
+_HTTPX_LOG = _HttpxLogScrubber()
 
 
 def _url_credentials(url: str) -> list[str]:
