@@ -44,10 +44,14 @@ from ._engine import wait_at_run_end
 from ._errors import AbortError
 from ._messages import TextBlock, ToolResultBlock
 from ._tools import Tool, ToolContext, ToolOutput, safe_name
+from .models._http import hide_url_credentials
 
 __all__ = ["MCPServer"]
 
 log = logging.getLogger("agentloop")
+
+#: The loggers that quote an MCP server's URL, query string and all.
+_URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 
 Streams = tuple[Any, Any]
 Connect = Callable[[], AbstractAsyncContextManager[Streams]]
@@ -200,7 +204,8 @@ class MCPServer:
         Basic authentication, as the HTTP client would, but the URL handed to the
         SDK is without it: the SDK and the HTTP client log the URL they are given.
         A query string (``?token=...``) cannot be taken out, since it is part of
-        the address: prefer ``headers`` for credentials.
+        the address: its credentials are scrubbed out of the records of the loggers
+        that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
         """
         _check_url(url)
         target, auth = _split_userinfo(url)
@@ -214,7 +219,10 @@ class MCPServer:
             ):
                 yield streams
 
-        return cls(connect, label=_public_url(url), **options)
+        server = cls(connect, label=_public_url(url), **options)
+        # The SDK logs the URL it connects to, and its HTTP client each request's URL.
+        hide_url_credentials(server, url, _URL_LOGGERS)
+        return server
 
     async def __aenter__(self) -> MCPServer:
         try:

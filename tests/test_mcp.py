@@ -513,6 +513,19 @@ async def test_a_server_whose_tool_pages_never_end_is_an_error_not_a_hang() -> N
     assert looping.calls == 2
 
 
+async def test_a_token_in_an_http_url_query_is_kept_out_of_the_sdk_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """A query string is part of the address and is sent as is, but the SDK logs the URL it
+    connects to (and its HTTP client each request's): the token is scrubbed from those records."""
+    port = _free_port()
+    srv = MCPServer.http(f"http://127.0.0.1:{port}/mcp?access_token=mcp-tok-4711abc&x=1", connect_timeout=10)
+    with caplog.at_level("DEBUG"):
+        with pytest.raises(Exception):  # noqa: B017 - whatever the transport raises; nobody listens
+            await srv.list_tools()
+        await srv.aclose()
+    assert "mcp-tok-4711abc" not in caplog.text
+    assert f"127.0.0.1:{port}/mcp?access_token=[REDACTED]&x=1" in caplog.text  # the SDK still says where
+
+
 async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_every_log(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

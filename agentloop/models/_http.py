@@ -441,7 +441,7 @@ class Connection:
         self.base_url = self._prefix + self._query
         self._url_secrets = _url_credentials(self.base_url)
         if self._url_secrets:
-            _HTTPX_LOG.watch(self)
+            _URL_LOGS.watch(self, self._url_secrets, ("httpx",))
         self.secret = secret
         self.request_id_header = request_id_header
         self._client = http_client
@@ -612,24 +612,26 @@ async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncItera
         await response.aclose()
 
 
-class _HttpxLogScrubber(logging.Filter):
-    """Scrubs the credentials in live connections' ``base_url`` (a ``?key=...``, user info) out
-    of httpx's own log records: its INFO line ``HTTP Request: POST <url> ...`` quotes the URL.
+class _UrlCredentialsFilter(logging.Filter):
+    """Scrubs the credentials of live URLs (a ``?key=...``, user info) out of other libraries'
+    log records: httpx's INFO line ``HTTP Request: POST <url> ...`` quotes the request URL,
+    and the MCP SDK logs the URL it connects to.
 
-    Installed on the ``httpx`` logger by the first connection that has such credentials; a
-    record that holds none of them passes untouched (and none is made while that logger is
-    below INFO)."""
+    Put on a logger by the first owner (a connection, an MCP server) whose URL holds
+    credentials, and forgets an owner when it is garbage-collected. A record holding none of
+    them passes untouched; none is made while the logger is below its level."""
 
     def __init__(self) -> None:
         super().__init__("agentloop")
-        self._live: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._live: weakref.WeakKeyDictionary[object, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
-    def watch(self, conn: Connection) -> None:
-        self._live.add(conn)
-        logging.getLogger("httpx").addFilter(self)  # once: a filter already there is not added again
+    def watch(self, owner: object, secrets: Iterable[str], loggers: Iterable[str]) -> None:
+        self._live[owner] = tuple(secrets)
+        for name in loggers:
+            logging.getLogger(name).addFilter(self)  # a filter already there is not added again
 
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = [value for conn in list(self._live) for value in conn._url_secrets]
+        secrets = [value for values in list(self._live.values()) for value in values]
         if secrets:
             redactor = Redactor(secrets)
             text = record.getMessage()
@@ -638,7 +640,15 @@ class _HttpxLogScrubber(logging.Filter):
         return True
 
 
-_HTTPX_LOG = _HttpxLogScrubber()
+_URL_LOGS = _UrlCredentialsFilter()
+
+
+def hide_url_credentials(owner: object, url: str, loggers: Iterable[str]) -> None:
+    """Scrub the credentials in ``url`` out of the records of ``loggers`` for as long as
+    ``owner`` lives."""
+    secrets = _url_credentials(url)
+    if secrets:
+        _URL_LOGS.watch(owner, secrets, loggers)
 
 
 def _url_credentials(url: str) -> list[str]:
