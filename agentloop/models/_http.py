@@ -480,6 +480,12 @@ class Connection:
 
         return Redactor(collect)
 
+    def host_sets(self, name: str) -> bool:
+        """True when the host's own ``http_client`` sends a ``name`` header on every request
+        (compared without case): a gateway's credential set there is sent instead of the
+        model's key, never replaced by it, as one in ``extra_headers`` is."""
+        return not self._owns and self._client is not None and name in self._client.headers
+
     @property
     def client(self) -> httpx.AsyncClient:
         """The client requests go through (created on first use when not given)."""
@@ -703,15 +709,16 @@ def openai_connection(api_key: str | None, base_url: str | None, http_client: ht
 def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """JSON + SSE headers with ``Authorization: Bearer``; an OpenAI-compatible server
     (``key_optional``: a custom base URL) may be used without a key. An ``Authorization``
-    header in ``extra`` (a gateway's own credential) is sent instead of the key, never
-    next to it.
+    header in ``extra`` or on the host's own ``http_client`` (a gateway's own credential) is
+    sent instead of the key, never next to it nor replaced by it.
 
     Raises `ModelError` when the key is required and missing.
     """
     secret = conn.secret
-    if secret is None and not key_optional:
+    hosts = conn.host_sets("authorization")  # the host's own client carries the credential
+    if secret is None and not key_optional and not hosts:
         raise missing_key("openai", "OPENAI_API_KEY")
     base = {"content-type": "application/json", "accept": "text/event-stream"}
-    if secret is not None:
+    if secret is not None and not hosts:
         base["authorization"] = f"Bearer {secret.reveal()}"
     return merge_headers(base, extra)

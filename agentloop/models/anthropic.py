@@ -328,17 +328,17 @@ class AnthropicModel(HTTPModel):
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         secret = self._conn.secret
-        if secret is None:
+        hosts = self._conn.host_sets(self.auth_header)  # the host's own client carries the credential
+        if secret is None and not hosts:
             raise missing_key("anthropic", "ANTHROPIC_API_KEY")
         headers = {
             "anthropic-version": self.anthropic_version,
             "content-type": "application/json",
             "accept": "text/event-stream",
         }
-        if self.auth_header == "authorization":
-            headers["authorization"] = f"Bearer {secret.reveal()}"
-        else:
-            headers[self.auth_header] = secret.reveal()
+        if secret is not None and not hosts:
+            key = secret.reveal()
+            headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
         headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
         body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
         body.update(self.extra_body)

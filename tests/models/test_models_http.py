@@ -891,6 +891,36 @@ async def test_an_auth_header_in_extra_headers_replaces_the_key_instead_of_joini
     assert not [k for k, v in raw if API_KEY.encode() in v]
 
 
+@pytest.mark.parametrize(
+    ("cls", "header", "env"),
+    [
+        (AnthropicModel, "X-Api-Key", "ANTHROPIC_API_KEY"),
+        (OpenAIChatModel, "Authorization", "OPENAI_API_KEY"),
+        (OpenAIResponsesModel, "AUTHORIZATION", "OPENAI_API_KEY"),
+    ],
+)
+@pytest.mark.parametrize("key", ["given", "from the environment", "none"])
+async def test_an_auth_header_on_the_hosts_client_is_sent_instead_of_the_key(
+    cls: type, header: str, env: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same rule as for extra_headers: a gateway's credential set on the host's own client is
+    # the one sent; the provider key (often picked up from the environment unasked) does not
+    # replace it, and goes nowhere. Without a key, the host's header is enough.
+    monkeypatch.delenv(env, raising=False)
+    if key == "from the environment":
+        monkeypatch.setenv(env, API_KEY)
+    server = MockServer(b"")
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler), headers={header: "gw-credential"})
+    async with client:
+        model = cls("m", api_key=API_KEY if key == "given" else None, base_url="https://gw.test/v1", http_client=client)
+        with pytest.raises(ModelError) as info:  # the empty body is a protocol error, after the request
+            await collect(model)
+    assert "no API key" not in str(info.value)
+    raw = server.requests[0].headers.raw
+    assert [v for k, v in raw if k.lower() == header.lower().encode()] == [b"gw-credential"]
+    assert not [k for k, v in raw if API_KEY.encode() in v]
+
+
 @pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("sep", ["/", "?", "#"])
 def test_a_password_with_an_unencoded_slash_is_not_quoted_by_the_base_url_error(cls: type, sep: str) -> None:
