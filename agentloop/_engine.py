@@ -135,6 +135,18 @@ def _check_model(model: object) -> None:
         )
 
 
+def _holds_records(store: SessionStore | None) -> bool:
+    """True when ``store`` is a `JsonlSession` whose file holds records already."""
+    from .sessions import JsonlSession
+
+    if not isinstance(store, JsonlSession):
+        return False
+    try:
+        return store.path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 def _valid_history(messages: list[Message], what: str) -> list[Message]:
     """``messages`` itself when every provider would accept it, else a repaired copy: a host's
     history with, say, a call left without its result would make every request fail. Says what
@@ -323,6 +335,7 @@ class QueryEngine:
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
+        self._checkpoint_due = False  # the session holds another transcript's records already
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
 
@@ -478,7 +491,12 @@ class QueryEngine:
         )
         kwargs.update(overrides)
         model = kwargs.pop("model", self.model)
-        return QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
+        child = QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
+        # An agent_id used before (earlier in this run, or in the run a session was resumed from)
+        # has a sidechain holding that child's conversation: this child's first record is a
+        # checkpoint, so the file replays to this child's transcript, not to both joined.
+        child._checkpoint_due = _holds_records(child.session)
+        return child
 
     def start_background(self, child: QueryEngine, prompt: str | Message) -> asyncio.Task[list[Event]]:
         """Run ``child`` (from `subagent`) in the background; the task returns its events.
@@ -584,7 +602,8 @@ class QueryEngine:
         if self.session is None or recorded is None:
             return
         messages = self.messages
-        if len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):
+        due, self._checkpoint_due = self._checkpoint_due, False
+        if not due and len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):
             if len(messages) == len(recorded):
                 return
             for message in messages[len(recorded) :]:  # appended by the host
@@ -596,7 +615,7 @@ class QueryEngine:
                     raise TypeError(f"{type(self.session).__name__} has no append_checkpoint()")
                 checkpoint(list(messages))
             except Exception as exc:
-                self._store_failed("a checkpoint of the transcript the host rewrote", exc)
+                self._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
         self._recorded = list(messages)
 
     def _commit_to_store(self, message: Message) -> None:

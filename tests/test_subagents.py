@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from agentloop import (
     ModelRequest,
     QueryEngine,
@@ -274,3 +276,27 @@ async def test_a_resumed_session_gives_a_new_subagent_a_new_sidechain(tmp_path: 
     for name, job in (("sub-1", "first job"), ("sub-2", "second job")):
         loaded = JsonlSession(tmp_path / "subagents" / f"{name}.jsonl").load()
         assert [m.text for m in loaded.messages] == [job, f"answer to {job}"]
+
+
+@pytest.mark.parametrize("where", ["one process", "a resumed session"])
+async def test_a_reused_agent_id_sidechain_replays_to_the_latest_child(tmp_path: Path, where: str) -> None:
+    """A host that names its subagent ("helper") and makes one per task: each child starts a
+    conversation of its own, so the sidechain file replays to the latest child's transcript, not
+    to the children's conversations joined into one that no child ever had."""
+    path = tmp_path / "main.jsonl"
+    children: list[QueryEngine] = []
+    for job in ("first job", "second job"):
+        with JsonlSession(path) as session:  # one session across both jobs, or one per process
+            engine = QueryEngine(ScriptedModel([f"answer to {job}"]), session=session, policies=[])
+            child = engine.subagent(agent_id="helper")
+            await collect(child, job)
+            children.append(child)
+            if where == "one process":
+                second = engine.subagent(agent_id="helper", model=ScriptedModel(["answer to second job"]))
+                await collect(second, "second job")
+                children.append(second)
+                break
+    loaded = JsonlSession(tmp_path / "subagents" / "helper.jsonl").load()
+    assert [m.text for m in children[-1].messages] == ["second job", "answer to second job"]
+    assert loaded.messages == children[-1].messages
+    assert all(not c.session_errors for c in children)
