@@ -348,7 +348,16 @@ class QueryEngine:
 
     @property
     def running(self) -> bool:
-        """True while a `run()` is in progress."""
+        """True while a `run()` is in progress.
+
+        A run left in an event loop that was closed under it (closed without shutting down its
+        async generators) can never go on: it has ended, and is settled when this is read, so
+        `messages` is valid and whole (its streamed text kept) from then on."""
+        st = self._state
+        if st is not None and st.loop.is_closed():
+            from ._loop import forget_closed_run
+
+            forget_closed_run(self, st)
         return self._state is not None
 
     @property

@@ -213,6 +213,11 @@ def _left_in_another_loop(engine: QueryEngine, st: RunState) -> None:
             "a run of this engine is in progress in another event loop: end it there (iterate it "
             "to its end, or await its aclose()) before starting one in this loop"
         )
+    forget_closed_run(engine, st)
+
+
+def forget_closed_run(engine: QueryEngine, st: RunState) -> None:
+    """Settle what a run left in a closed event loop left, and forget it (sync)."""
     if not (st.closed or st.turn_over):
         _settle_now(engine, st)
     st.close()

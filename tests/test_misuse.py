@@ -193,6 +193,8 @@ loop = asyncio.new_event_loop()
 for _ in range(3):  # TurnStarted, then two deltas: the run is mid-stream
     loop.run_until_complete(run.__anext__())
 loop.close()  # closed without shutting down its async generators: the run can never end there
+# The run has ended (it never can go on): the engine says so, and its transcript is settled.
+print(engine.running, [m.role for m in engine.messages], validate_transcript(engine.messages))
 
 
 async def again() -> None:
@@ -215,8 +217,9 @@ def test_an_engine_whose_run_was_left_in_a_closed_event_loop_runs_in_the_next_on
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0] == "completed ['user', 'assistant', 'user', 'assistant'] []", proc.stdout
-    assert lines[1] == "partial kept: True word word"
+    assert lines[0] == "False ['user', 'assistant'] []", proc.stdout
+    assert lines[1] == "completed ['user', 'assistant', 'user', 'assistant'] []", proc.stdout
+    assert lines[2] == "partial kept: True word word"
 
 
 _CLOSED_LOOP_STORE_SCRIPT = """
