@@ -628,7 +628,7 @@ class _UrlCredentialsFilter(logging.Filter):
     them passes untouched; none is made while the logger is below its level."""
 
     def __init__(self) -> None:
-        super().__init__("agentloop")
+        super().__init__()
         self._live: weakref.WeakKeyDictionary[object, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
     def watch(self, owner: object, secrets: Iterable[str], loggers: Iterable[str]) -> None:
@@ -640,7 +640,10 @@ class _UrlCredentialsFilter(logging.Filter):
         secrets = [value for values in list(self._live.values()) for value in values]
         if secrets:
             redactor = Redactor(secrets)
-            text = record.getMessage()
+            try:
+                text = record.getMessage()
+            except Exception:  # a malformed record is the logging module's to report, not ours
+                return True
             if redactor._found_in(text):
                 record.msg, record.args = redactor.scrub(text), ()
         return True
