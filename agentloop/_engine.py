@@ -647,6 +647,12 @@ class QueryEngine:
             engine = engine.parent
 
 
+_TWO_CONSUMERS = (
+    "this run is being iterated by another task already: iterate a run() from one task only (to "
+    "hand its events to several consumers, iterate it once and forward each event)"
+)
+
+
 class _Run(AsyncGenerator[Event, None]):
     """The object `run()` returns: an async generator of the loop's events.
 
@@ -668,6 +674,8 @@ class _Run(AsyncGenerator[Event, None]):
 
     def __anext__(self) -> Coroutine[Any, Any, Event]:
         # The generator's own awaitable, not a coroutine around it: one frame less per event.
+        if self._agen.ag_running:  # type: ignore[attr-defined]  # drive() is an async generator function
+            raise RuntimeError(_TWO_CONSUMERS)
         return self._agen.__anext__()
 
     def asend(self, value: None) -> Coroutine[Any, Any, Event]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentloop import (
+    Event,
     Message,
     ModelRequest,
     QueryEngine,
@@ -24,6 +25,7 @@ from agentloop import (
     Tool,
     TurnEnded,
     tool,
+    validate_transcript,
 )
 from agentloop._abort import AbortSignal
 from agentloop.testing import collect
@@ -367,3 +369,17 @@ def test_a_controller_where_a_signal_belongs_says_to_pass_its_signal() -> None:
     child = AbortController(parent=call.signal)
     call.abort("done")
     assert child.signal.reason == "done"
+
+
+async def test_a_run_iterated_from_two_tasks_says_so_and_the_first_goes_on() -> None:
+    """It used to be Python's own "anext(): asynchronous generator is already running"."""
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 20, chunk=3, delay=0.001)]), policies=[])
+    run = engine.run("go")
+
+    async def consume() -> list[Event]:
+        return [event async for event in run]
+
+    first, second = await asyncio.gather(consume(), consume(), return_exceptions=True)
+    assert isinstance(second, RuntimeError) and "iterated by another task" in str(second)
+    assert isinstance(first, list) and isinstance(first[-1], TurnEnded) and first[-1].reason == "completed"
+    assert validate_transcript(engine.messages) == [] and not engine.running
