@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted
-from ._messages import ToolResultBlock, ToolUseBlock
+from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
 
 if TYPE_CHECKING:
@@ -105,14 +105,14 @@ class Mailbox:
         return items
 
 
-class Done:
-    """A finished call, put into the mailbox by the call's own task."""
+class Done(tuple[ToolUseBlock, "ToolResultBlock | BaseException"]):
+    """A finished call, ``Done((use, outcome))``, put into the mailbox by the call's own task.
 
-    __slots__ = ("outcome", "use")
+    A tuple, built in C: one is made for every call, and a class's ``__init__`` would cost
+    each a Python frame. The loop reads it as ``use, outcome = done``.
+    """
 
-    def __init__(self, use: ToolUseBlock, outcome: ToolResultBlock | BaseException) -> None:
-        self.use = use
-        self.outcome = outcome
+    __slots__ = ()
 
 
 class Overdue:
@@ -204,17 +204,20 @@ class CallRunner:
                 except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
                     result = self._failed(use, tool, exc, scope)
                 else:
-                    try:
-                        result = output_to_result(use.id, output)
-                    except Exception as exc:  # a result that cannot be represented
-                        result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
+                    if type(output) is str and output.strip():  # the common case, as output_to_result builds it
+                        result = tool_result_block(use.id, output)
+                    else:
+                        try:
+                            result = output_to_result(use.id, output)
+                        except Exception as exc:  # a result that cannot be represented
+                            result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
-            put(Done(use, exc))
+            put(Done((use, exc)))
             raise
         except BaseException as exc:
-            put(Done(use, exc))
+            put(Done((use, exc)))
         else:
-            put(Done(use, result))
+            put(Done((use, result)))
 
     def _refusal(self, use: ToolUseBlock, tool: Tool | None) -> ToolResultBlock:
         """The error result of a call that cannot run: no such tool, or input that never parsed."""

@@ -65,14 +65,15 @@ class Batch:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
         events: list[Event] = []
         for item in items:
-            if isinstance(item, Done):
-                if waiting.pop(item.use.id, None) is not None:
-                    st.pending_tasks.pop(tasks[item.use.id], None)
+            if type(item) is Done:
+                key = item[0].id
+                if waiting.pop(key, None) is not None:
+                    st.pending_tasks.pop(tasks[key], None)
                     events.append(_record(engine, st, item))
             elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
                 if waiting.pop(item.use.id, None) is not None:
                     abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
-                    events.append(_record(engine, st, Done(item.use, item.result())))
+                    events.append(_record(engine, st, Done((item.use, item.result()))))
             elif item is ABORTED:
                 if not timers:
                     grace = st.grace_left(engine.options.tool_cancel_grace)
@@ -112,12 +113,12 @@ def record_finished(engine: QueryEngine, st: RunState) -> None:
         return
     owed = {use.id for use in st.owed}
     for item in st.mailbox.take():
-        if isinstance(item, Done) and item.use.id in owed and item.use.id not in st.results:
+        if type(item) is Done and item[0].id in owed and item[0].id not in st.results:
             _record(engine, st, item)
 
 
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
-    use, outcome = done.use, done.outcome
+    use, outcome = done
     synthetic = False
     if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
         result = outcome
