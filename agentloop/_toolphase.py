@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
-from ._events import Event, ToolCallFinished
+from ._events import Event, ToolCallFinished, _Event
 from ._executor import CallRunner, Done, Overdue, describe, error_result
-from ._messages import ToolUseBlock
+from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._tools import cut_result, result_length
 from ._transcript import encodable, interrupted_result
@@ -63,13 +63,22 @@ class Batch:
 
     def receive(self, items: list[object]) -> list[Event]:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
+        limit = engine.options.max_tool_result_chars
         events: list[Event] = []
         for item in items:
             if type(item) is Done:
-                key = item[0].id
+                use, outcome = item
+                key = use.id
                 if waiting.pop(key, None) is not None:
                     st.pending_tasks.pop(tasks[key], None)
-                    events.append(_record(engine, st, item))
+                    # The common outcome, recorded here as `_record` would: a result whose text is
+                    # ASCII (so it has no surrogate to scrub) and within the limit (nothing to cut).
+                    content = outcome.content if type(outcome) is ToolResultBlock else None
+                    if type(content) is str and content.isascii() and (limit is None or len(content) <= limit):
+                        st.results[key] = outcome  # type: ignore[assignment]  # checked above, no cast() call
+                        events.append(_finished(use, outcome))  # type: ignore[arg-type]
+                    else:
+                        events.append(_record(engine, st, item))
             elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
                 if waiting.pop(item.use.id, None) is not None:
                     abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
@@ -115,6 +124,25 @@ def record_finished(engine: QueryEngine, st: RunState) -> None:
     for item in st.mailbox.take():
         if type(item) is Done and item[0].id in owed and item[0].id not in st.results:
             _record(engine, st, item)
+
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__; `_finished` fills
+# the slots through their descriptors instead (C calls, no frame): the same event, field for field.
+_new_event = object.__new__
+_FINISHED_SLOTS = tuple(ToolCallFinished.__dict__[f].__set__ for f in ("tool_use", "result", "synthetic", "full_result"))
+_set_agent_id = _Event.__dict__["agent_id"].__set__
+
+
+def _finished(use: ToolUseBlock, result: ToolResultBlock) -> ToolCallFinished:
+    """``ToolCallFinished(tool_use=use, result=result)``, built without its ``__init__``."""
+    set_use, set_result, set_synthetic, set_full = _FINISHED_SLOTS
+    event: ToolCallFinished = _new_event(ToolCallFinished)
+    set_use(event, use)
+    set_result(event, result)
+    set_synthetic(event, False)
+    set_full(event, None)
+    _set_agent_id(event, None)
+    return event
 
 
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:

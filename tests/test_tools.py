@@ -791,6 +791,26 @@ async def test_the_tool_result_cap_can_be_set_or_switched_off() -> None:
             run(max_tool_result_chars=wrong)
 
 
+async def test_a_finished_call_s_event_is_the_event_its_fields_make() -> None:
+    # The loop fills the common event (a real text result, not cut) through its slots: it must
+    # be the very event the dataclass makes, frozen, with every default, and equal to it.
+    @tool
+    async def plain() -> str:
+        """Plain output."""
+        return "done: 42"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("plain", {})]), "ok"])
+    events = await collect(QueryEngine(model, tools=[plain], policies=[]), "go")
+    finished = next(e for e in events if isinstance(e, ToolCallFinished))
+    made = ToolCallFinished(tool_use=finished.tool_use, result=finished.result)
+    assert finished == made and repr(finished) == repr(made)
+    assert (finished.agent_id, finished.synthetic, finished.full_result) == (None, False, None)
+    assert finished.result.content == "done: 42" and not finished.result.is_error
+    assert dataclasses.replace(finished, agent_id="c").agent_id == "c"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        finished.synthetic = True  # type: ignore[misc]
+
+
 @given(text=st.text(), limit=st.integers(min_value=1, max_value=50))
 def test_a_cut_result_keeps_exactly_the_first_and_last_characters_up_to_the_limit(text: str, limit: int) -> None:
     block = ToolResultBlock(tool_use_id="t", content=text, is_error=True)
