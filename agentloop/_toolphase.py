@@ -64,6 +64,7 @@ class Batch:
     def receive(self, items: list[object]) -> list[Event]:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
         limit = engine.options.max_tool_result_chars
+        set_use, set_result, set_synthetic, set_full = _FINISHED_SLOTS
         events: list[Event] = []
         for item in items:
             if type(item) is Done:
@@ -76,7 +77,14 @@ class Batch:
                     content = outcome.content if type(outcome) is ToolResultBlock else None
                     if type(content) is str and content.isascii() and (limit is None or len(content) <= limit):
                         st.results[key] = outcome  # type: ignore[assignment]  # checked above, no cast() call
-                        events.append(_finished(use, outcome))  # type: ignore[arg-type]
+                        # ToolCallFinished(tool_use=use, result=outcome), filled through its slots
+                        event = _new_event(ToolCallFinished)
+                        set_use(event, use)
+                        set_result(event, outcome)
+                        set_synthetic(event, False)
+                        set_full(event, None)
+                        _set_agent_id(event, None)
+                        events.append(event)
                     else:
                         events.append(_record(engine, st, item))
             elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
@@ -126,23 +134,12 @@ def record_finished(engine: QueryEngine, st: RunState) -> None:
             _record(engine, st, item)
 
 
-# A frozen dataclass's __init__ sets each field through object.__setattr__; `_finished` fills
-# the slots through their descriptors instead (C calls, no frame): the same event, field for field.
+# A frozen dataclass's __init__ sets each field through object.__setattr__; `Batch.receive` fills
+# the slots of the common ToolCallFinished through their descriptors instead (C calls, no frame):
+# the same event, field for field.
 _new_event = object.__new__
 _FINISHED_SLOTS = tuple(ToolCallFinished.__dict__[f].__set__ for f in ("tool_use", "result", "synthetic", "full_result"))
 _set_agent_id = _Event.__dict__["agent_id"].__set__
-
-
-def _finished(use: ToolUseBlock, result: ToolResultBlock) -> ToolCallFinished:
-    """``ToolCallFinished(tool_use=use, result=result)``, built without its ``__init__``."""
-    set_use, set_result, set_synthetic, set_full = _FINISHED_SLOTS
-    event: ToolCallFinished = _new_event(ToolCallFinished)
-    set_use(event, use)
-    set_result(event, result)
-    set_synthetic(event, False)
-    set_full(event, None)
-    _set_agent_id(event, None)
-    return event
 
 
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
