@@ -529,8 +529,9 @@ class Connection:
         failures and undecodable bodies, including those raised while the caller
         reads the body; `ModelError` (nothing sent) for an API key a header cannot carry.
         """
-        if self.secret is not None:
-            self.secret.check(self.provider)
+        secret = self.secret
+        if secret is not None and any(secret.reveal() in value for value in headers.values()):
+            secret.check(self.provider)  # only a key that is sent (not one a host's header replaced)
         redactor = self.redactor(headers)
         content = self._encode(body)
         client = self.client

@@ -922,6 +922,20 @@ async def test_an_auth_header_on_the_hosts_client_is_sent_instead_of_the_key(
 
 
 @pytest.mark.parametrize("cls", _MODELS)
+async def test_a_key_the_hosts_client_header_replaces_is_not_checked(cls: type) -> None:
+    """A key read with its trailing newline fails every request that sends it; one the host's own
+    header replaced is not sent, so it fails nothing."""
+    header = "x-api-key" if cls is AnthropicModel else "authorization"
+    server = MockServer(b"")
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler), headers={header: "gw-credential"})
+    async with client:
+        model = cls("m", api_key=API_KEY + "\n", base_url="https://gw.test/v1", http_client=client)
+        with pytest.raises(ModelError) as info:  # the empty body is a protocol error, after the request
+            await collect(model)
+    assert "cannot carry" not in str(info.value) and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("sep", ["/", "?", "#"])
 def test_a_password_with_an_unencoded_slash_is_not_quoted_by_the_base_url_error(cls: type, sep: str) -> None:
     # httpx reads "Zx9" as the port ("Invalid port: 'Zx9'"): the start of the password.
