@@ -334,13 +334,18 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
 
 
 def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) -> None:
-    """Judge the results; nudges wait in ``st`` for the next request, if the turn makes one."""
+    """Judge the results; nudges wait in ``st`` for the next request, if the turn makes one.
+
+    The policies get each result whole, also one the transcript holds cut (a poller's progress
+    may lie in the part cut out)."""
+    uncut, st.uncut = st.uncut or {}, None
     if st.signal.aborted:
         st.terminal = abort_terminal(st)
         return
     if engine.policies:
         assert st.response is not None
-        results = [st.last_results[u.id] for u in uses]
+        last = st.last_results
+        results = [uncut.get(u.id) or last[u.id] for u in uses] if uncut else [last[u.id] for u in uses]
         for name, verdict in _ask_policies(engine, "on_results", st.response, results):
             if isinstance(verdict, EndTurn):
                 if st.terminal is None:  # the first policy to end the turn speaks, as in on_response

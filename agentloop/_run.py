@@ -132,6 +132,7 @@ class RunState:
         "turn_index",
         "turn_over",
         "turns",
+        "uncut",
         "usage",
     )
 
@@ -173,6 +174,9 @@ class RunState:
         self.last_reason: TerminalReason | None = None
         self.response: Message | None = None
         self.last_results: dict[str, ToolResultBlock] = {}
+        # The whole of each result cut by max_tool_result_chars in this tool phase, for the policies
+        # (a poller's progress can be in the part cut out); None while nothing was cut.
+        self.uncut: dict[str, ToolResultBlock] | None = None
         self.turn_index = 0
         self.pending_events: list[Event] = []
         # Self-cancellation bookkeeping (see the module docstring). ``cancel_baseline`` is the

@@ -161,5 +161,8 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     full = None
     if limit is not None and result_length(result) > limit:
         full, result = result, cut_result(result, limit, engine.options.texts.result_cut)
+        if st.uncut is None:
+            st.uncut = {}
+        st.uncut[use.id] = full
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full)

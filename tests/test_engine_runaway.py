@@ -309,6 +309,34 @@ async def test_stationarity_nudges_at_8_and_ends_at_12_with_a_distinct_terminal(
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("changes", [True, False])
+async def test_a_pollers_progress_in_the_part_of_its_result_that_is_cut_still_counts(changes: bool) -> None:
+    """A long status page polled until one job in the middle finishes: the transcript holds each
+    result cut (head and tail, the same length each time), but the policy judges it whole."""
+    polls = iter(range(100))
+
+    @tool(poller=True)
+    async def status() -> str:
+        """The status page."""
+        n = next(polls) if changes else 0
+        return "job 0: done\n" * 40 + f"job 41: running {n:06d}\n" + "job 42: done\n" * 40
+
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("status", {})])] * 14 + ["all done"]),
+        tools=[status],
+        policies=[IdenticalToolCallRun()],
+        max_tool_result_chars=200,
+    )
+    events = await collect(engine, "wait for the jobs")
+    assert all("cut here" in r.text for m in engine.messages for r in m.tool_results)
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    if changes:  # progress every time: neither nudged nor stopped
+        assert end.reason == "completed" and not [e for e in events if isinstance(e, PolicyNudge)]
+    else:
+        assert end.reason == "stationarity_ended" and end.turns == 12
+
+
 async def test_stationarity_tight_tools_use_4_and_8() -> None:
     engine = QueryEngine(
         ScriptedModel([same_call("todo", items=["x"])] * 20), tools=[todo], policies=[IdenticalToolCallRun()]
