@@ -338,14 +338,16 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
 
     The policies get each result whole, also one the transcript holds cut (a poller's progress
     may lie in the part cut out)."""
-    uncut, st.uncut = st.uncut or {}, None
+    uncut = st.uncut
+    if uncut is not None:
+        st.uncut = None
     if st.signal.aborted:
         st.terminal = abort_terminal(st)
         return
     if engine.policies:
         assert st.response is not None
         last = st.last_results
-        results = [uncut.get(u.id) or last[u.id] for u in uses] if uncut else [last[u.id] for u in uses]
+        results = [last[u.id] for u in uses] if uncut is None else [uncut.get(u.id) or last[u.id] for u in uses]
         for name, verdict in _ask_policies(engine, "on_results", st.response, results):
             if isinstance(verdict, EndTurn):
                 if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
