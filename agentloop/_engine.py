@@ -147,6 +147,9 @@ def _holds_records(store: SessionStore | None) -> bool:
         return False
 
 
+_SHOWN_CHANGES = 20  # a long broken history is summed up, not listed whole in one log line
+
+
 def _valid_history(messages: list[Message], what: str) -> list[Message]:
     """``messages`` itself when every provider would accept it, else a repaired copy: a host's
     history with, say, a call left without its result would make every request fail. Says what
@@ -155,7 +158,9 @@ def _valid_history(messages: list[Message], what: str) -> list[Message]:
         return messages
     changes: list[str] = []
     repaired = repair(messages, changes=changes)
-    log.warning("%s broke the transcript rules; repaired before sending: %s", what, "; ".join(changes))
+    shown = "; ".join(changes[:_SHOWN_CHANGES])
+    more = f"; and {len(changes) - _SHOWN_CHANGES} more" if len(changes) > _SHOWN_CHANGES else ""
+    log.warning("%s broke the transcript rules; repaired before sending: %s%s", what, shown, more)
     return repaired
 
 

@@ -144,3 +144,12 @@ async def test_property_any_history_is_sent_valid_and_left_valid(history: list[M
     assert isinstance(events[-1], TurnEnded)
     assert validate_transcript(_sent(model, model.request_count - 1)) == []
     assert validate_transcript(engine.messages) == []
+
+
+def test_a_long_list_of_repairs_is_summed_up_in_the_warning(caplog: pytest.LogCaptureFixture) -> None:
+    history = [m for i in range(50) for m in (Message.user(f"q{i}"), _call(f"toolu_{i}"))]
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        engine = QueryEngine(ScriptedModel(["ok"]), messages=history, policies=[])
+    assert validate_transcript(engine.messages) == []
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warning.count("synthetic result") == 20 and warning.endswith("; and 30 more")
