@@ -74,9 +74,13 @@ class Batch:
                     st.pending_tasks.pop(tasks[key], None)
                     # The common outcome, recorded here as `_record` would: a result whose text is
                     # ASCII (so it has no surrogate to scrub) and within the limit (nothing to cut).
-                    content = outcome.content if type(outcome) is ToolResultBlock else None
-                    if type(content) is str and content.isascii() and (limit is None or len(content) <= limit):
-                        st.results[key] = outcome  # type: ignore[assignment]  # checked above, no cast() call
+                    if (
+                        type(outcome) is ToolResultBlock
+                        and type(content := outcome.content) is str
+                        and content.isascii()
+                        and (limit is None or len(content) <= limit)
+                    ):
+                        st.results[key] = outcome
                         # ToolCallFinished(tool_use=use, result=outcome), filled through its slots
                         event = _new_event(ToolCallFinished)
                         set_use(event, use)

@@ -97,19 +97,18 @@ def _strings(block: Block) -> list[str]:
     """Every string of ``block`` that is sent to a provider (a tool input's keys and values too)."""
     # By the discriminator: an isinstance against a pydantic class runs its metaclass's
     # __instancecheck__ in Python.
-    kind = block.type
-    if kind == "text":
-        return [block.text]  # type: ignore[union-attr]
-    if kind == "thinking":
-        return [block.thinking, block.signature]  # type: ignore[union-attr]
-    if kind == "redacted_thinking":
-        return [block.data]  # type: ignore[union-attr]
-    if kind == "tool_use":
-        out = [block.id, block.name]  # type: ignore[union-attr]
-        _json_strings(block.input, out)  # type: ignore[union-attr]
+    if block.type == "text":
+        return [block.text]
+    if block.type == "thinking":
+        return [block.thinking, block.signature]
+    if block.type == "redacted_thinking":
+        return [block.data]
+    if block.type == "tool_use":
+        out = [block.id, block.name]
+        _json_strings(block.input, out)
         return out
-    content = block.content  # type: ignore[union-attr]
-    return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]  # type: ignore[union-attr]
+    content = block.content
+    return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]
 
 
 def _json_strings(value: object, out: list[str]) -> None:
@@ -237,22 +236,21 @@ def is_valid(messages: Sequence[Message]) -> bool:
         answered = 0
         leading = True
         for block in content:
-            kind = block.type
-            if kind == "text":
-                text = block.text  # type: ignore[union-attr]
+            if block.type == "text":
+                text = block.text
                 if not text or text.isspace() or has_surrogates(text):
                     return False
                 leading = False
                 continue
-            if kind == "tool_result":
-                tid = block.tool_use_id  # type: ignore[union-attr]
+            if block.type == "tool_result":
+                tid = block.tool_use_id
                 if not user or not leading or owed is None or tid not in owed or tid in seen_result:
                     return False
                 seen_result.add(tid)
                 answered += 1
-            elif kind == "tool_use":
-                tid = block.id  # type: ignore[union-attr]
-                if user or not block.complete or not tid or tid in seen_use:  # type: ignore[union-attr]
+            elif block.type == "tool_use":
+                tid = block.id
+                if user or not block.complete or not tid or tid in seen_use:
                     return False
                 seen_use.add(tid)
                 if calls is None:
@@ -260,7 +258,7 @@ def is_valid(messages: Sequence[Message]) -> bool:
                 calls.add(tid)
                 leading = False
             else:  # thinking, redacted thinking
-                if user or (kind == "thinking" and not block.signature):  # type: ignore[union-attr]
+                if user or (block.type == "thinking" and not block.signature):
                     return False
                 leading = False
             if _unencodable(block):
