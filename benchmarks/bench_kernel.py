@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,60 @@ async def floor_iterations(n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+class _SkeletonEvent:
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind: str, value: object) -> None:
+        self.kind = kind
+        self.value = value
+
+
+async def skeleton_iterations(n: int) -> float:
+    """The floor, plus only what a loop that streams events to its host cannot avoid.
+
+    The model is an async generator of three stream events (tool call start, its input,
+    the end); the loop is an async generator that hands the host the same five events per
+    iteration as agentloop (two input deltas, the assistant message, the call's start and
+    finish); the tool runs in a task, as in the floor. Nothing else: no validation, no
+    transcript rules, no abort signal, no limits.
+    """
+    loop = asyncio.get_running_loop()
+
+    async def model(history: list[Any]) -> AsyncIterator[_SkeletonEvent]:
+        if len(history) < 2 * n:
+            yield _SkeletonEvent("tool_start", "noop")
+            yield _SkeletonEvent("input", "{}")
+            yield _SkeletonEvent("end", "tool_use")
+        else:
+            yield _SkeletonEvent("text", "done")
+            yield _SkeletonEvent("end", "end_turn")
+
+    async def run_tool() -> str:
+        return "ok"
+
+    async def drive() -> AsyncIterator[_SkeletonEvent]:
+        history: list[Any] = []
+        while True:
+            parts: list[_SkeletonEvent] = []
+            async for event in model(history):
+                parts.append(event)
+                if event.kind != "end":
+                    yield event
+            history.append(parts)
+            yield _SkeletonEvent("assistant", parts)
+            if parts[-1].value != "tool_use":
+                return
+            task = loop.create_task(run_tool())
+            yield _SkeletonEvent("started", parts[0])
+            history.append(await task)
+            yield _SkeletonEvent("finished", history[-1])
+
+    t0 = time.perf_counter()
+    async for _event in drive():
+        pass
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 async def pydantic_ai_iterations(n: int) -> float:
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -271,6 +325,7 @@ async def _interleaved(impls: dict[str, Callable[[], Awaitable[float]]], rounds:
 async def loop_overhead(n: int, rounds: int) -> list[list[str]]:
     impls: dict[str, Callable[[], Awaitable[float]]] = {
         "bare asyncio floor": lambda: floor_iterations(n),
+        "event-streaming skeleton": lambda: skeleton_iterations(n),
         "agentloop (no policies)": lambda: agentloop_iterations(n, policies=False),
         "agentloop (doom-loop detector on)": lambda: agentloop_iterations(n),
     }
