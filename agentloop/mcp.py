@@ -361,10 +361,26 @@ class MCPServer:
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
+        specs = self._unique(specs)
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
         return tools
+
+    def _unique(self, specs: list[types.Tool]) -> list[types.Tool]:
+        """``specs`` with the first tool of each name: a request offering two tools of one
+        name fails at every provider, so a server that lists a name twice loses the later ones."""
+        first: dict[str, types.Tool] = {}
+        for spec in specs:
+            if spec.name in first:
+                log.warning(
+                    "MCP server %s lists the tool %r more than once; only its first listing is offered",
+                    self.label,
+                    spec.name,
+                )
+            else:
+                first[spec.name] = spec
+        return specs if len(first) == len(specs) else list(first.values())
 
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``

@@ -579,3 +579,35 @@ async def test_a_tool_result_over_a_mebibyte_comes_through_streamable_http(http_
     async with MCPServer.http(http_url, max_event_size=1 << 20) as srv:  # a host's own limit holds
         with pytest.raises(MCPError, match="byte limit"):
             await srv.call_tool("echo", {"text": text})
+
+
+async def test_a_tool_listed_twice_is_offered_once_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # Providers refuse a request whose tools share a name: the first listing of a name wins.
+    class Doubled:
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            if params is None:
+                return types.ListToolsResult(
+                    tools=[
+                        types.Tool(name="dup", description="first", inputSchema={"type": "object"}),
+                        types.Tool(name="one", inputSchema={"type": "object"}),
+                    ],
+                    nextCursor="p2",
+                )
+            return types.ListToolsResult(
+                tools=[types.Tool(name="dup", description="second", inputSchema={"type": "object"})]
+            )
+
+    srv = MCPServer(contextlib.nullcontext, label="doubled", prefix="d_")  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return Doubled()
+
+    srv.session = session  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="agentloop"):
+        tools = await srv.list_tools()
+    assert [(t.name, t.description) for t in tools] == [("d_dup", "first"), ("d_one", "")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'dup'" in warnings[0] and "doubled" in warnings[0], warnings
+    from agentloop import QueryEngine, ScriptedModel
+
+    QueryEngine(ScriptedModel([]), tools=tools)  # no "duplicate tool names" ValueError
