@@ -300,3 +300,28 @@ async def test_a_reused_agent_id_sidechain_replays_to_the_latest_child(tmp_path:
     assert [m.text for m in children[-1].messages] == ["second job", "answer to second job"]
     assert loaded.messages == children[-1].messages
     assert all(not c.session_errors for c in children)
+
+
+@pytest.mark.parametrize("max_depth", [None, 1, 2])
+async def test_delegation_stops_at_max_depth_with_an_error_result(max_depth: int | None) -> None:
+    # A model that always delegates would nest subagents for ever: at the limit, the call fails.
+    depth = 3 if max_depth is None else max_depth  # the default is 3
+    answers = [f"answer at depth {d}" for d in range(depth, -1, -1)]
+    model = ScriptedModel([*(delegate(f"level {d}") for d in range(depth + 1)), *answers])
+    kwargs = {} if max_depth is None else {"max_depth": max_depth}
+    engine = QueryEngine(model, tools=[delegate_tool(**kwargs)], policies=[])
+    events = await collect(engine, "go deep")
+    started = {e.agent_id for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
+    assert started == {f"sub-{n}" for n in range(1, depth + 1)}
+    refused = [e for e in events if isinstance(e, ToolCallFinished) and e.agent_id == (f"sub-{depth}" if depth else None)]
+    assert len(refused) == 1 and refused[0].result.is_error
+    assert "depth limit" in refused[0].result.text and str(depth) in refused[0].result.text
+    assert events[-1] == engine.last_turn_ended and isinstance(events[-1], TurnEnded)
+    assert events[-1].reason == "completed" and engine.messages[-1].text == "answer at depth 0"
+    assert validate_transcript(engine.messages) == []
+
+
+def test_max_depth_must_be_a_positive_whole_number() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises((TypeError, ValueError)):
+            delegate_tool(max_depth=bad)  # type: ignore[arg-type]
