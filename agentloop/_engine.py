@@ -340,6 +340,8 @@ class QueryEngine:
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
+        # The background children (start_background) a "abort" setting stops on this engine's aborts.
+        self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
@@ -521,6 +523,9 @@ class QueryEngine:
         if child.parent is not self:
             raise ValueError("start_background() needs a subagent of this engine")
         child._background_child = True
+        if self._background_children is None:
+            self._background_children = weakref.WeakSet()
+        self._background_children.add(child)
 
         async def drain() -> list[Event]:
             return [ev async for ev in child.run(prompt)]
@@ -531,6 +536,16 @@ class QueryEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def _abort_background(self, reason: str) -> None:
+        """With ``background_subagents="abort"``, stop this engine's background children with
+        ``reason`` (the run that aborted): also those whose run is not linked to this one (started
+        while this engine was idle, or in an earlier run of it)."""
+        children = self._background_children
+        if children is None or self.options.background_subagents != "abort":
+            return
+        for child in list(children):
+            child.interrupt(reason)
 
     def _link_signal(self) -> AbortSignal | None:
         """The signal a new run of this engine follows (its parent's run), if any."""

@@ -377,6 +377,7 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     if aborted and abort_reason is not None:
         interrupt_notice(engine, reason, abort_reason)
         st.hooked = True  # before the await: a host that cancels it does not get them called twice
+        engine._abort_background(abort_reason)
         await engine._run_abort_hooks(abort_reason)
         _report_to_parent(engine, st)
     strip_final(engine)
@@ -429,6 +430,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             settle_results(engine, st)
             strip_final(engine)
             if not st.hooked:
+                engine._abort_background(st.signal.reason or "consumer_closed")
                 await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
         await _cancel_tasks(st, grace)
         cleanup, engine._cleanup = engine._cleanup, None

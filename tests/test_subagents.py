@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -325,3 +326,47 @@ def test_max_depth_must_be_a_positive_whole_number() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises((TypeError, ValueError)):
             delegate_tool(max_depth=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("started", ["while_idle", "in_an_earlier_run"])
+async def test_background_abort_reaches_children_not_started_in_the_current_run(started: str) -> None:
+    # background_subagents="abort": a parent abort stops every background child of the parent,
+    # also one started while the parent was idle, or during an earlier run that completed.
+    holding = asyncio.Event()
+
+    @tool
+    async def hold(ctx: ToolContext) -> str:
+        holding.set()
+        return f"stopped: {await ctx.signal.wait()}"
+
+    child_model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("hold", {})]), "never reached"])
+    engine = QueryEngine(
+        ScriptedModel(["first run done.", ScriptedResponse(text="main " * 40, chunk=2)]),
+        tools=[hold],
+        policies=[],
+        background_subagents="abort",
+    )
+    child = engine.subagent(agent_id="bg", model=child_model)
+    bg_task: asyncio.Task[list[Any]] | None = None
+    if started == "while_idle":
+        bg_task = engine.start_background(child, "background work")
+        await holding.wait()  # the child runs, the parent has not run yet
+        await collect(engine, "first run")
+    else:
+        async for _ in engine.run("first run"):
+            if bg_task is None:
+                bg_task = engine.start_background(child, "background work")
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert bg_task is not None
+    await holding.wait()
+    assert not bg_task.done()
+    async for ev in engine.run("second run"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("cancel")
+    try:
+        events = await asyncio.wait_for(bg_task, 10)
+    finally:
+        bg_task.cancel()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_tools" and end.abort_reason == "cancel"
+    assert validate_transcript(child.messages) == []
