@@ -447,6 +447,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
         engine._vetted = list(engine.messages)  # valid: the run settled it
         engine._state = None
         engine._claim_store(False)
+        engine._release_sidechain()
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():
             closing.set_result(None)

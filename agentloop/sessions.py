@@ -192,6 +192,22 @@ class JsonlSession:
             for child in reversed(list(self._sidechains.values())):
                 stack.callback(child.close)  # run first, in the order they were made
 
+    def release(self) -> None:
+        """Flush (per the policy) and close the file, leaving the session open: the next
+        append opens the file again. The engine calls it on a subagent's sidechain when the
+        subagent's run ends, so an idle subagent holds no open file. Raises OSError if the
+        sync fails (the file is closed all the same)."""
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                return
+            try:
+                if self.fsync != "never" and self._unsynced:
+                    self._sync()
+            finally:
+                self._fd = None
+                os.close(fd)
+
     def _close_own(self) -> None:
         with self._lock:
             if self._closed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -370,3 +371,32 @@ async def test_background_abort_reaches_children_not_started_in_the_current_run(
     end = events[-1]
     assert isinstance(end, TurnEnded) and end.reason == "aborted_tools" and end.abort_reason == "cancel"
     assert validate_transcript(child.messages) == []
+
+
+def _open_files(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += Path(os.readlink(fd)) == path
+        except OSError:  # closed meanwhile (the directory's own fd)
+            pass
+    return count
+
+
+async def test_a_subagents_sidechain_file_is_closed_when_its_run_ends(tmp_path: Path) -> None:
+    model = ScriptedModel([delegate("one"), "child one.", "parent one.", delegate("two"), "child two.", "parent two."])
+    with JsonlSession(tmp_path / "main.jsonl") as session:
+        engine = QueryEngine(model, tools=[delegate_tool()], policies=[], session=session)
+        await collect(engine, "first")
+        side = session.sidechain("sub-1")
+        assert side.path.exists() and _open_files(side.path) == 0  # not held until the engine goes
+        assert _open_files(session.path) == 1  # the main file is the owner's to close
+        # A child (a fresh one, or one of the same id) writes to its sidechain again.
+        again = engine.subagent(agent_id="sub-1", model=ScriptedModel(["again."]))
+        await collect(again, "once more")
+        assert _open_files(side.path) == 0
+        await collect(engine, "second")
+        assert _open_files(session.sidechain("sub-2").path) == 0
+    assert [m.text for m in JsonlSession(side.path).load().messages] == ["once more", "again."]
+    assert [m.text for m in JsonlSession(tmp_path / "subagents" / "sub-2.jsonl").load().messages] == ["two", "child two."]
