@@ -420,11 +420,25 @@ class MCPServer:
             )
 
     async def _relist(self) -> None:
-        """List the tools again, as long as the server keeps saying they changed."""
+        """List the tools again, as long as the server keeps saying they changed.
+
+        Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
+        model's next request sees the new list), and a server that never answers must not hold
+        that call, and the turn, for ever. On timeout the tools listed before are kept."""
+        timeout = self.connect_timeout
         while self._stale and not self._closed:
             self._stale = False
             try:
-                await self.list_tools()
+                async with asyncio.timeout(timeout):
+                    await self.list_tools()
+            except TimeoutError:
+                log.warning(
+                    "MCP server %s: it did not answer tools/list within %s s after its tool list changed; "
+                    "keeping the tools listed before",
+                    self.label,
+                    timeout,
+                )
+                return
             except Exception as exc:
                 log.warning("MCP server %s: listing its tools after a change failed: %r", self.label, exc)
                 return

@@ -611,3 +611,49 @@ async def test_a_tool_listed_twice_is_offered_once_with_a_warning(caplog: pytest
     from agentloop import QueryEngine, ScriptedModel
 
     QueryEngine(ScriptedModel([]), tools=tools)  # no "duplicate tool names" ValueError
+
+
+async def test_a_relisting_the_server_never_answers_is_bounded_by_connect_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # After notifications/tools/list_changed the tools are listed again, and a call's result waits
+    # for that listing: a server that never answers it must not hang the call (nor the next turn).
+    never = asyncio.Event()
+    cancelled = asyncio.Event()
+    srv: MCPServer
+
+    class Mute:
+        listings = 0
+
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            self.listings += 1
+            if self.listings == 1:
+                return types.ListToolsResult(tools=[types.Tool(name="old", inputSchema={"type": "object"})])
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+            srv._on_message(types.ToolListChangedNotification())  # the server's news comes first
+            await asyncio.sleep(0)
+            return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
+
+    mute = Mute()
+    srv = MCPServer(contextlib.nullcontext, label="mute", connect_timeout=0.05)  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return mute
+
+    srv.session = session  # type: ignore[method-assign]
+    tools = await srv.list_tools()
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with asyncio.timeout(10):  # the bound under test is 0.05 s; this only stops a hang
+            result = await srv.call_tool("old", {})
+    assert isinstance(result.content[0], types.TextContent) and result.content[0].text == "done"
+    assert cancelled.is_set() and mute.listings == 2
+    assert srv.follow_tools({t.name: t for t in tools}) is None  # the old list is kept
+    assert any("mute" in r.getMessage() and "0.05" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    await srv.aclose()
