@@ -423,7 +423,11 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
     ends_by = st.loop.time() + grace  # tools and hooks' cleanup share one grace
     try:
         if not st.turn_over:
-            if not st.signal.aborted:
+            if st.signal.aborted:
+                # Aborted, then stopped before its turn could end (a parent's grace ran out and
+                # it cancelled this subagent's call): no TurnEnded will say so, the parent's must.
+                _report_to_parent(engine, st)
+            else:
                 st.controller.abort("consumer_closed")
             settle_partial(engine, st)
             record_finished(engine, st)

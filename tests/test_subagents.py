@@ -18,6 +18,7 @@ from agentloop import (
     ScriptedToolCall,
     TextDelta,
     ToolCallFinished,
+    ToolCallStarted,
     ToolContext,
     TurnEnded,
     delegate_tool,
@@ -400,3 +401,37 @@ async def test_a_subagents_sidechain_file_is_closed_when_its_run_ends(tmp_path: 
         assert _open_files(session.sidechain("sub-2").path) == 0
     assert [m.text for m in JsonlSession(side.path).load().messages] == ["once more", "again."]
     assert [m.text for m in JsonlSession(tmp_path / "subagents" / "sub-2.jsonl").load().messages] == ["two", "child two."]
+
+
+async def test_a_child_cancelled_after_the_grace_is_still_listed_as_aborted() -> None:
+    # The child's tool ignores the abort, and the child's own grace is longer than the parent's: the
+    # parent cancels the delegate call at the end of its grace, so the child never ends its turn
+    # (no TurnEnded of its own), yet the parent's TurnEnded names it among the subagents aborted.
+    release = asyncio.Event()
+    holding = asyncio.Event()
+
+    @tool
+    async def stubborn(ctx: ToolContext) -> str:
+        holding.set()
+        await release.wait()  # ignores ctx.signal (a cancellation still stops it)
+        return "late"
+
+    model = ScriptedModel([delegate("stubborn job"), ScriptedResponse(tool_calls=[ScriptedToolCall("stubborn", {})])])
+    engine = QueryEngine(
+        model, tools=[stubborn, delegate_tool(tool_cancel_grace=60.0)], policies=[], tool_cancel_grace=0.01
+    )
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted) and ev.agent_id == "sub-1":
+            await holding.wait()
+            engine.interrupt("cancel")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.agent_id is None and end.reason == "aborted_tools"
+    assert end.aborted_subagents == ("sub-1",)
+    assert not [e for e in events if isinstance(e, TurnEnded) and e.agent_id == "sub-1"]
+    assert validate_transcript(engine.messages) == []
+    release.set()  # let the abandoned child finish, so no task outlives the test
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    _, pending = await asyncio.wait(others, timeout=10) if others else (set(), set())
+    assert not pending
