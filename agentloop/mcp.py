@@ -50,6 +50,9 @@ __all__ = ["MCPServer"]
 
 log = logging.getLogger("agentloop")
 
+#: The streamable HTTP transport's session header (HTTP header names are case-insensitive).
+_SESSION_HEADER = "mcp-session-id"
+
 #: The loggers that quote an MCP server's URL, query string and all.
 _URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 
@@ -156,6 +159,8 @@ class MCPServer:
         self._stale = False  # the server said its tool list changed since the last listing began
         self._relisting: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
+        # The HTTP server answered 404 to a request of the current session: it forgot the session.
+        self._forgotten = False
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -210,11 +215,19 @@ class MCPServer:
         _check_url(url)
         target, auth = _split_userinfo(url)
 
+        async def on_response(response: httpx2.Response) -> None:
+            # A 404 to a request in a session means the server no longer knows that session (it
+            # restarted, say): the SDK fails the call, and every later one, unless we reconnect.
+            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+                log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
+                server._forgotten = True
+
         @contextlib.asynccontextmanager
         async def connect() -> AsyncIterator[Streams]:
             limits = httpx2.Timeout(http_timeout, read=None)
+            hooks = {"response": [on_response]}
             async with (
-                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth) as client,
+                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
                 streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as streams,
             ):
                 yield streams
@@ -253,6 +266,7 @@ class MCPServer:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
+            self._forgotten = False
             conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout, self._on_message)
         try:
             return await conn.session()
@@ -497,8 +511,9 @@ class MCPServer:
         return result
 
     async def _lost(self, exc: MCPError, conn: _Connection | None) -> None:
-        if exc.code == types.CONNECTION_CLOSED and self._conn is conn and conn is not None:
-            await self.reset()  # the server went away: reconnect on the next call
+        forgotten, self._forgotten = self._forgotten, False
+        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn and conn is not None:
+            await self.reset()  # the server went away, or forgot the session: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:
         return Tool(

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import importlib
+import json
 import os
 import re
 import signal
@@ -657,3 +658,65 @@ async def test_a_relisting_the_server_never_answers_is_bounded_by_connect_timeou
     assert srv.follow_tools({t.name: t for t in tools}) is None  # the old list is kept
     assert any("mute" in r.getMessage() and "0.05" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     await srv.aclose()
+
+
+class _ForgetfulServer:
+    """A streamable HTTP MCP server in an `httpx2.MockTransport`, which can forget its sessions
+    (a restart): a request carrying a forgotten ``Mcp-Session-Id`` gets 404, as the spec says."""
+
+    def __init__(self) -> None:
+        self.sessions: set[str] = set()
+        self.initialized = 0
+        self.not_found = 0
+
+    def handle(self, request: Any) -> Any:
+        import httpx2
+
+        if request.method != "POST":
+            return httpx2.Response(405 if request.method == "GET" else 200)
+        sid = request.headers.get("mcp-session-id")
+        body = json.loads(request.content)
+        if body.get("method") == "initialize":
+            self.initialized += 1
+            sid = f"s{self.initialized}"
+            self.sessions.add(sid)
+            result: dict[str, Any] = {
+                "protocolVersion": body["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "forgetful", "version": "1"},
+            }
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result},
+                                   headers={"mcp-session-id": sid})  # fmt: skip
+        if sid not in self.sessions:
+            self.not_found += 1
+            return httpx2.Response(404, text="no such session")
+        if "id" not in body:
+            return httpx2.Response(202)
+        if body["method"] == "tools/list":
+            result = {"tools": [{"name": "where", "inputSchema": {"type": "object"}}]}
+        else:
+            result = {"content": [{"type": "text", "text": f"session {sid}"}], "isError": False}
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+
+async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_starts_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(fake.handle)))
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        async with asyncio.timeout(10):
+            first = await srv.call_tool("where", {})
+            assert result_to_block("t", first).text == "session s1"
+            fake.sessions.clear()  # the server restarted
+            with pytest.raises(MCPError):
+                await srv.call_tool("where", {})
+            assert fake.not_found == 1
+            again = await srv.call_tool("where", {})
+            assert result_to_block("t", again).text == "session s2"
+            assert [t.name for t in await srv.list_tools()] == ["where"]
+    assert fake.initialized == 2 and fake.not_found == 1
