@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
@@ -720,3 +722,13 @@ async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_star
             assert result_to_block("t", again).text == "session s2"
             assert [t.name for t in await srv.list_tools()] == ["where"]
     assert fake.initialized == 2 and fake.not_found == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(names=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=12))
+def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: list[str]) -> None:
+    srv = MCPServer(contextlib.nullcontext, label="p")  # type: ignore[arg-type]
+    specs = [types.Tool(name=n, description=str(i), inputSchema={"type": "object"}) for i, n in enumerate(names)]
+    kept = srv._unique(specs)
+    assert [s.name for s in kept] == list(dict.fromkeys(names))
+    assert all(s.description == str(names.index(s.name)) for s in kept)
