@@ -340,6 +340,9 @@ class QueryEngine:
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
+        self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
+        # The background children (start_background) a "abort" setting stops on this engine's aborts.
+        self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
@@ -510,6 +513,7 @@ class QueryEngine:
         # has a sidechain holding that child's conversation: this child's first record is a
         # checkpoint, so the file replays to this child's transcript, not to both joined.
         child._checkpoint_due = _holds_records(child.session)
+        child._own_sidechain = "session" not in overrides and child.session is not None
         return child
 
     def start_background(self, child: QueryEngine, prompt: str | Message) -> asyncio.Task[list[Event]]:
@@ -521,6 +525,9 @@ class QueryEngine:
         if child.parent is not self:
             raise ValueError("start_background() needs a subagent of this engine")
         child._background_child = True
+        if self._background_children is None:
+            self._background_children = weakref.WeakSet()
+        self._background_children.add(child)
 
         async def drain() -> list[Event]:
             return [ev async for ev in child.run(prompt)]
@@ -531,6 +538,16 @@ class QueryEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+    def _abort_background(self, reason: str) -> None:
+        """With ``background_subagents="abort"``, stop this engine's background children with
+        ``reason`` (the run that aborted): also those whose run is not linked to this one (started
+        while this engine was idle, or in an earlier run of it)."""
+        children = self._background_children
+        if children is None or self.options.background_subagents != "abort":
+            return
+        for child in list(children):
+            child.interrupt(reason)
 
     def _link_signal(self) -> AbortSignal | None:
         """The signal a new run of this engine follows (its parent's run), if any."""
@@ -638,6 +655,18 @@ class QueryEngine:
             self.session.append_message(message)
         except Exception as exc:
             self._store_failed(f"a message ({message.role})", exc)
+
+    def _release_sidechain(self) -> None:
+        """As a subagent's run ends: close the file of the sidechain `subagent()` gave it (a
+        `JsonlSession` opens it again on its next append), rather than hold it open until the
+        parent's session is closed. The sidechain is the parent's store's to close, not ours."""
+        release = getattr(self.session, "release", None)
+        if not self._own_sidechain or release is None:
+            return
+        try:
+            release()
+        except Exception as exc:
+            self._store_failed("the end of its sidechain file (closing it)", exc)
 
     def _store_failed(self, what: str, exc: Exception) -> None:
         # The run goes on (the transcript in memory is whole), but the file is not: say so where

@@ -377,6 +377,7 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     if aborted and abort_reason is not None:
         interrupt_notice(engine, reason, abort_reason)
         st.hooked = True  # before the await: a host that cancels it does not get them called twice
+        engine._abort_background(abort_reason)
         await engine._run_abort_hooks(abort_reason)
         _report_to_parent(engine, st)
     strip_final(engine)
@@ -422,13 +423,18 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
     ends_by = st.loop.time() + grace  # tools and hooks' cleanup share one grace
     try:
         if not st.turn_over:
-            if not st.signal.aborted:
+            if st.signal.aborted:
+                # Aborted, then stopped before its turn could end (a parent's grace ran out and
+                # it cancelled this subagent's call): no TurnEnded will say so, the parent's must.
+                _report_to_parent(engine, st)
+            else:
                 st.controller.abort("consumer_closed")
             settle_partial(engine, st)
             record_finished(engine, st)
             settle_results(engine, st)
             strip_final(engine)
             if not st.hooked:
+                engine._abort_background(st.signal.reason or "consumer_closed")
                 await engine._run_abort_hooks(st.signal.reason or "consumer_closed")
         await _cancel_tasks(st, grace)
         cleanup, engine._cleanup = engine._cleanup, None
@@ -445,6 +451,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
         engine._vetted = list(engine.messages)  # valid: the run settled it
         engine._state = None
         engine._claim_store(False)
+        engine._release_sidechain()
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():
             closing.set_result(None)

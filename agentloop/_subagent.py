@@ -43,9 +43,16 @@ def delegate_tool(
     max_turns: int = 10,
     agent_prefix: str = "sub",
     system: str | None = None,
+    max_depth: int = 3,
     **overrides: Any,
 ) -> Tool:
     """A tool that runs each call in a fresh subagent with its own ``max_turns``.
+
+    ``max_depth`` bounds the nesting: a subagent that has this tool too may
+    delegate again, but a call from an engine ``max_depth`` levels below the main
+    engine starts no subagent and returns an error result saying the depth limit
+    was reached (default 3: main engine, child, grandchild, great-grandchild).
+    Raises TypeError or ValueError for a ``max_depth`` that is not a whole number >= 1.
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
     the subagent a narrower tool set). Agent ids are ``<agent_prefix>-<n>``,
@@ -55,10 +62,24 @@ def delegate_tool(
     already (a resumed session) are skipped.
     """
 
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int):
+        raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be at least 1, not {max_depth!r}")
+
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
         if not isinstance(task, str) or not task.strip():
             return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
+        if _depth(ctx.engine) >= max_depth:
+            return ToolResultBlock(
+                tool_use_id=ctx.tool_use_id,
+                content=(
+                    f"No subagent started: the subagent depth limit ({max_depth}) was reached. "
+                    "Do this task yourself."
+                ),
+                is_error=True,
+            )
         agent_id = _new_agent_id(ctx.engine, agent_prefix)
         extra = dict(overrides)
         if system is not None:
@@ -77,6 +98,16 @@ def delegate_tool(
         return _result(ctx.tool_use_id, agent_id, answer, end)
 
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+
+
+def _depth(engine: QueryEngine) -> int:
+    """How many engines are above ``engine`` (0 for a main engine)."""
+    depth = 0
+    parent = engine.parent
+    while parent is not None:
+        depth += 1
+        parent = parent.parent
+    return depth
 
 
 # Per main engine: the last number given to each prefix (an engine going away takes its numbers).

@@ -50,6 +50,9 @@ __all__ = ["MCPServer"]
 
 log = logging.getLogger("agentloop")
 
+#: The streamable HTTP transport's session header (HTTP header names are case-insensitive).
+_SESSION_HEADER = "mcp-session-id"
+
 #: The loggers that quote an MCP server's URL, query string and all.
 _URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 
@@ -156,6 +159,8 @@ class MCPServer:
         self._stale = False  # the server said its tool list changed since the last listing began
         self._relisting: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
+        # The HTTP server answered 404 to a request of the current session: it forgot the session.
+        self._forgotten = False
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -210,11 +215,19 @@ class MCPServer:
         _check_url(url)
         target, auth = _split_userinfo(url)
 
+        async def on_response(response: httpx2.Response) -> None:
+            # A 404 to a request in a session means the server no longer knows that session (it
+            # restarted, say): the SDK fails the call, and every later one, unless we reconnect.
+            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+                log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
+                server._forgotten = True
+
         @contextlib.asynccontextmanager
         async def connect() -> AsyncIterator[Streams]:
             limits = httpx2.Timeout(http_timeout, read=None)
+            hooks = {"response": [on_response]}
             async with (
-                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth) as client,
+                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
                 streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as streams,
             ):
                 yield streams
@@ -253,6 +266,7 @@ class MCPServer:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
+            self._forgotten = False
             conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout, self._on_message)
         try:
             return await conn.session()
@@ -361,10 +375,26 @@ class MCPServer:
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
+        specs = self._unique(specs)
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
         return tools
+
+    def _unique(self, specs: list[types.Tool]) -> list[types.Tool]:
+        """``specs`` with the first tool of each name: a request offering two tools of one
+        name fails at every provider, so a server that lists a name twice loses the later ones."""
+        first: dict[str, types.Tool] = {}
+        for spec in specs:
+            if spec.name in first:
+                log.warning(
+                    "MCP server %s lists the tool %r more than once; only its first listing is offered",
+                    self.label,
+                    spec.name,
+                )
+            else:
+                first[spec.name] = spec
+        return specs if len(first) == len(specs) else list(first.values())
 
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
@@ -404,11 +434,25 @@ class MCPServer:
             )
 
     async def _relist(self) -> None:
-        """List the tools again, as long as the server keeps saying they changed."""
+        """List the tools again, as long as the server keeps saying they changed.
+
+        Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
+        model's next request sees the new list), and a server that never answers must not hold
+        that call, and the turn, for ever. On timeout the tools listed before are kept."""
+        timeout = self.connect_timeout
         while self._stale and not self._closed:
             self._stale = False
             try:
-                await self.list_tools()
+                async with asyncio.timeout(timeout):
+                    await self.list_tools()
+            except TimeoutError:
+                log.warning(
+                    "MCP server %s: it did not answer tools/list within %s s after its tool list changed; "
+                    "keeping the tools listed before",
+                    self.label,
+                    timeout,
+                )
+                return
             except Exception as exc:
                 log.warning("MCP server %s: listing its tools after a change failed: %r", self.label, exc)
                 return
@@ -467,8 +511,9 @@ class MCPServer:
         return result
 
     async def _lost(self, exc: MCPError, conn: _Connection | None) -> None:
-        if exc.code == types.CONNECTION_CLOSED and self._conn is conn and conn is not None:
-            await self.reset()  # the server went away: reconnect on the next call
+        forgotten, self._forgotten = self._forgotten, False
+        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn and conn is not None:
+            await self.reset()  # the server went away, or forgot the session: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:
         return Tool(

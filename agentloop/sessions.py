@@ -114,7 +114,9 @@ class JsonlSession:
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents``). The file and its directories are created on
-    the first append; constructing or loading never creates anything. A relative
+    the first append; constructing or loading never creates anything. A file it
+    creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
+    output, keys the user pasted); existing ones keep their mode. A relative
     path is taken from the working directory at construction.
     A session is safe to append to from several threads.
     """
@@ -189,6 +191,22 @@ class JsonlSession:
             stack.callback(self._close_own)
             for child in reversed(list(self._sidechains.values())):
                 stack.callback(child.close)  # run first, in the order they were made
+
+    def release(self) -> None:
+        """Flush (per the policy) and close the file, leaving the session open: the next
+        append opens the file again. The engine calls it on a subagent's sidechain when the
+        subagent's run ends, so an idle subagent holds no open file. Raises OSError if the
+        sync fails (the file is closed all the same)."""
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                return
+            try:
+                if self.fsync != "never" and self._unsynced:
+                    self._sync()
+            finally:
+                self._fd = None
+                os.close(fd)
 
     def _close_own(self) -> None:
         with self._lock:
@@ -274,7 +292,8 @@ class JsonlSession:
         if self._fd is None:
             made = _make_dirs(self.path.parent)
             created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            # Owner only (a transcript may hold secrets): 0o600 is a subset of any umask's result.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 _cut_torn_tail(fd, self.path, keep_whole=True)
             except BaseException:
@@ -490,7 +509,7 @@ def _make_dirs(directory: Path) -> list[Path]:
     changed: list[Path] = []
     for made in reversed(missing):
         try:
-            made.mkdir()
+            made.mkdir(mode=0o700)  # owner only, as the session files in it
         except FileExistsError:  # made by someone else meanwhile
             continue
         changed.append(made.parent)

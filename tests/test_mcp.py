@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import importlib
+import json
 import os
 import re
 import signal
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
@@ -579,3 +582,153 @@ async def test_a_tool_result_over_a_mebibyte_comes_through_streamable_http(http_
     async with MCPServer.http(http_url, max_event_size=1 << 20) as srv:  # a host's own limit holds
         with pytest.raises(MCPError, match="byte limit"):
             await srv.call_tool("echo", {"text": text})
+
+
+async def test_a_tool_listed_twice_is_offered_once_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # Providers refuse a request whose tools share a name: the first listing of a name wins.
+    class Doubled:
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            if params is None:
+                return types.ListToolsResult(
+                    tools=[
+                        types.Tool(name="dup", description="first", inputSchema={"type": "object"}),
+                        types.Tool(name="one", inputSchema={"type": "object"}),
+                    ],
+                    nextCursor="p2",
+                )
+            return types.ListToolsResult(
+                tools=[types.Tool(name="dup", description="second", inputSchema={"type": "object"})]
+            )
+
+    srv = MCPServer(contextlib.nullcontext, label="doubled", prefix="d_")  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return Doubled()
+
+    srv.session = session  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="agentloop"):
+        tools = await srv.list_tools()
+    assert [(t.name, t.description) for t in tools] == [("d_dup", "first"), ("d_one", "")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'dup'" in warnings[0] and "doubled" in warnings[0], warnings
+    from agentloop import QueryEngine, ScriptedModel
+
+    QueryEngine(ScriptedModel([]), tools=tools)  # no "duplicate tool names" ValueError
+
+
+async def test_a_relisting_the_server_never_answers_is_bounded_by_connect_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # After notifications/tools/list_changed the tools are listed again, and a call's result waits
+    # for that listing: a server that never answers it must not hang the call (nor the next turn).
+    never = asyncio.Event()
+    cancelled = asyncio.Event()
+    srv: MCPServer
+
+    class Mute:
+        listings = 0
+
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            self.listings += 1
+            if self.listings == 1:
+                return types.ListToolsResult(tools=[types.Tool(name="old", inputSchema={"type": "object"})])
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+            srv._on_message(types.ToolListChangedNotification())  # the server's news comes first
+            await asyncio.sleep(0)
+            return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
+
+    mute = Mute()
+    srv = MCPServer(contextlib.nullcontext, label="mute", connect_timeout=0.05)  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return mute
+
+    srv.session = session  # type: ignore[method-assign]
+    tools = await srv.list_tools()
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with asyncio.timeout(10):  # the bound under test is 0.05 s; this only stops a hang
+            result = await srv.call_tool("old", {})
+    assert isinstance(result.content[0], types.TextContent) and result.content[0].text == "done"
+    assert cancelled.is_set() and mute.listings == 2
+    assert srv.follow_tools({t.name: t for t in tools}) is None  # the old list is kept
+    assert any("mute" in r.getMessage() and "0.05" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    await srv.aclose()
+
+
+class _ForgetfulServer:
+    """A streamable HTTP MCP server in an `httpx2.MockTransport`, which can forget its sessions
+    (a restart): a request carrying a forgotten ``Mcp-Session-Id`` gets 404, as the spec says."""
+
+    def __init__(self) -> None:
+        self.sessions: set[str] = set()
+        self.initialized = 0
+        self.not_found = 0
+
+    def handle(self, request: Any) -> Any:
+        import httpx2
+
+        if request.method != "POST":
+            return httpx2.Response(405 if request.method == "GET" else 200)
+        sid = request.headers.get("mcp-session-id")
+        body = json.loads(request.content)
+        if body.get("method") == "initialize":
+            self.initialized += 1
+            sid = f"s{self.initialized}"
+            self.sessions.add(sid)
+            result: dict[str, Any] = {
+                "protocolVersion": body["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "forgetful", "version": "1"},
+            }
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result},
+                                   headers={"mcp-session-id": sid})  # fmt: skip
+        if sid not in self.sessions:
+            self.not_found += 1
+            return httpx2.Response(404, text="no such session")
+        if "id" not in body:
+            return httpx2.Response(202)
+        if body["method"] == "tools/list":
+            result = {"tools": [{"name": "where", "inputSchema": {"type": "object"}}]}
+        else:
+            result = {"content": [{"type": "text", "text": f"session {sid}"}], "isError": False}
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+
+async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_starts_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(fake.handle)))
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        async with asyncio.timeout(10):
+            first = await srv.call_tool("where", {})
+            assert result_to_block("t", first).text == "session s1"
+            fake.sessions.clear()  # the server restarted
+            with pytest.raises(MCPError):
+                await srv.call_tool("where", {})
+            assert fake.not_found == 1
+            again = await srv.call_tool("where", {})
+            assert result_to_block("t", again).text == "session s2"
+            assert [t.name for t in await srv.list_tools()] == ["where"]
+    assert fake.initialized == 2 and fake.not_found == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(names=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=12))
+def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: list[str]) -> None:
+    srv = MCPServer(contextlib.nullcontext, label="p")  # type: ignore[arg-type]
+    specs = [types.Tool(name=n, description=str(i), inputSchema={"type": "object"}) for i, n in enumerate(names)]
+    kept = srv._unique(specs)
+    assert [s.name for s in kept] == list(dict.fromkeys(names))
+    assert all(s.description == str(names.index(s.name)) for s in kept)

@@ -1104,3 +1104,24 @@ async def test_a_file_a_running_engine_writes_is_refused_through_another_session
                 gate.set()
     loaded = JsonlSession(path).load()
     assert loaded.repairs == [] and loaded.messages == first.messages
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_session_files_are_0600_and_the_directories_made_for_them_0700(tmp_path: Path, umask: int) -> None:
+    """Transcripts may hold secrets: only their owner may read them, whatever the umask."""
+    path = tmp_path / "new" / "deeper" / "s.jsonl"
+    old = os.umask(umask)
+    try:
+        with JsonlSession(path) as session:
+            session.append_message(make_message(0))
+            session.sidechain("sub-1").append_message(make_message(1))
+    finally:
+        os.umask(old)
+
+    def mode(p: Path) -> int:
+        return p.stat().st_mode & 0o777
+
+    assert mode(path) == 0o600
+    assert mode(tmp_path / "new" / "deeper" / "subagents" / "sub-1.jsonl") == 0o600
+    for directory in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "subagents"):
+        assert mode(directory) == 0o700, directory

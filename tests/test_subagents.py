@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from agentloop import (
     ScriptedToolCall,
     TextDelta,
     ToolCallFinished,
+    ToolCallStarted,
     ToolContext,
     TurnEnded,
     delegate_tool,
@@ -300,3 +303,135 @@ async def test_a_reused_agent_id_sidechain_replays_to_the_latest_child(tmp_path:
     assert [m.text for m in children[-1].messages] == ["second job", "answer to second job"]
     assert loaded.messages == children[-1].messages
     assert all(not c.session_errors for c in children)
+
+
+@pytest.mark.parametrize("max_depth", [None, 1, 2])
+async def test_delegation_stops_at_max_depth_with_an_error_result(max_depth: int | None) -> None:
+    # A model that always delegates would nest subagents for ever: at the limit, the call fails.
+    depth = 3 if max_depth is None else max_depth  # the default is 3
+    answers = [f"answer at depth {d}" for d in range(depth, -1, -1)]
+    model = ScriptedModel([*(delegate(f"level {d}") for d in range(depth + 1)), *answers])
+    kwargs = {} if max_depth is None else {"max_depth": max_depth}
+    engine = QueryEngine(model, tools=[delegate_tool(**kwargs)], policies=[])
+    events = await collect(engine, "go deep")
+    started = {e.agent_id for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
+    assert started == {f"sub-{n}" for n in range(1, depth + 1)}
+    refused = [e for e in events if isinstance(e, ToolCallFinished) and e.agent_id == (f"sub-{depth}" if depth else None)]
+    assert len(refused) == 1 and refused[0].result.is_error
+    assert "depth limit" in refused[0].result.text and str(depth) in refused[0].result.text
+    assert events[-1] == engine.last_turn_ended and isinstance(events[-1], TurnEnded)
+    assert events[-1].reason == "completed" and engine.messages[-1].text == "answer at depth 0"
+    assert validate_transcript(engine.messages) == []
+
+
+def test_max_depth_must_be_a_positive_whole_number() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises((TypeError, ValueError)):
+            delegate_tool(max_depth=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("started", ["while_idle", "in_an_earlier_run"])
+async def test_background_abort_reaches_children_not_started_in_the_current_run(started: str) -> None:
+    # background_subagents="abort": a parent abort stops every background child of the parent,
+    # also one started while the parent was idle, or during an earlier run that completed.
+    holding = asyncio.Event()
+
+    @tool
+    async def hold(ctx: ToolContext) -> str:
+        holding.set()
+        return f"stopped: {await ctx.signal.wait()}"
+
+    child_model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("hold", {})]), "never reached"])
+    engine = QueryEngine(
+        ScriptedModel(["first run done.", ScriptedResponse(text="main " * 40, chunk=2)]),
+        tools=[hold],
+        policies=[],
+        background_subagents="abort",
+    )
+    child = engine.subagent(agent_id="bg", model=child_model)
+    bg_task: asyncio.Task[list[Any]] | None = None
+    if started == "while_idle":
+        bg_task = engine.start_background(child, "background work")
+        await holding.wait()  # the child runs, the parent has not run yet
+        await collect(engine, "first run")
+    else:
+        async for _ in engine.run("first run"):
+            if bg_task is None:
+                bg_task = engine.start_background(child, "background work")
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert bg_task is not None
+    await holding.wait()
+    assert not bg_task.done()
+    async for ev in engine.run("second run"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt("cancel")
+    try:
+        events = await asyncio.wait_for(bg_task, 10)
+    finally:
+        bg_task.cancel()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_tools" and end.abort_reason == "cancel"
+    assert validate_transcript(child.messages) == []
+
+
+def _open_files(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += Path(os.readlink(fd)) == path
+        except OSError:  # closed meanwhile (the directory's own fd)
+            pass
+    return count
+
+
+async def test_a_subagents_sidechain_file_is_closed_when_its_run_ends(tmp_path: Path) -> None:
+    model = ScriptedModel([delegate("one"), "child one.", "parent one.", delegate("two"), "child two.", "parent two."])
+    with JsonlSession(tmp_path / "main.jsonl") as session:
+        engine = QueryEngine(model, tools=[delegate_tool()], policies=[], session=session)
+        await collect(engine, "first")
+        side = session.sidechain("sub-1")
+        assert side.path.exists() and _open_files(side.path) == 0  # not held until the engine goes
+        assert _open_files(session.path) == 1  # the main file is the owner's to close
+        # A child (a fresh one, or one of the same id) writes to its sidechain again.
+        again = engine.subagent(agent_id="sub-1", model=ScriptedModel(["again."]))
+        await collect(again, "once more")
+        assert _open_files(side.path) == 0
+        await collect(engine, "second")
+        assert _open_files(session.sidechain("sub-2").path) == 0
+    assert [m.text for m in JsonlSession(side.path).load().messages] == ["once more", "again."]
+    assert [m.text for m in JsonlSession(tmp_path / "subagents" / "sub-2.jsonl").load().messages] == ["two", "child two."]
+
+
+async def test_a_child_cancelled_after_the_grace_is_still_listed_as_aborted() -> None:
+    # The child's tool ignores the abort, and the child's own grace is longer than the parent's: the
+    # parent cancels the delegate call at the end of its grace, so the child never ends its turn
+    # (no TurnEnded of its own), yet the parent's TurnEnded names it among the subagents aborted.
+    release = asyncio.Event()
+    holding = asyncio.Event()
+
+    @tool
+    async def stubborn(ctx: ToolContext) -> str:
+        holding.set()
+        await release.wait()  # ignores ctx.signal (a cancellation still stops it)
+        return "late"
+
+    model = ScriptedModel([delegate("stubborn job"), ScriptedResponse(tool_calls=[ScriptedToolCall("stubborn", {})])])
+    engine = QueryEngine(
+        model, tools=[stubborn, delegate_tool(tool_cancel_grace=60.0)], policies=[], tool_cancel_grace=0.01
+    )
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted) and ev.agent_id == "sub-1":
+            await holding.wait()
+            engine.interrupt("cancel")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.agent_id is None and end.reason == "aborted_tools"
+    assert end.aborted_subagents == ("sub-1",)
+    assert not [e for e in events if isinstance(e, TurnEnded) and e.agent_id == "sub-1"]
+    assert validate_transcript(engine.messages) == []
+    release.set()  # let the abandoned child finish, so no task outlives the test
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    _, pending = await asyncio.wait(others, timeout=10) if others else (set(), set())
+    assert not pending
