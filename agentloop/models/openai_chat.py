@@ -17,7 +17,8 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   `ProviderStreamError` (an event named ``error`` is always an error here).
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
-is ``data: [DONE]``; a stream without it, or whose ``[DONE]`` follows neither a
+is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
+has finished then); a stream without either, or whose ``[DONE]`` follows neither a
 ``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
 raises `StreamProtocolError`.
 """
@@ -232,6 +233,11 @@ class ChatMapper:
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
+            if self._finish is not None:
+                # The server has finished: what follows ([DONE]) carries nothing, so a connection
+                # lost before it loses nothing either.
+                out.extend(self._end())
+                return out
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
