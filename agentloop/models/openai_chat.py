@@ -250,6 +250,14 @@ class ChatMapper:
                 self._finish = choice["finish_reason"]
                 if self._finish == "error":
                     raise self._failed(choice.get("error"))
+                if self._finish == "abort":
+                    # vLLM: the server aborted the request; the output stops wherever it was, as
+                    # with a dropped connection, so it is not passed off as a finished answer.
+                    raise StreamProtocolError(
+                        "openai chat stream: the server aborted the response (finish_reason 'abort'); "
+                        "the output was cut",
+                        retryable=True,
+                    )
         return out or None
 
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
