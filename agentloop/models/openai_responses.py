@@ -60,10 +60,17 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
     """
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
+        start = len(items)
         for b in blocks:
             item = _item(role, b, stored)
             if item is not None:
                 items.append(item)
+        if role == "assistant":
+            # A reasoning item must be followed by the output it led to (the API refuses it
+            # "without its required following item"): one a cut stream left last in its turn
+            # stays in the transcript but is not sent.
+            while len(items) > start and items[-1]["type"] == "reasoning":
+                items.pop()
     body: dict[str, Any] = {"model": model, "input": items}
     if request.system:
         body["instructions"] = request.system

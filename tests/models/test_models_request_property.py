@@ -90,7 +90,16 @@ def check_chat(body: dict[str, Any]) -> None:
 def check_responses(body: dict[str, Any]) -> None:
     calls: list[str] = []
     outputs: list[str] = []
-    for item in body["input"]:
+    items = body["input"]
+    for i, item in enumerate(items):
+        if item["type"] == "reasoning":
+            # "Item 'rs_...' of type 'reasoning' was provided without its required following item":
+            # the model's own output must follow it, before the next user turn.
+            after = [x for x in items[i + 1 :] if x["type"] != "reasoning"]
+            assert after, "a reasoning item ends the input"
+            assert after[0]["type"] == "function_call" or (
+                after[0]["type"] == "message" and after[0]["role"] == "assistant"
+            ), after[0]
         if item["type"] in ("function_call", "function_call_output"):
             assert len(item["call_id"]) <= 64, "the Responses API rejects a longer call_id"
         if item["type"] == "function_call":
