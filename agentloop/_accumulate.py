@@ -59,6 +59,14 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
     )
 
 
+def _bad_index(index: object, event: object) -> StreamProtocolError:
+    return StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries a block index of type "
+        f"{type(index).__name__}, not an int: {index!r:.80}",
+        retryable=True,
+    )
+
+
 class Accumulator:
     """Feed stream events in order; read the message at any time.
 
@@ -94,38 +102,40 @@ class Accumulator:
         text = ev.text
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "text").chunks.append(text)
+        self._part(ev, "text").chunks.append(text)
 
     def _thinking(self, ev: StreamThinking) -> None:
         text = ev.thinking
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "thinking").chunks.append(text)
+        self._part(ev, "thinking").chunks.append(text)
 
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
             raise _malformed(ev.signature, ev)
-        self._part(ev.index, "thinking").signature = ev.signature  # whole, never a piece
+        self._part(ev, "thinking").signature = ev.signature  # whole, never a piece
 
     def _tool_input(self, ev: StreamToolInput) -> None:
         text = ev.partial_json
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "tool_use").chunks.append(text)
+        self._part(ev, "tool_use").chunks.append(text)
 
     def _tool_start(self, ev: StreamToolUseStart) -> None:
         for value in (ev.id, ev.name):
             if type(value) is not str:
                 raise _malformed(value, ev)
-        part = self._part(ev.index, "tool_use")
+        part = self._part(ev, "tool_use")
         part.id, part.name = ev.id, ev.name
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:
             raise _malformed(ev.data, ev)
-        self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
+        self._part(ev, "redacted_thinking").chunks.append(ev.data)
 
     def _stop(self, ev: StreamBlockStop) -> None:
+        if type(ev.index) is not int:
+            raise _bad_index(ev.index, ev)
         part = self._parts.get(ev.index)
         if part is not None:
             part.closed = True
@@ -142,7 +152,11 @@ class Accumulator:
         for part in self._parts.values():
             part.closed = True
 
-    def _part(self, index: int, kind: str) -> _Part:
+    def _part(self, ev: StreamText | StreamThinking | StreamSignature | StreamToolInput | StreamToolUseStart
+              | StreamRedactedThinking, kind: str) -> _Part:
+        index = ev.index
+        if type(index) is not int:  # a str or a float would break the ordering of the blocks
+            raise _bad_index(index, ev)
         part = self._parts.get(index)
         if part is None:
             part = self._parts[index] = _Part(kind)

@@ -175,7 +175,7 @@ class AnthropicMapper:
             ) from None
 
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index = obj["index"]
+        index = _index(obj)
         if index not in self._known:
             return None
         delta = obj["delta"]
@@ -201,7 +201,7 @@ class AnthropicMapper:
         return None
 
     def _block_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index, block = obj["index"], obj["content_block"]
+        index, block = _index(obj), obj["content_block"]
         bt = block["type"]
         if bt == "text":
             self._known.add(index)
@@ -221,7 +221,7 @@ class AnthropicMapper:
         return None  # server-tool blocks and future types: skipped (see module docstring)
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index = obj["index"]
+        index = _index(obj)
         return (StreamBlockStop(index),) if index in self._known else None
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -255,6 +255,19 @@ class AnthropicMapper:
             error_type=kind,
             retryable=not too_long and kind in _RETRYABLE_ERRORS,
         )
+
+
+def _index(obj: dict[str, Any]) -> int:
+    """The event's content-block ``index``; raises `StreamProtocolError` unless it is an int
+    (a str, null, float or bool would be taken for another block, or break their order)."""
+    index = obj["index"]
+    if type(index) is not int:
+        raise StreamProtocolError(
+            f"anthropic stream: malformed {obj.get('type')} event: its index is "
+            f"{type(index).__name__}, not an int: {excerpt(repr(index))}",
+            retryable=True,
+        )
+    return index
 
 
 def _usage(raw: dict[str, Any], old: Usage) -> Usage:

@@ -311,7 +311,15 @@ class ChatMapper:
             self._cur_kind = ""
 
     def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent]) -> None:
-        key = raw.get("index", pos)
+        key = raw.get("index")
+        if key is None:  # no index (Gemini) or a null one: placed by position
+            key = pos
+        elif type(key) is not int:
+            raise StreamProtocolError(
+                f"openai chat stream: malformed chunk: a tool call's index is {type(key).__name__}, "
+                f"not an int: {excerpt(repr(key))}",
+                retryable=True,
+            )
         call = self._calls.get(key)
         fn = raw.get("function") or {}
         if call is not None and call.succeeded_by(raw, fn):

@@ -221,6 +221,12 @@ class ResponsesMapper:
         key = obj.get("output_index")
         if key is None:  # llama.cpp's emulation sends no output_index
             key = obj.get("item_id") or (obj.get("item") or {}).get("id")
+        elif type(key) is not int:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed {obj.get('type')} event: its output_index is "
+                f"{type(key).__name__}, not an int: {excerpt(repr(key))}",
+                retryable=True,
+            )
         item = self._items.get(key)
         if item is None:
             item = self._items[key] = _Item(len(self._items), kind)
