@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, excerpt, loads, run_stream, turns
+from ._driver import Prepared, Turn, excerpt, loads, run_stream, turns
 from ._http import (
     Connection,
     HTTPModel,
@@ -79,7 +79,7 @@ def build_request(
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in turns(request.messages, foreign=_foreign)
+            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
         ],
         "stream": True,
     }
@@ -97,6 +97,35 @@ def build_request(
     if thinking is not None:
         body["thinking"] = thinking
     return body
+
+
+def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
+    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
+    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
+    are dropped; a turn left empty is dropped, and the user turns on either side are joined
+    into one, in order, so that roles still alternate (tool results stay first)."""
+    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
+        return wire
+    out: list[Turn] = []
+    for role, blocks in wire:
+        if role == "assistant":
+            end = len(blocks)
+            while end and _is_thinking(blocks[end - 1]):
+                end -= 1
+            if not end:
+                continue
+            blocks = blocks[:end]
+        if out and out[-1][0] == role:
+            joined = out[-1][1] + blocks
+            joined.sort(key=lambda b: not isinstance(b, ToolResultBlock))  # stable
+            out[-1] = (role, joined)
+        else:
+            out.append((role, blocks))
+    return out
+
+
+def _is_thinking(block: Block) -> bool:
+    return isinstance(block, ThinkingBlock | RedactedThinkingBlock)
 
 
 def _foreign(block: ThinkingBlock) -> bool:

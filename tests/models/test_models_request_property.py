@@ -54,6 +54,8 @@ def check_anthropic(body: dict[str, Any]) -> None:
                     assert t["text"].strip(), b  # "text content blocks must contain non-whitespace text"
     for i, msg in enumerate(messages):
         assert msg["content"], msg
+        if msg["role"] == "assistant":  # the API refuses an assistant message that ends in thinking
+            assert msg["content"][-1]["type"] not in ("thinking", "redacted_thinking"), msg
         if i:
             assert msg["role"] != messages[i - 1]["role"], "roles must alternate"
         uses = [b["id"] for b in msg["content"] if b["type"] == "tool_use"]
