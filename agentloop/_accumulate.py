@@ -189,7 +189,9 @@ class Accumulator:
         scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
         blocks: list[Block] = []
-        for index in sorted(self._parts):
+        order = sorted(self._parts)
+        cut = _CUT_BY.get(self.stop_reason or "") if self.ended else None
+        for index in order:
             part = self._parts[index]
             body = "".join(part.chunks)
             if part.kind == "text":
@@ -199,7 +201,7 @@ class Accumulator:
             elif part.kind == "redacted_thinking":
                 blocks.append(RedactedThinkingBlock(data=body))
             else:
-                blocks.append(_tool_use(part, body))
+                blocks.append(_tool_use(part, body, cut, last=index == order[-1]))
         return message("assistant", blocks, partial=partial)
 
 
@@ -217,16 +219,31 @@ APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
 }
 
 
-def _tool_use(part: _Part, body: str) -> ToolUseBlock:
+#: Stop reasons that cut the output wherever it was, even inside a tool call's input, and why.
+_CUT_BY = {
+    "max_tokens": "the response hit the output token limit (max_tokens)",
+    "model_context_window_exceeded": "the response filled the context window (model_context_window_exceeded)",
+    "refusal": "the response was stopped by a refusal or a content filter (refusal)",
+}
+
+
+def _tool_use(part: _Part, body: str, cut: str | None = None, *, last: bool = False) -> ToolUseBlock:
+    """The call of ``part``. Under a stop that ``cut`` the output (see `_CUT_BY`), an input
+    that is not whole JSON, or an empty one in the last block (the call being written when the
+    output stopped), is incomplete: an ``input_error``, so the call is answered, not run."""
     if not part.closed:
         return tool_use_block(part.id, part.name, {}, complete=False)
     if not body.strip():
+        if cut is not None and last:
+            return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=_incomplete(cut, body))
         return tool_use_block(part.id, part.name, {})
     error: str | None = None
     value: Any = None
     try:
         value = _json_value(body)
     except ValueError as exc:
+        if cut is not None:
+            return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=scrub(_incomplete(cut, body)))
         error = f"the tool input is not valid JSON ({exc}); raw input: {body[:500]!r}"
     if error is None and not isinstance(value, dict):
         error = f"the tool input must be a JSON object, got {type(value).__name__}"
@@ -235,6 +252,10 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     if json_escapes_surrogate(body):
         value = scrub_json(value)
     return tool_use_block(part.id, part.name, value)
+
+
+def _incomplete(cut: str, body: str) -> str:
+    return f"the tool input is incomplete: {cut} before its JSON was finished; raw input: {body[:500]!r}"
 
 
 _NO_USAGE = Usage()  # frozen: one shared zero
