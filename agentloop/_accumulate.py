@@ -59,6 +59,14 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
     )
 
 
+def _bad_index(index: object, event: object) -> StreamProtocolError:
+    return StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries a block index of type "
+        f"{type(index).__name__}, not an int: {index!r:.80}",
+        retryable=True,
+    )
+
+
 class Accumulator:
     """Feed stream events in order; read the message at any time.
 
@@ -94,38 +102,40 @@ class Accumulator:
         text = ev.text
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "text").chunks.append(text)
+        self._part(ev, "text").chunks.append(text)
 
     def _thinking(self, ev: StreamThinking) -> None:
         text = ev.thinking
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "thinking").chunks.append(text)
+        self._part(ev, "thinking").chunks.append(text)
 
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
             raise _malformed(ev.signature, ev)
-        self._part(ev.index, "thinking").signature = ev.signature  # whole, never a piece
+        self._part(ev, "thinking").signature = ev.signature  # whole, never a piece
 
     def _tool_input(self, ev: StreamToolInput) -> None:
         text = ev.partial_json
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev.index, "tool_use").chunks.append(text)
+        self._part(ev, "tool_use").chunks.append(text)
 
     def _tool_start(self, ev: StreamToolUseStart) -> None:
         for value in (ev.id, ev.name):
             if type(value) is not str:
                 raise _malformed(value, ev)
-        part = self._part(ev.index, "tool_use")
+        part = self._part(ev, "tool_use")
         part.id, part.name = ev.id, ev.name
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:
             raise _malformed(ev.data, ev)
-        self._part(ev.index, "redacted_thinking").chunks.append(ev.data)
+        self._part(ev, "redacted_thinking").chunks.append(ev.data)
 
     def _stop(self, ev: StreamBlockStop) -> None:
+        if type(ev.index) is not int:
+            raise _bad_index(ev.index, ev)
         part = self._parts.get(ev.index)
         if part is not None:
             part.closed = True
@@ -142,7 +152,11 @@ class Accumulator:
         for part in self._parts.values():
             part.closed = True
 
-    def _part(self, index: int, kind: str) -> _Part:
+    def _part(self, ev: StreamText | StreamThinking | StreamSignature | StreamToolInput | StreamToolUseStart
+              | StreamRedactedThinking, kind: str) -> _Part:
+        index = ev.index
+        if type(index) is not int:  # a str or a float would break the ordering of the blocks
+            raise _bad_index(index, ev)
         part = self._parts.get(index)
         if part is None:
             part = self._parts[index] = _Part(kind)
@@ -175,7 +189,9 @@ class Accumulator:
         scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
         blocks: list[Block] = []
-        for index in sorted(self._parts):
+        order = sorted(self._parts)
+        cut = _CUT_BY.get(self.stop_reason or "") if self.ended else None
+        for index in order:
             part = self._parts[index]
             body = "".join(part.chunks)
             if part.kind == "text":
@@ -185,7 +201,7 @@ class Accumulator:
             elif part.kind == "redacted_thinking":
                 blocks.append(RedactedThinkingBlock(data=body))
             else:
-                blocks.append(_tool_use(part, body))
+                blocks.append(_tool_use(part, body, cut, last=index == order[-1]))
         return message("assistant", blocks, partial=partial)
 
 
@@ -203,16 +219,31 @@ APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
 }
 
 
-def _tool_use(part: _Part, body: str) -> ToolUseBlock:
+#: Stop reasons that cut the output wherever it was, even inside a tool call's input, and why.
+_CUT_BY = {
+    "max_tokens": "the response hit the output token limit (max_tokens)",
+    "model_context_window_exceeded": "the response filled the context window (model_context_window_exceeded)",
+    "refusal": "the response was stopped by a refusal or a content filter (refusal)",
+}
+
+
+def _tool_use(part: _Part, body: str, cut: str | None = None, *, last: bool = False) -> ToolUseBlock:
+    """The call of ``part``. Under a stop that ``cut`` the output (see `_CUT_BY`), an input
+    that is not whole JSON, or an empty one in the last block (the call being written when the
+    output stopped), is incomplete: an ``input_error``, so the call is answered, not run."""
     if not part.closed:
         return tool_use_block(part.id, part.name, {}, complete=False)
     if not body.strip():
+        if cut is not None and last:
+            return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=_incomplete(cut, body))
         return tool_use_block(part.id, part.name, {})
     error: str | None = None
     value: Any = None
     try:
         value = _json_value(body)
     except ValueError as exc:
+        if cut is not None:
+            return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=scrub(_incomplete(cut, body)))
         error = f"the tool input is not valid JSON ({exc}); raw input: {body[:500]!r}"
     if error is None and not isinstance(value, dict):
         error = f"the tool input must be a JSON object, got {type(value).__name__}"
@@ -221,6 +252,10 @@ def _tool_use(part: _Part, body: str) -> ToolUseBlock:
     if json_escapes_surrogate(body):
         value = scrub_json(value)
     return tool_use_block(part.id, part.name, value)
+
+
+def _incomplete(cut: str, body: str) -> str:
+    return f"the tool input is incomplete: {cut} before its JSON was finished; raw input: {body[:500]!r}"
 
 
 _NO_USAGE = Usage()  # frozen: one shared zero

@@ -110,8 +110,9 @@ class ToolUseBlock(_Shared):
 
     ``complete`` is False while (or if) the input JSON never finished streaming;
     such a block is shown in events but never kept in history. ``input_error``
-    is set when the input arrived complete but was not a JSON object; the call
-    then gets an error result without running.
+    is set when the input arrived complete but was not a JSON object, or when a
+    ``max_tokens`` or ``refusal`` stop cut it before its JSON was finished; the
+    call then gets an error result without running.
     """
 
     model_config = _FROZEN

@@ -149,3 +149,27 @@ async def test_a_custom_model_streaming_a_field_of_the_wrong_type_ends_the_turn_
     assert end.error is not None and type(bad).__name__ in end.error and "where a str belongs" in end.error
     assert validate_transcript(engine.messages) == []
     assert engine.messages[-1].text == "partial"  # what streamed before it is kept, as for any failure
+
+
+@pytest.mark.parametrize("index", ["0", None, 1.0, True, [0]], ids=["str", "null", "float", "bool", "list"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: StreamText(i, "x"),
+        lambda i: StreamThinking(i, "x"),
+        lambda i: StreamToolUseStart(i, "t1", "read"),
+        lambda i: StreamToolInput(i, "{}"),
+        lambda i: StreamSignature(i, "sig"),
+        lambda i: StreamBlockStop(i),
+    ],
+    ids=["text", "thinking", "tool-start", "tool-input", "signature", "stop"],
+)
+async def test_a_custom_model_streaming_an_index_that_is_not_an_int_ends_the_turn_not_the_run(
+    index: object, make: Any
+) -> None:
+    engine = QueryEngine(_WrongTypes(make(index)), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "index" in end.error and type(index).__name__ in end.error
+    assert validate_transcript(engine.messages) == []

@@ -251,7 +251,9 @@ _TAIL_WAIT = 1.0
 async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None:
     """After the terminator, read what is left of the body (normally nothing) so the
     connection can go back to the pool; give up (the connection is then closed)
-    past ``limit`` bytes or ``_TAIL_WAIT`` seconds."""
+    past ``limit`` bytes or ``_TAIL_WAIT`` seconds, or when the connection fails: the
+    answer is whole by then, and a reset or a read error while reading nothing more
+    must neither discard it nor make it be asked for again."""
     size = 0
     try:
         async with asyncio.timeout(_TAIL_WAIT):
@@ -259,7 +261,7 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
                 size += len(chunk)
                 if size > limit:
                     return
-    except TimeoutError:
+    except (TimeoutError, httpx.HTTPError):
         return
 
 

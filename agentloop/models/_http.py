@@ -55,6 +55,9 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522
 log = logging.getLogger("agentloop")
 
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+#: What an ``httpx.AsyncClient`` made without ``timeout=`` has: 5 s for every phase, which
+#: fails a model that thinks for longer than that before its first token.
+_HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
 #: What a context-overflow error says in its message, type or code: Anthropic (also "input
 #: length and `max_tokens` exceed context limit"), OpenAI Chat ("maximum context length") and
 #: Responses ("exceeds the context window"), xAI, llama.cpp, Gemini.
@@ -540,12 +543,16 @@ class Connection:
                 f"{self.provider}: the http_client given to the model is closed (it must stay open "
                 "while the model is used)"
             )
+        # A host's client left at httpx's default timeout gets ours for its requests (a long
+        # read: a model may think for minutes before its first token); one it chose is kept.
+        timeout = _DEFAULT_TIMEOUT if client.timeout == _HTTPX_DEFAULT_TIMEOUT else httpx.USE_CLIENT_DEFAULT
         try:
             request = client.build_request(
                 "POST",
                 self._prefix + path + self._query,
                 headers=merge_headers({"accept": "text/event-stream", "accept-encoding": "identity"}, headers),
                 content=content,
+                timeout=timeout,
             )
         except (httpx.InvalidURL, UnicodeEncodeError, ValueError, TypeError) as exc:
             # Not quoted: the message can hold a header value, and a header can be a credential.

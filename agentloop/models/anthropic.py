@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, excerpt, loads, run_stream, turns
+from ._driver import Prepared, Turn, excerpt, loads, run_stream, turns
 from ._http import (
     Connection,
     HTTPModel,
@@ -79,7 +79,7 @@ def build_request(
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in turns(request.messages, foreign=_foreign)
+            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
         ],
         "stream": True,
     }
@@ -97,6 +97,35 @@ def build_request(
     if thinking is not None:
         body["thinking"] = thinking
     return body
+
+
+def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
+    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
+    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
+    are dropped; a turn left empty is dropped, and the user turns on either side are joined
+    into one, in order, so that roles still alternate (tool results stay first)."""
+    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
+        return wire
+    out: list[Turn] = []
+    for role, blocks in wire:
+        if role == "assistant":
+            end = len(blocks)
+            while end and _is_thinking(blocks[end - 1]):
+                end -= 1
+            if not end:
+                continue
+            blocks = blocks[:end]
+        if out and out[-1][0] == role:
+            joined = out[-1][1] + blocks
+            joined.sort(key=lambda b: not isinstance(b, ToolResultBlock))  # stable
+            out[-1] = (role, joined)
+        else:
+            out.append((role, blocks))
+    return out
+
+
+def _is_thinking(block: Block) -> bool:
+    return isinstance(block, ThinkingBlock | RedactedThinkingBlock)
 
 
 def _foreign(block: ThinkingBlock) -> bool:
@@ -175,7 +204,7 @@ class AnthropicMapper:
             ) from None
 
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index = obj["index"]
+        index = _index(obj)
         if index not in self._known:
             return None
         delta = obj["delta"]
@@ -201,7 +230,7 @@ class AnthropicMapper:
         return None
 
     def _block_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index, block = obj["index"], obj["content_block"]
+        index, block = _index(obj), obj["content_block"]
         bt = block["type"]
         if bt == "text":
             self._known.add(index)
@@ -221,7 +250,7 @@ class AnthropicMapper:
         return None  # server-tool blocks and future types: skipped (see module docstring)
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        index = obj["index"]
+        index = _index(obj)
         return (StreamBlockStop(index),) if index in self._known else None
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -255,6 +284,19 @@ class AnthropicMapper:
             error_type=kind,
             retryable=not too_long and kind in _RETRYABLE_ERRORS,
         )
+
+
+def _index(obj: dict[str, Any]) -> int:
+    """The event's content-block ``index``; raises `StreamProtocolError` unless it is an int
+    (a str, null, float or bool would be taken for another block, or break their order)."""
+    index = obj["index"]
+    if type(index) is not int:
+        raise StreamProtocolError(
+            f"anthropic stream: malformed {obj.get('type')} event: its index is "
+            f"{type(index).__name__}, not an int: {excerpt(repr(index))}",
+            retryable=True,
+        )
+    return index
 
 
 def _usage(raw: dict[str, Any], old: Usage) -> Usage:

@@ -17,7 +17,8 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   `ProviderStreamError` (an event named ``error`` is always an error here).
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
-is ``data: [DONE]``; a stream without it, or whose ``[DONE]`` follows neither a
+is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
+has finished then); a stream without either, or whose ``[DONE]`` follows neither a
 ``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
 raises `StreamProtocolError`.
 """
@@ -232,6 +233,11 @@ class ChatMapper:
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
+            if self._finish is not None:
+                # The server has finished: what follows ([DONE]) carries nothing, so a connection
+                # lost before it loses nothing either.
+                out.extend(self._end())
+                return out
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
@@ -244,6 +250,14 @@ class ChatMapper:
                 self._finish = choice["finish_reason"]
                 if self._finish == "error":
                     raise self._failed(choice.get("error"))
+                if self._finish == "abort":
+                    # vLLM: the server aborted the request; the output stops wherever it was, as
+                    # with a dropped connection, so it is not passed off as a finished answer.
+                    raise StreamProtocolError(
+                        "openai chat stream: the server aborted the response (finish_reason 'abort'); "
+                        "the output was cut",
+                        retryable=True,
+                    )
         return out or None
 
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
@@ -297,7 +311,15 @@ class ChatMapper:
             self._cur_kind = ""
 
     def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent]) -> None:
-        key = raw.get("index", pos)
+        key = raw.get("index")
+        if key is None:  # no index (Gemini) or a null one: placed by position
+            key = pos
+        elif type(key) is not int:
+            raise StreamProtocolError(
+                f"openai chat stream: malformed chunk: a tool call's index is {type(key).__name__}, "
+                f"not an int: {excerpt(repr(key))}",
+                retryable=True,
+            )
         call = self._calls.get(key)
         fn = raw.get("function") or {}
         if call is not None and call.succeeded_by(raw, fn):

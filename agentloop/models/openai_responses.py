@@ -60,10 +60,17 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
     """
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
+        start = len(items)
         for b in blocks:
             item = _item(role, b, stored)
             if item is not None:
                 items.append(item)
+        if role == "assistant":
+            # A reasoning item must be followed by the output it led to (the API refuses it
+            # "without its required following item"): one a cut stream left last in its turn
+            # stays in the transcript but is not sent.
+            while len(items) > start and items[-1]["type"] == "reasoning":
+                items.pop()
     body: dict[str, Any] = {"model": model, "input": items}
     if request.system:
         body["instructions"] = request.system
@@ -214,6 +221,12 @@ class ResponsesMapper:
         key = obj.get("output_index")
         if key is None:  # llama.cpp's emulation sends no output_index
             key = obj.get("item_id") or (obj.get("item") or {}).get("id")
+        elif type(key) is not int:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed {obj.get('type')} event: its output_index is "
+                f"{type(key).__name__}, not an int: {excerpt(repr(key))}",
+                retryable=True,
+            )
         item = self._items.get(key)
         if item is None:
             item = self._items[key] = _Item(len(self._items), kind)

@@ -28,6 +28,7 @@ from agentloop.models import (
     StreamUsage,
     Usage,
 )
+from agentloop.models.anthropic import build_request
 
 
 class Tool:
@@ -443,3 +444,50 @@ async def test_blank_text_is_never_sent_not_even_inside_a_tool_result() -> None:
         {"type": "tool_result", "tool_use_id": "t1"},
         {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "a"}]},
     ]
+
+
+# -- an assistant turn never ends with thinking ------------------------------------------
+
+_SIGNED = ThinkingBlock(thinking="hmm", signature="EosnCkYICxIM")
+_REDACTED = RedactedThinkingBlock(data="ENCRYPTED")
+
+
+def _sent(*history: Message) -> list[dict[str, Any]]:
+    body = build_request(request(*history), model="m", max_tokens=1024, thinking=None)
+    messages: list[dict[str, Any]] = body["messages"]
+    return messages
+
+
+def test_trailing_thinking_is_dropped_from_an_assistant_turn() -> None:
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[_SIGNED, TextBlock(text="partial answer"), _REDACTED, _SIGNED], partial=True),
+        Message.user("go on"),
+    ]
+    sent = _sent(*history)
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert [b["type"] for b in sent[1]["content"]] == ["thinking", "text"]  # the leading one stays
+    assert len(history[1].content) == 4  # the transcript is not changed
+
+
+@pytest.mark.parametrize("cut", [[_SIGNED], [_REDACTED], [_SIGNED, _REDACTED]], ids=["thinking", "redacted", "both"])
+def test_an_assistant_turn_of_thinking_only_is_dropped_and_the_user_turns_around_it_joined(cut: list[Any]) -> None:
+    history = [
+        Message.user("first"),
+        Message(role="assistant", content=[TextBlock(text="ok"), ToolUseBlock(id="t1", name="f", input={})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="done"), TextBlock(text="and")]),
+        Message(role="assistant", content=cut, partial=True),
+        Message.user("then"),
+    ]
+    sent = _sent(*history)
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "done"},
+        {"type": "text", "text": "and"},
+        {"type": "text", "text": "then"},
+    ]
+
+
+def test_a_last_assistant_turn_of_thinking_only_is_not_sent() -> None:
+    sent = _sent(Message.user("q"), Message(role="assistant", content=[_SIGNED], partial=True))
+    assert sent == [{"role": "user", "content": [{"type": "text", "text": "q"}]}]

@@ -1001,3 +1001,45 @@ def test_an_excerpt_is_a_prefix_that_never_ends_inside_a_token_run(text: str, li
     assert text.startswith(out) and len(out) >= min(len(text), limit) and len(out) <= limit + 512
     if len(out) < len(text) and len(out) < limit + 512:
         assert not (re.fullmatch(r"[A-Za-z0-9_.+/=~-]", out[-1]) and re.fullmatch(r"[A-Za-z0-9_.+/=~-]", text[len(out)]))
+
+
+# -- the host's client left at httpx's default timeout -----------------------------------
+
+_BODIES = {
+    AnthropicModel: sse(("message_start", {"type": "message_start", "message": {"id": "m"}}),
+                        ("message_stop", {"type": "message_stop"})),
+    OpenAIChatModel: chat_stream(chat_chunk({"content": "x"}, "stop")),
+    OpenAIResponsesModel: sse((None, {"type": "response.completed", "response": {"id": "r", "status": "completed"}})),
+}  # fmt: skip
+
+
+async def _timeout_used(cls: type, **client_kw: object) -> dict[str, float | None]:
+    seen: list[dict[str, float | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_BODIES[cls])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), **client_kw) as client:  # type: ignore[arg-type]
+        await collect(cls("m", api_key=API_KEY, http_client=client))
+    (timeout,) = seen
+    return timeout
+
+
+@pytest.mark.parametrize("cls", list(_BODIES))
+async def test_a_host_client_left_at_httpx_default_timeout_gets_a_long_read_timeout(cls: type) -> None:
+    # httpx's default (5 s for every phase) fails a model that thinks 30 s before its first token.
+    async with httpx.AsyncClient() as untouched:
+        assert untouched.timeout == httpx.Timeout(5.0)
+    timeout = await _timeout_used(cls)
+    assert (timeout["connect"], timeout["read"]) == (5.0, 600.0)
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [httpx.Timeout(30.0), httpx.Timeout(5.0, read=120.0), httpx.Timeout(None), httpx.Timeout(2.0, connect=1.0)],
+    ids=["30s", "read-120s", "none", "2s"],
+)
+async def test_a_timeout_the_host_chose_is_kept(chosen: httpx.Timeout) -> None:
+    timeout = await _timeout_used(OpenAIChatModel, timeout=chosen)
+    assert timeout == chosen.as_dict()

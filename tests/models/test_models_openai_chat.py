@@ -99,7 +99,10 @@ async def test_logprobs_not_emitted_unless_asked() -> None:
 
 
 async def test_missing_done_is_a_protocol_error() -> None:
+    # Without the usage chunk too: a finish_reason followed by usage is complete without [DONE].
     body = load("openai_chat_text.recorded.sse").replace(b"data: [DONE]\n\n", b"")
+    body = body[: body.rindex(b"data: ")]
+    assert b'"finish_reason":"stop"' in body and b'"usage"' not in body
     with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
         await run_fixture("openai_chat_text.recorded.sse", body)
     assert info.value.retryable is True
@@ -495,3 +498,48 @@ async def test_arguments_sent_as_an_object_are_the_input() -> None:
     _, acc = await run_body(body)
     (tool,) = acc.message().tool_uses
     assert (tool.id, tool.input, tool.complete) == ("c1", {"a": [1, 2]}, True)
+
+
+# -- vLLM's finish_reason "abort" ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        [chat_chunk({"role": "assistant", "content": "The answer is"})],
+        [chat_chunk({"tool_calls": [call(0, "c1", "f", '{"path": "/tm')]})],
+        [],
+    ],
+    ids=["text", "tool-call", "nothing"],
+)
+@pytest.mark.parametrize("usage", [True, False])
+async def test_finish_reason_abort_is_a_retryable_stream_error(before: list[dict[str, Any]], usage: bool) -> None:
+    # vLLM ends a request its server aborted with finish_reason "abort": what streamed is cut,
+    # like a dropped connection, and must not pass for a finished answer (or a finished call).
+    chunks: list[dict[str, Any]] = [*before, chat_chunk(finish="abort")]
+    if usage:
+        chunks.append(USAGE)
+    with pytest.raises(StreamProtocolError, match="abort") as info:
+        await run_body(chat_stream(*chunks))
+    assert not isinstance(info.value, ProviderStreamError)
+    assert info.value.retryable is True
+
+
+async def test_the_engine_retries_an_aborted_vllm_response() -> None:
+    bodies = [
+        chat_stream(chat_chunk({"content": "The answer"}), chat_chunk(finish="abort"), USAGE),
+        chat_stream(chat_chunk({"content": "The answer is 4."}), chat_chunk(finish="stop"), USAGE),
+    ]
+    sent: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(1)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies[len(sent) - 1])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel("m", base_url="http://vllm.local/v1", http_client=client)
+        engine = QueryEngine(model, policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("2 + 2?")]
+    assert len(sent) == 2 and len([e for e in events if isinstance(e, Retrying)]) == 1
+    (answer,) = [e.message for e in events if isinstance(e, AssistantMessage)]
+    assert answer.text == "The answer is 4."

@@ -398,3 +398,40 @@ async def test_with_store_false_reasoning_goes_back_only_with_its_encrypted_cont
     sent = [item["id"] for item in server.body["input"] if item["type"] == "reasoning"]
     assert sent == (["rs_2"] if store is False else ["rs_1", "rs_2"])
     assert server.body.get("store") == store
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        [ThinkingBlock(thinking="plan", signature='{"id":"rs_cut","summary":[]}')],
+        [TextBlock(text="Let me"), ThinkingBlock(thinking="plan", signature='{"id":"rs_cut","summary":[]}')],
+        [
+            ThinkingBlock(thinking="a", signature='{"id":"rs_cut","summary":[]}'),
+            ThinkingBlock(thinking="b", signature='{"id":"rs_cut2","summary":[],"encrypted_content":"E"}'),
+        ],
+    ],
+    ids=["reasoning-only", "after-text", "two-trailing"],
+)
+@pytest.mark.parametrize("last", [True, False])
+async def test_a_reasoning_item_left_trailing_by_a_cut_turn_is_not_sent(cut: list[Any], last: bool) -> None:
+    # A stream interrupted after a reasoning item, before the message or call it leads to: the
+    # API refuses the item without its following item, on every request that carries it.
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[
+            ThinkingBlock(thinking="kept", signature='{"id":"rs_ok","summary":[]}'),
+            ToolUseBlock(id="call_1", name="f", input={}),
+        ]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="done")]),
+        Message(role="assistant", content=cut, partial=True),
+    ]  # fmt: skip
+    if not last:
+        history.append(Message.user("go on"))
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        await collect(OpenAIResponsesModel("o", api_key=API_KEY, http_client=client), request(*history))
+    items = server.body["input"]
+    assert [i["id"] for i in items if i["type"] == "reasoning"] == ["rs_ok"]  # the one a call follows
+    texts = [i["content"] for i in items if i["type"] == "message"]
+    assert texts == ["q", *(["Let me"] if isinstance(cut[0], TextBlock) else []), *([] if last else ["go on"])]
+    assert history[-1 if last else -2].content == cut  # the transcript is not changed

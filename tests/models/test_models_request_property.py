@@ -54,6 +54,8 @@ def check_anthropic(body: dict[str, Any]) -> None:
                     assert t["text"].strip(), b  # "text content blocks must contain non-whitespace text"
     for i, msg in enumerate(messages):
         assert msg["content"], msg
+        if msg["role"] == "assistant":  # the API refuses an assistant message that ends in thinking
+            assert msg["content"][-1]["type"] not in ("thinking", "redacted_thinking"), msg
         if i:
             assert msg["role"] != messages[i - 1]["role"], "roles must alternate"
         uses = [b["id"] for b in msg["content"] if b["type"] == "tool_use"]
@@ -90,7 +92,16 @@ def check_chat(body: dict[str, Any]) -> None:
 def check_responses(body: dict[str, Any]) -> None:
     calls: list[str] = []
     outputs: list[str] = []
-    for item in body["input"]:
+    items = body["input"]
+    for i, item in enumerate(items):
+        if item["type"] == "reasoning":
+            # "Item 'rs_...' of type 'reasoning' was provided without its required following item":
+            # the model's own output must follow it, before the next user turn.
+            after = [x for x in items[i + 1 :] if x["type"] != "reasoning"]
+            assert after, "a reasoning item ends the input"
+            assert after[0]["type"] == "function_call" or (
+                after[0]["type"] == "message" and after[0]["role"] == "assistant"
+            ), after[0]
         if item["type"] in ("function_call", "function_call_output"):
             assert len(item["call_id"]) <= 64, "the Responses API rejects a longer call_id"
         if item["type"] == "function_call":
