@@ -133,6 +133,10 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
     st.token = token
+    if engine._start_pending:  # a background child's run: its parent's abort may have come first
+        early = engine._take_abort_at_start()
+        if early is not None:
+            st.controller.abort(early)
     engine._state = st
     engine._claim_store(True)
     engine._closing = st.loop.create_future()

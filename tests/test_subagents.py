@@ -499,3 +499,39 @@ async def test_a_child_cut_off_by_its_parent_ends_with_the_parents_run(depth: in
     # the cut-off child's stubborn call is settled as stopped while running
     last = children[-1].messages[-1]
     assert last.tool_results and last.tool_results[0].is_error
+
+
+@pytest.mark.parametrize("when", ["before_the_run", "during_the_run"])
+async def test_background_abort_stops_a_child_whose_run_had_not_started_yet(when: str) -> None:
+    # background_subagents="abort": a background child whose task was made, but whose run had not
+    # begun (its task never had a step) when the parent's aborted turn ended, starts aborted: its
+    # run ends at once with the aborted terminal and the same reason; its model is never asked.
+    child_model = ScriptedModel(["the child must not answer"])
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(text="main " * 40, chunk=2)]), policies=[], background_subagents="abort"
+    )
+    child = engine.subagent(agent_id="bg", model=child_model)
+    bg_task: asyncio.Task[list[Any]] | None = None
+    if when == "before_the_run":
+        bg_task = engine.start_background(child, "background work")
+    async for ev in engine.run("go"):
+        if bg_task is None:
+            bg_task = engine.start_background(child, "background work")
+        if not ev.agent_id:  # no await in between: the child's task has had no step yet
+            engine.interrupt("shutdown")
+    assert bg_task is not None
+    end = engine.last_turn_ended
+    assert end is not None and end.abort_reason == "shutdown"
+    assert not engine.running
+    events = await asyncio.wait_for(bg_task, 10)
+    ended = [e for e in events if isinstance(e, TurnEnded)]
+    assert len(ended) == 1 and ended[0] is events[-1]
+    assert ended[0].reason == "aborted_streaming" and ended[0].abort_reason == "shutdown"
+    assert child_model.requests == []
+    assert validate_transcript(child.messages) == []
+    assert [m.text for m in child.messages][:1] == ["background work"]
+    # The mark is spent: the child's next run is not aborted.
+    child_model2 = ScriptedModel(["later answer"])
+    child.model = child_model2
+    again = await collect(child, "later work")
+    assert isinstance(again[-1], TurnEnded) and again[-1].reason == "completed"
