@@ -133,7 +133,8 @@ class MCPServer:
     context manager or call `aclose` when done. ``prefix`` is prepended to every
     tool name (``"fs_"`` turns ``read`` into ``fs_read``); ``concurrency_safe``
     and ``timeout`` are passed to every `Tool` made. ``connect_timeout`` bounds
-    the wait for the server's answer to ``initialize`` (None: no bound).
+    the wait for the server's answer to ``initialize``, and apart from it the wait
+    for its tools/list answer (None: no bound).
     """
 
     def __init__(
@@ -351,10 +352,30 @@ class MCPServer:
         """The server's tools as agentloop `Tool`s (all pages).
 
         Raises `MCPError` when the server hands out a cursor it gave before (its pages would
-        never end), or for a protocol error (the connection lost: the next call reconnects).
+        never end), or for a protocol error (the connection lost: the next call reconnects);
+        `TimeoutError` when the server has not answered every page within ``connect_timeout``
+        (the requests are cancelled; the connection is kept, connecting is bounded apart).
         """
         session = await self.session()
         conn = self._conn
+        timeout = self.connect_timeout
+        try:
+            async with asyncio.timeout(timeout) as bound:
+                specs = await self._pages(session, conn)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise TimeoutError(
+                f"MCP server {self.label} did not answer tools/list within {timeout:g} s"
+            ) from None
+        specs = self._unique(specs)
+        listing = frozenset(spec.name for spec in specs)
+        tools = [self._tool(spec, listing) for spec in specs]
+        self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
+        return tools
+
+    async def _pages(self, session: ClientSession, conn: _Connection | None) -> list[types.Tool]:
+        """Every page of the server's tools/list answer."""
         specs: list[types.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
@@ -368,18 +389,13 @@ class MCPServer:
             specs.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
-                break
+                return specs
             if cursor in seen:
                 raise MCPError(
                     types.INTERNAL_ERROR,
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
-        specs = self._unique(specs)
-        listing = frozenset(spec.name for spec in specs)
-        tools = [self._tool(spec, listing) for spec in specs]
-        self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
-        return tools
 
     def _unique(self, specs: list[types.Tool]) -> list[types.Tool]:
         """``specs`` with the first tool of each name: a request offering two tools of one
