@@ -158,6 +158,9 @@ class MCPServer:
         self._in_flight: list[AbortSignal | None] = []  # the signal of each call in flight
         self._listed: dict[str, Tool] = {}  # the last tools/list answer, by the server's names
         self._stale = False  # the server said its tool list changed since the last listing began
+        # A connection whose tools were listed was replaced: the server behind the next one (a
+        # restarted process, a new HTTP session) may offer other tools, so they are listed again.
+        self._relist_due = False
         self._relisting: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         # The HTTP server answered 404 to a request of the current session: it forgot the session.
@@ -297,6 +300,8 @@ class MCPServer:
         it in a task, which `aclose` waits for."""
         conn, self._conn = self._conn, None
         relisting, self._relisting = self._relisting, None
+        if conn is not None and self._listed:
+            self._relist_due = True
         if conn is None and relisting is None:
             return None
         task = asyncio.get_running_loop().create_task(_close(conn, relisting), name=f"agentloop-mcp-close {self.label}")
@@ -372,6 +377,8 @@ class MCPServer:
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
+        if self._conn is conn:
+            self._relist_due = False  # this listing comes from the current connection
         return tools
 
     async def _pages(self, session: ClientSession, conn: _Connection | None) -> list[types.Tool]:
@@ -443,6 +450,9 @@ class MCPServer:
         if not isinstance(message, types.ToolListChangedNotification):
             return
         log.info("MCP server %s: its tool list changed", self.label)
+        self._start_relisting()
+
+    def _start_relisting(self) -> None:
         self._stale = True
         if self._relisting is None or self._relisting.done():
             self._relisting = asyncio.get_running_loop().create_task(
@@ -450,7 +460,8 @@ class MCPServer:
             )
 
     async def _relist(self) -> None:
-        """List the tools again, as long as the server keeps saying they changed.
+        """List the tools again (the server said they changed, or a new connection replaced
+        one whose tools were listed), as long as the server keeps saying they changed.
 
         Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
         model's next request sees the new list), and a server that never answers must not hold
@@ -463,14 +474,14 @@ class MCPServer:
                     await self.list_tools()
             except TimeoutError:
                 log.warning(
-                    "MCP server %s: it did not answer tools/list within %s s after its tool list changed; "
+                    "MCP server %s: it did not answer tools/list within %s s (listing its tools again); "
                     "keeping the tools listed before",
                     self.label,
                     timeout,
                 )
                 return
             except Exception as exc:
-                log.warning("MCP server %s: listing its tools after a change failed: %r", self.label, exc)
+                log.warning("MCP server %s: listing its tools again failed: %r", self.label, exc)
                 return
 
     async def call_tool(
@@ -514,6 +525,9 @@ class MCPServer:
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
         session = await self.session()
         conn = self._conn
+        if self._relist_due:  # the first call on a new connection: list its tools afresh
+            self._relist_due = False
+            self._start_relisting()
         try:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:

@@ -777,3 +777,45 @@ async def test_list_tools_on_a_server_that_never_answers_is_bounded_by_connect_t
     assert not [s for s in (message, repr(info.value), caplog.text) if "pa55word" in s or "sk-secret-123" in s]
     assert 5 <= waited < 5.5
     assert fake.initialized == 1
+
+
+async def test_after_the_http_session_is_renewed_the_next_poll_sees_the_servers_new_tools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server restarted (it answers the old session with 404) and came back with other tools:
+    # once the next call has opened a new session, the tool watcher offers the new list.
+    fake = _forgetful(monkeypatch)
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        async with asyncio.timeout(10):
+            current = {t.name: t for t in await srv.list_tools()}
+            assert srv.follow_tools(current) is None
+            fake.sessions.clear()  # the server restarted...
+            fake.tools = ["where", "added"]  # ...with a tool more
+            with pytest.raises(MCPError):
+                await srv.call_tool("where", {})
+            assert srv.follow_tools(current) is None  # no new session yet: nothing new is known
+            again = await srv.call_tool("where", {})
+            assert result_to_block("t", again).text == "session s2"
+            updated = srv.follow_tools(current)
+            assert updated is not None and sorted(t.name for t in updated) == ["added", "where"]
+            assert srv.follow_tools({t.name: t for t in updated}) is None
+    assert fake.initialized == 2
+
+
+async def test_after_a_lost_connection_the_next_poll_sees_the_restarted_servers_tools(server: MCPServer) -> None:
+    current = {t.name: t for t in await server.list_tools()}
+    assert (await server.call_tool("grow", {})).content[0].text == "grown"  # type: ignore[union-attr]
+    grown = server.follow_tools(current)
+    assert grown is not None and "extra" in {t.name for t in grown}
+    current = {t.name: t for t in grown}
+    old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+    os.kill(old_pid, signal.SIGKILL)
+    await _until(lambda: not _alive(old_pid), "the server to die")
+    with pytest.raises(MCPError, match="Connection closed"):
+        await server.call_tool("pid", {})
+    new_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+    assert new_pid != old_pid
+    fresh = server.follow_tools(current)  # a new process: `extra` was never added to it
+    assert fresh is not None
+    names = {t.name for t in fresh}
+    assert "extra" not in names and {"echo", "pid", "grow"} <= names
