@@ -340,6 +340,10 @@ class QueryEngine:
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
+        # start_background() made a task for this child whose run has not begun yet, and the
+        # reason its parent's "abort" setting gave while it had not: the run starts aborted.
+        self._start_pending = False
+        self._abort_at_start: str | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
@@ -533,6 +537,8 @@ class QueryEngine:
             return [ev async for ev in child.run(prompt)]
 
         task = asyncio.get_running_loop().create_task(drain(), name=f"agentloop-bg-{child.agent_id}")
+        child._start_pending = True
+        task.add_done_callback(lambda _: child._take_abort_at_start())  # never begun (cancelled, say)
         if self._background is None:
             self._background = set()  # a running task must never be garbage-collected
         self._background.add(task)
@@ -547,7 +553,20 @@ class QueryEngine:
         if children is None or self.options.background_subagents != "abort":
             return
         for child in list(children):
-            child.interrupt(reason)
+            if child._state is None and child._start_pending:
+                # Its task has not begun the run yet (it has had no step): there is nothing to
+                # interrupt, so the run starts aborted.
+                if child._abort_at_start is None:
+                    child._abort_at_start = reason
+            else:
+                child.interrupt(reason)
+
+    def _take_abort_at_start(self) -> str | None:
+        """The reason a background run that is beginning must start aborted with, if any (once)."""
+        reason = self._abort_at_start
+        self._start_pending = False
+        self._abort_at_start = None
+        return reason
 
     def _link_signal(self) -> AbortSignal | None:
         """The signal a new run of this engine follows (its parent's run), if any."""

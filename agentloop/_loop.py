@@ -133,6 +133,10 @@ def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> 
     starts = _first_turn(engine, prompt)
     st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
     st.token = token
+    if engine._start_pending:  # a background child's run: its parent's abort may have come first
+        early = engine._take_abort_at_start()
+        if early is not None:
+            st.controller.abort(early)
     engine._state = st
     engine._claim_store(True)
     engine._closing = st.loop.create_future()
@@ -412,22 +416,29 @@ def _report_to_parent(engine: QueryEngine, st: RunState) -> None:
     that the abort reached (they ended first, so the child's list is complete): a main engine's
     list names every engine of the tree the abort stopped, not only its direct children."""
     parent = engine.parent
-    if parent is not None and parent._state is not None and engine.agent_id is not None:
-        parent._state.aborted_subagents += [engine.agent_id, *st.aborted_subagents]
+    state = parent._state if parent is not None else None
+    if state is not None and not state.turn_over and engine.agent_id is not None:
+        state.aborted_subagents += [engine.agent_id, *st.aborted_subagents]
 
 
 async def _finish(engine: QueryEngine, st: RunState) -> None:
     """Run cleanup: whatever ended the run, nothing it started survives it."""
     st.finishing = True
     grace = engine.options.tool_cancel_grace
+    if engine.parent is not None and st.cut_off():
+        # A subagent whose parent cancelled the call running it (the parent's grace ran out):
+        # its own grace, longer perhaps, must not outlast the parent's run, so its calls are
+        # cancelled at once and its cleanup is not waited for.
+        grace = 0.0
+        st.aborted_at = st.loop.time() if st.aborted_at is None else min(st.aborted_at, st.loop.time())
     ends_by = st.loop.time() + grace  # tools and hooks' cleanup share one grace
+    # Aborted, then stopped before its turn could end (a parent's grace ran out and it cancelled
+    # this subagent's call): no TurnEnded will say so, the parent's must. Reported once its own
+    # calls are stopped, so the subagents they ran are listed too.
+    report = not st.turn_over and st.signal.aborted
     try:
         if not st.turn_over:
-            if st.signal.aborted:
-                # Aborted, then stopped before its turn could end (a parent's grace ran out and
-                # it cancelled this subagent's call): no TurnEnded will say so, the parent's must.
-                _report_to_parent(engine, st)
-            else:
+            if not st.signal.aborted:
                 st.controller.abort("consumer_closed")
             settle_partial(engine, st)
             record_finished(engine, st)
@@ -445,6 +456,8 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             if not task.done() and not task.cancelling():
                 task.cancel()
         st.pending_tasks.clear()
+        if report:
+            _report_to_parent(engine, st)
         if st.deadline_handle is not None:
             st.deadline_handle.cancel()
         st.close()

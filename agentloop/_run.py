@@ -266,6 +266,14 @@ class RunState:
         finally:
             self.guarding = False
 
+    def cut_off(self) -> bool:
+        """True when the task running the loop has been asked to cancel by someone else (not by
+        this run's own abort): whoever owns the run wants it to end now."""
+        task = asyncio.current_task(self.loop)
+        if task is None:
+            return False
+        return task.cancelling() > (1 if self._cancel_requested else 0)
+
     def grace_left(self, grace: float) -> float:
         """What is left of the calls' cancel ``grace`` (all of it if no abort has reached the loop)."""
         if self.aborted_at is None:

@@ -133,7 +133,8 @@ class MCPServer:
     context manager or call `aclose` when done. ``prefix`` is prepended to every
     tool name (``"fs_"`` turns ``read`` into ``fs_read``); ``concurrency_safe``
     and ``timeout`` are passed to every `Tool` made. ``connect_timeout`` bounds
-    the wait for the server's answer to ``initialize`` (None: no bound).
+    the wait for the server's answer to ``initialize``, and apart from it the wait
+    for its tools/list answer (None: no bound).
     """
 
     def __init__(
@@ -157,6 +158,9 @@ class MCPServer:
         self._in_flight: list[AbortSignal | None] = []  # the signal of each call in flight
         self._listed: dict[str, Tool] = {}  # the last tools/list answer, by the server's names
         self._stale = False  # the server said its tool list changed since the last listing began
+        # A connection whose tools were listed was replaced: the server behind the next one (a
+        # restarted process, a new HTTP session) may offer other tools, so they are listed again.
+        self._relist_due = False
         self._relisting: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         # The HTTP server answered 404 to a request of the current session: it forgot the session.
@@ -296,6 +300,8 @@ class MCPServer:
         it in a task, which `aclose` waits for."""
         conn, self._conn = self._conn, None
         relisting, self._relisting = self._relisting, None
+        if conn is not None and self._listed:
+            self._relist_due = True
         if conn is None and relisting is None:
             return None
         task = asyncio.get_running_loop().create_task(_close(conn, relisting), name=f"agentloop-mcp-close {self.label}")
@@ -351,10 +357,32 @@ class MCPServer:
         """The server's tools as agentloop `Tool`s (all pages).
 
         Raises `MCPError` when the server hands out a cursor it gave before (its pages would
-        never end), or for a protocol error (the connection lost: the next call reconnects).
+        never end), or for a protocol error (the connection lost: the next call reconnects);
+        `TimeoutError` when the server has not answered every page within ``connect_timeout``
+        (the requests are cancelled; the connection is kept, connecting is bounded apart).
         """
         session = await self.session()
         conn = self._conn
+        timeout = self.connect_timeout
+        try:
+            async with asyncio.timeout(timeout) as bound:
+                specs = await self._pages(session, conn)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise TimeoutError(
+                f"MCP server {self.label} did not answer tools/list within {timeout:g} s"
+            ) from None
+        specs = self._unique(specs)
+        listing = frozenset(spec.name for spec in specs)
+        tools = [self._tool(spec, listing) for spec in specs]
+        self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
+        if self._conn is conn:
+            self._relist_due = False  # this listing comes from the current connection
+        return tools
+
+    async def _pages(self, session: ClientSession, conn: _Connection | None) -> list[types.Tool]:
+        """Every page of the server's tools/list answer."""
         specs: list[types.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
@@ -368,18 +396,13 @@ class MCPServer:
             specs.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
-                break
+                return specs
             if cursor in seen:
                 raise MCPError(
                     types.INTERNAL_ERROR,
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
-        specs = self._unique(specs)
-        listing = frozenset(spec.name for spec in specs)
-        tools = [self._tool(spec, listing) for spec in specs]
-        self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
-        return tools
 
     def _unique(self, specs: list[types.Tool]) -> list[types.Tool]:
         """``specs`` with the first tool of each name: a request offering two tools of one
@@ -427,6 +450,9 @@ class MCPServer:
         if not isinstance(message, types.ToolListChangedNotification):
             return
         log.info("MCP server %s: its tool list changed", self.label)
+        self._start_relisting()
+
+    def _start_relisting(self) -> None:
         self._stale = True
         if self._relisting is None or self._relisting.done():
             self._relisting = asyncio.get_running_loop().create_task(
@@ -434,7 +460,8 @@ class MCPServer:
             )
 
     async def _relist(self) -> None:
-        """List the tools again, as long as the server keeps saying they changed.
+        """List the tools again (the server said they changed, or a new connection replaced
+        one whose tools were listed), as long as the server keeps saying they changed.
 
         Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
         model's next request sees the new list), and a server that never answers must not hold
@@ -447,14 +474,14 @@ class MCPServer:
                     await self.list_tools()
             except TimeoutError:
                 log.warning(
-                    "MCP server %s: it did not answer tools/list within %s s after its tool list changed; "
+                    "MCP server %s: it did not answer tools/list within %s s (listing its tools again); "
                     "keeping the tools listed before",
                     self.label,
                     timeout,
                 )
                 return
             except Exception as exc:
-                log.warning("MCP server %s: listing its tools after a change failed: %r", self.label, exc)
+                log.warning("MCP server %s: listing its tools again failed: %r", self.label, exc)
                 return
 
     async def call_tool(
@@ -498,6 +525,9 @@ class MCPServer:
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
         session = await self.session()
         conn = self._conn
+        if self._relist_due:  # the first call on a new connection: list its tools afresh
+            self._relist_due = False
+            self._start_relisting()
         try:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:

@@ -42,6 +42,7 @@ import os
 import re
 import stat
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +221,25 @@ class JsonlSession:
                 fd, self._fd = self._fd, None
                 if fd is not None:
                     os.close(fd)
+
+    def __del__(self) -> None:
+        # As Python's own files do: a session dropped while its file is open closes the file
+        # and says so with a ResourceWarning (the host should have closed it). No lock: once
+        # the session is unreachable no thread can be using it. The sync `close()` would do
+        # is not done (a finalizer must not wait for the disk); the records are in the file. No
+        # `source=self`: a warning recorded with it would keep the session (and its sidechains) alive.
+        fd = getattr(self, "_fd", None)
+        if fd is None:
+            return
+        self._fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            warnings.warn(f"unclosed session file {str(self.path)!r}", ResourceWarning, stacklevel=1)
+        except (AttributeError, TypeError):  # at interpreter exit, the module may be torn down
+            pass
 
     def __enter__(self) -> JsonlSession:
         return self

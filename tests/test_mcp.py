@@ -27,6 +27,7 @@ from mcp.shared.exceptions import MCPError
 from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock, TurnEnded
 from agentloop._tools import Tool, ToolContext
 from agentloop.mcp import MCPServer, result_to_block
+from tests.helpers import VirtualClock
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -670,14 +671,19 @@ class _ForgetfulServer:
         self.sessions: set[str] = set()
         self.initialized = 0
         self.not_found = 0
+        self.tools = ["where"]  # what tools/list answers
+        self.listings = 0
+        self.mute = False  # tools/list is never answered (until the request is cancelled)
+        self.methods: list[str] = []  # every JSON-RPC method posted, notifications included
 
-    def handle(self, request: Any) -> Any:
+    async def handle(self, request: Any) -> Any:
         import httpx2
 
         if request.method != "POST":
             return httpx2.Response(405 if request.method == "GET" else 200)
         sid = request.headers.get("mcp-session-id")
         body = json.loads(request.content)
+        self.methods.append(body.get("method", ""))
         if body.get("method") == "initialize":
             self.initialized += 1
             sid = f"s{self.initialized}"
@@ -695,7 +701,10 @@ class _ForgetfulServer:
         if "id" not in body:
             return httpx2.Response(202)
         if body["method"] == "tools/list":
-            result = {"tools": [{"name": "where", "inputSchema": {"type": "object"}}]}
+            self.listings += 1
+            if self.mute:
+                await asyncio.Event().wait()  # until the connection is closed
+            result = {"tools": [{"name": name, "inputSchema": {"type": "object"}} for name in self.tools]}
         else:
             result = {"content": [{"type": "text", "text": f"session {sid}"}], "isError": False}
         return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
@@ -732,3 +741,81 @@ def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: li
     kept = srv._unique(specs)
     assert [s.name for s in kept] == list(dict.fromkeys(names))
     assert all(s.description == str(names.index(s.name)) for s in kept)
+
+
+def _forgetful(monkeypatch: pytest.MonkeyPatch) -> _ForgetfulServer:
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    transport = httpx2.MockTransport(fake.handle)
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=transport))
+    return fake
+
+
+async def test_list_tools_on_a_server_that_never_answers_is_bounded_by_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A host calling list_tools() itself: the tools/list request is bounded by connect_timeout too,
+    # and the error names the server by its public label (no user info, no query string).
+    fake = _forgetful(monkeypatch)
+    fake.mute = True
+    url = "http://alice:pa55word@mcp.invalid/mcp?api_key=sk-secret-123"
+    with VirtualClock() as clock, caplog.at_level("DEBUG", logger="agentloop"):
+        async with MCPServer.http(url, connect_timeout=5) as srv:
+            started = clock.now
+            async with asyncio.timeout(60):  # a hang stops here (virtual time), not at the bound under test
+                with pytest.raises(TimeoutError) as info:
+                    await srv.list_tools()
+            waited = clock.now - started
+            fake.mute = False
+            assert [t.name for t in await srv.list_tools()] == ["where"]  # the connection is kept
+            assert "notifications/cancelled" in fake.methods  # the request was given up, and the server told
+    message = str(info.value)
+    assert "http://mcp.invalid/mcp" in message and "tools/list" in message and "5 s" in message
+    assert not [s for s in (message, repr(info.value), caplog.text) if "pa55word" in s or "sk-secret-123" in s]
+    assert 5 <= waited < 5.5
+    assert fake.initialized == 1
+
+
+async def test_after_the_http_session_is_renewed_the_next_poll_sees_the_servers_new_tools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server restarted (it answers the old session with 404) and came back with other tools:
+    # once the next call has opened a new session, the tool watcher offers the new list.
+    fake = _forgetful(monkeypatch)
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        async with asyncio.timeout(10):
+            current = {t.name: t for t in await srv.list_tools()}
+            assert srv.follow_tools(current) is None
+            fake.sessions.clear()  # the server restarted...
+            fake.tools = ["where", "added"]  # ...with a tool more
+            with pytest.raises(MCPError):
+                await srv.call_tool("where", {})
+            assert srv.follow_tools(current) is None  # no new session yet: nothing new is known
+            again = await srv.call_tool("where", {})
+            assert result_to_block("t", again).text == "session s2"
+            updated = srv.follow_tools(current)
+            assert updated is not None and sorted(t.name for t in updated) == ["added", "where"]
+            assert srv.follow_tools({t.name: t for t in updated}) is None
+    assert fake.initialized == 2
+
+
+async def test_after_a_lost_connection_the_next_poll_sees_the_restarted_servers_tools(server: MCPServer) -> None:
+    current = {t.name: t for t in await server.list_tools()}
+    assert (await server.call_tool("grow", {})).content[0].text == "grown"  # type: ignore[union-attr]
+    grown = server.follow_tools(current)
+    assert grown is not None and "extra" in {t.name for t in grown}
+    current = {t.name: t for t in grown}
+    old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+    os.kill(old_pid, signal.SIGKILL)
+    await _until(lambda: not _alive(old_pid), "the server to die")
+    with pytest.raises(MCPError, match="Connection closed"):
+        await server.call_tool("pid", {})
+    new_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+    assert new_pid != old_pid
+    fresh = server.follow_tools(current)  # a new process: `extra` was never added to it
+    assert fresh is not None
+    names = {t.name for t in fresh}
+    assert "extra" not in names and {"echo", "pid", "grow"} <= names

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import errno
+import gc
 import inspect
 import json
 import logging
@@ -14,7 +15,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -1125,3 +1128,109 @@ def test_session_files_are_0600_and_the_directories_made_for_them_0700(tmp_path:
     assert mode(tmp_path / "new" / "deeper" / "subagents" / "sub-1.jsonl") == 0o600
     for directory in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "subagents"):
         assert mode(directory) == 0o700, directory
+
+
+# -- a session the host never closes ------------------------------------------------
+
+
+def _fds_on(path: Path) -> int:
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            count += Path(os.readlink(fd)) == path
+        except OSError:  # closed meanwhile (the directory's own fd)
+            pass
+    return count
+
+
+def test_a_session_collected_while_its_file_is_open_closes_it_with_a_resource_warning(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    session = JsonlSession(path)
+    session.append_message(Message.user("hi"))
+    assert _fds_on(path) == 1
+    with pytest.warns(ResourceWarning, match=r"unclosed session file .*s\.jsonl"):
+        del session
+        gc.collect()
+    assert _fds_on(path) == 0
+    assert [m.text for m in JsonlSession(path).load().messages] == ["hi"]  # nothing lost
+
+
+def test_a_sidechain_collected_with_its_session_closes_its_file_too(tmp_path: Path) -> None:
+    session = JsonlSession(tmp_path / "main.jsonl")
+    side = session.sidechain("sub-1")
+    side.append_message(Message.user("child"))
+    side_path = side.path
+    del side
+    with pytest.warns(ResourceWarning) as caught:
+        del session
+        gc.collect()
+    assert [str(w.message).count("sub-1.jsonl") for w in caught] == [1]  # the main file was never opened
+    assert _fds_on(side_path) == 0
+
+
+def test_a_session_shared_between_threads_is_closed_once_when_collected(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    session = JsonlSession(path)
+    start = threading.Barrier(4)
+
+    def writer(shared: JsonlSession, n: int) -> None:
+        start.wait()
+        for i in range(50):
+            shared.append_event({"type": "note", "thread": n, "i": i})
+
+    threads = [threading.Thread(target=writer, args=(session, n)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    del threads  # each held the session in its args
+    with pytest.warns(ResourceWarning) as caught:
+        del session
+        gc.collect()
+    assert len(caught) == 1
+    assert _fds_on(path) == 0
+    assert len(JsonlSession(path).load().events) == 200
+
+
+def test_a_session_that_holds_no_open_file_is_collected_without_a_warning(tmp_path: Path) -> None:
+    # The suite runs with -W error: a warning here fails the test.
+    closed = JsonlSession(tmp_path / "a.jsonl")
+    closed.append_message(Message.user("a"))
+    closed.close()
+    released = JsonlSession(tmp_path / "b.jsonl")
+    released.append_message(Message.user("b"))
+    released.release()
+    never_written = JsonlSession(tmp_path / "c.jsonl")
+    del closed, released, never_written
+    gc.collect()
+    assert _fds_on(tmp_path / "a.jsonl") == _fds_on(tmp_path / "b.jsonl") == 0
+
+
+@given(ops=st.lists(st.sampled_from(["append", "release", "flush", "close", "sidechain"]), max_size=8))
+@settings(max_examples=40)
+def test_a_dropped_session_warns_exactly_when_it_held_open_files_and_leaves_none(ops: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "s.jsonl"
+        session = JsonlSession(path)
+        closed = False
+        for op in ops:
+            if op == "append" and not closed:
+                session.append_message(Message.user("x"))
+            elif op == "sidechain" and not closed:
+                session.sidechain("sub").append_message(Message.user("y"))
+            elif op == "release":
+                session.release()
+            elif op == "flush":
+                session.flush()
+            elif op == "close":
+                session.close()
+                closed = True
+        side = Path(tmp) / "subagents" / "sub.jsonl"
+        holding = _fds_on(path) + _fds_on(side)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del session
+            gc.collect()
+        assert len([w for w in caught if issubclass(w.category, ResourceWarning)]) == holding
+        assert _fds_on(path) == _fds_on(side) == 0
+

@@ -26,7 +26,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop.sessions import JsonlSession
-from tests.helpers import collect
+from tests.helpers import VirtualClock, collect
 
 
 def delegate(task: str) -> ScriptedResponse:
@@ -431,7 +431,107 @@ async def test_a_child_cancelled_after_the_grace_is_still_listed_as_aborted() ->
     assert end.aborted_subagents == ("sub-1",)
     assert not [e for e in events if isinstance(e, TurnEnded) and e.agent_id == "sub-1"]
     assert validate_transcript(engine.messages) == []
-    release.set()  # let the abandoned child finish, so no task outlives the test
+    release.set()  # (the child's calls were cancelled with it: nothing should be left to finish)
     others = asyncio.all_tasks() - {asyncio.current_task()}
     _, pending = await asyncio.wait(others, timeout=10) if others else (set(), set())
     assert not pending
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_a_child_cut_off_by_its_parent_ends_with_the_parents_run(depth: int, caplog: pytest.LogCaptureFixture) -> None:
+    # The child's grace (60 s) is far longer than the parent's (0.05 s), and the child's tool ignores
+    # the abort (a cancellation still stops it). When the parent's grace runs out it cancels the call
+    # running the child: the child's cleanup must not wait out its own grace then, unowned, after the
+    # parent's run() has returned. With depth 2 the child had delegated to a grandchild, which holds
+    # the stubborn tool.
+    holding = asyncio.Event()
+    cancelled: list[str] = []
+
+    @tool
+    async def stubborn(ctx: ToolContext) -> str:
+        holding.set()
+        try:
+            await asyncio.Event().wait()  # ignores ctx.signal
+        except asyncio.CancelledError:
+            cancelled.append(ctx.engine.agent_id or "main")
+            raise
+        return "never"
+
+    script: list[Any] = [delegate("job")] * depth + [ScriptedResponse(tool_calls=[ScriptedToolCall("stubborn", {})])]
+    with VirtualClock() as clock:
+        engine = QueryEngine(
+            ScriptedModel(script),
+            tools=[stubborn, delegate_tool(tool_cancel_grace=60.0)],
+            policies=[],
+            tool_cancel_grace=0.05,
+        )
+        children: list[QueryEngine] = []
+        real_subagent = QueryEngine.subagent
+
+        def spy(self: QueryEngine, **kw: Any) -> QueryEngine:
+            child = real_subagent(self, **kw)
+            children.append(child)
+            return child
+
+        events = []
+        QueryEngine.subagent = spy  # type: ignore[method-assign]
+        try:
+            async for ev in engine.run("go"):
+                events.append(ev)
+                if isinstance(ev, ToolCallStarted) and ev.tool_use.name == "stubborn":
+                    await holding.wait()
+                    interrupted_at = clock.now
+                    engine.interrupt("cancel")
+        finally:
+            QueryEngine.subagent = real_subagent  # type: ignore[method-assign]
+        returned_at = clock.now
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not left, f"tasks outlived the parent's run: {left}"
+    assert returned_at - interrupted_at <= 0.05 + 0.1 + 0.01  # the parent's grace, not the child's
+    assert cancelled == [children[-1].agent_id]  # the stubborn call was cancelled, once
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.agent_id is None and end.reason == "aborted_tools"
+    assert end.aborted_subagents == tuple(c.agent_id for c in children)  # ("sub-1", "sub-2") at depth 2
+    assert "ignored cancellation" not in caplog.text  # the call running the child was not abandoned
+    for e in (engine, *children):
+        assert not e.running
+        assert validate_transcript(e.messages) == [], e.agent_id
+    # the cut-off child's stubborn call is settled as stopped while running
+    last = children[-1].messages[-1]
+    assert last.tool_results and last.tool_results[0].is_error
+
+
+@pytest.mark.parametrize("when", ["before_the_run", "during_the_run"])
+async def test_background_abort_stops_a_child_whose_run_had_not_started_yet(when: str) -> None:
+    # background_subagents="abort": a background child whose task was made, but whose run had not
+    # begun (its task never had a step) when the parent's aborted turn ended, starts aborted: its
+    # run ends at once with the aborted terminal and the same reason; its model is never asked.
+    child_model = ScriptedModel(["the child must not answer"])
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(text="main " * 40, chunk=2)]), policies=[], background_subagents="abort"
+    )
+    child = engine.subagent(agent_id="bg", model=child_model)
+    bg_task: asyncio.Task[list[Any]] | None = None
+    if when == "before_the_run":
+        bg_task = engine.start_background(child, "background work")
+    async for ev in engine.run("go"):
+        if bg_task is None:
+            bg_task = engine.start_background(child, "background work")
+        if not ev.agent_id:  # no await in between: the child's task has had no step yet
+            engine.interrupt("shutdown")
+    assert bg_task is not None
+    end = engine.last_turn_ended
+    assert end is not None and end.abort_reason == "shutdown"
+    assert not engine.running
+    events = await asyncio.wait_for(bg_task, 10)
+    ended = [e for e in events if isinstance(e, TurnEnded)]
+    assert len(ended) == 1 and ended[0] is events[-1]
+    assert ended[0].reason == "aborted_streaming" and ended[0].abort_reason == "shutdown"
+    assert child_model.requests == []
+    assert validate_transcript(child.messages) == []
+    assert [m.text for m in child.messages][:1] == ["background work"]
+    # The mark is spent: the child's next run is not aborted.
+    child_model2 = ScriptedModel(["later answer"])
+    child.model = child_model2
+    again = await collect(child, "later work")
+    assert isinstance(again[-1], TurnEnded) and again[-1].reason == "completed"
