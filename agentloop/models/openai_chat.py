@@ -44,6 +44,7 @@ from .._model import (
     StreamEnd,
     StreamEvent,
     StreamLogprobs,
+    StreamSignals,
     StreamSignature,
     StreamText,
     StreamThinking,
@@ -68,7 +69,10 @@ from ._sse import ServerSentEvent
 __all__ = ["OpenAIChatModel", "build_request"]
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
-           "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal"}  # fmt: skip
+           "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
+           "repetition": "repetition"}  # fmt: skip
+#: Stops that cut the output wherever it was: a tool call streamed before one is not finished.
+_CUT_STOPS = frozenset({"max_tokens", "refusal", "repetition"})
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
@@ -194,8 +198,8 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_next", "_refusal", "_usage",
-                 "done", "keep_reasoning", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_last_kind", "_next", "_refusal",
+                 "_usage", "done", "keep_reasoning", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
 
     def __init__(self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False) -> None:
         self.request_id = request_id
@@ -207,6 +211,7 @@ class ChatMapper:
         self._calls: dict[int, _Call] = {}
         self._cur = -1  # the open text/thinking block
         self._cur_kind = ""
+        self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
         self._next = 0
         self._finish: str | None = None
         self._refusal = False
@@ -271,7 +276,11 @@ class ChatMapper:
                 self._finish = choice["finish_reason"]
                 if self._finish == "error":
                     raise self._failed(choice.get("error"))
-                if self._finish == "abort":
+                if self._finish == "repetition":
+                    # vLLM's repetition_detection: the server judged the output a token loop and
+                    # ended it there. A doom-loop verdict for the policies, not a normal stop.
+                    out.append(StreamSignals((f"tail_repetition@{self._last_kind}",), stopped=True))
+                elif self._finish == "abort":
                     # vLLM: the server aborted the request; the output stops wherever it was, as
                     # with a dropped connection, so it is not passed off as a finished answer.
                     raise StreamProtocolError(
@@ -323,6 +332,7 @@ class ChatMapper:
         if self._cur_kind != kind:
             self._close_current(out)
             self._cur, self._cur_kind = self._next, kind
+            self._last_kind = kind
             self._next += 1
         return self._cur
 
@@ -358,6 +368,7 @@ class ChatMapper:
             call.name = call.name or fn.get("name") or ""
         args = fn.get("arguments")
         if args:
+            self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
             call.args.append(args)
@@ -393,7 +404,7 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         reason = _FINISH.get(self._finish or "stop", self._finish)
-        if started and reason not in ("max_tokens", "refusal"):
+        if started and reason not in _CUT_STOPS:
             # Some servers say "stop" after a tool call; but a call cut by the token limit
             # (or a filter) is not one the model finished, and the host is told why.
             reason = "tool_use"
