@@ -224,6 +224,7 @@ _CUT_BY = {
     "max_tokens": "the response hit the output token limit (max_tokens)",
     "model_context_window_exceeded": "the response filled the context window (model_context_window_exceeded)",
     "refusal": "the response was stopped by a refusal or a content filter (refusal)",
+    "repetition": "the server stopped the response as a repetition loop (repetition)",
 }
 
 

@@ -177,10 +177,15 @@ class StreamUsage:
 
 @dataclass(frozen=True, slots=True)
 class StreamSignals:
-    """Doom-loop signals sent by the server (all signals so far in this response)."""
+    """Doom-loop signals sent by the server (all signals so far in this response).
+
+    ``stopped``: the server ended the response on them itself (vLLM's ``finish_reason:
+    "repetition"``); the stream's `StreamEnd` follows.
+    """
 
     type: ClassVar[str] = "signals"
     signals: tuple[str, ...]
+    stopped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +200,8 @@ class StreamLogprobs:
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     """The response is complete. ``stop_reason`` uses Anthropic's vocabulary:
-    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn"."""
+    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn";
+    plus "repetition": the server cut the output as a repetition loop (vLLM)."""
 
     type: ClassVar[str] = "end"
     stop_reason: str | None = None

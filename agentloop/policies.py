@@ -18,6 +18,7 @@ detector in `agentloop._detector`; this module is their public home.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from ._detector import RepetitionDetector, Rule
@@ -126,7 +127,7 @@ class DoomLoopPolicy(Policy):
         elif type(event) is StreamThinking:
             ch, delta = self._thinking, event.thinking
         elif isinstance(event, StreamSignals):
-            return self._verdict(self._server(event.signals)) if self.server_signals else None
+            return self._verdict(self._server(event.signals, event.stopped)) if self.server_signals else None
         elif isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
         else:
@@ -149,17 +150,19 @@ class DoomLoopPolicy(Policy):
             return Resample(kept)
         return Warn(kept) if kept else None
 
-    def _server(self, raw: tuple[str, ...]) -> list[DoomLoopSignal]:
-        """New signals of a server frame (frames repeat all signals so far)."""
+    def _server(self, raw: tuple[str, ...], stopped: bool = False) -> list[DoomLoopSignal]:
+        """New signals of a server frame (frames repeat all signals so far); ``stopped``:
+        the server ended the response on them."""
         new: list[DoomLoopSignal] = []
         for text in raw:
             if text in self._seen:
                 continue
             self._seen.add(text)
             try:
-                new.append(DoomLoopSignal.parse(text))
+                signal = DoomLoopSignal.parse(text)
             except ValueError:
                 continue  # an unknown signal from a newer server is not an error
+            new.append(replace(signal, stopped=True) if stopped else signal)
         return new
 
     def _logprobs(self, event: StreamLogprobs) -> list[DoomLoopSignal]:
@@ -198,7 +201,8 @@ class _Channel:
 
 
 class ConservativeDoomLoopPolicy(DoomLoopPolicy):
-    """SPEC §6 default: only a short thinking-channel tail repetition is confident.
+    """SPEC §6 default: only a short thinking-channel tail repetition is confident,
+    and a loop the server stopped the response on itself.
 
     A server ``tail_repetition`` on the thinking channel aborts when its period
     is at most ``max_threshold`` tokens; a client one (counted in characters)
@@ -207,7 +211,9 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
     ``tail_repetition`` once the loop is unmistakable (at least 256 characters
     of a short period, four copies of a 16-63-character unit, three copies of a
     longer one), so this never aborts on a single repeated phrase. Every other
-    signal, and every text-channel signal, only warns.
+    signal, and every text-channel signal, only warns, except a signal the server
+    ended the response on (``stopped``: vLLM's ``finish_reason: "repetition"``), on
+    either channel: the output is cut already, so resampling it loses nothing more.
     """
 
     def __init__(self, max_threshold: int = 64, *, max_chars: int = 256, **kwargs: Any) -> None:
@@ -216,6 +222,8 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
         self.max_chars = max_chars
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
+        if signal.stopped:
+            return "abort"
         if signal.kind != "tail_repetition" or signal.channel != "thinking":
             return "warn"
         limit = self.max_chars if signal.unit == "chars" else self.max_threshold

@@ -11,6 +11,9 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - Mistral's reasoning models: ``delta.content`` as a list of typed chunks
   (``thinking``, ``text``); litellm: ``arguments`` as an object.
+- DeepSeek and Moonshot (Kimi) thinking mode: ``delta.reasoning_content``, which must
+  go back on every assistant message with tool calls (``echo_reasoning``, on by default
+  for their hosts); without it the next request is refused with a 400.
 - llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
   ignore. This adapter decodes that line as an ``error`` event and raises
@@ -34,13 +37,15 @@ import httpx
 
 from .._abort import AbortSignal
 from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
-from .._messages import TextBlock, ToolResultBlock, ToolUseBlock
+from .._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from .._model import (
     ModelRequest,
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
     StreamLogprobs,
+    StreamSignals,
+    StreamSignature,
     StreamText,
     StreamThinking,
     StreamToolInput,
@@ -64,24 +69,39 @@ from ._sse import ServerSentEvent
 __all__ = ["OpenAIChatModel", "build_request"]
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
-           "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal"}  # fmt: skip
+           "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
+           "repetition": "repetition"}  # fmt: skip
+#: Stops that cut the output wherever it was: a tool call streamed before one is not finished.
+_CUT_STOPS = frozenset({"max_tokens", "refusal", "repetition"})
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
 _RETRYABLE_INT = RETRYABLE_STATUSES
 
+#: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
+#: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
+REASONING_SIGNATURE = '{"type":"reasoning_content"}'
+
+#: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
+#: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
+_ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
+
 
 # -- request ------------------------------------------------------------------
 
 
-def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
-    """The JSON body (without stream options) of a Chat Completions request."""
+def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = False) -> dict[str, Any]:
+    """The JSON body (without stream options) of a Chat Completions request.
+
+    ``echo_reasoning``: an assistant message with tool calls carries its turn's thinking
+    as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
+    """
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for role, blocks in turns(request.messages):
         if role == "assistant":
-            messages.extend(_assistant(blocks))
+            messages.extend(_assistant(blocks, echo_reasoning))
             continue
         texts: list[str] = []
         for b in blocks:
@@ -121,7 +141,7 @@ def build_request(request: ModelRequest, *, model: str) -> dict[str, Any]:
     return body
 
 
-def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
+def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     calls = [
         {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}
@@ -133,6 +153,10 @@ def _assistant(blocks: Sequence[Any]) -> list[dict[str, Any]]:
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:
         msg["tool_calls"] = calls
+        if echo_reasoning:
+            # Required on a tool-call turn, even empty; a turn without calls may leave it out,
+            # and does (a server that does not take the field is then spared it).
+            msg["reasoning_content"] = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
     return [msg]
 
 
@@ -174,18 +198,20 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_next", "_refusal", "_usage",
-                 "done", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_last_kind", "_next", "_refusal",
+                 "_usage", "done", "keep_reasoning", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
 
-    def __init__(self, request_id: str | None = None, *, logprobs: bool = False) -> None:
+    def __init__(self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False) -> None:
         self.request_id = request_id
         self.logprobs = logprobs
+        self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
         self.terminator = "data: [DONE]"
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
         self._cur = -1  # the open text/thinking block
         self._cur_kind = ""
+        self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
         self._next = 0
         self._finish: str | None = None
         self._refusal = False
@@ -250,7 +276,11 @@ class ChatMapper:
                 self._finish = choice["finish_reason"]
                 if self._finish == "error":
                     raise self._failed(choice.get("error"))
-                if self._finish == "abort":
+                if self._finish == "repetition":
+                    # vLLM's repetition_detection: the server judged the output a token loop and
+                    # ended it there. A doom-loop verdict for the policies, not a normal stop.
+                    out.append(StreamSignals((f"tail_repetition@{self._last_kind}",), stopped=True))
+                elif self._finish == "abort":
                     # vLLM: the server aborted the request; the output stops wherever it was, as
                     # with a dropped connection, so it is not passed off as a finished answer.
                     raise StreamProtocolError(
@@ -302,11 +332,14 @@ class ChatMapper:
         if self._cur_kind != kind:
             self._close_current(out)
             self._cur, self._cur_kind = self._next, kind
+            self._last_kind = kind
             self._next += 1
         return self._cur
 
     def _close_current(self, out: list[StreamEvent]) -> None:
         if self._cur_kind:
+            if self._cur_kind == "thinking" and self.keep_reasoning:
+                out.append(StreamSignature(self._cur, REASONING_SIGNATURE))
             out.append(StreamBlockStop(self._cur))
             self._cur_kind = ""
 
@@ -335,6 +368,7 @@ class ChatMapper:
             call.name = call.name or fn.get("name") or ""
         args = fn.get("arguments")
         if args:
+            self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
             call.args.append(args)
@@ -370,7 +404,7 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         reason = _FINISH.get(self._finish or "stop", self._finish)
-        if started and reason not in ("max_tokens", "refusal"):
+        if started and reason not in _CUT_STOPS:
             # Some servers say "stop" after a tool call; but a call cut by the token limit
             # (or a filter) is not one the model finished, and the host is told why.
             reason = "tool_use"
@@ -430,6 +464,10 @@ class OpenAIChatModel(HTTPModel):
     ``max_tokens_param``: the body field for `ModelRequest.max_tokens`
     (``"max_completion_tokens"``; some servers want ``"max_tokens"``).
     ``extra_body`` is merged into every request body.
+    ``echo_reasoning``: keep the streamed reasoning (``delta.reasoning_content``) in the
+    transcript and send it back as ``reasoning_content`` on each assistant message with tool
+    calls, as DeepSeek's and Kimi's thinking modes require; ``None`` (the default) turns it
+    on for the hosts ``api.deepseek.com``, ``api.moonshot.ai`` and ``api.moonshot.cn`` only.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -446,6 +484,7 @@ class OpenAIChatModel(HTTPModel):
         max_tokens_param: str = "max_completion_tokens",
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        echo_reasoning: bool | None = None,
     ) -> None:
         self.model = model
         self.logprobs = logprobs
@@ -456,21 +495,24 @@ class OpenAIChatModel(HTTPModel):
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)
+        if echo_reasoning is None:
+            echo_reasoning = (httpx.URL(self._conn.base_url).host or "").lower() in _ECHO_HOSTS
+        self.echo_reasoning = echo_reasoning
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        logprobs = self.logprobs
+        logprobs, keep = self.logprobs, self.echo_reasoning
         return run_stream(
             self._conn,
             lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep),
             signal,
             error_field=True,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        body = build_request(request, model=self.model)
+        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning)
         body["stream"] = True
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}

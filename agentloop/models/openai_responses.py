@@ -60,17 +60,9 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
     """
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
-        start = len(items)
-        for b in blocks:
-            item = _item(role, b, stored)
-            if item is not None:
-                items.append(item)
-        if role == "assistant":
-            # A reasoning item must be followed by the output it led to (the API refuses it
-            # "without its required following item"): one a cut stream left last in its turn
-            # stays in the transcript but is not sent.
-            while len(items) > start and items[-1]["type"] == "reasoning":
-                items.pop()
+        made = (_item(role, b, stored) for b in blocks)
+        turn = [item for item in made if item is not None]
+        items.extend(_followed(turn) if role == "assistant" else turn)
     body: dict[str, Any] = {"model": model, "input": items}
     if request.system:
         body["instructions"] = request.system
@@ -96,6 +88,24 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
     if request.max_tokens:
         body["max_output_tokens"] = request.max_tokens
     return body
+
+
+def _followed(turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assistant turn's items without the reasoning items not directly followed by a
+    message or function call.
+
+    The API refuses a reasoning item "without its required following item". One can lose
+    it: a cut stream leaves it last in its turn, and a hosted tool item that followed it
+    (``web_search_call`` and the like) is not kept in the transcript, so it is followed by
+    the next reasoning item instead. The transcript keeps such items; they are not sent.
+    """
+    if not any(item["type"] == "reasoning" for item in turn):
+        return turn
+    return [
+        item
+        for item, after in zip(turn, [*turn[1:], None], strict=True)
+        if item["type"] != "reasoning" or (after is not None and after["type"] in ("message", "function_call"))
+    ]
 
 
 def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:

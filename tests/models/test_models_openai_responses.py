@@ -387,8 +387,9 @@ async def test_with_store_false_reasoning_goes_back_only_with_its_encrypted_cont
         Message.user("q"),
         Message(role="assistant", content=[
             ThinkingBlock(thinking="plain", signature='{"id":"rs_1","summary":[]}'),
-            ThinkingBlock(thinking="sealed", signature='{"id":"rs_2","summary":[],"encrypted_content":"ENC"}'),
             TextBlock(text="a"),
+            ThinkingBlock(thinking="sealed", signature='{"id":"rs_2","summary":[],"encrypted_content":"ENC"}'),
+            TextBlock(text="b"),
         ]),
         Message.user("more"),
     ]  # fmt: skip
@@ -435,3 +436,26 @@ async def test_a_reasoning_item_left_trailing_by_a_cut_turn_is_not_sent(cut: lis
     texts = [i["content"] for i in items if i["type"] == "message"]
     assert texts == ["q", *(["Let me"] if isinstance(cut[0], TextBlock) else []), *([] if last else ["go on"])]
     assert history[-1 if last else -2].content == cut  # the transcript is not changed
+
+
+@pytest.mark.parametrize("store", [None, False])
+async def test_a_reasoning_item_whose_hosted_tool_item_was_not_kept_is_not_sent(store: bool | None) -> None:
+    # Output rs_1, web_search_call, rs_2, message: the hosted tool item is not kept, so the
+    # transcript holds rs_1, rs_2, message; rs_1 sent back without the item that followed it
+    # is refused ("provided without its required following item"), on every request.
+    def rs(i: str) -> ThinkingBlock:
+        return ThinkingBlock(thinking=f"plan {i}", signature=f'{{"id":"rs_{i}","summary":[],"encrypted_content":"E{i}"}}')
+
+    turn = Message(role="assistant", content=[rs("1"), rs("2"), TextBlock(text="Found it."),
+                                              rs("3"), rs("4"), ToolUseBlock(id="call_1", name="f", input={})])  # fmt: skip
+    history = [Message.user("search"), turn,
+               Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="ok")])]  # fmt: skip
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        await collect(OpenAIResponsesModel("o", api_key=API_KEY, http_client=client, store=store), request(*history))
+    kinds = [(i["type"], i.get("id")) for i in server.body["input"]]
+    assert kinds == [
+        ("message", None), ("reasoning", "rs_2"), ("message", None),
+        ("reasoning", "rs_4"), ("function_call", None), ("function_call_output", None),
+    ]  # fmt: skip
+    assert [b.thinking for b in turn.content if isinstance(b, ThinkingBlock)] == ["plan 1", "plan 2", "plan 3", "plan 4"]

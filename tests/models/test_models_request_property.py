@@ -9,6 +9,7 @@ output per function call.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from functools import partial
@@ -17,7 +18,17 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agentloop import Message, ToolResultBlock, ToolUseBlock, repair_transcript, validate_transcript
+from agentloop import (
+    Block,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    repair_transcript,
+    validate_transcript,
+)
 from agentloop._tools import safe_name
 from agentloop.models import ModelRequest
 from agentloop.models import anthropic as anthropic_api
@@ -89,6 +100,12 @@ def check_chat(body: dict[str, Any]) -> None:
     assert not owed
 
 
+def check_reasoning_followed(items: list[dict[str, Any]], i: int) -> None:
+    assert i + 1 < len(items), "a reasoning item ends the input"
+    after = items[i + 1]
+    assert after["type"] == "function_call" or (after["type"] == "message" and after["role"] == "assistant"), after
+
+
 def check_responses(body: dict[str, Any]) -> None:
     calls: list[str] = []
     outputs: list[str] = []
@@ -96,12 +113,9 @@ def check_responses(body: dict[str, Any]) -> None:
     for i, item in enumerate(items):
         if item["type"] == "reasoning":
             # "Item 'rs_...' of type 'reasoning' was provided without its required following item":
-            # the model's own output must follow it, before the next user turn.
-            after = [x for x in items[i + 1 :] if x["type"] != "reasoning"]
-            assert after, "a reasoning item ends the input"
-            assert after[0]["type"] == "function_call" or (
-                after[0]["type"] == "message" and after[0]["role"] == "assistant"
-            ), after[0]
+            # the model's own output must follow it directly (a hosted tool item between them
+            # in the original output is not kept, so another reasoning item does not count).
+            check_reasoning_followed(items, i)
         if item["type"] in ("function_call", "function_call_output"):
             assert len(item["call_id"]) <= 64, "the Responses API rejects a longer call_id"
         if item["type"] == "function_call":
@@ -147,3 +161,41 @@ def test_wire_ids_fit_each_provider_and_keep_distinct_ids_apart(tool_ids: list[s
                 assert pattern.fullmatch(sent)
             ok = len(original) <= max_len and (pattern is None or pattern.fullmatch(original))
             assert (sent == original) == bool(ok)  # an id that fits is sent as it is
+
+
+def _reasoning_block(draw: st.DrawFn) -> Block:
+    """A block of an assistant turn as the Responses adapter sees it: its own reasoning (with or
+    without encrypted content, with or without summary), another provider's thinking, text, a call."""
+    kind = draw(st.sampled_from(["reasoning", "reasoning", "sealed", "foreign", "redacted", "text", "call"]))
+    n = draw(st.integers(0, 9))
+    if kind == "reasoning":
+        return ThinkingBlock(thinking=f"r{n}", signature=json.dumps({"id": f"rs_{n}", "summary": []}))
+    if kind == "sealed":
+        return ThinkingBlock(thinking="", signature=json.dumps({"id": f"rs_{n}", "encrypted_content": "E"}))
+    if kind == "foreign":
+        return ThinkingBlock(thinking="t", signature="EqQBCkYI")
+    if kind == "redacted":
+        return RedactedThinkingBlock(data="R")
+    if kind == "text":
+        return TextBlock(text=f"text {n}")
+    return ToolUseBlock(id=f"call_{draw(st.integers(0, 10**6))}", name="f", input={})
+
+
+reasoning_turns = st.lists(st.composite(_reasoning_block)(), min_size=1, max_size=8)
+
+
+@settings(max_examples=300)
+@given(st.lists(reasoning_turns, min_size=1, max_size=3), st.sampled_from([None, True, False]))
+def test_every_reasoning_item_sent_is_directly_followed_by_its_message_or_call(
+    turns: list[list[Block]], store: bool | None
+) -> None:
+    msgs: list[Message] = []
+    for blocks in turns:
+        msgs += [Message.user("go"), Message(role="assistant", content=blocks)]
+    request = ModelRequest(messages=repaired(msgs))
+    body = responses_api.build_request(request, model="m", stored=store is not False)
+    items = body["input"]
+    for i, item in enumerate(items):
+        if item["type"] == "reasoning":
+            check_reasoning_followed(items, i)
+    check_responses(body)
