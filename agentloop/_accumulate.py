@@ -190,7 +190,7 @@ class Accumulator:
         """
         blocks: list[Block] = []
         order = sorted(self._parts)
-        cut = _CUT_BY.get(self.stop_reason or "") if self.ended else None
+        cut = CUT_BY.get(self.stop_reason or "") if self.ended else None
         for index in order:
             part = self._parts[index]
             body = "".join(part.chunks)
@@ -220,7 +220,7 @@ APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
 
 
 #: Stop reasons that cut the output wherever it was, even inside a tool call's input, and why.
-_CUT_BY = {
+CUT_BY = {
     "max_tokens": "the response hit the output token limit (max_tokens)",
     "model_context_window_exceeded": "the response filled the context window (model_context_window_exceeded)",
     "refusal": "the response was stopped by a refusal or a content filter (refusal)",
@@ -229,7 +229,7 @@ _CUT_BY = {
 
 
 def _tool_use(part: _Part, body: str, cut: str | None = None, *, last: bool = False) -> ToolUseBlock:
-    """The call of ``part``. Under a stop that ``cut`` the output (see `_CUT_BY`), an input
+    """The call of ``part``. Under a stop that ``cut`` the output (see `CUT_BY`), an input
     that is not whole JSON, or an empty one in the last block (the call being written when the
     output stopped), is incomplete: an ``input_error``, so the call is answered, not run."""
     if not part.closed:

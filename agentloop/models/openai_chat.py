@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from .._abort import AbortSignal
+from .._accumulate import CUT_BY
 from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from .._model import (
@@ -71,8 +72,6 @@ __all__ = ["OpenAIChatModel", "build_request"]
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
            "repetition": "repetition"}  # fmt: skip
-#: Stops that cut the output wherever it was: a tool call streamed before one is not finished.
-_CUT_STOPS = frozenset({"max_tokens", "refusal", "repetition"})
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
@@ -404,7 +403,7 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         reason = _FINISH.get(self._finish or "stop", self._finish)
-        if started and reason not in _CUT_STOPS:
+        if started and reason not in CUT_BY:  # a stop that cut the output wherever it was
             # Some servers say "stop" after a tool call; but a call cut by the token limit
             # (or a filter) is not one the model finished, and the host is told why.
             reason = "tool_use"
