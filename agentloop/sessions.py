@@ -312,7 +312,7 @@ class JsonlSession:
         if self._fd is None:
             made = _make_dirs(self.path.parent)
             created = not self.path.exists()
-            # Owner only (a transcript may hold secrets): 0o600 is a subset of any umask's result.
+            # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 _cut_torn_tail(fd, self.path, keep_whole=True)
