@@ -250,8 +250,6 @@ def _tool_use(part: _Part, body: str, cut: str | None = None, *, last: bool = Fa
         error = f"the tool input must be a JSON object, got {type(value).__name__}"
     if error is not None:
         return ToolUseBlock(id=part.id, name=part.name, input={}, input_error=scrub(error))
-    if json_escapes_surrogate(body):
-        value = scrub_json(value)
     return tool_use_block(part.id, part.name, value)
 
 
@@ -276,14 +274,21 @@ _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(parse_const
 def _json_value(body: str) -> Any:
     """``json.loads(body)`` for a str (strict: no NaN or Infinity), minus two layers of
     Python; anything unusual (an error, trailing data) goes through json.loads itself
-    for its exact message."""
+    for its exact message. Strings that hold a lone UTF-16 surrogate are scrubbed.
+    Raises `ValueError`, also for JSON nested too deeply to decode (a model stuck
+    repeating ``[`` in its arguments), never `RecursionError`."""
     text = body.strip(_JSON_SPACE)
     try:
-        value, end = _scan_json(text, 0)
-    except (StopIteration, ValueError):  # ValueError: positions would be off by the strip
-        end = -1
-    if end != len(text):
-        return json.loads(body, parse_constant=_no_constant)  # raises the error json.loads would
+        try:
+            value, end = _scan_json(text, 0)
+        except (StopIteration, ValueError):  # ValueError: positions would be off by the strip
+            end = -1
+        if end != len(text):
+            value = json.loads(body, parse_constant=_no_constant)  # raises the error json.loads would
+        if json_escapes_surrogate(body):
+            value = scrub_json(value)
+    except RecursionError:
+        raise ValueError("it is nested too deeply to decode") from None
     return value
 
 

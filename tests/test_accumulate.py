@@ -86,6 +86,22 @@ def test_nan_or_infinity_in_a_tool_input_is_an_input_error(constant: str) -> Non
     assert error is not None and f"{constant.lstrip('-')} is not a JSON value" in error
 
 
+_DEEP = [(5000, inner, closed) for inner in ("1", '"\\ud800"') for closed in (True, False)]
+
+
+@pytest.mark.parametrize(("depth", "inner", "closed"), [*_DEEP, (700, '"\\ud800"', True)])
+def test_a_tool_input_nested_too_deeply_is_an_input_error_never_a_recursion_error(
+    depth: int, inner: str, closed: bool
+) -> None:
+    # A model stuck repeating "[" in its arguments: past Python's recursion limit json raises
+    # RecursionError, and so does the scrub of a lone surrogate in a value json could still
+    # decode (700 levels); neither may escape the accumulator.
+    body = '{"path": ' + "[" * depth + inner + ("]" * depth + "}" if closed else "")
+    got, error = _input_of(body)
+    assert got == {}
+    assert error is not None and "nested too deeply" in error
+
+
 def test_usage_adds_and_merges_without_losing_counts() -> None:
     zero, some = Usage(), Usage(3, 4, 1, 2)
     assert not zero and some

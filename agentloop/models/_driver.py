@@ -43,19 +43,27 @@ def loads(text: str) -> Any:
     """`json.loads` for the hot path: same results and errors, less per-call overhead
     (it skips the whitespace handling that SSE data payloads never need).
 
-    Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON. A lone UTF-16
+    Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON, and for JSON nested
+    too deeply to decode (never `RecursionError`). A lone UTF-16
     surrogate escape (``"\\ud83d"`` without its pair) decodes to U+FFFD, never to a
     string that UTF-8 cannot encode (see `agentloop._unicode`).
     """
     try:
-        value, end = _scan_once(text, 0)
-    except StopIteration:
-        value, end = json.loads(text), -1  # leading whitespace or invalid: json.loads decides
-    if end != -1 and end != len(text) and text[end:].strip():
-        value = json.loads(text)  # trailing garbage: raises with json's message
-    if "\\u" in text and ("\\ud" in text or "\\uD" in text):  # a UTF-16 half, maybe without its pair
-        value = scrub_json(value)
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:
+            value, end = json.loads(text), -1  # leading whitespace or invalid: json.loads decides
+        if end != -1 and end != len(text) and text[end:].strip():
+            value = json.loads(text)  # trailing garbage: raises with json's message
+        if "\\u" in text and ("\\ud" in text or "\\uD" in text):  # a UTF-16 half, maybe without its pair
+            value = scrub_json(value)
+    except RecursionError:  # arrays or objects nested past the interpreter's recursion limit
+        raise ValueError(TOO_DEEP) from None
     return value
+
+
+#: The error for JSON nested deeper than Python can decode (a model stuck repeating ``[``).
+TOO_DEEP = "the JSON is nested too deeply to decode"
 
 
 #: The characters keys and tokens are made of (base64, base64url, hex, JWTs, ``sk-...``).

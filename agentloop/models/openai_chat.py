@@ -243,8 +243,8 @@ class ChatMapper:
             ) from None
 
     def _chunk(self, obj: dict[str, Any]) -> list[StreamEvent] | None:
-        if self.response_id is None:
-            self.response_id = obj.get("id")
+        if not self.response_id:  # Azure's filter chunks carry "id": ""
+            self.response_id = obj.get("id") or None
         out: list[StreamEvent] = []
         usage = obj.get("usage")
         if usage:

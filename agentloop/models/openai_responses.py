@@ -147,13 +147,14 @@ def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None
 
 
 class _Item:
-    __slots__ = ("block", "kind", "streamed", "summary_index")
+    __slots__ = ("args", "block", "kind", "streamed", "summary_index")
 
     def __init__(self, block: int, kind: str) -> None:
         self.block = block
         self.kind = kind
         self.streamed = False  # deltas (text, thinking or arguments) were emitted
         self.summary_index = 0
+        self.args: list[str] = []  # a function call's arguments as emitted so far
 
 
 class ResponsesMapper:
@@ -207,10 +208,17 @@ class ResponsesMapper:
             return (StreamText(item.block, obj["delta"]),)
         if kind == "response.function_call_arguments.delta":
             item = self._item(obj, "function_call")
-            if item.kind != "function_call_started" or not obj["delta"]:
+            delta = obj["delta"]
+            if item.kind != "function_call_started" or not delta:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
-            return (StreamToolInput(item.block, obj["delta"]),)
+            item.args.append(delta)
+            return (StreamToolInput(item.block, delta),)
+        if kind == "response.function_call_arguments.done":
+            item = self._item(obj, "function_call")
+            if item.kind != "function_call_started":
+                return None  # output_item.done starts the call, with these arguments
+            return self._settle(item, obj.get("arguments"))
         if kind == "response.reasoning_summary_text.delta" or kind == "response.reasoning_text.delta":
             return self._thinking(obj)
         if kind == "response.output_item.added":
@@ -269,8 +277,41 @@ class ResponsesMapper:
         ]
         if raw.get("arguments"):
             item.streamed = True
+            item.args.append(raw["arguments"])
             out.append(StreamToolInput(item.block, raw["arguments"]))
         return out
+
+    def _settle(self, item: _Item, final: Any) -> list[StreamEvent]:
+        """A started call's final arguments (``function_call_arguments.done``, or the item in
+        ``output_item.done``), which are authoritative: what the deltas left out is emitted
+        (all of it when no delta came). An absent or empty copy leaves the deltas as they are;
+        one that differs from them in more than whitespace or key order cannot be reconciled
+        with the input already streamed, and raises `StreamProtocolError` (retryable)."""
+        if not final:
+            return []
+        if type(final) is not str:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed event: a function call's final arguments are "
+                f"{type(final).__name__}, not a str: {excerpt(repr(final))}",
+                retryable=True,
+            )
+        streamed = "".join(item.args)
+        item.args = [streamed]
+        if final == streamed:
+            return []
+        if final.startswith(streamed):
+            rest = final[len(streamed) :]
+            item.args.append(rest)
+            item.streamed = True
+            return [StreamToolInput(item.block, rest)]
+        same = _canonical(streamed)
+        if same is None or same != _canonical(final):
+            raise StreamProtocolError(
+                "openai responses stream: a function call's streamed arguments differ from its final "
+                f"arguments (streamed {excerpt(streamed)!r}, final {excerpt(final)!r})",
+                retryable=True,
+            )
+        return []  # the same JSON, written differently: the streamed copy stands
 
     def _item_done(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         raw = obj["item"]
@@ -280,8 +321,8 @@ class ResponsesMapper:
         if kind == "function_call":
             if item.kind != "function_call_started":
                 out.extend(self._start_call(item, raw))
-            elif not item.streamed and raw.get("arguments"):
-                out.append(StreamToolInput(item.block, raw["arguments"]))
+            else:
+                out.extend(self._settle(item, raw.get("arguments")))
         elif kind == "reasoning":
             if not item.streamed:
                 # As streamed: the non-empty parts, a blank line between two.
@@ -335,6 +376,14 @@ class ResponsesMapper:
             error_type=str(code) if code is not None else None,
             retryable=not too_long and str(code) in _RETRYABLE_CODES,
         )
+
+
+def _canonical(text: str) -> str | None:
+    """``text`` as JSON written one way (sorted keys, no spaces), or None if it is not JSON."""
+    try:
+        return json.dumps(loads(text), sort_keys=True, separators=(",", ":"))
+    except (ValueError, RecursionError):  # RecursionError: nested about as deep as json can read
+        return None
 
 
 # -- model --------------------------------------------------------------------

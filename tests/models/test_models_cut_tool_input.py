@@ -142,7 +142,7 @@ _PATHS: list[tuple[str, type, Callable[[str], bytes], str]] = [
 ]
 
 
-@pytest.mark.parametrize("args", [_ARGS, ""], ids=["cut-json", "no-json-yet"])
+@pytest.mark.parametrize("args", [_ARGS, "", '{"path": ' + "[" * 5000], ids=["cut-json", "no-json-yet", "bracket-loop"])
 @pytest.mark.parametrize(("name", "cls", "make", "stop"), _PATHS, ids=[p[0] for p in _PATHS])
 async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_error_and_not_run(
     name: str, cls: type, make: Callable[[str], bytes], stop: str, args: str

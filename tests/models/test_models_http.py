@@ -384,6 +384,24 @@ def test_loads_rejects_what_json_rejects(text: str) -> None:
         loads(text)
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000, "[" * 5000 + "]" * 5000, '{"a": ' * 3000 + "1" + "}" * 3000,
+                                  "[" * 700 + '"\\ud800"' + "]" * 700])  # fmt: skip
+def test_loads_raises_value_error_for_json_nested_too_deeply(text: str) -> None:
+    from agentloop.models._driver import loads
+
+    with pytest.raises(ValueError, match="nested too deeply"):
+        loads(text)
+
+
+async def test_a_chunk_nested_too_deeply_is_a_retryable_protocol_error() -> None:
+    chunk = '{"id": "c", "choices": [], "junk": ' + "[" * 5000 + "]" * 5000 + "}"
+    server = MockServer(f"data: {chunk}\n\ndata: [DONE]\n\n".encode())
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError, match="nested too deeply") as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable is True
+
+
 # -- context overflow, whatever the server calls it --------------------------------------
 
 CONTEXT_OVERFLOW_BODIES = {

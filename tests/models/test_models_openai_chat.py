@@ -376,6 +376,31 @@ async def test_usage_chunk_with_empty_choices_and_cached_tokens() -> None:
     assert acc.usage == Usage(100, 5, 64)
 
 
+async def test_azure_content_filter_chunks_are_ignored_and_do_not_blank_the_response_id() -> None:
+    # Azure OpenAI: a first chunk with no choices, "id": "" and the prompt's filter results; the
+    # choices carry content_filter_results; with the async filter, a last chunk with no delta.
+    filters = {"hate": {"filtered": False, "severity": "safe"}}
+    prompt_filter = {"choices": [], "created": 0, "id": "", "model": "", "object": "",
+                     "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": filters}]}  # fmt: skip
+
+    def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "finish_reason": finish, "content_filter_results": filters}
+        if delta is not None:
+            choice["delta"] = delta
+        return {"id": "chatcmpl-AZ1", "object": "chat.completion.chunk", "choices": [choice]}
+
+    async_filter = {"id": "", "object": "", "created": 0, "model": "", "choices": [
+        {"index": 0, "finish_reason": None, "content_filter_results": filters,
+         "content_filter_offsets": {"check_offset": 3, "start_offset": 3, "end_offset": 9}}]}  # fmt: skip
+    body = chat_stream(prompt_filter, chunk({"role": "assistant", "content": "Hi"}), chunk({"content": None}),
+                       chunk({}, "stop"), async_filter, {**USAGE, "id": "chatcmpl-AZ1"})  # fmt: skip
+    events, acc = await run_body(body)
+    assert acc.message().text == "Hi"
+    assert acc.stop_reason == "end_turn"
+    assert acc.response_id == "chatcmpl-AZ1"
+    assert isinstance(events[-1], StreamEnd) and events[-1].response_id == "chatcmpl-AZ1"
+
+
 async def test_refusal_delta_is_text_and_refusal() -> None:
     _, acc = await run_body(chat_stream(chat_chunk({"refusal": "I can't"}), chat_chunk(finish="stop")))
     assert acc.message().text == "I can't"

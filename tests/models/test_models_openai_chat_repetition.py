@@ -74,6 +74,43 @@ async def test_finish_reason_repetition_is_a_server_signal_on_the_channel_that_w
     assert acc.stop_reason == "repetition"
 
 
+def _vllm_finish(finish: str, stop_reason: str | int | None) -> dict[str, Any]:
+    """vLLM's finish chunk as its chat serving writes it: the engine's ``stop_reason`` beside
+    ``finish_reason``, then the final usage chunk (vllm/v1/core/sched/utils.py sets
+    ``FINISHED_REPETITION`` with ``stop_reason="repetition_detected"``)."""
+    choice = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": finish,
+              "stop_reason": stop_reason}  # fmt: skip
+    return {"id": "chatcmpl-v", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+
+
+@pytest.mark.parametrize(
+    ("finish", "stop_reason", "stop", "signalled"),
+    [
+        ("repetition", "repetition_detected", "repetition", True),
+        ("stop", None, "end_turn", False),  # EOS
+        ("stop", "###", "end_turn", False),  # a stop string of the request
+        ("stop", 128009, "end_turn", False),  # a stop token id
+    ],
+)
+async def test_vllm_finish_chunks_as_sent_with_their_stop_reason(
+    finish: str, stop_reason: str | int | None, stop: str, signalled: bool
+) -> None:
+    usage = {"id": "chatcmpl-v", "object": "chat.completion.chunk", "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 4, "completion_tokens": 40, "total_tokens": 44}}  # fmt: skip
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chat_chunk({"content": "la la la la"}),
+        _vllm_finish(finish, stop_reason),
+        usage,
+    )
+    server = Server(body)
+    async with server.client() as client:
+        events, acc = await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert acc.stop_reason == stop and acc.message().text == "la la la la"
+    signals = [e for e in events if isinstance(e, StreamSignals)]
+    assert signals == ([StreamSignals(("tail_repetition@text",), stopped=True)] if signalled else [])
+
+
 # -- end to end ----------------------------------------------------------------------------
 
 CHANT = "wait, "

@@ -7,10 +7,19 @@ from typing import Any
 
 import pytest
 from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from agentloop.models import OpenAIResponsesModel, StreamEnd, StreamSignals, StreamText, Usage
+from agentloop.models import (
+    OpenAIResponsesModel,
+    StreamEnd,
+    StreamSignals,
+    StreamText,
+    StreamToolInput,
+    Usage,
+)
 
 
 async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
@@ -182,6 +191,99 @@ async def test_function_call_arguments_only_in_done_event() -> None:
     )
     _, acc = await run_body(body)
     assert acc.message().tool_uses[0].input == {"a": 1}
+
+
+FC = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+
+
+def call_events(deltas: list[str], *, args_done: str | None = None,
+                item_done: str | None = None) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """A function call at output 0: its deltas, then the final copies of its arguments given."""
+    out = [ev("response.output_item.added", output_index=0, item=FC)]
+    out += [ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta=d) for d in deltas]
+    if args_done is not None:
+        out.append(ev("response.function_call_arguments.done", output_index=0, item_id="fc_1", arguments=args_done))
+    if item_done is not None:
+        out.append(ev("response.output_item.done", output_index=0, item={**FC, "arguments": item_done}))
+    return out
+
+
+def streamed_input(events: list[Any]) -> str:
+    return "".join(e.partial_json for e in events if isinstance(e, StreamToolInput))
+
+
+async def test_arguments_only_in_the_arguments_done_event_are_the_input() -> None:
+    # No deltas and no output_item.done: the .done event is the only copy of the arguments.
+    events, acc = await run_body(sse(CREATED, *call_events([], args_done='{"a": 1}'), completed()))
+    assert acc.message().tool_uses[0].input == {"a": 1}
+    assert streamed_input(events) == '{"a": 1}'
+
+
+@pytest.mark.parametrize("copies", [{"args_done"}, {"item_done"}, {"args_done", "item_done"}])
+async def test_the_final_arguments_complete_deltas_that_stopped_short_once(copies: set[str]) -> None:
+    final = '{"path": "/tmp/a", "n": 12}'
+    kw = {c: final for c in copies}
+    events, acc = await run_body(sse(CREATED, *call_events(['{"path": "/tmp/a", ', '"n": 1'], **kw), completed()))
+    assert acc.message().tool_uses[0].input == {"path": "/tmp/a", "n": 12}
+    assert streamed_input(events) == final  # the missing tail emitted once, not per copy
+
+
+async def test_final_arguments_written_differently_keep_the_streamed_input() -> None:
+    # A server that re-serializes the arguments in its final copy: the same JSON, other bytes.
+    deltas = ['{"b": [1, 2],', ' "a": "x"}']
+    events, acc = await run_body(sse(CREATED, *call_events(deltas, args_done='{"a":"x","b":[1,2]}',
+                                                           item_done='{"a":"x","b":[1,2]}'), completed()))  # fmt: skip
+    assert acc.message().tool_uses[0].input == {"b": [1, 2], "a": "x"}
+    assert streamed_input(events) == "".join(deltas)
+
+
+@pytest.mark.parametrize("final", ['{"path": "/etc/passwd"}', '{"path": "/tmp/a", "n": true}', "{}"])
+@pytest.mark.parametrize("where", ["args_done", "item_done"])
+async def test_final_arguments_that_contradict_the_deltas_are_a_retryable_protocol_error(
+    final: str, where: str
+) -> None:
+    deltas = ['{"path": "/tmp/a", ', '"n": 1}']
+    with pytest.raises(StreamProtocolError, match="differ from its final arguments") as info:
+        await run_body(sse(CREATED, *call_events(deltas, **{where: final}), completed()))
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("final", ["", None])
+async def test_an_empty_or_missing_final_copy_leaves_the_deltas(final: str | None) -> None:
+    body = sse(CREATED, *call_events(['{"a": 1}']),
+               ev("response.function_call_arguments.done", output_index=0, item_id="fc_1", arguments=final),
+               ev("response.output_item.done", output_index=0, item={**FC, "arguments": final}), completed())  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.message().tool_uses[0].input == {"a": 1}
+
+
+@pytest.mark.parametrize("final", [{"a": 1}, 5, ["x"]])
+async def test_final_arguments_that_are_not_a_string_are_a_malformed_event(final: Any) -> None:
+    with pytest.raises(StreamProtocolError, match="not a str") as info:
+        await run_body(sse(CREATED, *call_events(['{"a": 1}'], args_done=final), completed()))  # type: ignore[arg-type]
+    assert info.value.retryable is True
+
+
+@given(
+    value=st.dictionaries(st.text(max_size=6), st.text(max_size=8) | st.integers() | st.booleans(), max_size=4),
+    data=st.data(),
+)
+async def test_any_split_any_lost_tail_and_any_final_copies_give_the_final_input_once(
+    value: dict[str, Any], data: st.DataObject
+) -> None:
+    text = json.dumps(value)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6), label="cuts"))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    sent = data.draw(st.integers(0, len(pieces)), label="deltas sent")  # the rest never arrived
+    copies = data.draw(st.sampled_from(["args_done", "item_done", "both"]), label="final copies")
+    final = text
+    if sent == len(pieces) and data.draw(st.booleans(), label="re-serialized"):
+        final = json.dumps(value, separators=(",", ":"), sort_keys=True)  # same JSON, other bytes
+    kw = {"args_done": final if copies != "item_done" else None,
+          "item_done": final if copies != "args_done" else None}  # fmt: skip
+    events, acc = await run_body(sse(CREATED, *call_events(pieces[:sent], **kw), completed()))
+    assert acc.message().tool_uses[0].input == value
+    assert json.loads(streamed_input(events)) == value  # nothing emitted twice
 
 
 async def test_llama_cpp_style_events_without_output_index() -> None:
