@@ -547,6 +547,59 @@ async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) 
         await task
 
 
+# The child starts a grandchild in its group that keeps the child's stdout open, then exits
+# (``sh -c "server &"``): the call waits for the output to end, which only the grandchild can do.
+LEFT_RUNNING = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+"""
+
+
+async def test_a_cancelled_run_process_kills_the_group_although_the_child_has_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tool's `timeout` cancels it while run_process waits for a background grandchild's output
+    # to end. The child is gone, but the grandchild must not outlive the call.
+    from agentloop import _process
+
+    collectors: list[Any] = []
+
+    class Recording(_process._Collector):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            collectors.append(self)
+
+    monkeypatch.setattr(_process, "_Collector", Recording)
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", LEFT_RUNNING, signal=AbortController().signal))
+    try:
+        while not collectors:
+            await asyncio.sleep(0)
+        out = collectors[0].output[1]
+        await collectors[0].exited  # the child has exited, and been reaped
+        for _ in range(1000):  # bounded wait for an observable condition: its line read
+            if out.endswith(b"\n"):
+                break
+            await asyncio.sleep(0.01)
+        grandchild = int(out)
+        assert _alive(grandchild) and not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):  # SIGKILL is sent; its delivery is the kernel's
+            if not _alive(grandchild):
+                break
+            await asyncio.sleep(0.01)
+        assert not _alive(grandchild)
+    finally:
+        if collectors and collectors[0].output[1].endswith(b"\n"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(collectors[0].output[1]), signal.SIGKILL)
+
+
 # The child forks a process that leaves the group (setsid, as daemons do) and keeps the
 # child's stdout and stderr open, then exits: killpg cannot reach it, and the pipes never end.
 ESCAPEE = """
