@@ -151,7 +151,9 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     synthetic = False
     if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
         result = outcome
-    elif isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted:
+    elif isinstance(outcome, KeyboardInterrupt) or (
+        isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted
+    ):  # a Ctrl-C that landed in the call's own code stopped it as an interrupt does
         texts = engine.options.texts
         result = interrupted_result(use.id, texts.stopped_running if use.id in st.started else texts.never_started)
         synthetic = True

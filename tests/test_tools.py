@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import gc
 import io
 import itertools
 import json
@@ -34,6 +35,7 @@ from agentloop import (
     ScriptedToolCall,
     TextBlock,
     TextDelta,
+    Texts,
     Tool,
     ToolCallFinished,
     ToolContext,
@@ -274,6 +276,30 @@ async def test_a_tool_failure_that_cannot_be_printed_or_is_a_base_exception_is_t
         "Tool 'fails' raised _Unprintable (its message could not be formatted)",
         "Tool 'fails' raised _FrameworkStop: halt",
     ]
+
+
+def test_ctrl_c_in_a_tools_own_code_goes_through_and_the_call_gets_the_interrupted_result() -> None:
+    # A KeyboardInterrupt raised in the tool's code (a second Ctrl-C under asyncio.run, or the first
+    # under a loop that keeps Python's default SIGINT handler) ends the host's loop. The call was
+    # stopped by the user, as when the first Ctrl-C cancels the run: it gets that result, not a
+    # failure blamed on agentloop.
+    @tool
+    async def crunch() -> str:
+        """Crunch numbers."""
+        raise KeyboardInterrupt
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("crunch", {})]), "ok"]), tools=[crunch])
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    gc.collect()  # asyncio logs the call's task, "exception was never retrieved", now rather than at random
+    assert validate_transcript(engine.messages) == []
+    [result] = engine.messages[-1].tool_results
+    assert result.is_error and result.text == Texts().stopped_running
 
 
 async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation(caplog: pytest.LogCaptureFixture) -> None:
