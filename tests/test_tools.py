@@ -334,6 +334,34 @@ async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation
     assert caplog.text.count("ignored cancellation") == 1 and "'stuck'" in caplog.text
 
 
+async def test_a_tool_that_honours_its_timeout_is_not_called_abandoned_when_the_cancel_grace_is_zero(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tool_cancel_grace=0 (interrupts cancel at once) left a timed-out call no time at all to
+    # unwind: every call that timed out was said to have ignored its cancellation, and abandoned.
+    cleaned = []
+
+    @tool(timeout=1)
+    async def fetch() -> str:
+        """Fetch slowly."""
+        try:
+            await asyncio.sleep(50)
+        finally:
+            await asyncio.sleep(0)  # a cleanup that awaits (closing a connection)
+            cleaned.append(True)
+        return "fetched"
+
+    with VirtualClock():
+        script = ScriptedResponse(tool_calls=[ScriptedToolCall("fetch", {})])
+        engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[fetch], policies=[], tool_cancel_grace=0)
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    assert result.is_error and result.text == "Tool 'fetch' timed out after 1 s and was stopped."
+    assert cleaned == [True] and "ignored cancellation" not in caplog.text
+
+
 EMIT_FROM_A_THREAD = """
 import asyncio, threading
 from agentloop import QueryEngine, ScriptedModel, ScriptedResponse, ScriptedToolCall, TextDelta, ToolCallStarted, ToolContext, tool
