@@ -29,6 +29,10 @@ log = logging.getLogger("agentloop")
 
 T = TypeVar("T")
 
+#: Seconds a cancelled call (or permission prompt) is given to unwind before it is abandoned:
+#: a ``finally`` that awaits (a connection closed, a process group killed) needs a few loop turns.
+UNWIND = 0.1
+
 
 def plan_batches(
     uses: Sequence[ToolUseBlock], tools: Mapping[str, Tool], max_parallel: int
@@ -190,9 +194,10 @@ class CallRunner:
                         output = await tool.handler(tool_input, ctx)
                     else:
                         # If the timeout's cancellation is swallowed, the loop gives up on the call
-                        # a cancel grace later (see `Overdue`), so the timeout holds either way.
+                        # a cancel grace later (see `Overdue`), so the timeout holds either way; a
+                        # grace of 0 still leaves a call that honours the cancellation time to unwind.
                         overdue = asyncio.get_running_loop().call_later(
-                            tool.timeout + self.engine.options.tool_cancel_grace, put, Overdue(use, tool.timeout)
+                            tool.timeout + max(self.engine.options.tool_cancel_grace, UNWIND), put, Overdue(use, tool.timeout)
                         )
                         try:
                             async with asyncio.timeout(tool.timeout) as scope:
@@ -340,7 +345,7 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
             task.cancel()
             # Give it a moment to unwind; a callback that ignores cancellation
             # is abandoned (with a warning) rather than allowed to hold the run open.
-            await asyncio.wait({task}, timeout=0.1)
+            await asyncio.wait({task}, timeout=UNWIND)
             if not task.done() and hold_until_done(task):
                 log.warning("%r ignored cancellation; abandoning it", task.get_coro())
     if signal.aborted and (task.cancelled() or not task.done()):

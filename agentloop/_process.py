@@ -119,8 +119,10 @@ async def run_process(
     finally:
         try:
             # Runs on cancellation too: the group never outlives this call. A cancellation
-            # (a caller's grace ran out) kills it at once, without a TERM grace of its own.
-            if transport.get_returncode() is None:
+            # (a caller's grace ran out, a tool's timeout) kills it at once, without a TERM
+            # grace of its own, also when the child has exited but its output has not ended
+            # (a background grandchild of the group holds the pipes).
+            if transport.get_returncode() is None or (cancelled and not proto.done.done()):
                 await asyncio.shield(_kill_group(transport.get_pid(), proto, 0 if cancelled else kill_grace))
         finally:
             await _close(transport, proto)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ._commit import drain_interjections, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, _Event
-from ._executor import CallRunner, Done, Overdue, describe, error_result
+from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._tools import cut_result, result_length
@@ -102,7 +102,7 @@ class Batch:
             elif item is GRACE_OVER:
                 for task in st.pending_tasks:
                     task.cancel()
-                timers.append(st.loop.call_later(0.1, st.mailbox.put, _ABANDON))
+                timers.append(st.loop.call_later(UNWIND, st.mailbox.put, _ABANDON))
             elif item is _ABANDON:
                 for use in waiting.values():
                     abandon(st, tasks[use.id], "the run was interrupted")
@@ -151,7 +151,9 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     synthetic = False
     if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
         result = outcome
-    elif isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted:
+    elif isinstance(outcome, KeyboardInterrupt) or (
+        isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted
+    ):  # a Ctrl-C that landed in the call's own code stopped it as an interrupt does
         texts = engine.options.texts
         result = interrupted_result(use.id, texts.stopped_running if use.id in st.started else texts.never_started)
         synthetic = True

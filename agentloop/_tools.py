@@ -13,6 +13,7 @@ import functools
 import hashlib
 import inspect
 import json
+import numbers
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,6 +158,11 @@ class Tool:
             raise ValueError(
                 f"tool name {name!r} is not accepted by the providers: use 1-64 letters, digits, '_' or '-'"
             )
+        if timeout is not None:  # a config file's "30" would fail every call, blamed on the tool
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
+            if not float(timeout) >= 0:  # NaN too
+                raise ValueError(f"timeout must be >= 0, not {timeout!r}")
         self.name = name
         self.description = description
         self.input_schema = dict(input_schema)
@@ -201,7 +207,7 @@ def tool(
     """Make a `Tool` from an annotated async function (usable with or without arguments).
 
     Raises TypeError for a sync function, a ``functools.partial`` or a parameter without an
-    annotation.
+    annotation; TypeError or ValueError for a ``timeout`` that is not a number of seconds >= 0.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:

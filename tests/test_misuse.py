@@ -383,3 +383,29 @@ async def test_a_run_iterated_from_two_tasks_says_so_and_the_first_goes_on() -> 
     assert isinstance(second, RuntimeError) and "iterated by another task" in str(second)
     assert isinstance(first, list) and isinstance(first[-1], TurnEnded) and first[-1].reason == "completed"
     assert validate_transcript(engine.messages) == [] and not engine.running
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ("30", TypeError, "timeout takes a number of seconds or None, not '30'"),
+        (True, TypeError, "timeout takes a number of seconds or None, not True"),
+        (-1, ValueError, "timeout must be >= 0, not -1"),
+        (float("nan"), ValueError, "timeout must be >= 0, not nan"),
+    ],
+)
+async def test_a_tool_timeout_that_is_not_a_number_of_seconds_is_refused_when_the_tool_is_made(
+    value: object, error: type[Exception], message: str
+) -> None:
+    """@tool(timeout=os.environ["TOOL_TIMEOUT"]) used to be accepted, and then every call of the tool
+    failed with "Tool 'build' raised TypeError: can only concatenate str...", blamed on the tool."""
+
+    async def build() -> str:
+        """Build."""
+        return "built"
+
+    with pytest.raises(error, match=re.escape(message)):
+        tool(timeout=value)(build)  # type: ignore[arg-type]
+    with pytest.raises(error, match=re.escape(message)):
+        Tool("build", "Build.", {"type": "object"}, lambda _i, _c: build(), timeout=value)  # type: ignore[arg-type]
+    assert tool(timeout=2)(build).timeout == 2 and tool(timeout=0.5)(build).timeout == 0.5

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import gc
 import io
 import itertools
 import json
@@ -34,6 +35,7 @@ from agentloop import (
     ScriptedToolCall,
     TextBlock,
     TextDelta,
+    Texts,
     Tool,
     ToolCallFinished,
     ToolContext,
@@ -276,6 +278,30 @@ async def test_a_tool_failure_that_cannot_be_printed_or_is_a_base_exception_is_t
     ]
 
 
+def test_ctrl_c_in_a_tools_own_code_goes_through_and_the_call_gets_the_interrupted_result() -> None:
+    # A KeyboardInterrupt raised in the tool's code (a second Ctrl-C under asyncio.run, or the first
+    # under a loop that keeps Python's default SIGINT handler) ends the host's loop. The call was
+    # stopped by the user, as when the first Ctrl-C cancels the run: it gets that result, not a
+    # failure blamed on agentloop.
+    @tool
+    async def crunch() -> str:
+        """Crunch numbers."""
+        raise KeyboardInterrupt
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("crunch", {})]), "ok"]), tools=[crunch])
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    gc.collect()  # asyncio logs the call's task, "exception was never retrieved", now rather than at random
+    assert validate_transcript(engine.messages) == []
+    [result] = engine.messages[-1].tool_results
+    assert result.is_error and result.text == Texts().stopped_running
+
+
 async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation(caplog: pytest.LogCaptureFixture) -> None:
     # The timeout cancels the call; a call that swallows that is given up on a cancel grace
     # later, with its timeout error, and the loop goes on. It used to run as long as it liked.
@@ -306,6 +332,34 @@ async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation
     [result] = [r for m in engine.messages for r in m.tool_results]
     assert result.is_error and result.text.startswith("Tool 'stuck' timed out after 1 s")
     assert caplog.text.count("ignored cancellation") == 1 and "'stuck'" in caplog.text
+
+
+async def test_a_tool_that_honours_its_timeout_is_not_called_abandoned_when_the_cancel_grace_is_zero(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # tool_cancel_grace=0 (interrupts cancel at once) left a timed-out call no time at all to
+    # unwind: every call that timed out was said to have ignored its cancellation, and abandoned.
+    cleaned = []
+
+    @tool(timeout=1)
+    async def fetch() -> str:
+        """Fetch slowly."""
+        try:
+            await asyncio.sleep(50)
+        finally:
+            await asyncio.sleep(0)  # a cleanup that awaits (closing a connection)
+            cleaned.append(True)
+        return "fetched"
+
+    with VirtualClock():
+        script = ScriptedResponse(tool_calls=[ScriptedToolCall("fetch", {})])
+        engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[fetch], policies=[], tool_cancel_grace=0)
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    assert result.is_error and result.text == "Tool 'fetch' timed out after 1 s and was stopped."
+    assert cleaned == [True] and "ignored cancellation" not in caplog.text
 
 
 EMIT_FROM_A_THREAD = """
@@ -545,6 +599,59 @@ async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# The child starts a grandchild in its group that keeps the child's stdout open, then exits
+# (``sh -c "server &"``): the call waits for the output to end, which only the grandchild can do.
+LEFT_RUNNING = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+"""
+
+
+async def test_a_cancelled_run_process_kills_the_group_although_the_child_has_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tool's `timeout` cancels it while run_process waits for a background grandchild's output
+    # to end. The child is gone, but the grandchild must not outlive the call.
+    from agentloop import _process
+
+    collectors: list[Any] = []
+
+    class Recording(_process._Collector):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            collectors.append(self)
+
+    monkeypatch.setattr(_process, "_Collector", Recording)
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", LEFT_RUNNING, signal=AbortController().signal))
+    try:
+        while not collectors:
+            await asyncio.sleep(0)
+        out = collectors[0].output[1]
+        await collectors[0].exited  # the child has exited, and been reaped
+        for _ in range(1000):  # bounded wait for an observable condition: its line read
+            if out.endswith(b"\n"):
+                break
+            await asyncio.sleep(0.01)
+        grandchild = int(out)
+        assert _alive(grandchild) and not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):  # SIGKILL is sent; its delivery is the kernel's
+            if not _alive(grandchild):
+                break
+            await asyncio.sleep(0.01)
+        assert not _alive(grandchild)
+    finally:
+        if collectors and collectors[0].output[1].endswith(b"\n"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(collectors[0].output[1]), signal.SIGKILL)
 
 
 # The child forks a process that leaves the group (setsid, as daemons do) and keeps the
