@@ -206,8 +206,9 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a `Tool` from an annotated async function (usable with or without arguments).
 
-    Raises TypeError for a sync function, a ``functools.partial`` or a parameter without an
-    annotation; TypeError or ValueError for a ``timeout`` that is not a number of seconds >= 0.
+    Raises TypeError for a sync function, a ``functools.partial``, a parameter without an
+    annotation or an annotation that names something not defined; TypeError or ValueError for
+    a ``timeout`` that is not a number of seconds >= 0.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
@@ -257,7 +258,7 @@ def tool(
 
 def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
     """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter."""
-    hints = get_type_hints(f, include_extras=True)
+    hints = _type_hints(f)
     fields: dict[str, Any] = {}
     names: list[tuple[str, str]] = []
     ctx_param: str | None = None
@@ -286,6 +287,24 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
         f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
     )
     return model, tuple(names), ctx_param
+
+
+def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
+    """``f``'s resolved annotations. ``ToolContext`` resolves also when its module imports it only
+    under ``if TYPE_CHECKING:`` (as linters advise for a name used only in annotations); any
+    other name that cannot be resolved is a `TypeError` that says which, and why."""
+    try:
+        return get_type_hints(f, include_extras=True)
+    except NameError:
+        pass
+    try:
+        return get_type_hints(f, localns={"ToolContext": ToolContext}, include_extras=True)
+    except NameError as exc:
+        raise TypeError(
+            f"@tool cannot resolve the annotations of {getattr(f, '__qualname__', f)!r}: {exc}. Names used in "
+            "a tool's annotations must exist when @tool runs: import them at run time (not only under "
+            "TYPE_CHECKING), and define the models they name at module level"
+        ) from None
 
 
 def _is_context(ann: Any) -> bool:

@@ -947,3 +947,40 @@ async def test_a_tool_that_returns_a_process_result_gives_the_output_once_as_jso
     assert results[0].text.count("hellohellohello") == 1
     assert second["stdout"] == "caf\ufffd"
     assert not {k for k in (*first, *second) if k.endswith("_bytes")}
+
+
+_TYPE_CHECKING_ONLY = '''
+from __future__ import annotations
+from typing import TYPE_CHECKING
+from agentloop import tool
+if TYPE_CHECKING:
+    from agentloop import ToolContext
+
+@tool
+async def where(path: str, ctx: ToolContext) -> str:
+    """Says where the call runs."""
+    return f"{path} in {ctx.tool_use_id}"
+'''
+
+
+def test_a_tool_context_imported_only_for_type_checking_is_still_the_context() -> None:
+    namespace: dict[str, Any] = {"__name__": "tools_module"}
+    exec(_TYPE_CHECKING_ONLY, namespace)
+    made = namespace["where"]
+    assert made.input_schema["properties"].keys() == {"path"}  # the context is injected, not asked of the model
+
+    async def main() -> str:
+        engine = QueryEngine(
+            ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("where", {"path": "a.py"}, id="c1")]), "ok"]),
+            tools=[made],
+        )
+        results = [e.result for e in [e async for e in engine.run("go")] if isinstance(e, ToolCallFinished)]
+        return str(results[0].content)
+
+    assert "a.py in c1" in asyncio.run(main())
+
+
+def test_an_annotation_naming_something_undefined_is_a_clear_type_error() -> None:
+    source = _TYPE_CHECKING_ONLY.replace("path: str", "path: Missing")
+    with pytest.raises(TypeError, match=r"cannot resolve the annotations of 'where': name 'Missing' is not defined"):
+        exec(source, {"__name__": "tools_module"})
