@@ -360,7 +360,8 @@ def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlo
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a list of them) as it is, anything else as JSON (pydantic models and
-    dataclasses by their fields; a `ProcessResult` without its raw bytes)."""
+    dataclasses by their fields; a `ProcessResult` without its raw bytes). Raises
+    `TypeError` for an awaitable (a coroutine returned instead of awaited)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
@@ -377,6 +378,10 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content = ""
     elif isinstance(output, ProcessResult):  # ``return await run_process(...)``
         content = json.dumps(output.as_json(), ensure_ascii=False)
+    elif inspect.isawaitable(output):  # ``return fetch(url)``: an await left out
+        if inspect.iscoroutine(output):
+            output.close()  # never run, and never warned about as "never awaited"
+        raise TypeError(f"a {type(output).__name__} object, not its result (is an await missing?)")
     else:
         try:
             content = json.dumps(output, ensure_ascii=False, default=_as_json)

@@ -984,3 +984,33 @@ def test_an_annotation_naming_something_undefined_is_a_clear_type_error() -> Non
     source = _TYPE_CHECKING_ONLY.replace("path: str", "path: Missing")
     with pytest.raises(TypeError, match=r"cannot resolve the annotations of 'where': name 'Missing' is not defined"):
         exec(source, {"__name__": "tools_module"})
+
+
+async def _fetch() -> str:
+    return "fetched"
+
+
+@tool
+async def forgets_await() -> Any:
+    """Returns the coroutine instead of its result."""
+    return _fetch()
+
+
+def test_a_tool_that_returns_a_coroutine_gets_an_error_result_naming_the_missing_await() -> None:
+    async def main() -> list[ToolCallFinished]:
+        engine = QueryEngine(
+            ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("forgets_await", {})]), "ok"]),
+            tools=[forgets_await],
+        )
+        events = [e async for e in engine.run("go")]
+        assert validate_transcript(engine.messages) == []
+        return [e for e in events if isinstance(e, ToolCallFinished)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the coroutine is closed, never left "never awaited"
+        (finished,) = asyncio.run(main())
+        gc.collect()
+    assert finished.result.is_error
+    assert "returned an unusable result: a coroutine object, not its result (is an await missing?)" in str(
+        finished.result.content
+    )
