@@ -108,8 +108,14 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         finally:
                             calls.close()
                         merge = merge or not st.signal.aborted
-                    for event in end_tools(engine, st, merge):
+                    for event in end_tools(engine, st):
                         yield event
+                    # Then the queued interjections, only now taken: a host that stops at a result
+                    # the phase synthesized leaves them queued (the next run delivers them), not
+                    # merged behind an InterjectionInjected it never sees.
+                    if merge and engine.inbox.interjections:
+                        for event in drain_interjections(engine, st):
+                            yield event
                     _after_tools(engine, st, uses)
                 if st.pending_events:  # a policy ended the turn before its calls ran
                     for event in st.take_pending_events():
@@ -394,7 +400,8 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
         dropped = inbox.take(inbox.interjections)
         drop = InterjectionDropped(texts=tuple(q.text for q in dropped), ids=tuple(q.id for q in dropped), reason=reason)
         engine._record_event(drop)
-        events.append(drop)
+        # First: a host that stops at a result synthesized above has seen the drop it made.
+        events.insert(0, drop)
     ended = TurnEnded(
         reason=reason,
         abort_reason=abort_reason,
