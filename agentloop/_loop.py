@@ -132,7 +132,10 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 
 def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> tuple[RunState, list[Message] | None]:
     if engine._state is not None:
-        raise RuntimeError("a run is already in progress on this engine")
+        raise RuntimeError(
+            "a run is already in progress on this engine (one you stopped iterating but still hold "
+            "ends when you await its aclose() or drop it)"
+        )
     engine._check_store_free()
     engine._vet_history()
     engine._catch_up_session()
@@ -192,7 +195,12 @@ def _deadline_passed(st: RunState) -> None:
 def consumer_gone(engine: QueryEngine, token: object) -> None:
     """The host stopped iterating: abort with "consumer_closed" and settle now (sync)."""
     st = engine._state
-    if st is None or st.token is not token or st.closed or st.turn_over:
+    if st is None or st.token is not token or st.closed:
+        return
+    if st.turn_over:
+        # Stopped after the turn's TurnEnded: nothing to settle, and no further turn. Marked, so
+        # that a run() begun at once waits for the cleanup rather than finding a run in progress.
+        st.finishing = True
         return
     if threading.get_ident() != getattr(st.loop, "_thread_id", threading.get_ident()):
         # Dropped (garbage-collected) in another thread: settle on the loop's own thread.

@@ -1,5 +1,5 @@
-"""The host's control surface at odd moments: receipts for what the host queued when it
-stops iterating at any event."""
+"""The host's control surface at odd moments: stopping the iteration after a turn's end, and
+receipts for what the host queued when it stops iterating at any event."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     ToolCallFinished,
+    TurnEnded,
     tool,
     validate_transcript,
 )
@@ -26,6 +27,46 @@ def calls(*names: str, text: str = "") -> ScriptedResponse:
 async def quick() -> str:
     """Return at once."""
     return "ok"
+
+
+# -- running again right after stopping the iteration ------------------------------------------
+
+
+@pytest.mark.parametrize("at", ["turn_ended", "synthetic_result"])
+async def test_a_host_that_stops_iterating_after_the_turn_ended_can_run_again_at_once(at: str) -> None:
+    """`break` once the turn has ended (at its TurnEnded, or at a result the end of an aborted
+    turn synthesized), then run() again at once: the common loop of a chat host. The next run
+    waits for the dropped run's cleanup, as it does after a break mid-turn; it used to raise
+    RuntimeError ("a run is already in progress")."""
+    if at == "turn_ended":
+        engine = QueryEngine(ScriptedModel(["one", "two"]), policies=[])
+    else:
+        engine = QueryEngine(ScriptedModel([calls("quick", text="Calling."), "two"]), tools=[quick], policies=[])
+    async for event in engine.run("first"):
+        if event.type == "assistant_message" and at == "synthetic_result":
+            engine.interrupt()  # checkpoint 2: the call never starts, its result is synthesized at the turn's end
+        if isinstance(event, TurnEnded) or (isinstance(event, ToolCallFinished) and event.synthetic):
+            break
+    events = [event async for event in engine.run("second")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert engine.messages[-1].text == "two"
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
+async def test_a_run_left_unfinished_and_still_held_is_named_in_the_error() -> None:
+    """A host that keeps the run object it stopped iterating (so it is never closed) gets an
+    error that says what to do, rather than only that a run is in progress."""
+    engine = QueryEngine(ScriptedModel(["one", "two"]), policies=[])
+    run = engine.run("first")
+    async for event in run:
+        if isinstance(event, TurnEnded):
+            break
+    with pytest.raises(RuntimeError, match=r"aclose\(\)"):
+        async for _ in engine.run("second"):
+            pass
+    await run.aclose()
+    assert [e.type async for e in engine.run("second")][-1] == "turn_ended"
 
 
 # -- receipts when the host stops at any event ---------------------------------------------
