@@ -31,7 +31,7 @@ from ._transcript import is_valid, repair
 
 if TYPE_CHECKING:
     from ._commit import ToolIds
-    from ._run import RunState
+    from ._run import NextRun, RunState
     from .sessions import SessionStore
 
 __all__ = ["EngineOptions", "QueryEngine", "wait_at_run_end"]
@@ -337,6 +337,7 @@ class QueryEngine:
         self._tool_watchers: tuple[ToolWatcher, ...] = parent._tool_watchers if parent else ()
         self._state: RunState | None = None
         self._closing: asyncio.Future[None] | None = None
+        self._next_run: NextRun | None = None  # a run() waiting for the last run's cleanup to begin
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
@@ -394,8 +395,16 @@ class QueryEngine:
     # -- control (sync, thread-safe) --------------------------------------------
 
     def interrupt(self, reason: str = "cancel") -> None:
-        """Abort the current run with ``reason``. Never blocks, never raises."""
+        """Abort the current run with ``reason``. Never blocks, never raises.
+
+        A run that waits for the last one's cleanup before it begins (started right after the
+        host stopped iterating the last one) is the current run: it starts aborted.
+        """
         try:
+            # The waiting run first: it puts its state in place before it stops waiting.
+            waiting = self._next_run
+            if waiting is not None:
+                waiting.controller.abort(str(reason))
             state = self._state
             if state is not None:
                 state.controller.abort(str(reason))

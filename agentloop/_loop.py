@@ -41,7 +41,7 @@ from ._executor import plan_batches
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, notify
-from ._run import RunState, abandon, over_ancestor_limit
+from ._run import NextRun, RunState, abandon, over_ancestor_limit
 from ._streaming import model_phase
 from ._toolphase import Batch, end_tools, record_finished, start_tools
 from ._transcript import encodable_message
@@ -62,9 +62,21 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     previous = engine._state
     if previous is not None and previous.loop is not asyncio.get_running_loop():
         _left_in_another_loop(engine, previous)
-    elif previous is not None and previous.finishing and engine._closing is not None:
-        await asyncio.shield(engine._closing)  # the previous run is still cleaning up
-    st, starts = _begin(engine, prompt, token)
+    if previous is not None and previous.finishing and engine._closing is not None:
+        # The previous run is still cleaning up. Meanwhile interrupt() and aclose() reach this
+        # run, through the controller its first turn will use.
+        waiting = engine._next_run = NextRun(token, AbortController(parent=engine._link_signal()))
+        try:
+            await asyncio.shield(engine._closing)
+            st, starts = _begin(engine, prompt, token, waiting)
+        except BaseException:  # cancelled while it waited, or refused: its controller goes unused
+            waiting.controller.unlink()
+            raise
+        finally:
+            if engine._next_run is waiting:  # cleared once the run's state is in place (or it failed)
+                engine._next_run = None
+    else:
+        st, starts = _begin(engine, prompt, token)
     queued = len(starts) - isinstance(prompt, str | Message) if starts is not None else 0
     stopped = False
     try:
@@ -108,8 +120,14 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         finally:
                             calls.close()
                         merge = merge or not st.signal.aborted
-                    for event in end_tools(engine, st, merge):
+                    for event in end_tools(engine, st):
                         yield event
+                    # Then the queued interjections, only now taken: a host that stops at a result
+                    # the phase synthesized leaves them queued (the next run delivers them), not
+                    # merged behind an InterjectionInjected it never sees.
+                    if merge and engine.inbox.interjections:
+                        for event in drain_interjections(engine, st):
+                            yield event
                     _after_tools(engine, st, uses)
                 if st.pending_events:  # a policy ended the turn before its calls ran
                     for event in st.take_pending_events():
@@ -124,15 +142,23 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
         await _finish(engine, st)
 
 
-def _begin(engine: QueryEngine, prompt: str | Message | None, token: object) -> tuple[RunState, list[Message] | None]:
+def _begin(
+    engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None = None
+) -> tuple[RunState, list[Message] | None]:
     if engine._state is not None:
-        raise RuntimeError("a run is already in progress on this engine")
+        raise RuntimeError(
+            "a run is already in progress on this engine (one you stopped iterating but still hold "
+            "ends when you await its aclose() or drop it)"
+        )
     engine._check_store_free()
     engine._vet_history()
     engine._catch_up_session()
     starts = _first_turn(engine, prompt)
-    st = RunState(AbortController(parent=engine._link_signal()), asyncio.current_task())
+    controller = waited.controller if waited is not None else AbortController(parent=engine._link_signal())
+    st = RunState(controller, asyncio.current_task())
     st.token = token
+    if waited is not None and waited.closed:  # aclose() from another task while it waited
+        st.finishing = True
     if engine._start_pending:  # a background child's run: its parent's abort may have come first
         early = engine._take_abort_at_start()
         if early is not None:
@@ -186,7 +212,12 @@ def _deadline_passed(st: RunState) -> None:
 def consumer_gone(engine: QueryEngine, token: object) -> None:
     """The host stopped iterating: abort with "consumer_closed" and settle now (sync)."""
     st = engine._state
-    if st is None or st.token is not token or st.closed or st.turn_over:
+    if st is None or st.token is not token or st.closed:
+        return
+    if st.turn_over:
+        # Stopped after the turn's TurnEnded: nothing to settle, and no further turn. Marked, so
+        # that a run() begun at once waits for the cleanup rather than finding a run in progress.
+        st.finishing = True
         return
     if threading.get_ident() != getattr(st.loop, "_thread_id", threading.get_ident()):
         # Dropped (garbage-collected) in another thread: settle on the loop's own thread.
@@ -235,6 +266,11 @@ def close_elsewhere(engine: QueryEngine, token: object) -> None:
 
     The loop, still driven by that task, settles the transcript and ends the run itself.
     """
+    waiting = engine._next_run
+    if waiting is not None and waiting.token is token:  # it waits for the last run's cleanup
+        waiting.closed = True
+        waiting.controller.abort("consumer_closed")
+        return
     st = engine._state
     if st is None or st.token is not token or st.closed:
         return
@@ -394,7 +430,8 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
         dropped = inbox.take(inbox.interjections)
         drop = InterjectionDropped(texts=tuple(q.text for q in dropped), ids=tuple(q.id for q in dropped), reason=reason)
         engine._record_event(drop)
-        events.append(drop)
+        # First: a host that stops at a result synthesized above has seen the drop it made.
+        events.insert(0, drop)
     ended = TurnEnded(
         reason=reason,
         abort_reason=abort_reason,

@@ -28,7 +28,16 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
     from ._events import Event, TerminalReason
 
-__all__ = ["ABORTED", "Aborted", "RunState", "TranscriptView", "abandon", "charge_ancestors", "over_ancestor_limit"]
+__all__ = [
+    "ABORTED",
+    "Aborted",
+    "NextRun",
+    "RunState",
+    "TranscriptView",
+    "abandon",
+    "charge_ancestors",
+    "over_ancestor_limit",
+]
 
 T = TypeVar("T")
 
@@ -90,6 +99,19 @@ class TranscriptView(Sequence[Message]):
 
     def __repr__(self) -> str:
         return f"<TranscriptView {len(self)} messages>"
+
+
+class NextRun:
+    """A run waiting for the last run's cleanup before it begins: the controller its first turn
+    will use, so that `interrupt()` meanwhile stops it (the last run has stopped already), and
+    whether `aclose()` from another task ended it (no further turn may start then)."""
+
+    __slots__ = ("closed", "controller", "token")
+
+    def __init__(self, token: object, controller: AbortController) -> None:
+        self.token = token
+        self.controller = controller
+        self.closed = False
 
 
 class RunState:

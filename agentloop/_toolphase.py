@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ._commit import drain_interjections, settle_results
+from ._commit import settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
@@ -116,12 +116,9 @@ class Batch:
             timer.cancel()
 
 
-def end_tools(engine: QueryEngine, st: RunState, merge: bool) -> list[Event]:
-    """The tool phase ends: commit the results; then, if ``merge``, the queued interjections."""
-    events = settle_results(engine, st)  # a fresh list
-    if merge and engine.inbox.interjections:
-        events += drain_interjections(engine, st)
-    return events
+def end_tools(engine: QueryEngine, st: RunState) -> list[Event]:
+    """The tool phase ends: commit the results (the loop merges the queued interjections next)."""
+    return settle_results(engine, st)
 
 
 def record_finished(engine: QueryEngine, st: RunState) -> None:

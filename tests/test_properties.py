@@ -7,7 +7,7 @@ partial text is kept when the abort hit mid-text, and nothing is left running.
 
 Two more properties: a host doing everything at once (steering, send-now,
 follow-ups, interrupts from the loop and from a thread, stopping the iteration
-three ways, failing and looping attempts, subagents, a deadline, a usage limit,
+three ways or at a call's result, failing and looping attempts, subagents, a deadline, a usage limit,
 a session file), and a model whose stream breaks the protocol in any way.
 """
 
@@ -198,7 +198,7 @@ def test_property_transcript_valid_under_any_interrupt_timing(plan: Plan) -> Non
 
 # -- a host doing everything at once ------------------------------------------------------------
 
-ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "interrupt_thread", "break", "aclose", "cancel"]
+ACTIONS = ["interject", "send_now", "follow_up", "interrupt", "interrupt_thread", "break", "aclose", "cancel", "break_at_result"]
 
 with_errors = st.one_of(
     responses,
@@ -279,10 +279,15 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
     calls_open: dict[str | None, set[str]] = {}
     finished: list[tuple[str | None, str]] = []
 
+    stop_at_result = False  # "break_at_result": a host that stops at the next call's result (a failed one, say)
+
     async def consume() -> None:
+        nonlocal stop_at_result
         count = 0
         async for event in events:
             count += 1
+            if stop_at_result and isinstance(event, ToolCallFinished) and event.agent_id is None:
+                return
             # The event protocol: turns do not overlap, a started call finishes once, in its turn.
             who = event.agent_id
             open_calls = calls_open.setdefault(who, set())
@@ -328,6 +333,8 @@ async def host_with(plan: HostPlan, session: JsonlSession) -> QueryEngine:
                     return
                 elif action == "break":
                     return
+                elif action == "break_at_result":
+                    stop_at_result = True
                 else:  # "cancel": the host's task is cancelled while it awaits the next event
                     me = asyncio.current_task()
                     assert me is not None
