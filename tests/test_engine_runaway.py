@@ -482,3 +482,61 @@ async def test_a_nudge_due_when_the_turn_hits_its_limit_is_not_left_in_the_trans
     await collect(engine, "go")
     model = engine.model
     assert isinstance(model, ScriptedModel) and model.requests[8].messages[-1].kind == "nudge"
+
+
+# -- budgets, composition and stream verdicts --------------------------------------------------
+
+
+async def test_a_doom_budget_of_zero_never_resamples() -> None:
+    """``doom_budget=0`` means no resample at all: the confident verdict is reported disarmed and
+    the looping attempt is accepted, as when a larger budget is spent."""
+    engine = doom_engine([LOOPING, GOOD], doom_budget=0)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, (Resampling, AttemptDiscarded)) for e in events)
+    assert {e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident} == {"disarmed"}
+    assert engine.messages[-1].text == "never shown"
+    model = engine.model
+    assert isinstance(model, ScriptedModel) and len(model.requests) == 1
+
+
+class CountsThinking(Policy):
+    """A stream watcher that must see every thinking delta (it measures the reasoning)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        if isinstance(event, StreamThinking):
+            self.seen += 1
+        return None
+
+
+@pytest.mark.parametrize("recovery", ["off", "budget spent"])
+async def test_every_stream_watcher_sees_the_delta_another_ones_unacted_resample_came_on(recovery: str) -> None:
+    """When recovery is off (or its budget spent) a Resample does not cut the stream, so the other
+    watchers go on reading it: none may lose the delta the Resample came on."""
+    counter = CountsThinking()
+    kw: dict[str, object] = {"doom_loop_recovery": False} if recovery == "off" else {"doom_budget": 1}
+    engine = doom_engine([LOOPING, LOOPING, GOOD], policies=[ConservativeDoomLoopPolicy(), counter], **kw)
+    events = await collect(engine, "go")
+    assert any(isinstance(e, DoomLoopDetected) and e.confident for e in events)
+    assert counter.seen == sum(1 for e in events if isinstance(e, ThinkingDelta))
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_a_nudge_or_end_from_on_stream_is_not_reported_as_a_doom_loop(alone: bool) -> None:
+    """Only Warn and Resample are acted on in ``on_stream``: any other verdict there is ignored,
+    never turned into a DoomLoopDetected warning with no signals."""
+
+    class Chatty(Policy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            if isinstance(event, StreamText):
+                return Nudge("keep it short") if event.text.startswith("F") else EndTurn("stop")
+            return None
+
+    policies: list[Policy] = [Chatty()] if alone else [Chatty(), CountsThinking()]
+    engine = doom_engine([GOOD], policies=policies)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]
