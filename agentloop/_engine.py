@@ -505,11 +505,12 @@ class QueryEngine:
         kwargs: dict[str, Any] = {f.name: getattr(self.options, f.name) for f in fields(EngineOptions)}
         kwargs.update(
             tools=list(self.tools.values()),
-            policies=[p.fork() for p in self.policies],
             interrupt_notice=None,
             tool_choice=None,
             session=self.session.sidechain(agent_id) if self.session is not None else None,
         )
+        if "policies" not in overrides:  # given ones replace the parent's, which are not copied then
+            kwargs["policies"] = [p.fork() for p in self.policies]
         kwargs.update(overrides)
         model = kwargs.pop("model", self.model)
         child = QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)
