@@ -222,10 +222,21 @@ def _policy_list(policies: Sequence[Policy]) -> list[Policy]:
 
 
 def _recovery_default(value: bool | None) -> bool:
+    """The argument, else ``AGENTLOOP_DOOM_LOOP_RECOVERY`` (on unless false, 0, no or off; a value
+    it does not know keeps recovery on, and says so in the log)."""
     if value is not None:
         return value
-    env = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "").strip().lower()
-    return env not in {"0", "false", "no", "off"}
+    raw = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "")
+    env = raw.strip().lower()
+    if env in {"0", "false", "no", "off"}:
+        return False
+    if env not in {"", "1", "true", "yes", "on"}:
+        log.warning(
+            "AGENTLOOP_DOOM_LOOP_RECOVERY=%r is not understood (use false, 0, no or off to switch "
+            "doom-loop recovery off); recovery stays on",
+            raw,
+        )
+    return True
 
 
 class QueryEngine:

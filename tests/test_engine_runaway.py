@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentloop import (
     AttemptDiscarded,
@@ -540,3 +542,93 @@ async def test_a_nudge_or_end_from_on_stream_is_not_reported_as_a_doom_loop(alon
     assert not any(isinstance(e, DoomLoopDetected) for e in events)
     assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
     assert [m.text for m in engine.messages] == ["go", "Fixed it."]
+
+
+_VERDICTS = st.sampled_from(["none", "nudge", "end", "raise"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 3), _VERDICTS, _VERDICTS), min_size=1, max_size=8),
+    max_turns=st.one_of(st.none(), st.integers(1, 8)),
+)
+async def test_property_the_transcript_is_valid_after_every_verdict(
+    steps: list[tuple[int, str, str]], max_turns: int | None
+) -> None:
+    """Random responses (0-3 parallel calls) and random verdicts from two hooks, a policy bug among
+    them: the transcript is valid, each nudge reached a model, the first EndTurn ends the turn
+    with ``stationarity_ended`` and its message."""
+
+    class Scripted(Policy):
+        def __init__(self) -> None:
+            self.i = -1
+
+        def answer(self, what: str, hook: str) -> Verdict | None:
+            if what == "raise":
+                raise RuntimeError("policy bug")
+            if what == "nudge":
+                return Nudge(f"{hook} nudge {self.i}")
+            return EndTurn(f"{hook} end {self.i}") if what == "end" else None
+
+        def step(self) -> tuple[int, str, str]:
+            return steps[self.i] if self.i < len(steps) else (0, "none", "none")  # the final "done"
+
+        def on_response(self, message: Message) -> Verdict | None:
+            self.i += 1
+            return self.answer(self.step()[1], "response")
+
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return self.answer(self.step()[2], "results")
+
+    responses: list[object] = [
+        ScriptedResponse(text=f"step {i}", tool_calls=[ScriptedToolCall("read_file", {"path": f"{i}.py"})] * n)
+        for i, (n, _, _) in enumerate(steps)
+    ]
+    engine = QueryEngine(ScriptedModel([*responses, "done"]), tools=[read_file], policies=[Scripted()], max_turns=max_turns)
+    events = await collect(engine, "go")
+    assert validate_transcript(engine.messages) == []
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    expected = None
+    for i, (n, on_response, on_results) in enumerate(steps[: end.turns]):
+        if on_response == "end":
+            expected = f"response end {i}"
+        elif n and on_results == "end":
+            expected = f"results end {i}"
+        if expected or not n:
+            break
+    if expected is not None:
+        assert (end.reason, end.detail) == ("stationarity_ended", expected)
+    else:
+        assert end.reason in ("completed", "max_turns")
+    nudges = [i for i, m in enumerate(engine.messages) if m.kind == "nudge"]
+    assert all(any(m.role == "assistant" for m in engine.messages[i:]) for i in nudges)  # a model read it
+    assert len(nudges) == sum(isinstance(e, PolicyNudge) for e in events)
+
+
+@pytest.mark.parametrize(
+    ("value", "recovery"),
+    [("false", False), ("0", False), (" No ", False), ("OFF", False), ("False", False),
+     ("true", True), ("1", True), (" yes", True), ("", True)],
+)
+def test_the_recovery_environment_variable_reads_the_usual_spellings(
+    value: str, recovery: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", value)
+    assert doom_engine([GOOD]).options.doom_loop_recovery is recovery
+    assert doom_engine([GOOD], doom_loop_recovery=not recovery).options.doom_loop_recovery is not recovery
+    assert "AGENTLOOP_DOOM_LOOP_RECOVERY" not in caplog.text
+
+
+@pytest.mark.parametrize("value", ["disabled", "n", "fasle", "2"])
+def test_an_unknown_recovery_environment_value_is_logged_not_silently_taken_as_true(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host that writes ``=disabled`` means off: recovery stays on (the safe default), but the
+    log says the value was not understood, instead of nothing."""
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", value)
+    assert doom_engine([GOOD]).options.doom_loop_recovery is True
+    assert f"AGENTLOOP_DOOM_LOOP_RECOVERY={value!r} is not understood" in caplog.text
+    caplog.clear()
+    doom_engine([GOOD], doom_loop_recovery=False)  # the argument wins: the variable is not read
+    assert caplog.text == ""
