@@ -46,6 +46,7 @@ from agentloop.policies import (
     Nudge,
     Policy,
     RepeatedErrorResult,
+    Resample,
     Verdict,
     Warn,
 )
@@ -632,3 +633,61 @@ def test_an_unknown_recovery_environment_value_is_logged_not_silently_taken_as_t
     caplog.clear()
     doom_engine([GOOD], doom_loop_recovery=False)  # the argument wins: the variable is not read
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("hook", ["on_response", "on_results"])
+async def test_verdict_texts_with_a_lone_surrogate_leave_a_valid_transcript(hook: str) -> None:
+    """A host policy that quotes a tool's output (a file name decoded with surrogateescape) in its
+    nudge or its end message: the transcript stays valid, and encodable, with U+FFFD instead."""
+
+    class Quotes(Policy):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def verdict(self) -> Verdict:
+            self.n += 1
+            return Nudge("Stop reading caf\udce9.txt") if self.n == 1 else EndTurn("caf\udce9.txt again")
+
+        def on_response(self, message: Message) -> Verdict | None:
+            return self.verdict() if hook == "on_response" and message.tool_uses else None
+
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return self.verdict() if hook == "on_results" else None
+
+    engine = QueryEngine(ScriptedModel([same_call()] * 3), tools=[read_file], policies=[Quotes()])
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.detail == "caf\ufffd.txt again"
+    assert [m.text for m in engine.messages if m.kind == "nudge"] == ["Stop reading caf\ufffd.txt"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_blank_nudge_is_a_policy_bug_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """``Nudge("")`` would commit a blank user message, which providers refuse: it raises
+    ValueError in the hook that makes it, which is logged and ignored like any hook's bug."""
+
+    class Blank(Policy):
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return Nudge(" \n")
+
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[Blank()])
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+    assert not any(m.kind == "nudge" for m in engine.messages)
+    assert validate_transcript(engine.messages) == []
+    assert "policy Blank.on_results raised; ignored" in caplog.text
+
+
+async def test_a_resample_reminder_with_a_lone_surrogate_is_scrubbed() -> None:
+    class OwnWords(ConservativeDoomLoopPolicy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            verdict = super().on_stream(event)
+            return Resample(verdict.signals, reminder="You looped on caf\udce9.txt") if isinstance(verdict, Resample) else verdict
+
+    engine = doom_engine([LOOPING, GOOD], policies=[OwnWords()])
+    await collect(engine, "go")
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    reminder = model.requests[1].messages[-1].text
+    assert reminder.startswith("You looped on caf\ufffd.txt")
+    reminder.encode("utf-8")
