@@ -298,10 +298,10 @@ class _Panel:
             except Exception:
                 log.exception("policy %s.on_stream raised; ignored", policy.name)
                 continue
-            if isinstance(verdict, Resample) and not isinstance(found, Resample):
-                self.policy = policy.name
-                found = verdict
-            elif isinstance(verdict, Warn) and found is None:
+            # The first Resample wins, else the first Warn.
+            if (isinstance(verdict, Resample) and not isinstance(found, Resample)) or (
+                isinstance(verdict, Warn) and found is None
+            ):
                 self.policy = policy.name
                 found = verdict
         return found
