@@ -222,10 +222,21 @@ def _policy_list(policies: Sequence[Policy]) -> list[Policy]:
 
 
 def _recovery_default(value: bool | None) -> bool:
+    """The argument, else ``AGENTLOOP_DOOM_LOOP_RECOVERY`` (on unless false, 0, no or off; a value
+    it does not know keeps recovery on, and says so in the log)."""
     if value is not None:
         return value
-    env = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "").strip().lower()
-    return env not in {"0", "false", "no", "off"}
+    raw = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "")
+    env = raw.strip().lower()
+    if env in {"0", "false", "no", "off"}:
+        return False
+    if env not in {"", "1", "true", "yes", "on"}:
+        log.warning(
+            "AGENTLOOP_DOOM_LOOP_RECOVERY=%r is not understood (use false, 0, no or off to switch "
+            "doom-loop recovery off); recovery stays on",
+            raw,
+        )
+    return True
 
 
 class QueryEngine:
@@ -514,11 +525,12 @@ class QueryEngine:
         kwargs: dict[str, Any] = {f.name: getattr(self.options, f.name) for f in fields(EngineOptions)}
         kwargs.update(
             tools=list(self.tools.values()),
-            policies=[p.fork() for p in self.policies],
             interrupt_notice=None,
             tool_choice=None,
             session=self.session.sidechain(agent_id) if self.session is not None else None,
         )
+        if "policies" not in overrides:  # given ones replace the parent's, which are not copied then
+            kwargs["policies"] = [p.fork() for p in self.policies]
         kwargs.update(overrides)
         model = kwargs.pop("model", self.model)
         child = QueryEngine(model, parent=self, agent_id=agent_id, **kwargs)

@@ -25,6 +25,7 @@ from typing import Literal
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
+from ._unicode import scrub
 
 __all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "notify"]
 
@@ -48,12 +49,25 @@ class Resample:
     signals: tuple[DoomLoopSignal, ...] = ()
     reminder: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.reminder is not None:
+            object.__setattr__(self, "reminder", _text(self.reminder, "Resample reminder"))
+
 
 @dataclass(frozen=True, slots=True)
 class Nudge:
-    """Add ``reminder`` as a synthetic user message before the next request."""
+    """Add ``reminder`` as a synthetic user message before the next request.
+
+    Raises ValueError for a blank reminder (providers refuse a blank user message).
+    """
 
     reminder: str
+
+    def __post_init__(self) -> None:
+        reminder = _text(self.reminder, "Nudge reminder")
+        if not reminder.strip():
+            raise ValueError("a Nudge needs a reminder with text in it")
+        object.__setattr__(self, "reminder", reminder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,17 @@ class EndTurn:
 
     message: str
     reason: Literal["stationarity_ended", "hook_stopped"] = "stationarity_ended"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", _text(self.message, "EndTurn message"))
+
+
+def _text(value: object, what: str) -> str:
+    """A verdict's text, as it may enter the transcript: a str, each lone surrogate (a file name
+    decoded with surrogateescape, quoted from a tool's output) replaced by U+FFFD."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return scrub(value)
 
 
 Verdict = Warn | Resample | Nudge | EndTurn

@@ -45,17 +45,44 @@ _NOOP = re.compile(
 _COMMAND_KEYS = ("command", "cmd", "script", "shell")
 
 
+_EXACT = 2**53  # floats up to this size hold every integer exactly
+
+
+def _numbers(value: Any) -> Any:
+    """``value`` with every integral float (``1.0``, ``-0.0``) written as the integer it equals:
+    JSON has one number type, so ``1`` and ``1.0`` are one argument."""
+    kind = type(value)
+    if kind is float:
+        return int(value) if value.is_integer() and -_EXACT <= value <= _EXACT else value
+    if kind is dict:
+        return {k: _numbers(v) for k, v in value.items()}
+    if kind is list:
+        return [_numbers(v) for v in value]
+    return value
+
+
 def canonical_key(call: ToolUseBlock) -> tuple[str, str]:
     """(name, canonical JSON of all arguments): equal exactly when the calls are.
 
-    A call whose input was not a JSON object has no arguments to encode; its ``input_error``
-    (which quotes the start of what the model sent) stands for them, so two different
-    malformed inputs are two calls, and neither is the call with no arguments.
+    Keys are sorted, whitespace dropped, non-ASCII kept, and numbers compared by value (an
+    integral float is written as the integer: ``1.0`` as ``1``). A call whose input was not a
+    JSON object has no arguments to encode; its ``input_error`` (which quotes the start of what
+    the model sent) stands for them, so two different malformed inputs are two calls, and
+    neither is the call with no arguments.
     """
     if call.input_error is not None:
         return call.name, call.input_error
-    args = json.dumps(call.input, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    args = _dumps(call.input)
+    if ".0" in args or "e+" in args:  # perhaps an integral float (1.0, 1e+16), perhaps only a string
+        try:
+            args = _dumps(_numbers(call.input))
+        except RecursionError:  # nested deeper than a Python walk goes: compared as written
+            pass
     return call.name, args
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def is_keepalive(call: ToolUseBlock) -> bool:

@@ -61,7 +61,8 @@ class _Budgets:
 
     def __init__(self, engine: QueryEngine) -> None:
         opts = engine.options
-        self.retries, self.dooms, self.armed = opts.retry_budget, opts.doom_budget, opts.doom_loop_recovery
+        self.retries, self.dooms = opts.retry_budget, opts.doom_budget
+        self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
         self.attempt = 0
         self.extra: tuple[Message, ...] = ()
 
@@ -134,7 +135,7 @@ async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event
                     except Exception:
                         log.exception("policy %s.on_stream raised; ignored", credit)
                         verdict = None
-                    if verdict is not None:
+                    if verdict is not None and isinstance(verdict, Resample | Warn):  # nothing else acts here
                         outcome.policy = credit if isinstance(credit, str) else credit.policy
                         if isinstance(verdict, Resample) and budgets.armed:
                             outcome.cut = verdict
@@ -277,7 +278,11 @@ def _stream_watch(engine: QueryEngine) -> tuple[Callable[[StreamEvent], Verdict 
 
 
 class _Panel:
-    """Several stream-watching policies: the first `Resample` wins, else the first `Warn`."""
+    """Several stream-watching policies: the first `Resample` wins, else the first `Warn`.
+
+    Every watcher sees every event, also the one a `Resample` comes on: the stream is not
+    cut when recovery is off or its budget spent, and the others go on reading it.
+    """
 
     __slots__ = ("policy", "watchers")
 
@@ -293,10 +298,10 @@ class _Panel:
             except Exception:
                 log.exception("policy %s.on_stream raised; ignored", policy.name)
                 continue
-            if isinstance(verdict, Resample):
-                self.policy = policy.name
-                return verdict
-            if isinstance(verdict, Warn) and found is None:
+            # The first Resample wins, else the first Warn.
+            if (isinstance(verdict, Resample) and not isinstance(found, Resample)) or (
+                isinstance(verdict, Warn) and found is None
+            ):
                 self.policy = policy.name
                 found = verdict
         return found

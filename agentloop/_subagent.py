@@ -16,6 +16,7 @@ from weakref import WeakKeyDictionary
 from ._errors import AbortError
 from ._events import Event, TurnEnded
 from ._messages import ToolResultBlock
+from ._policy import Policy
 from ._tools import Tool, ToolContext
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def delegate_tool(
     Raises TypeError or ValueError for a ``max_depth`` that is not a whole number >= 1.
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
-    the subagent a narrower tool set). Agent ids are ``<agent_prefix>-<n>``,
+    the subagent a narrower tool set); ``policies=`` is a template, forked for each
+    subagent, so children running at once never share a policy's counters. Agent ids are ``<agent_prefix>-<n>``,
     numbered across the whole tree of engines under one main engine, so two
     delegate tools, or a child's own, never hand out the same id (nor the same
     sidechain file); with a `JsonlSession`, ids whose sidechain file exists
@@ -82,6 +84,9 @@ def delegate_tool(
             )
         agent_id = _new_agent_id(ctx.engine, agent_prefix)
         extra = dict(overrides)
+        given = extra.get("policies")
+        if isinstance(given, list | tuple):  # one list for every child: each gets its own copies
+            extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
         if system is not None:
             extra["system"] = system
         child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **extra)

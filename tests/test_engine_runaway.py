@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentloop import (
     AttemptDiscarded,
@@ -44,6 +46,7 @@ from agentloop.policies import (
     Nudge,
     Policy,
     RepeatedErrorResult,
+    Resample,
     Verdict,
     Warn,
 )
@@ -482,3 +485,209 @@ async def test_a_nudge_due_when_the_turn_hits_its_limit_is_not_left_in_the_trans
     await collect(engine, "go")
     model = engine.model
     assert isinstance(model, ScriptedModel) and model.requests[8].messages[-1].kind == "nudge"
+
+
+# -- budgets, composition and stream verdicts --------------------------------------------------
+
+
+async def test_a_doom_budget_of_zero_never_resamples() -> None:
+    """``doom_budget=0`` means no resample at all: the confident verdict is reported disarmed and
+    the looping attempt is accepted, as when a larger budget is spent."""
+    engine = doom_engine([LOOPING, GOOD], doom_budget=0)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, (Resampling, AttemptDiscarded)) for e in events)
+    assert {e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident} == {"disarmed"}
+    assert engine.messages[-1].text == "never shown"
+    model = engine.model
+    assert isinstance(model, ScriptedModel) and len(model.requests) == 1
+
+
+class CountsThinking(Policy):
+    """A stream watcher that must see every thinking delta (it measures the reasoning)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        if isinstance(event, StreamThinking):
+            self.seen += 1
+        return None
+
+
+@pytest.mark.parametrize("recovery", ["off", "budget spent"])
+async def test_every_stream_watcher_sees_the_delta_another_ones_unacted_resample_came_on(recovery: str) -> None:
+    """When recovery is off (or its budget spent) a Resample does not cut the stream, so the other
+    watchers go on reading it: none may lose the delta the Resample came on."""
+    counter = CountsThinking()
+    kw: dict[str, object] = {"doom_loop_recovery": False} if recovery == "off" else {"doom_budget": 1}
+    engine = doom_engine([LOOPING, LOOPING, GOOD], policies=[ConservativeDoomLoopPolicy(), counter], **kw)
+    events = await collect(engine, "go")
+    assert any(isinstance(e, DoomLoopDetected) and e.confident for e in events)
+    assert counter.seen == sum(1 for e in events if isinstance(e, ThinkingDelta))
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_a_nudge_or_end_from_on_stream_is_not_reported_as_a_doom_loop(alone: bool) -> None:
+    """Only Warn and Resample are acted on in ``on_stream``: any other verdict there is ignored,
+    never turned into a DoomLoopDetected warning with no signals."""
+
+    class Chatty(Policy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            if isinstance(event, StreamText):
+                return Nudge("keep it short") if event.text.startswith("F") else EndTurn("stop")
+            return None
+
+    policies: list[Policy] = [Chatty()] if alone else [Chatty(), CountsThinking()]
+    engine = doom_engine([GOOD], policies=policies)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]
+
+
+_VERDICTS = st.sampled_from(["none", "nudge", "end", "raise"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 3), _VERDICTS, _VERDICTS), min_size=1, max_size=8),
+    max_turns=st.one_of(st.none(), st.integers(1, 8)),
+)
+async def test_property_the_transcript_is_valid_after_every_verdict(
+    steps: list[tuple[int, str, str]], max_turns: int | None
+) -> None:
+    """Random responses (0-3 parallel calls) and random verdicts from two hooks, a policy bug among
+    them: the transcript is valid, each nudge reached a model, the first EndTurn ends the turn
+    with ``stationarity_ended`` and its message."""
+
+    class Scripted(Policy):
+        def __init__(self) -> None:
+            self.i = -1
+
+        def answer(self, what: str, hook: str) -> Verdict | None:
+            if what == "raise":
+                raise RuntimeError("policy bug")
+            if what == "nudge":
+                return Nudge(f"{hook} nudge {self.i}")
+            return EndTurn(f"{hook} end {self.i}") if what == "end" else None
+
+        def step(self) -> tuple[int, str, str]:
+            return steps[self.i] if self.i < len(steps) else (0, "none", "none")  # the final "done"
+
+        def on_response(self, message: Message) -> Verdict | None:
+            self.i += 1
+            return self.answer(self.step()[1], "response")
+
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return self.answer(self.step()[2], "results")
+
+    responses: list[object] = [
+        ScriptedResponse(text=f"step {i}", tool_calls=[ScriptedToolCall("read_file", {"path": f"{i}.py"})] * n)
+        for i, (n, _, _) in enumerate(steps)
+    ]
+    engine = QueryEngine(ScriptedModel([*responses, "done"]), tools=[read_file], policies=[Scripted()], max_turns=max_turns)
+    events = await collect(engine, "go")
+    assert validate_transcript(engine.messages) == []
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    expected = None
+    for i, (n, on_response, on_results) in enumerate(steps[: end.turns]):
+        if on_response == "end":
+            expected = f"response end {i}"
+        elif n and on_results == "end":
+            expected = f"results end {i}"
+        if expected or not n:
+            break
+    if expected is not None:
+        assert (end.reason, end.detail) == ("stationarity_ended", expected)
+    else:
+        assert end.reason in ("completed", "max_turns")
+    nudges = [i for i, m in enumerate(engine.messages) if m.kind == "nudge"]
+    assert all(any(m.role == "assistant" for m in engine.messages[i:]) for i in nudges)  # a model read it
+    assert len(nudges) == sum(isinstance(e, PolicyNudge) for e in events)
+
+
+@pytest.mark.parametrize(
+    ("value", "recovery"),
+    [("false", False), ("0", False), (" No ", False), ("OFF", False), ("False", False),
+     ("true", True), ("1", True), (" yes", True), ("", True)],
+)
+def test_the_recovery_environment_variable_reads_the_usual_spellings(
+    value: str, recovery: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", value)
+    assert doom_engine([GOOD]).options.doom_loop_recovery is recovery
+    assert doom_engine([GOOD], doom_loop_recovery=not recovery).options.doom_loop_recovery is not recovery
+    assert "AGENTLOOP_DOOM_LOOP_RECOVERY" not in caplog.text
+
+
+@pytest.mark.parametrize("value", ["disabled", "n", "fasle", "2"])
+def test_an_unknown_recovery_environment_value_is_logged_not_silently_taken_as_true(
+    value: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host that writes ``=disabled`` means off: recovery stays on (the safe default), but the
+    log says the value was not understood, instead of nothing."""
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", value)
+    assert doom_engine([GOOD]).options.doom_loop_recovery is True
+    assert f"AGENTLOOP_DOOM_LOOP_RECOVERY={value!r} is not understood" in caplog.text
+    caplog.clear()
+    doom_engine([GOOD], doom_loop_recovery=False)  # the argument wins: the variable is not read
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize("hook", ["on_response", "on_results"])
+async def test_verdict_texts_with_a_lone_surrogate_leave_a_valid_transcript(hook: str) -> None:
+    """A host policy that quotes a tool's output (a file name decoded with surrogateescape) in its
+    nudge or its end message: the transcript stays valid, and encodable, with U+FFFD instead."""
+
+    class Quotes(Policy):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def verdict(self) -> Verdict:
+            self.n += 1
+            return Nudge("Stop reading caf\udce9.txt") if self.n == 1 else EndTurn("caf\udce9.txt again")
+
+        def on_response(self, message: Message) -> Verdict | None:
+            return self.verdict() if hook == "on_response" and message.tool_uses else None
+
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return self.verdict() if hook == "on_results" else None
+
+    engine = QueryEngine(ScriptedModel([same_call()] * 3), tools=[read_file], policies=[Quotes()])
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.detail == "caf\ufffd.txt again"
+    assert [m.text for m in engine.messages if m.kind == "nudge"] == ["Stop reading caf\ufffd.txt"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_blank_nudge_is_a_policy_bug_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """``Nudge("")`` would commit a blank user message, which providers refuse: it raises
+    ValueError in the hook that makes it, which is logged and ignored like any hook's bug."""
+
+    class Blank(Policy):
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return Nudge(" \n")
+
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[Blank()])
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, PolicyNudge) for e in events)
+    assert not any(m.kind == "nudge" for m in engine.messages)
+    assert validate_transcript(engine.messages) == []
+    assert "policy Blank.on_results raised; ignored" in caplog.text
+
+
+async def test_a_resample_reminder_with_a_lone_surrogate_is_scrubbed() -> None:
+    class OwnWords(ConservativeDoomLoopPolicy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            verdict = super().on_stream(event)
+            return Resample(verdict.signals, reminder="You looped on caf\udce9.txt") if isinstance(verdict, Resample) else verdict
+
+    engine = doom_engine([LOOPING, GOOD], policies=[OwnWords()])
+    await collect(engine, "go")
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    reminder = model.requests[1].messages[-1].text
+    assert reminder.startswith("You looped on caf\ufffd.txt")
+    reminder.encode("utf-8")

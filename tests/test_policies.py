@@ -550,3 +550,52 @@ def test_doom_policy_fires_at_most_every_minus_one_deltas_after_the_detector(eve
     pol = ConservativeDoomLoopPolicy(every=every)
     via = next(i for i, d in enumerate(deltas) if pol.on_stream(StreamThinking(0, d)) is not None)
     assert bare <= via <= bare + every - 1
+
+
+def test_canonical_key_compares_numbers_by_value() -> None:
+    """Canonical JSON compares numbers as numbers: ``1`` and ``1.0`` (and ``-0.0`` and ``0``) are
+    the same argument, so a model alternating between them is still repeating one call."""
+    assert canonical_key(call("t", n=1)) == canonical_key(call("t", n=1.0))
+    assert canonical_key(call("t", n=[0, {"x": 2}])) == canonical_key(call("t", n=[-0.0, {"x": 2.0}]))
+    assert canonical_key(call("t", n=1.5)) == ("t", '{"n":1.5}')
+    assert canonical_key(call("t", n=True)) != canonical_key(call("t", n=1))  # a boolean is not a number
+    pol = IdenticalToolCallRun()
+    verdicts = [step(pol, call("read", path="a.py", limit=100 if i % 2 else 100.0)) for i in range(12)]
+    assert first(verdicts, Nudge) == 8 and first(verdicts, EndTurn) == 12
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _as_floats(value: Any) -> Any:
+    """The same JSON value with each integer written as a float, where a float holds it exactly."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and abs(value) <= 2**53:
+        return float(value)
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_floats(v) for k, v in reversed(value.items())}
+    return value
+
+
+@given(_json)
+def test_property_canonical_key_ignores_key_order_and_number_spelling(value: Any) -> None:
+    args = {"v": value}
+    assert canonical_key(call("t", **args)) == canonical_key(call("t", **_as_floats(args)))
+
+
+def test_a_deeply_nested_argument_with_a_float_is_still_keyed() -> None:
+    """An argument nested as deep as the decoder allows is keyed as written (not by number
+    value) rather than raising, so the policy still counts the run it makes."""
+    deep: Any = 1.0
+    for _ in range(600):
+        deep = [deep]
+    assert canonical_key(call("t", x=deep))[1].startswith('{"x":[[[')
+    verdicts = run(IdenticalToolCallRun(), 12, call("t", x=deep))
+    assert first(verdicts, Nudge) == 8 and first(verdicts, EndTurn) == 12

@@ -535,3 +535,54 @@ async def test_background_abort_stops_a_child_whose_run_had_not_started_yet(when
     child.model = child_model2
     again = await collect(child, "later work")
     assert isinstance(again[-1], TurnEnded) and again[-1].reason == "completed"
+
+
+async def test_policies_given_to_a_delegate_tool_are_forked_for_each_subagent() -> None:
+    """``delegate_tool(policies=[...])``: two subagents running at once must not share one policy
+    object, or the one going round in circles is never stopped (the other's calls keep
+    breaking its run of identical calls)."""
+    from agentloop.policies import IdenticalToolCallRun
+
+    reads = iter(range(1000))
+
+    @tool
+    async def read_file(path: str) -> str:
+        """Read a file."""
+        await asyncio.sleep(0)
+        return "same content"
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        first = request.messages[0].text
+        if first == "compare both":
+            done = any(m.tool_results for m in request.messages)
+            return "both compared" if done else ScriptedResponse(
+                tool_calls=[ScriptedToolCall("task", {"task": "loop"}), ScriptedToolCall("task", {"task": "vary"})]
+            )
+        path = "a.py" if first == "loop" else f"f{next(reads)}.py"
+        return ScriptedResponse(tool_calls=[ScriptedToolCall("read_file", {"path": path})])
+
+    shared = IdenticalToolCallRun()
+    task = delegate_tool(max_turns=20, policies=[shared])
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[read_file, task], policies=[])
+    events = await collect(engine, "compare both")
+    ends = {e.agent_id: (e.reason, e.turns) for e in events if isinstance(e, TurnEnded) and e.agent_id}
+    assert sorted(ends.values()) == [("max_turns", 20), ("stationarity_ended", 12)], ends
+    assert shared.count == 0  # the caller's instance is a template: each subagent got its own copy
+    assert validate_transcript(engine.messages) == []
+
+
+def test_subagent_with_its_own_policies_does_not_fork_the_parents() -> None:
+    """``subagent(policies=...)`` replaces the parent's policies: they are not copied (a policy
+    holding a lock, a client or a file cannot be deep-copied, and need not be)."""
+    from agentloop.policies import IdenticalToolCallRun, Policy
+
+    class Unforkable(Policy):
+        def fork(self) -> Policy:
+            raise RuntimeError("this policy holds a connection")
+
+    parent = QueryEngine(ScriptedModel([]), policies=[Unforkable()])
+    mine = IdenticalToolCallRun()
+    child = parent.subagent(agent_id="sub-1", policies=[mine])
+    assert child.policies == [mine]
+    with pytest.raises(RuntimeError, match="holds a connection"):
+        parent.subagent(agent_id="sub-2")  # without policies=, the parent's are forked
