@@ -40,7 +40,7 @@ from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, Turn
 from ._executor import plan_batches
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
-from ._policy import EndTurn, Nudge, Verdict, notify
+from ._policy import EndTurn, Nudge, Verdict, claim, notify, release
 from ._run import NextRun, RunState, abandon, over_ancestor_limit
 from ._streaming import model_phase
 from ._toolphase import Batch, end_tools, record_finished, start_tools
@@ -164,6 +164,8 @@ def _begin(
         if early is not None:
             st.controller.abort(early)
     engine._state = st
+    if engine.policies:
+        claim(engine.policies, engine)
     engine._claim_store(True)
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
@@ -498,6 +500,8 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
         if st.deadline_handle is not None:
             st.deadline_handle.cancel()
         st.close()
+        if engine.policies:
+            release(engine.policies, engine)
         engine._vetted = list(engine.messages)  # valid: the run settled it
         engine._state = None
         engine._claim_store(False)

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
 from ._unicode import scrub
 
-__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "notify"]
+__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "claim", "notify", "release"]
 
 log = logging.getLogger("agentloop")
 
@@ -93,7 +94,14 @@ Verdict = Warn | Resample | Nudge | EndTurn
 
 
 class Policy:
-    """Base class: override the hooks you need; each returns None to do nothing."""
+    """Base class: override the hooks you need; each returns None to do nothing.
+
+    ``one_engine``: the policy keeps per-run state (counts, a detector's buffer), so one
+    object must not serve two engines' runs at the same time; the engine logs a warning
+    when it does. True for the stock doom-loop and stationarity policies.
+    """
+
+    one_engine: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -138,3 +146,42 @@ def notify(policies: Sequence[Policy], hook: str, **kwargs: bool) -> None:
             getattr(policy, hook)(**kwargs)
         except Exception:
             log.exception("policy %s.%s raised; ignored", policy.name, hook)
+
+
+# id(policy) -> the engine whose run holds it now (policies with ``one_engine`` only).
+_holders: dict[int, weakref.ref[Any]] = {}
+_warned: set[int] = set()
+
+
+def claim(policies: Sequence[Policy], engine: object) -> None:
+    """A run of ``engine`` starts with ``policies``: warn (once per policy) about a stateful one
+    that another engine's run holds at this moment, as a list of policies made once and passed
+    to every engine would be; its counts would mix both runs."""
+    for policy in policies:
+        if not policy.one_engine:
+            continue
+        key = id(policy)
+        held = _holders.get(key)
+        other = held() if held is not None else None
+        running = other is not None and other is not engine and getattr(other, "_state", None) is not None
+        if running and key not in _warned:
+            _warned.add(key)
+            try:  # the id may be reused once the policy is gone
+                weakref.finalize(policy, _warned.discard, key)
+            except TypeError:  # __slots__ without __weakref__: the id stays marked
+                pass
+            log.warning(
+                "policy %s is used by the runs of two engines at once: it keeps per-run state, so "
+                "each run's counts mix with the other's and neither is judged right; give each "
+                "engine its own (default_policies(), a new instance, or policy.fork())",
+                policy.name,
+            )
+        _holders[key] = weakref.ref(engine)
+
+
+def release(policies: Sequence[Policy], engine: object) -> None:
+    """The run of ``engine`` has ended: its policies are free."""
+    for policy in policies:
+        held = _holders.get(id(policy))
+        if held is not None and held() is engine:
+            del _holders[id(policy)]

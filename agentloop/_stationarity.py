@@ -113,6 +113,8 @@ class StationarityPolicy(Policy):
     can be added by name with ``tight_tools`` / ``poller_tools``.
     """
 
+    one_engine = True  # per-run state: one engine at a time
+
     def __init__(self, *, tight_tools: Iterable[str] = (), poller_tools: Iterable[str] = ()) -> None:
         self.tight_tools = set(tight_tools)
         self.poller_tools = set(poller_tools)

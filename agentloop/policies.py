@@ -83,6 +83,8 @@ class DoomLoopPolicy(Policy):
     threshold.
     """
 
+    one_engine = True  # per-run state: one engine at a time
+
     def __init__(
         self,
         *,

@@ -691,3 +691,38 @@ async def test_a_resample_reminder_with_a_lone_surrogate_is_scrubbed() -> None:
     reminder = model.requests[1].messages[-1].text
     assert reminder.startswith("You looped on caf\ufffd.txt")
     reminder.encode("utf-8")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_stateful_policies_shared_by_two_engines_running_at_once_are_warned_about(
+    shared: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    made_once = [ConservativeDoomLoopPolicy(), IdenticalToolCallRun()]
+
+    def engine() -> QueryEngine:
+        policies = made_once if shared else [ConservativeDoomLoopPolicy(), IdenticalToolCallRun()]
+        return QueryEngine(ScriptedModel(["done"]), policies=policies)
+
+    first = engine().run("go")
+    await anext(first)  # TurnStarted: the first engine's run holds its policies now
+    second = engine()
+    async for _event in second.run("go"):
+        pass
+    async for _event in first:
+        pass
+    warned = [r.getMessage() for r in caplog.records if "used by the runs of two engines" in r.getMessage()]
+    if shared:
+        assert [w.split()[1] for w in warned] == ["ConservativeDoomLoopPolicy", "IdenticalToolCallRun"]
+        async for _event in engine().run("again"):  # warned once per policy, not at every run
+            pass
+        assert len([r for r in caplog.records if "two engines" in r.getMessage()]) == 2
+    else:
+        assert warned == []
+
+
+async def test_policies_passed_from_one_engine_to_the_next_are_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    policies = [ConservativeDoomLoopPolicy(), IdenticalToolCallRun()]
+    for _ in range(2):  # one after the other: the first run has ended when the second starts
+        async for _event in QueryEngine(ScriptedModel(["done"]), policies=policies).run("go"):
+            pass
+    assert "two engines" not in caplog.text
