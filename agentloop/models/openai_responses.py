@@ -189,6 +189,9 @@ class ResponsesMapper:
         try:
             obj = loads(sse.data)
         except ValueError as exc:
+            if sse.event == "error":  # the server's error, in words: its message (as in Chat)
+                err = {"message": sse.data}
+                raise self._error({"error": err}, err) from None
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
                 f"data: {excerpt(sse.data)!r}",
@@ -455,7 +458,7 @@ class ResponsesMapper:
         too_long = prompt_too_long(message, err.get("type"), err.get("code"))
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
-            f"openai responses stream error ({code}): {message}",
+            f"openai responses stream error ({code}): {message}" if code else f"openai responses stream error: {message}",
             provider="openai",
             status=200,
             body=obj,

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import (
+    OpenAIChatModel,
     OpenAIResponsesModel,
     StreamEnd,
     StreamSignals,
@@ -351,7 +352,7 @@ async def test_a_final_text_that_is_empty_shorter_or_differently_spaced_leaves_t
 
 @pytest.mark.parametrize("copies", [("text_done",), ("part_done",), ("item_done",)])
 async def test_a_refusal_that_comes_only_in_a_final_copy_is_text_and_a_refusal(copies: tuple[str, ...]) -> None:
-    events, acc = await run_body(sse(CREATED, *message_events([], "I can't help.", copies, "refusal"), completed()))
+    _, acc = await run_body(sse(CREATED, *message_events([], "I can't help.", copies, "refusal"), completed()))
     assert acc.message().text == "I can't help."
     assert acc.stop_reason == "refusal"  # before: end_turn, and for .done alone no text at all
 
@@ -415,8 +416,8 @@ async def test_reasoning_summary_parts_cut_short_or_only_final_are_completed() -
         ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []}),
         delta(0, "Fir"),  # cut short; its .done completes it
         ev("response.reasoning_summary_text.done", output_index=0, item_id="rs_1", summary_index=0, text="First."),
-        ev("response.reasoning_summary_part.done", output_index=0, item_id="rs_1", summary_index=1,
-           part=summary[1]),  # no deltas at all  # fmt: skip
+        # No deltas at all for part 1:
+        ev("response.reasoning_summary_part.done", output_index=0, item_id="rs_1", summary_index=1, part=summary[1]),
         ev("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": summary}),
         completed(),
     )
@@ -558,6 +559,24 @@ async def test_unknown_events_ignored_and_refusal() -> None:
     _, acc = await run_body(body)
     assert acc.message().text == "No."
     assert acc.stop_reason == "refusal"
+
+
+@pytest.mark.parametrize("data", ["upstream connect error or disconnect/reset before headers", ""])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_an_error_event_whose_data_is_not_json_is_the_servers_error_in_both_apis(data: str, api: str) -> None:
+    # Before, Responses called it "malformed JSON" (a retryable StreamProtocolError) where Chat
+    # raised the server's error; now both raise ProviderStreamError, its text the message.
+    body = sse(CREATED, ("error", data)) if api == "responses" else sse(("error", data))
+    server = MockServer(body)
+    async with server.client() as client:
+        cls = OpenAIResponsesModel if api == "responses" else OpenAIChatModel
+        with pytest.raises(ProviderStreamError) as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    assert (info.value.status, info.value.retryable) == (200, False)
+    assert str(info.value).endswith(data or "stream error")
+    if api == "responses":
+        assert str(info.value) == f"openai responses stream error: {data or 'stream error'}"
+
 
 
 async def test_malformed_json() -> None:
