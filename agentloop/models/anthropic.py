@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, Turn, excerpt, loads, run_stream, turns
+from ._driver import Prepared, Turn, count_tokens, excerpt, loads, run_stream, turns
 from ._http import (
     Connection,
     HTTPModel,
@@ -315,10 +315,10 @@ def _index(obj: dict[str, Any]) -> int:
 def _usage(raw: dict[str, Any], old: Usage) -> Usage:
     """Anthropic usage counts are cumulative: present fields replace old ones."""
     return Usage(
-        raw.get("input_tokens") or old.input_tokens,
-        raw.get("output_tokens") or old.output_tokens,
-        raw.get("cache_read_input_tokens") or old.cache_read_tokens,
-        raw.get("cache_creation_input_tokens") or old.cache_write_tokens,
+        count_tokens(raw.get("input_tokens"), old.input_tokens),
+        count_tokens(raw.get("output_tokens"), old.output_tokens),
+        count_tokens(raw.get("cache_read_input_tokens"), old.cache_read_tokens),
+        count_tokens(raw.get("cache_creation_input_tokens"), old.cache_write_tokens),
     )
 
 

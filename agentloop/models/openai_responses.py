@@ -36,7 +36,17 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, excerpt, loads, result_text, run_stream, turns, wire_id
+from ._driver import (
+    Prepared,
+    count_tokens,
+    dumps_input,
+    excerpt,
+    loads,
+    result_text,
+    run_stream,
+    turns,
+    wire_id,
+)
 from ._http import HTTPModel, check_headers, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -444,9 +454,9 @@ class ResponsesMapper:
             reason = "tool_use" if self._calls else "refusal" if self._refusal else "end_turn"
         raw = response.get("usage") or {}
         usage = Usage(
-            raw.get("input_tokens") or 0,
-            raw.get("output_tokens") or 0,
-            (raw.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+            count_tokens(raw.get("input_tokens")),
+            count_tokens(raw.get("output_tokens")),
+            count_tokens((raw.get("input_tokens_details") or {}).get("cached_tokens")),
         )
         return (StreamEnd(reason, usage, self.response_id),)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
 
+from agentloop import QueryEngine, TurnEnded
+from agentloop import Tool as AgentTool
 from agentloop._errors import ProviderStreamError, StreamProtocolError
 from agentloop._messages import (
     Message,
@@ -285,6 +288,36 @@ async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_bloc
     assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB")]
 
 
+async def test_a_token_count_that_is_a_string_does_not_crash_a_later_turn() -> None:
+    # Before: Usage(output_tokens="3") was added to the next turn's usage, and run() raised TypeError.
+    def answer(reason: str, *blocks: tuple[str, dict[str, Any]]) -> bytes:
+        usage = {"output_tokens": "3"}
+        return sse(START, *blocks, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason},
+                                                      "usage": usage}), STOP)  # fmt: skip
+
+    call = [block_start(0, TOOL_BLOCK), delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(0)]
+    bodies = [answer("tool_use", *call), answer("end_turn", block_start(0, {"type": "text", "text": "done"}), block_stop(0))]
+
+    async def run_tool(args: dict[str, Any], ctx: Any) -> str:
+        return "ok"
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, tools=[AgentTool("f", "f", {"type": "object"}, run_tool)], usage_limit=10**6)
+        ends = [e async for e in engine.run("hi") if isinstance(e, TurnEnded)]
+    assert engine.messages[-1].text == "done"
+    assert ends[-1].usage == Usage(10, 2)
+
+
+async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> None:
+    body = sse(START, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {
+        "output_tokens": "40", "cache_read_input_tokens": None, "cache_creation_input_tokens": 2.0}}), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.usage == Usage(5, 1, 0, 2)
+    assert type(acc.usage.output_tokens) is int and type(acc.usage.cache_write_tokens) is int
 
 
 @pytest.mark.parametrize(

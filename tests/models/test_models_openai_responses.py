@@ -578,6 +578,14 @@ async def test_an_error_event_whose_data_is_not_json_is_the_servers_error_in_bot
         assert str(info.value) == f"openai responses stream error: {data or 'stream error'}"
 
 
+async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> None:
+    # A str would pass into Usage and make the run's usage sum raise TypeError, out of run().
+    usage = {"input_tokens": "12", "output_tokens": 7.0, "input_tokens_details": {"cached_tokens": [3]}}
+    _, acc = await run_body(sse(CREATED, *text_item(0, "hi"), ev("response.completed", response={
+        "id": "resp_1", "status": "completed", "usage": usage})))  # fmt: skip
+    assert acc.usage == Usage(0, 7, 0)
+    assert all(type(n) is int for n in (acc.usage.input_tokens, acc.usage.output_tokens, acc.usage.cache_read_tokens))
+
 
 async def test_malformed_json() -> None:
     with pytest.raises(StreamProtocolError, match="malformed JSON"):
