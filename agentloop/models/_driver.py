@@ -34,7 +34,18 @@ from .._unicode import scrub_json
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
-__all__ = ["Mapper", "Prepared", "Turn", "dumps_input", "excerpt", "loads", "run_stream", "turns", "wire_id"]
+__all__ = [
+    "Mapper",
+    "Prepared",
+    "Turn",
+    "count_tokens",
+    "dumps_input",
+    "excerpt",
+    "loads",
+    "run_stream",
+    "turns",
+    "wire_id",
+]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
@@ -64,6 +75,17 @@ def loads(text: str) -> Any:
 
 #: The error for JSON nested deeper than Python can decode (a model stuck repeating ``[``).
 TOO_DEEP = "the JSON is nested too deeply to decode"
+
+
+def count_tokens(value: Any, old: int = 0) -> int:
+    """A token count read from a usage object: ``value`` when it is a count (an int, or a
+    float with no fraction, above 0), else ``old``. A count of another type (a str, a list)
+    would pass into `Usage` and fail the run's sum of usage later, outside error handling."""
+    if type(value) is int:
+        return value if value > 0 else old
+    if type(value) is float and value.is_integer() and value > 0:
+        return int(value)
+    return old
 
 
 #: The characters keys and tokens are made of (base64, base64url, hex, JWTs, ``sk-...``).

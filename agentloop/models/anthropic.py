@@ -40,7 +40,7 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, Turn, excerpt, loads, run_stream, turns
+from ._driver import Prepared, Turn, count_tokens, excerpt, loads, run_stream, turns
 from ._http import (
     Connection,
     HTTPModel,
@@ -167,14 +167,15 @@ class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``."""
 
-    __slots__ = ("_known", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+    __slots__ = ("_blocks", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
         self.terminator = "message_stop"
         self.response_id: str | None = None
-        self._known: set[int] = set()  # indices of blocks we map (not server-tool blocks)
+        # The type of each block started, by index; "" for one skipped (server-tool blocks).
+        self._blocks: dict[int, str] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
 
@@ -184,6 +185,10 @@ class AnthropicMapper:
         try:
             obj = loads(sse.data)
         except ValueError as exc:
+            if sse.event == "ping":
+                return None  # a keep-alive, whatever it carries (the SDK reads no ping either)
+            if sse.event == "error":  # the server's error, in words: its message
+                raise self._error({"type": "error", "error": {"message": sse.data}}) from None
             raise StreamProtocolError(
                 f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {excerpt(sse.data)!r}",
                 retryable=True,
@@ -205,18 +210,27 @@ class AnthropicMapper:
 
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
-        if index not in self._known:
-            return None
+        block = self._blocks.get(index)
+        if not block:
+            if block is None:
+                raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
+            return None  # a skipped block's
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
+            if block != "text":
+                raise _wrong_block(dt, block, index)
             return (StreamText(index, delta["text"]),)
         if dt == "input_json_delta":
+            if block != "tool_use":
+                raise _wrong_block(dt, block, index)
             part = delta["partial_json"]
             return (StreamToolInput(index, part),) if part else None
-        if dt == "thinking_delta":
-            return (StreamThinking(index, delta["thinking"]),)
-        if dt == "signature_delta":
+        if dt == "thinking_delta" or dt == "signature_delta":
+            if block != "thinking":
+                raise _wrong_block(dt, block, index)
+            if dt == "thinking_delta":
+                return (StreamThinking(index, delta["thinking"]),)
             return (StreamSignature(index, delta["signature"]),)
         return None  # citations_delta and future delta types
 
@@ -232,17 +246,16 @@ class AnthropicMapper:
     def _block_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index, block = _index(obj), obj["content_block"]
         bt = block["type"]
+        if index in self._blocks:  # the text or the call already there would be mixed with this one's
+            raise _out_of_place(f"a content_block_start for block {index}, which had begun already")
+        self._blocks[index] = bt if bt in _MAPPED else ""
         if bt == "text":
-            self._known.add(index)
             return (StreamText(index, block["text"]),) if block.get("text") else None
         if bt == "thinking":
-            self._known.add(index)
             return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
         if bt == "redacted_thinking":
-            self._known.add(index)
             return (StreamRedactedThinking(index, block["data"]),)
         if bt == "tool_use":
-            self._known.add(index)
             start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
             if block.get("input"):  # a proxy that sends the whole input up front
                 start.append(StreamToolInput(index, json.dumps(block["input"])))
@@ -251,7 +264,7 @@ class AnthropicMapper:
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
-        return (StreamBlockStop(index),) if index in self._known else None
+        return (StreamBlockStop(index),) if self._blocks.get(index) else None
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
@@ -276,7 +289,7 @@ class AnthropicMapper:
         too_long = prompt_too_long(message)
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
-            f"anthropic stream error ({kind}): {message}",
+            f"anthropic stream error ({kind}): {message}" if kind else f"anthropic stream error: {message}",
             provider="anthropic",
             status=200,
             body=obj,
@@ -302,11 +315,25 @@ def _index(obj: dict[str, Any]) -> int:
 def _usage(raw: dict[str, Any], old: Usage) -> Usage:
     """Anthropic usage counts are cumulative: present fields replace old ones."""
     return Usage(
-        raw.get("input_tokens") or old.input_tokens,
-        raw.get("output_tokens") or old.output_tokens,
-        raw.get("cache_read_input_tokens") or old.cache_read_tokens,
-        raw.get("cache_creation_input_tokens") or old.cache_write_tokens,
+        count_tokens(raw.get("input_tokens"), old.input_tokens),
+        count_tokens(raw.get("output_tokens"), old.output_tokens),
+        count_tokens(raw.get("cache_read_input_tokens"), old.cache_read_tokens),
+        count_tokens(raw.get("cache_creation_input_tokens"), old.cache_write_tokens),
     )
+
+
+def _out_of_place(what: str) -> StreamProtocolError:
+    return StreamProtocolError(f"anthropic stream: {what}", retryable=True)
+
+
+def _wrong_block(delta: str, block: str, index: int) -> StreamProtocolError:
+    """A delta sent to a block of another type: mapped, it would put thinking into the answer,
+    text into a tool call's input, or JSON into the text."""
+    return _out_of_place(f"{delta} for block {index}, which is a {block} block")
+
+
+#: The block types mapped to the message; the others (server-tool blocks, future types) are skipped.
+_MAPPED = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 
 
 _Handler = Callable[[AnthropicMapper, dict[str, Any]], Sequence[StreamEvent] | None]

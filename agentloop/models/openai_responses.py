@@ -36,7 +36,17 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, excerpt, loads, result_text, run_stream, turns, wire_id
+from ._driver import (
+    Prepared,
+    count_tokens,
+    dumps_input,
+    excerpt,
+    loads,
+    result_text,
+    run_stream,
+    turns,
+    wire_id,
+)
 from ._http import HTTPModel, check_headers, openai_connection, openai_headers, prompt_too_long
 from ._sse import ServerSentEvent
 
@@ -147,14 +157,26 @@ def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None
 
 
 class _Item:
-    __slots__ = ("args", "block", "kind", "streamed", "summary_index")
+    __slots__ = ("block", "chunks", "done_parts", "kind", "part", "streamed")
 
     def __init__(self, block: int, kind: str) -> None:
         self.block = block
         self.kind = kind
         self.streamed = False  # deltas (text, thinking or arguments) were emitted
-        self.summary_index = 0
-        self.args: list[str] = []  # a function call's arguments as emitted so far
+        # The text emitted so far, by part (a message's content part, a reasoning summary
+        # part; a function call has one): ``chunks`` for the part now streaming, ``part``,
+        # and the text of the parts before it in ``done_parts``.
+        self.part = -1
+        self.chunks: list[str] = []
+        self.done_parts: dict[Any, str] = {}
+
+    def switch(self, part: Any) -> None:
+        """Make ``part`` the part now streaming."""
+        if self.chunks:
+            self.done_parts[self.part] = "".join(self.chunks)
+        before = self.done_parts.pop(part, "")
+        self.chunks = [before] if before else []
+        self.part = part
 
 
 class ResponsesMapper:
@@ -177,6 +199,9 @@ class ResponsesMapper:
         try:
             obj = loads(sse.data)
         except ValueError as exc:
+            if sse.event == "error":  # the server's error, in words: its message (as in Chat)
+                err = {"message": sse.data}
+                raise self._error({"error": err}, err) from None
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
                 f"data: {excerpt(sse.data)!r}",
@@ -204,15 +229,20 @@ class ResponsesMapper:
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             self._refusal |= kind == "response.refusal.delta"
             item = self._item(obj, "message")
+            delta = obj["delta"]
+            part = obj.get("content_index", 0)
+            if part != item.part:
+                item.switch(part)
             item.streamed = True
-            return (StreamText(item.block, obj["delta"]),)
+            item.chunks.append(delta)
+            return (StreamText(item.block, delta),)
         if kind == "response.function_call_arguments.delta":
             item = self._item(obj, "function_call")
             delta = obj["delta"]
             if item.kind != "function_call_started" or not delta:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
-            item.args.append(delta)
+            item.chunks.append(delta)
             return (StreamToolInput(item.block, delta),)
         if kind == "response.function_call_arguments.done":
             item = self._item(obj, "function_call")
@@ -220,7 +250,9 @@ class ResponsesMapper:
                 return None  # output_item.done starts the call, with these arguments
             return self._settle(item, obj.get("arguments"))
         if kind == "response.reasoning_summary_text.delta" or kind == "response.reasoning_text.delta":
-            return self._thinking(obj)
+            return self._thinking(obj, kind == "response.reasoning_text.delta")
+        if kind in _FINAL_TEXT:
+            return self._final_text(kind, obj)
         if kind == "response.output_item.added":
             return self._item_added(obj)
         if kind == "response.output_item.done":
@@ -250,17 +282,89 @@ class ResponsesMapper:
             item = self._items[key] = _Item(len(self._items), kind)
         return item
 
-    def _thinking(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+    def _thinking(self, obj: dict[str, Any], raw: bool) -> Sequence[StreamEvent] | None:
         item = self._item(obj, "reasoning")
+        if raw:
+            item.kind = "reasoning_text"  # its summary is not what streamed: not compared with it
         text = obj["delta"]
         if not text:
             return None  # an empty part adds nothing, not even a separator
-        summary_index = obj.get("summary_index", 0)
-        if item.streamed and summary_index != item.summary_index:
+        part = obj.get("summary_index", 0)
+        if part != item.part:
+            item.switch(part)
+        item.chunks.append(text)
+        if item.streamed and len(item.chunks) == 1:
             text = "\n\n" + text  # a new summary part
-        item.summary_index = summary_index
         item.streamed = True
         return (StreamThinking(item.block, text),)
+
+    def _final_text(self, kind: str, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        """A final copy of one part's text, from its ``.done`` event (see `_settle_text`)."""
+        if kind == "response.reasoning_summary_text.done" or kind == "response.reasoning_summary_part.done":
+            item = self._item(obj, "reasoning")
+            final = obj.get("text") if kind == "response.reasoning_summary_text.done" else _part(obj).get("text")
+            return self._settle_text(item, obj.get("summary_index", 0), final)
+        item = self._item(obj, "message")
+        part = obj.get("content_index", 0)
+        if kind == "response.content_part.done":
+            return self._settle_text(item, part, self._part_text(_part(obj)))
+        if kind == "response.refusal.done":
+            self._refusal |= bool(obj.get("refusal"))
+            return self._settle_text(item, part, obj.get("refusal"))
+        return self._settle_text(item, part, obj.get("text"))
+
+    def _part_text(self, part: dict[str, Any]) -> Any:
+        """The text of a message's content part: its ``text``, or for a ``refusal`` part
+        its ``refusal`` (which makes the response a refusal)."""
+        if part.get("type") == "refusal" or ("text" not in part and "refusal" in part):
+            refusal = part.get("refusal")
+            self._refusal |= bool(refusal)
+            return refusal
+        return part.get("text")
+
+    def _settle_text(self, item: _Item, part: Any, final: Any) -> list[StreamEvent]:
+        """A part's final text (a message's ``output_text`` or ``refusal``, a reasoning summary
+        part), from its ``.done`` events or ``output_item.done``; authoritative, as for a
+        function call's arguments (`_settle`): what the deltas left out is emitted once (all
+        of it when none came). A final copy that is absent or empty, shorter than what
+        streamed, or the same but for surrounding whitespace, leaves the streamed text; one
+        that contradicts it raises `StreamProtocolError` (retryable)."""
+        if not final or (item.kind != "message" and item.kind != "reasoning"):
+            return []  # (hosted tool items; raw reasoning text, which the summary does not repeat)
+        if type(final) is not str:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed event: a final text is {type(final).__name__}, "
+                f"not a str: {excerpt(repr(final))}",
+                retryable=True,
+            )
+        if part == item.part:
+            streamed = "".join(item.chunks)
+            item.chunks = [streamed] if streamed else []
+        else:
+            streamed = item.done_parts.get(part, "")
+        rest = _rest(streamed, final)
+        if rest is None:
+            raise StreamProtocolError(
+                "openai responses stream: a streamed text differs from its final text "
+                f"(streamed {excerpt(streamed)!r}, final {excerpt(final)!r})",
+                retryable=True,
+            )
+        if not rest:
+            return []
+        if part != item.part:
+            if item.part != -1 and not part > item.part:
+                raise StreamProtocolError(
+                    "openai responses stream: the final text of a part completes it after a later "
+                    f"part streamed; it cannot be put in its place (missing {excerpt(rest)!r})",
+                    retryable=True,
+                )
+            item.switch(part)
+        text = rest
+        if item.kind == "reasoning" and item.streamed and not streamed:
+            text = "\n\n" + rest  # a new summary part, as streamed ones are
+        item.chunks.append(rest)
+        item.streamed = True
+        return [StreamText(item.block, text) if item.kind == "message" else StreamThinking(item.block, text)]
 
     def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         raw = obj["item"]
@@ -277,7 +381,7 @@ class ResponsesMapper:
         ]
         if raw.get("arguments"):
             item.streamed = True
-            item.args.append(raw["arguments"])
+            item.chunks.append(raw["arguments"])
             out.append(StreamToolInput(item.block, raw["arguments"]))
         return out
 
@@ -295,13 +399,13 @@ class ResponsesMapper:
                 f"{type(final).__name__}, not a str: {excerpt(repr(final))}",
                 retryable=True,
             )
-        streamed = "".join(item.args)
-        item.args = [streamed]
+        streamed = "".join(item.chunks)
+        item.chunks = [streamed]
         if final == streamed:
             return []
         if final.startswith(streamed):
             rest = final[len(streamed) :]
-            item.args.append(rest)
+            item.chunks.append(rest)
             item.streamed = True
             return [StreamToolInput(item.block, rest)]
         same = _canonical(streamed)
@@ -324,20 +428,16 @@ class ResponsesMapper:
             else:
                 out.extend(self._settle(item, raw.get("arguments")))
         elif kind == "reasoning":
-            if not item.streamed:
-                # As streamed: the non-empty parts, a blank line between two.
-                text = "\n\n".join(t for p in raw.get("summary") or () if (t := p.get("text")))
-                if text:
-                    out.append(StreamThinking(item.block, text))
+            # As streamed: the non-empty parts, a blank line between two.
+            for i, p in enumerate(raw.get("summary") or ()):
+                out.extend(self._settle_text(item, i, p.get("text")))
             saved = {"id": raw["id"], "summary": raw.get("summary") or []}
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
             out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
         elif kind == "message":
-            if not item.streamed:
-                text = "".join(p.get("text") or p.get("refusal") or "" for p in raw.get("content") or ())
-                if text:
-                    out.append(StreamText(item.block, text))
+            for i, p in enumerate(raw.get("content") or ()):
+                out.extend(self._settle_text(item, i, self._part_text(p)))
         else:
             return None  # hosted tool items (web search, ...) are not kept
         out.append(StreamBlockStop(item.block))
@@ -354,9 +454,9 @@ class ResponsesMapper:
             reason = "tool_use" if self._calls else "refusal" if self._refusal else "end_turn"
         raw = response.get("usage") or {}
         usage = Usage(
-            raw.get("input_tokens") or 0,
-            raw.get("output_tokens") or 0,
-            (raw.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+            count_tokens(raw.get("input_tokens")),
+            count_tokens(raw.get("output_tokens")),
+            count_tokens((raw.get("input_tokens_details") or {}).get("cached_tokens")),
         )
         return (StreamEnd(reason, usage, self.response_id),)
 
@@ -368,7 +468,7 @@ class ResponsesMapper:
         too_long = prompt_too_long(message, err.get("type"), err.get("code"))
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
-            f"openai responses stream error ({code}): {message}",
+            f"openai responses stream error ({code}): {message}" if code else f"openai responses stream error: {message}",
             provider="openai",
             status=200,
             body=obj,
@@ -376,6 +476,48 @@ class ResponsesMapper:
             error_type=str(code) if code is not None else None,
             retryable=not too_long and str(code) in _RETRYABLE_CODES,
         )
+
+
+#: The events that carry a part's final text.
+_FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
+                         "response.reasoning_summary_text.done", "response.reasoning_summary_part.done"})  # fmt: skip
+
+
+def _part(obj: dict[str, Any]) -> dict[str, Any]:
+    """The ``part`` of a ``.part.done`` event ({} when there is none)."""
+    part: dict[str, Any] = obj.get("part") or {}
+    return part
+
+
+def _rest(streamed: str, final: str) -> str | None:
+    """What ``final`` adds to ``streamed``: "" when it adds nothing (equal, shorter, or
+    different only in surrounding whitespace), None when the two contradict each other.
+
+    A proxy that takes its final copy early, or trims it, sends one shorter than the deltas;
+    the streamed text stands then. Deltas that split a character outside the BMP into its two
+    UTF-16 halves streamed two U+FFFD (`loads` scrubs each half): no contradiction either."""
+    if final.startswith(streamed):
+        return final[len(streamed) :]
+    if streamed.startswith(final) or streamed.strip() == final.strip():
+        return ""
+    if "\ufffd" not in streamed:
+        return None
+    got, want = _halves(streamed), _halves(final)
+    if got.startswith(want):
+        return ""
+    if not want.startswith(got):
+        return None
+    size = 0
+    for i, ch in enumerate(final):  # where the streamed text ends in ``final``
+        if size == len(got):
+            return final[i:]
+        size += 2 if ch > "\uffff" else 1
+    return None  # it ends between the halves of a character
+
+
+def _halves(text: str) -> str:
+    """``text`` with each character outside the BMP as two U+FFFD."""
+    return "".join("\ufffd\ufffd" if ch > "\uffff" else ch for ch in text)
 
 
 def _canonical(text: str) -> str | None:

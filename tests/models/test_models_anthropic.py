@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
 
+from agentloop import QueryEngine, TurnEnded
+from agentloop import Tool as AgentTool
 from agentloop._errors import ProviderStreamError, StreamProtocolError
 from agentloop._messages import (
     Message,
@@ -205,7 +208,9 @@ async def test_ping_and_unknown_events_ignored() -> None:
         block_start(0, {"type": "text", "text": ""}),
         delta_ev(0, {"type": "text_delta", "text": "hi"}),
         delta_ev(0, {"type": "citations_delta", "citation": {}}),
+        delta_ev(0, {"type": "brand_new_delta", "x": 1}),
         block_stop(0),
+        block_stop(7),  # a block never started: nothing to close
         message_delta("end_turn", {"output_tokens": 3}),
         STOP,
     )
@@ -214,8 +219,110 @@ async def test_ping_and_unknown_events_ignored() -> None:
     assert [type(e) for e in events] == [StreamUsage, StreamText, StreamBlockStop, StreamEnd]
 
 
+@pytest.mark.parametrize("data", ["", "keepalive", "15000", '{"type": "ping"}'])
+async def test_a_ping_is_ignored_whatever_its_data(data: str) -> None:
+    # The SDK skips ping events unread; a proxy's keep-alive with empty or plain-text data
+    # used to fail the response as "malformed JSON".
+    body = sse(START, ("ping", data), block_start(0, {"type": "text", "text": ""}),
+               delta_ev(0, {"type": "text_delta", "text": "hi"}), ("ping", data), block_stop(0),
+               message_delta("end_turn"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.message().text == "hi"
+
+
+@pytest.mark.parametrize("data", ["upstream overloaded", ""])
+async def test_an_error_event_whose_data_is_not_json_is_the_servers_error(data: str) -> None:
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(sse(START, ("error", data)))
+    assert (info.value.status, info.value.retryable) == (200, False)
+    assert str(info.value) == f"anthropic stream error: {data or 'stream error'}"
+
+
+async def test_a_delta_for_a_block_never_started_is_a_retryable_protocol_error() -> None:
+    # Before, its text was dropped without a word.
+    body = sse(START, delta_ev(0, {"type": "text_delta", "text": "the answer"}), message_delta("end_turn"), STOP)
+    with pytest.raises(StreamProtocolError, match="no content_block_start began") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+TOOL_BLOCK = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+
+
 @pytest.mark.parametrize(
-    "reason", ["end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn"]
+    ("block", "delta"),
+    [
+        ({"type": "text", "text": ""}, {"type": "thinking_delta", "thinking": "private"}),  # was: answer -> thinking
+        ({"type": "text", "text": ""}, {"type": "input_json_delta", "partial_json": "{}"}),  # was: a nameless call
+        (TOOL_BLOCK, {"type": "text_delta", "text": "x"}),
+        ({"type": "thinking", "thinking": "", "signature": ""}, {"type": "text_delta", "text": "x"}),
+        ({"type": "redacted_thinking", "data": "EmwK"}, {"type": "signature_delta", "signature": "S"}),
+    ],
+)
+async def test_a_delta_of_another_blocks_type_is_a_retryable_protocol_error(
+    block: dict[str, Any], delta: dict[str, Any]
+) -> None:
+    body = sse(START, block_start(0, block), delta_ev(0, delta), block_stop(0), message_delta("end_turn"), STOP)
+    with pytest.raises(StreamProtocolError, match=f"{delta['type']} for block 0, which is a {block['type']} block") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_a_block_started_twice_is_a_retryable_protocol_error() -> None:
+    # Before, a tool call started at the index of a text block was merged into the text: lost.
+    body = sse(START, block_start(0, {"type": "text", "text": "x"}), block_stop(0), block_start(0, TOOL_BLOCK),
+               delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(0),
+               message_delta("tool_use"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="had begun already") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("signature_first", [True, False])
+async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_block(signature_first: bool) -> None:
+    sig, text = delta_ev(0, {"type": "signature_delta", "signature": "EqQB"}), delta_ev(0, {"type": "thinking_delta", "thinking": "Let me see."})
+    deltas = [sig, text] if signature_first else [text, sig]
+    body = sse(START, block_start(0, {"type": "thinking", "thinking": "", "signature": ""}), *deltas, block_stop(0),
+               message_delta("end_turn"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB")]
+
+
+async def test_a_token_count_that_is_a_string_does_not_crash_a_later_turn() -> None:
+    # Before: Usage(output_tokens="3") was added to the next turn's usage, and run() raised TypeError.
+    def answer(reason: str, *blocks: tuple[str, dict[str, Any]]) -> bytes:
+        usage = {"output_tokens": "3"}
+        return sse(START, *blocks, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason},
+                                                      "usage": usage}), STOP)  # fmt: skip
+
+    call = [block_start(0, TOOL_BLOCK), delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(0)]
+    bodies = [answer("tool_use", *call), answer("end_turn", block_start(0, {"type": "text", "text": "done"}), block_stop(0))]
+
+    async def run_tool(args: dict[str, Any], ctx: Any) -> str:
+        return "ok"
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, tools=[AgentTool("f", "f", {"type": "object"}, run_tool)], usage_limit=10**6)
+        ends = [e async for e in engine.run("hi") if isinstance(e, TurnEnded)]
+    assert engine.messages[-1].text == "done"
+    assert ends[-1].usage == Usage(10, 2)
+
+
+async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> None:
+    body = sse(START, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {
+        "output_tokens": "40", "cache_read_input_tokens": None, "cache_creation_input_tokens": 2.0}}), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.usage == Usage(5, 1, 0, 2)
+    assert type(acc.usage.output_tokens) is int and type(acc.usage.cache_write_tokens) is int
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn", "model_context_window_exceeded"],
 )
 async def test_stop_reasons_pass_through(reason: str) -> None:
     _, acc = await run_body(sse(START, message_delta(reason), STOP))

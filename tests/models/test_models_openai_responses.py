@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,10 +14,12 @@ from hypothesis import strategies as st
 from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import (
+    OpenAIChatModel,
     OpenAIResponsesModel,
     StreamEnd,
     StreamSignals,
     StreamText,
+    StreamThinking,
     StreamToolInput,
     Usage,
 )
@@ -286,6 +289,174 @@ async def test_any_split_any_lost_tail_and_any_final_copies_give_the_final_input
     assert json.loads(streamed_input(events)) == value  # nothing emitted twice
 
 
+MSG = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+TEXT_COPIES = ("text_done", "part_done", "item_done")
+
+
+def message_events(deltas: list[str], final: str | None, copies: Sequence[str] = TEXT_COPIES,
+                   kind: str = "output_text") -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """A message at output 0 with one content part: its deltas, then the final copies named."""
+    key = "text" if kind == "output_text" else "refusal"
+    at = {"output_index": 0, "item_id": "msg_1", "content_index": 0}
+    part = {"type": kind, key: final}
+    out = [ev("response.output_item.added", output_index=0, item=MSG)]
+    out += [ev(f"response.{kind}.delta", **at, delta=d) for d in deltas]
+    if "text_done" in copies:
+        out.append(ev(f"response.{kind}.done", **at, **{key: final}))
+    if "part_done" in copies:
+        out.append(ev("response.content_part.done", **at, part=part))
+    if "item_done" in copies:
+        out.append(ev("response.output_item.done", output_index=0, item={**MSG, "content": [part]}))
+    return out
+
+
+def streamed_text(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, StreamText))
+
+
+@pytest.mark.parametrize("copies", [("text_done",), ("part_done",), ("item_done",), TEXT_COPIES])
+async def test_message_text_that_comes_only_in_a_final_copy_is_the_answer_once(copies: tuple[str, ...]) -> None:
+    # A server that sends no text deltas (some Responses-compatible ones do): before, the text of
+    # output_text.done or content_part.done alone was lost.
+    events, acc = await run_body(sse(CREATED, *message_events([], "Hello there.", copies), completed()))
+    assert acc.message().text == "Hello there."
+    assert streamed_text(events) == "Hello there."
+
+
+@pytest.mark.parametrize("copies", [("text_done",), ("part_done",), ("item_done",), TEXT_COPIES])
+async def test_the_final_text_completes_deltas_that_stopped_short_once(copies: tuple[str, ...]) -> None:
+    final = "The answer is 42, as computed."
+    events, acc = await run_body(sse(CREATED, *message_events(["The answer", " is 4"], final, copies), completed()))
+    assert acc.message().text == final  # before: "The answer is 4"
+    assert streamed_text(events) == final
+
+
+@pytest.mark.parametrize("final", ["The answer is 43.", "Something else entirely", "the answer is 42."])
+@pytest.mark.parametrize("where", TEXT_COPIES)
+async def test_a_final_text_that_contradicts_the_deltas_is_a_retryable_protocol_error(final: str, where: str) -> None:
+    with pytest.raises(StreamProtocolError, match="differs from its final text") as info:
+        await run_body(sse(CREATED, *message_events(["The answer", " is 42."], final, (where,)), completed()))
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("final", ["", None, "The answer", "The answer is 42.", "  The answer is 42. \n"],
+                         ids=["empty", "absent", "snapshot-taken-early", "trimmed", "spaced"])  # fmt: skip
+async def test_a_final_text_that_is_empty_shorter_or_differently_spaced_leaves_the_deltas(final: str | None) -> None:
+    # Proxies seen doing each: an empty output_text.done / content_part.done, a final copy taken
+    # before the last deltas, one with the trailing whitespace trimmed.
+    deltas = ["The answer", " is 42.\n\n"]
+    events, acc = await run_body(sse(CREATED, *message_events(deltas, final), completed()))
+    assert acc.message().text == "The answer is 42.\n\n"
+    assert streamed_text(events) == "".join(deltas)
+
+
+@pytest.mark.parametrize("copies", [("text_done",), ("part_done",), ("item_done",)])
+async def test_a_refusal_that_comes_only_in_a_final_copy_is_text_and_a_refusal(copies: tuple[str, ...]) -> None:
+    _, acc = await run_body(sse(CREATED, *message_events([], "I can't help.", copies, "refusal"), completed()))
+    assert acc.message().text == "I can't help."
+    assert acc.stop_reason == "refusal"  # before: end_turn, and for .done alone no text at all
+
+
+async def test_a_refusal_cut_short_is_completed_by_its_final_copy() -> None:
+    body = sse(CREATED, *message_events(["I can"], "I can't help with that.", kind="refusal"), completed())
+    events, acc = await run_body(body)
+    assert (acc.message().text, acc.stop_reason) == ("I can't help with that.", "refusal")
+    assert streamed_text(events) == "I can't help with that."
+
+
+async def test_a_character_split_into_utf16_halves_by_the_deltas_is_no_contradiction() -> None:
+    # A server that slices text by UTF-16 unit: each half decodes to U+FFFD; the final copy has
+    # the character, and more text after it.
+    at = {"output_index": 0, "item_id": "msg_1", "content_index": 0}
+    halves = ['data: {"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1", '
+              f'"content_index": 0, "delta": "{d}"}}\n\n' for d in ("ok \\ud83d", "\\ude00 go")]  # fmt: skip
+    head = sse(CREATED, ev("response.output_item.added", output_index=0, item=MSG))
+    tail = sse(ev("response.output_text.done", **at, text="ok \U0001f600 go"),
+               ev("response.output_item.done", output_index=0,
+                  item={**MSG, "content": [{"type": "output_text", "text": "ok \U0001f600 go on"}]}),
+               completed())  # fmt: skip
+    events, acc = await run_body(head + "".join(halves).encode() + tail)
+    assert acc.message().text == "ok \ufffd\ufffd go on"  # as streamed, plus the tail it lacked
+    assert streamed_text(events) == "ok \ufffd\ufffd go on"
+
+
+async def test_message_parts_are_completed_in_order_and_a_part_left_behind_is_an_error() -> None:
+    def delta(i: int, d: str) -> tuple[str, dict[str, Any]]:
+        return ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=i, delta=d)
+
+    def done(*texts: str) -> tuple[str, dict[str, Any]]:
+        content = [{"type": "output_text", "text": t} for t in texts]
+        return ev("response.output_item.done", output_index=0, item={**MSG, "content": content})
+
+    added = ev("response.output_item.added", output_index=0, item=MSG)
+    _, acc = await run_body(sse(CREATED, added, delta(0, "One. "), delta(1, "Tw"), done("One. ", "Two."), completed()))
+    assert acc.message().text == "One. Two."
+    _, acc = await run_body(sse(CREATED, added, done("One. ", "Two."), completed()))
+    assert acc.message().text == "One. Two."
+    # Part 0 lost its tail, but part 1 streamed after it: the tail has no place in the text.
+    with pytest.raises(StreamProtocolError, match="after a later part streamed") as info:
+        await run_body(sse(CREATED, added, delta(0, "On"), delta(1, "Two."), done("One. ", "Two."), completed()))
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("final", [{"text": "x"}, 5, ["x"]])
+async def test_a_final_text_that_is_not_a_string_is_a_malformed_event(final: Any) -> None:
+    with pytest.raises(StreamProtocolError, match="not a str") as info:
+        await run_body(sse(CREATED, *message_events(["x"], final, ("text_done",)), completed()))
+    assert info.value.retryable is True
+
+
+async def test_reasoning_summary_parts_cut_short_or_only_final_are_completed() -> None:
+    def delta(i: int, d: str) -> tuple[str, dict[str, Any]]:
+        return ev("response.reasoning_summary_text.delta", output_index=0, item_id="rs_1", summary_index=i, delta=d)
+
+    summary = [{"type": "summary_text", "text": t} for t in ("First.", "Second.", "Third.")]
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []}),
+        delta(0, "Fir"),  # cut short; its .done completes it
+        ev("response.reasoning_summary_text.done", output_index=0, item_id="rs_1", summary_index=0, text="First."),
+        # No deltas at all for part 1:
+        ev("response.reasoning_summary_part.done", output_index=0, item_id="rs_1", summary_index=1, part=summary[1]),
+        ev("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": summary}),
+        completed(),
+    )
+    events, acc = await run_body(body)
+    (thinking,) = acc.message().content
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "First.\n\nSecond.\n\nThird."
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == thinking.thinking
+
+
+async def test_raw_reasoning_text_is_not_compared_with_the_summary() -> None:
+    summary = [{"type": "summary_text", "text": "A summary."}]
+    body = sse(
+        CREATED,
+        ev("response.reasoning_text.delta", output_index=0, item_id="rs_1", content_index=0, delta="raw steps"),
+        ev("response.output_item.done", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": summary}),
+        completed(),
+    )
+    _, acc = await run_body(body)
+    assert acc.message().content[0].thinking == "raw steps"  # type: ignore[union-attr]
+
+
+@given(
+    text=st.text(st.characters(codec="utf-8"), min_size=1, max_size=30),
+    data=st.data(),
+)
+async def test_any_split_any_lost_tail_and_any_final_copies_give_the_final_text_once(
+    text: str, data: st.DataObject
+) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=5), label="cuts"))
+    pieces = [p for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True) if (p := text[a:b])]
+    sent = data.draw(st.integers(0, len(pieces)), label="deltas sent")  # the rest never arrived
+    copies = data.draw(st.lists(st.sampled_from(TEXT_COPIES), min_size=1, unique=True), label="final copies")
+    kind = data.draw(st.sampled_from(["output_text", "refusal"]), label="kind")
+    events, acc = await run_body(sse(CREATED, *message_events(pieces[:sent], text, copies, kind), completed()))
+    assert acc.message().text == text
+    assert streamed_text(events) == text  # nothing emitted twice
+
+
 async def test_llama_cpp_style_events_without_output_index() -> None:
     fc = {"id": "fc_x", "type": "function_call", "call_id": "fc_x", "name": "f", "arguments": ""}
     body = sse(
@@ -388,6 +559,32 @@ async def test_unknown_events_ignored_and_refusal() -> None:
     _, acc = await run_body(body)
     assert acc.message().text == "No."
     assert acc.stop_reason == "refusal"
+
+
+@pytest.mark.parametrize("data", ["upstream connect error or disconnect/reset before headers", ""])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_an_error_event_whose_data_is_not_json_is_the_servers_error_in_both_apis(data: str, api: str) -> None:
+    # Before, Responses called it "malformed JSON" (a retryable StreamProtocolError) where Chat
+    # raised the server's error; now both raise ProviderStreamError, its text the message.
+    body = sse(CREATED, ("error", data)) if api == "responses" else sse(("error", data))
+    server = MockServer(body)
+    async with server.client() as client:
+        cls = OpenAIResponsesModel if api == "responses" else OpenAIChatModel
+        with pytest.raises(ProviderStreamError) as info:
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    assert (info.value.status, info.value.retryable) == (200, False)
+    assert str(info.value).endswith(data or "stream error")
+    if api == "responses":
+        assert str(info.value) == f"openai responses stream error: {data or 'stream error'}"
+
+
+async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> None:
+    # A str would pass into Usage and make the run's usage sum raise TypeError, out of run().
+    usage = {"input_tokens": "12", "output_tokens": 7.0, "input_tokens_details": {"cached_tokens": [3]}}
+    _, acc = await run_body(sse(CREATED, *text_item(0, "hi"), ev("response.completed", response={
+        "id": "resp_1", "status": "completed", "usage": usage})))  # fmt: skip
+    assert acc.usage == Usage(0, 7, 0)
+    assert all(type(n) is int for n in (acc.usage.input_tokens, acc.usage.output_tokens, acc.usage.cache_read_tokens))
 
 
 async def test_malformed_json() -> None:
