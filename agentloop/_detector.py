@@ -282,11 +282,12 @@ class RepetitionDetector:
             else:
                 if run is None:
                     self._adopt(d, onset)
-                # The anchor lies in a short periodic run (an indentation, a divider) that can
-                # sit inside one copy of a longer period: a needle one character longer than
-                # the run reaches past it, and recurs p back if the tail is p-periodic.
+                # The anchor lies in a periodic run (an indentation, a divider) that can sit
+                # inside one copy of a longer period: a needle one character longer than the
+                # run reaches past it, and recurs p back if the tail is p-periodic. A run as
+                # long as the window cannot sit inside a period the detector tracks.
                 n = cp - onset + 1
-                if n > _LONG_NEEDLE or n > e:
+                if n > self.window or n > e:
                     return
             j = buf.rfind(buf[e - n : e], max(lo + k - n, 0), e - d - 1)
             if j < 0:

@@ -305,6 +305,9 @@ def _onset(text: str, start: int, p: int) -> int:
 @example(130, 599839278, "text", (1, 24))
 @example(807, 349788066, "text", (1, 24))
 @example(595, 31633485, "text", (1, 4))
+# An anchor inside an indentation run longer than 64 characters: the search used to stop there,
+# and the 762-character unit fired at 3.24 copies, the next checkpoint of that reach.
+@example(762, 5497021, "thinking", (1, 4))
 def test_loop_cut_from_real_text_fires_by_the_rule_plus_one_stride(
     length: int, seed: int, channel: str, chunking: tuple[int, int]
 ) -> None:
