@@ -55,7 +55,17 @@ from .._model import (
     Usage,
 )
 from .._tools import safe_name
-from ._driver import Prepared, dumps_input, excerpt, loads, result_text, run_stream, turns, wire_id
+from ._driver import (
+    Prepared,
+    count_tokens,
+    dumps_input,
+    excerpt,
+    loads,
+    result_text,
+    run_stream,
+    turns,
+    wire_id,
+)
 from ._http import (
     RETRYABLE_STATUSES,
     HTTPModel,
@@ -247,12 +257,12 @@ class ChatMapper:
             self.response_id = obj.get("id") or None
         out: list[StreamEvent] = []
         usage = obj.get("usage")
-        if usage:
-            details = usage.get("prompt_tokens_details") or {}
+        if usage and type(usage) is dict:
+            details = usage.get("prompt_tokens_details")
             self._usage = Usage(
-                usage.get("prompt_tokens") or 0,
-                usage.get("completion_tokens") or 0,
-                details.get("cached_tokens") or 0,
+                count_tokens(usage.get("prompt_tokens")),
+                count_tokens(usage.get("completion_tokens")),
+                count_tokens(details.get("cached_tokens")) if type(details) is dict else 0,
             )
             out.append(StreamUsage(self._usage))
         choices = obj.get("choices")
@@ -424,8 +434,11 @@ class ChatMapper:
             (isinstance(code, int) and code in _RETRYABLE_INT) or bool({str(code), kind} & _RETRYABLE_CODES)
         )
         cls = PromptTooLongError if too_long else ProviderStreamError
+        label = kind or (str(code) if code is not None else "")
         return cls(
-            f"openai chat stream error ({kind or code}): {message or 'stream error'}",
+            f"openai chat stream error ({label}): {message or 'stream error'}"
+            if label
+            else f"openai chat stream error: {message or 'stream error'}",
             provider="openai",
             status=200,
             body=obj,

@@ -568,3 +568,27 @@ async def test_the_engine_retries_an_aborted_vllm_response() -> None:
     assert len(sent) == 2 and len([e for e in events if isinstance(e, Retrying)]) == 1
     (answer,) = [e.message for e in events if isinstance(e, AssistantMessage)]
     assert answer.text == "The answer is 4."
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": "12", "completion_tokens": 7.0, "prompt_tokens_details": {"cached_tokens": [3]}}, Usage(0, 7, 0)),
+        ({"prompt_tokens": 5, "completion_tokens": None, "prompt_tokens_details": "none"}, Usage(5, 0, 0)),
+        ("12 tokens", Usage()),
+    ],
+)
+async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage(usage: Any, expected: Usage) -> None:
+    # A str would pass into Usage and make the run's usage sum raise TypeError, out of run().
+    _, acc = await run_body(chat_stream(chat_chunk({"content": "x"}, finish="stop"), {"choices": [], "usage": usage}))
+    assert acc.usage == expected
+    assert all(type(n) is int for n in (acc.usage.input_tokens, acc.usage.output_tokens, acc.usage.cache_read_tokens))
+    assert acc.message().text == "x"
+
+
+async def test_an_error_object_with_neither_type_nor_code_says_none_of_either() -> None:
+    body = chat_stream(chat_chunk({"content": "x"}), {"error": {"message": "the upstream went away"}})
+    with pytest.raises(ProviderStreamError) as caught:
+        await run_body(body)
+    assert str(caught.value).startswith("openai chat stream error: the upstream went away")
+    assert "None" not in str(caught.value)
