@@ -402,3 +402,13 @@ def test_only_output_that_went_away_ends_the_screen() -> None:
     with pytest.raises(BlockingIOError):
         busy.line("a")
     assert not busy.closed and ended == ["closed"]
+
+
+def test_keys_a_terminal_echoes_as_control_characters_are_not_part_of_a_typed_line() -> None:
+    """An arrow key pressed while typing (as to recall a line in a shell) puts ``ESC [ A`` in the
+    line. It used to reach the model, and printed back in the turn header it moved the cursor and
+    overwrote earlier output; Up then Enter alone started a turn on an invisible prompt."""
+    assert parse("fix it\x1b[A\x1b[A\x1b[D please") == parse("fix it please")
+    assert parse("\x1b[A").kind == "empty" and parse("\x1bOP\x1b[15~").kind == "empty"  # F1, F5
+    assert parse("!\x1b[Astop") == parse("!stop") and parse("\x1b[C/quit").kind == "command"
+    assert parse("caf\u00e9 \u65e5\u672c\u8a9e \U0001f389\tok\x07\x7f").text == "caf\u00e9 \u65e5\u672c\u8a9e \U0001f389 ok"
