@@ -412,3 +412,30 @@ def test_keys_a_terminal_echoes_as_control_characters_are_not_part_of_a_typed_li
     assert parse("\x1b[A").kind == "empty" and parse("\x1bOP\x1b[15~").kind == "empty"  # F1, F5
     assert parse("!\x1b[Astop") == parse("!stop") and parse("\x1b[C/quit").kind == "command"
     assert parse("caf\u00e9 \u65e5\u672c\u8a9e \U0001f389\tok\x07\x7f").text == "caf\u00e9 \u65e5\u672c\u8a9e \U0001f389 ok"
+
+
+def test_the_status_line_is_on_the_terminals_last_row_whatever_lines_says() -> None:
+    """``LINES`` and ``COLUMNS`` exported in the environment (a shell profile, or values a shell
+    exported before the window was resized) used to be taken for the terminal's size: the scroll
+    region and the status line were placed for 40 rows in a terminal of 24 (every status update was
+    drawn in the middle of the output) and the status line was too wide for its row. A resize kept
+    the stale size too."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=dict(_env(), LINES="40", COLUMNS="200"),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect(r"\x1b\[1;(\d+)r")
+        assert child.match.group(1) == "23"  # the region ends above the last row of the real terminal
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K( starting +)\x1b8")
+        assert child.match.group(1) == "24" and len(child.match.group(2)) == 109  # one row of 110 columns
+        child.expect("assistant: Let me")
+        child.setwinsize(30, 110)
+        child.expect(r"\x1b7\x1b\[1;(\d+)r\x1b8")
+        assert child.match.group(1) == "29"
+        child.sendeof()
+        child.expect("transcript valid")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
