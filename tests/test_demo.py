@@ -439,3 +439,38 @@ def test_the_status_line_is_on_the_terminals_last_row_whatever_lines_says() -> N
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize("how", ["--plain", "TERM=dumb"])
+def test_without_a_status_line_the_idle_hint_is_a_line(how: str) -> None:
+    """With --plain (or TERM=dumb, or the output in a file) there is no status line, and the hint it
+    shows when a turn ends was never seen: nothing said the agent was idle, nor that a message
+    queued before a Ctrl-C waits for Enter."""
+    env = dict(_env(), TERM="dumb") if how == "TERM=dumb" else _env()
+    args = ["-m", "agentloop", "demo"] + (["--plain"] if how == "--plain" else [])
+    child = pexpect.spawn(sys.executable, args, cwd=str(ROOT), env=env, encoding="utf-8", timeout=30, dimensions=(24, 110))
+    try:
+        child.expect("thinking: ")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)\r\n")
+        child.expect_exact("idle \u2014 type a message, /help, Ctrl-D to exit\r\n")
+        child.sendline("/mode queue")
+        child.expect("queue a turn")
+        child.sendline("go on")
+        child.expect("turn 2 .* you: go on")
+        child.sendline("then summarise")
+        child.expect(r"you \(queued\): then summarise")
+        child.sendintr()
+        child.expect(r"turn ended: \w+ \(interrupted: cancel\)\r\n")
+        child.expect_exact("idle \u2014 1 queued message(s): press Enter to run\r\n")
+        child.sendline("")
+        child.expect("turn 3 .* you: then summarise")
+        child.sendeof()
+        child.expect(r"interrupted: quit\)")
+        child.expect("summary")
+        assert "idle" not in child.before  # the session is ending: no hint
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

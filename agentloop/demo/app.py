@@ -124,7 +124,7 @@ def _check_stdin() -> None:
 async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     loop = asyncio.get_running_loop()
     renderer = Renderer(screen, asks=frozenset({"edit_file"}))
-    host = Host(build_engine(model, opts.speed), renderer)
+    host = Host(build_engine(model, opts.speed), renderer, hints=scenario is None)
     screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
     reader: LineReader | None = None
     _install_signals(loop, host, screen)

@@ -25,8 +25,18 @@ __all__ = ["Host"]
 class Host:
     """Runs turns of ``engine`` and routes the user's input to it."""
 
-    def __init__(self, engine: QueryEngine, renderer: Renderer, *, mode: Literal["steer", "queue"] = "steer") -> None:
+    def __init__(
+        self,
+        engine: QueryEngine,
+        renderer: Renderer,
+        *,
+        mode: Literal["steer", "queue"] = "steer",
+        hints: bool = False,
+    ) -> None:
+        """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
+        status line, or on a line of its own where there is no status line (--plain, TERM=dumb)."""
         self.engine = engine
+        self.hints = hints
         self.r = renderer
         self.mode: Literal["steer", "queue"] = mode
         self.task: asyncio.Task[None] | None = None
@@ -64,6 +74,8 @@ class Host:
         queued = len(self.engine.inbox.follow_ups)
         hint = f"{queued} queued message(s): press Enter to run" if queued else "type a message, /help, Ctrl-D to exit"
         self.r.idle(hint)
+        if self.hints and not self.exit.is_set() and not self.r.screen.status_shown:
+            self.r.note(f"idle \u2014 {hint}", "dim")
         if self.on_idle is not None:
             self.on_idle()
 

@@ -120,6 +120,11 @@ class Screen:
 
     # -- the status line -----------------------------------------------------------
 
+    @property
+    def status_shown(self) -> bool:
+        """A status line is on the screen (a TTY with room for it)."""
+        return bool(self._rows)
+
     def _size(self) -> os.terminal_size:
         """The size of the terminal the screen writes to, asked of the terminal itself: the row
         numbers of the escape sequences are its rows. LINES and COLUMNS in the environment
