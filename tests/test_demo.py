@@ -474,3 +474,26 @@ def test_without_a_status_line_the_idle_hint_is_a_line(how: str) -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+async def test_a_steer_is_acknowledged_even_when_the_next_step_has_no_text() -> None:
+    """A steer delivered while list_files ran reached the model, but the next step (reading
+    utils.py) says nothing, so the scripted agent never acknowledged it: typing while it works
+    looked ignored."""
+    from agentloop import InterjectionInjected, ScriptedModel, TextDelta, validate_transcript
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.story import Story
+
+    engine = build_engine(ScriptedModel([Story(delay=0)], cycle=True, record=False), speed=100)
+    said = ""
+    async for event in engine.run("Fix the failing test in utils.py"):
+        if event.type == "tool_call_started" and event.tool_use.name == "list_files":
+            engine.interject("keep the public API unchanged")
+        elif isinstance(event, InterjectionInjected):
+            said = ""  # what the model says from here on
+        elif isinstance(event, TextDelta):
+            said += event.text
+        elif event.type == "tool_call_started" and event.tool_use.name == "read_file":
+            engine.interrupt()
+    assert said.startswith("Noted your message \u201ckeep the public API unchanged\u201d")
+    assert validate_transcript(engine.messages) == []
