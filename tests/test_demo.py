@@ -476,6 +476,32 @@ def test_without_a_status_line_the_idle_hint_is_a_line(how: str) -> None:
     assert child.exitstatus == 0
 
 
+def test_input_from_a_pipe_is_played_to_the_end_before_the_demo_exits() -> None:
+    """``echo "keep the API" | python -m agentloop demo``: the end of a pipe or a file is the end of
+    what there is to read, not a person pressing Ctrl-D to leave now. It used to quit at once: the
+    first turn was aborted before the model had said a word, whatever the input asked for."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--speed", "4"], input="keep the public API unchanged\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    log = proc.stdout
+    assert proc.returncode == 0, log[-3000:] + proc.stderr
+    assert proc.stderr == ""
+    assert "steer delivered to the model: keep the public API unchanged" in log
+    assert "Noted your message \u201ckeep the public API unchanged\u201d" in log  # the model saw it
+    assert "terminals: completed x1" in log and "interrupted" not in log
+    assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+    assert "\x1b[" not in log
+    # /quit in the input still quits at once, and an empty input still ends the session.
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo"], input="hello\n/quit\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert "(interrupted: quit)" in proc.stdout and "terminals: completed" not in proc.stdout
+    assert not _runner_processes()
+
+
 async def test_a_steer_is_acknowledged_even_when_the_next_step_has_no_text() -> None:
     """A steer delivered while list_files ran reached the model, but the next step (reading
     utils.py) says nothing, so the scripted agent never acknowledged it: typing while it works

@@ -143,7 +143,9 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
         else:
             renderer.note(f"agentloop demo: {_what(opts)}", "bold")
             renderer.note(HELP)
-            reader = LineReader(loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), host.quit)
+            fd = sys.stdin.fileno()
+            eof = host.quit if os.isatty(fd) else host.end_of_input  # Ctrl-D, or the end of a pipe
+            reader = LineReader(loop, fd, lambda line: host.handle(parse(line)), eof)
             reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types
             await host.exit.wait()
