@@ -523,3 +523,36 @@ async def test_a_steer_is_acknowledged_even_when_the_next_step_has_no_text() -> 
             engine.interrupt()
     assert said.startswith("Noted your message \u201ckeep the public API unchanged\u201d")
     assert validate_transcript(engine.messages) == []
+
+
+def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> None:
+    """Ctrl-Z used to stop the demo with its scroll region and status line still set: the shell
+    ran in the rows above a stale status line until the demo was resumed."""
+    env = dict(_env(), PS1="demo-shell$ ", HISTFILE="/dev/null", TERM="xterm")
+    shell = pexpect.spawn(
+        "bash", ["--norc", "--noprofile", "-i"], cwd=str(ROOT), env=env, encoding="utf-8", timeout=30,
+        dimensions=(24, 110),
+    )
+    try:
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline(f"'{sys.executable}' -m agentloop demo")
+        shell.expect("assistant: Let me")
+        shell.sendcontrol("z")
+        shell.expect("Stopped")
+        # The region is given back and the status row cleared before the shell has the terminal.
+        assert "\x1b7\x1b[r\x1b[24;1H\x1b[2K\x1b8" in shell.before
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline("fg")
+        shell.expect_exact("\x1b[1;23r")  # taken again on resume...
+        shell.expect(r"\x1b\[24;1H\x1b\[2K \w")  # ...with the status line
+        shell.sendeof()
+        shell.expect(r"transcript valid \(validate_transcript")
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline("echo demo-status=$?")  # the status of the job fg resumed
+        shell.expect(r"demo-status=(\d+)")
+        assert shell.match.group(1) == "0"
+        shell.sendline("exit")
+        shell.expect(pexpect.EOF)
+    finally:
+        shell.close(force=True)
+    assert not _runner_processes()

@@ -187,9 +187,18 @@ def _install_signals(loop: asyncio.AbstractEventLoop, host: Host, screen: Screen
         loop.add_signal_handler(signal.SIGTERM, host.quit)
         loop.add_signal_handler(signal.SIGHUP, host.quit)  # the terminal closed: end as on SIGTERM
         loop.add_signal_handler(signal.SIGWINCH, screen.resized)
+        loop.add_signal_handler(signal.SIGTSTP, _suspend, screen)
+
+
+def _suspend(screen: Screen) -> None:
+    """Ctrl-Z: give the terminal back, stop (as the default action of SIGTSTP would), and take
+    the terminal again when continued."""
+    screen.suspend()
+    os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued (fg, bg, SIGCONT)
+    screen.resume()
 
 
 def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH, signal.SIGTSTP):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(sig)

@@ -177,6 +177,20 @@ class Screen:
         shown = self.style(f" {text} ".ljust(cols - 1)[: cols - 1], "bold", "blue")
         self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
 
+    def suspend(self) -> None:
+        """Ctrl-Z: give the whole terminal back to the shell until `resume`."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, 0
+        self._drawn = False
+        self._emit(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m")
+
+    def resume(self) -> None:
+        """Back in the foreground (``fg``): the status line is set up again, below a fresh line."""
+        if self._live and not self.closed:
+            self.at_line_start = True
+            self.start()
+
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""
         self._live = False
