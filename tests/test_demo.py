@@ -402,3 +402,157 @@ def test_only_output_that_went_away_ends_the_screen() -> None:
     with pytest.raises(BlockingIOError):
         busy.line("a")
     assert not busy.closed and ended == ["closed"]
+
+
+def test_keys_a_terminal_echoes_as_control_characters_are_not_part_of_a_typed_line() -> None:
+    """An arrow key pressed while typing (as to recall a line in a shell) puts ``ESC [ A`` in the
+    line. It used to reach the model, and printed back in the turn header it moved the cursor and
+    overwrote earlier output; Up then Enter alone started a turn on an invisible prompt."""
+    assert parse("fix it\x1b[A\x1b[A\x1b[D please") == parse("fix it please")
+    assert parse("\x1b[A").kind == "empty" and parse("\x1bOP\x1b[15~").kind == "empty"  # F1, F5
+    assert parse("!\x1b[Astop") == parse("!stop") and parse("\x1b[C/quit").kind == "command"
+    assert parse("caf\u00e9 \u65e5\u672c\u8a9e \U0001f389\tok\x07\x7f").text == "caf\u00e9 \u65e5\u672c\u8a9e \U0001f389 ok"
+
+
+def test_the_status_line_is_on_the_terminals_last_row_whatever_lines_says() -> None:
+    """``LINES`` and ``COLUMNS`` exported in the environment (a shell profile, or values a shell
+    exported before the window was resized) used to be taken for the terminal's size: the scroll
+    region and the status line were placed for 40 rows in a terminal of 24 (every status update was
+    drawn in the middle of the output) and the status line was too wide for its row. A resize kept
+    the stale size too."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=dict(_env(), LINES="40", COLUMNS="200"),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect(r"\x1b\[1;(\d+)r")
+        assert child.match.group(1) == "23"  # the region ends above the last row of the real terminal
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K( starting +)\x1b8")
+        assert child.match.group(1) == "24" and len(child.match.group(2)) == 109  # one row of 110 columns
+        child.expect("assistant: Let me")
+        child.setwinsize(30, 110)
+        child.expect(r"\x1b7\x1b\[1;(\d+)r\x1b8")
+        assert child.match.group(1) == "29"
+        child.sendeof()
+        child.expect("transcript valid")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize("how", ["--plain", "TERM=dumb"])
+def test_without_a_status_line_the_idle_hint_is_a_line(how: str) -> None:
+    """With --plain (or TERM=dumb, or the output in a file) there is no status line, and the hint it
+    shows when a turn ends was never seen: nothing said the agent was idle, nor that a message
+    queued before a Ctrl-C waits for Enter."""
+    env = dict(_env(), TERM="dumb") if how == "TERM=dumb" else _env()
+    args = ["-m", "agentloop", "demo"] + (["--plain"] if how == "--plain" else [])
+    child = pexpect.spawn(sys.executable, args, cwd=str(ROOT), env=env, encoding="utf-8", timeout=30, dimensions=(24, 110))
+    try:
+        child.expect("thinking: ")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)\r\n")
+        child.expect_exact("idle \u2014 type a message, /help, Ctrl-D to exit\r\n")
+        child.sendline("/mode queue")
+        child.expect("queue a turn")
+        child.sendline("go on")
+        child.expect("turn 2 .* you: go on")
+        child.sendline("then summarise")
+        child.expect(r"you \(queued\): then summarise")
+        child.sendintr()
+        child.expect(r"turn ended: \w+ \(interrupted: cancel\)\r\n")
+        child.expect_exact("idle \u2014 1 queued message(s): press Enter to run\r\n")
+        child.sendline("")
+        child.expect("turn 3 .* you: then summarise")
+        child.sendeof()
+        child.expect(r"interrupted: quit\)")
+        child.expect("summary")
+        assert "idle" not in child.before  # the session is ending: no hint
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_input_from_a_pipe_is_played_to_the_end_before_the_demo_exits() -> None:
+    """``echo "keep the API" | python -m agentloop demo``: the end of a pipe or a file is the end of
+    what there is to read, not a person pressing Ctrl-D to leave now. It used to quit at once: the
+    first turn was aborted before the model had said a word, whatever the input asked for."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--speed", "4"], input="keep the public API unchanged\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    log = proc.stdout
+    assert proc.returncode == 0, log[-3000:] + proc.stderr
+    assert proc.stderr == ""
+    assert "steer delivered to the model: keep the public API unchanged" in log
+    assert "Noted your message \u201ckeep the public API unchanged\u201d" in log  # the model saw it
+    assert "terminals: completed x1" in log and "interrupted" not in log
+    assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+    assert "\x1b[" not in log
+    # /quit in the input still quits at once, and an empty input still ends the session.
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo"], input="hello\n/quit\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert "(interrupted: quit)" in proc.stdout and "terminals: completed" not in proc.stdout
+    assert not _runner_processes()
+
+
+async def test_a_steer_is_acknowledged_even_when_the_next_step_has_no_text() -> None:
+    """A steer delivered while list_files ran reached the model, but the next step (reading
+    utils.py) says nothing, so the scripted agent never acknowledged it: typing while it works
+    looked ignored."""
+    from agentloop import InterjectionInjected, ScriptedModel, TextDelta, validate_transcript
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.story import Story
+
+    engine = build_engine(ScriptedModel([Story(delay=0)], cycle=True, record=False), speed=100)
+    said = ""
+    async for event in engine.run("Fix the failing test in utils.py"):
+        if event.type == "tool_call_started" and event.tool_use.name == "list_files":
+            engine.interject("keep the public API unchanged")
+        elif isinstance(event, InterjectionInjected):
+            said = ""  # what the model says from here on
+        elif isinstance(event, TextDelta):
+            said += event.text
+        elif event.type == "tool_call_started" and event.tool_use.name == "read_file":
+            engine.interrupt()
+    assert said.startswith("Noted your message \u201ckeep the public API unchanged\u201d")
+    assert validate_transcript(engine.messages) == []
+
+
+def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> None:
+    """Ctrl-Z used to stop the demo with its scroll region and status line still set: the shell
+    ran in the rows above a stale status line until the demo was resumed."""
+    env = dict(_env(), PS1="demo-shell$ ", HISTFILE="/dev/null", TERM="xterm")
+    shell = pexpect.spawn(
+        "bash", ["--norc", "--noprofile", "-i"], cwd=str(ROOT), env=env, encoding="utf-8", timeout=30,
+        dimensions=(24, 110),
+    )
+    try:
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline(f"'{sys.executable}' -m agentloop demo")
+        shell.expect("assistant: Let me")
+        shell.sendcontrol("z")
+        shell.expect("Stopped")
+        # The region is given back and the status row cleared before the shell has the terminal.
+        assert "\x1b7\x1b[r\x1b[24;1H\x1b[2K\x1b8" in shell.before
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline("fg")
+        shell.expect_exact("\x1b[1;23r")  # taken again on resume...
+        shell.expect(r"\x1b\[24;1H\x1b\[2K \w")  # ...with the status line
+        shell.sendeof()
+        shell.expect(r"transcript valid \(validate_transcript")
+        shell.expect_exact("demo-shell$ ")
+        shell.sendline("echo demo-status=$?")  # the status of the job fg resumed
+        shell.expect(r"demo-status=(\d+)")
+        assert shell.match.group(1) == "0"
+        shell.sendline("exit")
+        shell.expect(pexpect.EOF)
+    finally:
+        shell.close(force=True)
+    assert not _runner_processes()

@@ -124,7 +124,7 @@ def _check_stdin() -> None:
 async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     loop = asyncio.get_running_loop()
     renderer = Renderer(screen, asks=frozenset({"edit_file"}))
-    host = Host(build_engine(model, opts.speed), renderer)
+    host = Host(build_engine(model, opts.speed), renderer, hints=scenario is None)
     screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
     reader: LineReader | None = None
     _install_signals(loop, host, screen)
@@ -143,7 +143,9 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
         else:
             renderer.note(f"agentloop demo: {_what(opts)}", "bold")
             renderer.note(HELP)
-            reader = LineReader(loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), host.quit)
+            fd = sys.stdin.fileno()
+            eof = host.quit if os.isatty(fd) else host.end_of_input  # Ctrl-D, or the end of a pipe
+            reader = LineReader(loop, fd, lambda line: host.handle(parse(line)), eof)
             reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types
             await host.exit.wait()
@@ -185,9 +187,18 @@ def _install_signals(loop: asyncio.AbstractEventLoop, host: Host, screen: Screen
         loop.add_signal_handler(signal.SIGTERM, host.quit)
         loop.add_signal_handler(signal.SIGHUP, host.quit)  # the terminal closed: end as on SIGTERM
         loop.add_signal_handler(signal.SIGWINCH, screen.resized)
+        loop.add_signal_handler(signal.SIGTSTP, _suspend, screen)
+
+
+def _suspend(screen: Screen) -> None:
+    """Ctrl-Z: give the terminal back, stop (as the default action of SIGTSTP would), and take
+    the terminal again when continued."""
+    screen.suspend()
+    os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued (fg, bg, SIGCONT)
+    screen.resume()
 
 
 def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH, signal.SIGTSTP):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(sig)

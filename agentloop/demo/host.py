@@ -25,8 +25,18 @@ __all__ = ["Host"]
 class Host:
     """Runs turns of ``engine`` and routes the user's input to it."""
 
-    def __init__(self, engine: QueryEngine, renderer: Renderer, *, mode: Literal["steer", "queue"] = "steer") -> None:
+    def __init__(
+        self,
+        engine: QueryEngine,
+        renderer: Renderer,
+        *,
+        mode: Literal["steer", "queue"] = "steer",
+        hints: bool = False,
+    ) -> None:
+        """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
+        status line, or on a line of its own where there is no status line (--plain, TERM=dumb)."""
         self.engine = engine
+        self.hints = hints
         self.r = renderer
         self.mode: Literal["steer", "queue"] = mode
         self.task: asyncio.Task[None] | None = None
@@ -34,6 +44,7 @@ class Host:
         self.on_event: Callable[[Event], None] | None = None
         self.on_idle: Callable[[], None] | None = None
         self._idle_sigint = False
+        self._input_ended = False
 
     @property
     def busy(self) -> bool:
@@ -61,9 +72,13 @@ class Host:
             self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
 
     def _ran(self, task: asyncio.Task[None]) -> None:
+        if self._input_ended:  # nothing more will be typed: the session is over
+            self.exit.set()
         queued = len(self.engine.inbox.follow_ups)
         hint = f"{queued} queued message(s): press Enter to run" if queued else "type a message, /help, Ctrl-D to exit"
         self.r.idle(hint)
+        if self.hints and not self.exit.is_set() and not self.r.screen.status_shown:
+            self.r.note(f"idle \u2014 {hint}", "dim")
         if self.on_idle is not None:
             self.on_idle()
 
@@ -139,6 +154,15 @@ class Host:
         else:
             self._idle_sigint = True
             self.r.note("(idle: Ctrl-C again or Ctrl-D to exit)", "dim")
+
+    def end_of_input(self) -> None:
+        """The end of input that is not a person at a terminal (a pipe, a file): what it asked
+        for is played to the end, then the session ends. (Ctrl-D on a terminal is `quit`.)"""
+        self._input_ended = True
+        if self.busy:
+            self.r.note("(end of input: the demo exits when this turn ends; Ctrl-C stops it now)", "dim")
+        else:
+            self.quit()
 
     def quit(self) -> None:
         if self.busy:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ typing   while the agent works, a line steers it (/mode steer, the default:
 commands /help  /mode steer|queue  /transcript  /quit"""
 
 
+# What a terminal puts in a line for a key that is not text: an escape sequence (an arrow or
+# function key: CSI or SS3; ESC and one character for Alt+key) or another control character
+# (a tab is kept, as a space). Printed back, it would move the cursor over earlier output.
+_CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.|.)?|[\x00-\x08\x0a-\x1f\x7f-\x9f]", re.DOTALL)
+
+
 @dataclass(frozen=True, slots=True)
 class Input:
     kind: Literal["command", "send_now", "message", "empty"]
@@ -40,8 +47,8 @@ class Input:
 
 
 def parse(line: str) -> Input:
-    """Classify one typed line."""
-    text = line.strip()
+    """Classify one typed line (without the control characters and escape sequences it holds)."""
+    text = _CONTROL.sub("", line.replace("\t", " ")).strip()
     if not text:
         return Input("empty", "")
     if text.startswith("/"):

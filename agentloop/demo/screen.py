@@ -120,12 +120,29 @@ class Screen:
 
     # -- the status line -----------------------------------------------------------
 
+    @property
+    def status_shown(self) -> bool:
+        """A status line is on the screen (a TTY with room for it)."""
+        return bool(self._rows)
+
+    def _size(self) -> os.terminal_size:
+        """The size of the terminal the screen writes to, asked of the terminal itself: the row
+        numbers of the escape sequences are its rows. LINES and COLUMNS in the environment
+        (exported by a shell profile, stale after a resize) count only when it cannot tell."""
+        try:
+            size = os.get_terminal_size(self.out.fileno())
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            size = os.terminal_size((0, 0))
+        if size.lines > 0 and size.columns > 0:
+            return size
+        return shutil.get_terminal_size((0, 0))
+
     def start(self) -> None:
         """Reserve the bottom row for the status line (TTY only)."""
         if not self.tty:
             return
         self._live = True
-        rows = shutil.get_terminal_size((0, 0)).lines
+        rows = self._size().lines
         if rows < 4:  # no room for now: a resize that makes room brings the status line
             return
         self._rows = rows
@@ -142,7 +159,7 @@ class Screen:
             self._rows = 0
             self._emit("\x1b7\x1b[r\x1b8")
         self._drawn = False
-        rows = shutil.get_terminal_size((0, 0)).lines
+        rows = self._size().lines
         if rows >= 4 and not self.closed:
             self._rows = rows
             self._emit(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
@@ -156,9 +173,23 @@ class Screen:
         if not self._rows:
             return
         self._drawn = True
-        cols = shutil.get_terminal_size((80, 24)).columns
+        cols = self._size().columns or 80
         shown = self.style(f" {text} ".ljust(cols - 1)[: cols - 1], "bold", "blue")
         self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
+
+    def suspend(self) -> None:
+        """Ctrl-Z: give the whole terminal back to the shell until `resume`."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, 0
+        self._drawn = False
+        self._emit(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m")
+
+    def resume(self) -> None:
+        """Back in the foreground (``fg``): the status line is set up again, below a fresh line."""
+        if self._live and not self.closed:
+            self.at_line_start = True
+            self.start()
 
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""

@@ -115,7 +115,9 @@ class Story:
         f = read_facts(request.messages)
         step = self._ci(f) if f.prompt is not None and _CI.search(f.prompt.text) else self._fix(f)
         ack = self._ack(f)
-        if ack and step.text:  # the looping attempt has no text: it would only be cut anyway
+        # A step that only calls a tool says the ack alone; the looping attempt (thinking only)
+        # does not: it is cut, and the resampled answer says it.
+        if ack and (step.text or step.tool_calls):
             step = ScriptedResponse(
                 thinking=step.thinking, text=f"{ack} {step.text}".strip(), tool_calls=step.tool_calls,
                 chunk=step.chunk, delay=step.delay,
