@@ -350,6 +350,7 @@ class QueryEngine:
         self._closing: asyncio.Future[None] | None = None
         self._next_run: NextRun | None = None  # a run() waiting for the last run's cleanup to begin
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
+        self._policies_primed = False  # the policies have seen this engine's transcript (a turn began)
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
         # start_background() made a task for this child whose run has not begun yet, and the

@@ -188,9 +188,42 @@ def _start_turn(
         st.controller.abort(spent.reason)
     for message in starts:
         engine._commit(message)
-    notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
+    real_user = bool(starts) or _unanswered_person(engine.messages)
+    if not engine._policies_primed:
+        engine._policies_primed = True
+        if not real_user and engine.policies:
+            _catch_up_policies(engine)
+    notify(engine.policies, "begin_turn", real_user=real_user)
     ids = tuple(m.meta["receipt"] for m in starts[:queued])
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
+
+
+def _catch_up_policies(engine: QueryEngine) -> None:
+    """A new engine continues a transcript with nothing new in it (a headless worker resuming
+    its session after a restart): the policies are shown what the model did since the last
+    request a person made, as if they had watched it, their verdicts dropped (the nudges they
+    would give are in the transcript already). So a restart after ``stationarity_ended`` gets
+    no fresh allowance, as a run again on the same engine gets none."""
+    messages = engine.messages
+    start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if _by_person(messages[i])), 0)
+    for i in range(start, len(messages)):
+        message = messages[i]
+        if message.role != "assistant":
+            continue
+        _ask_policies(engine, "on_response", message)
+        uses = message.tool_uses
+        if uses and i + 1 < len(messages):
+            given = {r.tool_use_id: r for r in messages[i + 1].tool_results}
+            results = [given.get(u.id) for u in uses]
+            if all(r is not None for r in results):
+                _ask_policies(engine, "on_results", message, results)
+
+
+def _by_person(message: Message) -> bool:
+    """A request a person made: their own message, or an interjection the library wrapped."""
+    if message.role != "user" or (message.synthetic and message.kind != "interjection"):
+        return False
+    return not any(b.type == "tool_result" for b in message.content)
 
 
 def _unanswered_person(messages: list[Message]) -> bool:

@@ -372,6 +372,45 @@ async def test_stationarity_a_resume_without_a_new_message_keeps_the_count() -> 
     assert by_hand[-1].reason == "stationarity_ended" and by_hand[-1].turns == 12  # type: ignore[union-attr]
     assert validate_transcript(engine.messages) == []
 
+
+async def test_stationarity_a_new_engine_resuming_the_transcript_keeps_the_count() -> None:
+    # A headless worker restarted after stationarity_ended (a new engine, new policies, the
+    # saved transcript): the policies catch up on the calls since the last person's message.
+    first = QueryEngine(ScriptedModel([same_call()] * 40), tools=[read_file], policies=[IdenticalToolCallRun()])
+    ended = await collect(first, "go")
+    assert ended[-1].reason == "stationarity_ended" and ended[-1].turns == 12  # type: ignore[union-attr]
+
+    def restarted() -> QueryEngine:
+        return QueryEngine(
+            ScriptedModel([same_call()] * 40), tools=[read_file], messages=list(first.messages),
+            policies=[IdenticalToolCallRun()],
+        )  # fmt: skip
+
+    again = await collect(restarted())
+    assert again[-1].reason == "stationarity_ended" and again[-1].turns == 1  # type: ignore[union-attr]
+    asked = await collect(restarted(), "try another way")  # a person's new request: a fresh count
+    assert asked[-1].reason == "stationarity_ended" and asked[-1].turns == 12  # type: ignore[union-attr]
+    by_hand = restarted()
+    by_hand.messages.append(Message.user("and now?"))  # a person's message the host added itself
+    events = await collect(by_hand)
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12  # type: ignore[union-attr]
+    assert not any(isinstance(e, PolicyNudge) for e in again)  # caught up quietly: no repeated nudge
+    assert validate_transcript(by_hand.messages) == []
+
+
+async def test_a_new_engine_resuming_below_the_nudge_threshold_nudges_on_time() -> None:
+    first = QueryEngine(ScriptedModel([same_call()] * 5), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=5)
+    await collect(first, "go")  # 5 identical calls, then max_turns
+    engine = QueryEngine(
+        ScriptedModel([same_call()] * 40), tools=[read_file], messages=list(first.messages),
+        policies=[IdenticalToolCallRun()],
+    )  # fmt: skip
+    events = await collect(engine)
+    nudges = [i for i, e in enumerate(events) if isinstance(e, PolicyNudge)]
+    assert len(nudges) == 1
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 7  # type: ignore[union-attr]
+
+
 async def test_stationarity_is_not_fooled_by_varying_text_around_an_identical_call() -> None:
     responses = [
         ScriptedResponse(text=f"Attempt {i}: let me read it again.", tool_calls=[ScriptedToolCall("read_file", {"path": "a.py"})])
