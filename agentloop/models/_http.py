@@ -100,6 +100,11 @@ def credential_parts(value: str) -> list[str]:
         _, eq, part = pair.partition("=")
         if eq and part.strip():
             parts.append(part.strip())
+    # As the HTTP layer quotes a value it refuses (a line break in it: "Illegal header value
+    # b'tok\\n'"), escaped: the value as given is not in that text.
+    escaped = repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+    if escaped != value:
+        parts.append(escaped)
     return [p for p in parts if len(p) >= _MIN_PART]
 
 
@@ -148,6 +153,24 @@ class Redactor:
             exc.args = (exc.message,)
         if isinstance(exc, ProviderError) and exc.body is not None:
             exc.body = self._scrub_json(exc.body)
+
+    def scrub_chain(self, exc: BaseException) -> bool:
+        """Scrub the secrets out of the string ``args`` of ``exc`` and of every exception
+        chained to it (``__cause__``, ``__context__``), which a printed traceback shows.
+        Returns False when a secret is still shown (an exception whose str is not its args)."""
+        clean = True
+        todo: list[BaseException] = [exc]
+        seen: set[int] = set()
+        while todo:
+            current = todo.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if self._found_in(str(current)) or self._found_in(repr(current.args)):
+                current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
+                clean = clean and not (self._found_in(str(current)) or self._found_in(repr(current.args)))
+            todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        return clean
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -574,7 +597,9 @@ class Connection:
                     )
                 yield response
         except httpx.RequestError as exc:
-            raise self._connection_error(exc, redactor) from exc
+            error = self._connection_error(exc, redactor)
+            # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
+            raise error from (exc if redactor.scrub_chain(exc) else None)
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.

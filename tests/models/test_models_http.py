@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 import re
+import traceback
 
 import httpcore
 import httpx
@@ -1061,3 +1062,53 @@ async def test_a_host_client_left_at_httpx_default_timeout_gets_a_long_read_time
 async def test_a_timeout_the_host_chose_is_kept(chosen: httpx.Timeout) -> None:
     timeout = await _timeout_used(OpenAIChatModel, timeout=chosen)
     assert timeout == chosen.as_dict()
+
+
+# -- secrets in the errors httpx raises, and in their chain ------------------------------------
+
+
+def _shown(exc: BaseException) -> str:
+    """All a host sees of ``exc``: its str, repr, args and the full traceback, chain included."""
+    return "\n".join([str(exc), repr(exc), repr(exc.args), "".join(traceback.format_exception(exc))])
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("kind", [httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ProxyError])
+async def test_a_transport_error_quoting_a_secret_is_scrubbed_in_the_chain_too(cls: type, kind: type) -> None:
+    # The error agentloop raises keeps the transport error as its __cause__, which a host
+    # printing the whole traceback (or a crash reporter) shows: scrubbed there as well.
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise kind(f"upstream refused {API_KEY} with {PROXY_HEADERS['Authorization']}", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        model = cls("m", api_key=API_KEY, http_client=client, extra_headers={"Authorization": PROXY_HEADERS["Authorization"]})
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(model)
+    err = info.value
+    shown = _shown(err)
+    assert API_KEY not in shown and PROXY_SECRETS[0] not in shown
+    assert isinstance(err.__cause__, kind) and "[REDACTED]" in str(err.__cause__)  # the chain is kept
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("where", ["extra_headers changed after construction", "the host's client"])
+@pytest.mark.parametrize("value", ["gw-SECRET-token-7\n", "Bearer gw-SECRET-token-7\r\n", "gw-SECRET-token-7\r\nX-Evil: 1"])
+async def test_a_credential_header_with_a_line_break_is_never_quoted(cls: type, where: str, value: str) -> None:
+    # HTTP refuses the header and quotes its value escaped (b'...\\n'): the plain value is
+    # not in that text, so scrubbing it missed the credential.
+    network = _Network()
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
+    header = {"X-Gateway-Token": value}
+    async with httpx.AsyncClient(transport=transport, headers=header if where == "the host's client" else None) as client:
+        model = cls("m", api_key=API_KEY, base_url="http://llm.test", http_client=client,
+                    extra_headers={"X-Gateway-Token": "ok"} if where != "the host's client" else None)  # fmt: skip
+        if where != "the host's client":
+            model.extra_headers["X-Gateway-Token"] = value
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+        end = (await collect_engine(QueryEngine(model, policies=[], retry_base_delay=0.001)))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    for text in (_shown(info.value), end.error or ""):
+        assert "SECRET" not in text
+    assert network.written == []  # nothing was sent
