@@ -671,7 +671,7 @@ def _without_credentials(sent: httpx.Request, following: httpx.Request) -> httpx
     a, b = sent.url, following.url
     same = a.host == b.host and (
         (a.scheme, a.port) == (b.scheme, b.port)
-        or (a.scheme, b.scheme) == ("http", "https") and a.port in (None, 80) and b.port in (None, 443)
+        or ((a.scheme, b.scheme) == ("http", "https") and a.port in (None, 80) and b.port in (None, 443))
     )
     if not same:
         for name in [name for name in following.headers if is_credential(name)]:

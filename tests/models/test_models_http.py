@@ -1152,12 +1152,15 @@ async def test_a_redirect_to_another_origin_never_takes_the_credentials_along(cl
 
 @pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("status", [307, 308])
-async def test_a_redirect_within_the_origin_keeps_the_credentials(cls: type, status: int) -> None:
+@pytest.mark.parametrize("base", ["https://api.test", "http://api.test"], ids=["same-origin", "upgrade-to-https"])
+async def test_a_redirect_within_the_origin_keeps_the_credentials(cls: type, status: int, base: str) -> None:
+    # As httpx does with Authorization: kept within the origin, and on an upgrade of the same
+    # host from http to https.
     seen, client = _redirecting(cls, "https://api.test/v2/x", status)
     async with client:
-        model = cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client)
+        model = cls("m", api_key=API_KEY, base_url=base + "/v1", http_client=client)
         events, _ = await collect(model)
-    assert events and len(seen) == 2 and str(seen[0].url) == "https://api.test" + _PATHS[cls]
+    assert events and len(seen) == 2 and str(seen[0].url) == base + _PATHS[cls]
     key = "x-api-key" if cls is AnthropicModel else "authorization"
     assert seen[0].headers[key] == seen[1].headers[key] and API_KEY in seen[1].headers[key]
 
