@@ -100,6 +100,11 @@ def credential_parts(value: str) -> list[str]:
         _, eq, part = pair.partition("=")
         if eq and part.strip():
             parts.append(part.strip())
+    # As the HTTP layer quotes a value it refuses (a line break in it: "Illegal header value
+    # b'tok\\n'"), escaped: the value as given is not in that text.
+    escaped = repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+    if escaped != value:
+        parts.append(escaped)
     return [p for p in parts if len(p) >= _MIN_PART]
 
 
@@ -148,6 +153,24 @@ class Redactor:
             exc.args = (exc.message,)
         if isinstance(exc, ProviderError) and exc.body is not None:
             exc.body = self._scrub_json(exc.body)
+
+    def scrub_chain(self, exc: BaseException) -> bool:
+        """Scrub the secrets out of the string ``args`` of ``exc`` and of every exception
+        chained to it (``__cause__``, ``__context__``), which a printed traceback shows.
+        Returns False when a secret is still shown (an exception whose str is not its args)."""
+        clean = True
+        todo: list[BaseException] = [exc]
+        seen: set[int] = set()
+        while todo:
+            current = todo.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if self._found_in(str(current)) or self._found_in(repr(current.args)):
+                current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
+                clean = clean and not (self._found_in(str(current)) or self._found_in(repr(current.args)))
+            todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        return clean
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -574,7 +597,9 @@ class Connection:
                     )
                 yield response
         except httpx.RequestError as exc:
-            raise self._connection_error(exc, redactor) from exc
+            error = self._connection_error(exc, redactor)
+            # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
+            raise error from (exc if redactor.scrub_chain(exc) else None)
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.
@@ -618,12 +643,40 @@ class Connection:
 @asynccontextmanager
 async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
     """``request`` sent with a streamed response, closed on the way out (what
-    `httpx.AsyncClient.stream` does, for a request already built)."""
-    response = await client.send(request, stream=True)
+    `httpx.AsyncClient.stream` does, for a request already built).
+
+    Redirects are followed here when the client follows them (``follow_redirects=True``, at
+    most ``max_redirects``), not by httpx: a redirect to another origin drops only the
+    ``Authorization`` header there, and would take an ``x-api-key``, an ``api-key`` or a
+    gateway token to the host the redirect names. Every credential header is dropped."""
+    response = await client.send(request, stream=True, follow_redirects=False)
     try:
+        hops = 0
+        while client.follow_redirects and response.next_request is not None:
+            hops += 1
+            if hops > client.max_redirects:
+                raise httpx.TooManyRedirects("Exceeded maximum allowed redirects.", request=response.next_request)
+            following = _without_credentials(response.request, response.next_request)
+            await response.aclose()
+            response = await client.send(following, stream=True, follow_redirects=False)
         yield response
     finally:
         await response.aclose()
+
+
+def _without_credentials(sent: httpx.Request, following: httpx.Request) -> httpx.Request:
+    """``following`` (the request a redirect of ``sent`` leads to) without its credential
+    headers when it leaves the origin of ``sent``; httpx's rule for ``Authorization``, which
+    it also keeps on an upgrade of the same host from http to https."""
+    a, b = sent.url, following.url
+    same = a.host == b.host and (
+        (a.scheme, a.port) == (b.scheme, b.port)
+        or ((a.scheme, b.scheme) == ("http", "https") and a.port in (None, 80) and b.port in (None, 443))
+    )
+    if not same:
+        for name in [name for name in following.headers if is_credential(name)]:
+            del following.headers[name]
+    return following
 
 
 class _UrlCredentialsFilter(logging.Filter):

@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 import re
+import traceback
 
 import httpcore
 import httpx
@@ -1061,3 +1062,128 @@ async def test_a_host_client_left_at_httpx_default_timeout_gets_a_long_read_time
 async def test_a_timeout_the_host_chose_is_kept(chosen: httpx.Timeout) -> None:
     timeout = await _timeout_used(OpenAIChatModel, timeout=chosen)
     assert timeout == chosen.as_dict()
+
+
+# -- secrets in the errors httpx raises, and in their chain ------------------------------------
+
+
+def _shown(exc: BaseException) -> str:
+    """All a host sees of ``exc``: its str, repr, args and the full traceback, chain included."""
+    return "\n".join([str(exc), repr(exc), repr(exc.args), "".join(traceback.format_exception(exc))])
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("kind", [httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ProxyError])
+async def test_a_transport_error_quoting_a_secret_is_scrubbed_in_the_chain_too(cls: type, kind: type) -> None:
+    # The error agentloop raises keeps the transport error as its __cause__, which a host
+    # printing the whole traceback (or a crash reporter) shows: scrubbed there as well.
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise kind(f"upstream refused {API_KEY} with {PROXY_HEADERS['Authorization']}", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        model = cls("m", api_key=API_KEY, http_client=client, extra_headers={"Authorization": PROXY_HEADERS["Authorization"]})
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(model)
+    err = info.value
+    shown = _shown(err)
+    assert API_KEY not in shown and PROXY_SECRETS[0] not in shown
+    assert isinstance(err.__cause__, kind) and "[REDACTED]" in str(err.__cause__)  # the chain is kept
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("where", ["extra_headers changed after construction", "the host's client"])
+@pytest.mark.parametrize("value", ["gw-SECRET-token-7\n", "Bearer gw-SECRET-token-7\r\n", "gw-SECRET-token-7\r\nX-Evil: 1"])
+async def test_a_credential_header_with_a_line_break_is_never_quoted(cls: type, where: str, value: str) -> None:
+    # HTTP refuses the header and quotes its value escaped (b'...\\n'): the plain value is
+    # not in that text, so scrubbing it missed the credential.
+    network = _Network()
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool = httpcore.AsyncConnectionPool(network_backend=network)
+    header = {"X-Gateway-Token": value}
+    async with httpx.AsyncClient(transport=transport, headers=header if where == "the host's client" else None) as client:
+        model = cls("m", api_key=API_KEY, base_url="http://llm.test", http_client=client,
+                    extra_headers={"X-Gateway-Token": "ok"} if where != "the host's client" else None)  # fmt: skip
+        if where != "the host's client":
+            model.extra_headers["X-Gateway-Token"] = value
+        with pytest.raises(ModelError) as info:
+            await collect(model)
+        end = (await collect_engine(QueryEngine(model, policies=[], retry_base_delay=0.001)))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    for text in (_shown(info.value), end.error or ""):
+        assert "SECRET" not in text
+    assert network.written == []  # nothing was sent
+
+
+# -- redirects followed by the host's client ----------------------------------------------------
+
+_PATHS = {AnthropicModel: "/v1/v1/messages", OpenAIChatModel: "/v1/chat/completions", OpenAIResponsesModel: "/v1/responses"}
+
+
+def _redirecting(cls: type, target: str, status: int = 307) -> tuple[list[httpx.Request], httpx.AsyncClient]:
+    """A host client that follows redirects, in front of a server that sends the model's first
+    request to ``target`` (then serves a whole stream there)."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx.Response(status, headers={"location": target})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_BODIES[cls])
+
+    return seen, httpx.AsyncClient(transport=httpx.MockTransport(handler), follow_redirects=True)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("target", ["https://elsewhere.test/v1/x", "https://api.test:8443/v1/x", "http://api.test/v1/x"])
+async def test_a_redirect_to_another_origin_never_takes_the_credentials_along(cls: type, target: str) -> None:
+    # httpx drops only Authorization on such a redirect: Anthropic's x-api-key, Azure's api-key
+    # and a gateway's token went to whatever host the redirect named.
+    seen, client = _redirecting(cls, target)
+    async with client:
+        model = cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client,
+                    extra_headers={"api-key": PROXY_SECRETS[2], "X-Gateway-Token": PROXY_SECRETS[3]})  # fmt: skip
+        await collect(model)  # the redirect is followed, as the host's client asks
+    first, second = seen
+    assert str(second.url) == target and second.content == first.content
+    sent = [v for _, v in second.headers.raw]
+    assert not [v for v in sent if any(s.encode() in v for s in (API_KEY, *PROXY_SECRETS))]
+    assert [v for v in first.headers.raw if API_KEY.encode() in v[1]]  # the first request had it
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("status", [307, 308])
+@pytest.mark.parametrize("base", ["https://api.test", "http://api.test"], ids=["same-origin", "upgrade-to-https"])
+async def test_a_redirect_within_the_origin_keeps_the_credentials(cls: type, status: int, base: str) -> None:
+    # As httpx does with Authorization: kept within the origin, and on an upgrade of the same
+    # host from http to https.
+    seen, client = _redirecting(cls, "https://api.test/v2/x", status)
+    async with client:
+        model = cls("m", api_key=API_KEY, base_url=base + "/v1", http_client=client)
+        events, _ = await collect(model)
+    assert events and len(seen) == 2 and str(seen[0].url) == base + _PATHS[cls]
+    key = "x-api-key" if cls is AnthropicModel else "authorization"
+    assert seen[0].headers[key] == seen[1].headers[key] and API_KEY in seen[1].headers[key]
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_redirects_are_bounded_by_the_clients_max_redirects(cls: type) -> None:
+    seen: list[httpx.Request] = []
+
+    def loop(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(307, headers={"location": f"https://api.test/hop{len(seen)}"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(loop), follow_redirects=True, max_redirects=3) as client:
+        with pytest.raises(ProviderConnectionError, match="TooManyRedirects") as info:
+            await collect(cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client))
+    assert info.value.retryable is False and len(seen) == 4
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_a_redirect_is_not_followed_by_a_client_that_does_not_follow_them(cls: type) -> None:
+    seen, client = _redirecting(cls, "https://api.test/v2/x")
+    client.follow_redirects = False
+    async with client:
+        with pytest.raises(ProviderStatusError, match="HTTP 307") as info:
+            await collect(cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client))
+    assert info.value.retryable is False and len(seen) == 1
