@@ -524,6 +524,8 @@ def _answer(
             if block.tool_use_id in results:
                 notes.append(f"dropped duplicate tool_result for {block.tool_use_id!r}")
             else:
+                if rest:  # after other content: it goes first, as providers require
+                    notes.append(f"moved the tool_result for {block.tool_use_id!r} before the other content of its message")
                 results[block.tool_use_id] = block
             continue
         rest.append(block)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentloop import (
+    Block,
     Message,
     RedactedThinkingBlock,
     TextBlock,
@@ -42,8 +43,10 @@ T = TextBlock
 def only(messages: list[Message], needle: str) -> None:
     problems = validate_transcript(messages)
     assert len(problems) == 1 and needle in problems[0], problems
-    fixed = repair_transcript(messages)
+    changes: list[str] = []
+    fixed = repair_transcript(messages, changes=changes)
     assert validate_transcript(fixed) == []
+    assert changes, "the repair changed the transcript without saying so"
 
 
 def test_valid_transcript_has_no_violations_and_repair_returns_it_unchanged() -> None:
@@ -76,6 +79,13 @@ def test_rule_result_must_be_in_the_very_next_message() -> None:
 
 def test_rule_results_come_first() -> None:
     only([u(T(text="q")), a(use("1")), u(T(text="first"), res("1"))], "comes after other content")
+
+
+def test_repair_says_that_it_moved_a_result_before_the_users_text() -> None:
+    changes: list[str] = []
+    fixed = repair_transcript([u(T(text="q")), a(use("1")), u(T(text="first"), res("1", "out"))], changes=changes)
+    assert [(b.type, getattr(b, "text", None)) for b in fixed[2].content] == [("tool_result", "out"), ("text", "first")]
+    assert changes == ["moved the tool_result for '1' before the other content of its message"]
 
 
 def test_rule_orphan_result_is_reported_and_kept_as_text() -> None:
@@ -301,6 +311,54 @@ def test_property_repair_loses_no_user_text_and_no_tool_output(msgs: list[Messag
             if isinstance(b, ToolResultBlock) and b.text.strip() and b.tool_use_id not in answered:
                 answered.add(b.tool_use_id)
                 assert scrub(b.text).strip() in kept, (b, fixed)
+
+@st.composite
+def _exchange(draw: st.DrawFn) -> list[Message]:
+    """An assistant message and the user messages after it, shaped like a real exchange (calls,
+    then their results) and then broken: results missing, repeated, for another call, shuffled
+    among the user's text, split over two messages, or left in the assistant's message."""
+    pool = ["a", "b", "", "a_1"]
+    calls = [
+        ToolUseBlock(id=draw(st.sampled_from(pool)), name="t", input={}, complete=draw(st.booleans() | st.just(True)))
+        for _ in range(draw(st.integers(0, 3)))
+    ]
+    head = draw(st.lists(st.sampled_from([T(text="said"), ThinkingBlock(thinking="t", signature="s"), T(text=" ")]), max_size=2))
+    tail = draw(st.lists(st.sampled_from([T(text="tail "), res("a", "in the call's message")]), max_size=1))
+    answer: list[Block] = [res(c.id, f"out {k}") for k, c in enumerate(calls) if draw(st.integers(0, 4))]
+    if draw(st.integers(0, 3)) == 0:
+        answer.append(res(draw(st.sampled_from(pool)), "extra"))
+    answer += draw(st.lists(st.sampled_from([T(text="u"), T(text="v "), T(text="")]), max_size=2))
+    answer = draw(st.permutations(answer))
+    cut = draw(st.integers(0, len(answer))) if draw(st.booleans()) else len(answer)
+    parts = [answer[:cut], answer[cut:]]
+    return [a(*head, *calls, *tail)] + [u(*part) for part in parts if part or draw(st.booleans())]
+
+
+exchanges = st.tuples(st.booleans(), st.lists(_exchange(), max_size=4)).map(
+    lambda x: [u(T(text="go"))] * x[0] + [m for ex in x[1] for m in ex]
+)
+
+
+@settings(max_examples=200)
+@given(exchanges)
+@example([u(T(text="go")), a(use("a")), u(T(text="u"), res("a", "out"))])  # reordered, and said so
+def test_property_repair_of_a_broken_exchange_is_valid_idempotent_and_says_what_it_changed(msgs: list[Message]) -> None:
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert validate_transcript(fixed) == []
+    again: list[str] = []
+    assert repair_transcript(fixed, changes=again) == fixed and again == []
+    assert (validate_transcript(msgs) == []) == (changes == []), (validate_transcript(msgs), changes)
+    if not changes:
+        assert all(x is y for x, y in zip(fixed, msgs, strict=True))
+    kept = "\n".join(b.text for m in fixed for b in m.content if isinstance(b, TextBlock | ToolResultBlock))
+    for m in msgs:  # every tool output is kept (but a second result for one id in one message)
+        answered: set[str] = set()
+        for b in m.content:
+            if isinstance(b, ToolResultBlock) and b.tool_use_id not in answered:
+                answered.add(b.tool_use_id)
+                assert b.text in kept, fixed
+
 
 def test_messages_share_their_fields_set_and_copies_stay_independent() -> None:
     a, b = Message.user("one"), Message.user("two")
