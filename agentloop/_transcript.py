@@ -23,7 +23,7 @@ history keeps its provider prompt-cache prefix.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
 from ._messages import (
@@ -174,8 +174,50 @@ def _ends_with_space(message: Message) -> bool:
     return last is not None and last.type == "text" and last.text != last.text.rstrip()
 
 
+_BLOCK_TYPES = (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+
+
+def _listed(messages: object) -> list[object] | None:
+    """``messages`` as a new list, or None when it is not a collection of messages at all."""
+    if isinstance(messages, str | bytes | dict | Message) or not isinstance(messages, Iterable):
+        return None
+    return list(messages)
+
+
+def _malformed(messages: object, listed: list[object] | None) -> list[str]:
+    """One line per entry of ``listed`` (``messages`` as a list) that is not a well-formed
+    `Message`: a dict in the wire format, None, a message whose content was replaced without
+    validation. [] when every entry is one."""
+    if listed is None:
+        return [f"messages is of type {type(messages).__name__}, not a list of Message objects"]
+    out: list[str] = []
+    for i, msg in enumerate(listed):
+        if type(msg) is not Message and not isinstance(msg, Message):
+            out.append(f"messages[{i}] is of type {type(msg).__name__}, not a Message")
+            continue
+        if msg.role not in ("user", "assistant"):
+            out.append(f"messages[{i}] has the role {msg.role!r}, neither 'user' nor 'assistant'")
+        if not isinstance(msg.content, list):
+            out.append(f"messages[{i}]: content is of type {type(msg.content).__name__}, not a list of blocks")
+            continue
+        out.extend(
+            f"messages[{i}]: content[{j}] is of type {type(block).__name__}, not a block"
+            for j, block in enumerate(msg.content)
+            if type(block) not in _BLOCK_TYPES and not isinstance(block, _BLOCK_TYPES)
+        )
+    return out
+
+
 def validate_transcript(messages: Sequence[Message]) -> list[str]:
-    """Return one line per rule violation; an empty list means the transcript is valid."""
+    """Return one line per rule violation; an empty list means the transcript is valid.
+
+    Never raises: what is not a list of well-formed `Message` objects is reported instead,
+    one line per bad entry, and not checked against the rules."""
+    listed = _listed(messages)
+    malformed = _malformed(messages, listed)
+    if malformed:
+        return malformed
+    messages = listed  # type: ignore[assignment]  # checked: every entry is a Message
     out: list[str] = []
     seen_use: set[str] = set()
     seen_result: set[str] = set()
@@ -328,7 +370,15 @@ def repair_transcript(
     idempotent: ``repair(repair(x)) == repair(x)``, and a valid transcript
     comes back unchanged.
     """
-    return repair(messages, changes=changes)
+    listed = _listed(messages)
+    malformed = _malformed(messages, listed)
+    if malformed:
+        more = f"; and {len(malformed) - 3} more" if len(malformed) > 3 else ""
+        raise TypeError(
+            f"repair_transcript takes a list of Message objects: {'; '.join(malformed[:3])}{more} "
+            "(build one from a dict with Message.model_validate(d))"
+        )
+    return repair(listed, changes=changes)  # type: ignore[arg-type]  # checked: every entry is a Message
 
 
 def repair(messages: Sequence[Message], *, changes: list[str] | None = None, text_checked: bool = False) -> list[Message]:

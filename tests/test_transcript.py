@@ -105,6 +105,47 @@ def test_rule_duplicate_tool_use_id() -> None:
     assert validate_transcript(repair_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])) == []
 
 
+def test_validate_reports_what_is_not_a_list_of_messages_instead_of_raising() -> None:
+    ok = u(T(text="q"))
+    assert validate_transcript(None) == ["messages is of type NoneType, not a list of Message objects"]  # type: ignore[arg-type]
+    assert validate_transcript(ok) == ["messages is of type Message, not a list of Message objects"]  # type: ignore[arg-type]
+    assert validate_transcript([ok, {"role": "user", "content": "hi"}, None]) == [  # type: ignore[list-item]
+        "messages[1] is of type dict, not a Message",
+        "messages[2] is of type NoneType, not a Message",
+    ]
+    # A message whose fields were replaced without validation (model_copy(update=...) does not check).
+    assert validate_transcript(
+        [
+            ok.model_copy(update={"content": "hello"}),
+            ok.model_copy(update={"content": [T(text="x"), {"type": "text", "text": "y"}]}),
+            ok.model_copy(update={"role": "system"}),
+        ]
+    ) == [
+        "messages[0]: content is of type str, not a list of blocks",
+        "messages[1]: content[1] is of type dict, not a block",
+        "messages[2] has the role 'system', neither 'user' nor 'assistant'",
+    ]
+    assert validate_transcript(iter([ok, a(T(text="fine"))])) == []  # type: ignore[arg-type]  # any iterable
+
+
+@given(st.recursive(st.none() | st.integers() | st.text(max_size=3) | st.just(Message.user("x")), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=2), max_leaves=6))
+def test_property_validate_never_raises_and_repair_raises_only_type_error(value: object) -> None:
+    problems = validate_transcript(value)  # type: ignore[arg-type]
+    assert all(isinstance(p, str) for p in problems)
+    try:
+        fixed = repair_transcript(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        assert problems and "repair_transcript takes a list of Message objects" in str(exc)
+    else:
+        assert validate_transcript(fixed) == []
+
+
+def test_repair_refuses_what_is_not_a_list_of_messages_with_a_type_error_that_says_why() -> None:
+    with pytest.raises(TypeError, match=r"messages\[0\] is of type dict, not a Message.*Message.model_validate"):
+        repair_transcript([{"role": "user", "content": "hi"}])  # type: ignore[list-item]
+    assert repair_transcript(iter([u(T(text="q"))])) == [u(T(text="q"))]  # type: ignore[arg-type]
+
+
 def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_its_result() -> None:
     """Servers that number their calls afresh in every response leave repeated ids in a saved
     transcript; the repair renames the later call and the result that answers it, losing nothing."""
