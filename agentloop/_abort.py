@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import numbers
 import threading
 from collections.abc import Callable, Iterable
 
@@ -141,12 +143,20 @@ class AbortSignal:
         """A signal that aborts with ``reason`` after ``seconds``.
 
         Inside a running event loop the timer is a loop callback; otherwise a
-        daemon thread timer is used.
+        daemon thread timer is used. ``seconds`` is a number (TypeError otherwise,
+        ValueError for NaN); zero or less aborts at the first chance, and infinity never.
         """
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+            raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
+        seconds = float(seconds)
+        if math.isnan(seconds):
+            raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         controller = AbortController()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            if seconds > threading.TIMEOUT_MAX:  # longer than a thread can wait: never
+                return controller.signal
             timer = threading.Timer(seconds, controller.abort, args=(reason,))
             timer.daemon = True
             timer.start()

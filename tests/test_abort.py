@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import signal
 import threading
 import weakref
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -155,6 +157,36 @@ def test_timeout_without_a_loop_uses_a_thread_timer() -> None:
     done = threading.Event()
     sig.add_listener(lambda _r: done.set())
     assert done.wait(5) and sig.reason == "t"
+
+
+def test_timeout_without_a_loop_longer_than_a_thread_can_wait_never_fires_and_raises_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raised: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    before = set(threading.enumerate())
+    signals = [AbortSignal.timeout(math.inf), AbortSignal.timeout(threading.TIMEOUT_MAX * 2)]
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)  # a timer thread that cannot wait that long dies at once
+    assert raised == [] and not any(sig.aborted for sig in signals)
+
+
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_timeout_refuses_what_is_not_a_number_of_seconds(in_loop: bool) -> None:
+    """A string or None was lost in the timer thread outside a loop (the signal never fired)."""
+
+    async def make(seconds: object) -> AbortSignal:
+        return AbortSignal.timeout(seconds)  # type: ignore[arg-type]
+
+    def timeout(seconds: object) -> AbortSignal:
+        return asyncio.run(make(seconds)) if in_loop else AbortSignal.timeout(seconds)  # type: ignore[arg-type]
+
+    for bad in ("5", None, True):
+        with pytest.raises(TypeError, match="takes a number of seconds"):
+            timeout(bad)
+    with pytest.raises(ValueError, match="not NaN"):
+        timeout(math.nan)
+    assert isinstance(timeout(Fraction(1, 2)), AbortSignal)  # any real number
 
 
 async def test_wait_returns_reason_when_aborted_from_another_thread() -> None:
