@@ -73,8 +73,9 @@ class AbortSignal:
         """Call ``fn(reason)`` once on abort; returns a function that removes it.
 
         If the signal is already aborted, ``fn`` is called at once. A listener
-        runs in the thread that aborts; exceptions it raises are swallowed so one
-        bad listener cannot stop the others (it is the caller's job to report).
+        runs in the thread that aborts; exceptions it raises are logged and swallowed
+        so one bad listener cannot stop the others. A KeyboardInterrupt or SystemExit
+        propagates out of ``abort()``, after the other listeners ran.
         """
         key = next(self._keys)
         listeners = self._listeners
@@ -172,8 +173,19 @@ class AbortSignal:
         if not self._once.acquire(blocking=False):
             return False
         self._reason = reason
-        for key in list(self._listeners):
-            self._dispatch(key)
+        keys = list(self._listeners)
+        try:
+            for key in keys:
+                self._dispatch(key)
+        except BaseException:
+            # A KeyboardInterrupt (Ctrl-C landing in a listener) or a SystemExit: it propagates,
+            # after the listeners not reached yet, which nothing would ever call otherwise.
+            for key in keys:
+                try:
+                    self._dispatch(key)  # a no-op for those already called
+                except BaseException:  # the first one is the one that propagates
+                    pass
+            raise
         return True
 
     def _dispatch(self, key: int) -> None:

@@ -104,6 +104,26 @@ def test_a_raising_listener_does_not_stop_the_others(caplog: pytest.LogCaptureFi
     assert "listener bug" in caplog.text
 
 
+def test_a_listener_that_raises_keyboard_interrupt_does_not_stop_the_others() -> None:
+    """A Ctrl-C that lands while the listeners run (or a listener that exits) propagates, but only
+    after every other listener ran: they would never run otherwise (the signal aborts only once)."""
+    c = AbortController()
+    seen: list[str] = []
+
+    def ctrl_c(_reason: str) -> None:
+        raise KeyboardInterrupt
+
+    c.signal.add_listener(seen.append)
+    c.signal.add_listener(ctrl_c)
+    child = AbortController(parent=c.signal)
+    c.signal.add_listener(seen.append)
+    with pytest.raises(KeyboardInterrupt):
+        c.abort("cancel")
+    assert seen == ["cancel", "cancel"] and child.signal.reason == "cancel"
+    c.signal.add_listener(seen.append)  # nothing is left behind to be called twice
+    assert seen == ["cancel"] * 3 and c.signal._listeners == {}
+
+
 def test_linked_child_follows_parent_not_the_other_way() -> None:
     parent = AbortController()
     child = AbortController(parent=parent.signal)
