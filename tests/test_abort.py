@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import signal
+import sys
 import threading
 import weakref
 from fractions import Fraction
@@ -347,3 +348,78 @@ def test_any_of_an_aborted_source_does_not_stay_registered_on_the_others() -> No
     del derived
     gc.collect()
     assert ref() is None
+
+
+# Links: a parent holds a child only while the child has listeners of its own.
+
+
+def test_a_long_lived_parent_does_not_keep_the_children_nobody_holds() -> None:
+    parent = AbortController()
+    refs: list[weakref.ref[AbortSignal]] = []
+    for i in range(1000):
+        child = AbortController(parent=parent.signal)
+        grandchild = AbortController(parent=child.signal)
+        if i % 3 == 0:  # listened to, then no more
+            grandchild.signal.add_listener(print)()
+        elif i % 3 == 1:
+            first, second = child.signal.add_listener(print), child.signal.add_listener(print)
+            first()
+            second()
+            del first, second  # a remover holds its signal
+        refs += [weakref.ref(child.signal), weakref.ref(grandchild.signal)]
+        del child, grandchild
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    assert parent.signal._listeners == {}
+    parent.abort("shutdown")
+    assert parent.signal.reason == "shutdown"
+
+
+def test_a_child_nobody_holds_still_runs_its_listeners_and_its_own_childrens() -> None:
+    parent = AbortController()
+    seen: list[str] = []
+    AbortController(parent=parent.signal).signal.add_listener(lambda r: seen.append(f"child {r}"))
+    # Only the grandchild's signal is held: the child between them must stay linked.
+    grandchild = AbortController(parent=AbortController(parent=parent.signal).signal).signal
+    derived = AbortSignal.any([AbortController(parent=parent.signal).signal])
+    derived.add_listener(lambda r: seen.append(f"derived {r}"))
+    del derived
+    gc.collect()
+    parent.abort("stop")
+    assert sorted(seen) == ["child stop", "derived stop"] and grandchild.reason == "stop"
+    assert parent.signal._listeners == {}
+
+
+def test_a_child_that_threads_added_listeners_to_and_removed_some_from_still_runs_the_rest() -> None:
+    """Listeners added and removed at once from several threads: once the threads let go of the
+    child, the parent alone holds it, and every listener left runs exactly once on abort."""
+    for _ in range(30):
+        parent = AbortController()
+        held = [AbortController(parent=parent.signal).signal]  # a list: the threads' only way to it
+        calls: list[tuple[int, int]] = []
+        barrier = threading.Barrier(3)
+
+        def churn(
+            t: int, held: list[AbortSignal] = held, barrier: threading.Barrier = barrier, calls: list[tuple[int, int]] = calls
+        ) -> None:
+            child = held[0]
+            barrier.wait()
+            for k in range(100):
+                remove = child.add_listener(lambda _r, key=(t, k): calls.append(key))
+                if k % 2 or k < 90:
+                    remove()
+
+        threads = [threading.Thread(target=churn, args=(t,)) for t in range(3)]
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # many thread switches inside add_listener and remove
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.setswitchinterval(switch)
+        ref = weakref.ref(held.pop())
+        assert ref() is not None  # it has listeners: its parent holds it
+        parent.abort("stop")
+        assert sorted(calls) == [(t, k) for t in range(3) for k in range(90, 100, 2)]
