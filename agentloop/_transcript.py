@@ -398,6 +398,7 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
     ids = _Ids(messages)
     for i, msg in enumerate(messages):
         kept: list[Block] = []
+        ids.begin(msg)
         for block in msg.content:
             # A result in an assistant message is kept: paired with its call, or turned into text.
             why = _droppable(block) or (None if block.type == "tool_result" else _misplaced(block, msg.role))
@@ -415,7 +416,6 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
             elif isinstance(block, ToolResultBlock):
                 block = ids.result(block)
             kept.append(block)
-        ids.next_message()
         if not kept:
             notes.append(f"messages[{i}]: dropped empty {msg.role} message")
             continue
@@ -435,17 +435,28 @@ def unused_id(old: str, taken: AbstractSet[str]) -> str:
 
 class _Ids:
     """Tool-call ids while repairing: a call whose id is empty or already used gets an unused
-    one, and the result that answers it in the next message follows (the first results with
-    that id answer the calls that kept it, the next ones the renamed calls, in order)."""
+    one, and the results that answer it follow, wherever `_pair_results` would take them from:
+    later in the call's own message, in the assistant messages after it and in the user messages
+    after those (the first results with that id answer the calls that kept it, the next ones the
+    renamed calls, in order)."""
 
     def __init__(self, messages: Sequence[Message]) -> None:
         self.taken = {b.id for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
         self.taken |= {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
         self.used: set[str] = set()
-        self.kept: dict[str, int] = {}  # this message's calls that kept their id, by id
-        self.renamed: dict[str, list[str]] = {}  # this message's renamed calls, by old id
-        self.answer: tuple[dict[str, int], dict[str, list[str]]] = ({}, {})  # the previous message's
-        self.seen: dict[str, int] = {}  # results read in this message, by id
+        # The exchange of the latest assistant message with calls: its calls that kept their
+        # id and its renamed ones (by old id), and the results read since, by id.
+        self.kept: dict[str, int] = {}
+        self.renamed: dict[str, list[str]] = {}
+        self.seen: dict[str, int] = {}
+        self.role = "user"
+
+    def begin(self, msg: Message) -> None:
+        """Start reading ``msg``: an assistant message with calls starts an exchange, and one
+        after a user message ends the one before."""
+        if msg.role == "assistant" and (self.role == "user" or any(b.type == "tool_use" for b in msg.content)):
+            self.kept, self.renamed, self.seen = {}, {}, {}
+        self.role = msg.role
 
     def use(self, block: ToolUseBlock) -> ToolUseBlock:
         if block.id and block.id not in self.used:
@@ -459,20 +470,16 @@ class _Ids:
         return block.model_copy(update={"id": fresh})
 
     def result(self, block: ToolResultBlock) -> ToolResultBlock:
-        kept, renamed = self.answer
         tid = block.tool_use_id
-        if tid not in renamed:
+        renamed = self.renamed.get(tid)
+        if renamed is None:
             return block
         nth = self.seen.get(tid, 0)
         self.seen[tid] = nth + 1
-        k = nth - kept.get(tid, 0)
-        if 0 <= k < len(renamed[tid]):
-            return block.model_copy(update={"tool_use_id": renamed[tid][k]})
+        k = nth - self.kept.get(tid, 0)
+        if 0 <= k < len(renamed):
+            return block.model_copy(update={"tool_use_id": renamed[k]})
         return block
-
-    def next_message(self) -> None:
-        self.answer = (self.kept, self.renamed)
-        self.kept, self.renamed, self.seen = {}, {}, {}
 
 
 def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:

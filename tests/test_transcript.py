@@ -166,6 +166,30 @@ def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_
     assert len(changes) == 3 and repair_transcript(fixed) == fixed
 
 
+def test_repair_renames_the_result_of_a_renamed_call_wherever_it_would_move_it_from() -> None:
+    """A renamed call's result is found where the call's own would be: one message per result
+    (OpenAI Chat histories, from a server that numbers calls afresh in each response), after an
+    assistant message, inside the call's own message. It was left with the old id there, so the
+    call got a synthetic "Interrupted by user" result and its real one was turned into text."""
+    k0, k1 = "functions.read:0", "functions.read:1"
+    first = [u(T(text="q")), a(use(k0), use(k1)), u(res(k0, "one")), u(res(k1, "two"))]
+    cases = {
+        "split": [*first, a(use(k0), use(k1)), u(res(k0, "three")), u(res(k1, "four")), a(T(text="done"))],
+        "after text": [*first, a(use(k0), use(k1)), u(T(text="hi")), u(res(k0, "three"), res(k1, "four"))],
+        "after assistant": [*first, a(use(k0), use(k1)), a(T(text="x")), u(res(k0, "three"), res(k1, "four"))],
+        "inside": [*first, a(use(k0), use(k1), res(k0, "three"), res(k1, "four"))],
+    }
+    for name, msgs in cases.items():
+        changes: list[str] = []
+        fixed = repair_transcript(msgs, changes=changes)
+        assert validate_transcript(fixed) == [], name
+        pairs = [(r.tool_use_id, r.text, r.is_error) for m in fixed for r in m.tool_results]
+        assert pairs == [
+            (k0, "one", False), (k1, "two", False), (f"{k0}_1", "three", False), (f"{k1}_1", "four", False)
+        ], (name, fixed)
+        assert not any("synthetic" in c or "orphan" in c for c in changes), (name, changes)
+
+
 def test_rule_empty_text_block() -> None:
     only([u(T(text="q")), a(T(text="  \n"), T(text="x"))], "empty or whitespace-only text block")
 
