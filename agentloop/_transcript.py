@@ -385,10 +385,11 @@ def repair(messages: Sequence[Message], *, changes: list[str] | None = None, tex
     """`repair_transcript`; ``text_checked``: the caller knows no string holds a surrogate
     (a session file without a ``\\ud`` escape), so R9 is not checked block by block."""
     notes: list[str] = [] if changes is None else changes
+    start = len(notes)  # a list given with lines in it already: only this repair's are logged
     cleaned = _clean_blocks(messages, notes, check_text=not text_checked)
     paired = _pair_results(cleaned, notes)
     _strip_final(paired, notes)
-    for line in notes:
+    for line in notes[start:]:
         log.info("repair_transcript: %s", line)
     return paired
 

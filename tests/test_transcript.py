@@ -190,6 +190,16 @@ def test_repair_renames_the_result_of_a_renamed_call_wherever_it_would_move_it_f
         assert not any("synthetic" in c or "orphan" in c for c in changes), (name, changes)
 
 
+def test_repair_logs_only_its_own_changes_when_given_a_list_that_holds_some(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="agentloop")
+    changes: list[str] = []
+    repair_transcript([u(T(text="q")), a(use("1"))], changes=changes)
+    caplog.clear()
+    repair_transcript([u(T(text="q")), a(use("2"))], changes=changes)  # one list for a batch of repairs
+    assert len(changes) == 2
+    assert [r.getMessage() for r in caplog.records] == [f"repair_transcript: {changes[1]}"]
+
+
 def test_rule_empty_text_block() -> None:
     only([u(T(text="q")), a(T(text="  \n"), T(text="x"))], "empty or whitespace-only text block")
 
