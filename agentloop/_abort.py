@@ -290,7 +290,8 @@ class _LoopWaiters:
     """The `AbortSignal.wait` futures of one event loop, woken by one listener.
 
     An abort from another thread costs one hop to the loop for all of them, and
-    an abort on the loop's own thread wakes them all without one.
+    an abort on the loop's own thread wakes them all at once (and nudges the loop,
+    which a signal handler may have interrupted in its sleep).
     """
 
     __slots__ = ("futures", "loop", "remove", "thread")
@@ -304,6 +305,10 @@ class _LoopWaiters:
     def __call__(self, reason: str) -> None:
         if threading.get_ident() == self.thread:
             _wake(self.futures, reason)
+            # From a signal handler, the loop may be asleep in select(): the woken futures'
+            # callbacks would wait for something else to wake it. Make sure something does.
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(_nothing)
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(_wake, self.futures, reason)
 

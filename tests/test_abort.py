@@ -73,6 +73,23 @@ def test_abort_is_safe_from_a_signal_handler() -> None:
     assert c.signal.reason == "sigusr1" and seen == ["sigusr1"]
 
 
+async def test_wait_wakes_at_once_when_a_signal_handler_aborts_while_the_loop_is_idle() -> None:
+    """The handler runs on the loop's thread while the loop sleeps in select(): waking the
+    futures there schedules their callbacks, but nothing woke the loop to run them, so wait()
+    returned only when something else happened (here, the 10 s timeout)."""
+    c = AbortController()
+    old = signal.signal(signal.SIGALRM, lambda *_: c.abort("sigalrm"))
+    loop = asyncio.get_running_loop()
+    try:
+        start = loop.time()
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # fires while the loop waits below
+        assert await asyncio.wait_for(c.signal.wait(), 10) == "sigalrm"
+        assert loop.time() - start < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_listener_added_after_abort_is_called_at_once() -> None:
     c = AbortController()
     c.abort("x")
