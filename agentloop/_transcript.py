@@ -442,8 +442,10 @@ class _Ids:
     renamed calls, in order)."""
 
     def __init__(self, messages: Sequence[Message]) -> None:
-        self.taken = {b.id for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
-        self.taken |= {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
+        # As `use` sees them: scrubbed of lone surrogates, so that a fresh id never equals one
+        # that only becomes a call's id once scrubbed ('\ud800_1' is '\ufffd_1').
+        self.taken = {scrub(b.id) for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
+        self.taken |= {scrub(b.tool_use_id) for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
         self.used: set[str] = set()
         # The exchange of the latest assistant message with calls: its calls that kept their
         # id and its renamed ones (by old id), and the results read since, by id.

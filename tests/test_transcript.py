@@ -200,6 +200,18 @@ def test_repair_logs_only_its_own_changes_when_given_a_list_that_holds_some(capl
     assert [r.getMessage() for r in caplog.records] == [f"repair_transcript: {changes[1]}"]
 
 
+def test_repair_never_gives_a_call_an_id_that_another_call_only_has_once_scrubbed() -> None:
+    """'\ud800_1' becomes '\ufffd_1' when scrubbed: the second '\ud800' call, renamed, must not get
+    that id too (a duplicate id in the repaired transcript, which every provider refuses)."""
+    msgs = [u(T(text="q")), a(use("\ud800"), use("\ud800_1"), use("\ud800")), u(res("\ud800", "1"), res("\ud800_1", "2"), res("\ud800", "3"))]
+    fixed = repair_transcript(msgs)
+    assert validate_transcript(fixed) == []
+    ids = [b.id for b in fixed[1].tool_uses]
+    assert len(set(ids)) == 3 and ids[:2] == ["\ufffd", "\ufffd_1"]
+    assert sorted(r.text for r in fixed[2].tool_results) == ["1", "2", "3"]
+    assert repair_transcript(fixed) == fixed
+
+
 def test_rule_empty_text_block() -> None:
     only([u(T(text="q")), a(T(text="  \n"), T(text="x"))], "empty or whitespace-only text block")
 
