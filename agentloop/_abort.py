@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import numbers
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 
 from ._errors import AbortError
@@ -35,7 +38,7 @@ class AbortSignal:
     derived signals.
     """
 
-    __slots__ = ("__weakref__", "_keys", "_listeners", "_once", "_reason", "_waiters")
+    __slots__ = ("__weakref__", "_keys", "_links", "_listeners", "_once", "_reason", "_waiters")
 
     def __init__(self) -> None:
         self._reason: str | None = None
@@ -46,6 +49,8 @@ class AbortSignal:
         self._listeners: dict[int, Listener] = {}
         self._keys = itertools.count()
         self._waiters: _LoopWaiters | None = None  # made by the first wait()
+        # How it follows a parent signal, or the sources of any(): set as it is made, never after.
+        self._links: tuple[_Link, ...] = ()
 
     def __repr__(self) -> str:
         state = f"aborted reason={self._reason!r}" if self._reason is not None else "active"
@@ -71,21 +76,37 @@ class AbortSignal:
         """Call ``fn(reason)`` once on abort; returns a function that removes it.
 
         If the signal is already aborted, ``fn`` is called at once. A listener
-        runs in the thread that aborts; exceptions it raises are swallowed so one
-        bad listener cannot stop the others (it is the caller's job to report).
+        runs in the thread that aborts; exceptions it raises are logged and swallowed
+        so one bad listener cannot stop the others. A KeyboardInterrupt or SystemExit
+        propagates out of ``abort()``, after the other listeners ran.
         """
         key = next(self._keys)
         listeners = self._listeners
         listeners[key] = fn
+        links = self._links
+        for link in links:  # a followed signal with a listener is held by what it follows
+            link.keep = self
         if self._reason is not None:
             # Aborted while (or before) we registered: whoever pops the entry
             # calls it, so it runs exactly once.
             self._dispatch(key)
+        if not links:
 
-        def remove() -> None:
+            def remove() -> None:
+                listeners.pop(key, None)
+
+            return remove
+
+        def remove_followed() -> None:
             listeners.pop(key, None)
+            if not listeners:  # nothing listens: what it follows may let it go
+                for link in links:
+                    link.keep = None
+                if listeners:  # one was added meanwhile (its own `keep` may have come first)
+                    for link in links:
+                        link.keep = self
 
-        return remove
+        return remove_followed
 
     async def wait(self) -> str:
         """Wait until aborted and return the reason (returns at once if already aborted)."""
@@ -121,19 +142,11 @@ class AbortSignal:
         not keep one listener per derived signal.
         """
         sources = [_signal(sig, "AbortSignal.any()") for sig in signals]  # all checked before any is linked
-        controller = AbortController()
-        derived = controller.signal
-        removers: list[Callable[[], None]] = []
+        derived = AbortSignal()
         for sig in sources:
-            removers.append(sig.add_listener(controller.abort))
+            derived._follow(sig)
             if derived.aborted:
                 break
-
-        def detach(_reason: str) -> None:
-            for remove in removers:
-                remove()
-
-        derived.add_listener(detach)  # called at once if a source had already aborted
         return derived
 
     @staticmethod
@@ -141,12 +154,20 @@ class AbortSignal:
         """A signal that aborts with ``reason`` after ``seconds``.
 
         Inside a running event loop the timer is a loop callback; otherwise a
-        daemon thread timer is used.
+        daemon thread timer is used. ``seconds`` is a number (TypeError otherwise,
+        ValueError for NaN); zero or less aborts at the first chance, and infinity never.
         """
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+            raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
+        seconds = float(seconds)
+        if math.isnan(seconds):
+            raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         controller = AbortController()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            if seconds > threading.TIMEOUT_MAX:  # longer than a thread can wait: never
+                return controller.signal
             timer = threading.Timer(seconds, controller.abort, args=(reason,))
             timer.daemon = True
             timer.start()
@@ -162,8 +183,21 @@ class AbortSignal:
         if not self._once.acquire(blocking=False):
             return False
         self._reason = reason
-        for key in list(self._listeners):
-            self._dispatch(key)
+        for link in self._links:  # aborted: it follows nothing any more
+            link.cut()
+        keys = list(self._listeners)
+        try:
+            for key in keys:
+                self._dispatch(key)
+        except BaseException:
+            # A KeyboardInterrupt (Ctrl-C landing in a listener) or a SystemExit: it propagates,
+            # after the listeners not reached yet, which nothing would ever call otherwise.
+            for key in keys:
+                try:
+                    self._dispatch(key)  # a no-op for those already called
+                except BaseException:  # the first one is the one that propagates
+                    pass
+            raise
         return True
 
     def _dispatch(self, key: int) -> None:
@@ -177,6 +211,18 @@ class AbortSignal:
         except Exception:  # a listener must not break abort() for the others
             _log_listener_error(fn)
 
+    def _follow(self, source: AbortSignal) -> None:
+        """Abort when ``source`` does. ``source`` holds this signal only while something listens
+        to it: one that nothing holds and nothing listens to cannot be observed, and is let go
+        (a long-lived parent does not keep every short-lived child it ever had)."""
+        link = _Link(self)
+        self._links = (*self._links, link)
+        if self._listeners:
+            link.keep = self
+        link.remove = source.add_listener(link)  # called at once if ``source`` has aborted
+        if self._reason is not None:  # aborted meanwhile, before ``remove`` was set
+            link.cut()
+
 
 class AbortController:
     """Owns a signal and aborts it.
@@ -185,27 +231,50 @@ class AbortController:
     as the parent signal does; aborting this controller never touches the parent.
     """
 
-    __slots__ = ("_unlink", "signal")
+    __slots__ = ("signal",)
 
     def __init__(self, *, parent: AbortSignal | None = None) -> None:
         self.signal = AbortSignal()
-        self._unlink: Callable[[], None] | None = None
         if parent is not None:
-            self._unlink = _signal(parent, "AbortController(parent=...)").add_listener(self.abort)
+            self.signal._follow(_signal(parent, "AbortController(parent=...)"))
 
     def __repr__(self) -> str:
         return f"<AbortController signal={self.signal!r}>"
 
     def abort(self, reason: str = "cancel") -> None:
         """Abort the signal with ``reason``. Idempotent: later calls are ignored."""
-        if self.signal._abort(reason) and self._unlink is not None:
-            self._unlink()
+        self.signal._abort(reason)
 
     def unlink(self) -> None:
-        """Stop following the parent signal (so a long-lived parent does not hold this)."""
-        if self._unlink is not None:
-            self._unlink()
-            self._unlink = None
+        """Stop following the parent signal."""
+        for link in self.signal._links:
+            link.cut()
+
+
+class _Link:
+    """The listener by which a signal follows another: it aborts the follower, which it holds
+    strongly (``keep``) only while the follower has listeners, and weakly otherwise. When the
+    follower is collected, the link leaves the signal it was registered on."""
+
+    __slots__ = ("__weakref__", "follower", "keep", "remove")
+
+    def __init__(self, follower: AbortSignal) -> None:
+        self.keep: AbortSignal | None = None
+        self.remove: Callable[[], None] = _nothing
+        self.follower = weakref.ref(follower, self._gone)
+
+    def __call__(self, reason: str) -> None:
+        follower = self.follower()
+        if follower is not None:
+            follower._abort(reason)
+
+    def cut(self) -> None:
+        """Leave the signal followed (idempotent)."""
+        self.remove()
+        self.keep = None
+
+    def _gone(self, _ref: object) -> None:
+        self.remove()
 
 
 def _signal(value: object, where: str) -> AbortSignal:
@@ -221,7 +290,8 @@ class _LoopWaiters:
     """The `AbortSignal.wait` futures of one event loop, woken by one listener.
 
     An abort from another thread costs one hop to the loop for all of them, and
-    an abort on the loop's own thread wakes them all without one.
+    an abort on the loop's own thread wakes them all at once (and nudges the loop,
+    which a signal handler may have interrupted in its sleep).
     """
 
     __slots__ = ("futures", "loop", "remove", "thread")
@@ -235,6 +305,10 @@ class _LoopWaiters:
     def __call__(self, reason: str) -> None:
         if threading.get_ident() == self.thread:
             _wake(self.futures, reason)
+            # From a signal handler, the loop may be asleep in select(): the woken futures'
+            # callbacks would wait for something else to wake it. Make sure something does.
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(_nothing)
         elif not self.loop.is_closed():
             self.loop.call_soon_threadsafe(_wake, self.futures, reason)
 

@@ -23,7 +23,7 @@ history keeps its provider prompt-cache prefix.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
 from ._messages import (
@@ -174,8 +174,50 @@ def _ends_with_space(message: Message) -> bool:
     return last is not None and last.type == "text" and last.text != last.text.rstrip()
 
 
+_BLOCK_TYPES = (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+
+
+def _listed(messages: object) -> list[object] | None:
+    """``messages`` as a new list, or None when it is not a collection of messages at all."""
+    if isinstance(messages, str | bytes | dict | Message) or not isinstance(messages, Iterable):
+        return None
+    return list(messages)
+
+
+def _malformed(messages: object, listed: list[object] | None) -> list[str]:
+    """One line per entry of ``listed`` (``messages`` as a list) that is not a well-formed
+    `Message`: a dict in the wire format, None, a message whose content was replaced without
+    validation. [] when every entry is one."""
+    if listed is None:
+        return [f"messages is of type {type(messages).__name__}, not a list of Message objects"]
+    out: list[str] = []
+    for i, msg in enumerate(listed):
+        if type(msg) is not Message and not isinstance(msg, Message):
+            out.append(f"messages[{i}] is of type {type(msg).__name__}, not a Message")
+            continue
+        if msg.role not in ("user", "assistant"):
+            out.append(f"messages[{i}] has the role {msg.role!r}, neither 'user' nor 'assistant'")
+        if not isinstance(msg.content, list):
+            out.append(f"messages[{i}]: content is of type {type(msg.content).__name__}, not a list of blocks")
+            continue
+        out.extend(
+            f"messages[{i}]: content[{j}] is of type {type(block).__name__}, not a block"
+            for j, block in enumerate(msg.content)
+            if type(block) not in _BLOCK_TYPES and not isinstance(block, _BLOCK_TYPES)
+        )
+    return out
+
+
 def validate_transcript(messages: Sequence[Message]) -> list[str]:
-    """Return one line per rule violation; an empty list means the transcript is valid."""
+    """Return one line per rule violation; an empty list means the transcript is valid.
+
+    Never raises: what is not a list of well-formed `Message` objects is reported instead,
+    one line per bad entry, and not checked against the rules."""
+    listed = _listed(messages)
+    malformed = _malformed(messages, listed)
+    if malformed:
+        return malformed
+    messages = listed  # type: ignore[assignment]  # checked: every entry is a Message
     out: list[str] = []
     seen_use: set[str] = set()
     seen_result: set[str] = set()
@@ -328,17 +370,26 @@ def repair_transcript(
     idempotent: ``repair(repair(x)) == repair(x)``, and a valid transcript
     comes back unchanged.
     """
-    return repair(messages, changes=changes)
+    listed = _listed(messages)
+    malformed = _malformed(messages, listed)
+    if malformed:
+        more = f"; and {len(malformed) - 3} more" if len(malformed) > 3 else ""
+        raise TypeError(
+            f"repair_transcript takes a list of Message objects: {'; '.join(malformed[:3])}{more} "
+            "(build one from a dict with Message.model_validate(d))"
+        )
+    return repair(listed, changes=changes)  # type: ignore[arg-type]  # checked: every entry is a Message
 
 
 def repair(messages: Sequence[Message], *, changes: list[str] | None = None, text_checked: bool = False) -> list[Message]:
     """`repair_transcript`; ``text_checked``: the caller knows no string holds a surrogate
     (a session file without a ``\\ud`` escape), so R9 is not checked block by block."""
     notes: list[str] = [] if changes is None else changes
+    start = len(notes)  # a list given with lines in it already: only this repair's are logged
     cleaned = _clean_blocks(messages, notes, check_text=not text_checked)
     paired = _pair_results(cleaned, notes)
     _strip_final(paired, notes)
-    for line in notes:
+    for line in notes[start:]:
         log.info("repair_transcript: %s", line)
     return paired
 
@@ -348,6 +399,7 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
     ids = _Ids(messages)
     for i, msg in enumerate(messages):
         kept: list[Block] = []
+        ids.begin(msg)
         for block in msg.content:
             # A result in an assistant message is kept: paired with its call, or turned into text.
             why = _droppable(block) or (None if block.type == "tool_result" else _misplaced(block, msg.role))
@@ -365,7 +417,6 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
             elif isinstance(block, ToolResultBlock):
                 block = ids.result(block)
             kept.append(block)
-        ids.next_message()
         if not kept:
             notes.append(f"messages[{i}]: dropped empty {msg.role} message")
             continue
@@ -385,17 +436,30 @@ def unused_id(old: str, taken: AbstractSet[str]) -> str:
 
 class _Ids:
     """Tool-call ids while repairing: a call whose id is empty or already used gets an unused
-    one, and the result that answers it in the next message follows (the first results with
-    that id answer the calls that kept it, the next ones the renamed calls, in order)."""
+    one, and the results that answer it follow, wherever `_pair_results` would take them from:
+    later in the call's own message, in the assistant messages after it and in the user messages
+    after those (the first results with that id answer the calls that kept it, the next ones the
+    renamed calls, in order)."""
 
     def __init__(self, messages: Sequence[Message]) -> None:
-        self.taken = {b.id for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
-        self.taken |= {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
+        # As `use` sees them: scrubbed of lone surrogates, so that a fresh id never equals one
+        # that only becomes a call's id once scrubbed ('\ud800_1' is '\ufffd_1').
+        self.taken = {scrub(b.id) for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
+        self.taken |= {scrub(b.tool_use_id) for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
         self.used: set[str] = set()
-        self.kept: dict[str, int] = {}  # this message's calls that kept their id, by id
-        self.renamed: dict[str, list[str]] = {}  # this message's renamed calls, by old id
-        self.answer: tuple[dict[str, int], dict[str, list[str]]] = ({}, {})  # the previous message's
-        self.seen: dict[str, int] = {}  # results read in this message, by id
+        # The exchange of the latest assistant message with calls: its calls that kept their
+        # id and its renamed ones (by old id), and the results read since, by id.
+        self.kept: dict[str, int] = {}
+        self.renamed: dict[str, list[str]] = {}
+        self.seen: dict[str, int] = {}
+        self.role = "user"
+
+    def begin(self, msg: Message) -> None:
+        """Start reading ``msg``: an assistant message with calls starts an exchange, and one
+        after a user message ends the one before."""
+        if msg.role == "assistant" and (self.role == "user" or any(b.type == "tool_use" for b in msg.content)):
+            self.kept, self.renamed, self.seen = {}, {}, {}
+        self.role = msg.role
 
     def use(self, block: ToolUseBlock) -> ToolUseBlock:
         if block.id and block.id not in self.used:
@@ -409,20 +473,16 @@ class _Ids:
         return block.model_copy(update={"id": fresh})
 
     def result(self, block: ToolResultBlock) -> ToolResultBlock:
-        kept, renamed = self.answer
         tid = block.tool_use_id
-        if tid not in renamed:
+        renamed = self.renamed.get(tid)
+        if renamed is None:
             return block
         nth = self.seen.get(tid, 0)
         self.seen[tid] = nth + 1
-        k = nth - kept.get(tid, 0)
-        if 0 <= k < len(renamed[tid]):
-            return block.model_copy(update={"tool_use_id": renamed[tid][k]})
+        k = nth - self.kept.get(tid, 0)
+        if 0 <= k < len(renamed):
+            return block.model_copy(update={"tool_use_id": renamed[k]})
         return block
-
-    def next_message(self) -> None:
-        self.answer = (self.kept, self.renamed)
-        self.kept, self.renamed, self.seen = {}, {}, {}
 
 
 def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
@@ -524,6 +584,8 @@ def _answer(
             if block.tool_use_id in results:
                 notes.append(f"dropped duplicate tool_result for {block.tool_use_id!r}")
             else:
+                if rest:  # after other content: it goes first, as providers require
+                    notes.append(f"moved the tool_result for {block.tool_use_id!r} before the other content of its message")
                 results[block.tool_use_id] = block
             continue
         rest.append(block)

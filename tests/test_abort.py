@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import signal
+import sys
 import threading
 import weakref
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -70,6 +73,23 @@ def test_abort_is_safe_from_a_signal_handler() -> None:
     assert c.signal.reason == "sigusr1" and seen == ["sigusr1"]
 
 
+async def test_wait_wakes_at_once_when_a_signal_handler_aborts_while_the_loop_is_idle() -> None:
+    """The handler runs on the loop's thread while the loop sleeps in select(): waking the
+    futures there schedules their callbacks, but nothing woke the loop to run them, so wait()
+    returned only when something else happened (here, the 10 s timeout)."""
+    c = AbortController()
+    old = signal.signal(signal.SIGALRM, lambda *_: c.abort("sigalrm"))
+    loop = asyncio.get_running_loop()
+    try:
+        start = loop.time()
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # fires while the loop waits below
+        assert await asyncio.wait_for(c.signal.wait(), 10) == "sigalrm"
+        assert loop.time() - start < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_listener_added_after_abort_is_called_at_once() -> None:
     c = AbortController()
     c.abort("x")
@@ -100,6 +120,26 @@ def test_a_raising_listener_does_not_stop_the_others(caplog: pytest.LogCaptureFi
     c.abort("cancel")
     assert seen == ["cancel"]
     assert "listener bug" in caplog.text
+
+
+def test_a_listener_that_raises_keyboard_interrupt_does_not_stop_the_others() -> None:
+    """A Ctrl-C that lands while the listeners run (or a listener that exits) propagates, but only
+    after every other listener ran: they would never run otherwise (the signal aborts only once)."""
+    c = AbortController()
+    seen: list[str] = []
+
+    def ctrl_c(_reason: str) -> None:
+        raise KeyboardInterrupt
+
+    c.signal.add_listener(seen.append)
+    c.signal.add_listener(ctrl_c)
+    child = AbortController(parent=c.signal)
+    c.signal.add_listener(seen.append)
+    with pytest.raises(KeyboardInterrupt):
+        c.abort("cancel")
+    assert seen == ["cancel", "cancel"] and child.signal.reason == "cancel"
+    c.signal.add_listener(seen.append)  # nothing is left behind to be called twice
+    assert seen == ["cancel"] * 3 and c.signal._listeners == {}
 
 
 def test_linked_child_follows_parent_not_the_other_way() -> None:
@@ -155,6 +195,36 @@ def test_timeout_without_a_loop_uses_a_thread_timer() -> None:
     done = threading.Event()
     sig.add_listener(lambda _r: done.set())
     assert done.wait(5) and sig.reason == "t"
+
+
+def test_timeout_without_a_loop_longer_than_a_thread_can_wait_never_fires_and_raises_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raised: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    before = set(threading.enumerate())
+    signals = [AbortSignal.timeout(math.inf), AbortSignal.timeout(threading.TIMEOUT_MAX * 2)]
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)  # a timer thread that cannot wait that long dies at once
+    assert raised == [] and not any(sig.aborted for sig in signals)
+
+
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_timeout_refuses_what_is_not_a_number_of_seconds(in_loop: bool) -> None:
+    """A string or None was lost in the timer thread outside a loop (the signal never fired)."""
+
+    async def make(seconds: object) -> AbortSignal:
+        return AbortSignal.timeout(seconds)  # type: ignore[arg-type]
+
+    def timeout(seconds: object) -> AbortSignal:
+        return asyncio.run(make(seconds)) if in_loop else AbortSignal.timeout(seconds)  # type: ignore[arg-type]
+
+    for bad in ("5", None, True):
+        with pytest.raises(TypeError, match="takes a number of seconds"):
+            timeout(bad)
+    with pytest.raises(ValueError, match="not NaN"):
+        timeout(math.nan)
+    assert isinstance(timeout(Fraction(1, 2)), AbortSignal)  # any real number
 
 
 async def test_wait_returns_reason_when_aborted_from_another_thread() -> None:
@@ -295,3 +365,78 @@ def test_any_of_an_aborted_source_does_not_stay_registered_on_the_others() -> No
     del derived
     gc.collect()
     assert ref() is None
+
+
+# Links: a parent holds a child only while the child has listeners of its own.
+
+
+def test_a_long_lived_parent_does_not_keep_the_children_nobody_holds() -> None:
+    parent = AbortController()
+    refs: list[weakref.ref[AbortSignal]] = []
+    for i in range(1000):
+        child = AbortController(parent=parent.signal)
+        grandchild = AbortController(parent=child.signal)
+        if i % 3 == 0:  # listened to, then no more
+            grandchild.signal.add_listener(print)()
+        elif i % 3 == 1:
+            first, second = child.signal.add_listener(print), child.signal.add_listener(print)
+            first()
+            second()
+            del first, second  # a remover holds its signal
+        refs += [weakref.ref(child.signal), weakref.ref(grandchild.signal)]
+        del child, grandchild
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    assert parent.signal._listeners == {}
+    parent.abort("shutdown")
+    assert parent.signal.reason == "shutdown"
+
+
+def test_a_child_nobody_holds_still_runs_its_listeners_and_its_own_childrens() -> None:
+    parent = AbortController()
+    seen: list[str] = []
+    AbortController(parent=parent.signal).signal.add_listener(lambda r: seen.append(f"child {r}"))
+    # Only the grandchild's signal is held: the child between them must stay linked.
+    grandchild = AbortController(parent=AbortController(parent=parent.signal).signal).signal
+    derived = AbortSignal.any([AbortController(parent=parent.signal).signal])
+    derived.add_listener(lambda r: seen.append(f"derived {r}"))
+    del derived
+    gc.collect()
+    parent.abort("stop")
+    assert sorted(seen) == ["child stop", "derived stop"] and grandchild.reason == "stop"
+    assert parent.signal._listeners == {}
+
+
+def test_a_child_that_threads_added_listeners_to_and_removed_some_from_still_runs_the_rest() -> None:
+    """Listeners added and removed at once from several threads: once the threads let go of the
+    child, the parent alone holds it, and every listener left runs exactly once on abort."""
+    for _ in range(30):
+        parent = AbortController()
+        held = [AbortController(parent=parent.signal).signal]  # a list: the threads' only way to it
+        calls: list[tuple[int, int]] = []
+        barrier = threading.Barrier(3)
+
+        def churn(
+            t: int, held: list[AbortSignal] = held, barrier: threading.Barrier = barrier, calls: list[tuple[int, int]] = calls
+        ) -> None:
+            child = held[0]
+            barrier.wait()
+            for k in range(100):
+                remove = child.add_listener(lambda _r, key=(t, k): calls.append(key))
+                if k % 2 or k < 90:
+                    remove()
+
+        threads = [threading.Thread(target=churn, args=(t,)) for t in range(3)]
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # many thread switches inside add_listener and remove
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.setswitchinterval(switch)
+        ref = weakref.ref(held.pop())
+        assert ref() is not None  # it has listeners: its parent holds it
+        parent.abort("stop")
+        assert sorted(calls) == [(t, k) for t in range(3) for k in range(90, 100, 2)]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentloop import (
+    Block,
     Message,
     RedactedThinkingBlock,
     TextBlock,
@@ -42,8 +43,10 @@ T = TextBlock
 def only(messages: list[Message], needle: str) -> None:
     problems = validate_transcript(messages)
     assert len(problems) == 1 and needle in problems[0], problems
-    fixed = repair_transcript(messages)
+    changes: list[str] = []
+    fixed = repair_transcript(messages, changes=changes)
     assert validate_transcript(fixed) == []
+    assert changes, "the repair changed the transcript without saying so"
 
 
 def test_valid_transcript_has_no_violations_and_repair_returns_it_unchanged() -> None:
@@ -78,6 +81,13 @@ def test_rule_results_come_first() -> None:
     only([u(T(text="q")), a(use("1")), u(T(text="first"), res("1"))], "comes after other content")
 
 
+def test_repair_says_that_it_moved_a_result_before_the_users_text() -> None:
+    changes: list[str] = []
+    fixed = repair_transcript([u(T(text="q")), a(use("1")), u(T(text="first"), res("1", "out"))], changes=changes)
+    assert [(b.type, getattr(b, "text", None)) for b in fixed[2].content] == [("tool_result", "out"), ("text", "first")]
+    assert changes == ["moved the tool_result for '1' before the other content of its message"]
+
+
 def test_rule_orphan_result_is_reported_and_kept_as_text() -> None:
     msgs = [u(T(text="q")), a(T(text="no call")), u(res("9", "payload"))]
     only(msgs, "'9' has no tool_use")
@@ -93,6 +103,47 @@ def test_rule_duplicate_tool_use_id() -> None:
     problems = validate_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])
     assert any("duplicate tool_use id" in p for p in problems)
     assert validate_transcript(repair_transcript([u(T(text="q")), a(use("1"), use("1")), u(res("1"))])) == []
+
+
+def test_validate_reports_what_is_not_a_list_of_messages_instead_of_raising() -> None:
+    ok = u(T(text="q"))
+    assert validate_transcript(None) == ["messages is of type NoneType, not a list of Message objects"]  # type: ignore[arg-type]
+    assert validate_transcript(ok) == ["messages is of type Message, not a list of Message objects"]  # type: ignore[arg-type]
+    assert validate_transcript([ok, {"role": "user", "content": "hi"}, None]) == [  # type: ignore[list-item]
+        "messages[1] is of type dict, not a Message",
+        "messages[2] is of type NoneType, not a Message",
+    ]
+    # A message whose fields were replaced without validation (model_copy(update=...) does not check).
+    assert validate_transcript(
+        [
+            ok.model_copy(update={"content": "hello"}),
+            ok.model_copy(update={"content": [T(text="x"), {"type": "text", "text": "y"}]}),
+            ok.model_copy(update={"role": "system"}),
+        ]
+    ) == [
+        "messages[0]: content is of type str, not a list of blocks",
+        "messages[1]: content[1] is of type dict, not a block",
+        "messages[2] has the role 'system', neither 'user' nor 'assistant'",
+    ]
+    assert validate_transcript(iter([ok, a(T(text="fine"))])) == []  # type: ignore[arg-type]  # any iterable
+
+
+@given(st.recursive(st.none() | st.integers() | st.text(max_size=3) | st.just(Message.user("x")), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=2), max_leaves=6))
+def test_property_validate_never_raises_and_repair_raises_only_type_error(value: object) -> None:
+    problems = validate_transcript(value)  # type: ignore[arg-type]
+    assert all(isinstance(p, str) for p in problems)
+    try:
+        fixed = repair_transcript(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        assert problems and "repair_transcript takes a list of Message objects" in str(exc)
+    else:
+        assert validate_transcript(fixed) == []
+
+
+def test_repair_refuses_what_is_not_a_list_of_messages_with_a_type_error_that_says_why() -> None:
+    with pytest.raises(TypeError, match=r"messages\[0\] is of type dict, not a Message.*Message.model_validate"):
+        repair_transcript([{"role": "user", "content": "hi"}])  # type: ignore[list-item]
+    assert repair_transcript(iter([u(T(text="q"))])) == [u(T(text="q"))]  # type: ignore[arg-type]
 
 
 def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_its_result() -> None:
@@ -113,6 +164,52 @@ def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_
     assert pairs == [("call_0", "first"), ("call_0_1", "second"), ("call_0_2", "third"), ("toolu_1", "fourth")]
     assert [b.id for m in fixed for b in m.tool_uses] == ["call_0", "call_0_1", "call_0_2", "toolu_1"]
     assert len(changes) == 3 and repair_transcript(fixed) == fixed
+
+
+def test_repair_renames_the_result_of_a_renamed_call_wherever_it_would_move_it_from() -> None:
+    """A renamed call's result is found where the call's own would be: one message per result
+    (OpenAI Chat histories, from a server that numbers calls afresh in each response), after an
+    assistant message, inside the call's own message. It was left with the old id there, so the
+    call got a synthetic "Interrupted by user" result and its real one was turned into text."""
+    k0, k1 = "functions.read:0", "functions.read:1"
+    first = [u(T(text="q")), a(use(k0), use(k1)), u(res(k0, "one")), u(res(k1, "two"))]
+    cases = {
+        "split": [*first, a(use(k0), use(k1)), u(res(k0, "three")), u(res(k1, "four")), a(T(text="done"))],
+        "after text": [*first, a(use(k0), use(k1)), u(T(text="hi")), u(res(k0, "three"), res(k1, "four"))],
+        "after assistant": [*first, a(use(k0), use(k1)), a(T(text="x")), u(res(k0, "three"), res(k1, "four"))],
+        "inside": [*first, a(use(k0), use(k1), res(k0, "three"), res(k1, "four"))],
+    }
+    for name, msgs in cases.items():
+        changes: list[str] = []
+        fixed = repair_transcript(msgs, changes=changes)
+        assert validate_transcript(fixed) == [], name
+        pairs = [(r.tool_use_id, r.text, r.is_error) for m in fixed for r in m.tool_results]
+        assert pairs == [
+            (k0, "one", False), (k1, "two", False), (f"{k0}_1", "three", False), (f"{k1}_1", "four", False)
+        ], (name, fixed)
+        assert not any("synthetic" in c or "orphan" in c for c in changes), (name, changes)
+
+
+def test_repair_logs_only_its_own_changes_when_given_a_list_that_holds_some(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="agentloop")
+    changes: list[str] = []
+    repair_transcript([u(T(text="q")), a(use("1"))], changes=changes)
+    caplog.clear()
+    repair_transcript([u(T(text="q")), a(use("2"))], changes=changes)  # one list for a batch of repairs
+    assert len(changes) == 2
+    assert [r.getMessage() for r in caplog.records] == [f"repair_transcript: {changes[1]}"]
+
+
+def test_repair_never_gives_a_call_an_id_that_another_call_only_has_once_scrubbed() -> None:
+    """'\ud800_1' becomes '\ufffd_1' when scrubbed: the second '\ud800' call, renamed, must not get
+    that id too (a duplicate id in the repaired transcript, which every provider refuses)."""
+    msgs = [u(T(text="q")), a(use("\ud800"), use("\ud800_1"), use("\ud800")), u(res("\ud800", "1"), res("\ud800_1", "2"), res("\ud800", "3"))]
+    fixed = repair_transcript(msgs)
+    assert validate_transcript(fixed) == []
+    ids = [b.id for b in fixed[1].tool_uses]
+    assert len(set(ids)) == 3 and ids[:2] == ["\ufffd", "\ufffd_1"]
+    assert sorted(r.text for r in fixed[2].tool_results) == ["1", "2", "3"]
+    assert repair_transcript(fixed) == fixed
 
 
 def test_rule_empty_text_block() -> None:
@@ -301,6 +398,54 @@ def test_property_repair_loses_no_user_text_and_no_tool_output(msgs: list[Messag
             if isinstance(b, ToolResultBlock) and b.text.strip() and b.tool_use_id not in answered:
                 answered.add(b.tool_use_id)
                 assert scrub(b.text).strip() in kept, (b, fixed)
+
+@st.composite
+def _exchange(draw: st.DrawFn) -> list[Message]:
+    """An assistant message and the user messages after it, shaped like a real exchange (calls,
+    then their results) and then broken: results missing, repeated, for another call, shuffled
+    among the user's text, split over two messages, or left in the assistant's message."""
+    pool = ["a", "b", "", "a_1"]
+    calls = [
+        ToolUseBlock(id=draw(st.sampled_from(pool)), name="t", input={}, complete=draw(st.booleans() | st.just(True)))
+        for _ in range(draw(st.integers(0, 3)))
+    ]
+    head = draw(st.lists(st.sampled_from([T(text="said"), ThinkingBlock(thinking="t", signature="s"), T(text=" ")]), max_size=2))
+    tail = draw(st.lists(st.sampled_from([T(text="tail "), res("a", "in the call's message")]), max_size=1))
+    answer: list[Block] = [res(c.id, f"out {k}") for k, c in enumerate(calls) if draw(st.integers(0, 4))]
+    if draw(st.integers(0, 3)) == 0:
+        answer.append(res(draw(st.sampled_from(pool)), "extra"))
+    answer += draw(st.lists(st.sampled_from([T(text="u"), T(text="v "), T(text="")]), max_size=2))
+    answer = draw(st.permutations(answer))
+    cut = draw(st.integers(0, len(answer))) if draw(st.booleans()) else len(answer)
+    parts = [answer[:cut], answer[cut:]]
+    return [a(*head, *calls, *tail)] + [u(*part) for part in parts if part or draw(st.booleans())]
+
+
+exchanges = st.tuples(st.booleans(), st.lists(_exchange(), max_size=4)).map(
+    lambda x: [u(T(text="go"))] * x[0] + [m for ex in x[1] for m in ex]
+)
+
+
+@settings(max_examples=200)
+@given(exchanges)
+@example([u(T(text="go")), a(use("a")), u(T(text="u"), res("a", "out"))])  # reordered, and said so
+def test_property_repair_of_a_broken_exchange_is_valid_idempotent_and_says_what_it_changed(msgs: list[Message]) -> None:
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert validate_transcript(fixed) == []
+    again: list[str] = []
+    assert repair_transcript(fixed, changes=again) == fixed and again == []
+    assert (validate_transcript(msgs) == []) == (changes == []), (validate_transcript(msgs), changes)
+    if not changes:
+        assert all(x is y for x, y in zip(fixed, msgs, strict=True))
+    kept = "\n".join(b.text for m in fixed for b in m.content if isinstance(b, TextBlock | ToolResultBlock))
+    for m in msgs:  # every tool output is kept (but a second result for one id in one message)
+        answered: set[str] = set()
+        for b in m.content:
+            if isinstance(b, ToolResultBlock) and b.tool_use_id not in answered:
+                answered.add(b.tool_use_id)
+                assert b.text in kept, fixed
+
 
 def test_messages_share_their_fields_set_and_copies_stay_independent() -> None:
     a, b = Message.user("one"), Message.user("two")
