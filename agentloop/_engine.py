@@ -179,6 +179,17 @@ def _message_list(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def _check_entries(messages: Sequence[object], start: int) -> None:
+    """Raises TypeError for an entry of `engine.messages` that is not a `Message` (one the host
+    appended or assigned between runs), naming its index, before anything reads it."""
+    for i, m in enumerate(messages, start):
+        if not isinstance(m, Message):
+            raise TypeError(
+                f"engine.messages[{i}] is a {type(m).__name__}, not a Message: build one with "
+                "Message.user(text), Message(role=..., content=[...]) or, from a dict, Message.model_validate(d)"
+            )
+
+
 # The numeric settings: (name, whole numbers only, may be None). Each is >= 0 (a count or a
 # number of seconds): a wrong type would otherwise fail deep inside a run, as a TypeError from run().
 _NUMBERS = (
@@ -656,11 +667,13 @@ class QueryEngine:
             if len(messages) == n:
                 return
             fresh = messages[n:]
+            _check_entries(fresh, n)
             # A valid prefix owes no result, so appended messages are checked on their own, unless
             # they make calls (whose ids must differ from every earlier call's).
             calls = any(b.type == "tool_use" for m in fresh for b in m.content)
             valid = is_valid(messages if calls else fresh)
         else:
+            _check_entries(messages, 0)
             valid = is_valid(messages)
         if not valid:
             messages[:] = _valid_history(messages, "the transcript, as changed since the last run")

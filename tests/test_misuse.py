@@ -111,6 +111,24 @@ async def test_messages_that_are_not_message_objects_are_refused_at_construction
     assert [m.text for m in engine.messages] == ["hello", "hi"]
 
 
+@pytest.mark.parametrize("how", ["append", "replace"])
+async def test_a_dict_put_into_messages_between_runs_is_a_type_error_naming_its_index(how: str) -> None:
+    engine = QueryEngine(ScriptedModel(["hi", "again"]))
+    await collect(engine.run("hello"))
+    wire = {"role": "user", "content": "more"}
+    if how == "append":
+        engine.messages.append(wire)  # type: ignore[arg-type]
+    else:
+        engine.messages[0] = wire  # type: ignore[call-overload]
+    where = 2 if how == "append" else 0
+    with pytest.raises(TypeError, match=rf"engine.messages\[{where}\] is a dict, not a Message: .*model_validate\(d\)"):
+        await collect(engine.run())
+    assert engine._state is None  # refused before it began: the engine is free for the next run
+    engine.messages[where] = Message.model_validate(wire)
+    events = await collect(engine.run("go on"))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
 async def test_a_plain_function_is_a_permission_callback_too() -> None:
     """A newcomer's first permission check is often a plain def: every call used to be refused
     with "object Allow can't be used in 'await' expression", told only to the model."""
