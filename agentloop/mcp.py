@@ -373,7 +373,7 @@ class MCPServer:
             raise TimeoutError(
                 f"MCP server {self.label} did not answer tools/list within {timeout:g} s"
             ) from None
-        specs = self._unique(specs)
+        specs = self._offerable(self._unique(specs))
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
@@ -418,6 +418,22 @@ class MCPServer:
             else:
                 first[spec.name] = spec
         return specs if len(first) == len(specs) else list(first.values())
+
+    def _offerable(self, specs: list[types.Tool]) -> list[types.Tool]:
+        """``specs`` without the tools whose input cannot be an object: MCP arguments always
+        are, and the providers refuse a whole request holding a tool schema of another type."""
+        kept: list[types.Tool] = []
+        for spec in specs:
+            if _object_schema(spec.input_schema) is not None:
+                kept.append(spec)
+            else:
+                log.warning(
+                    "MCP server %s: the tool %r takes %r, not an object; it is not offered",
+                    self.label,
+                    spec.name,
+                    spec.input_schema.get("type"),
+                )
+        return kept
 
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
@@ -549,7 +565,7 @@ class MCPServer:
         return Tool(
             safe_name(self.prefix + spec.name),  # MCP allows '.', '/' and more; providers do not
             spec.description or "",
-            spec.input_schema,
+            _object_schema(spec.input_schema) or {"type": "object"},
             _Remote(self, spec.name, listing),
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
@@ -578,6 +594,18 @@ async def _close(conn: _Connection | None, relisting: asyncio.Task[None] | None)
         await asyncio.wait((relisting,))
     if conn is not None:
         await conn.close()
+
+
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema`` with ``"type": "object"`` (the only type the providers accept) when it allows
+    an object (no type given, as in ``{}`` or a bare ``$ref``, or a list of types holding
+    "object"), else None."""
+    kind = schema.get("type")
+    if kind == "object":
+        return schema
+    if kind is None or (isinstance(kind, list) and "object" in kind):
+        return {"type": "object", **{k: v for k, v in schema.items() if k != "type"}}
+    return None
 
 
 def _public_url(url: str) -> str:

@@ -819,3 +819,40 @@ async def test_after_a_lost_connection_the_next_poll_sees_the_restarted_servers_
     assert fresh is not None
     names = {t.name for t in fresh}
     assert "extra" not in names and {"echo", "pid", "grow"} <= names
+
+
+async def test_a_tool_schema_the_providers_refuse_is_made_an_object_or_the_tool_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The providers refuse a whole request whose tool schema is not of type "object" (Anthropic:
+    # "input_schema.type: Field required"), so one such tool would fail every model request.
+    defs = {"A": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+
+    class Loose:
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            return types.ListToolsResult(
+                tools=[
+                    types.Tool(name="bare", inputSchema={}),
+                    types.Tool(name="ref", inputSchema={"$ref": "#/$defs/A", "$defs": defs}),
+                    types.Tool(name="nullable", inputSchema={"type": ["object", "null"], "properties": {}}),
+                    types.Tool(name="text", inputSchema={"type": "string"}),
+                    types.Tool(name="ok", inputSchema={"type": "object", "properties": {}}),
+                ]
+            )
+
+    srv = MCPServer(contextlib.nullcontext, label="loose")  # type: ignore[arg-type]
+
+    async def session() -> Any:
+        return Loose()
+
+    srv.session = session  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="agentloop"):
+        tools = {t.name: t for t in await srv.list_tools()}
+    assert list(tools) == ["bare", "ref", "nullable", "ok"]
+    assert tools["bare"].input_schema == {"type": "object"}
+    assert tools["ref"].input_schema == {"type": "object", "$ref": "#/$defs/A", "$defs": defs}
+    assert tools["nullable"].input_schema == {"type": "object", "properties": {}}
+    assert tools["ok"].input_schema == {"type": "object", "properties": {}}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'text'" in warnings[0] and "loose" in warnings[0], warnings
+    assert all(t.handler.listing == frozenset(tools) for t in tools.values())  # type: ignore[attr-defined]
