@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._abort import AbortController, AbortSignal
 from ._accumulate import Accumulator
-from ._executor import Mailbox, hold_until_done
+from ._executor import CallRunner, Mailbox, hold_until_done
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
 from ._policy import Nudge
@@ -145,6 +145,7 @@ class RunState:
         "phase",
         "response",
         "results",
+        "runner",
         "signal",
         "spent_tasks",
         "started",
@@ -172,6 +173,8 @@ class RunState:
         self.owed: list[ToolUseBlock] = []
         self.results: dict[str, ToolResultBlock] = {}
         self.started: set[str] = set()
+        # What runs this turn's calls (made at its first tool phase): its signal and mailbox.
+        self.runner: CallRunner | None = None
         # The running calls' tasks, each with its call.
         self.pending_tasks: dict[asyncio.Task[Any], ToolUseBlock] = {}
         # When this turn's abort reached the loop (loop time): the calls' cancel grace counts
@@ -217,6 +220,7 @@ class RunState:
             self.controller, self.signal = controller, controller.signal
             self._remove_listener = self.signal.add_listener(self._on_abort)
             self.mailbox = Mailbox()
+            self.runner = None
         self.turn_index += 1
         self.turns = 0
         self.turn_over = False
