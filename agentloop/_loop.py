@@ -23,6 +23,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator
+from types import AsyncGeneratorType
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController
@@ -115,6 +116,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     apply(phase.acc, streamed)
                                 shown = make(streamed, phase.acc) if make is not None else None
                             except StopAsyncIteration:
+                                if type(stream) is AsyncGeneratorType:  # ran to its end: closed already
+                                    stream = None
                                 break
                             except asyncio.CancelledError:
                                 if not st.consume_cancel():
