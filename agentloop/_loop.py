@@ -27,6 +27,7 @@ from types import AsyncGeneratorType
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController
+from ._accumulate import APPLY
 from ._commit import (
     abort_terminal,
     drain_interjections,
@@ -44,7 +45,7 @@ from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, claim, notify, release
 from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
 from ._run import current_task_of as current_task
-from ._streaming import IGNORED, STEPS, ModelPhase, close_stream
+from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, record_finished, start_tools
 from ._transcript import encodable_message
 from ._unicode import scrub
@@ -111,10 +112,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                             st.guarding = True
                             try:
                                 streamed = await anext(stream)
-                                apply, make = STEPS.get(type(streamed), IGNORED)
-                                if apply is not None:  # acc.feed(event), one call less per event
-                                    apply(phase.acc, streamed)
-                                shown = make(streamed, phase.acc) if make is not None else None
+                                apply = APPLY.get(type(streamed))  # acc.feed(event), one call less
+                                shown = apply(phase.acc, streamed) if apply is not None else None
                             except StopAsyncIteration:
                                 if type(stream) is AsyncGeneratorType:  # ran to its end: closed already
                                     stream = None

@@ -12,9 +12,9 @@ import inspect
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from ._accumulate import APPLY, Accumulator
+from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
@@ -24,18 +24,11 @@ from ._events import (
     Event,
     Resampling,
     Retrying,
-    TextDelta,
-    ThinkingDelta,
-    ToolInputDelta,
 )
 from ._messages import Message
 from ._model import (
     ModelRequest,
     StreamEvent,
-    StreamText,
-    StreamThinking,
-    StreamToolInput,
-    StreamToolUseStart,
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
@@ -305,31 +298,6 @@ class _Panel:
                 self.policy = policy.name
                 found = verdict
         return found
-
-
-def _tool_delta(event: StreamEvent, acc: Accumulator) -> Event:
-    assert isinstance(event, StreamToolInput)
-    tool_id, name = acc.tool_identity(event.index)
-    return ToolInputDelta(tool_use_id=tool_id, name=name, partial_json=event.partial_json)
-
-
-def _tool_start(event: StreamEvent, acc: Accumulator) -> Event:
-    assert isinstance(event, StreamToolUseStart)
-    return ToolInputDelta(tool_use_id=event.id, name=event.name, partial_json="")
-
-
-# What the host sees of each stream event (by exact type: the hot path avoids isinstance chains).
-_DELTAS: dict[type, Callable[[Any, Accumulator], Event]] = {
-    StreamText: lambda e, _acc: TextDelta(text=e.text),
-    StreamThinking: lambda e, _acc: ThinkingDelta(thinking=e.thinking),
-    StreamToolInput: _tool_delta,
-    StreamToolUseStart: _tool_start,
-}
-
-# Per stream event type, one lookup: how the accumulator applies it, and what the host sees.
-_Step = tuple[Callable[[Accumulator, Any], None] | None, Callable[[Any, Accumulator], Event] | None]
-STEPS: dict[type, _Step] = {kind: (APPLY.get(kind), _DELTAS.get(kind)) for kind in (*APPLY, *_DELTAS)}
-IGNORED: _Step = (None, None)  # a type the accumulator does not know (a policy may)
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:
