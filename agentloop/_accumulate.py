@@ -195,7 +195,8 @@ class Accumulator:
         """The assistant message as streamed so far (blocks in index order).
 
         Unfinished tool calls come out with ``complete=False``; thinking without
-        a signature keeps an empty signature. `clean_assistant` removes both.
+        a signature keeps an empty signature. `clean_assistant` removes both (`committable`
+        builds the cleaned message directly).
         Text that UTF-8 cannot encode (a lone UTF-16 surrogate from a model) is
         scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
@@ -213,6 +214,42 @@ class Accumulator:
                 blocks.append(RedactedThinkingBlock(data=body))
             else:
                 blocks.append(_tool_use(part, body, cut, last=index == order[-1]))
+        return message("assistant", blocks, partial=partial)
+
+    def committable(self, *, partial: bool = False) -> Message | None:
+        """``clean_assistant(self.message(partial=partial))``, built directly: the blocks that may
+        never be sent (whitespace-only text, thinking without a signature, a call whose input never
+        completed) are not made at all, and trailing whitespace is stripped from the last block if
+        it is text. None when nothing sendable was streamed."""
+        blocks: list[Block] = []
+        order = sorted(self._parts)
+        cut = CUT_BY.get(self.stop_reason or "") if self.ended else None
+        tail: str | None = None  # the text of the last block kept, if it is text
+        for index in order:
+            part = self._parts[index]
+            kind = part.kind
+            if kind == "text":
+                text = scrub("".join(part.chunks))
+                if not text.strip():
+                    continue
+                blocks.append(text_block(text))
+                tail = text
+                continue
+            if kind == "thinking":
+                if not part.signature:
+                    continue
+                blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature))
+            elif kind == "redacted_thinking":
+                blocks.append(RedactedThinkingBlock(data="".join(part.chunks)))
+            else:
+                if not part.closed:  # its input never completed
+                    continue
+                blocks.append(_tool_use(part, "".join(part.chunks), cut, last=index == order[-1]))
+            tail = None
+        if not blocks:
+            return None
+        if tail is not None and tail != tail.rstrip():
+            blocks[-1] = text_block(tail.rstrip())
         return message("assistant", blocks, partial=partial)
 
 

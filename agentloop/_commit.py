@@ -14,7 +14,7 @@ from ._inbox import envelope
 from ._messages import Block, Message, TextBlock, message
 from ._policy import notify
 from ._run import RunState
-from ._transcript import clean_assistant, interrupted_result, unused_id
+from ._transcript import interrupted_result, unused_id
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -118,7 +118,7 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     st.acc = None
     if acc is None or acc.empty:
         return
-    message = clean_assistant(acc.message(partial=True))
+    message = acc.committable(partial=True)
     if message is None:
         return
     reason = st.signal.reason

@@ -33,7 +33,6 @@ from ._model import (
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
 from ._run import Aborted, RunState, TranscriptView, charge_ancestors
-from ._transcript import clean_assistant
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -192,7 +191,7 @@ class ModelPhase:
         if error is None and not acc.ended:  # the stream stopped without its end event: it was cut
             error = StreamProtocolError("the model stream ended without its end event", retryable=True)
         if error is None:
-            message = clean_assistant(acc.message())
+            message = acc.committable()
             st.acc = None
             if message is None:
                 return []
