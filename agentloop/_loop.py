@@ -435,7 +435,7 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
 def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     """Judge the accepted response; return the calls to run (checkpoint 2 included)."""
     message = st.response
-    uses = message.tool_uses if message is not None else []
+    uses = st.owed if message is not None else []  # the response's calls, listed when it was committed
     if engine.policies and message is not None:
         verdicts = _ask_policies(engine, "on_response", message)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
