@@ -195,9 +195,9 @@ class ModelPhase:
             st.acc = None
             if message is None:
                 return []
-            message = commit_response(engine, message)
+            message, calls = commit_response(engine, message)
             st.response = message
-            st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
+            st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
         wait = error.retry_after
         too_long = wait is not None and wait > _MAX_RETRY_AFTER
