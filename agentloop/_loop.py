@@ -425,7 +425,7 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
-    if opts.usage_limit is not None and st.usage.total >= opts.usage_limit:
+    if opts.usage_limit is not None and st.tokens >= opts.usage_limit:
         return "usage_limit"
     if engine.parent is not None and over_ancestor_limit(engine):  # the tree's budget is spent
         return "usage_limit"

@@ -156,7 +156,7 @@ class RunState:
         "turn_over",
         "turns",
         "uncut",
-        "usage",
+        "used",
     )
 
     def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None) -> None:
@@ -166,7 +166,9 @@ class RunState:
         self.loop = asyncio.get_running_loop()
         self.mailbox = Mailbox()
         self.turns = 0
-        self.usage = Usage()
+        # The run's token counts, subagents' included (``usage``): counted in place, so that adding
+        # an attempt's makes no object. In `Usage`'s order.
+        self.used = [0, 0, 0, 0]
         self.acc: Accumulator | None = None
         self.phase = "idle"  # "model" | "tools" | "idle"
         # Tool calls owed a result, in the committed assistant message's order.
@@ -211,6 +213,25 @@ class RunState:
         self._cancel_requested = False
         self.cancel_baseline = 0
         self._remove_listener = self.signal.add_listener(self._on_abort)
+
+    @property
+    def usage(self) -> Usage:
+        """What the run has used so far."""
+        return Usage(*self.used)
+
+    @property
+    def tokens(self) -> int:
+        """``usage.total``: what a ``usage_limit`` counts."""
+        used = self.used
+        return used[0] + used[1]
+
+    def count(self, usage: Usage) -> None:
+        """Add ``usage`` (an attempt's, or a subagent's) to the run's."""
+        used = self.used
+        used[0] += usage.input_tokens
+        used[1] += usage.output_tokens
+        used[2] += usage.cache_read_tokens
+        used[3] += usage.cache_write_tokens
 
     def new_turn(self, controller: AbortController | None) -> None:
         """A turn starts; a later turn (send-now, follow-up) replaces the spent controller."""
@@ -346,7 +367,7 @@ def charge_ancestors(engine: QueryEngine, usage: Usage) -> None:
     while parent is not None:
         state = parent._state
         if state is not None:
-            state.usage = state.usage + usage
+            state.count(usage)
         parent = parent.parent
 
 
@@ -355,7 +376,7 @@ def over_ancestor_limit(engine: QueryEngine) -> bool:
     parent = engine.parent
     while parent is not None:
         state, limit = parent._state, parent.options.usage_limit
-        if state is not None and limit is not None and state.usage.total >= limit:
+        if state is not None and limit is not None and state.tokens >= limit:
             return True
         parent = parent.parent
     return False

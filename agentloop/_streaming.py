@@ -165,7 +165,7 @@ class ModelPhase:
         """
         engine, st, acc, outcome = self.engine, self.st, self.acc, self.outcome
         opts = engine.options
-        st.usage = st.usage + acc.usage
+        st.count(acc.usage)
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
         self.delay = None
