@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import StreamProtocolError
+from ._events import Event, TextDelta, ThinkingDelta, ToolInputDelta
 from ._messages import (
     Block,
     Message,
@@ -97,36 +98,46 @@ class Accumulator:
     # The one check every model's events pass through: a field of the wrong type (a server's
     # null or list, a custom `Model`'s bug) is a malformed event here, inside the engine's error
     # handling, rather than a TypeError when the message is joined after the stream.
+    #
+    # Each applies its event and returns what the host sees of it (None: nothing), so that the
+    # loop makes one call per stream event.
 
-    def _text(self, ev: StreamText) -> None:
+    def _text(self, ev: StreamText) -> TextDelta:
         text = ev.text
         if type(text) is not str:
             raise _malformed(text, ev)
         self._part(ev, "text").chunks.append(text)
+        return TextDelta(text=text)
 
-    def _thinking(self, ev: StreamThinking) -> None:
+    def _thinking(self, ev: StreamThinking) -> ThinkingDelta:
         text = ev.thinking
         if type(text) is not str:
             raise _malformed(text, ev)
         self._part(ev, "thinking").chunks.append(text)
+        return ThinkingDelta(thinking=text)
 
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
             raise _malformed(ev.signature, ev)
         self._part(ev, "thinking").signature = ev.signature  # whole, never a piece
 
-    def _tool_input(self, ev: StreamToolInput) -> None:
+    def _tool_input(self, ev: StreamToolInput) -> ToolInputDelta:
         text = ev.partial_json
         if type(text) is not str:
             raise _malformed(text, ev)
-        self._part(ev, "tool_use").chunks.append(text)
-
-    def _tool_start(self, ev: StreamToolUseStart) -> None:
-        for value in (ev.id, ev.name):
-            if type(value) is not str:
-                raise _malformed(value, ev)
         part = self._part(ev, "tool_use")
-        part.id, part.name = ev.id, ev.name
+        part.chunks.append(text)
+        return ToolInputDelta(tool_use_id=part.id, name=part.name, partial_json=text)
+
+    def _tool_start(self, ev: StreamToolUseStart) -> ToolInputDelta:
+        id, name = ev.id, ev.name
+        if type(id) is not str:
+            raise _malformed(id, ev)
+        if type(name) is not str:
+            raise _malformed(name, ev)
+        part = self._part(ev, "tool_use")
+        part.id, part.name = id, name
+        return ToolInputDelta(tool_use_id=id, name=name, partial_json="")
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:
@@ -184,7 +195,8 @@ class Accumulator:
         """The assistant message as streamed so far (blocks in index order).
 
         Unfinished tool calls come out with ``complete=False``; thinking without
-        a signature keeps an empty signature. `clean_assistant` removes both.
+        a signature keeps an empty signature. `clean_assistant` removes both (`committable`
+        builds the cleaned message directly).
         Text that UTF-8 cannot encode (a lone UTF-16 surrogate from a model) is
         scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
@@ -204,9 +216,46 @@ class Accumulator:
                 blocks.append(_tool_use(part, body, cut, last=index == order[-1]))
         return message("assistant", blocks, partial=partial)
 
+    def committable(self, *, partial: bool = False) -> Message | None:
+        """``clean_assistant(self.message(partial=partial))``, built directly: the blocks that may
+        never be sent (whitespace-only text, thinking without a signature, a call whose input never
+        completed) are not made at all, and trailing whitespace is stripped from the last block if
+        it is text. None when nothing sendable was streamed."""
+        blocks: list[Block] = []
+        order = sorted(self._parts)
+        cut = CUT_BY.get(self.stop_reason or "") if self.ended else None
+        tail: str | None = None  # the text of the last block kept, if it is text
+        for index in order:
+            part = self._parts[index]
+            kind = part.kind
+            if kind == "text":
+                text = scrub("".join(part.chunks))
+                if not text.strip():
+                    continue
+                blocks.append(text_block(text))
+                tail = text
+                continue
+            if kind == "thinking":
+                if not part.signature:
+                    continue
+                blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature))
+            elif kind == "redacted_thinking":
+                blocks.append(RedactedThinkingBlock(data="".join(part.chunks)))
+            else:
+                if not part.closed:  # its input never completed
+                    continue
+                blocks.append(_tool_use(part, "".join(part.chunks), cut, last=index == order[-1]))
+            tail = None
+        if not blocks:
+            return None
+        if tail is not None and tail != tail.rstrip():
+            blocks[-1] = text_block(tail.rstrip())
+        return message("assistant", blocks, partial=partial)
 
-#: What `Accumulator.feed` calls for each event type (the engine's hot loop reads it directly).
-APPLY: dict[type, Callable[[Accumulator, Any], None]] = {
+
+#: What `Accumulator.feed` calls for each event type (the engine's hot loop reads it directly,
+#: and yields the event each returns).
+APPLY: dict[type, Callable[[Accumulator, Any], Event | None]] = {
     StreamText: Accumulator._text,
     StreamThinking: Accumulator._thinking,
     StreamSignature: Accumulator._signature,

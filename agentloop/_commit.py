@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
-from ._messages import Block, Message, TextBlock, message
+from ._messages import Block, Message, TextBlock, ToolUseBlock, message
 from ._policy import notify
 from ._run import RunState
-from ._transcript import clean_assistant, interrupted_result, unused_id
+from ._transcript import interrupted_result, unused_id
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -28,22 +28,24 @@ def abort_terminal(st: RunState) -> TerminalReason:
     return "aborted_tools" if st.phase == "tools" else "aborted_streaming"
 
 
-def commit_response(engine: QueryEngine, message: Message) -> Message:
-    """Commit a streamed assistant message; returns it as committed.
+def commit_response(engine: QueryEngine, message: Message) -> tuple[Message, list[ToolUseBlock]]:
+    """Commit a streamed assistant message; returns it as committed, and its tool calls (what
+    ``message.tool_uses`` would list, without reading the blocks again).
 
     A tool call the provider sent without an id, or with one the transcript already holds (some
     servers number their calls afresh in every response), gets a fresh id: providers reject a
     transcript whose ids are missing or repeated, and results are paired by id.
     """
+    calls: list[ToolUseBlock] = []
     for block in message.content:
         if block.type == "tool_use":
             ids = engine._tool_ids
             if ids is None:  # made at the first tool call: most engines never need one
                 ids = engine._tool_ids = ToolIds()
-            message = ids.claim(message, engine.messages)
+            message, calls = ids.claim(message, engine.messages)
             break
     engine._commit(message)
-    return message
+    return message, calls
 
 
 class ToolIds:
@@ -57,8 +59,9 @@ class ToolIds:
         self._upto = 0  # messages of ``_of`` already read
         self._last: Message | None = None  # the message read last, at ``_upto - 1``
 
-    def claim(self, message: Message, transcript: list[Message]) -> Message:
-        """``message`` with every tool_use id unique in ``transcript``; records them.
+    def claim(self, message: Message, transcript: list[Message]) -> tuple[Message, list[ToolUseBlock]]:
+        """``message`` with every tool_use id unique in ``transcript``, and its tool_use blocks;
+        records their ids.
 
         The caller appends the message to ``transcript`` next, so it is not read again (were it
         not appended, the next claim would find the list shorter than read and read it all).
@@ -69,14 +72,17 @@ class ToolIds:
             self._read(transcript, end)
         self._upto = end + 1
         ids = self._ids
+        calls: list[ToolUseBlock] = []
         for i, block in enumerate(message.content):
             if block.type == "tool_use":
                 if not block.id or block.id in ids:
                     message = self._renamed(message, i)
+                    calls = message.tool_uses
                     break
                 ids.add(block.id)
+                calls.append(block)
         self._last = message
-        return message
+        return message, calls
 
     def _stale(self, transcript: list[Message]) -> bool:
         """True if ``transcript`` is not the list read so far: another list, or this one rewritten
@@ -118,7 +124,7 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     st.acc = None
     if acc is None or acc.empty:
         return
-    message = clean_assistant(acc.message(partial=True))
+    message = acc.committable(partial=True)
     if message is None:
         return
     reason = st.signal.reason
@@ -126,8 +132,7 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
         # Kept with the message (and in a session file): whether the next user message is
         # wrapped in the interrupt envelope follows from the transcript, whichever engine runs next.
         message = message.model_copy(update={"meta": {**message.meta, "abort_reason": reason}})
-    message = commit_response(engine, message)
-    st.owed = message.tool_uses  # completed calls in a cut response never started
+    _, st.owed = commit_response(engine, message)  # completed calls in a cut response never started
 
 
 def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None) -> list[Event]:

@@ -23,9 +23,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator
+from types import AsyncGeneratorType
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController
+from ._accumulate import APPLY
 from ._commit import (
     abort_terminal,
     drain_interjections,
@@ -41,8 +43,9 @@ from ._executor import plan_batches
 from ._inbox import envelope
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, claim, notify, release
-from ._run import NextRun, RunState, abandon, over_ancestor_limit
-from ._streaming import model_phase
+from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
+from ._run import current_task_of as current_task
+from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, record_finished, start_tools
 from ._transcript import encodable_message
 from ._unicode import scrub
@@ -79,6 +82,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
         st, starts = _begin(engine, prompt, token)
     queued = len(starts) - isinstance(prompt, str | Message) if starts is not None else 0
     stopped = False
+    loop = st.loop
     try:
         while starts is not None:
             yield _start_turn(engine, st, starts, queued, stopped)
@@ -96,13 +100,56 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 if engine._tool_watchers:
                     engine._refresh_tools()
                 st.turns += 1
-                phase = model_phase(engine, st)
-                try:
-                    async for event in phase:
+                # The model phase (see _streaming.ModelPhase): attempts until one is committed or
+                # the phase ends. The loop awaits the stream itself: no generator level between.
+                phase = ModelPhase(engine, st)
+                while True:
+                    stream = phase.open()
+                    try:
+                        while stream is not None:
+                            task = st.task = current_task(loop)
+                            st.cancel_baseline = task.cancelling() if task is not None else 0
+                            st.guarding = True
+                            try:
+                                streamed = await anext(stream)
+                                apply = APPLY.get(type(streamed))  # acc.feed(event), one call less
+                                shown = apply(phase.acc, streamed) if apply is not None else None
+                            except StopAsyncIteration:
+                                if type(stream) is AsyncGeneratorType:  # ran to its end: closed already
+                                    stream = None
+                                break
+                            except asyncio.CancelledError:
+                                if not st.consume_cancel():
+                                    raise
+                                phase.outcome.aborted = True
+                                break
+                            except Exception as exc:
+                                phase.failed(exc)
+                                break
+                            finally:
+                                st.guarding = False
+                            if shown is not None:
+                                yield shown
+                            if phase.watch is not None:
+                                detected = phase.watched(streamed)
+                                if detected is not None:
+                                    yield detected
+                                elif phase.outcome.cut is not None:
+                                    break
+                    finally:
+                        if stream is not None:
+                            await close_stream(stream)
+                    for event in phase.conclude():
                         yield event
-                finally:
-                    await phase.aclose()
-                del phase  # spent: not held while the tools run
+                    if phase.delay is None:
+                        break
+                    if phase.delay > 0:
+                        try:
+                            await st.guarded(asyncio.sleep(phase.delay))
+                        except Aborted:
+                            st.terminal = abort_terminal(st)
+                            break
+                del phase, stream  # spent: not held while the tools run
                 uses = _before_tools(engine, st) if st.terminal is None else []
                 if uses:  # the tool phase (see _toolphase)
                     runner = start_tools(engine, st)
@@ -378,7 +425,7 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
-    if opts.usage_limit is not None and st.usage.total >= opts.usage_limit:
+    if opts.usage_limit is not None and st.tokens >= opts.usage_limit:
         return "usage_limit"
     if engine.parent is not None and over_ancestor_limit(engine):  # the tree's budget is spent
         return "usage_limit"
@@ -388,7 +435,7 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
 def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     """Judge the accepted response; return the calls to run (checkpoint 2 included)."""
     message = st.response
-    uses = message.tool_uses if message is not None else []
+    uses = st.owed if message is not None else []  # the response's calls, listed when it was committed
     if engine.policies and message is not None:
         verdicts = _ask_policies(engine, "on_response", message)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._abort import AbortController, AbortSignal
 from ._accumulate import Accumulator
-from ._executor import Mailbox, hold_until_done
+from ._executor import CallRunner, Mailbox, hold_until_done
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
 from ._policy import Nudge
@@ -145,6 +145,7 @@ class RunState:
         "phase",
         "response",
         "results",
+        "runner",
         "signal",
         "spent_tasks",
         "started",
@@ -155,7 +156,7 @@ class RunState:
         "turn_over",
         "turns",
         "uncut",
-        "usage",
+        "used",
     )
 
     def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None) -> None:
@@ -165,13 +166,17 @@ class RunState:
         self.loop = asyncio.get_running_loop()
         self.mailbox = Mailbox()
         self.turns = 0
-        self.usage = Usage()
+        # The run's token counts, subagents' included (``usage``): counted in place, so that adding
+        # an attempt's makes no object. In `Usage`'s order.
+        self.used = [0, 0, 0, 0]
         self.acc: Accumulator | None = None
         self.phase = "idle"  # "model" | "tools" | "idle"
         # Tool calls owed a result, in the committed assistant message's order.
         self.owed: list[ToolUseBlock] = []
         self.results: dict[str, ToolResultBlock] = {}
         self.started: set[str] = set()
+        # What runs this turn's calls (made at its first tool phase): its signal and mailbox.
+        self.runner: CallRunner | None = None
         # The running calls' tasks, each with its call.
         self.pending_tasks: dict[asyncio.Task[Any], ToolUseBlock] = {}
         # When this turn's abort reached the loop (loop time): the calls' cancel grace counts
@@ -209,6 +214,25 @@ class RunState:
         self.cancel_baseline = 0
         self._remove_listener = self.signal.add_listener(self._on_abort)
 
+    @property
+    def usage(self) -> Usage:
+        """What the run has used so far."""
+        return Usage(*self.used)
+
+    @property
+    def tokens(self) -> int:
+        """``usage.total``: what a ``usage_limit`` counts."""
+        used = self.used
+        return used[0] + used[1]
+
+    def count(self, usage: Usage) -> None:
+        """Add ``usage`` (an attempt's, or a subagent's) to the run's."""
+        used = self.used
+        used[0] += usage.input_tokens
+        used[1] += usage.output_tokens
+        used[2] += usage.cache_read_tokens
+        used[3] += usage.cache_write_tokens
+
     def new_turn(self, controller: AbortController | None) -> None:
         """A turn starts; a later turn (send-now, follow-up) replaces the spent controller."""
         if controller is not None:
@@ -217,6 +241,7 @@ class RunState:
             self.controller, self.signal = controller, controller.signal
             self._remove_listener = self.signal.add_listener(self._on_abort)
             self.mailbox = Mailbox()
+            self.runner = None
         self.turn_index += 1
         self.turns = 0
         self.turn_over = False
@@ -342,7 +367,7 @@ def charge_ancestors(engine: QueryEngine, usage: Usage) -> None:
     while parent is not None:
         state = parent._state
         if state is not None:
-            state.usage = state.usage + usage
+            state.count(usage)
         parent = parent.parent
 
 
@@ -351,7 +376,7 @@ def over_ancestor_limit(engine: QueryEngine) -> bool:
     parent = engine.parent
     while parent is not None:
         state, limit = parent._state, parent.options.usage_limit
-        if state is not None and limit is not None and state.usage.total >= limit:
+        if state is not None and limit is not None and state.tokens >= limit:
             return True
         parent = parent.parent
     return False

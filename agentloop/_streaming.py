@@ -8,14 +8,13 @@ so the host can erase it and nothing is duplicated in the transcript.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Literal
 
-from ._accumulate import APPLY, Accumulator
+from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
@@ -25,24 +24,15 @@ from ._events import (
     Event,
     Resampling,
     Retrying,
-    TextDelta,
-    ThinkingDelta,
-    ToolInputDelta,
 )
 from ._messages import Message
 from ._model import (
     ModelRequest,
     StreamEvent,
-    StreamText,
-    StreamThinking,
-    StreamToolInput,
-    StreamToolUseStart,
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
 from ._run import Aborted, RunState, TranscriptView, charge_ancestors
-from ._run import current_task_of as current_task
-from ._transcript import clean_assistant
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -52,19 +42,6 @@ log = logging.getLogger("agentloop")
 #: The longest ``retry_after`` (seconds) the engine waits; a server asking for more (a
 #: quota that resets in an hour) ends the turn with ``model_error`` instead of a retry.
 _MAX_RETRY_AFTER = 60.0
-
-
-class _Budgets:
-    """One model phase's attempts: the transport retry and doom-loop budgets, kept apart."""
-
-    __slots__ = ("armed", "attempt", "dooms", "extra", "retries")
-
-    def __init__(self, engine: QueryEngine) -> None:
-        opts = engine.options
-        self.retries, self.dooms = opts.retry_budget, opts.doom_budget
-        self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
-        self.attempt = 0
-        self.extra: tuple[Message, ...] = ()
 
 
 class _Outcome:
@@ -77,99 +54,171 @@ class _Outcome:
     policy = ""
 
 
-async def model_phase(engine: QueryEngine, st: RunState) -> AsyncGenerator[Event, None]:
-    """Stream one response, with transport retries and doom-loop resamples.
+class ModelPhase:
+    """One model phase: stream one response, with transport retries and doom-loop resamples.
 
-    The hot path of the loop: one async generator for the whole phase (each
-    generator level costs every event a resumption).
+    The loop (`_loop.drive`) awaits the model's stream itself and yields the host's events as
+    they come, rather than through a generator of this phase (each generator level costs every
+    event a resumption). This object holds the phase's state, its two budgets kept apart
+    (``retries`` for transport failures, ``dooms`` for confident doom-loop verdicts), and does
+    its synchronous steps: `open` an attempt's stream, record an exception that ended it
+    (`failed`), judge an event (`watched`), and `conclude` the attempt (commit, resample,
+    retry or end).
     """
-    opts = engine.options
-    st.phase, st.response = "model", None
-    budgets = _Budgets(engine)
-    watch, credit = _stream_watch(engine)
-    loop = st.loop
-    while True:
-        acc = st.begin_attempt()
+
+    __slots__ = (
+        "acc",
+        "armed",
+        "attempt",
+        "credit",
+        "delay",
+        "dooms",
+        "engine",
+        "extra",
+        "outcome",
+        "retries",
+        "st",
+        "watch",
+    )
+
+    def __init__(self, engine: QueryEngine, st: RunState) -> None:
+        self.engine = engine
+        self.st = st
+        st.phase, st.response = "model", None
+        opts = engine.options
+        self.retries, self.dooms = opts.retry_budget, opts.doom_budget
+        self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
+        self.attempt = 0
+        self.extra: tuple[Message, ...] = ()  # the recovery reminder, after a resample
+        self.watch, self.credit = _stream_watch(engine)
+        self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
+
+    def open(self) -> AsyncIterator[StreamEvent] | None:
+        """Begin an attempt: its request, then the model's stream. None when the attempt is over
+        before it streams anything (aborted, or the model's ``stream()`` failed)."""
+        engine, st = self.engine, self.st
+        opts = engine.options
+        self.acc = st.begin_attempt()
         if engine.policies:
             notify(engine.policies, "begin_attempt")
         request = ModelRequest(
-            messages=TranscriptView(engine.messages, len(engine.messages), budgets.extra),
+            messages=TranscriptView(engine.messages, len(engine.messages), self.extra),
             system=opts.system,
             tools=engine.tool_specs,
             tool_choice=opts.tool_choice,
             max_tokens=opts.max_tokens,
-            attempt=budgets.attempt,
+            attempt=self.attempt,
         )
-        outcome = _Outcome()
-        stream: AsyncIterator[StreamEvent] | None = None
+        self.outcome = _Outcome()
+        if st.signal.aborted:
+            self.outcome.aborted = True
+            return None
         try:
-            if st.signal.aborted:
-                raise Aborted
             produced = engine.model.stream(request, st.signal)
             try:
-                stream = aiter(produced)
+                return aiter(produced)
             except TypeError:
                 raise _not_a_stream(engine, produced) from None
-            while True:
-                task = st.task = current_task(loop)
-                st.cancel_baseline = task.cancelling() if task is not None else 0
-                st.guarding = True
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                except asyncio.CancelledError:
-                    if st.consume_cancel():
-                        raise Aborted from None
-                    raise
-                finally:
-                    st.guarding = False
-                apply, make = _STEPS.get(type(event), _IGNORED)
-                if apply is not None:  # acc.feed(event), one call less per event
-                    apply(acc, event)
-                if make is not None:
-                    yield make(event, acc)
-                if watch is not None:
-                    try:
-                        verdict = watch(event)
-                    except Exception:
-                        log.exception("policy %s.on_stream raised; ignored", credit)
-                        verdict = None
-                    if verdict is not None and isinstance(verdict, Resample | Warn):  # nothing else acts here
-                        outcome.policy = credit if isinstance(credit, str) else credit.policy
-                        if isinstance(verdict, Resample) and budgets.armed:
-                            outcome.cut = verdict
-                            break
-                        yield _detected(engine, verdict, outcome.policy)
-            if outcome.cut is None and not acc.ended:
-                raise StreamProtocolError("the model stream ended without its end event", retryable=True)
-        except Aborted:
+        except Exception as exc:
+            self.failed(exc)
+            return None
+
+    def failed(self, exc: Exception) -> None:
+        """The attempt ended with ``exc`` (raised by the model's stream, or by the accumulator for
+        a malformed event): an abort or a model error, never a crash."""
+        outcome = self.outcome
+        if isinstance(exc, Aborted):
             outcome.aborted = True
-        except AbortError:
-            outcome.aborted = st.signal.aborted
+        elif isinstance(exc, AbortError):
+            outcome.aborted = self.st.signal.aborted
             if not outcome.aborted:
                 outcome.error = ModelError("the model stream raised AbortError without an abort")
-        except ModelError as exc:
+        elif isinstance(exc, ModelError):
             outcome.error = exc
-        except Exception as exc:  # a model implementation bug: a terminal, never a crash
+        else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
-        finally:
-            if stream is not None:
-                await _aclose(stream)
-        st.usage = st.usage + acc.usage
+
+    def watched(self, event: StreamEvent) -> DoomLoopDetected | None:
+        """The stream-watching policies' verdict on ``event``: an event to show the host, or
+        None; a resample it calls for cuts the attempt (``outcome.cut``)."""
+        assert self.watch is not None
+        credit = self.credit
+        try:
+            verdict = self.watch(event)
+        except Exception:
+            log.exception("policy %s.on_stream raised; ignored", credit)
+            return None
+        if verdict is None or not isinstance(verdict, Resample | Warn):  # nothing else acts here
+            return None
+        outcome = self.outcome
+        outcome.policy = credit if isinstance(credit, str) else credit.policy
+        if isinstance(verdict, Resample) and self.armed:
+            outcome.cut = verdict
+            return None
+        return _detected(self.engine, verdict, outcome.policy)
+
+    def conclude(self) -> list[Event]:
+        """After an attempt (its stream closed): commit, resample, retry or end.
+
+        Returns the events to yield; `delay` is then the pause before another attempt
+        (None: the phase is over).
+        """
+        engine, st, acc, outcome = self.engine, self.st, self.acc, self.outcome
+        opts = engine.options
+        st.count(acc.usage)
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
-        events, delay = _conclude(engine, st, acc, outcome, budgets)
-        for step in events:
-            yield step
-        if delay is None:
-            return
-        if delay > 0:
-            try:
-                await st.guarded(asyncio.sleep(delay))
-            except Aborted:
-                st.terminal = abort_terminal(st)
-                return
+        self.delay = None
+        if outcome.aborted:
+            settle_partial(engine, st)
+            st.terminal = abort_terminal(st)
+            return []
+        if outcome.cut is not None:
+            self.dooms -= 1
+            cut = outcome.cut
+            events: list[Event] = [
+                DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
+                _discarded(acc, self.attempt, "resample"),
+                Resampling(attempt=self.attempt + 1),
+            ]
+            self.attempt += 1
+            self.extra = (doom_reminder(opts.texts, acc, cut),)
+            self.armed = self.dooms > 0
+            st.acc = None
+            self.delay = 0.0
+            return events
+        error = outcome.error
+        if error is None and not acc.ended:  # the stream stopped without its end event: it was cut
+            error = StreamProtocolError("the model stream ended without its end event", retryable=True)
+        if error is None:
+            message = acc.committable()
+            st.acc = None
+            if message is None:
+                return []
+            message, calls = commit_response(engine, message)
+            st.response = message
+            st.owed, st.results = calls, {}  # owed from the moment they are in history
+            return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
+        wait = error.retry_after
+        too_long = wait is not None and wait > _MAX_RETRY_AFTER
+        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long:
+            settle_partial(engine, st)
+            st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
+            st.error = _describe(error)
+            if too_long and error.retryable:
+                st.error += (
+                    f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
+                    f"{_MAX_RETRY_AFTER:.0f} s the engine waits)"
+                )
+            return []
+        self.retries -= 1
+        delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - self.retries, error)
+        events = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
+        st.acc = None
+        self.attempt += 1
+        events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
+        self.delay = delay
+        return events
 
 
 def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:
@@ -185,63 +234,6 @@ def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:
     return ModelError(f"{where} returned {type(produced).__name__}, not an async iterator of stream events")
 
 
-def _conclude(
-    engine: QueryEngine, st: RunState, acc: Accumulator, outcome: _Outcome, budgets: _Budgets
-) -> tuple[list[Event], float | None]:
-    """After one attempt: commit, resample, retry or end.
-
-    Returns the events to yield and, for another attempt, the delay before it
-    (None: the phase is over).
-    """
-    opts = engine.options
-    if outcome.aborted:
-        settle_partial(engine, st)
-        st.terminal = abort_terminal(st)
-        return [], None
-    if outcome.cut is not None:
-        budgets.dooms -= 1
-        cut = outcome.cut
-        events: list[Event] = [
-            DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
-            _discarded(acc, budgets.attempt, "resample"),
-            Resampling(attempt=budgets.attempt + 1),
-        ]
-        budgets.attempt += 1
-        budgets.extra = (doom_reminder(opts.texts, acc, cut),)
-        budgets.armed = budgets.dooms > 0
-        st.acc = None
-        return events, 0.0
-    error = outcome.error
-    if error is None:
-        message = clean_assistant(acc.message())
-        st.acc = None
-        if message is None:
-            return [], None
-        message = commit_response(engine, message)
-        st.response = message
-        st.owed, st.results = message.tool_uses, {}  # owed from the moment they are in history
-        return [AssistantMessage(message=message, stop_reason=acc.stop_reason)], None
-    wait = error.retry_after
-    too_long = wait is not None and wait > _MAX_RETRY_AFTER
-    if not error.retryable or budgets.retries <= 0 or st.signal.aborted or too_long:
-        settle_partial(engine, st)
-        st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
-        st.error = _describe(error)
-        if too_long and error.retryable:
-            st.error += (
-                f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
-                f"{_MAX_RETRY_AFTER:.0f} s the engine waits)"
-            )
-        return [], None
-    budgets.retries -= 1
-    delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - budgets.retries, error)
-    events = [_discarded(acc, budgets.attempt, "retry")] if not acc.empty else []
-    st.acc = None
-    budgets.attempt += 1
-    events.append(Retrying(attempt=budgets.attempt, error=str(error), delay=delay))
-    return events, delay
-
-
 def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDetected:
     if isinstance(verdict, Resample):  # confident, but recovery is off or its budget is spent
         action: Literal["off", "disarmed", "warn"] = "disarmed" if engine.options.doom_loop_recovery else "off"
@@ -250,7 +242,7 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
     return DoomLoopDetected(signals=signals, confident=False, action="warn", policy=policy)
 
 
-async def _aclose(stream: AsyncIterator[StreamEvent]) -> None:
+async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
     close = getattr(stream, "aclose", None)
     if close is not None:
         try:
@@ -305,31 +297,6 @@ class _Panel:
                 self.policy = policy.name
                 found = verdict
         return found
-
-
-def _tool_delta(event: StreamEvent, acc: Accumulator) -> Event:
-    assert isinstance(event, StreamToolInput)
-    tool_id, name = acc.tool_identity(event.index)
-    return ToolInputDelta(tool_use_id=tool_id, name=name, partial_json=event.partial_json)
-
-
-def _tool_start(event: StreamEvent, acc: Accumulator) -> Event:
-    assert isinstance(event, StreamToolUseStart)
-    return ToolInputDelta(tool_use_id=event.id, name=event.name, partial_json="")
-
-
-# What the host sees of each stream event (by exact type: the hot path avoids isinstance chains).
-_DELTAS: dict[type, Callable[[Any, Accumulator], Event]] = {
-    StreamText: lambda e, _acc: TextDelta(text=e.text),
-    StreamThinking: lambda e, _acc: ThinkingDelta(thinking=e.thinking),
-    StreamToolInput: _tool_delta,
-    StreamToolUseStart: _tool_start,
-}
-
-# Per stream event type, one lookup: how the accumulator applies it, and what the host sees.
-_Step = tuple[Callable[[Accumulator, Any], None] | None, Callable[[Any, Accumulator], Event] | None]
-_STEPS: dict[type, _Step] = {kind: (APPLY.get(kind), _DELTAS.get(kind)) for kind in (*APPLY, *_DELTAS)}
-_IGNORED: _Step = (None, None)  # a type the accumulator does not know (a policy may)
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:

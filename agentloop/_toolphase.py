@@ -29,9 +29,14 @@ _ABANDON = object()
 
 
 def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
-    """The tool phase begins: the runner its calls share."""
+    """The tool phase begins: the runner its calls share, one per turn (its signal and mailbox)."""
     st.phase = "tools"
-    runner = CallRunner(engine, st.signal, st.mailbox, engine.options.permission)
+    runner = st.runner
+    if runner is None:
+        runner = st.runner = CallRunner(engine, st.signal, st.mailbox, engine.options.permission)
+    else:
+        runner.tools = engine.tools  # the tools the model was offered for these calls
+        runner.started.clear()  # the last phase's calls are settled
     st.started = runner.started
     st.spent_tasks = []
     return runner

@@ -189,3 +189,46 @@ async def test_a_custom_model_streaming_an_index_that_is_not_an_int_ends_the_tur
     assert isinstance(end, TurnEnded) and end.reason == "model_error"
     assert end.error is not None and "index" in end.error and type(index).__name__ in end.error
     assert validate_transcript(engine.messages) == []
+
+
+_PIECES = st.sampled_from(["", " ", "\n", "a", "b c", "x \n", "\ud800", "{", "}", '{"k": 1}', "[1]"])
+
+
+@st.composite
+def _stream(draw: st.DrawFn) -> list[Any]:
+    """Blocks of every kind, each closed or left open, whitespace and surrogates included, with or
+    without the end event (and a stop reason that cuts the output, or not)."""
+    events: list[Any] = []
+    for index in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["text", "thinking", "tool_use"]))
+        if kind == "tool_use":
+            events.append(StreamToolUseStart(index, f"toolu_{index}", "t"))
+        for piece in draw(st.lists(_PIECES, max_size=3)):
+            if kind == "text":
+                events.append(StreamText(index, piece))
+            elif kind == "thinking":
+                events.append(StreamThinking(index, piece))
+            else:
+                events.append(StreamToolInput(index, piece))
+        if kind == "thinking" and draw(st.booleans()):
+            events.append(StreamSignature(index, draw(st.sampled_from(["", "sig"]))))
+        if draw(st.booleans()):
+            events.append(StreamBlockStop(index))
+    if draw(st.booleans()):
+        events.append(StreamEnd(stop_reason=draw(st.sampled_from(["end_turn", "tool_use", "max_tokens"]))))
+    return events
+
+
+@given(events=_stream(), partial=st.booleans())
+def test_property_committable_is_the_cleaned_message(events: list[Any], partial: bool) -> None:
+    from agentloop._transcript import clean_assistant
+
+    acc = Accumulator()
+    for event in events:
+        acc.feed(event)
+    got = acc.committable(partial=partial)
+    expected = clean_assistant(acc.message(partial=partial))
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got.model_dump() == expected.model_dump() and got == expected
