@@ -72,13 +72,72 @@ def events_of(body: bytes) -> list[bytes]:
 
 
 def lengthen(body: bytes, k: int) -> list[bytes]:
-    """The stream's events (one per chunk), text/thinking deltas repeated ``k`` times."""
+    """The stream's events (one per chunk), text/thinking deltas repeated ``k`` times.
+
+    The final copies of the text that a Responses stream sends after its deltas (``.done``
+    events, the finished item, the completed response) are rewritten to the lengthened text,
+    so the stream stays one a server could send: its final copies are authoritative."""
     out: list[bytes] = []
     for ev in events_of(body):
         text = ev.decode()
         repeat = k if any(m in text for m in _REPEATABLE) and "tool_calls" not in text else 1
         out.extend([ev] * repeat)
+    if b"event: response." in body:
+        out = _finals_follow_deltas(out)
     return out
+
+
+def _finals_follow_deltas(events: list[bytes]) -> list[bytes]:
+    """A Responses stream with every final copy of a text part set to what its deltas add up to."""
+    texts: dict[tuple[str, int, int], str] = {}
+    out: list[bytes] = []
+    for ev in events:
+        head, sep, data = ev.decode().partition("data: ")
+        if not sep:
+            out.append(ev)
+            continue
+        obj = json.loads(data)
+        kind = obj.get("type", "")
+        if kind == "response.output_text.delta":
+            key = ("text", obj["output_index"], obj["content_index"])
+            texts[key] = texts.get(key, "") + obj["delta"]
+        elif kind == "response.reasoning_summary_text.delta":
+            key = ("summary", obj["output_index"], obj["summary_index"])
+            texts[key] = texts.get(key, "") + obj["delta"]
+        else:
+            _set_finals(obj, texts)
+        out.append(f"{head}data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode())
+    return out
+
+
+def _set_finals(obj: dict[str, Any], texts: dict[tuple[str, int, int], str]) -> None:
+    kind = obj.get("type", "")
+    index = obj.get("output_index")
+    if kind in ("response.output_text.done", "response.content_part.done"):
+        final = texts.get(("text", index, obj.get("content_index")))
+        target = obj if kind.endswith("text.done") else obj.get("part", {})
+    elif kind in ("response.reasoning_summary_text.done", "response.reasoning_summary_part.done"):
+        final = texts.get(("summary", index, obj.get("summary_index")))
+        target = obj if kind.endswith("text.done") else obj.get("part", {})
+    elif kind == "response.output_item.done":
+        _set_item(obj["item"], index, texts)
+        return
+    elif kind == "response.completed":
+        for i, item in enumerate(obj["response"].get("output") or []):
+            _set_item(item, i, texts)
+        return
+    else:
+        return
+    if final is not None and "text" in target:
+        target["text"] = final
+
+
+def _set_item(item: dict[str, Any], index: Any, texts: dict[tuple[str, int, int], str]) -> None:
+    for field, parts in (("text", item.get("content") or []), ("summary", item.get("summary") or [])):
+        for j, part in enumerate(parts):
+            final = texts.get((field, index, j))
+            if final is not None and "text" in part:
+                part["text"] = final
 
 
 # -- the three contenders -------------------------------------------------------
@@ -165,11 +224,11 @@ def sdk_runner(group: str) -> Callable[[list[bytes]], Awaitable[Any]] | None:
         http = client2(chunks)
         if group == "anthropic":
             a = anthropic.AsyncAnthropic(api_key="x", max_retries=0, http_client=http)
-            async with a.messages.stream(model="m", max_tokens=16, messages=msgs) as s:  # type: ignore[arg-type]
+            async with a.messages.stream(model="m", max_tokens=16, messages=msgs) as s:
                 return await s.get_final_message()
         o = openai.AsyncOpenAI(api_key="x", max_retries=0, http_client=http)
         if group == "openai_chat":
-            async with o.chat.completions.stream(model="m", messages=msgs) as s:  # type: ignore[arg-type]
+            async with o.chat.completions.stream(model="m", messages=msgs) as s:
                 return await s.get_final_completion()
         async with o.responses.stream(model="m", input="hi") as s:
             return await s.get_final_response()

@@ -1,0 +1,20 @@
+"""The benchmarks' own inputs are streams a server could send: a benchmark that fails (or
+measures an error path) on a change of the adapters is caught here, not by its next run."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_providers import GROUPS, httpx_client, lengthen, load, ours_summary, run_agentloop
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+async def test_the_lengthened_provider_streams_parse_to_the_lengthened_message(group: str) -> None:
+    for name in GROUPS[group]:
+        async with httpx_client(lengthen(load(name), 1)) as client:
+            once = ours_summary(await run_agentloop(group, client))
+        async with httpx_client(lengthen(load(name), 3)) as client:
+            thrice = ours_summary(await run_agentloop(group, client))
+        assert (thrice["tools"], thrice["stop"]) == (once["tools"], once["stop"]), name
+        assert len(thrice["text"]) == 3 * len(once["text"]), name  # every text delta three times over
+        assert sorted(thrice["text"]) == sorted(once["text"] * 3), name
