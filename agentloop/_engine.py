@@ -346,6 +346,10 @@ class QueryEngine:
         self.policies: list[Policy] = _policy_list(policies)
         for policy in self.policies:
             policy.bind(self.tools)
+        if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
+            from ._loop import catch_up_policies
+
+            catch_up_policies(self)
         self.parent = parent
         self.agent_id = agent_id
         self.session = session
@@ -361,7 +365,6 @@ class QueryEngine:
         self._closing: asyncio.Future[None] | None = None
         self._next_run: NextRun | None = None  # a run() waiting for the last run's cleanup to begin
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
-        self._policies_primed = False  # the policies have seen this engine's transcript (a turn began)
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
         self._background_child = False
         # start_background() made a task for this child whose run has not begun yet, and the
@@ -497,6 +500,10 @@ class QueryEngine:
         self.tool_specs = tuple(self.tools.values())
         for policy in self.policies:
             policy.bind(self.tools)
+        if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
+            from ._loop import catch_up_policies
+
+            catch_up_policies(self)
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""

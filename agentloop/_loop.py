@@ -130,12 +130,18 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 st.guarding = False
                             if shown is not None:
                                 yield shown
-                            if phase.watch is not None:
-                                detected = phase.watched(streamed)
-                                if detected is not None:
-                                    yield detected
-                                elif phase.outcome.cut is not None:
-                                    break
+                            if phase.watch is not None:  # called here: one call per event, not two
+                                try:
+                                    verdict = phase.watch(streamed)
+                                except Exception:
+                                    phase.watch_raised()
+                                    verdict = None
+                                if verdict is not None:
+                                    detected = phase.judged(verdict)
+                                    if detected is not None:
+                                        yield detected
+                                    elif phase.outcome.cut is not None:
+                                        break
                     finally:
                         if stream is not None:
                             await close_stream(stream)
@@ -235,22 +241,18 @@ def _start_turn(
         st.controller.abort(spent.reason)
     for message in starts:
         engine._commit(message)
-    real_user = bool(starts) or _unanswered_person(engine.messages)
-    if not engine._policies_primed:
-        engine._policies_primed = True
-        if not real_user and engine.policies:
-            _catch_up_policies(engine)
-    notify(engine.policies, "begin_turn", real_user=real_user)
+    notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
     ids = tuple(m.meta["receipt"] for m in starts[:queued])
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
 
 
-def _catch_up_policies(engine: QueryEngine) -> None:
-    """A new engine continues a transcript with nothing new in it (a headless worker resuming
-    its session after a restart): the policies are shown what the model did since the last
-    request a person made, as if they had watched it, their verdicts dropped (the nudges they
-    would give are in the transcript already). So a restart after ``stationarity_ended`` gets
-    no fresh allowance, as a run again on the same engine gets none."""
+def catch_up_policies(engine: QueryEngine) -> None:
+    """A new engine over a saved transcript (a headless worker resuming its session after a
+    restart): its policies are shown what the model did since the last request a person made,
+    as if they had watched it, their verdicts dropped (the nudges they would give are in the
+    transcript already). So a run that adds nothing gets no fresh allowance after
+    ``stationarity_ended``, as a run again on the same engine gets none; a run that brings a
+    person's message resets the counts at its ``begin_turn`` as always."""
     messages = engine.messages
     start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if _by_person(messages[i])), 0)
     for i in range(start, len(messages)):

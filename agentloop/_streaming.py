@@ -138,18 +138,16 @@ class ModelPhase:
         else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
 
-    def watched(self, event: StreamEvent) -> DoomLoopDetected | None:
-        """The stream-watching policies' verdict on ``event``: an event to show the host, or
-        None; a resample it calls for cuts the attempt (``outcome.cut``)."""
-        assert self.watch is not None
+    def watch_raised(self) -> None:
+        """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
+        log.exception("policy %s.on_stream raised; ignored", self.credit)
+
+    def judged(self, verdict: Verdict) -> DoomLoopDetected | None:
+        """What the stream-watching policies' ``verdict`` on an event does: an event to show the
+        host, or None; a resample it calls for cuts the attempt (``outcome.cut``)."""
+        if not isinstance(verdict, Resample | Warn):  # nothing else acts here
+            return None
         credit = self.credit
-        try:
-            verdict = self.watch(event)
-        except Exception:
-            log.exception("policy %s.on_stream raised; ignored", credit)
-            return None
-        if verdict is None or not isinstance(verdict, Resample | Warn):  # nothing else acts here
-            return None
         outcome = self.outcome
         outcome.policy = credit if isinstance(credit, str) else credit.policy
         if isinstance(verdict, Resample) and self.armed:
