@@ -49,3 +49,21 @@ async def test_testing_module_helpers() -> None:
     assert_valid(engine.messages)
     with pytest.raises(TranscriptError, match="empty message"):
         assert_valid([Message(role="user", content=[])])
+
+
+def test_an_engine_keeps_few_enough_attributes_to_share_one_key_table() -> None:
+    # Past 30 instance attributes CPython gives every engine a dict of its own: 1.3 KB more for
+    # each idle engine, against the memory goal.
+    import asyncio
+
+    from agentloop import QueryEngine, ScriptedModel
+
+    engine = QueryEngine(ScriptedModel(["hi"]))
+    assert len(vars(engine)) <= 30
+
+    async def run() -> None:
+        async for _event in engine.run("hello"):
+            pass
+
+    asyncio.run(run())
+    assert len(vars(engine)) <= 30  # a run adds none
