@@ -502,10 +502,6 @@ class QueryEngine:
         self.tool_specs = tuple(self.tools.values())
         for policy in self.policies:
             policy.bind(self.tools)
-        if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
-            from ._loop import catch_up_policies
-
-            catch_up_policies(self)
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""

@@ -398,13 +398,16 @@ async def test_stationarity_a_new_engine_resuming_the_transcript_keeps_the_count
     assert validate_transcript(by_hand.messages) == []
 
 
-async def test_a_new_engine_resuming_below_the_nudge_threshold_nudges_on_time() -> None:
+@pytest.mark.parametrize("tools_change", [False, True])
+async def test_a_new_engine_resuming_below_the_nudge_threshold_nudges_on_time(tools_change: bool) -> None:
     first = QueryEngine(ScriptedModel([same_call()] * 5), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=5)
     await collect(first, "go")  # 5 identical calls, then max_turns
     engine = QueryEngine(
         ScriptedModel([same_call()] * 40), tools=[read_file], messages=list(first.messages),
         policies=[IdenticalToolCallRun()],
     )  # fmt: skip
+    if tools_change:  # the tool set is replaced before every request: the policies are bound again, not caught up again
+        engine.watch_tools(lambda tools: list(tools.values()))
     events = await collect(engine)
     nudges = [i for i, e in enumerate(events) if isinstance(e, PolicyNudge)]
     assert len(nudges) == 1
