@@ -195,8 +195,7 @@ class Accumulator:
         """The assistant message as streamed so far (blocks in index order).
 
         Unfinished tool calls come out with ``complete=False``; thinking without
-        a signature keeps an empty signature. `clean_assistant` removes both (`committable`
-        builds the cleaned message directly).
+        a signature keeps an empty signature; `committable` leaves out both.
         Text that UTF-8 cannot encode (a lone UTF-16 surrogate from a model) is
         scrubbed (`agentloop._unicode.scrub`): halves split across deltas are joined.
         """
@@ -217,10 +216,12 @@ class Accumulator:
         return message("assistant", blocks, partial=partial)
 
     def committable(self, *, partial: bool = False) -> Message | None:
-        """``clean_assistant(self.message(partial=partial))``, built directly: the blocks that may
-        never be sent (whitespace-only text, thinking without a signature, a call whose input never
-        completed) are not made at all, and trailing whitespace is stripped from the last block if
-        it is text. None when nothing sendable was streamed."""
+        """The message to commit: `message` without the blocks that may never be sent (the
+        droppable ones of `validate_transcript`: whitespace-only text, thinking without a
+        signature, a call whose input never completed), which are not made at all, and with
+        trailing whitespace stripped from the last block if it is text (the transcript never
+        changes after commit, so a session file replays to it exactly). None when nothing
+        sendable was streamed."""
         blocks: list[Block] = []
         order = sorted(self._parts)
         cut = CUT_BY.get(self.stop_reason or "") if self.ended else None

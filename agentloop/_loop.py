@@ -281,11 +281,9 @@ def _unanswered_person(messages: list[Message]) -> bool:
     A resume that adds nothing (the transcript ends with tool results, say) is not a new request
     from anyone: it keeps the policies' counts, so a host that runs again after
     ``stationarity_ended`` does not hand the loop a fresh allowance. Queued interjections are
-    a person's words too; merging them calls ``begin_turn`` itself."""
-    if not messages:
-        return False
-    last = messages[-1]
-    return last.role == "user" and not last.synthetic and not any(b.type == "tool_result" for b in last.content)
+    a person's words too (merging them calls ``begin_turn`` itself, and a transcript that ends
+    with one is a request not answered yet)."""
+    return bool(messages) and _by_person(messages[-1])
 
 
 def _deadline_passed(st: RunState) -> None:

@@ -32,7 +32,7 @@ from ._model import (
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
-from ._run import Aborted, RunState, TranscriptView, charge_ancestors
+from ._run import RunState, TranscriptView, charge_ancestors
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -62,8 +62,8 @@ class ModelPhase:
     event a resumption). This object holds the phase's state, its two budgets kept apart
     (``retries`` for transport failures, ``dooms`` for confident doom-loop verdicts), and does
     its synchronous steps: `open` an attempt's stream, record an exception that ended it
-    (`failed`), judge an event (`watched`), and `conclude` the attempt (commit, resample,
-    retry or end).
+    (`failed`), act on a stream watcher's verdict (`judged`; the loop calls the watcher
+    itself), and `conclude` the attempt (commit, resample, retry or end).
     """
 
     __slots__ = (
@@ -127,9 +127,7 @@ class ModelPhase:
         """The attempt ended with ``exc`` (raised by the model's stream, or by the accumulator for
         a malformed event): an abort or a model error, never a crash."""
         outcome = self.outcome
-        if isinstance(exc, Aborted):
-            outcome.aborted = True
-        elif isinstance(exc, AbortError):
+        if isinstance(exc, AbortError):
             outcome.aborted = self.st.signal.aborted
             if not outcome.aborted:
                 outcome.error = ModelError("the model stream raised AbortError without an abort")

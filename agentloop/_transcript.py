@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
+from typing import cast
 
 from ._messages import (
     Block,
@@ -40,7 +41,6 @@ from ._messages import (
 from ._unicode import has_surrogates, scrub, scrub_json
 
 __all__ = [
-    "clean_assistant",
     "encodable",
     "encodable_message",
     "interrupted_result",
@@ -151,24 +151,6 @@ def encodable_message(message: Message) -> Message:
     return message.model_copy(update={"content": [_scrubbed(b) if _unencodable(b) else b for b in message.content]})
 
 
-def clean_assistant(message: Message) -> Message | None:
-    """Drop the blocks of a streamed assistant message that may never be sent.
-
-    Returns None when nothing sendable is left.
-    """
-    kept = [b for b in message.content if _droppable(b) is None]
-    if not kept:
-        return None
-    last = kept[-1]
-    if last.type == "text" and last.text != last.text.rstrip():
-        # Trailing whitespace is stripped before the message is committed, not when the turn ends:
-        # the transcript never changes after commit, so a session file replays to it exactly.
-        kept[-1] = text_block(last.text.rstrip())  # not empty: a blank text block was dropped above
-    elif len(kept) == len(message.content):
-        return message
-    return message.model_copy(update={"content": kept})
-
-
 def _ends_with_space(message: Message) -> bool:
     last = message.content[-1] if message.content else None
     return last is not None and last.type == "text" and last.text != last.text.rstrip()
@@ -182,6 +164,13 @@ def _listed(messages: object) -> list[object] | None:
     if isinstance(messages, str | bytes | dict | Message) or not isinstance(messages, Iterable):
         return None
     return list(messages)
+
+
+def _as_messages(messages: object) -> tuple[list[Message], list[str]]:
+    """``messages`` as a new list of `Message`s, and one line per entry that is not a well-formed
+    one (`_malformed`); the list is to be read only when there are no such lines."""
+    listed = _listed(messages)
+    return cast("list[Message]", listed or []), _malformed(messages, listed)
 
 
 def _malformed(messages: object, listed: list[object] | None) -> list[str]:
@@ -213,11 +202,9 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
 
     Never raises: what is not a list of well-formed `Message` objects is reported instead,
     one line per bad entry, and not checked against the rules."""
-    listed = _listed(messages)
-    malformed = _malformed(messages, listed)
+    messages, malformed = _as_messages(messages)
     if malformed:
         return malformed
-    messages = listed  # type: ignore[assignment]  # checked: every entry is a Message
     out: list[str] = []
     seen_use: set[str] = set()
     seen_result: set[str] = set()
@@ -370,15 +357,14 @@ def repair_transcript(
     idempotent: ``repair(repair(x)) == repair(x)``, and a valid transcript
     comes back unchanged.
     """
-    listed = _listed(messages)
-    malformed = _malformed(messages, listed)
+    listed, malformed = _as_messages(messages)
     if malformed:
         more = f"; and {len(malformed) - 3} more" if len(malformed) > 3 else ""
         raise TypeError(
             f"repair_transcript takes a list of Message objects: {'; '.join(malformed[:3])}{more} "
             "(build one from a dict with Message.model_validate(d))"
         )
-    return repair(listed, changes=changes)  # type: ignore[arg-type]  # checked: every entry is a Message
+    return repair(listed, changes=changes)
 
 
 def repair(messages: Sequence[Message], *, changes: list[str] | None = None, text_checked: bool = False) -> list[Message]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agentloop import QueryEngine, TurnEnded, validate_transcript
 from agentloop._accumulate import Accumulator
-from agentloop._messages import ThinkingBlock
+from agentloop._messages import Message, TextBlock, ThinkingBlock
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
@@ -219,10 +219,23 @@ def _stream(draw: st.DrawFn) -> list[Any]:
     return events
 
 
+def clean_assistant(message: Message) -> Message | None:
+    """The reference: the streamed message without the blocks `validate_transcript` calls
+    droppable, trailing whitespace stripped from a last text block (None: nothing left)."""
+    from agentloop._messages import text_block
+    from agentloop._transcript import _droppable
+
+    kept = [b for b in message.content if _droppable(b) is None]
+    if not kept:
+        return None
+    last = kept[-1]
+    if isinstance(last, TextBlock) and last.text != last.text.rstrip():
+        kept[-1] = text_block(last.text.rstrip())
+    return message.model_copy(update={"content": kept})
+
+
 @given(events=_stream(), partial=st.booleans())
 def test_property_committable_is_the_cleaned_message(events: list[Any], partial: bool) -> None:
-    from agentloop._transcript import clean_assistant
-
     acc = Accumulator()
     for event in events:
         acc.feed(event)
