@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from math import gcd
 from typing import Any
 
@@ -43,6 +43,11 @@ _NOOP = re.compile(
     r"\s*;?\s*\Z"
 )
 _COMMAND_KEYS = ("command", "cmd", "script", "shell")
+# A word of a tool's name that makes it a shell (bash, run_shell_command, execute_command,
+# developer__shell, run_terminal_cmd, runTerminalCommand, exec_command, execute_powershell).
+_SHELL_WORDS = frozenset({"bash", "sh", "zsh", "shell", "terminal", "powershell", "pwsh", "cmd", "command", "exec"})
+_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/bin/zsh"})
 
 
 _EXACT = 2**53  # floats up to this size hold every integer exactly
@@ -85,19 +90,36 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def is_keepalive(call: ToolUseBlock) -> bool:
-    """True for a shell-like call whose command does nothing: ``true``, ``:``,
-    ``sleep 0``, ``exit 0``, ``wait``, a bare ``echo`` or an empty command.
+def _shell_name(name: str) -> bool:
+    """True when one of the words of a tool's name is a shell's (see `is_keepalive`)."""
+    words = re.split(r"[^a-z0-9]+", _WORD_BREAK.sub("_", name).lower())
+    return not _SHELL_WORDS.isdisjoint(words)
 
-    The command is the ``command``/``cmd``/``script``/``shell`` argument, or the
-    only argument when there is just one (a list of strings counts as argv).
+
+def is_keepalive(call: ToolUseBlock, *, shell_tools: Collection[str] = ()) -> bool:
+    """True for a shell call whose command does nothing: ``true``, ``:``, ``sleep 0``,
+    ``exit 0``, ``wait``, a bare ``echo`` or an empty command (SPEC §7).
+
+    A shell call is a call of a tool named in ``shell_tools``, or whose name names a shell:
+    one of its words (split at ``_``, ``-``, ``.``, ``/`` and case changes) is ``bash``,
+    ``sh``, ``zsh``, ``shell``, ``terminal``, ``powershell``, ``pwsh``, ``cmd``, ``command``
+    or ``exec`` (``run_shell_command``, ``execute_command``, ``runTerminalCommand``). Any
+    other tool is real work, whatever its arguments read like. The command is the
+    ``command``/``cmd``/``script``/``shell`` argument, or the only argument when there is
+    just one; a list of strings counts as argv, and an argv that runs a shell on ``-c``
+    (``["bash", "-lc", "true"]``) stands for the script it runs.
     """
+    if call.name not in shell_tools and not _shell_name(call.name):
+        return False
     args = call.input
     cmd: Any = next((args[k] for k in _COMMAND_KEYS if k in args), None)
     if cmd is None and len(args) == 1:
         cmd = next(iter(args.values()))
     if isinstance(cmd, list) and all(isinstance(part, str) for part in cmd):
-        cmd = " ".join(cmd)
+        if len(cmd) == 3 and cmd[0] in _SHELLS and cmd[1] in ("-c", "-lc"):
+            cmd = cmd[2]
+        else:
+            cmd = " ".join(cmd)
     return isinstance(cmd, str) and _NOOP.match(cmd) is not None
 
 

@@ -260,6 +260,56 @@ def test_keepalive_default_predicate_rejects_real_work(args: dict[str, Any]) -> 
     assert not is_keepalive(call("bash", **args))
 
 
+@pytest.mark.parametrize(
+    "tool_call",
+    [
+        call("lookup", word="true"),  # a dictionary lookup of the word "true"
+        call("search", query=""),
+        call("set_flag", enabled="true"),
+        call("think", thought="wait"),
+        call("game", command="wait"),  # a command, but not a shell's
+        call("write_file", path="x.sh", script=":"),
+    ],
+)
+def test_keepalive_is_a_shell_call_only(tool_call: ToolUseBlock) -> None:
+    """SPEC §7: a keep-alive is a *shell call* of ``true``, ``:`` and the like. A real tool whose
+    argument happens to read like a no-op is not one: it keeps the thresholds of its class."""
+    assert not is_keepalive(tool_call)
+    pol = IdenticalToolCallRun()
+    verdicts = run(pol, 12, tool_call)
+    assert first(verdicts, EndTurn) == 12 and first(verdicts, Nudge) == 8
+
+
+@pytest.mark.parametrize(
+    "tool_call",
+    [
+        call("bash", command="true"),
+        call("Bash", command=":", description="keep the session alive"),
+        call("run_shell_command", command="sleep 0"),
+        call("execute_command", command="true", requires_approval=False),
+        call("developer__shell", command="exit 0"),
+        call("run_terminal_cmd", command="true", is_background=False),
+        call("runTerminalCommand", command=":"),
+        call("exec_command", cmd="true"),
+        call("shell", command=["true"]),
+        call("shell", command=["bash", "-lc", "true"]),  # argv through a shell's -c
+        call("local_shell", argv=["sh", "-c", ":"]),
+        call("mcp__box__execute_bash", input="true"),  # a shell's only argument
+    ],
+)
+def test_keepalive_shell_calls_are_caught(tool_call: ToolUseBlock) -> None:
+    assert is_keepalive(tool_call)
+    pol = IdenticalToolCallRun()
+    assert first(run(pol, 4, tool_call), EndTurn) == 4
+
+
+def test_keepalive_shell_tools_names_a_shell_the_name_does_not_tell() -> None:
+    sandbox = call("sandbox", command="true")
+    assert not is_keepalive(sandbox)
+    assert is_keepalive(sandbox, shell_tools={"sandbox"})
+    assert not is_keepalive(call("sandbox", command="make"), shell_tools={"sandbox"})
+
+
 def test_keepalive_predicate_is_configurable() -> None:
     pol = IdenticalToolCallRun(keepalive=lambda c: c.name == "ping", nudge_at=None, end_at=None)
     assert first(run(pol, 4, call("ping")), EndTurn) == 4
