@@ -140,14 +140,23 @@ class StationarityPolicy(Policy):
     def __init__(self, *, tight_tools: Iterable[str] = (), poller_tools: Iterable[str] = ()) -> None:
         self.tight_tools = set(tight_tools)
         self.poller_tools = set(poller_tools)
+        # The names the last `bind` added (those the host named stay whatever the tools say).
+        self._bound_tight: set[str] = set()
+        self._bound_pollers: set[str] = set()
         self.reset()
 
     def bind(self, tools: Mapping[str, ToolSpec]) -> None:
-        for name, spec in tools.items():
-            if getattr(spec, "stationarity", "normal") == "tight":
-                self.tight_tools.add(name)
-            if getattr(spec, "poller", False):
-                self.poller_tools.add(name)
+        """Take the tool classes from ``tools``, the engine's tools now: a tool the last bind
+        made tight or a poller, and that ``tools`` does not declare so (gone, or declared
+        otherwise), leaves its class. Names given as ``tight_tools`` / ``poller_tools`` stay."""
+        tight = {n for n, spec in tools.items() if getattr(spec, "stationarity", "normal") == "tight"}
+        pollers = {n for n, spec in tools.items() if getattr(spec, "poller", False)}
+        self.tight_tools -= self._bound_tight
+        self._bound_tight = tight - self.tight_tools
+        self.tight_tools |= tight
+        self.poller_tools -= self._bound_pollers
+        self._bound_pollers = pollers - self.poller_tools
+        self.poller_tools |= pollers
 
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
         """Identity of one call (see the module docstring)."""

@@ -348,6 +348,26 @@ async def test_stationarity_tight_tools_use_4_and_8() -> None:
     assert events[-1].reason == "stationarity_ended" and events[-1].turns == 8  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("how", ["watch_tools", "subagent"])
+async def test_a_tool_that_is_no_longer_tight_gets_the_normal_thresholds(how: str) -> None:
+    """The tight class follows the tools an engine has now: a tool server that redeclares its
+    `todo` tool as normal, or a subagent given its own normal `todo`, is not ended at 8."""
+
+    @tool(name="todo")
+    async def plain_todo(items: list[str]) -> str:
+        return "ok"
+
+    calls = [same_call("todo", items=["x"])] * 20
+    if how == "watch_tools":
+        engine = QueryEngine(ScriptedModel(calls), tools=[todo], policies=[IdenticalToolCallRun()])
+        engine.watch_tools(lambda tools: [plain_todo])
+    else:
+        parent = QueryEngine(ScriptedModel(calls), tools=[todo], policies=[IdenticalToolCallRun()])
+        engine = parent.subagent(agent_id="sub-1", tools=[plain_todo])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12  # type: ignore[union-attr]
+
+
 async def test_stationarity_counters_reset_at_a_real_user_message_not_at_nudges() -> None:
     engine = QueryEngine(ScriptedModel([same_call()] * 30), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=7)
     await collect(engine, "go")  # 7 identical responses: below the nudge threshold

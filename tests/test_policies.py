@@ -344,6 +344,27 @@ def test_calls_whose_input_was_not_json_are_told_apart_by_what_the_model_sent() 
     assert first(same, Nudge) == 4 and first(same, EndTurn) == 8
     assert canonical_key(broken("{")) != canonical_key(call("todo"))
 
+def test_a_rebind_keeps_only_the_tool_classes_of_the_new_tool_set_and_those_named() -> None:
+    """Tight and poller classes come from the tools bound last (an engine whose tools changed, a
+    fork bound to a subagent's narrower set), plus the names given to the policy itself."""
+    pol = IdenticalToolCallRun(tight_tools=["notes"], poller_tools=["jobs"])
+    pol.bind({
+        "read_file": Spec("read_file", stationarity="tight"),
+        "todo": Spec("todo", stationarity="tight"),
+        "status": Spec("status", poller=True),
+    })  # fmt: skip
+    assert (pol.tight_tools, pol.poller_tools) == ({"notes", "read_file", "todo"}, {"jobs", "status"})
+    child = pol.fork()
+    assert isinstance(child, IdenticalToolCallRun)
+    child.bind({"read_file": Spec("read_file"), "status": Spec("status"), "notes": Spec("notes")})
+    assert (child.tight_tools, child.poller_tools) == ({"notes"}, {"jobs"})
+    assert (pol.tight_tools, pol.poller_tools) == ({"notes", "read_file", "todo"}, {"jobs", "status"})
+    pol.bind({"todo": Spec("todo", stationarity="tight")})
+    assert (pol.tight_tools, pol.poller_tools) == ({"notes", "todo"}, {"jobs"})
+    verdicts = run(child, 12, call("read_file", path="a.py"))  # no longer tight: 8 and 12, not 4 and 8
+    assert first(verdicts, Nudge) == 8 and first(verdicts, EndTurn) == 12
+
+
 def test_parallel_identical_calls_in_one_response_count() -> None:
     pol = IdenticalToolCallRun()
     assert isinstance(step(pol, *[call("mvn", goal="test") for _ in range(8)]), Nudge)
