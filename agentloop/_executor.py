@@ -157,7 +157,9 @@ class CallRunner:
         self.emit = mailbox.put
         self.permission = permission
         self.started: set[str] = set()
-        self._perm_lock: asyncio.Lock | None = None  # made on first use: most runs ask no one
+        # Prompts are asked one at a time, also across a parent and its subagents (`_prompt_lock`);
+        # the lock is found at the first prompt: most runs ask no one.
+        self._perm_lock: asyncio.Lock | None = None
         self.emit_any_thread = mailbox.put_any_thread()  # what tools get as ``ctx.emit``
 
     async def call(self, use: ToolUseBlock) -> None:
@@ -252,9 +254,9 @@ class CallRunner:
         assert self.permission is not None
         permission = self.permission
 
-        if self._perm_lock is None:
-            self._perm_lock = asyncio.Lock()
         lock = self._perm_lock
+        if lock is None:
+            lock = self._perm_lock = _prompt_lock(self.engine, permission)
 
         async def ask() -> Allow | Deny:
             async with lock:  # one prompt at a time
@@ -279,6 +281,20 @@ class CallRunner:
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         return decision
+
+
+def _prompt_lock(engine: QueryEngine, permission: PermissionCallback) -> asyncio.Lock:
+    """What ``engine``'s prompts take turns on: the lock of its parent's current turn when the
+    parent is running and asks the same callback (the subagents it runs, in parallel perhaps,
+    and the parent itself ask one person, one prompt at a time), else a lock of its own."""
+    parent = engine.parent
+    state = parent._state if parent is not None else None
+    runner = state.runner if state is not None else None
+    if parent is None or runner is None or runner.permission is not permission:
+        return asyncio.Lock()
+    if runner._perm_lock is None:
+        runner._perm_lock = _prompt_lock(parent, permission)
+    return runner._perm_lock
 
 
 def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from agentloop import (
+    Allow,
     ModelRequest,
+    PermissionRequested,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -586,3 +588,43 @@ def test_subagent_with_its_own_policies_does_not_fork_the_parents() -> None:
     assert child.policies == [mine]
     with pytest.raises(RuntimeError, match="holds a connection"):
         parent.subagent(agent_id="sub-2")  # without policies=, the parent's are forked
+
+
+async def test_subagents_running_at_once_ask_the_permission_callback_one_at_a_time() -> None:
+    """An engine asks its permission callback one call at a time (a person answers one prompt
+    at a time); children running in parallel share their parent's callback, so they take turns
+    with each other and with the parent, as the calls of one engine do."""
+    asking: list[str | None] = []
+    peak = 0
+
+    @tool
+    async def rm(path: str) -> str:
+        """Remove a file."""
+        return f"removed {path}"
+
+    async def ask(use: Any, ctx: ToolContext) -> Allow:
+        nonlocal peak
+        asking.append(ctx.engine.agent_id)
+        peak = max(peak, len(asking))
+        await asyncio.sleep(1)  # a person thinking (virtual time: everything else runs first)
+        asking.remove(ctx.engine.agent_id)
+        return Allow()
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        first = request.messages[0].text
+        done = any(m.tool_results for m in request.messages)
+        if first == "go":
+            calls = [ScriptedToolCall("task", {"task": "a.txt"}), ScriptedToolCall("task", {"task": "b.txt"})]
+            return "both removed" if done else ScriptedResponse(tool_calls=calls)
+        return f"{first} removed" if done else ScriptedResponse(tool_calls=[ScriptedToolCall("rm", {"path": first})])
+
+    with VirtualClock():
+        engine = QueryEngine(
+            ScriptedModel([script], cycle=True), tools=[rm, delegate_tool()], permission=ask, policies=[]
+        )
+        events = await collect(engine, "go")
+    prompts = [e.agent_id for e in events if isinstance(e, PermissionRequested)]
+    assert sorted(prompts, key=str) == sorted([None, None, "sub-1", "sub-2"], key=str)
+    assert peak == 1
+    assert events[-1].reason == "completed"  # type: ignore[attr-defined]
+    assert sorted(r.text for m in engine.messages for r in m.tool_results) == ["a.txt removed", "b.txt removed"]
