@@ -241,7 +241,9 @@ def _start_turn(
         st.controller.abort(spent.reason)
     for message in starts:
         engine._commit(message)
-    notify(engine.policies, "begin_turn", real_user=bool(starts) or _unanswered_person(engine.messages))
+    # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
+    real_user = any(map(_by_person, starts)) or _unanswered_person(engine.messages)
+    notify(engine.policies, "begin_turn", real_user=real_user)
     ids = tuple(m.meta["receipt"] for m in starts[:queued])
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
 

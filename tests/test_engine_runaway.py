@@ -393,6 +393,24 @@ async def test_stationarity_a_resume_without_a_new_message_keeps_the_count() -> 
     assert validate_transcript(engine.messages) == []
 
 
+async def test_stationarity_a_synthetic_prompt_is_not_a_person_and_keeps_the_count() -> None:
+    """A headless harness that answers ``stationarity_ended`` with an automatic "Continue." marks
+    it ``synthetic`` (no person wrote it): as when it appends one and resumes, the counts go on,
+    so the loop is stopped at the next identical call, not given a fresh allowance of twelve."""
+    auto = Message.user("Continue.", synthetic=True, kind="auto_continue")
+    for how in ("prompt", "appended"):
+        engine = QueryEngine(ScriptedModel([same_call()] * 40), tools=[read_file], policies=[IdenticalToolCallRun()])
+        first = await collect(engine, "go")
+        assert first[-1].reason == "stationarity_ended" and first[-1].turns == 12  # type: ignore[union-attr]
+        if how == "prompt":
+            again = await collect(engine, auto)
+        else:
+            engine.messages.append(auto)
+            again = await collect(engine)
+        assert again[-1].reason == "stationarity_ended" and again[-1].turns == 1, how  # type: ignore[union-attr]
+        assert validate_transcript(engine.messages) == []
+
+
 async def test_stationarity_a_new_engine_resuming_the_transcript_keeps_the_count() -> None:
     # A headless worker restarted after stationarity_ended (a new engine, new policies, the
     # saved transcript): the policies catch up on the calls since the last person's message.
