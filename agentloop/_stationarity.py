@@ -188,9 +188,10 @@ class StationarityPolicy(Policy):
 class IdenticalToolCallRun(StationarityPolicy):
     """Consecutive responses with the identical set of tool calls (SPEC §7).
 
-    At ``nudge_at`` repetitions a reminder is injected (again only when the
-    run reaches twice the count of the last nudge); at ``end_at`` the turn ends
-    with ``stationarity_ended``. A response made only of tight-class tools uses
+    At ``nudge_at`` repetitions a reminder is injected, once per pattern (set of
+    calls) until the next genuine user message: again only when a run of that
+    pattern reaches twice the count of its last nudge, also after a detour; at
+    ``end_at`` the turn ends with ``stationarity_ended``. A response made only of tight-class tools uses
     the tight thresholds. ``keepalive_end_at`` no-op calls in a row (any mix of
     them, per ``keepalive``) end the turn. ``None`` disables a threshold.
     Texts are `str.format` templates with ``{count}`` and ``{tools}``.
@@ -226,12 +227,12 @@ class IdenticalToolCallRun(StationarityPolicy):
     def reset(self) -> None:
         self._last: Signature | None = None
         self.count = 0
-        self._nudged = 0
+        self._nudged: dict[Signature, int] = {}  # pattern -> the count it was last nudged at
         self.idle = 0
 
     def on_response(self, message: Message) -> Verdict | None:
-        if not message.tool_uses:  # a response without calls breaks every run
-            self.reset()
+        if not message.tool_uses:  # a response without calls breaks every run (its nudges are kept)
+            self._last, self.count, self.idle = None, 0, 0
         return None
 
     def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
@@ -247,14 +248,14 @@ class IdenticalToolCallRun(StationarityPolicy):
         if base == self._last:
             self.count += m
         else:
-            self._last, self.count, self._nudged = base, m, 0
+            self._last, self.count = base, m
         tight = all(c.name in self.tight_tools for c in calls)
         nudge_at = self.tight_nudge_at if tight else self.nudge_at
         end_at = self.tight_end_at if tight else self.end_at
         if end_at is not None and self.count >= end_at:
             return EndTurn(self.end_text.format(count=self.count, tools=tools))
-        if nudge_at is not None and self.count >= max(nudge_at, 2 * self._nudged):
-            self._nudged = self.count
+        if nudge_at is not None and self.count >= max(nudge_at, 2 * self._nudged.get(base, 0)):
+            self._nudged[base] = self.count
             return Nudge(self.nudge_text.format(count=self.count, tools=tools))
         return None
 
@@ -338,7 +339,8 @@ class RepeatedErrorResult(StationarityPolicy):
     """Opt-in: the same error from the same tool ``nudge_at`` times in a row,
     whatever the arguments (the first ``prefix`` characters of the error are
     compared). A response with a successful result breaks the run: the calls of
-    one response are judged together, whatever their order."""
+    one response are judged together, whatever their order. Nudged once per error
+    until the next genuine user message, again when a run of it doubles."""
 
     nudge_text = (
         "The tool {tools} has returned the same error {count} times in a row. Repeating the call "
@@ -355,7 +357,7 @@ class RepeatedErrorResult(StationarityPolicy):
     def reset(self) -> None:
         self._last: Hashable | None = None
         self.count = 0
-        self._nudged = 0
+        self._nudged: dict[Hashable, int] = {}  # error -> the count it was last nudged at
 
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
         text = result.text[: self.prefix].strip() if result is not None else ""
@@ -382,10 +384,10 @@ class RepeatedErrorResult(StationarityPolicy):
         if k == self._last:
             self.count += len(errors)
         else:
-            self._last, self.count, self._nudged = k, len(errors), 0
+            self._last, self.count = k, len(errors)
         if self.end_at is not None and self.count >= self.end_at:
             return EndTurn(self.end_text.format(tools=name, count=self.count))
-        if self.count >= max(self.nudge_at, 2 * self._nudged):
-            self._nudged = self.count
+        if self.count >= max(self.nudge_at, 2 * self._nudged.get(k, 0)):
+            self._nudged[k] = self.count
             return Nudge(self.nudge_text.format(tools=name, count=self.count))
         return None

@@ -414,6 +414,29 @@ def test_nudge_fires_once_per_pattern_and_again_when_it_doubles() -> None:
     assert [i + 1 for i, v in enumerate(verdicts) if isinstance(v, Nudge)] == [8, 16]
 
 
+def test_a_pattern_nudged_once_is_not_nudged_again_after_a_detour_until_it_doubles() -> None:
+    """Once per pattern: a model nudged off a run that takes one other step and goes back to the
+    same calls is not nudged again at the same count (only when the run doubles); the turn ends
+    at ``end_at`` as before. Another pattern gets its own nudge."""
+    a, b = call("ls", path="."), call("cat", path="x")
+    pol = IdenticalToolCallRun(end_at=None)
+    verdicts = [*run(pol, 8, a), step(pol, b), *run(pol, 16, a), *run(pol, 8, b)]
+    assert [i + 1 for i, v in enumerate(verdicts) if isinstance(v, Nudge)] == [8, 25, 33]
+    pol = IdenticalToolCallRun()
+    ended = [*run(pol, 8, a), step(pol, b), *run(pol, 12, a)]
+    assert [(i + 1, type(v).__name__) for i, v in enumerate(ended) if v] == [(8, "Nudge"), (21, "EndTurn")]
+    pol.begin_turn(real_user=True)  # a person's message: every pattern may be nudged again
+    assert first(run(pol, 8, a), Nudge) == 8
+
+
+def test_a_repeated_error_nudged_once_is_not_nudged_again_after_a_success_until_it_doubles() -> None:
+    pol = RepeatedErrorResult(end_at=None)
+    fail = [step(pol, call("fetch", url="u"), result="404 Not Found", error=True) for _ in range(3)]
+    fail += [step(pol, call("fetch", url="v"))]
+    fail += [step(pol, call("fetch", url="u"), result="404 Not Found", error=True) for _ in range(6)]
+    assert [i + 1 for i, v in enumerate(fail) if isinstance(v, Nudge)] == [3, 10]
+
+
 def test_nudge_text_is_configurable_and_names_the_count() -> None:
     pol = IdenticalToolCallRun(nudge_at=2)
     pol.nudge_text = "again {count}x: {tools}"
