@@ -259,13 +259,16 @@ class CallRunner:
             lock = self._perm_lock = _prompt_lock(self.engine, permission)
 
         async def ask() -> Allow | Deny:
-            async with lock:  # one prompt at a time
-                self.signal.throw_if_aborted()
-                self.emit(PermissionRequested(tool_use=use))
-                decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
-                # A plain function answering at once is a permission callback too (as for on_abort).
-                return await decision if inspect.isawaitable(decision) else decision
+            self.signal.throw_if_aborted()
+            self.emit(PermissionRequested(tool_use=use))
+            decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
+            # A plain function answering at once is a permission callback too (as for on_abort).
+            return await decision if inspect.isawaitable(decision) else decision
 
+        # One prompt at a time. The turn is held by this call's task, not by the prompt's: a
+        # prompt abandoned for ignoring its cancellation gives the turn back all the same (an
+        # engine that shares it, a parent still running, may be waiting for it).
+        await _take_turn(lock, self.signal)  # AbortError if the run is aborted first
         try:
             decision = await race_abort(ask(), self.signal)
         except AbortError as exc:
@@ -276,6 +279,8 @@ class CallRunner:
             raise
         except BaseException as exc:  # GeneratorExit or a framework's own: the callback's failure too
             return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
+        finally:
+            lock.release()
         if isinstance(decision, Deny):
             return error_result(use.id, f"Permission denied: {decision.message}")
         if not isinstance(decision, Allow):
@@ -295,6 +300,33 @@ def _prompt_lock(engine: QueryEngine, permission: PermissionCallback) -> asyncio
     if runner._perm_lock is None:
         runner._perm_lock = _prompt_lock(parent, permission)
     return runner._perm_lock
+
+
+async def _take_turn(lock: asyncio.Lock, signal: AbortSignal) -> None:
+    """Acquire ``lock`` unless ``signal`` aborts first (then raise `AbortError`). Whatever ends
+    the wait (an abort, a cancellation), it never leaves the lock held."""
+    signal.throw_if_aborted()
+    acquiring = asyncio.ensure_future(lock.acquire())
+    waiter = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({acquiring, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        _give_back(acquiring, lock)
+        raise
+    finally:
+        waiter.cancel()
+    if signal.aborted:  # perhaps as the lock came: no prompt is asked
+        _give_back(acquiring, lock)
+        signal.throw_if_aborted()
+
+
+def _give_back(acquiring: asyncio.Future[Any], lock: asyncio.Lock) -> None:
+    """Release what ``acquiring`` took, or stop it (a cancelled `Lock.acquire` never holds the
+    lock: it hands its turn to the next waiter)."""
+    if not acquiring.done():
+        acquiring.cancel()
+    elif not acquiring.cancelled() and acquiring.exception() is None:
+        lock.release()
 
 
 def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:

@@ -628,3 +628,61 @@ async def test_subagents_running_at_once_ask_the_permission_callback_one_at_a_ti
     assert peak == 1
     assert events[-1].reason == "completed"  # type: ignore[attr-defined]
     assert sorted(r.text for m in engine.messages for r in m.tool_results) == ["a.txt removed", "b.txt removed"]
+
+
+async def test_a_subagent_prompt_abandoned_on_its_own_abort_does_not_hold_the_parents_prompts() -> None:
+    """A child aborted alone while its permission prompt is open, whose callback ignores the
+    cancellation (it is abandoned), must not keep the prompt turn it shares with its parent:
+    the parent goes on, and its next prompt is asked."""
+    release = asyncio.Event()
+    asked: list[str | None] = []
+
+    @tool
+    async def rm(path: str) -> str:
+        """Remove a file."""
+        return f"removed {path}"
+
+    async def ask(use: Any, ctx: ToolContext) -> Allow:
+        asked.append(ctx.engine.agent_id)
+        while ctx.engine.agent_id == "sub-1" and not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:  # a callback that swallows its cancellation
+                continue
+        return Allow()
+
+    model = ScriptedModel([
+        delegate("clean up"),
+        ScriptedResponse(tool_calls=[ScriptedToolCall("rm", {"path": "child.txt"})]),  # sub-1
+        ScriptedResponse(tool_calls=[ScriptedToolCall("rm", {"path": "parent.txt"})]),  # the parent goes on
+        "Done.",
+    ])
+    engine = QueryEngine(model, tools=[rm, delegate_tool()], permission=ask, policies=[])
+    children: list[QueryEngine] = []
+    real_subagent = engine.subagent
+
+    def spy(**kw: Any) -> QueryEngine:
+        child = real_subagent(**kw)
+        children.append(child)
+        return child
+
+    engine.subagent = spy  # type: ignore[method-assign]
+
+    async def drive() -> list[Any]:
+        events = []
+        async for ev in engine.run("go"):
+            events.append(ev)
+            if isinstance(ev, PermissionRequested) and ev.agent_id == "sub-1":
+                children[0].interrupt("child_only")
+        return events
+
+    try:
+        with VirtualClock():
+            events = await asyncio.wait_for(drive(), 60)
+    finally:
+        release.set()
+    assert asked == [None, "sub-1", None]
+    assert events[-1].reason == "completed"
+    results = [r.text for m in engine.messages for r in m.tool_results]
+    assert "child_only" in results[0] and results[1] == "removed parent.txt"
+    assert validate_transcript(engine.messages) == [] and validate_transcript(children[0].messages) == []
