@@ -686,3 +686,32 @@ async def test_a_subagent_prompt_abandoned_on_its_own_abort_does_not_hold_the_pa
     results = [r.text for m in engine.messages for r in m.tool_results]
     assert "child_only" in results[0] and results[1] == "removed parent.txt"
     assert validate_transcript(engine.messages) == [] and validate_transcript(children[0].messages) == []
+
+
+@pytest.mark.parametrize("whose", ["parent", "child"])
+async def test_a_deadline_stops_a_subagent_whichever_engine_set_it(whose: str) -> None:
+    """A child copies its parent's ``deadline`` and counts it from its own start; the parent's
+    deadline stops it all the same (its abort reaches the child, reason "deadline"). A child's
+    own deadline stops only the child: the parent gets an error result saying so and goes on."""
+    slow = ScriptedResponse(text="thinking aloud " * 100, chunk=5, delay=0.1)  # 30 s of streaming
+    model = ScriptedModel([delegate("long job"), slow, "The parent goes on."])
+    if whose == "parent":
+        engine = QueryEngine(model, tools=[delegate_tool(deadline=600.0)], policies=[], deadline=5.0)
+    else:
+        engine = QueryEngine(model, tools=[delegate_tool(deadline=5.0)], policies=[])
+    with VirtualClock() as clock:
+        start = clock.now
+        events = await collect(engine, "go")
+        took = clock.now - start
+    ends = {e.agent_id: e for e in events if isinstance(e, TurnEnded)}
+    assert ends["sub-1"].reason == "deadline" and ends["sub-1"].abort_reason == "deadline"
+    assert 4.99 <= took < 6.0
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert result.is_error
+    if whose == "parent":
+        assert ends[None].reason == "deadline" and ends[None].aborted_subagents == ("sub-1",)
+        assert result.text.startswith("Interrupted by user")
+    else:
+        assert ends[None].reason == "completed" and "deadline" in result.text
+        assert engine.messages[-1].text == "The parent goes on."
+    assert validate_transcript(engine.messages) == []
