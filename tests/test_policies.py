@@ -582,6 +582,32 @@ def test_property_stationarity_verdicts_ignore_the_order_of_a_responses_calls(
             verdicts.append((pol.on_response(msg), pol.on_results(msg, results) if uses else None))
         assert verdicts[0] == verdicts[1], calls
 
+@given(st.lists(st.tuples(st.sampled_from(["ls", "cat"]), st.integers(1, 3) | st.integers(8, 11)), max_size=12))
+def test_property_identical_run_nudges_each_pattern_at_doubling_counts_and_ends_at_end_at(
+    runs: list[tuple[str, int]],
+) -> None:
+    """Stretches of one call (a stretch may continue the one before it): the turn ends exactly
+    when a run of identical responses reaches 12; before that, each pattern is nudged first at 8
+    and again only at a run at least twice as long as its last nudge, whatever came between."""
+    pol = IdenticalToolCallRun()
+    last: str | None = None
+    length = 0
+    nudged: dict[str, int] = {}
+    for name, repeat in runs:
+        for _ in range(repeat):
+            length = length + 1 if name == last else 1
+            last = name
+            verdict = step(pol, call(name, path="."))
+            if length >= 12:
+                assert isinstance(verdict, EndTurn) and f"{length} times" in verdict.message
+                return  # the turn is over
+            if isinstance(verdict, Nudge):
+                assert length >= max(8, 2 * nudged.get(name, 0)), (name, length, nudged)
+                nudged[name] = length
+            else:
+                assert verdict is None and length < max(8, 2 * nudged.get(name, 0)), (name, length, nudged)
+
+
 def test_default_policies_are_conservative_doom_loop_and_identical_run() -> None:
     pols = default_policies()
     assert [type(p) for p in pols] == [ConservativeDoomLoopPolicy, IdenticalToolCallRun]
