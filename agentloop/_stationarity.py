@@ -46,7 +46,7 @@ _COMMAND_KEYS = ("command", "cmd", "script", "shell")
 # A word of a tool's name that makes it a shell (bash, run_shell_command, execute_command,
 # developer__shell, run_terminal_cmd, runTerminalCommand, exec_command, execute_powershell).
 _SHELL_WORDS = frozenset({"bash", "sh", "zsh", "shell", "terminal", "powershell", "pwsh", "cmd", "command", "exec"})
-_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # runTerminal, MCPShell
 _SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/bin/zsh"})
 
 

@@ -290,6 +290,7 @@ def test_keepalive_is_a_shell_call_only(tool_call: ToolUseBlock) -> None:
         call("developer__shell", command="exit 0"),
         call("run_terminal_cmd", command="true", is_background=False),
         call("runTerminalCommand", command=":"),
+        call("MCPShell", command="true"),
         call("exec_command", cmd="true"),
         call("shell", command=["true"]),
         call("shell", command=["bash", "-lc", "true"]),  # argv through a shell's -c
