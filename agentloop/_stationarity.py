@@ -158,6 +158,14 @@ class StationarityPolicy(Policy):
         self._bound_pollers = pollers - self.poller_tools
         self.poller_tools |= pollers
 
+    def fork(self) -> Policy:
+        """A copy with its settings and tool classes, and none of this one's counts: a subagent
+        counts its own calls (also one that starts with nothing a person wrote)."""
+        twin = super().fork()
+        if isinstance(twin, StationarityPolicy):
+            twin.reset()
+        return twin
+
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
         """Identity of one call (see the module docstring)."""
         name, args = canonical_key(call)

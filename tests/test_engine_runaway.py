@@ -24,6 +24,7 @@ from agentloop import (
     TextDelta,
     ThinkingDelta,
     ToolResultBlock,
+    ToolUseBlock,
     TurnEnded,
     tool,
     validate_transcript,
@@ -409,6 +410,32 @@ async def test_stationarity_a_synthetic_prompt_is_not_a_person_and_keeps_the_cou
             again = await collect(engine)
         assert again[-1].reason == "stationarity_ended" and again[-1].turns == 1, how  # type: ignore[union-attr]
         assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("how", ["synthetic prompt", "resumed transcript"])
+async def test_stationarity_a_subagent_starts_with_none_of_its_parents_counts(how: str) -> None:
+    """`subagent()` forks the parent's policies: the fork is fresh, so a child that starts with
+    nothing a person wrote (a prompt marked synthetic, a transcript it resumes) does not inherit
+    the parent's run of seven identical calls and get nudged at its own first call."""
+    parent = QueryEngine(ScriptedModel([same_call()] * 7), tools=[read_file], policies=[IdenticalToolCallRun()], max_turns=7)
+    await collect(parent, "go")  # seven identical calls: one short of the nudge
+    child_model = ScriptedModel([same_call()] * 20)
+    if how == "synthetic prompt":
+        child = parent.subagent(agent_id="helper", model=child_model, max_turns=None)
+        events = await collect(child, Message.user("Carry on.", synthetic=True))
+    else:
+        call = ScriptedToolCall("read_file", {"path": "a.py"})  # the child's own first call of the run
+        history = [
+            Message.user("read a.py"),
+            Message(role="assistant", content=[ToolUseBlock(id="c1", name=call.name, input=call.input)]),
+            Message(role="user", content=[ToolResultBlock(tool_use_id="c1", content="b")]),
+        ]
+        child = parent.subagent(agent_id="helper", model=child_model, messages=history, max_turns=None)
+        events = await collect(child)
+    own = 0 if how == "synthetic prompt" else 1  # calls of the run the child had made already
+    nudges = [e for e in events if isinstance(e, PolicyNudge)]
+    assert len(nudges) == 1 and "8 times" in nudges[0].reminder
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12 - own  # type: ignore[union-attr]
 
 
 async def test_stationarity_a_new_engine_resuming_the_transcript_keeps_the_count() -> None:
