@@ -15,7 +15,9 @@ stays open for the next call.
 Connection lifetime: one connection per `MCPServer`, opened on first use and
 shared by the main engine and all its subagents. It is closed only by its
 owner (`aclose` or leaving ``async with``) or by the main-only abort hook
-`on_main_abort`, never by a subagent's interrupt.
+`on_main_abort`, never by a subagent's interrupt. A connection the server closed
+(a stdio server exited) is dropped at once: the next call opens a new one, and a
+call starts the server at most once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:
+    import anyio
     import httpx2
     from mcp import ClientSession, StdioServerParameters, types
     from mcp.client.stdio import stdio_client
@@ -72,17 +75,34 @@ class _Connection:
     The SDK's transports are anyio task groups, which must be exited by the task
     that entered them; a dedicated owner task lets any task (a tool call, an
     abort hook, ``aclose``) use and close the connection.
+
+    ``lost`` turns True when the transport's read stream ends: the server closed the
+    connection (a stdio server's stdout ended, its process exited). Once the session is
+    ready, ``on_lost`` is then called with the connection, at once.
     """
 
     def __init__(
-        self, connect: Connect, label: str, timeout: float | None, on_message: Callable[[object], None]
+        self,
+        connect: Connect,
+        label: str,
+        timeout: float | None,
+        on_message: Callable[[object], None],
+        on_lost: Callable[[_Connection], None],
     ) -> None:
         self._stop = asyncio.Event()
         self._on_message = on_message
+        self._on_lost = on_lost
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.label = label
         self.timeout = timeout  # for the initialize handshake
+        self.lost = False
         self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
+
+    @property
+    def ready(self) -> bool:
+        """Whether the session is open (it may be lost since)."""
+        ready = self._ready
+        return ready.done() and not ready.cancelled() and ready.exception() is None
 
     async def session(self) -> ClientSession:
         # shield: a caller giving up must not cancel the shared future.
@@ -91,7 +111,10 @@ class _Connection:
     async def _run(self, connect: Connect) -> None:
         timeout = self.timeout
         try:
-            async with connect() as (read, write), ClientSession(read, write, message_handler=self._message) as session:
+            async with (
+                connect() as (read, write),
+                ClientSession(_Watched(read, self._ended), write, message_handler=self._message) as session,
+            ):
                 try:
                     async with asyncio.timeout(timeout):
                         await session.initialize()
@@ -100,6 +123,8 @@ class _Connection:
                         f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
                     ) from None
                 self._ready.set_result(session)
+                if self.lost:  # it ended as the handshake finished
+                    self._on_lost(self)
                 await self._stop.wait()
         except Exception as exc:
             if not self._ready.done():
@@ -111,6 +136,13 @@ class _Connection:
                 self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
             if not self._ready.cancelled():
                 self._ready.exception()  # mark it retrieved: callers may all have given up
+
+    def _ended(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        if self.ready:
+            self._on_lost(self)  # before that, the handshake fails and `MCPServer.session` drops it
 
     async def _message(self, message: object) -> None:
         # Runs in the SDK's read loop: it must not wait for the server (a request from here
@@ -124,6 +156,47 @@ class _Connection:
             self._task.cancel()  # still connecting: nobody is using it yet
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(self._task)
+
+
+class _Watched:
+    """A transport's read stream that calls ``on_end`` when it ends (the server closed the
+    connection). The SDK's session fails the requests then in flight, and every later one;
+    this lets the next one go to a new connection instead, since it never reached the old."""
+
+    __slots__ = ("_on_end", "_stream")
+
+    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # the streamable HTTP transport's, read by the SDK's dispatcher
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class MCPServer:
@@ -266,18 +339,35 @@ class MCPServer:
         server cannot be reached, and TimeoutError when it does not answer
         ``initialize`` within ``connect_timeout`` (the next call tries again).
         """
+        return (await self._open())[1]
+
+    async def _open(self) -> tuple[_Connection, ClientSession]:
+        """The current connection and its session, connecting first if needed (at most once:
+        a server that keeps exiting at start-up fails each call once, it is never retried)."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
             self._forgotten = False
-            conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout, self._on_message)
+            conn = self._conn = _Connection(
+                self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
+            )
         try:
-            return await conn.session()
+            session = await conn.session()
         except Exception:
             if self._conn is conn:
                 self._conn = None
             raise
+        if conn.lost:  # `_on_lost` took it out of use already
+            raise MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label} closed it at once")
+        return conn, session
+
+    def _on_lost(self, conn: _Connection) -> None:
+        """The server closed the connection ``conn`` (a stdio server exited): take it out of
+        use, so that the next call, which cannot have reached the old server, opens a new one."""
+        if self._conn is conn and not self._closed:
+            log.warning("MCP server %s closed the connection; the next call opens a new one", self.label)
+            self._detach()
 
     async def reset(self) -> None:
         """Close the current connection; the next call opens a new one."""
@@ -361,8 +451,10 @@ class MCPServer:
         `TimeoutError` when the server has not answered every page within ``connect_timeout``
         (the requests are cancelled; the connection is kept, connecting is bounded apart).
         """
-        session = await self.session()
-        conn = self._conn
+        conn, session = await self._open()
+        return await self._list(conn, session)
+
+    async def _list(self, conn: _Connection, session: ClientSession) -> list[Tool]:
         timeout = self.connect_timeout
         try:
             async with asyncio.timeout(timeout) as bound:
@@ -381,7 +473,7 @@ class MCPServer:
             self._relist_due = False  # this listing comes from the current connection
         return tools
 
-    async def _pages(self, session: ClientSession, conn: _Connection | None) -> list[types.Tool]:
+    async def _pages(self, session: ClientSession, conn: _Connection) -> list[types.Tool]:
         """Every page of the server's tools/list answer."""
         specs: list[types.Tool] = []
         cursor: str | None = None
@@ -485,9 +577,12 @@ class MCPServer:
         timeout = self.connect_timeout
         while self._stale and not self._closed:
             self._stale = False
+            conn = self._conn
+            if conn is None or not conn.ready:
+                return  # the call that opens the next connection lists them (`_relist_due`)
             try:
                 async with asyncio.timeout(timeout):
-                    await self.list_tools()
+                    await self._list(conn, await conn.session())
             except TimeoutError:
                 log.warning(
                     "MCP server %s: it did not answer tools/list within %s s (listing its tools again); "
@@ -539,8 +634,7 @@ class MCPServer:
         return call.result()
 
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
-        session = await self.session()
-        conn = self._conn
+        conn, session = await self._open()
         if self._relist_due:  # the first call on a new connection: list its tools afresh
             self._relist_due = False
             self._start_relisting()
@@ -556,9 +650,9 @@ class MCPServer:
             await asyncio.wait((relisting,))
         return result
 
-    async def _lost(self, exc: MCPError, conn: _Connection | None) -> None:
+    async def _lost(self, exc: MCPError, conn: _Connection) -> None:
         forgotten, self._forgotten = self._forgotten, False
-        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn and conn is not None:
+        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn:
             await self.reset()  # the server went away, or forgot the session: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:

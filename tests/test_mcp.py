@@ -82,6 +82,33 @@ async def _run(tool: Tool, args: dict[str, Any], signal: Any = None) -> Any:
     return await tool.handler(args, _ctx(signal or AbortController().signal))
 
 
+class _FakeConnection:
+    """Stands for the connection of a `MCPServer` whose session is a test's fake."""
+
+    lost = False
+    ready = True
+
+    def __init__(self, fake: Any) -> None:
+        self.fake = fake
+
+    async def session(self) -> Any:
+        return self.fake
+
+    async def close(self) -> None:
+        pass
+
+
+def _serve(srv: MCPServer, fake: Any) -> None:
+    """Make ``srv`` talk to ``fake``, an object with the `ClientSession` methods the test needs."""
+    conn = _FakeConnection(fake)
+
+    async def open_connection() -> Any:
+        srv._conn = conn  # type: ignore[assignment]
+        return conn, fake
+
+    srv._open = open_connection  # type: ignore[method-assign]
+
+
 async def test_list_tools_maps_name_description_and_schema(server: MCPServer) -> None:
     tools = {t.name: t for t in await server.list_tools()}
     assert {"echo", "add", "slow", "fail", "pid"} <= set(tools)
@@ -472,14 +499,38 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
     assert not _alive(old_pid)  # leaving `async with` waited for it to be stopped
 
 
-async def test_listing_tools_after_the_server_died_reconnects_on_the_next_call(server: MCPServer) -> None:
-    old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+async def test_a_server_that_died_while_idle_is_started_afresh_by_the_next_call(server: MCPServer) -> None:
+    # The process exited between two calls: the client sees its stdout end, so the next call,
+    # which never reached the dead process, goes to a new one instead of failing once.
+    tools = {t.name: t for t in await server.list_tools()}
+    old_pid = int((await _run(tools["pid"], {})).text)
     os.kill(old_pid, signal.SIGKILL)
-    await _until(lambda: not _alive(old_pid), "the server to die")
-    with pytest.raises(MCPError, match="Connection closed"):
-        await server.list_tools()
-    assert {"echo", "pid"} <= {t.name for t in await server.list_tools()}  # a new server process
-    assert int((await server.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the server's death")
+    result = await _run(tools["pid"], {})
+    assert not result.is_error and int(result.text) != old_pid
+    os.kill(int(result.text), signal.SIGKILL)  # and the same for a listing
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the second death")
+    assert {"echo", "pid"} <= {t.name for t in await server.list_tools()}
+
+
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
+
+
+async def test_a_server_that_keeps_dying_is_started_once_per_call_and_no_call_is_sent_twice(tmp_path: Path) -> None:
+    # The first process works until a call kills it; every later one exits right after `initialize`.
+    starts = tmp_path / "starts"
+    args = [RAW_SERVER, "--starts", str(starts), "--die-after-init-from", "2"]
+    async with MCPServer.stdio(sys.executable, args, connect_timeout=10) as srv:
+        assert "exit" in {t.name for t in await srv.list_tools()}
+        with pytest.raises(MCPError, match="Connection closed"):
+            await srv.call_tool("exit", {})  # it died in the call: the call may have had effects
+        assert len(starts.read_text().splitlines()) == 1  # ...so it is not sent again
+        for calls in (1, 2, 3):
+            with pytest.raises(MCPError):
+                await srv.call_tool("pid", {})
+            assert len(starts.read_text().splitlines()) == 1 + calls  # one start per call, no loop
+            await _until(lambda: repr(srv).endswith(" idle>"), "the dead connection to be dropped")
+    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("agentloop-mcp")] == []
 
 
 async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
@@ -508,10 +559,7 @@ async def test_a_server_whose_tool_pages_never_end_is_an_error_not_a_hang() -> N
     looping = Looping()
     srv = MCPServer(contextlib.nullcontext, label="looping")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return looping
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, looping)
     with pytest.raises(MCPError, match="repeated the tools/list cursor 'page-2'"):
         await srv.list_tools()
     assert looping.calls == 2
@@ -603,10 +651,7 @@ async def test_a_tool_listed_twice_is_offered_once_with_a_warning(caplog: pytest
 
     srv = MCPServer(contextlib.nullcontext, label="doubled", prefix="d_")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return Doubled()
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, Doubled())
     with caplog.at_level("WARNING", logger="agentloop"):
         tools = await srv.list_tools()
     assert [(t.name, t.description) for t in tools] == [("d_dup", "first"), ("d_one", "")]
@@ -648,10 +693,7 @@ async def test_a_relisting_the_server_never_answers_is_bounded_by_connect_timeou
     mute = Mute()
     srv = MCPServer(contextlib.nullcontext, label="mute", connect_timeout=0.05)  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return mute
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, mute)
     tools = await srv.list_tools()
     with caplog.at_level("WARNING", logger="agentloop"):
         async with asyncio.timeout(10):  # the bound under test is 0.05 s; this only stops a hang
@@ -810,9 +852,7 @@ async def test_after_a_lost_connection_the_next_poll_sees_the_restarted_servers_
     current = {t.name: t for t in grown}
     old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
     os.kill(old_pid, signal.SIGKILL)
-    await _until(lambda: not _alive(old_pid), "the server to die")
-    with pytest.raises(MCPError, match="Connection closed"):
-        await server.call_tool("pid", {})
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the server's death")
     new_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
     assert new_pid != old_pid
     fresh = server.follow_tools(current)  # a new process: `extra` was never added to it
@@ -842,10 +882,7 @@ async def test_a_tool_schema_the_providers_refuse_is_made_an_object_or_the_tool_
 
     srv = MCPServer(contextlib.nullcontext, label="loose")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return Loose()
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, Loose())
     with caplog.at_level("WARNING", logger="agentloop"):
         tools = {t.name: t for t in await srv.list_tools()}
     assert list(tools) == ["bare", "ref", "nullable", "ok"]
