@@ -59,6 +59,11 @@ _SESSION_HEADER = "mcp-session-id"
 #: The loggers that quote an MCP server's URL, query string and all.
 _URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 
+#: The listings that notifications/tools/list_changed may cause between two calls. A server may
+#: say its list changed at every listing (a notification along with its tools/list answer):
+#: listing again each time would never end, and a call's result waits for the listing.
+_RELISTS = 3
+
 Streams = tuple[Any, Any]
 Connect = Callable[[], AbstractAsyncContextManager[Streams]]
 
@@ -235,6 +240,8 @@ class MCPServer:
         # restarted process, a new HTTP session) may offer other tools, so they are listed again.
         self._relist_due = False
         self._relisting: asyncio.Task[None] | None = None
+        self._relists_left = _RELISTS  # listings the server's notifications may still cause before the next call
+        self._relists_warned = False
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         # The HTTP server answered 404 to a request of the current session: it forgot the session.
         self._forgotten = False
@@ -569,17 +576,29 @@ class MCPServer:
 
     async def _relist(self) -> None:
         """List the tools again (the server said they changed, or a new connection replaced
-        one whose tools were listed), as long as the server keeps saying they changed.
+        one whose tools were listed), as long as the server keeps saying they changed, up to
+        `_RELISTS` listings between two calls.
 
         Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
         model's next request sees the new list), and a server that never answers must not hold
         that call, and the turn, for ever. On timeout the tools listed before are kept."""
         timeout = self.connect_timeout
         while self._stale and not self._closed:
-            self._stale = False
             conn = self._conn
             if conn is None or not conn.ready:
                 return  # the call that opens the next connection lists them (`_relist_due`)
+            if self._relists_left <= 0:  # `_stale` stays: the next call lists them again
+                log.log(
+                    logging.DEBUG if self._relists_warned else logging.WARNING,
+                    "MCP server %s keeps saying its tool list changed (%d listings since the last call); "
+                    "it is listed again at the next call",
+                    self.label,
+                    _RELISTS,
+                )
+                self._relists_warned = True
+                return
+            self._relists_left -= 1
+            self._stale = False
             try:
                 async with asyncio.timeout(timeout):
                     await self._list(conn, await conn.session())
@@ -635,7 +654,10 @@ class MCPServer:
 
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
         conn, session = await self._open()
-        if self._relist_due:  # the first call on a new connection: list its tools afresh
+        self._relists_left = _RELISTS
+        # The first call on a new connection lists its tools afresh, as does a call after a change
+        # the server announced once its listings for the last call ran out.
+        if self._relist_due or self._stale:
             self._relist_due = False
             self._start_relisting()
         try:

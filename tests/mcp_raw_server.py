@@ -6,7 +6,8 @@ not JSON, requests to the client, a server that exits at a chosen moment.
 
 ``--starts FILE`` appends one line per start; ``--die-after-init-from N`` makes the N-th start
 (and every later one) exit right after answering ``initialize``; ``--version V`` answers
-``initialize`` with protocol version V; ``--noise`` prints a banner before the first answer.
+``initialize`` with protocol version V; ``--noise`` prints a banner before the first answer; ``--changes-on-list`` says the tool list
+changed at every ``tools/list``; ``--methods FILE`` appends the method of each message received.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def main() -> None:
     parser.add_argument("--version", default="")
     parser.add_argument("--noise", action="store_true")
     parser.add_argument("--changes-on-list", action="store_true", help="every tools/list says the list changed")
+    parser.add_argument("--methods", type=Path, help="a file to append the method of each message received to")
     args = parser.parse_args()
     start = 1
     if args.starts is not None:
@@ -107,6 +109,9 @@ def main() -> None:
     while True:
         message = receive()
         method = message.get("method")
+        if args.methods is not None:
+            with args.methods.open("a") as f:
+                f.write(f"{method}\n")
         if method is None:
             answers[message.get("id")] = message
         elif method == "initialize":

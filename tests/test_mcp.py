@@ -893,3 +893,29 @@ async def test_a_tool_schema_the_providers_refuse_is_made_an_object_or_the_tool_
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "'text'" in warnings[0] and "loose" in warnings[0], warnings
     assert all(t.handler.listing == frozenset(tools) for t in tools.values())  # type: ignore[attr-defined]
+
+
+async def test_a_server_that_says_its_tools_changed_at_every_listing_is_not_listed_for_ever(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each tools/list brings another notifications/tools/list_changed: listing again on each one
+    # never ended, and a call's result waits for the listing.
+    methods = tmp_path / "methods"
+    args = [RAW_SERVER, "--changes-on-list", "--methods", str(methods)]
+
+    def listings() -> int:
+        return methods.read_text().splitlines().count("tools/list")
+
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with MCPServer.stdio(sys.executable, args, connect_timeout=10) as srv:
+            await srv.list_tools()
+            for _ in range(2):
+                async with asyncio.timeout(20):
+                    result = await srv.call_tool("changes", {})
+                assert result_to_block("t", result).text == "changed"
+                await _until(lambda: srv._relisting is None or srv._relisting.done(), "the listing to stop")
+            settled = listings()
+            assert settled <= 1 + 3 * 3, settled  # at most three listings per call, not an endless stream
+            assert (await srv.call_tool("pid", {})).content  # still usable
+    assert listings() <= settled + 3
+    assert any("keeps saying" in r.getMessage() for r in caplog.records), caplog.text
