@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -45,6 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._abort import AbortSignal
 from ._engine import wait_at_run_end
 from ._errors import AbortError
+from ._mcp_stdio import stdio_transport
 from ._messages import TextBlock, ToolResultBlock
 from ._tools import Tool, ToolContext, ToolOutput, safe_name
 from .models._http import hide_url_credentials
@@ -101,6 +103,7 @@ class _Connection:
         self.label = label
         self.timeout = timeout  # for the initialize handshake
         self.lost = False
+        self._read: Any = None  # the transport's read stream
         self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
 
     @property
@@ -109,6 +112,19 @@ class _Connection:
         ready = self._ready
         return ready.done() and not ready.cancelled() and ready.exception() is None
 
+    def why(self, *, stderr: bool = False) -> str:
+        """Why the server closed the connection, as far as the transport says (a stdio server's
+        exit status; with ``stderr``, the last lines it wrote there): a suffix for a message."""
+        reason = getattr(self._read, "end_reason", None)
+        if not reason:
+            return ""
+        tail = getattr(self._read, "stderr_tail", "") if stderr else ""
+        return f": {reason}" + (f"; the last lines of its stderr: {tail}" if tail else "")
+
+    def closed(self, how: str = "", *, stderr: bool = False) -> MCPError:
+        """The error for a request the closed connection failed, saying why it closed."""
+        return MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
+
     async def session(self) -> ClientSession:
         # shield: a caller giving up must not cancel the shared future.
         return await asyncio.shield(self._ready)
@@ -116,24 +132,26 @@ class _Connection:
     async def _run(self, connect: Connect) -> None:
         timeout = self.timeout
         try:
-            async with (
-                connect() as (read, write),
-                ClientSession(_Watched(read, self._ended), write, message_handler=self._message) as session,
-            ):
-                try:
-                    async with asyncio.timeout(timeout):
-                        await session.initialize()
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
-                    ) from None
-                self._ready.set_result(session)
-                if self.lost:  # it ended as the handshake finished
-                    self._on_lost(self)
-                await self._stop.wait()
+            async with connect() as (read, write):
+                self._read = read
+                async with ClientSession(_Watched(read, self._ended), write, message_handler=self._message) as session:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await session.initialize()
+                    except TimeoutError:
+                        raise TimeoutError(
+                            f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
+                        ) from None
+                    self._ready.set_result(session)
+                    if self.lost:  # it ended as the handshake finished
+                        self._on_lost(self)
+                    await self._stop.wait()
         except Exception as exc:
             if not self._ready.done():
-                self._ready.set_exception(_unwrap(exc))
+                error = _unwrap(exc)
+                if isinstance(error, MCPError) and error.code == types.CONNECTION_CLOSED and self.why():
+                    error = self.closed(stderr=True)  # the server is stopped by now: its stderr is all in
+                self._ready.set_exception(error)
             else:
                 log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
         finally:
@@ -258,15 +276,34 @@ class MCPServer:
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        max_message_size: int | None = 64 << 20,
         **options: Any,
     ) -> MCPServer:
         """A server started as a subprocess and spoken to over its stdin/stdout.
 
-        ``env`` is merged over the SDK's safe default environment. The process
-        starts on first use and is stopped when the connection closes.
+        ``env`` is merged over the SDK's safe default environment (``HOME``, ``PATH``,
+        ``SHELL``, ``TERM``, ``USER``, ``LOGNAME``): nothing else of the host's environment,
+        its API keys included, reaches the server. The process starts on first use, in a
+        process group of its own, and is stopped (with what it left in its group) when the
+        connection closes. Its stderr is logged line by line on the ``agentloop`` logger at
+        INFO, with the values of the credentials in ``env`` (a name holding ``key``,
+        ``token``, ``secret``, ``pass``...) replaced by ``[REDACTED]``. ``max_message_size``:
+        the most bytes one message from the server may hold (None: no limit); a longer one
+        ends the connection, failing the calls in flight.
         """
-        params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
-        return cls(lambda: stdio_client(params), label=f"stdio:{command}", **options)
+        label = f"stdio:{command}"
+        if sys.platform == "win32":  # pragma: no cover - process groups are POSIX: the SDK's transport
+            params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
+            return cls(lambda: stdio_client(params), label=label, **options)
+        argv = tuple(args)
+        environment = dict(env or {})
+
+        def connect() -> AbstractAsyncContextManager[Streams]:
+            return stdio_transport(
+                command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size
+            )
+
+        return cls(connect, label=label, **options)
 
     @classmethod
     def http(
@@ -366,14 +403,18 @@ class MCPServer:
                 self._conn = None
             raise
         if conn.lost:  # `_on_lost` took it out of use already
-            raise MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label} closed it at once")
+            raise conn.closed(" as soon as it was open", stderr=True)
         return conn, session
 
     def _on_lost(self, conn: _Connection) -> None:
         """The server closed the connection ``conn`` (a stdio server exited): take it out of
         use, so that the next call, which cannot have reached the old server, opens a new one."""
         if self._conn is conn and not self._closed:
-            log.warning("MCP server %s closed the connection; the next call opens a new one", self.label)
+            log.warning(
+                "MCP server %s closed the connection%s; the next call opens a new one",
+                self.label,
+                conn.why(stderr=True),
+            )
             self._detach()
 
     async def reset(self) -> None:
@@ -664,6 +705,8 @@ class MCPServer:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
             await self._lost(exc, conn)
+            if exc.code == types.CONNECTION_CLOSED and conn.why():
+                raise conn.closed() from exc  # the server's stderr stays in the log: this goes to the model
             raise
         relisting = self._relisting
         if relisting is not None and not relisting.done():

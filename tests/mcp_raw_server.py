@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,9 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         answer = ask(f"{name}-1", "ping" if name == "ping" else "roots/list")
         send(text(request_id, json.dumps({k: answer[k] for k in ("result", "error") if k in answer})))
     elif name == "exit":  # dies in the middle of the call
+        if arguments.get("orphan"):  # leaving behind a process that holds its stdout open
+            orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            Path(arguments["orphan"]).write_text(str(orphan.pid))
         os._exit(int(arguments.get("code", 1)))
     elif name == "stderr":
         sys.stderr.write(str(arguments.get("text", "")))

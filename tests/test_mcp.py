@@ -7,6 +7,7 @@ import base64
 import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import signal
@@ -476,7 +477,7 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
 
     grace = 0.3
     model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 30})]), "ok"])
-    # The server stays alive 30 s after its stdin closes: the SDK gives it 2 s, then kills it.
+    # The server stays alive 30 s after its stdin closes: it gets 2 s, then its group is TERMed.
     async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers), "--linger", "30"]) as srv:
         tools = await srv.list_tools()
         old_pid = int((await srv.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
@@ -919,3 +920,138 @@ async def test_a_server_that_says_its_tools_changed_at_every_listing_is_not_list
             assert (await srv.call_tool("pid", {})).content  # still usable
     assert listings() <= settled + 3
     assert any("keeps saying" in r.getMessage() for r in caplog.records), caplog.text
+
+
+# -- the stdio wire ------------------------------------------------------------------
+
+
+def _raw(*args: str, **options: Any) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [RAW_SERVER, *args], **{"connect_timeout": 10, **options})
+
+
+async def test_messages_split_or_joined_across_writes_and_requests_from_the_server() -> None:
+    async with _raw() as srv:
+        assert result_to_block("t", await srv.call_tool("split", {})).text == "héllo, split"
+        assert result_to_block("t", await srv.call_tool("joined", {})).text == "joined"
+        assert json.loads(result_to_block("t", await srv.call_tool("ping", {})).text) == {"result": {}}
+        roots = json.loads(result_to_block("t", await srv.call_tool("roots", {})).text)
+        assert roots["error"]["code"] == types.INVALID_REQUEST  # declined: the roots capability is not offered
+
+
+async def test_a_large_stdio_message_is_read_in_linear_time() -> None:
+    # The SDK's reader joined each 64 KiB read to all that came before it: a 40 MB result took
+    # 9 s of CPU (quadratic), and a 64 MiB one about 25 s.
+    async with _raw() as srv:
+        spent = {}
+        for size in (4 << 20, 32 << 20):
+            started = time.process_time()
+            result = await srv.call_tool("big", {"n": size})
+            spent[size] = time.process_time() - started
+            assert len(result_to_block("t", result).text) == size
+    assert spent[32 << 20] < 24 * spent[4 << 20] + 0.5, spent  # 8 times the size: about 8 times the work
+
+
+async def test_a_stdio_message_over_max_message_size_ends_the_connection_with_an_error() -> None:
+    async with _raw(max_message_size=1 << 20) as srv:
+        first = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        assert result_to_block("t", await srv.call_tool("big", {"n": 1000})).text == "x" * 1000
+        with pytest.raises(MCPError, match="more than 1048576 bytes"):
+            await srv.call_tool("big", {"n": 2 << 20})
+        again = int(result_to_block("t", await srv.call_tool("pid", {})).text)  # a new server
+        assert again != first
+
+
+async def test_lines_on_stdout_that_are_not_json_rpc_are_skipped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A banner or a print() on stdout: the SDK logged each such line (a blank one too) as an ERROR
+    # with a traceback, quoting it.
+    with caplog.at_level("DEBUG"):
+        async with _raw("--noise") as srv:
+            for _ in range(2):
+                assert result_to_block("t", await srv.call_tool("noise", {})).text == "after the noise"
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and srv.label in warnings[0] and "my-server v1.0" in warnings[0], warnings
+
+
+async def test_the_servers_stderr_goes_to_the_log_with_its_credentials_scrubbed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "ghp-very-secret-4711"
+    env = {"GITHUB_TOKEN": secret, "MODE": "dev"}
+    with caplog.at_level("INFO", logger="agentloop"):
+        async with _raw(env=env) as srv:
+            text = f"auth failed for {secret}\nmode dev, second line\n" + "z" * (1 << 20) + "\n"
+            assert result_to_block("t", await srv.call_tool("stderr", {"text": text})).text == "written"
+            await _until(lambda: "second line" in caplog.text, "the stderr lines to be logged")
+    lines = [r.getMessage() for r in caplog.records if "stderr" in r.getMessage()]
+    assert any(srv.label in m and "auth failed for [REDACTED]" in m for m in lines), lines
+    assert any("mode dev, second line" in m for m in lines)
+    assert secret not in caplog.text
+    assert max(len(m) for m in lines) < 5000  # a huge line is cut
+
+
+async def test_a_server_that_exits_at_start_up_says_why() -> None:
+    script = "import sys; sys.stderr.write('error: config file missing\\n'); sys.exit(3)"
+    srv = MCPServer.stdio(sys.executable, ["-c", script])
+    with pytest.raises(MCPError, match="Connection closed") as info:
+        await srv.list_tools()
+    assert "status 3" in str(info.value) and "error: config file missing" in str(info.value)
+    await srv.aclose()
+
+
+async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_fails_the_call(
+    tmp_path: Path,
+) -> None:
+    # Its stdout never ends (a child it left behind holds it): the exit itself ends the connection.
+    orphan = tmp_path / "orphan"
+    async with _raw() as srv:
+        first = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        async with asyncio.timeout(10):
+            with pytest.raises(MCPError, match="Connection closed"):
+                await srv.call_tool("exit", {"orphan": str(orphan)})
+        again = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        assert again != first
+    await _until(lambda: not _alive(int(orphan.read_text())), "the process it left behind to be stopped")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=40), max_size=8),
+    cuts=st.lists(st.integers(0, 1000), max_size=12),
+    ending=st.sampled_from([b"\n", b"\r\n", b"\n\n"]),
+    limit=st.sampled_from([None, 120]),
+)
+def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall(
+    texts: list[str], cuts: list[int], ending: bytes, limit: int | None
+) -> None:
+    from agentloop._mcp_stdio import _Pipes
+    from agentloop.models._http import Redactor
+
+    def note(text: str) -> bytes:
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
+        return json.dumps(message, ensure_ascii=False).encode()
+
+    wire = b"".join(note(t) + ending for t in texts)
+    points = sorted({c % (len(wire) + 1) for c in cuts})
+    loop = asyncio.new_event_loop()
+    try:
+        pipes = _Pipes(loop, "p", Redactor(()), limit)
+        for start, end in zip([0, *points], [*points, len(wire)], strict=True):
+            pipes.pipe_data_received(1, wire[start:end])
+        got = []
+        while (line := pipes.next_line()) is not None:
+            message = pipes.parse(line)
+            assert message is not None or not line.strip()
+            if message is not None:
+                got.append(message.message.params["data"])  # type: ignore[union-attr]
+        fits = [len(note(t) + ending.rstrip(b"\n")) <= limit for t in texts] if limit is not None else [True] * len(texts)
+        if all(fits):
+            assert got == texts and pipes.end_reason is None
+        else:  # a message over the limit ends the connection; the ones before it may be read
+            assert got == texts[: len(got)] and len(got) <= fits.index(False)
+            assert pipes.end_reason is not None and "more than 120 bytes" in pipes.end_reason
+        assert pipes._queued == 0
+    finally:
+        loop.close()
