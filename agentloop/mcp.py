@@ -43,6 +43,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
 
+from . import __version__
 from ._abort import AbortSignal
 from ._engine import wait_at_run_end
 from ._errors import AbortError
@@ -65,6 +66,9 @@ _URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 #: say its list changed at every listing (a notification along with its tools/list answer):
 #: listing again each time would never end, and a call's result waits for the listing.
 _RELISTS = 3
+
+#: What the client says it is in ``initialize`` (the SDK's default is a placeholder, "mcp" 0.1.0).
+_CLIENT = types.Implementation(name="agentloop", version=__version__)
 
 Streams = tuple[Any, Any]
 Connect = Callable[[], AbstractAsyncContextManager[Streams]]
@@ -134,7 +138,9 @@ class _Connection:
         try:
             async with connect() as (read, write):
                 self._read = read
-                async with ClientSession(_Watched(read, self._ended), write, message_handler=self._message) as session:
+                async with ClientSession(
+                    _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
+                ) as session:
                     try:
                         async with asyncio.timeout(timeout):
                             await session.initialize()

@@ -718,6 +718,7 @@ class _ForgetfulServer:
         self.listings = 0
         self.mute = False  # tools/list is never answered (until the request is cancelled)
         self.methods: list[str] = []  # every JSON-RPC method posted, notifications included
+        self.client_info: dict[str, Any] = {}  # what the client said it is, in `initialize`
 
     async def handle(self, request: Any) -> Any:
         import httpx2
@@ -728,6 +729,7 @@ class _ForgetfulServer:
         body = json.loads(request.content)
         self.methods.append(body.get("method", ""))
         if body.get("method") == "initialize":
+            self.client_info = body["params"]["clientInfo"]
             self.initialized += 1
             sid = f"s{self.initialized}"
             self.sessions.add(sid)
@@ -1055,3 +1057,13 @@ def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall
         assert pipes._queued == 0
     finally:
         loop.close()
+
+
+async def test_the_client_introduces_itself_as_agentloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SDK's placeholder ("mcp" 0.1.0) told servers nothing about the client they serve.
+    import agentloop
+
+    fake = _forgetful(monkeypatch)
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        await srv.list_tools()
+    assert fake.client_info == {"name": "agentloop", "version": agentloop.__version__}
