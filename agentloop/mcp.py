@@ -15,7 +15,9 @@ stays open for the next call.
 Connection lifetime: one connection per `MCPServer`, opened on first use and
 shared by the main engine and all its subagents. It is closed only by its
 owner (`aclose` or leaving ``async with``) or by the main-only abort hook
-`on_main_abort`, never by a subagent's interrupt.
+`on_main_abort`, never by a subagent's interrupt. A connection the server closed
+(a stdio server exited) is dropped at once: the next call opens a new one, and a
+call starts the server at most once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:
+    import anyio
     import httpx2
     from mcp import ClientSession, StdioServerParameters, types
     from mcp.client.stdio import stdio_client
@@ -39,9 +43,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
 
+from . import __version__
 from ._abort import AbortSignal
 from ._engine import wait_at_run_end
 from ._errors import AbortError
+from ._mcp_stdio import stdio_transport
 from ._messages import TextBlock, ToolResultBlock
 from ._tools import Tool, ToolContext, ToolOutput, safe_name
 from .models._http import hide_url_credentials
@@ -55,6 +61,14 @@ _SESSION_HEADER = "mcp-session-id"
 
 #: The loggers that quote an MCP server's URL, query string and all.
 _URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
+
+#: The listings that notifications/tools/list_changed may cause between two calls. A server may
+#: say its list changed at every listing (a notification along with its tools/list answer):
+#: listing again each time would never end, and a call's result waits for the listing.
+_RELISTS = 3
+
+#: What the client says it is in ``initialize`` (the SDK's default is a placeholder, "mcp" 0.1.0).
+_CLIENT = types.Implementation(name="agentloop", version=__version__)
 
 Streams = tuple[Any, Any]
 Connect = Callable[[], AbstractAsyncContextManager[Streams]]
@@ -72,17 +86,48 @@ class _Connection:
     The SDK's transports are anyio task groups, which must be exited by the task
     that entered them; a dedicated owner task lets any task (a tool call, an
     abort hook, ``aclose``) use and close the connection.
+
+    ``lost`` turns True when the transport's read stream ends: the server closed the
+    connection (a stdio server's stdout ended, its process exited). Once the session is
+    ready, ``on_lost`` is then called with the connection, at once.
     """
 
     def __init__(
-        self, connect: Connect, label: str, timeout: float | None, on_message: Callable[[object], None]
+        self,
+        connect: Connect,
+        label: str,
+        timeout: float | None,
+        on_message: Callable[[object], None],
+        on_lost: Callable[[_Connection], None],
     ) -> None:
         self._stop = asyncio.Event()
         self._on_message = on_message
+        self._on_lost = on_lost
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.label = label
         self.timeout = timeout  # for the initialize handshake
+        self.lost = False
+        self._read: Any = None  # the transport's read stream
         self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
+
+    @property
+    def ready(self) -> bool:
+        """Whether the session is open (it may be lost since)."""
+        ready = self._ready
+        return ready.done() and not ready.cancelled() and ready.exception() is None
+
+    def why(self, *, stderr: bool = False) -> str:
+        """Why the server closed the connection, as far as the transport says (a stdio server's
+        exit status; with ``stderr``, the last lines it wrote there): a suffix for a message."""
+        reason = getattr(self._read, "end_reason", None)
+        if not reason:
+            return ""
+        tail = getattr(self._read, "stderr_tail", "") if stderr else ""
+        return f": {reason}" + (f"; the last lines of its stderr: {tail}" if tail else "")
+
+    def closed(self, how: str = "", *, stderr: bool = False) -> MCPError:
+        """The error for a request the closed connection failed, saying why it closed."""
+        return MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
 
     async def session(self) -> ClientSession:
         # shield: a caller giving up must not cancel the shared future.
@@ -91,19 +136,28 @@ class _Connection:
     async def _run(self, connect: Connect) -> None:
         timeout = self.timeout
         try:
-            async with connect() as (read, write), ClientSession(read, write, message_handler=self._message) as session:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await session.initialize()
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
-                    ) from None
-                self._ready.set_result(session)
-                await self._stop.wait()
+            async with connect() as (read, write):
+                self._read = read
+                async with ClientSession(
+                    _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
+                ) as session:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await session.initialize()
+                    except TimeoutError:
+                        raise TimeoutError(
+                            f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
+                        ) from None
+                    self._ready.set_result(session)
+                    if self.lost:  # it ended as the handshake finished
+                        self._on_lost(self)
+                    await self._stop.wait()
         except Exception as exc:
             if not self._ready.done():
-                self._ready.set_exception(_unwrap(exc))
+                error = _unwrap(exc)
+                if isinstance(error, MCPError) and error.code == types.CONNECTION_CLOSED and self.why():
+                    error = self.closed(stderr=True)  # the server is stopped by now: its stderr is all in
+                self._ready.set_exception(error)
             else:
                 log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
         finally:
@@ -111,6 +165,13 @@ class _Connection:
                 self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
             if not self._ready.cancelled():
                 self._ready.exception()  # mark it retrieved: callers may all have given up
+
+    def _ended(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        if self.ready:
+            self._on_lost(self)  # before that, the handshake fails and `MCPServer.session` drops it
 
     async def _message(self, message: object) -> None:
         # Runs in the SDK's read loop: it must not wait for the server (a request from here
@@ -124,6 +185,47 @@ class _Connection:
             self._task.cancel()  # still connecting: nobody is using it yet
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(self._task)
+
+
+class _Watched:
+    """A transport's read stream that calls ``on_end`` when it ends (the server closed the
+    connection). The SDK's session fails the requests then in flight, and every later one;
+    this lets the next one go to a new connection instead, since it never reached the old."""
+
+    __slots__ = ("_on_end", "_stream")
+
+    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # the streamable HTTP transport's, read by the SDK's dispatcher
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class MCPServer:
@@ -162,6 +264,8 @@ class MCPServer:
         # restarted process, a new HTTP session) may offer other tools, so they are listed again.
         self._relist_due = False
         self._relisting: asyncio.Task[None] | None = None
+        self._relists_left = _RELISTS  # listings the server's notifications may still cause before the next call
+        self._relists_warned = False
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         # The HTTP server answered 404 to a request of the current session: it forgot the session.
         self._forgotten = False
@@ -178,15 +282,34 @@ class MCPServer:
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        max_message_size: int | None = 64 << 20,
         **options: Any,
     ) -> MCPServer:
         """A server started as a subprocess and spoken to over its stdin/stdout.
 
-        ``env`` is merged over the SDK's safe default environment. The process
-        starts on first use and is stopped when the connection closes.
+        ``env`` is merged over the SDK's safe default environment (``HOME``, ``PATH``,
+        ``SHELL``, ``TERM``, ``USER``, ``LOGNAME``): nothing else of the host's environment,
+        its API keys included, reaches the server. The process starts on first use, in a
+        process group of its own, and is stopped (with what it left in its group) when the
+        connection closes. Its stderr is logged line by line on the ``agentloop`` logger at
+        INFO, with the values of the credentials in ``env`` (a name holding ``key``,
+        ``token``, ``secret``, ``pass``...) replaced by ``[REDACTED]``. ``max_message_size``:
+        the most bytes one message from the server may hold (None: no limit); a longer one
+        ends the connection, failing the calls in flight.
         """
-        params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
-        return cls(lambda: stdio_client(params), label=f"stdio:{command}", **options)
+        label = f"stdio:{command}"
+        if sys.platform == "win32":  # pragma: no cover - process groups are POSIX: the SDK's transport
+            params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
+            return cls(lambda: stdio_client(params), label=label, **options)
+        argv = tuple(args)
+        environment = dict(env or {})
+
+        def connect() -> AbstractAsyncContextManager[Streams]:
+            return stdio_transport(
+                command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size
+            )
+
+        return cls(connect, label=label, **options)
 
     @classmethod
     def http(
@@ -266,18 +389,39 @@ class MCPServer:
         server cannot be reached, and TimeoutError when it does not answer
         ``initialize`` within ``connect_timeout`` (the next call tries again).
         """
+        return (await self._open())[1]
+
+    async def _open(self) -> tuple[_Connection, ClientSession]:
+        """The current connection and its session, connecting first if needed (at most once:
+        a server that keeps exiting at start-up fails each call once, it is never retried)."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
             self._forgotten = False
-            conn = self._conn = _Connection(self._connect, self.label, self.connect_timeout, self._on_message)
+            conn = self._conn = _Connection(
+                self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
+            )
         try:
-            return await conn.session()
+            session = await conn.session()
         except Exception:
             if self._conn is conn:
                 self._conn = None
             raise
+        if conn.lost:  # `_on_lost` took it out of use already
+            raise conn.closed(" as soon as it was open", stderr=True)
+        return conn, session
+
+    def _on_lost(self, conn: _Connection) -> None:
+        """The server closed the connection ``conn`` (a stdio server exited): take it out of
+        use, so that the next call, which cannot have reached the old server, opens a new one."""
+        if self._conn is conn and not self._closed:
+            log.warning(
+                "MCP server %s closed the connection%s; the next call opens a new one",
+                self.label,
+                conn.why(stderr=True),
+            )
+            self._detach()
 
     async def reset(self) -> None:
         """Close the current connection; the next call opens a new one."""
@@ -361,8 +505,10 @@ class MCPServer:
         `TimeoutError` when the server has not answered every page within ``connect_timeout``
         (the requests are cancelled; the connection is kept, connecting is bounded apart).
         """
-        session = await self.session()
-        conn = self._conn
+        conn, session = await self._open()
+        return await self._list(conn, session)
+
+    async def _list(self, conn: _Connection, session: ClientSession) -> list[Tool]:
         timeout = self.connect_timeout
         try:
             async with asyncio.timeout(timeout) as bound:
@@ -381,7 +527,7 @@ class MCPServer:
             self._relist_due = False  # this listing comes from the current connection
         return tools
 
-    async def _pages(self, session: ClientSession, conn: _Connection | None) -> list[types.Tool]:
+    async def _pages(self, session: ClientSession, conn: _Connection) -> list[types.Tool]:
         """Every page of the server's tools/list answer."""
         specs: list[types.Tool] = []
         cursor: str | None = None
@@ -477,17 +623,32 @@ class MCPServer:
 
     async def _relist(self) -> None:
         """List the tools again (the server said they changed, or a new connection replaced
-        one whose tools were listed), as long as the server keeps saying they changed.
+        one whose tools were listed), as long as the server keeps saying they changed, up to
+        `_RELISTS` listings between two calls.
 
         Each listing is bounded by ``connect_timeout``: a call's result waits for it (so the
         model's next request sees the new list), and a server that never answers must not hold
         that call, and the turn, for ever. On timeout the tools listed before are kept."""
         timeout = self.connect_timeout
         while self._stale and not self._closed:
+            conn = self._conn
+            if conn is None or not conn.ready:
+                return  # the call that opens the next connection lists them (`_relist_due`)
+            if self._relists_left <= 0:  # `_stale` stays: the next call lists them again
+                log.log(
+                    logging.DEBUG if self._relists_warned else logging.WARNING,
+                    "MCP server %s keeps saying its tool list changed (%d listings since the last call); "
+                    "it is listed again at the next call",
+                    self.label,
+                    _RELISTS,
+                )
+                self._relists_warned = True
+                return
+            self._relists_left -= 1
             self._stale = False
             try:
                 async with asyncio.timeout(timeout):
-                    await self.list_tools()
+                    await self._list(conn, await conn.session())
             except TimeoutError:
                 log.warning(
                     "MCP server %s: it did not answer tools/list within %s s (listing its tools again); "
@@ -539,15 +700,19 @@ class MCPServer:
         return call.result()
 
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
-        session = await self.session()
-        conn = self._conn
-        if self._relist_due:  # the first call on a new connection: list its tools afresh
+        conn, session = await self._open()
+        self._relists_left = _RELISTS
+        # The first call on a new connection lists its tools afresh, as does a call after a change
+        # the server announced once its listings for the last call ran out.
+        if self._relist_due or self._stale:
             self._relist_due = False
             self._start_relisting()
         try:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
             await self._lost(exc, conn)
+            if exc.code == types.CONNECTION_CLOSED and conn.why():
+                raise conn.closed() from exc  # the server's stderr stays in the log: this goes to the model
             raise
         relisting = self._relisting
         if relisting is not None and not relisting.done():
@@ -556,9 +721,9 @@ class MCPServer:
             await asyncio.wait((relisting,))
         return result
 
-    async def _lost(self, exc: MCPError, conn: _Connection | None) -> None:
+    async def _lost(self, exc: MCPError, conn: _Connection) -> None:
         forgotten, self._forgotten = self._forgotten, False
-        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn and conn is not None:
+        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn:
             await self.reset()  # the server went away, or forgot the session: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:

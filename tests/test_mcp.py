@@ -7,6 +7,7 @@ import base64
 import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import signal
@@ -80,6 +81,33 @@ def _ctx(signal: Any, tool_use_id: str = "toolu_1") -> ToolContext:
 
 async def _run(tool: Tool, args: dict[str, Any], signal: Any = None) -> Any:
     return await tool.handler(args, _ctx(signal or AbortController().signal))
+
+
+class _FakeConnection:
+    """Stands for the connection of a `MCPServer` whose session is a test's fake."""
+
+    lost = False
+    ready = True
+
+    def __init__(self, fake: Any) -> None:
+        self.fake = fake
+
+    async def session(self) -> Any:
+        return self.fake
+
+    async def close(self) -> None:
+        pass
+
+
+def _serve(srv: MCPServer, fake: Any) -> None:
+    """Make ``srv`` talk to ``fake``, an object with the `ClientSession` methods the test needs."""
+    conn = _FakeConnection(fake)
+
+    async def open_connection() -> Any:
+        srv._conn = conn  # type: ignore[assignment]
+        return conn, fake
+
+    srv._open = open_connection  # type: ignore[method-assign]
 
 
 async def test_list_tools_maps_name_description_and_schema(server: MCPServer) -> None:
@@ -449,7 +477,7 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
 
     grace = 0.3
     model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 30})]), "ok"])
-    # The server stays alive 30 s after its stdin closes: the SDK gives it 2 s, then kills it.
+    # The server stays alive 30 s after its stdin closes: it gets 2 s, then its group is TERMed.
     async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers), "--linger", "30"]) as srv:
         tools = await srv.list_tools()
         old_pid = int((await srv.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
@@ -472,14 +500,38 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
     assert not _alive(old_pid)  # leaving `async with` waited for it to be stopped
 
 
-async def test_listing_tools_after_the_server_died_reconnects_on_the_next_call(server: MCPServer) -> None:
-    old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
+async def test_a_server_that_died_while_idle_is_started_afresh_by_the_next_call(server: MCPServer) -> None:
+    # The process exited between two calls: the client sees its stdout end, so the next call,
+    # which never reached the dead process, goes to a new one instead of failing once.
+    tools = {t.name: t for t in await server.list_tools()}
+    old_pid = int((await _run(tools["pid"], {})).text)
     os.kill(old_pid, signal.SIGKILL)
-    await _until(lambda: not _alive(old_pid), "the server to die")
-    with pytest.raises(MCPError, match="Connection closed"):
-        await server.list_tools()
-    assert {"echo", "pid"} <= {t.name for t in await server.list_tools()}  # a new server process
-    assert int((await server.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the server's death")
+    result = await _run(tools["pid"], {})
+    assert not result.is_error and int(result.text) != old_pid
+    os.kill(int(result.text), signal.SIGKILL)  # and the same for a listing
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the second death")
+    assert {"echo", "pid"} <= {t.name for t in await server.list_tools()}
+
+
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
+
+
+async def test_a_server_that_keeps_dying_is_started_once_per_call_and_no_call_is_sent_twice(tmp_path: Path) -> None:
+    # The first process works until a call kills it; every later one exits right after `initialize`.
+    starts = tmp_path / "starts"
+    args = [RAW_SERVER, "--starts", str(starts), "--die-after-init-from", "2"]
+    async with MCPServer.stdio(sys.executable, args, connect_timeout=10) as srv:
+        assert "exit" in {t.name for t in await srv.list_tools()}
+        with pytest.raises(MCPError, match="Connection closed"):
+            await srv.call_tool("exit", {})  # it died in the call: the call may have had effects
+        assert len(starts.read_text().splitlines()) == 1  # ...so it is not sent again
+        for calls in (1, 2, 3):
+            with pytest.raises(MCPError):
+                await srv.call_tool("pid", {})
+            assert len(starts.read_text().splitlines()) == 1 + calls  # one start per call, no loop
+            await _until(lambda: repr(srv).endswith(" idle>"), "the dead connection to be dropped")
+    assert [t for t in asyncio.all_tasks() if t.get_name().startswith("agentloop-mcp")] == []
 
 
 async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
@@ -508,10 +560,7 @@ async def test_a_server_whose_tool_pages_never_end_is_an_error_not_a_hang() -> N
     looping = Looping()
     srv = MCPServer(contextlib.nullcontext, label="looping")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return looping
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, looping)
     with pytest.raises(MCPError, match="repeated the tools/list cursor 'page-2'"):
         await srv.list_tools()
     assert looping.calls == 2
@@ -603,10 +652,7 @@ async def test_a_tool_listed_twice_is_offered_once_with_a_warning(caplog: pytest
 
     srv = MCPServer(contextlib.nullcontext, label="doubled", prefix="d_")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return Doubled()
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, Doubled())
     with caplog.at_level("WARNING", logger="agentloop"):
         tools = await srv.list_tools()
     assert [(t.name, t.description) for t in tools] == [("d_dup", "first"), ("d_one", "")]
@@ -648,10 +694,7 @@ async def test_a_relisting_the_server_never_answers_is_bounded_by_connect_timeou
     mute = Mute()
     srv = MCPServer(contextlib.nullcontext, label="mute", connect_timeout=0.05)  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return mute
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, mute)
     tools = await srv.list_tools()
     with caplog.at_level("WARNING", logger="agentloop"):
         async with asyncio.timeout(10):  # the bound under test is 0.05 s; this only stops a hang
@@ -675,6 +718,7 @@ class _ForgetfulServer:
         self.listings = 0
         self.mute = False  # tools/list is never answered (until the request is cancelled)
         self.methods: list[str] = []  # every JSON-RPC method posted, notifications included
+        self.client_info: dict[str, Any] = {}  # what the client said it is, in `initialize`
 
     async def handle(self, request: Any) -> Any:
         import httpx2
@@ -685,6 +729,7 @@ class _ForgetfulServer:
         body = json.loads(request.content)
         self.methods.append(body.get("method", ""))
         if body.get("method") == "initialize":
+            self.client_info = body["params"]["clientInfo"]
             self.initialized += 1
             sid = f"s{self.initialized}"
             self.sessions.add(sid)
@@ -810,9 +855,7 @@ async def test_after_a_lost_connection_the_next_poll_sees_the_restarted_servers_
     current = {t.name: t for t in grown}
     old_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
     os.kill(old_pid, signal.SIGKILL)
-    await _until(lambda: not _alive(old_pid), "the server to die")
-    with pytest.raises(MCPError, match="Connection closed"):
-        await server.call_tool("pid", {})
+    await _until(lambda: repr(server).endswith(" idle>"), "the client to notice the server's death")
     new_pid = int((await server.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
     assert new_pid != old_pid
     fresh = server.follow_tools(current)  # a new process: `extra` was never added to it
@@ -842,10 +885,7 @@ async def test_a_tool_schema_the_providers_refuse_is_made_an_object_or_the_tool_
 
     srv = MCPServer(contextlib.nullcontext, label="loose")  # type: ignore[arg-type]
 
-    async def session() -> Any:
-        return Loose()
-
-    srv.session = session  # type: ignore[method-assign]
+    _serve(srv, Loose())
     with caplog.at_level("WARNING", logger="agentloop"):
         tools = {t.name: t for t in await srv.list_tools()}
     assert list(tools) == ["bare", "ref", "nullable", "ok"]
@@ -856,3 +896,174 @@ async def test_a_tool_schema_the_providers_refuse_is_made_an_object_or_the_tool_
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "'text'" in warnings[0] and "loose" in warnings[0], warnings
     assert all(t.handler.listing == frozenset(tools) for t in tools.values())  # type: ignore[attr-defined]
+
+
+async def test_a_server_that_says_its_tools_changed_at_every_listing_is_not_listed_for_ever(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each tools/list brings another notifications/tools/list_changed: listing again on each one
+    # never ended, and a call's result waits for the listing.
+    methods = tmp_path / "methods"
+    args = [RAW_SERVER, "--changes-on-list", "--methods", str(methods)]
+
+    def listings() -> int:
+        return methods.read_text().splitlines().count("tools/list")
+
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with MCPServer.stdio(sys.executable, args, connect_timeout=10) as srv:
+            await srv.list_tools()
+            for _ in range(2):
+                async with asyncio.timeout(20):
+                    result = await srv.call_tool("changes", {})
+                assert result_to_block("t", result).text == "changed"
+                await _until(lambda: srv._relisting is None or srv._relisting.done(), "the listing to stop")
+            settled = listings()
+            assert settled <= 1 + 3 * 3, settled  # at most three listings per call, not an endless stream
+            assert (await srv.call_tool("pid", {})).content  # still usable
+    assert listings() <= settled + 3
+    assert any("keeps saying" in r.getMessage() for r in caplog.records), caplog.text
+
+
+# -- the stdio wire ------------------------------------------------------------------
+
+
+def _raw(*args: str, **options: Any) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [RAW_SERVER, *args], **{"connect_timeout": 10, **options})
+
+
+async def test_messages_split_or_joined_across_writes_and_requests_from_the_server() -> None:
+    async with _raw() as srv:
+        assert result_to_block("t", await srv.call_tool("split", {})).text == "héllo, split"
+        assert result_to_block("t", await srv.call_tool("joined", {})).text == "joined"
+        assert json.loads(result_to_block("t", await srv.call_tool("ping", {})).text) == {"result": {}}
+        roots = json.loads(result_to_block("t", await srv.call_tool("roots", {})).text)
+        assert roots["error"]["code"] == types.INVALID_REQUEST  # declined: the roots capability is not offered
+
+
+async def test_a_large_stdio_message_is_read_in_linear_time() -> None:
+    # The SDK's reader joined each 64 KiB read to all that came before it: a 40 MB result took
+    # 9 s of CPU (quadratic), and a 64 MiB one about 25 s.
+    async with _raw() as srv:
+        spent = {}
+        for size in (4 << 20, 32 << 20):
+            started = time.process_time()
+            result = await srv.call_tool("big", {"n": size})
+            spent[size] = time.process_time() - started
+            assert len(result_to_block("t", result).text) == size
+    assert spent[32 << 20] < 24 * spent[4 << 20] + 0.5, spent  # 8 times the size: about 8 times the work
+
+
+async def test_a_stdio_message_over_max_message_size_ends_the_connection_with_an_error() -> None:
+    async with _raw(max_message_size=1 << 20) as srv:
+        first = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        assert result_to_block("t", await srv.call_tool("big", {"n": 1000})).text == "x" * 1000
+        with pytest.raises(MCPError, match="more than 1048576 bytes"):
+            await srv.call_tool("big", {"n": 2 << 20})
+        again = int(result_to_block("t", await srv.call_tool("pid", {})).text)  # a new server
+        assert again != first
+
+
+async def test_lines_on_stdout_that_are_not_json_rpc_are_skipped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A banner or a print() on stdout: the SDK logged each such line (a blank one too) as an ERROR
+    # with a traceback, quoting it.
+    with caplog.at_level("DEBUG"):
+        async with _raw("--noise") as srv:
+            for _ in range(2):
+                assert result_to_block("t", await srv.call_tool("noise", {})).text == "after the noise"
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and srv.label in warnings[0] and "my-server v1.0" in warnings[0], warnings
+
+
+async def test_the_servers_stderr_goes_to_the_log_with_its_credentials_scrubbed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "ghp-very-secret-4711"
+    env = {"GITHUB_TOKEN": secret, "MODE": "dev"}
+    with caplog.at_level("INFO", logger="agentloop"):
+        async with _raw(env=env) as srv:
+            text = f"auth failed for {secret}\nmode dev, second line\n" + "z" * (1 << 20) + "\n"
+            assert result_to_block("t", await srv.call_tool("stderr", {"text": text})).text == "written"
+            await _until(lambda: "second line" in caplog.text, "the stderr lines to be logged")
+    lines = [r.getMessage() for r in caplog.records if "stderr" in r.getMessage()]
+    assert any(srv.label in m and "auth failed for [REDACTED]" in m for m in lines), lines
+    assert any("mode dev, second line" in m for m in lines)
+    assert secret not in caplog.text
+    assert max(len(m) for m in lines) < 5000  # a huge line is cut
+
+
+async def test_a_server_that_exits_at_start_up_says_why() -> None:
+    script = "import sys; sys.stderr.write('error: config file missing\\n'); sys.exit(3)"
+    srv = MCPServer.stdio(sys.executable, ["-c", script])
+    with pytest.raises(MCPError, match="Connection closed") as info:
+        await srv.list_tools()
+    assert "status 3" in str(info.value) and "error: config file missing" in str(info.value)
+    await srv.aclose()
+
+
+async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_fails_the_call(
+    tmp_path: Path,
+) -> None:
+    # Its stdout never ends (a child it left behind holds it): the exit itself ends the connection.
+    orphan = tmp_path / "orphan"
+    async with _raw() as srv:
+        first = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        async with asyncio.timeout(10):
+            with pytest.raises(MCPError, match="Connection closed"):
+                await srv.call_tool("exit", {"orphan": str(orphan)})
+        again = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        assert again != first
+    await _until(lambda: not _alive(int(orphan.read_text())), "the process it left behind to be stopped")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=40), max_size=8),
+    cuts=st.lists(st.integers(0, 1000), max_size=12),
+    ending=st.sampled_from([b"\n", b"\r\n", b"\n\n"]),
+    limit=st.sampled_from([None, 120]),
+)
+def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall(
+    texts: list[str], cuts: list[int], ending: bytes, limit: int | None
+) -> None:
+    from agentloop._mcp_stdio import _Pipes
+    from agentloop.models._http import Redactor
+
+    def note(text: str) -> bytes:
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
+        return json.dumps(message, ensure_ascii=False).encode()
+
+    wire = b"".join(note(t) + ending for t in texts)
+    points = sorted({c % (len(wire) + 1) for c in cuts})
+    loop = asyncio.new_event_loop()
+    try:
+        pipes = _Pipes(loop, "p", Redactor(()), limit)
+        for start, end in zip([0, *points], [*points, len(wire)], strict=True):
+            pipes.pipe_data_received(1, wire[start:end])
+        got = []
+        while (line := pipes.next_line()) is not None:
+            message = pipes.parse(line)
+            assert message is not None or not line.strip()
+            if message is not None:
+                got.append(message.message.params["data"])  # type: ignore[union-attr]
+        fits = [len(note(t) + ending.rstrip(b"\n")) <= limit for t in texts] if limit is not None else [True] * len(texts)
+        if all(fits):
+            assert got == texts and pipes.end_reason is None
+        else:  # a message over the limit ends the connection; the ones before it may be read
+            assert got == texts[: len(got)] and len(got) <= fits.index(False)
+            assert pipes.end_reason is not None and "more than 120 bytes" in pipes.end_reason
+        assert pipes._queued == 0
+    finally:
+        loop.close()
+
+
+async def test_the_client_introduces_itself_as_agentloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SDK's placeholder ("mcp" 0.1.0) told servers nothing about the client they serve.
+    import agentloop
+
+    fake = _forgetful(monkeypatch)
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        await srv.list_tools()
+    assert fake.client_info == {"name": "agentloop", "version": agentloop.__version__}

@@ -1,0 +1,458 @@
+"""The stdio transport of `agentloop.mcp`: an MCP server as a subprocess (POSIX), one JSON-RPC
+message per line on its stdin and stdout. It yields the stream pair the SDK's `ClientSession`
+reads and writes, in place of the SDK's own ``stdio_client``, which:
+
+- framed quadratically (each 64 KiB read was joined to all the line before it: a 40 MB result
+  took 9 s of CPU) and without bound: here a message may hold ``max_message_size`` bytes, past
+  which the connection ends with an error that says so;
+- logged every stdout line that is not JSON-RPC (a banner, a stray ``print``) as an ERROR with
+  a traceback quoting it: here such a line is skipped with one warning per connection;
+- handed the server the host's own stderr (which then had to be a real file): here stderr is
+  read line by line into the ``agentloop`` log (INFO), with the credentials the host passed in
+  ``env`` scrubbed, and its last lines say why a server stopped;
+- noticed a server's death only at the end of its stdout, which a process it left behind can
+  hold open for ever: here its exit ends the connection too.
+
+Shutdown follows the MCP spec: close stdin, give the server `_EXIT_GRACE` s to exit, SIGTERM its
+process group, and SIGKILL it `_EXIT_GRACE` s later; what the group still holds once the server
+is gone is stopped the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.client.stdio import get_default_environment
+from mcp.shared.message import SessionMessage
+
+from .models._http import Redactor, credential_parts, is_credential
+
+log = logging.getLogger("agentloop")
+
+_EXIT_GRACE = 2.0  # seconds a server has to exit once its stdin is closed, and again once TERMed
+_DRAIN = 0.25  # seconds between one sign of a server's end (exit, end of stdout) and the other
+_READ_AHEAD = 1 << 20  # bytes of whole messages read ahead of the session before reading pauses
+_STDERR_BYTES = 8 << 10  # bytes of one stderr line kept (the rest of a longer one is dropped)
+_STDERR_CHARS = 2000  # characters of one stderr line logged
+_STDERR_TAIL = 5  # stderr lines kept for the error that says why a server stopped
+_EXCERPT = 200  # characters quoted of a stdout line that is not JSON-RPC
+
+
+@contextlib.asynccontextmanager
+async def stdio_transport(
+    command: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    label: str,
+    max_message_size: int | None,
+) -> AsyncIterator[tuple[Stdout, Stdin]]:
+    """Start ``command`` in a new session (so its own process group), with the SDK's safe default
+    environment and ``env`` over it, and yield its (stdout, stdin) streams; stop it on the way out,
+    even when cancelled (the cancellation is raised once it is stopped).
+
+    Raises what starting the process raises (`FileNotFoundError` for a missing command)."""
+    loop = asyncio.get_running_loop()
+    secrets = [part for name, value in (env or {}).items() if is_credential(name) for part in credential_parts(value)]
+    transport, pipes = await loop.subprocess_exec(
+        lambda: _Pipes(loop, label, Redactor(secrets), max_message_size),
+        command,
+        *args,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**get_default_environment(), **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        yield pipes.stdout, pipes.stdin
+    finally:
+        await _uncancellable(_stop(transport, pipes))
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    """The server process's pipes: stdout cut into lines, stderr into the log, stdin's flow
+    control, and the end of the connection (``end_reason`` once it has ended)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, label: str, scrub: Redactor, limit: int | None) -> None:
+        self.loop = loop
+        self.label = label
+        self.scrub = scrub
+        self.limit = limit
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.open = {0, 1, 2}  # the pipes not yet lost
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.stdout = Stdout(self)
+        self.stdin = Stdin(self)
+        self.end_reason: str | None = None  # set when the connection has ended
+        self.tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+        self.lines: collections.deque[bytearray] = collections.deque()  # whole stdout lines not yet read
+        self._queued = 0  # their bytes
+        self._partial = bytearray()  # the stdout line being received
+        self._paused = False  # reading stdout is paused: the session is behind
+        self._readable: asyncio.Future[None] | None = None  # the reader waiting for a line
+        self._end_timer: asyncio.TimerHandle | None = None
+        self._err = bytearray()  # the stderr line being received
+        self._err_skip = False  # dropping the rest of an overlong stderr line
+        self._writable: asyncio.Future[None] | None = None  # set while stdin's buffer is full
+
+    # -- asyncio.SubprocessProtocol ------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.transport = transport
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self._stdout(data)
+        else:
+            self._stderr(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.open.discard(fd)
+        if fd == 2:
+            if self._err and not self._err_skip:
+                self._err_line()
+        elif fd == 0:
+            self.resume_writing()  # a writer waiting finds the pipe gone
+            self._going()
+        else:
+            if self._partial and self.end_reason is None:  # a last message without its line break
+                self._stdout(b"\n")
+            self._going()
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+        self._going()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    # -- stdout ----------------------------------------------------------------------
+
+    def _stdout(self, data: bytes) -> None:
+        if self.end_reason is not None:
+            return  # past an overlong message: read on (so the server is not blocked), keep nothing
+        partial = self._partial
+        start = len(partial)
+        partial += data
+        end = partial.rfind(b"\n", start)  # only the new bytes are searched: linear in the output
+        if end >= 0:
+            lines = partial[:end].split(b"\n")
+            del partial[: end + 1]
+            limit = self.limit
+            if limit is not None and any(len(line) > limit for line in lines):
+                self._too_long()
+                return
+            self.lines.extend(lines)
+            self._queued += end + 1
+            self._wake()
+            if self._queued > _READ_AHEAD and not self._paused:
+                self._pause(True)
+        if self.limit is not None and len(partial) > self.limit:
+            self._too_long()
+
+    def _too_long(self) -> None:
+        self._partial.clear()
+        self._end(f"the server sent a message of more than {self.limit} bytes (max_message_size)")
+
+    def _pause(self, paused: bool) -> None:
+        pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
+        if isinstance(pipe, asyncio.ReadTransport) and not pipe.is_closing():
+            if paused:
+                pipe.pause_reading()
+            else:
+                pipe.resume_reading()
+        self._paused = paused
+
+    def next_line(self) -> bytearray | None:
+        if not self.lines:
+            return None
+        line = self.lines.popleft()
+        self._queued -= len(line) + 1
+        if self._paused and self._queued <= _READ_AHEAD // 2:
+            self._pause(False)
+        return line
+
+    def readable(self) -> Awaitable[None]:
+        if self._readable is None or self._readable.done():
+            self._readable = self.loop.create_future()
+        return self._readable
+
+    def _wake(self) -> None:
+        readable, self._readable = self._readable, None
+        if readable is not None and not readable.done():
+            readable.set_result(None)
+
+    def parse(self, line: bytearray) -> SessionMessage | None:
+        """The message on ``line``, or None for a blank line or one that is not JSON-RPC."""
+        if not line.strip():
+            return None
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except ValueError:  # pydantic's ValidationError, invalid JSON included
+            text = self.scrub.scrub(bytes(line[: 64 << 10]).decode("utf-8", "replace").strip())
+            log.log(
+                logging.DEBUG if self.stdout.noisy else logging.WARNING,
+                "MCP server %s wrote a line to stdout that is not a JSON-RPC message (skipped; a server "
+                "must write its logs to stderr): %r",
+                self.label,
+                text[:_EXCERPT],
+            )
+            self.stdout.noisy = True
+            return None
+
+    # -- the end of the connection -----------------------------------------------------
+
+    def _going(self) -> None:
+        """One sign that the server is going: its exit, or the end of its stdout or stdin. The
+        connection ends when the server has exited and its stdout has ended (its last messages
+        read), or `_DRAIN` s after the first sign (a process it left behind holds its stdout)."""
+        if self.end_reason is not None:
+            return
+        if self.exited.done() and 1 not in self.open:
+            self._end()
+        elif self._end_timer is None:
+            self._end_timer = self.loop.call_later(_DRAIN, self._end)
+
+    def _end(self, reason: str | None = None) -> None:
+        if self.end_reason is not None:
+            return
+        if self._end_timer is not None:
+            self._end_timer.cancel()
+        code = self.transport.get_returncode() if self.transport is not None else None
+        if reason is None and code is not None:
+            reason = f"the server process exited with status {code}"
+            if code < 0:
+                with contextlib.suppress(ValueError):
+                    reason = f"the server process was killed by {signal.Signals(-code).name}"
+        self.end_reason = reason or f"the server closed its {'stdout' if 1 not in self.open else 'stdin'}"
+        self._wake()
+
+    # -- stderr ------------------------------------------------------------------------
+
+    def _stderr(self, data: bytes) -> None:
+        pieces = data.split(b"\n")
+        for i, piece in enumerate(pieces):
+            if not self._err_skip:
+                self._err += piece[: _STDERR_BYTES + 1 - len(self._err)]
+                if len(self._err) > _STDERR_BYTES:
+                    self._err_line()
+                    self._err_skip = True  # the rest of this line is dropped
+            if i < len(pieces) - 1:  # a line break ended this piece
+                if self._err_skip:
+                    self._err_skip = False
+                else:
+                    self._err_line()
+
+    def _err_line(self) -> None:
+        text = self.scrub.scrub(self._err.decode("utf-8", "replace").rstrip("\r"))
+        self._err.clear()
+        if len(text) > _STDERR_CHARS:
+            text = text[:_STDERR_CHARS] + "…"
+        if text.strip():
+            self.tail.append(text)
+            log.info("MCP server %s (stderr): %s", self.label, text)
+
+
+class Stdout:
+    """The server's messages, read by the SDK's session (its ``ReadStream``); ``end_reason``
+    and ``stderr_tail`` say why the connection ended, once it has."""
+
+    def __init__(self, pipes: _Pipes) -> None:
+        self._pipes = pipes
+        self._closed = False
+        self.noisy = False  # a line that is not JSON-RPC was seen (and warned about)
+
+    @property
+    def end_reason(self) -> str | None:
+        return self._pipes.end_reason
+
+    @property
+    def stderr_tail(self) -> str:
+        return " | ".join(self._pipes.tail)
+
+    async def receive(self) -> SessionMessage:
+        pipes = self._pipes
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            line = pipes.next_line()
+            if line is not None:
+                message = pipes.parse(line)
+                if message is not None:
+                    return message
+            elif pipes.end_reason is not None:
+                raise anyio.EndOfStream
+            else:
+                await pipes.readable()
+
+    def __aiter__(self) -> Stdout:
+        return self
+
+    async def __anext__(self) -> SessionMessage:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._pipes._wake()
+
+    async def __aenter__(self) -> Stdout:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class Stdin:
+    """Messages to the server, written by the SDK's session (its ``WriteStream``)."""
+
+    def __init__(self, pipes: _Pipes) -> None:
+        self._pipes = pipes
+        self._closed = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        """Raises `anyio.ClosedResourceError` once closed, `anyio.BrokenResourceError` once the
+        server's stdin is gone (the session turns both into "Connection closed")."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        pipes = self._pipes
+        pipe = pipes.transport.get_pipe_transport(0) if pipes.transport is not None else None
+        if 0 not in pipes.open or not isinstance(pipe, asyncio.WriteTransport) or pipe.is_closing():
+            raise anyio.BrokenResourceError
+        pipe.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+        if pipes._writable is not None:  # the pipe's buffer is full: wait until the server reads
+            await asyncio.shield(pipes._writable)
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> Stdin:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _stop(transport: asyncio.SubprocessTransport, pipes: _Pipes) -> None:
+    """Stop the server as the MCP spec says (stdin closed, then SIGTERM, then SIGKILL), stop what
+    it left in its process group, and close the pipes."""
+    pgid = transport.get_pid()
+    stdin = transport.get_pipe_transport(0)
+    if stdin is not None and 0 in pipes.open:
+        stdin.close()  # after what is buffered: the server reads to the end, then exits
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if await _within(pipes.exited, _EXIT_GRACE):
+            break
+        _signal_group(pgid, sig)
+    else:
+        if not await _within(pipes.exited, _EXIT_GRACE):
+            log.warning("MCP server %s: its process %d is still alive after SIGKILL; leaving it", pipes.label, pgid)
+    if pipes.exited.done():
+        await _stop_group(pgid, pipes.label)
+    for fd in (0, 1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if fd in pipes.open and pipe is not None:
+            if isinstance(pipe, asyncio.WriteTransport):
+                pipe.abort()
+            else:
+                pipe.close()
+    transport.close()
+    if pipes.exited.done():
+        await _within(pipes.closed, _EXIT_GRACE)
+
+
+async def _stop_group(pgid: int, label: str) -> None:
+    """Stop the processes the server left in its group (SIGTERM, then SIGKILL `_EXIT_GRACE` s
+    later): a child holding its pipes, helpers it started."""
+    if not _group_alive(pgid):
+        return
+    log.info("MCP server %s exited leaving processes in its group; stopping them", label)
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + _EXIT_GRACE
+    while _group_alive(pgid):  # they are not our children: nothing to wait on but the group
+        if asyncio.get_running_loop().time() >= deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            return
+        await asyncio.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group is alive. A dead one stays in the group until its new
+    parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
+    if not _signal_group(pgid, 0):
+        return False
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return True  # no /proc: the group's word holds
+    for path in proc.glob("[0-9]*/stat"):
+        try:
+            fields = path.read_text().rpartition(")")[2].split()  # after "pid (command)": state, ppid, pgrp
+        except OSError:  # it went meanwhile
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; False when it has no process left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of the group changed its user: it is not ours to stop
+        return False
+    return True
+
+
+async def _within(future: asyncio.Future[Any], seconds: float) -> bool:
+    """Whether ``future`` is done within ``seconds`` (it is not cancelled otherwise)."""
+    if not future.done():
+        await asyncio.wait((future,), timeout=seconds)
+    return future.done()
+
+
+async def _uncancellable(work: Awaitable[None]) -> None:
+    """Run ``work`` to its end even when the caller is cancelled meanwhile, then raise that
+    cancellation: nothing started here may outlive the transport."""
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():
+                raise
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    task.result()
