@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
+from ._errors import SessionLockedError
 from ._events import Event, TurnEnded
 from ._inbox import Inbox, Texts
 from ._messages import Message
@@ -633,7 +634,8 @@ class QueryEngine:
                 self._store_failed(f"an event ({event.type})", exc)
 
     def _check_store_free(self) -> None:
-        """Raise RuntimeError if another running engine writes to this engine's session store."""
+        """Raise RuntimeError if another running engine writes to this engine's session store,
+        `SessionLockedError` if the store has another writer elsewhere (another process)."""
         store = self.session
         if store is None:
             return
@@ -652,6 +654,14 @@ class QueryEngine:
                 f"the session store {store!r} is in use by another running engine{who}: a store records "
                 "one transcript (give each engine its own, a subagent its own agent_id)"
             )
+        acquire = getattr(store, "acquire", None)
+        if acquire is not None:
+            try:
+                acquire()  # a JsonlSession's file lock: taken now, or the run's records go nowhere
+            except SessionLockedError:
+                raise
+            except Exception:  # a file it cannot open: each append fails too, and is listed
+                pass
 
     def _claim_store(self, claim: bool) -> None:
         """As a run starts (``claim``) or ends: mark this engine as its store's writer, or not."""

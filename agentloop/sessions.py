@@ -21,6 +21,14 @@ default) fsyncs on `flush`, on `close` and, with ``fsync_every=N``, every N
 appends (survives a process crash, since the data is in the OS page cache, but
 a power loss may lose the last unsynced appends); ``"never"`` leaves it to the OS.
 
+One writer at a time: from the moment the file is opened for appending until it is
+closed, the session holds a lock on it (``flock`` on POSIX; on Windows, ``msvcrt.locking``
+of one byte far past the end, where no reader looks), and a second writer (another
+process, or another session object of this one) gets `SessionLockedError` instead of
+interleaving its records with the first's. The operating system drops the lock with the
+process that held it, so a crash leaves none behind. Reading (`load`) takes no lock and
+is never refused.
+
 Writes are synchronous on purpose: appending one line to a local file is a
 single syscall that lands in the page cache in microseconds, cheaper than
 handing it to a thread, and it keeps the order of records equal to the order of
@@ -41,6 +49,7 @@ import math
 import os
 import re
 import stat
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +61,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from ._errors import SessionLockedError
 from ._messages import (
     Message,
     RedactedThinkingBlock,
@@ -64,7 +74,7 @@ from ._messages import (
 from ._transcript import repair
 from ._unicode import has_surrogates
 
-__all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionStore"]
+__all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionLockedError", "SessionStore"]
 
 log = logging.getLogger("agentloop")
 
@@ -84,7 +94,9 @@ class SessionStore(Protocol):
     is kept apart. `close` is the owner's job; the engine never calls it on the
     store it was given. A store may also have ``append_checkpoint(messages)``
     (as `JsonlSession` does): the engine calls it when a run starts on a
-    transcript the host rewound or edited since the last commit.
+    transcript the host rewound or edited since the last commit, and ``acquire()``: the
+    engine calls it as each run starts, and a `SessionLockedError` it raises refuses the run
+    (any other error is left for the appends to report).
     """
 
     def append_message(self, message: Message) -> None: ...
@@ -119,7 +131,10 @@ class JsonlSession:
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
     output, keys the user pasted); existing ones keep their mode. A relative
     path is taken from the working directory at construction.
-    A session is safe to append to from several threads.
+    A session is safe to append to from several threads. While its file is open for
+    appending (from `acquire` or the first append until `close` or `release`) no other
+    session, in this process or another, can open it for appending: they get
+    `SessionLockedError`.
     """
 
     def __init__(
@@ -146,6 +161,7 @@ class JsonlSession:
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
+        self._tail_unchecked = False  # opened, its last line not yet checked for a crash's tear
         self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
         self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
         self._lock = threading.Lock()
@@ -176,6 +192,15 @@ class JsonlSession:
         mapping). Values JSON cannot encode are written as their ``repr``."""
         record = {"type": "event", "event": event_to_json(event)}
         self._append(_dumps(record) + "\n")
+
+    def acquire(self) -> None:
+        """Open the file for appending now rather than at the first append (creating it and
+        its directories if missing), taking the lock that keeps other writers out until
+        `close` or `release`. Does nothing if it is open already. Raises `SessionLockedError`
+        when another writer has it open, OSError when it cannot be opened, ValueError once
+        closed. The engine calls it as each run starts."""
+        with self._lock:
+            self._open()
 
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
@@ -279,6 +304,9 @@ class JsonlSession:
         data = _encode_line(line)
         with self._lock:
             fd = self._open()
+            if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
+                _cut_torn_tail(fd, self.path, keep_whole=True)
+                self._tail_unchecked = False
             if self._torn:
                 _cut_torn_tail(fd, self.path)
                 self._torn = False
@@ -315,11 +343,14 @@ class JsonlSession:
             # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                _cut_torn_tail(fd, self.path, keep_whole=True)
+                _lock(fd, self.path)
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
+            # Checked at the next append, not here: `resume` takes the lock before it loads (a
+            # file another writer appends to cannot be read whole), and the load reports the tear.
+            self._tail_unchecked = True
             self._dirs_owed += ([self.path.parent] if created else []) + made
         return self._fd
 
@@ -386,10 +417,25 @@ class JsonlSession:
         continues from. A checkpoint that cannot be written (a read-only file, a
         full disk) is a warning in ``loaded.warnings``, not an error: it is written
         before the next record the session appends. ``options`` go to the
-        constructor. Raises OSError only if the file exists but cannot be read.
+        constructor. An existing file is locked (as by `acquire`) before it is read:
+        raises `SessionLockedError` if another writer has it open, and otherwise OSError
+        only if the file exists but cannot be read.
         """
         session = cls(path, **options)
-        loaded = session.load()
+        if session.path.exists():  # a missing file is created by the first append, not here
+            # Locked before it is read: what another writer appends meanwhile would be missing
+            # from the transcript the engine continues, and its records mixed with the engine's.
+            try:
+                session.acquire()
+            except SessionLockedError:
+                raise
+            except OSError:  # a file it cannot write still loads (its checkpoint is owed, below)
+                pass
+        try:
+            loaded = session.load()
+        except BaseException:
+            session.close()  # and with it the lock
+            raise
         if loaded.repairs:
             try:
                 session.append_checkpoint(loaded.messages)
@@ -500,6 +546,73 @@ def _loads_non_finite(line: bytes) -> Any:
     # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
     # surrogates kept for the repair to join or replace.
     return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
+
+
+if sys.platform == "win32":
+    import msvcrt
+
+    # Windows locks are mandatory: a locked byte cannot be read by anyone else. One byte far
+    # past any real end of file is locked, so that readers of the file are never refused.
+    _LOCKED_BYTE = 1 << 62
+
+    def _try_lock(fd: int) -> bool:
+        os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)  # O_APPEND writes still go to the end
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EDEADLOCK):
+                return False
+            raise
+        return True
+
+else:
+    import fcntl
+
+    def _try_lock(fd: int) -> bool:
+        # flock, not fcntl/lockf: a POSIX record lock is dropped when the process closes any
+        # descriptor of the file (as every `load` does), and belongs to the process, not the
+        # open file, so it could not keep out a second session object of this process.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Take the single writer's lock on ``fd``'s file; raise `SessionLockedError` if another
+    writer holds it. Held until ``fd`` is closed (by the OS when the process dies)."""
+    try:
+        if _try_lock(fd):
+            return
+    except OSError as exc:  # a file system that cannot lock (ENOLCK, EOPNOTSUPP): written as before
+        log.warning("%s: not locked against other writers, the file system refused (%s)", path, exc)
+        return
+    raise SessionLockedError(str(path), _lock_holder(fd))
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid of the process holding the flock on ``fd``'s file, as Linux lists it in
+    /proc/locks; None elsewhere, or when it is not listed."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return None
+    # "3: FLOCK  ADVISORY  WRITE 4242 fe:00:2146355 0 EOF" (a waiter's row has "->" after the
+    # number, and is skipped). On an overlay file system the device listed is the one below the
+    # overlay, not the one fstat gives: then the inode alone, if only one lock has it, is the file.
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    inode = f":{st.st_ino}"
+    found = [row for row in rows if len(row) > 5 and row[1] == "FLOCK" and row[5].endswith(inode)]
+    exact = [row for row in found if row[5] == device]
+    chosen = exact or (found if len(found) == 1 else [])
+    try:
+        pid = int(chosen[0][4]) if chosen else 0
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -1109,6 +1109,142 @@ async def test_a_file_a_running_engine_writes_is_refused_through_another_session
     assert loaded.repairs == [] and loaded.messages == first.messages
 
 
+# -- one writer per file, across processes --------------------------------------------
+
+HOLDER = '''
+import sys
+from agentloop import Message
+from agentloop.sessions import JsonlSession
+
+session = JsonlSession(sys.argv[1])
+session.append_message(Message.user("held"))
+with open(sys.argv[1], "ab") as f:  # the holder is half-way through its next line
+    f.write(b'{"type":"message","mess')
+print("holding", flush=True)
+if sys.stdin.readline() == "close\\n":
+    session.close()
+    print("closed", flush=True)
+    sys.stdin.readline()
+'''
+
+
+async def _first_event(run: Any) -> Any:
+    return await run.__anext__()
+
+
+async def _drain(run: Any) -> None:
+    async for _ in run:
+        pass
+
+
+@pytest.mark.parametrize("end", ["close", "sigkill"])
+def test_a_second_process_is_refused_the_file_until_the_first_closes_it_or_dies(
+    tmp_path: Path, end: str
+) -> None:
+    """A restarted worker (or a second terminal) opened a session another process still wrote:
+    both appended, their records interleaved, and the file replayed to neither transcript. The
+    second writer is refused, naming the file and the holder; readers are not; the lock goes
+    with the holder's close, or with the holder itself when it dies."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert holder.stdout.readline() == b"holding\n"
+            before = path.read_bytes()
+
+            with pytest.raises(SessionLockedError) as refused:
+                JsonlSession(path).append_message(Message.user("second writer"))
+            assert refused.value.pid == holder.pid and refused.value.path == str(path)
+            assert str(path) in str(refused.value) and f"pid {holder.pid}" in str(refused.value)
+            assert isinstance(refused.value, OSError)  # what a host catching IO errors expects
+            with pytest.raises(SessionLockedError, match=f"pid {holder.pid}"):
+                JsonlSession.resume(path)
+            engine = QueryEngine(ScriptedModel(["never sent"]), session=JsonlSession(path), policies=[])
+            with pytest.raises(SessionLockedError):  # refused before it takes or sends anything
+                asyncio.run(_first_event(engine.run("second worker")), debug=True)
+            assert engine.messages == [] and engine.session_errors == []
+            assert path.read_bytes() == before  # the holder's half line was not cut under it
+
+            loaded = JsonlSession(path).load()  # reading is never refused
+            assert [m.text for m in loaded.messages] == ["held"] and len(loaded.warnings) == 1
+
+            if end == "close":
+                holder.stdin.write(b"close\n")
+                holder.stdin.flush()
+                assert holder.stdout.readline() == b"closed\n"
+            else:
+                _kill(holder)
+            session, loaded = JsonlSession.resume(path)
+            with session:
+                engine = QueryEngine(ScriptedModel(["taken over"]), messages=loaded.messages, session=session)
+                asyncio.run(_drain(engine.run("second worker")), debug=True)
+        finally:
+            holder.stdin.close()  # type: ignore[union-attr]
+            if holder.poll() is None:
+                _kill(holder)
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["held", "second worker", "taken over"]
+    assert loaded.repairs == []
+
+
+def test_a_second_session_object_is_refused_an_open_file_until_the_first_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two session objects of one process appending to one file interleave as two processes
+    do: the second is refused while the first holds the file open, and takes it once the
+    first releases, closes or drops it."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    first, second = JsonlSession(path), JsonlSession(path)
+    first.append_message(Message.user("one"))
+    with pytest.raises(SessionLockedError, match="another session object of this process") as refused:
+        second.append_message(Message.user("two"))
+    assert refused.value.pid == os.getpid()
+    first.release()
+    second.append_message(Message.user("two"))
+    with pytest.raises(SessionLockedError):
+        first.acquire()
+    second.close()
+    first.acquire()
+    first.append_message(Message.user("three"))
+    with pytest.warns(ResourceWarning):
+        del first
+        gc.collect()
+
+    def unreadable(self: Path) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    with pytest.raises(OSError, match="Input/output"):  # a resume that fails lets go of the file
+        JsonlSession.resume(path)
+    monkeypatch.undo()
+    with JsonlSession(path) as third:
+        third.append_message(Message.user("four"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["one", "two", "three", "four"]
+
+
+def test_a_file_system_that_cannot_lock_is_written_unlocked_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "s.jsonl"
+    with caplog.at_level(logging.WARNING, logger="agentloop"), JsonlSession(path) as session:
+        session.append_message(Message.user("kept"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["kept"]
+    assert "not locked against other writers" in caplog.text and "No locks available" in caplog.text
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
 def test_session_files_are_0600_and_the_directories_made_for_them_0700(tmp_path: Path, umask: int) -> None:
     """Transcripts may hold secrets: only their owner may read them, whatever the umask."""
