@@ -162,6 +162,7 @@ class JsonlSession:
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
         self._tail_unchecked = False  # opened, its last line not yet checked for a crash's tear
+        self._cut_to: int | None = None  # the size before the line of an append whose sync failed
         self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
         self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
         self._lock = threading.Lock()
@@ -228,6 +229,7 @@ class JsonlSession:
             if fd is None:
                 return
             try:
+                self._drop_uncommitted(fd)
                 if self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
@@ -240,6 +242,8 @@ class JsonlSession:
                 return
             self._closed = True
             try:
+                if self._fd is not None:
+                    self._drop_uncommitted(self._fd)
                 if self._fd is not None and self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
@@ -310,6 +314,9 @@ class JsonlSession:
             if self._torn:
                 _cut_torn_tail(fd, self.path)
                 self._torn = False
+            if self._cut_to is not None:
+                os.ftruncate(fd, self._cut_to)
+                self._cut_to = None
             if self._owed is not None:  # the checkpoint must come before any later record
                 self._write(fd, self._owed)
                 self._owed = None
@@ -332,7 +339,26 @@ class JsonlSession:
         if self.fsync == "always" or (
             self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every
         ):
-            self._sync()
+            try:
+                self._sync()
+            except BaseException:
+                # The whole line is in the file, yet the append raises: the caller takes the
+                # record as not written (the engine lists it as lost; a host appends it again),
+                # so it must not be. Cut it off now, or before the next append or the close.
+                self._unsynced -= 1
+                with contextlib.suppress(OSError):
+                    self._cut_to = os.fstat(fd).st_size - len(data)
+                    os.ftruncate(fd, self._cut_to)
+                    self._cut_to = None
+                raise
+
+    def _drop_uncommitted(self, fd: int) -> None:
+        """Before the file is closed: cut the line of an append whose sync failed, if it is
+        still there (the lock held)."""
+        if self._cut_to is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
 
     def _open(self) -> int:
         if self._closed:

@@ -933,6 +933,51 @@ def test_a_failed_write_never_costs_the_next_record(
     assert loaded.messages == [Message.user("one"), Message.user("three")]
 
 
+@pytest.mark.parametrize(("policy", "every"), [("always", None), ("batch", 2)])
+@pytest.mark.parametrize("truncate_fails", [False, True])
+@pytest.mark.parametrize("then", ["retry", "close"])
+def test_an_append_whose_sync_fails_leaves_no_record_to_duplicate(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: Any,
+    every: int | None,
+    truncate_fails: bool,
+    then: str,
+) -> None:
+    """An append whose fsync failed (EIO, a full disk on some file systems) raised OSError, yet
+    its line stayed in the file: the engine listed the message as not recorded although the
+    file held it, and a host that retried the append recorded the message twice."""
+    path = tmp_path / "s.jsonl"
+    real_fsync, real_truncate = os.fsync, os.ftruncate
+    fail = {"fsync": False, "truncate": False}
+
+    def fsync(fd: int) -> None:
+        if fail["fsync"]:
+            fail["fsync"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    def ftruncate(fd: int, length: int) -> None:
+        if fail["truncate"]:
+            fail["truncate"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real_truncate(fd, length)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    with JsonlSession(path, fsync=policy, fsync_every=every) as session:
+        session.append_message(Message.user("one"))
+        fail.update(fsync=True, truncate=truncate_fails)
+        with pytest.raises(OSError, match="Input/output"):
+            session.append_message(Message.user("two"))
+        if then == "retry":  # the host tries again
+            session.append_message(Message.user("two"))
+            session.append_message(Message.user("three"))
+    loaded = JsonlSession(path).load()
+    expected = ["one", "two", "three"] if then == "retry" else ["one"]
+    assert loaded.warnings == [] and [m.text for m in loaded.messages] == expected
+
+
 async def test_a_record_the_store_fails_to_write_is_reported_on_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
