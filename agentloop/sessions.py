@@ -127,7 +127,7 @@ class JsonlSession:
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents``). The file and its directories are created on
-    the first append; constructing or loading never creates anything. A file it
+    the first append (or `acquire`); constructing or loading never creates anything. A file it
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
     output, keys the user pasted); existing ones keep their mode. A relative
     path is taken from the working directory at construction.
@@ -214,9 +214,14 @@ class JsonlSession:
 
         Every file is closed even when syncing one fails; the (last) OSError is raised after.
         """
+        with self._lock:
+            # Closed before the sidechains are listed: one asked for from another thread from
+            # here on comes closed, rather than open and missed by the list (its file never closed).
+            self._closed = True
+            children = list(self._sidechains.values())
         with contextlib.ExitStack() as stack:
-            stack.callback(self._close_own)
-            for child in reversed(list(self._sidechains.values())):
+            stack.callback(self._close_file)
+            for child in reversed(children):
                 stack.callback(child.close)  # run first, in the order they were made
 
     def release(self) -> None:
@@ -224,6 +229,9 @@ class JsonlSession:
         append opens the file again. The engine calls it on a subagent's sidechain when the
         subagent's run ends, so an idle subagent holds no open file. Raises OSError if the
         sync fails (the file is closed all the same)."""
+        self._close_file()
+
+    def _close_file(self) -> None:
         with self._lock:
             fd = self._fd
             if fd is None:
@@ -235,21 +243,6 @@ class JsonlSession:
             finally:
                 self._fd = None
                 os.close(fd)
-
-    def _close_own(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                if self._fd is not None:
-                    self._drop_uncommitted(self._fd)
-                if self._fd is not None and self.fsync != "never" and self._unsynced:
-                    self._sync()
-            finally:
-                fd, self._fd = self._fd, None
-                if fd is not None:
-                    os.close(fd)
 
     def __del__(self) -> None:
         # As Python's own files do: a session dropped while its file is open closes the file

@@ -324,6 +324,29 @@ def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypa
     main.close()  # idempotent: nothing left to fail
 
 
+def test_a_sidechain_asked_for_while_the_session_closes_comes_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() in one thread while an engine in another starts a subagent: a sidechain made
+    after close() had listed the sidechains, but before it marked the session closed, came
+    open, and nothing would close its file (nor let go of its lock)."""
+    session = JsonlSession(tmp_path / "main.jsonl")
+    early = session.sidechain("early")
+    late: list[JsonlSession] = []
+    real_close = JsonlSession.close
+
+    def close(self: JsonlSession) -> None:
+        if self is early and not late:  # the other thread, just as close() reaches the sidechains
+            late.append(session.sidechain("late"))
+        real_close(self)
+
+    monkeypatch.setattr(JsonlSession, "close", close)
+    session.close()
+    with pytest.raises(ValueError, match="closed session"):
+        late[0].append_message(Message.user("written after the close"))
+    assert not (tmp_path / "subagents").exists()
+
+
 async def test_a_subagent_made_after_the_session_closed_writes_nothing(tmp_path: Path) -> None:
     """Once the owner closed the session, a subagent's sidechain comes closed too (its appends
     fail like the main file's), rather than opening a file nothing would ever close."""
