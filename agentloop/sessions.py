@@ -397,11 +397,19 @@ class JsonlSession:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return LoadedSession(messages=[])
+        # A string holds a surrogate only through a \ud escape, or through the bytes of one
+        # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
+        # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
+        # checked string by string (about a tenth of a large load).
+        escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
+        encoded = b"\xed" in data and _ENCODED_SURROGATE.search(data) is not None
+        lines = _lines(data)
+        del data  # the lines hold it from here on, each let go once read: a large file is not held twice
         loaded = LoadedSession(messages=[])
         problems: list[str] = []
         notes: list[str] = []  # what a record from a newer version lost, yet was kept
         with _gc_paused():
-            for lineno, line, complete in _lines(data):
+            for lineno, line, complete in lines:
                 why = _read_record(line, loaded, notes)
                 if why is not None and not complete:
                     why = "no final newline"  # torn: a whole record without one is kept (JSON Lines)
@@ -417,12 +425,6 @@ class JsonlSession:
             warning = f"{self.path}: {problem}"
             log.warning("%s", warning)
             loaded.warnings.append(warning)
-        # A string holds a surrogate only through a \ud escape, or through the bytes of one
-        # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
-        # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
-        # checked string by string (about a tenth of a large load).
-        escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
-        encoded = b"\xed" in data and _ENCODED_SURROGATE.search(data) is not None
         loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
         return loaded
 
@@ -715,11 +717,17 @@ def _is_object(line: bytes) -> bool:
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line, ends with newline); the line number of a torn tail is -1."""
+    """(line number, line, ends with newline); the line number of a torn tail is -1.
+
+    Holds ``data`` only until it is split, and each line only until it is read (the caller
+    drops its own reference to ``data``), so that memory holds the file about once."""
     parts = data.split(b"\n")
+    del data
     tail = parts.pop()  # b"" when the data ends with a newline
     last = len(parts)
-    for i, part in enumerate(parts, start=1):
+    parts.reverse()  # popped from the end, in file order
+    for i in range(1, last + 1):
+        part = parts.pop()
         if part.strip():
             yield (-1 if i == last and not tail else i), part, True
     if tail:

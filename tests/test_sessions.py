@@ -660,6 +660,27 @@ def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -
 # -- fsync policy -----------------------------------------------------------------
 
 
+def test_a_large_session_is_not_held_in_memory_twice_while_it_loads(tmp_path: Path) -> None:
+    """Loading kept the whole file's bytes and every line split from them until the end, on top
+    of the transcript it built: a peak of four times the file's size for a large session. The
+    bytes go once split, and each line once read."""
+    import tracemalloc
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path, fsync="never") as session:
+        for i in range(3000):
+            session.append_message(make_message(i))
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        loaded = JsonlSession(path).load()
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded.messages) == 3000
+    assert peak - retained < 1.3 * size, (peak - retained) / size  # the bytes, or the lines: not both
+
+
 def _count_fsyncs(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, int]:
     counts = {"file": 0, "other": 0}
     real_fsync = os.fsync
