@@ -1169,6 +1169,64 @@ async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp
     assert first.messages[-1].text == "A done" and first.session_errors == second.session_errors == []
 
 
+def test_two_engines_starting_on_one_store_in_two_threads_do_not_both_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server running each request's engine in its own thread (``asyncio.run`` per request),
+    with the conversation's session shared: the check that the store is free and the claim of
+    it were apart, so a run starting in another thread between them passed the check too, and
+    both runs wrote to the file at once."""
+    a_checked, b_tried = threading.Event(), threading.Event()
+    outcome: dict[str, str] = {}
+    real_vet = QueryEngine._vet_history
+
+    with JsonlSession(tmp_path / "s.jsonl") as session:
+        first = QueryEngine(ScriptedModel(["A done"]), session=session, policies=[])
+        second = QueryEngine(ScriptedModel(["B done"]), session=session, policies=[])
+
+        def vet(engine: QueryEngine) -> None:
+            if engine is first:  # between the check and the run's start: let the other thread try
+                a_checked.set()
+                assert b_tried.wait(30)
+            real_vet(engine)
+
+        monkeypatch.setattr(QueryEngine, "_vet_history", vet)
+
+        def run(engine: QueryEngine, prompt: str, name: str) -> None:
+            try:
+                asyncio.run(_drain(engine.run(prompt)), debug=True)
+                outcome[name] = "ran"
+            except RuntimeError as exc:
+                outcome[name] = str(exc)
+
+        def run_second() -> None:
+            assert a_checked.wait(30)
+            try:
+                run(second, "task B", "B")
+            finally:
+                b_tried.set()
+
+        threads = [threading.Thread(target=run, args=(first, "task A", "A")), threading.Thread(target=run_second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert outcome["A"] == "ran"
+    assert "in use by another running engine" in outcome["B"] and second.messages == []
+    assert [m.text for m in JsonlSession(tmp_path / "s.jsonl").load().messages] == ["task A", "A done"]
+
+
+async def test_a_run_refused_as_it_starts_leaves_the_store_free(tmp_path: Path) -> None:
+    with JsonlSession(tmp_path / "s.jsonl") as session:
+        idle = QueryEngine(ScriptedModel(["never"]), session=session, policies=[])
+        with pytest.raises(ValueError):  # nothing to run: no prompt, no history
+            await idle.run().__anext__()
+        other = QueryEngine(ScriptedModel(["ok"]), session=session, policies=[])
+        async for _ in other.run("hi"):
+            pass
+    assert other.messages[-1].text == "ok" and other.session_errors == []
+
+
 async def test_a_file_a_running_engine_writes_is_refused_through_another_session_object(tmp_path: Path) -> None:
     """A server that resumes the file for each request (a fresh JsonlSession each time) ran two
     requests on one conversation at once, and they interleaved their records in the file."""
