@@ -602,7 +602,11 @@ else:
 
 def _lock(fd: int, path: Path) -> None:
     """Take the single writer's lock on ``fd``'s file; raise `SessionLockedError` if another
-    writer holds it. Held until ``fd`` is closed (by the OS when the process dies)."""
+    writer holds it. Held until ``fd`` is closed (by the OS when the process dies). A device
+    or a pipe (``os.devnull`` for every engine of a host that keeps nothing, ``/dev/stdout``)
+    holds no transcript to protect, and is not locked."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return
     try:
         if _try_lock(fd):
             return

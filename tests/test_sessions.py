@@ -787,6 +787,20 @@ def test_a_session_written_to_a_pipe_or_to_devnull_works_under_every_policy(poli
     assert Message.model_validate(records[0]["message"]) == Message.user("hi")
 
 
+def test_sessions_writing_to_devnull_at_once_are_not_refused() -> None:
+    """``JsonlSession(os.devnull)`` is how a host turns persistence off, for every engine it
+    makes: the writer's lock, taken on /dev/null too, refused all but the first. Only a regular
+    file holds a transcript to protect; a device or a pipe is not locked."""
+    sessions = [JsonlSession(os.devnull) for _ in range(3)]
+    try:
+        for session in sessions:
+            session.acquire()
+            session.append_message(Message.user("kept nowhere"))
+    finally:
+        for session in sessions:
+            session.close()
+
+
 def test_a_failed_fsync_of_a_regular_file_is_still_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fsync(fd: int) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
