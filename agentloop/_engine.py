@@ -15,12 +15,14 @@ import logging
 import numbers
 import operator
 import os
+import threading
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
+from ._errors import SessionLockedError
 from ._events import Event, TurnEnded
 from ._inbox import Inbox, Texts
 from ._messages import Message
@@ -72,6 +74,10 @@ class EngineOptions:
 # an engine whose run could never end (its event loop closed under it) frees the store when
 # the engine goes.
 _store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakValueDictionary()
+# Held while a run checks that its store is free and claims it, as one step: engines may start
+# runs in several threads (an event loop each), and a run starting between another's check and
+# its claim would pass the check too.
+_store_claims = threading.Lock()
 
 
 def _store_key(store: SessionStore) -> object:
@@ -632,36 +638,52 @@ class QueryEngine:
             except Exception as exc:
                 self._store_failed(f"an event ({event.type})", exc)
 
-    def _check_store_free(self) -> None:
-        """Raise RuntimeError if another running engine writes to this engine's session store."""
+    def _claim_store(self) -> None:
+        """As a run starts: claim this engine's session store for the run. Raises RuntimeError
+        if another engine's run writes to it (or is starting on it), `SessionLockedError` if
+        the store has another writer elsewhere (another process). `_release_store` undoes it."""
         store = self.session
         if store is None:
             return
         key = _store_key(store)
-        other = _store_writers.get(key)
-        if (
-            other is not None
-            and other is not self
-            and other._state is not None
-            and not other._state.loop.is_closed()  # a run whose loop closed under it writes no more
-            and other.session is not None
-            and _store_key(other.session) == key
-        ):
-            who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
-            raise RuntimeError(
-                f"the session store {store!r} is in use by another running engine{who}: a store records "
-                "one transcript (give each engine its own, a subagent its own agent_id)"
-            )
-
-    def _claim_store(self, claim: bool) -> None:
-        """As a run starts (``claim``) or ends: mark this engine as its store's writer, or not."""
-        if claim and self.session is not None:
-            key = self._store_claimed = _store_key(self.session)
+        with _store_claims:
+            other = _store_writers.get(key)
+            if other is not None and other is not self and other._writes_to(key):
+                who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
+                raise RuntimeError(
+                    f"the session store {store!r} is in use by another running engine{who}: a store records "
+                    "one transcript (give each engine its own, a subagent its own agent_id)"
+                )
             _store_writers[key] = self
-        elif not claim and self._store_claimed is not None:
-            key, self._store_claimed = self._store_claimed, None
-            if _store_writers.get(key) is self:
-                del _store_writers[key]
+            self._store_claimed = key
+        acquire = getattr(store, "acquire", None)
+        if acquire is not None:
+            try:
+                acquire()  # a JsonlSession's file lock: taken now, or the run's records go nowhere
+            except SessionLockedError:
+                self._release_store()
+                raise
+            except Exception:  # a file it cannot open: each append fails too, and is listed
+                pass
+
+    def _writes_to(self, key: object) -> bool:
+        """Whether this engine, found as the writer of store ``key``, still writes to it: its run
+        is starting (claimed, no state yet) or going on in an open loop (a run left in an event
+        loop that was closed under it writes no more)."""
+        state = self._state
+        return (
+            (state is None or not state.loop.is_closed())
+            and self.session is not None
+            and _store_key(self.session) == key
+        )
+
+    def _release_store(self) -> None:
+        """As a run ends (or fails to start): this engine no longer writes to its store."""
+        key, self._store_claimed = self._store_claimed, None
+        if key is not None:
+            with _store_claims:
+                if _store_writers.get(key) is self:
+                    del _store_writers[key]
 
     def _vet_history(self) -> None:
         """As a run starts: repair what the host broke in `messages` since it was last valid

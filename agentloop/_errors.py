@@ -9,6 +9,7 @@
      │         ├── ProviderStatusError       non-2xx HTTP status
      │         │    └── PromptTooLongError   the context does not fit: terminal "prompt_too_long"
      │         └── ProviderStreamError       an error event inside a 200 stream (Anthropic overloaded_error, ...)
+     ├── SessionLockedError          a session file has another writer (.path, .pid); an OSError too
      ├── ToolInputError              the model's tool input failed validation (becomes an error tool_result)
      └── TranscriptError             a transcript breaks the provider rules and cannot be used as is
 
@@ -18,6 +19,7 @@ Errors carry data, never credentials: nothing here stores request headers, and
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ProviderError",
     "ProviderStatusError",
     "ProviderStreamError",
+    "SessionLockedError",
     "StreamProtocolError",
     "ToolInputError",
     "TranscriptError",
@@ -119,6 +122,29 @@ class PromptTooLongError(ProviderStatusError):
 
 class ProviderStreamError(ProviderError):
     """The provider sent an error event inside a stream that began with HTTP 200."""
+
+
+class SessionLockedError(AgentloopError, OSError):
+    """A session file is open for writing by another writer: another process (a worker still
+    running, a second terminal), or another `JsonlSession` object of this process.
+
+    Raised instead of interleaving two writers' records. ``path``: the session file. ``pid``:
+    the process holding it, when the platform says (Linux does); it may be this process.
+    """
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        if pid is None:
+            who = "another writer"
+        elif pid == os.getpid():
+            who = f"another session object of this process (pid {pid})"
+        else:
+            who = f"another process (pid {pid})"
+        super().__init__(
+            f"session {path!r} is open for writing by {who}: a session file has one writer at a "
+            "time (close the other, or let it end, then resume the file)"
+        )
+        self.path = path
+        self.pid = pid
 
 
 class ToolInputError(AgentloopError):

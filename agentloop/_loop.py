@@ -203,11 +203,15 @@ def _begin(
             "a run is already in progress on this engine (one you stopped iterating but still hold "
             "ends when you await its aclose() or drop it)"
         )
-    engine._check_store_free()
-    engine._vet_history()
-    engine._catch_up_session()
-    starts = _first_turn(engine, prompt)
-    controller = waited.controller if waited is not None else AbortController(parent=engine._link_signal())
+    engine._claim_store()
+    try:
+        engine._vet_history()
+        engine._catch_up_session()
+        starts = _first_turn(engine, prompt)
+        controller = waited.controller if waited is not None else AbortController(parent=engine._link_signal())
+    except BaseException:  # refused: the store is free again
+        engine._release_store()
+        raise
     st = RunState(controller, asyncio.current_task())
     st.token = token
     if waited is not None and waited.closed:  # aclose() from another task while it waited
@@ -219,7 +223,6 @@ def _begin(
     engine._state = st
     if engine.policies:
         claim(engine.policies, engine)
-    engine._claim_store(True)
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
@@ -342,7 +345,7 @@ def forget_closed_run(engine: QueryEngine, st: RunState) -> None:
     st.close()
     engine._state = None
     engine._closing = None
-    engine._claim_store(False)
+    engine._release_store()
 
 
 def close_elsewhere(engine: QueryEngine, token: object) -> None:
@@ -586,7 +589,7 @@ async def _finish(engine: QueryEngine, st: RunState) -> None:
             release(engine.policies, engine)
         engine._vetted = list(engine.messages)  # valid: the run settled it
         engine._state = None
-        engine._claim_store(False)
+        engine._release_store()
         engine._release_sidechain()
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():

@@ -21,6 +21,14 @@ default) fsyncs on `flush`, on `close` and, with ``fsync_every=N``, every N
 appends (survives a process crash, since the data is in the OS page cache, but
 a power loss may lose the last unsynced appends); ``"never"`` leaves it to the OS.
 
+One writer at a time: from the moment the file is opened for appending until it is
+closed, the session holds a lock on it (``flock`` on POSIX; on Windows, ``msvcrt.locking``
+of one byte far past the end, where no reader looks), and a second writer (another
+process, or another session object of this one) gets `SessionLockedError` instead of
+interleaving its records with the first's. The operating system drops the lock with the
+process that held it, so a crash leaves none behind. Reading (`load`) takes no lock and
+is never refused.
+
 Writes are synchronous on purpose: appending one line to a local file is a
 single syscall that lands in the page cache in microseconds, cheaper than
 handing it to a thread, and it keeps the order of records equal to the order of
@@ -41,6 +49,7 @@ import math
 import os
 import re
 import stat
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +61,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from ._errors import SessionLockedError
 from ._messages import (
     Message,
     RedactedThinkingBlock,
@@ -64,7 +74,7 @@ from ._messages import (
 from ._transcript import repair
 from ._unicode import has_surrogates
 
-__all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionStore"]
+__all__ = ["FsyncPolicy", "JsonlSession", "LoadedSession", "SessionLockedError", "SessionStore"]
 
 log = logging.getLogger("agentloop")
 
@@ -84,7 +94,9 @@ class SessionStore(Protocol):
     is kept apart. `close` is the owner's job; the engine never calls it on the
     store it was given. A store may also have ``append_checkpoint(messages)``
     (as `JsonlSession` does): the engine calls it when a run starts on a
-    transcript the host rewound or edited since the last commit.
+    transcript the host rewound or edited since the last commit, and ``acquire()``: the
+    engine calls it as each run starts, and a `SessionLockedError` it raises refuses the run
+    (any other error is left for the appends to report).
     """
 
     def append_message(self, message: Message) -> None: ...
@@ -115,11 +127,14 @@ class JsonlSession:
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents``). The file and its directories are created on
-    the first append; constructing or loading never creates anything. A file it
+    the first append (or `acquire`); constructing or loading never creates anything. A file it
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
     output, keys the user pasted); existing ones keep their mode. A relative
     path is taken from the working directory at construction.
-    A session is safe to append to from several threads.
+    A session is safe to append to from several threads. While its file is open for
+    appending (from `acquire` or the first append until `close` or `release`) no other
+    session, in this process or another, can open it for appending: they get
+    `SessionLockedError`.
     """
 
     def __init__(
@@ -146,6 +161,8 @@ class JsonlSession:
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
+        self._tail_unchecked = False  # opened, its last line not yet checked for a crash's tear
+        self._cut_to: int | None = None  # the size before the line of an append whose sync failed
         self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
         self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
         self._lock = threading.Lock()
@@ -177,6 +194,15 @@ class JsonlSession:
         record = {"type": "event", "event": event_to_json(event)}
         self._append(_dumps(record) + "\n")
 
+    def acquire(self) -> None:
+        """Open the file for appending now rather than at the first append (creating it and
+        its directories if missing), taking the lock that keeps other writers out until
+        `close` or `release`. Does nothing if it is open already. Raises `SessionLockedError`
+        when another writer has it open, OSError when it cannot be opened, ValueError once
+        closed. The engine calls it as each run starts."""
+        with self._lock:
+            self._open()
+
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
         with self._lock:
@@ -188,9 +214,14 @@ class JsonlSession:
 
         Every file is closed even when syncing one fails; the (last) OSError is raised after.
         """
+        with self._lock:
+            # Closed before the sidechains are listed: one asked for from another thread from
+            # here on comes closed, rather than open and missed by the list (its file never closed).
+            self._closed = True
+            children = list(self._sidechains.values())
         with contextlib.ExitStack() as stack:
-            stack.callback(self._close_own)
-            for child in reversed(list(self._sidechains.values())):
+            stack.callback(self._close_file)
+            for child in reversed(children):
                 stack.callback(child.close)  # run first, in the order they were made
 
     def release(self) -> None:
@@ -198,29 +229,20 @@ class JsonlSession:
         append opens the file again. The engine calls it on a subagent's sidechain when the
         subagent's run ends, so an idle subagent holds no open file. Raises OSError if the
         sync fails (the file is closed all the same)."""
+        self._close_file()
+
+    def _close_file(self) -> None:
         with self._lock:
             fd = self._fd
             if fd is None:
                 return
             try:
+                self._drop_uncommitted(fd)
                 if self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
                 self._fd = None
                 os.close(fd)
-
-    def _close_own(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                if self._fd is not None and self.fsync != "never" and self._unsynced:
-                    self._sync()
-            finally:
-                fd, self._fd = self._fd, None
-                if fd is not None:
-                    os.close(fd)
 
     def __del__(self) -> None:
         # As Python's own files do: a session dropped while its file is open closes the file
@@ -279,9 +301,15 @@ class JsonlSession:
         data = _encode_line(line)
         with self._lock:
             fd = self._open()
+            if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
+                _cut_torn_tail(fd, self.path, keep_whole=True)
+                self._tail_unchecked = False
             if self._torn:
                 _cut_torn_tail(fd, self.path)
                 self._torn = False
+            if self._cut_to is not None:
+                os.ftruncate(fd, self._cut_to)
+                self._cut_to = None
             if self._owed is not None:  # the checkpoint must come before any later record
                 self._write(fd, self._owed)
                 self._owed = None
@@ -304,7 +332,26 @@ class JsonlSession:
         if self.fsync == "always" or (
             self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every
         ):
-            self._sync()
+            try:
+                self._sync()
+            except BaseException:
+                # The whole line is in the file, yet the append raises: the caller takes the
+                # record as not written (the engine lists it as lost; a host appends it again),
+                # so it must not be. Cut it off now, or before the next append or the close.
+                self._unsynced -= 1
+                with contextlib.suppress(OSError):
+                    self._cut_to = os.fstat(fd).st_size - len(data)
+                    os.ftruncate(fd, self._cut_to)
+                    self._cut_to = None
+                raise
+
+    def _drop_uncommitted(self, fd: int) -> None:
+        """Before the file is closed: cut the line of an append whose sync failed, if it is
+        still there (the lock held)."""
+        if self._cut_to is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
 
     def _open(self) -> int:
         if self._closed:
@@ -315,11 +362,14 @@ class JsonlSession:
             # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                _cut_torn_tail(fd, self.path, keep_whole=True)
+                _lock(fd, self.path)
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
+            # Checked at the next append, not here: `resume` takes the lock before it loads (a
+            # file another writer appends to cannot be read whole), and the load reports the tear.
+            self._tail_unchecked = True
             self._dirs_owed += ([self.path.parent] if created else []) + made
         return self._fd
 
@@ -347,11 +397,19 @@ class JsonlSession:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return LoadedSession(messages=[])
+        # A string holds a surrogate only through a \ud escape, or through the bytes of one
+        # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
+        # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
+        # checked string by string (about a tenth of a large load).
+        escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
+        encoded = b"\xed" in data and _ENCODED_SURROGATE.search(data) is not None
+        lines = _lines(data)
+        del data  # the lines hold it from here on, each let go once read: a large file is not held twice
         loaded = LoadedSession(messages=[])
         problems: list[str] = []
         notes: list[str] = []  # what a record from a newer version lost, yet was kept
         with _gc_paused():
-            for lineno, line, complete in _lines(data):
+            for lineno, line, complete in lines:
                 why = _read_record(line, loaded, notes)
                 if why is not None and not complete:
                     why = "no final newline"  # torn: a whole record without one is kept (JSON Lines)
@@ -367,12 +425,6 @@ class JsonlSession:
             warning = f"{self.path}: {problem}"
             log.warning("%s", warning)
             loaded.warnings.append(warning)
-        # A string holds a surrogate only through a \ud escape, or through the bytes of one
-        # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
-        # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
-        # checked string by string (about a tenth of a large load).
-        escaped = b"\\u" in data and (b"\\ud" in data or b"\\uD" in data)
-        encoded = b"\xed" in data and _ENCODED_SURROGATE.search(data) is not None
         loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
         return loaded
 
@@ -386,10 +438,25 @@ class JsonlSession:
         continues from. A checkpoint that cannot be written (a read-only file, a
         full disk) is a warning in ``loaded.warnings``, not an error: it is written
         before the next record the session appends. ``options`` go to the
-        constructor. Raises OSError only if the file exists but cannot be read.
+        constructor. An existing file is locked (as by `acquire`) before it is read:
+        raises `SessionLockedError` if another writer has it open, and otherwise OSError
+        only if the file exists but cannot be read.
         """
         session = cls(path, **options)
-        loaded = session.load()
+        if session.path.exists():  # a missing file is created by the first append, not here
+            # Locked before it is read: what another writer appends meanwhile would be missing
+            # from the transcript the engine continues, and its records mixed with the engine's.
+            try:
+                session.acquire()
+            except SessionLockedError:
+                raise
+            except OSError:  # a file it cannot write still loads (its checkpoint is owed, below)
+                pass
+        try:
+            loaded = session.load()
+        except BaseException:
+            session.close()  # and with it the lock
+            raise
         if loaded.repairs:
             try:
                 session.append_checkpoint(loaded.messages)
@@ -502,6 +569,77 @@ def _loads_non_finite(line: bytes) -> Any:
     return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
 
 
+if sys.platform == "win32":
+    import msvcrt
+
+    # Windows locks are mandatory: a locked byte cannot be read by anyone else. One byte far
+    # past any real end of file is locked, so that readers of the file are never refused.
+    _LOCKED_BYTE = 1 << 62
+
+    def _try_lock(fd: int) -> bool:
+        os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)  # O_APPEND writes still go to the end
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EDEADLOCK):
+                return False
+            raise
+        return True
+
+else:
+    import fcntl
+
+    def _try_lock(fd: int) -> bool:
+        # flock, not fcntl/lockf: a POSIX record lock is dropped when the process closes any
+        # descriptor of the file (as every `load` does), and belongs to the process, not the
+        # open file, so it could not keep out a second session object of this process.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Take the single writer's lock on ``fd``'s file; raise `SessionLockedError` if another
+    writer holds it. Held until ``fd`` is closed (by the OS when the process dies). A device
+    or a pipe (``os.devnull`` for every engine of a host that keeps nothing, ``/dev/stdout``)
+    holds no transcript to protect, and is not locked."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return
+    try:
+        if _try_lock(fd):
+            return
+    except OSError as exc:  # a file system that cannot lock (ENOLCK, EOPNOTSUPP): written as before
+        log.warning("%s: not locked against other writers, the file system refused (%s)", path, exc)
+        return
+    raise SessionLockedError(str(path), _lock_holder(fd))
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid of the process holding the flock on ``fd``'s file, as Linux lists it in
+    /proc/locks; None elsewhere, or when it is not listed."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return None
+    # "3: FLOCK  ADVISORY  WRITE 4242 fe:00:2146355 0 EOF" (a waiter's row has "->" after the
+    # number, and is skipped). On an overlay file system the device listed is the one below the
+    # overlay, not the one fstat gives: then the inode alone, if only one lock has it, is the file.
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    inode = f":{st.st_ino}"
+    found = [row for row in rows if len(row) > 5 and row[1] == "FLOCK" and row[5].endswith(inode)]
+    exact = [row for row in found if row[5] == device]
+    chosen = exact or (found if len(found) == 1 else [])
+    try:
+        pid = int(chosen[0][4]) if chosen else 0
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     # One call in practice; the loop only guards against a short write (disk full, signal).
     view = memoryview(data)
@@ -583,11 +721,17 @@ def _is_object(line: bytes) -> bool:
 
 
 def _lines(data: bytes) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line, ends with newline); the line number of a torn tail is -1."""
+    """(line number, line, ends with newline); the line number of a torn tail is -1.
+
+    Holds ``data`` only until it is split, and each line only until it is read (the caller
+    drops its own reference to ``data``), so that memory holds the file about once."""
     parts = data.split(b"\n")
+    del data
     tail = parts.pop()  # b"" when the data ends with a newline
     last = len(parts)
-    for i, part in enumerate(parts, start=1):
+    parts.reverse()  # popped from the end, in file order
+    for i in range(1, last + 1):
+        part = parts.pop()
         if part.strip():
             yield (-1 if i == last and not tail else i), part, True
     if tail:

@@ -262,6 +262,7 @@ async def other(store: JsonlSession) -> str:
         pass
     return engine.last_turn_ended.reason
 
+first.session.close()  # its session's file lock goes with the close (or with the session)
 print(asyncio.run(other(JsonlSession(path))))  # the first engine is still referenced
 del run, first
 gc.collect()

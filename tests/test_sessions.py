@@ -324,6 +324,29 @@ def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypa
     main.close()  # idempotent: nothing left to fail
 
 
+def test_a_sidechain_asked_for_while_the_session_closes_comes_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() in one thread while an engine in another starts a subagent: a sidechain made
+    after close() had listed the sidechains, but before it marked the session closed, came
+    open, and nothing would close its file (nor let go of its lock)."""
+    session = JsonlSession(tmp_path / "main.jsonl")
+    early = session.sidechain("early")
+    late: list[JsonlSession] = []
+    real_close = JsonlSession.close
+
+    def close(self: JsonlSession) -> None:
+        if self is early and not late:  # the other thread, just as close() reaches the sidechains
+            late.append(session.sidechain("late"))
+        real_close(self)
+
+    monkeypatch.setattr(JsonlSession, "close", close)
+    session.close()
+    with pytest.raises(ValueError, match="closed session"):
+        late[0].append_message(Message.user("written after the close"))
+    assert not (tmp_path / "subagents").exists()
+
+
 async def test_a_subagent_made_after_the_session_closed_writes_nothing(tmp_path: Path) -> None:
     """Once the owner closed the session, a subagent's sidechain comes closed too (its appends
     fail like the main file's), rather than opening a file nothing would ever close."""
@@ -637,6 +660,27 @@ def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -
 # -- fsync policy -----------------------------------------------------------------
 
 
+def test_a_large_session_is_not_held_in_memory_twice_while_it_loads(tmp_path: Path) -> None:
+    """Loading kept the whole file's bytes and every line split from them until the end, on top
+    of the transcript it built: a peak of four times the file's size for a large session. The
+    bytes go once split, and each line once read."""
+    import tracemalloc
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path, fsync="never") as session:
+        for i in range(3000):
+            session.append_message(make_message(i))
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        loaded = JsonlSession(path).load()
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded.messages) == 3000
+    assert peak - retained < 1.3 * size, (peak - retained) / size  # the bytes, or the lines: not both
+
+
 def _count_fsyncs(monkeypatch: pytest.MonkeyPatch, path: Path) -> dict[str, int]:
     counts = {"file": 0, "other": 0}
     real_fsync = os.fsync
@@ -741,6 +785,20 @@ def test_a_session_written_to_a_pipe_or_to_devnull_works_under_every_policy(poli
     records = [json.loads(line) for line in data.decode("utf-8").split("\n")[:-1]]
     assert [r["type"] for r in records] == ["message", "event"]
     assert Message.model_validate(records[0]["message"]) == Message.user("hi")
+
+
+def test_sessions_writing_to_devnull_at_once_are_not_refused() -> None:
+    """``JsonlSession(os.devnull)`` is how a host turns persistence off, for every engine it
+    makes: the writer's lock, taken on /dev/null too, refused all but the first. Only a regular
+    file holds a transcript to protect; a device or a pipe is not locked."""
+    sessions = [JsonlSession(os.devnull) for _ in range(3)]
+    try:
+        for session in sessions:
+            session.acquire()
+            session.append_message(Message.user("kept nowhere"))
+    finally:
+        for session in sessions:
+            session.close()
 
 
 def test_a_failed_fsync_of_a_regular_file_is_still_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -933,6 +991,51 @@ def test_a_failed_write_never_costs_the_next_record(
     assert loaded.messages == [Message.user("one"), Message.user("three")]
 
 
+@pytest.mark.parametrize(("policy", "every"), [("always", None), ("batch", 2)])
+@pytest.mark.parametrize("truncate_fails", [False, True])
+@pytest.mark.parametrize("then", ["retry", "close"])
+def test_an_append_whose_sync_fails_leaves_no_record_to_duplicate(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: Any,
+    every: int | None,
+    truncate_fails: bool,
+    then: str,
+) -> None:
+    """An append whose fsync failed (EIO, a full disk on some file systems) raised OSError, yet
+    its line stayed in the file: the engine listed the message as not recorded although the
+    file held it, and a host that retried the append recorded the message twice."""
+    path = tmp_path / "s.jsonl"
+    real_fsync, real_truncate = os.fsync, os.ftruncate
+    fail = {"fsync": False, "truncate": False}
+
+    def fsync(fd: int) -> None:
+        if fail["fsync"]:
+            fail["fsync"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    def ftruncate(fd: int, length: int) -> None:
+        if fail["truncate"]:
+            fail["truncate"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real_truncate(fd, length)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    with JsonlSession(path, fsync=policy, fsync_every=every) as session:
+        session.append_message(Message.user("one"))
+        fail.update(fsync=True, truncate=truncate_fails)
+        with pytest.raises(OSError, match="Input/output"):
+            session.append_message(Message.user("two"))
+        if then == "retry":  # the host tries again
+            session.append_message(Message.user("two"))
+            session.append_message(Message.user("three"))
+    loaded = JsonlSession(path).load()
+    expected = ["one", "two", "three"] if then == "retry" else ["one"]
+    assert loaded.warnings == [] and [m.text for m in loaded.messages] == expected
+
+
 async def test_a_record_the_store_fails_to_write_is_reported_on_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1080,6 +1183,64 @@ async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp
     assert first.messages[-1].text == "A done" and first.session_errors == second.session_errors == []
 
 
+def test_two_engines_starting_on_one_store_in_two_threads_do_not_both_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server running each request's engine in its own thread (``asyncio.run`` per request),
+    with the conversation's session shared: the check that the store is free and the claim of
+    it were apart, so a run starting in another thread between them passed the check too, and
+    both runs wrote to the file at once."""
+    a_checked, b_tried = threading.Event(), threading.Event()
+    outcome: dict[str, str] = {}
+    real_vet = QueryEngine._vet_history
+
+    with JsonlSession(tmp_path / "s.jsonl") as session:
+        first = QueryEngine(ScriptedModel(["A done"]), session=session, policies=[])
+        second = QueryEngine(ScriptedModel(["B done"]), session=session, policies=[])
+
+        def vet(engine: QueryEngine) -> None:
+            if engine is first:  # between the check and the run's start: let the other thread try
+                a_checked.set()
+                assert b_tried.wait(30)
+            real_vet(engine)
+
+        monkeypatch.setattr(QueryEngine, "_vet_history", vet)
+
+        def run(engine: QueryEngine, prompt: str, name: str) -> None:
+            try:
+                asyncio.run(_drain(engine.run(prompt)), debug=True)
+                outcome[name] = "ran"
+            except RuntimeError as exc:
+                outcome[name] = str(exc)
+
+        def run_second() -> None:
+            assert a_checked.wait(30)
+            try:
+                run(second, "task B", "B")
+            finally:
+                b_tried.set()
+
+        threads = [threading.Thread(target=run, args=(first, "task A", "A")), threading.Thread(target=run_second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert outcome["A"] == "ran"
+    assert "in use by another running engine" in outcome["B"] and second.messages == []
+    assert [m.text for m in JsonlSession(tmp_path / "s.jsonl").load().messages] == ["task A", "A done"]
+
+
+async def test_a_run_refused_as_it_starts_leaves_the_store_free(tmp_path: Path) -> None:
+    with JsonlSession(tmp_path / "s.jsonl") as session:
+        idle = QueryEngine(ScriptedModel(["never"]), session=session, policies=[])
+        with pytest.raises(ValueError):  # nothing to run: no prompt, no history
+            await idle.run().__anext__()
+        other = QueryEngine(ScriptedModel(["ok"]), session=session, policies=[])
+        async for _ in other.run("hi"):
+            pass
+    assert other.messages[-1].text == "ok" and other.session_errors == []
+
+
 async def test_a_file_a_running_engine_writes_is_refused_through_another_session_object(tmp_path: Path) -> None:
     """A server that resumes the file for each request (a fresh JsonlSession each time) ran two
     requests on one conversation at once, and they interleaved their records in the file."""
@@ -1107,6 +1268,142 @@ async def test_a_file_a_running_engine_writes_is_refused_through_another_session
                 gate.set()
     loaded = JsonlSession(path).load()
     assert loaded.repairs == [] and loaded.messages == first.messages
+
+
+# -- one writer per file, across processes --------------------------------------------
+
+HOLDER = '''
+import sys
+from agentloop import Message
+from agentloop.sessions import JsonlSession
+
+session = JsonlSession(sys.argv[1])
+session.append_message(Message.user("held"))
+with open(sys.argv[1], "ab") as f:  # the holder is half-way through its next line
+    f.write(b'{"type":"message","mess')
+print("holding", flush=True)
+if sys.stdin.readline() == "close\\n":
+    session.close()
+    print("closed", flush=True)
+    sys.stdin.readline()
+'''
+
+
+async def _first_event(run: Any) -> Any:
+    return await run.__anext__()
+
+
+async def _drain(run: Any) -> None:
+    async for _ in run:
+        pass
+
+
+@pytest.mark.parametrize("end", ["close", "sigkill"])
+def test_a_second_process_is_refused_the_file_until_the_first_closes_it_or_dies(
+    tmp_path: Path, end: str
+) -> None:
+    """A restarted worker (or a second terminal) opened a session another process still wrote:
+    both appended, their records interleaved, and the file replayed to neither transcript. The
+    second writer is refused, naming the file and the holder; readers are not; the lock goes
+    with the holder's close, or with the holder itself when it dies."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert holder.stdout.readline() == b"holding\n"
+            before = path.read_bytes()
+
+            with pytest.raises(SessionLockedError) as refused:
+                JsonlSession(path).append_message(Message.user("second writer"))
+            assert refused.value.pid == holder.pid and refused.value.path == str(path)
+            assert str(path) in str(refused.value) and f"pid {holder.pid}" in str(refused.value)
+            assert isinstance(refused.value, OSError)  # what a host catching IO errors expects
+            with pytest.raises(SessionLockedError, match=f"pid {holder.pid}"):
+                JsonlSession.resume(path)
+            engine = QueryEngine(ScriptedModel(["never sent"]), session=JsonlSession(path), policies=[])
+            with pytest.raises(SessionLockedError):  # refused before it takes or sends anything
+                asyncio.run(_first_event(engine.run("second worker")), debug=True)
+            assert engine.messages == [] and engine.session_errors == []
+            assert path.read_bytes() == before  # the holder's half line was not cut under it
+
+            loaded = JsonlSession(path).load()  # reading is never refused
+            assert [m.text for m in loaded.messages] == ["held"] and len(loaded.warnings) == 1
+
+            if end == "close":
+                holder.stdin.write(b"close\n")
+                holder.stdin.flush()
+                assert holder.stdout.readline() == b"closed\n"
+            else:
+                _kill(holder)
+            session, loaded = JsonlSession.resume(path)
+            with session:
+                engine = QueryEngine(ScriptedModel(["taken over"]), messages=loaded.messages, session=session)
+                asyncio.run(_drain(engine.run("second worker")), debug=True)
+        finally:
+            holder.stdin.close()  # type: ignore[union-attr]
+            if holder.poll() is None:
+                _kill(holder)
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["held", "second worker", "taken over"]
+    assert loaded.repairs == []
+
+
+def test_a_second_session_object_is_refused_an_open_file_until_the_first_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two session objects of one process appending to one file interleave as two processes
+    do: the second is refused while the first holds the file open, and takes it once the
+    first releases, closes or drops it."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    first, second = JsonlSession(path), JsonlSession(path)
+    first.append_message(Message.user("one"))
+    with pytest.raises(SessionLockedError, match="another session object of this process") as refused:
+        second.append_message(Message.user("two"))
+    assert refused.value.pid == os.getpid()
+    first.release()
+    second.append_message(Message.user("two"))
+    with pytest.raises(SessionLockedError):
+        first.acquire()
+    second.close()
+    first.acquire()
+    first.append_message(Message.user("three"))
+    with pytest.warns(ResourceWarning):
+        del first
+        gc.collect()
+
+    def unreadable(self: Path) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    with pytest.raises(OSError, match="Input/output"):  # a resume that fails lets go of the file
+        JsonlSession.resume(path)
+    monkeypatch.undo()
+    with JsonlSession(path) as third:
+        third.append_message(Message.user("four"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["one", "two", "three", "four"]
+
+
+def test_a_file_system_that_cannot_lock_is_written_unlocked_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "s.jsonl"
+    with caplog.at_level(logging.WARNING, logger="agentloop"), JsonlSession(path) as session:
+        session.append_message(Message.user("kept"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["kept"]
+    assert "not locked against other writers" in caplog.text and "No locks available" in caplog.text
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
