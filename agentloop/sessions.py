@@ -360,7 +360,7 @@ class JsonlSession:
             made = _make_dirs(self.path.parent)
             created = not self.path.exists()
             # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | _O_BINARY, 0o600)
             try:
                 _lock(fd, self.path)
             except BaseException:
@@ -687,6 +687,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dfd)
 
 
+_O_BINARY: int = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    """``os.pread``, or a seek and a read where it is missing (Windows); appends are
+    O_APPEND, so moving the file position changes where nothing is written."""
+    if hasattr(os, "pread"):
+        return os.pread(fd, n, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, n)
+
+
 def _cut_torn_tail(fd: int, path: Path, *, keep_whole: bool = False) -> None:
     """Truncate a final line that has no newline (a torn write), so appends start clean.
 
@@ -694,18 +706,18 @@ def _cut_torn_tail(fd: int, path: Path, *, keep_whole: bool = False) -> None:
     without a newline, as JSON Lines allows) is ended with a newline instead of cut.
     """
     size = os.fstat(fd).st_size
-    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+    if size == 0 or _pread(fd, 1, size - 1) == b"\n":
         return
     keep = size
     while keep > 0:
         start = max(0, keep - 65536)
-        chunk = os.pread(fd, keep - start, start)
+        chunk = _pread(fd, keep - start, start)
         nl = chunk.rfind(b"\n")
         if nl >= 0:
             keep = start + nl + 1
             break
         keep = start
-    if keep_whole and _is_object(os.pread(fd, size - keep, keep)):
+    if keep_whole and _is_object(_pread(fd, size - keep, keep)):
         _write_all(fd, b"\n")
         return
     log.warning("%s: cut a torn last line of %d bytes before appending", path, size - keep)

@@ -657,6 +657,26 @@ def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -
     assert again.messages == [*first, Message.user("next")] and again.warnings == []
 
 
+@pytest.mark.parametrize("has_pread", [True, False], ids=["pread", "no-pread"])
+def test_torn_tail_cut_without_os_pread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_pread: bool) -> None:
+    """Windows has no ``os.pread``: the torn-tail check reads with a seek instead, and the
+    append still lands at the end of the file (it is opened for appending)."""
+    if not has_pread:
+        monkeypatch.delattr(os, "pread", raising=False)
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("kept"))
+    with path.open("ab") as f:
+        f.write(b'{"type":"message","mess')
+    session, _ = JsonlSession.resume(path)
+    with session:
+        session.append_message(Message.assistant("after the crash"))
+        session.append_message(Message.user("and again"))
+    again = JsonlSession(path).load()
+    assert again.warnings == []
+    assert again.messages == [Message.user("kept"), Message.assistant("after the crash"), Message.user("and again")]
+
+
 # -- fsync policy -----------------------------------------------------------------
 
 
