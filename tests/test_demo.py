@@ -556,3 +556,50 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
     finally:
         shell.close(force=True)
     assert not _runner_processes()
+
+
+def test_ctrl_c_while_the_package_imports_ends_the_demo_without_a_traceback(tmp_path: Path) -> None:
+    """A Ctrl-C in the half second ``python -m agentloop demo`` spends importing the package printed a
+    traceback through the import machinery. The signal is sent here as the package imports its
+    first own module (by an import hook in sitecustomize), as a Ctrl-C pressed then would be."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, os, signal, sys\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'agentloop._abort':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+    )
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", "builtin"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.stderr == "" and proc.stdout == ""
+    assert proc.returncode == -signal.SIGINT  # ended by the Ctrl-C, as a shell expects of a program
+    # Imported as a library (not by python -m), Ctrl-C is KeyboardInterrupt from the first line on.
+    proc = subprocess.run(
+        [sys.executable, "-c", "import agentloop"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert "KeyboardInterrupt" in proc.stderr
+
+
+def test_ctrl_c_before_the_session_started_is_a_quiet_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C after the import but before the event loop ran the session ended the demo with
+    "RuntimeWarning: coroutine '_session' was never awaited"."""
+    import gc
+    import warnings
+
+    from agentloop.demo import app
+
+    def interrupted(coro: object) -> int:
+        raise KeyboardInterrupt  # as Python raises it inside asyncio.run, before the loop starts
+
+    monkeypatch.setattr(app.asyncio, "run", interrupted)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert app.run(app.Options(script="builtin"), out=io.StringIO()) == 130
+        gc.collect()
+    assert [str(w.message) for w in caught] == []

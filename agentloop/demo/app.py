@@ -101,9 +101,11 @@ def run(opts: Options, out: TextIO | None = None) -> int:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
     screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
+    session = _session(model, screen, opts, scenario)
     try:
-        return asyncio.run(_session(model, screen, opts, scenario))
+        return asyncio.run(session)
     except KeyboardInterrupt:  # Ctrl-C before the handler was installed, or after it was removed
+        session.close()  # if it came before the session started: no "never awaited" warning
         return 130
     finally:
         screen.stop()
