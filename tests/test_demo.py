@@ -247,7 +247,8 @@ def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
 
 
 def test_output_in_an_encoding_without_the_demos_symbols() -> None:
-    """A console in an 8-bit code page (or output piped on such a system): '?' for what it cannot show."""
+    """A console in an 8-bit code page (or output piped on such a system): the demo's symbols in ASCII
+    (they were '?', and the turn header began "?? turn 1 ??"), '?' for anything else it cannot show."""
     proc = subprocess.run(
         [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
         cwd=ROOT, env=dict(_env(), PYTHONIOENCODING="ascii"), capture_output=True, timeout=55,
@@ -256,7 +257,8 @@ def test_output_in_an_encoding_without_the_demos_symbols() -> None:
     assert proc.stderr == b""
     out = proc.stdout.decode("ascii")
     assert "the run failed" not in out
-    assert "?? turn 1 ?? you: Fix the failing test in utils.py" in out
+    assert "-- turn 1 -- you: Fix the failing test in utils.py" in out  # the symbols' ASCII look-alikes
+    assert "* list_files(" in out and "  + list_files: " in out and "??" not in out
     assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
 
 

@@ -8,7 +8,8 @@ sequence; ``NO_COLOR`` (https://no-color.org) removes the colours only.
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
 ``on_closed`` once, so the host can end the session. A character the output's
-encoding cannot hold (a console in an 8-bit code page) is written as ``?``.
+encoding cannot hold (a console in an 8-bit code page) is written as its ASCII
+look-alike where the demo's symbols have one (``--`` for ``──``), else as ``?``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ _CODES = {
     "magenta": "35",
     "cyan": "36",
 }
+
+# The demo's symbols in ASCII, for an output encoding without them.
+_ASCII = str.maketrans({
+    "\u2500": "-", "\u2699": "*", "\u2713": "+", "\u2717": "x", "\u2298": "-", "\u21aa": ">",
+    "\u2691": "!", "\u26a0": "!", "\u21bb": "~", "\u25a0": "#", "\u2014": "-", "\u2013": "-",
+    "\u2026": "...", "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'", "\u203a": ">",
+    "\u21b5": "|", "\u00b7": "-",
+})
 
 
 class Style:
@@ -81,7 +90,7 @@ class Screen:
                 self.out.write(text)
             except UnicodeEncodeError:  # the stream encodes before it writes: nothing went out yet
                 encoding = getattr(self.out, "encoding", None) or "ascii"
-                self.out.write(text.encode(encoding, "replace").decode(encoding))
+                self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
             self.out.flush()
         except OSError as exc:
             if exc.errno not in _GONE:  # a full disk, a non-blocking terminal: not "nobody reads"
