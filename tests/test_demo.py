@@ -605,3 +605,35 @@ def test_ctrl_c_before_the_session_started_is_a_quiet_exit(monkeypatch: pytest.M
         assert app.run(app.Options(script="builtin"), out=io.StringIO()) == 130
         gc.collect()
     assert [str(w.message) for w in caught] == []
+
+
+def test_a_pipe_shows_the_commands_it_runs_and_quits_quietly() -> None:
+    """``printf 'hello\\n/quit\\n' | python -m agentloop demo``: the commands from a pipe were not shown,
+    and the end of input after /quit announced "the demo exits when this turn ends" although it was
+    quitting already. A line after /quit started a turn."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo"], input="hello\n/quit\nrun the tests\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    log = proc.stdout
+    assert "you (steer): hello" in log and "\u203a /quit\n" in log
+    assert "end of input" not in log and "run the tests" not in log and "turn 2" not in log
+    assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+
+
+async def test_send_now_while_idle_starts_a_turn_without_claiming_to_replace_one() -> None:
+    """``!text`` while idle printed "you (send now): ... -> engine.send_now" although no turn was there
+    to replace; it starts a turn, as a typed line does, shown by the turn's header."""
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    out = io.StringIO()
+    host = Host(build_engine(ScriptedModel(["Hello."]), speed=100), Renderer(Screen(out, tty=False, color=False)))
+    host.handle(parse("!look again"))
+    assert host.task is not None
+    await host.task
+    assert "send_now" not in out.getvalue() and "\u2500\u2500 turn 1 \u2500\u2500 you: look again" in out.getvalue()

@@ -147,6 +147,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             renderer.note(HELP)
             fd = sys.stdin.fileno()
             eof = host.quit if os.isatty(fd) else host.end_of_input  # Ctrl-D, or the end of a pipe
+            host.echo = not os.isatty(fd)
             reader = LineReader(loop, fd, lambda line: host.handle(parse(line)), eof)
             reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types

@@ -32,11 +32,14 @@ class Host:
         *,
         mode: Literal["steer", "queue"] = "steer",
         hints: bool = False,
+        echo: bool = False,
     ) -> None:
         """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
-        status line, or on a line of its own where there is no status line (--plain, TERM=dumb)."""
+        status line, or on a line of its own where there is no status line (--plain, TERM=dumb).
+        ``echo``: nothing shows what was typed (the input is a pipe): a command is printed as it runs."""
         self.engine = engine
         self.hints = hints
+        self.echo = echo
         self.r = renderer
         self.mode: Literal["steer", "queue"] = mode
         self.task: asyncio.Task[None] | None = None
@@ -92,7 +95,11 @@ class Host:
     # -- input ----------------------------------------------------------------------------
 
     def handle(self, item: Input) -> None:
+        if self.exit.is_set():  # a line after /quit (a pipe, a paste): the session is over
+            return
         if item.kind == "command":
+            if self.echo:
+                self.r.note(f"\u203a /{item.text}" + (f" {item.arg}" if item.arg else ""), "dim")
             self.command(item.text, item.arg)
         elif item.kind == "send_now":
             self.send_now(item.text) if item.text else self.r.note("usage: !text sends text now", "dim")
@@ -113,10 +120,10 @@ class Host:
             self.engine.follow_up(text)
 
     def send_now(self, text: str) -> None:
-        self.r.note(f"you (send now): {text}  -> engine.send_now", "magenta")
         if self.busy:
+            self.r.note(f"you (send now): {text}  -> engine.send_now", "magenta")
             self.engine.send_now(text)
-        else:
+        else:  # nothing to replace: a turn like any other (its header shows the text)
             self.start(text)
 
     def command(self, name: str, arg: str) -> None:
@@ -159,6 +166,8 @@ class Host:
         """The end of input that is not a person at a terminal (a pipe, a file): what it asked
         for is played to the end, then the session ends. (Ctrl-D on a terminal is `quit`.)"""
         self._input_ended = True
+        if self.exit.is_set():  # /quit came first: it is ending already
+            return
         if self.busy:
             self.r.note("(end of input: the demo exits when this turn ends; Ctrl-C stops it now)", "dim")
         else:
