@@ -147,7 +147,7 @@ def test_a_person_at_the_terminal() -> None:
         child.expect("turn 1 .* you: Fix the failing test")
         child.expect("assistant: Let me")  # text is streaming
         child.sendintr()
-        child.expect(r"\^C cancel")
+        child.expect(r"Ctrl-C: cancel")
         child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
         child.expect("idle")
         child.sendline("/mode steer")
@@ -184,7 +184,7 @@ def test_ctrl_d_while_running_stops_the_tool_process() -> None:
         child.expect("thinking: ")
         child.sendintr()
         child.expect("turn ended: aborted_streaming")
-        child.expect("idle —")
+        child.expect_exact("type a message")  # the input line's hint, once idle
         child.sendline("")  # nothing queued: an empty line does nothing
         child.sendintr()  # idle Ctrl-C: a hint
         child.expect("Ctrl-C again")
@@ -310,7 +310,7 @@ def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
     try:
         child.expect("thinking: ")
         child.sendintr()
-        child.expect("idle —")
+        child.expect_exact("type a message")
         child.sendline("run the tests")
         child.expect(r"run_tests\(\)")
         assert _wait_for(_runner_processes)
@@ -375,7 +375,7 @@ def test_the_status_line_comes_back_when_a_small_terminal_grows(
     out.truncate()
     screen.resized()
     assert "\x1b[1;29r" in out.getvalue()  # the region is back, above the last row
-    assert "\x1b[30;1H\x1b[2K 2 tools running " in out.getvalue()  # with the latest status
+    assert "\x1b[30;1H\x1b[2K 2 tools running\x1b8" in out.getvalue()  # with the latest status
     screen.stop()
     assert out.getvalue().endswith("\x1b7\x1b[r\x1b[30;1H\x1b[2K\x1b8\x1b[0m")
 
@@ -428,13 +428,15 @@ def test_the_status_line_is_on_the_terminals_last_row_whatever_lines_says() -> N
     )
     try:
         child.expect(r"\x1b\[1;(\d+)r")
-        assert child.match.group(1) == "23"  # the region ends above the last row of the real terminal
-        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K( starting +)\x1b8")
-        assert child.match.group(1) == "24" and len(child.match.group(2)) == 109  # one row of 110 columns
+        assert child.match.group(1) == "22"  # the region ends above the real terminal's last two rows
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K starting\x1b8")
+        assert child.match.group(1) == "23"  # the status line
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K\u203a ")
+        assert child.match.group(1) == "24"  # the input line
         child.expect("assistant: Let me")
         child.setwinsize(30, 110)
         child.expect(r"\x1b7\x1b\[1;(\d+)r\x1b8")
-        assert child.match.group(1) == "29"
+        assert child.match.group(1) == "28"
         child.sendeof()
         child.expect("transcript valid")
         child.expect(pexpect.EOF)
@@ -541,12 +543,12 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
         shell.expect("assistant: Let me")
         shell.sendcontrol("z")
         shell.expect("Stopped")
-        # The region is given back and the status row cleared before the shell has the terminal.
-        assert "\x1b7\x1b[r\x1b[24;1H\x1b[2K\x1b8" in shell.before
+        # The region is given back and the bottom rows cleared before the shell has the terminal.
+        assert "\x1b7\x1b[r\x1b[23;1H\x1b[2K\x1b[24;1H\x1b[2K\x1b8" in shell.before
         shell.expect_exact("demo-shell$ ")
         shell.sendline("fg")
-        shell.expect_exact("\x1b[1;23r")  # taken again on resume...
-        shell.expect(r"\x1b\[24;1H\x1b\[2K \w")  # ...with the status line
+        shell.expect_exact("\x1b[1;22r")  # taken again on resume...
+        shell.expect(r"\x1b\[23;1H\x1b\[2K \w")  # ...with the status line
         shell.sendeof()
         shell.expect(r"transcript valid \(validate_transcript")
         shell.expect_exact("demo-shell$ ")
@@ -558,6 +560,49 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
     finally:
         shell.close(force=True)
     assert not _runner_processes()
+
+
+def _output(log: io.StringIO) -> str:
+    """What a demo wrote into its scroll region: its output, without the bottom rows it drew."""
+    return re.sub(r"\x1b7.*?\x1b8", "", log.getvalue(), flags=re.DOTALL)
+
+
+def test_typing_while_the_model_streams_stays_on_the_input_line() -> None:
+    """The terminal echoed what was typed where the output had got to, in the middle of the streamed
+    answer, and echoed Ctrl-C as ``^C`` there too. The line being typed is now drawn on the input
+    line under the status line; the output shows it once sent, as a turn or a steer."""
+    child = _spawn_demo()
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("thinking: ")
+        child.send("zebra")  # while the model streams
+        child.expect(r"\x1b\[24;1H\x1b\[2K\u203a zebra")  # drawn on the input line (the last row)
+        child.expect("assistant: Let me")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
+        child.send(" crossing\r")  # the line kept through the Ctrl-C that stopped the turn
+        child.expect("turn 2 .* you: zebra crossing")
+        child.sendintr()
+        child.expect("turn ended")
+        child.expect_exact("type a message")
+        child.send("quokka")
+        child.expect_exact("\u203a quokka")
+        child.sendintr()  # idle, with a line typed: Ctrl-C clears it, as a shell does
+        child.expect_exact("\u203a \x1b[7m \x1b[27m \x1b[2mtype a message")
+        child.sendline("/transcript")
+        child.expect("\u203a /transcript")  # printed back: nothing else shows a command that ran
+        child.expect(r"transcript \(\d+ messages\)")
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    shown = _output(log)
+    assert "zebra" not in shown.split("turn 2")[0]
+    assert "quokka" not in shown
+    assert "^C" not in log.getvalue()
+    assert "\x1b[?25h" in shown.split("\u2500\u2500 summary")[0]  # the terminal's cursor is back at the end
 
 
 def test_ctrl_c_while_the_package_imports_ends_the_demo_without_a_traceback(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from typing import Literal
 from .._engine import QueryEngine
 from .._events import Event
 from .._transcript import validate_transcript
-from .keyboard import HELP, Input
-from .render import Renderer, format_transcript
+from .editor import LineEditor
+from .keyboard import Input
+from .render import Renderer, format_transcript, short
 
 __all__ = ["Host"]
 
@@ -32,13 +33,16 @@ class Host:
         *,
         mode: Literal["steer", "queue"] = "steer",
         hints: bool = False,
+        editor: LineEditor | None = None,
         echo: bool = False,
     ) -> None:
         """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
         status line, or on a line of its own where there is no status line (--plain, TERM=dumb).
-        ``echo``: nothing shows what was typed (the input is a pipe): a command is printed as it runs."""
+        ``editor``: the line being typed, when the demo edits it. ``echo``: nothing shows what was
+        typed (the demo edits the line, or the input is a pipe): a command is printed as it runs."""
         self.engine = engine
         self.hints = hints
+        self.editor = editor
         self.echo = echo
         self.r = renderer
         self.mode: Literal["steer", "queue"] = mode
@@ -64,6 +68,7 @@ class Host:
         self._idle_sigint = False
         self.task = asyncio.get_running_loop().create_task(self._drive(prompt), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
+        self.show_keys()
 
     async def _drive(self, prompt: str | None) -> None:
         try:
@@ -79,7 +84,8 @@ class Host:
             self.exit.set()
         queued = len(self.engine.inbox.follow_ups)
         hint = f"{queued} queued message(s): press Enter to run" if queued else "type a message, /help, Ctrl-D to exit"
-        self.r.idle(hint)
+        self.r.idle(hint if queued or self.editor is None else "")  # else the input line says it
+        self.show_keys()
         if self.hints and not self.exit.is_set() and not self.r.screen.status_shown:
             self.r.note(f"idle \u2014 {hint}", "dim")
         if self.on_idle is not None:
@@ -93,6 +99,16 @@ class Host:
             await self.task
 
     # -- input ----------------------------------------------------------------------------
+
+    def show_keys(self) -> None:
+        """What the keys do now, on the input line while nothing is typed."""
+        if self.busy:
+            keys = ["Ctrl-C interrupt", "type to steer" if self.mode == "steer" else "type to queue", "!text send now"]
+        elif self.engine.inbox.follow_ups:
+            keys = ["Enter runs the queued message", "Ctrl-D exit"]
+        else:
+            keys = ["type a message", "Ctrl-D exit"]
+        self.r.screen.hint([*keys, "/help"])
 
     def handle(self, item: Input) -> None:
         if self.exit.is_set():  # a line after /quit (a pipe, a paste): the session is over
@@ -112,16 +128,16 @@ class Host:
         if not self.busy:
             self.start(text)  # the turn header shows the prompt
         elif self.mode == "steer":
-            self.r.note(f"you (steer): {text}  -> engine.interject, delivered at the next safe point", "magenta")
+            self.r.note(f"you (steer): {short(text, 200)}  -> engine.interject, delivered at the next safe point", "magenta")
             self.r.stats.steers += 1
             self.engine.interject(text)
         else:
-            self.r.note(f"you (queued): {text}  -> engine.follow_up, runs when this turn completes", "magenta")
+            self.r.note(f"you (queued): {short(text, 200)}  -> engine.follow_up, runs when this turn completes", "magenta")
             self.engine.follow_up(text)
 
     def send_now(self, text: str) -> None:
         if self.busy:
-            self.r.note(f"you (send now): {text}  -> engine.send_now", "magenta")
+            self.r.note(f"you (send now): {short(text, 200)}  -> engine.send_now", "magenta")
             self.engine.send_now(text)
         else:  # nothing to replace: a turn like any other (its header shows the text)
             self.start(text)
@@ -130,7 +146,7 @@ class Host:
         if name in ("quit", "exit", "q"):
             self.quit()
         elif name == "help":
-            self.r.note(HELP)
+            self.r.help()
         elif name == "mode":
             if arg == "steer":
                 self.mode = "steer"
@@ -140,6 +156,7 @@ class Host:
                 self.r.note("usage: /mode steer|queue", "red")
                 return
             self.r.note(f"typing while the agent works will {'steer it' if self.mode == 'steer' else 'queue a turn'}")
+            self.show_keys()
         elif name == "transcript":
             self.print_transcript()
         else:
@@ -152,10 +169,14 @@ class Host:
             self.r.screen.line(line)
 
     def sigint(self) -> None:
-        """Ctrl-C: cancel the turn; when idle, a hint, and a second one exits."""
+        """Ctrl-C: cancel the turn; when idle, clear the line being typed, or a hint, and a second
+        one exits."""
         if self.busy:
-            self.r.note("^C cancel -> engine.interrupt('cancel')", "yellow")
+            self.r.note("Ctrl-C: cancel -> engine.interrupt('cancel')", "yellow")
             self.engine.interrupt("cancel")
+        elif self.editor is not None and self.editor.text:  # as a shell does
+            self.editor.clear()
+            self.r.screen.typed("", 0)
         elif self._idle_sigint:
             self.quit()
         else:
