@@ -667,6 +667,17 @@ def test_a_pipe_shows_the_commands_it_runs_and_quits_quietly() -> None:
     assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
 
 
+def test_typed_text_in_a_latin_1_locale() -> None:
+    """The keyboard's bytes were decoded as UTF-8 whatever the locale: in a Latin-1 one, "café" reached
+    the model as "caf\ufffd" and was shown as "caf?"."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--speed", "4"], input="caf\u00e9 cr\u00e8me\n/quit\n".encode("latin-1"),
+        cwd=ROOT, env=dict(_env(), PYTHONIOENCODING="latin-1"), capture_output=True, timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == b""
+    assert "you (steer): caf\u00e9 cr\u00e8me" in proc.stdout.decode("latin-1")
+
+
 async def test_send_now_while_idle_starts_a_turn_without_claiming_to_replace_one() -> None:
     """``!text`` while idle printed "you (send now): ... -> engine.send_now" although no turn was there
     to replace; it starts a turn, as a typed line does, shown by the turn's header."""

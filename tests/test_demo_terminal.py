@@ -115,6 +115,14 @@ def test_a_character_cut_across_two_reads_is_decoded_whole() -> None:
     assert got == ["caf\u00e9 \U0001f389"]
 
 
+def test_typed_text_is_decoded_in_the_keyboards_encoding() -> None:
+    """In a Latin-1 locale the terminal sends é as one byte: it was decoded as UTF-8 and became '?'."""
+    reader, got = _reader("iso8859-1")
+    reader.feed("d\u00e9j\u00e0 vu\n".encode("latin-1"))
+    reader.feed(b"")
+    assert got == ["d\u00e9j\u00e0 vu", "<eof>"]
+
+
 def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
     ed = LineEditor()
     reader, got = _reader(editor=ed)

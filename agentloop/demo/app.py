@@ -168,6 +168,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             eof = host.quit if fd is not None else host.end_of_input  # Ctrl-D, or the end of a pipe
             reader = LineReader(
                 loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), eof,
+                encoding=getattr(sys.stdin, "encoding", None) or "utf-8",
                 editor=editor, on_edit=None if editor is None else lambda: screen.typed(editor.text, editor.cursor),
             )
             reader.start()
