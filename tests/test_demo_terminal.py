@@ -287,3 +287,18 @@ def test_a_screen_too_narrow_or_not_live_does_not_wrap(monkeypatch: pytest.Monke
     screen.line("one two three four five six seven eight nine ten")
     assert "one two three four five six\n  seven eight nine ten\n" in out.getvalue()
 
+
+def test_a_stream_broken_by_a_line_of_the_host_goes_on_marked_as_going_on() -> None:
+    """A steer typed mid-answer printed its line and the answer went on under a fresh label, from
+    the middle of a word ("assistant: Noted your m" ... "assistant: essage"), as if a new answer began."""
+    from agentloop import TextDelta, ThinkingDelta
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    r.show(TextDelta(text="Noted your m"))
+    r.note("you (steer): keep it")
+    r.show(TextDelta(text="essage."))
+    r.show(ThinkingDelta(thinking="hm"))  # another stream: a label of its own
+    assert out.getvalue() == "assistant: Noted your m\nyou (steer): keep it\nassistant: \u2026essage.\nthinking: hm"
+

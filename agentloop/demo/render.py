@@ -98,16 +98,21 @@ class Renderer:
         self.s = screen.style
         self.stats = Stats()
         self._channel: str | None = None  # the delta stream in progress
+        self._cut: str | None = None  # the delta stream a line of the host broke into
         self._running: dict[str, str] = {}  # tool_use_id -> name
         self._asking: set[str] = set()
 
     def note(self, text: str, *style: str) -> None:
         """A line from the host (not an event)."""
+        if self._channel is not None:
+            self._cut = self._channel
         self._channel = None
         self.screen.line(self.s(text, *style))
 
     def help(self) -> None:
         """The keys and what to watch for, in lines that fit the terminal (or 78 columns)."""
+        if self._channel is not None:
+            self._cut = self._channel
         self._channel = None
         self.screen.line(help_text(min(78, self.screen.width or 78)))
 
@@ -115,7 +120,7 @@ class Renderer:
         if isinstance(event, TextDelta | ThinkingDelta):
             self._delta(event)
             return
-        self._channel = None
+        self._channel = self._cut = None
         self._line(event)
         self.screen.status(self.status())
 
@@ -140,9 +145,11 @@ class Renderer:
         chunk = event.text if isinstance(event, TextDelta) else event.thinking
         head = ""
         if channel != self._channel:
-            self._channel = channel
+            # The stream goes on after a line of the host: its label again, marked as going on.
+            more = "\u2026" if channel == self._cut else ""
+            self._channel, self._cut = channel, None
             self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
-            head = self.s("assistant: ", "bold") if channel == "text" else self.s("thinking: ", "dim")
+            head = self.s("assistant: ", "bold") + more if channel == "text" else self.s("thinking: ", "dim") + more
             head = ("" if self.screen.at_line_start else "\n") + head
         self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
 
