@@ -7,6 +7,7 @@ itself. Extension points live in `agentloop.models`, `agentloop.policies`,
 `agentloop.sessions` and `agentloop.testing`.
 """
 
+from . import _sigint  # first: under python -m, a Ctrl-C from here on ends it without a traceback
 from ._abort import AbortController, AbortSignal
 from ._engine import QueryEngine
 from ._errors import (
@@ -134,3 +135,5 @@ __all__ = [
     "tool",
     "validate_transcript",
 ]
+
+_sigint.done_importing()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # here, where a Ctrl-C is a quiet exit (see main)
+
     parser = argparse.ArgumentParser(prog="agentloop", description="agentloop command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
@@ -36,7 +41,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run the command; returns the exit status."""
+    """Parse ``argv`` and run the command; returns the exit status (130 after a Ctrl-C that came
+    before the demo handles it: no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command != "demo":
         _parser().print_help()

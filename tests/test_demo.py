@@ -147,7 +147,7 @@ def test_a_person_at_the_terminal() -> None:
         child.expect("turn 1 .* you: Fix the failing test")
         child.expect("assistant: Let me")  # text is streaming
         child.sendintr()
-        child.expect(r"\^C cancel")
+        child.expect(r"Ctrl-C: cancel")
         child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
         child.expect("idle")
         child.sendline("/mode steer")
@@ -184,7 +184,7 @@ def test_ctrl_d_while_running_stops_the_tool_process() -> None:
         child.expect("thinking: ")
         child.sendintr()
         child.expect("turn ended: aborted_streaming")
-        child.expect("idle —")
+        child.expect_exact("type a message")  # the input line's hint, once idle
         child.sendline("")  # nothing queued: an empty line does nothing
         child.sendintr()  # idle Ctrl-C: a hint
         child.expect("Ctrl-C again")
@@ -247,7 +247,8 @@ def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
 
 
 def test_output_in_an_encoding_without_the_demos_symbols() -> None:
-    """A console in an 8-bit code page (or output piped on such a system): '?' for what it cannot show."""
+    """A console in an 8-bit code page (or output piped on such a system): the demo's symbols in ASCII
+    (they were '?', and the turn header began "?? turn 1 ??"), '?' for anything else it cannot show."""
     proc = subprocess.run(
         [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
         cwd=ROOT, env=dict(_env(), PYTHONIOENCODING="ascii"), capture_output=True, timeout=55,
@@ -256,7 +257,8 @@ def test_output_in_an_encoding_without_the_demos_symbols() -> None:
     assert proc.stderr == b""
     out = proc.stdout.decode("ascii")
     assert "the run failed" not in out
-    assert "?? turn 1 ?? you: Fix the failing test in utils.py" in out
+    assert "-- turn 1 -- you: Fix the failing test in utils.py" in out  # the symbols' ASCII look-alikes
+    assert "* list_files(" in out and "  + list_files: " in out and "??" not in out
     assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
 
 
@@ -308,7 +310,7 @@ def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
     try:
         child.expect("thinking: ")
         child.sendintr()
-        child.expect("idle —")
+        child.expect_exact("type a message")
         child.sendline("run the tests")
         child.expect(r"run_tests\(\)")
         assert _wait_for(_runner_processes)
@@ -373,7 +375,7 @@ def test_the_status_line_comes_back_when_a_small_terminal_grows(
     out.truncate()
     screen.resized()
     assert "\x1b[1;29r" in out.getvalue()  # the region is back, above the last row
-    assert "\x1b[30;1H\x1b[2K 2 tools running " in out.getvalue()  # with the latest status
+    assert "\x1b[30;1H\x1b[2K 2 tools running\x1b8" in out.getvalue()  # with the latest status
     screen.stop()
     assert out.getvalue().endswith("\x1b7\x1b[r\x1b[30;1H\x1b[2K\x1b8\x1b[0m")
 
@@ -426,13 +428,15 @@ def test_the_status_line_is_on_the_terminals_last_row_whatever_lines_says() -> N
     )
     try:
         child.expect(r"\x1b\[1;(\d+)r")
-        assert child.match.group(1) == "23"  # the region ends above the last row of the real terminal
-        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K( starting +)\x1b8")
-        assert child.match.group(1) == "24" and len(child.match.group(2)) == 109  # one row of 110 columns
+        assert child.match.group(1) == "22"  # the region ends above the real terminal's last two rows
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K starting\x1b8")
+        assert child.match.group(1) == "23"  # the status line
+        child.expect(r"\x1b7\x1b\[(\d+);1H\x1b\[2K\u203a ")
+        assert child.match.group(1) == "24"  # the input line
         child.expect("assistant: Let me")
         child.setwinsize(30, 110)
         child.expect(r"\x1b7\x1b\[1;(\d+)r\x1b8")
-        assert child.match.group(1) == "29"
+        assert child.match.group(1) == "28"
         child.sendeof()
         child.expect("transcript valid")
         child.expect(pexpect.EOF)
@@ -539,12 +543,12 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
         shell.expect("assistant: Let me")
         shell.sendcontrol("z")
         shell.expect("Stopped")
-        # The region is given back and the status row cleared before the shell has the terminal.
-        assert "\x1b7\x1b[r\x1b[24;1H\x1b[2K\x1b8" in shell.before
+        # The region is given back and the bottom rows cleared before the shell has the terminal.
+        assert "\x1b7\x1b[r\x1b[23;1H\x1b[2K\x1b[24;1H\x1b[2K\x1b8" in shell.before
         shell.expect_exact("demo-shell$ ")
         shell.sendline("fg")
-        shell.expect_exact("\x1b[1;23r")  # taken again on resume...
-        shell.expect(r"\x1b\[24;1H\x1b\[2K \w")  # ...with the status line
+        shell.expect_exact("\x1b[1;22r")  # taken again on resume...
+        shell.expect(r"\x1b\[23;1H\x1b\[2K \w")  # ...with the status line
         shell.sendeof()
         shell.expect(r"transcript valid \(validate_transcript")
         shell.expect_exact("demo-shell$ ")
@@ -556,3 +560,136 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
     finally:
         shell.close(force=True)
     assert not _runner_processes()
+
+
+def _output(log: io.StringIO) -> str:
+    """What a demo wrote into its scroll region: its output, without the bottom rows it drew."""
+    return re.sub(r"\x1b7.*?\x1b8", "", log.getvalue(), flags=re.DOTALL)
+
+
+def test_typing_while_the_model_streams_stays_on_the_input_line() -> None:
+    """The terminal echoed what was typed where the output had got to, in the middle of the streamed
+    answer, and echoed Ctrl-C as ``^C`` there too. The line being typed is now drawn on the input
+    line under the status line; the output shows it once sent, as a turn or a steer."""
+    child = _spawn_demo()
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("thinking: ")
+        child.send("zebra")  # while the model streams
+        child.expect(r"\x1b\[24;1H\x1b\[2K\u203a zebra")  # drawn on the input line (the last row)
+        child.expect("assistant: Let me")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
+        child.send(" crossing\r")  # the line kept through the Ctrl-C that stopped the turn
+        child.expect("turn 2 .* you: zebra crossing")
+        child.sendintr()
+        child.expect("turn ended")
+        child.expect_exact("type a message")
+        child.send("quokka")
+        child.expect_exact("\u203a quokka")
+        child.sendintr()  # idle, with a line typed: Ctrl-C clears it, as a shell does
+        child.expect_exact("\u203a \x1b[7m \x1b[27m \x1b[2mtype a message")
+        child.sendline("/transcript")
+        child.expect("\u203a /transcript")  # printed back: nothing else shows a command that ran
+        child.expect(r"transcript \(\d+ messages\)")
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    shown = _output(log)
+    assert "zebra" not in shown.split("turn 2")[0]
+    assert "quokka" not in shown
+    assert "^C" not in log.getvalue()
+    assert "\x1b[?25h" in shown.split("\u2500\u2500 summary")[0]  # the terminal's cursor is back at the end
+
+
+def test_ctrl_c_while_the_package_imports_ends_the_demo_without_a_traceback(tmp_path: Path) -> None:
+    """A Ctrl-C in the half second ``python -m agentloop demo`` spends importing the package printed a
+    traceback through the import machinery. The signal is sent here as the package imports its
+    first own module (by an import hook in sitecustomize), as a Ctrl-C pressed then would be."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, os, signal, sys\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'agentloop._abort':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+    )
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", "builtin"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.stderr == "" and proc.stdout == ""
+    assert proc.returncode == -signal.SIGINT  # ended by the Ctrl-C, as a shell expects of a program
+    # Imported as a library (not by python -m), Ctrl-C is KeyboardInterrupt from the first line on.
+    proc = subprocess.run(
+        [sys.executable, "-c", "import agentloop"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert "KeyboardInterrupt" in proc.stderr
+
+
+def test_ctrl_c_before_the_session_started_is_a_quiet_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C after the import but before the event loop ran the session ended the demo with
+    "RuntimeWarning: coroutine '_session' was never awaited"."""
+    import gc
+    import warnings
+
+    from agentloop.demo import app
+
+    def interrupted(coro: object) -> int:
+        raise KeyboardInterrupt  # as Python raises it inside asyncio.run, before the loop starts
+
+    monkeypatch.setattr(app.asyncio, "run", interrupted)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert app.run(app.Options(script="builtin"), out=io.StringIO()) == 130
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_pipe_shows_the_commands_it_runs_and_quits_quietly() -> None:
+    """``printf 'hello\\n/quit\\n' | python -m agentloop demo``: the commands from a pipe were not shown,
+    and the end of input after /quit announced "the demo exits when this turn ends" although it was
+    quitting already. A line after /quit started a turn."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo"], input="hello\n/quit\nrun the tests\n",
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    log = proc.stdout
+    assert "you (steer): hello" in log and "\u203a /quit\n" in log
+    assert "end of input" not in log and "run the tests" not in log and "turn 2" not in log
+    assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+
+
+def test_typed_text_in_a_latin_1_locale() -> None:
+    """The keyboard's bytes were decoded as UTF-8 whatever the locale: in a Latin-1 one, "café" reached
+    the model as "caf\ufffd" and was shown as "caf?"."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--speed", "4"], input="caf\u00e9 cr\u00e8me\n/quit\n".encode("latin-1"),
+        cwd=ROOT, env=dict(_env(), PYTHONIOENCODING="latin-1"), capture_output=True, timeout=55,
+    )
+    assert proc.returncode == 0 and proc.stderr == b""
+    assert "you (steer): caf\u00e9 cr\u00e8me" in proc.stdout.decode("latin-1")
+
+
+async def test_send_now_while_idle_starts_a_turn_without_claiming_to_replace_one() -> None:
+    """``!text`` while idle printed "you (send now): ... -> engine.send_now" although no turn was there
+    to replace; it starts a turn, as a typed line does, shown by the turn's header."""
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    out = io.StringIO()
+    host = Host(build_engine(ScriptedModel(["Hello."]), speed=100), Renderer(Screen(out, tty=False, color=False)))
+    host.handle(parse("!look again"))
+    assert host.task is not None
+    await host.task
+    assert "send_now" not in out.getvalue() and "\u2500\u2500 turn 1 \u2500\u2500 you: look again" in out.getvalue()

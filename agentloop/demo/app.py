@@ -18,8 +18,9 @@ from typing import TextIO
 from .._engine import QueryEngine
 from .._model import Model
 from .._scripted import ScriptedModel
+from .editor import LineEditor
 from .host import Host
-from .keyboard import HELP, LineReader, parse
+from .keyboard import LineReader, TerminalMode, parse
 from .project import Project, make_permission, make_tools
 from .render import Renderer
 from .scenario import Player, Scenario, ScenarioError, load
@@ -101,9 +102,11 @@ def run(opts: Options, out: TextIO | None = None) -> int:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
     screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
+    session = _session(model, screen, opts, scenario)
     try:
-        return asyncio.run(_session(model, screen, opts, scenario))
+        return asyncio.run(session)
     except KeyboardInterrupt:  # Ctrl-C before the handler was installed, or after it was removed
+        session.close()  # if it came before the session started: no "never awaited" warning
         return 130
     finally:
         screen.stop()
@@ -121,14 +124,33 @@ def _check_stdin() -> None:
         ) from None
 
 
+def _terminal() -> int | None:
+    """Standard input's descriptor, if it is a terminal."""
+    try:
+        fd = sys.stdin.fileno()
+        return fd if os.isatty(fd) else None
+    except (AttributeError, OSError, ValueError):  # no stdin at all, or closed
+        return None
+
+
 async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     loop = asyncio.get_running_loop()
     renderer = Renderer(screen, asks=frozenset({"edit_file"}))
-    host = Host(build_engine(model, opts.speed), renderer, hints=scenario is None)
+    fd = _terminal()
+    # On a terminal with a status line the demo edits the line being typed on a row of its own:
+    # echoed by the terminal, it landed in the middle of the streamed output.
+    mode = None if fd is None else TerminalMode(fd, "quiet" if scenario else "edit" if screen.tty else "lines")
+    if mode is not None and not mode.apply():
+        mode = None  # the terminal refused: it is left as it is
+    editor = LineEditor() if mode is not None and mode.mode == "edit" else None
+    host = Host(
+        build_engine(model, opts.speed), renderer, hints=scenario is None, editor=editor,
+        echo=editor is not None or fd is None,
+    )
     screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
     reader: LineReader | None = None
-    _install_signals(loop, host, screen)
-    screen.start()
+    _install_signals(loop, host, screen, mode)
+    screen.start(keyboard=editor is not None)
     try:
         if scenario is not None:
             player = Player(host, scenario)
@@ -142,10 +164,13 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             stuck = player.stuck
         else:
             renderer.note(f"agentloop demo: {_what(opts)}", "bold")
-            renderer.note(HELP)
-            fd = sys.stdin.fileno()
-            eof = host.quit if os.isatty(fd) else host.end_of_input  # Ctrl-D, or the end of a pipe
-            reader = LineReader(loop, fd, lambda line: host.handle(parse(line)), eof)
+            renderer.help()
+            eof = host.quit if fd is not None else host.end_of_input  # Ctrl-D, or the end of a pipe
+            reader = LineReader(
+                loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), eof,
+                encoding=getattr(sys.stdin, "encoding", None) or "utf-8",
+                editor=editor, on_edit=None if editor is None else lambda: screen.typed(editor.text, editor.cursor),
+            )
             reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types
             await host.exit.wait()
@@ -156,6 +181,8 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             reader.stop()
         _remove_signals(loop)
         screen.stop()
+        if mode is not None:
+            mode.restore()
         close = getattr(model, "aclose", None)
         if close is not None:
             with contextlib.suppress(Exception):
@@ -181,20 +208,26 @@ def _what(opts: Options) -> str:
     return f"{opts.provider} ({opts.model or PROVIDERS[opts.provider][2]})"
 
 
-def _install_signals(loop: asyncio.AbstractEventLoop, host: Host, screen: Screen) -> None:
+def _install_signals(
+    loop: asyncio.AbstractEventLoop, host: Host, screen: Screen, mode: TerminalMode | None
+) -> None:
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, host.sigint)
         loop.add_signal_handler(signal.SIGTERM, host.quit)
         loop.add_signal_handler(signal.SIGHUP, host.quit)  # the terminal closed: end as on SIGTERM
         loop.add_signal_handler(signal.SIGWINCH, screen.resized)
-        loop.add_signal_handler(signal.SIGTSTP, _suspend, screen)
+        loop.add_signal_handler(signal.SIGTSTP, _suspend, screen, mode)
 
 
-def _suspend(screen: Screen) -> None:
-    """Ctrl-Z: give the terminal back, stop (as the default action of SIGTSTP would), and take
-    the terminal again when continued."""
+def _suspend(screen: Screen, mode: TerminalMode | None) -> None:
+    """Ctrl-Z: give the terminal back (its rows and its settings), stop (as the default action
+    of SIGTSTP would), and take the terminal again when continued."""
     screen.suspend()
+    if mode is not None:
+        mode.restore()
     os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued (fg, bg, SIGCONT)
+    if mode is not None:
+        mode.apply()
     screen.resume()
 
 

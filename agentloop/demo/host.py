@@ -16,8 +16,9 @@ from typing import Literal
 from .._engine import QueryEngine
 from .._events import Event
 from .._transcript import validate_transcript
-from .keyboard import HELP, Input
-from .render import Renderer, format_transcript
+from .editor import LineEditor
+from .keyboard import Input
+from .render import Renderer, format_transcript, short
 
 __all__ = ["Host"]
 
@@ -32,11 +33,17 @@ class Host:
         *,
         mode: Literal["steer", "queue"] = "steer",
         hints: bool = False,
+        editor: LineEditor | None = None,
+        echo: bool = False,
     ) -> None:
         """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
-        status line, or on a line of its own where there is no status line (--plain, TERM=dumb)."""
+        status line, or on a line of its own where there is no status line (--plain, TERM=dumb).
+        ``editor``: the line being typed, when the demo edits it. ``echo``: nothing shows what was
+        typed (the demo edits the line, or the input is a pipe): a command is printed as it runs."""
         self.engine = engine
         self.hints = hints
+        self.editor = editor
+        self.echo = echo
         self.r = renderer
         self.mode: Literal["steer", "queue"] = mode
         self.task: asyncio.Task[None] | None = None
@@ -61,6 +68,7 @@ class Host:
         self._idle_sigint = False
         self.task = asyncio.get_running_loop().create_task(self._drive(prompt), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
+        self.show_keys()
 
     async def _drive(self, prompt: str | None) -> None:
         try:
@@ -76,7 +84,8 @@ class Host:
             self.exit.set()
         queued = len(self.engine.inbox.follow_ups)
         hint = f"{queued} queued message(s): press Enter to run" if queued else "type a message, /help, Ctrl-D to exit"
-        self.r.idle(hint)
+        self.r.idle(hint if queued or self.editor is None else "")  # else the input line says it
+        self.show_keys()
         if self.hints and not self.exit.is_set() and not self.r.screen.status_shown:
             self.r.note(f"idle \u2014 {hint}", "dim")
         if self.on_idle is not None:
@@ -91,8 +100,22 @@ class Host:
 
     # -- input ----------------------------------------------------------------------------
 
+    def show_keys(self) -> None:
+        """What the keys do now, on the input line while nothing is typed."""
+        if self.busy:
+            keys = ["Ctrl-C interrupt", "type to steer" if self.mode == "steer" else "type to queue", "!text send now"]
+        elif self.engine.inbox.follow_ups:
+            keys = ["Enter runs the queued message", "Ctrl-D exit"]
+        else:
+            keys = ["type a message", "Ctrl-D exit"]
+        self.r.screen.hint([*keys, "/help"])
+
     def handle(self, item: Input) -> None:
+        if self.exit.is_set():  # a line after /quit (a pipe, a paste): the session is over
+            return
         if item.kind == "command":
+            if self.echo:
+                self.r.note(f"\u203a /{item.text}" + (f" {item.arg}" if item.arg else ""), "dim")
             self.command(item.text, item.arg)
         elif item.kind == "send_now":
             self.send_now(item.text) if item.text else self.r.note("usage: !text sends text now", "dim")
@@ -105,25 +128,25 @@ class Host:
         if not self.busy:
             self.start(text)  # the turn header shows the prompt
         elif self.mode == "steer":
-            self.r.note(f"you (steer): {text}  -> engine.interject, delivered at the next safe point", "magenta")
+            self.r.note(f"you (steer): {short(text, 200)}  -> engine.interject, delivered at the next safe point", "magenta")
             self.r.stats.steers += 1
             self.engine.interject(text)
         else:
-            self.r.note(f"you (queued): {text}  -> engine.follow_up, runs when this turn completes", "magenta")
+            self.r.note(f"you (queued): {short(text, 200)}  -> engine.follow_up, runs when this turn completes", "magenta")
             self.engine.follow_up(text)
 
     def send_now(self, text: str) -> None:
-        self.r.note(f"you (send now): {text}  -> engine.send_now", "magenta")
         if self.busy:
+            self.r.note(f"you (send now): {short(text, 200)}  -> engine.send_now", "magenta")
             self.engine.send_now(text)
-        else:
+        else:  # nothing to replace: a turn like any other (its header shows the text)
             self.start(text)
 
     def command(self, name: str, arg: str) -> None:
         if name in ("quit", "exit", "q"):
             self.quit()
         elif name == "help":
-            self.r.note(HELP)
+            self.r.help()
         elif name == "mode":
             if arg == "steer":
                 self.mode = "steer"
@@ -133,6 +156,7 @@ class Host:
                 self.r.note("usage: /mode steer|queue", "red")
                 return
             self.r.note(f"typing while the agent works will {'steer it' if self.mode == 'steer' else 'queue a turn'}")
+            self.show_keys()
         elif name == "transcript":
             self.print_transcript()
         else:
@@ -145,10 +169,14 @@ class Host:
             self.r.screen.line(line)
 
     def sigint(self) -> None:
-        """Ctrl-C: cancel the turn; when idle, a hint, and a second one exits."""
+        """Ctrl-C: cancel the turn; when idle, clear the line being typed, or a hint, and a second
+        one exits."""
         if self.busy:
-            self.r.note("^C cancel -> engine.interrupt('cancel')", "yellow")
+            self.r.note("Ctrl-C: cancel -> engine.interrupt('cancel')", "yellow")
             self.engine.interrupt("cancel")
+        elif self.editor is not None and self.editor.text:  # as a shell does
+            self.editor.clear()
+            self.r.screen.typed("", 0)
         elif self._idle_sigint:
             self.quit()
         else:
@@ -159,6 +187,8 @@ class Host:
         """The end of input that is not a person at a terminal (a pipe, a file): what it asked
         for is played to the end, then the session ends. (Ctrl-D on a terminal is `quit`.)"""
         self._input_ended = True
+        if self.exit.is_set():  # /quit came first: it is ending already
+            return
         if self.busy:
             self.r.note("(end of input: the demo exits when this turn ends; Ctrl-C stops it now)", "dim")
         else:

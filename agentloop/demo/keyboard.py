@@ -1,10 +1,16 @@
 """Keyboard input without blocking the event loop.
 
-`LineReader` watches a file descriptor with ``loop.add_reader`` (TTYs, pipes)
-and falls back to a daemon thread feeding ``loop.call_soon_threadsafe`` where
-the selector cannot watch it (a regular file). It reads with ``os.read`` on the
-raw descriptor, never through ``sys.stdin``'s buffered object, so an
-abandoned thread holds no interpreter lock at exit.
+`LineReader` reads the keyboard's file descriptor in a daemon thread and hands
+what it reads to the event loop (``loop.call_soon_threadsafe``): whole lines,
+or, with a `LineEditor`, the keys for the demo's own line editing. It reads
+with ``os.read`` on the raw descriptor, never through ``sys.stdin``'s buffered
+object, so an abandoned thread holds no interpreter lock at exit, and decodes
+in the keyboard's encoding (the locale's), so a key cut across two reads is
+not lost.
+
+`TerminalMode` sets the terminal up for the session and gives it back (at the
+end, and on Ctrl-Z): keys unechoed and one by one for the demo's line editor,
+and Ctrl-C never echoed as ``^C`` over the output.
 
 `parse` turns a typed line into an `Input`: a command (``/help``), a send-now
 message (``!text``) or a plain message.
@@ -13,30 +19,28 @@ message (``!text``) or a plain message.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["HELP", "Input", "LineReader", "parse"]
+from .editor import LineEditor
 
-HELP = """\
-keys     Ctrl-C  cancel the running turn (when idle: press it again to exit)
-         Ctrl-D  exit (the summary and the final transcript are printed)
-typing   while the agent works, a line steers it (/mode steer, the default:
-         engine.interject) or waits for the turn to end (/mode queue:
-         engine.follow_up); when idle, a line starts a new turn.
-         !text   stop the current turn and send text now (engine.send_now)
-commands /help  /mode steer|queue  /transcript  /quit"""
+try:
+    import termios
+except ImportError:  # pragma: no cover - not a POSIX system: the terminal is left as it is
+    termios = None  # type: ignore[assignment]
 
+__all__ = ["Input", "LineReader", "TerminalMode", "parse"]
 
 # What a terminal puts in a line for a key that is not text: an escape sequence (an arrow or
 # function key: CSI or SS3; ESC and one character for Alt+key) or another control character
-# (a tab is kept, as a space). Printed back, it would move the cursor over earlier output.
-_CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.|.)?|[\x00-\x08\x0a-\x1f\x7f-\x9f]", re.DOTALL)
+# (a tab is kept, as a space; a line break, from a pasted message of several lines, too).
+_CONTROL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.|.)?|[\x00-\x08\x0b-\x1f\x7f-\x9f]", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +63,60 @@ def parse(line: str) -> Input:
     return Input("message", text)
 
 
+class TerminalMode:
+    """The keyboard terminal's settings for the session; `restore` gives back the ones it had.
+
+    ``"edit"``: keys come one by one and are not echoed (the demo edits and draws the line);
+    ``"lines"``: the terminal edits and echoes lines as usual; ``"quiet"``: lines, not echoed
+    (nothing reads them: a scenario plays). In every mode Ctrl-C and Ctrl-Z still send their
+    signals, and are not echoed as ``^C`` in the middle of the output.
+    """
+
+    def __init__(self, fd: int, mode: Literal["edit", "lines", "quiet"]) -> None:
+        self.fd = fd
+        self.mode = mode
+        self._saved: list[Any] | None = None  # the settings to give back
+
+    def apply(self) -> bool:
+        """Set the mode up (again, after a Ctrl-Z); False where the descriptor is no terminal."""
+        if termios is None:  # pragma: no cover
+            return False
+        try:
+            saved = termios.tcgetattr(self.fd)
+        except (termios.error, OSError, ValueError):
+            return False
+        attrs = list(saved)
+        lflag = attrs[3] & ~getattr(termios, "ECHOCTL", 0)
+        if self.mode == "edit":
+            lflag &= ~(termios.ICANON | termios.ECHO | termios.IEXTEN)
+            cc = list(attrs[6])
+            cc[termios.VMIN], cc[termios.VTIME] = 1, 0
+            attrs[6] = cc
+        elif self.mode == "quiet":
+            lflag &= ~termios.ECHO
+        attrs[3] = lflag
+        try:
+            termios.tcsetattr(self.fd, termios.TCSANOW, attrs)
+        except (termios.error, OSError):
+            return False
+        self._saved = saved
+        return True
+
+    def restore(self) -> None:
+        """Give the terminal its settings back (keys typed and not read yet are dropped, as they
+        were typed for the demo, not for the shell)."""
+        saved, self._saved = self._saved, None
+        if saved is not None and termios is not None:
+            with contextlib.suppress(termios.error, OSError):
+                termios.tcsetattr(self.fd, termios.TCSAFLUSH, saved)
+
+
 class LineReader:
     """Calls ``on_line(text)`` per complete line and ``on_eof()`` once at end of input.
+
+    With an ``editor`` the bytes read are keys: the editor makes the lines (Enter), the end of
+    input (Ctrl-D on an empty line), and ``on_edit()`` is called after each read to redraw the
+    line being typed.
 
     Standard input is read by a daemon thread, never by the event loop: a Ctrl-C
     makes the terminal discard typed input, so a read that ``select()`` announced
@@ -74,12 +130,22 @@ class LineReader:
         fd: int,
         on_line: Callable[[str], None],
         on_eof: Callable[[], None],
+        *,
+        encoding: str = "utf-8",
+        editor: LineEditor | None = None,
+        on_edit: Callable[[], None] | None = None,
     ) -> None:
         self._loop = loop
         self._fd = fd
         self._on_line = on_line
         self._on_eof = on_eof
-        self._buf = b""
+        self.editor = editor
+        self._on_edit = on_edit
+        try:
+            self._decoder = codecs.getincrementaldecoder(encoding)("replace")
+        except LookupError:
+            self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._buf = ""
         self._closed = False
 
     def start(self) -> None:
@@ -95,21 +161,30 @@ class LineReader:
             except OSError:  # e.g. EIO when the terminal went away
                 data = b""
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                self._loop.call_soon_threadsafe(self._feed, data)
+                self._loop.call_soon_threadsafe(self.feed, data)
             if not data:
                 return
 
-    def _feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> None:
+        """Take ``data`` as read (``b""``: the end of input)."""
         if self._closed:
             return
-        if not data:
-            rest, self._buf = self._buf, b""
-            if rest.strip():
-                self._on_line(rest.decode("utf-8", "replace"))
+        text = self._decoder.decode(data, final=not data)
+        if self.editor is not None:
+            lines = self.editor.feed(text)
+            if self._on_edit is not None:
+                self._on_edit()
+            ended = self.editor.eof or not data
+        else:
+            self._buf += text
+            *lines, self._buf = self._buf.split("\n")
+            ended = not data
+            if ended and self._buf.strip():
+                lines.append(self._buf)
+        for line in lines:
+            if self._closed:
+                return
+            self._on_line(line)
+        if ended and not self._closed:
             self.stop()
             self._on_eof()
-            return
-        self._buf += data
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            self._on_line(line.decode("utf-8", "replace"))

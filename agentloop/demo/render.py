@@ -37,9 +37,31 @@ from .._messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .screen import Screen
+from .screen import Screen, wrap
 
-__all__ = ["Renderer", "Stats", "format_transcript", "short"]
+__all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short"]
+
+# The keys, and what to watch for: (key, what it does), shown under a column of keys.
+HELP = (
+    ("Ctrl-C", "interrupt the turn: engine.interrupt() (when idle, twice: exit)"),
+    ("typing", "steer the turn while it works: engine.interject(text); when idle, a line starts a new turn"),
+    ("!text", "drop the turn and send text now: engine.send_now(text)"),
+    ("/mode queue", "typing waits for the turn to end: engine.follow_up(text) (/mode steer: back to steering)"),
+    ("Ctrl-D", "exit, with a summary and the final transcript"),
+    ("/transcript", "print the messages so far (/help: these lines, /quit: exit)"),
+    (
+        "watch for",
+        "the agent going round in circles: a thinking loop cut and resampled (doom-loop policy), a file "
+        "read again and again (the stationarity policy nudges); ask it to wait for CI to see a polling "
+        "loop ended",
+    ),
+)
+_KEYS = 12  # the width of the column of keys
+
+
+def help_text(width: int = 78) -> str:
+    """`HELP` in lines of at most ``width`` columns, each description going on under itself."""
+    return "\n".join(wrap(f"{key:<{_KEYS}}{text}", width, _KEYS) for key, text in HELP)
 
 
 def short(text: str, limit: int = 100) -> str:
@@ -76,19 +98,29 @@ class Renderer:
         self.s = screen.style
         self.stats = Stats()
         self._channel: str | None = None  # the delta stream in progress
+        self._cut: str | None = None  # the delta stream a line of the host broke into
         self._running: dict[str, str] = {}  # tool_use_id -> name
         self._asking: set[str] = set()
 
     def note(self, text: str, *style: str) -> None:
         """A line from the host (not an event)."""
+        if self._channel is not None:
+            self._cut = self._channel
         self._channel = None
         self.screen.line(self.s(text, *style))
+
+    def help(self) -> None:
+        """The keys and what to watch for, in lines that fit the terminal (or 78 columns)."""
+        if self._channel is not None:
+            self._cut = self._channel
+        self._channel = None
+        self.screen.line(help_text(min(78, self.screen.width or 78)))
 
     def show(self, event: Event) -> None:
         if isinstance(event, TextDelta | ThinkingDelta):
             self._delta(event)
             return
-        self._channel = None
+        self._channel = self._cut = None
         self._line(event)
         self.screen.status(self.status())
 
@@ -113,9 +145,11 @@ class Renderer:
         chunk = event.text if isinstance(event, TextDelta) else event.thinking
         head = ""
         if channel != self._channel:
-            self._channel = channel
+            # The stream goes on after a line of the host: its label again, marked as going on.
+            more = "\u2026" if channel == self._cut else ""
+            self._channel, self._cut = channel, None
             self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
-            head = self.s("assistant: ", "bold") if channel == "text" else self.s("thinking: ", "dim")
+            head = self.s("assistant: ", "bold") + more if channel == "text" else self.s("thinking: ", "dim") + more
             head = ("" if self.screen.at_line_start else "\n") + head
         self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
 

@@ -1,25 +1,33 @@
-"""The terminal: colours, a status line pinned to the bottom row, and a clean exit.
+"""The terminal: colours, a status line and an input line pinned to the bottom, and a clean exit.
 
-On a TTY the status line lives on the last row, outside a scroll region
-(DECSTBM) that holds everything else, so streamed text never overwrites it.
-Piped output (or ``--plain``) gets neither the status line nor any escape
-sequence; ``NO_COLOR`` (https://no-color.org) removes the colours only.
+On a TTY the bottom rows live outside a scroll region (DECSTBM) that holds
+everything else, so streamed text never overwrites them: the status line, and,
+when the keyboard is read key by key (`start(keyboard=True)`), the line being
+typed below it, drawn by the demo with a cursor of its own (the terminal's is
+hidden: it stays where the output goes on). Lines of output are wrapped at word
+boundaries to the terminal's width, going on under their indent.
+
+Piped output (or ``--plain``) gets none of this, nor any escape sequence;
+``NO_COLOR`` (https://no-color.org) removes the colours only.
 
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
 ``on_closed`` once, so the host can end the session. A character the output's
-encoding cannot hold (a console in an 8-bit code page) is written as ``?``.
+encoding cannot hold (a console in an 8-bit code page) is written as its ASCII
+look-alike where the demo's symbols have one (``--`` for ``──``), else as ``?``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
-__all__ = ["Screen", "Style"]
+__all__ = ["Screen", "Style", "fit_input", "wrap"]
 
 # The output went away: the reader closed the pipe, the terminal hung up, the descriptor was closed.
 _GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.EIO, errno.EBADF})
@@ -34,6 +42,97 @@ _CODES = {
     "magenta": "35",
     "cyan": "36",
 }
+
+# The demo's symbols in ASCII, for an output encoding without them.
+_ASCII = str.maketrans({
+    "\u2500": "-", "\u2699": "*", "\u2713": "+", "\u2717": "x", "\u2298": "-", "\u21aa": ">",
+    "\u2691": "!", "\u26a0": "!", "\u21bb": "~", "\u25a0": "#", "\u2014": "-", "\u2013": "-",
+    "\u2026": "...", "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'", "\u203a": ">",
+    "\u21b5": "|", "\u00b7": "-",
+})
+_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+PROMPT = "\u203a "  # the input line's prompt
+_NEWLINE = "\u21b5"  # a line break in the line being typed (a pasted message of several lines)
+_HIDE_CURSOR, _SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"  # the terminal's own cursor
+_PASTE_ON, _PASTE_OFF = "\x1b[?2004h", "\x1b[?2004l"  # bracketed paste
+
+
+def cells(text: str) -> int:
+    """The columns ``text`` takes on a terminal: 2 for a wide character, 0 for a combining one."""
+    return sum(_cell(ch) for ch in text)
+
+
+def _cell(ch: str) -> int:
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def _cut(text: str, width: int) -> str:
+    """The start of ``text`` that fits in ``width`` columns."""
+    used = 0
+    for i, ch in enumerate(text):
+        used += _cell(ch)
+        if used > width:
+            return text[:i]
+    return text
+
+
+def wrap(text: str, width: int, indent: int | None = None) -> str:
+    """``text`` with a line break before each word that would go past ``width`` columns; each
+    line it breaks goes on under ``indent`` spaces (default: its own indent, plus two). Escape
+    sequences take no room; a word longer than a line is left to the terminal to break."""
+    if width < 10:
+        return text
+    out: list[str] = []
+    for line in text.split("\n"):
+        plain = _ESCAPE.sub("", line)
+        if cells(plain) <= width:
+            out.append(line)
+            continue
+        hang = len(plain) - len(plain.lstrip(" ")) + 2 if indent is None else indent
+        hang = min(hang, width // 2)
+        pieces: list[str] = []
+        col = 0
+        for i, word in enumerate(line.split(" ")):
+            w = cells(_ESCAPE.sub("", word))
+            if i and not w and col >= width:
+                pieces.append(word)  # a space that would only begin the next row: left out
+                continue
+            if i and w and col > hang and col + 1 + w > width:
+                pieces.append("\n" + " " * hang + word)
+                col = hang + w
+            else:
+                pieces.append(word if not i else " " + word)
+                col += w + (1 if i else 0)
+            if col > width:  # the terminal broke a long word: its end is on the next row
+                col %= width
+        out.append("".join(pieces))
+    return "\n".join(out)
+
+
+def fit_input(text: str, cursor: int, width: int) -> tuple[str, str, str]:
+    """The line being typed as shown in ``width`` columns: (before the cursor, under it, after).
+
+    A line break shows as ``↵``. Text that does not fit is cut at either end, marked ``…``, so
+    the cursor is always in view; the whole takes at most ``width`` columns.
+    """
+    shown = text.replace("\n", _NEWLINE)
+    before, at, after = shown[:cursor], shown[cursor : cursor + 1] or " ", shown[cursor + 1 :]
+    room = width - _cell(at)
+    if room <= 0:
+        return "", at if width > 0 and _cell(at) <= width else "", ""
+    if cells(before) > room:  # keep the end of what is before the cursor
+        keep = ""
+        for ch in reversed(before):
+            if cells(keep) + _cell(ch) > room - 1:
+                break
+            keep = ch + keep
+        before = "\u2026" + keep
+    rest = room - cells(before)
+    if cells(after) > rest:
+        after = _cut(after, rest - 1) + "\u2026" if rest >= 1 else ""
+    return before, at, after
 
 
 class Style:
@@ -50,7 +149,7 @@ class Style:
 
 
 class Screen:
-    """Writes output; keeps track of the cursor column and of the status line."""
+    """Writes output; keeps track of the cursor column, the status line and the input line."""
 
     def __init__(self, out: TextIO, *, tty: bool, color: bool) -> None:
         self.out = out
@@ -58,10 +157,14 @@ class Screen:
         self.style = Style(color)
         self.at_line_start = True
         self.closed = False  # the output went away: nothing more is written
+        self.keyboard = False  # an input line under the status line (keys read one by one)
         self._live = False  # started on a TTY: a status line whenever the terminal has room
         self.on_closed: Callable[[], None] | None = None
         self._status = ""
-        self._rows = 0
+        self._typed = ("", 0)  # the line being typed and the cursor's index in it
+        self._hint: tuple[str, ...] = ()  # shown on an empty input line: what keys do
+        self._rows = 0  # the terminal's rows while the bottom rows are ours, else 0
+        self._cols = 0
         self._drawn = False
 
     @classmethod
@@ -74,14 +177,14 @@ class Screen:
 
     def _emit(self, text: str) -> None:
         """Write and flush ``text``; every byte the screen writes goes through here."""
-        if self.closed:
+        if self.closed or not text:
             return
         try:
             try:
                 self.out.write(text)
             except UnicodeEncodeError:  # the stream encodes before it writes: nothing went out yet
                 encoding = getattr(self.out, "encoding", None) or "ascii"
-                self.out.write(text.encode(encoding, "replace").decode(encoding))
+                self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
             self.out.flush()
         except OSError as exc:
             if exc.errno not in _GONE:  # a full disk, a non-blocking terminal: not "nobody reads"
@@ -112,18 +215,31 @@ class Screen:
         self.at_line_start = text.endswith("\n")
         self._emit(text)
 
-    def line(self, text: str = "") -> None:
-        """Write ``text`` on a line of its own, in one write."""
+    def line(self, text: str = "", *, indent: int | None = None) -> None:
+        """Write ``text`` on a line of its own, in one write (wrapped, under the status line:
+        see `wrap` for ``indent``)."""
         prefix = "" if self.at_line_start else "\n"
         self.at_line_start = True
+        if self._rows:
+            text = wrap(text, self.width, indent)
         self._emit(f"{prefix}{text}\n")
 
-    # -- the status line -----------------------------------------------------------
+    # -- the bottom rows -------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        """The terminal's columns while the bottom rows are shown (lines are wrapped to it), else 0."""
+        return self._cols - 1 if self._rows else 0
 
     @property
     def status_shown(self) -> bool:
         """A status line is on the screen (a TTY with room for it)."""
         return bool(self._rows)
+
+    @property
+    def _bar(self) -> int:
+        """How many rows at the bottom are the demo's: the status line, and the input line."""
+        return 2 if self.keyboard else 1
 
     def _size(self) -> os.terminal_size:
         """The size of the terminal the screen writes to, asked of the terminal itself: the row
@@ -137,18 +253,25 @@ class Screen:
             return size
         return shutil.get_terminal_size((0, 0))
 
-    def start(self) -> None:
-        """Reserve the bottom row for the status line (TTY only)."""
-        if not self.tty:
+    def start(self, *, keyboard: bool | None = None) -> None:
+        """Reserve the bottom rows (TTY only): the status line, and with ``keyboard`` the input
+        line, where the demo draws what is typed (pastes then come bracketed)."""
+        if keyboard is not None:
+            self.keyboard = keyboard
+        if not self.tty or self.closed:
             return
         self._live = True
-        rows = self._size().lines
-        if rows < 4:  # no room for now: a resize that makes room brings the status line
+        self._emit(_PASTE_ON if self.keyboard else "")
+        size = self._size()
+        rows, bar = size.lines, self._bar
+        if rows < bar + 3:  # no room for now: a resize that makes room brings the bottom rows
             return
-        self._rows = rows
-        # The region's bottom is the row above the status; keep the cursor at its end.
-        self._emit(f"\n\x1b[1;{rows - 1}r\x1b[{rows - 1};1H")
+        self._rows, self._cols = rows, size.columns or 80
+        # Make room below the output, then keep the cursor at the end of the region.
+        self._emit("\n" * bar + f"\x1b[1;{rows - bar}r\x1b[{rows - bar};1H" + (_HIDE_CURSOR if self.keyboard else ""))
+        self._drawn = False
         self.status(self._status or "starting")
+        self._draw_input()
 
     def resized(self) -> None:
         """The terminal changed size (SIGWINCH): set the region up again (or drop it while
@@ -156,14 +279,20 @@ class Screen:
         if not self._live:
             return
         if self._rows:
+            # Below the end of the output there are only the bottom rows: wherever the terminal
+            # moved them (a taller one may keep its rows at the top), clear them from there on.
             self._rows = 0
-            self._emit("\x1b7\x1b[r\x1b8")
+            self._emit("\x1b[J\x1b7\x1b[r\x1b8")
         self._drawn = False
-        rows = self._size().lines
-        if rows >= 4 and not self.closed:
-            self._rows = rows
-            self._emit(f"\x1b7\x1b[1;{rows - 1}r\x1b8")
-        self.status(self._status)
+        size = self._size()
+        rows, bar = size.lines, self._bar
+        if rows >= bar + 3 and not self.closed:
+            self._rows, self._cols = rows, size.columns or 80
+            self._emit(f"\x1b7\x1b[1;{rows - bar}r\x1b8" + (_HIDE_CURSOR if self.keyboard else ""))
+            self.status(self._status)
+            self._draw_input()
+        elif self.keyboard:
+            self._emit(_SHOW_CURSOR)  # no input line to draw a cursor on: the terminal's shows
 
     def status(self, text: str) -> None:
         """Show ``text`` on the status line (remembered, drawn on a TTY only, and only when it changes)."""
@@ -173,30 +302,64 @@ class Screen:
         if not self._rows:
             return
         self._drawn = True
-        cols = self._size().columns or 80
-        shown = self.style(f" {text} ".ljust(cols - 1)[: cols - 1], "bold", "blue")
-        self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{shown}\x1b8")
+        shown = self.style(_cut(f" {text}", self._cols - 1), "bold", "blue")
+        self._emit(f"\x1b7\x1b[{self._rows - self._bar + 1};1H\x1b[2K{shown}\x1b8")
 
-    def suspend(self) -> None:
-        """Ctrl-Z: give the whole terminal back to the shell until `resume`."""
+    def typed(self, text: str, cursor: int) -> None:
+        """Show the line being typed, with the cursor before ``text[cursor]``."""
+        self._typed = (text, cursor)
+        self._draw_input()
+
+    def hint(self, parts: Sequence[str]) -> None:
+        """What the keys do, shown (dim) while the input line is empty: as many of ``parts`` as fit."""
+        if tuple(parts) != self._hint:
+            self._hint = tuple(parts)
+            self._draw_input()
+
+    def _draw_input(self) -> None:
+        if not self._rows or not self.keyboard:
+            return
+        text, cursor = self._typed
+        width = self._cols - 1 - cells(PROMPT)
+        if text:
+            before, at, after = fit_input(text, cursor, width)
+            body = f"{before}\x1b[7m{at}\x1b[27m{after}"
+        else:
+            shown = ""
+            for part in self._hint:
+                more = f"{shown} \u00b7 {part}" if shown else part
+                if cells(more) > width - 2:
+                    break
+                shown = more
+            body = "\x1b[7m \x1b[27m" + (f" \x1b[2m{shown}\x1b[22m" if shown else "")
+        self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self.style(PROMPT, 'bold')}{body}\x1b8")
+
+    def _give_back(self, then: str = "") -> None:
+        """Give the whole terminal back: no region, the bottom rows cleared, attributes reset."""
+        if self.keyboard and self._live:
+            self._emit(_PASTE_OFF)
         if not self._rows:
             return
         rows, self._rows = self._rows, 0
         self._drawn = False
-        self._emit(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m")
+        clear = "".join(f"\x1b[{row};1H\x1b[2K" for row in range(rows - self._bar + 1, rows + 1))
+        self._emit(f"\x1b7\x1b[r{clear}\x1b8\x1b[0m" + (_SHOW_CURSOR if self.keyboard else "") + then)
+
+    def suspend(self) -> None:
+        """Ctrl-Z: give the whole terminal back to the shell until `resume`."""
+        self._give_back()
 
     def resume(self) -> None:
-        """Back in the foreground (``fg``): the status line is set up again, below a fresh line."""
+        """Back in the foreground (``fg``): the bottom rows are set up again, below a fresh line."""
         if self._live and not self.closed:
             self.at_line_start = True
             self.start()
 
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""
-        self._live = False
-        if not self._rows:
-            return
-        rows, self._rows = self._rows, 0
         end = "" if self.at_line_start else "\n"
-        self.at_line_start = True
-        self._emit(f"\x1b7\x1b[r\x1b[{rows};1H\x1b[2K\x1b8\x1b[0m{end}")
+        shown = bool(self._rows)
+        self._give_back(end)
+        self._live = False
+        if shown:
+            self.at_line_start = True

@@ -176,7 +176,8 @@ class Story:
         return self._say(
             "The reminder is right: I have read this file enough, it contains the fix.",
             f"You're right, I was re-reading the same file. {SUMMARY_MARK}: slugify now joins the "
-            "words with hyphens, and both tests pass.",
+            "words with hyphens, and both tests pass. Ask me to wait for CI to see the stationarity "
+            "policy stop a polling loop.",
         )
 
     def _edit(self, f: Facts) -> ScriptedResponse:

@@ -1,0 +1,304 @@
+"""The demo's terminal side without a person: the line editor, the keyboard reader, the terminal
+modes, and what the screen draws (the input line, wrapped lines), checked on a pseudo-terminal
+or a string buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import termios
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop.demo.editor import LineEditor
+from agentloop.demo.keyboard import LineReader, TerminalMode, parse
+from agentloop.demo.render import HELP, help_text
+from agentloop.demo.screen import Screen, cells, fit_input, wrap
+
+LEFT, RIGHT, UP, DOWN, HOME, END, DELETE = "\x1b[D", "\x1b[C", "\x1b[A", "\x1b[B", "\x1b[H", "\x1b[F", "\x1b[3~"
+PASTE = "\x1b[200~{}\x1b[201~"
+
+
+# -- the line editor ---------------------------------------------------------------------------
+
+
+def test_enter_sends_the_line_and_keys_edit_it() -> None:
+    ed = LineEditor()
+    assert ed.feed("helo") == [] and (ed.text, ed.cursor) == ("helo", 4)
+    assert ed.feed(LEFT + LEFT + "l") == [] and (ed.text, ed.cursor) == ("hello", 3)
+    assert ed.feed(HOME + "\x7f" + DELETE + "H" + END + " world") == []
+    assert ed.text == "Hello world"
+    assert ed.feed("\x17") == [] and ed.text == "Hello "  # Ctrl-W: the word before the cursor
+    assert ed.feed("\x01\x0b") == [] and ed.text == ""  # Ctrl-A, Ctrl-K
+    assert ed.feed("abc\x02\x02\x15") == [] and (ed.text, ed.cursor) == ("bc", 0)  # Ctrl-B twice, Ctrl-U
+    assert ed.feed("\x05!\r") == ["bc!"] and (ed.text, ed.cursor) == ("", 0)
+    assert ed.feed("\n") == [""]  # an empty line too (it runs a queued message)
+
+
+def test_a_key_split_across_two_reads_is_one_key() -> None:
+    ed = LineEditor()
+    assert ed.feed("ab\x1b[") == [] and ed.text == "ab"
+    assert ed.feed("D") == [] and ed.cursor == 1  # Left, not "D"
+    assert ed.feed("\x1b") == [] and ed.feed("x") == [] and ed.text == "axb"  # a lone ESC is the Escape key
+    assert ed.feed("\x1b[1;5D\x1bOP\x1b[15~\x1bb") == [] and ed.text == "axb"  # Ctrl-Left, F1, F5, Alt-b: no text
+
+
+def test_a_paste_of_several_lines_is_one_message_sent_by_enter() -> None:
+    ed = LineEditor()
+    assert ed.feed(PASTE.format("first line\rsecond\x1b[31m line\r")) == []
+    assert ed.text == "first line\nsecond line\n"
+    assert ed.feed("\r") == ["first line\nsecond line\n"]
+    assert parse("first line\nsecond line\n").text == "first line\nsecond line"  # the breaks reach the model
+    # Cut anywhere by the reads, the paste is the same.
+    whole = PASTE.format("a\rb") + "\r"
+    for cut in range(len(whole) + 1):
+        ed = LineEditor()
+        assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["a\nb"], cut
+
+
+def test_ctrl_d_ends_the_input_only_on_an_empty_line() -> None:
+    ed = LineEditor()
+    assert ed.feed("ab" + LEFT + "\x04") == [] and ed.text == "a" and not ed.eof  # deletes, as in a shell
+    assert ed.feed("\x15\x04more\r") == [] and ed.eof  # nothing is taken after the end
+
+
+def test_up_and_down_recall_the_lines_sent() -> None:
+    ed = LineEditor()
+    ed.feed("one\rtwo\rtwo\r\rdraft")
+    assert ed.feed(UP) == [] and ed.text == "two"  # the same line twice is kept once, an empty one never
+    assert ed.feed(UP + UP) == [] and ed.text == "one"  # the oldest stays
+    assert ed.feed(DOWN + DOWN) == [] and ed.text == "draft"  # back to what was being typed
+    assert ed.feed(UP + "!\r") == ["two!"]
+
+
+_KEYS = st.sampled_from(
+    ["a", "\u00e9", "\u65e5", " ", "\t", "\r", "\n", "\x7f", "\x04", "\x17", "\x15", "\x0b", "\x01", "\x05", "\x03",
+     "\x00", "\x1b", LEFT, RIGHT, UP, DOWN, HOME, END, DELETE, "\x1b[200~", "\x1b[201~", "\x1b[", "\x1bO", "\x9b"]
+)
+
+
+@given(st.lists(st.lists(_KEYS, max_size=12).map("".join), max_size=8))
+def test_whatever_is_typed_the_line_holds_only_text(reads: list[str]) -> None:
+    """No control character or escape sequence is ever part of a line; the cursor stays in it."""
+    ed = LineEditor()
+    for data in reads:
+        for line in ed.feed(data):
+            assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", line), line
+        assert 0 <= ed.cursor <= len(ed.text)
+        assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", ed.text)
+
+
+# -- the keyboard reader -----------------------------------------------------------------------
+
+
+def _reader(encoding: str = "utf-8", editor: LineEditor | None = None) -> tuple[LineReader, list[str]]:
+    got: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.close()  # never used: the reader is fed by hand
+    reader = LineReader(
+        loop, 0, got.append, lambda: got.append("<eof>"), encoding=encoding, editor=editor,
+        on_edit=lambda: got.append("<edit>"),
+    )
+    return reader, got
+
+
+def test_a_character_cut_across_two_reads_is_decoded_whole() -> None:
+    reader, got = _reader()
+    data = "caf\u00e9 \U0001f389\n".encode()
+    for i in range(len(data)):
+        reader.feed(data[i : i + 1])
+    assert got == ["caf\u00e9 \U0001f389"]
+
+
+def test_typed_text_is_decoded_in_the_keyboards_encoding() -> None:
+    """In a Latin-1 locale the terminal sends é as one byte: it was decoded as UTF-8 and became '?'."""
+    reader, got = _reader("iso8859-1")
+    reader.feed("d\u00e9j\u00e0 vu\n".encode("latin-1"))
+    reader.feed(b"")
+    assert got == ["d\u00e9j\u00e0 vu", "<eof>"]
+
+
+def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
+    ed = LineEditor()
+    reader, got = _reader(editor=ed)
+    reader.feed(b"ab")
+    assert got == ["<edit>"] and ed.text == "ab"
+    reader.feed(b"\rcd\r\x04ignored\r")
+    assert got == ["<edit>", "<edit>", "ab", "cd", "<eof>"]
+    reader.feed(b"more\r")
+    assert got[-1] == "<eof>"  # stopped
+
+
+# -- the terminal's modes ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def pty_fd() -> Iterator[int]:
+    main, other = os.openpty()
+    try:
+        yield other
+    finally:
+        os.close(main)
+        os.close(other)
+
+
+def test_the_terminal_modes_and_their_undoing(pty_fd: int) -> None:
+    """Keys the demo edits are neither echoed nor collected into lines by the terminal; in every mode
+    Ctrl-C still interrupts and is not echoed as ^C; `restore` gives back what was there."""
+    before = termios.tcgetattr(pty_fd)
+    assert before[3] & termios.ECHOCTL and before[3] & termios.ICANON  # a pty starts as a terminal does
+    for mode, canonical, echo in (("edit", False, False), ("lines", True, True), ("quiet", True, False)):
+        tm = TerminalMode(pty_fd, mode)  # type: ignore[arg-type]
+        assert tm.apply()
+        lflag = termios.tcgetattr(pty_fd)[3]
+        assert not lflag & termios.ECHOCTL and lflag & termios.ISIG, mode
+        assert bool(lflag & termios.ICANON) == canonical and bool(lflag & termios.ECHO) == echo, mode
+        tm.restore()
+        assert termios.tcgetattr(pty_fd) == before, mode
+    assert not TerminalMode(os.open(os.devnull, os.O_RDONLY), "edit").apply()  # not a terminal
+
+
+# -- the screen ---------------------------------------------------------------------------------
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _screen(monkeypatch: pytest.MonkeyPatch, rows: int = 24, cols: int = 80) -> tuple[Screen, _Tty]:
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((cols, rows))
+    )
+    out = _Tty()
+    return Screen(out, tty=True, color=False), out
+
+
+def _region_output(text: str) -> str:
+    """What a screen wrote into the scroll region: its output, without the bottom rows it drew."""
+    return re.sub(r"\x1b7.*?\x1b8", "", text, flags=re.DOTALL)
+
+
+def test_what_is_typed_is_drawn_on_the_input_line_never_in_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    screen, out = _screen(monkeypatch)
+    screen.start(keyboard=True)
+    assert "\x1b[1;22r" in out.getvalue()  # the output above the status line (23) and the input line (24)
+    screen.write("assistant: Let me look at")
+    screen.typed("keep the API", 12)
+    screen.write(" the project first.")
+    screen.status("streaming text")
+    text = out.getvalue()
+    assert "\x1b7\x1b[24;1H\x1b[2K\u203a keep the API\x1b[7m \x1b[27m\x1b8" in text  # cursor at the end
+    assert "\x1b7\x1b[23;1H\x1b[2K streaming text\x1b8" in text
+    assert "assistant: Let me look at the project first." in _region_output(text)
+    assert "keep" not in _region_output(text)
+    screen.typed("", 0)
+    screen.hint(["Ctrl-C interrupt", "type to steer", "!text send now"])
+    assert out.getvalue().endswith(
+        "\x1b[24;1H\x1b[2K\u203a \x1b[7m \x1b[27m \x1b[2mCtrl-C interrupt \u00b7 type to steer \u00b7 !text send now\x1b[22m\x1b8"
+    )
+    screen.stop()
+    end = out.getvalue()
+    assert end.endswith("\x1b[23;1H\x1b[2K\x1b[24;1H\x1b[2K\x1b8\x1b[0m\x1b[?25h\n")  # rows cleared, cursor back
+    assert "\x1b[?2004h" in end and "\x1b[?2004l" in end  # bracketed paste, on and off
+
+
+def test_a_narrow_terminal_shows_the_hints_that_fit_and_the_end_of_a_long_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    screen, out = _screen(monkeypatch, cols=40)
+    screen.start(keyboard=True)
+    screen.hint(["Ctrl-C interrupt", "type to steer", "!text send now"])
+    assert out.getvalue().endswith("\x1b[2mCtrl-C interrupt \u00b7 type to steer\x1b[22m\x1b8")
+    screen.typed("x" * 500 + "END", 503)
+    row = out.getvalue().rsplit("\x1b[24;1H\x1b[2K", 1)[1]
+    assert row == "\u203a \u2026" + "x" * 32 + "END\x1b[7m \x1b[27m\x1b8"  # 39 columns
+
+
+def test_a_resize_draws_both_rows_at_the_new_bottom(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [24]
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((60, rows[0]))
+    )
+    out = _Tty()
+    screen = Screen(out, tty=True, color=False)
+    screen.start(keyboard=True)
+    screen.status("working")
+    screen.typed("abc", 1)
+    rows[0] = 4  # too small for both rows and an output region: the terminal's own cursor is shown
+    screen.resized()
+    # The old bottom rows are cleared from the end of the output down, wherever the terminal put them
+    # (one that grows at the bottom kept them in the middle of the screen, under the output).
+    assert out.getvalue().endswith("\x1b[J\x1b7\x1b[r\x1b8\x1b[?25h")
+    rows[0] = 12
+    out.seek(0)
+    out.truncate()
+    screen.resized()
+    text = out.getvalue()
+    assert "\x1b7\x1b[1;10r\x1b8\x1b[?25l" in text
+    assert "\x1b[11;1H\x1b[2K working\x1b8" in text and "\x1b[12;1H\x1b[2K\u203a a\x1b[7mb\x1b[27mc\x1b8" in text
+
+
+@given(st.text(st.sampled_from("ab \u00e9\u65e5\u0301\n"), max_size=60), st.integers(0, 60), st.integers(0, 30))
+def test_the_input_line_fits_its_columns_and_shows_the_cursor(text: str, cursor: int, width: int) -> None:
+    cursor = min(cursor, len(text))
+    before, at, after = fit_input(text, cursor, width)
+    assert cells(before + at + after) <= width
+    if width >= 4:
+        assert at == (text[cursor : cursor + 1].replace("\n", "\u21b5") or " ")
+        shown = text.replace("\n", "\u21b5")
+        assert before.lstrip("\u2026") == shown[:cursor][len(shown[:cursor]) - len(before.lstrip("\u2026")) :]
+        if cells(shown) + 1 <= width:
+            assert before + at + after in (shown + " ", shown)  # all of it when it fits
+
+
+@given(st.lists(st.sampled_from(["word", "a", "longer-word", "\u65e5\u672c", "\x1b[1mbold\x1b[0m", ""]), max_size=40),
+       st.integers(10, 50))
+def test_wrapped_lines_fit_and_keep_every_word(words: list[str], width: int) -> None:
+    """Every row fits, unless it holds a word too long for a row under the indent (the terminal breaks it)."""
+    line = "  " + " ".join(words)
+    wrapped = wrap(line, width)
+    assert wrapped.split() == line.split()
+    for row in wrapped.split("\n"):
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", row)
+        assert cells(plain) <= width or any(cells(w) > width // 2 for w in plain.split()), row
+
+
+def test_the_help_fits_a_terminal_of_40_columns() -> None:
+    """Written for 80 columns, the help was broken by the terminal mid-word in a narrow one
+    ("a line s" / "teers it"); it is now wrapped at word boundaries, under its column of descriptions."""
+    text = help_text(39)
+    assert all(len(row) <= 39 for row in text.split("\n"))
+    assert all(row[:12].strip() in {key for key, _ in HELP} | {""} for row in text.split("\n"))
+    assert text.split() == help_text(78).split()
+    for control in ("engine.interrupt()", "engine.interject(text)", "engine.send_now(text)", "doom-loop", "stationarity"):
+        assert control in text
+
+
+def test_a_screen_too_narrow_or_not_live_does_not_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = io.StringIO()
+    Screen(plain, tty=False, color=False).line("word " * 40)
+    assert plain.getvalue() == "word " * 40 + "\n"  # piped output keeps its lines
+    screen, out = _screen(monkeypatch, cols=30)
+    screen.start()
+    screen.line("one two three four five six seven eight nine ten")
+    assert "one two three four five six\n  seven eight nine ten\n" in out.getvalue()
+
+
+def test_a_stream_broken_by_a_line_of_the_host_goes_on_marked_as_going_on() -> None:
+    """A steer typed mid-answer printed its line and the answer went on under a fresh label, from
+    the middle of a word ("assistant: Noted your m" ... "assistant: essage"), as if a new answer began."""
+    from agentloop import TextDelta, ThinkingDelta
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    r.show(TextDelta(text="Noted your m"))
+    r.note("you (steer): keep it")
+    r.show(TextDelta(text="essage."))
+    r.show(ThinkingDelta(thinking="hm"))  # another stream: a label of its own
+    assert out.getvalue() == "assistant: Noted your m\nyou (steer): keep it\nassistant: \u2026essage.\nthinking: hm"
+
