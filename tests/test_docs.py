@@ -96,6 +96,28 @@ def test_shown_output_reads_the_comments_after_prints() -> None:
     assert _shown_output(code) == [(1, "a"), (3, "# 2")]
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings."""
+    headings = re.findall(r"^#+ (.+)$", _prose(page.read_text(encoding="utf-8")), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_links_resolve(page: Path) -> None:
+    # [concepts.md](concepts.md#reasons): the file, and the heading, must exist.
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):  # https://..., mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: {linked.name} has no heading #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
 def test_api_md_names_every_public_name() -> None:
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^- `([A-Za-z_][A-Za-z0-9_]*)", text, re.MULTILINE))
