@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import io
+import json
 import os
 import pkgutil
 import re
@@ -94,6 +95,21 @@ def _shown_output(code: str) -> list[tuple[int, str]]:
 def test_shown_output_reads_the_comments_after_prints() -> None:
     code = 'print("a")  # a\nx = 1  # not output\nprint("#", 2)  # # 2\n'
     assert _shown_output(code) == [(1, "a"), (3, "# 2")]
+
+
+def test_the_scenario_files_the_docs_show_play() -> None:
+    # A ```json block holding "steps" is a demo scenario: `--script FILE` must accept it.
+    from agentloop.demo.scenario import parse
+
+    shown = [
+        json.loads(m.group(1))
+        for page in DOCS
+        for m in re.finditer(r"^```json\n(.*?)^```", page.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
+    ]
+    scenarios = [data for data in shown if isinstance(data, dict) and "steps" in data]
+    assert scenarios
+    for data in scenarios:
+        assert parse(data).steps
 
 
 def _anchors(page: Path) -> set[str]:
