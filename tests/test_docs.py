@@ -450,6 +450,14 @@ def test_every_name_the_docs_use_exists(page: Path) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_the_user_docs_name_no_private_module() -> None:
+    # What users are told to import or catch is public; only design.md walks the private modules.
+    for page in DOCS:
+        if page.name != "design.md":
+            found = re.findall(r"agentloop(?:\.\w+)*\._[a-z]\w*", _prose(page.read_text(encoding="utf-8")))
+            assert not found, f"{page.name} names private modules: {found}"
+
+
 def test_the_name_check_catches_stale_names() -> None:
     assert _check_span("engine.interject(text)", False) == []
     assert _check_span("engine.interjekt(text)", False) != []
