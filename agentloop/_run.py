@@ -329,6 +329,11 @@ class RunState:
 
     def close(self) -> None:
         self.closed = True
+        for task in self.spent_tasks:
+            # A call ended by KeyboardInterrupt or SystemExit re-raised it (never swallowed) after
+            # reporting it; its result is recorded, so its exception is retrieved here, not logged.
+            if task.done() and not task.cancelled():
+                task.exception()
         self.spent_tasks = []
         self._remove_listener()
         self.controller.unlink()
