@@ -68,6 +68,8 @@ def delegate_tool(
         raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
     if max_depth < 1:
         raise ValueError(f"max_depth must be at least 1, not {max_depth!r}")
+    if overrides.get("policies") is not None:  # read once (a generator, a set): each child forks from it
+        overrides["policies"] = tuple(overrides["policies"])
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
@@ -85,7 +87,7 @@ def delegate_tool(
         agent_id = _new_agent_id(ctx.engine, agent_prefix)
         extra = dict(overrides)
         given = extra.get("policies")
-        if isinstance(given, list | tuple):  # one list for every child: each gets its own copies
+        if given is not None:  # one template for every child: each gets its own copies
             extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
         if system is not None:
             extra["system"] = system
@@ -151,8 +153,10 @@ def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None)
         return ToolResultBlock(tool_use_id=tool_use_id, content=f"Subagent {agent_id} ended without a result.", is_error=True)
     if end.reason == "completed":
         return ToolResultBlock(tool_use_id=tool_use_id, content=answer.strip() or "(the subagent gave no answer)")
-    why = end.abort_reason or end.error or end.detail or end.reason
-    text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})."
+    why = end.abort_reason or end.error or end.detail
+    text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})." if why else (
+        f"Subagent {agent_id} stopped before finishing ({end.reason})."
+    )
     if answer.strip():
         text += f" Its last words: {answer.strip()[:2000]}"
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)

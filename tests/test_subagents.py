@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,21 @@ async def test_a_child_without_an_answer_never_hands_back_its_task_as_the_answer
         result = next(r for m in engine.messages for r in m.tool_results)
         assert result.is_error is is_error and result.text.startswith(expected), result.text
         assert "confidential task text" not in result.text
+
+
+async def test_a_child_stopped_by_its_turn_limit_says_so_once() -> None:
+    """The reason is said once: "(max_turns)", not "(max_turns: max_turns)"."""
+
+    @tool
+    async def look() -> str:
+        """Look around."""
+        return "nothing yet"
+
+    model = ScriptedModel([delegate("search"), ScriptedResponse(tool_calls=[ScriptedToolCall("look")]), "parent done"])
+    engine = QueryEngine(model, tools=[look, delegate_tool(max_turns=1)], policies=[])
+    await collect(engine, "go")
+    result = next(r for m in engine.messages for r in m.tool_results if r.text.startswith("Subagent"))
+    assert result.is_error and result.text == "Subagent sub-1 stopped before finishing (max_turns).", result.text
 
 
 async def test_subagents_of_one_engine_never_share_an_agent_id_or_a_sidechain(tmp_path: Path) -> None:
@@ -539,10 +555,12 @@ async def test_background_abort_stops_a_child_whose_run_had_not_started_yet(when
     assert isinstance(again[-1], TurnEnded) and again[-1].reason == "completed"
 
 
-async def test_policies_given_to_a_delegate_tool_are_forked_for_each_subagent() -> None:
+@pytest.mark.parametrize("given", [list, lambda ps: (p for p in ps)], ids=["list", "generator"])
+async def test_policies_given_to_a_delegate_tool_are_forked_for_each_subagent(given: Callable[[list[Any]], Any]) -> None:
     """``delegate_tool(policies=[...])``: two subagents running at once must not share one policy
     object, or the one going round in circles is never stopped (the other's calls keep
-    breaking its run of identical calls)."""
+    breaking its run of identical calls). Any iterable is a template (a generator was handed to
+    the first child as it was: neither forked nor left for the second)."""
     from agentloop.policies import IdenticalToolCallRun
 
     reads = iter(range(1000))
@@ -564,7 +582,7 @@ async def test_policies_given_to_a_delegate_tool_are_forked_for_each_subagent() 
         return ScriptedResponse(tool_calls=[ScriptedToolCall("read_file", {"path": path})])
 
     shared = IdenticalToolCallRun()
-    task = delegate_tool(max_turns=20, policies=[shared])
+    task = delegate_tool(max_turns=20, policies=given([shared]))
     engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[read_file, task], policies=[])
     events = await collect(engine, "compare both")
     ends = {e.agent_id: (e.reason, e.turns) for e in events if isinstance(e, TurnEnded) and e.agent_id}
