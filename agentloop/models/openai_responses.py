@@ -157,11 +157,15 @@ def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None
 
 
 class _Item:
-    __slots__ = ("block", "chunks", "done_parts", "kind", "part", "streamed")
+    __slots__ = ("block", "chunks", "done", "done_parts", "id", "kind", "part", "raw", "started", "streamed")
 
     def __init__(self, block: int, kind: str) -> None:
         self.block = block
-        self.kind = kind
+        self.kind = kind  # the output item's type: message, function_call, reasoning, a hosted tool's
+        self.id: str | None = None  # the item's id (a function call without one: its call_id)
+        self.started = False  # a function call: its StreamToolUseStart was emitted
+        self.raw = False  # a reasoning item: its thinking is its raw reasoning text, not its summary
+        self.done = False  # its output_item.done came: its block is stopped
         self.streamed = False  # deltas (text, thinking or arguments) were emitted
         # The text emitted so far, by part (a message's content part, a reasoning summary
         # part; a function call has one): ``chunks`` for the part now streaming, ``part``,
@@ -180,16 +184,25 @@ class _Item:
 
 
 class ResponsesMapper:
-    """Maps Responses stream events to `StreamEvent`s, one block per output item."""
+    """Maps Responses stream events to `StreamEvent`s, one block per output item.
 
-    __slots__ = ("_calls", "_items", "_refusal", "done", "request_id", "response_id", "terminator")
+    An event names its item by ``output_index``, or, from a server that sends none
+    (llama.cpp), by ``item_id``; the item events (``output_item.added``/``.done``) carry the
+    item's id too. An item is known by every key it was seen with. Two items at one
+    ``output_index`` (Ollama gives the first function call after a message the message's
+    index; LiteLLM puts a reasoning item and the message after it both at 0) are told apart
+    by their ids.
+    """
+
+    __slots__ = ("_blocks", "_calls", "_items", "_refusal", "done", "request_id", "response_id", "terminator")
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
         self.terminator = "response.completed"
         self.response_id: str | None = None
-        self._items: dict[Any, _Item] = {}
+        self._items: dict[Any, _Item] = {}  # by output_index and by item id (None: no key at all)
+        self._blocks = 0
         self._calls = 0
         self._refusal = False
 
@@ -239,14 +252,14 @@ class ResponsesMapper:
         if kind == "response.function_call_arguments.delta":
             item = self._item(obj, "function_call")
             delta = obj["delta"]
-            if item.kind != "function_call_started" or not delta:
+            if not item.started or not delta:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
             item.chunks.append(delta)
             return (StreamToolInput(item.block, delta),)
         if kind == "response.function_call_arguments.done":
             item = self._item(obj, "function_call")
-            if item.kind != "function_call_started":
+            if not item.started:
                 return None  # output_item.done starts the call, with these arguments
             return self._settle(item, obj.get("arguments"))
         if kind == "response.reasoning_summary_text.delta" or kind == "response.reasoning_text.delta":
@@ -267,25 +280,87 @@ class ResponsesMapper:
             raise self._error(obj, response.get("error") or {})
         return None  # unknown and uninteresting events
 
+    # -- items
+
     def _item(self, obj: dict[str, Any], kind: str) -> _Item:
+        """The item of type ``kind`` that a delta or final-copy event is about (new if unseen)."""
         key = obj.get("output_index")
-        if key is None:  # llama.cpp's emulation sends no output_index
-            key = obj.get("item_id") or (obj.get("item") or {}).get("id")
+        if key is None:  # llama.cpp's emulation sends no output_index: the item's id names it
+            key = obj.get("item_id")
+            if key is not None and type(key) is not str:
+                raise _malformed(obj, "item_id", key)
         elif type(key) is not int:
-            raise StreamProtocolError(
-                f"openai responses stream: malformed {obj.get('type')} event: its output_index is "
-                f"{type(key).__name__}, not an int: {excerpt(repr(key))}",
-                retryable=True,
-            )
+            raise _malformed(obj, "output_index", key)
         item = self._items.get(key)
         if item is None:
-            item = self._items[key] = _Item(len(self._items), kind)
+            item = self._items[key] = self._new(kind, obj.get("item_id"))
+        elif item.kind != kind:
+            item = self._another(obj, key, item, kind)
         return item
+
+    def _new(self, kind: str, ident: Any = None) -> _Item:
+        item = _Item(self._blocks, kind)
+        self._blocks += 1
+        if ident and type(ident) is str:
+            item.id = ident
+            self._items.setdefault(ident, item)
+        return item
+
+    def _another(self, obj: dict[str, Any], key: Any, seen: _Item, kind: str) -> _Item:
+        """The item of type ``kind`` an event is about, when ``key`` names an item of another
+        type: another item at the same ``output_index`` if the event's ``item_id`` says so, else
+        a retryable `StreamProtocolError` (mapped, the event would put text into a function
+        call's input, or thinking into the answer)."""
+        ident = obj.get("item_id")
+        if not ident or type(ident) is not str or ident == seen.id:
+            raise StreamProtocolError(
+                f"openai responses stream: a {obj.get('type')} event for the {seen.kind} item at "
+                f"{excerpt(repr(key))}: a {kind} event cannot go there",
+                retryable=True,
+            )
+        item = self._items.get(ident)
+        if item is None or item.kind != kind:
+            item = self._items[ident] = self._new(kind)
+            item.id = ident
+        self._items[key] = item
+        return item
+
+    def _output_item(self, obj: dict[str, Any], raw: dict[str, Any]) -> _Item:
+        """The item of an ``output_item.added``/``.done`` event, found by its id (a function
+        call without one, from llama.cpp, by its ``call_id``, which its argument deltas name as
+        their ``item_id``), else by its ``output_index`` unless another item is there, and then
+        known by both."""
+        kind = raw["type"]
+        ids = _ids(raw)
+        index = obj.get("output_index")
+        if index is not None and type(index) is not int:
+            raise _malformed(obj, "output_index", index)
+        item = next((found for i in ids if (found := self._items.get(i)) is not None), None)
+        if item is None:
+            seen = self._items.get(index)  # (None: the item that nothing named)
+            if seen is not None and seen.kind == kind and not (ids and seen.id and seen.id not in ids):
+                item = seen
+        if item is None:
+            item = self._new(kind)
+        elif item.kind != kind:
+            raise StreamProtocolError(
+                f"openai responses stream: the output item {excerpt(ids[0])!r} is a {kind} here "
+                f"and a {item.kind} before",
+                retryable=True,
+            )
+        if index is not None or not ids:
+            self._items[index] = item
+        for i in ids:
+            self._items.setdefault(i, item)
+        item.id = item.id or (ids[0] if ids else None)
+        return item
+
+    # -- text, thinking and arguments
 
     def _thinking(self, obj: dict[str, Any], raw: bool) -> Sequence[StreamEvent] | None:
         item = self._item(obj, "reasoning")
         if raw:
-            item.kind = "reasoning_text"  # its summary is not what streamed: not compared with it
+            item.raw = True  # its summary is not what streamed: not compared with it
         text = obj["delta"]
         if not text:
             return None  # an empty part adds nothing, not even a separator
@@ -302,6 +377,8 @@ class ResponsesMapper:
         """A final copy of one part's text, from its ``.done`` event (see `_settle_text`)."""
         if kind == "response.reasoning_summary_text.done" or kind == "response.reasoning_summary_part.done":
             item = self._item(obj, "reasoning")
+            if item.raw:
+                return None  # (raw reasoning text, which the summary does not repeat)
             final = obj.get("text") if kind == "response.reasoning_summary_text.done" else _part(obj).get("text")
             return self._settle_text(item, obj.get("summary_index", 0), final)
         item = self._item(obj, "message")
@@ -329,8 +406,8 @@ class ResponsesMapper:
         of it when none came). A final copy that is absent or empty, shorter than what
         streamed, or the same but for surrounding whitespace, leaves the streamed text; one
         that contradicts it raises `StreamProtocolError` (retryable)."""
-        if not final or (item.kind != "message" and item.kind != "reasoning"):
-            return []  # (hosted tool items; raw reasoning text, which the summary does not repeat)
+        if not final:
+            return []
         if type(final) is not str:
             raise StreamProtocolError(
                 f"openai responses stream: malformed event: a final text is {type(final).__name__}, "
@@ -366,15 +443,8 @@ class ResponsesMapper:
         item.streamed = True
         return [StreamText(item.block, text) if item.kind == "message" else StreamThinking(item.block, text)]
 
-    def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
-        raw = obj["item"]
-        item = self._item(obj, raw["type"])
-        if raw["type"] != "function_call":
-            return None
-        return self._start_call(item, raw)
-
     def _start_call(self, item: _Item, raw: dict[str, Any]) -> list[StreamEvent]:
-        item.kind = "function_call_started"
+        item.started = True
         self._calls += 1
         out: list[StreamEvent] = [
             StreamToolUseStart(item.block, raw.get("call_id") or raw["id"], raw["name"])
@@ -417,30 +487,44 @@ class ResponsesMapper:
             )
         return []  # the same JSON, written differently: the streamed copy stands
 
+    # -- whole items
+
+    def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
+        raw = obj["item"]
+        item = self._output_item(obj, raw)
+        if raw["type"] != "function_call" or item.started:
+            return None
+        return self._start_call(item, raw)
+
     def _item_done(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         raw = obj["item"]
-        item = self._item(obj, raw["type"])
+        return self._finish(self._output_item(obj, raw), raw)
+
+    def _finish(self, item: _Item, raw: dict[str, Any]) -> list[StreamEvent]:
+        """The events that make ``item`` what the finished item ``raw`` says it is (the item
+        of ``output_item.done``), and close its block."""
         out: list[StreamEvent] = []
         kind = raw["type"]
         if kind == "function_call":
-            if item.kind != "function_call_started":
-                out.extend(self._start_call(item, raw))
-            else:
-                out.extend(self._settle(item, raw.get("arguments")))
+            out.extend(self._settle(item, raw.get("arguments")) if item.started else self._start_call(item, raw))
         elif kind == "reasoning":
             # As streamed: the non-empty parts, a blank line between two.
             for i, p in enumerate(raw.get("summary") or ()):
-                out.extend(self._settle_text(item, i, p.get("text")))
+                if not item.raw:
+                    out.extend(self._settle_text(item, i, p.get("text")))
             saved = {"id": raw["id"], "summary": raw.get("summary") or []}
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
-            out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
+            if not item.done:
+                out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
         elif kind == "message":
             for i, p in enumerate(raw.get("content") or ()):
                 out.extend(self._settle_text(item, i, self._part_text(p)))
         else:
-            return None  # hosted tool items (web search, ...) are not kept
-        out.append(StreamBlockStop(item.block))
+            return out  # hosted tool items (web search, ...) are not kept
+        if not item.done:
+            item.done = True
+            out.append(StreamBlockStop(item.block))
         return out
 
     def _end(self, response: dict[str, Any]) -> Sequence[StreamEvent]:
@@ -481,6 +565,27 @@ class ResponsesMapper:
 #: The events that carry a part's final text.
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
                          "response.reasoning_summary_text.done", "response.reasoning_summary_part.done"})  # fmt: skip
+
+
+def _malformed(obj: dict[str, Any], field: str, value: Any) -> StreamProtocolError:
+    return StreamProtocolError(
+        f"openai responses stream: malformed {obj.get('type')} event: its {field} is "
+        f"{type(value).__name__}, not {'an int' if field == 'output_index' else 'a str'}: {excerpt(repr(value))}",
+        retryable=True,
+    )
+
+
+def _ids(raw: dict[str, Any]) -> list[str]:
+    """The ids an output item is known by: its ``id``, and a function call's ``call_id``."""
+    ids = [i for i in (raw.get("id"), raw.get("call_id")) if i]
+    for i in ids:
+        if type(i) is not str:
+            raise StreamProtocolError(
+                f"openai responses stream: malformed {raw.get('type')} item: its id is {type(i).__name__}, "
+                f"not a str: {excerpt(repr(i))}",
+                retryable=True,
+            )
+    return ids
 
 
 def _part(obj: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,244 @@
+"""OpenAIResponsesModel against the Responses emulations of OpenAI-compatible servers.
+
+The streams are built the way each server's code builds them (WIRE.md §5): llama.cpp
+(``tools/server/server-task.cpp``, ``to_json_oaicompat_resp`` and ``..._resp_stream``) sends no
+``output_index``, ``content_index`` or ``sequence_number``, and its function call items have no
+``id``, only a ``call_id`` that the argument deltas name as their ``item_id``; Ollama
+(``openai/responses.go``) gives a message and the first function call after it the same
+``output_index``, and leaves the message out of its completed output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _models_support import API_KEY, MockServer, collect, sse
+
+from agentloop._errors import StreamProtocolError
+from agentloop._messages import ThinkingBlock
+from agentloop.models import (
+    OpenAIResponsesModel,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+)
+
+
+async def run_body(body: bytes) -> tuple[list[Any], Any]:
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+
+
+def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    return (kind, {"type": kind, **fields})
+
+
+def llama_cpp_call(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "status": status, "arguments": arguments, "call_id": call_id, "name": name}
+
+
+def llama_cpp_stream(thinking: list[str], text: list[str], calls: list[tuple[str, str, list[str]]]) -> bytes:
+    """A llama.cpp ``/v1/responses`` stream: reasoning, a message, function calls."""
+    head = {"id": "resp_L", "object": "response", "status": "in_progress"}
+    events = [ev("response.created", response=head), ev("response.in_progress", response=head)]
+    reasoning = {"id": "rs_L", "summary": [], "type": "reasoning", "content": [], "encrypted_content": "",
+                 "status": "in_progress"}  # fmt: skip
+    message = {"content": [], "id": "msg_L", "role": "assistant", "status": "in_progress", "type": "message"}
+    if thinking:
+        events.append(ev("response.output_item.added", item=reasoning))
+        events += [ev("response.reasoning_text.delta", delta=d, item_id="rs_L") for d in thinking]
+    if text:
+        events.append(ev("response.output_item.added", item=message))
+        events.append(ev("response.content_part.added", item_id="msg_L", part={"type": "output_text", "text": ""}))
+        events += [ev("response.output_text.delta", item_id="msg_L", delta=d) for d in text]
+    for call_id, name, deltas in calls:
+        events.append(ev("response.output_item.added", item=llama_cpp_call(call_id, name, "", "in_progress")))
+        events += [ev("response.function_call_arguments.delta", delta=d, item_id=call_id) for d in deltas]
+    output: list[dict[str, Any]] = []
+    if thinking:
+        done = {**reasoning, "content": [{"text": "".join(thinking), "type": "reasoning_text"}]}
+        del done["status"]
+        events.append(ev("response.output_item.done", item=done))
+        output.append(done)
+    if text:
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": "".join(text)}
+        events.append(ev("response.output_text.done", item_id="msg_L", text="".join(text)))
+        events.append(ev("response.content_part.done", item_id="msg_L", part=part))
+        done = {**message, "status": "completed", "content": [part]}
+        events.append(ev("response.output_item.done", item=done))
+        output.append(done)
+    for call_id, name, deltas in calls:
+        done = llama_cpp_call(call_id, name, "".join(deltas), "completed")
+        events.append(ev("response.output_item.done", item=done))
+        output.append(done)
+    usage = {"input_tokens": 20, "output_tokens": 9, "total_tokens": 29}
+    events.append(ev("response.completed", response={**head, "status": "completed", "model": "qwen3",
+                                                     "output": output, "usage": usage}))  # fmt: skip
+    return sse(*events)
+
+
+async def test_llama_cpp_reasoning_text_and_two_calls() -> None:
+    # Before: the two function calls (no id, no output_index) were one item, so the second one
+    # restarted the first one's block and its final arguments contradicted the first's: a
+    # retryable StreamProtocolError on every such response.
+    body = llama_cpp_stream(
+        ["The user wants ", "the weather."],
+        ["I'll check ", "both."],
+        [("fc_a1", "get_weather", ['{"city":', ' "Paris"}']), ("fc_b2", "get_time", ['{"tz": "CET"}'])],
+    )
+    events, acc = await run_body(body)
+    msg = acc.message()
+    thinking = msg.content[0]
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "The user wants the weather."
+    assert msg.text == "I'll check both."
+    assert [(t.id, t.name, t.input) for t in msg.tool_uses] == [
+        ("fc_a1", "get_weather", {"city": "Paris"}),
+        ("fc_b2", "get_time", {"tz": "CET"}),
+    ]
+    assert acc.stop_reason == "tool_use"
+    assert acc.usage.input_tokens == 20
+    # Each piece streamed once, as it came: nothing is emitted again from the final copies.
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "I'll check both."
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "The user wants the weather."
+    assert [e.partial_json for e in events if isinstance(e, StreamToolInput)] == ['{"city":', ' "Paris"}', '{"tz": "CET"}']
+    assert [e.id for e in events if isinstance(e, StreamToolUseStart)] == ["fc_a1", "fc_b2"]
+
+
+async def test_llama_cpp_one_call_without_text() -> None:
+    body = llama_cpp_stream([], [], [("fc_x", "f", ['{"k": ', '"v"}'])])
+    events, acc = await run_body(body)
+    assert [(t.id, t.input) for t in acc.message().tool_uses] == [("fc_x", {"k": "v"})]
+    assert "".join(e.partial_json for e in events if isinstance(e, StreamToolInput)) == '{"k": "v"}'
+
+
+def ollama_stream() -> bytes:
+    """Ollama's stream for thinking, then text, then two calls (its ``output_index`` for the
+    message and the first call is the same; its completed output has no message)."""
+    head = {"id": "resp_O", "object": "response", "status": "in_progress", "output": []}
+    rs = {"id": "rs_1", "type": "reasoning", "summary": []}
+    msg = {"id": "msg_O", "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+    calls = [
+        {"id": "fc_9_0", "type": "function_call", "status": "in_progress", "call_id": "call_a", "name": "f",
+         "arguments": ""},
+        {"id": "fc_9_1", "type": "function_call", "status": "in_progress", "call_id": "call_b", "name": "g",
+         "arguments": ""},
+    ]  # fmt: skip
+    args = ['{"x": 1}', '{"y": 2}']
+    summary = [{"type": "summary_text", "text": "Plan."}]
+    done_rs = {**rs, "summary": summary, "encrypted_content": "Plan."}
+    events = [
+        ev("response.created", response=head),
+        ev("response.in_progress", response=head),
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, summary_index=0, delta="Plan."),
+        ev("response.reasoning_summary_text.done", item_id="rs_1", output_index=0, summary_index=0, text="Plan."),
+        ev("response.output_item.done", output_index=0, item=done_rs),
+        ev("response.output_item.added", output_index=1, item=msg),
+        ev("response.content_part.added", item_id="msg_O", output_index=1, content_index=0,
+           part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}),
+        ev("response.output_text.delta", item_id="msg_O", output_index=1, content_index=0, delta="Let me check."),
+    ]  # fmt: skip
+    output: list[dict[str, Any]] = [done_rs]
+    for i, (item, a) in enumerate(zip(calls, args, strict=True)):
+        at = 1 + i
+        done = {**item, "status": "completed", "arguments": a}
+        events += [
+            ev("response.output_item.added", output_index=at, item=item),
+            ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=a),
+            ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=a),
+            ev("response.output_item.done", output_index=at, item=done),
+        ]
+        output.append(done)
+    events.append(ev("response.completed", response={**head, "status": "completed", "output": output,
+                                                     "usage": {"input_tokens": 5, "output_tokens": 6}}))  # fmt: skip
+    for n, (_, data) in enumerate(events):
+        data["sequence_number"] = n
+    return sse(*events)
+
+
+async def test_ollama_text_then_calls_at_the_same_output_index() -> None:
+    # Before: the first call went into the message's block, so its arguments were appended to the
+    # answer ('Let me check.{"x": 1}') and the call was lost.
+    events, acc = await run_body(ollama_stream())
+    msg = acc.message()
+    assert msg.text == "Let me check."
+    assert [(t.id, t.name, t.input) for t in msg.tool_uses] == [("call_a", "f", {"x": 1}), ("call_b", "g", {"y": 2})]
+    assert isinstance(msg.content[0], ThinkingBlock) and msg.content[0].thinking == "Plan."
+    assert acc.stop_reason == "tool_use"
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "Let me check."
+
+
+def litellm_stream() -> bytes:
+    """LiteLLM's Responses stream for a chat-completions model that reasons, answers, then
+    calls a tool (``litellm/responses/litellm_completion_transformation/streaming_iterator.py``):
+    the reasoning item and the message are both at ``output_index`` 0, and the message gets no
+    ``output_item.added`` when reasoning came first."""
+    head = {"id": "resp_X", "object": "response", "status": "in_progress", "output": []}
+    rs = {"id": "rs_u1", "type": "reasoning", "status": "in_progress", "summary": None}
+    rs_done = {"id": "rs_u1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "Hmm. Weather."}]}
+    msg_done = {"id": "msg_u2", "status": "completed", "type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Checking now.", "annotations": []}]}  # fmt: skip
+    fc = {"id": "call_7", "type": "function_call", "call_id": "call_7", "name": "weather", "arguments": "",
+          "status": "in_progress"}  # fmt: skip
+    events = [
+        ev("response.created", response=head),
+        ev("response.in_progress", response=head),
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev("response.reasoning_summary_text.delta", item_id="rs_u1", output_index=0, delta="Hmm. "),
+        ev("response.reasoning_summary_text.delta", item_id="rs_u1", output_index=0, delta="Weather."),
+        ev("response.reasoning_summary_text.done", item_id="rs_u1", output_index=0, summary_index=0,
+           text="Hmm. Weather."),
+        ev("response.reasoning_summary_part.done", item_id="rs_u1", output_index=0, summary_index=0,
+           part={"type": "summary_text", "text": "Hmm. Weather."}),
+        ev("response.output_item.done", output_index=0, item=rs_done),
+        ev("response.output_text.delta", item_id="msg_u2", output_index=0, content_index=0, delta="Checking "),
+        ev("response.output_text.delta", item_id="msg_u2", output_index=0, content_index=0, delta="now."),
+        ev("response.output_item.added", output_index=1, item=fc),
+        ev("response.function_call_arguments.delta", item_id="call_7", output_index=1, delta='{"city": "Os'),
+        ev("response.function_call_arguments.delta", item_id="call_7", output_index=1, delta='lo"}'),
+        ev("response.function_call_arguments.done", item_id="call_7", output_index=1, arguments='{"city": "Oslo"}'),
+        ev("response.output_item.done", output_index=1, item={**fc, "status": "completed",
+                                                              "arguments": '{"city": "Oslo"}'}),
+        ev("response.output_text.done", item_id="msg_u2", output_index=0, content_index=0, text="Checking now."),
+        ev("response.content_part.done", item_id="msg_u2", output_index=0, content_index=0,
+           part=msg_done["content"][0]),
+        ev("response.output_item.done", output_index=0, item=msg_done),
+        ev("response.completed", response={**head, "status": "completed", "usage": {"input_tokens": 1, "output_tokens": 2},
+                                           "output": [rs_done, msg_done, {**fc, "arguments": '{"city": "Oslo"}'}]}),
+    ]  # fmt: skip
+    return sse(*events)
+
+
+async def test_litellm_reasoning_and_message_at_the_same_output_index() -> None:
+    # Before: the answer's deltas went into the reasoning item's block, so the answer was lost
+    # into the thinking ("Hmm. Weather.Checking now.") and the message had no text.
+    events, acc = await run_body(litellm_stream())
+    msg = acc.message()
+    thinking = msg.content[0]
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "Hmm. Weather."
+    assert msg.text == "Checking now."
+    assert [(t.id, t.input) for t in msg.tool_uses] == [("call_7", {"city": "Oslo"})]
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "Checking now."
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        ev("response.output_text.delta", output_index=0, item_id="fc_1", content_index=0, delta="hi"),
+        ev("response.output_text.delta", output_index=0, content_index=0, delta="hi"),
+        ev("response.reasoning_summary_text.delta", output_index=0, summary_index=0, delta="hm"),
+    ],
+    ids=["same-id", "no-id", "thinking"],
+)
+async def test_a_delta_of_another_type_for_the_same_item_is_a_retryable_protocol_error(delta: Any) -> None:
+    # Mapped as it came, the text would go into the call's input (or thinking into the answer).
+    fc = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+    added = ev("response.output_item.added", output_index=0, item=fc)
+    with pytest.raises(StreamProtocolError, match="function_call item") as info:
+        await run_body(sse(ev("response.created", response={"id": "r"}), added, delta))
+    assert info.value.retryable is True
