@@ -7,8 +7,9 @@ such JSON (from another provider) are not sent.
 
 Doom-loop frames (``response.doom_loop_check``, SPEC §6) become
 `StreamSignals` and never reach normal event parsing. Unknown event types are
-ignored. Terminators: ``response.completed``, ``response.incomplete``
-(``response.failed`` and ``error`` raise `ProviderStreamError`).
+ignored. Terminators: ``response.completed``, ``response.incomplete``, whose
+``output`` is authoritative (``response.failed`` and ``error`` raise
+`ProviderStreamError`, a failed response once its output and usage are out).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .._model import (
     StreamThinking,
     StreamToolInput,
     StreamToolUseStart,
+    StreamUsage,
     Usage,
 )
 from .._tools import safe_name
@@ -194,11 +196,13 @@ class ResponsesMapper:
     by their ids.
     """
 
-    __slots__ = ("_blocks", "_calls", "_items", "_refusal", "done", "request_id", "response_id", "terminator")
+    __slots__ = ("_blocks", "_calls", "_items", "_refusal", "done", "failure", "request_id", "response_id",
+                 "terminator")  # fmt: skip
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
+        self.failure: ProviderError | None = None  # raised once the events of its response are out
         self.terminator = "response.completed"
         self.response_id: str | None = None
         self._items: dict[Any, _Item] = {}  # by output_index and by item id (None: no key at all)
@@ -276,8 +280,7 @@ class ResponsesMapper:
         if kind == "response.completed" or kind == "response.incomplete":
             return self._end(obj["response"])
         if kind == "response.failed":
-            response = obj.get("response") or {}
-            raise self._error(obj, response.get("error") or {})
+            return self._failed(obj)
         return None  # unknown and uninteresting events
 
     # -- items
@@ -527,7 +530,10 @@ class ResponsesMapper:
             out.append(StreamBlockStop(item.block))
         return out
 
+    # -- the end
+
     def _end(self, response: dict[str, Any]) -> Sequence[StreamEvent]:
+        out = self._output(response)
         self.done = True
         self.response_id = response.get("id") or self.response_id
         reason = None
@@ -536,13 +542,66 @@ class ResponsesMapper:
             reason = _INCOMPLETE.get(str(details.get("reason")))
         if reason is None:
             reason = "tool_use" if self._calls else "refusal" if self._refusal else "end_turn"
-        raw = response.get("usage") or {}
-        usage = Usage(
-            count_tokens(raw.get("input_tokens")),
-            count_tokens(raw.get("output_tokens")),
-            count_tokens((raw.get("input_tokens_details") or {}).get("cached_tokens")),
-        )
-        return (StreamEnd(reason, usage, self.response_id),)
+        out.append(StreamEnd(reason, _usage(response), self.response_id))
+        return out
+
+    def _failed(self, obj: dict[str, Any]) -> Sequence[StreamEvent]:
+        """``response.failed``: its error, raised once what the failed response holds is out (the
+        output the stream had not carried, the usage it was billed) as `failure`."""
+        response = obj.get("response") or {}
+        error = self._error(obj, response.get("error") or {})
+        try:
+            out = self._output(response)
+        except (StreamProtocolError, KeyError, TypeError, AttributeError):
+            out = []  # the failure is the news, not what its partial output says
+        usage = _usage(response)
+        if usage:
+            out.append(StreamUsage(usage))
+        if not out:
+            raise error
+        self.done = True
+        self.failure = error
+        return out
+
+    def _output(self, response: dict[str, Any]) -> list[StreamEvent]:
+        """The events that make the streamed items what the terminal event's ``output`` says
+        they are, as for ``output_item.done`` (`_finish`): an item that never streamed is
+        emitted whole, one that streamed in part is completed once, and one that contradicts
+        what streamed raises `StreamProtocolError` (retryable). An item is matched by its id
+        (a function call also by its ``call_id``), else to the first item of its type that
+        streamed and that the output names by no id (a server that renamed it, or never named
+        it). A streamed item that the output leaves out stays as it streamed (Ollama leaves out
+        a message followed by calls)."""
+        output = response.get("output")
+        if not output:
+            return []
+        kept = [raw for raw in output if raw["type"] in _KEPT]
+        named = {i for raw in kept for i in _ids(raw)}
+        found: list[_Item | None] = []
+        claimed: set[int] = set()
+        for raw in kept:  # by id first, so that a renamed item cannot take a named one's place
+            item = next((i for n in _ids(raw) if (i := self._items.get(n)) is not None), None)
+            if item is not None:
+                if item.kind != raw["type"]:
+                    raise StreamProtocolError(
+                        f"openai responses stream: the output item {excerpt(_ids(raw)[0])!r} is a "
+                        f"{raw['type']} in the response and a {item.kind} in the stream",
+                        retryable=True,
+                    )
+                claimed.add(item.block)
+            found.append(item)
+        streamed = sorted({i.block: i for i in self._items.values()}.values(), key=lambda i: i.block)
+        out: list[StreamEvent] = []
+        for raw, item in zip(kept, found, strict=True):
+            if item is None:
+                kind = raw["type"]
+                item = next((i for i in streamed if i.kind == kind and i.block not in claimed
+                             and (i.id is None or i.id not in named)), None)  # fmt: skip
+                if item is None:
+                    item = self._new(kind)
+                claimed.add(item.block)
+            out.extend(self._finish(item, raw))
+        return out
 
     def _error(self, obj: dict[str, Any], err: dict[str, Any]) -> ProviderError:
         """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
@@ -560,6 +619,19 @@ class ResponsesMapper:
             error_type=str(code) if code is not None else None,
             retryable=not too_long and str(code) in _RETRYABLE_CODES,
         )
+
+
+#: The output items that are kept (hosted tool items are not).
+_KEPT = frozenset({"message", "function_call", "reasoning"})
+
+
+def _usage(response: dict[str, Any]) -> Usage:
+    raw = response.get("usage") or {}
+    return Usage(
+        count_tokens(raw.get("input_tokens")),
+        count_tokens(raw.get("output_tokens")),
+        count_tokens((raw.get("input_tokens_details") or {}).get("cached_tokens")),
+    )
 
 
 #: The events that carry a part's final text.
