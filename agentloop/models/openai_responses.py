@@ -1,7 +1,7 @@
 """OpenAI Responses API: request building, event mapping and `OpenAIResponsesModel`.
 
 Wire reference: WIRE.md §3. Reasoning items round-trip through
-`ThinkingBlock.signature`, which holds the JSON ``{"id", "summary",
+`ThinkingBlock.signature`, which holds the JSON ``{"id", "summary", "content"?,
 "encrypted_content"?}`` of the item; thinking blocks whose signature is not
 such JSON (from another provider) are not sent.
 
@@ -148,6 +148,8 @@ def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None
     if summary is None:
         summary = [{"type": "summary_text", "text": block.thinking}] if block.thinking else []
     item: dict[str, Any] = {"type": "reasoning", "id": saved["id"], "summary": summary}
+    if saved.get("content"):
+        item["content"] = saved["content"]
     if saved.get("encrypted_content"):
         item["encrypted_content"] = saved["encrypted_content"]
     elif not stored:
@@ -367,7 +369,7 @@ class ResponsesMapper:
         text = obj["delta"]
         if not text:
             return None  # an empty part adds nothing, not even a separator
-        part = obj.get("summary_index", 0)
+        part = obj.get("content_index" if raw else "summary_index", 0)
         if part != item.part:
             item.switch(part)
         item.chunks.append(text)
@@ -384,6 +386,12 @@ class ResponsesMapper:
                 return None  # (raw reasoning text, which the summary does not repeat)
             final = obj.get("text") if kind == "response.reasoning_summary_text.done" else _part(obj).get("text")
             return self._settle_text(item, obj.get("summary_index", 0), final)
+        if kind == "response.reasoning_text.done":
+            item = self._item(obj, "reasoning")
+            if item.streamed and not item.raw:
+                return None  # its summary streamed: that is its thinking
+            item.raw = True
+            return self._settle_text(item, obj.get("content_index", 0), obj.get("text"))
         item = self._item(obj, "message")
         part = obj.get("content_index", 0)
         if kind == "response.content_part.done":
@@ -511,11 +519,10 @@ class ResponsesMapper:
         if kind == "function_call":
             out.extend(self._settle(item, raw.get("arguments")) if item.started else self._start_call(item, raw))
         elif kind == "reasoning":
-            # As streamed: the non-empty parts, a blank line between two.
-            for i, p in enumerate(raw.get("summary") or ()):
-                if not item.raw:
-                    out.extend(self._settle_text(item, i, p.get("text")))
+            out.extend(self._settle_reasoning(item, raw))
             saved = {"id": raw["id"], "summary": raw.get("summary") or []}
+            if raw.get("content"):  # the raw reasoning (vLLM, llama.cpp), which llama.cpp wants back
+                saved["content"] = raw["content"]
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
             if not item.done:
@@ -528,6 +535,22 @@ class ResponsesMapper:
         if not item.done:
             item.done = True
             out.append(StreamBlockStop(item.block))
+        return out
+
+    def _settle_reasoning(self, item: _Item, raw: dict[str, Any]) -> list[StreamEvent]:
+        """A finished reasoning item's thinking, as streamed: the non-empty parts of its summary,
+        a blank line between two; or of its raw reasoning text (``content``) when that is what
+        streamed, or when it has no summary text."""
+        summary = raw.get("summary") or ()
+        if not item.raw and (item.streamed or any(p.get("text") for p in summary)):
+            parts = [p.get("text") for p in summary]
+        else:
+            content = raw.get("content") or ()
+            parts = [p.get("text") for p in content if p.get("type", "reasoning_text") == "reasoning_text"]
+            item.raw = item.raw or any(parts)
+        out: list[StreamEvent] = []
+        for i, text in enumerate(parts):
+            out.extend(self._settle_text(item, i, text))
         return out
 
     # -- the end
@@ -636,7 +659,8 @@ def _usage(response: dict[str, Any]) -> Usage:
 
 #: The events that carry a part's final text.
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
-                         "response.reasoning_summary_text.done", "response.reasoning_summary_part.done"})  # fmt: skip
+                         "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+                         "response.reasoning_text.done"})  # fmt: skip
 
 
 def _malformed(obj: dict[str, Any], field: str, value: Any) -> StreamProtocolError:

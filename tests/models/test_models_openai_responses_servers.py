@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _models_support import API_KEY, MockServer, collect, sse
+from _models_support import API_KEY, MockServer, collect, request, sse
 
 from agentloop._errors import StreamProtocolError
-from agentloop._messages import ThinkingBlock
+from agentloop._messages import Message, ThinkingBlock
 from agentloop.models import (
     OpenAIResponsesModel,
     StreamText,
@@ -242,3 +242,54 @@ async def test_a_delta_of_another_type_for_the_same_item_is_a_retryable_protocol
     with pytest.raises(StreamProtocolError, match="function_call item") as info:
         await run_body(sse(ev("response.created", response={"id": "r"}), added, delta))
     assert info.value.retryable is True
+
+
+async def test_llama_cpp_reasoning_goes_back_with_its_content() -> None:
+    # llama.cpp refuses a reasoning input item without a non-empty `content` array ("item['content']
+    # is not an array", a 400), so every request after a response that reasoned failed.
+    _, acc = await run_body(llama_cpp_stream(["Think", "ing."], ["Hi."], []))
+    server = MockServer(llama_cpp_stream([], ["Again."], []))
+    async with server.client() as client:
+        model = OpenAIResponsesModel("m", base_url="http://127.0.0.1:8080/v1", http_client=client)
+        await collect(model, request(Message.user("q"), acc.message(), Message.user("more")))
+    (item,) = [i for i in server.body["input"] if i["type"] == "reasoning"]
+    assert item["content"] == [{"text": "Thinking.", "type": "reasoning_text"}]
+    assert item["content"][0]["text"] == acc.message().content[0].thinking  # type: ignore[union-attr]
+    assert "encrypted_content" not in item  # llama.cpp's is "": nothing to send
+
+
+async def test_raw_reasoning_only_in_the_final_item_is_the_thinking() -> None:
+    # vLLM and llama.cpp put the raw reasoning in the item's `content`; a server that streams
+    # none of it (or a gateway that drops the deltas) lost it: the thinking was empty.
+    rs = {"id": "rs_v", "type": "reasoning", "summary": [],
+          "content": [{"type": "reasoning_text", "text": "Step one."}]}  # fmt: skip
+    body = sse(
+        ev("response.created", response={"id": "r"}),
+        ev("response.output_item.added", output_index=0, item={**rs, "content": []}),
+        ev("response.output_item.done", output_index=0, item=rs),
+        ev("response.completed", response={"id": "r", "status": "completed", "output": [rs]}),
+    )
+    events, acc = await run_body(body)
+    (thinking,) = acc.message().content
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "Step one."
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Step one."
+
+
+async def test_raw_reasoning_cut_short_is_completed_by_its_final_copies_once() -> None:
+    rs = {"id": "rs_v", "type": "reasoning", "summary": []}
+    at = {"output_index": 0, "item_id": "rs_v", "content_index": 0}
+    body = sse(
+        ev("response.created", response={"id": "r"}),
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev("response.reasoning_text.delta", **at, delta="Step"),
+        ev("response.reasoning_text.done", **at, text="Step one. Step two."),
+        ev("response.output_item.done", output_index=0,
+           item={**rs, "content": [{"type": "reasoning_text", "text": "Step one. Step two."}]}),
+        ev("response.completed", response={"id": "r", "status": "completed"}),
+    )  # fmt: skip
+    events, acc = await run_body(body)
+    assert acc.message().content[0].thinking == "Step one. Step two."  # type: ignore[union-attr]
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Step one. Step two."
+    with pytest.raises(StreamProtocolError, match="differs from its final text"):
+        await run_body(body.replace(b'"Step one. Step two."', b'"Other steps."'))
