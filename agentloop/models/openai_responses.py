@@ -280,7 +280,7 @@ class ResponsesMapper:
             self.response_id = obj["response"].get("id") or self.response_id
             return None
         if kind == "response.completed" or kind == "response.incomplete":
-            return self._end(obj["response"])
+            return self._end(obj["response"], kind == "response.incomplete")
         if kind == "response.failed":
             return self._failed(obj)
         return None  # unknown and uninteresting events
@@ -555,12 +555,12 @@ class ResponsesMapper:
 
     # -- the end
 
-    def _end(self, response: dict[str, Any]) -> Sequence[StreamEvent]:
+    def _end(self, response: dict[str, Any], incomplete: bool) -> Sequence[StreamEvent]:
         out = self._output(response)
         self.done = True
         self.response_id = response.get("id") or self.response_id
         reason = None
-        if response.get("status") == "incomplete":  # the token limit or a filter cut it: even a call
+        if incomplete or response.get("status") == "incomplete":  # the token limit or a filter cut it: even a call
             details = response.get("incomplete_details") or {}
             reason = _INCOMPLETE.get(str(details.get("reason")))
         if reason is None:
