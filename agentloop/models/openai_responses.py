@@ -49,14 +49,23 @@ from ._driver import (
     turns,
     wire_id,
 )
-from ._http import HTTPModel, check_headers, openai_connection, openai_headers, prompt_too_long
+from ._http import (
+    RETRYABLE_STATUSES,
+    HTTPModel,
+    check_headers,
+    openai_connection,
+    openai_headers,
+    prompt_too_long,
+)
 from ._sse import ServerSentEvent
 
 __all__ = ["OpenAIResponsesModel", "build_request"]
 
 _DOOM = "response.doom_loop_check"
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "too_many_requests", "server_error", "internal_error",
-                              "server_is_overloaded", "slow_down", "vector_store_timeout"})  # fmt: skip
+                              "server_is_overloaded", "slow_down", "vector_store_timeout",
+                              "internal_server_error", "InternalServerError", "ServiceUnavailableError",
+                              "RateLimitError"})  # fmt: skip
 _INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
 
 
@@ -283,6 +292,9 @@ class ResponsesMapper:
             return self._end(obj["response"], kind == "response.incomplete")
         if kind == "response.failed":
             return self._failed(obj)
+        nested = obj.get("error")
+        if nested:  # a proxy's error in the Chat Completions shape, {"error": {...}} (LiteLLM)
+            raise self._error(obj, nested if isinstance(nested, dict) else {"message": str(nested)})
         return None  # unknown and uninteresting events
 
     # -- items
@@ -633,6 +645,12 @@ class ResponsesMapper:
         message = err.get("message") or "stream error"
         too_long = prompt_too_long(message, err.get("type"), err.get("code"))
         cls = PromptTooLongError if too_long else ProviderStreamError
+        # A proxy's code may be an HTTP status, as an int or a str (LiteLLM's "429").
+        status = str(err.get("code"))
+        retryable = not too_long and (
+            bool({str(code), str(err.get("type"))} & _RETRYABLE_CODES)
+            or (status.isdigit() and int(status) in RETRYABLE_STATUSES)
+        )
         return cls(
             f"openai responses stream error ({code}): {message}" if code else f"openai responses stream error: {message}",
             provider="openai",
@@ -640,7 +658,7 @@ class ResponsesMapper:
             body=obj,
             request_id=self.request_id,
             error_type=str(code) if code is not None else None,
-            retryable=not too_long and str(code) in _RETRYABLE_CODES,
+            retryable=retryable,
         )
 
 

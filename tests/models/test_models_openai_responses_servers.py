@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from _models_support import API_KEY, MockServer, collect, request, sse
 
-from agentloop._errors import StreamProtocolError
+from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, ThinkingBlock
 from agentloop.models import (
     OpenAIResponsesModel,
@@ -293,3 +293,29 @@ async def test_raw_reasoning_cut_short_is_completed_by_its_final_copies_once() -
     assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Step one. Step two."
     with pytest.raises(StreamProtocolError, match="differs from its final text"):
         await run_body(body.replace(b'"Step one. Step two."', b'"Other steps."'))
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable", "cls"),
+    [
+        ({"message": "Rate limit reached for gpt-4.1", "type": "None", "param": "None", "code": "429"}, True,
+         ProviderStreamError),
+        ({"message": "upstream died", "type": "InternalServerError", "code": 500}, True, ProviderStreamError),
+        ({"message": "This model's maximum context length is 8192 tokens", "type": "BadRequestError",
+          "code": "400"}, False, PromptTooLongError),
+        ({"message": "bad request", "type": "invalid_request_error", "code": "400"}, False, ProviderStreamError),
+    ],
+    ids=["rate-limit", "server", "context", "bad-request"],
+)
+async def test_a_proxys_chat_style_error_in_a_responses_stream_is_its_error(
+    error: dict[str, Any], retryable: bool, cls: type[Exception]
+) -> None:
+    # LiteLLM's proxy ends a failing stream with `data: {"error": {...}}` (no type, no event name)
+    # on every endpoint; the official SDK raises on any event with a top-level "error". Before,
+    # it was skipped as an unknown event, and the run failed with "stream ended without
+    # response.completed" (retried even for a context overflow), the server's message lost.
+    body = sse(ev("response.created", response={"id": "r"}), (None, {"error": error}))
+    with pytest.raises(cls) as info:
+        await run_body(body)
+    assert error["message"] in str(info.value)
+    assert info.value.retryable is retryable  # type: ignore[attr-defined]
