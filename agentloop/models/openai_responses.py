@@ -325,9 +325,13 @@ class ResponsesMapper:
 
     def _another(self, obj: dict[str, Any], key: Any, seen: _Item, kind: str) -> _Item:
         """The item of type ``kind`` an event is about, when ``key`` names an item of another
-        type: another item at the same ``output_index`` if the event's ``item_id`` says so, else
-        a retryable `StreamProtocolError` (mapped, the event would put text into a function
-        call's input, or thinking into the answer)."""
+        type: another item at the same ``output_index`` if the event's ``item_id`` says so (or
+        the next item, from a server that names none), else a retryable `StreamProtocolError`
+        (mapped, the event would put text into a function call's input, or thinking into the
+        answer)."""
+        if key is None:  # no output_index, no item_id: items come one after the other
+            fresh = self._items[None] = self._new(kind)
+            return fresh
         ident = obj.get("item_id")
         if not ident or type(ident) is not str or ident == seen.id:
             raise StreamProtocolError(

@@ -319,3 +319,21 @@ async def test_a_proxys_chat_style_error_in_a_responses_stream_is_its_error(
         await run_body(body)
     assert error["message"] in str(info.value)
     assert info.value.retryable is retryable  # type: ignore[attr-defined]
+
+
+async def test_items_that_nothing_names_follow_each_other() -> None:
+    # A minimal emulation: no output_index, no item_id, no item events. The thinking and the
+    # answer are two items, one after the other (not one block of both, not an error).
+    body = sse(
+        ev("response.created", response={"id": "r"}),
+        ev("response.reasoning_text.delta", delta="Let me think."),
+        ev("response.output_text.delta", delta="Hello"),
+        ev("response.output_text.delta", delta=" there."),
+        ev("response.completed", response={"id": "r", "status": "completed", "output": [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello there."}]}]}),
+    )  # fmt: skip
+    events, acc = await run_body(body)
+    thinking, text = acc.message().content
+    assert (thinking.type, thinking.thinking) == ("thinking", "Let me think.")  # type: ignore[union-attr]
+    assert (text.type, text.text) == ("text", "Hello there.")  # type: ignore[union-attr]
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "Hello there."
