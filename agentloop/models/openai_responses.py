@@ -286,7 +286,7 @@ class ResponsesMapper:
         if kind == "response.output_item.done":
             return self._item_done(obj)
         if kind in ("response.created", "response.in_progress", "response.queued"):
-            self.response_id = obj["response"].get("id") or self.response_id
+            self.response_id = (obj.get("response") or {}).get("id") or self.response_id
             return None
         if kind == "response.completed" or kind == "response.incomplete":
             return self._end(obj["response"], kind == "response.incomplete")

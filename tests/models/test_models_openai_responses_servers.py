@@ -337,3 +337,17 @@ async def test_items_that_nothing_names_follow_each_other() -> None:
     assert (thinking.type, thinking.thinking) == ("thinking", "Let me think.")  # type: ignore[union-attr]
     assert (text.type, text.text) == ("text", "Hello there.")  # type: ignore[union-attr]
     assert "".join(e.text for e in events if isinstance(e, StreamText)) == "Hello there."
+
+
+@pytest.mark.parametrize("head", [{}, {"response": None}, {"response": {"status": "in_progress"}}])
+async def test_lifecycle_events_without_a_response_are_no_error(head: dict[str, Any]) -> None:
+    # A minimal emulation's response.created / response.in_progress carry no response object:
+    # before, each was a malformed event, so every request failed (and was retried) for nothing.
+    body = sse(
+        ev("response.created", **head),
+        ev("response.in_progress", **head),
+        ev("response.output_text.delta", item_id="m", delta="Hi."),
+        ev("response.completed", response={"id": "resp_9", "status": "completed"}),
+    )
+    _, acc = await run_body(body)
+    assert (acc.message().text, acc.response_id) == ("Hi.", "resp_9")
