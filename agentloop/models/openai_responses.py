@@ -402,12 +402,17 @@ class ResponsesMapper:
                 return None  # (raw reasoning text, which the summary does not repeat)
             final = obj.get("text") if kind == "response.reasoning_summary_text.done" else _part(obj).get("text")
             return self._settle_text(item, obj.get("summary_index", 0), final)
-        if kind == "response.reasoning_text.done":
+        raw = kind == "response.reasoning_text.done"
+        if raw or (kind == "response.content_part.done" and _part(obj).get("type") == "reasoning_text"):
+            # The raw reasoning's final copy (vLLM closes it as a content part too).
+            final = obj.get("text") if raw else _part(obj).get("text")
+            if not final:
+                return None  # (LiteLLM puts a reasoning part without text on the message)
             item = self._item(obj, "reasoning")
             if item.streamed and not item.raw:
                 return None  # its summary streamed: that is its thinking
             item.raw = True
-            return self._settle_text(item, obj.get("content_index", 0), obj.get("text"))
+            return self._settle_text(item, obj.get("content_index", 0), final)
         item = self._item(obj, "message")
         part = obj.get("content_index", 0)
         if kind == "response.content_part.done":

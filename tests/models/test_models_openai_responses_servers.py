@@ -10,6 +10,7 @@ The streams are built the way each server's code builds them (WIRE.md §5): llam
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -204,8 +205,9 @@ def litellm_stream() -> bytes:
         ev("response.output_item.done", output_index=1, item={**fc, "status": "completed",
                                                               "arguments": '{"city": "Oslo"}'}),
         ev("response.output_text.done", item_id="msg_u2", output_index=0, content_index=0, text="Checking now."),
+        # (with reasoning, LiteLLM's content_part.done for the message carries the reasoning)
         ev("response.content_part.done", item_id="msg_u2", output_index=0, content_index=0,
-           part=msg_done["content"][0]),
+           part={"type": "reasoning_text", "reasoning": "Hmm. Weather."}),
         ev("response.output_item.done", output_index=0, item=msg_done),
         ev("response.completed", response={**head, "status": "completed", "usage": {"input_tokens": 1, "output_tokens": 2},
                                            "output": [rs_done, msg_done, {**fc, "arguments": '{"city": "Oslo"}'}]}),
@@ -351,3 +353,50 @@ async def test_lifecycle_events_without_a_response_are_no_error(head: dict[str, 
     )
     _, acc = await run_body(body)
     assert (acc.message().text, acc.response_id) == ("Hi.", "resp_9")
+
+
+def vllm_stream(thinking: list[str], text: list[str]) -> bytes:
+    """vLLM's Responses stream for a reasoning parser's output
+    (``vllm/entrypoints/openai/responses/simple_streaming_events.py``): the reasoning item's
+    raw text opens and closes as a *content part* of type ``reasoning_text``."""
+    head = {"id": "resp_V", "object": "response", "status": "in_progress", "output": []}
+    rs = {"type": "reasoning", "id": "a1b2", "summary": [], "status": "in_progress"}
+    msg = {"id": "c3d4", "type": "message", "role": "assistant", "content": [], "status": "in_progress"}
+    rs_at = {"output_index": 0, "item_id": "a1b2", "content_index": 0}
+    msg_at = {"output_index": 1, "item_id": "c3d4", "content_index": 0}
+    reasoning, answer = "".join(thinking), "".join(text)
+    rs_done = {**rs, "status": "completed", "content": [{"text": reasoning, "type": "reasoning_text"}]}
+    part = {"type": "output_text", "text": answer, "annotations": []}
+    msg_done = {**msg, "status": "completed", "content": [part]}
+    events = [
+        ev("response.created", response=head),
+        ev("response.in_progress", response=head),
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev("response.content_part.added", **rs_at, part={"type": "reasoning_text", "text": ""}),
+        *[ev("response.reasoning_text.delta", **rs_at, delta=d) for d in thinking],
+        ev("response.reasoning_text.done", **rs_at, text=reasoning),
+        ev("response.content_part.done", **rs_at, part={"text": reasoning, "type": "reasoning_text"}),
+        ev("response.output_item.done", output_index=0, item=rs_done),
+        ev("response.output_item.added", output_index=1, item=msg),
+        ev("response.content_part.added", **msg_at, part={"type": "output_text", "text": "", "annotations": []}),
+        *[ev("response.output_text.delta", **msg_at, delta=d, logprobs=[]) for d in text],
+        ev("response.output_text.done", **msg_at, text=answer, logprobs=[]),
+        ev("response.content_part.done", **msg_at, part=part),
+        ev("response.output_item.done", output_index=1, item=msg_done),
+        ev("response.completed", response={**head, "status": "completed", "output": [rs_done, msg_done],
+                                           "usage": {"input_tokens": 7, "output_tokens": 8}}),
+    ]  # fmt: skip
+    for n, (_, data) in enumerate(events):
+        data["sequence_number"] = n
+    return sse(*events)
+
+
+async def test_vllm_reasoning_closed_as_a_content_part() -> None:
+    events, acc = await run_body(vllm_stream(["Two ", "plus two."], ["It is ", "4."]))
+    thinking, text = acc.message().content
+    assert isinstance(thinking, ThinkingBlock)
+    assert thinking.thinking == "Two plus two."
+    assert json.loads(thinking.signature)["content"] == [{"text": "Two plus two.", "type": "reasoning_text"}]
+    assert text.text == "It is 4."  # type: ignore[union-attr]
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Two plus two."
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "It is 4."
