@@ -310,10 +310,17 @@ class ResponsesMapper:
             raise _malformed(obj, "output_index", key)
         item = self._items.get(key)
         if item is None:
-            item = self._items[key] = self._new(kind, obj.get("item_id"))
+            item = self._items[key] = self._named(obj, kind)
         elif item.kind != kind:
             item = self._another(obj, key, item, kind)
         return item
+
+    def _named(self, obj: dict[str, Any], kind: str) -> _Item:
+        """The item an event with an unseen key names by ``item_id``, else a new one. (vLLM's
+        older gpt-oss streaming sent an item's final copies with the next item's index.)"""
+        ident = obj.get("item_id")
+        item = self._items.get(ident) if type(ident) is str else None
+        return item if item is not None and item.kind == kind else self._new(kind, ident)
 
     def _new(self, kind: str, ident: Any = None) -> _Item:
         item = _Item(self._blocks, kind)

@@ -400,3 +400,30 @@ async def test_vllm_reasoning_closed_as_a_content_part() -> None:
     assert text.text == "It is 4."  # type: ignore[union-attr]
     assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Two plus two."
     assert "".join(e.text for e in events if isinstance(e, StreamText)) == "It is 4."
+
+
+async def test_final_copies_at_the_next_items_output_index_go_to_the_item_they_name() -> None:
+    # vLLM's older gpt-oss (harmony) streaming sent an item's .done events with the *next* item's
+    # output_index (and the item's own item_id): they made a new item, so the thinking and the
+    # answer came twice.
+    rs = {"id": "rs_1", "type": "reasoning", "summary": []}
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+    rs_done = {**rs, "content": [{"type": "reasoning_text", "text": "Think."}]}
+    msg_done = {**msg, "content": [{"type": "output_text", "text": "Answer."}]}
+    body = sse(
+        ev("response.created", response={"id": "r"}),
+        ev("response.output_item.added", output_index=0, item=rs),
+        ev("response.reasoning_text.delta", output_index=0, item_id="rs_1", content_index=0, delta="Think."),
+        ev("response.reasoning_text.done", output_index=1, item_id="rs_1", content_index=0, text="Think."),
+        ev("response.output_item.done", output_index=1, item=rs_done),
+        ev("response.output_item.added", output_index=1, item=msg),
+        ev("response.output_text.delta", output_index=1, item_id="msg_1", content_index=0, delta="Answer."),
+        ev("response.output_text.done", output_index=2, item_id="msg_1", content_index=0, text="Answer."),
+        ev("response.output_item.done", output_index=2, item=msg_done),
+        ev("response.completed", response={"id": "r", "status": "completed", "output": [rs_done, msg_done]}),
+    )
+    events, acc = await run_body(body)
+    thinking, text = acc.message().content
+    assert (thinking.thinking, text.text) == ("Think.", "Answer.")  # type: ignore[union-attr]
+    assert "".join(e.thinking for e in events if isinstance(e, StreamThinking)) == "Think."
+    assert "".join(e.text for e in events if isinstance(e, StreamText)) == "Answer."
