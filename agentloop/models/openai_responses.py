@@ -545,7 +545,8 @@ class ResponsesMapper:
         out: list[StreamEvent] = []
         kind = raw["type"]
         if kind == "function_call":
-            out.extend(self._settle(item, raw.get("arguments")) if item.started else self._start_call(item, raw))
+            args = raw.get("arguments")
+            out.extend(self._settle(item, args) if item.started else self._start_call(item, raw))
         elif kind == "reasoning":
             out.extend(self._settle_reasoning(item, raw))
             saved = {"id": raw["id"], "summary": raw.get("summary") or []}
@@ -588,7 +589,8 @@ class ResponsesMapper:
         self.done = True
         self.response_id = response.get("id") or self.response_id
         reason = None
-        if incomplete or response.get("status") == "incomplete":  # the token limit or a filter cut it: even a call
+        # Cut by the token limit or a filter: that is why it stopped, even with a call in it.
+        if incomplete or response.get("status") == "incomplete":
             details = response.get("incomplete_details") or {}
             reason = _INCOMPLETE.get(str(details.get("reason")))
         if reason is None:
@@ -641,11 +643,13 @@ class ResponsesMapper:
                     )
                 claimed.add(item.block)
             found.append(item)
-        streamed = sorted({i.block: i for i in self._items.values()}.values(), key=lambda i: i.block)
+        streamed: list[_Item] | None = None
         out: list[StreamEvent] = []
         for raw, item in zip(kept, found, strict=True):
             if item is None:
                 kind = raw["type"]
+                if streamed is None:  # each item once (it is known by several keys), in block order
+                    streamed = sorted({i.block: i for i in self._items.values()}.values(), key=_block)
                 item = next((i for i in streamed if i.kind == kind and i.block not in claimed
                              and (i.id is None or i.id not in named)), None)  # fmt: skip
                 if item is None:
@@ -682,6 +686,10 @@ class ResponsesMapper:
 _KEPT = frozenset({"message", "function_call", "reasoning"})
 
 
+def _block(item: _Item) -> int:
+    return item.block
+
+
 def _usage(response: dict[str, Any]) -> Usage:
     raw = response.get("usage") or {}
     return Usage(
@@ -698,9 +706,10 @@ _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "
 
 
 def _malformed(obj: dict[str, Any], field: str, value: Any) -> StreamProtocolError:
+    wanted = "an int" if field == "output_index" else "a str"
     return StreamProtocolError(
         f"openai responses stream: malformed {obj.get('type')} event: its {field} is "
-        f"{type(value).__name__}, not {'an int' if field == 'output_index' else 'a str'}: {excerpt(repr(value))}",
+        f"{type(value).__name__}, not {wanted}: {excerpt(repr(value))}",
         retryable=True,
     )
 
