@@ -5,7 +5,12 @@ The streams are built the way each server's code builds them (WIRE.md §5): llam
 ``output_index``, ``content_index`` or ``sequence_number``, and its function call items have no
 ``id``, only a ``call_id`` that the argument deltas name as their ``item_id``; Ollama
 (``openai/responses.go``) gives a message and the first function call after it the same
-``output_index``, and leaves the message out of its completed output.
+``output_index``, and leaves the message out of its completed output; LiteLLM's bridge to
+chat-completion models (``litellm/responses/litellm_completion_transformation/
+streaming_iterator.py``) puts a reasoning item and the message after it both at 0, and its
+proxy ends a failing stream with a Chat-shaped error; vLLM
+(``vllm/entrypoints/openai/responses/simple_streaming_events.py``) closes the raw reasoning as
+a content part.
 """
 
 from __future__ import annotations
