@@ -145,6 +145,9 @@ class Mapper(Protocol):
 
     ``done`` becomes True once the terminator was seen (the last events
     returned then end with `StreamEnd`); ``terminator`` names it for errors.
+    A mapper may also have a ``failure`` (a `ModelError`): set with ``done``, it is
+    raised once the events returned with it are out (what a failed response held),
+    in place of `StreamEnd`.
     """
 
     done: bool
@@ -199,6 +202,9 @@ async def run_stream(
                         await _read_tail(chunks)
                         for ev in out:
                             yield ev
+                        failure = getattr(mapper, "failure", None)
+                        if failure is not None:  # a failed response, its events out first
+                            raise failure
                         return
                     for ev in out:
                         yield ev

@@ -758,3 +758,18 @@ async def test_a_reasoning_item_whose_hosted_tool_item_was_not_kept_is_not_sent(
         ("reasoning", "rs_4"), ("function_call", None), ("function_call_output", None),
     ]  # fmt: skip
     assert [b.thinking for b in turn.content if isinstance(b, ThinkingBlock)] == ["plan 1", "plan 2", "plan 3", "plan 4"]
+
+
+@pytest.mark.parametrize(("reason", "stop"), [("max_output_tokens", "max_tokens"), ("content_filter", "refusal")])
+async def test_an_incomplete_response_without_its_status_is_still_incomplete(reason: str, stop: str) -> None:
+    # A server that leaves `status` out of the response: the event says it was cut.
+    fc = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=fc),
+        ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta='{"path": "/tm'),
+        ev("response.incomplete", response={"id": "resp_1", "incomplete_details": {"reason": reason}}),
+    )
+    _, acc = await run_body(body)
+    assert acc.stop_reason == stop  # before: tool_use, and the cut call was "not valid JSON"
+    assert "incomplete" in (acc.message().tool_uses[0].input_error or "")

@@ -513,7 +513,12 @@ def _summary_events(events: list[dict[str, Any]], ref: dict[str, Any], parts: li
 
 
 @st.composite
-def responses_cases(draw: st.DrawFn) -> Case:
+def responses_cases(draw: st.DrawFn, shape: str = "openai") -> Case:
+    """A Responses stream as OpenAI sends it; ``shape="llama.cpp"``: without ``output_index``,
+    and function call items without an ``id`` (their deltas name them by ``call_id``), as
+    llama.cpp's emulation sends them (WIRE.md §5); ``shape="sparse"``: what a gateway forwards
+    when it stops forwarding the item events at some point, or never forwards the final copies
+    (``.done`` events), before ``response.completed``, whose ``output`` is whole."""
     resp_id = "resp_" + draw(idents)
     response: dict[str, Any] = {
         "id": resp_id,
@@ -610,7 +615,8 @@ def responses_cases(draw: st.DrawFn) -> Case:
                 "role": "assistant",
             }
         else:
-            item_id, call_id = f"fc_{k}{draw(idents)}", f"call_{k}{draw(idents)}"
+            suffix = f"{k}{draw(idents)}"
+            item_id, call_id = f"fc_{suffix}", f"call_{suffix}"
             name, value = draw(tool_names), draw(tool_inputs)
             args = draw(arguments(value))
             ref["item_id"] = item_id
@@ -633,6 +639,20 @@ def responses_cases(draw: st.DrawFn) -> Case:
         events.append({"type": "response.output_item.done", "output_index": k, "item": item})
         done_items.append(item)
 
+    if shape == "llama.cpp":
+        for ev in events:
+            ev.pop("output_index", None)
+            item = ev.get("item")
+            if isinstance(item, dict) and item["type"] == "function_call":
+                ev["item"] = {k: v for k, v in item.items() if k != "id"}
+                done_items[:] = [ev["item"] if d is item else d for d in done_items]
+            if str(ev.get("item_id")).startswith("fc_"):
+                ev["item_id"] = "call_" + ev["item_id"][len("fc_") :]
+    if shape == "sparse":
+        head = 2 if len(events) > 1 and events[1]["type"] == "response.in_progress" else 1
+        if draw(st.booleans(), label="no final copies"):
+            events = [ev for ev in events if not ev["type"].endswith(".done")]
+        events = events[: draw(st.integers(head, len(events)), label="forwarded until")]
     usage = (draw(tokens), draw(tokens), draw(tokens))
     completed = dict(
         response,
@@ -842,6 +862,33 @@ async def test_openai_chat_agrees_with_sdk(case: Case, data: st.DataObject) -> N
 @settings(max_examples=MAX_EXAMPLES)
 @given(case=responses_cases(), data=st.data())
 async def test_openai_responses_agrees_with_sdk(case: Case, data: st.DataObject) -> None:
+    chunks = data.draw(chunkings(case.body), label="chunks")
+    await differential(
+        case, chunks, OpenAIResponsesModel, responses_ours_summary, responses_sdk, responses_sdk_summary
+    )
+
+
+@settings(max_examples=MAX_EXAMPLES)
+@given(case=responses_cases(shape="llama.cpp"), data=st.data())
+async def test_openai_responses_without_output_index_reads_as_with_it(case: Case, data: st.DataObject) -> None:
+    """The same streams as llama.cpp sends them: no ``output_index``, function calls known by
+    ``call_id``. The SDK refuses such a stream (it indexes by ``output_index``); agentloop must
+    read what the generator wrote."""
+    chunks = data.draw(chunkings(case.body), label="chunks")
+    _note(f"SSE body: {case.body!r}")
+    server = MockServer(chunks)
+    async with server.client() as client:
+        _, acc = await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+    assert responses_ours_summary(acc) == case.expected
+
+
+@settings(max_examples=MAX_EXAMPLES)
+@given(case=responses_cases(shape="sparse"), data=st.data())
+async def test_openai_responses_completed_output_fills_in_what_did_not_stream(
+    case: Case, data: st.DataObject
+) -> None:
+    """The SDK's final response is the ``response.completed`` output: agentloop's message must be
+    the same when the item events stop partway, or carry no final copies."""
     chunks = data.draw(chunkings(case.body), label="chunks")
     await differential(
         case, chunks, OpenAIResponsesModel, responses_ours_summary, responses_sdk, responses_sdk_summary
