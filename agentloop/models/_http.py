@@ -551,7 +551,7 @@ class Connection:
 
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
-        for a non-2xx status and `ProviderConnectionError` for transport
+        for a non-2xx status (with as much of its body as could be read) and `ProviderConnectionError` for transport
         failures and undecodable bodies, including those raised while the caller
         reads the body; `ModelError` (nothing sent) for an API key a header cannot carry.
         """
@@ -586,7 +586,7 @@ class Connection:
         try:
             async with _sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
-                    raw = await response.aread()
+                    raw = await _error_body(response)
                     raise status_error(
                         self.provider,
                         response.status_code,
@@ -638,6 +638,44 @@ class Connection:
             provider=self.provider,
             retryable=retryable,
         )
+
+
+#: The most of an error body that is read: enough for any error a server writes, and for the
+#: start of a proxy's error page; an endless one is not read into memory.
+_ERROR_BODY_LIMIT = 1 << 20
+
+
+async def _error_body(response: httpx.Response) -> bytes:
+    """The body of a non-2xx ``response`` as far as it can be read: at most `_ERROR_BODY_LIMIT`
+    bytes, and what came before a read failed (a connection reset, a truncated body). The
+    status and headers already say what went wrong and whether to retry; a body cut short must
+    not turn a 401 into a retryable connection error, nor lose a 429's ``retry-after``.
+
+    Read from the transport stream (one generator, closed here: one left suspended by a reader
+    that stops early is finalized later in a task of its own), then decoded whole when the
+    server compressed it anyway; a compressed body that does not decode reads as empty."""
+    raw = bytearray()
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    chunks = stream.__aiter__()
+    try:
+        async for chunk in chunks:
+            raw += chunk
+            if len(raw) >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.RequestError:
+        pass
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
+        return bytes(raw[:_ERROR_BODY_LIMIT])
+    try:
+        decoded = httpx.Response(response.status_code, headers=response.headers, content=bytes(raw)).read()
+    except httpx.DecodingError:
+        return b""
+    return decoded[:_ERROR_BODY_LIMIT]
 
 
 @asynccontextmanager
