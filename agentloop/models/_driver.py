@@ -32,6 +32,7 @@ from .._messages import (
 from .._model import StreamEvent
 from .._tools import fitted
 from .._unicode import scrub_json
+from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
@@ -280,15 +281,20 @@ def _web_page(
     """The error for a 2xx web page instead of an event stream (a ``base_url`` that points at
     a site or a web UI, a captive portal), else None: not retryable, the same URL gives the
     same page. A page is not a cut stream, and says so."""
-    media = headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media not in ("text/html", "application/xhtml+xml"):
+    text = decode_body(raw, headers)
+    if not is_page(text, headers):
         return None
-    text = " ".join(raw.decode("utf-8", errors="replace").split())
+    media = media_type(headers)
+    if media not in PAGE_TYPES:  # known by how it begins
+        media = "text/html"
     if redactor is not None:
         text = redactor.scrub(text)
+    said = page_text(text)
+    if redactor is not None:  # an entity-escaped secret is plain once decoded
+        said = redactor.scrub(said)
     return StreamProtocolError(
         f"{conn.provider} answered with a web page ({media}), not an event stream: is base_url the "
-        f"API's address? {text[:200]}"
+        f"API's address? {said}"
     )
 
 

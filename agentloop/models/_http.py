@@ -36,6 +36,7 @@ from .._errors import (
     StreamProtocolError,
 )
 from .._unicode import scrub_json
+from ._errbody import decode_body, is_page, page_text
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -379,7 +380,7 @@ def status_error(
     `PromptTooLongError`. (Also used for an error body a server sent with 200 instead of
     a stream: see `document_error`.)
     """
-    text = raw_body.decode("utf-8", errors="replace")
+    text = decode_body(raw_body, headers)
     if secret is not None:
         text = secret.scrub(text)
     try:
@@ -388,7 +389,11 @@ def status_error(
         body = text
     message, kind = error_fields(body)
     if message is None:
-        message = text[:500] or httpx.codes.get_reason_phrase(status)
+        if isinstance(body, str) and is_page(text, headers):  # a proxy's or web server's page
+            said = page_text(text) or httpx.codes.get_reason_phrase(status)
+            message = f"{said} (an HTML page, not an API error body)"
+        else:
+            message = text[:500] or httpx.codes.get_reason_phrase(status)
     retryable, retry_after = parse_retry(status, headers)
     cls = ProviderStatusError
     if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
@@ -423,7 +428,7 @@ def document_error(
     retryable (unless ``x-should-retry: true`` says so), since the same request gets the
     same answer.
     """
-    text = raw.decode("utf-8", errors="replace")
+    text = decode_body(raw, headers)
     if secret is not None:
         text = secret.scrub(text)
     try:

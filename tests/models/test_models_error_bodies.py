@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import json
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from _models_support import API_KEY, collect
 
-from agentloop._errors import ProviderStatusError
+from agentloop._errors import ProviderStatusError, StreamProtocolError
 from agentloop.models import AnthropicModel, OpenAIChatModel
 
 
@@ -83,3 +84,85 @@ async def test_a_compressed_error_body_is_read_decoded(cut: bool) -> None:
         assert error.message.startswith('openai HTTP 404: {"error":') and "model not found" not in error.message
     else:
         assert error.message == "openai HTTP 404: model not found"
+
+
+_NGINX_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n"
+    b"<hr><center>nginx/1.18.0</center>\r\n</body>\r\n</html>\r\n"
+)
+_CLOUDFLARE_524 = (
+    '<!DOCTYPE html>\n<!--[if lt IE 7]> <html class="no-js ie6 oldie" lang="en-US"> <![endif]-->\n<head>\n'
+    "<title>llm.example | 524: A timeout occurred</title>\n"
+    + '<meta charset="UTF-8" />\n<meta http-equiv="X-UA-Compatible" content="IE=Edge" />\n'
+    + '<link rel="stylesheet" id="cf_styles-css" href="/cdn-cgi/styles/main.css" />\n' * 30
+    + "<script>(function(){window._cf_chl_opt={cvId: '3'};})();</script></head>\n"
+    "<body><div id=\"cf-wrapper\"><h1>A timeout occurred</h1><span>Error code 524</span></div></body></html>"
+).encode()
+_NO_TITLE = (
+    b"<!doctype html><html><head><style>body { color: red }</style><script>var key = 1;</script></head>"
+    b"<body><h1>Forbidden</h1><p>Your IP &amp; region are not allowed.</p></body></html>"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "page", "content_type", "said"),
+    [
+        (502, _NGINX_502, "text/html", "502 Bad Gateway"),
+        (524, _CLOUDFLARE_524, "text/html; charset=UTF-8", "llm.example | 524: A timeout occurred"),
+        (403, _NO_TITLE, "text/html", "Forbidden Your IP & region are not allowed."),
+        (502, _NGINX_502, "", "502 Bad Gateway"),  # no content type: the page says what it is
+        (413, _NGINX_502.replace(b"502 Bad Gateway", b"413 Request Entity Too Large"), "text/html", "413 Request"),
+    ],
+    ids=["nginx", "cloudflare", "no-title", "untyped", "nginx-413"],
+)
+async def test_a_proxys_web_page_is_told_by_what_it_says_not_quoted_as_markup(
+    status: int, page: bytes, content_type: str, said: str
+) -> None:
+    # The error quoted the first 500 characters of the page: for Cloudflare's, nothing but
+    # <meta> and <link> tags, never the "524: A timeout occurred" it shows.
+    headers = {"content-type": content_type} if content_type else {}
+    error = await _error(status, _Body([page]), headers)
+    assert error.message.startswith(f"openai HTTP {status}: {said}")
+    assert "(an HTML page, not an API error body)" in error.message
+    assert "<" not in error.message and len(error.message) < 300
+    assert error.status == status and error.body == page.decode()
+
+
+@pytest.mark.parametrize("charset", ["iso-8859-1", "utf-16", "windows-1252", "shift_jis"])
+async def test_an_error_body_in_another_charset_is_read_in_it(charset: str) -> None:
+    message = "Requête refusée : modèle « gpt-x » inconnu" if charset != "shift_jis" else "モデルが見つかりません"
+    raw = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}, ensure_ascii=False)
+    body = _Body([raw.encode(charset)])
+    error = await _error(400, body, {"content-type": f"application/json; charset={charset}"})
+    assert error.message == f"openai HTTP 400: {message}"
+
+
+async def test_an_unknown_charset_falls_back_to_utf8() -> None:
+    raw = json.dumps({"error": {"message": "modèle inconnu"}}, ensure_ascii=False).encode()
+    error = await _error(400, _Body([raw]), {"content-type": "application/json; charset=x-no-such-thing"})
+    assert error.message == "openai HTTP 400: modèle inconnu"
+
+
+async def test_an_error_body_with_a_byte_order_mark_is_json_still() -> None:
+    raw = b"\xef\xbb\xbf" + json.dumps({"error": {"message": "bad model", "type": "invalid_request_error"}}).encode()
+    error = await _error(400, _Body([raw]), _JSON)
+    assert error.message == "openai HTTP 400: bad model" and error.error_type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("content_type", ["", "text/plain", "application/octet-stream"])
+async def test_a_web_page_sent_with_200_and_no_html_type_is_still_a_web_page(content_type: str) -> None:
+    # A captive portal or a misconfigured site that does not say what it sends: not a cut stream
+    # to retry three times, but the page, told by its title.
+    page = b"<!DOCTYPE html>\n<html><head><title>Hotel Wi-Fi &mdash; sign in</title></head><body>...</body></html>"
+    headers = {"content-type": content_type} if content_type else {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=headers, content=page)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(StreamProtocolError) as caught:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    error = caught.value
+    assert not error.retryable
+    assert error.message.endswith("answered with a web page (text/html), not an event stream: is base_url the "
+                                  "API's address? Hotel Wi-Fi \u2014 sign in")  # fmt: skip
