@@ -602,7 +602,7 @@ class Connection:
                     )
                 yield response
         except httpx.RequestError as exc:
-            error = self._connection_error(exc, redactor)
+            error = self._connection_error(exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
 
@@ -627,10 +627,14 @@ class Connection:
             log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
             return json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
 
-    def _connection_error(self, exc: httpx.RequestError, redactor: Redactor | None) -> ProviderError:
+    def _connection_error(
+        self, exc: httpx.RequestError, redactor: Redactor | None, timeouts: object = None
+    ) -> ProviderError:
         detail = str(exc) or type(exc).__name__
         if redactor is not None:
             detail = redactor.scrub(detail)
+        if isinstance(exc, httpx.TimeoutException):
+            return self._timeout_error(exc, detail, timeouts)
         # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
         # fixed by retrying; a body that failed to decode (a corrupt compressed
         # stream) or a transport failure can.
@@ -643,6 +647,32 @@ class Connection:
             provider=self.provider,
             retryable=retryable,
         )
+
+    def _timeout_error(self, exc: httpx.TimeoutException, detail: str, timeouts: object) -> ProviderError:
+        """A timeout that says which wait ran out, and after how long (the request's timeouts,
+        httpx's ``{"connect": ..., "read": ..., ...}``), then what the transport said, if more
+        than its name. Retryable."""
+        kind = type(exc).__name__
+        phase, what = _TIMEOUTS.get(kind, ("", ""))
+        limit = timeouts.get(phase) if isinstance(timeouts, dict) and phase else None
+        if what and isinstance(limit, int | float):
+            said = what.format(f"{limit:g}") + f" (the {phase} timeout)"
+            if detail != kind:
+                said += f": {detail}"
+        else:
+            said = detail
+        return ProviderConnectionError(
+            f"{self.provider} request timed out ({kind}): {said}", provider=self.provider, retryable=True
+        )
+
+
+#: httpx's timeouts: the phase of ``httpx.Timeout`` each one is, and what ran out.
+_TIMEOUTS = {
+    "ConnectTimeout": ("connect", "could not connect within {} s"),
+    "ReadTimeout": ("read", "no data from the server for {} s"),
+    "WriteTimeout": ("write", "could not send the request within {} s"),
+    "PoolTimeout": ("pool", "no free connection in the client's pool within {} s"),
+}
 
 
 #: The most of an error body that is read: enough for any error a server writes, and for the

@@ -141,3 +141,54 @@ class _Chunks(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for chunk in self.chunks:
             yield chunk
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        (httpx.ConnectTimeout, "could not connect within 5 s (the connect timeout)"),
+        (httpx.ReadTimeout, "no data from the server for 600 s (the read timeout)"),
+        (httpx.WriteTimeout, "could not send the request within 600 s (the write timeout)"),
+        (httpx.PoolTimeout, "no free connection in the client's pool within 600 s (the pool timeout)"),
+    ],
+)
+async def test_a_timeout_says_which_one_ran_out_and_after_how_long(kind: type[httpx.TimeoutException], said: str) -> None:
+    # It said "openai connection failed (ReadTimeout): ReadTimeout": not which wait, nor how long.
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise kind("", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ProviderConnectionError) as caught:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert caught.value.message == f"openai request timed out ({kind.__name__}): {said}"
+    assert caught.value.retryable
+
+
+async def test_a_timeout_the_host_set_is_the_one_quoted() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30.0, read=90.5)) as client:
+        with pytest.raises(ProviderConnectionError) as caught:
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    assert caught.value.message == (
+        "anthropic request timed out (ReadTimeout): no data from the server for 90.5 s (the read timeout): timed out"
+    )
+
+
+async def test_a_timeout_during_the_stream_is_told_the_same_way() -> None:
+    class _Stops(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield chat_stream(chat_chunk({"content": "Hel"}), done=False)
+            raise httpx.ReadTimeout("")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Stops())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ProviderConnectionError) as caught:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert caught.value.message == (
+        "openai request timed out (ReadTimeout): no data from the server for 600 s (the read timeout)"
+    )
