@@ -337,6 +337,10 @@ def _float(raw: str) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+#: The type or code of OpenAI's 429 for an account that has run out of credit.
+_QUOTA_SPENT = "insufficient_quota"
+
+
 def prompt_too_long(*fields: object) -> bool:
     """Whether an error's message, type or code (None fields skipped) says the context
     does not fit the model's window."""
@@ -395,6 +399,8 @@ def status_error(
         else:
             message = text[:500] or httpx.codes.get_reason_phrase(status)
     retryable, retry_after = parse_retry(status, headers)
+    if retryable and _QUOTA_SPENT in (kind, error_code(body)) and "x-should-retry" not in headers:
+        retryable = False  # an account out of credit (OpenAI's 429): no wait fixes it
     cls = ProviderStatusError
     if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False

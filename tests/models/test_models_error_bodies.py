@@ -10,8 +10,10 @@ import httpx
 import pytest
 from _models_support import API_KEY, collect
 
+from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import ProviderStatusError, StreamProtocolError
 from agentloop.models import AnthropicModel, OpenAIChatModel
+from agentloop.models._http import status_error
 
 
 class _Body(httpx.AsyncByteStream):
@@ -166,3 +168,42 @@ async def test_a_web_page_sent_with_200_and_no_html_type_is_still_a_web_page(con
     assert not error.retryable
     assert error.message.endswith("answered with a web page (text/html), not an event stream: is base_url the "
                                   "API's address? Hotel Wi-Fi \u2014 sign in")  # fmt: skip
+
+
+_NO_QUOTA = (
+    b'{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", '
+    b'"type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}'
+)
+
+
+async def test_a_429_for_a_spent_quota_is_not_retried() -> None:
+    # OpenAI answers an account out of credit with 429 insufficient_quota: no wait fixes it, and
+    # three retries only delayed the error (and looked like a rate limit to the host).
+    server_calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        server_calls.append(request)
+        return httpx.Response(429, headers=_JSON, content=_NO_QUOTA)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    assert not [e for e in events if isinstance(e, Retrying)] and len(server_calls) == 1
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error" and "exceeded your current quota" in (end.error or "")
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "retryable"),
+    [
+        (b'{"error": {"message": "quota", "type": "insufficient_quota", "code": null}}', {}, False),
+        (b'{"error": {"message": "quota", "type": "requests", "code": "insufficient_quota"}}', {}, False),
+        (_NO_QUOTA, {"x-should-retry": "true"}, True),  # the server's word wins
+        (b'{"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}', {}, True),
+    ],
+    ids=["type", "code", "x-should-retry", "rate-limit"],
+)
+def test_only_a_spent_quota_429_is_final(body: bytes, headers: dict[str, str], retryable: bool) -> None:
+    error = status_error("openai", 429, {**_JSON, **headers}, body, request_id_header="x-request-id", secret=None)
+    assert error.retryable is retryable
