@@ -13,6 +13,7 @@ request's credential headers (an ``extra_headers`` ``Authorization`` for a proxy
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import json
 import logging
@@ -297,7 +298,7 @@ def parse_retry(
 
     ``x-should-retry: true|false`` decides outright; otherwise the status
     decides (`RETRYABLE_STATUSES`). The delay comes from ``retry-after-ms``
-    (wins) or ``retry-after`` (seconds, or an HTTP-date relative to ``now``);
+    (wins) or ``retry-after`` (seconds, or an HTTP-date, GMT, relative to ``now``);
     missing, negative or unparsable values give None. Never raises.
     """
     should = headers.get("x-should-retry", "").strip().lower()
@@ -326,6 +327,8 @@ def _retry_after(headers: Mapping[str, str], now: float | None) -> float | None:
         when = email.utils.parsedate_to_datetime(raw.strip())
     except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:  # asctime or "-0000": an HTTP date is GMT, never local time
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
