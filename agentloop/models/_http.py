@@ -84,10 +84,20 @@ _CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "pass", "sessio
 _MIN_PART = 4
 
 
+#: Query parameters that carry a credential although their name says nothing of one: Azure
+#: Functions takes its function key as ``?code=...``.
+_QUERY_CREDENTIALS = frozenset({"code"})
+
+
 def is_credential(name: str) -> bool:
     """Whether a header or query parameter called ``name`` carries a credential."""
     lowered = name.lower()
     return any(word in lowered for word in _CREDENTIAL_WORDS)
+
+
+def is_query_credential(name: str) -> bool:
+    """Whether a query parameter called ``name`` (percent-decoded) carries a credential."""
+    return is_credential(name) or name.lower() in _QUERY_CREDENTIALS
 
 
 def credential_parts(value: str) -> list[str]:
@@ -497,7 +507,7 @@ class Connection:
         if self._query:
             pairs = self._query[1:].split("&")
             shown += "?" + "&".join(
-                f"{name}=[REDACTED]" if eq and is_credential(unquote(name)) else name + eq + value
+                f"{name}=[REDACTED]" if eq and is_query_credential(unquote(name)) else name + eq + value
                 for name, eq, value in (pair.partition("=") for pair in pairs)
             )
         return shown
@@ -812,7 +822,7 @@ def _url_credentials(url: str) -> list[str]:
     out = [p for p in (userinfo, unquote(userinfo), parsed.password or "") if len(p) >= _MIN_PART]
     for pair in parsed.query.decode("ascii", "replace").split("&"):
         name, eq, value = pair.partition("=")
-        if eq and value and is_credential(unquote(name)):
+        if eq and value and is_query_credential(unquote(name)):
             out += [value, *credential_parts(unquote_plus(value))]
     return out
 
