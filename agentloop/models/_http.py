@@ -361,21 +361,34 @@ def prompt_too_long(*fields: object) -> bool:
     return any(m in text for m in _PROMPT_TOO_LONG_MARKERS)
 
 
+def _unwrapped(body: Any) -> Any:
+    """An error body that is a list of errors (Gemini's OpenAI endpoint sends
+    ``[{"error": {...}}]``) stands for its first one."""
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        return body[0]
+    return body
+
+
 def error_code(body: Any) -> object:
     """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``), else None."""
+    body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     return err.get("code") if isinstance(err, dict) else None
 
 
 def error_fields(body: Any) -> tuple[str | None, str | None]:
-    """``(message, type_or_code)`` from an Anthropic or OpenAI error body."""
+    """``(message, type_or_code)`` from an Anthropic, OpenAI or Gemini error body (the type,
+    else a code or status that is a word: Gemini's ``INVALID_ARGUMENT`` rather than its ``400``)."""
+    body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     if isinstance(err, str):
         return err, None
     if not isinstance(err, dict):
         err = body if isinstance(body, dict) else {}
     message = err.get("message")
-    kind = err.get("type") or err.get("code")
+    code = err.get("code")
+    status = err.get("status")
+    kind = err.get("type") or (status if isinstance(status, str) and not isinstance(code, str) else None) or code
     return (
         str(message) if message is not None else None,
         str(kind) if kind is not None else None,

@@ -207,3 +207,27 @@ async def test_a_429_for_a_spent_quota_is_not_retried() -> None:
 def test_only_a_spent_quota_429_is_final(body: bytes, headers: dict[str, str], retryable: bool) -> None:
     error = status_error("openai", 429, {**_JSON, **headers}, body, request_id_header="x-request-id", secret=None)
     assert error.retryable is retryable
+
+
+_GEMINI_400 = (
+    b'[{\n  "error": {\n    "code": 400,\n    "message": "API key not valid. Please pass a valid API key.",\n'
+    b'    "status": "INVALID_ARGUMENT",\n    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",'
+    b' "reason": "API_KEY_INVALID"}]\n  }\n}\n]\n'
+)
+
+
+async def test_geminis_error_wrapped_in_a_list_gives_its_message() -> None:
+    # Gemini's OpenAI endpoint (and gateways in front of it) sends its error body as a list of one
+    # error: the message was the whole JSON text, cut at 500 characters.
+    error = await _error(400, _Body([_GEMINI_400]), _JSON)
+    assert error.message == "openai HTTP 400: API key not valid. Please pass a valid API key."
+    assert error.error_type == "INVALID_ARGUMENT" and not error.retryable
+
+
+def test_a_context_overflow_wrapped_in_a_list_is_prompt_too_long() -> None:
+    body = json.dumps([{"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": (
+        "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."
+    )}}]).encode()  # fmt: skip
+    error = status_error("openai", 400, _JSON, body, request_id_header="x-request-id", secret=None)
+    assert type(error).__name__ == "PromptTooLongError"
+    assert error.message == "openai HTTP 400: The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."
