@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -674,6 +675,14 @@ class Connection:
             exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects
         )
         what = "response could not be decoded" if isinstance(exc, httpx.DecodingError) else "connection failed"
+        if _caused_by(exc, ssl.SSLCertVerificationError):
+            # Every attempt meets the same certificate (a proxy that re-signs TLS, a self-signed
+            # server): a retry only delays the error.
+            retryable = False
+            detail += (
+                " (the server's TLS certificate could not be verified: give the http_client the CA "
+                "that signed it, httpx.AsyncClient(verify=...))"
+            )
         return ProviderConnectionError(
             f"{self.provider} {what} ({type(exc).__name__}): {detail}",
             provider=self.provider,
@@ -696,6 +705,19 @@ class Connection:
         return ProviderConnectionError(
             f"{self.provider} request timed out ({kind}): {said}", provider=self.provider, retryable=True
         )
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception chained below it (a few levels: httpx's error from
+    httpcore's from the socket's) is a ``kind``."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if isinstance(current, kind):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 #: httpx's timeouts: the phase of ``httpx.Timeout`` each one is, and what ran out.

@@ -1,8 +1,9 @@
-"""Timeouts of a model request: a server that keeps the connection alive without answering,
-and what a timeout error says."""
+"""Timeouts and connection failures of a model request: a server that keeps the connection
+alive without answering, what a timeout error says, a failure no retry fixes."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 from _models_support import API_KEY, chat_chunk, chat_stream, collect, sse
 
+from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import ProviderConnectionError, StreamProtocolError
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel, _driver
 
@@ -192,3 +194,22 @@ async def test_a_timeout_during_the_stream_is_told_the_same_way() -> None:
     assert caught.value.message == (
         "openai request timed out (ReadTimeout): no data from the server for 600 s (the read timeout)"
     )
+
+
+async def test_a_certificate_that_fails_verification_is_not_retried() -> None:
+    # A corporate proxy that re-signs TLS, a self-signed local server: every new attempt fails the
+    # same way, and the three retries only delayed the error.
+    calls: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        cause = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed")
+        raise httpx.ConnectError(str(cause), request=request) from cause
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        engine = QueryEngine(OpenAIChatModel("m", api_key=API_KEY, http_client=client), policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    assert len(calls) == 1 and not [e for e in events if isinstance(e, Retrying)]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in (end.error or "")
