@@ -167,10 +167,11 @@ async def run_stream(
 
     Raises `AbortError` when ``signal`` is aborted (checked before the request
     and between events), the errors of `Connection.open`, whatever the mapper
-    raises, `StreamProtocolError` (retryable) for a body cut before the
-    terminator, and `ProviderConnectionError` (retryable) for a stream that sends only
-    keep-alives for longer than the request's read timeout. A body that is one JSON document and no event stream raises what
-    `document_error` says instead. Never catches `asyncio.CancelledError`.
+    raises, `StreamProtocolError` (retryable) for a body cut before the terminator,
+    and `ProviderConnectionError` (retryable) for a stream that sends only keep-alives
+    for longer than the request's read timeout. A body that is one JSON document and
+    no event stream raises what `document_error` says instead. Never catches
+    `asyncio.CancelledError`.
     """
     path, headers, body = prepare()
     if signal.aborted:

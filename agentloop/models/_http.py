@@ -589,9 +589,10 @@ class Connection:
 
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
-        for a non-2xx status (with as much of its body as could be read) and `ProviderConnectionError` for transport
-        failures and undecodable bodies, including those raised while the caller
-        reads the body; `ModelError` (nothing sent) for an API key a header cannot carry.
+        for a non-2xx status (with as much of its body as could be read) and
+        `ProviderConnectionError` for transport failures and undecodable bodies,
+        including those raised while the caller reads the body; `ModelError` (nothing
+        sent) for an API key a header cannot carry.
         """
         secret = self.secret
         if secret is not None and any(secret.reveal() in value for value in headers.values()):
@@ -694,7 +695,7 @@ class Connection:
         httpx's ``{"connect": ..., "read": ..., ...}``), then what the transport said, if more
         than its name. Retryable."""
         kind = type(exc).__name__
-        phase, what = _TIMEOUTS.get(kind, ("", ""))
+        phase, what = _TIMEOUTS.get(type(exc), ("", ""))
         limit = timeouts.get(phase) if isinstance(timeouts, dict) and phase else None
         if what and isinstance(limit, int | float):
             said = what.format(f"{limit:g}") + f" (the {phase} timeout)"
@@ -721,11 +722,11 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
 
 
 #: httpx's timeouts: the phase of ``httpx.Timeout`` each one is, and what ran out.
-_TIMEOUTS = {
-    "ConnectTimeout": ("connect", "could not connect within {} s"),
-    "ReadTimeout": ("read", "no data from the server for {} s"),
-    "WriteTimeout": ("write", "could not send the request within {} s"),
-    "PoolTimeout": ("pool", "no free connection in the client's pool within {} s"),
+_TIMEOUTS: dict[type[httpx.TimeoutException], tuple[str, str]] = {
+    httpx.ConnectTimeout: ("connect", "could not connect within {} s"),
+    httpx.ReadTimeout: ("read", "no data from the server for {} s"),
+    httpx.WriteTimeout: ("write", "could not send the request within {} s"),
+    httpx.PoolTimeout: ("pool", "no free connection in the client's pool within {} s"),
 }
 
 
@@ -741,8 +742,8 @@ async def _error_body(response: httpx.Response) -> bytes:
     not turn a 401 into a retryable connection error, nor lose a 429's ``retry-after``.
 
     Read from the transport stream (one generator, closed here: one left suspended by a reader
-    that stops early is finalized later in a task of its own), then decoded whole when the
-    server compressed it anyway; a compressed body that does not decode reads as empty."""
+    that stops early is finalized later in a task of its own), then decoded when the server
+    compressed it anyway, as far as it decodes."""
     raw = bytearray()
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
@@ -760,11 +761,18 @@ async def _error_body(response: httpx.Response) -> bytes:
             await aclose()
     if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
         return bytes(raw[:_ERROR_BODY_LIMIT])
+    # Decoded piece by piece, and no further than the limit: 1 MiB of gzip can hold a gigabyte.
+    pieces = (bytes(raw[i : i + 4096]) for i in range(0, len(raw), 4096))
+    packed = httpx.Response(response.status_code, headers=response.headers, content=pieces)
+    decoded = bytearray()
     try:
-        decoded = httpx.Response(response.status_code, headers=response.headers, content=bytes(raw)).read()
+        for part in packed.iter_bytes():
+            decoded += part
+            if len(decoded) >= _ERROR_BODY_LIMIT:
+                break
     except httpx.DecodingError:
-        return b""
-    return decoded[:_ERROR_BODY_LIMIT]
+        pass  # what decoded before the corrupt part
+    return bytes(decoded[:_ERROR_BODY_LIMIT])
 
 
 @asynccontextmanager

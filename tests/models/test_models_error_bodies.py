@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import httpx
@@ -231,3 +232,16 @@ def test_a_context_overflow_wrapped_in_a_list_is_prompt_too_long() -> None:
     error = status_error("openai", 400, _JSON, body, request_id_header="x-request-id", secret=None)
     assert type(error).__name__ == "PromptTooLongError"
     assert error.message == "openai HTTP 400: The input token count (1200000) exceeds the maximum number of tokens allowed (1048576)."
+
+
+async def test_a_compressed_error_body_is_decoded_no_further_than_the_limit() -> None:
+    # 1 MiB of gzip can hold a gigabyte: what is decoded stops where reading would have.
+    packed = gzip.compress(b"x" * (64 << 20))  # 64 MiB of one letter, about 64 KiB packed
+    tracemalloc.start()
+    try:
+        error = await _error(500, _Body([packed]), {"content-type": "text/plain", "content-encoding": "gzip"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert error.status == 500 and isinstance(error.body, str) and len(error.body) == 1 << 20
+    assert peak < 24 << 20  # never the whole 64 MiB
