@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import httpx
 
 from .._abort import AbortSignal
-from .._errors import AbortError, ModelError, StreamProtocolError
+from .._errors import AbortError, ModelError, ProviderConnectionError, StreamProtocolError
 from .._messages import (
     Block,
     Message,
@@ -31,6 +32,7 @@ from .._messages import (
 from .._model import StreamEvent
 from .._tools import fitted
 from .._unicode import scrub_json
+from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
@@ -168,9 +170,11 @@ async def run_stream(
 
     Raises `AbortError` when ``signal`` is aborted (checked before the request
     and between events), the errors of `Connection.open`, whatever the mapper
-    raises, and `StreamProtocolError` (retryable) for a body cut before the
-    terminator. A body that is one JSON document and no event stream raises what
-    `document_error` says instead. Never catches `asyncio.CancelledError`.
+    raises, `StreamProtocolError` (retryable) for a body cut before the terminator,
+    and `ProviderConnectionError` (retryable) for a stream that sends only keep-alives
+    for longer than the request's read timeout. A body that is one JSON document and
+    no event stream raises what `document_error` says instead. Never catches
+    `asyncio.CancelledError`.
     """
     path, headers, body = prepare()
     if signal.aborted:
@@ -183,6 +187,8 @@ async def run_stream(
         chunks = _body(response)
         head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
         size = 0
+        stall = _stall_limit(response)
+        quiet: float | None = None  # when the keep-alives began (None: the last chunk brought events)
         try:
             async for chunk in chunks:
                 events = feed(chunk)
@@ -192,6 +198,10 @@ async def run_stream(
                         head = None
                     else:
                         head.append(chunk)
+                if (not events or events[0].event == "ping") and stall is not None and _keep_alive(events):
+                    quiet = _still_waiting(conn.provider, quiet, stall)
+                else:
+                    quiet = None
                 for sse in events:
                     if signal.aborted:
                         raise AbortError(signal.reason or "cancel")
@@ -234,6 +244,43 @@ async def run_stream(
 
 _HEAD_LIMIT = 1 << 20
 
+#: The clock that times keep-alives (a test puts a fake one here).
+_clock = time.monotonic
+
+
+def _stall_limit(response: httpx.Response) -> float | None:
+    """How long a stream may send only keep-alives: the request's read timeout (None: no limit)."""
+    timeout = response.request.extensions.get("timeout")
+    read = timeout.get("read") if isinstance(timeout, dict) else None
+    return float(read) if isinstance(read, int | float) else None
+
+
+def _keep_alive(events: list[ServerSentEvent]) -> bool:
+    """Whether a chunk that completed ``events`` kept the connection alive and no more: no
+    event (a comment, or part of an event), or only ``ping`` events."""
+    return all(e.event == "ping" for e in events)
+
+
+def _still_waiting(provider: str, since: float | None, limit: float) -> float:
+    """When the keep-alives began (now, if ``since`` is None); raises a retryable
+    `ProviderConnectionError` once they have lasted longer than ``limit`` seconds.
+
+    The read timeout waits for bytes, and a keep-alive (an SSE comment, an Anthropic ``ping``)
+    is bytes: a stalled model behind a gateway that sends one every few seconds would hold the
+    run forever. Counted from the first keep-alive after the last event, so at most one
+    keep-alive interval late."""
+    now = _clock()
+    if since is None:
+        return now
+    if now - since > limit:
+        raise ProviderConnectionError(
+            f"{provider} stream stalled: the server sent only keep-alives, no event, for {limit:g} s "
+            "(the read timeout)",
+            provider=provider,
+            retryable=True,
+        )
+    return since
+
 
 def _web_page(
     conn: Connection, headers: Mapping[str, str], raw: bytes, redactor: Redactor | None
@@ -241,15 +288,20 @@ def _web_page(
     """The error for a 2xx web page instead of an event stream (a ``base_url`` that points at
     a site or a web UI, a captive portal), else None: not retryable, the same URL gives the
     same page. A page is not a cut stream, and says so."""
-    media = headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media not in ("text/html", "application/xhtml+xml"):
+    text = decode_body(raw, headers)
+    if not is_page(text, headers):
         return None
-    text = " ".join(raw.decode("utf-8", errors="replace").split())
+    media = media_type(headers)
+    if media not in PAGE_TYPES:  # known by how it begins
+        media = "text/html"
     if redactor is not None:
         text = redactor.scrub(text)
+    said = page_text(text)
+    if redactor is not None:  # an entity-escaped secret is plain once decoded
+        said = redactor.scrub(said)
     return StreamProtocolError(
         f"{conn.provider} answered with a web page ({media}), not an event stream: is base_url the "
-        f"API's address? {text[:200]}"
+        f"API's address? {said}"
     )
 
 

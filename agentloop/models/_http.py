@@ -13,11 +13,13 @@ request's credential headers (an ``extra_headers`` ``Authorization`` for a proxy
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import json
 import logging
 import math
 import os
+import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -36,6 +38,7 @@ from .._errors import (
     StreamProtocolError,
 )
 from .._unicode import scrub_json
+from ._errbody import decode_body, is_page, page_text
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -82,10 +85,20 @@ _CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "pass", "sessio
 _MIN_PART = 4
 
 
+#: Query parameters that carry a credential although their name says nothing of one: Azure
+#: Functions takes its function key as ``?code=...``.
+_QUERY_CREDENTIALS = frozenset({"code"})
+
+
 def is_credential(name: str) -> bool:
     """Whether a header or query parameter called ``name`` carries a credential."""
     lowered = name.lower()
     return any(word in lowered for word in _CREDENTIAL_WORDS)
+
+
+def is_query_credential(name: str) -> bool:
+    """Whether a query parameter called ``name`` (percent-decoded) carries a credential."""
+    return is_credential(name) or name.lower() in _QUERY_CREDENTIALS
 
 
 def credential_parts(value: str) -> list[str]:
@@ -296,7 +309,7 @@ def parse_retry(
 
     ``x-should-retry: true|false`` decides outright; otherwise the status
     decides (`RETRYABLE_STATUSES`). The delay comes from ``retry-after-ms``
-    (wins) or ``retry-after`` (seconds, or an HTTP-date relative to ``now``);
+    (wins) or ``retry-after`` (seconds, or an HTTP-date, GMT, relative to ``now``);
     missing, negative or unparsable values give None. Never raises.
     """
     should = headers.get("x-should-retry", "").strip().lower()
@@ -325,6 +338,8 @@ def _retry_after(headers: Mapping[str, str], now: float | None) -> float | None:
         when = email.utils.parsedate_to_datetime(raw.strip())
     except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:  # asctime or "-0000": an HTTP date is GMT, never local time
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
@@ -336,6 +351,10 @@ def _float(raw: str) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+#: The type or code of OpenAI's 429 for an account that has run out of credit.
+_QUOTA_SPENT = "insufficient_quota"
+
+
 def prompt_too_long(*fields: object) -> bool:
     """Whether an error's message, type or code (None fields skipped) says the context
     does not fit the model's window."""
@@ -343,21 +362,34 @@ def prompt_too_long(*fields: object) -> bool:
     return any(m in text for m in _PROMPT_TOO_LONG_MARKERS)
 
 
+def _unwrapped(body: Any) -> Any:
+    """An error body that is a list of errors (Gemini's OpenAI endpoint sends
+    ``[{"error": {...}}]``) stands for its first one."""
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        return body[0]
+    return body
+
+
 def error_code(body: Any) -> object:
     """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``), else None."""
+    body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     return err.get("code") if isinstance(err, dict) else None
 
 
 def error_fields(body: Any) -> tuple[str | None, str | None]:
-    """``(message, type_or_code)`` from an Anthropic or OpenAI error body."""
+    """``(message, type_or_code)`` from an Anthropic, OpenAI or Gemini error body (the type,
+    else a code or status that is a word: Gemini's ``INVALID_ARGUMENT`` rather than its ``400``)."""
+    body = _unwrapped(body)
     err = body.get("error") if isinstance(body, dict) else None
     if isinstance(err, str):
         return err, None
     if not isinstance(err, dict):
         err = body if isinstance(body, dict) else {}
     message = err.get("message")
-    kind = err.get("type") or err.get("code")
+    code = err.get("code")
+    status = err.get("status")
+    kind = err.get("type") or (status if isinstance(status, str) and not isinstance(code, str) else None) or code
     return (
         str(message) if message is not None else None,
         str(kind) if kind is not None else None,
@@ -379,7 +411,7 @@ def status_error(
     `PromptTooLongError`. (Also used for an error body a server sent with 200 instead of
     a stream: see `document_error`.)
     """
-    text = raw_body.decode("utf-8", errors="replace")
+    text = decode_body(raw_body, headers)
     if secret is not None:
         text = secret.scrub(text)
     try:
@@ -388,8 +420,14 @@ def status_error(
         body = text
     message, kind = error_fields(body)
     if message is None:
-        message = text[:500] or httpx.codes.get_reason_phrase(status)
+        if isinstance(body, str) and is_page(text, headers):  # a proxy's or web server's page
+            said = page_text(text) or httpx.codes.get_reason_phrase(status)
+            message = f"{said} (an HTML page, not an API error body)"
+        else:
+            message = text[:500] or httpx.codes.get_reason_phrase(status)
     retryable, retry_after = parse_retry(status, headers)
+    if retryable and _QUOTA_SPENT in (kind, error_code(body)) and "x-should-retry" not in headers:
+        retryable = False  # an account out of credit (OpenAI's 429): no wait fixes it
     cls = ProviderStatusError
     if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False
@@ -423,7 +461,7 @@ def document_error(
     retryable (unless ``x-should-retry: true`` says so), since the same request gets the
     same answer.
     """
-    text = raw.decode("utf-8", errors="replace")
+    text = decode_body(raw, headers)
     if secret is not None:
         text = secret.scrub(text)
     try:
@@ -483,7 +521,7 @@ class Connection:
         if self._query:
             pairs = self._query[1:].split("&")
             shown += "?" + "&".join(
-                f"{name}=[REDACTED]" if eq and is_credential(unquote(name)) else name + eq + value
+                f"{name}=[REDACTED]" if eq and is_query_credential(unquote(name)) else name + eq + value
                 for name, eq, value in (pair.partition("=") for pair in pairs)
             )
         return shown
@@ -551,9 +589,10 @@ class Connection:
 
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
-        for a non-2xx status and `ProviderConnectionError` for transport
-        failures and undecodable bodies, including those raised while the caller
-        reads the body; `ModelError` (nothing sent) for an API key a header cannot carry.
+        for a non-2xx status (with as much of its body as could be read) and
+        `ProviderConnectionError` for transport failures and undecodable bodies,
+        including those raised while the caller reads the body; `ModelError` (nothing
+        sent) for an API key a header cannot carry.
         """
         secret = self.secret
         if secret is not None and any(secret.reveal() in value for value in headers.values()):
@@ -586,7 +625,7 @@ class Connection:
         try:
             async with _sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
-                    raw = await response.aread()
+                    raw = await _error_body(response)
                     raise status_error(
                         self.provider,
                         response.status_code,
@@ -597,7 +636,7 @@ class Connection:
                     )
                 yield response
         except httpx.RequestError as exc:
-            error = self._connection_error(exc, redactor)
+            error = self._connection_error(exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
 
@@ -622,10 +661,14 @@ class Connection:
             log.warning("%s request: replaced lone UTF-16 surrogates with U+FFFD", self.provider)
             return json.dumps(scrub_json(body), ensure_ascii=False, separators=(",", ":")).encode()
 
-    def _connection_error(self, exc: httpx.RequestError, redactor: Redactor | None) -> ProviderError:
+    def _connection_error(
+        self, exc: httpx.RequestError, redactor: Redactor | None, timeouts: object = None
+    ) -> ProviderError:
         detail = str(exc) or type(exc).__name__
         if redactor is not None:
             detail = redactor.scrub(detail)
+        if isinstance(exc, httpx.TimeoutException):
+            return self._timeout_error(exc, detail, timeouts)
         # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
         # fixed by retrying; a body that failed to decode (a corrupt compressed
         # stream) or a transport failure can.
@@ -633,11 +676,103 @@ class Connection:
             exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects
         )
         what = "response could not be decoded" if isinstance(exc, httpx.DecodingError) else "connection failed"
+        if _caused_by(exc, ssl.SSLCertVerificationError):
+            # Every attempt meets the same certificate (a proxy that re-signs TLS, a self-signed
+            # server): a retry only delays the error.
+            retryable = False
+            detail += (
+                " (the server's TLS certificate could not be verified: give the http_client the CA "
+                "that signed it, httpx.AsyncClient(verify=...))"
+            )
         return ProviderConnectionError(
             f"{self.provider} {what} ({type(exc).__name__}): {detail}",
             provider=self.provider,
             retryable=retryable,
         )
+
+    def _timeout_error(self, exc: httpx.TimeoutException, detail: str, timeouts: object) -> ProviderError:
+        """A timeout that says which wait ran out, and after how long (the request's timeouts,
+        httpx's ``{"connect": ..., "read": ..., ...}``), then what the transport said, if more
+        than its name. Retryable."""
+        kind = type(exc).__name__
+        phase, what = _TIMEOUTS.get(type(exc), ("", ""))
+        limit = timeouts.get(phase) if isinstance(timeouts, dict) and phase else None
+        if what and isinstance(limit, int | float):
+            said = what.format(f"{limit:g}") + f" (the {phase} timeout)"
+            if detail != kind:
+                said += f": {detail}"
+        else:
+            said = detail
+        return ProviderConnectionError(
+            f"{self.provider} request timed out ({kind}): {said}", provider=self.provider, retryable=True
+        )
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception chained below it (a few levels: httpx's error from
+    httpcore's from the socket's) is a ``kind``."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if isinstance(current, kind):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+#: httpx's timeouts: the phase of ``httpx.Timeout`` each one is, and what ran out.
+_TIMEOUTS: dict[type[httpx.TimeoutException], tuple[str, str]] = {
+    httpx.ConnectTimeout: ("connect", "could not connect within {} s"),
+    httpx.ReadTimeout: ("read", "no data from the server for {} s"),
+    httpx.WriteTimeout: ("write", "could not send the request within {} s"),
+    httpx.PoolTimeout: ("pool", "no free connection in the client's pool within {} s"),
+}
+
+
+#: The most of an error body that is read: enough for any error a server writes, and for the
+#: start of a proxy's error page; an endless one is not read into memory.
+_ERROR_BODY_LIMIT = 1 << 20
+
+
+async def _error_body(response: httpx.Response) -> bytes:
+    """The body of a non-2xx ``response`` as far as it can be read: at most `_ERROR_BODY_LIMIT`
+    bytes, and what came before a read failed (a connection reset, a truncated body). The
+    status and headers already say what went wrong and whether to retry; a body cut short must
+    not turn a 401 into a retryable connection error, nor lose a 429's ``retry-after``.
+
+    Read from the transport stream (one generator, closed here: one left suspended by a reader
+    that stops early is finalized later in a task of its own), then decoded when the server
+    compressed it anyway, as far as it decodes."""
+    raw = bytearray()
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    chunks = stream.__aiter__()
+    try:
+        async for chunk in chunks:
+            raw += chunk
+            if len(raw) >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.RequestError:
+        pass
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
+        return bytes(raw[:_ERROR_BODY_LIMIT])
+    # Decoded piece by piece, and no further than the limit: 1 MiB of gzip can hold a gigabyte.
+    pieces = (bytes(raw[i : i + 4096]) for i in range(0, len(raw), 4096))
+    packed = httpx.Response(response.status_code, headers=response.headers, content=pieces)
+    decoded = bytearray()
+    try:
+        for part in packed.iter_bytes():
+            decoded += part
+            if len(decoded) >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.DecodingError:
+        pass  # what decoded before the corrupt part
+    return bytes(decoded[:_ERROR_BODY_LIMIT])
 
 
 @asynccontextmanager
@@ -730,7 +865,7 @@ def _url_credentials(url: str) -> list[str]:
     out = [p for p in (userinfo, unquote(userinfo), parsed.password or "") if len(p) >= _MIN_PART]
     for pair in parsed.query.decode("ascii", "replace").split("&"):
         name, eq, value = pair.partition("=")
-        if eq and value and is_credential(unquote(name)):
+        if eq and value and is_query_credential(unquote(name)):
             out += [value, *credential_parts(unquote_plus(value))]
     return out
 
