@@ -15,7 +15,7 @@ from _models_support import API_KEY, FakeNetwork, MockServer, chat_chunk, chat_s
 from hypothesis import given
 from hypothesis import strategies as st
 
-import agentloop.models._http
+import agentloop.models._http._client
 from agentloop import QueryEngine, Retrying, TurnEnded
 from agentloop._errors import (
     ModelError,
@@ -882,7 +882,7 @@ def test_a_request_that_succeeds_never_collects_its_secrets(monkeypatch: pytest.
         calls.append(value)
         return credential_parts(value)
 
-    monkeypatch.setattr(agentloop.models._http, "credential_parts", counting)
+    monkeypatch.setattr(agentloop.models._http._client, "credential_parts", counting)
     redactor = conn.redactor({"authorization": "Bearer gw-token-1"})
     assert calls == []
     assert redactor.scrub("echo: Bearer gw-token-1, sk-abcdef, pw1234") == "echo: [REDACTED], [REDACTED], [REDACTED]"

@@ -1,32 +1,19 @@
-"""Anthropic Messages API: request building, event mapping and the `AnthropicModel`.
+"""The Messages event stream mapped to `StreamEvent`s (WIRE.md §1), and its errors.
 
-Wire reference: WIRE.md §1. Server-tool blocks (``server_tool_use``,
-``web_search_tool_result`` and the other ``*_tool_result`` blocks) are run by
-Anthropic itself and need no client result; this adapter skips them (and
-their deltas) safely, so the text around them is kept but the blocks are not
-replayed. A ``pause_turn`` response is therefore continued without them.
+Server-tool blocks (``server_tool_use``, ``web_search_tool_result`` and the other
+``*_tool_result`` blocks) are run by Anthropic itself and need no client result; they are
+skipped here (and their deltas) safely, so the text around them is kept but the blocks are
+not replayed. An ``error`` event becomes `ProviderStreamError` (or `PromptTooLongError`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
-
-from .._abort import AbortSignal
-from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
-from .._messages import (
-    Block,
-    RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-)
-from .._model import (
-    ModelRequest,
+from ..._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
+from ..._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
@@ -39,128 +26,11 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from .._tools import safe_name
-from ._driver import Prepared, Turn, count_tokens, excerpt, loads, run_stream, turns
-from ._http import (
-    Connection,
-    HTTPModel,
-    check_headers,
-    merge_headers,
-    missing_key,
-    prompt_too_long,
-    resolve_key,
-)
-from ._sse import ServerSentEvent
-
-__all__ = ["AnthropicModel", "build_request"]
+from .._driver import count_tokens, excerpt, loads
+from .._http._errors import prompt_too_long
+from .._sse import ServerSentEvent
 
 _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
-_TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
-
-
-# -- request ------------------------------------------------------------------
-
-
-def build_request(
-    request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The JSON body of a streamed Messages request for ``request``.
-
-    ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
-    refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
-    and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
-    """
-    limit = request.max_tokens or max_tokens
-    budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
-    if type(budget) is int and limit <= budget:
-        limit += budget
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": limit,
-        "messages": [
-            {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
-        ],
-        "stream": True,
-    }
-    if request.system:
-        body["system"] = request.system
-    if request.tools:
-        body["tools"] = [
-            {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
-            for t in request.tools
-        ]
-    if request.tool_choice is not None:
-        body["tool_choice"] = _TOOL_CHOICE.get(
-            request.tool_choice, {"type": "tool", "name": request.tool_choice}
-        )
-    if thinking is not None:
-        body["thinking"] = thinking
-    return body
-
-
-def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
-    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
-    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
-    are dropped; a turn left empty is dropped, and the user turns on either side are joined
-    into one, in order, so that roles still alternate (tool results stay first)."""
-    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
-        return wire
-    out: list[Turn] = []
-    for role, blocks in wire:
-        if role == "assistant":
-            end = len(blocks)
-            while end and _is_thinking(blocks[end - 1]):
-                end -= 1
-            if not end:
-                continue
-            blocks = blocks[:end]
-        if out and out[-1][0] == role:
-            joined = out[-1][1] + blocks
-            joined.sort(key=lambda b: not isinstance(b, ToolResultBlock))  # stable
-            out[-1] = (role, joined)
-        else:
-            out.append((role, blocks))
-    return out
-
-
-def _is_thinking(block: Block) -> bool:
-    return isinstance(block, ThinkingBlock | RedactedThinkingBlock)
-
-
-def _foreign(block: ThinkingBlock) -> bool:
-    """Thinking another provider made: an OpenAI reasoning item is kept as a JSON object in
-    the signature (an Anthropic signature is base64). Sent back, it would fail every request
-    with "Invalid `signature` in `thinking` block"."""
-    return block.signature.startswith("{")
-
-
-def _block(block: Block) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, ThinkingBlock):
-        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
-    if isinstance(block, RedactedThinkingBlock):
-        return {"type": "redacted_thinking", "data": block.data}
-    if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
-    assert isinstance(block, ToolResultBlock)
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
-    # Blank text is refused here too ("text content blocks must contain non-whitespace
-    # text"); a result with nothing else to say is sent without content, which is allowed.
-    if isinstance(block.content, str):
-        if block.content.strip():
-            out["content"] = block.content
-    else:
-        parts = [{"type": "text", "text": b.text} for b in block.content if b.text.strip()]
-        if parts:
-            out["content"] = parts
-    if block.is_error:
-        out["is_error"] = True
-    return out
-
-
-# -- stream -------------------------------------------------------------------
 
 
 class AnthropicMapper:
@@ -344,71 +214,3 @@ _HANDLERS: dict[str, _Handler] = {
     "message_delta": AnthropicMapper._message_delta,
     "message_stop": AnthropicMapper._message_stop,
 }
-
-
-# -- model --------------------------------------------------------------------
-
-
-class AnthropicModel(HTTPModel):
-    """A `Model` backed by the Anthropic Messages API (streaming).
-
-    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key raises
-    `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
-    object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
-    ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
-    ``extra_body`` is merged into every request body.
-    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        max_tokens: int = 4096,
-        thinking: dict[str, Any] | int | None = None,
-        auth_header: str = "x-api-key",
-        anthropic_version: str = "2023-06-01",
-        extra_headers: dict[str, str] | None = None,
-        extra_body: dict[str, Any] | None = None,
-    ) -> None:
-        self.model = model
-        self.max_tokens = max_tokens
-        self.thinking = (
-            {"type": "enabled", "budget_tokens": thinking} if isinstance(thinking, int) else thinking
-        )
-        self.auth_header = auth_header.lower()
-        self.anthropic_version = anthropic_version
-        self.extra_headers = check_headers(extra_headers)
-        self.extra_body = dict(extra_body or {})
-        self._conn = Connection(
-            "anthropic",
-            base_url or "https://api.anthropic.com",
-            secret=resolve_key(api_key, "ANTHROPIC_API_KEY"),
-            http_client=http_client,
-            request_id_header="request-id",
-        )
-
-    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
-        """Stream one response; see `agentloop.models.Model`."""
-        return run_stream(self._conn, lambda: self._prepare(request), AnthropicMapper, signal)
-
-    def _prepare(self, request: ModelRequest) -> Prepared:
-        secret = self._conn.secret
-        hosts = self._conn.host_sets(self.auth_header)  # the host's own client carries the credential
-        if secret is None and not hosts:
-            raise missing_key("anthropic", "ANTHROPIC_API_KEY")
-        headers = {
-            "anthropic-version": self.anthropic_version,
-            "content-type": "application/json",
-            "accept": "text/event-stream",
-        }
-        if secret is not None and not hosts:
-            key = secret.reveal()
-            headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
-        headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
-        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
-        body.update(self.extra_body)
-        return "/v1/messages", headers, body

@@ -1,7 +1,6 @@
-"""OpenAI Chat Completions (and compatible servers): request building, chunk mapping,
-and the `OpenAIChatModel`.
+"""Chat completion chunks mapped to `StreamEvent`s (WIRE.md §2 and §5), and their errors.
 
-Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
+Local-server quirks handled here:
 
 - vLLM: a tool call whose every chunk repeats its id (or carries a fresh one)
   stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
@@ -16,8 +15,9 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   for their hosts); without it the next request is refused with a 400.
 - llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
-  ignore. This adapter decodes that line as an ``error`` event and raises
-  `ProviderStreamError` (an event named ``error`` is always an error here).
+  ignore. `OpenAIChatModel` has the SSE decoder read that line as an ``error``
+  event (``error_field=True``), and it raises `ProviderStreamError` here (an event
+  named ``error`` is always an error here).
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
 is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
@@ -30,17 +30,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
-from .._abort import AbortSignal
-from .._accumulate import CUT_BY
-from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
-from .._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from .._model import (
-    ModelRequest,
+from ..._accumulate import CUT_BY
+from ..._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
+from ..._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
@@ -54,30 +49,10 @@ from .._model import (
     StreamUsage,
     Usage,
 )
-from .._tools import safe_name
-from ._driver import (
-    Prepared,
-    count_tokens,
-    dumps_input,
-    excerpt,
-    loads,
-    result_text,
-    run_stream,
-    turns,
-    wire_id,
-)
-from ._http import (
-    RETRYABLE_STATUSES,
-    HTTPModel,
-    check_headers,
-    error_fields,
-    openai_connection,
-    openai_headers,
-    prompt_too_long,
-)
-from ._sse import ServerSentEvent
-
-__all__ = ["OpenAIChatModel", "build_request"]
+from .._driver import count_tokens, excerpt, loads
+from .._http._errors import error_fields, prompt_too_long
+from .._http._retry import RETRYABLE_STATUSES
+from .._sse import ServerSentEvent
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
@@ -90,86 +65,6 @@ _RETRYABLE_INT = RETRYABLE_STATUSES
 #: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
 REASONING_SIGNATURE = '{"type":"reasoning_content"}'
-
-#: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
-#: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
-_ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
-
-
-# -- request ------------------------------------------------------------------
-
-
-def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = False) -> dict[str, Any]:
-    """The JSON body (without stream options) of a Chat Completions request.
-
-    ``echo_reasoning``: an assistant message with tool calls carries its turn's thinking
-    as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
-    """
-    messages: list[dict[str, Any]] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
-    for role, blocks in turns(request.messages):
-        if role == "assistant":
-            messages.extend(_assistant(blocks, echo_reasoning))
-            continue
-        texts: list[str] = []
-        for b in blocks:
-            if isinstance(b, ToolResultBlock):
-                messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": wire_id(b.tool_use_id, max_len=40),
-                        "content": result_text(b, mark_error=True),
-                    }
-                )
-            elif isinstance(b, TextBlock):
-                texts.append(b.text)
-        if texts:
-            messages.append({"role": "user", "content": "\n\n".join(texts)})
-    body: dict[str, Any] = {"model": model, "messages": messages}
-    if request.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": dict(t.input_schema),
-                },
-            }
-            for t in request.tools
-        ]
-    choice = request.tool_choice
-    if choice is not None:
-        if choice in ("auto", "none"):
-            body["tool_choice"] = choice
-        elif choice == "any":
-            body["tool_choice"] = "required"
-        else:
-            body["tool_choice"] = {"type": "function", "function": {"name": choice}}
-    return body
-
-
-def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, Any]]:
-    text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    calls = [
-        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}
-        for b in blocks
-        if isinstance(b, ToolUseBlock)
-    ]
-    if not text and not calls:
-        return []  # thinking only: not sent to Chat Completions
-    msg: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        msg["tool_calls"] = calls
-        if echo_reasoning:
-            # Required on a tool-call turn, even empty; a turn without calls may leave it out,
-            # and does (a server that does not take the field is then spared it).
-            msg["reasoning_content"] = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
-    return [msg]
-
-
-# -- stream -------------------------------------------------------------------
 
 
 class _Call:
@@ -462,77 +357,3 @@ class ChatMapper:
 
 def _fresh_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-# -- model --------------------------------------------------------------------
-
-
-class OpenAIChatModel(HTTPModel):
-    """A `Model` backed by OpenAI Chat Completions or a compatible server.
-
-    ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
-    vLLM, llama.cpp or Ollama server) it may be absent. ``logprobs=True``
-    requests log probabilities and emits `StreamLogprobs`.
-    ``max_tokens_param``: the body field for `ModelRequest.max_tokens`
-    (``"max_completion_tokens"``; some servers want ``"max_tokens"``).
-    ``extra_body`` is merged into every request body.
-    ``echo_reasoning``: keep the streamed reasoning (``delta.reasoning_content``) in the
-    transcript and send it back as ``reasoning_content`` on each assistant message with tool
-    calls, as DeepSeek's and Kimi's thinking modes require; ``None`` (the default) turns it
-    on for the hosts ``api.deepseek.com``, ``api.moonshot.ai`` and ``api.moonshot.cn`` only.
-    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        include_usage: bool = True,
-        max_tokens_param: str = "max_completion_tokens",
-        extra_headers: dict[str, str] | None = None,
-        extra_body: dict[str, Any] | None = None,
-        echo_reasoning: bool | None = None,
-    ) -> None:
-        self.model = model
-        self.logprobs = logprobs
-        self.top_logprobs = top_logprobs
-        self.include_usage = include_usage
-        self.max_tokens_param = max_tokens_param
-        self.extra_headers = check_headers(extra_headers)
-        self.extra_body = dict(extra_body or {})
-        self._key_optional = base_url is not None
-        self._conn = openai_connection(api_key, base_url, http_client)
-        if echo_reasoning is None:
-            echo_reasoning = (httpx.URL(self._conn.base_url).host or "").lower() in _ECHO_HOSTS
-        self.echo_reasoning = echo_reasoning
-
-    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
-        """Stream one response; see `agentloop.models.Model`."""
-        logprobs, keep = self.logprobs, self.echo_reasoning
-        return run_stream(
-            self._conn,
-            lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep),
-            signal,
-            error_field=True,
-        )
-
-    def _prepare(self, request: ModelRequest) -> Prepared:
-        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning)
-        body["stream"] = True
-        if self.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        if request.max_tokens:
-            body[self.max_tokens_param] = request.max_tokens
-        if self.logprobs:
-            body["logprobs"] = True
-            if self.top_logprobs is not None:
-                body["top_logprobs"] = self.top_logprobs
-        body.update(self.extra_body)
-        return "/chat/completions", headers, body

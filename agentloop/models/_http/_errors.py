@@ -1,0 +1,285 @@
+"""Failed requests translated into the `ProviderError` tree, at one boundary.
+
+A non-2xx response becomes `ProviderStatusError` (or `PromptTooLongError`), with its status,
+its body (read as far as it can be: `error_body`), its request id and whether to retry; an
+error body sent with status 200 instead of a stream does too (`document_error`). An httpx
+transport failure becomes `ProviderConnectionError` (`connection_error`), a timeout saying
+which wait ran out. The request's secrets are scrubbed out of every message and body.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ..._errors import (
+    ModelError,
+    PromptTooLongError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderStatusError,
+    StreamProtocolError,
+)
+from .._errbody import decode_body, is_page, page_text
+from ._retry import parse_retry
+from ._secrets import Redactor
+
+#: What a context-overflow error says in its message, type or code: Anthropic (also "input
+#: length and `max_tokens` exceed context limit"), OpenAI Chat ("maximum context length") and
+#: Responses ("exceeds the context window"), xAI, llama.cpp, Gemini.
+_PROMPT_TOO_LONG_MARKERS = (
+    "prompt is too long",
+    "exceed context limit",
+    "exceeds the maximum number of tokens allowed",
+    "context_length_exceeded",
+    "maximum context length",
+    "exceeds the context window",
+    "maximum prompt length",
+    "exceed_context_size",
+)
+
+#: The type or code of OpenAI's 429 for an account that has run out of credit.
+_QUOTA_SPENT = "insufficient_quota"
+
+
+def prompt_too_long(*fields: object) -> bool:
+    """Whether an error's message, type or code (None fields skipped) says the context
+    does not fit the model's window."""
+    text = " ".join(str(f) for f in fields if f is not None).lower()
+    return any(m in text for m in _PROMPT_TOO_LONG_MARKERS)
+
+
+def _unwrapped(body: Any) -> Any:
+    """An error body that is a list of errors (Gemini's OpenAI endpoint sends
+    ``[{"error": {...}}]``) stands for its first one."""
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        return body[0]
+    return body
+
+
+def error_code(body: Any) -> object:
+    """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``), else None."""
+    body = _unwrapped(body)
+    err = body.get("error") if isinstance(body, dict) else None
+    return err.get("code") if isinstance(err, dict) else None
+
+
+def error_fields(body: Any) -> tuple[str | None, str | None]:
+    """``(message, type_or_code)`` from an Anthropic, OpenAI or Gemini error body (the type,
+    else a code or status that is a word: Gemini's ``INVALID_ARGUMENT`` rather than its ``400``)."""
+    body = _unwrapped(body)
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, str):
+        return err, None
+    if not isinstance(err, dict):
+        err = body if isinstance(body, dict) else {}
+    message = err.get("message")
+    code = err.get("code")
+    status = err.get("status")
+    kind = err.get("type") or (status if isinstance(status, str) and not isinstance(code, str) else None) or code
+    return (
+        str(message) if message is not None else None,
+        str(kind) if kind is not None else None,
+    )
+
+
+def status_error(
+    provider: str,
+    status: int,
+    headers: Mapping[str, str],
+    raw_body: bytes,
+    *,
+    request_id_header: str,
+    secret: Redactor | None,
+) -> ProviderStatusError:
+    """Build the error for a non-2xx response (the key scrubbed from body and message).
+
+    A 400/413 whose message, type or code says the context does not fit becomes
+    `PromptTooLongError`. (Also used for an error body a server sent with 200 instead of
+    a stream: see `document_error`.)
+    """
+    text = decode_body(raw_body, headers)
+    if secret is not None:
+        text = secret.scrub(text)
+    try:
+        body: Any = json.loads(text) if text else None
+    except ValueError:
+        body = text
+    message, kind = error_fields(body)
+    if message is None:
+        if isinstance(body, str) and is_page(text, headers):  # a proxy's or web server's page
+            said = page_text(text) or httpx.codes.get_reason_phrase(status)
+            message = f"{said} (an HTML page, not an API error body)"
+        else:
+            message = text[:500] or httpx.codes.get_reason_phrase(status)
+    retryable, retry_after = parse_retry(status, headers)
+    if retryable and _QUOTA_SPENT in (kind, error_code(body)) and "x-should-retry" not in headers:
+        retryable = False  # an account out of credit (OpenAI's 429): no wait fixes it
+    cls = ProviderStatusError
+    if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
+        cls, retryable = PromptTooLongError, False
+    error = cls(
+        f"{provider} HTTP {status}: {message}",
+        provider=provider,
+        status=status,
+        body=body,
+        request_id=headers.get(request_id_header),
+        error_type=kind,
+        retryable=retryable,
+        retry_after=retry_after,
+    )
+    if secret is not None:  # a secret the body escaped (``\\/``, ``\\u002b``) is plain once decoded
+        secret.scrub_error(error)
+    return error
+
+
+def document_error(
+    provider: str,
+    headers: Mapping[str, str],
+    raw: bytes,
+    *,
+    request_id_header: str,
+    secret: Redactor | None,
+) -> ModelError | None:
+    """The error for a 2xx body that is one JSON document instead of an event stream
+    (None when ``raw`` is not JSON): a gateway's error body sent with status 200 becomes
+    `ProviderStatusError` (``status=200``, or `PromptTooLongError`), anything else (a whole
+    response: the server ignored ``"stream": true``) `StreamProtocolError`. Neither is
+    retryable (unless ``x-should-retry: true`` says so), since the same request gets the
+    same answer.
+    """
+    text = decode_body(raw, headers)
+    if secret is not None:
+        text = secret.scrub(text)
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and body.get("error"):
+        return status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
+    return StreamProtocolError(
+        f"{provider} answered with a JSON document, not an event stream (does the server "
+        f"support streaming?): {text[:200]}"
+    )
+
+
+def connection_error(
+    provider: str, exc: httpx.RequestError, redactor: Redactor | None, timeouts: object = None
+) -> ProviderError:
+    """The error for a transport failure of a request to ``provider`` (``redactor`` scrubs the
+    request's secrets out of what the transport said; ``timeouts`` are the request's, for a
+    timeout's message): retryable unless another attempt meets the same fault."""
+    detail = str(exc) or type(exc).__name__
+    if redactor is not None:
+        detail = redactor.scrub(detail)
+    if isinstance(exc, httpx.TimeoutException):
+        return _timeout_error(provider, exc, detail, timeouts)
+    # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
+    # fixed by retrying; a body that failed to decode (a corrupt compressed
+    # stream) or a transport failure can.
+    retryable = not isinstance(
+        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects
+    )
+    what = "response could not be decoded" if isinstance(exc, httpx.DecodingError) else "connection failed"
+    if _caused_by(exc, ssl.SSLCertVerificationError):
+        # Every attempt meets the same certificate (a proxy that re-signs TLS, a self-signed
+        # server): a retry only delays the error.
+        retryable = False
+        detail += (
+            " (the server's TLS certificate could not be verified: give the http_client the CA "
+            "that signed it, httpx.AsyncClient(verify=...))"
+        )
+    return ProviderConnectionError(
+        f"{provider} {what} ({type(exc).__name__}): {detail}",
+        provider=provider,
+        retryable=retryable,
+    )
+
+
+def _timeout_error(provider: str, exc: httpx.TimeoutException, detail: str, timeouts: object) -> ProviderError:
+    """A timeout that says which wait ran out, and after how long (the request's timeouts,
+    httpx's ``{"connect": ..., "read": ..., ...}``), then what the transport said, if more
+    than its name. Retryable."""
+    kind = type(exc).__name__
+    phase, what = _TIMEOUTS.get(type(exc), ("", ""))
+    limit = timeouts.get(phase) if isinstance(timeouts, dict) and phase else None
+    if what and isinstance(limit, int | float):
+        said = what.format(f"{limit:g}") + f" (the {phase} timeout)"
+        if detail != kind:
+            said += f": {detail}"
+    else:
+        said = detail
+    return ProviderConnectionError(
+        f"{provider} request timed out ({kind}): {said}", provider=provider, retryable=True
+    )
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception chained below it (a few levels: httpx's error from
+    httpcore's from the socket's) is a ``kind``."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if isinstance(current, kind):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+#: httpx's timeouts: the phase of ``httpx.Timeout`` each one is, and what ran out.
+_TIMEOUTS: dict[type[httpx.TimeoutException], tuple[str, str]] = {
+    httpx.ConnectTimeout: ("connect", "could not connect within {} s"),
+    httpx.ReadTimeout: ("read", "no data from the server for {} s"),
+    httpx.WriteTimeout: ("write", "could not send the request within {} s"),
+    httpx.PoolTimeout: ("pool", "no free connection in the client's pool within {} s"),
+}
+
+
+#: The most of an error body that is read: enough for any error a server writes, and for the
+#: start of a proxy's error page; an endless one is not read into memory.
+_ERROR_BODY_LIMIT = 1 << 20
+
+
+async def error_body(response: httpx.Response) -> bytes:
+    """The body of a non-2xx ``response`` as far as it can be read: at most `_ERROR_BODY_LIMIT`
+    bytes, and what came before a read failed (a connection reset, a truncated body). The
+    status and headers already say what went wrong and whether to retry; a body cut short must
+    not turn a 401 into a retryable connection error, nor lose a 429's ``retry-after``.
+
+    Read from the transport stream (one generator, closed here: one left suspended by a reader
+    that stops early is finalized later in a task of its own), then decoded when the server
+    compressed it anyway, as far as it decodes."""
+    raw = bytearray()
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    chunks = stream.__aiter__()
+    try:
+        async for chunk in chunks:
+            raw += chunk
+            if len(raw) >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.RequestError:
+        pass
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
+        return bytes(raw[:_ERROR_BODY_LIMIT])
+    # Decoded piece by piece, and no further than the limit: 1 MiB of gzip can hold a gigabyte.
+    pieces = (bytes(raw[i : i + 4096]) for i in range(0, len(raw), 4096))
+    packed = httpx.Response(response.status_code, headers=response.headers, content=pieces)
+    decoded = bytearray()
+    try:
+        for part in packed.iter_bytes():
+            decoded += part
+            if len(decoded) >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.DecodingError:
+        pass  # what decoded before the corrupt part
+    return bytes(decoded[:_ERROR_BODY_LIMIT])

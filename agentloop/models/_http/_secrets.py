@@ -1,0 +1,236 @@
+"""Secrets of the HTTP providers, and scrubbing them out of whatever is shown.
+
+The API key is held in a `Secret`, whose repr hides it. A `Redactor` scrubs the key, the
+values of a request's credential headers (an ``extra_headers`` ``Authorization`` for a
+proxy, ``api-key``, a cookie) and the credentials in ``base_url`` out of error messages,
+error bodies and chained exceptions; `hide_url_credentials` keeps the credentials of a live
+URL out of other libraries' log records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import unquote, unquote_plus
+
+import httpx
+
+from ..._errors import ModelError, ProviderError
+
+#: Words in a header or query parameter name that mark its value as a credential:
+#: ``authorization``, ``proxy-authorization``, ``x-api-key``, ``api-key``, ``cookie``,
+#: ``x-auth-token``, ``client-secret``, ``password``, ``sig`` (a signed URL)...
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "pass", "session", "credential", "sig")
+#: Shorter values are not scrubbed: no credential is that short, and replacing every "1" of
+#: an error (a header such as ``x-session-affinity: 1``) would garble it.
+_MIN_PART = 4
+
+
+#: Query parameters that carry a credential although their name says nothing of one: Azure
+#: Functions takes its function key as ``?code=...``.
+_QUERY_CREDENTIALS = frozenset({"code"})
+
+
+def is_credential(name: str) -> bool:
+    """Whether a header or query parameter called ``name`` carries a credential."""
+    lowered = name.lower()
+    return any(word in lowered for word in _CREDENTIAL_WORDS)
+
+
+def is_query_credential(name: str) -> bool:
+    """Whether a query parameter called ``name`` (percent-decoded) carries a credential."""
+    return is_credential(name) or name.lower() in _QUERY_CREDENTIALS
+
+
+def credential_parts(value: str) -> list[str]:
+    """What to scrub for a credential ``value``: the value, the credentials after its
+    scheme (``Bearer <token>``, ``Basic <base64>``) and each cookie's value, since a
+    server may echo any one of them."""
+    parts = [value]
+    rest = value.partition(" ")[2].strip()
+    if rest:
+        parts.append(rest)
+    for pair in value.split(";"):
+        _, eq, part = pair.partition("=")
+        if eq and part.strip():
+            parts.append(part.strip())
+    # As the HTTP layer quotes a value it refuses (a line break in it: "Illegal header value
+    # b'tok\\n'"), escaped: the value as given is not in that text.
+    escaped = repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+    if escaped != value:
+        parts.append(escaped)
+    return [p for p in parts if len(p) >= _MIN_PART]
+
+
+class Redactor:
+    """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
+    out of text and errors; its repr shows none of them."""
+
+    __slots__ = ("_make", "_sorted")
+
+    def __init__(self, values: Iterable[str] | Callable[[], Iterable[str]]) -> None:
+        # A callable is called at the first scrub: a request's redactor is needed only when
+        # something goes wrong, so a request that succeeds never collects its secrets.
+        self._make = values
+        self._sorted: tuple[str, ...] | None = None if callable(values) else self._order(values)
+
+    @staticmethod
+    def _order(values: Iterable[str]) -> tuple[str, ...]:
+        # Longest first: a secret that holds another (``Bearer <key>`` and ``<key>``) goes whole.
+        return tuple(sorted({v for v in values if v}, key=len, reverse=True))
+
+    @property
+    def _values(self) -> tuple[str, ...]:
+        values = self._sorted
+        if values is None:
+            make = self._make
+            assert callable(make)
+            values = self._sorted = self._order(make())
+        return values
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every occurrence of a secret replaced by ``[REDACTED]``."""
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, "[REDACTED]")
+        return text
+
+    def _found_in(self, text: str) -> bool:
+        return any(value in text for value in self._values)
+
+    def scrub_error(self, exc: ModelError) -> None:
+        """Scrub the secrets out of ``exc`` in place: its message and, for a `ProviderError`,
+        its body (an error event or chunk inside a stream that echoes a secret). The body's
+        strings are searched as decoded: a JSON escape (``\\/`` for ``/``) hides nothing."""
+        if self._found_in(exc.message):
+            exc.message = self.scrub(exc.message)
+            exc.args = (exc.message,)
+        if isinstance(exc, ProviderError) and exc.body is not None:
+            exc.body = self._scrub_json(exc.body)
+
+    def scrub_chain(self, exc: BaseException) -> bool:
+        """Scrub the secrets out of the string ``args`` of ``exc`` and of every exception
+        chained to it (``__cause__``, ``__context__``), which a printed traceback shows.
+        Returns False when a secret is still shown (an exception whose str is not its args)."""
+        clean = True
+        todo: list[BaseException] = [exc]
+        seen: set[int] = set()
+        while todo:
+            current = todo.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if self._found_in(str(current)) or self._found_in(repr(current.args)):
+                current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
+                clean = clean and not (self._found_in(str(current)) or self._found_in(repr(current.args)))
+            todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        return clean
+
+    def _scrub_json(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self._scrub_json(k): self._scrub_json(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._scrub_json(v) for v in value]
+        return value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}('[REDACTED]')"
+
+    __str__ = __repr__
+
+
+class Secret(Redactor):
+    """An API key that never shows itself in a repr or str."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        super().__init__((value,))
+        self._value = value
+
+    def reveal(self) -> str:
+        """The key itself, for the request header only."""
+        return self._value
+
+    def check(self, provider: str) -> None:
+        """Raise `ModelError` (not retryable, without the key) unless the key can go in an
+        HTTP header: printable ASCII without surrounding whitespace.
+
+        A key read from a file with its trailing newline would otherwise be refused by the
+        HTTP layer with an error that quotes the header, key and all (escaped, so scrubbing
+        misses it), and a non-ASCII character would raise `UnicodeEncodeError`.
+        """
+        value = self._value
+        if not (value.isascii() and value.isprintable() and value == value.strip()):
+            raise ModelError(
+                f"the {provider} API key holds a character an HTTP header cannot carry (a line "
+                "break, a control or non-ASCII character, or whitespace at either end): check how "
+                "the key was read"
+            )
+
+
+def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
+    """The explicit key, else the environment variable's, else None."""
+    value = api_key if api_key is not None else os.environ.get(env_var)
+    return Secret(value) if value else None
+
+
+class _UrlCredentialsFilter(logging.Filter):
+    """Scrubs the credentials of live URLs (a ``?key=...``, user info) out of other libraries'
+    log records: httpx's INFO line ``HTTP Request: POST <url> ...`` quotes the request URL,
+    and the MCP SDK logs the URL it connects to.
+
+    Put on a logger by the first owner (a connection, an MCP server) whose URL holds
+    credentials, and forgets an owner when it is garbage-collected. A record holding none of
+    them passes untouched; none is made while the logger is below its level."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: weakref.WeakKeyDictionary[object, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+    def watch(self, owner: object, secrets: Iterable[str], loggers: Iterable[str]) -> None:
+        self._live[owner] = tuple(secrets)
+        for name in loggers:
+            logging.getLogger(name).addFilter(self)  # a filter already there is not added again
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = [value for values in list(self._live.values()) for value in values]
+        if secrets:
+            redactor = Redactor(secrets)
+            try:
+                text = record.getMessage()
+            except Exception:  # a malformed record is the logging module's to report, not ours
+                return True
+            if redactor._found_in(text):
+                record.msg, record.args = redactor.scrub(text), ()
+        return True
+
+
+URL_LOGS = _UrlCredentialsFilter()
+
+
+def hide_url_credentials(owner: object, url: str, loggers: Iterable[str]) -> None:
+    """Scrub the credentials in ``url`` out of the records of ``loggers`` for as long as
+    ``owner`` lives."""
+    secrets = url_credentials(url)
+    if secrets:
+        URL_LOGS.watch(owner, secrets, loggers)
+
+
+def url_credentials(url: str) -> list[str]:
+    """The credentials in ``url``, as written and percent-decoded: its user info
+    (``user:password``, and the password alone) and the values of its credential query
+    parameters (``?key=...``)."""
+    parsed = httpx.URL(url)
+    userinfo = parsed.userinfo.decode("ascii", "replace")
+    out = [p for p in (userinfo, unquote(userinfo), parsed.password or "") if len(p) >= _MIN_PART]
+    for pair in parsed.query.decode("ascii", "replace").split("&"):
+        name, eq, value = pair.partition("=")
+        if eq and value and is_query_credential(unquote(name)):
+            out += [value, *credential_parts(unquote_plus(value))]
+    return out

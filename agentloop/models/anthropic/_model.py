@@ -1,0 +1,81 @@
+"""`AnthropicModel`: the Messages API's connection (key, auth header, version) and request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from ..._abort import AbortSignal
+from ..._model import ModelRequest, StreamEvent
+from .._driver import Prepared, run_stream
+from .._http._client import Connection, HTTPModel, check_headers, merge_headers, missing_key
+from .._http._secrets import resolve_key
+from ._request import build_request
+from ._stream import AnthropicMapper
+
+
+class AnthropicModel(HTTPModel):
+    """A `Model` backed by the Anthropic Messages API (streaming).
+
+    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key raises
+    `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
+    object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
+    ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
+    ``extra_body`` is merged into every request body.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        max_tokens: int = 4096,
+        thinking: dict[str, Any] | int | None = None,
+        auth_header: str = "x-api-key",
+        anthropic_version: str = "2023-06-01",
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.max_tokens = max_tokens
+        self.thinking = (
+            {"type": "enabled", "budget_tokens": thinking} if isinstance(thinking, int) else thinking
+        )
+        self.auth_header = auth_header.lower()
+        self.anthropic_version = anthropic_version
+        self.extra_headers = check_headers(extra_headers)
+        self.extra_body = dict(extra_body or {})
+        self._conn = Connection(
+            "anthropic",
+            base_url or "https://api.anthropic.com",
+            secret=resolve_key(api_key, "ANTHROPIC_API_KEY"),
+            http_client=http_client,
+            request_id_header="request-id",
+        )
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        return run_stream(self._conn, lambda: self._prepare(request), AnthropicMapper, signal)
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        secret = self._conn.secret
+        hosts = self._conn.host_sets(self.auth_header)  # the host's own client carries the credential
+        if secret is None and not hosts:
+            raise missing_key("anthropic", "ANTHROPIC_API_KEY")
+        headers = {
+            "anthropic-version": self.anthropic_version,
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+        }
+        if secret is not None and not hosts:
+            key = secret.reveal()
+            headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
+        headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
+        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
+        body.update(self.extra_body)
+        return "/v1/messages", headers, body

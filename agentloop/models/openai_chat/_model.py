@@ -1,0 +1,90 @@
+"""`OpenAIChatModel`: the Chat Completions connection (key, headers, stream options) and request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from ..._abort import AbortSignal
+from ..._model import ModelRequest, StreamEvent
+from .._driver import Prepared, run_stream
+from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers
+from ._request import build_request
+from ._stream import ChatMapper
+
+#: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
+#: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
+_ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
+
+
+class OpenAIChatModel(HTTPModel):
+    """A `Model` backed by OpenAI Chat Completions or a compatible server.
+
+    ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
+    vLLM, llama.cpp or Ollama server) it may be absent. ``logprobs=True``
+    requests log probabilities and emits `StreamLogprobs`.
+    ``max_tokens_param``: the body field for `ModelRequest.max_tokens`
+    (``"max_completion_tokens"``; some servers want ``"max_tokens"``).
+    ``extra_body`` is merged into every request body.
+    ``echo_reasoning``: keep the streamed reasoning (``delta.reasoning_content``) in the
+    transcript and send it back as ``reasoning_content`` on each assistant message with tool
+    calls, as DeepSeek's and Kimi's thinking modes require; ``None`` (the default) turns it
+    on for the hosts ``api.deepseek.com``, ``api.moonshot.ai`` and ``api.moonshot.cn`` only.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        include_usage: bool = True,
+        max_tokens_param: str = "max_completion_tokens",
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        echo_reasoning: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        self.include_usage = include_usage
+        self.max_tokens_param = max_tokens_param
+        self.extra_headers = check_headers(extra_headers)
+        self.extra_body = dict(extra_body or {})
+        self._key_optional = base_url is not None
+        self._conn = openai_connection(api_key, base_url, http_client)
+        if echo_reasoning is None:
+            echo_reasoning = (httpx.URL(self._conn.base_url).host or "").lower() in _ECHO_HOSTS
+        self.echo_reasoning = echo_reasoning
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        logprobs, keep = self.logprobs, self.echo_reasoning
+        return run_stream(
+            self._conn,
+            lambda: self._prepare(request),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep),
+            signal,
+            error_field=True,
+        )
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
+        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning)
+        body["stream"] = True
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if request.max_tokens:
+            body[self.max_tokens_param] = request.max_tokens
+        if self.logprobs:
+            body["logprobs"] = True
+            if self.top_logprobs is not None:
+                body["top_logprobs"] = self.top_logprobs
+        body.update(self.extra_body)
+        return "/chat/completions", headers, body

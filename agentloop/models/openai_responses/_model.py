@@ -1,0 +1,68 @@
+"""`OpenAIResponsesModel`: the Responses API's connection (key, headers, options) and request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from ..._abort import AbortSignal
+from ..._model import ModelRequest, StreamEvent
+from .._driver import Prepared, run_stream
+from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers
+from ._request import build_request
+from ._stream import ResponsesMapper
+
+
+class OpenAIResponsesModel(HTTPModel):
+    """A `Model` backed by the OpenAI Responses API (streaming, stateless input).
+
+    ``api_key`` defaults to ``OPENAI_API_KEY`` (optional when ``base_url`` is
+    given). ``reasoning``: the Responses ``reasoning`` object (e.g.
+    ``{"effort": "medium", "summary": "auto"}``); when set, encrypted reasoning
+    is requested so it can be passed back. ``doom_loop_check=True`` asks the
+    server for doom-loop signals (SPEC §6). ``store``: sent when not None.
+    Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        reasoning: dict[str, Any] | None = None,
+        doom_loop_check: bool = False,
+        store: bool | None = None,
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.reasoning = reasoning
+        self.doom_loop_check = doom_loop_check
+        self.store = store
+        self.extra_headers = check_headers(extra_headers)
+        self.extra_body = dict(extra_body or {})
+        self._key_optional = base_url is not None
+        self._conn = openai_connection(api_key, base_url, http_client)
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream one response; see `agentloop.models.Model`."""
+        return run_stream(self._conn, lambda: self._prepare(request), ResponsesMapper, signal)
+
+    def _prepare(self, request: ModelRequest) -> Prepared:
+        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
+        if self.doom_loop_check:
+            headers["x-grok-doom-loop-check"] = "true"
+            headers["x-grok-exact-repetition-check"] = "true"
+        body = build_request(request, model=self.model, stored=self.store is not False)
+        body["stream"] = True
+        if self.reasoning is not None:
+            body["reasoning"] = self.reasoning
+            body["include"] = ["reasoning.encrypted_content"]
+        if self.store is not None:
+            body["store"] = self.store
+        body.update(self.extra_body)
+        return "/responses", headers, body

@@ -1,0 +1,112 @@
+"""The Responses request body: a transcript mapped to input items (WIRE.md §3).
+
+Reasoning items round-trip through `ThinkingBlock.signature`, which holds the JSON ``{"id",
+"summary", "content"?, "encrypted_content"?}`` of the item; thinking blocks whose signature
+is not such JSON (from another provider) are not sent, nor is a reasoning item the API would
+refuse (one not followed by its message or call, one without encrypted content when nothing
+is stored).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ..._model import ModelRequest
+from ..._tools import safe_name
+from .._driver import dumps_input, result_text, turns, wire_id
+
+
+def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> dict[str, Any]:
+    """The JSON body (without ``stream`` and options) of a Responses request.
+
+    ``stored=False`` (the request says ``store: false``): a reasoning item is sent only
+    with its encrypted content, since the server keeps nothing to look its id up by (it
+    would answer every request with "Item with id 'rs_...' not found").
+    """
+    items: list[dict[str, Any]] = []
+    for role, blocks in turns(request.messages):
+        made = (_item(role, b, stored) for b in blocks)
+        turn = [item for item in made if item is not None]
+        items.extend(_followed(turn) if role == "assistant" else turn)
+    body: dict[str, Any] = {"model": model, "input": items}
+    if request.system:
+        body["instructions"] = request.system
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.input_schema),
+                "strict": False,
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        if choice in ("auto", "none"):
+            body["tool_choice"] = choice
+        elif choice == "any":
+            body["tool_choice"] = "required"
+        else:
+            body["tool_choice"] = {"type": "function", "name": choice}
+    if request.max_tokens:
+        body["max_output_tokens"] = request.max_tokens
+    return body
+
+
+def _followed(turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assistant turn's items without the reasoning items not directly followed by a
+    message or function call.
+
+    The API refuses a reasoning item "without its required following item". One can lose
+    it: a cut stream leaves it last in its turn, and a hosted tool item that followed it
+    (``web_search_call`` and the like) is not kept in the transcript, so it is followed by
+    the next reasoning item instead. The transcript keeps such items; they are not sent.
+    """
+    if not any(item["type"] == "reasoning" for item in turn):
+        return turn
+    return [
+        item
+        for item, after in zip(turn, [*turn[1:], None], strict=True)
+        if item["type"] != "reasoning" or (after is not None and after["type"] in ("message", "function_call"))
+    ]
+
+
+def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:
+    if isinstance(block, TextBlock):
+        return {"type": "message", "role": role, "content": block.text}
+    if isinstance(block, ToolResultBlock):
+        return {
+            "type": "function_call_output",
+            "call_id": wire_id(block.tool_use_id, max_len=64),
+            "output": result_text(block, mark_error=True),
+        }
+    if isinstance(block, ToolUseBlock):
+        return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": safe_name(block.name),
+                "arguments": dumps_input(block.input)}  # fmt: skip
+    if isinstance(block, ThinkingBlock):
+        return _reasoning_item(block, stored)
+    return None  # redacted thinking (Anthropic only)
+
+
+def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None:
+    try:
+        saved = json.loads(block.signature)
+    except ValueError:
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("id"), str):
+        return None
+    summary = saved.get("summary")
+    if summary is None:
+        summary = [{"type": "summary_text", "text": block.thinking}] if block.thinking else []
+    item: dict[str, Any] = {"type": "reasoning", "id": saved["id"], "summary": summary}
+    if saved.get("content"):
+        item["content"] = saved["content"]
+    if saved.get("encrypted_content"):
+        item["encrypted_content"] = saved["encrypted_content"]
+    elif not stored:
+        return None  # nothing to look the id up by
+    return item
