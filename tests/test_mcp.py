@@ -604,7 +604,7 @@ async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_ev
         raise ConnectionError("not connecting in this test")
         yield  # pragma: no cover
 
-    monkeypatch.setattr("agentloop.mcp.streamable_http_client", fake_transport)
+    monkeypatch.setattr("agentloop.mcp._http.streamable_http_client", fake_transport)
     srv = MCPServer.http(url, connect_timeout=10)
     with pytest.raises(ConnectionError):
         await srv.list_tools()
@@ -781,9 +781,10 @@ async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_star
 @settings(max_examples=50, deadline=None)
 @given(names=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=12))
 def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: list[str]) -> None:
-    srv = MCPServer(contextlib.nullcontext, label="p")  # type: ignore[arg-type]
+    from agentloop.mcp._tools import unique_specs
+
     specs = [types.Tool(name=n, description=str(i), inputSchema={"type": "object"}) for i, n in enumerate(names)]
-    kept = srv._unique(specs)
+    kept = unique_specs(specs, "p")
     assert [s.name for s in kept] == list(dict.fromkeys(names))
     assert all(s.description == str(names.index(s.name)) for s in kept)
 
@@ -1028,7 +1029,7 @@ async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_
 def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall(
     texts: list[str], cuts: list[int], ending: bytes, limit: int | None
 ) -> None:
-    from agentloop._mcp_stdio import _Pipes
+    from agentloop.mcp._stdio import Pipes
     from agentloop.models._http import Redactor
 
     def note(text: str) -> bytes:
@@ -1039,7 +1040,7 @@ def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall
     points = sorted({c % (len(wire) + 1) for c in cuts})
     loop = asyncio.new_event_loop()
     try:
-        pipes = _Pipes(loop, "p", Redactor(()), limit)
+        pipes = Pipes(loop, "p", Redactor(()), limit)
         for start, end in zip([0, *points], [*points, len(wire)], strict=True):
             pipes.pipe_data_received(1, wire[start:end])
         got = []

@@ -13,9 +13,7 @@ reads and writes, in place of the SDK's own ``stdio_client``, which:
 - noticed a server's death only at the end of its stdout, which a process it left behind can
   hold open for ever: here its exit ends the connection too.
 
-Shutdown follows the MCP spec: close stdin, give the server `_EXIT_GRACE` s to exit, SIGTERM its
-process group, and SIGKILL it `_EXIT_GRACE` s later; what the group still holds once the server
-is gone is stopped the same way.
+The server is stopped as the MCP spec says, with what it left in its process group (`_stop`).
 """
 
 from __future__ import annotations
@@ -24,23 +22,23 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from contextlib import AbstractAsyncContextManager
 
 import anyio
-from mcp import types
-from mcp.client.stdio import get_default_environment
+from mcp import StdioServerParameters, types
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.shared.message import SessionMessage
 
-from .models._http import Redactor, credential_parts, is_credential
+from ..models._http import Redactor, credential_parts, is_credential
+from ._connection import Connect, Streams
+from ._stop import stop, uncancellable
 
 log = logging.getLogger("agentloop")
 
-_EXIT_GRACE = 2.0  # seconds a server has to exit once its stdin is closed, and again once TERMed
 _DRAIN = 0.25  # seconds between one sign of a server's end (exit, end of stdout) and the other
 _READ_AHEAD = 1 << 20  # bytes of whole messages read ahead of the session before reading pauses
 _STDERR_BYTES = 8 << 10  # bytes of one stderr line kept (the rest of a longer one is dropped)
@@ -67,7 +65,7 @@ async def stdio_transport(
     loop = asyncio.get_running_loop()
     secrets = [part for name, value in (env or {}).items() if is_credential(name) for part in credential_parts(value)]
     transport, pipes = await loop.subprocess_exec(
-        lambda: _Pipes(loop, label, Redactor(secrets), max_message_size),
+        lambda: Pipes(loop, label, Redactor(secrets), max_message_size),
         command,
         *args,
         stdin=subprocess.PIPE,
@@ -80,10 +78,35 @@ async def stdio_transport(
     try:
         yield pipes.stdout, pipes.stdin
     finally:
-        await _uncancellable(_stop(transport, pipes))
+        await uncancellable(stop(transport, pipes))
 
 
-class _Pipes(asyncio.SubprocessProtocol):
+
+def stdio_connect(
+    command: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    label: str,
+    max_message_size: int | None,
+) -> Connect:
+    """What opens a connection to ``command`` run with ``args`` (see `MCPServer.stdio`): this
+    module's `stdio_transport`, or on Windows, which has no process groups, the SDK's own."""
+    if sys.platform == "win32":  # pragma: no cover - process groups are POSIX: the SDK's transport
+        params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
+        return lambda: stdio_client(params)
+    argv = tuple(args)
+    environment = dict(env or {})
+
+    def connect() -> AbstractAsyncContextManager[Streams]:
+        return stdio_transport(
+            command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size
+        )
+
+    return connect
+
+class Pipes(asyncio.SubprocessProtocol):
     """The server process's pipes: stdout cut into lines, stderr into the log, stdin's flow
     control, and the end of the connection (``end_reason`` once it has ended)."""
 
@@ -284,7 +307,7 @@ class Stdout:
     """The server's messages, read by the SDK's session (its ``ReadStream``); ``end_reason``
     and ``stderr_tail`` say why the connection ended, once it has."""
 
-    def __init__(self, pipes: _Pipes) -> None:
+    def __init__(self, pipes: Pipes) -> None:
         self._pipes = pipes
         self._closed = False
         self.noisy = False  # a line that is not JSON-RPC was seen (and warned about)
@@ -335,7 +358,7 @@ class Stdout:
 class Stdin:
     """Messages to the server, written by the SDK's session (its ``WriteStream``)."""
 
-    def __init__(self, pipes: _Pipes) -> None:
+    def __init__(self, pipes: Pipes) -> None:
         self._pipes = pipes
         self._closed = False
 
@@ -360,99 +383,3 @@ class Stdin:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-async def _stop(transport: asyncio.SubprocessTransport, pipes: _Pipes) -> None:
-    """Stop the server as the MCP spec says (stdin closed, then SIGTERM, then SIGKILL), stop what
-    it left in its process group, and close the pipes."""
-    pgid = transport.get_pid()
-    stdin = transport.get_pipe_transport(0)
-    if stdin is not None and 0 in pipes.open:
-        stdin.close()  # after what is buffered: the server reads to the end, then exits
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if await _within(pipes.exited, _EXIT_GRACE):
-            break
-        _signal_group(pgid, sig)
-    else:
-        if not await _within(pipes.exited, _EXIT_GRACE):
-            log.warning("MCP server %s: its process %d is still alive after SIGKILL; leaving it", pipes.label, pgid)
-    if pipes.exited.done():
-        await _stop_group(pgid, pipes.label)
-    for fd in (0, 1, 2):
-        pipe = transport.get_pipe_transport(fd)
-        if fd in pipes.open and pipe is not None:
-            if isinstance(pipe, asyncio.WriteTransport):
-                pipe.abort()
-            else:
-                pipe.close()
-    transport.close()
-    if pipes.exited.done():
-        await _within(pipes.closed, _EXIT_GRACE)
-
-
-async def _stop_group(pgid: int, label: str) -> None:
-    """Stop the processes the server left in its group (SIGTERM, then SIGKILL `_EXIT_GRACE` s
-    later): a child holding its pipes, helpers it started."""
-    if not _group_alive(pgid):
-        return
-    log.info("MCP server %s exited leaving processes in its group; stopping them", label)
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = asyncio.get_running_loop().time() + _EXIT_GRACE
-    while _group_alive(pgid):  # they are not our children: nothing to wait on but the group
-        if asyncio.get_running_loop().time() >= deadline:
-            _signal_group(pgid, signal.SIGKILL)
-            return
-        await asyncio.sleep(0.02)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group is alive. A dead one stays in the group until its new
-    parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
-    if not _signal_group(pgid, 0):
-        return False
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return True  # no /proc: the group's word holds
-    for path in proc.glob("[0-9]*/stat"):
-        try:
-            fields = path.read_text().rpartition(")")[2].split()  # after "pid (command)": state, ppid, pgrp
-        except OSError:  # it went meanwhile
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to the group; False when it has no process left."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of the group changed its user: it is not ours to stop
-        return False
-    return True
-
-
-async def _within(future: asyncio.Future[Any], seconds: float) -> bool:
-    """Whether ``future`` is done within ``seconds`` (it is not cancelled otherwise)."""
-    if not future.done():
-        await asyncio.wait((future,), timeout=seconds)
-    return future.done()
-
-
-async def _uncancellable(work: Awaitable[None]) -> None:
-    """Run ``work`` to its end even when the caller is cancelled meanwhile, then raise that
-    cancellation: nothing started here may outlive the transport."""
-    task = asyncio.ensure_future(work)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.done():
-                raise
-            cancelled = exc
-    if cancelled is not None:
-        raise cancelled
-    task.result()

@@ -1,231 +1,45 @@
-"""MCP servers as agentloop tools, over stdio or streamable HTTP (extra: ``agentloop[mcp]``).
+"""`MCPServer`: one MCP server's connection, its tool listings and its tool calls.
 
-    async with MCPServer.stdio("python", ["server.py"]) as server:
-        engine = QueryEngine(model, tools=await server.list_tools())
-        server.attach(engine)   # main-only abort hook, see `MCPServer.on_main_abort`
-
-Cancellation: every tool handler races its MCP request against the run's abort
-signal. On abort it stops waiting at once, the MCP SDK sends the server
-``notifications/cancelled`` for the request in flight (mcp >= 2 does this
-itself for a cancelled request, with the reason "caller cancelled"; agentloop's
-reason is on the `AbortError` and in the log), and the handler raises
-`AbortError` so the engine records "stopped while running". The connection
-stays open for the next call.
-
-Connection lifetime: one connection per `MCPServer`, opened on first use and
-shared by the main engine and all its subagents. It is closed only by its
-owner (`aclose` or leaving ``async with``) or by the main-only abort hook
-`on_main_abort`, never by a subagent's interrupt. A connection the server closed
-(a stdio server exited) is dropped at once: the next call opens a new one, and a
-call starts the server at most once.
+Longer than most modules: the connection's lifetime, the calls in flight and the tool
+listings share one state (a reset marks the tools for listing again, a call waits for the
+listing it caused, an abort keeps a connection that other runs' calls still use), and its
+rules are read together here. The connection itself is in `_connection`, the transports in
+`_stdio` and `_http`, the mapping of tools and results in `_tools`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit, urlunsplit
 
-try:
-    import anyio
-    import httpx2
-    from mcp import ClientSession, StdioServerParameters, types
-    from mcp.client.stdio import stdio_client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared.exceptions import MCPError
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
+from mcp import ClientSession, types
+from mcp.shared.exceptions import MCPError
 
-from . import __version__
-from ._abort import AbortSignal
-from ._engine import wait_at_run_end
-from ._errors import AbortError
-from ._mcp_stdio import stdio_transport
-from ._messages import TextBlock, ToolResultBlock
-from ._tools import Tool, ToolContext, ToolOutput, safe_name
-from .models._http import hide_url_credentials
-
-__all__ = ["MCPServer"]
+from .._abort import AbortSignal
+from .._engine import wait_at_run_end
+from .._errors import AbortError
+from .._tools import Tool, safe_name
+from ..models._http import hide_url_credentials
+from ._connection import Connect, Connection
+from ._http import URL_LOGGERS, check_url, http_connect, public_url, split_userinfo
+from ._stdio import stdio_connect
+from ._tools import Remote, object_schema, offerable_specs, unique_specs
 
 log = logging.getLogger("agentloop")
-
-#: The streamable HTTP transport's session header (HTTP header names are case-insensitive).
-_SESSION_HEADER = "mcp-session-id"
-
-#: The loggers that quote an MCP server's URL, query string and all.
-_URL_LOGGERS = ("mcp.client.streamable_http", "httpx2", "httpx")
 
 #: The listings that notifications/tools/list_changed may cause between two calls. A server may
 #: say its list changed at every listing (a notification along with its tools/list answer):
 #: listing again each time would never end, and a call's result waits for the listing.
 _RELISTS = 3
 
-#: What the client says it is in ``initialize`` (the SDK's default is a placeholder, "mcp" 0.1.0).
-_CLIENT = types.Implementation(name="agentloop", version=__version__)
-
-Streams = tuple[Any, Any]
-Connect = Callable[[], AbstractAsyncContextManager[Streams]]
-
 
 class _EngineLike(Protocol):
     def on_abort(self, fn: Callable[[str], Awaitable[None] | None], *, main_only: bool = False) -> None: ...
 
     def watch_tools(self, fn: Callable[[Mapping[str, Tool]], Sequence[Tool] | None]) -> None: ...
-
-
-class _Connection:
-    """One live MCP session, owned by a background task.
-
-    The SDK's transports are anyio task groups, which must be exited by the task
-    that entered them; a dedicated owner task lets any task (a tool call, an
-    abort hook, ``aclose``) use and close the connection.
-
-    ``lost`` turns True when the transport's read stream ends: the server closed the
-    connection (a stdio server's stdout ended, its process exited). Once the session is
-    ready, ``on_lost`` is then called with the connection, at once.
-    """
-
-    def __init__(
-        self,
-        connect: Connect,
-        label: str,
-        timeout: float | None,
-        on_message: Callable[[object], None],
-        on_lost: Callable[[_Connection], None],
-    ) -> None:
-        self._stop = asyncio.Event()
-        self._on_message = on_message
-        self._on_lost = on_lost
-        self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-        self.label = label
-        self.timeout = timeout  # for the initialize handshake
-        self.lost = False
-        self._read: Any = None  # the transport's read stream
-        self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
-
-    @property
-    def ready(self) -> bool:
-        """Whether the session is open (it may be lost since)."""
-        ready = self._ready
-        return ready.done() and not ready.cancelled() and ready.exception() is None
-
-    def why(self, *, stderr: bool = False) -> str:
-        """Why the server closed the connection, as far as the transport says (a stdio server's
-        exit status; with ``stderr``, the last lines it wrote there): a suffix for a message."""
-        reason = getattr(self._read, "end_reason", None)
-        if not reason:
-            return ""
-        tail = getattr(self._read, "stderr_tail", "") if stderr else ""
-        return f": {reason}" + (f"; the last lines of its stderr: {tail}" if tail else "")
-
-    def closed(self, how: str = "", *, stderr: bool = False) -> MCPError:
-        """The error for a request the closed connection failed, saying why it closed."""
-        return MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
-
-    async def session(self) -> ClientSession:
-        # shield: a caller giving up must not cancel the shared future.
-        return await asyncio.shield(self._ready)
-
-    async def _run(self, connect: Connect) -> None:
-        timeout = self.timeout
-        try:
-            async with connect() as (read, write):
-                self._read = read
-                async with ClientSession(
-                    _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
-                ) as session:
-                    try:
-                        async with asyncio.timeout(timeout):
-                            await session.initialize()
-                    except TimeoutError:
-                        raise TimeoutError(
-                            f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
-                        ) from None
-                    self._ready.set_result(session)
-                    if self.lost:  # it ended as the handshake finished
-                        self._on_lost(self)
-                    await self._stop.wait()
-        except Exception as exc:
-            if not self._ready.done():
-                error = _unwrap(exc)
-                if isinstance(error, MCPError) and error.code == types.CONNECTION_CLOSED and self.why():
-                    error = self.closed(stderr=True)  # the server is stopped by now: its stderr is all in
-                self._ready.set_exception(error)
-            else:
-                log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
-        finally:
-            if not self._ready.done():
-                self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
-            if not self._ready.cancelled():
-                self._ready.exception()  # mark it retrieved: callers may all have given up
-
-    def _ended(self) -> None:
-        if self.lost:
-            return
-        self.lost = True
-        if self.ready:
-            self._on_lost(self)  # before that, the handshake fails and `MCPServer.session` drops it
-
-    async def _message(self, message: object) -> None:
-        # Runs in the SDK's read loop: it must not wait for the server (a request from here
-        # would never get its answer), so it only hands the news over.
-        self._on_message(message)
-
-    async def close(self) -> None:
-        """Close the session and its transport (stops a stdio server). Idempotent."""
-        self._stop.set()
-        if not self._ready.done():
-            self._task.cancel()  # still connecting: nobody is using it yet
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self._task)
-
-
-class _Watched:
-    """A transport's read stream that calls ``on_end`` when it ends (the server closed the
-    connection). The SDK's session fails the requests then in flight, and every later one;
-    this lets the next one go to a new connection instead, since it never reached the old."""
-
-    __slots__ = ("_on_end", "_stream")
-
-    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_end = on_end
-
-    @property
-    def last_context(self) -> Any:  # the streamable HTTP transport's, read by the SDK's dispatcher
-        return getattr(self._stream, "last_context", None)
-
-    async def receive(self) -> Any:
-        try:
-            return await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._on_end()
-            raise
-
-    def __aiter__(self) -> _Watched:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def __aenter__(self) -> _Watched:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class MCPServer:
@@ -255,7 +69,7 @@ class MCPServer:
         self.prefix = prefix
         self.concurrency_safe = concurrency_safe
         self.timeout = timeout
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._closed = False
         self._in_flight: list[AbortSignal | None] = []  # the signal of each call in flight
         self._listed: dict[str, Tool] = {}  # the last tools/list answer, by the server's names
@@ -298,17 +112,7 @@ class MCPServer:
         ends the connection, failing the calls in flight.
         """
         label = f"stdio:{command}"
-        if sys.platform == "win32":  # pragma: no cover - process groups are POSIX: the SDK's transport
-            params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}) or None, cwd=cwd)
-            return cls(lambda: stdio_client(params), label=label, **options)
-        argv = tuple(args)
-        environment = dict(env or {})
-
-        def connect() -> AbstractAsyncContextManager[Streams]:
-            return stdio_transport(
-                command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size
-            )
-
+        connect = stdio_connect(command, args, env=env, cwd=cwd, label=label, max_message_size=max_message_size)
         return cls(connect, label=label, **options)
 
     @classmethod
@@ -339,29 +143,21 @@ class MCPServer:
         the address: its credentials are scrubbed out of the records of the loggers
         that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
         """
-        _check_url(url)
-        target, auth = _split_userinfo(url)
+        check_url(url)
+        target, auth = split_userinfo(url)
 
-        async def on_response(response: httpx2.Response) -> None:
+        def forgotten() -> None:
             # A 404 to a request in a session means the server no longer knows that session (it
             # restarted, say): the SDK fails the call, and every later one, unless we reconnect.
-            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
-                log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
-                server._forgotten = True
+            log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
+            server._forgotten = True
 
-        @contextlib.asynccontextmanager
-        async def connect() -> AsyncIterator[Streams]:
-            limits = httpx2.Timeout(http_timeout, read=None)
-            hooks = {"response": [on_response]}
-            async with (
-                httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
-                streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as streams,
-            ):
-                yield streams
-
-        server = cls(connect, label=_public_url(url), **options)
+        connect = http_connect(
+            target, auth, headers=headers, http_timeout=http_timeout, max_event_size=max_event_size, on_forgotten=forgotten
+        )
+        server = cls(connect, label=public_url(url), **options)
         # The SDK logs the URL it connects to, and its HTTP client each request's URL.
-        hide_url_credentials(server, url, _URL_LOGGERS)
+        hide_url_credentials(server, url, URL_LOGGERS)
         return server
 
     async def __aenter__(self) -> MCPServer:
@@ -391,7 +187,7 @@ class MCPServer:
         """
         return (await self._open())[1]
 
-    async def _open(self) -> tuple[_Connection, ClientSession]:
+    async def _open(self) -> tuple[Connection, ClientSession]:
         """The current connection and its session, connecting first if needed (at most once:
         a server that keeps exiting at start-up fails each call once, it is never retried)."""
         if self._closed:
@@ -399,7 +195,7 @@ class MCPServer:
         conn = self._conn
         if conn is None:
             self._forgotten = False
-            conn = self._conn = _Connection(
+            conn = self._conn = Connection(
                 self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
             )
         try:
@@ -412,7 +208,7 @@ class MCPServer:
             raise conn.closed(" as soon as it was open", stderr=True)
         return conn, session
 
-    def _on_lost(self, conn: _Connection) -> None:
+    def _on_lost(self, conn: Connection) -> None:
         """The server closed the connection ``conn`` (a stdio server exited): take it out of
         use, so that the next call, which cannot have reached the old server, opens a new one."""
         if self._conn is conn and not self._closed:
@@ -508,7 +304,7 @@ class MCPServer:
         conn, session = await self._open()
         return await self._list(conn, session)
 
-    async def _list(self, conn: _Connection, session: ClientSession) -> list[Tool]:
+    async def _list(self, conn: Connection, session: ClientSession) -> list[Tool]:
         timeout = self.connect_timeout
         try:
             async with asyncio.timeout(timeout) as bound:
@@ -519,7 +315,7 @@ class MCPServer:
             raise TimeoutError(
                 f"MCP server {self.label} did not answer tools/list within {timeout:g} s"
             ) from None
-        specs = self._offerable(self._unique(specs))
+        specs = offerable_specs(unique_specs(specs, self.label), self.label)
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
@@ -527,7 +323,7 @@ class MCPServer:
             self._relist_due = False  # this listing comes from the current connection
         return tools
 
-    async def _pages(self, session: ClientSession, conn: _Connection) -> list[types.Tool]:
+    async def _pages(self, session: ClientSession, conn: Connection) -> list[types.Tool]:
         """Every page of the server's tools/list answer."""
         specs: list[types.Tool] = []
         cursor: str | None = None
@@ -550,37 +346,6 @@ class MCPServer:
                 )
             seen.add(cursor)
 
-    def _unique(self, specs: list[types.Tool]) -> list[types.Tool]:
-        """``specs`` with the first tool of each name: a request offering two tools of one
-        name fails at every provider, so a server that lists a name twice loses the later ones."""
-        first: dict[str, types.Tool] = {}
-        for spec in specs:
-            if spec.name in first:
-                log.warning(
-                    "MCP server %s lists the tool %r more than once; only its first listing is offered",
-                    self.label,
-                    spec.name,
-                )
-            else:
-                first[spec.name] = spec
-        return specs if len(first) == len(specs) else list(first.values())
-
-    def _offerable(self, specs: list[types.Tool]) -> list[types.Tool]:
-        """``specs`` without the tools whose input cannot be an object: MCP arguments always
-        are, and the providers refuse a whole request holding a tool schema of another type."""
-        kept: list[types.Tool] = []
-        for spec in specs:
-            if _object_schema(spec.input_schema) is not None:
-                kept.append(spec)
-            else:
-                log.warning(
-                    "MCP server %s: the tool %r takes %r, not an object; it is not offered",
-                    self.label,
-                    spec.name,
-                    spec.input_schema.get("type"),
-                )
-        return kept
-
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
         updated to this server's last tool listing, or None when it is up to date.
@@ -590,7 +355,7 @@ class MCPServer:
         added only to an engine that held all of this server's tools (a subagent given
         a narrower set is never widened). Other tools are kept as they are.
         """
-        mine = [t.handler for t in current.values() if isinstance(t.handler, _Remote) and t.handler.server is self]
+        mine = [t.handler for t in current.values() if isinstance(t.handler, Remote) and t.handler.server is self]
         if not mine:
             return None
         listed = self._listed
@@ -601,7 +366,7 @@ class MCPServer:
         out: list[Tool] = []
         for tool in current.values():
             h = tool.handler
-            if not (isinstance(h, _Remote) and h.server is self):
+            if not (isinstance(h, Remote) and h.server is self):
                 out.append(tool)
             elif h.remote in wanted:
                 out.append(listed[h.remote])
@@ -721,7 +486,7 @@ class MCPServer:
             await asyncio.wait((relisting,))
         return result
 
-    async def _lost(self, exc: MCPError, conn: _Connection) -> None:
+    async def _lost(self, exc: MCPError, conn: Connection) -> None:
         forgotten, self._forgotten = self._forgotten, False
         if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn:
             await self.reset()  # the server went away, or forgot the session: reconnect on the next call
@@ -730,124 +495,16 @@ class MCPServer:
         return Tool(
             safe_name(self.prefix + spec.name),  # MCP allows '.', '/' and more; providers do not
             spec.description or "",
-            _object_schema(spec.input_schema) or {"type": "object"},
-            _Remote(self, spec.name, listing),
+            object_schema(spec.input_schema) or {"type": "object"},
+            Remote(self, spec.name, listing),
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
         )
 
 
-class _Remote:
-    """The handler of a tool made by `MCPServer.list_tools`: it calls the server's tool
-    ``remote``; ``listing`` holds the names of the listing it came from."""
-
-    __slots__ = ("listing", "remote", "server")
-
-    def __init__(self, server: MCPServer, remote: str, listing: frozenset[str]) -> None:
-        self.server = server
-        self.remote = remote
-        self.listing = listing
-
-    async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
-        return result_to_block(ctx.tool_use_id, result)
-
-
-async def _close(conn: _Connection | None, relisting: asyncio.Task[None] | None) -> None:
+async def _close(conn: Connection | None, relisting: asyncio.Task[None] | None) -> None:
     if relisting is not None and not relisting.done():
         relisting.cancel()  # it would open the next connection
         await asyncio.wait((relisting,))
     if conn is not None:
         await conn.close()
-
-
-def _object_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
-    """``schema`` with ``"type": "object"`` (the only type the providers accept) when it allows
-    an object (no type given, as in ``{}`` or a bare ``$ref``, or a list of types holding
-    "object"), else None."""
-    kind = schema.get("type")
-    if kind == "object":
-        return schema
-    if kind is None or (isinstance(kind, list) and "object" in kind):
-        return {"type": "object", **{k: v for k, v in schema.items() if k != "type"}}
-    return None
-
-
-def _public_url(url: str) -> str:
-    """``url`` without user info, query or fragment: what can be shown in logs."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "(unparsable MCP URL)"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{port}" if port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _check_url(url: str) -> None:
-    """Raise ValueError, without quoting ``url``, when its host or port cannot be read: the
-    SDK's HTTP client would quote the part it refuses, which for a password holding an
-    unencoded "/", "?" or "#" (``https://user:ab/cd@host``) is the start of the password."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for an invalid port
-    except ValueError:
-        raise ValueError(
-            "the MCP server URL is not a valid URL (its host or port cannot be read); a '/', '?', '#' "
-            "or '@' in a user name or password must be percent-encoded (%2F, %3F, %23, %40)"
-        ) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("the MCP server URL must be an absolute http:// or https:// URL with a host")
-
-
-def _split_userinfo(url: str) -> tuple[str, httpx2.BasicAuth | None]:
-    """``url`` without its user info, and that user info as Basic authentication (None
-    when there is none, or when the URL cannot be parsed: the SDK then reports it)."""
-    try:
-        parts = urlsplit(url)
-        user, password = parts.username, parts.password
-    except ValueError:
-        return url, None
-    if user is None and password is None:
-        return url, None
-    netloc = parts.netloc.rpartition("@")[2]
-    auth = httpx2.BasicAuth(unquote(user or ""), unquote(password or ""))
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), auth
-
-
-def _unwrap(exc: Exception) -> Exception:
-    """The one error the SDK's task groups wrapped (a group of one, nested), else ``exc``."""
-    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def result_to_block(tool_use_id: str, result: types.CallToolResult) -> ToolResultBlock:
-    """Map an MCP tool result to a `ToolResultBlock`: text stays text, other content
-    is described in a short line, and ``is_error`` is kept."""
-    parts = [TextBlock(text=text) for text in map(_describe, result.content) if text]
-    if not parts and result.structured_content is not None:
-        parts = [TextBlock(text=json.dumps(result.structured_content, ensure_ascii=False, default=str))]
-    content: str | list[TextBlock] = parts if parts else "(no output)"
-    if len(parts) == 1:
-        content = parts[0].text
-    return ToolResultBlock(tool_use_id=tool_use_id, content=content, is_error=result.is_error)
-
-
-def _describe(block: types.ContentBlock) -> str:
-    if isinstance(block, types.TextContent):
-        return block.text
-    if isinstance(block, types.ImageContent | types.AudioContent):
-        size = len(block.data) * 3 // 4
-        return f"[{block.type}: {block.mime_type}, about {size} bytes, not shown]"
-    if isinstance(block, types.ResourceLink):
-        return f"[resource link: {block.uri}{f' ({block.mime_type})' if block.mime_type else ''}]"
-    if isinstance(block, types.EmbeddedResource):
-        res = block.resource
-        if isinstance(res, types.TextResourceContents):
-            return res.text
-        return f"[resource: {res.uri} ({res.mime_type or 'binary'}), not shown]"
-    return f"[{getattr(block, 'type', 'unknown')} content, not shown]"

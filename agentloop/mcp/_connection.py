@@ -1,0 +1,184 @@
+"""One live connection to an MCP server: its SDK session, run by a task of its own
+(`Connection`), and the read stream that tells it when the server closed it (`_Watched`).
+
+``Connect`` is what a transport gives it: a callable that opens the transport's stream pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import anyio
+from mcp import ClientSession, types
+from mcp.shared.exceptions import MCPError
+
+from .. import __version__
+
+log = logging.getLogger("agentloop")
+
+#: What the client says it is in ``initialize`` (the SDK's default is a placeholder, "mcp" 0.1.0).
+_CLIENT = types.Implementation(name="agentloop", version=__version__)
+
+Streams = tuple[Any, Any]
+Connect = Callable[[], AbstractAsyncContextManager[Streams]]
+
+
+class Connection:
+    """One live MCP session, owned by a background task.
+
+    The SDK's transports are anyio task groups, which must be exited by the task
+    that entered them; a dedicated owner task lets any task (a tool call, an
+    abort hook, ``aclose``) use and close the connection.
+
+    ``lost`` turns True when the transport's read stream ends: the server closed the
+    connection (a stdio server's stdout ended, its process exited). Once the session is
+    ready, ``on_lost`` is then called with the connection, at once.
+    """
+
+    def __init__(
+        self,
+        connect: Connect,
+        label: str,
+        timeout: float | None,
+        on_message: Callable[[object], None],
+        on_lost: Callable[[Connection], None],
+    ) -> None:
+        self._stop = asyncio.Event()
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.label = label
+        self.timeout = timeout  # for the initialize handshake
+        self.lost = False
+        self._read: Any = None  # the transport's read stream
+        self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
+
+    @property
+    def ready(self) -> bool:
+        """Whether the session is open (it may be lost since)."""
+        ready = self._ready
+        return ready.done() and not ready.cancelled() and ready.exception() is None
+
+    def why(self, *, stderr: bool = False) -> str:
+        """Why the server closed the connection, as far as the transport says (a stdio server's
+        exit status; with ``stderr``, the last lines it wrote there): a suffix for a message."""
+        reason = getattr(self._read, "end_reason", None)
+        if not reason:
+            return ""
+        tail = getattr(self._read, "stderr_tail", "") if stderr else ""
+        return f": {reason}" + (f"; the last lines of its stderr: {tail}" if tail else "")
+
+    def closed(self, how: str = "", *, stderr: bool = False) -> MCPError:
+        """The error for a request the closed connection failed, saying why it closed."""
+        return MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
+
+    async def session(self) -> ClientSession:
+        # shield: a caller giving up must not cancel the shared future.
+        return await asyncio.shield(self._ready)
+
+    async def _run(self, connect: Connect) -> None:
+        timeout = self.timeout
+        try:
+            async with connect() as (read, write):
+                self._read = read
+                async with ClientSession(
+                    _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
+                ) as session:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await session.initialize()
+                    except TimeoutError:
+                        raise TimeoutError(
+                            f"MCP server {self.label} did not answer the initialize request within {timeout:g} s"
+                        ) from None
+                    self._ready.set_result(session)
+                    if self.lost:  # it ended as the handshake finished
+                        self._on_lost(self)
+                    await self._stop.wait()
+        except Exception as exc:
+            if not self._ready.done():
+                error = _unwrap(exc)
+                if isinstance(error, MCPError) and error.code == types.CONNECTION_CLOSED and self.why():
+                    error = self.closed(stderr=True)  # the server is stopped by now: its stderr is all in
+                self._ready.set_exception(error)
+            else:
+                log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
+        finally:
+            if not self._ready.done():
+                self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))
+            if not self._ready.cancelled():
+                self._ready.exception()  # mark it retrieved: callers may all have given up
+
+    def _ended(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        if self.ready:
+            self._on_lost(self)  # before that, the handshake fails and `MCPServer.session` drops it
+
+    async def _message(self, message: object) -> None:
+        # Runs in the SDK's read loop: it must not wait for the server (a request from here
+        # would never get its answer), so it only hands the news over.
+        self._on_message(message)
+
+    async def close(self) -> None:
+        """Close the session and its transport (stops a stdio server). Idempotent."""
+        self._stop.set()
+        if not self._ready.done():
+            self._task.cancel()  # still connecting: nobody is using it yet
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._task)
+
+
+class _Watched:
+    """A transport's read stream that calls ``on_end`` when it ends (the server closed the
+    connection). The SDK's session fails the requests then in flight, and every later one;
+    this lets the next one go to a new connection instead, since it never reached the old."""
+
+    __slots__ = ("_on_end", "_stream")
+
+    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # the streamable HTTP transport's, read by the SDK's dispatcher
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The one error the SDK's task groups wrapped (a group of one, nested), else ``exc``."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

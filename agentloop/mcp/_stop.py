@@ -1,0 +1,119 @@
+"""Stopping a stdio MCP server, as the MCP spec says, and what it left in its process group.
+
+Close its stdin, give the server `_EXIT_GRACE` s to exit, SIGTERM its process group, and
+SIGKILL it `_EXIT_GRACE` s later; what the group still holds once the server is gone is
+stopped the same way. The caller's cancellation waits for all of it (`uncancellable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._stdio import Pipes
+
+log = logging.getLogger("agentloop")
+
+_EXIT_GRACE = 2.0  # seconds a server has to exit once its stdin is closed, and again once TERMed
+
+
+async def stop(transport: asyncio.SubprocessTransport, pipes: Pipes) -> None:
+    """Stop the server as the MCP spec says (stdin closed, then SIGTERM, then SIGKILL), stop what
+    it left in its process group, and close the pipes."""
+    pgid = transport.get_pid()
+    stdin = transport.get_pipe_transport(0)
+    if stdin is not None and 0 in pipes.open:
+        stdin.close()  # after what is buffered: the server reads to the end, then exits
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if await _within(pipes.exited, _EXIT_GRACE):
+            break
+        _signal_group(pgid, sig)
+    else:
+        if not await _within(pipes.exited, _EXIT_GRACE):
+            log.warning("MCP server %s: its process %d is still alive after SIGKILL; leaving it", pipes.label, pgid)
+    if pipes.exited.done():
+        await _stop_group(pgid, pipes.label)
+    for fd in (0, 1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if fd in pipes.open and pipe is not None:
+            if isinstance(pipe, asyncio.WriteTransport):
+                pipe.abort()
+            else:
+                pipe.close()
+    transport.close()
+    if pipes.exited.done():
+        await _within(pipes.closed, _EXIT_GRACE)
+
+
+async def _stop_group(pgid: int, label: str) -> None:
+    """Stop the processes the server left in its group (SIGTERM, then SIGKILL `_EXIT_GRACE` s
+    later): a child holding its pipes, helpers it started."""
+    if not _group_alive(pgid):
+        return
+    log.info("MCP server %s exited leaving processes in its group; stopping them", label)
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + _EXIT_GRACE
+    while _group_alive(pgid):  # they are not our children: nothing to wait on but the group
+        if asyncio.get_running_loop().time() >= deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            return
+        await asyncio.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group is alive. A dead one stays in the group until its new
+    parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
+    if not _signal_group(pgid, 0):
+        return False
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return True  # no /proc: the group's word holds
+    for path in proc.glob("[0-9]*/stat"):
+        try:
+            fields = path.read_text().rpartition(")")[2].split()  # after "pid (command)": state, ppid, pgrp
+        except OSError:  # it went meanwhile
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; False when it has no process left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of the group changed its user: it is not ours to stop
+        return False
+    return True
+
+
+async def _within(future: asyncio.Future[Any], seconds: float) -> bool:
+    """Whether ``future`` is done within ``seconds`` (it is not cancelled otherwise)."""
+    if not future.done():
+        await asyncio.wait((future,), timeout=seconds)
+    return future.done()
+
+
+async def uncancellable(work: Awaitable[None]) -> None:
+    """Run ``work`` to its end even when the caller is cancelled meanwhile, then raise that
+    cancellation: nothing started here may outlive the transport."""
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():
+                raise
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    task.result()
