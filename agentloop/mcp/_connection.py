@@ -176,7 +176,6 @@ class _Watched:
         await self.aclose()
 
 
-
 def _unwrap(exc: Exception) -> Exception:
     """The one error the SDK's task groups wrapped (a group of one, nested), else ``exc``."""
     while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:

@@ -81,7 +81,6 @@ async def stdio_transport(
         await uncancellable(stop(transport, pipes))
 
 
-
 def stdio_connect(
     command: str,
     args: Sequence[str],

@@ -1,0 +1,107 @@
+"""The records of a session file, written and read: one JSON object per line.
+
+`event_to_json` turns an event (or anything in one) into JSON-ready data; a line is written
+as strict JSON in UTF-8, a value JSON cannot encode as its ``repr`` and a lone surrogate
+escaped, with every line break inside it escaped too (`encode_line`); `loads_non_finite`
+reads one back, with the ``NaN`` an older version wrote read as null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
+
+from .._messages import Message, jsonable
+from .._unicode import has_surrogates
+
+_OTHER_LINE_BREAK = re.compile("[\x85\u2028\u2029]")  # JSON escapes the others (\n, \r, \v, \f, \x1c-\x1e)
+
+
+def event_to_json(value: Any) -> Any:
+    """Turn an event (or any value inside one) into JSON-ready data.
+
+    Dataclasses become objects (with their ``type`` tag when they have one),
+    pydantic models are dumped in JSON mode (a value a model cannot dump, such as a
+    host's object in a message's ``meta``, as its repr), tuples and sets become lists, enums
+    their value; anything else JSON cannot encode is left for the encoder's
+    ``repr`` fallback.
+    """
+    if isinstance(value, BaseModel):
+        try:
+            return value.model_dump(mode="json")
+        except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
+            return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        tag = getattr(type(value), "type", None)
+        if isinstance(tag, str):
+            out["type"] = tag
+        for f in dataclasses.fields(value):
+            out[f.name] = event_to_json(getattr(value, f.name))
+        return out
+    if isinstance(value, Mapping):
+        return {str(k): event_to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [event_to_json(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return event_to_json(value.value)
+    return value
+
+
+def encode_line(line: str) -> bytes:
+    if _OTHER_LINE_BREAK.search(line) is not None:
+        # Raw in a JSON string, yet a line break to str.splitlines() and to other readers of
+        # "lines": escaped, the file has one record per line for every reader.
+        line = _OTHER_LINE_BREAK.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+    return line.encode("utf-8")
+
+
+def checkpoint_line(messages: Sequence[Message]) -> str:
+    return dumps({"type": "checkpoint", "messages": [event_to_json(m) for m in messages]}) + "\n"
+
+
+def dumps(obj: Any) -> str:
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr, allow_nan=False)
+    except ValueError:  # a NaN or an infinity, which JSON has no number for: null, as in a message
+        obj = _finite(obj)
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    if has_surrogates(text):  # UTF-8 cannot encode it: escape everything non-ASCII instead
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr)
+    return text
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is NaN or infinite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _non_finite(constant: str) -> None:
+    """What a ``NaN``, ``Infinity`` or ``-Infinity`` token (not JSON; an older version wrote
+    them in event records) reads as: None, as the null written for one today."""
+    return None
+
+
+_DECODER = json.JSONDecoder(parse_constant=_non_finite)
+
+
+def loads_non_finite(line: bytes) -> Any:
+    """json.loads, with a ``NaN`` or ``Infinity`` token read as None (it costs what json.loads
+    costs: the token is handled only where it occurs)."""
+    # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
+    # surrogates kept for the repair to join or replace.
+    return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))

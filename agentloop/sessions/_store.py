@@ -1,0 +1,370 @@
+"""`JsonlSession`, the append-only JSON Lines store, and the `SessionStore` protocol.
+
+Appends are synchronous, under a thread lock, in commit order; the file is opened (and
+locked against other writers) at the first append or `JsonlSession.acquire`, and synced
+as the ``fsync`` policy says. The record format is in `_format`, the durable writes in
+`_files`, the writer's lock in `_locking`, reading back in `_load`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic_core import PydanticSerializationError
+
+from .._errors import SessionLockedError
+from .._messages import Message
+from ._files import O_BINARY, cut_torn_tail, fsync_dir, fsync_file, make_dirs, write_all
+from ._format import checkpoint_line, dumps, encode_line, event_to_json
+from ._load import LoadedSession, load_file
+from ._locking import take_lock
+
+log = logging.getLogger("agentloop")
+
+FsyncPolicy = Literal["always", "batch", "never"]
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """What the engine needs from a session store.
+
+    The engine calls `append_message` for every message it commits to the
+    transcript, `append_event` for events worth keeping (`TurnEnded`,
+    interjection receipts), and `sidechain` once per subagent, whose transcript
+    is kept apart. `close` is the owner's job; the engine never calls it on the
+    store it was given. A store may also have ``append_checkpoint(messages)``
+    (as `JsonlSession` does): the engine calls it when a run starts on a
+    transcript the host rewound or edited since the last commit, and ``acquire()``: the
+    engine calls it as each run starts, and a `SessionLockedError` it raises refuses the run
+    (any other error is left for the appends to report).
+    """
+
+    def append_message(self, message: Message) -> None: ...
+    def append_event(self, event: object) -> None: ...
+    def sidechain(self, agent_id: str) -> SessionStore: ...
+    def close(self) -> None: ...
+
+
+class JsonlSession:
+    """An append-only JSON Lines session file (see the module docstring).
+
+    ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
+    every N appends. ``sidechain_dir``: where subagent files go (default
+    ``<dir of path>/subagents``). The file and its directories are created on
+    the first append (or `acquire`); constructing or loading never creates anything. A file it
+    creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
+    output, keys the user pasted); existing ones keep their mode. A relative
+    path is taken from the working directory at construction.
+    A session is safe to append to from several threads. While its file is open for
+    appending (from `acquire` or the first append until `close` or `release`) no other
+    session, in this process or another, can open it for appending: they get
+    `SessionLockedError`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "batch",
+        fsync_every: int | None = None,
+        sidechain_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if fsync not in ("always", "batch", "never"):
+            raise ValueError(f"fsync must be 'always', 'batch' or 'never', not {fsync!r}")
+        if fsync_every is not None and fsync_every < 1:
+            raise ValueError("fsync_every must be >= 1")
+        # Absolute now: the file is opened at the first append, and a sidechain's much later,
+        # by when the process (a tool, the host) may have changed its working directory.
+        self.path = Path(path).absolute()
+        self.fsync: FsyncPolicy = fsync
+        self.fsync_every = fsync_every
+        self.sidechain_dir = (
+            Path(sidechain_dir).absolute() if sidechain_dir is not None else self.path.parent / "subagents"
+        )
+        self._fd: int | None = None
+        self._closed = False
+        self._unsynced = 0
+        self._torn = False  # a failed append may have left part of its line at the end
+        self._tail_unchecked = False  # opened, its last line not yet checked for a crash's tear
+        self._cut_to: int | None = None  # the size before the line of an append whose sync failed
+        self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
+        self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
+        self._lock = threading.Lock()
+        self._sidechains: dict[str, JsonlSession] = {}
+
+    def __repr__(self) -> str:
+        return f"<JsonlSession {str(self.path)!r} fsync={self.fsync!r}>"
+
+    # -- writing ------------------------------------------------------------
+
+    def append_message(self, message: Message) -> None:
+        """Append one committed message. Raises ValueError once closed, OSError on IO failure."""
+        try:
+            body = message.model_dump_json()
+        except (PydanticSerializationError, ValueError):
+            # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
+            # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
+            body = dumps(event_to_json(message))
+        self._append('{"type":"message","message":' + body + "}\n")
+
+    def append_checkpoint(self, messages: Sequence[Message]) -> None:
+        """Append a checkpoint record: on load, ``messages`` replace every message read before
+        it (a transcript rewound or edited by the host). Raises as `append_message` does."""
+        self._append(checkpoint_line(messages))
+
+    def append_event(self, event: object) -> None:
+        """Append an event record: any agentloop event dataclass (or pydantic model, or
+        mapping). Values JSON cannot encode are written as their ``repr``."""
+        record = {"type": "event", "event": event_to_json(event)}
+        self._append(dumps(record) + "\n")
+
+    def acquire(self) -> None:
+        """Open the file for appending now rather than at the first append (creating it and
+        its directories if missing), taking the lock that keeps other writers out until
+        `close` or `release`. Does nothing if it is open already. Raises `SessionLockedError`
+        when another writer has it open, OSError when it cannot be opened, ValueError once
+        closed. The engine calls it as each run starts."""
+        with self._lock:
+            self._open()
+
+    def flush(self) -> None:
+        """Make every append so far durable (fsync), unless the policy is ``"never"``."""
+        with self._lock:
+            if self._fd is not None and self.fsync != "never" and self._unsynced:
+                self._sync()
+
+    def close(self) -> None:
+        """Flush (per the policy) and close this file and its sidechains. Idempotent.
+
+        Every file is closed even when syncing one fails; the (last) OSError is raised after.
+        """
+        with self._lock:
+            # Closed before the sidechains are listed: one asked for from another thread from
+            # here on comes closed, rather than open and missed by the list (its file never closed).
+            self._closed = True
+            children = list(self._sidechains.values())
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._close_file)
+            for child in reversed(children):
+                stack.callback(child.close)  # run first, in the order they were made
+
+    def release(self) -> None:
+        """Flush (per the policy) and close the file, leaving the session open: the next
+        append opens the file again. The engine calls it on a subagent's sidechain when the
+        subagent's run ends, so an idle subagent holds no open file. Raises OSError if the
+        sync fails (the file is closed all the same)."""
+        self._close_file()
+
+    def _close_file(self) -> None:
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                return
+            try:
+                self._drop_uncommitted(fd)
+                if self.fsync != "never" and self._unsynced:
+                    self._sync()
+            finally:
+                self._fd = None
+                os.close(fd)
+
+    def __del__(self) -> None:
+        # As Python's own files do: a session dropped while its file is open closes the file
+        # and says so with a ResourceWarning (the host should have closed it). No lock: once
+        # the session is unreachable no thread can be using it. The sync `close()` would do
+        # is not done (a finalizer must not wait for the disk); the records are in the file. No
+        # `source=self`: a warning recorded with it would keep the session (and its sidechains) alive.
+        fd = getattr(self, "_fd", None)
+        if fd is None:
+            return
+        self._fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            warnings.warn(f"unclosed session file {str(self.path)!r}", ResourceWarning, stacklevel=1)
+        except (AttributeError, TypeError):  # at interpreter exit, the module may be torn down
+            pass
+
+    def __enter__(self) -> JsonlSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def sidechain(self, agent_id: str) -> JsonlSession:
+        """The session of subagent ``agent_id``: ``<sidechain_dir>/<agent_id>.jsonl``.
+
+        Same policy as this one; nested subagents share the same directory. The
+        same object is returned for the same id, and `close` closes it too (one
+        asked for once this session is closed comes closed). Raises ValueError
+        for an id that is not a plain file name.
+        """
+        if not agent_id or agent_id in (".", "..") or any(c in agent_id for c in "/\\\0"):
+            raise ValueError(f"agent_id {agent_id!r} cannot be used as a file name")
+        with self._lock:
+            child = self._sidechains.get(agent_id)
+            if child is None:
+                child = JsonlSession(
+                    self.sidechain_dir / f"{agent_id}.jsonl",
+                    fsync=self.fsync,
+                    fsync_every=self.fsync_every,
+                    sidechain_dir=self.sidechain_dir,
+                )
+                child._closed = self._closed  # nothing would ever close it (nor its file)
+                self._sidechains[agent_id] = child
+            return child
+
+    def _append(self, line: str) -> None:
+        data = encode_line(line)
+        with self._lock:
+            fd = self._open()
+            if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
+                cut_torn_tail(fd, self.path, keep_whole=True)
+                self._tail_unchecked = False
+            if self._torn:
+                cut_torn_tail(fd, self.path)
+                self._torn = False
+            if self._cut_to is not None:
+                os.ftruncate(fd, self._cut_to)
+                self._cut_to = None
+            if self._owed is not None:  # the checkpoint must come before any later record
+                self._write(fd, self._owed)
+                self._owed = None
+            self._write(fd, data)
+
+    def _write(self, fd: int, data: bytes) -> None:
+        """Write one whole line (the lock held)."""
+        try:
+            write_all(fd, data)
+        except BaseException:
+            # Part of the line may be in the file (a short write, then ENOSPC or EIO): cut it
+            # off now, or before the next append if that fails too, so that the next record
+            # is never glued to it (which would lose that record as well).
+            self._torn = True
+            with contextlib.suppress(OSError):
+                cut_torn_tail(fd, self.path)
+                self._torn = False
+            raise
+        self._unsynced += 1
+        if self.fsync == "always" or (
+            self.fsync == "batch" and self.fsync_every and self._unsynced >= self.fsync_every
+        ):
+            try:
+                self._sync()
+            except BaseException:
+                # The whole line is in the file, yet the append raises: the caller takes the
+                # record as not written (the engine lists it as lost; a host appends it again),
+                # so it must not be. Cut it off now, or before the next append or the close.
+                self._unsynced -= 1
+                with contextlib.suppress(OSError):
+                    self._cut_to = os.fstat(fd).st_size - len(data)
+                    os.ftruncate(fd, self._cut_to)
+                    self._cut_to = None
+                raise
+
+    def _drop_uncommitted(self, fd: int) -> None:
+        """Before the file is closed: cut the line of an append whose sync failed, if it is
+        still there (the lock held)."""
+        if self._cut_to is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
+
+    def _open(self) -> int:
+        if self._closed:
+            raise ValueError(f"I/O operation on closed session {str(self.path)!r}")
+        if self._fd is None:
+            made = make_dirs(self.path.parent)
+            created = not self.path.exists()
+            # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY, 0o600)
+            try:
+                take_lock(fd, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+            # Checked at the next append, not here: `resume` takes the lock before it loads (a
+            # file another writer appends to cannot be read whole), and the load reports the tear.
+            self._tail_unchecked = True
+            self._dirs_owed += ([self.path.parent] if created else []) + made
+        return self._fd
+
+    def _sync(self) -> None:
+        assert self._fd is not None
+        fsync_file(self._fd)
+        self._unsynced = 0
+        while self._dirs_owed:
+            # A new file (or directory) is durable only once the directory holding its entry is
+            # synced: until then a power loss can lose the whole file, however often it was synced.
+            fsync_dir(self._dirs_owed[0])
+            del self._dirs_owed[0]
+
+    # -- reading ------------------------------------------------------------
+
+    def load(self) -> LoadedSession:
+        """Read the file and return its repaired transcript (see `LoadedSession`).
+
+        A missing file loads as an empty session. Torn and corrupt lines are
+        skipped with a warning (logged on the ``agentloop`` logger and returned);
+        nothing committed before them is lost. Raises OSError if the file
+        exists but cannot be read.
+        """
+        return load_file(self.path)
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike[str], **options: Any) -> tuple[JsonlSession, LoadedSession]:
+        """Open ``path`` to continue a session: ``session, loaded = JsonlSession.resume(p)``.
+
+        Pass ``loaded.messages`` to the engine and the session as its store. When
+        the load needed repairs, the repaired transcript is appended as a
+        checkpoint record, so the file replays to exactly what the engine
+        continues from. A checkpoint that cannot be written (a read-only file, a
+        full disk) is a warning in ``loaded.warnings``, not an error: it is written
+        before the next record the session appends. ``options`` go to the
+        constructor. An existing file is locked (as by `acquire`) before it is read:
+        raises `SessionLockedError` if another writer has it open, and otherwise OSError
+        only if the file exists but cannot be read.
+        """
+        session = cls(path, **options)
+        if session.path.exists():  # a missing file is created by the first append, not here
+            # Locked before it is read: what another writer appends meanwhile would be missing
+            # from the transcript the engine continues, and its records mixed with the engine's.
+            try:
+                session.acquire()
+            except SessionLockedError:
+                raise
+            except OSError:  # a file it cannot write still loads (its checkpoint is owed, below)
+                pass
+        try:
+            loaded = session.load()
+        except BaseException:
+            session.close()  # and with it the lock
+            raise
+        if loaded.repairs:
+            try:
+                session.append_checkpoint(loaded.messages)
+            except OSError as exc:
+                session._owed = encode_line(checkpoint_line(loaded.messages))
+                warning = (
+                    f"{session.path}: could not append the repaired transcript as a checkpoint "
+                    f"({type(exc).__name__}: {exc}); it is written before the next record"
+                )
+                log.warning("%s", warning)
+                loaded.warnings.append(warning)
+        return session, loaded
