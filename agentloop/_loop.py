@@ -47,7 +47,7 @@ from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, record_finished, start_tools
-from ._transcript import encodable_message
+from ._transcript import encodable_message, is_valid
 from ._unicode import scrub
 
 if TYPE_CHECKING:
@@ -378,9 +378,9 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
-        given = encodable_message(prompt)
+        given = _vetted_prompt(encodable_message(prompt))
         # Texts sent now while the engine was idle start the run: they were typed first.
-        return [*_take_starts(engine, follow_ups=False), given]
+        return [*_take_starts(engine, follow_ups=False), *given]
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
@@ -395,6 +395,20 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if engine.inbox.interjections or (engine.messages and engine.messages[-1].role == "user"):
         return []  # resume: the transcript (or the queue) already holds the input
     raise ValueError("run() needs a prompt: the transcript does not end with a user message")
+
+
+def _vetted_prompt(prompt: Message) -> list[Message]:
+    """A prompt message as ``messages.append(prompt); run()`` would send it: one that breaks a
+    rule (a blank text block, a result: the transcript it follows owes none) is repaired, with
+    the same warning; one left with nothing to send is refused, as a blank text is."""
+    if is_valid([prompt]):
+        return [prompt]
+    from ._engine import valid_history
+
+    repaired = valid_history([prompt], "the prompt given to run()")
+    if not repaired:
+        raise ValueError("run() needs a prompt with text in it (or None, to resume)")
+    return repaired
 
 
 def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
