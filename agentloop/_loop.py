@@ -41,7 +41,7 @@ from ._commit import (
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, TurnStarted
 from ._executor import plan_batches
 from ._inbox import envelope
-from ._messages import Message, ToolUseBlock
+from ._messages import Message, TextBlock, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, claim, notify, release
 from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
 from ._run import current_task_of as current_task
@@ -380,7 +380,10 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
             raise ValueError("run() takes a user message as its prompt")
         given = _vetted_prompt(encodable_message(prompt))
         # Texts sent now while the engine was idle start the run: they were typed first.
-        return [*_take_starts(engine, follow_ups=False), *given]
+        queued = _take_starts(engine, follow_ups=False)
+        if not queued and envelope_due(engine):
+            given[0] = _in_envelope(engine, given[0])
+        return [*queued, *given]
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
@@ -409,6 +412,13 @@ def _vetted_prompt(prompt: Message) -> list[Message]:
     if not repaired:
         raise ValueError("run() needs a prompt with text in it (or None, to resume)")
     return repaired
+
+
+def _in_envelope(engine: QueryEngine, message: Message) -> Message:
+    """``message`` (a vetted prompt: text only) in the interrupt envelope, its metadata kept."""
+    text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    wrapped = envelope(engine.options.texts.interrupt_envelope, [text])
+    return message.model_copy(update={"content": [TextBlock(text=wrapped)]})
 
 
 def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
