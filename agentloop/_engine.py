@@ -156,6 +156,9 @@ def _holds_records(store: SessionStore | None) -> bool:
 _SHOWN_CHANGES = 20  # a long broken history is summed up, not listed whole in one log line
 
 
+_TEXTS = Texts()  # frozen: every engine without texts= shares it
+
+
 def valid_history(messages: list[Message], what: str) -> list[Message]:
     """``messages`` itself when every provider would accept it, else a repaired copy: a host's
     history with, say, a call left without its result would make every request fail. Says what
@@ -314,6 +317,8 @@ class QueryEngine:
             if max_tool_result_chars < 1:
                 raise ValueError(f"max_tool_result_chars must be at least 1, not {max_tool_result_chars!r}")
         _check_model(model)
+        if texts is not None and not isinstance(texts, Texts):
+            raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(texts).__name__}")
         if permission is not None and not callable(permission):
             raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {permission!r}")
         # At most 30 attributes: CPython 3.11 shares one key table among the instances of a class
@@ -339,7 +344,7 @@ class QueryEngine:
             max_tokens=max_tokens,
             tool_choice=tool_choice,
             background_subagents=background_subagents,
-            texts=texts or Texts(),
+            texts=texts if texts is not None else _TEXTS,
             max_tool_result_chars=max_tool_result_chars,
         )
         _check_options(self.options)
