@@ -317,6 +317,13 @@ class QueryEngine:
             if max_tool_result_chars < 1:
                 raise ValueError(f"max_tool_result_chars must be at least 1, not {max_tool_result_chars!r}")
         _check_model(model)
+        if session is not None and not (
+            callable(getattr(session, "append_message", None)) and callable(getattr(session, "append_event", None))
+        ):
+            raise TypeError(
+                "session takes a session store (append_message, append_event), such as "
+                f"agentloop.sessions.JsonlSession(path), not {type(session).__name__}"
+            )
         if texts is not None and not isinstance(texts, Texts):
             raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(texts).__name__}")
         if permission is not None and not callable(permission):

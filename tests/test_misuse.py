@@ -454,3 +454,11 @@ def test_a_text_that_could_only_fail_when_written_is_refused_when_texts_is_made(
 def test_texts_given_as_a_dict_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"texts takes Texts\(\.\.\.\)"):
         QueryEngine(ScriptedModel([]), texts={"interrupt_notice": "[stopped]"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("session", ["chat.jsonl", Path("chat.jsonl"), object()], ids=["str", "path", "object"])
+def test_a_session_that_is_not_a_store_is_refused_at_construction(session: object) -> None:
+    """A path passed as `session=` was accepted: the run went on, every record failed to append
+    (an ERROR logged for each), and nothing was saved."""
+    with pytest.raises(TypeError, match=r"session takes a session store .*JsonlSession\(path\)"):
+        QueryEngine(ScriptedModel([]), session=session)  # type: ignore[arg-type]
