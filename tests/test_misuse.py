@@ -428,3 +428,37 @@ async def test_a_tool_timeout_that_is_not_a_number_of_seconds_is_refused_when_th
     with pytest.raises(error, match=re.escape(message)):
         Tool("build", "Build.", {"type": "object"}, lambda _i, _c: build(), timeout=value)  # type: ignore[arg-type]
     assert tool(timeout=2)(build).timeout == 2 and tool(timeout=0.5)(build).timeout == 0.5
+
+
+@pytest.mark.parametrize(
+    ("texts", "error"),
+    [
+        ({"interrupt_notice": None}, TypeError),  # meant as "no notice": the engine's option does that
+        ({"interrupt_notice": "  "}, ValueError),  # a blank user message, refused by the providers
+        ({"never_started": 5}, TypeError),
+    ],
+)
+def test_a_text_that_could_only_fail_when_written_is_refused_when_texts_is_made(texts: dict[str, object], error: type) -> None:
+    """`Texts(interrupt_notice=None)` crashed the run at its first interrupt with a pydantic
+    error from inside the loop; a blank notice left a blank user message in the transcript."""
+    from agentloop import Texts
+
+    with pytest.raises(error) as info:
+        Texts(**texts)  # type: ignore[arg-type]
+    name = next(iter(texts))
+    assert f"Texts.{name}" in str(info.value)
+    if name == "interrupt_notice":
+        assert "QueryEngine(interrupt_notice=None)" in str(info.value)
+
+
+def test_texts_given_as_a_dict_is_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"texts takes Texts\(\.\.\.\)"):
+        QueryEngine(ScriptedModel([]), texts={"interrupt_notice": "[stopped]"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("session", ["chat.jsonl", Path("chat.jsonl"), object()], ids=["str", "path", "object"])
+def test_a_session_that_is_not_a_store_is_refused_at_construction(session: object) -> None:
+    """A path passed as `session=` was accepted: the run went on, every record failed to append
+    (an ERROR logged for each), and nothing was saved."""
+    with pytest.raises(TypeError, match=r"session takes a session store .*JsonlSession\(path\)"):
+        QueryEngine(ScriptedModel([]), session=session)  # type: ignore[arg-type]
