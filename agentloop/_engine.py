@@ -328,6 +328,10 @@ class QueryEngine:
             raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(texts).__name__}")
         if permission is not None and not callable(permission):
             raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {permission!r}")
+        if tool_choice is not None and (not isinstance(tool_choice, str) or not tool_choice.strip()):
+            raise TypeError(f'tool_choice takes "auto", "any", "none" or a tool name, not {tool_choice!r}')
+        if tool_choice == "required":  # OpenAI's word for "any": not a tool name
+            tool_choice = "any"
         # At most 30 attributes: CPython 3.11 shares one key table among the instances of a class
         # up to 30 keys; past that every engine holds a dict of its own (1.3 KB more per engine).
         self.model = model
