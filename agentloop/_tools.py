@@ -37,6 +37,7 @@ from ._errors import ToolInputError
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
 from ._quick import quick_init
+from ._schema import plain_schema
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -317,12 +318,7 @@ def _is_context(ann: Any) -> bool:
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema()
-    schema.pop("title", None)
-    for prop in schema.get("properties", {}).values():
-        if isinstance(prop, dict):
-            prop.pop("title", None)
-    return schema
+    return plain_schema(model.model_json_schema())
 
 
 def _validation_message(exc: ValidationError) -> str:
