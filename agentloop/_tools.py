@@ -31,8 +31,10 @@ from typing import (
 )
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from ._abort import AbortSignal
+from ._docstring import split_docstring
 from ._errors import ToolInputError
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
@@ -220,8 +222,9 @@ def tool(
             )
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool needs an async function, got {f!r}")
-        args_model, names, ctx_param = _args_model(f)
-        doc = description if description is not None else inspect.getdoc(f) or ""
+        summary, param_docs = split_docstring(inspect.getdoc(f) or "", inspect.signature(f).parameters)
+        args_model, names, ctx_param = _args_model(f, param_docs)
+        doc = description if description is not None else summary
 
         validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
         params = inspect.signature(f).parameters
@@ -257,8 +260,11 @@ def tool(
     return build if fn is None else build(fn)
 
 
-def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
-    """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter."""
+def _args_model(
+    f: Callable[..., Any], param_docs: Mapping[str, str]
+) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
+    """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter.
+    ``param_docs`` describes parameters that their annotation or default does not."""
     hints = _type_hints(f)
     fields: dict[str, Any] = {}
     names: list[tuple[str, str]] = []
@@ -274,6 +280,9 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
             ctx_param = pname
             continue
         default = ... if param.default is param.empty else param.default
+        doc = param_docs.get(pname)
+        if doc and not _described(ann, default):
+            ann = Annotated[ann, Field(description=doc)]
         fname = pname
         if pname.startswith(("_", "model_")) or hasattr(BaseModel, pname):
             # pydantic forbids, reserves or shadows this name (``_raw``, ``model_config``,
@@ -306,6 +315,12 @@ def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
             "a tool's annotations must exist when @tool runs: import them at run time (not only under "
             "TYPE_CHECKING), and define the models they name at module level"
         ) from None
+
+
+def _described(ann: Any, default: Any) -> bool:
+    """Whether a ``Field(description=...)`` in the annotation or as the default describes it."""
+    infos = [*get_args(ann)[1:]] if get_origin(ann) is Annotated else []
+    return any(isinstance(i, FieldInfo) and i.description for i in [*infos, default])
 
 
 def _is_context(ann: Any) -> bool:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agentloop import tool
+from agentloop import ToolContext, tool
 
 # A schema the providers all accept holds no ``$ref`` (Gemini's function declarations refuse
 # it, and the gateways in front of Gemini) and no ``title`` (pydantic's restatement of each
@@ -103,3 +103,129 @@ def test_a_recursive_model_keeps_a_ref_to_itself_and_the_rest_is_inlined() -> No
     assert "title" not in node
     assert node["properties"]["children"]["items"] == {"$ref": "#/$defs/Node"}
     assert "$ref" not in str(schema["properties"]["where"])
+
+
+def _descriptions(made: Any) -> dict[str, str | None]:
+    return {name: prop.get("description") for name, prop in made.input_schema["properties"].items()}
+
+
+def test_a_google_style_args_section_describes_each_parameter() -> None:
+    @tool
+    async def read(path: str, limit: int = 100, *, encoding: str | None = None, ctx: ToolContext) -> str:
+        """Read a text file.
+
+        Args:
+            path: The file to read, relative to the project.
+            limit (int): How many lines to return; the rest is
+                summarised in one line.
+            encoding: The file's encoding.
+            ctx: The call's context.
+
+        Returns:
+            The lines read.
+        """
+        return path
+
+    assert _descriptions(read) == {
+        "path": "The file to read, relative to the project.",
+        "limit": "How many lines to return; the rest is summarised in one line.",
+        "encoding": "The file's encoding.",
+    }
+    assert read.description == "Read a text file.\n\nReturns:\n    The lines read."
+
+
+def test_a_numpy_style_parameters_section_describes_each_parameter() -> None:
+    @tool
+    async def search(pattern: str, paths: list[str], ignore_case: bool = False) -> str:
+        """Search files for a pattern.
+
+        Parameters
+        ----------
+        pattern : str
+            A regular expression.
+        paths : list of str
+            Where to look: files or
+            directories.
+        ignore_case : bool, optional
+            Match either case.
+
+        Returns
+        -------
+        str
+            The matching lines.
+        """
+        return pattern
+
+    assert _descriptions(search) == {
+        "pattern": "A regular expression.",
+        "paths": "Where to look: files or directories.",
+        "ignore_case": "Match either case.",
+    }
+    assert search.description == "Search files for a pattern.\n\nReturns\n-------\nstr\n    The matching lines."
+
+
+def test_rest_param_fields_describe_each_parameter() -> None:
+    @tool
+    async def move(src: str, dst: str, overwrite: bool = False) -> str:
+        """Move a file.
+
+        :param src: The file to move.
+        :type src: str
+        :param str dst: Where it goes,
+            a file or a directory.
+        :param overwrite: Replace what is there.
+        :returns: The new path.
+        """
+        return dst
+
+    assert _descriptions(move) == {
+        "src": "The file to move.",
+        "dst": "Where it goes, a file or a directory.",
+        "overwrite": "Replace what is there.",
+    }
+    assert move.description == "Move a file.\n\n:returns: The new path."
+
+
+def test_an_explicit_field_description_wins_over_the_docstring_and_prose_stays_prose() -> None:
+    @tool(description="Copy.")
+    async def copy(src: Annotated[str, Field(description="from here", min_length=1)], dst: str) -> str:
+        """Copy a file.
+
+        Args:
+            src: ignored, the annotation says it.
+            dst: where to.
+        """
+        return dst
+
+    assert _descriptions(copy) == {"src": "from here", "dst": "where to."}
+    assert copy.input_schema["properties"]["src"]["minLength"] == 1
+    assert copy.description == "Copy."
+
+    @tool
+    async def prose(path: str) -> str:
+        """Delete a file.
+
+        Args:
+            Anything the model asks for, within the project.
+        """
+        return path
+
+    assert _descriptions(prose) == {"path": None}
+    assert prose.description == "Delete a file.\n\nArgs:\n    Anything the model asks for, within the project."
+
+
+def test_a_parameter_s_docstring_description_goes_with_its_model_type() -> None:
+    @tool
+    async def ship(to: Address, via: Color | None = None) -> str:
+        """Ship a parcel.
+
+        Args:
+            to: The recipient's address.
+            via: The carrier's color.
+        """
+        return ""
+
+    props = ship.input_schema["properties"]
+    assert props["to"]["description"] == "The recipient's address."  # not the model's own "A postal address."
+    assert props["to"]["properties"]["street"] == {"type": "string"}
+    assert props["via"]["description"] == "The carrier's color."
