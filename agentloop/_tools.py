@@ -30,7 +30,15 @@ from typing import (
     overload,
 )
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    ValidationError,
+    create_model,
+)
 from pydantic.fields import FieldInfo
 
 from ._abort import AbortSignal
@@ -210,8 +218,8 @@ def tool(
     """Make a `Tool` from an annotated async function (usable with or without arguments).
 
     Raises TypeError for a sync function, a ``functools.partial``, a parameter without an
-    annotation or an annotation that names something not defined; TypeError or ValueError for
-    a ``timeout`` that is not a number of seconds >= 0.
+    annotation, an annotation that names something not defined or that pydantic cannot validate
+    or describe; TypeError or ValueError for a ``timeout`` that is not a number of seconds >= 0.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
@@ -223,7 +231,7 @@ def tool(
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool needs an async function, got {f!r}")
         summary, param_docs = split_docstring(inspect.getdoc(f) or "", inspect.signature(f).parameters)
-        args_model, names, ctx_param = _args_model(f, param_docs)
+        args_model, schema, names, ctx_param = _args_model(f, param_docs)
         doc = description if description is not None else summary
 
         validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
@@ -247,7 +255,7 @@ def tool(
         return Tool(
             name or f.__name__,
             doc,
-            _schema(args_model),
+            schema,
             handler,
             concurrency_safe=concurrency_safe,
             timeout=timeout,
@@ -262,9 +270,10 @@ def tool(
 
 def _args_model(
     f: Callable[..., Any], param_docs: Mapping[str, str]
-) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
-    """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter.
-    ``param_docs`` describes parameters that their annotation or default does not."""
+) -> tuple[type[BaseModel], dict[str, Any], tuple[tuple[str, str], ...], str | None]:
+    """The input model, its JSON schema, its (field, parameter) name pairs, and the `ToolContext`
+    parameter. ``param_docs`` describes parameters that their annotation or default does not.
+    Raises `TypeError` naming a parameter whose annotation pydantic cannot validate or describe."""
     hints = _type_hints(f)
     fields: dict[str, Any] = {}
     names: list[tuple[str, str]] = []
@@ -293,10 +302,40 @@ def _args_model(
             ann = Annotated[ann, Field(alias=pname)]
         fields[fname] = (ann, default)
         names.append((fname, pname))
-    model: type[BaseModel] = create_model(
-        f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
-    )
-    return model, tuple(names), ctx_param
+    try:
+        model, schema = _model(f"{f.__name__}_input", fields)
+    except PydanticUserError as exc:
+        raise _undescribable(f, fields, dict(names), exc) from None
+    return model, schema, tuple(names), ctx_param
+
+
+def _model(name: str, fields: dict[str, Any]) -> tuple[type[BaseModel], dict[str, Any]]:
+    model: type[BaseModel] = create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
+    return model, plain_schema(model.model_json_schema())
+
+
+def _undescribable(
+    f: Callable[..., Any], fields: dict[str, Any], pnames: dict[str, str], exc: PydanticUserError
+) -> TypeError:
+    """The error for a function whose input model or schema pydantic refused (``exc``): it names
+    the parameter whose annotation pydantic refuses on its own (pydantic's message does not), and
+    says why without pydantic's advice on its model config, which a tool does not have."""
+    for fname, spec in fields.items():
+        try:
+            _model("probe", {fname: spec})
+        except PydanticUserError as one:
+            exc = one
+            where = f"parameter {pnames[fname]!r} of {f.__name__}"
+            break
+    else:
+        where = f"the parameters of {f.__name__}"
+    reason = str(exc).split("\n", 1)[0]
+    if isinstance(exc, PydanticSchemaGenerationError):
+        reason = reason.split(". Set `arbitrary_types_allowed", 1)[0] + (
+            ": annotate it with a type pydantic validates (str, int, a pydantic model, a dataclass, a "
+            "TypedDict...), and turn the model's input into your object inside the tool"
+        )
+    return TypeError(f"@tool cannot describe {where} to the model: {reason}")
 
 
 def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
@@ -330,10 +369,6 @@ def _is_context(ann: Any) -> bool:
     if get_origin(ann) in (Union, UnionType):
         return ToolContext in get_args(ann) and all(a in (ToolContext, NoneType) for a in get_args(ann))
     return ann is ToolContext
-
-
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    return plain_schema(model.model_json_schema())
 
 
 def _validation_message(exc: ValidationError) -> str:

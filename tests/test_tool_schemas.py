@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+import sys
+import typing
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+import pytest
 from pydantic import BaseModel, Field
 
 from agentloop import ToolContext, tool
@@ -229,3 +233,34 @@ def test_a_parameter_s_docstring_description_goes_with_its_model_type() -> None:
     assert props["to"]["description"] == "The recipient's address."  # not the model's own "A postal address."
     assert props["to"]["properties"]["street"] == {"type": "string"}
     assert props["via"]["description"] == "The carrier's color."
+
+
+class _Connection:  # a class pydantic knows nothing of
+    pass
+
+
+class _Options(typing.TypedDict):  # typing's, which pydantic refuses before Python 3.12
+    verbose: bool
+
+
+def test_an_annotation_pydantic_cannot_describe_is_a_type_error_naming_the_parameter() -> None:
+    async def query(sql: str, conn: _Connection) -> str:
+        return sql
+
+    with pytest.raises(TypeError, match=r"^@tool cannot describe parameter 'conn' of query to the model: .*_Connection"):
+        tool(query)
+
+    async def sort(items: list[int], key: Callable[[int], int]) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match=r"^@tool cannot describe parameter 'key' of sort to the model"):
+        tool(sort)
+
+    async def run(command: str, options: _Options) -> str:
+        return command
+
+    if sys.version_info < (3, 12):
+        with pytest.raises(TypeError, match=r"parameter 'options' of run .*typing_extensions\.TypedDict"):
+            tool(run)
+    else:
+        assert tool(run).input_schema["properties"]["options"]["properties"] == {"verbose": {"type": "boolean"}}
