@@ -60,11 +60,14 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _entries(lines: list[str], start: int, depth: int, entry: re.Pattern[str]) -> tuple[int, list[tuple[list[str], list[str]]]]:
+_Entry = tuple[list[str], list[str]]  # the names an entry documents, and its text's lines
+
+
+def _entries(lines: list[str], start: int, depth: int, entry: re.Pattern[str]) -> tuple[int, list[_Entry]]:
     """The entries from ``start``: each a line at one indentation (deeper than ``depth``) that
     ``entry`` matches, and the deeper lines under it. Returns where they end (0 when a line at
     their indentation is no entry) and, for each, its names and its text's lines."""
-    found: list[tuple[list[str], list[str]]] = []
+    found: list[_Entry] = []
     at: int | None = None
     i = start
     while i < len(lines):
@@ -93,7 +96,7 @@ def _entries(lines: list[str], start: int, depth: int, entry: re.Pattern[str]) -
     return (i, found) if found else (0, [])
 
 
-def _keep(params: dict[str, str], found: list[tuple[list[str], list[str]]]) -> None:
+def _keep(params: dict[str, str], found: list[_Entry]) -> None:
     for names, text in found:
         for name in names:
             if text:
@@ -109,7 +112,9 @@ def _google(lines: list[str], i: int, params: dict[str, str]) -> int:
 
 
 def _numpy(lines: list[str], i: int, params: dict[str, str]) -> int:
-    if i + 1 >= len(lines) or not _NUMPY_HEADER.fullmatch(lines[i].strip()) or not _UNDERLINE.fullmatch(lines[i + 1].strip()):
+    if i + 1 >= len(lines) or not _NUMPY_HEADER.fullmatch(lines[i].strip()):
+        return 0
+    if not _UNDERLINE.fullmatch(lines[i + 1].strip()):
         return 0
     # The entries sit at the header's indentation: read them as if one deeper.
     body = [" " + line if line.strip() else line for line in _until_next_numpy_header(lines, i + 2)]

@@ -281,8 +281,22 @@ def _args_model(
     params = inspect.signature(f).parameters
     for i, (pname, param) in enumerate(params.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"@tool does not support *args/**kwargs ({f.__name__})")
+            item = _type_name(hints.get(pname, Any))
+            if param.kind is param.VAR_POSITIONAL:
+                stars, whole = "*", f"list[{item}]"
+            else:
+                stars, whole = "**", f"dict[str, {item}]"
+            raise TypeError(
+                f"@tool cannot describe {stars}{pname} of {f.__name__} to the model: the model passes "
+                f"arguments by name, so declare each as a named parameter, or take one {pname}: {whole}"
+            )
         ann = hints.get(pname)
+        if ann is None and i == 0 and pname in ("self", "cls"):
+            # ``@tool`` over a method in its class body: it runs before there is an instance.
+            raise TypeError(
+                f"@tool got the method {f.__name__} with its {pname!r}: make the tool from the bound "
+                f"method, once there is an instance: tool(instance.{f.__name__})"
+            )
         if ann is None:
             raise TypeError(f"@tool parameter {pname!r} of {f.__name__} needs an annotation")
         if _is_context(ann):
@@ -354,6 +368,11 @@ def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
             "a tool's annotations must exist when @tool runs: import them at run time (not only under "
             "TYPE_CHECKING), and define the models they name at module level"
         ) from None
+
+
+def _type_name(ann: Any) -> str:
+    """``ann`` as written in an annotation: ``int``, ``list[str]``."""
+    return ann.__name__ if isinstance(ann, type) and not get_args(ann) else repr(ann).replace("typing.", "")
 
 
 def _described(ann: Any, default: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agentloop import ToolContext, tool
+from agentloop import AbortController, QueryEngine, ScriptedModel, ToolContext, tool
 
 # A schema the providers all accept holds no ``$ref`` (Gemini's function declarations refuse
 # it, and the gateways in front of Gemini) and no ``title`` (pydantic's restatement of each
@@ -264,3 +264,40 @@ def test_an_annotation_pydantic_cannot_describe_is_a_type_error_naming_the_param
             tool(run)
     else:
         assert tool(run).input_schema["properties"]["options"]["properties"] == {"verbose": {"type": "boolean"}}
+
+
+class _Repo:
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    async def read(self, path: str) -> str:
+        """Read a file of the repository.
+
+        Args:
+            path: Relative to the repository's root.
+        """
+        return f"{self.root}/{path}"
+
+
+async def test_a_bound_method_is_a_tool_and_a_method_decorated_in_its_class_is_a_clear_error() -> None:
+    made = tool(_Repo("/src").read)
+    assert made.name == "read"
+    assert made.input_schema["properties"] == {"path": {"description": "Relative to the repository's root.", "type": "string"}}
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+    assert await made({"path": "a.py"}, ctx) == "/src/a.py"
+
+    with pytest.raises(TypeError, match=r"^@tool got the method read with its 'self'.*tool\(instance\.read\)"):
+        tool(_Repo.read)
+
+
+def test_args_and_kwargs_are_refused_naming_the_parameter() -> None:
+    async def run(*commands: str) -> str:
+        return ""
+
+    async def call(name: str, **arguments: int) -> str:
+        return ""
+
+    with pytest.raises(TypeError, match=r"^@tool cannot describe \*commands of run to the model: .*named parameter, or take one commands: list\[str\]$"):
+        tool(run)
+    with pytest.raises(TypeError, match=r"^@tool cannot describe \*\*arguments of call to the model: .*dict\[str, int\]"):
+        tool(call)
