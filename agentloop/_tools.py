@@ -15,7 +15,7 @@ import inspect
 import json
 import numbers
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import (
@@ -244,7 +244,7 @@ def tool(
             try:
                 parsed = validate(raw)
             except ValidationError as exc:
-                raise ToolInputError(_validation_message(exc)) from None
+                raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
             kwargs = {p: getattr(parsed, k) for k, p in names}
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
@@ -390,12 +390,44 @@ def _is_context(ann: Any) -> bool:
     return ann is ToolContext
 
 
-def _validation_message(exc: ValidationError) -> str:
+#: The most errors one message lists (a list of 5,000 wrong items is 5,000 errors), and the most
+#: characters of a wrong value it quotes.
+_MAX_ERRORS = 10
+_MAX_QUOTE = 60
+
+
+def _validation_message(exc: ValidationError, params: Sequence[str]) -> str:
+    """What the model reads when its input fails: each error with the value it sent, and the
+    tool's parameters when it sent one the tool does not take."""
+    errors = exc.errors(include_url=False)
     lines = []
-    for err in exc.errors(include_url=False):
+    unknown = False
+    for err in errors[:_MAX_ERRORS]:
         loc = ".".join(str(p) for p in err["loc"]) or "(input)"
-        lines.append(f"{loc}: {err['msg']}")
-    return "invalid tool input: " + "; ".join(lines)
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            unknown = True
+            lines.append(f"{loc}: not a parameter of this tool")
+        elif err["type"] == "missing":  # its input is the object the field is missing from
+            lines.append(f"{loc}: {err['msg']}")
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {_quote(err.get('input'))})")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"and {len(errors) - _MAX_ERRORS:,} more errors")
+    text = "invalid tool input: " + "; ".join(lines)
+    if unknown:
+        text += f" (its parameters: {', '.join(params) or 'none'})"
+    return text
+
+
+def _quote(value: object) -> str:
+    """``value`` as JSON, cut to `_MAX_QUOTE` characters (a long string is cut before it is encoded)."""
+    if isinstance(value, str) and len(value) > _MAX_QUOTE:
+        return json.dumps(value[:_MAX_QUOTE], ensure_ascii=False)[:-1] + '..."'
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= _MAX_QUOTE else text[:_MAX_QUOTE] + "..."
 
 
 def _as_json(value: object) -> object:

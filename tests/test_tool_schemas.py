@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agentloop import AbortController, QueryEngine, ScriptedModel, ToolContext, tool
+from agentloop import AbortController, QueryEngine, ScriptedModel, ToolContext, ToolInputError, tool
 
 # A schema the providers all accept holds no ``$ref`` (Gemini's function declarations refuse
 # it, and the gateways in front of Gemini) and no ``title`` (pydantic's restatement of each
@@ -301,3 +301,51 @@ def test_args_and_kwargs_are_refused_naming_the_parameter() -> None:
         tool(run)
     with pytest.raises(TypeError, match=r"^@tool cannot describe \*\*arguments of call to the model: .*dict\[str, int\]"):
         tool(call)
+
+
+# -- what the model reads when its input does not validate ----------------------------------------
+
+
+async def _input_error(made: Any, given: dict[str, Any]) -> str:
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+    with pytest.raises(ToolInputError) as caught:
+        await made(given, ctx)
+    return str(caught.value)
+
+
+@tool
+async def _resize(width: int, height: int, unit: Literal["px", "mm"] = "px", tags: list[int] = []) -> str:  # noqa: B006
+    """Resize the image."""
+    return f"{width}x{height}{unit}"
+
+
+async def test_a_wrong_value_is_quoted_so_the_model_sees_what_it_sent() -> None:
+    message = await _input_error(_resize, {"width": "wide", "height": 2.5, "unit": "cm"})
+    assert message == (
+        "invalid tool input: width: Input should be a valid integer, unable to parse string as an integer "
+        "(got \"wide\"); height: Input should be a valid integer, got a number with a fractional part (got 2.5); "
+        "unit: Input should be 'px' or 'mm' (got \"cm\")"
+    )
+    quoted = await _input_error(_resize, {"width": "x" * 5000, "height": 1})
+    assert len(quoted) < 300 and quoted.endswith('(got "' + "x" * 60 + '...")')
+
+
+async def test_a_missing_or_unknown_argument_says_which_parameters_the_tool_takes() -> None:
+    assert await _input_error(_resize, {"width": 1}) == "invalid tool input: height: Field required"
+    assert await _input_error(_resize, {"width": 1, "height": 2, "depth": 3, "colour": "red"}) == (
+        "invalid tool input: depth: not a parameter of this tool; colour: not a parameter of this tool "
+        "(its parameters: width, height, unit, tags)"
+    )
+
+
+async def test_an_input_with_thousands_of_errors_gives_the_first_few_and_a_count() -> None:
+    message = await _input_error(_resize, {"width": 1, "height": 2, "tags": ["a"] * 5000})
+    assert len(message) < 2000
+    assert message.startswith('invalid tool input: tags.0: Input should be a valid integer, unable to parse string as an integer (got "a"); tags.1: ')
+    assert message.endswith("; and 4,990 more errors")
+
+
+async def test_a_string_holding_a_number_is_accepted_for_a_number_as_documented() -> None:
+    # Models send "5" for an integer now and then: lax validation takes it, and the tool gets 5.
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
+    assert await _resize({"width": "5", "height": 7.0}, ctx) == "5x7px"
