@@ -69,6 +69,9 @@ __all__ = [
 #: ``_`` and ``-``, at most 64 of them.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+#: The parameter names every provider accepts: Anthropic's property keys allow ``[a-zA-Z0-9_.-]``,
+#: Gemini's letters, digits and ``_``, starting with a letter or ``_``; 64 at most for both.
+PARAM_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,63}")
 
 
 def safe_name(name: str) -> str:
@@ -219,7 +222,8 @@ def tool(
 
     Raises TypeError for a sync function, a ``functools.partial``, a parameter without an
     annotation, an annotation that names something not defined or that pydantic cannot validate
-    or describe; TypeError or ValueError for a ``timeout`` that is not a number of seconds >= 0.
+    or describe; ValueError for a parameter name the providers refuse (see `PARAM_NAME`); TypeError
+    or ValueError for a ``timeout`` that is not a number of seconds >= 0.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
@@ -302,6 +306,11 @@ def _args_model(
         if _is_context(ann):
             ctx_param = pname
             continue
+        if not PARAM_NAME.fullmatch(pname):  # a Python name may hold any letter, and be of any length
+            raise ValueError(
+                f"parameter {pname!r} of {f.__name__} is not accepted by the providers as a name: use 1-64 "
+                "ASCII letters, digits or '_'"
+            )
         default = ... if param.default is param.empty else param.default
         doc = param_docs.get(pname)
         if doc and not _described(ann, default):

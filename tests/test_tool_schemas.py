@@ -349,3 +349,18 @@ async def test_a_string_holding_a_number_is_accepted_for_a_number_as_documented(
     # Models send "5" for an integer now and then: lax validation takes it, and the tool gets 5.
     ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([])))
     assert await _resize({"width": "5", "height": 7.0}, ctx) == "5x7px"
+
+
+def test_a_parameter_name_the_providers_refuse_is_refused_when_the_tool_is_made() -> None:
+    # Anthropic holds property keys to ^[a-zA-Z0-9_.-]{1,64}$, Gemini parameter names to letters,
+    # digits and _ (64 at most): one such name fails every request that offers the tool.
+    namespace: dict[str, Any] = {}
+    long_name = "p" * 65
+    exec(f"async def measure(größe: int, {long_name}: int = 0) -> str:\n    return ''", namespace)
+    with pytest.raises(ValueError, match=r"^parameter 'größe' of measure is not accepted by the providers as a name"):
+        tool(namespace["measure"])
+    exec(f"async def measure(size: int, {long_name}: int = 0) -> str:\n    return ''", namespace)
+    with pytest.raises(ValueError, match=rf"^parameter '{long_name}' of measure"):
+        tool(namespace["measure"])
+    exec(f"async def measure(size: int, {long_name[:64]}: int = 0) -> str:\n    return ''", namespace)
+    assert list(tool(namespace["measure"]).input_schema["properties"]) == ["size", long_name[:64]]
