@@ -3,9 +3,10 @@
 Pydantic writes each model, enum, dataclass and TypedDict once under ``$defs`` and points to
 it with ``$ref``; Gemini's function declarations (and the gateways in front of Gemini) refuse
 ``$ref``, so every definition is written out where it is used. Only a definition that contains
-itself (a tree's node) cannot be, and stays under ``$defs``. Pydantic also gives every schema a
-``title`` that restates its name ("title": "Path" over the property ``path``): noise the model
-reads on every request, and a keyword Gemini's subset refuses; it goes.
+itself (a tree's node) cannot be, and stays under ``$defs``. A discriminated union becomes a
+plain ``anyOf`` (its OpenAPI ``discriminator`` maps tags to those refs). Pydantic also gives
+every schema a ``title`` that restates its name ("title": "Path" over the property ``path``):
+noise the model reads on every request, and a keyword Gemini's subset refuses; it goes.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def _plain(node: Any, defs: dict[str, Any], loops: set[str], wanted: set[str]) -
     if not isinstance(node, dict):
         return node
     own = {k: _plain_value(k, v, defs, loops, wanted) for k, v in node.items() if k != "title"}
+    if "discriminator" in own and "oneOf" in own:
+        # A discriminated union: OpenAPI's "discriminator" maps each tag to a ``$ref`` (written
+        # out now, so pointing nowhere). Its branches exclude each other by their tag, so an
+        # anyOf says the same, in the JSON Schema that OpenAI's strict mode and Gemini take.
+        del own["discriminator"]
+        own["anyOf"] = own.pop("oneOf")
     name = _def_name(node, defs)
     if name is None:
         return own

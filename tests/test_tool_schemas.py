@@ -85,6 +85,35 @@ def test_a_schema_has_no_ref_and_no_title_noise_at_any_depth() -> None:
     assert schema["properties"]["at"]["anyOf"][0]["properties"]["street"] == {"type": "string"}
 
 
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    breed: str
+
+
+def test_a_discriminated_union_is_an_any_of_with_no_pointer_left_to_the_definitions() -> None:
+    # Pydantic writes it as a oneOf with an OpenAPI "discriminator" whose mapping points into
+    # $defs: once they are written out, those pointers lead nowhere. OpenAI's strict mode and
+    # Gemini take anyOf, not oneOf; the branches are told apart by their "kind" all the same.
+    @tool
+    async def adopt(pet: Annotated[Cat | Dog, Field(discriminator="kind")]) -> str:
+        """Adopt a pet."""
+        return ""
+
+    schema = adopt.input_schema
+    assert "#/$defs" not in str(schema)
+    pet = schema["properties"]["pet"]
+    assert set(pet) == {"anyOf"}
+    assert [branch["properties"]["kind"] for branch in pet["anyOf"]] == [
+        {"const": "cat", "type": "string"},
+        {"const": "dog", "type": "string"},
+    ]
+
+
 def test_a_field_s_own_description_wins_over_its_model_s_docstring() -> None:
     @tool
     async def send(to: Annotated[Address, Field(description="where the letter goes")]) -> str:
