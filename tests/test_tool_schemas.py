@@ -9,9 +9,13 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
 from agentloop import AbortController, QueryEngine, ScriptedModel, ToolContext, ToolInputError, tool
+from agentloop._schema import plain_schema
 
 # A schema the providers all accept holds no ``$ref`` (Gemini's function declarations refuse
 # it, and the gateways in front of Gemini) and no ``title`` (pydantic's restatement of each
@@ -393,3 +397,59 @@ def test_a_parameter_name_the_providers_refuse_is_refused_when_the_tool_is_made(
         tool(namespace["measure"])
     exec(f"async def measure(size: int, {long_name[:64]}: int = 0) -> str:\n    return ''", namespace)
     assert list(tool(namespace["measure"]).input_schema["properties"]) == ["size", long_name[:64]]
+
+
+# -- the schema written out still describes the same inputs ---------------------------------------
+
+_NOISE = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["red", "cat", ""]) | st.just([]) | st.just({})
+
+
+def _mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``valid``, and now and then a value of the wrong type instead."""
+    return st.integers(0, 9).flatmap(lambda roll: _NOISE if roll == 0 else valid)
+
+
+_TEXT = st.text(max_size=3)
+_ADDRESS = st.fixed_dictionaries({"street": _mostly(_TEXT), "city": _mostly(_TEXT)}, optional={"zip": _TEXT})
+_PERSON = st.fixed_dictionaries(
+    {"name": _mostly(_TEXT), "home": _mostly(_ADDRESS)},
+    optional={"title": _mostly(_TEXT | st.none()), "colors": _mostly(st.lists(st.sampled_from(["red", "blue", "green"]), max_size=2))},
+)
+_NODE = st.recursive(
+    st.fixed_dictionaries({"label": _mostly(_TEXT)}),
+    lambda kids: st.fixed_dictionaries({"label": _mostly(_TEXT), "children": st.lists(_mostly(kids), max_size=2)}),
+    max_leaves=6,
+)
+_PET = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["cat", "dog", "cow"])}, optional={"lives": _mostly(st.integers(0, 9)), "breed": _mostly(_TEXT)}
+)
+_INPUT = st.fixed_dictionaries(
+    {"person": _mostly(_PERSON)},
+    optional={
+        "others": _mostly(st.lists(_mostly(_PERSON), max_size=2)),
+        "tree": _mostly(_NODE | st.none()),
+        "pet": _mostly(_PET | st.none()),
+        "extra": st.integers(),
+    },
+)
+
+
+class _Everything(BaseModel):
+    person: Person
+    others: list[Person] = []
+    tree: Node | None = None
+    pet: Annotated[Cat | Dog, Field(discriminator="kind")] | None = None
+
+
+_ORIGINAL = Draft202012Validator(_Everything.model_json_schema())
+_PLAIN = Draft202012Validator(plain_schema(_Everything.model_json_schema()))
+
+
+def _errors(validator: Draft202012Validator, value: Any) -> list[tuple[str | int, ...]]:
+    return sorted(tuple(e.absolute_path) for e in validator.iter_errors(value))
+
+
+@given(_INPUT)
+def test_the_written_out_schema_accepts_exactly_what_pydantic_s_schema_accepts(value: Any) -> None:
+    # Where each refuses the input, not only whether: a part gone lax shows though another fails.
+    assert _errors(_PLAIN, value) == _errors(_ORIGINAL, value)
