@@ -81,7 +81,12 @@ __all__ = ["OpenAIChatModel", "build_request"]
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
-           "repetition": "repetition"}  # fmt: skip
+           "repetition": "repetition", "eos": "end_turn", "eos_token": "end_turn",
+           "stop_sequence": "stop_sequence"}  # fmt: skip
+#: Finish reasons that stop the output wherever it was, as a dropped connection does: vLLM's
+#: "abort" (the server aborted the request), DeepSeek's "insufficient_system_resource".
+_CUT_FINISH = {"abort": "the server aborted the response",
+               "insufficient_system_resource": "the server ran out of resources for the response"}  # fmt: skip
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
                               "server_is_overloaded", "slow_down", "InternalServerError",
                               "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
@@ -289,12 +294,12 @@ class ChatMapper:
                     # vLLM's repetition_detection: the server judged the output a token loop and
                     # ended it there. A doom-loop verdict for the policies, not a normal stop.
                     out.append(StreamSignals((f"tail_repetition@{self._last_kind}",), stopped=True))
-                elif self._finish == "abort":
-                    # vLLM: the server aborted the request; the output stops wherever it was, as
-                    # with a dropped connection, so it is not passed off as a finished answer.
+                elif self._finish in _CUT_FINISH:
+                    # The output stops wherever it was, as with a dropped connection, so it is not
+                    # passed off as a finished answer.
                     raise StreamProtocolError(
-                        "openai chat stream: the server aborted the response (finish_reason 'abort'); "
-                        "the output was cut",
+                        f"openai chat stream: {_CUT_FINISH[self._finish]} (finish_reason "
+                        f"{self._finish!r}); the output was cut",
                         retryable=True,
                     )
         return out or None

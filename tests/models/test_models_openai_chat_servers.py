@@ -1,0 +1,73 @@
+"""OpenAIChatModel against the streams of compatible servers, each rebuilt from the server's
+own source or documentation:
+
+- Together: ``finish_reason`` ``"eos"`` and a stream choice whose ``logprobs`` is one number
+  (togethercomputer/together-python ``src/together/types/common.py`` ``FinishReason``,
+  ``src/together/types/chat_completions.py`` ``ChatCompletionChoicesChunk``).
+- Hugging Face TGI: ``finish_reason`` ``"stop_sequence"`` (its router's ``FinishReason::format``
+  turns only ``eos_token`` into ``"stop"``); watsonx: ``"eos_token"`` (spring-ai PR #4900).
+- DeepSeek: ``finish_reason`` ``"insufficient_system_resource"``, "the request is interrupted due
+  to insufficient resource of the inference system" (DeepSeek API reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
+
+from agentloop._errors import ProviderStreamError, StreamProtocolError
+from agentloop.models import OpenAIChatModel
+
+USAGE = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
+
+
+async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client, **kw))
+
+
+def together_chunk(content: str, finish: str | None = None, logprobs: float | None = None) -> dict[str, Any]:
+    """A chunk as Together streams it: ``logprobs`` is the token's log probability, a number."""
+    choice = {"index": 0, "logprobs": logprobs, "finish_reason": finish, "delta": {"content": content}}
+    return {"id": "8a3f", "object": "chat.completion.chunk", "created": 1, "model": "meta-llama/x", "choices": [choice]}
+
+
+# -- finish reasons beyond OpenAI's ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("finish", "reason"),
+    [("eos", "end_turn"), ("eos_token", "end_turn"), ("stop_sequence", "stop_sequence")],
+    ids=["together", "watsonx", "tgi"],
+)
+async def test_an_end_of_sequence_finish_is_told_in_the_stop_reason_vocabulary(finish: str, reason: str) -> None:
+    # "eos" reached the host as the stop reason, where it looks for "end_turn".
+    body = chat_stream(together_chunk("Hello."), together_chunk("", finish), USAGE)
+    _, acc = await run_body(body)
+    assert (acc.message().text, acc.stop_reason) == ("Hello.", reason)
+
+
+@pytest.mark.parametrize("finish", ["eos", "stop_sequence"])
+async def test_a_tool_call_ended_by_end_of_sequence_is_tool_use(finish: str) -> None:
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    body = chat_stream(chat_chunk({"tool_calls": [call]}), chat_chunk(finish=finish))
+    _, acc = await run_body(body)
+    assert acc.stop_reason == "tool_use" and acc.message().tool_uses[0].input == {"a": 1}
+
+
+@pytest.mark.parametrize("usage", [True, False])
+async def test_deepseeks_insufficient_system_resource_is_a_cut_answer_that_is_retried(usage: bool) -> None:
+    # DeepSeek stops a response it has no resources to finish: the text so far is not the answer.
+    chunks: list[dict[str, Any]] = [
+        chat_chunk({"role": "assistant", "content": "The first half"}),
+        chat_chunk(finish="insufficient_system_resource"),
+    ]
+    if usage:
+        chunks.append(USAGE)
+    with pytest.raises(StreamProtocolError, match="insufficient_system_resource") as info:
+        await run_body(chat_stream(*chunks))
+    assert not isinstance(info.value, ProviderStreamError)
+    assert info.value.retryable is True
