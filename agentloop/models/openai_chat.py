@@ -434,9 +434,14 @@ class ChatMapper:
         message, kind = error_fields(obj)
         err = obj.get("error")
         code = err.get("code") if isinstance(err, dict) else None
+        if kind == "None":  # how LiteLLM's proxy writes the type of an exception that has none
+            kind = str(code) if code is not None else None
         too_long = prompt_too_long(message, kind, code)
+        # A code that is an HTTP status (vLLM's int, LiteLLM's str "429") is retryable as it is.
+        status = str(code)
         retryable = not too_long and (
-            (isinstance(code, int) and code in _RETRYABLE_INT) or bool({str(code), kind} & _RETRYABLE_CODES)
+            (status.isascii() and status.isdigit() and int(status) in _RETRYABLE_INT)
+            or bool({status, kind} & _RETRYABLE_CODES)
         )
         cls = PromptTooLongError if too_long else ProviderStreamError
         label = kind or (str(code) if code is not None else "")

@@ -8,6 +8,10 @@ own source or documentation:
   turns only ``eos_token`` into ``"stop"``); watsonx: ``"eos_token"`` (spring-ai PR #4900).
 - DeepSeek: ``finish_reason`` ``"insufficient_system_resource"``, "the request is interrupted due
   to insufficient resource of the inference system" (DeepSeek API reference).
+- LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
+  from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
+  string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
+  ``proxy_server.py`` ``async_data_generator``).
 """
 
 from __future__ import annotations
@@ -71,3 +75,21 @@ async def test_deepseeks_insufficient_system_resource_is_a_cut_answer_that_is_re
         await run_body(chat_stream(*chunks))
     assert not isinstance(info.value, ProviderStreamError)
     assert info.value.retryable is True
+
+
+# -- errors inside the stream ------------------------------------------------------------
+
+
+def litellm_error(status: str, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "None", "param": "None", "code": status}}
+
+
+@pytest.mark.parametrize(("status", "retryable"), [("429", True), ("500", True), ("503", True), ("400", False)])
+async def test_litellms_error_chunk_is_retried_as_its_http_status_is(status: str, retryable: bool) -> None:
+    # The status came as a str ("429"), and a rate-limited stream ended the turn unretried.
+    body = chat_stream(chat_chunk({"content": "x"}), litellm_error(status, "litellm.RateLimitError: slow down"))
+    with pytest.raises(ProviderStreamError) as info:
+        await run_body(body)
+    assert info.value.retryable is retryable
+    assert str(info.value).startswith(f"openai chat stream error ({status}): litellm.RateLimitError")
+    assert info.value.error_type == status
