@@ -283,9 +283,10 @@ class ChatMapper:
             delta = choice.get("delta")
             if delta:
                 self._delta(delta, out)
-            lp = choice.get("logprobs")
-            if self.logprobs and lp and lp.get("content"):
-                out.append(StreamLogprobs("text", tuple(t["logprob"] for t in lp["content"])))
+            if self.logprobs:
+                values = _logprob_values(choice.get("logprobs"))
+                if values:  # the tokens of what this chunk streamed: reasoning, or text
+                    out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
                 if self._finish == "error":
@@ -468,6 +469,24 @@ class ChatMapper:
         if not isinstance(err, PromptTooLongError):
             err.retryable = True
         return err
+
+
+def _logprob_values(lp: Any) -> tuple[float, ...]:
+    """The log probabilities in a choice's ``logprobs``, whatever its shape: OpenAI's
+    ``{"content": [{"logprob"}, ...], "refusal": [...]}``, the completions shape
+    ``{"token_logprobs": [...]}`` (older vLLM), or one number (Together). Another shape, or an
+    entry that is not a number, gives nothing: log probabilities never fail the answer."""
+    if type(lp) is dict:
+        entries = lp.get("content") or lp.get("refusal")
+        values: Any = lp.get("token_logprobs")
+        if type(entries) is list:
+            values = [e.get("logprob") for e in entries if type(e) is dict]
+        elif type(values) is not list:
+            return ()
+        return tuple(float(v) for v in values if type(v) is float or type(v) is int)
+    if type(lp) is float or type(lp) is int:
+        return (float(lp),)
+    return ()
 
 
 def _fresh_id() -> str:

@@ -8,6 +8,10 @@ own source or documentation:
   turns only ``eos_token`` into ``"stop"``); watsonx: ``"eos_token"`` (spring-ai PR #4900).
 - DeepSeek: ``finish_reason`` ``"insufficient_system_resource"``, "the request is interrupted due
   to insufficient resource of the inference system" (DeepSeek API reference).
+- vLLM: each chunk carries the log probabilities of the tokens it was made of, a reasoning
+  chunk (``delta.reasoning``) too (``vllm/entrypoints/openai/chat_completion/serving.py``
+  ``chat_completion_stream_generator``); its chat endpoint once sent them in the completions
+  shape, ``{"tokens", "token_logprobs", ...}`` (vllm-project/vllm #3179).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -22,7 +26,7 @@ import pytest
 from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
 
 from agentloop._errors import ProviderStreamError, StreamProtocolError
-from agentloop.models import OpenAIChatModel
+from agentloop.models import OpenAIChatModel, StreamLogprobs
 
 USAGE = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
 
@@ -93,3 +97,62 @@ async def test_litellms_error_chunk_is_retried_as_its_http_status_is(status: str
     assert info.value.retryable is retryable
     assert str(info.value).startswith(f"openai chat stream error ({status}): litellm.RateLimitError")
     assert info.value.error_type == status
+
+
+# -- logprobs ------------------------------------------------------------------------------
+
+
+def logprobs_of(events: list[Any]) -> list[tuple[str, tuple[float, ...]]]:
+    return [(e.channel, e.logprobs) for e in events if isinstance(e, StreamLogprobs)]
+
+
+async def test_togethers_logprob_as_one_number_is_read_not_a_malformed_chunk() -> None:
+    # Each chunk failed as malformed ('float' object has no attribute 'get'): no answer at all.
+    body = chat_stream(
+        together_chunk("Hel", logprobs=-0.25), together_chunk("lo", logprobs=0), together_chunk("", "eos"), USAGE
+    )
+    events, acc = await run_body(body, logprobs=True)
+    assert acc.message().text == "Hello" and acc.stop_reason == "end_turn"
+    assert logprobs_of(events) == [("text", (-0.25,)), ("text", (0.0,))]
+
+
+async def test_logprobs_in_the_completions_shape_are_read() -> None:
+    chunk = chat_chunk({"content": "Hello"})
+    chunk["choices"][0]["logprobs"] = {
+        "text_offset": [0, 2, 3],
+        "token_logprobs": [-0.5, None, -1.5],
+        "tokens": ["He", "l", "lo"],
+        "top_logprobs": None,
+    }
+    body = chat_stream(chunk, chat_chunk(finish="stop"))
+    events, acc = await run_body(body, logprobs=True)
+    assert acc.message().text == "Hello"
+    assert logprobs_of(events) == [("text", (-0.5, -1.5))]
+
+
+@pytest.mark.parametrize("lp", ["-0.5", [-0.5], {"content": "x"}, {"content": [{"token": "x"}, "y"]}, True])
+async def test_logprobs_of_an_unknown_shape_are_left_out_and_the_answer_kept(lp: Any) -> None:
+    chunk = chat_chunk({"content": "Hi"})
+    chunk["choices"][0]["logprobs"] = lp
+    events, acc = await run_body(chat_stream(chunk, chat_chunk(finish="stop")), logprobs=True)
+    assert acc.message().text == "Hi" and logprobs_of(events) == []
+
+
+async def test_logprobs_of_vllm_reasoning_tokens_are_on_the_thinking_channel() -> None:
+    # They were reported on the text channel: a run of unlikely reasoning tokens counted as text.
+    def chunk(delta: dict[str, Any], *logprobs: float) -> dict[str, Any]:
+        out = chat_chunk(delta)
+        content = [{"token": "t", "logprob": v, "bytes": [116], "top_logprobs": []} for v in logprobs]
+        out["choices"][0]["logprobs"] = {"content": content}
+        return out
+
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": ""}),
+        chunk({"reasoning": "Let me"}, -0.1, -0.2),
+        chunk({"reasoning": " think."}, -0.3),
+        chunk({"content": "Four."}, -0.4),
+        chat_chunk(finish="stop"),
+    )
+    events, acc = await run_body(body, logprobs=True)
+    assert acc.message().text == "Four."
+    assert logprobs_of(events) == [("thinking", (-0.1, -0.2)), ("thinking", (-0.3,)), ("text", (-0.4,))]
