@@ -12,6 +12,11 @@ own source or documentation:
   chunk (``delta.reasoning``) too (``vllm/entrypoints/openai/chat_completion/serving.py``
   ``chat_completion_stream_generator``); its chat endpoint once sent them in the completions
   shape, ``{"tokens", "token_logprobs", ...}`` (vllm-project/vllm #3179).
+- Ollama: its ``ChatCompletionRequest`` reads ``max_tokens`` and no ``max_completion_tokens``,
+  which Go's decoder drops unread (ollama/ollama ``openai/openai.go``; issue #7125: "silently
+  accepted but ignored"). Mistral's API refuses any field it does not know with a 422
+  ``extra_forbidden``, ``max_completion_tokens`` among them (the body quoted in
+  editor-code-assistant/eca #231).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -20,11 +25,14 @@ own source or documentation:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import httpx
 import pytest
 from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
 
+from agentloop import QueryEngine, TurnEnded
 from agentloop._errors import ProviderStreamError, StreamProtocolError
 from agentloop.models import OpenAIChatModel, StreamLogprobs
 
@@ -156,3 +164,75 @@ async def test_logprobs_of_vllm_reasoning_tokens_are_on_the_thinking_channel() -
     events, acc = await run_body(body, logprobs=True)
     assert acc.message().text == "Four."
     assert logprobs_of(events) == [("thinking", (-0.1, -0.2)), ("thinking", (-0.3,)), ("text", (-0.4,))]
+
+
+# -- the output token limit's field ---------------------------------------------------------
+
+
+def ollama(req: httpx.Request) -> httpx.Response:
+    """Ollama's chat endpoint: ``max_tokens`` bounds the answer; ``max_completion_tokens`` is not
+    a field of its request, so it bounds nothing."""
+    limit = json.loads(req.content).get("max_tokens")
+    words = ["one", " two", " three", " four", " five", " six"]
+    shown = words if limit is None else words[:limit]
+    finish = "length" if len(shown) < len(words) else "stop"
+    chunks = [chat_chunk({"role": "assistant", "content": w}) for w in shown]
+    body = chat_stream(*chunks, chat_chunk(finish=finish), USAGE)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+
+def mistral(req: httpx.Request) -> httpx.Response:
+    """Mistral's API: a field it does not know is refused, before anything streams."""
+    body = json.loads(req.content)
+    if "max_completion_tokens" in body:
+        detail = [{"type": "extra_forbidden", "loc": ["body", "max_completion_tokens"],
+                   "msg": "Extra inputs are not permitted", "input": body["max_completion_tokens"]}]  # fmt: skip
+        error = {"object": "error", "message": {"detail": detail}, "type": "invalid_request_error", "param": None,
+                 "code": None}  # fmt: skip
+        return httpx.Response(422, json=error)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                          content=chat_stream(chat_chunk({"content": "Bonjour."}), chat_chunk(finish="stop")))  # fmt: skip
+
+
+async def run_engine(handler: Any, base_url: str, **kw: Any) -> tuple[QueryEngine, TurnEnded]:
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel("m", api_key=API_KEY, base_url=base_url, http_client=client, **kw)
+        engine = QueryEngine(model, policies=[], max_tokens=3, retry_base_delay=0.001)
+        events = [e async for e in engine.run("count to six")]
+    ended = events[-1]
+    assert isinstance(ended, TurnEnded)
+    return engine, ended
+
+
+async def test_ollama_gets_the_output_limit_in_the_field_it_reads() -> None:
+    # Sent as max_completion_tokens, the limit was dropped unread and the answer ran to its end.
+    engine, ended = await run_engine(ollama, "http://localhost:11434/v1")
+    assert ended.reason == "completed"
+    assert engine.messages[-1].text == "one two three"
+
+
+async def test_mistral_takes_a_request_with_an_output_limit() -> None:
+    # Every request with max_tokens was refused: 422 "Extra inputs are not permitted".
+    engine, ended = await run_engine(mistral, "https://api.mistral.ai/v1")
+    assert ended.reason == "completed" and engine.messages[-1].text == "Bonjour."
+
+
+@pytest.mark.parametrize(
+    ("base_url", "field"),
+    [
+        (None, "max_completion_tokens"),
+        ("https://api.openai.com/v1", "max_completion_tokens"),
+        ("https://my-resource.openai.azure.com/openai/deployments/o3?api-version=2025-04-01-preview",
+         "max_completion_tokens"),
+        ("https://my-resource.cognitiveservices.azure.com/openai/deployments/o3", "max_completion_tokens"),
+        ("http://localhost:8000/v1", "max_tokens"),
+        ("https://api.deepseek.com", "max_tokens"),
+        ("https://generativelanguage.googleapis.com/v1beta/openai/", "max_tokens"),
+        ("https://api.openai.com.evil.example/v1", "max_tokens"),
+    ],
+)  # fmt: skip
+def test_the_limit_field_is_openais_own_only_for_openai_and_azure_openai(base_url: str | None, field: str) -> None:
+    model = OpenAIChatModel("m", api_key=API_KEY, base_url=base_url)
+    assert model.max_tokens_param == field
+    chosen = "max_tokens" if field == "max_completion_tokens" else "max_completion_tokens"
+    assert OpenAIChatModel("m", api_key=API_KEY, base_url=base_url, max_tokens_param=chosen).max_tokens_param == chosen
