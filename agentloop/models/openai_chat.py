@@ -7,7 +7,9 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
 - Gemini: parallel calls sent whole, one per chunk, all with ``index`` 0 (or
   none): a named delta with an id of its own, after whole JSON arguments, starts
-  the next call (`_Call.succeeded_by`).
+  the next call (`_Call.succeeded_by`). A call's ``extra_content`` (Gemini 3's
+  thought signature, which must go back with the call) is kept in a thinking block
+  whose signature is `EXTRA_CONTENT` JSON, and sent back on that call.
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - Mistral's reasoning models: ``delta.content`` as a list of typed chunks
   (``thinking``, ``text``); litellm: ``arguments`` as an object.
@@ -96,6 +98,12 @@ _RETRYABLE_INT = RETRYABLE_STATUSES
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
 REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
+#: The ``type`` of the JSON signature of a thinking block that holds a tool call's
+#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "extra_content": {...}}``): no
+#: thinking, and JSON, so the Anthropic and Responses adapters never send it either.
+EXTRA_CONTENT = "extra_content"
+_EXTRA_PREFIX = '{"type":"extra_content",'
+
 #: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
 #: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
 _ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
@@ -162,11 +170,16 @@ def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = F
 
 def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    calls = [
-        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}
-        for b in blocks
-        if isinstance(b, ToolUseBlock)
-    ]
+    extras = _extra_contents(blocks)
+    calls = []
+    for b in blocks:
+        if isinstance(b, ToolUseBlock):
+            call = {"id": wire_id(b.id, max_len=40), "type": "function",
+                    "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}  # fmt: skip
+            extra = extras.get(b.id) if extras else None
+            if extra is not None:
+                call["extra_content"] = extra
+            calls.append(call)
     if not text and not calls:
         return []  # thinking only: not sent to Chat Completions
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -179,11 +192,25 @@ def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, An
     return [msg]
 
 
+def _extra_contents(blocks: Sequence[Any]) -> dict[str, Any]:
+    """The ``extra_content`` kept for each tool call id (see `EXTRA_CONTENT`)."""
+    out: dict[str, Any] = {}
+    for b in blocks:
+        if isinstance(b, ThinkingBlock) and b.signature.startswith(_EXTRA_PREFIX):
+            try:
+                kept = json.loads(b.signature)
+            except ValueError:
+                continue
+            if isinstance(kept, dict) and isinstance(kept.get("call"), str):
+                out[kept["call"]] = kept.get(EXTRA_CONTENT)
+    return out
+
+
 # -- stream -------------------------------------------------------------------
 
 
 class _Call:
-    __slots__ = ("args", "block", "id", "name", "pending", "started")
+    __slots__ = ("args", "block", "carried", "extra", "id", "name", "pending", "started")
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -192,6 +219,8 @@ class _Call:
         self.pending: list[str] = []  # argument fragments seen before the name
         self.args: list[str] = []  # every argument fragment, in order
         self.started = False
+        self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
+        self.carried = False
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
@@ -386,6 +415,9 @@ class ChatMapper:
             # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
             call.id = call.id or raw.get("id") or ""
             call.name = call.name or fn.get("name") or ""
+        extra = raw.get("extra_content")
+        if extra and not call.carried and type(extra) is dict:
+            call.extra = extra
         args = fn.get("arguments")
         if args:
             self._last_kind = "text"
@@ -394,7 +426,8 @@ class ChatMapper:
             call.args.append(args)
         if not call.started and call.name:
             call.started = True
-            out.append(StreamToolUseStart(call.block, call.id or _fresh_id(), call.name))
+            call.id = call.id or _fresh_id()
+            out.append(StreamToolUseStart(call.block, call.id, call.name))
             out.extend(StreamToolInput(call.block, p) for p in call.pending)
             call.pending.clear()
         if args:
@@ -402,6 +435,19 @@ class ChatMapper:
                 out.append(StreamToolInput(call.block, args))
             else:
                 call.pending.append(args)
+        if call.extra is not None and call.started:
+            self._carry(call, out)
+
+    def _carry(self, call: _Call, out: list[StreamEvent]) -> None:
+        """Keep a call's ``extra_content`` (Gemini's thought signature) in a block of its own, a
+        thinking block with no text whose signature names the call (`EXTRA_CONTENT`)."""
+        kept = {"type": EXTRA_CONTENT, "call": call.id, EXTRA_CONTENT: call.extra}
+        call.extra, call.carried = None, True
+        self._close_current(out)
+        block = self._next
+        self._next += 1
+        out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":"))))
+        out.append(StreamBlockStop(block))
 
     def _end(self) -> list[StreamEvent]:
         if self._finish is None and not self._final_usage:

@@ -17,6 +17,13 @@ own source or documentation:
   accepted but ignored"). Mistral's API refuses any field it does not know with a 422
   ``extra_forbidden``, ``max_completion_tokens`` among them (the body quoted in
   editor-code-assistant/eca #231).
+- Gemini's OpenAI endpoint: with Gemini 3, each step's first function call carries
+  ``"extra_content": {"google": {"thought_signature": ...}}``, streamed on the tool-call delta,
+  and a later request whose assistant message does not send it back on that call is refused,
+  ``[{"error": {"code": 400, "message": "Function call is missing a thought_signature in
+  functionCall parts. ...", "status": "INVALID_ARGUMENT"}}]`` (ai.google.dev
+  thought-signatures docs; the error as quoted on discuss.ai.google.dev; the delta as openai/codex
+  PR #7586 reads it).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -30,11 +37,12 @@ from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, request
 
-from agentloop import QueryEngine, TurnEnded
+from agentloop import QueryEngine, TurnEnded, tool, validate_transcript
 from agentloop._errors import ProviderStreamError, StreamProtocolError
-from agentloop.models import OpenAIChatModel, StreamLogprobs
+from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from agentloop.models import OpenAIChatModel, StreamLogprobs, anthropic, openai_chat, openai_responses
 
 USAGE = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
 
@@ -236,3 +244,113 @@ def test_the_limit_field_is_openais_own_only_for_openai_and_azure_openai(base_ur
     assert model.max_tokens_param == field
     chosen = "max_tokens" if field == "max_completion_tokens" else "max_completion_tokens"
     assert OpenAIChatModel("m", api_key=API_KEY, base_url=base_url, max_tokens_param=chosen).max_tokens_param == chosen
+
+
+# -- Gemini's thought signatures -----------------------------------------------------------
+
+
+@tool
+async def weather(city: str) -> str:
+    """The weather in a city."""
+    return {"Paris": "sunny", "Rome": "rain", "Oslo": "snow"}[city]
+
+
+def gemini_call(id: str, city: str, signature: str | None) -> dict[str, Any]:
+    """A function call as Gemini streams it: whole, no ``index``, the signature beside it."""
+    call: dict[str, Any] = {"id": id, "type": "function",
+                            "function": {"name": "weather", "arguments": json.dumps({"city": city})}}  # fmt: skip
+    if signature is not None:
+        call["extra_content"] = {"google": {"thought_signature": signature}}
+    return call
+
+
+class Gemini:
+    """Plays Gemini 3 over its OpenAI endpoint: a step of two parallel calls (the signature on the
+    first), a step of one, then the answer; a request that drops a signature gets its 400."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.signed: dict[str, str] = {}
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        self.bodies.append(body)
+        for m in body["messages"]:
+            for call in m.get("tool_calls") or ():
+                sent = (call.get("extra_content") or {}).get("google", {}).get("thought_signature")
+                if call["id"] in self.signed and sent != self.signed[call["id"]]:
+                    message = ("Function call is missing a thought_signature in functionCall parts. This is required "
+                               "for tools to work correctly, and missing thought_signature may lead to degraded model "
+                               "performance. Additional data, function call `default_api:weather` , position 2.")  # fmt: skip
+                    return httpx.Response(400, json=[{"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}])
+        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if step == 0:
+            self.signed["function-call-1"] = "CiQBjz1rX1Rk+sig/one=="
+            calls = [gemini_call("function-call-1", "Paris", "CiQBjz1rX1Rk+sig/one=="),
+                     gemini_call("function-call-2", "Rome", None)]  # fmt: skip
+        elif step == 1:
+            self.signed["function-call-3"] = "CiQBsig-two"
+            calls = [gemini_call("function-call-3", "Oslo", "CiQBsig-two")]
+        else:
+            chunks = [chat_chunk({"role": "assistant", "content": "Sunny, rain, snow."}), chat_chunk(finish="stop")]
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chat_stream(*chunks))
+        chunks = [*(chat_chunk({"role": "assistant", "tool_calls": [c]}) for c in calls), chat_chunk(finish="tool_calls")]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chat_stream(*chunks))
+
+
+async def test_a_tool_loop_against_gemini_sends_each_thought_signature_back_and_completes() -> None:
+    # The signature was dropped, so the request after the first tool call was always refused.
+    server = Gemini()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server.handler)) as client:
+        model = OpenAIChatModel("gemini-3-flash-preview", api_key=API_KEY, http_client=client,
+                                base_url="https://generativelanguage.googleapis.com/v1beta/openai/")  # fmt: skip
+        engine = QueryEngine(model, tools=[weather], policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("weather in Paris and Rome, then Oslo?")]
+    ended = events[-1]
+    assert isinstance(ended, TurnEnded) and ended.reason == "completed", ended
+    assert engine.messages[-1].text == "Sunny, rain, snow." and len(server.bodies) == 3
+    sent = [c for m in server.bodies[-1]["messages"] for c in m.get("tool_calls") or ()]
+    assert [c.get("extra_content") for c in sent] == [
+        {"google": {"thought_signature": "CiQBjz1rX1Rk+sig/one=="}}, None, {"google": {"thought_signature": "CiQBsig-two"}},
+    ]  # fmt: skip
+    assert all("reasoning_content" not in m for m in server.bodies[-1]["messages"])
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_the_signature_stays_with_its_call_whatever_the_chunks() -> None:
+    # A signature that comes on a later fragment of a call, and a call with no id of its own.
+    late = {"extra_content": {"google": {"thought_signature": "late"}}}
+    body = chat_stream(
+        chat_chunk({"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": ""}}]}),
+        chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}, **late}]}),
+        chat_chunk({"tool_calls": [{"index": 0, **late}]}),  # sent again: kept once
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    msg = acc.message()
+    (call,) = msg.tool_uses
+    assert call.input == {"city": "Oslo"} and call.id.startswith("call_")
+    assert sum(isinstance(b, ThinkingBlock) for b in msg.content) == 1
+    tail = Message(role="user", content=[ToolResultBlock(tool_use_id=call.id, content="snow")])
+    wire = openai_chat.build_request(request(Message.user("go"), msg, tail), model="m")
+    (sent,) = [c for m in wire["messages"] for c in m.get("tool_calls") or ()]
+    assert sent["id"] == call.id and sent["extra_content"] == {"google": {"thought_signature": "late"}}
+
+
+async def test_a_call_without_a_signature_is_sent_without_extra_content() -> None:
+    body = chat_stream(chat_chunk({"tool_calls": [gemini_call("c1", "Oslo", None)]}), chat_chunk(finish="tool_calls"))
+    _, acc = await run_body(body)
+    assert [type(b) for b in acc.message().content] == [ToolUseBlock]
+
+
+async def test_the_signature_never_reaches_another_provider() -> None:
+    body = chat_stream(chat_chunk({"tool_calls": [gemini_call("c1", "Oslo", "SIG")]}), chat_chunk(finish="tool_calls"))
+    _, acc = await run_body(body)
+    result = Message(role="user", content=[ToolResultBlock(tool_use_id="c1", content="snow")])
+    history = request(Message.user("go"), acc.message(), result, Message(role="assistant", content=[TextBlock(text="Snow.")]))
+    assert "SIG" not in json.dumps(anthropic.build_request(history, model="m", max_tokens=64, thinking=None))
+    assert "SIG" not in json.dumps(openai_responses.build_request(history, model="m"))
+    echoed = openai_chat.build_request(history, model="m", echo_reasoning=True)
+    assistants = [m for m in echoed["messages"] if m["role"] == "assistant"]
+    assert [m.get("reasoning_content") for m in assistants] == ["", None]  # the signature is not reasoning
+    assert json.dumps(echoed).count("SIG") == 1  # on its call only
