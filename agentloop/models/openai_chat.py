@@ -23,7 +23,8 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
 is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
-has finished then); a stream without either, or whose ``[DONE]`` follows neither a
+has finished then), or a body that ends cleanly after a ``finish_reason`` (servers that
+send no ``[DONE]``); a stream without either, or whose ``[DONE]`` follows neither a
 ``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
 raises `StreamProtocolError`.
 """
@@ -448,6 +449,11 @@ class ChatMapper:
         self._next += 1
         out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":"))))
         out.append(StreamBlockStop(block))
+
+    def at_eof(self) -> list[StreamEvent] | None:
+        """The end of a body that stopped cleanly without ``[DONE]``: complete once a
+        ``finish_reason`` came (TGI before 2.2, ik_llama.cpp end there), else None (cut)."""
+        return self._end() if self._finish is not None else None
 
     def _end(self) -> list[StreamEvent]:
         if self._finish is None and not self._final_usage:

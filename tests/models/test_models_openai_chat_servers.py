@@ -24,6 +24,9 @@ own source or documentation:
   functionCall parts. ...", "status": "INVALID_ARGUMENT"}}]`` (ai.google.dev
   thought-signatures docs; the error as quoted on discuss.ai.google.dev; the delta as openai/codex
   PR #7586 reads it).
+- Servers that end the body after the ``finish_reason`` chunk with no ``data: [DONE]``: TGI
+  before huggingface/text-generation-inference PR #2221 (its final chunk carries the usage
+  beside the choice), ik_llama.cpp (ikawrakow/ik_llama.cpp #467), mistral.rs before PR #1226.
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -354,3 +357,46 @@ async def test_the_signature_never_reaches_another_provider() -> None:
     assistants = [m for m in echoed["messages"] if m["role"] == "assistant"]
     assert [m.get("reasoning_content") for m in assistants] == ["", None]  # the signature is not reasoning
     assert json.dumps(echoed).count("SIG") == 1  # on its call only
+
+
+# -- a body that ends without [DONE] -------------------------------------------------------
+
+
+def tgi_stream(*, done: bool) -> bytes:
+    """TGI's chat stream before it sent [DONE]: the usage on the last chunk, beside its choice."""
+    last = chat_chunk(finish="stop")
+    last["usage"] = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    return chat_stream(chat_chunk({"role": "assistant", "content": "Hello"}), chat_chunk({"content": "!"}), last,
+                       done=done)  # fmt: skip
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_a_body_that_ends_cleanly_after_the_finish_reason_is_the_whole_answer(include_usage: bool) -> None:
+    # It failed as cut ("ended without data: [DONE]"), was asked again three times, then the
+    # turn ended with model_error: no answer from such a server, ever.
+    _, acc = await run_body(tgi_stream(done=False), include_usage=include_usage)
+    assert (acc.message().text, acc.stop_reason, acc.usage.output_tokens) == ("Hello!", "end_turn", 2)
+    _, whole = await run_body(tgi_stream(done=True), include_usage=include_usage)
+    assert (acc.message(), acc.stop_reason, acc.usage) == (whole.message(), whole.stop_reason, whole.usage)
+
+
+async def test_a_tool_call_whose_body_ends_cleanly_after_the_finish_reason_is_complete() -> None:
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    body = chat_stream(chat_chunk({"tool_calls": [call]}), chat_chunk(finish="tool_calls"), done=False)
+    _, acc = await run_body(body)
+    assert acc.stop_reason == "tool_use" and acc.message().tool_uses[0].input == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [chat_chunk({"content": "Hel"})],
+        [chat_chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]})],
+        [],
+    ],
+    ids=["mid-text", "mid-arguments", "nothing"],
+)
+async def test_a_body_that_ends_before_any_finish_reason_is_still_cut(chunks: list[dict[str, Any]]) -> None:
+    with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
+        await run_body(chat_stream(*chunks, done=False))
+    assert info.value.retryable is True
