@@ -298,13 +298,7 @@ class ChatMapper:
         out: list[StreamEvent] = []
         usage = obj.get("usage")
         if usage and type(usage) is dict:
-            details = usage.get("prompt_tokens_details")
-            self._usage = Usage(
-                count_tokens(usage.get("prompt_tokens")),
-                count_tokens(usage.get("completion_tokens")),
-                count_tokens(details.get("cached_tokens")) if type(details) is dict else 0,
-            )
-            out.append(StreamUsage(self._usage))
+            self._read_usage(usage, out)
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
@@ -324,6 +318,9 @@ class ChatMapper:
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
+                nested = choice.get("usage")  # Moonshot's place for it
+                if not usage and nested and type(nested) is dict:
+                    self._read_usage(nested, out)
                 if self._finish == "error":
                     raise self._failed(choice.get("error"))
                 if self._finish == "repetition":
@@ -339,6 +336,16 @@ class ChatMapper:
                         retryable=True,
                     )
         return out or None
+
+    def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
+        details = usage.get("prompt_tokens_details")
+        cached = count_tokens(details.get("cached_tokens")) if type(details) is dict else 0
+        self._usage = Usage(
+            count_tokens(usage.get("prompt_tokens")),
+            count_tokens(usage.get("completion_tokens")),
+            cached or count_tokens(usage.get("prompt_cache_hit_tokens")),  # DeepSeek's name for it
+        )
+        out.append(StreamUsage(self._usage))
 
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")

@@ -27,6 +27,11 @@ own source or documentation:
 - Servers that end the body after the ``finish_reason`` chunk with no ``data: [DONE]``: TGI
   before huggingface/text-generation-inference PR #2221 (its final chunk carries the usage
   beside the choice), ik_llama.cpp (ikawrakow/ik_llama.cpp #467), mistral.rs before PR #1226.
+- DeepSeek counts the prompt tokens read from its cache as ``usage.prompt_cache_hit_tokens``
+  (beside ``prompt_cache_miss_tokens``), not OpenAI's ``prompt_tokens_details.cached_tokens``
+  (DeepSeek's context caching guide). Moonshot (Kimi) puts a stream's usage in the finish
+  chunk's ``choices[0].usage``, at the top level only on the trailing chunk that
+  ``include_usage`` asks for (as other clients' Kimi adapters read it).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -400,3 +405,26 @@ async def test_a_body_that_ends_before_any_finish_reason_is_still_cut(chunks: li
     with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
         await run_body(chat_stream(*chunks, done=False))
     assert info.value.retryable is True
+
+
+# -- usage where servers put it ------------------------------------------------------------
+
+
+async def test_deepseeks_cache_hits_are_the_cache_read_tokens() -> None:
+    usage = {"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128,
+             "prompt_cache_hit_tokens": 100, "prompt_cache_miss_tokens": 20}  # fmt: skip
+    body = chat_stream(chat_chunk({"content": "x"}), chat_chunk(finish="stop"), {"id": "c", "choices": [], "usage": usage})
+    _, acc = await run_body(body)
+    assert (acc.usage.input_tokens, acc.usage.output_tokens, acc.usage.cache_read_tokens) == (120, 8, 100)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_moonshots_usage_in_the_finish_choice_is_read(include_usage: bool) -> None:
+    # Without include_usage the run's usage was 0: the only usage was inside the choice.
+    last = chat_chunk(finish="stop")
+    last["choices"][0]["usage"] = {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+    chunks: list[dict[str, Any]] = [chat_chunk({"role": "assistant", "content": "Hi"}), last]
+    if include_usage:
+        chunks.append({"id": "c", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}})
+    _, acc = await run_body(chat_stream(*chunks), include_usage=include_usage)
+    assert (acc.usage.input_tokens, acc.usage.output_tokens) == (30, 4)
