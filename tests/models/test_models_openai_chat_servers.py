@@ -32,6 +32,11 @@ own source or documentation:
   (DeepSeek's context caching guide). Moonshot (Kimi) puts a stream's usage in the finish
   chunk's ``choices[0].usage``, at the top level only on the trailing chunk that
   ``include_usage`` asks for (as other clients' Kimi adapters read it).
+- OpenRouter: a failure after the stream began is a chunk with a top-level ``error`` beside a
+  choice whose ``finish_reason`` is ``"error"`` (OpenRouter's API docs, "Error handling during
+  streaming"). Groq: usage on the finish chunk (top level and in ``x_groq``), then again on a
+  ``choices: []`` chunk; Kimi's tool call ids ``functions.add:0`` (a recorded Groq stream,
+  charmbracelet/fantasy ``providertests/testdata/.../multi_tool_streaming_groq-kimi-k2.yaml``).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -428,3 +433,41 @@ async def test_moonshots_usage_in_the_finish_choice_is_read(include_usage: bool)
         chunks.append({"id": "c", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}})
     _, acc = await run_body(chat_stream(*chunks), include_usage=include_usage)
     assert (acc.usage.input_tokens, acc.usage.output_tokens) == (30, 4)
+
+
+# -- streams that were already read right (kept so they stay so) ---------------------------
+
+
+async def test_openrouters_mid_stream_error_is_a_retryable_stream_error() -> None:
+    chunk = chat_chunk({"content": ""}, finish="error", provider="openai")
+    chunk["error"] = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
+    body = chat_stream(chat_chunk({"role": "assistant", "content": "The answer"}), chunk)
+    with pytest.raises(ProviderStreamError, match="Provider disconnected unexpectedly") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_groqs_stream_with_usage_twice_and_kimis_call_ids() -> None:
+    usage = {"queue_time": 0.22, "prompt_tokens": 207, "prompt_time": 0.02, "completion_tokens": 58,
+             "completion_time": 0.13, "total_tokens": 265, "total_time": 0.15}  # fmt: skip
+
+    def call(index: int, name: str) -> dict[str, Any]:
+        return {"id": f"functions.{name}:{index}", "type": "function",
+                "function": {"name": name, "arguments": '{"a":2,"b":3}'}, "index": index}  # fmt: skip
+
+    finish = chat_chunk(finish="tool_calls", x_groq={"id": "req_01", "usage": usage}, usage=usage)
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": ""}, x_groq={"id": "req_01"}),
+        chat_chunk({"content": "I'll add and multiply."}),
+        chat_chunk({"tool_calls": [call(0, "add")]}),
+        chat_chunk({"tool_calls": [call(1, "multiply")]}),
+        finish,
+        {"id": "chatcmpl-1", "choices": [], "usage": usage, "service_tier": "on_demand"},
+    )
+    _, acc = await run_body(body)
+    msg = acc.message()
+    assert msg.text == "I'll add and multiply." and acc.stop_reason == "tool_use"
+    assert [(t.id, t.name, t.input) for t in msg.tool_uses] == [
+        ("functions.add:0", "add", {"a": 2, "b": 3}), ("functions.multiply:1", "multiply", {"a": 2, "b": 3}),
+    ]  # fmt: skip
+    assert (acc.usage.input_tokens, acc.usage.output_tokens) == (207, 58)
