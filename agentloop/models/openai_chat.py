@@ -100,8 +100,10 @@ _RETRYABLE_INT = RETRYABLE_STATUSES
 REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
-#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "extra_content": {...}}``): no
-#: thinking, and JSON, so the Anthropic and Responses adapters never send it either.
+#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "host": <the server's host>,
+#: "extra_content": {...}}``): no thinking, and JSON, so the Anthropic and Responses adapters
+#: never send it either; nor does this one to another host (Mistral's API refuses a field it
+#: does not know).
 EXTRA_CONTENT = "extra_content"
 _EXTRA_PREFIX = '{"type":"extra_content",'
 
@@ -118,18 +120,22 @@ _COMPLETION_TOKENS_HOSTS = ("api.openai.com", ".openai.azure.com", ".cognitivese
 # -- request ------------------------------------------------------------------
 
 
-def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = False) -> dict[str, Any]:
+def build_request(
+    request: ModelRequest, *, model: str, echo_reasoning: bool = False, host: str | None = None
+) -> dict[str, Any]:
     """The JSON body (without stream options) of a Chat Completions request.
 
     ``echo_reasoning``: an assistant message with tool calls carries its turn's thinking
     as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
+    ``host``: the server's; a tool call's kept ``extra_content`` (`EXTRA_CONTENT`) goes back
+    only to the host that sent it (None: whatever host sent it).
     """
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for role, blocks in turns(request.messages):
         if role == "assistant":
-            messages.extend(_assistant(blocks, echo_reasoning))
+            messages.extend(_assistant(blocks, echo_reasoning, host))
             continue
         texts: list[str] = []
         for b in blocks:
@@ -169,9 +175,9 @@ def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = F
     return body
 
 
-def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, Any]]:
+def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    extras = _extra_contents(blocks)
+    extras = _extra_contents(blocks, host)
     calls = []
     for b in blocks:
         if isinstance(b, ToolUseBlock):
@@ -193,8 +199,9 @@ def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, An
     return [msg]
 
 
-def _extra_contents(blocks: Sequence[Any]) -> dict[str, Any]:
-    """The ``extra_content`` kept for each tool call id (see `EXTRA_CONTENT`)."""
+def _extra_contents(blocks: Sequence[Any], host: str | None) -> dict[str, Any]:
+    """The ``extra_content`` kept for each tool call id (see `EXTRA_CONTENT`) that ``host``
+    sent (None: any host)."""
     out: dict[str, Any] = {}
     for b in blocks:
         if isinstance(b, ThinkingBlock) and b.signature.startswith(_EXTRA_PREFIX):
@@ -202,7 +209,7 @@ def _extra_contents(blocks: Sequence[Any]) -> dict[str, Any]:
                 kept = json.loads(b.signature)
             except ValueError:
                 continue
-            if isinstance(kept, dict) and isinstance(kept.get("call"), str):
+            if isinstance(kept, dict) and isinstance(kept.get("call"), str) and (host is None or kept.get("host") == host):
                 out[kept["call"]] = kept.get(EXTRA_CONTENT)
     return out
 
@@ -248,10 +255,14 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_last_kind", "_next", "_refusal",
-                 "_usage", "done", "keep_reasoning", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
+                 "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id", "response_id",
+                 "terminator")  # fmt: skip
 
-    def __init__(self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False) -> None:
+    def __init__(
+        self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False, host: str = ""
+    ) -> None:
         self.request_id = request_id
+        self.host = host  # the server's, kept with what goes back only to it
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
@@ -449,7 +460,7 @@ class ChatMapper:
     def _carry(self, call: _Call, out: list[StreamEvent]) -> None:
         """Keep a call's ``extra_content`` (Gemini's thought signature) in a block of its own, a
         thinking block with no text whose signature names the call (`EXTRA_CONTENT`)."""
-        kept = {"type": EXTRA_CONTENT, "call": call.id, EXTRA_CONTENT: call.extra}
+        kept = {"type": EXTRA_CONTENT, "call": call.id, "host": self.host, EXTRA_CONTENT: call.extra}
         call.extra, call.carried = None, True
         self._close_current(out)
         block = self._next
@@ -601,7 +612,7 @@ class OpenAIChatModel(HTTPModel):
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)
-        host = (httpx.URL(self._conn.base_url).host or "").lower()
+        host = self._host = (httpx.URL(self._conn.base_url).host or "").lower()
         if echo_reasoning is None:
             echo_reasoning = host in _ECHO_HOSTS
         self.echo_reasoning = echo_reasoning
@@ -612,18 +623,18 @@ class OpenAIChatModel(HTTPModel):
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        logprobs, keep = self.logprobs, self.echo_reasoning
+        logprobs, keep, host = self.logprobs, self.echo_reasoning, self._host
         return run_stream(
             self._conn,
             lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, host=host),
             signal,
             error_field=True,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning)
+        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning, host=self._host)
         body["stream"] = True
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}

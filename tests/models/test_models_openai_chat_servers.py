@@ -356,6 +356,26 @@ async def test_a_call_without_a_signature_is_sent_without_extra_content() -> Non
     assert [type(b) for b in acc.message().content] == [ToolUseBlock]
 
 
+async def test_the_signature_goes_back_only_to_the_server_that_sent_it() -> None:
+    # Mistral's API refuses a field it does not know (422 extra_forbidden): a transcript carried
+    # over from Gemini must not take Gemini's extra_content there.
+    body = chat_stream(chat_chunk({"tool_calls": [gemini_call("c1", "Oslo", "SIG")]}), chat_chunk(finish="tool_calls"))
+    gemini_url = "https://generativelanguage.googleapis.com/v1beta/openai/"
+    server = MockServer(body)
+    async with server.client() as client:
+        _, acc = await collect(OpenAIChatModel("g", api_key=API_KEY, base_url=gemini_url, http_client=client))
+    result = Message(role="user", content=[ToolResultBlock(tool_use_id="c1", content="snow")])
+    history = request(Message.user("go"), acc.message(), result)
+    sent: dict[str, str] = {}
+    for url in (gemini_url, "https://api.mistral.ai/v1"):
+        server = MockServer(chat_stream(chat_chunk({"content": "Snow."}), chat_chunk(finish="stop")))
+        async with server.client() as client:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, base_url=url, http_client=client), history)
+        sent[url] = json.dumps(server.body)
+    assert '"extra_content": {"google": {"thought_signature": "SIG"}}' in sent[gemini_url]
+    assert "extra_content" not in sent["https://api.mistral.ai/v1"] and "SIG" not in sent["https://api.mistral.ai/v1"]
+
+
 async def test_the_signature_never_reaches_another_provider() -> None:
     body = chat_stream(chat_chunk({"tool_calls": [gemini_call("c1", "Oslo", "SIG")]}), chat_chunk(finish="tool_calls"))
     _, acc = await run_body(body)
