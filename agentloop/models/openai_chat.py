@@ -20,6 +20,12 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
   ignore. This adapter decodes that line as an ``error`` event and raises
   `ProviderStreamError` (an event named ``error`` is always an error here).
+- Together (``finish_reason`` ``eos``, one number as a chunk's ``logprobs``), TGI
+  (``stop_sequence``), DeepSeek (``insufficient_system_resource``, a cut;
+  ``prompt_cache_hit_tokens``), Moonshot (usage in the finish choice), LiteLLM's proxy
+  (an error ``code`` that is an HTTP status as a str).
+- The output limit goes as ``max_tokens`` to any server but OpenAI's and Azure's
+  (Ollama drops ``max_completion_tokens``, Mistral's API refuses it).
 
 A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
 is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
