@@ -20,6 +20,8 @@ Wire reference: WIRE.md §2 and §5. Local-server quirks handled here:
   failure as an ``error: {json}`` SSE *field* line, which spec decoders
   ignore. This adapter decodes that line as an ``error`` event and raises
   `ProviderStreamError` (an event named ``error`` is always an error here).
+- OpenRouter: ``delta.reasoning_details`` (signed or encrypted reasoning), kept in a thinking
+  block whose signature is `REASONING_DETAILS` JSON, and sent back on its message.
 - Together (``finish_reason`` ``eos``, one number as a chunk's ``logprobs``), TGI
   (``stop_sequence``), DeepSeek (``insufficient_system_resource``, a cut;
   ``prompt_cache_hit_tokens``), Moonshot (usage in the finish choice), LiteLLM's proxy
@@ -111,7 +113,10 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 #: never send it either; nor does this one to another host (Mistral's API refuses a field it
 #: does not know).
 EXTRA_CONTENT = "extra_content"
-_EXTRA_PREFIX = '{"type":"extra_content",'
+#: Likewise for OpenRouter's ``reasoning_details`` of a response (``{"type": "reasoning_details",
+#: "host": ..., "reasoning_details": [...]}``), which go back on its assistant message.
+REASONING_DETAILS = "reasoning_details"
+_KEPT_PREFIXES = ('{"type":"extra_content",', '{"type":"reasoning_details",')
 
 #: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
 #: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
@@ -183,7 +188,7 @@ def build_request(
 
 def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    extras = _extra_contents(blocks, host)
+    extras, details = _kept(blocks, host)
     calls = []
     for b in blocks:
         if isinstance(b, ToolUseBlock):
@@ -196,6 +201,8 @@ def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) ->
     if not text and not calls:
         return []  # thinking only: not sent to Chat Completions
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if details:
+        msg[REASONING_DETAILS] = details
     if calls:
         msg["tool_calls"] = calls
         if echo_reasoning:
@@ -205,19 +212,25 @@ def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) ->
     return [msg]
 
 
-def _extra_contents(blocks: Sequence[Any], host: str | None) -> dict[str, Any]:
-    """The ``extra_content`` kept for each tool call id (see `EXTRA_CONTENT`) that ``host``
-    sent (None: any host)."""
-    out: dict[str, Any] = {}
+def _kept(blocks: Sequence[Any], host: str | None) -> tuple[dict[str, Any], list[Any]]:
+    """What the turn's thinking blocks keep for ``host`` (None: any host) to have back: the
+    ``extra_content`` of each tool call id (`EXTRA_CONTENT`), and the ``reasoning_details``
+    (`REASONING_DETAILS`)."""
+    extras: dict[str, Any] = {}
+    details: list[Any] = []
     for b in blocks:
-        if isinstance(b, ThinkingBlock) and b.signature.startswith(_EXTRA_PREFIX):
+        if isinstance(b, ThinkingBlock) and b.signature.startswith(_KEPT_PREFIXES):
             try:
                 kept = json.loads(b.signature)
             except ValueError:
                 continue
-            if isinstance(kept, dict) and isinstance(kept.get("call"), str) and (host is None or kept.get("host") == host):
-                out[kept["call"]] = kept.get(EXTRA_CONTENT)
-    return out
+            if not isinstance(kept, dict) or (host is not None and kept.get("host") != host):
+                continue
+            if kept.get("type") == EXTRA_CONTENT and isinstance(kept.get("call"), str):
+                extras[kept["call"]] = kept.get(EXTRA_CONTENT)
+            elif kept.get("type") == REASONING_DETAILS and isinstance(kept.get(REASONING_DETAILS), list):
+                details.extend(kept[REASONING_DETAILS])
+    return extras, details
 
 
 # -- stream -------------------------------------------------------------------
@@ -260,8 +273,8 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_last_kind", "_next", "_refusal",
-                 "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id", "response_id",
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind", "_next",
+                 "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id", "response_id",
                  "terminator")  # fmt: skip
 
     def __init__(
@@ -283,6 +296,7 @@ class ChatMapper:
         self._refusal = False
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
+        self._details: list[dict[str, Any]] = []  # OpenRouter's reasoning_details, pieces joined
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -368,6 +382,9 @@ class ChatMapper:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
             out.append(StreamThinking(self._channel("thinking", out), reasoning))
+        details = delta.get("reasoning_details")
+        if details and type(details) is list:
+            self._keep_details(details)
         content = delta.get("content")
         if content:
             if type(content) is list:
@@ -382,6 +399,25 @@ class ChatMapper:
         if calls:
             for pos, call in enumerate(calls):
                 self._tool_delta(call, pos, out)
+
+    def _keep_details(self, details: list[Any]) -> None:
+        """Keep OpenRouter's ``reasoning_details`` pieces, as one list for the response: the
+        consecutive ``reasoning.text`` pieces of one block (one ``index``) joined, its signature
+        (on the last piece) kept; other entries (``reasoning.encrypted``, ``reasoning.summary``)
+        as they came."""
+        kept = self._details
+        for d in details:
+            if type(d) is not dict:
+                continue
+            last = kept[-1] if kept else None
+            if d.get("type") == "reasoning.text" and last is not None and last.get("type") == "reasoning.text" \
+                    and last.get("index") == d.get("index"):  # fmt: skip
+                last["text"] = (last.get("text") or "") + (d.get("text") or "")
+                for key, value in d.items():
+                    if value and not last.get(key):  # the signature, a format the first piece lacked
+                        last[key] = value
+            else:
+                kept.append(dict(d))
 
     def _parts(self, parts: list[Any], out: list[StreamEvent]) -> None:
         """``content`` as a list of typed chunks (Mistral's reasoning models):
@@ -499,6 +535,11 @@ class ChatMapper:
             if call.started:
                 started = True
                 out.append(StreamBlockStop(call.block))
+        if self._details:  # kept in a block of its own, to go back on this message
+            kept = {"type": REASONING_DETAILS, "host": self.host, REASONING_DETAILS: self._details}
+            out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":"))))
+            out.append(StreamBlockStop(self._next))
+            self._next += 1
         reason = _FINISH.get(self._finish or "stop", self._finish)
         if started and reason not in CUT_BY:  # a stop that cut the output wherever it was
             # Some servers say "stop" after a tool call; but a call cut by the token limit

@@ -37,6 +37,14 @@ own source or documentation:
   streaming"). Groq: usage on the finish chunk (top level and in ``x_groq``), then again on a
   ``choices: []`` chunk; Kimi's tool call ids ``functions.add:0`` (a recorded Groq stream,
   charmbracelet/fantasy ``providertests/testdata/.../multi_tool_streaming_groq-kimi-k2.yaml``).
+- OpenRouter's ``reasoning_details``: the model's reasoning as a list of typed entries
+  (``reasoning.text`` with a ``signature`` for Claude, ``reasoning.encrypted`` with ``data`` for
+  Gemini's thought signatures, ``reasoning.summary``), streamed in pieces on the deltas beside
+  ``reasoning``, and to be sent back "unmodified" on the assistant message so that a tool loop
+  with Claude's thinking or Gemini 3 goes on (OpenRouter's reasoning-tokens guide, "Preserving
+  reasoning blocks"; the consecutive ``reasoning.text`` pieces of one block joined as
+  OpenRouterTeam/ai-sdk-provider ``src/chat/index.ts`` joins them; Gemini 3 tool use over
+  OpenRouter failing without them: cline #7551, Roo-Code PR #9506).
 - LiteLLM's proxy: a failure after the stream began is one ``data: {"error": ...}`` chunk built
   from its ``ProxyException``, whose ``code`` is ``str(status_code)`` and whose ``type`` is the
   string ``"None"`` when the exception has none (BerriAI/litellm ``litellm/proxy/_types.py``,
@@ -491,3 +499,91 @@ async def test_groqs_stream_with_usage_twice_and_kimis_call_ids() -> None:
         ("functions.add:0", "add", {"a": 2, "b": 3}), ("functions.multiply:1", "multiply", {"a": 2, "b": 3}),
     ]  # fmt: skip
     assert (acc.usage.input_tokens, acc.usage.output_tokens) == (207, 58)
+
+
+# -- OpenRouter's reasoning_details ----------------------------------------------------------
+
+
+class OpenRouterGemini:
+    """Plays Gemini 3 behind OpenRouter: reasoning, then a call whose thought signature comes as a
+    ``reasoning.encrypted`` entry; a request that does not send the details back is refused as
+    OpenRouter relays Google's 400."""
+
+    SIGNED = "CiQBjz1rX1Rk+sig=="
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        self.bodies.append(body)
+        assistants = [m for m in body["messages"] if m["role"] == "assistant"]
+        for m in assistants:
+            if m.get("tool_calls") and not any(d.get("data") == self.SIGNED for d in m.get("reasoning_details") or ()):
+                raw = "Function call is missing a thought_signature in functionCall parts."
+                error = {"error": {"message": "Provider returned error", "code": 400,
+                                   "metadata": {"raw": raw, "provider_name": "Google AI Studio"}}}  # fmt: skip
+                return httpx.Response(400, json=error)
+        if not assistants:
+            text = {"type": "reasoning.text", "format": "google-gemini-v1", "index": 0}
+            call = {"index": 0, "id": "tool_0_weather", "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+            encrypted = {"type": "reasoning.encrypted", "data": self.SIGNED, "id": "tool_0_weather",
+                         "format": "google-gemini-v1", "index": 0}  # fmt: skip
+            chunks = [
+                chat_chunk({"role": "assistant", "content": "", "reasoning": "Paris first.",
+                            "reasoning_details": [{**text, "text": "Paris first."}]}),
+                chat_chunk({"reasoning": " One call.", "reasoning_details": [{**text, "text": " One call."}]}),
+                chat_chunk({"tool_calls": [call], "reasoning_details": [encrypted]}),
+                chat_chunk(finish="tool_calls"),
+                {"id": "gen-1", "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 9}},
+            ]
+        else:
+            chunks = [chat_chunk({"role": "assistant", "content": "Sunny."}), chat_chunk(finish="stop")]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chat_stream(*chunks))
+
+
+async def test_a_tool_loop_over_openrouter_sends_the_reasoning_details_back_and_completes() -> None:
+    # They were dropped, and the request after a tool call was refused, every time.
+    server = OpenRouterGemini()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server.handler)) as client:
+        model = OpenAIChatModel("google/gemini-3-flash-preview", api_key=API_KEY, http_client=client,
+                                base_url="https://openrouter.ai/api/v1")  # fmt: skip
+        engine = QueryEngine(model, tools=[weather], policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("weather in Paris?")]
+    ended = events[-1]
+    assert isinstance(ended, TurnEnded) and ended.reason == "completed", ended
+    assert engine.messages[-1].text == "Sunny." and len(server.bodies) == 2
+    (sent,) = [m for m in server.bodies[-1]["messages"] if m["role"] == "assistant"]
+    assert sent["reasoning_details"] == [
+        {"type": "reasoning.text", "format": "google-gemini-v1", "index": 0, "text": "Paris first. One call."},
+        {"type": "reasoning.encrypted", "data": OpenRouterGemini.SIGNED, "id": "tool_0_weather",
+         "format": "google-gemini-v1", "index": 0},
+    ]  # fmt: skip
+    assert "reasoning_content" not in sent and "reasoning" not in sent
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_claudes_signed_reasoning_text_pieces_are_joined_and_keep_their_signature() -> None:
+    def piece(text: str, **more: Any) -> dict[str, Any]:
+        detail = {"type": "reasoning.text", "text": text, "format": "anthropic-claude-v1", "index": 0, **more}
+        return chat_chunk({"reasoning": text, "reasoning_details": [detail]})
+
+    body = chat_stream(piece("Let me "), piece("think."), piece("", signature="EqQBCkYIsig=="),
+                       chat_chunk({"content": "Done."}), chat_chunk(finish="stop"))  # fmt: skip
+    server = MockServer(body)
+    async with server.client() as client:
+        model = OpenAIChatModel("anthropic/claude-sonnet-4.5", api_key=API_KEY, http_client=client,
+                                base_url="https://openrouter.ai/api/v1")  # fmt: skip
+        _, acc = await collect(model)
+    msg = acc.message()
+    assert msg.text == "Done."
+    history = request(Message.user("hi"), msg, Message.user("and?"))
+    wire = openai_chat.build_request(history, model="m", host="openrouter.ai")
+    (sent,) = [m for m in wire["messages"] if m["role"] == "assistant"]
+    assert sent["reasoning_details"] == [{"type": "reasoning.text", "text": "Let me think.", "format": "anthropic-claude-v1",
+                                          "index": 0, "signature": "EqQBCkYIsig=="}]  # fmt: skip
+    for other in (openai_chat.build_request(history, model="m", host="api.mistral.ai"),
+                  anthropic.build_request(history, model="m", max_tokens=64, thinking=None),
+                  openai_responses.build_request(history, model="m")):  # fmt: skip
+        assert "EqQBCkYIsig==" not in json.dumps(other) and "reasoning_details" not in json.dumps(other)
