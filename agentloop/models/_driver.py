@@ -149,7 +149,9 @@ class Mapper(Protocol):
     returned then end with `StreamEnd`); ``terminator`` names it for errors.
     A mapper may also have a ``failure`` (a `ModelError`): set with ``done``, it is
     raised once the events returned with it are out (what a failed response held),
-    in place of `StreamEnd`.
+    in place of `StreamEnd`. And an ``at_eof()``, called when the body ends cleanly
+    before the terminator: the events it returns (ending with `StreamEnd`) complete the
+    stream; None leaves it cut.
     """
 
     done: bool
@@ -236,6 +238,12 @@ async def run_stream(
             ) or _web_page(conn, response.headers, raw, redactor)
             if error is not None:
                 raise error
+        at_eof = getattr(mapper, "at_eof", None)
+        last = at_eof() if at_eof is not None else None
+        if last:  # the server ended the body where it had finished, without its terminator
+            for ev in last:
+                yield ev
+            return
     raise StreamProtocolError(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
         retryable=True,
