@@ -167,7 +167,7 @@ class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``."""
 
-    __slots__ = ("_blocks", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+    __slots__ = ("_blocks", "_counts", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
@@ -178,6 +178,8 @@ class AnthropicMapper:
         self._blocks: dict[int, str] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
+        # The wire's counts so far: input (the uncached part), output, cache read, cache written.
+        self._counts = (0, 0, 0, 0)
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -239,7 +241,7 @@ class AnthropicMapper:
         self.response_id = message.get("id")
         usage = message.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
             return (StreamUsage(self._usage),)
         return None
 
@@ -272,8 +274,22 @@ class AnthropicMapper:
             self._stop_reason = reason
         usage = obj.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
         return None
+
+    def _count(self, raw: dict[str, Any]) -> None:
+        """Take the counts of a usage object. They are cumulative: present fields replace old ones.
+        Anthropic's ``input_tokens`` is only the prompt after the last cache breakpoint; the
+        `Usage` counts the whole prompt, cached part included, as OpenAI's do."""
+        fresh, output, read, write = self._counts
+        self._counts = counts = (
+            count_tokens(raw.get("input_tokens"), fresh),
+            count_tokens(raw.get("output_tokens"), output),
+            count_tokens(raw.get("cache_read_input_tokens"), read),
+            count_tokens(raw.get("cache_creation_input_tokens"), write),
+        )
+        fresh, output, read, write = counts
+        self._usage = Usage(fresh + read + write, output, read, write)
 
     def _message_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         self.done = True
@@ -310,16 +326,6 @@ def _index(obj: dict[str, Any]) -> int:
             retryable=True,
         )
     return index
-
-
-def _usage(raw: dict[str, Any], old: Usage) -> Usage:
-    """Anthropic usage counts are cumulative: present fields replace old ones."""
-    return Usage(
-        count_tokens(raw.get("input_tokens"), old.input_tokens),
-        count_tokens(raw.get("output_tokens"), old.output_tokens),
-        count_tokens(raw.get("cache_read_input_tokens"), old.cache_read_tokens),
-        count_tokens(raw.get("cache_creation_input_tokens"), old.cache_write_tokens),
-    )
 
 
 def _out_of_place(what: str) -> StreamProtocolError:

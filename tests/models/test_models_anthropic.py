@@ -316,7 +316,7 @@ async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> 
     body = sse(START, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {
         "output_tokens": "40", "cache_read_input_tokens": None, "cache_creation_input_tokens": 2.0}}), STOP)  # fmt: skip
     _, acc = await run_body(body)
-    assert acc.usage == Usage(5, 1, 0, 2)
+    assert acc.usage == Usage(7, 1, 0, 2)
     assert type(acc.usage.output_tokens) is int and type(acc.usage.cache_write_tokens) is int
 
 
@@ -346,7 +346,22 @@ async def test_usage_is_cumulative_and_cache_fields_mapped() -> None:
     start = ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {
         "input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3}}})  # fmt: skip
     _, acc = await run_body(sse(start, message_delta("end_turn", {"output_tokens": 40}), STOP))
-    assert acc.usage == Usage(10, 40, 7, 3)
+    assert acc.usage == Usage(20, 40, 7, 3)
+
+
+async def test_input_tokens_count_the_prompt_read_from_and_written_to_the_cache() -> None:
+    # Anthropic's input_tokens is only the part of the prompt after the last cache breakpoint
+    # (1 token here, out of 30,721). OpenAI's counts include the cached part, and a usage_limit
+    # counts input_tokens: it used to see 1 token for this request.
+    start = ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {
+        "input_tokens": 1, "output_tokens": 1, "cache_read_input_tokens": 30433, "cache_creation_input_tokens": 287}}})  # fmt: skip
+    events, acc = await run_body(sse(start, message_delta("end_turn", {"output_tokens": 67}), STOP))
+    assert acc.usage == Usage(input_tokens=30721, output_tokens=67, cache_read_tokens=30433, cache_write_tokens=287)
+    assert events[0] == StreamUsage(Usage(30721, 1, 30433, 287))
+    # message_delta's counts are cumulative totals too: those it carries replace the earlier ones.
+    later = message_delta("end_turn", {"output_tokens": 67, "input_tokens": 5, "cache_read_input_tokens": 30500})
+    _, acc = await run_body(sse(start, later, STOP))
+    assert acc.usage == Usage(30792, 67, 30500, 287)
 
 
 async def test_truncated_tool_input_is_incomplete() -> None:

@@ -329,8 +329,8 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
         "redacted": redacted,
         "tools": tools,
         "stop": stop,
-        "usage": (
-            final["input_tokens"],
+        "usage": (  # agentloop's input_tokens counts the cached prompt too, as OpenAI's do
+            final["input_tokens"] + final.get("cache_read_input_tokens", 0) + final.get("cache_creation_input_tokens", 0),
             final["output_tokens"],
             final.get("cache_read_input_tokens", 0),
             final.get("cache_creation_input_tokens", 0),
@@ -351,7 +351,7 @@ def anthropic_sdk_summary(final: Any) -> dict[str, Any]:
         "tools": [(b.id, b.name, canon(b.input), None) for b in blocks if b.type == "tool_use"],
         "stop": final.stop_reason,
         "usage": (
-            u.input_tokens,
+            u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0),
             u.output_tokens,
             u.cache_read_input_tokens or 0,
             u.cache_creation_input_tokens or 0,
