@@ -10,7 +10,7 @@ replayed. A ``pause_turn`` response is therefore continued without them.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -62,13 +62,20 @@ _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type
 
 
 def build_request(
-    request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
+    request: ModelRequest,
+    *,
+    model: str,
+    max_tokens: int,
+    thinking: dict[str, Any] | None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The JSON body of a streamed Messages request for ``request``.
 
     ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
     refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
     and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
+    ``extra_tools`` are declared as they are, after the request's tools; one of them replaces
+    the request's tool of the same name (two tools of one name are refused).
     """
     limit = request.max_tokens or max_tokens
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
@@ -85,11 +92,14 @@ def build_request(
     }
     if request.system:
         body["system"] = request.system
-    if request.tools:
+    if request.tools or extra_tools:
+        named = {t.get("name") for t in extra_tools}
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
             for t in request.tools
+            if t.name not in named
         ]
+        body["tools"] += extra_tools
     if request.tool_choice is not None:
         body["tool_choice"] = _TOOL_CHOICE.get(
             request.tool_choice, {"type": "tool", "name": request.tool_choice}
@@ -362,6 +372,10 @@ class AnthropicModel(HTTPModel):
     `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
     object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
     ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
+    ``extra_tools``: tool definitions declared as they are after the engine's tools:
+    Anthropic's server tools (``{"type": "web_search_20250305", "name": "web_search"}``),
+    or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
+    which replaces the declaration of the engine's tool of the same name (that tool runs it).
     ``extra_body`` is merged into every request body.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
@@ -379,6 +393,7 @@ class AnthropicModel(HTTPModel):
         anthropic_version: str = "2023-06-01",
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        extra_tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
@@ -389,6 +404,7 @@ class AnthropicModel(HTTPModel):
         self.anthropic_version = anthropic_version
         self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
+        self.extra_tools = [dict(t) for t in extra_tools]
         self._conn = Connection(
             "anthropic",
             base_url or "https://api.anthropic.com",
@@ -415,6 +431,8 @@ class AnthropicModel(HTTPModel):
             key = secret.reveal()
             headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
         headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
-        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
+        body = build_request(
+            request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking, extra_tools=self.extra_tools
+        )
         body.update(self.extra_body)
         return "/v1/messages", headers, body

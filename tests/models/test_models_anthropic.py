@@ -613,3 +613,32 @@ def test_an_assistant_turn_of_thinking_only_is_dropped_and_the_user_turns_around
 def test_a_last_assistant_turn_of_thinking_only_is_not_sent() -> None:
     sent = _sent(Message.user("q"), Message(role="assistant", content=[_SIGNED], partial=True))
     assert sent == [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+
+
+# -- Anthropic's own tools: server tools and Anthropic-defined client tools ----------------
+
+WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+
+
+class Bash:
+    name = "bash"
+    description = "Run a shell command"
+    input_schema: dict[str, Any] = {"type": "object", "properties": {"command": {"type": "string"}}}  # noqa: RUF012
+
+
+async def test_extra_tools_are_declared_after_the_engines_tools() -> None:
+    # Before, a server tool could only go in extra_body, whose "tools" replaced every tool the
+    # engine declared. An Anthropic-defined client tool (bash_20250124) replaces the engine's
+    # declaration of the tool of the same name, whose Tool runs it: two tools of one name fail.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    bash = {"type": "bash_20250124", "name": "bash"}
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client, extra_tools=[WEB_SEARCH, bash])
+        await collect(model, request(tools=[Tool(), Bash()]))
+        assert server.body["tools"] == [
+            {"name": "get_weather", "description": "Get the weather", "input_schema": Tool.input_schema},
+            WEB_SEARCH,
+            bash,
+        ]
+        await collect(model, request())  # no tool of the engine's: the extra ones alone
+        assert server.body["tools"] == [WEB_SEARCH, bash]
