@@ -31,6 +31,7 @@ __all__ = [
     "StreamEnd",
     "StreamEvent",
     "StreamLogprobs",
+    "StreamProviderBlock",
     "StreamRedactedThinking",
     "StreamSignals",
     "StreamSignature",
@@ -145,6 +146,18 @@ class StreamRedactedThinking:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamProviderBlock:
+    """A whole block that the provider's server made and reads back itself (Anthropic's
+    ``server_tool_use`` and ``*_tool_result`` blocks): kept as a `ProviderBlock`, no call
+    for the host to run."""
+
+    type: ClassVar[str] = "provider_block"
+    index: int
+    provider: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class StreamToolUseStart:
     type: ClassVar[str] = "tool_use_start"
     index: int
@@ -214,6 +227,7 @@ StreamEvent = (
     | StreamThinking
     | StreamSignature
     | StreamRedactedThinking
+    | StreamProviderBlock
     | StreamToolUseStart
     | StreamToolInput
     | StreamBlockStop

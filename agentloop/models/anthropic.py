@@ -2,9 +2,10 @@
 
 Wire reference: WIRE.md §1. Server-tool blocks (``server_tool_use``,
 ``web_search_tool_result`` and the other ``*_tool_result`` blocks) are run by
-Anthropic itself and need no client result; this adapter skips them (and
-their deltas) safely, so the text around them is kept but the blocks are not
-replayed. A ``pause_turn`` response is therefore continued without them.
+Anthropic itself and need no client result: each becomes a `ProviderBlock`, kept in
+the transcript and sent back as it came (a call with its result), so that the model
+sees its searches in later turns, and a ``pause_turn`` response is continued as the
+API asks, with the paused call in it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._abort import AbortSignal
 from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import (
     Block,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -30,6 +32,7 @@ from .._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamProviderBlock,
     StreamRedactedThinking,
     StreamSignature,
     StreamText,
@@ -86,7 +89,7 @@ def build_request(
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
+            for role, blocks in _fit(turns(request.messages, foreign=_foreign, provider="anthropic"))
         ],
         "stream": True,
     }
@@ -109,16 +112,19 @@ def build_request(
     return body
 
 
-def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
-    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
-    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
-    are dropped; a turn left empty is dropped, and the user turns on either side are joined
+def _fit(wire: list[Turn]) -> list[Turn]:
+    """``wire`` as the API accepts its assistant turns. None ends in thinking, which the API
+    refuses (a stream cut right after a thinking block leaves one so): trailing thinking and
+    redacted-thinking blocks are dropped. A server tool call and its result go together
+    (`_paired`). A turn left empty is dropped, and the user turns on either side are joined
     into one, in order, so that roles still alternate (tool results stay first)."""
-    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
+    if not any(role == "assistant" and _to_fit(blocks) for role, blocks in wire):
         return wire
     out: list[Turn] = []
-    for role, blocks in wire:
+    last = len(wire) - 1
+    for i, (role, blocks) in enumerate(wire):
         if role == "assistant":
+            blocks = _paired(blocks, paused=i == last)
             end = len(blocks)
             while end and _is_thinking(blocks[end - 1]):
                 end -= 1
@@ -131,6 +137,41 @@ def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
             out[-1] = (role, joined)
         else:
             out.append((role, blocks))
+    return out
+
+
+def _to_fit(blocks: list[Block]) -> bool:
+    return _is_thinking(blocks[-1]) or any(type(b) is ProviderBlock for b in blocks)
+
+
+def _paired(blocks: list[Block], *, paused: bool) -> list[Block]:
+    """``blocks`` (an assistant turn) without a server tool call whose result is not in the
+    turn, nor a result whose call is not: the API refuses either ("`web_search` tool use with
+    id ... was found without a corresponding `web_search_tool_result` block"), and a turn cut
+    or interrupted between them leaves one alone. The exception is a ``paused`` turn, the
+    last message of the request: a ``pause_turn`` response, sent back as it is so that the
+    server goes on with its call."""
+    calls: set[object] = set()
+    results: set[object] = set()
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in _SERVER_CALLS:
+                calls.add(b.data.get("id"))
+            elif isinstance(kind, str) and kind.endswith("_tool_result"):
+                results.add(b.data.get("tool_use_id"))
+    if calls == results or (paused and results <= calls):
+        return blocks
+    out: list[Block] = []
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in _SERVER_CALLS:
+                if not paused and b.data.get("id") not in results:
+                    continue
+            elif isinstance(kind, str) and kind.endswith("_tool_result") and b.data.get("tool_use_id") not in calls:
+                continue
+        out.append(b)
     return out
 
 
@@ -154,6 +195,8 @@ def _block(block: Block) -> dict[str, Any]:
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
+    if isinstance(block, ProviderBlock):
+        return block.data  # as the server sent it
     assert isinstance(block, ToolResultBlock)
     out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
     # Blank text is refused here too ("text content blocks must contain non-whitespace
@@ -177,15 +220,27 @@ class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``."""
 
-    __slots__ = ("_blocks", "_counts", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+    __slots__ = (
+        "_blocks",
+        "_counts",
+        "_server",
+        "_stop_reason",
+        "_usage",
+        "done",
+        "request_id",
+        "response_id",
+        "terminator",
+    )
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
         self.terminator = "message_stop"
         self.response_id: str | None = None
-        # The type of each block started, by index; "" for one skipped (server-tool blocks).
+        # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
+        # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
+        self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
         # The wire's counts so far: input (the uncached part), output, cache read, cache written.
@@ -226,7 +281,10 @@ class AnthropicMapper:
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
-            return None  # a skipped block's
+            kept = self._server.get(index)
+            if kept is not None and obj["delta"]["type"] == "input_json_delta":  # a server tool call's input
+                kept[1].append(obj["delta"]["partial_json"])
+            return None  # a skipped block's, or a server-tool block's (whole at its content_block_stop)
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
@@ -272,11 +330,18 @@ class AnthropicMapper:
             if block.get("input"):  # a proxy that sends the whole input up front
                 start.append(StreamToolInput(index, json.dumps(block["input"])))
             return start
-        return None  # server-tool blocks and future types: skipped (see module docstring)
+        if bt in _SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
+            if type(block) is not dict:
+                raise TypeError(f"content_block is {type(block).__name__}")
+            self._server[index] = (block, [])  # given whole at its content_block_stop
+        return None  # future block types: skipped
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
-        return (StreamBlockStop(index),) if self._blocks.get(index) else None
+        if self._blocks.get(index):
+            return (StreamBlockStop(index),)
+        kept = self._server.pop(index, None)
+        return None if kept is None else _server_block(index, *kept)
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
@@ -338,6 +403,22 @@ def _index(obj: dict[str, Any]) -> int:
     return index
 
 
+def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequence[StreamEvent] | None:
+    """The server-tool block begun as ``block``, its input (a call's) joined from ``parts``.
+    None when that input is not a JSON object (output cut inside it): the block could not
+    be sent back, and its result, if any, is then left out of requests too."""
+    text = "".join(parts)
+    if text.strip():
+        try:
+            value = loads(text)
+        except ValueError:
+            return None
+        if type(value) is not dict:
+            return None
+        block = {**block, "input": value}
+    return (StreamProviderBlock(index, "anthropic", block),)
+
+
 def _out_of_place(what: str) -> StreamProtocolError:
     return StreamProtocolError(f"anthropic stream: {what}", retryable=True)
 
@@ -348,8 +429,12 @@ def _wrong_block(delta: str, block: str, index: int) -> StreamProtocolError:
     return _out_of_place(f"{delta} for block {index}, which is a {block} block")
 
 
-#: The block types mapped to the message; the others (server-tool blocks, future types) are skipped.
+#: The block types mapped to the message as they stream; server-tool blocks are given whole at
+#: their end, and future types are skipped.
 _MAPPED = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+
+#: The server-tool calls (each answered by a ``*_tool_result`` block of the server's, by ``id``).
+_SERVER_CALLS = frozenset({"server_tool_use", "mcp_tool_use"})
 
 
 _Handler = Callable[[AnthropicMapper, dict[str, Any]], Sequence[StreamEvent] | None]
