@@ -213,8 +213,10 @@ class StreamLogprobs:
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     """The response is complete. ``stop_reason`` uses Anthropic's vocabulary:
-    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn";
-    plus "repetition": the server cut the output as a repetition loop (vLLM)."""
+    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn" (the
+    server paused a turn of its own tools: the engine asks again, to let it go on),
+    "model_context_window_exceeded"; plus "repetition": the server cut the output as a
+    repetition loop (vLLM)."""
 
     type: ClassVar[str] = "end"
     stop_reason: str | None = None

@@ -1,4 +1,4 @@
-"""Anthropic's server tools: their blocks are kept whole and sent back.
+"""Anthropic's server tools: their blocks are kept whole and sent back, a paused turn goes on.
 
 The streams follow the shapes of the Messages streaming docs (WIRE.md §1.4(f)): a
 ``server_tool_use`` block whose input streams as ``input_json_delta``, a
@@ -18,7 +18,15 @@ from _models_support import API_KEY, MockServer, collect, load, request, run_fix
 from anthropic.types import ServerToolUseBlockParam, WebSearchToolResultBlockParam
 from pydantic import TypeAdapter
 
-from agentloop import Message, ProviderBlock, TextBlock, repair_transcript, validate_transcript
+from agentloop import (
+    Message,
+    ProviderBlock,
+    QueryEngine,
+    TextBlock,
+    TurnEnded,
+    repair_transcript,
+    validate_transcript,
+)
 from agentloop._accumulate import Accumulator
 from agentloop._errors import StreamProtocolError
 from agentloop._messages import ToolResultBlock, ToolUseBlock
@@ -232,6 +240,60 @@ def test_a_provider_block_is_valid_in_an_assistant_message_only() -> None:
         "messages[1] (assistant): provider block holds text UTF-8 cannot encode (a lone UTF-16 surrogate)"
     ]
     assert repair_transcript([Message.user("q"), lone])[1].content[0].data == {"q": "\ufffd"}  # type: ignore[union-attr]
+
+
+# -- the engine: a paused turn goes on -----------------------------------------------------
+
+
+async def test_a_paused_turn_is_continued_with_the_transcript_as_it_is() -> None:
+    # Before, "pause_turn" ended the turn as "completed" with "Searching." for an answer.
+    bodies = [
+        sse(START, *text(0, "Searching."), *search_call(1, "weather nyc"), message_delta("pause_turn"), STOP),
+        sse(START, *search_result(0), *text(1, "Sunny, 21 C."), message_delta("end_turn"), STOP),
+    ]
+    requests: list[dict[str, Any]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        requests.append(json.loads(req.content))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, max_turns=5)
+        ends = [e async for e in engine.run("weather in NYC?") if isinstance(e, TurnEnded)]
+    assert [e.reason for e in ends] == ["completed"]
+    assert len(requests) == 2
+    assert requests[1]["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Searching."}, call_block("weather nyc").data],
+    }
+    assert [m.role for m in engine.messages] == ["user", "assistant", "assistant"]
+    assert engine.messages[-1].text == "Sunny, 21 C."
+    assert validate_transcript(engine.messages) == []
+    # The next request sends the turn as one: the call and its result together.
+    (turn,) = [m for m in sent(AnthropicModel, *engine.messages, Message.user("thanks"))["messages"]
+               if m["role"] == "assistant"]  # fmt: skip
+    assert [b["type"] for b in turn["content"]] == ["text", "server_tool_use", "web_search_tool_result", "text"]
+
+
+async def test_a_paused_turn_with_nothing_in_it_ends() -> None:
+    # Nothing committed: no progress to go on from, and no request to repeat forever.
+    server = MockServer(sse(START, message_delta("pause_turn"), STOP))
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client))
+        ends = [e async for e in engine.run("hi") if isinstance(e, TurnEnded)]
+    assert [e.reason for e in ends] == ["completed"]
+    assert len(server.requests) == 1
+
+
+async def test_a_paused_turn_counts_against_max_turns() -> None:
+    body = sse(START, *text(0, "Searching."), *search_call(1, "q"), message_delta("pause_turn"), STOP)
+    server = MockServer(body)
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), max_turns=3)
+        ends = [e async for e in engine.run("hi") if isinstance(e, TurnEnded)]
+    assert [e.reason for e in ends] == ["max_turns"]
+    assert len(server.requests) == 3
 
 
 def test_tool_results_stay_first_when_user_turns_are_joined() -> None:
