@@ -71,18 +71,21 @@ def build_request(
     max_tokens: int,
     thinking: dict[str, Any] | None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
+    interleaved: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of a streamed Messages request for ``request``.
 
     ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
     refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
     and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
+    Not with ``interleaved`` thinking (its beta header), whose budget is that of the whole
+    assistant turn and may exceed ``max_tokens``.
     ``extra_tools`` are declared as they are, after the request's tools; one of them replaces
     the request's tool of the same name (two tools of one name are refused).
     """
     limit = request.max_tokens or max_tokens
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
-    if type(budget) is int and limit <= budget:
+    if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
     body: dict[str, Any] = {
         "model": model,
@@ -516,8 +519,14 @@ class AnthropicModel(HTTPModel):
             key = secret.reveal()
             headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
         headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
+        beta = next((v for k, v in headers.items() if k.lower() == "anthropic-beta"), "")
         body = build_request(
-            request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking, extra_tools=self.extra_tools
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            thinking=self.thinking,
+            extra_tools=self.extra_tools,
+            interleaved="interleaved-thinking" in beta,
         )
         body.update(self.extra_body)
         return "/v1/messages", headers, body

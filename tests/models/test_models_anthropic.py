@@ -485,6 +485,22 @@ async def test_max_tokens_always_exceeds_the_thinking_budget(
     assert server.body["thinking"] == (thinking if isinstance(thinking, dict) else {"type": "enabled", "budget_tokens": 8000})
 
 
+@pytest.mark.parametrize(
+    "beta", ["interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14,interleaved-thinking-2025-05-14"]
+)
+async def test_with_interleaved_thinking_the_budget_may_exceed_max_tokens(beta: str) -> None:
+    # With the interleaved-thinking beta, budget_tokens is the budget of the whole assistant turn
+    # and may exceed max_tokens (the docs). max_tokens=16000 used to go out as 36000, above
+    # Claude Opus 4's 32000 output tokens: a 400 for every request.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client, thinking=20000, max_tokens=16000,
+                               extra_headers={"Anthropic-Beta": beta})  # fmt: skip
+        await collect(model)
+    assert server.requests[0].headers["anthropic-beta"] == beta
+    assert (server.body["max_tokens"], server.body["thinking"]["budget_tokens"]) == (16000, 20000)
+
+
 async def test_bearer_auth_and_base_url_and_extras() -> None:
     server = MockServer(sse(START, message_delta("end_turn"), STOP))
     async with server.client() as client:
