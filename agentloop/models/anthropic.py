@@ -229,6 +229,7 @@ class AnthropicMapper:
         "_server",
         "_stop_reason",
         "_usage",
+        "_whole",
         "done",
         "request_id",
         "response_id",
@@ -244,6 +245,9 @@ class AnthropicMapper:
         self._blocks: dict[int, str] = {}
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        # A tool call's input given whole in its content_block_start (a proxy's), by index: its
+        # input unless input_json_delta streams one, as in the official SDK.
+        self._whole: dict[int, str] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
         # The wire's counts so far: input (the uncached part), output, cache read, cache written.
@@ -298,7 +302,11 @@ class AnthropicMapper:
             if block != "tool_use":
                 raise _wrong_block(dt, block, index)
             part = delta["partial_json"]
-            return (StreamToolInput(index, part),) if part else None
+            if not part:
+                return None
+            if self._whole:
+                self._whole.pop(index, None)
+            return (StreamToolInput(index, part),)
         if dt == "thinking_delta" or dt == "signature_delta":
             if block != "thinking":
                 raise _wrong_block(dt, block, index)
@@ -325,14 +333,18 @@ class AnthropicMapper:
         if bt == "text":
             return (StreamText(index, block["text"]),) if block.get("text") else None
         if bt == "thinking":
-            return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
+            whole: list[StreamEvent] = []
+            if block.get("thinking"):
+                whole.append(StreamThinking(index, block["thinking"]))
+            if block.get("signature"):  # a proxy that sends the whole block up front
+                whole.append(StreamSignature(index, block["signature"]))
+            return whole
         if bt == "redacted_thinking":
             return (StreamRedactedThinking(index, block["data"]),)
         if bt == "tool_use":
-            start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
-            if block.get("input"):  # a proxy that sends the whole input up front
-                start.append(StreamToolInput(index, json.dumps(block["input"])))
-            return start
+            if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
+                self._whole[index] = json.dumps(block["input"])
+            return (StreamToolUseStart(index, block["id"], block["name"]),)
         if bt in _SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
             if type(block) is not dict:
                 raise TypeError(f"content_block is {type(block).__name__}")
@@ -342,7 +354,8 @@ class AnthropicMapper:
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
         if self._blocks.get(index):
-            return (StreamBlockStop(index),)
+            whole = self._whole.pop(index, None) if self._whole else None
+            return (StreamBlockStop(index),) if whole is None else (StreamToolInput(index, whole), StreamBlockStop(index))
         kept = self._server.pop(index, None)
         return None if kept is None else _server_block(index, *kept)
 
@@ -371,7 +384,10 @@ class AnthropicMapper:
 
     def _message_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         self.done = True
-        return (StreamEnd(self._stop_reason, self._usage, self.response_id),)
+        end = StreamEnd(self._stop_reason, self._usage, self.response_id)
+        if self._whole:  # a call whose content_block_stop never came
+            return [*(StreamToolInput(index, whole) for index, whole in self._whole.items()), end]
+        return (end,)
 
     def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None

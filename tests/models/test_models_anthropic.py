@@ -275,6 +275,46 @@ async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_bloc
     assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB")]
 
 
+async def test_a_thinking_block_sent_whole_in_its_start_keeps_its_signature() -> None:
+    # A proxy that replays a finished response sends each block whole in content_block_start.
+    # The signature there was ignored: the thinking block was dropped as unsigned, and with
+    # thinking on, the next request of a tool loop failed ("Expected `thinking` or
+    # `redacted_thinking`, but found `tool_use`"). The official SDK keeps it.
+    whole = {"type": "thinking", "thinking": "whole thought", "signature": "EqQBsig"}
+    body = sse(START, block_start(0, whole), block_stop(0), block_start(1, TOOL_BLOCK),
+               delta_ev(1, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(1), message_delta("tool_use"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.committable() == Message(role="assistant", content=[
+        ThinkingBlock(thinking="whole thought", signature="EqQBsig"), ToolUseBlock(id="toolu_1", name="f", input={})])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("deltas", "expected"),
+    [
+        ([], {"a": 1}),  # the input whole in the start, as a proxy sends it
+        (["", '{"b": 2}'], {"b": 2}),  # and then streamed too: the streamed input is the call's
+        (["", '{"b":', " 2}"], {"b": 2}),
+        ([""], {"a": 1}),  # an empty fragment adds nothing
+    ],
+)
+async def test_a_tool_input_given_in_the_start_is_replaced_by_a_streamed_one(
+    deltas: list[str], expected: dict[str, Any]
+) -> None:
+    # Both used to be joined into '{"a": 1}{"b": 2}', not JSON: the call got an error result
+    # instead of running. The official SDK takes the streamed input.
+    start = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    fragments = [delta_ev(0, {"type": "input_json_delta", "partial_json": d}) for d in deltas]
+    _, acc = await run_body(sse(START, block_start(0, start), *fragments, block_stop(0), message_delta("tool_use"), STOP))
+    (call,) = acc.message().tool_uses
+    assert (call.input, call.input_error) == (expected, None)
+
+
+async def test_a_tool_input_given_in_the_start_of_a_block_never_stopped_is_still_the_calls() -> None:
+    start = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    _, acc = await run_body(sse(START, block_start(0, start), message_delta("tool_use"), STOP))
+    assert acc.message().tool_uses == [ToolUseBlock(id="toolu_1", name="f", input={"a": 1})]
+
+
 async def test_a_token_count_that_is_a_string_does_not_crash_a_later_turn() -> None:
     # Before: Usage(output_tokens="3") was added to the next turn's usage, and run() raised TypeError.
     def answer(reason: str, *blocks: tuple[str, dict[str, Any]]) -> bytes:
