@@ -337,7 +337,13 @@ blocks = st.one_of(
     st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
     st.builds(  # a server tool's call or result, as Anthropic sends it (the last: R9)
         lambda d: ProviderBlock(provider="anthropic", data=d),
-        st.sampled_from([{"type": "server_tool_use", "id": "srv_1", "input": {}}, {"type": "x", "q": "caf\udce9"}]),
+        st.sampled_from(
+            [
+                {"type": "server_tool_use", "id": "srv_1", "input": {}},
+                {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []},
+                {"type": "x", "q": "caf\udce9"},
+            ]
+        ),
     ),
 )
 messages = st.builds(
