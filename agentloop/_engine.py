@@ -156,7 +156,10 @@ def _holds_records(store: SessionStore | None) -> bool:
 _SHOWN_CHANGES = 20  # a long broken history is summed up, not listed whole in one log line
 
 
-def _valid_history(messages: list[Message], what: str) -> list[Message]:
+_TEXTS = Texts()  # frozen: every engine without texts= shares it
+
+
+def valid_history(messages: list[Message], what: str) -> list[Message]:
     """``messages`` itself when every provider would accept it, else a repaired copy: a host's
     history with, say, a call left without its result would make every request fail. Says what
     it changed in a warning."""
@@ -314,8 +317,21 @@ class QueryEngine:
             if max_tool_result_chars < 1:
                 raise ValueError(f"max_tool_result_chars must be at least 1, not {max_tool_result_chars!r}")
         _check_model(model)
+        if session is not None and not (
+            callable(getattr(session, "append_message", None)) and callable(getattr(session, "append_event", None))
+        ):
+            raise TypeError(
+                "session takes a session store (append_message, append_event), such as "
+                f"agentloop.sessions.JsonlSession(path), not {type(session).__name__}"
+            )
+        if texts is not None and not isinstance(texts, Texts):
+            raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(texts).__name__}")
         if permission is not None and not callable(permission):
             raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {permission!r}")
+        if tool_choice is not None and (not isinstance(tool_choice, str) or not tool_choice.strip()):
+            raise TypeError(f'tool_choice takes "auto", "any", "none" or a tool name, not {tool_choice!r}')
+        if tool_choice == "required":  # OpenAI's word for "any": not a tool name
+            tool_choice = "any"
         # At most 30 attributes: CPython 3.11 shares one key table among the instances of a class
         # up to 30 keys; past that every engine holds a dict of its own (1.3 KB more per engine).
         self.model = model
@@ -339,12 +355,12 @@ class QueryEngine:
             max_tokens=max_tokens,
             tool_choice=tool_choice,
             background_subagents=background_subagents,
-            texts=texts or Texts(),
+            texts=texts if texts is not None else _TEXTS,
             max_tool_result_chars=max_tool_result_chars,
         )
         _check_options(self.options)
         given = _message_list(messages)
-        self.messages: list[Message] = _valid_history(given, "the messages given to QueryEngine")
+        self.messages: list[Message] = valid_history(given, "the messages given to QueryEngine")
         # The transcript as last seen valid: run() checks only what the host changed since.
         self._vetted: list[Message] = list(self.messages)
         if policies is None:
@@ -417,9 +433,11 @@ class QueryEngine:
 
         Stopping the iteration early (``break``, ``aclose()``, a cancelled task)
         aborts the run with reason ``"consumer_closed"`` and leaves a valid
-        transcript. Raises RuntimeError (on first iteration) if a run is
-        already in progress, or another engine's run is writing to this one's
-        session store; ValueError if there is nothing to run.
+        transcript. A prompt `Message` that breaks a transcript rule is repaired
+        before it is sent, as a message appended between runs is. Raises
+        RuntimeError (on first iteration) if a run is already in progress, or
+        another engine's run is writing to this one's session store; ValueError
+        if there is nothing to run (a prompt with no text in it).
         """
         from ._loop import drive
 
@@ -703,7 +721,7 @@ class QueryEngine:
             _check_entries(messages, 0)
             valid = is_valid(messages)
         if not valid:
-            messages[:] = _valid_history(messages, "the transcript, as changed since the last run")
+            messages[:] = valid_history(messages, "the transcript, as changed since the last run")
         self._vetted = list(messages)
 
     def _catch_up_session(self) -> None:

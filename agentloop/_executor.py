@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
-from ._events import PermissionRequested, ToolCallStarted
+from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
 
@@ -282,7 +282,8 @@ class CallRunner:
         finally:
             lock.release()
         if isinstance(decision, Deny):
-            return error_result(use.id, f"Permission denied: {decision.message}")
+            why = decision.message.strip() if isinstance(decision.message, str) else ""
+            return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         return decision
@@ -336,6 +337,8 @@ def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:
     loop_thread = threading.get_ident()
 
     def emit(item: object) -> None:
+        if not isinstance(item, _Event):  # the host's loop reads .type of every event
+            raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(item).__name__}")
         if threading.get_ident() == loop_thread:
             put(item)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ._unicode import scrub
 
@@ -47,6 +47,21 @@ class Texts:
     #: Put where a tool result over ``max_tool_result_chars`` was cut; ``{cut}`` and
     #: ``{total}`` become the numbers of characters cut and of the whole result.
     result_cut: str = "[... {cut} of the {total} characters of this tool result were cut here ...]"
+
+    def __post_init__(self) -> None:
+        """Raises TypeError for a text that is not a str, and ValueError for a blank
+        ``interrupt_notice`` (a user message of its own, which providers refuse blank): either
+        would fail only when written, in the middle of a run."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str):
+                hint = _NO_NOTICE_HINT if f.name == "interrupt_notice" else ""
+                raise TypeError(f"Texts.{f.name} takes a str, not {value!r}{hint}")
+        if not self.interrupt_notice.strip():
+            raise ValueError(f"Texts.interrupt_notice needs text in it: it is a user message of its own{_NO_NOTICE_HINT}")
+
+
+_NO_NOTICE_HINT = "; to write no notice, pass QueryEngine(interrupt_notice=None)"
 
 
 _TAG = re.compile(r"<(?=\s*/?\s*user_query)", re.IGNORECASE)

@@ -41,13 +41,13 @@ from ._commit import (
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded, TurnStarted
 from ._executor import plan_batches
 from ._inbox import envelope
-from ._messages import Message, ToolUseBlock
+from ._messages import Message, TextBlock, ToolUseBlock
 from ._policy import EndTurn, Nudge, Verdict, claim, notify, release
 from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, record_finished, start_tools
-from ._transcript import encodable_message
+from ._transcript import encodable_message, is_valid
 from ._unicode import scrub
 
 if TYPE_CHECKING:
@@ -378,9 +378,12 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
-        given = encodable_message(prompt)
+        given = _vetted_prompt(encodable_message(prompt))
         # Texts sent now while the engine was idle start the run: they were typed first.
-        return [*_take_starts(engine, follow_ups=False), given]
+        queued = _take_starts(engine, follow_ups=False)
+        if not queued and envelope_due(engine):
+            given[0] = _in_envelope(engine, given[0])
+        return [*queued, *given]
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
@@ -395,6 +398,27 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     if engine.inbox.interjections or (engine.messages and engine.messages[-1].role == "user"):
         return []  # resume: the transcript (or the queue) already holds the input
     raise ValueError("run() needs a prompt: the transcript does not end with a user message")
+
+
+def _vetted_prompt(prompt: Message) -> list[Message]:
+    """A prompt message as ``messages.append(prompt); run()`` would send it: one that breaks a
+    rule (a blank text block, a result: the transcript it follows owes none) is repaired, with
+    the same warning; one left with nothing to send is refused, as a blank text is."""
+    if is_valid([prompt]):
+        return [prompt]
+    from ._engine import valid_history
+
+    repaired = valid_history([prompt], "the prompt given to run()")
+    if not repaired:
+        raise ValueError("run() needs a prompt with text in it (or None, to resume)")
+    return repaired
+
+
+def _in_envelope(engine: QueryEngine, message: Message) -> Message:
+    """``message`` (a vetted prompt: text only) in the interrupt envelope, its metadata kept."""
+    text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    wrapped = envelope(engine.options.texts.interrupt_envelope, [text])
+    return message.model_copy(update={"content": [TextBlock(text=wrapped)]})
 
 
 def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:

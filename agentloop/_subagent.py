@@ -9,6 +9,7 @@ alone gives the parent's call a clear error result and leaves the parent running
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -68,8 +69,11 @@ def delegate_tool(
         raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
     if max_depth < 1:
         raise ValueError(f"max_depth must be at least 1, not {max_depth!r}")
-    if overrides.get("policies") is not None:  # read once (a generator, a set): each child forks from it
-        overrides["policies"] = tuple(overrides["policies"])
+    given = overrides.get("policies")
+    if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
+        raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")
+    if given is not None:  # read once (a generator, a set): each child forks from it
+        overrides["policies"] = tuple(given)
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")

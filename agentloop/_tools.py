@@ -15,7 +15,7 @@ import inspect
 import json
 import numbers
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import (
@@ -30,13 +30,24 @@ from typing import (
     overload,
 )
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    ValidationError,
+    create_model,
+)
+from pydantic.fields import FieldInfo
 
 from ._abort import AbortSignal
+from ._docstring import split_docstring
 from ._errors import ToolInputError
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
 from ._quick import quick_init
+from ._schema import plain_schema
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -58,6 +69,9 @@ __all__ = [
 #: ``_`` and ``-``, at most 64 of them.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+#: The parameter names every provider accepts: Anthropic's property keys allow ``[a-zA-Z0-9_.-]``,
+#: Gemini's letters, digits and ``_``, starting with a letter or ``_``; 64 at most for both.
+PARAM_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,63}")
 
 
 def safe_name(name: str) -> str:
@@ -207,8 +221,9 @@ def tool(
     """Make a `Tool` from an annotated async function (usable with or without arguments).
 
     Raises TypeError for a sync function, a ``functools.partial``, a parameter without an
-    annotation or an annotation that names something not defined; TypeError or ValueError for
-    a ``timeout`` that is not a number of seconds >= 0.
+    annotation, an annotation that names something not defined or that pydantic cannot validate
+    or describe; ValueError for a parameter name the providers refuse (see `PARAM_NAME`); TypeError
+    or ValueError for a ``timeout`` that is not a number of seconds >= 0.
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
@@ -219,8 +234,9 @@ def tool(
             )
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"@tool needs an async function, got {f!r}")
-        args_model, names, ctx_param = _args_model(f)
-        doc = description if description is not None else inspect.getdoc(f) or ""
+        summary, param_docs = split_docstring(inspect.getdoc(f) or "", inspect.signature(f).parameters)
+        args_model, schema, names, ctx_param = _args_model(f, param_docs)
+        doc = description if description is not None else summary
 
         validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
         params = inspect.signature(f).parameters
@@ -232,7 +248,7 @@ def tool(
             try:
                 parsed = validate(raw)
             except ValidationError as exc:
-                raise ToolInputError(_validation_message(exc)) from None
+                raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
             kwargs = {p: getattr(parsed, k) for k, p in names}
             if ctx_param is not None:
                 kwargs[ctx_param] = ctx
@@ -243,7 +259,7 @@ def tool(
         return Tool(
             name or f.__name__,
             doc,
-            _schema(args_model),
+            schema,
             handler,
             concurrency_safe=concurrency_safe,
             timeout=timeout,
@@ -256,8 +272,12 @@ def tool(
     return build if fn is None else build(fn)
 
 
-def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str, str], ...], str | None]:
-    """The input model, its (field, parameter) name pairs, and the `ToolContext` parameter."""
+def _args_model(
+    f: Callable[..., Any], param_docs: Mapping[str, str]
+) -> tuple[type[BaseModel], dict[str, Any], tuple[tuple[str, str], ...], str | None]:
+    """The input model, its JSON schema, its (field, parameter) name pairs, and the `ToolContext`
+    parameter. ``param_docs`` describes parameters that their annotation or default does not.
+    Raises `TypeError` naming a parameter whose annotation pydantic cannot validate or describe."""
     hints = _type_hints(f)
     fields: dict[str, Any] = {}
     names: list[tuple[str, str]] = []
@@ -265,14 +285,36 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
     params = inspect.signature(f).parameters
     for i, (pname, param) in enumerate(params.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"@tool does not support *args/**kwargs ({f.__name__})")
+            item = _type_name(hints.get(pname, Any))
+            if param.kind is param.VAR_POSITIONAL:
+                stars, whole = "*", f"list[{item}]"
+            else:
+                stars, whole = "**", f"dict[str, {item}]"
+            raise TypeError(
+                f"@tool cannot describe {stars}{pname} of {f.__name__} to the model: the model passes "
+                f"arguments by name, so declare each as a named parameter, or take one {pname}: {whole}"
+            )
         ann = hints.get(pname)
+        if ann is None and i == 0 and pname in ("self", "cls"):
+            # ``@tool`` over a method in its class body: it runs before there is an instance.
+            raise TypeError(
+                f"@tool got the method {f.__name__} with its {pname!r}: make the tool from the bound "
+                f"method, once there is an instance: tool(instance.{f.__name__})"
+            )
         if ann is None:
             raise TypeError(f"@tool parameter {pname!r} of {f.__name__} needs an annotation")
         if _is_context(ann):
             ctx_param = pname
             continue
+        if not PARAM_NAME.fullmatch(pname):  # a Python name may hold any letter, and be of any length
+            raise ValueError(
+                f"parameter {pname!r} of {f.__name__} is not accepted by the providers as a name: use 1-64 "
+                "ASCII letters, digits or '_'"
+            )
         default = ... if param.default is param.empty else param.default
+        doc = param_docs.get(pname)
+        if doc and not _described(ann, default):
+            ann = Annotated[ann, Field(description=doc)]
         fname = pname
         if pname.startswith(("_", "model_")) or hasattr(BaseModel, pname):
             # pydantic forbids, reserves or shadows this name (``_raw``, ``model_config``,
@@ -283,10 +325,40 @@ def _args_model(f: Callable[..., Any]) -> tuple[type[BaseModel], tuple[tuple[str
             ann = Annotated[ann, Field(alias=pname)]
         fields[fname] = (ann, default)
         names.append((fname, pname))
-    model: type[BaseModel] = create_model(
-        f"{f.__name__}_input", __config__=ConfigDict(extra="forbid"), **fields
-    )
-    return model, tuple(names), ctx_param
+    try:
+        model, schema = _model(f"{f.__name__}_input", fields)
+    except PydanticUserError as exc:
+        raise _undescribable(f, fields, dict(names), exc) from None
+    return model, schema, tuple(names), ctx_param
+
+
+def _model(name: str, fields: dict[str, Any]) -> tuple[type[BaseModel], dict[str, Any]]:
+    model: type[BaseModel] = create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
+    return model, plain_schema(model.model_json_schema())
+
+
+def _undescribable(
+    f: Callable[..., Any], fields: dict[str, Any], pnames: dict[str, str], exc: PydanticUserError
+) -> TypeError:
+    """The error for a function whose input model or schema pydantic refused (``exc``): it names
+    the parameter whose annotation pydantic refuses on its own (pydantic's message does not), and
+    says why without pydantic's advice on its model config, which a tool does not have."""
+    for fname, spec in fields.items():
+        try:
+            _model("probe", {fname: spec})
+        except PydanticUserError as one:
+            exc = one
+            where = f"parameter {pnames[fname]!r} of {f.__name__}"
+            break
+    else:
+        where = f"the parameters of {f.__name__}"
+    reason = str(exc).split("\n", 1)[0]
+    if isinstance(exc, PydanticSchemaGenerationError):
+        reason = reason.split(". Set `arbitrary_types_allowed", 1)[0] + (
+            ": annotate it with a type pydantic validates (str, int, a pydantic model, a dataclass, a "
+            "TypedDict...), and turn the model's input into your object inside the tool"
+        )
+    return TypeError(f"@tool cannot describe {where} to the model: {reason}")
 
 
 def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
@@ -307,6 +379,17 @@ def _type_hints(f: Callable[..., Any]) -> dict[str, Any]:
         ) from None
 
 
+def _type_name(ann: Any) -> str:
+    """``ann`` as written in an annotation: ``int``, ``list[str]``."""
+    return ann.__name__ if isinstance(ann, type) and not get_args(ann) else repr(ann).replace("typing.", "")
+
+
+def _described(ann: Any, default: Any) -> bool:
+    """Whether a ``Field(description=...)`` in the annotation or as the default describes it."""
+    infos = [*get_args(ann)[1:]] if get_origin(ann) is Annotated else []
+    return any(isinstance(i, FieldInfo) and i.description for i in [*infos, default])
+
+
 def _is_context(ann: Any) -> bool:
     """``ToolContext``, also as ``ToolContext | None`` or ``Annotated[ToolContext, ...]``."""
     if get_origin(ann) is Annotated:
@@ -316,21 +399,44 @@ def _is_context(ann: Any) -> bool:
     return ann is ToolContext
 
 
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema()
-    schema.pop("title", None)
-    for prop in schema.get("properties", {}).values():
-        if isinstance(prop, dict):
-            prop.pop("title", None)
-    return schema
+#: The most errors one message lists (a list of 5,000 wrong items is 5,000 errors), and the most
+#: characters of a wrong value it quotes.
+_MAX_ERRORS = 10
+_MAX_QUOTE = 60
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _validation_message(exc: ValidationError, params: Sequence[str]) -> str:
+    """What the model reads when its input fails: each error with the value it sent, and the
+    tool's parameters when it sent one the tool does not take."""
+    errors = exc.errors(include_url=False)
     lines = []
-    for err in exc.errors(include_url=False):
+    unknown = False
+    for err in errors[:_MAX_ERRORS]:
         loc = ".".join(str(p) for p in err["loc"]) or "(input)"
-        lines.append(f"{loc}: {err['msg']}")
-    return "invalid tool input: " + "; ".join(lines)
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            unknown = True
+            lines.append(f"{loc}: not a parameter of this tool")
+        elif err["type"] == "missing":  # its input is the object the field is missing from
+            lines.append(f"{loc}: {err['msg']}")
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {_quote(err.get('input'))})")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"and {len(errors) - _MAX_ERRORS:,} more errors")
+    text = "invalid tool input: " + "; ".join(lines)
+    if unknown:
+        text += f" (its parameters: {', '.join(params) or 'none'})"
+    return text
+
+
+def _quote(value: object) -> str:
+    """``value`` as JSON, cut to `_MAX_QUOTE` characters (a long string is cut before it is encoded)."""
+    if isinstance(value, str) and len(value) > _MAX_QUOTE:
+        return json.dumps(value[:_MAX_QUOTE], ensure_ascii=False)[:-1] + '..."'
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= _MAX_QUOTE else text[:_MAX_QUOTE] + "..."
 
 
 def _as_json(value: object) -> object:

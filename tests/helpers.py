@@ -41,16 +41,28 @@ class HangingModel:
             self.closed = True
 
 
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux ``/proc``)."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped meanwhile
+        return False
+    return state != "Z"
+
+
 def child_pids_alive() -> set[int]:
     """Live (non-zombie) child processes of this process."""
     from pathlib import Path
 
     pids: set[int] = set()
     for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            stat = Path(f"/proc/{pid}/stat")
-            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                pids.add(int(pid))
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended after it was listed
+            continue
+        pids.update(int(pid) for pid in children if pid_alive(int(pid)))
     return pids
 
 

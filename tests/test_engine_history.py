@@ -153,3 +153,44 @@ def test_a_long_list_of_repairs_is_summed_up_in_the_warning(caplog: pytest.LogCa
     assert validate_transcript(engine.messages) == []
     warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert warning.count("synthetic result") == 20 and warning.endswith("; and 30 more")
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        Message(role="user", content=[ToolResultBlock(tool_use_id="toolu_9", content="x"), TextBlock(text="Go on.")]),
+        Message(role="user", content=[ToolUseBlock(id="toolu_9", name="read", input={}), TextBlock(text="Go on.")]),
+        Message(role="user", content=[TextBlock(text="  "), TextBlock(text="Go on.")]),
+    ],
+    ids=["a result with no call", "a call in a user message", "a blank text block"],
+)
+async def test_a_prompt_message_that_breaks_the_rules_is_repaired_as_an_appended_one(
+    prompt: Message, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run(message)` and `messages.append(message); run()` are one request: the prompt was sent
+    as given (a result for no call, refused by every provider) and left the transcript invalid."""
+    model = ScriptedModel(["First answer.", "Second answer."])
+    engine = QueryEngine(model, policies=[])
+    await collect(engine, "First question.")
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        events = await collect(engine, prompt.model_copy(update={"meta": {"ticket": "OPS-12"}}))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert "the prompt given to run()" in caplog.text
+    assert validate_transcript(_sent(model, 1)) == []
+    assert validate_transcript(engine.messages) == []
+    assert "Go on." in engine.messages[2].text and engine.messages[2].meta == {"ticket": "OPS-12"}
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [Message(role="user", content=[]), Message(role="user", content=[TextBlock(text=" \n ")])],
+    ids=["no content", "blank text"],
+)
+async def test_a_prompt_message_with_nothing_to_send_is_refused_as_a_blank_text_is(prompt: Message) -> None:
+    model = ScriptedModel(["Answer."])
+    engine = QueryEngine(model, policies=[])
+    with pytest.raises(ValueError, match="needs a prompt with text in it"):
+        await collect(engine, prompt)
+    assert engine.messages == [] and not engine.running and model.request_count == 0
+    await collect(engine, "A real question.")  # the engine stays free
+    assert validate_transcript(engine.messages) == []

@@ -687,6 +687,19 @@ async def test_interrupt_notice_envelope_wraps_the_next_user_message() -> None:
     assert wrapped.text.startswith(TEXTS.interrupt_envelope) and "<user_query>" in wrapped.text
 
 
+async def test_interrupt_notice_envelope_wraps_a_prompt_given_as_a_message() -> None:
+    """A host that sends its prompts as `Message.user(text, meta=...)` (to tag them) got no
+    envelope: the model was never told its last answer had been cut."""
+    engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2), "ok", "ok"], interrupt_notice="envelope")
+    await interrupt_at_first_text(engine)
+    await collect(engine, Message.user("next question", meta={"ui": 7}))
+    wrapped = engine.messages[2]
+    assert wrapped.text.startswith(TEXTS.interrupt_envelope) and "<user_query>\nnext question\n</user_query>" in wrapped.text
+    assert wrapped.meta == {"ui": 7}
+    await collect(engine, Message.user("and then"))  # only the next message: the cut is answered
+    assert engine.messages[-2].text == "and then"
+
+
 async def test_interrupt_notice_envelope_is_not_used_when_a_call_was_dangling() -> None:
     @tool
     async def t() -> str:
@@ -974,7 +987,8 @@ async def test_interrupt_envelope_wraps_only_the_message_right_after_the_cut() -
     await collect(engine, Message.user("a message of the host's"))
     await collect(engine, "a later question")
     assert engine.messages[-2].text == "a later question"
-    assert not any(TEXTS.interrupt_envelope in m.text for m in engine.messages)
+    wrapped = [m.text for m in engine.messages if TEXTS.interrupt_envelope in m.text]
+    assert len(wrapped) == 1 and "a message of the host's" in wrapped[0]  # the one right after the cut
 
 
 async def test_interrupt_envelope_is_not_used_after_a_consumer_close() -> None:

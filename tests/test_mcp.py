@@ -28,25 +28,9 @@ from mcp.shared.exceptions import MCPError
 from agentloop import AbortController, AbortError, TextBlock, ToolResultBlock, TurnEnded
 from agentloop._tools import Tool, ToolContext
 from agentloop.mcp import MCPServer, result_to_block
-from tests.helpers import VirtualClock
+from tests.helpers import VirtualClock, child_pids_alive, pid_alive
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
-
-
-def _children() -> set[int]:
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        with (task / "children").open() as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 async def _until(condition: Any, what: str, within: float = 10.0) -> None:
@@ -59,9 +43,9 @@ async def _until(condition: Any, what: str, within: float = 10.0) -> None:
 
 @pytest.fixture(autouse=True)
 async def no_child_left_behind() -> AsyncIterator[None]:
-    before = _children()
+    before = child_pids_alive()
     yield
-    await _until(lambda: not [p for p in _children() - before if _alive(p)], "child processes to exit")
+    await _until(lambda: not child_pids_alive() - before, "child processes to exit")
 
 
 @pytest.fixture
@@ -218,7 +202,7 @@ async def test_main_only_abort_hook_resets_the_connection(server: MCPServer, mar
     await server.on_main_abort("cancel")
     with pytest.raises(AbortError):
         await call
-    await _until(lambda: not _alive(old_pid), "the old server process to stop")
+    await _until(lambda: not pid_alive(old_pid), "the old server process to stop")
     new_pid = int((await _run(tools["pid"], {})).text)  # reconnects on next use
     assert new_pid != old_pid
 
@@ -327,7 +311,7 @@ def http_url(markers: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    assert proc.returncode is not None and not _alive(proc.pid)
+    assert proc.returncode is not None and not pid_alive(proc.pid)
 
 
 async def test_streamable_http(http_url: str, markers: Path) -> None:
@@ -491,13 +475,13 @@ async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Pat
                 interrupted = loop.time()
             if isinstance(event, TurnEnded):
                 settled = loop.time() - interrupted
-                alive_at_end = _alive(old_pid)
+                alive_at_end = pid_alive(old_pid)
         returned = loop.time() - interrupted
         assert event.reason == "aborted_tools" and alive_at_end  # the turn ended without waiting for it
         assert settled < grace and returned < grace + 0.5, (settled, returned)
         assert repr(srv) == f"<MCPServer stdio:{sys.executable} idle>"  # the next call opens a new one
         assert int((await srv.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
-    assert not _alive(old_pid)  # leaving `async with` waited for it to be stopped
+    assert not pid_alive(old_pid)  # leaving `async with` waited for it to be stopped
 
 
 async def test_a_server_that_died_while_idle_is_started_afresh_by_the_next_call(server: MCPServer) -> None:
@@ -1015,7 +999,7 @@ async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_
                 await srv.call_tool("exit", {"orphan": str(orphan)})
         again = int(result_to_block("t", await srv.call_tool("pid", {})).text)
         assert again != first
-    await _until(lambda: not _alive(int(orphan.read_text())), "the process it left behind to be stopped")
+    await _until(lambda: not pid_alive(int(orphan.read_text())), "the process it left behind to be stopped")
 
 
 @settings(max_examples=80, deadline=None)

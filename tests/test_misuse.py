@@ -166,6 +166,72 @@ def test_a_permission_that_cannot_be_called_is_refused_at_construction() -> None
         QueryEngine(ScriptedModel(["hi"]), permission=True)  # type: ignore[arg-type]
 
 
+async def test_a_deny_without_a_message_reads_as_a_sentence() -> None:
+    """``Deny("")`` gave the model "Permission denied: " with nothing after it."""
+    from agentloop import Deny, ToolUseBlock
+
+    @tool
+    async def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    async def ask(use: ToolUseBlock, ctx: object) -> Deny:
+        return Deny(" ")
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("delete", {"path": "x"})]), "done"])
+    engine = QueryEngine(model, tools=[delete], permission=ask)  # type: ignore[arg-type]
+    await collect(engine.run("clean up"))
+    [result] = engine.messages[2].tool_results
+    assert result.is_error and result.text == "Permission denied."
+
+
+async def test_tool_choice_required_is_openais_word_for_any_and_a_bad_one_is_refused() -> None:
+    """``tool_choice="required"`` (OpenAI's spelling) was sent as the name of a tool, so every
+    request was refused by the provider; a non-string failed only inside a request."""
+    seen: list[str | None] = []
+
+    def reply(request: ModelRequest) -> str:
+        seen.append(request.tool_choice)
+        return "ok"
+
+    await collect(QueryEngine(ScriptedModel([reply]), tools=[tool(_add)], tool_choice="required").run("hi"))
+    assert seen == ["any"]
+    for bad in (True, "", 3):
+        with pytest.raises(TypeError, match=r'tool_choice takes "auto", "any", "none" or a tool name'):
+            QueryEngine(ScriptedModel(["hi"]), tool_choice=bad)  # type: ignore[arg-type]
+
+
+def test_delegate_tool_refuses_one_policy_where_a_list_is_wanted() -> None:
+    """``delegate_tool(policies=IdenticalToolCallRun())`` failed only when the model first
+    delegated, as an error result; it is refused when the tool is made."""
+    from agentloop import delegate_tool
+    from agentloop.policies import IdenticalToolCallRun
+
+    with pytest.raises(TypeError, match=r"policies takes a list of policies: policies=\[<"):
+        delegate_tool(policies=IdenticalToolCallRun())
+    with pytest.raises(TypeError, match=r"policies takes a list of policies"):
+        delegate_tool(policies=3)
+
+
+async def test_ctx_emit_refuses_what_is_not_an_event() -> None:
+    """A tool that emitted a str or a dict put it into the host's event stream, where the
+    host's ``event.type`` broke; the tool now gets a TypeError (its error result says so)."""
+    from agentloop import ToolContext
+
+    @tool
+    async def chatty(ctx: ToolContext) -> str:
+        """Report progress."""
+        ctx.emit({"progress": 50})  # type: ignore[arg-type]
+        return "done"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("chatty")]), "ok"])
+    engine = QueryEngine(model, tools=[chatty])
+    events = await collect(engine.run("go"))
+    assert all(hasattr(e, "type") for e in events)
+    [result] = engine.messages[2].tool_results
+    assert result.is_error and "ctx.emit takes an agentloop event (such as a subagent's), not dict" in result.text
+
+
 def test_tool_takes_its_function_by_keyword_as_api_md_writes_it_and_a_name_only_by_keyword() -> None:
     made = tool(fn=_add)  # API.md: tool(fn=None, *, name=None, ...)
     assert isinstance(made, Tool) and made.name == "_add"
@@ -428,3 +494,37 @@ async def test_a_tool_timeout_that_is_not_a_number_of_seconds_is_refused_when_th
     with pytest.raises(error, match=re.escape(message)):
         Tool("build", "Build.", {"type": "object"}, lambda _i, _c: build(), timeout=value)  # type: ignore[arg-type]
     assert tool(timeout=2)(build).timeout == 2 and tool(timeout=0.5)(build).timeout == 0.5
+
+
+@pytest.mark.parametrize(
+    ("texts", "error"),
+    [
+        ({"interrupt_notice": None}, TypeError),  # meant as "no notice": the engine's option does that
+        ({"interrupt_notice": "  "}, ValueError),  # a blank user message, refused by the providers
+        ({"never_started": 5}, TypeError),
+    ],
+)
+def test_a_text_that_could_only_fail_when_written_is_refused_when_texts_is_made(texts: dict[str, object], error: type) -> None:
+    """`Texts(interrupt_notice=None)` crashed the run at its first interrupt with a pydantic
+    error from inside the loop; a blank notice left a blank user message in the transcript."""
+    from agentloop import Texts
+
+    with pytest.raises(error) as info:
+        Texts(**texts)  # type: ignore[arg-type]
+    name = next(iter(texts))
+    assert f"Texts.{name}" in str(info.value)
+    if name == "interrupt_notice":
+        assert "QueryEngine(interrupt_notice=None)" in str(info.value)
+
+
+def test_texts_given_as_a_dict_is_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"texts takes Texts\(\.\.\.\)"):
+        QueryEngine(ScriptedModel([]), texts={"interrupt_notice": "[stopped]"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("session", ["chat.jsonl", Path("chat.jsonl"), object()], ids=["str", "path", "object"])
+def test_a_session_that_is_not_a_store_is_refused_at_construction(session: object) -> None:
+    """A path passed as `session=` was accepted: the run went on, every record failed to append
+    (an ERROR logged for each), and nothing was saved."""
+    with pytest.raises(TypeError, match=r"session takes a session store .*JsonlSession\(path\)"):
+        QueryEngine(ScriptedModel([]), session=session)  # type: ignore[arg-type]
