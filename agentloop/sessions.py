@@ -64,6 +64,7 @@ from pydantic_core import PydanticSerializationError
 from ._errors import SessionLockedError
 from ._messages import (
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -776,7 +777,7 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
 
 _BLOCKS: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
-    for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+    for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock, ProviderBlock)
 }
 
 

@@ -23,6 +23,7 @@ from .._errors import AbortError, ModelError, ProviderConnectionError, StreamPro
 from .._messages import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -366,20 +367,27 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
 Turn = tuple[str, list[Block]]
 
 
-def turns(messages: Sequence[Message], *, foreign: Callable[[ThinkingBlock], bool] | None = None) -> list[Turn]:
+def turns(
+    messages: Sequence[Message],
+    *,
+    foreign: Callable[[ThinkingBlock], bool] | None = None,
+    provider: str | None = None,
+) -> list[Turn]:
     """The transcript as the providers want it.
 
     Drops what may not be sent (empty or blank text, thinking without a signature,
-    unfinished tool calls, our metadata, and thinking that ``foreign`` says
-    another provider made), drops messages left empty, merges consecutive
-    messages of one role, and puts tool results first in a user message.
+    unfinished tool calls, our metadata, thinking that ``foreign`` says another
+    provider made, and the `ProviderBlock`s of any provider but ``provider``), drops
+    messages left empty, merges consecutive messages of one role, and puts tool
+    results first in a user message.
     """
     out: list[Turn] = []
     for msg in messages:
         blocks = [
             b
             for b in msg.content
-            if _sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b))
+            if (_sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b)))
+            or (isinstance(b, ProviderBlock) and b.provider == provider)
         ]
         if not blocks:
             continue

@@ -2,15 +2,16 @@
 
 Wire reference: WIRE.md §1. Server-tool blocks (``server_tool_use``,
 ``web_search_tool_result`` and the other ``*_tool_result`` blocks) are run by
-Anthropic itself and need no client result; this adapter skips them (and
-their deltas) safely, so the text around them is kept but the blocks are not
-replayed. A ``pause_turn`` response is therefore continued without them.
+Anthropic itself and need no client result: each becomes a `ProviderBlock`, kept in
+the transcript and sent back as it came (a call with its result), so that the model
+sees its searches in later turns, and a ``pause_turn`` response is continued as the
+API asks, with the paused call in it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from .._abort import AbortSignal
 from .._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
 from .._messages import (
     Block,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -30,6 +32,7 @@ from .._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamProviderBlock,
     StreamRedactedThinking,
     StreamSignature,
     StreamText,
@@ -62,34 +65,47 @@ _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type
 
 
 def build_request(
-    request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
+    request: ModelRequest,
+    *,
+    model: str,
+    max_tokens: int,
+    thinking: dict[str, Any] | None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
+    interleaved: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of a streamed Messages request for ``request``.
 
     ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
     refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
     and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
+    Not with ``interleaved`` thinking (its beta header), whose budget is that of the whole
+    assistant turn and may exceed ``max_tokens``.
+    ``extra_tools`` are declared as they are, after the request's tools; one of them replaces
+    the request's tool of the same name (two tools of one name are refused).
     """
     limit = request.max_tokens or max_tokens
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
-    if type(budget) is int and limit <= budget:
+    if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
+            for role, blocks in _fit(turns(request.messages, foreign=_foreign, provider="anthropic"))
         ],
         "stream": True,
     }
     if request.system:
         body["system"] = request.system
-    if request.tools:
+    if request.tools or extra_tools:
+        named = {t.get("name") for t in extra_tools}
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
             for t in request.tools
+            if t.name not in named
         ]
+        body["tools"] += extra_tools
     if request.tool_choice is not None:
         body["tool_choice"] = _TOOL_CHOICE.get(
             request.tool_choice, {"type": "tool", "name": request.tool_choice}
@@ -99,16 +115,19 @@ def build_request(
     return body
 
 
-def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
-    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
-    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
-    are dropped; a turn left empty is dropped, and the user turns on either side are joined
+def _fit(wire: list[Turn]) -> list[Turn]:
+    """``wire`` as the API accepts its assistant turns. None ends in thinking, which the API
+    refuses (a stream cut right after a thinking block leaves one so): trailing thinking and
+    redacted-thinking blocks are dropped. A server tool call and its result go together
+    (`_paired`). A turn left empty is dropped, and the user turns on either side are joined
     into one, in order, so that roles still alternate (tool results stay first)."""
-    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
+    if not any(role == "assistant" and _to_fit(blocks) for role, blocks in wire):
         return wire
     out: list[Turn] = []
-    for role, blocks in wire:
+    last = len(wire) - 1
+    for i, (role, blocks) in enumerate(wire):
         if role == "assistant":
+            blocks = _paired(blocks, paused=i == last)
             end = len(blocks)
             while end and _is_thinking(blocks[end - 1]):
                 end -= 1
@@ -121,6 +140,41 @@ def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
             out[-1] = (role, joined)
         else:
             out.append((role, blocks))
+    return out
+
+
+def _to_fit(blocks: list[Block]) -> bool:
+    return _is_thinking(blocks[-1]) or any(type(b) is ProviderBlock for b in blocks)
+
+
+def _paired(blocks: list[Block], *, paused: bool) -> list[Block]:
+    """``blocks`` (an assistant turn) without a server tool call whose result is not in the
+    turn, nor a result whose call is not: the API refuses either ("`web_search` tool use with
+    id ... was found without a corresponding `web_search_tool_result` block"), and a turn cut
+    or interrupted between them leaves one alone. The exception is a ``paused`` turn, the
+    last message of the request: a ``pause_turn`` response, sent back as it is so that the
+    server goes on with its call."""
+    calls: set[object] = set()
+    results: set[object] = set()
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in _SERVER_CALLS:
+                calls.add(b.data.get("id"))
+            elif isinstance(kind, str) and kind.endswith("_tool_result"):
+                results.add(b.data.get("tool_use_id"))
+    if calls == results or (paused and results <= calls):
+        return blocks
+    out: list[Block] = []
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in _SERVER_CALLS:
+                if not paused and b.data.get("id") not in results:
+                    continue
+            elif isinstance(kind, str) and kind.endswith("_tool_result") and b.data.get("tool_use_id") not in calls:
+                continue
+        out.append(b)
     return out
 
 
@@ -144,6 +198,8 @@ def _block(block: Block) -> dict[str, Any]:
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
+    if isinstance(block, ProviderBlock):
+        return block.data  # as the server sent it
     assert isinstance(block, ToolResultBlock)
     out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
     # Blank text is refused here too ("text content blocks must contain non-whitespace
@@ -167,17 +223,35 @@ class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``."""
 
-    __slots__ = ("_blocks", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+    __slots__ = (
+        "_blocks",
+        "_counts",
+        "_server",
+        "_stop_reason",
+        "_usage",
+        "_whole",
+        "done",
+        "request_id",
+        "response_id",
+        "terminator",
+    )
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
         self.terminator = "message_stop"
         self.response_id: str | None = None
-        # The type of each block started, by index; "" for one skipped (server-tool blocks).
+        # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
+        # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
+        self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        # A tool call's input given whole in its content_block_start (a proxy's), by index: its
+        # input unless input_json_delta streams one, as in the official SDK.
+        self._whole: dict[int, str] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
+        # The wire's counts so far: input (the uncached part), output, cache read, cache written.
+        self._counts = (0, 0, 0, 0)
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -214,7 +288,10 @@ class AnthropicMapper:
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
-            return None  # a skipped block's
+            kept = self._server.get(index)
+            if kept is not None and obj["delta"]["type"] == "input_json_delta":  # a server tool call's input
+                kept[1].append(obj["delta"]["partial_json"])
+            return None  # a skipped block's, or a server-tool block's (whole at its content_block_stop)
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
@@ -225,7 +302,11 @@ class AnthropicMapper:
             if block != "tool_use":
                 raise _wrong_block(dt, block, index)
             part = delta["partial_json"]
-            return (StreamToolInput(index, part),) if part else None
+            if not part:
+                return None
+            if self._whole:
+                self._whole.pop(index, None)
+            return (StreamToolInput(index, part),)
         if dt == "thinking_delta" or dt == "signature_delta":
             if block != "thinking":
                 raise _wrong_block(dt, block, index)
@@ -239,7 +320,7 @@ class AnthropicMapper:
         self.response_id = message.get("id")
         usage = message.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
             return (StreamUsage(self._usage),)
         return None
 
@@ -252,19 +333,29 @@ class AnthropicMapper:
         if bt == "text":
             return (StreamText(index, block["text"]),) if block.get("text") else None
         if bt == "thinking":
-            return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
+            whole: list[StreamEvent] = []
+            if block.get("thinking"):
+                whole.append(StreamThinking(index, block["thinking"]))
+            if block.get("signature"):  # a proxy that sends the whole block up front
+                whole.append(StreamSignature(index, block["signature"]))
+            return whole
         if bt == "redacted_thinking":
             return (StreamRedactedThinking(index, block["data"]),)
         if bt == "tool_use":
-            start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
-            if block.get("input"):  # a proxy that sends the whole input up front
-                start.append(StreamToolInput(index, json.dumps(block["input"])))
-            return start
-        return None  # server-tool blocks and future types: skipped (see module docstring)
+            if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
+                self._whole[index] = json.dumps(block["input"])
+            return (StreamToolUseStart(index, block["id"], block["name"]),)
+        if bt in _SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
+            self._server[index] = (block, [])  # given whole at its content_block_stop
+        return None  # future block types: skipped
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
-        return (StreamBlockStop(index),) if self._blocks.get(index) else None
+        if self._blocks.get(index):
+            whole = self._whole.pop(index, None) if self._whole else None
+            return (StreamBlockStop(index),) if whole is None else (StreamToolInput(index, whole), StreamBlockStop(index))
+        kept = self._server.pop(index, None)
+        return None if kept is None else _server_block(index, *kept)
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
@@ -272,12 +363,29 @@ class AnthropicMapper:
             self._stop_reason = reason
         usage = obj.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
         return None
+
+    def _count(self, raw: dict[str, Any]) -> None:
+        """Take the counts of a usage object. They are cumulative: present fields replace old ones.
+        Anthropic's ``input_tokens`` is only the prompt after the last cache breakpoint; the
+        `Usage` counts the whole prompt, cached part included, as OpenAI's do."""
+        fresh, output, read, write = self._counts
+        self._counts = counts = (
+            count_tokens(raw.get("input_tokens"), fresh),
+            count_tokens(raw.get("output_tokens"), output),
+            count_tokens(raw.get("cache_read_input_tokens"), read),
+            count_tokens(raw.get("cache_creation_input_tokens"), write),
+        )
+        fresh, output, read, write = counts
+        self._usage = Usage(fresh + read + write, output, read, write)
 
     def _message_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         self.done = True
-        return (StreamEnd(self._stop_reason, self._usage, self.response_id),)
+        end = StreamEnd(self._stop_reason, self._usage, self.response_id)
+        if self._whole:  # a call whose content_block_stop never came
+            return [*(StreamToolInput(index, whole) for index, whole in self._whole.items()), end]
+        return (end,)
 
     def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None
@@ -312,14 +420,20 @@ def _index(obj: dict[str, Any]) -> int:
     return index
 
 
-def _usage(raw: dict[str, Any], old: Usage) -> Usage:
-    """Anthropic usage counts are cumulative: present fields replace old ones."""
-    return Usage(
-        count_tokens(raw.get("input_tokens"), old.input_tokens),
-        count_tokens(raw.get("output_tokens"), old.output_tokens),
-        count_tokens(raw.get("cache_read_input_tokens"), old.cache_read_tokens),
-        count_tokens(raw.get("cache_creation_input_tokens"), old.cache_write_tokens),
-    )
+def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequence[StreamEvent] | None:
+    """The server-tool block begun as ``block``, its input (a call's) joined from ``parts``.
+    None when that input is not a JSON object (output cut inside it): the block could not
+    be sent back, and its result, if any, is then left out of requests too."""
+    text = "".join(parts)
+    if text.strip():
+        try:
+            value = loads(text)
+        except ValueError:
+            return None
+        if type(value) is not dict:
+            return None
+        block = {**block, "input": value}
+    return (StreamProviderBlock(index, "anthropic", block),)
 
 
 def _out_of_place(what: str) -> StreamProtocolError:
@@ -332,8 +446,12 @@ def _wrong_block(delta: str, block: str, index: int) -> StreamProtocolError:
     return _out_of_place(f"{delta} for block {index}, which is a {block} block")
 
 
-#: The block types mapped to the message; the others (server-tool blocks, future types) are skipped.
+#: The block types mapped to the message as they stream; server-tool blocks are given whole at
+#: their end, and future types are skipped.
 _MAPPED = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+
+#: The server-tool calls (each answered by a ``*_tool_result`` block of the server's, by ``id``).
+_SERVER_CALLS = frozenset({"server_tool_use", "mcp_tool_use"})
 
 
 _Handler = Callable[[AnthropicMapper, dict[str, Any]], Sequence[StreamEvent] | None]
@@ -356,6 +474,10 @@ class AnthropicModel(HTTPModel):
     `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
     object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
     ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
+    ``extra_tools``: tool definitions declared as they are after the engine's tools:
+    Anthropic's server tools (``{"type": "web_search_20250305", "name": "web_search"}``),
+    or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
+    which replaces the declaration of the engine's tool of the same name (that tool runs it).
     ``extra_body`` is merged into every request body.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
@@ -373,6 +495,7 @@ class AnthropicModel(HTTPModel):
         anthropic_version: str = "2023-06-01",
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        extra_tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
@@ -383,6 +506,7 @@ class AnthropicModel(HTTPModel):
         self.anthropic_version = anthropic_version
         self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
+        self.extra_tools = [dict(t) for t in extra_tools]
         self._conn = Connection(
             "anthropic",
             base_url or "https://api.anthropic.com",
@@ -409,6 +533,14 @@ class AnthropicModel(HTTPModel):
             key = secret.reveal()
             headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
         headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
-        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
+        beta = next((v for k, v in headers.items() if k.lower() == "anthropic-beta"), "")
+        body = build_request(
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            thinking=self.thinking,
+            extra_tools=self.extra_tools,
+            interleaved="interleaved-thinking" in beta,
+        )
         body.update(self.extra_body)
         return "/v1/messages", headers, body
