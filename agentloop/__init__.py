@@ -44,6 +44,7 @@ from ._inbox import Texts
 from ._messages import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -100,6 +101,7 @@ __all__ = [
     "PolicyNudge",
     "ProcessResult",
     "PromptTooLongError",
+    "ProviderBlock",
     "ProviderError",
     "QueryEngine",
     "RedactedThinkingBlock",

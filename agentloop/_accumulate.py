@@ -15,6 +15,7 @@ from ._events import Event, TextDelta, ThinkingDelta, ToolInputDelta
 from ._messages import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     ToolUseBlock,
     message,
@@ -26,6 +27,7 @@ from ._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamProviderBlock,
     StreamRedactedThinking,
     StreamSignature,
     StreamText,
@@ -41,7 +43,8 @@ __all__ = ["APPLY", "Accumulator"]
 
 
 class _Part:
-    __slots__ = ("chunks", "closed", "id", "kind", "name", "signature")
+    # ``name`` is a tool call's name, or a provider block's provider (its data in ``data``).
+    __slots__ = ("chunks", "closed", "data", "id", "kind", "name", "signature")
 
     def __init__(self, kind: str, id: str = "", name: str = "") -> None:
         self.kind = kind
@@ -50,6 +53,7 @@ class _Part:
         self.id = id
         self.name = name
         self.closed = False
+        self.data: dict[str, Any] | None = None
 
 
 def _malformed(value: object, event: object) -> StreamProtocolError:
@@ -144,6 +148,18 @@ class Accumulator:
             raise _malformed(ev.data, ev)
         self._part(ev, "redacted_thinking").chunks.append(ev.data)
 
+    def _provider(self, ev: StreamProviderBlock) -> None:
+        if type(ev.provider) is not str:
+            raise _malformed(ev.provider, ev)
+        if type(ev.data) is not dict:
+            raise StreamProtocolError(
+                f"malformed stream event: StreamProviderBlock carries {type(ev.data).__name__} where a dict "
+                f"belongs: {ev.data!r:.80}",
+                retryable=True,
+            )
+        part = self._part(ev, "provider")
+        part.name, part.data, part.closed = ev.provider, ev.data, True
+
     def _stop(self, ev: StreamBlockStop) -> None:
         if type(ev.index) is not int:
             raise _bad_index(ev.index, ev)
@@ -164,7 +180,7 @@ class Accumulator:
             part.closed = True
 
     def _part(self, ev: StreamText | StreamThinking | StreamSignature | StreamToolInput | StreamToolUseStart
-              | StreamRedactedThinking, kind: str) -> _Part:
+              | StreamRedactedThinking | StreamProviderBlock, kind: str) -> _Part:
         index = ev.index
         if type(index) is not int:  # a str or a float would break the ordering of the blocks
             raise _bad_index(index, ev)
@@ -211,6 +227,8 @@ class Accumulator:
                 blocks.append(thinking_block(scrub(body), part.signature))
             elif part.kind == "redacted_thinking":
                 blocks.append(RedactedThinkingBlock(data=body))
+            elif part.kind == "provider":
+                blocks.append(_provider_block(part))
             else:
                 blocks.append(_tool_use(part, body, cut, last=index == order[-1]))
         return message("assistant", blocks, partial=partial)
@@ -242,6 +260,8 @@ class Accumulator:
                 blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature))
             elif kind == "redacted_thinking":
                 blocks.append(RedactedThinkingBlock(data="".join(part.chunks)))
+            elif kind == "provider":
+                blocks.append(_provider_block(part))
             else:
                 if not part.closed:  # its input never completed
                     continue
@@ -263,6 +283,7 @@ APPLY: dict[type, Callable[[Accumulator, Any], Event | None]] = {
     StreamToolInput: Accumulator._tool_input,
     StreamToolUseStart: Accumulator._tool_start,
     StreamRedactedThinking: Accumulator._redacted,
+    StreamProviderBlock: Accumulator._provider,
     StreamBlockStop: Accumulator._stop,
     StreamUsage: Accumulator._usage,
     StreamEnd: Accumulator._end,
@@ -276,6 +297,11 @@ CUT_BY = {
     "refusal": "the response was stopped by a refusal or a content filter (refusal)",
     "repetition": "the server stopped the response as a repetition loop (repetition)",
 }
+
+
+def _provider_block(part: _Part) -> ProviderBlock:
+    """The provider block of ``part``; its data scrubbed of lone surrogates, as model text is."""
+    return ProviderBlock(provider=part.name, data=scrub_json(part.data or {}))
 
 
 def _tool_use(part: _Part, body: str, cut: str | None = None, *, last: bool = False) -> ToolUseBlock:

@@ -474,7 +474,10 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
             return []
         st.nudges += [(name, v) for name, v in verdicts if isinstance(v, Nudge)]
     if not uses:
-        if not engine.inbox.interjections:  # safe point: a queued message keeps the turn going
+        # Safe point: a queued message keeps the turn going. So does a response the server
+        # paused (stop reason "pause_turn": its own tools ran long), which the next request,
+        # the transcript as it is, lets go on.
+        if not engine.inbox.interjections and not st.paused:
             st.terminal = "completed"
         return []
     if st.signal.aborted:  # checkpoint 2: no tool starts

@@ -17,6 +17,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 __all__ = [
     "Block",
     "Message",
+    "ProviderBlock",
     "RedactedThinkingBlock",
     "TextBlock",
     "ThinkingBlock",
@@ -105,6 +106,19 @@ class RedactedThinkingBlock(_Shared):
     data: str
 
 
+class ProviderBlock(_Shared):
+    """Content that a provider's server made and reads back itself: Anthropic's server tool
+    calls and their results (``server_tool_use``, ``web_search_tool_result``, ...), which
+    its servers ran. ``data`` is the block as the provider sent it, and is sent back
+    unchanged to the provider named by ``provider``; requests to any other leave it out.
+    It is no call for the host to run, and needs no result."""
+
+    model_config = _FROZEN
+    type: Literal["provider"] = "provider"
+    provider: str
+    data: dict[str, Any]
+
+
 class ToolUseBlock(_Shared):
     """A tool call requested by the model.
 
@@ -142,7 +156,7 @@ class ToolResultBlock(_Shared):
 
 
 Block = Annotated[
-    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock | ProviderBlock,
     Field(discriminator="type"),
 ]
 

@@ -31,6 +31,7 @@ __all__ = [
     "StreamEnd",
     "StreamEvent",
     "StreamLogprobs",
+    "StreamProviderBlock",
     "StreamRedactedThinking",
     "StreamSignals",
     "StreamSignature",
@@ -145,6 +146,18 @@ class StreamRedactedThinking:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamProviderBlock:
+    """A whole block that the provider's server made and reads back itself (Anthropic's
+    ``server_tool_use`` and ``*_tool_result`` blocks): kept as a `ProviderBlock`, no call
+    for the host to run."""
+
+    type: ClassVar[str] = "provider_block"
+    index: int
+    provider: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class StreamToolUseStart:
     type: ClassVar[str] = "tool_use_start"
     index: int
@@ -200,8 +213,10 @@ class StreamLogprobs:
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     """The response is complete. ``stop_reason`` uses Anthropic's vocabulary:
-    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn";
-    plus "repetition": the server cut the output as a repetition loop (vLLM)."""
+    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn" (the
+    server paused a turn of its own tools: the engine asks again, to let it go on),
+    "model_context_window_exceeded"; plus "repetition": the server cut the output as a
+    repetition loop (vLLM)."""
 
     type: ClassVar[str] = "end"
     stop_reason: str | None = None
@@ -214,6 +229,7 @@ StreamEvent = (
     | StreamThinking
     | StreamSignature
     | StreamRedactedThinking
+    | StreamProviderBlock
     | StreamToolUseStart
     | StreamToolInput
     | StreamBlockStop

@@ -140,6 +140,7 @@ class RunState:
         "mailbox",
         "nudges",
         "owed",
+        "paused",
         "pending_events",
         "pending_tasks",
         "phase",
@@ -200,6 +201,9 @@ class RunState:
         self.continues = False
         self.last_reason: TerminalReason | None = None
         self.response: Message | None = None
+        # The response committed last stopped with "pause_turn": the server paused a turn of its
+        # own tools, and the next request (the transcript as it is) lets it go on.
+        self.paused = False
         self.last_results: dict[str, ToolResultBlock] = {}
         # The whole of each result cut by max_tool_result_chars in this tool phase, for the policies
         # (a poller's progress can be in the part cut out); None while nothing was cut.

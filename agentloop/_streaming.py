@@ -84,7 +84,7 @@ class ModelPhase:
     def __init__(self, engine: QueryEngine, st: RunState) -> None:
         self.engine = engine
         self.st = st
-        st.phase, st.response = "model", None
+        st.phase, st.response, st.paused = "model", None, False
         opts = engine.options
         self.retries, self.dooms = opts.retry_budget, opts.doom_budget
         self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
@@ -193,6 +193,7 @@ class ModelPhase:
                 return []
             message, calls = commit_response(engine, message)
             st.response = message
+            st.paused = acc.stop_reason == "pause_turn"
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
         wait = error.retry_after

@@ -10,8 +10,8 @@ R4  no empty message, and no empty or whitespace-only text block;
 R5  the final message, when it is the assistant's, does not end with whitespace;
 R6  no thinking block without a signature;
 R7  no tool_use whose input never completed;
-R8  each block in a message of the right role: tool_use and thinking only from
-    the assistant, tool_result only from the user;
+R8  each block in a message of the right role: tool_use, thinking and provider
+    blocks only from the assistant, tool_result only from the user;
 R9  no string that UTF-8 cannot encode (a lone UTF-16 surrogate), which would make
     every later request fail to encode.
 
@@ -30,6 +30,7 @@ from typing import cast
 from ._messages import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -58,7 +59,7 @@ def interrupted_result(tool_use_id: str, text: str) -> ToolResultBlock:
     return tool_result_block(tool_use_id, text, is_error=True)
 
 
-_ASSISTANT_ONLY = ("tool_use", "thinking", "redacted_thinking")
+_ASSISTANT_ONLY = ("tool_use", "thinking", "redacted_thinking", "provider")
 
 
 def _misplaced(block: Block, role: str) -> str | None:
@@ -107,6 +108,10 @@ def _strings(block: Block) -> list[str]:
         out = [block.id, block.name]
         _json_strings(block.input, out)
         return out
+    if block.type == "provider":
+        out = [block.provider]
+        _json_strings(block.data, out)
+        return out
     content = block.content
     return [block.tool_use_id, *([content] if isinstance(content, str) else [b.text for b in content])]
 
@@ -141,6 +146,8 @@ def _scrubbed(block: Block) -> Block:
         return block.model_copy(
             update={"id": scrub(block.id), "name": scrub(block.name), "input": scrub_json(block.input)}
         )
+    if isinstance(block, ProviderBlock):
+        return block.model_copy(update={"provider": scrub(block.provider), "data": scrub_json(block.data)})
     return encodable(block).model_copy(update={"tool_use_id": scrub(block.tool_use_id)})
 
 
@@ -156,7 +163,7 @@ def _ends_with_space(message: Message) -> bool:
     return last is not None and last.type == "text" and last.text != last.text.rstrip()
 
 
-_BLOCK_TYPES = (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+_BLOCK_TYPES = (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock, ProviderBlock)
 
 
 def _listed(messages: object) -> list[object] | None:
@@ -286,7 +293,7 @@ def is_valid(messages: Sequence[Message]) -> bool:
                     calls = set()
                 calls.add(tid)
                 leading = False
-            else:  # thinking, redacted thinking
+            else:  # thinking, redacted thinking, a provider's block
                 if user or (block.type == "thinking" and not block.signature):
                     return False
                 leading = False

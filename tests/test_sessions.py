@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import agentloop
 from agentloop import (
     Message,
+    ProviderBlock,
     QueryEngine,
     RedactedThinkingBlock,
     ScriptedModel,
@@ -70,6 +71,7 @@ def test_round_trip_every_block_type(tmp_path: Path) -> None:
                 TextBlock(text="let me look"),
                 ToolUseBlock(id="a", name="read", input={"path": "x.py", "n": [1, {"z": None}]}),
                 ToolUseBlock(id="b", name="grep", input={}),
+                ProviderBlock(provider="anthropic", data={"type": "server_tool_use", "id": "srvtoolu_1", "input": {}}),
             ],
         ),
         Message(

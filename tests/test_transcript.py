@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from agentloop import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -334,6 +335,16 @@ blocks = st.one_of(
         st.booleans(),
     ),
     st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
+    st.builds(  # a server tool's call or result, as Anthropic sends it (the last: R9)
+        lambda d: ProviderBlock(provider="anthropic", data=d),
+        st.sampled_from(
+            [
+                {"type": "server_tool_use", "id": "srv_1", "input": {}},
+                {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []},
+                {"type": "x", "q": "caf\udce9"},
+            ]
+        ),
+    ),
 )
 messages = st.builds(
     lambda role, content: Message(role=role, content=content),

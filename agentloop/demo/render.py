@@ -31,6 +31,7 @@ from .._events import (
 )
 from .._messages import (
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -237,6 +238,8 @@ def _block(block: object) -> str:
     if isinstance(block, ToolResultBlock):
         flag = " error" if block.is_error else ""
         return f"[tool_result {block.tool_use_id}{flag}] {short(block.text, 100)}"
+    if isinstance(block, ProviderBlock):
+        return f"[{block.provider} {block.data.get('type')}]"
     return repr(block)
 
 

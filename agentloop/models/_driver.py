@@ -23,6 +23,7 @@ from .._errors import AbortError, ModelError, ProviderConnectionError, StreamPro
 from .._messages import (
     Block,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -149,7 +150,9 @@ class Mapper(Protocol):
     returned then end with `StreamEnd`); ``terminator`` names it for errors.
     A mapper may also have a ``failure`` (a `ModelError`): set with ``done``, it is
     raised once the events returned with it are out (what a failed response held),
-    in place of `StreamEnd`.
+    in place of `StreamEnd`. And an ``at_eof()``, called when the body ends cleanly
+    before the terminator: the events it returns (ending with `StreamEnd`) complete the
+    stream; None leaves it cut.
     """
 
     done: bool
@@ -236,6 +239,12 @@ async def run_stream(
             ) or _web_page(conn, response.headers, raw, redactor)
             if error is not None:
                 raise error
+        at_eof = getattr(mapper, "at_eof", None)
+        last = at_eof() if at_eof is not None else None
+        if last:  # the server ended the body where it had finished, without its terminator
+            for ev in last:
+                yield ev
+            return
     raise StreamProtocolError(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
         retryable=True,
@@ -358,20 +367,27 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
 Turn = tuple[str, list[Block]]
 
 
-def turns(messages: Sequence[Message], *, foreign: Callable[[ThinkingBlock], bool] | None = None) -> list[Turn]:
+def turns(
+    messages: Sequence[Message],
+    *,
+    foreign: Callable[[ThinkingBlock], bool] | None = None,
+    provider: str | None = None,
+) -> list[Turn]:
     """The transcript as the providers want it.
 
     Drops what may not be sent (empty or blank text, thinking without a signature,
-    unfinished tool calls, our metadata, and thinking that ``foreign`` says
-    another provider made), drops messages left empty, merges consecutive
-    messages of one role, and puts tool results first in a user message.
+    unfinished tool calls, our metadata, thinking that ``foreign`` says another
+    provider made, and the `ProviderBlock`s of any provider but ``provider``), drops
+    messages left empty, merges consecutive messages of one role, and puts tool
+    results first in a user message.
     """
     out: list[Turn] = []
     for msg in messages:
         blocks = [
             b
             for b in msg.content
-            if _sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b))
+            if (_sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b)))
+            or (isinstance(b, ProviderBlock) and b.provider == provider)
         ]
         if not blocks:
             continue

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._messages import (
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -145,7 +146,7 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
 
 _BLOCKS: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
-    for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock)
+    for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock, ProviderBlock)
 }
 
 

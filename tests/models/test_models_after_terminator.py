@@ -11,7 +11,7 @@ import pytest
 from _models_support import API_KEY, chat_chunk, chat_stream, collect, load, sse
 
 from agentloop import AssistantMessage, QueryEngine, Retrying, TurnEnded
-from agentloop._errors import ProviderConnectionError, StreamProtocolError
+from agentloop._errors import ProviderConnectionError
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 
 _FAILURES: list[Callable[[], Exception]] = [
@@ -155,15 +155,14 @@ async def test_a_connection_failing_before_the_terminator_still_fails(api: str) 
 
 
 async def test_a_chat_finish_reason_without_usage_then_a_reset_is_still_cut() -> None:
-    # With include_usage off, only [DONE] says the server has finished.
+    # With include_usage off, only [DONE] (or a body that ends there cleanly) says the server
+    # has finished: a connection that breaks instead is not taken for the end.
     body = sse((None, chat_chunk({"content": "whole answer"})), (None, chat_chunk(finish="stop")))
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        with pytest.raises(StreamProtocolError):
+    server = _Server([body], _FAILURES[0])
+    async with server.client() as client:
+        with pytest.raises(ProviderConnectionError) as info:
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client, include_usage=False))
+    assert info.value.retryable
 
 
 @pytest.mark.parametrize("api", sorted(_CASES))

@@ -26,8 +26,6 @@ from agentloop.models import (
     StreamRedactedThinking,
     StreamSignature,
     StreamText,
-    StreamToolInput,
-    StreamToolUseStart,
     StreamUsage,
     Usage,
 )
@@ -129,17 +127,6 @@ async def test_refusal_with_stop_details() -> None:
     _, acc = await run_fixture(name, load(name))
     assert acc.stop_reason == "refusal"
     assert acc.message().content == []  # the empty text block is not kept
-
-
-async def test_server_tool_blocks_are_skipped_safely() -> None:
-    name = "anthropic_web_search.repaired.sse"
-    events, acc = await run_fixture(name, load(name))
-    msg = acc.message()
-    assert all(isinstance(b, TextBlock) for b in msg.content)
-    assert msg.text.startswith("I'll check the current weather in New York City for you.")
-    assert not any(isinstance(e, StreamToolUseStart | StreamToolInput) for e in events)
-    assert acc.stop_reason == "end_turn"
-    assert acc.usage.input_tokens == 10682
 
 
 async def test_fixture_with_literal_ellipsis_is_malformed_json() -> None:
@@ -288,6 +275,46 @@ async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_bloc
     assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB")]
 
 
+async def test_a_thinking_block_sent_whole_in_its_start_keeps_its_signature() -> None:
+    # A proxy that replays a finished response sends each block whole in content_block_start.
+    # The signature there was ignored: the thinking block was dropped as unsigned, and with
+    # thinking on, the next request of a tool loop failed ("Expected `thinking` or
+    # `redacted_thinking`, but found `tool_use`"). The official SDK keeps it.
+    whole = {"type": "thinking", "thinking": "whole thought", "signature": "EqQBsig"}
+    body = sse(START, block_start(0, whole), block_stop(0), block_start(1, TOOL_BLOCK),
+               delta_ev(1, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(1), message_delta("tool_use"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.committable() == Message(role="assistant", content=[
+        ThinkingBlock(thinking="whole thought", signature="EqQBsig"), ToolUseBlock(id="toolu_1", name="f", input={})])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("deltas", "expected"),
+    [
+        ([], {"a": 1}),  # the input whole in the start, as a proxy sends it
+        (["", '{"b": 2}'], {"b": 2}),  # and then streamed too: the streamed input is the call's
+        (["", '{"b":', " 2}"], {"b": 2}),
+        ([""], {"a": 1}),  # an empty fragment adds nothing
+    ],
+)
+async def test_a_tool_input_given_in_the_start_is_replaced_by_a_streamed_one(
+    deltas: list[str], expected: dict[str, Any]
+) -> None:
+    # Both used to be joined into '{"a": 1}{"b": 2}', not JSON: the call got an error result
+    # instead of running. The official SDK takes the streamed input.
+    start = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    fragments = [delta_ev(0, {"type": "input_json_delta", "partial_json": d}) for d in deltas]
+    _, acc = await run_body(sse(START, block_start(0, start), *fragments, block_stop(0), message_delta("tool_use"), STOP))
+    (call,) = acc.message().tool_uses
+    assert (call.input, call.input_error) == (expected, None)
+
+
+async def test_a_tool_input_given_in_the_start_of_a_block_never_stopped_is_still_the_calls() -> None:
+    start = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    _, acc = await run_body(sse(START, block_start(0, start), message_delta("tool_use"), STOP))
+    assert acc.message().tool_uses == [ToolUseBlock(id="toolu_1", name="f", input={"a": 1})]
+
+
 async def test_a_token_count_that_is_a_string_does_not_crash_a_later_turn() -> None:
     # Before: Usage(output_tokens="3") was added to the next turn's usage, and run() raised TypeError.
     def answer(reason: str, *blocks: tuple[str, dict[str, Any]]) -> bytes:
@@ -316,7 +343,7 @@ async def test_token_counts_that_are_not_numbers_are_left_out_of_the_usage() -> 
     body = sse(START, ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {
         "output_tokens": "40", "cache_read_input_tokens": None, "cache_creation_input_tokens": 2.0}}), STOP)  # fmt: skip
     _, acc = await run_body(body)
-    assert acc.usage == Usage(5, 1, 0, 2)
+    assert acc.usage == Usage(7, 1, 0, 2)
     assert type(acc.usage.output_tokens) is int and type(acc.usage.cache_write_tokens) is int
 
 
@@ -346,7 +373,22 @@ async def test_usage_is_cumulative_and_cache_fields_mapped() -> None:
     start = ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {
         "input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3}}})  # fmt: skip
     _, acc = await run_body(sse(start, message_delta("end_turn", {"output_tokens": 40}), STOP))
-    assert acc.usage == Usage(10, 40, 7, 3)
+    assert acc.usage == Usage(20, 40, 7, 3)
+
+
+async def test_input_tokens_count_the_prompt_read_from_and_written_to_the_cache() -> None:
+    # Anthropic's input_tokens is only the part of the prompt after the last cache breakpoint
+    # (1 token here, out of 30,721). OpenAI's counts include the cached part, and a usage_limit
+    # counts input_tokens: it used to see 1 token for this request.
+    start = ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {
+        "input_tokens": 1, "output_tokens": 1, "cache_read_input_tokens": 30433, "cache_creation_input_tokens": 287}}})  # fmt: skip
+    events, acc = await run_body(sse(start, message_delta("end_turn", {"output_tokens": 67}), STOP))
+    assert acc.usage == Usage(input_tokens=30721, output_tokens=67, cache_read_tokens=30433, cache_write_tokens=287)
+    assert events[0] == StreamUsage(Usage(30721, 1, 30433, 287))
+    # message_delta's counts are cumulative totals too: those it carries replace the earlier ones.
+    later = message_delta("end_turn", {"output_tokens": 67, "input_tokens": 5, "cache_read_input_tokens": 30500})
+    _, acc = await run_body(sse(start, later, STOP))
+    assert acc.usage == Usage(30792, 67, 30500, 287)
 
 
 async def test_truncated_tool_input_is_incomplete() -> None:
@@ -483,6 +525,22 @@ async def test_max_tokens_always_exceeds_the_thinking_budget(
     assert server.body["thinking"] == (thinking if isinstance(thinking, dict) else {"type": "enabled", "budget_tokens": 8000})
 
 
+@pytest.mark.parametrize(
+    "beta", ["interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14,interleaved-thinking-2025-05-14"]
+)
+async def test_with_interleaved_thinking_the_budget_may_exceed_max_tokens(beta: str) -> None:
+    # With the interleaved-thinking beta, budget_tokens is the budget of the whole assistant turn
+    # and may exceed max_tokens (the docs). max_tokens=16000 used to go out as 36000, above
+    # Claude Opus 4's 32000 output tokens: a 400 for every request.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client, thinking=20000, max_tokens=16000,
+                               extra_headers={"Anthropic-Beta": beta})  # fmt: skip
+        await collect(model)
+    assert server.requests[0].headers["anthropic-beta"] == beta
+    assert (server.body["max_tokens"], server.body["thinking"]["budget_tokens"]) == (16000, 20000)
+
+
 async def test_bearer_auth_and_base_url_and_extras() -> None:
     server = MockServer(sse(START, message_delta("end_turn"), STOP))
     async with server.client() as client:
@@ -598,3 +656,32 @@ def test_an_assistant_turn_of_thinking_only_is_dropped_and_the_user_turns_around
 def test_a_last_assistant_turn_of_thinking_only_is_not_sent() -> None:
     sent = _sent(Message.user("q"), Message(role="assistant", content=[_SIGNED], partial=True))
     assert sent == [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+
+
+# -- Anthropic's own tools: server tools and Anthropic-defined client tools ----------------
+
+WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+
+
+class Bash:
+    name = "bash"
+    description = "Run a shell command"
+    input_schema: dict[str, Any] = {"type": "object", "properties": {"command": {"type": "string"}}}  # noqa: RUF012
+
+
+async def test_extra_tools_are_declared_after_the_engines_tools() -> None:
+    # Before, a server tool could only go in extra_body, whose "tools" replaced every tool the
+    # engine declared. An Anthropic-defined client tool (bash_20250124) replaces the engine's
+    # declaration of the tool of the same name, whose Tool runs it: two tools of one name fail.
+    server = MockServer(sse(START, message_delta("end_turn"), STOP))
+    bash = {"type": "bash_20250124", "name": "bash"}
+    async with server.client() as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client, extra_tools=[WEB_SEARCH, bash])
+        await collect(model, request(tools=[Tool(), Bash()]))
+        assert server.body["tools"] == [
+            {"name": "get_weather", "description": "Get the weather", "input_schema": Tool.input_schema},
+            WEB_SEARCH,
+            bash,
+        ]
+        await collect(model, request())  # no tool of the engine's: the extra ones alone
+        assert server.body["tools"] == [WEB_SEARCH, bash]

@@ -99,10 +99,12 @@ async def test_logprobs_not_emitted_unless_asked() -> None:
 
 
 async def test_missing_done_is_a_protocol_error() -> None:
-    # Without the usage chunk too: a finish_reason followed by usage is complete without [DONE].
+    # Without the usage chunk and the finish_reason too: a body that ends cleanly after a
+    # finish_reason (servers that send no [DONE]) is complete.
     body = load("openai_chat_text.recorded.sse").replace(b"data: [DONE]\n\n", b"")
     body = body[: body.rindex(b"data: ")]
-    assert b'"finish_reason":"stop"' in body and b'"usage"' not in body
+    body = body[: body.rindex(b"data: ")]
+    assert b'"finish_reason":"stop"' not in body and b'"usage"' not in body
     with pytest.raises(StreamProtocolError, match=r"\[DONE\]") as info:
         await run_fixture("openai_chat_text.recorded.sse", body)
     assert info.value.retryable is True

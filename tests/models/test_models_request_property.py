@@ -67,6 +67,10 @@ def check_anthropic(body: dict[str, Any]) -> None:
         assert msg["content"], msg
         if msg["role"] == "assistant":  # the API refuses an assistant message that ends in thinking
             assert msg["content"][-1]["type"] not in ("thinking", "redacted_thinking"), msg
+            # A server tool call and its result go together; a paused turn, last, may hold a call alone.
+            calls = {b["id"] for b in msg["content"] if b["type"] == "server_tool_use"}
+            answered = {b["tool_use_id"] for b in msg["content"] if b["type"].endswith("_tool_result")}
+            assert answered <= calls and (calls <= answered or i == len(messages) - 1), msg
         if i:
             assert msg["role"] != messages[i - 1]["role"], "roles must alternate"
         uses = [b["id"] for b in msg["content"] if b["type"] == "tool_use"]

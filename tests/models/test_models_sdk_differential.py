@@ -2,7 +2,8 @@
 
 For each API, hypothesis builds a random but protocol-valid stream (WIRE.md §1
 Anthropic Messages, §2 Chat Completions, §3 Responses): a few text / thinking /
-redacted-thinking / reasoning-summary / tool-call blocks, text with arbitrary
+redacted-thinking / reasoning-summary / tool-call blocks (and Anthropic web
+search calls with their results), text with arbitrary
 unicode (emoji, CJK, newlines, quotes, backslashes, U+2028, NUL), tool
 arguments serialized from random nested JSON values (ASCII-escaped or raw,
 compact, spaced or indented) and split into fragments at random characters
@@ -19,7 +20,7 @@ accumulator (``anthropic`` ``messages.stream().get_final_message()``,
 ``responses.stream().get_final_response()``; the installed SDKs use ``httpx2``).
 
 The final summaries must be equal: concatenated text, thinking text (and, for
-Anthropic, the signatures and redacted blocks; for Responses, the saved
+Anthropic, the signatures, redacted blocks and server tool blocks; for Responses, the saved
 reasoning items), tool calls as (id, name, parsed input, input error), stop
 reason (the SDK's finish reason mapped the way agentloop documents it), usage
 and response id. Both must also equal what the generator put in the stream, so
@@ -62,7 +63,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from agentloop._accumulate import Accumulator
-from agentloop._messages import RedactedThinkingBlock, TextBlock, ThinkingBlock
+from agentloop._messages import ProviderBlock, RedactedThinkingBlock, TextBlock, ThinkingBlock
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 
 MAX_EXAMPLES = 150
@@ -238,7 +239,7 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
         ),
     ]
     kinds = draw(st.lists(st.sampled_from(["thinking", "thinking", "redacted"]), max_size=2))
-    kinds += draw(st.lists(st.sampled_from(["text", "tool"]), max_size=4))
+    kinds += draw(st.lists(st.sampled_from(["text", "tool", "server"]), max_size=4))
     if kinds.count("tool") > 3:
         kinds = [k for k in kinds if k != "tool"] + ["tool"] * 3
     text: list[str] = []
@@ -246,11 +247,14 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
     signatures: list[str] = []
     redacted: list[str] = []
     tools: list[tuple[str, str, str, None]] = []
+    server: list[dict[str, Any]] = []  # server tool blocks, as the SDK's to_dict() gives them
 
     def delta(index: int, d: dict[str, Any]) -> tuple[str, Any]:
         return ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
 
-    for index, kind in enumerate(kinds):
+    index = -1
+    for kind in kinds:
+        index += 1
         block: dict[str, Any]
         body: list[tuple[str, Any]] = []
         if kind == "thinking":
@@ -279,6 +283,20 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
             parts = draw(deltas)
             body = [delta(index, {"type": "text_delta", "text": p}) for p in parts]
             text.append("".join(parts))
+        elif kind == "server":  # a web search: its call streams its input, its result comes whole
+            call_id, value = f"srvtoolu_{index}{draw(idents)}", draw(tool_inputs)
+            block = {"type": "server_tool_use", "id": call_id, "name": "web_search", "input": {}}
+            pieces = [""] if not value and draw(st.booleans()) else draw(fragments(draw(arguments(value))))
+            body = [delta(index, {"type": "input_json_delta", "partial_json": p}) for p in pieces]
+            result = {"type": "web_search_tool_result", "tool_use_id": call_id, "content": [
+                {"type": "web_search_result", "title": draw(texts), "url": "https://example.com/",
+                 "encrypted_content": "Ev0D", "page_age": None}]}  # fmt: skip
+            server += [{**block, "input": value}, result]
+            events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+            events.extend(body)
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            index += 1
+            block, body = result, []
         else:
             call_id, name, value = f"toolu_{index}{draw(idents)}", draw(tool_names), draw(tool_inputs)
             block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
@@ -328,9 +346,10 @@ def anthropic_cases(draw: st.DrawFn) -> Case:
         "signatures": signatures,
         "redacted": redacted,
         "tools": tools,
+        "server": server,
         "stop": stop,
-        "usage": (
-            final["input_tokens"],
+        "usage": (  # agentloop's input_tokens counts the cached prompt too, as OpenAI's do
+            final["input_tokens"] + final.get("cache_read_input_tokens", 0) + final.get("cache_creation_input_tokens", 0),
             final["output_tokens"],
             final.get("cache_read_input_tokens", 0),
             final.get("cache_creation_input_tokens", 0),
@@ -349,9 +368,10 @@ def anthropic_sdk_summary(final: Any) -> dict[str, Any]:
         "signatures": [b.signature for b in blocks if b.type == "thinking"],
         "redacted": [b.data for b in blocks if b.type == "redacted_thinking"],
         "tools": [(b.id, b.name, canon(b.input), None) for b in blocks if b.type == "tool_use"],
+        "server": [b.to_dict() for b in blocks if b.type in ("server_tool_use", "web_search_tool_result")],
         "stop": final.stop_reason,
         "usage": (
-            u.input_tokens,
+            u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0),
             u.output_tokens,
             u.cache_read_input_tokens or 0,
             u.cache_creation_input_tokens or 0,
@@ -365,6 +385,7 @@ def anthropic_ours_summary(acc: Accumulator) -> dict[str, Any]:
     content = acc.message().content
     summary["signatures"] = [b.signature for b in content if isinstance(b, ThinkingBlock)]
     summary["redacted"] = [b.data for b in content if isinstance(b, RedactedThinkingBlock)]
+    summary["server"] = [b.data for b in content if isinstance(b, ProviderBlock)]
     return summary
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -23,6 +23,10 @@ class AnthropicModel(HTTPModel):
     `ModelError` when a request is made). ``thinking``: a Messages ``thinking``
     object, or an int budget for ``{"type": "enabled", "budget_tokens": n}``.
     ``auth_header``: ``"x-api-key"`` or ``"authorization"`` (Bearer).
+    ``extra_tools``: tool definitions declared as they are after the engine's tools:
+    Anthropic's server tools (``{"type": "web_search_20250305", "name": "web_search"}``),
+    or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
+    which replaces the declaration of the engine's tool of the same name (that tool runs it).
     ``extra_body`` is merged into every request body.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
@@ -40,6 +44,7 @@ class AnthropicModel(HTTPModel):
         anthropic_version: str = "2023-06-01",
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        extra_tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
@@ -50,6 +55,7 @@ class AnthropicModel(HTTPModel):
         self.anthropic_version = anthropic_version
         self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
+        self.extra_tools = [dict(t) for t in extra_tools]
         self._conn = Connection(
             "anthropic",
             base_url or "https://api.anthropic.com",
@@ -76,6 +82,14 @@ class AnthropicModel(HTTPModel):
             key = secret.reveal()
             headers[self.auth_header] = f"Bearer {key}" if self.auth_header == "authorization" else key
         headers = merge_headers(headers, self.extra_headers)  # the host's own header wins, alone
-        body = build_request(request, model=self.model, max_tokens=self.max_tokens, thinking=self.thinking)
+        beta = next((v for k, v in headers.items() if k.lower() == "anthropic-beta"), "")
+        body = build_request(
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            thinking=self.thinking,
+            extra_tools=self.extra_tools,
+            interleaved="interleaved-thinking" in beta,
+        )
         body.update(self.extra_body)
         return "/v1/messages", headers, body

@@ -1,51 +1,76 @@
 """The Messages request body: a transcript mapped to the wire (WIRE.md §1).
 
-Turns alternate roles; an assistant turn never ends in thinking, which the API refuses;
-thinking another provider made (an OpenAI reasoning item) is not sent; blank tool-result
-text is left out.
+Turns alternate roles; an assistant turn never ends in thinking, which the API refuses, and a
+server tool call goes with its result; thinking another provider made (an OpenAI reasoning
+item) is not sent; blank tool-result text is left out; ``extra_tools`` are declared as given.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..._messages import Block, RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ..._messages import (
+    Block,
+    ProviderBlock,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._driver import Turn, turns
 
 _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
 
+#: The server-tool calls (each answered by a ``*_tool_result`` block of the server's, by ``id``).
+SERVER_CALLS = frozenset({"server_tool_use", "mcp_tool_use"})
+
 
 def build_request(
-    request: ModelRequest, *, model: str, max_tokens: int, thinking: dict[str, Any] | None
+    request: ModelRequest,
+    *,
+    model: str,
+    max_tokens: int,
+    thinking: dict[str, Any] | None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
+    interleaved: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of a streamed Messages request for ``request``.
 
     ``max_tokens`` that does not exceed the thinking budget gets the budget added: the API
     refuses such a request ("`max_tokens` must be greater than `thinking.budget_tokens`"),
     and thinking counts against ``max_tokens``, so the budget comes on top of the answer.
+    Not with ``interleaved`` thinking (its beta header), whose budget is that of the whole
+    assistant turn and may exceed ``max_tokens``.
+    ``extra_tools`` are declared as they are, after the request's tools; one of them replaces
+    the request's tool of the same name (two tools of one name are refused).
     """
     limit = request.max_tokens or max_tokens
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
-    if type(budget) is int and limit <= budget:
+    if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _no_trailing_thinking(turns(request.messages, foreign=_foreign))
+            for role, blocks in _fit(turns(request.messages, foreign=_foreign, provider="anthropic"))
         ],
         "stream": True,
     }
     if request.system:
         body["system"] = request.system
-    if request.tools:
+    if request.tools or extra_tools:
+        named = {t.get("name") for t in extra_tools}
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
             for t in request.tools
+            if t.name not in named
         ]
+        body["tools"] += extra_tools
     if request.tool_choice is not None:
         body["tool_choice"] = _TOOL_CHOICE.get(
             request.tool_choice, {"type": "tool", "name": request.tool_choice}
@@ -55,16 +80,19 @@ def build_request(
     return body
 
 
-def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
-    """``wire`` with no assistant turn ending in thinking, which the API refuses (a stream cut
-    right after a thinking block leaves one so). Trailing thinking and redacted-thinking blocks
-    are dropped; a turn left empty is dropped, and the user turns on either side are joined
+def _fit(wire: list[Turn]) -> list[Turn]:
+    """``wire`` as the API accepts its assistant turns. None ends in thinking, which the API
+    refuses (a stream cut right after a thinking block leaves one so): trailing thinking and
+    redacted-thinking blocks are dropped. A server tool call and its result go together
+    (`_paired`). A turn left empty is dropped, and the user turns on either side are joined
     into one, in order, so that roles still alternate (tool results stay first)."""
-    if not any(role == "assistant" and _is_thinking(blocks[-1]) for role, blocks in wire):
+    if not any(role == "assistant" and _to_fit(blocks) for role, blocks in wire):
         return wire
     out: list[Turn] = []
-    for role, blocks in wire:
+    last = len(wire) - 1
+    for i, (role, blocks) in enumerate(wire):
         if role == "assistant":
+            blocks = _paired(blocks, paused=i == last)
             end = len(blocks)
             while end and _is_thinking(blocks[end - 1]):
                 end -= 1
@@ -77,6 +105,41 @@ def _no_trailing_thinking(wire: list[Turn]) -> list[Turn]:
             out[-1] = (role, joined)
         else:
             out.append((role, blocks))
+    return out
+
+
+def _to_fit(blocks: list[Block]) -> bool:
+    return _is_thinking(blocks[-1]) or any(type(b) is ProviderBlock for b in blocks)
+
+
+def _paired(blocks: list[Block], *, paused: bool) -> list[Block]:
+    """``blocks`` (an assistant turn) without a server tool call whose result is not in the
+    turn, nor a result whose call is not: the API refuses either ("`web_search` tool use with
+    id ... was found without a corresponding `web_search_tool_result` block"), and a turn cut
+    or interrupted between them leaves one alone. The exception is a ``paused`` turn, the
+    last message of the request: a ``pause_turn`` response, sent back as it is so that the
+    server goes on with its call."""
+    calls: set[object] = set()
+    results: set[object] = set()
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in SERVER_CALLS:
+                calls.add(b.data.get("id"))
+            elif isinstance(kind, str) and kind.endswith("_tool_result"):
+                results.add(b.data.get("tool_use_id"))
+    if calls == results or (paused and results <= calls):
+        return blocks
+    out: list[Block] = []
+    for b in blocks:
+        if type(b) is ProviderBlock:
+            kind = b.data.get("type")
+            if kind in SERVER_CALLS:
+                if not paused and b.data.get("id") not in results:
+                    continue
+            elif isinstance(kind, str) and kind.endswith("_tool_result") and b.data.get("tool_use_id") not in calls:
+                continue
+        out.append(b)
     return out
 
 
@@ -100,6 +163,8 @@ def _block(block: Block) -> dict[str, Any]:
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
+    if isinstance(block, ProviderBlock):
+        return block.data  # as the server sent it
     assert isinstance(block, ToolResultBlock)
     out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
     # Blank text is refused here too ("text content blocks must contain non-whitespace

@@ -1,9 +1,9 @@
 """The Messages event stream mapped to `StreamEvent`s (WIRE.md §1), and its errors.
 
 Server-tool blocks (``server_tool_use``, ``web_search_tool_result`` and the other
-``*_tool_result`` blocks) are run by Anthropic itself and need no client result; they are
-skipped here (and their deltas) safely, so the text around them is kept but the blocks are
-not replayed. An ``error`` event becomes `ProviderStreamError` (or `PromptTooLongError`).
+``*_tool_result`` blocks) are run by Anthropic itself and need no client result: each is
+given whole at its ``content_block_stop``, as a `StreamProviderBlock`. An ``error`` event
+becomes `ProviderStreamError` (or `PromptTooLongError`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamProviderBlock,
     StreamRedactedThinking,
     StreamSignature,
     StreamText,
@@ -29,6 +30,7 @@ from ..._model import (
 from .._driver import count_tokens, excerpt, loads
 from .._http._errors import prompt_too_long
 from .._sse import ServerSentEvent
+from ._request import SERVER_CALLS
 
 _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
@@ -37,17 +39,35 @@ class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``."""
 
-    __slots__ = ("_blocks", "_stop_reason", "_usage", "done", "request_id", "response_id", "terminator")
+    __slots__ = (
+        "_blocks",
+        "_counts",
+        "_server",
+        "_stop_reason",
+        "_usage",
+        "_whole",
+        "done",
+        "request_id",
+        "response_id",
+        "terminator",
+    )
 
     def __init__(self, request_id: str | None = None) -> None:
         self.request_id = request_id
         self.done = False
         self.terminator = "message_stop"
         self.response_id: str | None = None
-        # The type of each block started, by index; "" for one skipped (server-tool blocks).
+        # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
+        # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
+        self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        # A tool call's input given whole in its content_block_start (a proxy's), by index: its
+        # input unless input_json_delta streams one, as in the official SDK.
+        self._whole: dict[int, str] = {}
         self._stop_reason: str | None = None
         self._usage = Usage()
+        # The wire's counts so far: input (the uncached part), output, cache read, cache written.
+        self._counts = (0, 0, 0, 0)
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -84,7 +104,10 @@ class AnthropicMapper:
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
-            return None  # a skipped block's
+            kept = self._server.get(index)
+            if kept is not None and obj["delta"]["type"] == "input_json_delta":  # a server tool call's input
+                kept[1].append(obj["delta"]["partial_json"])
+            return None  # a skipped block's, or a server-tool block's (whole at its content_block_stop)
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
@@ -95,7 +118,11 @@ class AnthropicMapper:
             if block != "tool_use":
                 raise _wrong_block(dt, block, index)
             part = delta["partial_json"]
-            return (StreamToolInput(index, part),) if part else None
+            if not part:
+                return None
+            if self._whole:
+                self._whole.pop(index, None)
+            return (StreamToolInput(index, part),)
         if dt == "thinking_delta" or dt == "signature_delta":
             if block != "thinking":
                 raise _wrong_block(dt, block, index)
@@ -109,7 +136,7 @@ class AnthropicMapper:
         self.response_id = message.get("id")
         usage = message.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
             return (StreamUsage(self._usage),)
         return None
 
@@ -122,19 +149,29 @@ class AnthropicMapper:
         if bt == "text":
             return (StreamText(index, block["text"]),) if block.get("text") else None
         if bt == "thinking":
-            return (StreamThinking(index, block["thinking"]),) if block.get("thinking") else None
+            whole: list[StreamEvent] = []
+            if block.get("thinking"):
+                whole.append(StreamThinking(index, block["thinking"]))
+            if block.get("signature"):  # a proxy that sends the whole block up front
+                whole.append(StreamSignature(index, block["signature"]))
+            return whole
         if bt == "redacted_thinking":
             return (StreamRedactedThinking(index, block["data"]),)
         if bt == "tool_use":
-            start: list[StreamEvent] = [StreamToolUseStart(index, block["id"], block["name"])]
-            if block.get("input"):  # a proxy that sends the whole input up front
-                start.append(StreamToolInput(index, json.dumps(block["input"])))
-            return start
-        return None  # server-tool blocks and future types: skipped (see module docstring)
+            if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
+                self._whole[index] = json.dumps(block["input"])
+            return (StreamToolUseStart(index, block["id"], block["name"]),)
+        if bt in SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
+            self._server[index] = (block, [])  # given whole at its content_block_stop
+        return None  # future block types: skipped
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
-        return (StreamBlockStop(index),) if self._blocks.get(index) else None
+        if self._blocks.get(index):
+            whole = self._whole.pop(index, None) if self._whole else None
+            return (StreamBlockStop(index),) if whole is None else (StreamToolInput(index, whole), StreamBlockStop(index))
+        kept = self._server.pop(index, None)
+        return None if kept is None else _server_block(index, *kept)
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
@@ -142,12 +179,29 @@ class AnthropicMapper:
             self._stop_reason = reason
         usage = obj.get("usage")
         if usage:
-            self._usage = _usage(usage, self._usage)
+            self._count(usage)
         return None
+
+    def _count(self, raw: dict[str, Any]) -> None:
+        """Take the counts of a usage object. They are cumulative: present fields replace old ones.
+        Anthropic's ``input_tokens`` is only the prompt after the last cache breakpoint; the
+        `Usage` counts the whole prompt, cached part included, as OpenAI's do."""
+        fresh, output, read, write = self._counts
+        self._counts = counts = (
+            count_tokens(raw.get("input_tokens"), fresh),
+            count_tokens(raw.get("output_tokens"), output),
+            count_tokens(raw.get("cache_read_input_tokens"), read),
+            count_tokens(raw.get("cache_creation_input_tokens"), write),
+        )
+        fresh, output, read, write = counts
+        self._usage = Usage(fresh + read + write, output, read, write)
 
     def _message_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         self.done = True
-        return (StreamEnd(self._stop_reason, self._usage, self.response_id),)
+        end = StreamEnd(self._stop_reason, self._usage, self.response_id)
+        if self._whole:  # a call whose content_block_stop never came
+            return [*(StreamToolInput(index, whole) for index, whole in self._whole.items()), end]
+        return (end,)
 
     def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None
@@ -182,14 +236,20 @@ def _index(obj: dict[str, Any]) -> int:
     return index
 
 
-def _usage(raw: dict[str, Any], old: Usage) -> Usage:
-    """Anthropic usage counts are cumulative: present fields replace old ones."""
-    return Usage(
-        count_tokens(raw.get("input_tokens"), old.input_tokens),
-        count_tokens(raw.get("output_tokens"), old.output_tokens),
-        count_tokens(raw.get("cache_read_input_tokens"), old.cache_read_tokens),
-        count_tokens(raw.get("cache_creation_input_tokens"), old.cache_write_tokens),
-    )
+def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequence[StreamEvent] | None:
+    """The server-tool block begun as ``block``, its input (a call's) joined from ``parts``.
+    None when that input is not a JSON object (output cut inside it): the block could not
+    be sent back, and its result, if any, is then left out of requests too."""
+    text = "".join(parts)
+    if text.strip():
+        try:
+            value = loads(text)
+        except ValueError:
+            return None
+        if type(value) is not dict:
+            return None
+        block = {**block, "input": value}
+    return (StreamProviderBlock(index, "anthropic", block),)
 
 
 def _out_of_place(what: str) -> StreamProtocolError:
@@ -202,7 +262,8 @@ def _wrong_block(delta: str, block: str, index: int) -> StreamProtocolError:
     return _out_of_place(f"{delta} for block {index}, which is a {block} block")
 
 
-#: The block types mapped to the message; the others (server-tool blocks, future types) are skipped.
+#: The block types mapped to the message as they stream; server-tool blocks are given whole at
+#: their end, and future types are skipped.
 _MAPPED = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 
 

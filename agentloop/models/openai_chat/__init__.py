@@ -2,13 +2,46 @@
 and the `OpenAIChatModel`.
 
 Wire reference: WIRE.md §2 and §5. The request body is built in `_request`, the chunks are
-mapped in `_stream` (where the quirks of the local servers, vLLM, llama.cpp, Ollama, and of
-Gemini, Mistral, DeepSeek and Kimi are handled), and `_model` holds the model: its key,
-headers, stream options and connection.
+mapped in `_stream` (the errors sent in the stream in `_errors`), and `_model` holds the
+model: its key, headers, stream options and connection. Local-server quirks handled here:
+
+- vLLM: a tool call whose every chunk repeats its id (or carries a fresh one)
+  stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
+- Gemini: parallel calls sent whole, one per chunk, all with ``index`` 0 (or
+  none): a named delta with an id of its own, after whole JSON arguments, starts
+  the next call (``_Call.succeeded_by`` in `_stream`). A call's ``extra_content`` (Gemini 3's
+  thought signature, which must go back with the call) is kept in a thinking block
+  whose signature is `EXTRA_CONTENT` JSON, and sent back on that call.
+- Ollama: a whole tool call in one chunk; ``delta.reasoning``.
+- Mistral's reasoning models: ``delta.content`` as a list of typed chunks
+  (``thinking``, ``text``); litellm: ``arguments`` as an object.
+- DeepSeek and Moonshot (Kimi) thinking mode: ``delta.reasoning_content``, which must
+  go back on every assistant message with tool calls (``echo_reasoning``, on by default
+  for their hosts); without it the next request is refused with a 400.
+- llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
+  failure as an ``error: {json}`` SSE *field* line, which spec decoders
+  ignore. `OpenAIChatModel` has the SSE decoder read that line as an ``error``
+  event (``error_field=True``), and it raises `ProviderStreamError` (an event named
+  ``error`` is always an error here).
+- OpenRouter: ``delta.reasoning_details`` (signed or encrypted reasoning), kept in a thinking
+  block whose signature is `REASONING_DETAILS` JSON, and sent back on its message.
+- Together (``finish_reason`` ``eos``, one number as a chunk's ``logprobs``), TGI
+  (``stop_sequence``), DeepSeek (``insufficient_system_resource``, a cut;
+  ``prompt_cache_hit_tokens``), Moonshot (usage in the finish choice), LiteLLM's proxy
+  (an error ``code`` that is an HTTP status as a str).
+- The output limit goes as ``max_tokens`` to any server but OpenAI's and Azure's
+  (Ollama drops ``max_completion_tokens``, Mistral's API refuses it).
+
+A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
+is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
+has finished then), or a body that ends cleanly after a ``finish_reason`` (servers that
+send no ``[DONE]``); a stream without either, or whose ``[DONE]`` follows neither a
+``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
+raises `StreamProtocolError`.
 """
 
 from ._model import OpenAIChatModel
-from ._request import build_request
+from ._request import EXTRA_CONTENT, REASONING_DETAILS, build_request
 from ._stream import REASONING_SIGNATURE, ChatMapper
 
-__all__ = ["REASONING_SIGNATURE", "ChatMapper", "OpenAIChatModel", "build_request"]
+__all__ = ["EXTRA_CONTENT", "REASONING_DETAILS", "REASONING_SIGNATURE", "ChatMapper", "OpenAIChatModel", "build_request"]

@@ -17,6 +17,11 @@ from ._stream import ChatMapper
 #: Hosts whose thinking mode needs the reasoning of a tool-call turn passed back (DeepSeek,
 #: Moonshot's Kimi): ``echo_reasoning`` defaults to on for them.
 _ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
+#: Hosts of OpenAI's own models, where the output limit is ``max_completion_tokens`` (its
+#: reasoning models refuse ``max_tokens``): OpenAI and Azure OpenAI. Other servers read
+#: ``max_tokens``, and some do not know the newer name: Ollama drops it unread, Mistral's API
+#: and older vLLM refuse it (422, 400).
+_COMPLETION_TOKENS_HOSTS = ("api.openai.com", ".openai.azure.com", ".cognitiveservices.azure.com")
 
 
 class OpenAIChatModel(HTTPModel):
@@ -25,8 +30,10 @@ class OpenAIChatModel(HTTPModel):
     ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
     vLLM, llama.cpp or Ollama server) it may be absent. ``logprobs=True``
     requests log probabilities and emits `StreamLogprobs`.
-    ``max_tokens_param``: the body field for `ModelRequest.max_tokens`
-    (``"max_completion_tokens"``; some servers want ``"max_tokens"``).
+    ``max_tokens_param``: the body field for `ModelRequest.max_tokens`; ``None`` (the default)
+    sends ``"max_completion_tokens"`` to OpenAI and Azure OpenAI (``api.openai.com``,
+    ``*.openai.azure.com``, ``*.cognitiveservices.azure.com``) and ``"max_tokens"`` elsewhere, the
+    name every compatible server reads; the resolved name is the model's ``max_tokens_param``.
     ``extra_body`` is merged into every request body.
     ``echo_reasoning``: keep the streamed reasoning (``delta.reasoning_content``) in the
     transcript and send it back as ``reasoning_content`` on each assistant message with tool
@@ -45,7 +52,7 @@ class OpenAIChatModel(HTTPModel):
         logprobs: bool = False,
         top_logprobs: int | None = None,
         include_usage: bool = True,
-        max_tokens_param: str = "max_completion_tokens",
+        max_tokens_param: str | None = None,
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
         echo_reasoning: bool | None = None,
@@ -54,29 +61,33 @@ class OpenAIChatModel(HTTPModel):
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.include_usage = include_usage
-        self.max_tokens_param = max_tokens_param
         self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)
+        host = self._host = (httpx.URL(self._conn.base_url).host or "").lower()
         if echo_reasoning is None:
-            echo_reasoning = (httpx.URL(self._conn.base_url).host or "").lower() in _ECHO_HOSTS
+            echo_reasoning = host in _ECHO_HOSTS
         self.echo_reasoning = echo_reasoning
+        if max_tokens_param is None:
+            openai = host == _COMPLETION_TOKENS_HOSTS[0] or host.endswith(_COMPLETION_TOKENS_HOSTS[1:])
+            max_tokens_param = "max_completion_tokens" if openai else "max_tokens"
+        self.max_tokens_param = max_tokens_param
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        logprobs, keep = self.logprobs, self.echo_reasoning
+        logprobs, keep, host = self.logprobs, self.echo_reasoning, self._host
         return run_stream(
             self._conn,
             lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, host=host),
             signal,
             error_field=True,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning)
+        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning, host=self._host)
         body["stream"] = True
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}

@@ -1,12 +1,14 @@
 """The Chat Completions request body: a transcript mapped to the wire (WIRE.md §2).
 
 Tool results become ``tool`` messages, an assistant turn one message with its text and tool
-calls (its thinking only as ``reasoning_content``, for the servers that want it back), and
-ids are fitted to the 40 characters the API takes.
+calls (its thinking only as ``reasoning_content``, for the servers that want it back, and what
+a server asked to have back, ``extra_content`` and ``reasoning_details``, only to that server),
+and ids are fitted to the 40 characters the API takes.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,19 +17,34 @@ from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._driver import dumps_input, result_text, turns, wire_id
 
+#: The ``type`` of the JSON signature of a thinking block that holds a tool call's
+#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "host": <the server's host>,
+#: "extra_content": {...}}``): no thinking, and JSON, so the Anthropic and Responses adapters
+#: never send it either; nor does this one to another host (Mistral's API refuses a field it
+#: does not know).
+EXTRA_CONTENT = "extra_content"
+#: Likewise for OpenRouter's ``reasoning_details`` of a response (``{"type": "reasoning_details",
+#: "host": ..., "reasoning_details": [...]}``), which go back on its assistant message.
+REASONING_DETAILS = "reasoning_details"
+_KEPT_PREFIXES = ('{"type":"extra_content",', '{"type":"reasoning_details",')
 
-def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = False) -> dict[str, Any]:
+
+def build_request(
+    request: ModelRequest, *, model: str, echo_reasoning: bool = False, host: str | None = None
+) -> dict[str, Any]:
     """The JSON body (without stream options) of a Chat Completions request.
 
     ``echo_reasoning``: an assistant message with tool calls carries its turn's thinking
     as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
+    ``host``: the server's; a tool call's kept ``extra_content`` (`EXTRA_CONTENT`) goes back
+    only to the host that sent it (None: whatever host sent it).
     """
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for role, blocks in turns(request.messages):
         if role == "assistant":
-            messages.extend(_assistant(blocks, echo_reasoning))
+            messages.extend(_assistant(blocks, echo_reasoning, host))
             continue
         texts: list[str] = []
         for b in blocks:
@@ -67,16 +84,23 @@ def build_request(request: ModelRequest, *, model: str, echo_reasoning: bool = F
     return body
 
 
-def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, Any]]:
+def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    calls = [
-        {"id": wire_id(b.id, max_len=40), "type": "function", "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}
-        for b in blocks
-        if isinstance(b, ToolUseBlock)
-    ]
+    extras, details = _kept(blocks, host)
+    calls = []
+    for b in blocks:
+        if isinstance(b, ToolUseBlock):
+            call = {"id": wire_id(b.id, max_len=40), "type": "function",
+                    "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}  # fmt: skip
+            extra = extras.get(b.id) if extras else None
+            if extra is not None:
+                call["extra_content"] = extra
+            calls.append(call)
     if not text and not calls:
         return []  # thinking only: not sent to Chat Completions
     msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if details:
+        msg[REASONING_DETAILS] = details
     if calls:
         msg["tool_calls"] = calls
         if echo_reasoning:
@@ -84,3 +108,24 @@ def _assistant(blocks: Sequence[Any], echo_reasoning: bool) -> list[dict[str, An
             # and does (a server that does not take the field is then spared it).
             msg["reasoning_content"] = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
     return [msg]
+
+
+def _kept(blocks: Sequence[Any], host: str | None) -> tuple[dict[str, Any], list[Any]]:
+    """What the turn's thinking blocks keep for ``host`` (None: any host) to have back: the
+    ``extra_content`` of each tool call id (`EXTRA_CONTENT`), and the ``reasoning_details``
+    (`REASONING_DETAILS`)."""
+    extras: dict[str, Any] = {}
+    details: list[Any] = []
+    for b in blocks:
+        if isinstance(b, ThinkingBlock) and b.signature.startswith(_KEPT_PREFIXES):
+            try:
+                kept = json.loads(b.signature)
+            except ValueError:
+                continue
+            if not isinstance(kept, dict) or (host is not None and kept.get("host") != host):
+                continue
+            if kept.get("type") == EXTRA_CONTENT and isinstance(kept.get("call"), str):
+                extras[kept["call"]] = kept.get(EXTRA_CONTENT)
+            elif kept.get("type") == REASONING_DETAILS and isinstance(kept.get(REASONING_DETAILS), list):
+                details.extend(kept[REASONING_DETAILS])
+    return extras, details

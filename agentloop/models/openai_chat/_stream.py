@@ -1,29 +1,11 @@
-"""Chat completion chunks mapped to `StreamEvent`s (WIRE.md §2 and §5), and their errors.
+"""Chat completion chunks mapped to `StreamEvent`s (WIRE.md §2 and §5).
 
-Local-server quirks handled here:
-
-- vLLM: a tool call whose every chunk repeats its id (or carries a fresh one)
-  stays one call, keyed by ``index``; ``delta.reasoning``; integer error ``code``.
-- Gemini: parallel calls sent whole, one per chunk, all with ``index`` 0 (or
-  none): a named delta with an id of its own, after whole JSON arguments, starts
-  the next call (`_Call.succeeded_by`).
-- Ollama: a whole tool call in one chunk; ``delta.reasoning``.
-- Mistral's reasoning models: ``delta.content`` as a list of typed chunks
-  (``thinking``, ``text``); litellm: ``arguments`` as an object.
-- DeepSeek and Moonshot (Kimi) thinking mode: ``delta.reasoning_content``, which must
-  go back on every assistant message with tool calls (``echo_reasoning``, on by default
-  for their hosts); without it the next request is refused with a 400.
-- llama.cpp: ``delta.reasoning_content``; old builds report a mid-stream
-  failure as an ``error: {json}`` SSE *field* line, which spec decoders
-  ignore. `OpenAIChatModel` has the SSE decoder read that line as an ``error``
-  event (``error_field=True``), and it raises `ProviderStreamError` here (an event
-  named ``error`` is always an error here).
-
-A ``data: {"error": ...}`` chunk raises `ProviderStreamError`. The terminator
-is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the server
-has finished then); a stream without either, or whose ``[DONE]`` follows neither a
-``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
-raises `StreamProtocolError`.
+Block indices are given in order of appearance; the servers' quirks this mapping handles are
+listed in the package's docstring. The terminator is ``data: [DONE]``, or the final usage chunk
+after a ``finish_reason`` (the server has finished then), or a body that ends cleanly after a
+``finish_reason`` (servers that send no ``[DONE]``); a stream without either, or whose
+``[DONE]`` follows neither a ``finish_reason`` nor the final usage chunk (a cut stream closed
+by a proxy), raises `StreamProtocolError`. Errors sent in the stream are mapped in `_errors`.
 """
 
 from __future__ import annotations
@@ -34,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._accumulate import CUT_BY
-from ..._errors import PromptTooLongError, ProviderError, ProviderStreamError, StreamProtocolError
+from ..._errors import StreamProtocolError
 from ..._model import (
     StreamBlockStop,
     StreamEnd,
@@ -50,17 +32,18 @@ from ..._model import (
     Usage,
 )
 from .._driver import count_tokens, excerpt, loads
-from .._http._errors import error_fields, prompt_too_long
-from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
+from ._errors import finish_error, stream_error
+from ._request import EXTRA_CONTENT, REASONING_DETAILS
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
-           "repetition": "repetition"}  # fmt: skip
-_RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
-                              "server_is_overloaded", "slow_down", "InternalServerError",
-                              "ServiceUnavailableError", "too_many_requests"})  # fmt: skip
-_RETRYABLE_INT = RETRYABLE_STATUSES
+           "repetition": "repetition", "eos": "end_turn", "eos_token": "end_turn",
+           "stop_sequence": "stop_sequence"}  # fmt: skip
+#: Finish reasons that stop the output wherever it was, as a dropped connection does: vLLM's
+#: "abort" (the server aborted the request), DeepSeek's "insufficient_system_resource".
+_CUT_FINISH = {"abort": "the server aborted the response",
+               "insufficient_system_resource": "the server ran out of resources for the response"}  # fmt: skip
 
 #: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
@@ -68,7 +51,7 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 
 class _Call:
-    __slots__ = ("args", "block", "id", "name", "pending", "started")
+    __slots__ = ("args", "block", "carried", "extra", "id", "name", "pending", "started")
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -77,6 +60,8 @@ class _Call:
         self.pending: list[str] = []  # argument fragments seen before the name
         self.args: list[str] = []  # every argument fragment, in order
         self.started = False
+        self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
+        self.carried = False
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
@@ -102,11 +87,15 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_final_usage", "_finish", "_last_kind", "_next", "_refusal",
-                 "_usage", "done", "keep_reasoning", "logprobs", "request_id", "response_id", "terminator")  # fmt: skip
+    __slots__ = ("_calls", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind", "_next",
+                 "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id", "response_id",
+                 "terminator")  # fmt: skip
 
-    def __init__(self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False) -> None:
+    def __init__(
+        self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False, host: str = ""
+    ) -> None:
         self.request_id = request_id
+        self.host = host  # the server's, kept with what goes back only to it
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
@@ -121,6 +110,7 @@ class ChatMapper:
         self._refusal = False
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
+        self._details: list[dict[str, Any]] = []  # OpenRouter's reasoning_details, pieces joined
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None:
         """Map one SSE event. Raises `StreamProtocolError` for malformed data and
@@ -132,14 +122,14 @@ class ChatMapper:
             obj = loads(data)
         except ValueError as exc:
             if sse.event == "error":
-                raise self._error({"error": {"message": data}}) from None
+                raise stream_error({"error": {"message": data}}, self.request_id) from None
             raise StreamProtocolError(
                 f"openai chat stream: malformed JSON in data: {exc}; data: {excerpt(data)!r}", retryable=True
             ) from None
         if not isinstance(obj, dict):
             raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {excerpt(data)!r}")
         if sse.event == "error" or obj.get("error"):
-            raise self._error(obj)
+            raise stream_error(obj, self.request_id)
         try:
             return self._chunk(obj)
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
@@ -153,13 +143,7 @@ class ChatMapper:
         out: list[StreamEvent] = []
         usage = obj.get("usage")
         if usage and type(usage) is dict:
-            details = usage.get("prompt_tokens_details")
-            self._usage = Usage(
-                count_tokens(usage.get("prompt_tokens")),
-                count_tokens(usage.get("completion_tokens")),
-                count_tokens(details.get("cached_tokens")) if type(details) is dict else 0,
-            )
-            out.append(StreamUsage(self._usage))
+            self._read_usage(usage, out)
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
@@ -173,31 +157,48 @@ class ChatMapper:
             delta = choice.get("delta")
             if delta:
                 self._delta(delta, out)
-            lp = choice.get("logprobs")
-            if self.logprobs and lp and lp.get("content"):
-                out.append(StreamLogprobs("text", tuple(t["logprob"] for t in lp["content"])))
+            if self.logprobs:
+                values = _logprob_values(choice.get("logprobs"))
+                if values:  # the tokens of what this chunk streamed: reasoning, or text
+                    out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
+                nested = choice.get("usage")  # Moonshot's place for it
+                if not usage and nested and type(nested) is dict:
+                    self._read_usage(nested, out)
                 if self._finish == "error":
-                    raise self._failed(choice.get("error"))
+                    raise finish_error(choice.get("error"), self.request_id)
                 if self._finish == "repetition":
                     # vLLM's repetition_detection: the server judged the output a token loop and
                     # ended it there. A doom-loop verdict for the policies, not a normal stop.
                     out.append(StreamSignals((f"tail_repetition@{self._last_kind}",), stopped=True))
-                elif self._finish == "abort":
-                    # vLLM: the server aborted the request; the output stops wherever it was, as
-                    # with a dropped connection, so it is not passed off as a finished answer.
+                elif self._finish in _CUT_FINISH:
+                    # The output stops wherever it was, as with a dropped connection, so it is not
+                    # passed off as a finished answer.
                     raise StreamProtocolError(
-                        "openai chat stream: the server aborted the response (finish_reason 'abort'); "
-                        "the output was cut",
+                        f"openai chat stream: {_CUT_FINISH[self._finish]} (finish_reason "
+                        f"{self._finish!r}); the output was cut",
                         retryable=True,
                     )
         return out or None
+
+    def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
+        details = usage.get("prompt_tokens_details")
+        cached = count_tokens(details.get("cached_tokens")) if type(details) is dict else 0
+        self._usage = Usage(
+            count_tokens(usage.get("prompt_tokens")),
+            count_tokens(usage.get("completion_tokens")),
+            cached or count_tokens(usage.get("prompt_cache_hit_tokens")),  # DeepSeek's name for it
+        )
+        out.append(StreamUsage(self._usage))
 
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
             out.append(StreamThinking(self._channel("thinking", out), reasoning))
+        details = delta.get("reasoning_details")
+        if details and type(details) is list:
+            self._keep_details(details)
         content = delta.get("content")
         if content:
             if type(content) is list:
@@ -212,6 +213,25 @@ class ChatMapper:
         if calls:
             for pos, call in enumerate(calls):
                 self._tool_delta(call, pos, out)
+
+    def _keep_details(self, details: list[Any]) -> None:
+        """Keep OpenRouter's ``reasoning_details`` pieces, as one list for the response: the
+        consecutive ``reasoning.text`` pieces of one block (one ``index``) joined, its signature
+        (on the last piece) kept; other entries (``reasoning.encrypted``, ``reasoning.summary``)
+        as they came."""
+        kept = self._details
+        for d in details:
+            if type(d) is not dict:
+                continue
+            last = kept[-1] if kept else None
+            if d.get("type") == "reasoning.text" and last is not None and last.get("type") == "reasoning.text" \
+                    and last.get("index") == d.get("index"):  # fmt: skip
+                last["text"] = (last.get("text") or "") + (d.get("text") or "")
+                for key, value in d.items():
+                    if value and not last.get(key):  # the signature, a format the first piece lacked
+                        last[key] = value
+            else:
+                kept.append(dict(d))
 
     def _parts(self, parts: list[Any], out: list[StreamEvent]) -> None:
         """``content`` as a list of typed chunks (Mistral's reasoning models):
@@ -270,6 +290,9 @@ class ChatMapper:
             # vLLM may repeat the id (or send a fresh one) on every chunk: the first wins.
             call.id = call.id or raw.get("id") or ""
             call.name = call.name or fn.get("name") or ""
+        extra = raw.get("extra_content")
+        if extra and not call.carried and type(extra) is dict:
+            call.extra = extra
         args = fn.get("arguments")
         if args:
             self._last_kind = "text"
@@ -278,7 +301,8 @@ class ChatMapper:
             call.args.append(args)
         if not call.started and call.name:
             call.started = True
-            out.append(StreamToolUseStart(call.block, call.id or _fresh_id(), call.name))
+            call.id = call.id or _fresh_id()
+            out.append(StreamToolUseStart(call.block, call.id, call.name))
             out.extend(StreamToolInput(call.block, p) for p in call.pending)
             call.pending.clear()
         if args:
@@ -286,6 +310,24 @@ class ChatMapper:
                 out.append(StreamToolInput(call.block, args))
             else:
                 call.pending.append(args)
+        if call.extra is not None and call.started:
+            self._carry(call, out)
+
+    def _carry(self, call: _Call, out: list[StreamEvent]) -> None:
+        """Keep a call's ``extra_content`` (Gemini's thought signature) in a block of its own, a
+        thinking block with no text whose signature names the call (`EXTRA_CONTENT`)."""
+        kept = {"type": EXTRA_CONTENT, "call": call.id, "host": self.host, EXTRA_CONTENT: call.extra}
+        call.extra, call.carried = None, True
+        self._close_current(out)
+        block = self._next
+        self._next += 1
+        out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":"))))
+        out.append(StreamBlockStop(block))
+
+    def at_eof(self) -> list[StreamEvent] | None:
+        """The end of a body that stopped cleanly without ``[DONE]``: complete once a
+        ``finish_reason`` came (TGI before 2.2, ik_llama.cpp end there), else None (cut)."""
+        return self._end() if self._finish is not None else None
 
     def _end(self) -> list[StreamEvent]:
         if self._finish is None and not self._final_usage:
@@ -307,6 +349,11 @@ class ChatMapper:
             if call.started:
                 started = True
                 out.append(StreamBlockStop(call.block))
+        if self._details:  # kept in a block of its own, to go back on this message
+            kept = {"type": REASONING_DETAILS, "host": self.host, REASONING_DETAILS: self._details}
+            out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":"))))
+            out.append(StreamBlockStop(self._next))
+            self._next += 1
         reason = _FINISH.get(self._finish or "stop", self._finish)
         if started and reason not in CUT_BY:  # a stop that cut the output wherever it was
             # Some servers say "stop" after a tool call; but a call cut by the token limit
@@ -318,41 +365,23 @@ class ChatMapper:
         out.append(StreamEnd(reason, self._usage, self.response_id))
         return out
 
-    def _error(self, obj: dict[str, Any]) -> ProviderError:
-        """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
-        overflow (llama.cpp's ``exceed_context_size_error``, OpenAI's ``context_length_exceeded``)."""
-        message, kind = error_fields(obj)
-        err = obj.get("error")
-        code = err.get("code") if isinstance(err, dict) else None
-        too_long = prompt_too_long(message, kind, code)
-        retryable = not too_long and (
-            (isinstance(code, int) and code in _RETRYABLE_INT) or bool({str(code), kind} & _RETRYABLE_CODES)
-        )
-        cls = PromptTooLongError if too_long else ProviderStreamError
-        label = kind or (str(code) if code is not None else "")
-        return cls(
-            f"openai chat stream error ({label}): {message or 'stream error'}"
-            if label
-            else f"openai chat stream error: {message or 'stream error'}",
-            provider="openai",
-            status=200,
-            body=obj,
-            request_id=self.request_id,
-            error_type=kind or (str(code) if code is not None else None),
-            retryable=retryable,
-        )
 
-
-    def _failed(self, detail: Any) -> ProviderError:
-        """The error for ``finish_reason: "error"`` (Mistral, OpenRouter): the generation
-        failed midway, so what streamed is not the whole answer. Retryable, as a server
-        failure is, unless the context does not fit."""
-        if not isinstance(detail, dict) or not detail.get("message"):
-            detail = {"message": "the server ended the response with finish_reason 'error'"}
-        err = self._error({"error": detail})
-        if not isinstance(err, PromptTooLongError):
-            err.retryable = True
-        return err
+def _logprob_values(lp: Any) -> tuple[float, ...]:
+    """The log probabilities in a choice's ``logprobs``, whatever its shape: OpenAI's
+    ``{"content": [{"logprob"}, ...], "refusal": [...]}``, the completions shape
+    ``{"token_logprobs": [...]}`` (older vLLM), or one number (Together). Another shape, or an
+    entry that is not a number, gives nothing: log probabilities never fail the answer."""
+    if type(lp) is dict:
+        entries = lp.get("content") or lp.get("refusal")
+        values: Any = lp.get("token_logprobs")
+        if type(entries) is list:
+            values = [e.get("logprob") for e in entries if type(e) is dict]
+        elif type(values) is not list:
+            return ()
+        return tuple(float(v) for v in values if type(v) is float or type(v) is int)
+    if type(lp) is float or type(lp) is int:
+        return (float(lp),)
+    return ()
 
 
 def _fresh_id() -> str:
