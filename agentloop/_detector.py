@@ -143,6 +143,7 @@ class RepetitionDetector:
         self._reach = tuple(min(step << max(b, 1), window) for b in range(65))
         self._far_needle = max(_FAR_NEEDLE, anchor)
         self._near = max(_NEAR, self._far_needle)
+        self._split_from = self._near + self._far_needle  # a shorter buffer has no far distances
         self.reset()
 
     def reset(self) -> None:
@@ -208,24 +209,28 @@ class RepetitionDetector:
         self._next_cp = last + step
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
-        if reach <= near or e <= near + self._far_needle:
+        if reach <= near or e <= self._split_from:
             j = buf.rfind(buf[e - k : e], e - k - reach if e > k + reach else 0, e - 1)
             if j >= 0:
                 self._done = last
                 self._candidates(buf, last, j, k, reach)
+                if self.live:
+                    return self._check(buf, n)
         else:  # the near distances with the anchor, then the far ones with the far needle
             j = buf.rfind(buf[e - k : e], e - k - near, e - 1)
             if j >= 0:
                 self._done = last
                 self._far(buf, last, self._candidates(buf, last, j, k, near), reach)
+                if self.live:
+                    return self._check(buf, n)
             else:
                 m = self._far_needle
                 j = buf.rfind(buf[e - m : e], e - m - reach if e > m + reach else 0, e - near - 1)
                 if j >= 0:
                     self._done = last
                     self._candidates(buf, last, j, m, reach)
-        if self.live:
-            return self._check(buf, n)
+                    if self.live:
+                        return self._check(buf, n)
         self._done = n
         if len(buf) > self._trim_at:
             self._buf = buf[-self._keep :]
@@ -285,7 +290,7 @@ class RepetitionDetector:
     def _search(self, buf: str, cp: int, reach: int) -> None:
         """Look for the periods up to ``reach`` that end at checkpoint ``cp``."""
         k, e, near = self._k, cp - self._base, self._near
-        if reach <= near or e <= near + self._far_needle:
+        if reach <= near or e <= self._split_from:
             j = buf.rfind(buf[e - k : e], e - k - reach if e > k + reach else 0, e - 1)
             if j >= 0:
                 self._candidates(buf, cp, j, k, reach)
