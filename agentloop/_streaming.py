@@ -285,7 +285,8 @@ def _stream_watch(
     the engine may tap (`Policy._tap`).
 
     Only the policies that override ``on_stream`` are called once per delta; a
-    single one is called directly (the common case: one doom-loop policy).
+    single one is called directly, and if it takes the tap at an attempt's start
+    (the common case: the stock doom-loop policy alone) only for some deltas.
     """
     if not engine.policies:
         return None, "", None
