@@ -22,12 +22,12 @@ How (exact, no hashing heuristics):
   ``2*step`` characters at every checkpoint, twice that (and twice the stride)
   at every 2nd, and so on up to ``window``. A period p is therefore adopted at
   most one stride (shorter than p, or ``step`` for p <= step) after its second
-  copy is complete, before any rule that asks for three copies can be due; scanning costs O(log window) C-level
-  character comparisons per character, and Python runs once per checkpoint,
-  not per character (one ``rfind`` per reach; a method call only when the
-  needle recurs). Growing by 2 rather than 4 scans about a quarter less: a
-  chunk pays for the farthest-reaching checkpoint it spans, and the next reach
-  up is only twice as far.
+  copy is complete, before any rule that asks for three copies can be due;
+  scanning costs O(log window) C-level character comparisons per character,
+  and Python runs once per checkpoint, not per character (one ``rfind`` per
+  reach; a method call only when the needle recurs). Growing by 2 rather than
+  4 scans about a quarter less: a chunk pays for the farthest-reaching
+  checkpoint it spans, and the next reach up is only twice as far.
 - Only the first 64 distances are searched with the anchor itself. A period p
   past them holds two copies before it is adopted, so its last p characters
   recur p back: the distances beyond are searched with the last 64 characters,
