@@ -7,7 +7,7 @@ always yields the same message whichever adapter produced it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import StreamProtocolError
@@ -188,6 +188,12 @@ class Accumulator:
         if part is None:
             part = self._parts[index] = _Part(kind)
         return part
+
+    def blocks(self) -> Mapping[int, _Part]:
+        """The blocks streamed so far by index, in the order they began, each with its ``kind``
+        and its ``chunks`` (the deltas as they came, appended to in place): a reader keeps up
+        with the stream from here without a call per delta."""
+        return self._parts
 
     def text(self) -> str:
         """All text streamed so far."""

@@ -19,12 +19,20 @@ How (exact, no hashing heuristics):
   really holds two full copies (one slice comparison), and its onset is found
   by comparing slices backwards.
 - The search reach grows geometrically with the checkpoint's alignment:
-  ``4*step`` characters at every checkpoint, 4x that (and 4x the stride) at
-  every 4th, and so on up to ``window``. A period p is therefore adopted at most
-  one stride (<= p) after its second copy is complete, before any rule that
-  asks for three copies can be due; scanning costs O(log window) C-level
-  character comparisons per character, and Python runs once per checkpoint,
-  not per character (one ``rfind``; a method call only when the anchor recurs).
+  ``2*step`` characters at every checkpoint, twice that (and twice the stride)
+  at every 2nd, and so on up to ``window``. A period p is therefore adopted at
+  most one stride (shorter than p, or ``step`` for p <= step) after its second
+  copy is complete, before any rule that asks for three copies can be due;
+  scanning costs O(log window) C-level character comparisons per character,
+  and Python runs once per checkpoint, not per character (one ``rfind`` per
+  reach; a method call only when the needle recurs). Growing by 2 rather than
+  4 scans about a quarter less: a chunk pays for the farthest-reaching
+  checkpoint it spans, and the next reach up is only twice as far.
+- Only the first 64 distances are searched with the anchor itself. A period p
+  past them holds two copies before it is adopted, so its last p characters
+  recur p back: the distances beyond are searched with the last 64 characters,
+  a needle that recurs by chance far less often in real text (indentation,
+  keywords, a line written twice) and that CPython's search skips along faster.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
 - Memory is bounded: the buffer keeps at most ``3*window`` characters.
@@ -74,7 +82,8 @@ WORDY_RULES = {"thinking": Rule(16, 4, 48), "text": Rule(16, 5, 64)}
 _WORDY_MIN_PERIOD = 6
 _WORDY_MIN_LETTERS = 3
 _BLOCK = 64  # slice size for the backwards onset search
-_REACH = 4  # search reach of a checkpoint, in checkpoint strides
+_NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
+_FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
 _LONG_NEEDLE = 64  # longest needle of a continued candidate search
 
 
@@ -129,8 +138,12 @@ class RepetitionDetector:
         self._keep = 2 * window + 2 * anchor
         self._trim_at = self._keep + window
         self.live: dict[int, _Run] = {}
-        # Search reach by the bit length of (first checkpoint index - 1) ^ (last index).
-        self._reach = tuple(min((_REACH * step) << ((b - 1) & ~1 if b else 0), window) for b in range(65))
+        # Search reach by the bit length of (first checkpoint index - 1) ^ (last index): twice
+        # the stride of the chunk's farthest-reaching checkpoint.
+        self._reach = tuple(min(step << max(b, 1), window) for b in range(65))
+        self._far_needle = max(_FAR_NEEDLE, anchor)
+        self._near = max(_NEAR, self._far_needle)
+        self._split_from = self._near + self._far_needle  # a shorter buffer has no far distances
         self.reset()
 
     def reset(self) -> None:
@@ -191,19 +204,33 @@ class RepetitionDetector:
         # per chunk, at its last checkpoint, reaching as far back as the
         # farthest-reaching checkpoint the chunk spans: a periodic tail is found from
         # any anchor inside it, so the skipped checkpoints would add nothing but cost.
-        step, k = self._step, self._k
-        last = n - (n - cp) % step
-        e = last - self._base
-        lo = e - k - self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
-        if lo < 0:
-            lo = 0
-        j = buf.rfind(buf[e - k : e], lo, e - 1)
+        step, k, near = self._step, self._k, self._near
+        last = n - n % step  # checkpoints sit at multiples of step
         self._next_cp = last + step
-        if j >= 0:
-            self._done = last
-            self._candidates(buf, last, j, lo)
-            if self.live:
-                return self._check(buf, n)
+        e = last - self._base
+        reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
+        if reach <= near or e <= self._split_from:
+            j = buf.rfind(buf[e - k : e], e - k - reach if e > k + reach else 0, e - 1)
+            if j >= 0:
+                self._done = last
+                self._candidates(buf, last, j, k, reach)
+                if self.live:
+                    return self._check(buf, n)
+        else:  # the near distances with the anchor, then the far ones with the far needle
+            j = buf.rfind(buf[e - k : e], e - k - near, e - 1)
+            if j >= 0:
+                self._done = last
+                self._far(buf, last, self._candidates(buf, last, j, k, near), reach)
+                if self.live:
+                    return self._check(buf, n)
+            else:
+                m = self._far_needle
+                j = buf.rfind(buf[e - m : e], e - m - reach if e > m + reach else 0, e - near - 1)
+                if j >= 0:
+                    self._done = last
+                    self._candidates(buf, last, j, m, reach)
+                    if self.live:
+                        return self._check(buf, n)
         self._done = n
         if len(buf) > self._trim_at:
             self._buf = buf[-self._keep :]
@@ -225,23 +252,17 @@ class RepetitionDetector:
 
     def _check(self, buf: str, n: int) -> tuple[DoomLoopSignal, ...]:
         """The general case: live runs to extend and judge, and maybe a checkpoint."""
-        runs, step, k = self.live, self._step, self._k
+        runs, step = self.live, self._step
         out: list[DoomLoopSignal] = []
         pos = self._done
         cp = self._next_cp
         if cp <= n:
-            last = n - (n - cp) % step
+            last = n - n % step
             self._extend(buf, pos, last, out)
-            # The checkpoint of [cp, last] divisible by the largest power of 4 (in strides)
+            # The checkpoint of [cp, last] divisible by the largest power of 2 (in strides)
             # sets the reach: its trailing zero bits are the highest bit where the first
             # checkpoint index minus one and the last index differ (O(1), no loop).
-            e = last - self._base
-            lo = e - k - self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
-            if lo < 0:
-                lo = 0
-            j = buf.rfind(buf[e - k : e], lo, e - 1)
-            if j >= 0:
-                self._candidates(buf, last, j, lo)
+            self._search(buf, last, self._reach[((cp // step - 1) ^ (last // step)).bit_length()])
             pos = last
             self._next_cp = last + step
         self._extend(buf, pos, n, out)
@@ -266,11 +287,43 @@ class RepetitionDetector:
             run = self.live.pop(p)
             self._judge(run, end, out, buf)  # a run that crossed its threshold mid-delta still fires
 
-    def _candidates(self, buf: str, cp: int, j: int, lo: int) -> None:
-        """The anchor ending at ``cp`` recurs at buffer index ``j`` (its latest earlier
-        occurrence): adopt the smallest distance that holds two full copies."""
+    def _search(self, buf: str, cp: int, reach: int) -> None:
+        """Look for the periods up to ``reach`` that end at checkpoint ``cp``."""
+        k, e, near = self._k, cp - self._base, self._near
+        if reach <= near or e <= self._split_from:
+            j = buf.rfind(buf[e - k : e], e - k - reach if e > k + reach else 0, e - 1)
+            if j >= 0:
+                self._candidates(buf, cp, j, k, reach)
+            return
+        j = buf.rfind(buf[e - k : e], e - k - near, e - 1)
+        self._far(buf, cp, self._candidates(buf, cp, j, k, near) if j >= 0 else k, reach)
+
+    def _far(self, buf: str, cp: int, n: int, reach: int) -> None:
+        """Search the distances past ``near`` (up to ``reach``) with a needle of at least
+        ``n`` characters (0: none to search).
+
+        A period p > near that holds two copies repeats its last p characters p back, so a
+        needle of up to p characters finds it: the far needle, longer than the anchor,
+        recurs by chance far less often, so the search meets fewer false candidates and
+        skips further (CPython's search skips by the needle's length past a character
+        that is not in it).
+        """
+        if not n:
+            return
+        e, near = cp - self._base, self._near
+        if n < self._far_needle:
+            n = self._far_needle
+        if e > near + n:
+            j = buf.rfind(buf[e - n : e], e - n - reach if e > n + reach else 0, e - near - 1)
+            if j >= 0:
+                self._candidates(buf, cp, j, n, reach)
+
+    def _candidates(self, buf: str, cp: int, j: int, n: int, reach: int) -> int:
+        """The last ``n`` characters before ``cp`` recur at buffer index ``j`` (their latest
+        earlier occurrence, at most ``reach`` back): adopt the smallest distance that holds
+        two full copies. Returns the needle a search of farther distances needs (0: none)."""
         k, e = self._k, cp - self._base
-        d = e - k - j
+        d = e - n - j
         for _ in range(self._tries):
             run = self.live.get(d)
             onset = run.onset if run is not None else self._onset(buf, cp, d)
@@ -278,7 +331,7 @@ class RepetitionDetector:
                 # Any longer period p > d repeats the last max(p, k) characters, so the last
                 # n <= max(d + 1, k) recur p back as well: the search goes on with that longer
                 # needle, which recurs far less often (fewer false candidates) and is found faster.
-                n = min(max(d + 1, k), _LONG_NEEDLE)
+                n = max(n, min(max(d + 1, k), _LONG_NEEDLE))
             else:
                 if run is None:
                     self._adopt(d, onset)
@@ -288,11 +341,12 @@ class RepetitionDetector:
                 # long as the window cannot sit inside a period the detector tracks.
                 n = cp - onset + 1
                 if n > self.window or n > e:
-                    return
-            j = buf.rfind(buf[e - n : e], max(lo + k - n, 0), e - d - 1)
+                    return 0
+            j = buf.rfind(buf[e - n : e], e - n - reach if e > n + reach else 0, e - d - 1)
             if j < 0:
-                return
+                return n
             d = e - n - j
+        return n
 
     def _onset(self, buf: str, cp: int, d: int) -> int | None:
         """Start of the d-periodic run ending at ``cp`` if it holds two copies, else None."""

@@ -131,6 +131,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                             if shown is not None:
                                 yield shown
                             if phase.watch is not None:  # called here: one call per event, not two
+                                if phase.skip and shown is not None:  # a delta it reads from the accumulator
+                                    phase.skip -= 1
+                                    continue
                                 try:
                                     verdict = phase.watch(streamed)
                                 except Exception:

@@ -19,14 +19,17 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
 from ._unicode import scrub
+
+if TYPE_CHECKING:
+    from ._accumulate import _Part
 
 __all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "claim", "notify", "release"]
 
@@ -102,6 +105,8 @@ class Policy:
     """
 
     one_engine: ClassVar[bool] = False
+    #: See `_tap`: how many of the next deltas a tapped watcher leaves to the accumulator.
+    _skips = 0
 
     @property
     def name(self) -> str:
@@ -125,6 +130,14 @@ class Policy:
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
         """One stream event. Only Warn and Resample are acted on here."""
+        return None
+
+    def _tap(self, blocks: Mapping[int, _Part]) -> Callable[[StreamEvent], Verdict | None] | None:
+        """Not a hook for hosts (this default declines): the engine offers the only stream
+        watcher the attempt's blocks (`Accumulator.blocks`) after `begin_attempt`. A watcher
+        that returns a callable reads text, thinking and tool-input deltas there: the engine
+        then calls it in place of `on_stream` for one in ``_skips + 1`` of those deltas only
+        (reading ``_skips`` after each call), and for every other event."""
         return None
 
     def on_response(self, message: Message) -> Verdict | None:

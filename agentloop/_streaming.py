@@ -29,6 +29,10 @@ from ._messages import Message
 from ._model import (
     ModelRequest,
     StreamEvent,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
 
 log = logging.getLogger("agentloop")
+
+#: The stream events the loop may hold back from a tapped watcher: those the host sees a delta of.
+_DELTAS = frozenset({StreamText, StreamThinking, StreamToolInput, StreamToolUseStart})
 
 #: The longest ``retry_after`` (seconds) the engine waits; a server asking for more (a
 #: quota that resets in an hour) ends the turn with ``model_error`` instead of a retry.
@@ -76,8 +83,11 @@ class ModelPhase:
         "engine",
         "extra",
         "outcome",
+        "poke",
         "retries",
+        "skip",
         "st",
+        "tap",
         "watch",
     )
 
@@ -90,7 +100,9 @@ class ModelPhase:
         self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
         self.attempt = 0
         self.extra: tuple[Message, ...] = ()  # the recovery reminder, after a resample
-        self.watch, self.credit = _stream_watch(engine)
+        self.watch, self.credit, self.tap = _stream_watch(engine)
+        self.skip = 0  # deltas the loop holds back from a tapped watcher (see Policy._tap)
+        self.poke: Callable[[StreamEvent], Verdict | None] | None = None
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
 
     def open(self) -> AsyncIterator[StreamEvent] | None:
@@ -101,6 +113,11 @@ class ModelPhase:
         self.acc = st.begin_attempt()
         if engine.policies:
             notify(engine.policies, "begin_attempt")
+            tap = self.tap
+            if tap is not None:
+                self.poke = tap._tap(self.acc.blocks())
+                self.watch = self._tapped if self.poke is not None else tap.on_stream
+                self.skip = tap._skips if self.poke is not None else 0
         request = ModelRequest(
             messages=TranscriptView(engine.messages, len(engine.messages), self.extra),
             system=opts.system,
@@ -135,6 +152,19 @@ class ModelPhase:
             outcome.error = exc
         else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
+
+    def _tapped(self, event: StreamEvent) -> Verdict | None:
+        """`watch` when the watcher reads the deltas from the accumulator: its verdict, and
+        how many deltas the loop may hold back from it next. A delta reaches it when none are
+        left to hold back, and starts the count again; any other event reaches it whenever it
+        comes, and leaves the count as it is unless the watcher now wants every delta."""
+        tap, poke = self.tap, self.poke
+        assert tap is not None and poke is not None
+        verdict = poke(event)
+        skips = tap._skips
+        if not skips or (not self.skip and type(event) in _DELTAS):
+            self.skip = skips
+        return verdict
 
     def watch_raised(self) -> None:
         """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
@@ -248,22 +278,26 @@ async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
             log.debug("closing the model stream raised", exc_info=True)
 
 
-def _stream_watch(engine: QueryEngine) -> tuple[Callable[[StreamEvent], Verdict | None] | None, str | _Panel]:
-    """What to call per stream event, and who to credit its verdicts to: a policy
-    name, or the `_Panel` that remembers which of several policies spoke.
+def _stream_watch(
+    engine: QueryEngine,
+) -> tuple[Callable[[StreamEvent], Verdict | None] | None, str | _Panel, Policy | None]:
+    """What to call per stream event, who to credit its verdicts to (a policy name, or
+    the `_Panel` that remembers which of several policies spoke), and the single watcher
+    the engine may tap (`Policy._tap`).
 
     Only the policies that override ``on_stream`` are called once per delta; a
-    single one is called directly (the common case: one doom-loop policy).
+    single one is called directly, and if it takes the tap at an attempt's start
+    (the common case: the stock doom-loop policy alone) only for some deltas.
     """
     if not engine.policies:
-        return None, ""
+        return None, "", None
     watchers = [p for p in engine.policies if type(p).on_stream is not Policy.on_stream]
     if not watchers:
-        return None, ""
+        return None, "", None
     if len(watchers) == 1:
-        return watchers[0].on_stream, watchers[0].name
+        return watchers[0].on_stream, watchers[0].name, watchers[0]
     panel = _Panel(watchers)
-    return panel.judge, panel
+    return panel.judge, panel, None
 
 
 class _Panel:

@@ -17,11 +17,13 @@ detector in `agentloop._detector`; this module is their public home.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._detector import RepetitionDetector, Rule
+from ._messages import Message
 from ._model import StreamEvent, StreamLogprobs, StreamSignals, StreamText, StreamThinking
 from ._policy import EndTurn, Nudge, Policy, Resample, Verdict, Warn
 from ._signals import DoomLoopSignal
@@ -33,6 +35,9 @@ from ._stationarity import (
     canonical_key,
     is_keepalive,
 )
+
+if TYPE_CHECKING:
+    from ._accumulate import _Part
 
 __all__ = [
     "ConservativeDoomLoopPolicy",
@@ -57,6 +62,7 @@ __all__ = [
 ]
 
 Judgement = Literal["ignore", "warn", "abort"]
+_SIGNALS = (StreamSignals, StreamLogprobs)  # the events a tapped policy still takes one by one
 
 
 class DoomLoopPolicy(Policy):
@@ -80,7 +86,10 @@ class DoomLoopPolicy(Policy):
     seen at most ``every - 1`` deltas later than with ``every=1``: three
     characters for one-character deltas, 360 for 120-character ones. Once a run
     is live, every delta goes through, so it fires in the delta that crosses its
-    threshold.
+    threshold. Inside an engine, as its only stream watcher, the policy reads the
+    deltas from the engine's accumulator, which holds them anyway, and the engine
+    calls `on_stream` for one delta in ``every`` only (and for every other event);
+    a subclass that overrides `on_stream` gets every event.
     """
 
     one_engine = True  # per-run state: one engine at a time
@@ -108,6 +117,9 @@ class DoomLoopPolicy(Policy):
         self.logprob_run = logprob_run
         self._seen: set[str] = set()
         self._low_runs: dict[str, int] = {}
+        self._blocks: Mapping[int, _Part] | None = None  # the attempt's blocks, when tapped
+        self._read_blocks = 0
+        self._skips = self._holds = 0  # deltas the engine may hold back, now / while no run is live
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
         """What to do about one new signal. Base: always "warn"."""
@@ -116,14 +128,31 @@ class DoomLoopPolicy(Policy):
     def begin_attempt(self) -> None:
         for det in self.detectors.values():
             det.reset()
-        for ch in (self._text, self._thinking):
-            if ch is not None:
-                ch.parts.clear()
+        self._release()
         self._seen.clear()
         self._low_runs.clear()
 
+    def on_response(self, message: Message) -> Verdict | None:
+        self._release()  # the attempt is over: its deltas are the message's now
+        return None
+
+    def _release(self) -> None:
+        for ch in (self._text, self._thinking):
+            if ch is not None:
+                ch.parts = []  # a new list: when tapped, the old one was the accumulator's
+                ch.seen = 0
+        self._blocks = None
+
+    def _tap(self, blocks: Mapping[int, _Part]) -> Callable[[StreamEvent], Verdict | None] | None:
+        if type(self).on_stream is not DoomLoopPolicy.on_stream:
+            return None  # a subclass that watches each event itself
+        self._blocks = blocks
+        self._read_blocks = 0
+        self._skips = self._holds = self.every - 1 if self.detectors else sys.maxsize
+        return self._poke
+
     def on_stream(self, event: StreamEvent) -> Verdict | None:
-        # Called once per delta: exact-type tests first.
+        # Called once per delta (once per `every` when tapped): exact-type tests first.
         if type(event) is StreamText:
             ch, delta = self._text, event.text
         elif type(event) is StreamThinking:
@@ -133,7 +162,9 @@ class DoomLoopPolicy(Policy):
         elif isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
         else:
-            return None
+            return self._poke(event) if self._blocks is not None else None
+        if self._blocks is not None:
+            return self._poke(event)
         if ch is None:  # no client detector on this channel
             return None
         parts = ch.parts
@@ -142,6 +173,53 @@ class DoomLoopPolicy(Policy):
             return None
         signals = ch.flush()
         return self._verdict(signals) if signals else None
+
+    def _poke(self, event: StreamEvent) -> Verdict | None:
+        """Tapped: called for one delta in `every` (for each one while a run is live) and for
+        every other event. Hands each detector what its block received since the last call
+        (written out for both channels: this runs once per `every` deltas)."""
+        if type(event) is not StreamText and isinstance(event, _SIGNALS):
+            return self.on_stream(event)
+        blocks = self._blocks
+        assert blocks is not None
+        signals = self._follow(blocks) if len(blocks) != self._read_blocks else ()
+        skips = self._holds
+        ch = self._text
+        if ch is not None:
+            parts, seen = ch.parts, ch.seen
+            if len(parts) > seen:
+                ch.seen = n = len(parts)
+                got = ch.det.feed(parts[seen] if n == seen + 1 else "".join(parts[seen:]))
+                if got:
+                    signals += got
+            if ch.live:
+                skips = 0
+        ch = self._thinking
+        if ch is not None:
+            parts, seen = ch.parts, ch.seen
+            if len(parts) > seen:
+                ch.seen = n = len(parts)
+                got = ch.det.feed(parts[seen] if n == seen + 1 else "".join(parts[seen:]))
+                if got:
+                    signals += got
+            if ch.live:
+                skips = 0
+        self._skips = skips
+        return self._verdict(signals) if signals else None
+
+    def _follow(self, blocks: Mapping[int, _Part]) -> tuple[DoomLoopSignal, ...]:
+        """Blocks began since the last call: in the order they began, each channel reads the
+        rest of the block it was reading, then moves on to its new one."""
+        signals: tuple[DoomLoopSignal, ...] = ()
+        for block in list(blocks.values())[self._read_blocks :]:
+            ch = self._text if block.kind == "text" else self._thinking if block.kind == "thinking" else None
+            if ch is not None:
+                parts, seen = ch.parts, ch.seen
+                if len(parts) > seen:
+                    signals += ch.det.feed("".join(parts[seen:]))
+                ch.parts, ch.seen = block.chunks, 0
+        self._read_blocks = len(blocks)
+        return signals
 
     def _verdict(self, signals: Sequence[DoomLoopSignal]) -> Verdict | None:
         if not signals:
@@ -186,14 +264,16 @@ class DoomLoopPolicy(Policy):
 
 
 class _Channel:
-    """One channel's detector and the deltas held back from it."""
+    """One channel's detector and the deltas held back from it: its own list, or, when the
+    engine taps the policy, the chunks of the block being streamed (``seen`` of them read)."""
 
-    __slots__ = ("det", "live", "parts")
+    __slots__ = ("det", "live", "parts", "seen")
 
     def __init__(self, det: RepetitionDetector) -> None:
         self.det = det
         self.live = det.live  # the detector keeps this dict across resets
         self.parts: list[str] = []
+        self.seen = 0
 
     def flush(self) -> tuple[DoomLoopSignal, ...]:
         parts = self.parts

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import sys
 from collections.abc import Sequence
+from types import FrameType
 
 import pytest
 from hypothesis import given, settings
@@ -33,15 +36,20 @@ from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamLogprobs,
     StreamSignals,
+    StreamSignature,
     StreamText,
     StreamThinking,
     StreamToolInput,
     StreamToolUseStart,
+    StreamUsage,
+    Usage,
 )
 from agentloop._recovery import REPLAY_THINKING_BYTES, truncate_utf8
 from agentloop.policies import (
     ConservativeDoomLoopPolicy,
+    DoomLoopPolicy,
     EndTurn,
     IdenticalToolCallRun,
     Nudge,
@@ -282,6 +290,135 @@ async def test_a_stream_policy_sees_every_stream_event_of_the_attempt() -> None:
     engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[Watch()], tools=[read_file])
     await collect(engine, "go")
     assert seen[: len(frames)] == [type(f) for f in frames]  # tool input and block ends too, not only text
+
+
+class Untapped(ConservativeDoomLoopPolicy):
+    """The stock policy, taking every event through ``on_stream`` (an override: the engine then
+    calls it once per event rather than reading the deltas from its accumulator)."""
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        return super().on_stream(event)
+
+
+async def _python_calls_into(module_file: str, engine: QueryEngine) -> int:
+    calls = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call" and frame.f_code.co_filename == module_file:
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        await collect(engine, "go")
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+async def test_the_engine_hands_the_stock_policy_one_delta_in_every() -> None:
+    """The accumulator holds the deltas anyway: the stock doom-loop policy reads them there, and
+    the engine calls into it for one text delta in ``every`` (and for the other events), not
+    for each (400 calls and more before)."""
+    import agentloop.policies
+
+    deltas = [f"line {i} of a report that does not repeat itself; " for i in range(400)]
+    frames: list[StreamEvent] = [StreamText(0, d) for d in deltas] + [StreamBlockStop(0), StreamEnd("end_turn")]
+    for every in (1, 4, 8):
+        policy = ConservativeDoomLoopPolicy(every=every)
+        engine = doom_engine([ScriptedResponse(events=frames)], policies=[policy])
+        calls = await _python_calls_into(agentloop.policies.__file__, engine)
+        assert engine.messages[-1].text == "".join(deltas).rstrip()
+        assert policy.detectors["text"].chars == len("".join(deltas))  # every delta read, once
+        assert calls <= len(deltas) // every + 10, (every, calls)
+        assert policy._blocks is None  # the response is the transcript's now: its deltas are let go
+
+
+def _looping_frames(seed: int, channel: str) -> list[StreamEvent]:
+    """Prose, then a loop, on one channel, in random deltas, with the other events a provider
+    sends interleaved (usage, log probabilities, a server frame)."""
+    rnd = random.Random(seed)
+    unit = "".join(rnd.choice("abcdefghij klmnop,.") for _ in range(rnd.choice([20, 37, 90, 300])))
+    text = "We read the configuration first, then plan the change. " * 3 + unit * 12
+    frames: list[StreamEvent] = [StreamUsage(Usage(5, 1))]
+    i = 0
+    while i < len(text):
+        k = rnd.randint(1, 60)
+        piece = text[i : i + k]
+        frames.append(StreamThinking(0, piece) if channel == "thinking" else StreamText(0, piece))
+        if rnd.random() < 0.05:
+            frames.append(StreamLogprobs(channel, (-0.1, -0.2)))  # type: ignore[arg-type]
+        if rnd.random() < 0.02:
+            frames.append(StreamSignals(("low_logprob@text",)))
+        i += k
+    if channel == "thinking":
+        frames.append(StreamSignature(0, "sig"))
+    return [*frames, StreamBlockStop(0), StreamEnd("end_turn")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from(["thinking", "text"]), st.sampled_from([1, 3, 4]))
+async def test_reading_the_deltas_from_the_accumulator_changes_no_verdict(seed: int, channel: str, every: int) -> None:
+    """The stock policy tapped by the engine and its twin that takes every event: the same
+    events, the same doom-loop verdicts at the same places in the stream, the same outcome."""
+    frames = _looping_frames(seed, channel)
+    runs = []
+    for policy in (ConservativeDoomLoopPolicy(every=every), Untapped(every=every)):
+        engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[policy])
+        events = await collect(engine, "go")
+        runs.append(
+            (
+                kinds(events),
+                [(e.action, e.confident, [s.format() for s in e.signals]) for e in events if isinstance(e, DoomLoopDetected)],
+                [m.text for m in engine.messages],
+            )
+        )
+    assert runs[0] == runs[1]
+    assert runs[0][1]  # the loop was seen
+
+
+async def test_a_tapped_policy_follows_the_stream_from_block_to_block() -> None:
+    """Text blocks around a tool call, the second one looping: the deltas of each block reach
+    the text detector in the order they came, whatever the engine held back between them."""
+    unit = "Checking the file again before the next step. "
+    frames: list[StreamEvent] = [
+        StreamThinking(0, "Plan: read the file."),
+        StreamSignature(0, "sig"),
+        StreamBlockStop(0),
+        StreamText(1, "Reading "),
+        StreamText(2, "it."),  # a second text block of one delta, inside one held-back stretch
+        StreamBlockStop(1),
+        StreamBlockStop(2),
+        StreamToolUseStart(3, "t1", "read_file"),
+        StreamToolInput(3, '{"path": '),
+        StreamToolInput(3, '"a.py"}'),
+        StreamBlockStop(3),
+        *[StreamText(4, unit[i : i + 5]) for i in range(0, len(unit), 5)] * 8,
+        StreamBlockStop(4),
+        StreamEnd(stop_reason="tool_use"),
+    ]
+
+    class Counts(DoomLoopPolicy):
+        """Notes how much text the detector had read when the next attempt starts."""
+
+        read: list[int]
+
+        def begin_attempt(self) -> None:
+            self.read = [*getattr(self, "read", []), self.detectors["text"].chars]
+            super().begin_attempt()
+
+    class CountsUntapped(Counts):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            return super().on_stream(event)
+
+    results = []
+    for policy in (Counts(), CountsUntapped()):
+        engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[policy], tools=[read_file])
+        events = await collect(engine, "go")
+        results.append([s.format() for e in events if isinstance(e, DoomLoopDetected) for s in e.signals])
+        assert policy.read[1] == len("Reading it.") + 8 * len(unit)  # every text delta, none twice
+    n = len(unit)
+    assert results[0] == results[1] == [f"tail_repetition:{n}@text", f"exact_repetition:{n}x4@text", f"exact_repetition:{n}x8@text"]
 
 
 # -- stationarity ---------------------------------------------------------------------------
@@ -833,3 +970,21 @@ async def test_policies_passed_from_one_engine_to_the_next_are_not_warned_about(
         async for _event in QueryEngine(ScriptedModel(["done"]), policies=policies).run("go"):
             pass
     assert "two engines" not in caplog.text
+
+
+async def test_a_policy_without_client_detectors_is_handed_no_delta() -> None:
+    """``client_detector=False``: nothing reads the deltas, so the engine holds back every one,
+    and the server frames still reach the policy as they come."""
+    import agentloop.policies
+
+    frames: list[StreamEvent] = [
+        *[StreamText(0, f"part {i}, ") for i in range(200)],
+        StreamSignals(("tail_repetition:32@thinking",)),
+        StreamBlockStop(0),
+        StreamEnd("end_turn"),
+    ]
+    policy = ConservativeDoomLoopPolicy(client_detector=False)
+    engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[policy])
+    calls = await _python_calls_into(agentloop.policies.__file__, engine)
+    assert calls < 40
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]  # the server's confident signal resampled
