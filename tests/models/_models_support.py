@@ -198,3 +198,17 @@ class FakeNetwork(httpcore.AsyncNetworkBackend):
         socket_options: Any = None,
     ) -> httpcore.AsyncNetworkStream:
         return self.connect()
+
+
+async def run_responses(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
+    """What an `OpenAIResponsesModel` made with ``kw`` streams from ``body``, and its final message."""
+    from agentloop.models import OpenAIResponsesModel
+
+    server = MockServer(body)
+    async with server.client() as client:
+        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, **kw))
+
+
+def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """One Responses event for `sse`: its name, and its data with the same ``type``."""
+    return (kind, {"type": kind, **fields})

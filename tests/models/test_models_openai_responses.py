@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
+from _models_support import API_KEY, MockServer, collect, ev, load, request, run_fixture, sse
+from _models_support import run_responses as run_body
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,17 +24,6 @@ from agentloop.models import (
     StreamToolInput,
     Usage,
 )
-
-
-async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
-    server = MockServer(body)
-    async with server.client() as client:
-        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client, **kw))
-
-
-def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
-    return (kind, {"type": kind, **fields})
-
 
 CREATED = ev("response.created", response={"id": "resp_1", "status": "in_progress"})
 

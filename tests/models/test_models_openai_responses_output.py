@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from _models_support import API_KEY, MockServer, collect, request, sse
+from _models_support import API_KEY, MockServer, ev, request, sse
+from _models_support import run_responses as run_body
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,17 +28,6 @@ from agentloop.models import (
     StreamUsage,
     Usage,
 )
-
-
-async def run_body(body: bytes) -> tuple[list[Any], Any]:
-    server = MockServer(body)
-    async with server.client() as client:
-        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
-
-
-def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
-    return (kind, {"type": kind, **fields})
-
 
 CREATED = ev("response.created", response={"id": "resp_1", "status": "in_progress"})
 USAGE = {"input_tokens": 3, "output_tokens": 4}

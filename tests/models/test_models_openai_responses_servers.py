@@ -19,7 +19,8 @@ import json
 from typing import Any
 
 import pytest
-from _models_support import API_KEY, MockServer, collect, request, sse
+from _models_support import MockServer, collect, ev, request, sse
+from _models_support import run_responses as run_body
 
 from agentloop._errors import PromptTooLongError, ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, ThinkingBlock
@@ -30,16 +31,6 @@ from agentloop.models import (
     StreamToolInput,
     StreamToolUseStart,
 )
-
-
-async def run_body(body: bytes) -> tuple[list[Any], Any]:
-    server = MockServer(body)
-    async with server.client() as client:
-        return await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
-
-
-def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
-    return (kind, {"type": kind, **fields})
 
 
 def llama_cpp_call(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
