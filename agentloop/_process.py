@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import os
 import signal as _signal
 import subprocess
@@ -208,10 +207,10 @@ async def _kill_group(pgid: int, proto: _Collector, grace: float) -> None:
     """SIGTERM the group, wait ``grace`` s for it to exit and let go of the pipes,
     then SIGKILL it; reap the child."""
     if grace > 0:
-        _signal_group(pgid, _signal.SIGTERM)
+        signal_group(pgid, _signal.SIGTERM)
         await asyncio.wait((proto.done,), timeout=grace)
     # Grandchildren may ignore TERM even after the leader exited.
-    _signal_group(pgid, _signal.SIGKILL)
+    signal_group(pgid, _signal.SIGKILL)
     await proto.exited
 
 
@@ -229,6 +228,11 @@ async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> N
         await asyncio.shield(proto.closed)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group; False when it has no process left to take it (or
+    none of ours: a process that changed its user is not ours to stop)."""
+    try:
         os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

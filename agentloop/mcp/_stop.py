@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .._process import signal_group
 
 if TYPE_CHECKING:
     from ._stdio import Pipes
@@ -33,7 +34,7 @@ async def stop(transport: asyncio.SubprocessTransport, pipes: Pipes) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if await _within(pipes.exited, _EXIT_GRACE):
             break
-        _signal_group(pgid, sig)
+        signal_group(pgid, sig)
     else:
         if not await _within(pipes.exited, _EXIT_GRACE):
             log.warning("MCP server %s: its process %d is still alive after SIGKILL; leaving it", pipes.label, pgid)
@@ -57,11 +58,11 @@ async def _stop_group(pgid: int, label: str) -> None:
     if not _group_alive(pgid):
         return
     log.info("MCP server %s exited leaving processes in its group; stopping them", label)
-    _signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = asyncio.get_running_loop().time() + _EXIT_GRACE
     while _group_alive(pgid):  # they are not our children: nothing to wait on but the group
         if asyncio.get_running_loop().time() >= deadline:
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             return
         await asyncio.sleep(0.02)
 
@@ -69,7 +70,7 @@ async def _stop_group(pgid: int, label: str) -> None:
 def _group_alive(pgid: int) -> bool:
     """Whether a process of the group is alive. A dead one stays in the group until its new
     parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
-    if not _signal_group(pgid, 0):
+    if not signal_group(pgid, 0):
         return False
     proc = Path("/proc")
     if not (proc / "self" / "stat").exists():
@@ -82,17 +83,6 @@ def _group_alive(pgid: int) -> bool:
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
     return False
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to the group; False when it has no process left."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of the group changed its user: it is not ours to stop
-        return False
-    return True
 
 
 async def _within(future: asyncio.Future[Any], seconds: float) -> bool:
