@@ -28,8 +28,9 @@ from ._inbox import Inbox, Texts
 from ._messages import Message
 from ._model import Model
 from ._policy import Policy
+from ._repair import valid_history
 from ._tools import PermissionCallback, Tool
-from ._transcript import is_valid, repair
+from ._validate import is_valid
 
 if TYPE_CHECKING:
     from ._commit import ToolIds
@@ -153,24 +154,7 @@ def _holds_records(store: SessionStore | None) -> bool:
         return False
 
 
-_SHOWN_CHANGES = 20  # a long broken history is summed up, not listed whole in one log line
-
-
 _TEXTS = Texts()  # frozen: every engine without texts= shares it
-
-
-def valid_history(messages: list[Message], what: str) -> list[Message]:
-    """``messages`` itself when every provider would accept it, else a repaired copy: a host's
-    history with, say, a call left without its result would make every request fail. Says what
-    it changed in a warning."""
-    if is_valid(messages):
-        return messages
-    changes: list[str] = []
-    repaired = repair(messages, changes=changes)
-    shown = "; ".join(changes[:_SHOWN_CHANGES])
-    more = f"; and {len(changes) - _SHOWN_CHANGES} more" if len(changes) > _SHOWN_CHANGES else ""
-    log.warning("%s broke the transcript rules; repaired before sending: %s%s", what, shown, more)
-    return repaired
 
 
 def _message_list(messages: Sequence[Message]) -> list[Message]:

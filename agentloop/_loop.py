@@ -47,8 +47,9 @@ from ._run import Aborted, NextRun, RunState, abandon, over_ancestor_limit
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, record_finished, start_tools
-from ._transcript import encodable_message, is_valid
+from ._transcript import encodable_message
 from ._unicode import scrub
+from ._validate import is_valid
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -409,7 +410,7 @@ def _vetted_prompt(prompt: Message) -> list[Message]:
     the same warning; one left with nothing to send is refused, as a blank text is."""
     if is_valid([prompt]):
         return [prompt]
-    from ._engine import valid_history
+    from ._repair import valid_history
 
     repaired = valid_history([prompt], "the prompt given to run()")
     if not repaired:
