@@ -1,10 +1,17 @@
-"""The delegate tool: a model hands a task to a subagent (the "Task" tool pattern).
+"""Subagents: the delegate tool, and how a child's runs are linked to its parent's (SPEC §9).
+
+The delegate tool: a model hands a task to a subagent (the "Task" tool pattern).
 
 The subagent is a child `QueryEngine` (`QueryEngine.subagent`) running the same
 loop. Its events reach the parent's stream tagged with its ``agent_id``; its
 final answer becomes the tool result. A parent abort aborts it with the same
 reason (the call then ends as "stopped while running"); an abort of the child
 alone gives the parent's call a clear error result and leaves the parent running.
+
+The links: a child's run follows its parent's current run (`link_signal`). A background
+child (`QueryEngine.start_background`) follows none under ``background_subagents="keep"``;
+under "abort", each abort of its parent stops it (`abort_background`), also one that comes
+before its run has begun (`take_abort_at_start`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from ._policy import Policy
 from ._tools import Tool, ToolContext
 
 if TYPE_CHECKING:
+    from ._abort import AbortSignal
     from ._engine import QueryEngine
 
-__all__ = ["delegate_tool"]
+__all__ = ["abort_background", "delegate_tool", "link_signal", "take_abort_at_start"]
 
 _SCHEMA = {
     "type": "object",
@@ -164,3 +172,41 @@ def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None)
     if answer.strip():
         text += f" Its last words: {answer.strip()[:2000]}"
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+
+
+# -- linking a child's runs to its parent (SPEC §9) ------------------------------
+
+
+def abort_background(engine: QueryEngine, reason: str) -> None:
+    """With ``background_subagents="abort"``, stop ``engine``'s background children with
+    ``reason`` (the run that aborted): also those whose run is not linked to this one (started
+    while the engine was idle, or in an earlier run of it)."""
+    children = engine._background_children
+    if children is None or engine.options.background_subagents != "abort":
+        return
+    for child in list(children):
+        if child._state is None and child._start_pending:
+            # Its task has not begun the run yet (it has had no step): there is nothing to
+            # interrupt, so the run starts aborted.
+            if child._abort_at_start is None:
+                child._abort_at_start = reason
+        else:
+            child.interrupt(reason)
+
+
+def take_abort_at_start(engine: QueryEngine) -> str | None:
+    """The reason a background run that is beginning must start aborted with, if any (once)."""
+    reason = engine._abort_at_start
+    engine._start_pending = False
+    engine._abort_at_start = None
+    return reason
+
+
+def link_signal(engine: QueryEngine) -> AbortSignal | None:
+    """The signal a new run of ``engine`` follows (its parent's run), if any."""
+    parent = engine.parent
+    if parent is None or parent._state is None:
+        return None
+    if engine._background_child and parent.options.background_subagents == "keep":
+        return None
+    return parent._state.signal
