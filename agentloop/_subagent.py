@@ -73,6 +73,25 @@ def delegate_tool(
     already (a resumed session) are skipped.
     """
 
+    overrides = _checked(max_depth, overrides)
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
+        task = args.get("task")
+        refused = _refusal(task, ctx, max_depth)
+        if refused is not None:
+            return refused
+        assert isinstance(task, str)
+        agent_id = _new_agent_id(ctx.engine, agent_prefix)
+        child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **_child_settings(overrides, system))
+        return await _run_child(child, task, agent_id, ctx)
+
+    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+
+
+def _checked(max_depth: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``policies`` read once into a tuple (a generator, a set: each child
+    forks from it). Raises TypeError or ValueError for a ``max_depth`` that is not a whole
+    number >= 1, TypeError for ``policies`` that is not a list of policies."""
     if isinstance(max_depth, bool) or not isinstance(max_depth, int):
         raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
     if max_depth < 1:
@@ -80,43 +99,53 @@ def delegate_tool(
     given = overrides.get("policies")
     if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
         raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")
-    if given is not None:  # read once (a generator, a set): each child forks from it
+    if given is not None:
         overrides["policies"] = tuple(given)
+    return overrides
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
-        task = args.get("task")
-        if not isinstance(task, str) or not task.strip():
-            return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
-        if _depth(ctx.engine) >= max_depth:
-            return ToolResultBlock(
-                tool_use_id=ctx.tool_use_id,
-                content=(
-                    f"No subagent started: the subagent depth limit ({max_depth}) was reached. "
-                    "Do this task yourself."
-                ),
-                is_error=True,
-            )
-        agent_id = _new_agent_id(ctx.engine, agent_prefix)
-        extra = dict(overrides)
-        given = extra.get("policies")
-        if given is not None:  # one template for every child: each gets its own copies
-            extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
-        if system is not None:
-            extra["system"] = system
-        child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **extra)
-        end: TurnEnded | None = None
-        async for event in child.run(task):
-            ctx.emit(_tag(event, agent_id))
-            if isinstance(event, TurnEnded):
-                end = event
-        if ctx.signal.aborted:
-            raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
-        last = child.messages[-1] if child.messages else None
-        # Only the child's own words: when it said nothing, its last message is the task itself.
-        answer = last.text if last is not None and last.role == "assistant" else ""
-        return _result(ctx.tool_use_id, agent_id, answer, end)
 
-    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+def _refusal(task: object, ctx: ToolContext, max_depth: int) -> ToolResultBlock | None:
+    """The error result for a call that starts no subagent (no task, or too deep), else None."""
+    if not isinstance(task, str) or not task.strip():
+        return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
+    if _depth(ctx.engine) >= max_depth:
+        return ToolResultBlock(
+            tool_use_id=ctx.tool_use_id,
+            content=(
+                f"No subagent started: the subagent depth limit ({max_depth}) was reached. "
+                "Do this task yourself."
+            ),
+            is_error=True,
+        )
+    return None
+
+
+def _child_settings(overrides: dict[str, Any], system: str | None) -> dict[str, Any]:
+    """The keyword arguments of one child: ``overrides``, each template policy forked (children
+    running at once never share a policy's counters), and ``system`` when given."""
+    extra = dict(overrides)
+    given = extra.get("policies")
+    if given is not None:
+        extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
+    if system is not None:
+        extra["system"] = system
+    return extra
+
+
+async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolContext) -> ToolResultBlock:
+    """Run ``child`` on ``task``, its events passed to the parent tagged with ``agent_id``; its
+    final answer is the call's result. Raises `AbortError` when the parent's abort reached it."""
+    end: TurnEnded | None = None
+    async for event in child.run(task):
+        ctx.emit(_tag(event, agent_id))
+        if isinstance(event, TurnEnded):
+            end = event
+    if ctx.signal.aborted:
+        raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
+    last = child.messages[-1] if child.messages else None
+    # Only the child's own words: when it said nothing, its last message is the task itself.
+    answer = last.text if last is not None and last.role == "assistant" else ""
+    return _result(ctx.tool_use_id, agent_id, answer, end)
 
 
 def _depth(engine: QueryEngine) -> int:
