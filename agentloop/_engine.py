@@ -101,6 +101,9 @@ class QueryEngine:
         tool_choice: str | None = None,
         max_tool_result_chars: int | None = 100_000,
     ) -> None:
+        """Raises TypeError or ValueError for an argument the engine cannot run with (see
+        `agentloop._options`, where the checks are). Longer than most: its signature is the
+        public list of settings, and its body sets each attribute once (see the limit below)."""
         check_model(model)
         check_session(session)
         # At most 30 attributes: CPython 3.11 shares one key table among the instances of a class

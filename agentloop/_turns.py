@@ -64,6 +64,8 @@ async def open_run(
 def _begin(
     engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None = None
 ) -> tuple[RunState, list[Message] | None]:
+    """The run's state, put in place once its store is claimed and the host's changes to the
+    transcript are vetted and recorded; ``waited``: the hand-over of a run that waited."""
     if engine._state is not None:
         raise RuntimeError(
             "a run is already in progress on this engine (one you stopped iterating but still hold "
@@ -136,12 +138,16 @@ def next_turn(engine: QueryEngine, st: RunState, stopped: bool) -> list[Message]
 
 
 def _user(engine: QueryEngine, text: str, wrap: bool, **fields: object) -> Message:
+    """A user message of ``text``; ``wrap``: in the interrupt envelope."""
     if wrap:
         text = envelope(engine.options.texts.interrupt_envelope, [text])
     return Message.user(text, **fields)
 
 
 def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Message]:
+    """The first turn's messages: texts sent now while the engine was idle, then ``prompt``;
+    without one, the queued follow-ups, or [] to resume. Raises ValueError or TypeError for a
+    prompt it cannot send, ValueError when there is nothing to run."""
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
@@ -187,6 +193,8 @@ def _in_envelope(engine: QueryEngine, message: Message) -> Message:
 
 
 def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
+    """The queued texts that start a turn, as messages: the send-now texts, else (when
+    ``follow_ups``) the follow-ups."""
     inbox = engine.inbox
     items = inbox.take(inbox.send_now)
     if not items and follow_ups:
@@ -236,5 +244,6 @@ def _unanswered_person(messages: list[Message]) -> bool:
 
 
 def _deadline_passed(st: RunState) -> None:
+    """The run's ``deadline`` timer: the run expires, aborted with "deadline"."""
     st.expired = True
     st.controller.abort("deadline")
