@@ -195,7 +195,12 @@ class ModelPhase:
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
         self.delay = None
-        if outcome.aborted:
+        # An attempt that failed, or stopped short of its end event, once the run was aborted was
+        # ended by the abort: a model may honour the signal by ending its stream, or fail as its
+        # closed connection does. Not a model error, and not retried.
+        if outcome.aborted or (
+            st.signal.aborted and outcome.cut is None and (outcome.error is not None or not acc.ended)
+        ):
             settle_partial(engine, st)
             st.terminal = abort_terminal(st)
             return []

@@ -117,6 +117,50 @@ async def test_checkpoint1_incomplete_tool_use_and_unsigned_thinking_are_dropped
     assert validate_transcript(engine.messages) == []
 
 
+
+class _StopsOnAbort:
+    """A model of the host's own that honours the signal its own way: by ending its stream
+    (``stop``), or by failing the way its connection does once closed (``fail``)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.requests = 0
+
+    async def stream(self, request: object, signal: Any) -> Any:
+        from agentloop.models import StreamText
+
+        self.requests += 1
+        for word in ("Hello ", "world ", "again"):
+            if signal.aborted:
+                if self.how == "stop":
+                    return
+                raise ModelError("connection closed", retryable=self.how == "fail")
+            yield StreamText(0, word)
+
+
+@pytest.mark.parametrize("how", ["stop", "fail", "fail_for_good"])
+async def test_checkpoint1_a_stream_that_ends_or_fails_once_aborted_ends_as_the_abort(how: str) -> None:
+    """A stream that stopped, or failed, after the host's interrupt ended the turn with
+    ``model_error`` ("the model stream ended without its end event"): no abort reason, no notice,
+    no abort hook called; the interrupt was lost."""
+    model = _StopsOnAbort(how)
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason, end.error) == ("aborted_streaming", "cancel", None)
+    assert hooked == ["cancel"] and model.requests == 1  # not retried
+    assert [m.text for m in engine.messages] == ["go", "Hello", TEXTS.interrupt_notice]
+    assert engine.messages[1].partial
+    assert validate_transcript(engine.messages) == []
+
+
 # -- checkpoint 2: between the response and the tools ---------------------------------
 
 
