@@ -540,8 +540,11 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
+    # After a completed turn, an interjection that came since the loop last looked (from another
+    # thread) gets a turn of its own, as one sent after the TurnEnded does (`_next_turn`).
     st.continues = not (st.expired or st.finishing) and (
-        bool(inbox.send_now) or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups))
+        bool(inbox.send_now)
+        or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups or inbox.interjections))
     )
     if not st.continues and inbox.interjections:
         dropped = inbox.take(inbox.interjections)

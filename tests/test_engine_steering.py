@@ -117,6 +117,33 @@ async def test_interjection_safe_point_before_turn_end_keeps_the_turn_going() ->
     assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
 
 
+
+async def test_an_interjection_that_lands_as_a_completed_turn_ends_gets_a_turn_not_a_drop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From another thread, interject() after the loop checked the queue for the last response
+    but before the turn's end: the completed turn reported it dropped (``reason="completed"``),
+    though the same text a moment later (after the TurnEnded) got a turn of its own."""
+    import agentloop._loop as loop_module
+
+    engine = engine_for(["first", "second"])
+    receipts: list[str] = []
+    strip_final = loop_module.strip_final
+
+    def interject_then_strip(target: QueryEngine) -> None:
+        if not receipts:
+            receipts.append(target.interject("one more thing"))  # what a UI thread does at this instant
+        strip_final(target)
+
+    monkeypatch.setattr(loop_module, "strip_final", interject_then_strip)
+    events = await collect(engine, "go")
+    assert not [e for e in events if isinstance(e, InterjectionDropped)]
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [tuple(receipts)]
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+    assert [m.kind for m in engine.messages] == [None, None, "interjection", None]
+    assert engine.messages[-1].text == "second" and validate_transcript(engine.messages) == []
+
+
 @pytest.mark.parametrize("how", ["submit_steer", "interject"])
 async def test_a_message_steered_in_while_the_host_holds_the_last_turnended_gets_its_turn(how: str) -> None:
     """A message steered in while the host handled the final TurnEnded (the run still going)
