@@ -715,6 +715,43 @@ async def test_send_now_text_is_never_lost_even_if_cancel_won() -> None:
     assert any(m.text == "keep me" for m in engine.messages)
 
 
+
+@pytest.mark.parametrize("at", ["same_moment", "while_the_turn_settles"])
+async def test_an_interrupt_after_a_send_now_stops_the_turn_its_text_starts(at: str) -> None:
+    """send_now() then interrupt(), before the send-now's turn began (at once, or while the
+    stopped turn's tool used its cancel grace): the interrupt landed on the turn the send-now had
+    stopped already and was ignored, so the send-now's turn made its model request anyway. The
+    user's last word was "stop"; the text stays in the transcript for the next run."""
+    release = asyncio.Event()
+
+    @tool
+    async def build(ctx: ToolContext) -> str:
+        """Ignores the signal until released."""
+        await release.wait()
+        return "built"
+
+    engine = engine_for([calls("build"), "the answer to the send-now", "unused"], tools=[build])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted):
+            engine.send_now("do this instead")
+            if at == "same_moment":
+                engine.interrupt()
+                release.set()
+            else:
+                asyncio.get_running_loop().call_soon(engine.interrupt)
+                asyncio.get_running_loop().call_later(0.01, release.set)
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("aborted_tools", "send_now"), ("aborted_streaming", "cancel")]
+    assert engine.model.request_count == 1  # type: ignore[attr-defined]
+    assert [m.text for m in engine.messages[3:]] == ["do this instead", TEXTS.interrupt_notice]
+    assert hooked == ["send_now", "cancel"]
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_other_reasons_are_treated_like_cancel() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)])
     await interrupt_at_first_text(engine, "escape_key")
