@@ -365,6 +365,36 @@ async def test_usage_limit_ends_with_its_terminal() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+
+async def test_usage_limit_is_not_overrun_by_transport_retries() -> None:
+    """A retryable failure after the request's prompt was counted (Anthropic reports the input
+    tokens at the stream's start; an ``overloaded_error`` can come after) was retried whatever the
+    run had used: with ``usage_limit=60_000`` and a 50,000-token prompt, six requests went out and
+    300,000 tokens were spent, and the turn ended with ``model_error``. A retry is a model request:
+    once the limit is reached, none is made."""
+    from agentloop.models import StreamText, StreamUsage, Usage
+
+    class Overloaded:
+        requests = 0
+
+        async def stream(self, request: object, signal: object) -> AsyncGenerator[object, None]:
+            self.requests += 1
+            yield StreamUsage(Usage(input_tokens=50_000, output_tokens=0))
+            yield StreamText(0, "Let me ")
+            raise ModelError("overloaded", retryable=True)
+
+    model = Overloaded()
+    engine = QueryEngine(model, policies=[], usage_limit=60_000, retry_budget=5, retry_base_delay=0)  # type: ignore[arg-type]
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert model.requests == 2  # the second one reached the limit
+    assert isinstance(end, TurnEnded) and end.reason == "usage_limit" and end.usage.total == 100_000
+    assert "overloaded" in (end.error or "") and "usage_limit" in (end.error or "")
+    assert [e.attempt for e in events if isinstance(e, Retrying)] == [1]
+    assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"  # as a failure that is not retried
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_deadline_ends_with_its_terminal_and_no_notice() -> None:
     engine = QueryEngine(HangingModel(), policies=[], deadline=0.05)
     events = await collect(engine, "go")
