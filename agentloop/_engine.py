@@ -556,6 +556,13 @@ class QueryEngine:
                         await result
                 except Exception:
                     log.exception("on_abort hook %r failed", fn)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                        raise
+                    # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
+                    # something that was cancelled). A failed hook, like one that raises.
+                    log.exception("on_abort hook %r failed: it was cancelled, though the run was not", fn)
         finally:
             _hooked_engine.reset(token)
 

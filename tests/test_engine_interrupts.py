@@ -821,6 +821,31 @@ async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
     assert got == ["sync:stop", "async:stop"]
 
 
+
+async def test_an_abort_hook_that_meets_a_cancellation_of_its_own_is_a_failed_hook(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook awaiting cleanup that someone else cancelled (a connection's reader task stopped
+    during its shutdown) raised CancelledError out of ``run()`` into a host whose task nobody had
+    cancelled: no TurnEnded, and the hooks after it were never called. It is a hook that failed:
+    logged, and the others still run."""
+    got: list[str] = []
+
+    async def cleanup(reason: str) -> None:
+        reader = asyncio.ensure_future(asyncio.Event().wait())
+        reader.cancel()  # stopped by the connection's own shutdown
+        await reader
+
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
+    engine.on_abort(cleanup)
+    engine.on_abort(got.append)
+    with caplog.at_level(logging.ERROR, logger="agentloop"):
+        await interrupt_at_first_text(engine)
+    assert got == ["cancel"]
+    end = engine.last_turn_ended
+    assert end is not None and (end.reason, end.abort_reason) == ("aborted_streaming", "cancel")
+    assert any("on_abort hook" in r.getMessage() for r in caplog.records)
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
 async def test_an_abort_hook_cut_short_by_a_cancel_of_the_host_is_not_called_again() -> None:
     """A server interrupts the run, then cancels its task while a slow async on_abort hook runs
     (closing a connection, say): the cleanup that follows must not call the hooks a second time."""
