@@ -53,7 +53,8 @@ def wait_at_run_end(task: asyncio.Task[Any]) -> bool:
 
 async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
     """Call the engine's `on_abort` hooks with ``reason`` (main-only ones for a main engine
-    only); a hook that raises is logged and the rest still run."""
+    only); a hook that raises, or meets a cancellation of its own, is logged and the rest
+    still run."""
     token = _hooked_engine.set(engine)
     try:
         for fn, main_only in engine._abort_hooks:
@@ -65,6 +66,13 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
                     await result
             except Exception:
                 log.exception("on_abort hook %r failed", fn)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                    raise
+                # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
+                # something that was cancelled). A failed hook, like one that raises.
+                log.exception("on_abort hook %r failed: it was cancelled, though the run was not", fn)
     finally:
         _hooked_engine.reset(token)
 
@@ -83,8 +91,11 @@ async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) ->
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
+    # After a completed turn, an interjection that came since the loop last looked (from another
+    # thread) gets a turn of its own, as one sent after the TurnEnded does (`next_turn`).
     st.continues = not (st.expired or st.finishing) and (
-        bool(inbox.send_now) or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups))
+        bool(inbox.send_now)
+        or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups or inbox.interjections))
     )
     if not st.continues and inbox.interjections:
         dropped = inbox.take(inbox.interjections)

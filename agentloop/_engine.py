@@ -230,7 +230,14 @@ class QueryEngine:
                 waiting.controller.abort(str(reason))
             state = self._state
             if state is not None:
-                state.controller.abort(str(reason))
+                controller = state.controller
+                controller.abort(str(reason))
+                if controller.signal.reason == "send_now" and reason != "send_now":
+                    # A send_now stopped this turn already: the stop is for the turn its text
+                    # starts, before that turn's model request (the text stays in the transcript).
+                    state.stop_next = str(reason)
+                    if state.controller is not controller:  # that turn began meanwhile (another thread)
+                        state.controller.abort(str(reason))
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 

@@ -110,6 +110,9 @@ def start_turn(
         # was read: the stop was meant for this turn. (A send_now's stop never is: it stops the
         # turn it interrupted, and the text it queued starts a turn of its own.)
         st.controller.abort(spent.reason)
+    held, st.stop_next = st.stop_next, None
+    if held is not None:  # interrupt() after the send_now that stopped the spent turn: "stop" came last
+        st.controller.abort(held)
     for message in starts:
         engine._commit(message)
     # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
