@@ -42,6 +42,40 @@ def test_throw_if_aborted_raises_abort_error_with_reason() -> None:
     assert info.value.reason == "deadline"
 
 
+@pytest.mark.parametrize(("given", "reason"), [(None, "cancel"), (42, "42"), (AbortError("x"), "aborted: x")])
+def test_an_abort_whose_reason_is_not_a_string_still_aborts_everything_that_follows_the_signal(
+    given: object, reason: str
+) -> None:
+    # abort(None) used to store None: the signal claimed it had not aborted, ignored every later
+    # abort, and raised an AssertionError into the caller once it had a listener.
+    c = AbortController()
+    child = AbortController(parent=c.signal)
+    heard: list[str] = []
+    c.signal.add_listener(heard.append)
+    c.abort(given)  # type: ignore[arg-type]
+    c.abort("later")
+    assert (c.signal.aborted, c.signal.reason, child.signal.reason, heard) == (True, reason, reason, [reason])
+    with pytest.raises(AbortError) as info:
+        c.signal.throw_if_aborted()
+    assert info.value.reason == reason
+    fired = threading.Event()
+    late = AbortSignal.timeout(0, reason=None)  # type: ignore[arg-type]  # a thread timer: no loop runs
+    late.add_listener(lambda r: fired.set())
+    assert fired.wait(10) and late.reason == "deadline"  # its own default, as for abort(None)
+
+
+def test_an_abort_error_keeps_its_reason_and_message_when_copied_or_pickled() -> None:
+    import copy
+    import pickle
+
+    for again in (copy.copy, copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))):
+        err = again(AbortError("send_now"))
+        assert (type(err), err.reason, str(err), err.args) == (AbortError, "send_now", "aborted: send_now", ("aborted: send_now",))
+    noted = AbortError("cancel")
+    noted.add_note("while reading")
+    assert pickle.loads(pickle.dumps(noted)).__notes__ == ["while reading"]
+
+
 def test_abort_from_many_threads_has_exactly_one_winner() -> None:
     for _ in range(50):
         c = AbortController()
