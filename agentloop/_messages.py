@@ -8,6 +8,8 @@ shared with a request that is in flight.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
@@ -333,17 +335,66 @@ _QUICK_FIELDS = frozenset({"partial", "synthetic", "kind", "meta"})
 
 def jsonable(value: Any, fallback: Callable[[Any], str]) -> Any:
     """``value`` as JSON-ready data, as pydantic dumps it (models, dataclasses, datetimes,
-    enums...); what it cannot dump becomes ``fallback(value)``, element by element inside a
-    container that fails as a whole (bytes that are not UTF-8, nesting too deep). An iterator
-    is never run (pydantic would drain it, forever for an endless one): it is ``fallback``'s too.
+    enums...); what it cannot dump becomes ``fallback(value)``, part by part inside a
+    container that fails as a whole (bytes that are not UTF-8, nesting too deep): the items
+    of a mapping or a sequence, the fields of a model or a dataclass. An iterator is never
+    run (pydantic would drain it, forever for an endless one), also inside a container: it
+    is ``fallback``'s too. So is a container met again inside itself.
     """
+    return _jsonable(value, fallback, set())
+
+
+def _jsonable(value: Any, fallback: Callable[[Any], str], path: set[int]) -> Any:
+    """`jsonable`; ``path``: the ids of the containers being converted, from the outermost in."""
     if isinstance(value, Iterator | AsyncIterator):
         return fallback(value)
-    try:
-        return to_jsonable_python(value, fallback=fallback)
-    except (PydanticSerializationError, ValueError):
-        if isinstance(value, Mapping):
-            return {str(k): jsonable(v, fallback) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [jsonable(v, fallback) for v in value]
+    if not _holds_iterator(value, set()):
+        try:
+            return to_jsonable_python(value, fallback=fallback)
+        except (PydanticSerializationError, ValueError):
+            pass
+    parts = _parts(value)
+    if parts is None or id(value) in path:
         return fallback(value)
+    path.add(id(value))
+    try:
+        if isinstance(parts, Mapping):
+            return {str(k): _jsonable(v, fallback, path) for k, v in parts.items()}
+        return [_jsonable(v, fallback, path) for v in parts]
+    finally:
+        path.discard(id(value))
+
+
+#: Values pydantic dumps without looking inside: no iterator can hide in them.
+_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _holds_iterator(value: object, seen: set[int]) -> bool:
+    """Whether ``value`` is an iterator or holds one in what pydantic walks into (``seen``:
+    the containers looked into already)."""
+    if type(value) in _ATOMS:
+        return False
+    if isinstance(value, Iterator | AsyncIterator):
+        return True
+    parts = _parts(value)
+    if parts is None or id(value) in seen:
+        return False
+    seen.add(id(value))
+    atoms = _ATOMS
+    if isinstance(parts, Mapping):
+        parts = (x for item in parts.items() for x in item)  # keys and values
+    # The type test inline: a list of a million numbers costs no call per number.
+    return any(type(v) not in atoms and _holds_iterator(v, seen) for v in parts)
+
+
+def _parts(value: object) -> Mapping[Any, Any] | Iterable[Any] | None:
+    """What pydantic dumps ``value`` from: its items, or its fields by name; None for a value
+    that is no container."""
+    if isinstance(value, Mapping | list | tuple | set | frozenset | deque):
+        return value
+    if isinstance(value, BaseModel):
+        fields = {name: getattr(value, name) for name in type(value).model_fields}
+        return {**fields, **(value.__pydantic_extra__ or {})}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return None
