@@ -222,9 +222,7 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
         if not msg.content:
             out.append(f"{where}: empty message")
         for block in msg.content:
-            why = _droppable(block) or _misplaced(block, msg.role)
-            if why is not None:
-                out.append(f"{where}: {why}")
+            out.extend(f"{where}: {why}" for why in (_droppable(block), _misplaced(block, msg.role)) if why is not None)
             if _unencodable(block):
                 out.append(f"{where}: {block.type} block holds text UTF-8 cannot encode (a lone UTF-16 surrogate)")
         if expected:

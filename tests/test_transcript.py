@@ -245,6 +245,19 @@ def test_rule_blocks_in_the_wrong_role() -> None:
     only([u(T(text="q"), ThinkingBlock(thinking="t", signature="s"))], "thinking block inside a user message")
 
 
+def test_a_block_that_breaks_two_rules_is_reported_once_for_each() -> None:
+    # Only the first rule was reported: an unsigned thinking block in a user message was "without
+    # a signature", and signing it would have left a block the user may not send.
+    for block, rules in [
+        (ThinkingBlock(thinking="t", signature=""), ["without a signature", "thinking block inside a user message"]),
+        (use("1", complete=False), ["never completed", "tool_use block inside a user message"]),
+    ]:
+        problems = validate_transcript([u(T(text="q"), block)])
+        assert len(problems) == 2 and all(rule in line for rule, line in zip(rules, problems, strict=True)), problems
+        changes: list[str] = []
+        assert validate_transcript(repair_transcript([u(T(text="q"), block)], changes=changes)) == [] and changes
+
+
 def test_repair_synthesizes_a_result_saying_what_happened() -> None:
     changes: list[str] = []
     fixed = repair_transcript([u(T(text="q")), a(use("1", "bash"))], changes=changes)
