@@ -336,7 +336,8 @@ def test_repair_keeps_a_result_found_inside_an_assistant_message() -> None:
 
 # The last three as other providers make them: Kimi's, vLLM's (46 characters), and a long one.
 ids = st.sampled_from(["a", "b", "c", "d", "", "a_1", "functions.read:0", "chatcmpl-tool-" + "f" * 32, "x" * 70])
-texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "caf\udce9"])  # the last: R9
+# Unicode spaces Python strips (U+00A0, U+3000) and one it does not (U+200B); the last: R9.
+texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "a\r\n", "\xa0", "\u3000", "\u200b", "caf\udce9"])
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
     st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig", '{"id": "rs_1"}'])),  # last: OpenAI's
@@ -347,7 +348,12 @@ blocks = st.one_of(
         st.sampled_from(["t", "multi_tool_use.parallel"]),  # the second: a name a model made up
         st.booleans(),
     ),
-    st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
+    st.builds(
+        lambda i, t, e: ToolResultBlock(tool_use_id=i, content=t, is_error=e),
+        ids,
+        texts.map(lambda t: t or "r") | st.lists(texts.map(lambda t: TextBlock(text=t)), max_size=3),  # a string, or blocks
+        st.booleans(),
+    ),
     st.builds(  # a server tool's call or result, as Anthropic sends it (the last: R9)
         lambda d: ProviderBlock(provider="anthropic", data=d),
         st.sampled_from(
@@ -360,9 +366,10 @@ blocks = st.one_of(
     ),
 )
 messages = st.builds(
-    lambda role, content: Message(role=role, content=content),
+    lambda role, content, partial: Message(role=role, content=content, partial=partial),
     st.sampled_from(["user", "assistant"]),
     st.lists(blocks, max_size=4),
+    st.booleans(),
 )
 transcripts = st.lists(messages, max_size=8)
 
@@ -388,8 +395,10 @@ def test_property_repair_is_deterministic(msgs: list[Message]) -> None:
 @given(transcripts)
 def test_property_validate_reports_nothing_iff_repair_changes_nothing(msgs: list[Message]) -> None:
     changes: list[str] = []
-    repair_transcript(msgs, changes=changes)
+    fixed = repair_transcript(msgs, changes=changes)
     assert (validate_transcript(msgs) == []) == (changes == [])
+    if not changes:  # a valid transcript comes back as it was: the same objects, in the same order
+        assert len(fixed) == len(msgs) and all(x is y for x, y in zip(fixed, msgs, strict=True))
 
 
 def _tagged(msgs: list[Message]) -> list[Message]:
