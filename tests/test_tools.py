@@ -288,6 +288,30 @@ async def test_a_tool_result_holding_an_iterator_inside_a_model_or_dataclass_nev
     assert got[3] == {"name": "blob", "raw": repr(b"\xff\xfe")}  # was the model's str(): "name='blob' raw=..."
 
 
+async def test_a_returned_result_block_built_without_validation_gives_a_result_not_a_crashed_run() -> None:
+    # model_copy(update=...) and model_construct do not validate: a block whose content was None,
+    # bytes or a list of strings reached the loop and ended run() with a TypeError.
+    made = ToolResultBlock(tool_use_id="mine", content="draft")
+
+    @tool(concurrency_safe=True)
+    async def odd(kind: str) -> ToolResultBlock:
+        return {
+            "none": made.model_copy(update={"content": None}),
+            "bytes": made.model_copy(update={"content": b"raw", "is_error": True}),
+            "strings": ToolResultBlock.model_construct(tool_use_id="x", content=["a", "b"]),
+            "blocks": made.model_copy(update={"content": [TextBlock(text="fine")]}),
+        }[kind]
+
+    kinds = ("none", "bytes", "strings", "blocks")
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("odd", {"kind": k}) for k in kinds])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[odd], policies=[])
+    events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert validate_transcript(engine.messages) == []
+    got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
+    assert got == [("(no output)", False), ('"raw"', True), ('["a", "b"]', False), ("fine", False)]
+
+
 class _NoMessage(Exception):
     def __str__(self) -> str:
         raise AttributeError("'_NoMessage' object has no attribute 'msg'")
