@@ -129,6 +129,31 @@ def test_validate_reports_what_is_not_a_list_of_messages_instead_of_raising() ->
     assert validate_transcript(iter([ok, a(T(text="fine"))])) == []  # type: ignore[arg-type]  # any iterable
 
 
+def test_validate_reports_a_block_whose_fields_were_replaced_without_validation_instead_of_raising() -> None:
+    # One level down from a message's fields: validate raised AttributeError or TypeError, and
+    # repair_transcript failed the same way instead of with its TypeError that says which entry.
+    q = u(T(text="q"))
+    broken = [
+        q.model_copy(update={"content": [T(text="x").model_copy(update={"text": None})]}),
+        a(use("1"), ThinkingBlock(thinking="t", signature="s").model_copy(update={"signature": None})),
+        u(res("1").model_copy(update={"content": None}), res("2").model_copy(update={"content": ["a"]})),
+        a(use("3").model_copy(update={"id": 3}), use("4").model_copy(update={"input": "{}"})),
+        q.model_copy(update={"content": [res("3").model_copy(update={"is_error": "yes"}), T(text="y").model_copy(update={"type": "thinking"})]}),
+    ]
+    assert validate_transcript(broken) == [
+        "messages[0]: content[0] (text): text is of type NoneType, not str",
+        "messages[1]: content[1] (thinking): signature is of type NoneType, not str",
+        "messages[2]: content[0] (tool_result): content is of type NoneType, not a string or a list of text blocks",
+        "messages[2]: content[1] (tool_result): content is of type list, not a string or a list of text blocks",
+        "messages[3]: content[0] (tool_use): id is of type int, not str",
+        "messages[3]: content[1] (tool_use): input is of type str, not dict",
+        "messages[4]: content[0] (tool_result): is_error is of type str, not bool",
+        "messages[4]: content[1] (text): type is 'thinking', not 'text'",
+    ]
+    with pytest.raises(TypeError, match=r"messages\[0\]: content\[0\] \(text\): text is of type NoneType.*and 5 more"):
+        repair_transcript(broken)
+
+
 @given(st.recursive(st.none() | st.integers() | st.text(max_size=3) | st.just(Message.user("x")), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=2), max_leaves=6))
 def test_property_validate_never_raises_and_repair_raises_only_type_error(value: object) -> None:
     problems = validate_transcript(value)  # type: ignore[arg-type]
