@@ -346,16 +346,22 @@ def jsonable(value: Any, fallback: Callable[[Any], str]) -> Any:
 
 def _jsonable(value: Any, fallback: Callable[[Any], str], path: set[int]) -> Any:
     """`jsonable`; ``path``: the ids of the containers being converted, from the outermost in."""
-    if isinstance(value, Iterator | AsyncIterator):
+    kind = _kind(type(value))
+    if kind == _ITERATOR:
         return fallback(value)
     if not _holds_iterator(value, set()):
         try:
             return to_jsonable_python(value, fallback=fallback)
         except (PydanticSerializationError, ValueError):
             pass
-    parts = _parts(value)
-    if parts is None or id(value) in path:
+    if kind == _ATOM or id(value) in path:
         return fallback(value)
+    if kind == _FIELDS:
+        names = type(value).model_fields if isinstance(value, BaseModel) else [f.name for f in dataclasses.fields(value)]
+        parts: Any = {name: getattr(value, name) for name in names}
+        parts.update(getattr(value, "__pydantic_extra__", None) or {})
+    else:
+        parts = value
     path.add(id(value))
     try:
         if isinstance(parts, Mapping):
@@ -365,36 +371,51 @@ def _jsonable(value: Any, fallback: Callable[[Any], str], path: set[int]) -> Any
         path.discard(id(value))
 
 
-#: Values pydantic dumps without looking inside: no iterator can hide in them.
-_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+# What a value is to pydantic's dump, by its type: an atom (nothing inside it is dumped), an
+# iterator (which it would drain), a container of items, or a model or dataclass of fields.
+_ATOM, _ITERATOR, _ITEMS, _FIELDS = range(4)
+_KINDS: dict[type, int] = dict.fromkeys((str, int, float, bool, bytes, type(None)), _ATOM)
 
 
-def _holds_iterator(value: object, seen: set[int]) -> bool:
+def _kind(cls: type) -> int:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, Iterator | AsyncIterator):
+            kind = _ITERATOR
+        elif issubclass(cls, Mapping | list | tuple | set | frozenset | deque):
+            kind = _ITEMS
+        elif issubclass(cls, BaseModel) or dataclasses.is_dataclass(cls):
+            kind = _FIELDS
+        else:
+            kind = _ATOM
+        if len(_KINDS) < 1000:  # classes made on the fly (create_model) are not all kept
+            _KINDS[cls] = kind
+    return kind
+
+
+def _holds_iterator(value: Any, seen: set[int]) -> bool:
     """Whether ``value`` is an iterator or holds one in what pydantic walks into (``seen``:
     the containers looked into already)."""
-    if type(value) in _ATOMS:
+    kind = _kind(type(value))
+    if kind == _ATOM:
         return False
-    if isinstance(value, Iterator | AsyncIterator):
+    if kind == _ITERATOR:
         return True
-    parts = _parts(value)
-    if parts is None or id(value) in seen:
+    if id(value) in seen:
         return False
     seen.add(id(value))
-    atoms = _ATOMS
-    if isinstance(parts, Mapping):
-        parts = (x for item in parts.items() for x in item)  # keys and values
-    # The type test inline: a list of a million numbers costs no call per number.
-    return any(type(v) not in atoms and _holds_iterator(v, seen) for v in parts)
-
-
-def _parts(value: object) -> Mapping[Any, Any] | Iterable[Any] | None:
-    """What pydantic dumps ``value`` from: its items, or its fields by name; None for a value
-    that is no container."""
-    if isinstance(value, Mapping | list | tuple | set | frozenset | deque):
-        return value
-    if isinstance(value, BaseModel):
-        fields = {name: getattr(value, name) for name in type(value).model_fields}
-        return {**fields, **(value.__pydantic_extra__ or {})}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    return None
+    if kind == _FIELDS:
+        # A model's fields are in its __dict__ (and its extra fields apart); a dataclass's too,
+        # unless it has slots.
+        extra = getattr(value, "__pydantic_extra__", None)
+        if hasattr(value, "__dict__"):
+            items: Iterable[Any] = [*value.__dict__.values(), *(extra or {}).values()]
+        else:
+            items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, Mapping):
+        items = (x for item in value.items() for x in item)  # keys and values
+    else:
+        items = value
+    kinds = _KINDS
+    # The atoms' test inline: a list of a million numbers costs no call per number.
+    return any(kinds.get(type(v)) != _ATOM and _holds_iterator(v, seen) for v in items)
