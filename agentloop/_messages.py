@@ -344,6 +344,12 @@ def jsonable(value: Any, fallback: Callable[[Any], str]) -> Any:
     return _jsonable(value, fallback, set())
 
 
+def holds_iterator(value: object) -> bool:
+    """Whether ``value`` is, or holds where pydantic's dump would reach it, an iterator:
+    a dump would drain it (forever, for an endless one)."""
+    return _holds_iterator(value, set())
+
+
 def _jsonable(value: Any, fallback: Callable[[Any], str], path: set[int]) -> Any:
     """`jsonable`; ``path``: the ids of the containers being converted, from the outermost in."""
     kind = _kind(type(value))
