@@ -163,7 +163,8 @@ class AbortSignal:
         if math.isnan(seconds):
             raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         controller = AbortController()
-        reason = reason if isinstance(reason, str) else _reason(reason, "deadline")
+        if not isinstance(reason, str):  # the timer's abort() would refuse it, and never abort
+            raise TypeError(f"AbortSignal.timeout takes a str reason, such as \"deadline\", not {reason!r}")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -245,10 +246,11 @@ class AbortController:
     def abort(self, reason: str = "cancel") -> None:
         """Abort the signal with ``reason``. Idempotent: later calls are ignored.
 
-        ``None`` means the default reason, and any other value that is not a string its ``str()``:
-        ``signal.reason`` is a string once aborted, whatever the caller passed.
-        """
-        self.signal._abort(reason if isinstance(reason, str) else _reason(reason, "cancel"))
+        Raises TypeError, and aborts nothing, for a ``reason`` that is not a str (a None reason
+        would take the signal's one abort and leave it not aborted, for good)."""
+        if not isinstance(reason, str):
+            raise TypeError(f"abort() takes a str reason, such as \"cancel\", not {reason!r}")
+        self.signal._abort(reason)
 
     def unlink(self) -> None:
         """Stop following the parent signal."""
@@ -326,18 +328,6 @@ def _wake(futures: set[asyncio.Future[str]], reason: str) -> None:
 
 def _nothing() -> None:
     pass
-
-
-def _reason(value: object, default: str) -> str:
-    """An abort reason that is not a string, as one: ``default`` for None, else its ``str()``
-    (its type's name when that fails). A None kept as the reason would leave the signal
-    claiming it never aborted, and deaf to every later abort."""
-    if value is None:
-        return default
-    try:
-        return str(value)
-    except Exception:
-        return type(value).__name__
 
 
 def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
