@@ -32,9 +32,7 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
         if not msg.content:
             out.append(f"{where}: empty message")
         for block in msg.content:
-            why = droppable(block) or misplaced(block, msg.role)
-            if why is not None:
-                out.append(f"{where}: {why}")
+            out.extend(f"{where}: {why}" for why in (droppable(block), misplaced(block, msg.role)) if why is not None)
             if unencodable(block):
                 out.append(f"{where}: {block.type} block holds text UTF-8 cannot encode (a lone UTF-16 surrogate)")
         if expected:
