@@ -74,7 +74,7 @@ class RunHandle(AsyncGenerator[Event, None]):
         await self._agen.aclose()
 
     def __del__(self) -> None:
-        try:  # the import too: at interpreter exit, an import fails ("sys.meta_path is None")
+        try:  # at interpreter exit, what it calls may be torn down already
             consumer_gone(self._engine, self._token)
         except Exception:  # never raise from a finalizer
             pass
