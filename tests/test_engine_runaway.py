@@ -988,3 +988,53 @@ async def test_a_policy_without_client_detectors_is_handed_no_delta() -> None:
     calls = await _python_calls_into(agentloop.policies.__file__, engine)
     assert calls < 40
     assert [m.text for m in engine.messages] == ["go", "Fixed it."]  # the server's confident signal resampled
+
+
+async def test_a_stop_text_with_a_typo_still_ends_the_turn(caplog: pytest.LogCaptureFixture) -> None:
+    """A host's ``end_text`` naming a field the template lacks made the policy raise at the
+    12th call, every call after: logged and ignored, so the loop was never stopped."""
+    policy = IdenticalToolCallRun()
+    policy.end_text = "Stopped after {n} identical calls"
+    engine = QueryEngine(ScriptedModel([same_call()] * 30), tools=[read_file], policies=[policy], max_turns=30)
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.turns == 12
+    assert end.detail is not None and end.detail.startswith("Stopped: the same tool call(s) (read_file)")
+    assert "IdenticalToolCallRun.end_text" in caplog.text
+    assert validate_transcript(engine.messages) == []
+
+
+class _AsyncResults(Policy):
+    async def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return EndTurn("never seen")
+
+
+class _AsyncStream(ConservativeDoomLoopPolicy):
+    async def on_stream(self, event: StreamEvent) -> Verdict | None:  # type: ignore[override]
+        return None
+
+
+class _AsyncBegin(Policy):
+    async def begin_turn(self, *, real_user: bool) -> None:  # type: ignore[override]
+        return None
+
+
+@pytest.mark.parametrize("policy", [_AsyncResults, _AsyncStream, _AsyncBegin])
+def test_a_policy_with_an_async_hook_is_refused_at_construction(policy: type[Policy]) -> None:
+    """Hooks are called, not awaited: an ``async def`` hook returned a coroutine that nothing
+    awaited, so the policy never acted (and each call left a "never awaited" warning)."""
+    with pytest.raises(TypeError, match=r"hooks are plain functions.*async def"):
+        QueryEngine(ScriptedModel(["done"]), policies=[policy()])
+
+
+async def test_a_hook_that_returns_something_else_than_a_verdict_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook that returns a string (``"stop"``) or a bool was ignored without a word: the host
+    could not tell its policy from one that never fired."""
+
+    class SaysStop(Policy):
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return "stop"  # type: ignore[return-value]
+
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[SaysStop()])
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert "SaysStop.on_results returned 'stop', not a verdict" in caplog.text
