@@ -303,8 +303,11 @@ class QueryEngine:
     def _set_tools(self, tools: Sequence[Tool]) -> None:
         self.tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
         self.tool_specs = tuple(self.tools.values())
-        for policy in self.policies:
-            policy.bind(self.tools)
+        for policy in self.policies:  # each one: a policy's bug leaves the others bound to these tools
+            try:
+                policy.bind(self.tools)
+            except Exception:
+                log.exception("policy %s.bind raised; ignored", policy.name)
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""

@@ -1038,3 +1038,33 @@ async def test_a_hook_that_returns_something_else_than_a_verdict_is_logged(caplo
     end = (await collect(engine, "go"))[-1]
     assert isinstance(end, TurnEnded) and end.reason == "completed"
     assert "SaysStop.on_results returned 'stop', not a verdict" in caplog.text
+
+
+async def test_a_policy_whose_bind_raises_on_a_tool_change_leaves_the_others_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tool server redeclares ``todo`` as normal mid-run. A policy whose ``bind`` raised kept
+    the policies after it bound to the old tools (the stock one still took ``todo`` for tight
+    and ended the turn at 8), and the failure was reported as the tool watcher's, with "the
+    tools are kept", though the engine had taken the new tools."""
+
+    class Brittle(Policy):
+        binds = 0
+
+        def bind(self, tools: object) -> None:
+            Brittle.binds += 1
+            if Brittle.binds > 1:
+                raise RuntimeError("bind failed")
+
+    @tool(name="todo")
+    async def plain_todo(items: list[str]) -> str:
+        return "ok"
+
+    engine = QueryEngine(
+        ScriptedModel([same_call("todo", items=["x"])] * 20), tools=[todo], policies=[Brittle(), IdenticalToolCallRun()]
+    )
+    engine.watch_tools(lambda tools: [plain_todo])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12  # type: ignore[union-attr]
+    assert "policy Brittle.bind raised" in caplog.text
+    assert "the tools are kept" not in caplog.text
