@@ -208,7 +208,10 @@ HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_respons
 
 def _not_a_verdict(policy: Policy, hook: str, value: object) -> None:
     """A hook returned something that is neither a verdict nor None (``"stop"``, True): a policy
-    bug, logged and ignored like one that raises."""
+    bug, logged and ignored like one that raises. A coroutine (an async function set on the
+    instance, which `check_hooks` cannot see) is closed, so it is not reported again, unawaited."""
+    if inspect.iscoroutine(value):
+        value.close()
     log.error(
         "policy %s.%s returned %s, not a verdict (Nudge, EndTurn, Warn, Resample or None); ignored",
         policy.name,

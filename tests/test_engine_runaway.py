@@ -1068,3 +1068,18 @@ async def test_a_policy_whose_bind_raises_on_a_tool_change_leaves_the_others_bou
     assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12  # type: ignore[union-attr]
     assert "policy Brittle.bind raised" in caplog.text
     assert "the tools are kept" not in caplog.text
+
+
+async def test_an_async_hook_set_on_the_instance_is_logged_and_its_coroutine_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = IdenticalToolCallRun()
+
+    async def on_results(message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return None
+
+    policy.on_results = on_results  # type: ignore[method-assign]
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[policy])
+    end = (await collect(engine, "go"))[-1]  # -W error: a coroutine left unawaited would fail the test
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert "IdenticalToolCallRun.on_results returned <coroutine" in caplog.text

@@ -388,7 +388,7 @@ def test_varying_thought_text_with_identical_call_still_counts() -> None:
 def test_counters_reset_at_a_real_user_message_only() -> None:
     pol = IdenticalToolCallRun()
     run(pol, 7, call("ls"))
-    pol.begin_turn(real_user=False)  # a nudge or an interjection envelope
+    pol.begin_turn(real_user=False)  # a resume that adds no message (nudges never call it)
     assert isinstance(step(pol, call("ls")), Nudge)
     pol.begin_turn(real_user=True)  # the user typed "continue"
     assert run(pol, 7, call("ls")) == [None] * 7
