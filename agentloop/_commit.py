@@ -7,13 +7,14 @@ the loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
-from ._messages import Block, Message, TextBlock, ToolUseBlock, message
+from ._messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock, message
 from ._policy import notify
 from ._run import RunState
+from ._tools import input_noted
 from ._transcript import interrupted_result, unused_id
 
 if TYPE_CHECKING:
@@ -135,6 +136,20 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     _, st.owed = commit_response(engine, message)  # completed calls in a cut response never started
 
 
+def ran_with(st: RunState, use_id: str) -> dict[str, Any] | None:
+    """The input a started call ran with when the permission callback replaced the model's
+    (``Allow(updated_input=...)``), else None."""
+    runner = st.runner
+    if runner is None or not runner.updated or use_id not in st.started:
+        return None
+    return runner.updated.get(use_id)
+
+
+def noted(engine: QueryEngine, result: ToolResultBlock, updated: dict[str, Any] | None) -> ToolResultBlock:
+    """``result``, told to the model as that of a call that ran with ``updated`` (when not None)."""
+    return result if updated is None else input_noted(result, updated, engine.options.texts.input_updated)
+
+
 def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None) -> list[Event]:
     """Commit the results owed to the last assistant message, synthesizing missing ones (sync)."""
     if not st.owed:
@@ -147,8 +162,9 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
         result = st.results.get(use.id)
         if result is None:
             text = not_run or (texts.stopped_running if use.id in st.started else texts.never_started)
-            result = interrupted_result(use.id, text)
-            events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True))
+            updated = ran_with(st, use.id)
+            result = noted(engine, interrupted_result(use.id, text), updated)
+            events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True, updated_input=updated))
         blocks.append(result)
         last[result.tool_use_id] = result
     st.owed, st.results = [], {}

@@ -463,6 +463,21 @@ def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlo
     return block.model_copy(update={"content": cut})
 
 
+def input_noted(block: ToolResultBlock, updated_input: dict[str, Any], note: str) -> ToolResultBlock:
+    """``block`` with ``note`` before its text, its ``{input}`` filled in with ``updated_input``
+    as JSON: the result of a call that ran with the input a permission callback gave it tells
+    the model so, whose own call is left as it wrote it."""
+    text = note.replace("{input}", json.dumps(updated_input, ensure_ascii=False, default=repr))
+    if not text.strip():
+        return block
+    content = block.content
+    if isinstance(content, str):
+        noted: str | list[TextBlock] = f"{text}\n\n{content}" if content else text
+    else:
+        noted = [TextBlock(text=f"{text}\n\n"), *content]
+    return block.model_copy(update={"content": noted})
+
+
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a list of them) as it is, anything else as JSON (pydantic models and

@@ -575,7 +575,7 @@ async def test_permission_deny_allow_update_and_failure_become_results() -> None
     texts = results(engine)
     assert texts[0] == "Permission denied: not in this repo"
     assert "permission check failed" in texts[1] and "prompt crashed" in texts[1]
-    assert texts[2] == "ran with rewritten"
+    assert texts[2] == TEXTS.input_updated.replace("{input}", '{"x": "rewritten"}') + "\n\nran with rewritten"
 
 
 # -- reasons: cancel vs send_now ------------------------------------------------------
