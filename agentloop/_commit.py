@@ -29,6 +29,19 @@ def abort_terminal(st: RunState) -> TerminalReason:
     return "aborted_tools" if st.phase == "tools" else "aborted_streaming"
 
 
+def paused(message: Message) -> Message:
+    """``message``, a response the server paused (stop reason ``"pause_turn"``), marked so in its
+    ``meta`` (``"stop_reason": "pause_turn"``): kept with it, and in a session file, the mark lets
+    a run with no prompt go on from it, in this engine or in one built later (`is_paused`)."""
+    return message.model_copy(update={"meta": {**message.meta, "stop_reason": "pause_turn"}})
+
+
+def is_paused(message: Message) -> bool:
+    """Whether ``message`` is a response the server paused, which a request of the transcript as
+    it is lets go on (see `paused`)."""
+    return message.role == "assistant" and message.meta.get("stop_reason") == "pause_turn"
+
+
 def commit_response(engine: QueryEngine, message: Message) -> tuple[Message, list[ToolUseBlock]]:
     """Commit a streamed assistant message; returns it as committed, and its tool calls (what
     ``message.tool_uses`` would list, without reading the blocks again).

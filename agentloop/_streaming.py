@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
 from ._accumulate import Accumulator
-from ._commit import abort_terminal, commit_response, settle_partial
+from ._commit import abort_terminal, commit_response, paused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -221,9 +221,9 @@ class ModelPhase:
             st.acc = None
             if message is None:
                 return []
-            message, calls = commit_response(engine, message)
-            st.response = message
             st.paused = acc.stop_reason == "pause_turn"
+            message, calls = commit_response(engine, paused(message) if st.paused else message)
+            st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
         wait = error.retry_after
