@@ -693,3 +693,37 @@ async def test_send_now_while_idle_starts_a_turn_without_claiming_to_replace_one
     assert host.task is not None
     await host.task
     assert "send_now" not in out.getvalue() and "\u2500\u2500 turn 1 \u2500\u2500 you: look again" in out.getvalue()
+
+
+def test_a_failed_import_of_the_package_under_python_m_gives_ctrl_c_back(tmp_path: Path) -> None:
+    """Under ``python -m``, Ctrl-C has its default action while agentloop imports; an import that
+    failed midway (a dependency missing, caught by a program that can do without agentloop) left
+    it so: the program's next Ctrl-C killed it, with no KeyboardInterrupt to clean up on."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'agentloop._abort':\n"
+        "            raise ImportError('a dependency is missing')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+    )
+    tool = tmp_path / "host_tool"
+    tool.mkdir()
+    (tool / "__init__.py").write_text(  # imported by python -m before __main__ runs, as agentloop is
+        "try:\n"
+        "    import agentloop\n"
+        "except ImportError as exc:\n"
+        "    failed = str(exc)\n"
+    )
+    (tool / "__main__.py").write_text(
+        "import signal\n"
+        "from host_tool import failed\n"
+        "print(failed, signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "host_tool"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "a dependency is missing True\n"
