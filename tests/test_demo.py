@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -560,6 +561,76 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
     finally:
         shell.close(force=True)
     assert not _runner_processes()
+
+
+def _lflag(child: pexpect.spawn) -> int:
+    """The local modes of the child's terminal (read through the pty's main side, which shares them)."""
+    return int(termios.tcgetattr(child.child_fd)[3])
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_ctrl_backslash_quits_and_gives_the_terminal_back(plain: bool) -> None:
+    """Ctrl-\\ (SIGQUIT) killed the demo by its default action, leaving the terminal without echo and
+    line editing (a shell typed into blind) and, on a full terminal, the scroll region and the
+    hidden cursor. It now quits as SIGTERM does: the turn stopped, the terminal given back."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo", *(["--plain"] if plain else [])], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("assistant: Let me")
+        during = _lflag(child)
+        assert not during & termios.ECHOCTL
+        assert bool(during & termios.ECHO) == bool(during & termios.ICANON) == plain  # the demo edits, or the terminal
+        child.sendcontrol("\\")
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+        after = _lflag(child)
+    finally:
+        child.close(force=True)
+    assert child.signalstatus is None and child.exitstatus == 0
+    given_back = termios.ECHO | termios.ICANON | termios.ECHOCTL  # as a pty starts, and a shell wants it
+    assert after & given_back == given_back
+    if not plain:  # the scroll region and the cursor too
+        assert "\x1b7\x1b[r\x1b[23;1H\x1b[2K\x1b[24;1H\x1b[2K\x1b8" in log.getvalue() and "\x1b[?25h" in log.getvalue().split("\u2500\u2500 summary")[0]
+    assert not _runner_processes()
+
+
+@pytest.mark.parametrize("how", ["--plain", "TERM=dumb"])
+def test_without_a_status_line_the_terminal_echoes_what_is_typed_once(how: str) -> None:
+    """With --plain or TERM=dumb the terminal edits and echoes the lines (no input row to draw them
+    on): each typed line shows once, where it was typed, and the demo does not print it again;
+    Ctrl-C is not echoed as ^C."""
+    env = dict(_env(), TERM="dumb") if how == "TERM=dumb" else _env()
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo", *([how] if how == "--plain" else [])], cwd=str(ROOT), env=env,
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("assistant: Let me")
+        lflag = _lflag(child)
+        assert lflag & termios.ECHO and lflag & termios.ICANON and not lflag & termios.ECHOCTL
+        child.send("zebra\r")
+        child.expect(r"you \(steer\): zebra")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
+        child.expect_exact("type a message")
+        child.send("/transcript\r")
+        child.expect(r"transcript \(\d+ messages\)")
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    text = log.getvalue()
+    assert "\x1b[" not in text  # no escape sequences at all
+    # The terminal's echo, and the demo's two notes ("you (steer): zebra", "not delivered ...: zebra").
+    assert text.count("zebra") == 3 and text.count(": zebra") == 2
+    assert text.count("/transcript\r\n") == 1 and "\u203a /transcript" not in text  # the echo; the help names it too
+    assert "^C" not in text
 
 
 def _output(log: io.StringIO) -> str:
