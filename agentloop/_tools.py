@@ -467,14 +467,19 @@ def input_noted(block: ToolResultBlock, updated_input: dict[str, Any], note: str
     """``block`` with ``note`` before its text, its ``{input}`` filled in with ``updated_input``
     as JSON: the result of a call that ran with the input a permission callback gave it tells
     the model so, whose own call is left as it wrote it."""
-    text = note.replace("{input}", json.dumps(updated_input, ensure_ascii=False, default=repr))
-    if not text.strip():
+    if "{input}" in note:
+        try:
+            shown = json.dumps(updated_input, ensure_ascii=False, default=repr)
+        except (ValueError, RecursionError):  # a dict that holds itself
+            shown = repr(updated_input)
+        note = note.replace("{input}", shown)
+    if not note.strip():
         return block
     content = block.content
     if isinstance(content, str):
-        noted: str | list[TextBlock] = f"{text}\n\n{content}" if content else text
+        noted: str | list[TextBlock] = f"{note}\n\n{content}" if content else note
     else:
-        noted = [TextBlock(text=f"{text}\n\n"), *content]
+        noted = [TextBlock(text=f"{note}\n\n"), *content]
     return block.model_copy(update={"content": noted})
 
 

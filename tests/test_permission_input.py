@@ -161,3 +161,16 @@ async def test_an_updated_input_that_is_not_a_dict_is_refused_not_run() -> None:
     assert result.is_error
     assert "updated_input" in result.text and "not run" in result.text
     assert not any(isinstance(e, ToolCallStarted) for e in events)
+
+
+def test_the_note_shows_an_input_json_cannot_encode_too() -> None:
+    from pathlib import PurePosixPath
+
+    from agentloop import ToolResultBlock
+    from agentloop._tools import input_noted
+
+    result = ToolResultBlock(tool_use_id="t1", content="done")
+    looped: dict[str, Any] = {"path": PurePosixPath("/sandbox")}
+    assert input_noted(result, looped, "ran with {input}").text == "ran with {\"path\": \"PurePosixPath('/sandbox')\"}\n\ndone"
+    looped["self"] = looped
+    assert input_noted(result, looped, "ran with {input}").text.startswith("ran with {'path': PurePosixPath('/sandbox'), 'self': {...}}")
