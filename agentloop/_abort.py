@@ -242,7 +242,12 @@ class AbortController:
         return f"<AbortController signal={self.signal!r}>"
 
     def abort(self, reason: str = "cancel") -> None:
-        """Abort the signal with ``reason``. Idempotent: later calls are ignored."""
+        """Abort the signal with ``reason``. Idempotent: later calls are ignored.
+
+        Raises TypeError, and aborts nothing, for a ``reason`` that is not a str (a None reason
+        would take the signal's one abort and leave it not aborted, for good)."""
+        if not isinstance(reason, str):
+            raise TypeError(f"abort() takes a str reason, such as \"cancel\", not {reason!r}")
         self.signal._abort(reason)
 
     def unlink(self) -> None:

@@ -459,7 +459,14 @@ class QueryEngine:
                 waiting.controller.abort(str(reason))
             state = self._state
             if state is not None:
-                state.controller.abort(str(reason))
+                controller = state.controller
+                controller.abort(str(reason))
+                if controller.signal.reason == "send_now" and reason != "send_now":
+                    # A send_now stopped this turn already: the stop is for the turn its text
+                    # starts, before that turn's model request (the text stays in the transcript).
+                    state.stop_next = str(reason)
+                    if state.controller is not controller:  # that turn began meanwhile (another thread)
+                        state.controller.abort(str(reason))
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 
@@ -549,6 +556,13 @@ class QueryEngine:
                         await result
                 except Exception:
                     log.exception("on_abort hook %r failed", fn)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                        raise
+                    # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
+                    # something that was cancelled). A failed hook, like one that raises.
+                    log.exception("on_abort hook %r failed: it was cancelled, though the run was not", fn)
         finally:
             _hooked_engine.reset(token)
 

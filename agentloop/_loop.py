@@ -246,6 +246,9 @@ def _start_turn(
         # was read: the stop was meant for this turn. (A send_now's stop never is: it stops the
         # turn it interrupted, and the text it queued starts a turn of its own.)
         st.controller.abort(spent.reason)
+    held, st.stop_next = st.stop_next, None
+    if held is not None:  # interrupt() after the send_now that stopped the spent turn: "stop" came last
+        st.controller.abort(held)
     for message in starts:
         engine._commit(message)
     # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
@@ -542,8 +545,11 @@ async def _end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -
     strip_final(engine)
     inbox = engine.inbox
     st.last_reason = reason
+    # After a completed turn, an interjection that came since the loop last looked (from another
+    # thread) gets a turn of its own, as one sent after the TurnEnded does (`_next_turn`).
     st.continues = not (st.expired or st.finishing) and (
-        bool(inbox.send_now) or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups))
+        bool(inbox.send_now)
+        or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups or inbox.interjections))
     )
     if not st.continues and inbox.interjections:
         dropped = inbox.take(inbox.interjections)

@@ -36,7 +36,7 @@ from ._model import (
 )
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
-from ._run import RunState, TranscriptView, charge_ancestors
+from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -195,7 +195,12 @@ class ModelPhase:
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
         self.delay = None
-        if outcome.aborted:
+        # An attempt that failed, or stopped short of its end event, once the run was aborted was
+        # ended by the abort: a model may honour the signal by ending its stream, or fail as its
+        # closed connection does. Not a model error, and not retried.
+        if outcome.aborted or (
+            st.signal.aborted and outcome.cut is None and (outcome.error is not None or not acc.ended)
+        ):
             settle_partial(engine, st)
             st.terminal = abort_terminal(st)
             return []
@@ -228,11 +233,16 @@ class ModelPhase:
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
         wait = error.retry_after
         too_long = wait is not None and wait > _MAX_RETRY_AFTER
-        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long:
+        # A retry is a model request: none once the run's tokens have reached a usage limit.
+        spent = error.retryable and _over_usage(engine, st)
+        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long or spent:
             settle_partial(engine, st)
             st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
             st.error = _describe(error)
-            if too_long and error.retryable:
+            if spent:
+                st.terminal = "usage_limit"
+                st.error += " (not retried: the run's usage_limit is reached)"
+            elif too_long and error.retryable:
                 st.error += (
                     f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
                     f"{_MAX_RETRY_AFTER:.0f} s the engine waits)"
@@ -246,6 +256,14 @@ class ModelPhase:
         events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
         self.delay = delay
         return events
+
+
+def _over_usage(engine: QueryEngine, st: RunState) -> bool:
+    """True when the run's tokens, or those of a running engine above it, reached its ``usage_limit``."""
+    limit = engine.options.usage_limit
+    if limit is not None and st.tokens >= limit:
+        return True
+    return engine.parent is not None and over_ancestor_limit(engine)
 
 
 def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:

@@ -33,6 +33,19 @@ def test_default_reason_is_cancel() -> None:
     assert c.signal.reason == "cancel"
 
 
+
+@pytest.mark.parametrize("reason", [None, 3, b"cancel"])
+def test_abort_refuses_a_reason_that_is_not_a_str_and_stays_abortable(reason: object) -> None:
+    """``abort(None)`` used to take the signal's one abort and leave it not aborted (None is "not
+    aborted"): every later abort was ignored, so nothing could ever stop what the signal guards."""
+    c = AbortController()
+    with pytest.raises(TypeError, match="takes a str"):
+        c.abort(reason)  # type: ignore[arg-type]
+    assert not c.signal.aborted
+    c.abort("cancel")
+    assert c.signal.aborted and c.signal.reason == "cancel"
+
+
 def test_throw_if_aborted_raises_abort_error_with_reason() -> None:
     c = AbortController()
     c.signal.throw_if_aborted()  # not aborted: nothing happens

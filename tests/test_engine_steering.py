@@ -117,6 +117,33 @@ async def test_interjection_safe_point_before_turn_end_keeps_the_turn_going() ->
     assert engine.last_turn_ended.reason == "completed"  # type: ignore[union-attr]
 
 
+
+async def test_an_interjection_that_lands_as_a_completed_turn_ends_gets_a_turn_not_a_drop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From another thread, interject() after the loop checked the queue for the last response
+    but before the turn's end: the completed turn reported it dropped (``reason="completed"``),
+    though the same text a moment later (after the TurnEnded) got a turn of its own."""
+    import agentloop._loop as loop_module
+
+    engine = engine_for(["first", "second"])
+    receipts: list[str] = []
+    strip_final = loop_module.strip_final
+
+    def interject_then_strip(target: QueryEngine) -> None:
+        if not receipts:
+            receipts.append(target.interject("one more thing"))  # what a UI thread does at this instant
+        strip_final(target)
+
+    monkeypatch.setattr(loop_module, "strip_final", interject_then_strip)
+    events = await collect(engine, "go")
+    assert not [e for e in events if isinstance(e, InterjectionDropped)]
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [tuple(receipts)]
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+    assert [m.kind for m in engine.messages] == [None, None, "interjection", None]
+    assert engine.messages[-1].text == "second" and validate_transcript(engine.messages) == []
+
+
 @pytest.mark.parametrize("how", ["submit_steer", "interject"])
 async def test_a_message_steered_in_while_the_host_holds_the_last_turnended_gets_its_turn(how: str) -> None:
     """A message steered in while the host handled the final TurnEnded (the run still going)
@@ -335,6 +362,36 @@ async def test_usage_limit_ends_with_its_terminal() -> None:
     engine = engine_for([calls("t")] * 5, tools=[t], usage_limit=30)
     events = await collect(engine, "go")
     assert events[-1].reason == "usage_limit"  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
+
+
+async def test_usage_limit_is_not_overrun_by_transport_retries() -> None:
+    """A retryable failure after the request's prompt was counted (Anthropic reports the input
+    tokens at the stream's start; an ``overloaded_error`` can come after) was retried whatever the
+    run had used: with ``usage_limit=60_000`` and a 50,000-token prompt, six requests went out and
+    300,000 tokens were spent, and the turn ended with ``model_error``. A retry is a model request:
+    once the limit is reached, none is made."""
+    from agentloop.models import StreamText, StreamUsage, Usage
+
+    class Overloaded:
+        requests = 0
+
+        async def stream(self, request: object, signal: object) -> AsyncGenerator[object, None]:
+            self.requests += 1
+            yield StreamUsage(Usage(input_tokens=50_000, output_tokens=0))
+            yield StreamText(0, "Let me ")
+            raise ModelError("overloaded", retryable=True)
+
+    model = Overloaded()
+    engine = QueryEngine(model, policies=[], usage_limit=60_000, retry_budget=5, retry_base_delay=0)  # type: ignore[arg-type]
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert model.requests == 2  # the second one reached the limit
+    assert isinstance(end, TurnEnded) and end.reason == "usage_limit" and end.usage.total == 100_000
+    assert "overloaded" in (end.error or "") and "usage_limit" in (end.error or "")
+    assert [e.attempt for e in events if isinstance(e, Retrying)] == [1]
+    assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"  # as a failure that is not retried
     assert validate_transcript(engine.messages) == []
 
 
