@@ -70,14 +70,19 @@ def test_a_forked_child_does_not_keep_the_lock_once_the_parent_closes(tmp_path: 
     session = JsonlSession(path)
     session.append_message(Message.user("before the fork"))
     go_on_r, go_on_w = os.pipe()
+    ready_r, ready_w = os.pipe()
     sys.stdout.flush(), sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # a worker that never touches the session, and outlives the parent's use of it
         os.close(go_on_w)
+        os.write(ready_w, b"x")  # running: whatever it inherited and let go of is gone by now
         os.read(go_on_r, 1)
         os._exit(0)
     os.close(go_on_r)
+    os.close(ready_w)
     try:
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
         session.close()
         with JsonlSession(path) as again:  # before, the child's copy of the descriptor kept the lock
             again.append_message(Message.user("after the close"))
