@@ -483,6 +483,17 @@ def input_noted(block: ToolResultBlock, updated_input: dict[str, Any], note: str
     return block.model_copy(update={"content": noted})
 
 
+def _well_formed(block: ToolResultBlock) -> bool:
+    """Whether ``block`` holds what validation lets in (``model_construct`` and
+    ``model_copy(update=...)`` do not validate): text content, and a bool ``is_error``."""
+    content: object = block.content
+    if type(block.is_error) is not bool:
+        return False
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(b, TextBlock) and isinstance(b.text, str) for b in content)
+
+
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a list of them) as it is, anything else as JSON (pydantic models and
@@ -491,6 +502,9 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
+        if not _well_formed(output):  # built or copied without validation: its content normalised now
+            result = output_to_result(tool_use_id, output.content)
+            return result.model_copy(update={"is_error": True}) if output.is_error is True else result
         if output.tool_use_id == tool_use_id:
             return output
         return output.model_copy(update={"tool_use_id": tool_use_id})

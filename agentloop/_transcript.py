@@ -196,12 +196,54 @@ def _malformed(messages: object, listed: list[object] | None) -> list[str]:
         if not isinstance(msg.content, list):
             out.append(f"messages[{i}]: content is of type {type(msg.content).__name__}, not a list of blocks")
             continue
-        out.extend(
-            f"messages[{i}]: content[{j}] is of type {type(block).__name__}, not a block"
-            for j, block in enumerate(msg.content)
-            if type(block) not in _BLOCK_TYPES and not isinstance(block, _BLOCK_TYPES)
-        )
+        for j, block in enumerate(msg.content):
+            if type(block) not in _BLOCK_TYPES and not isinstance(block, _BLOCK_TYPES):
+                out.append(f"messages[{i}]: content[{j}] is of type {type(block).__name__}, not a block")
+                continue
+            why = _bad_fields(block)
+            if why is not None:
+                out.append(f"messages[{i}]: content[{j}] ({_fields(block)[0]}): {why}")
     return out
+
+
+#: Each block class: its ``type`` tag, and the fields the rules read as strings.
+_FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {
+    TextBlock: ("text", ("text",)),
+    ThinkingBlock: ("thinking", ("thinking", "signature")),
+    RedactedThinkingBlock: ("redacted_thinking", ("data",)),
+    ToolUseBlock: ("tool_use", ("id", "name")),
+    ToolResultBlock: ("tool_result", ("tool_use_id",)),
+    ProviderBlock: ("provider", ("provider",)),
+}
+
+
+def _fields(block: Block) -> tuple[str, tuple[str, ...]]:
+    return next(_FIELDS[c] for c in type(block).__mro__ if c in _FIELDS)  # a subclass's too
+
+
+def _bad_fields(block: Block) -> str | None:
+    """Why ``block`` holds what validation would have refused (a field replaced by
+    ``model_copy(update=...)``, which does not validate), or None: what the rules read."""
+    tag, strings = _fields(block)
+    if block.type != tag:
+        return f"type is {block.type!r}, not {tag!r}"
+    for name in strings:
+        value = getattr(block, name)
+        if not isinstance(value, str):
+            return f"{name} is of type {type(value).__name__}, not str"
+    if isinstance(block, ToolUseBlock) and not isinstance(block.input, dict):
+        return f"input is of type {type(block.input).__name__}, not dict"
+    if isinstance(block, ProviderBlock) and not isinstance(block.data, dict):
+        return f"data is of type {type(block.data).__name__}, not dict"
+    if isinstance(block, ToolResultBlock):
+        content: object = block.content
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(b, TextBlock) and isinstance(b.text, str) for b in content)
+        ):
+            return f"content is of type {type(content).__name__}, not a string or a list of text blocks"
+        if not isinstance(block.is_error, bool):
+            return f"is_error is of type {type(block.is_error).__name__}, not bool"
+    return None
 
 
 def validate_transcript(messages: Sequence[Message]) -> list[str]:
@@ -222,9 +264,7 @@ def validate_transcript(messages: Sequence[Message]) -> list[str]:
         if not msg.content:
             out.append(f"{where}: empty message")
         for block in msg.content:
-            why = _droppable(block) or _misplaced(block, msg.role)
-            if why is not None:
-                out.append(f"{where}: {why}")
+            out.extend(f"{where}: {why}" for why in (_droppable(block), _misplaced(block, msg.role)) if why is not None)
             if _unencodable(block):
                 out.append(f"{where}: {block.type} block holds text UTF-8 cannot encode (a lone UTF-16 surrogate)")
         if expected:
