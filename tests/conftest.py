@@ -27,11 +27,12 @@ def child_pids() -> set[int]:
     me = str(os.getpid()).encode()
     out: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # bytes: a process name cut to 15 bytes may end inside a UTF-8 character
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        try:
+            # Bytes: a process's name (in the parentheses) need not be valid in any encoding.
+            fields = stat.read_bytes().rsplit(b")", 1)[-1].split()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != b"Z":
+        if len(fields) > 1 and fields[1] == me and fields[0] != b"Z":
             out.add(int(stat.parent.name))
     return out
 
