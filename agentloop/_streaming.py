@@ -205,8 +205,23 @@ class ModelPhase:
             st.terminal = abort_terminal(st)
             return []
         if outcome.cut is not None:
-            self.dooms -= 1
             cut = outcome.cut
+            # A resample is a model request: none once the run is aborted (an interrupt landed as the
+            # stream was cut) or its tokens reached a usage limit. The turn ends instead, the cut
+            # attempt discarded all the same (a loop is never kept), and no Resampling announced.
+            spent = not st.signal.aborted and _over_usage(engine, st)
+            if st.signal.aborted or spent:
+                st.acc = None
+                if spent:
+                    st.terminal = "usage_limit"
+                    st.detail = f"{outcome.policy}: a doom loop was cut and not resampled (the run's usage_limit is reached)"
+                else:
+                    st.terminal = abort_terminal(st)
+                return [
+                    DoomLoopDetected(signals=cut.signals, confident=True, action="ended", policy=outcome.policy),
+                    _discarded(acc, self.attempt, "resample"),
+                ]
+            self.dooms -= 1
             events: list[Event] = [
                 DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
                 _discarded(acc, self.attempt, "resample"),
