@@ -2,8 +2,8 @@
 
     drive(run)                      one run() call: one or more turns
       turn                          a user message until a terminal
-        [safe point] interjections  top of every iteration
         [limits]                    abort / max_turns / usage / deadline
+        [safe point] interjections  top of every iteration
         model phase                 stream -> deltas; retries; doom resamples   (checkpoint 1)
         [checkpoint 2]              aborted? then no tool starts
         tool phase                  batches, each followed by checkpoint 3 and a safe point
@@ -88,12 +88,14 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
             yield _start_turn(engine, st, starts, queued, stopped)
             reason: TerminalReason | None = None
             while reason is None:
-                if engine.inbox.interjections:  # safe point: top of the iteration
-                    for event in drain_interjections(engine, st):
-                        yield event
+                # Limits first: with no request to follow, a merged interjection would go unanswered.
+                # It stays queued, and the turn's end reports it dropped with the limit as reason.
                 reason = _limit_reached(engine, st)
                 if reason is not None:
                     break
+                if engine.inbox.interjections:  # safe point: top of the iteration
+                    for event in drain_interjections(engine, st):
+                        yield event
                 if st.nudges:  # a policy's reminder goes with the request it was given for
                     for event in flush_nudges(engine, st):
                         yield event
@@ -181,7 +183,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # Then the queued interjections, only now taken: a host that stops at a result
                     # the phase synthesized leaves them queued (the next run delivers them), not
                     # merged behind an InterjectionInjected it never sees.
-                    if merge and engine.inbox.interjections:
+                    if merge and engine.inbox.interjections and _limit_reached(engine, st) is None:
                         for event in drain_interjections(engine, st):
                             yield event
                     _after_tools(engine, st, uses)

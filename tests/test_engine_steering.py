@@ -366,6 +366,36 @@ async def test_usage_limit_ends_with_its_terminal() -> None:
 
 
 
+@pytest.mark.parametrize("limit", ["max_turns", "usage_limit"])
+@pytest.mark.parametrize("sent", ["with_the_answer", "from_a_tool"])
+async def test_an_interjection_the_turns_limit_leaves_unanswered_is_reported_dropped(limit: str, sent: str) -> None:
+    """A queued interjection was merged at the top of the iteration (or after the tool batch)
+    and reported ``InterjectionInjected``, then the limit ended the turn before any request: the
+    model never saw it, though the host was told it was delivered. It is now not merged, and the
+    turn's end reports it dropped, with the limit as the reason."""
+    receipts: list[str] = []
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        receipts.append(ctx.engine.interject("also mind the tests"))
+        return "done"
+
+    bound = {"max_turns": 1} if limit == "max_turns" else {"usage_limit": 20}  # one response: 20 tokens
+    first = calls("t") if sent == "from_a_tool" else "first answer"
+    engine = engine_for([first, "never asked"], tools=[t], **bound)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage) and sent == "with_the_answer":
+            receipts.append(engine.interject("also mind the tests"))
+    assert not [e for e in events if isinstance(e, InterjectionInjected)]
+    dropped = [e for e in events if isinstance(e, InterjectionDropped)]
+    assert [(e.ids, e.reason) for e in dropped] == [(tuple(receipts), limit)]
+    assert [(e.reason, e.turns) for e in events if isinstance(e, TurnEnded)] == [(limit, 1)]
+    assert not [m for m in engine.messages if m.kind == "interjection"] and not engine.inbox.interjections
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_usage_limit_is_not_overrun_by_transport_retries() -> None:
     """A retryable failure after the request's prompt was counted (Anthropic reports the input
     tokens at the stream's start; an ``overloaded_error`` can come after) was retried whatever the
