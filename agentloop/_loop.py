@@ -476,7 +476,9 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     if engine.policies and message is not None:
         verdicts = _ask_policies(engine, "on_response", message)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
-        if end is not None:
+        # An interrupt that has come by now wins over the policy: the turn ends as it would with
+        # no policy (checkpoint 2 below), with the abort's terminal, notice and hooks.
+        if end is not None and not st.signal.aborted:
             st.terminal, st.detail = end.reason, end.message
             st.pending_events = settle_results(engine, st, not_run=f"Not run: {end.message}")
             return []
