@@ -122,7 +122,10 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 break
                             except asyncio.CancelledError:
                                 if not st.consume_cancel():
-                                    raise
+                                    if task is None or task.cancelling():  # a cancel of the run's task
+                                        raise
+                                    phase.cancelled_itself()  # nobody cancelled the run: a failure
+                                    break
                                 phase.outcome.aborted = True
                                 break
                             except Exception as exc:

@@ -153,6 +153,12 @@ class ModelPhase:
         else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
 
+    def cancelled_itself(self) -> None:
+        """The stream raised CancelledError though neither the run's abort nor anyone else
+        cancelled the run's task: it awaited something that was cancelled (a connection's reader
+        task, say). A failed request, not a cancel of the host's task."""
+        self.failed(ModelError("the model stream raised CancelledError, though the run was not cancelled"))
+
     def _tapped(self, event: StreamEvent) -> Verdict | None:
         """`watch` when the watcher reads the deltas from the accumulator: its verdict, and
         how many deltas the loop may hold back from it next. A delta reaches it when none are

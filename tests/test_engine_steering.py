@@ -35,7 +35,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._inbox import Texts, envelope, escape_envelope
-from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart
+from agentloop._model import StreamBlockStop, StreamEnd, StreamText, StreamToolInput, StreamToolUseStart
 from tests.helpers import HangingModel, collect, kinds
 
 
@@ -625,6 +625,34 @@ async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
 
     events = await collect(QueryEngine(Broken(), policies=[]), "go")  # type: ignore[arg-type]
     assert events[-1].reason == "model_error" and "KeyError" in (events[-1].error or "")  # type: ignore[union-attr]
+
+
+async def test_a_model_stream_that_raises_cancelled_error_of_its_own_ends_with_model_error() -> None:
+    """A stream that raises CancelledError though nobody cancelled the run (it awaited a task
+    that something else cancelled: a connection pool's reader, say) propagated out of run() as a
+    cancel of the host's task: no TurnEnded, and a host that does not expect a cancel crashed.
+    It is a failure of the model's request now."""
+
+    class Stray:
+        requests = 0
+
+        async def stream(self, request: object, signal: object) -> AsyncGenerator[object, None]:
+            self.requests += 1
+            yield StreamText(0, "Let me ")
+            reader = asyncio.ensure_future(asyncio.Event().wait())
+            reader.cancel()
+            await reader  # raises the cancellation of a task that is not the run's
+
+    model = Stray()
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
+    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
+    assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"
+    assert validate_transcript(engine.messages) == [] and not engine.running
 
 
 # -- the consumer contract ------------------------------------------------------------------
