@@ -52,6 +52,10 @@ class AbortError(AgentloopError):
         super().__init__(f"aborted: {reason}")
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its reason: from ``args`` (the message) it would read "aborted: aborted: ...".
+        return type(self), (self.reason,), self.__dict__
+
 
 class ModelError(AgentloopError):
     """A model request failed.

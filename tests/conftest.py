@@ -28,11 +28,11 @@ def child_pids() -> set[int]:
     out: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            # Bytes: a name (any process's on the machine) may be cut in the middle of a character.
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+            # Bytes: a process's name (in the parentheses) need not be valid in any encoding.
+            fields = stat.read_bytes().rsplit(b")", 1)[-1].split()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != b"Z":
+        if len(fields) > 1 and fields[1] == me and fields[0] != b"Z":
             out.add(int(stat.parent.name))
     return out
 

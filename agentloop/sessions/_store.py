@@ -23,7 +23,7 @@ from pydantic_core import PydanticSerializationError
 from .._errors import SessionLockedError
 from .._messages import Message
 from ._files import O_BINARY, cut_torn_tail, fsync_dir, fsync_file, make_dirs, write_all
-from ._format import checkpoint_line, dumps, encode_line, event_to_json
+from ._format import checkpoint_line, dumps, encode_line, event_to_json, meta_holds_iterator
 from ._load import LoadedSession, load_file
 from ._locking import take_lock
 
@@ -107,11 +107,15 @@ class JsonlSession:
 
     def append_message(self, message: Message) -> None:
         """Append one committed message. Raises ValueError once closed, OSError on IO failure."""
-        try:
-            body = message.model_dump_json()
-        except (PydanticSerializationError, ValueError):
-            # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
-            # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
+        body = None
+        if not meta_holds_iterator(message):
+            try:
+                body = message.model_dump_json()
+            except (PydanticSerializationError, ValueError):
+                # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
+                # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
+                pass
+        if body is None:
             body = dumps(event_to_json(message))
         self._append('{"type":"message","message":' + body + "}\n")
 
