@@ -224,20 +224,21 @@ class QueryEngine:
         host stopped iterating the last one) is the current run: it starts aborted.
         """
         try:
+            reason = "cancel" if reason is None else str(reason)  # the host's reason is always a str
             # The waiting run first: it puts its state in place before it stops waiting.
             waiting = self._next_run
             if waiting is not None:
-                waiting.controller.abort(str(reason))
+                waiting.controller.abort(reason)
             state = self._state
             if state is not None:
                 controller = state.controller
-                controller.abort(str(reason))
+                controller.abort(reason)
                 if controller.signal.reason == "send_now" and reason != "send_now":
                     # A send_now stopped this turn already: the stop is for the turn its text
                     # starts, before that turn's model request (the text stays in the transcript).
-                    state.stop_next = str(reason)
+                    state.stop_next = reason
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
-                        state.controller.abort(str(reason))
+                        state.controller.abort(reason)
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 
