@@ -176,12 +176,14 @@ class PolicyNudge(_Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DoomLoopDetected(_Event):
     """``action``: "resample" (stream cut, retrying), "warn" (not confident),
-    "disarmed" (budget spent, result accepted) or "off" (recovery switched off)."""
+    "disarmed" (budget spent, result accepted), "off" (recovery switched off) or "ended"
+    (stream cut, attempt discarded, and no resample: the run was aborted as it was cut, or
+    its ``usage_limit`` is reached; the `TurnEnded` that follows says which)."""
 
     type: ClassVar[str] = "doom_loop_detected"
     signals: tuple[DoomLoopSignal, ...]
     confident: bool
-    action: Literal["resample", "warn", "disarmed", "off"] = "warn"
+    action: Literal["resample", "warn", "disarmed", "off", "ended"] = "warn"
     policy: str = ""
 
 

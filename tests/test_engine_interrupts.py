@@ -974,6 +974,40 @@ async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
+async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reason: str) -> None:
+    """The host interrupted as the response came (holding its AssistantMessage) and a policy
+    ended the turn on that response: the turn ended with the policy's terminal, ``abort_reason``
+    None, no notice and no ``on_abort`` hook called, though the host had asked to stop. The
+    interrupt wins now, as it does at checkpoint 2 with no policy."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn | None:
+            return EndTurn("the same call again", reason=reason)  # type: ignore[arg-type]
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("never started")
+
+    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
+    assert hooked == ["cancel"]
+    assert results(engine) == [TEXTS.never_started]
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_assistant_message_event_says_why_the_model_stopped() -> None:
     @tool
     async def t() -> str:
