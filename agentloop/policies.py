@@ -17,7 +17,6 @@ detector in `agentloop._detector`; this module is their public home.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -73,6 +72,9 @@ __all__ = [
 Judgement = Literal["ignore", "warn", "abort"]
 _SIGNALS = (StreamSignals, StreamLogprobs)  # the events a tapped policy still takes one by one
 _DELTAS = frozenset({StreamText, StreamThinking, StreamToolInput, StreamToolUseStart})  # what the engine holds back
+# Without a client detector no delta is read: the engine holds back 255 at a time, a count it counts
+# down among Python's cached small ints (a count past 256 makes a new int object per delta).
+_NO_DETECTOR_HOLDS = 255
 
 
 class DoomLoopPolicy(Policy):
@@ -158,7 +160,7 @@ class DoomLoopPolicy(Policy):
             return None  # a subclass that watches each event itself
         self._blocks = blocks
         self._read_blocks = 0
-        hold.skip = self._holds = self.every - 1 if self.detectors else sys.maxsize
+        hold.skip = self._holds = self.every - 1 if self.detectors else _NO_DETECTOR_HOLDS
         # The policy keeps no reference to the engine's side: a fork (a deep copy) made
         # mid-stream takes nothing of the run with it, and nothing of it outlives the run.
         return partial(self._poke, hold)
