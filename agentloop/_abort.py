@@ -155,13 +155,16 @@ class AbortSignal:
 
         Inside a running event loop the timer is a loop callback; otherwise a
         daemon thread timer is used. ``seconds`` is a number (TypeError otherwise,
-        ValueError for NaN); zero or less aborts at the first chance, and infinity never.
+        ValueError for NaN); zero or less aborts at the first chance, and infinity never. A
+        ``reason`` that is not a str is a TypeError, as for `AbortController.abort`.
         """
         if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
             raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
         seconds = float(seconds)
         if math.isnan(seconds):
             raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
+        if not isinstance(reason, str):  # the timer's abort() would refuse it, and never abort
+            raise TypeError(f"AbortSignal.timeout takes a str reason, such as \"deadline\", not {reason!r}")
         controller = AbortController()
         try:
             loop = asyncio.get_running_loop()
@@ -242,7 +245,12 @@ class AbortController:
         return f"<AbortController signal={self.signal!r}>"
 
     def abort(self, reason: str = "cancel") -> None:
-        """Abort the signal with ``reason``. Idempotent: later calls are ignored."""
+        """Abort the signal with ``reason``. Idempotent: later calls are ignored.
+
+        Raises TypeError, and aborts nothing, for a ``reason`` that is not a str (a None reason
+        would take the signal's one abort and leave it not aborted, for good)."""
+        if not isinstance(reason, str):
+            raise TypeError(f"abort() takes a str reason, such as \"cancel\", not {reason!r}")
         self.signal._abort(reason)
 
     def unlink(self) -> None:

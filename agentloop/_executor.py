@@ -18,7 +18,7 @@ from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
-from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
+from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -157,6 +157,7 @@ class CallRunner:
         self.emit = mailbox.put
         self.permission = permission
         self.started: set[str] = set()
+        self.updated: dict[str, dict[str, Any]] = {}  # the inputs permission replaced, by call id
         # Prompts are asked one at a time, also across a parent and its subagents (`_prompt_lock`);
         # the lock is found at the first prompt: most runs ask no one.
         self._perm_lock: asyncio.Lock | None = None
@@ -170,7 +171,9 @@ class CallRunner:
         then re-raised: never swallowed) or a bug in agentloop (never lost). The
         task reports itself, which saves the loop a done-callback hop, and awaits
         the handler directly: no helper coroutine, so one frame less for every
-        resumption of every call.
+        resumption of every call. That is why it is longer than most: each of its
+        awaits (the permission prompt, the handler, with or without a timeout) has
+        to be here; what needs none is a method (`_refusal`, `_failed`, `_unusual`).
         """
         put = self.emit
         try:
@@ -183,13 +186,14 @@ class CallRunner:
                     decision = await self._ask(use, ctx)
                     if not isinstance(decision, Allow):
                         result = decision  # refused: the refusal is the result
-                    elif decision.updated_input is not None:
-                        tool_input = decision.updated_input
+                    elif decision.updated_input is not None and decision.updated_input != use.input:
+                        tool_input = self.updated[use.id] = decision.updated_input
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
                 self.signal.throw_if_aborted()
                 self.started.add(use.id)
-                put(ToolCallStarted(tool_use=use))
+                updated = None if tool_input is use.input else tool_input
+                put(ToolCallStarted(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 try:
                     if tool.timeout is None:
@@ -214,10 +218,9 @@ class CallRunner:
                     if type(output) is str and output.strip():  # the common case, as output_to_result builds it
                         result = tool_result_block(use.id, output)
                     else:
-                        try:
-                            result = output_to_result(use.id, output)
-                        except Exception as exc:  # a result that cannot be represented
-                            result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
+                        result = self._unusual(use, output)
+                if updated is not None:  # the model's call is left as it wrote it: its result says what ran
+                    result = input_noted(result, updated, self.engine.options.texts.input_updated)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             put(Done((use, exc)))
             raise
@@ -225,6 +228,15 @@ class CallRunner:
             put(Done((use, exc)))
         else:
             put(Done((use, result)))
+
+    @staticmethod
+    def _unusual(use: ToolUseBlock, output: object) -> ToolResultBlock:
+        """The result of a handler that returned anything but non-blank text: normalised by
+        `output_to_result`, or an error result when it cannot be represented."""
+        try:
+            return output_to_result(use.id, output)
+        except Exception as exc:  # a result that cannot be represented
+            return error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
 
     def _refusal(self, use: ToolUseBlock, tool: Tool | None) -> ToolResultBlock:
         """The error result of a call that cannot run: no such tool, or input that never parsed."""
@@ -286,6 +298,12 @@ class CallRunner:
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
             return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
+        if decision.updated_input is not None and not isinstance(decision.updated_input, dict):
+            return error_result(
+                use.id,
+                f"The permission callback returned Allow(updated_input=...) with a "
+                f"{type(decision.updated_input).__name__}, not a dict of the tool's arguments; the tool was not run.",
+            )
         return decision
 
 

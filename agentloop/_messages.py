@@ -8,6 +8,8 @@ shared with a request that is in flight.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
@@ -333,17 +335,93 @@ _QUICK_FIELDS = frozenset({"partial", "synthetic", "kind", "meta"})
 
 def jsonable(value: Any, fallback: Callable[[Any], str]) -> Any:
     """``value`` as JSON-ready data, as pydantic dumps it (models, dataclasses, datetimes,
-    enums...); what it cannot dump becomes ``fallback(value)``, element by element inside a
-    container that fails as a whole (bytes that are not UTF-8, nesting too deep). An iterator
-    is never run (pydantic would drain it, forever for an endless one): it is ``fallback``'s too.
+    enums...); what it cannot dump becomes ``fallback(value)``, part by part inside a
+    container that fails as a whole (bytes that are not UTF-8, nesting too deep): the items
+    of a mapping or a sequence, the fields of a model or a dataclass. An iterator is never
+    run (pydantic would drain it, forever for an endless one), also inside a container: it
+    is ``fallback``'s too. So is a container met again inside itself.
     """
-    if isinstance(value, Iterator | AsyncIterator):
+    return _jsonable(value, fallback, set())
+
+
+def holds_iterator(value: object) -> bool:
+    """Whether ``value`` is, or holds where pydantic's dump would reach it, an iterator:
+    a dump would drain it (forever, for an endless one)."""
+    return _holds_iterator(value, set())
+
+
+def _jsonable(value: Any, fallback: Callable[[Any], str], path: set[int]) -> Any:
+    """`jsonable`; ``path``: the ids of the containers being converted, from the outermost in."""
+    kind = _kind(type(value))
+    if kind == _ITERATOR:
         return fallback(value)
+    if not _holds_iterator(value, set()):
+        try:
+            return to_jsonable_python(value, fallback=fallback)
+        except (PydanticSerializationError, ValueError):
+            pass
+    if kind == _ATOM or id(value) in path:
+        return fallback(value)
+    if kind == _FIELDS:
+        names = type(value).model_fields if isinstance(value, BaseModel) else [f.name for f in dataclasses.fields(value)]
+        parts: Any = {name: getattr(value, name) for name in names}
+        parts.update(getattr(value, "__pydantic_extra__", None) or {})
+    else:
+        parts = value
+    path.add(id(value))
     try:
-        return to_jsonable_python(value, fallback=fallback)
-    except (PydanticSerializationError, ValueError):
-        if isinstance(value, Mapping):
-            return {str(k): jsonable(v, fallback) for k, v in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
-            return [jsonable(v, fallback) for v in value]
-        return fallback(value)
+        if isinstance(parts, Mapping):
+            return {str(k): _jsonable(v, fallback, path) for k, v in parts.items()}
+        return [_jsonable(v, fallback, path) for v in parts]
+    finally:
+        path.discard(id(value))
+
+
+# What a value is to pydantic's dump, by its type: an atom (nothing inside it is dumped), an
+# iterator (which it would drain), a container of items, or a model or dataclass of fields.
+_ATOM, _ITERATOR, _ITEMS, _FIELDS = range(4)
+_KINDS: dict[type, int] = dict.fromkeys((str, int, float, bool, bytes, type(None)), _ATOM)
+
+
+def _kind(cls: type) -> int:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, Iterator | AsyncIterator):
+            kind = _ITERATOR
+        elif issubclass(cls, Mapping | list | tuple | set | frozenset | deque):
+            kind = _ITEMS
+        elif issubclass(cls, BaseModel) or dataclasses.is_dataclass(cls):
+            kind = _FIELDS
+        else:
+            kind = _ATOM
+        if len(_KINDS) < 1000:  # classes made on the fly (create_model) are not all kept
+            _KINDS[cls] = kind
+    return kind
+
+
+def _holds_iterator(value: Any, seen: set[int]) -> bool:
+    """Whether ``value`` is an iterator or holds one in what pydantic walks into (``seen``:
+    the containers looked into already)."""
+    kind = _kind(type(value))
+    if kind == _ATOM:
+        return False
+    if kind == _ITERATOR:
+        return True
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    if kind == _FIELDS:
+        # A model's fields are in its __dict__ (and its extra fields apart); a dataclass's too,
+        # unless it has slots.
+        extra = getattr(value, "__pydantic_extra__", None)
+        if hasattr(value, "__dict__"):
+            items: Iterable[Any] = [*value.__dict__.values(), *(extra or {}).values()]
+        else:
+            items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, Mapping):
+        items = (x for item in value.items() for x in item)  # keys and values
+    else:
+        items = value
+    kinds = _KINDS
+    # The atoms' test inline: a list of a million numbers costs no call per number.
+    return any(kinds.get(type(v)) != _ATOM and _holds_iterator(v, seen) for v in items)

@@ -150,6 +150,7 @@ class RunState:
         "signal",
         "spent_tasks",
         "started",
+        "stop_next",
         "task",
         "terminal",
         "token",
@@ -209,6 +210,9 @@ class RunState:
         # (a poller's progress can be in the part cut out); None while nothing was cut.
         self.uncut: dict[str, ToolResultBlock] | None = None
         self.turn_index = 0
+        # The reason of an interrupt() that found the turn stopped by a send_now already: it is
+        # meant for the turn the send-now's text starts (`_turns.start_turn` applies it).
+        self.stop_next: str | None = None
         self.pending_events: list[Event] = []
         # Self-cancellation bookkeeping (see the module docstring). ``cancel_baseline`` is the
         # task's ``cancelling()`` count when the guarded await began, as asyncio.timeout records

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
 from ._accumulate import Accumulator
-from ._commit import abort_terminal, commit_response, settle_partial
+from ._commit import abort_terminal, commit_response, paused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -29,7 +29,7 @@ from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
-from ._run import RunState, TranscriptView, charge_ancestors
+from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -141,6 +141,12 @@ class ModelPhase:
         else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
 
+    def cancelled_itself(self) -> None:
+        """The stream raised CancelledError though neither the run's abort nor anyone else
+        cancelled the run's task: it awaited something that was cancelled (a connection's reader
+        task, say). A failed request, not a cancel of the host's task."""
+        self.failed(ModelError("the model stream raised CancelledError, though the run was not cancelled"))
+
     def watch_raised(self) -> None:
         """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
         log.exception("policy %s.on_stream raised; ignored", self.credit)
@@ -165,29 +171,21 @@ class ModelPhase:
         (None: the phase is over).
         """
         engine, st, acc, outcome = self.engine, self.st, self.acc, self.outcome
-        opts = engine.options
         st.count(acc.usage)
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
         self.delay = None
-        if outcome.aborted:
+        # An attempt that failed, or stopped short of its end event, once the run was aborted was
+        # ended by the abort: a model may honour the signal by ending its stream, or fail as its
+        # closed connection does. Not a model error, and not retried.
+        if outcome.aborted or (
+            st.signal.aborted and outcome.cut is None and (outcome.error is not None or not acc.ended)
+        ):
             settle_partial(engine, st)
             st.terminal = abort_terminal(st)
             return []
         if outcome.cut is not None:
-            self.dooms -= 1
-            cut = outcome.cut
-            events: list[Event] = [
-                DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
-                _discarded(acc, self.attempt, "resample"),
-                Resampling(attempt=self.attempt + 1),
-            ]
-            self.attempt += 1
-            self.extra = (doom_reminder(opts.texts, acc, cut),)
-            self.armed = self.dooms > 0
-            st.acc = None
-            self.delay = 0.0
-            return events
+            return self._resample(outcome.cut)
         error = outcome.error
         if error is None and not acc.ended:  # the stream stopped without its end event: it was cut
             error = StreamProtocolError("the model stream ended without its end event", retryable=True)
@@ -196,18 +194,62 @@ class ModelPhase:
             st.acc = None
             if message is None:
                 return []
-            message, calls = commit_response(engine, message)
-            st.response = message
             st.paused = acc.stop_reason == "pause_turn"
+            message, calls = commit_response(engine, paused(message) if st.paused else message)
+            st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
+        return self._retry_or_end(error)
+
+    def _resample(self, cut: Resample) -> list[Event]:
+        """A confident doom-loop verdict cut the attempt: another one at once, with a reminder.
+
+        A resample is a model request: none once the run is aborted (an interrupt landed as the
+        stream was cut) or its tokens reached a usage limit. The turn ends instead, the cut attempt
+        discarded all the same (a loop is never kept), and no Resampling is announced."""
+        st, acc = self.st, self.acc
+        spent = not st.signal.aborted and _over_usage(self.engine, st)
+        if st.signal.aborted or spent:
+            st.acc = None
+            if spent:
+                st.terminal = "usage_limit"
+                st.detail = f"{self.outcome.policy}: a doom loop was cut and not resampled (the run's usage_limit is reached)"
+            else:
+                st.terminal = abort_terminal(st)
+            return [
+                DoomLoopDetected(signals=cut.signals, confident=True, action="ended", policy=self.outcome.policy),
+                _discarded(acc, self.attempt, "resample"),
+            ]
+        self.dooms -= 1
+        events: list[Event] = [
+            DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=self.outcome.policy),
+            _discarded(acc, self.attempt, "resample"),
+            Resampling(attempt=self.attempt + 1),
+        ]
+        self.attempt += 1
+        self.extra = (doom_reminder(self.engine.options.texts, acc, cut),)
+        self.armed = self.dooms > 0
+        self.st.acc = None
+        self.delay = 0.0
+        return events
+
+    def _retry_or_end(self, error: ModelError) -> list[Event]:
+        """The attempt failed: another one after a back-off while the error is retryable and
+        the budget lasts, else the phase ends with a terminal that says what failed."""
+        engine, st, acc = self.engine, self.st, self.acc
+        opts = engine.options
         wait = error.retry_after
         too_long = wait is not None and wait > _MAX_RETRY_AFTER
-        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long:
+        # A retry is a model request: none once the run's tokens have reached a usage limit.
+        spent = error.retryable and _over_usage(engine, st)
+        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long or spent:
             settle_partial(engine, st)
             st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
             st.error = _describe(error)
-            if too_long and error.retryable:
+            if spent:
+                st.terminal = "usage_limit"
+                st.error += " (not retried: the run's usage_limit is reached)"
+            elif too_long and error.retryable:
                 st.error += (
                     f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
                     f"{_MAX_RETRY_AFTER:.0f} s the engine waits)"
@@ -215,12 +257,20 @@ class ModelPhase:
             return []
         self.retries -= 1
         delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - self.retries, error)
-        events = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
+        events: list[Event] = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
         st.acc = None
         self.attempt += 1
         events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
         self.delay = delay
         return events
+
+
+def _over_usage(engine: QueryEngine, st: RunState) -> bool:
+    """True when the run's tokens, or those of a running engine above it, reached its ``usage_limit``."""
+    limit = engine.options.usage_limit
+    if limit is not None and st.tokens >= limit:
+        return True
+    return engine.parent is not None and over_ancestor_limit(engine)
 
 
 def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:

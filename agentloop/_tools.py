@@ -227,35 +227,11 @@ def tool(
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
-        if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
-            raise TypeError(
-                "@tool needs an async function, got a functools.partial: define an async def that calls "
-                "it (its name, docstring and annotations describe the tool to the model)"
-            )
-        if not inspect.iscoroutinefunction(f):
-            raise TypeError(f"@tool needs an async function, got {f!r}")
+        _check_async(f)
         summary, param_docs = split_docstring(inspect.getdoc(f) or "", inspect.signature(f).parameters)
         args_model, schema, names, ctx_param = _args_model(f, param_docs)
         doc = description if description is not None else summary
-
-        validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
-        params = inspect.signature(f).parameters
-        positional = [p for p, param in params.items() if param.kind is param.POSITIONAL_ONLY]
-
-        def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
-            # Validates now and returns the function's coroutine: awaiting it directly
-            # saves every call a coroutine level. Bad input raises ToolInputError here.
-            try:
-                parsed = validate(raw)
-            except ValidationError as exc:
-                raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
-            kwargs = {p: getattr(parsed, k) for k, p in names}
-            if ctx_param is not None:
-                kwargs[ctx_param] = ctx
-            if positional:  # ``def f(path: str, /)``: those cannot be passed by name
-                return f(*[kwargs.pop(p) for p in positional], **kwargs)
-            return f(**kwargs)
-
+        handler = _handler(f, args_model, names, ctx_param)
         return Tool(
             name or f.__name__,
             doc,
@@ -270,6 +246,46 @@ def tool(
     if isinstance(fn, str):  # @tool("search"): the name goes by keyword
         raise TypeError(f"@tool takes the function, not a string: to name the tool, write @tool(name={fn!r})")
     return build if fn is None else build(fn)
+
+
+def _check_async(f: object) -> None:
+    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, a partial."""
+    if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
+        raise TypeError(
+            "@tool needs an async function, got a functools.partial: define an async def that calls "
+            "it (its name, docstring and annotations describe the tool to the model)"
+        )
+    if not inspect.iscoroutinefunction(f):
+        raise TypeError(f"@tool needs an async function, got {f!r}")
+
+
+def _handler(
+    f: Callable[..., Awaitable[Any]],
+    args_model: type[BaseModel],
+    names: tuple[tuple[str, str], ...],
+    ctx_param: str | None,
+) -> Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]:
+    """The tool's handler: the model's input validated by ``args_model``, then ``f`` called with
+    it (``names``: field and parameter pairs) and the `ToolContext` as ``ctx_param``, if any."""
+    validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
+    params = inspect.signature(f).parameters
+    positional = [p for p, param in params.items() if param.kind is param.POSITIONAL_ONLY]
+
+    def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
+        # Validates now and returns the function's coroutine: awaiting it directly
+        # saves every call a coroutine level. Bad input raises ToolInputError here.
+        try:
+            parsed = validate(raw)
+        except ValidationError as exc:
+            raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
+        kwargs = {p: getattr(parsed, k) for k, p in names}
+        if ctx_param is not None:
+            kwargs[ctx_param] = ctx
+        if positional:  # ``def f(path: str, /)``: those cannot be passed by name
+            return f(*[kwargs.pop(p) for p in positional], **kwargs)
+        return f(**kwargs)
+
+    return handler
 
 
 def _args_model(
@@ -463,6 +479,37 @@ def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlo
     return block.model_copy(update={"content": cut})
 
 
+def input_noted(block: ToolResultBlock, updated_input: dict[str, Any], note: str) -> ToolResultBlock:
+    """``block`` with ``note`` before its text, its ``{input}`` filled in with ``updated_input``
+    as JSON: the result of a call that ran with the input a permission callback gave it tells
+    the model so, whose own call is left as it wrote it."""
+    if "{input}" in note:
+        try:
+            shown = json.dumps(updated_input, ensure_ascii=False, default=repr)
+        except (ValueError, RecursionError):  # a dict that holds itself
+            shown = repr(updated_input)
+        note = note.replace("{input}", shown)
+    if not note.strip():
+        return block
+    content = block.content
+    if isinstance(content, str):
+        noted: str | list[TextBlock] = f"{note}\n\n{content}" if content else note
+    else:
+        noted = [TextBlock(text=f"{note}\n\n"), *content]
+    return block.model_copy(update={"content": noted})
+
+
+def _well_formed(block: ToolResultBlock) -> bool:
+    """Whether ``block`` holds what validation lets in (``model_construct`` and
+    ``model_copy(update=...)`` do not validate): text content, and a bool ``is_error``."""
+    content: object = block.content
+    if type(block.is_error) is not bool:
+        return False
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(b, TextBlock) and isinstance(b.text, str) for b in content)
+
+
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a list of them) as it is, anything else as JSON (pydantic models and
@@ -471,6 +518,9 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
     if isinstance(output, ToolResultBlock):
+        if not _well_formed(output):  # built or copied without validation: its content normalised now
+            result = output_to_result(tool_use_id, output.content)
+            return result.model_copy(update={"is_error": True}) if output.is_error is True else result
         if output.tool_use_id == tool_use_id:
             return output
         return output.model_copy(update={"tool_use_id": tool_use_id})

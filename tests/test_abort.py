@@ -33,6 +33,19 @@ def test_default_reason_is_cancel() -> None:
     assert c.signal.reason == "cancel"
 
 
+
+@pytest.mark.parametrize("reason", [None, 3, b"cancel"])
+def test_abort_refuses_a_reason_that_is_not_a_str_and_stays_abortable(reason: object) -> None:
+    """``abort(None)`` used to take the signal's one abort and leave it not aborted (None is "not
+    aborted"): every later abort was ignored, so nothing could ever stop what the signal guards."""
+    c = AbortController()
+    with pytest.raises(TypeError, match="takes a str"):
+        c.abort(reason)  # type: ignore[arg-type]
+    assert not c.signal.aborted
+    c.abort("cancel")
+    assert c.signal.aborted and c.signal.reason == "cancel"
+
+
 def test_throw_if_aborted_raises_abort_error_with_reason() -> None:
     c = AbortController()
     c.signal.throw_if_aborted()  # not aborted: nothing happens
@@ -40,6 +53,36 @@ def test_throw_if_aborted_raises_abort_error_with_reason() -> None:
     with pytest.raises(AbortError) as info:
         c.signal.throw_if_aborted()
     assert info.value.reason == "deadline"
+
+
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_timeout_refuses_a_reason_that_is_not_a_str_rather_than_never_aborting(in_loop: bool) -> None:
+    # The timer's own abort() refused the reason when it fired (a TypeError nobody saw, in a
+    # thread or a loop callback): the signal never aborted.
+    async def make() -> None:
+        with pytest.raises(TypeError, match="takes a str reason"):
+            AbortSignal.timeout(0, reason=None)  # type: ignore[arg-type]
+
+    if in_loop:
+        asyncio.run(make())
+    else:
+        with pytest.raises(TypeError, match="takes a str reason"):
+            AbortSignal.timeout(0, reason=3)  # type: ignore[arg-type]
+    fired = threading.Event()
+    AbortSignal.timeout(0, reason="late").add_listener(lambda r: fired.set())
+    assert fired.wait(10)
+
+
+def test_an_abort_error_keeps_its_reason_and_message_when_copied_or_pickled() -> None:
+    import copy
+    import pickle
+
+    for again in (copy.copy, copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))):
+        err = again(AbortError("send_now"))
+        assert (type(err), err.reason, str(err), err.args) == (AbortError, "send_now", "aborted: send_now", ("aborted: send_now",))
+    noted = AbortError("cancel")
+    noted.add_note("while reading")
+    assert pickle.loads(pickle.dumps(noted)).__notes__ == ["while reading"]
 
 
 def test_abort_from_many_threads_has_exactly_one_winner() -> None:

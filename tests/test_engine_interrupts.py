@@ -117,6 +117,50 @@ async def test_checkpoint1_incomplete_tool_use_and_unsigned_thinking_are_dropped
     assert validate_transcript(engine.messages) == []
 
 
+
+class _StopsOnAbort:
+    """A model of the host's own that honours the signal its own way: by ending its stream
+    (``stop``), or by failing the way its connection does once closed (``fail``)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.requests = 0
+
+    async def stream(self, request: object, signal: Any) -> Any:
+        from agentloop.models import StreamText
+
+        self.requests += 1
+        for word in ("Hello ", "world ", "again"):
+            if signal.aborted:
+                if self.how == "stop":
+                    return
+                raise ModelError("connection closed", retryable=self.how == "fail")
+            yield StreamText(0, word)
+
+
+@pytest.mark.parametrize("how", ["stop", "fail", "fail_for_good"])
+async def test_checkpoint1_a_stream_that_ends_or_fails_once_aborted_ends_as_the_abort(how: str) -> None:
+    """A stream that stopped, or failed, after the host's interrupt ended the turn with
+    ``model_error`` ("the model stream ended without its end event"): no abort reason, no notice,
+    no abort hook called; the interrupt was lost."""
+    model = _StopsOnAbort(how)
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason, end.error) == ("aborted_streaming", "cancel", None)
+    assert hooked == ["cancel"] and model.requests == 1  # not retried
+    assert [m.text for m in engine.messages] == ["go", "Hello", TEXTS.interrupt_notice]
+    assert engine.messages[1].partial
+    assert validate_transcript(engine.messages) == []
+
+
 # -- checkpoint 2: between the response and the tools ---------------------------------
 
 
@@ -575,7 +619,7 @@ async def test_permission_deny_allow_update_and_failure_become_results() -> None
     texts = results(engine)
     assert texts[0] == "Permission denied: not in this repo"
     assert "permission check failed" in texts[1] and "prompt crashed" in texts[1]
-    assert texts[2] == "ran with rewritten"
+    assert texts[2] == TEXTS.input_updated.replace("{input}", '{"x": "rewritten"}') + "\n\nran with rewritten"
 
 
 # -- reasons: cancel vs send_now ------------------------------------------------------
@@ -671,6 +715,43 @@ async def test_send_now_text_is_never_lost_even_if_cancel_won() -> None:
     assert any(m.text == "keep me" for m in engine.messages)
 
 
+
+@pytest.mark.parametrize("at", ["same_moment", "while_the_turn_settles"])
+async def test_an_interrupt_after_a_send_now_stops_the_turn_its_text_starts(at: str) -> None:
+    """send_now() then interrupt(), before the send-now's turn began (at once, or while the
+    stopped turn's tool used its cancel grace): the interrupt landed on the turn the send-now had
+    stopped already and was ignored, so the send-now's turn made its model request anyway. The
+    user's last word was "stop"; the text stays in the transcript for the next run."""
+    release = asyncio.Event()
+
+    @tool
+    async def build(ctx: ToolContext) -> str:
+        """Ignores the signal until released."""
+        await release.wait()
+        return "built"
+
+    engine = engine_for([calls("build"), "the answer to the send-now", "unused"], tools=[build])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted):
+            engine.send_now("do this instead")
+            if at == "same_moment":
+                engine.interrupt()
+                release.set()
+            else:
+                asyncio.get_running_loop().call_soon(engine.interrupt)
+                asyncio.get_running_loop().call_later(0.01, release.set)
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("aborted_tools", "send_now"), ("aborted_streaming", "cancel")]
+    assert engine.model.request_count == 1  # type: ignore[attr-defined]
+    assert [m.text for m in engine.messages[3:]] == ["do this instead", TEXTS.interrupt_notice]
+    assert hooked == ["send_now", "cancel"]
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_other_reasons_are_treated_like_cancel() -> None:
     engine = engine_for([ScriptedResponse(text="abcdefghij", chunk=2)])
     await interrupt_at_first_text(engine, "escape_key")
@@ -738,6 +819,31 @@ async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
     engine.on_abort(async_hook, main_only=True)
     await interrupt_at_first_text(engine, "stop")
     assert got == ["sync:stop", "async:stop"]
+
+
+
+async def test_an_abort_hook_that_meets_a_cancellation_of_its_own_is_a_failed_hook(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook awaiting cleanup that someone else cancelled (a connection's reader task stopped
+    during its shutdown) raised CancelledError out of ``run()`` into a host whose task nobody had
+    cancelled: no TurnEnded, and the hooks after it were never called. It is a hook that failed:
+    logged, and the others still run."""
+    got: list[str] = []
+
+    async def cleanup(reason: str) -> None:
+        reader = asyncio.ensure_future(asyncio.Event().wait())
+        reader.cancel()  # stopped by the connection's own shutdown
+        await reader
+
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2)])
+    engine.on_abort(cleanup)
+    engine.on_abort(got.append)
+    with caplog.at_level(logging.ERROR, logger="agentloop"):
+        await interrupt_at_first_text(engine)
+    assert got == ["cancel"]
+    end = engine.last_turn_ended
+    assert end is not None and (end.reason, end.abort_reason) == ("aborted_streaming", "cancel")
+    assert any("on_abort hook" in r.getMessage() for r in caplog.records)
+    assert not engine.running and validate_transcript(engine.messages) == []
 
 
 async def test_an_abort_hook_cut_short_by_a_cancel_of_the_host_is_not_called_again() -> None:
@@ -865,6 +971,40 @@ async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
     assert isinstance(end, TurnEnded) and end.reason == "hook_stopped"
     assert end.detail == "a pre-tool hook refused this batch" and ran == []
     assert results(engine) == ["Not run: a pre-tool hook refused this batch"]
+    assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
+async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reason: str) -> None:
+    """The host interrupted as the response came (holding its AssistantMessage) and a policy
+    ended the turn on that response: the turn ended with the policy's terminal, ``abort_reason``
+    None, no notice and no ``on_abort`` hook called, though the host had asked to stop. The
+    interrupt wins now, as it does at checkpoint 2 with no policy."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn | None:
+            return EndTurn("the same call again", reason=reason)  # type: ignore[arg-type]
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("never started")
+
+    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
+    assert hooked == ["cancel"]
+    assert results(engine) == [TEXTS.never_started]
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
     assert validate_transcript(engine.messages) == []
 
 
@@ -1045,3 +1185,12 @@ def test_a_control_call_from_a_signal_handler_never_waits_for_the_thread_it_inte
         [sys.executable, "-c", _SIGNAL_CHILD], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]
+
+
+async def test_interrupt_with_no_reason_is_the_default_cancel_not_the_text_none() -> None:
+    engine = engine_for([ScriptedResponse(text="The quick brown fox jumps", chunk=4)])
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt(None)  # type: ignore[arg-type]
+        end = ev
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"

@@ -245,6 +245,44 @@ async def test_a_meta_value_json_cannot_encode_does_not_cost_the_message(tmp_pat
     }
 
 
+async def test_a_meta_that_holds_itself_does_not_cost_the_message(tmp_path: Path) -> None:
+    # A dict inside itself (a host's tree with a parent link) sent the encoder's fallback round
+    # and round to a RecursionError: the message was left out of the file.
+    tree: dict[str, object] = {"name": "root", "raw": b"\xff"}
+    tree["self"] = tree
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Done."]), session=session, policies=[])
+        async for _ in engine.run(Message.user("Walk the tree", meta={"tree": tree})):
+            pass
+    assert engine.session_errors == []
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["Walk the tree", "Done."]
+    written = loaded.messages[0].meta["tree"]
+    assert written["name"] == "root" and written["raw"] == repr(b"\xff") and written["self"] == repr(tree)
+
+
+async def test_a_meta_that_holds_an_iterator_is_written_without_running_it(tmp_path: Path) -> None:
+    # Pydantic drains an iterator it dumps: a host's cursor in a message's meta was used up as
+    # the message was recorded, and an endless one blocked the event loop for good.
+    advanced: list[str] = []
+
+    def cursor() -> Any:  # finite here, so that the old code fails rather than hangs
+        advanced.append("rows")
+        yield "row"
+
+    path = tmp_path / "s.jsonl"
+    rows = cursor()
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Done."]), session=session, policies=[])
+        async for _ in engine.run(Message.user("Summarise", meta={"query": {"rows": rows}})):
+            pass
+    assert advanced == [] and engine.session_errors == []
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["Summarise", "Done."]
+    assert loaded.messages[0].meta == {"query": {"rows": repr(rows)}}
+
+
 def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
     main = JsonlSession(tmp_path / "proj" / "main.jsonl", fsync="never")
     child = main.sidechain("agent-1")

@@ -241,6 +241,77 @@ async def test_a_tool_returning_pydantic_models_or_dataclasses_gives_the_model_t
     assert [json.loads(t) for t in got] == [point, [point], {"width": 3}, {"b": "b'\\xff'"}, {"count": "count(0)"}]
 
 
+class _Rows(BaseModel):
+    total: int
+    rows: Any  # a lazy cursor
+
+
+@dataclasses.dataclass
+class _Page:
+    title: str
+    lines: Any
+
+
+class _Raw(BaseModel):
+    name: str
+    raw: bytes
+
+
+async def test_a_tool_result_holding_an_iterator_inside_a_model_or_dataclass_never_runs_it() -> None:
+    # Pydantic drains an iterator it finds inside a model or a dataclass: an endless one
+    # (a cursor, itertools.count()) blocked the event loop for good, and a finite one was used up.
+    advanced: list[str] = []
+
+    def cursor(name: str) -> Any:  # finite here, so that the old code fails rather than hangs
+        advanced.append(name)
+        yield "row"
+
+    @tool
+    async def fetch(kind: str) -> object:
+        return {
+            "model": _Rows(total=2, rows=cursor("model")),
+            "dataclass": _Page(title="t", lines=cursor("dataclass")),
+            "nested": [{"page": _Page(title="n", lines=[_Rows(total=1, rows=cursor("nested"))])}],
+            "raw": _Raw(name="blob", raw=b"\xff\xfe"),  # whole, pydantic cannot dump it: field by field
+        }[kind]
+
+    kinds = ("model", "dataclass", "nested", "raw")
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("fetch", {"kind": k}) for k in kinds])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[fetch], policies=[])
+    await collect(engine, "go")
+    assert advanced == []
+    got = [json.loads(r.text) for m in engine.messages for r in m.tool_results]
+    assert got[0]["total"] == 2 and got[0]["rows"].startswith("<generator object")
+    assert got[1]["title"] == "t" and got[1]["lines"].startswith("<generator object")
+    [[row]] = [page["page"]["lines"] for page in got[2]]
+    assert row["total"] == 1 and row["rows"].startswith("<generator object")
+    assert got[3] == {"name": "blob", "raw": repr(b"\xff\xfe")}  # was the model's str(): "name='blob' raw=..."
+
+
+async def test_a_returned_result_block_built_without_validation_gives_a_result_not_a_crashed_run() -> None:
+    # model_copy(update=...) and model_construct do not validate: a block whose content was None,
+    # bytes or a list of strings reached the loop and ended run() with a TypeError.
+    made = ToolResultBlock(tool_use_id="mine", content="draft")
+
+    @tool(concurrency_safe=True)
+    async def odd(kind: str) -> ToolResultBlock:
+        return {
+            "none": made.model_copy(update={"content": None}),
+            "bytes": made.model_copy(update={"content": b"raw", "is_error": True}),
+            "strings": ToolResultBlock.model_construct(tool_use_id="x", content=["a", "b"]),
+            "blocks": made.model_copy(update={"content": [TextBlock(text="fine")]}),
+        }[kind]
+
+    kinds = ("none", "bytes", "strings", "blocks")
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("odd", {"kind": k}) for k in kinds])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[odd], policies=[])
+    events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert validate_transcript(engine.messages) == []
+    got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
+    assert got == [("(no output)", False), ('"raw"', True), ('["a", "b"]', False), ("fine", False)]
+
+
 class _NoMessage(Exception):
     def __str__(self) -> str:
         raise AttributeError("'_NoMessage' object has no attribute 'msg'")
@@ -504,7 +575,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    return not (stat.exists() and stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z")
 
 
 async def test_run_process_collects_output_and_status() -> None:

@@ -129,6 +129,31 @@ def test_validate_reports_what_is_not_a_list_of_messages_instead_of_raising() ->
     assert validate_transcript(iter([ok, a(T(text="fine"))])) == []  # type: ignore[arg-type]  # any iterable
 
 
+def test_validate_reports_a_block_whose_fields_were_replaced_without_validation_instead_of_raising() -> None:
+    # One level down from a message's fields: validate raised AttributeError or TypeError, and
+    # repair_transcript failed the same way instead of with its TypeError that says which entry.
+    q = u(T(text="q"))
+    broken = [
+        q.model_copy(update={"content": [T(text="x").model_copy(update={"text": None})]}),
+        a(use("1"), ThinkingBlock(thinking="t", signature="s").model_copy(update={"signature": None})),
+        u(res("1").model_copy(update={"content": None}), res("2").model_copy(update={"content": ["a"]})),
+        a(use("3").model_copy(update={"id": 3}), use("4").model_copy(update={"input": "{}"})),
+        q.model_copy(update={"content": [res("3").model_copy(update={"is_error": "yes"}), T(text="y").model_copy(update={"type": "thinking"})]}),
+    ]
+    assert validate_transcript(broken) == [
+        "messages[0]: content[0] (text): text is of type NoneType, not str",
+        "messages[1]: content[1] (thinking): signature is of type NoneType, not str",
+        "messages[2]: content[0] (tool_result): content is of type NoneType, not a string or a list of text blocks",
+        "messages[2]: content[1] (tool_result): content is of type list, not a string or a list of text blocks",
+        "messages[3]: content[0] (tool_use): id is of type int, not str",
+        "messages[3]: content[1] (tool_use): input is of type str, not dict",
+        "messages[4]: content[0] (tool_result): is_error is of type str, not bool",
+        "messages[4]: content[1] (text): type is 'thinking', not 'text'",
+    ]
+    with pytest.raises(TypeError, match=r"messages\[0\]: content\[0\] \(text\): text is of type NoneType.*and 5 more"):
+        repair_transcript(broken)
+
+
 @given(st.recursive(st.none() | st.integers() | st.text(max_size=3) | st.just(Message.user("x")), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=2), max_leaves=6))
 def test_property_validate_never_raises_and_repair_raises_only_type_error(value: object) -> None:
     problems = validate_transcript(value)  # type: ignore[arg-type]
@@ -245,6 +270,19 @@ def test_rule_blocks_in_the_wrong_role() -> None:
     only([u(T(text="q"), ThinkingBlock(thinking="t", signature="s"))], "thinking block inside a user message")
 
 
+def test_a_block_that_breaks_two_rules_is_reported_once_for_each() -> None:
+    # Only the first rule was reported: an unsigned thinking block in a user message was "without
+    # a signature", and signing it would have left a block the user may not send.
+    for block, rules in [
+        (ThinkingBlock(thinking="t", signature=""), ["without a signature", "thinking block inside a user message"]),
+        (use("1", complete=False), ["never completed", "tool_use block inside a user message"]),
+    ]:
+        problems = validate_transcript([u(T(text="q"), block)])
+        assert len(problems) == 2 and all(rule in line for rule, line in zip(rules, problems, strict=True)), problems
+        changes: list[str] = []
+        assert validate_transcript(repair_transcript([u(T(text="q"), block)], changes=changes)) == [] and changes
+
+
 def test_repair_synthesizes_a_result_saying_what_happened() -> None:
     changes: list[str] = []
     fixed = repair_transcript([u(T(text="q")), a(use("1", "bash"))], changes=changes)
@@ -323,7 +361,8 @@ def test_repair_keeps_a_result_found_inside_an_assistant_message() -> None:
 
 # The last three as other providers make them: Kimi's, vLLM's (46 characters), and a long one.
 ids = st.sampled_from(["a", "b", "c", "d", "", "a_1", "functions.read:0", "chatcmpl-tool-" + "f" * 32, "x" * 70])
-texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "caf\udce9"])  # the last: R9
+# Unicode spaces Python strips (U+00A0, U+3000) and one it does not (U+200B); the last: R9.
+texts = st.sampled_from(["x", "", "  ", "hi ", "ok\n", "body", "a\r\n", "\xa0", "\u3000", "\u200b", "caf\udce9"])
 blocks = st.one_of(
     texts.map(lambda t: TextBlock(text=t)),
     st.builds(ThinkingBlock, thinking=texts, signature=st.sampled_from(["", "sig", '{"id": "rs_1"}'])),  # last: OpenAI's
@@ -334,7 +373,12 @@ blocks = st.one_of(
         st.sampled_from(["t", "multi_tool_use.parallel"]),  # the second: a name a model made up
         st.booleans(),
     ),
-    st.builds(lambda i, t: ToolResultBlock(tool_use_id=i, content=t or "r"), ids, texts),
+    st.builds(
+        lambda i, t, e: ToolResultBlock(tool_use_id=i, content=t, is_error=e),
+        ids,
+        texts.map(lambda t: t or "r") | st.lists(texts.map(lambda t: TextBlock(text=t)), max_size=3),  # a string, or blocks
+        st.booleans(),
+    ),
     st.builds(  # a server tool's call or result, as Anthropic sends it (the last: R9)
         lambda d: ProviderBlock(provider="anthropic", data=d),
         st.sampled_from(
@@ -347,9 +391,10 @@ blocks = st.one_of(
     ),
 )
 messages = st.builds(
-    lambda role, content: Message(role=role, content=content),
+    lambda role, content, partial: Message(role=role, content=content, partial=partial),
     st.sampled_from(["user", "assistant"]),
     st.lists(blocks, max_size=4),
+    st.booleans(),
 )
 transcripts = st.lists(messages, max_size=8)
 
@@ -375,8 +420,10 @@ def test_property_repair_is_deterministic(msgs: list[Message]) -> None:
 @given(transcripts)
 def test_property_validate_reports_nothing_iff_repair_changes_nothing(msgs: list[Message]) -> None:
     changes: list[str] = []
-    repair_transcript(msgs, changes=changes)
+    fixed = repair_transcript(msgs, changes=changes)
     assert (validate_transcript(msgs) == []) == (changes == [])
+    if not changes:  # a valid transcript comes back as it was: the same objects, in the same order
+        assert len(fixed) == len(msgs) and all(x is y for x, y in zip(fixed, msgs, strict=True))
 
 
 def _tagged(msgs: list[Message]) -> list[Message]:
@@ -561,7 +608,7 @@ def _edited(msgs: list[Message], edit: tuple[str, int, object]) -> list[Message]
 @settings(max_examples=400)
 @given(transcripts, st.lists(edits, max_size=2))
 def test_property_is_valid_agrees_with_validate_transcript(msgs: list[Message], changes: list[tuple[str, int, object]]) -> None:
-    from agentloop._transcript import is_valid
+    from agentloop._validate import is_valid
 
     case = repair_transcript(msgs)
     assert is_valid(case)
@@ -572,7 +619,7 @@ def test_property_is_valid_agrees_with_validate_transcript(msgs: list[Message], 
 
 
 def test_is_valid_refuses_one_call_answered_twice_in_place_of_another() -> None:
-    from agentloop._transcript import is_valid
+    from agentloop._validate import is_valid
 
     case = [u(T(text="q")), a(use("1"), use("2")), u(res("1"), res("1"))]
     assert validate_transcript(case) != [] and not is_valid(case)

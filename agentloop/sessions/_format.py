@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from .._messages import Message, jsonable
+from .._messages import Message, holds_iterator, jsonable
 from .._unicode import has_surrogates
 
 _OTHER_LINE_BREAK = re.compile("[\x85\u2028\u2029]")  # JSON escapes the others (\n, \r, \v, \f, \x1c-\x1e)
@@ -35,10 +35,12 @@ def event_to_json(value: Any) -> Any:
     ``repr`` fallback.
     """
     if isinstance(value, BaseModel):
-        try:
-            return value.model_dump(mode="json")
-        except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
-            return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
+        if not meta_holds_iterator(value):
+            try:
+                return value.model_dump(mode="json")
+            except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
+                pass
+        return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         tag = getattr(type(value), "type", None)
@@ -54,6 +56,12 @@ def event_to_json(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return event_to_json(value.value)
     return value
+
+
+def meta_holds_iterator(value: object) -> bool:
+    """Whether ``value`` is a message whose ``meta`` (the host's data) holds an iterator, which
+    a pydantic dump would drain: forever, for an endless one."""
+    return isinstance(value, Message) and bool(value.meta) and holds_iterator(value.meta)
 
 
 def encode_line(line: str) -> bytes:
