@@ -396,6 +396,10 @@ class QueryEngine:
         self._start_pending = False
         self._abort_at_start: str | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
+        # The last run() made, until its first step begins it, and the reason an interrupt() gave
+        # meanwhile (a run handed to a task that has not started yet): it begins aborted.
+        self._fresh_token: object | None = None
+        self._fresh_abort: str | None = None
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
@@ -442,6 +446,7 @@ class QueryEngine:
         from ._loop import drive
 
         token = object()
+        self._fresh_token, self._fresh_abort = token, None
         return _Run(self, drive(self, prompt, token), token)
 
     # -- control (sync, thread-safe) --------------------------------------------
@@ -467,6 +472,14 @@ class QueryEngine:
                     state.stop_next = str(reason)
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
                         state.controller.abort(str(reason))
+            elif waiting is None and self._fresh_token is not None:
+                # A run() made but not begun (handed to a task that has had no step yet) is the
+                # current run: it begins aborted. Begun meanwhile in another thread, it is here.
+                if self._fresh_abort is None:
+                    self._fresh_abort = str(reason)
+                state = self._state
+                if state is not None:
+                    state.controller.abort(str(reason))
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 
@@ -636,6 +649,15 @@ class QueryEngine:
                     child._abort_at_start = reason
             else:
                 child.interrupt(reason)
+
+    def _take_fresh_abort(self, token: object) -> str | None:
+        """As the run made with ``token`` begins (its state in place): the reason an interrupt()
+        gave between run() and this first step, if any (once)."""
+        if self._fresh_token is not token:
+            return None
+        self._fresh_token = None
+        reason, self._fresh_abort = self._fresh_abort, None
+        return reason
 
     def _take_abort_at_start(self) -> str | None:
         """The reason a background run that is beginning must start aborted with, if any (once)."""

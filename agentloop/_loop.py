@@ -224,6 +224,9 @@ def _begin(
         if early is not None:
             st.controller.abort(early)
     engine._state = st
+    early = engine._take_fresh_abort(token)  # an interrupt() between run() and this first step
+    if early is not None:
+        st.controller.abort(early)
     if engine.policies:
         claim(engine.policies, engine)
     engine._closing = st.loop.create_future()
