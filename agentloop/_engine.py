@@ -403,6 +403,18 @@ class QueryEngine:
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
+        if session is not None and parent is None and not given and _holds_records(session):
+            # A file of an earlier conversation, none of which this engine was given (a task run
+            # again with the session of its last attempt): the file is to replay to this engine's
+            # transcript, not to both joined.
+            self._checkpoint_due = True
+            log.warning(
+                "session file %s holds a conversation already, and this engine was given none of it: "
+                "its first run writes a checkpoint, so the file replays to this engine's transcript. "
+                "To continue the file's conversation instead, `session, loaded = JsonlSession.resume(path)` "
+                "and pass `messages=loaded.messages`",
+                session.path,  # type: ignore[attr-defined]  # a JsonlSession (_holds_records)
+            )
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
 

@@ -475,6 +475,39 @@ async def test_a_transcript_the_host_rewound_or_extended_between_runs_replays_fr
     ]
 
 
+async def test_a_new_engine_given_none_of_a_files_conversation_starts_it_afresh_in_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch worker runs a task again with the session file of its last attempt, and builds
+    the engine without `messages=`: the model sees only the new prompt. The file used to replay
+    to the old conversation with the new one appended, a transcript no engine ever had. Its
+    first record is now a checkpoint, and a warning says how to continue the file instead."""
+    path = tmp_path / "task-7.jsonl"
+    for attempt in ("first", "second"):
+        with JsonlSession(path) as session:
+            engine = QueryEngine(ScriptedModel([f"{attempt} answer"]), session=session, policies=[])
+            with caplog.at_level(logging.WARNING, logger="agentloop"):
+                async for _ in engine.run(f"{attempt} attempt"):
+                    pass
+    assert [m.text for m in engine.messages] == ["second attempt", "second answer"]
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and loaded.repairs == [] and engine.session_errors == []
+    warned = [r.getMessage() for r in caplog.records if "holds a conversation already" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "resume" in warned[0]
+
+    # Given the file's conversation (the documented way to continue it), nothing changes.
+    caplog.clear()
+    session, loaded = JsonlSession.resume(path)
+    with session:
+        engine = QueryEngine(ScriptedModel(["third answer"]), session=session, messages=loaded.messages, policies=[])
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            async for _ in engine.run("third attempt"):
+                pass
+    assert JsonlSession(path).load().messages == engine.messages
+    assert path.read_bytes().count(b'{"type":"checkpoint"') == 1
+    assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
+
+
 async def test_a_resumed_session_never_hands_out_a_receipt_its_file_holds(tmp_path: Path) -> None:
     """Receipt ids were numbered from 1 by each engine: a session resumed by a new engine (the
     next process, a server's next request) handed out "int-1" again, and the file then held two
