@@ -1241,6 +1241,31 @@ def test_a_crash_at_any_byte_resumes_continues_and_replays_exactly(cut: int) -> 
         assert path.read_bytes() == before
 
 
+async def test_two_session_objects_on_one_file_are_refused_with_an_error_that_names_the_file(tmp_path: Path) -> None:
+    """Concurrent tasks of a batch worker, two of them with one task id: each engine had a
+    `JsonlSession` of its own, on one path, and the second run was told to "give each engine its
+    own" store, which it had. The error now says that the file is what is shared."""
+    gate = asyncio.Event()
+
+    @tool
+    async def work() -> str:
+        """Work."""
+        await gate.wait()
+        return "done"
+
+    path = tmp_path / "task-3.jsonl"
+    with JsonlSession(path) as one, JsonlSession(path) as other:
+        first = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("work")]), "A"]), tools=[work], session=one, policies=[])
+        second = QueryEngine(ScriptedModel(["B"]), session=other, policies=[])
+        async for ev in first.run("task A"):
+            if ev.type == "tool_call_started":
+                with pytest.raises(RuntimeError, match="session store") as refused:
+                    await second.run("task B").__anext__()
+                gate.set()
+    said = str(refused.value)
+    assert str(path) in said and "file of its own" in said and "one file" in said
+
+
 async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp_path: Path) -> None:
     """Two engines running at once on one store interleaved their records: on resume, a tool's
     result landed after the other engine's messages, was turned into text, and its call got a
