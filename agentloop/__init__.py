@@ -54,11 +54,12 @@ from ._messages import (
 from ._model import Model, ModelRequest, Usage
 from ._policy import Policy
 from ._process import ProcessResult, run_process
+from ._repair import repair_transcript
 from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
 from ._signals import DoomLoopSignal
 from ._subagent import delegate_tool
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
-from ._transcript import repair_transcript, validate_transcript
+from ._validate import validate_transcript
 from .models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from .policies import (
     ConservativeDoomLoopPolicy,

@@ -13,8 +13,9 @@ from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, T
 from ._inbox import envelope
 from ._messages import Block, Message, TextBlock, ToolUseBlock, message
 from ._policy import notify
+from ._repair import unused_id
 from ._run import RunState
-from ._transcript import interrupted_result, unused_id
+from ._transcript import interrupted_result
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine

@@ -170,7 +170,9 @@ class CallRunner:
         then re-raised: never swallowed) or a bug in agentloop (never lost). The
         task reports itself, which saves the loop a done-callback hop, and awaits
         the handler directly: no helper coroutine, so one frame less for every
-        resumption of every call.
+        resumption of every call. That is why it is longer than most: each of its
+        awaits (the permission prompt, the handler, with or without a timeout) has
+        to be here; what needs none is a method (`_refusal`, `_failed`, `_unusual`).
         """
         put = self.emit
         try:
@@ -214,10 +216,7 @@ class CallRunner:
                     if type(output) is str and output.strip():  # the common case, as output_to_result builds it
                         result = tool_result_block(use.id, output)
                     else:
-                        try:
-                            result = output_to_result(use.id, output)
-                        except Exception as exc:  # a result that cannot be represented
-                            result = error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
+                        result = self._unusual(use, output)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             put(Done((use, exc)))
             raise
@@ -225,6 +224,15 @@ class CallRunner:
             put(Done((use, exc)))
         else:
             put(Done((use, result)))
+
+    @staticmethod
+    def _unusual(use: ToolUseBlock, output: object) -> ToolResultBlock:
+        """The result of a handler that returned anything but non-blank text: normalised by
+        `output_to_result`, or an error result when it cannot be represented."""
+        try:
+            return output_to_result(use.id, output)
+        except Exception as exc:  # a result that cannot be represented
+            return error_result(use.id, f"Tool {use.name!r} returned an unusable result: {describe(exc, name=False)}")
 
     def _refusal(self, use: ToolUseBlock, tool: Tool | None) -> ToolResultBlock:
         """The error result of a call that cannot run: no such tool, or input that never parsed."""

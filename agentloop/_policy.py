@@ -31,7 +31,7 @@ from ._unicode import scrub
 if TYPE_CHECKING:
     from ._accumulate import _Part
 
-__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "claim", "notify", "release"]
+__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "ask", "claim", "notify", "release"]
 
 log = logging.getLogger("agentloop")
 
@@ -159,6 +159,21 @@ def notify(policies: Sequence[Policy], hook: str, **kwargs: bool) -> None:
             getattr(policy, hook)(**kwargs)
         except Exception:
             log.exception("policy %s.%s raised; ignored", policy.name, hook)
+
+
+def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str, Verdict]]:
+    """The verdicts of ``hook`` (``on_response``, ``on_results``), with the name of the policy
+    that gave each; a policy that raises is logged and skipped, one that says nothing is left out."""
+    out: list[tuple[str, Verdict]] = []
+    for policy in policies:
+        try:
+            verdict = getattr(policy, hook)(*args)
+        except Exception:
+            log.exception("policy %s.%s raised; ignored", policy.name, hook)
+            continue
+        if verdict is not None:
+            out.append((policy.name, verdict))
+    return out
 
 
 # id(policy) -> the engine whose run holds it now (policies with ``one_engine`` only).

@@ -80,10 +80,7 @@ async def run_process(
     ValueError for another ``stderr`` and TypeError for ``stdout``: the output
     is collected here.
     """
-    if stderr not in (subprocess.PIPE, subprocess.STDOUT):
-        raise ValueError("run_process takes stderr=subprocess.PIPE (kept apart, the default) or subprocess.STDOUT (merged)")
-    if "stdout" in kw:
-        raise TypeError("run_process collects stdout itself; it does not take stdout=")
+    _check_streams(stderr, kw)
     merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
@@ -100,18 +97,7 @@ async def run_process(
     try:
         if stdin is not None:
             _feed(transport, stdin)
-        abort_task = asyncio.ensure_future(signal.wait())
-        try:
-            done, _ = await asyncio.wait((proto.done, abort_task), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            abort_task.cancel()
-            await asyncio.gather(abort_task, return_exceptions=True)
-        if proto.done not in done:
-            aborted = abort_task in done
-            timed_out = not aborted
-            await _kill_group(transport.get_pid(), proto, kill_grace)
-            if timed_out:  # what the group wrote before it died is part of the result
-                await asyncio.wait((proto.done,), timeout=_DRAIN)
+        timed_out, aborted = await _wait(transport, proto, signal, timeout, kill_grace)
     except asyncio.CancelledError:
         cancelled = True
         raise
@@ -127,6 +113,39 @@ async def run_process(
             await _close(transport, proto)
     if aborted:
         raise AbortError(signal.reason or "cancel")
+    return _result(args, transport, proto, timed_out)
+
+
+def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
+    """Raise ValueError for a ``stderr`` that is neither PIPE nor STDOUT, TypeError for ``stdout``."""
+    if stderr not in (subprocess.PIPE, subprocess.STDOUT):
+        raise ValueError("run_process takes stderr=subprocess.PIPE (kept apart, the default) or subprocess.STDOUT (merged)")
+    if "stdout" in kw:
+        raise TypeError("run_process collects stdout itself; it does not take stdout=")
+
+
+async def _wait(
+    transport: asyncio.SubprocessTransport, proto: _Collector, signal: AbortSignal, timeout: float | None, kill_grace: float
+) -> tuple[bool, bool]:
+    """Wait for the process to exit and its output to end, for ``signal`` or for ``timeout``;
+    on either of the last two the group is killed. Returns (timed out, aborted)."""
+    abort_task = asyncio.ensure_future(signal.wait())
+    try:
+        done, _ = await asyncio.wait((proto.done, abort_task), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        abort_task.cancel()
+        await asyncio.gather(abort_task, return_exceptions=True)
+    if proto.done in done:
+        return False, False
+    aborted = abort_task in done
+    await _kill_group(transport.get_pid(), proto, kill_grace)
+    if not aborted:  # timed out: what the group wrote before it died is part of the result
+        await asyncio.wait((proto.done,), timeout=_DRAIN)
+    return not aborted, aborted
+
+
+def _result(args: tuple[str, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
+    """The `ProcessResult` of a process that has exited, from what ``proto`` collected."""
     returncode = transport.get_returncode()
     assert returncode is not None
     out, err = bytes(proto.output[1]), bytes(proto.output[2])

@@ -211,7 +211,7 @@ class RunState:
         self.uncut: dict[str, ToolResultBlock] | None = None
         self.turn_index = 0
         # The reason of an interrupt() that found the turn stopped by a send_now already: it is
-        # meant for the turn the send-now's text starts (`_loop._start_turn` applies it).
+        # meant for the turn the send-now's text starts (`_turns.start_turn` applies it).
         self.stop_next: str | None = None
         self.pending_events: list[Event] = []
         # Self-cancellation bookkeeping (see the module docstring). ``cancel_baseline`` is the

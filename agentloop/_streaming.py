@@ -190,7 +190,6 @@ class ModelPhase:
         (None: the phase is over).
         """
         engine, st, acc, outcome = self.engine, self.st, self.acc, self.outcome
-        opts = engine.options
         st.count(acc.usage)
         if engine.parent is not None and acc.usage:
             charge_ancestors(engine, acc.usage)
@@ -205,19 +204,7 @@ class ModelPhase:
             st.terminal = abort_terminal(st)
             return []
         if outcome.cut is not None:
-            self.dooms -= 1
-            cut = outcome.cut
-            events: list[Event] = [
-                DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=outcome.policy),
-                _discarded(acc, self.attempt, "resample"),
-                Resampling(attempt=self.attempt + 1),
-            ]
-            self.attempt += 1
-            self.extra = (doom_reminder(opts.texts, acc, cut),)
-            self.armed = self.dooms > 0
-            st.acc = None
-            self.delay = 0.0
-            return events
+            return self._resample(outcome.cut)
         error = outcome.error
         if error is None and not acc.ended:  # the stream stopped without its end event: it was cut
             error = StreamProtocolError("the model stream ended without its end event", retryable=True)
@@ -231,6 +218,29 @@ class ModelPhase:
             st.paused = acc.stop_reason == "pause_turn"
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
+        return self._retry_or_end(error)
+
+    def _resample(self, cut: Resample) -> list[Event]:
+        """A confident doom-loop verdict cut the attempt: another one at once, with a reminder."""
+        self.dooms -= 1
+        acc = self.acc
+        events: list[Event] = [
+            DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=self.outcome.policy),
+            _discarded(acc, self.attempt, "resample"),
+            Resampling(attempt=self.attempt + 1),
+        ]
+        self.attempt += 1
+        self.extra = (doom_reminder(self.engine.options.texts, acc, cut),)
+        self.armed = self.dooms > 0
+        self.st.acc = None
+        self.delay = 0.0
+        return events
+
+    def _retry_or_end(self, error: ModelError) -> list[Event]:
+        """The attempt failed: another one after a back-off while the error is retryable and
+        the budget lasts, else the phase ends with a terminal that says what failed."""
+        engine, st, acc = self.engine, self.st, self.acc
+        opts = engine.options
         wait = error.retry_after
         too_long = wait is not None and wait > _MAX_RETRY_AFTER
         # A retry is a model request: none once the run's tokens have reached a usage limit.
@@ -250,7 +260,7 @@ class ModelPhase:
             return []
         self.retries -= 1
         delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - self.retries, error)
-        events = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
+        events: list[Event] = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
         st.acc = None
         self.attempt += 1
         events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))

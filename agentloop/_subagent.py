@@ -1,10 +1,17 @@
-"""The delegate tool: a model hands a task to a subagent (the "Task" tool pattern).
+"""Subagents: the delegate tool, and how a child's runs are linked to its parent's (SPEC §9).
+
+The delegate tool: a model hands a task to a subagent (the "Task" tool pattern).
 
 The subagent is a child `QueryEngine` (`QueryEngine.subagent`) running the same
 loop. Its events reach the parent's stream tagged with its ``agent_id``; its
 final answer becomes the tool result. A parent abort aborts it with the same
 reason (the call then ends as "stopped while running"); an abort of the child
 alone gives the parent's call a clear error result and leaves the parent running.
+
+The links: a child's run follows its parent's current run (`link_signal`). A background
+child (`QueryEngine.start_background`) follows none under ``background_subagents="keep"``;
+under "abort", each abort of its parent stops it (`abort_background`), also one that comes
+before its run has begun (`take_abort_at_start`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from ._policy import Policy
 from ._tools import Tool, ToolContext
 
 if TYPE_CHECKING:
+    from ._abort import AbortSignal
     from ._engine import QueryEngine
 
-__all__ = ["delegate_tool"]
+__all__ = ["abort_background", "delegate_tool", "link_signal", "take_abort_at_start"]
 
 _SCHEMA = {
     "type": "object",
@@ -65,6 +73,25 @@ def delegate_tool(
     already (a resumed session) are skipped.
     """
 
+    overrides = _checked(max_depth, overrides)
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
+        task = args.get("task")
+        refused = _refusal(task, ctx, max_depth)
+        if refused is not None:
+            return refused
+        assert isinstance(task, str)
+        agent_id = _new_agent_id(ctx.engine, agent_prefix)
+        child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **_child_settings(overrides, system))
+        return await _run_child(child, task, agent_id, ctx)
+
+    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+
+
+def _checked(max_depth: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``policies`` read once into a tuple (a generator, a set: each child
+    forks from it). Raises TypeError or ValueError for a ``max_depth`` that is not a whole
+    number >= 1, TypeError for ``policies`` that is not a list of policies."""
     if isinstance(max_depth, bool) or not isinstance(max_depth, int):
         raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
     if max_depth < 1:
@@ -72,43 +99,53 @@ def delegate_tool(
     given = overrides.get("policies")
     if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
         raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")
-    if given is not None:  # read once (a generator, a set): each child forks from it
+    if given is not None:
         overrides["policies"] = tuple(given)
+    return overrides
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
-        task = args.get("task")
-        if not isinstance(task, str) or not task.strip():
-            return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
-        if _depth(ctx.engine) >= max_depth:
-            return ToolResultBlock(
-                tool_use_id=ctx.tool_use_id,
-                content=(
-                    f"No subagent started: the subagent depth limit ({max_depth}) was reached. "
-                    "Do this task yourself."
-                ),
-                is_error=True,
-            )
-        agent_id = _new_agent_id(ctx.engine, agent_prefix)
-        extra = dict(overrides)
-        given = extra.get("policies")
-        if given is not None:  # one template for every child: each gets its own copies
-            extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
-        if system is not None:
-            extra["system"] = system
-        child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **extra)
-        end: TurnEnded | None = None
-        async for event in child.run(task):
-            ctx.emit(_tag(event, agent_id))
-            if isinstance(event, TurnEnded):
-                end = event
-        if ctx.signal.aborted:
-            raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
-        last = child.messages[-1] if child.messages else None
-        # Only the child's own words: when it said nothing, its last message is the task itself.
-        answer = last.text if last is not None and last.role == "assistant" else ""
-        return _result(ctx.tool_use_id, agent_id, answer, end)
 
-    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+def _refusal(task: object, ctx: ToolContext, max_depth: int) -> ToolResultBlock | None:
+    """The error result for a call that starts no subagent (no task, or too deep), else None."""
+    if not isinstance(task, str) or not task.strip():
+        return ToolResultBlock(tool_use_id=ctx.tool_use_id, content="The task must be a non-empty string.", is_error=True)
+    if _depth(ctx.engine) >= max_depth:
+        return ToolResultBlock(
+            tool_use_id=ctx.tool_use_id,
+            content=(
+                f"No subagent started: the subagent depth limit ({max_depth}) was reached. "
+                "Do this task yourself."
+            ),
+            is_error=True,
+        )
+    return None
+
+
+def _child_settings(overrides: dict[str, Any], system: str | None) -> dict[str, Any]:
+    """The keyword arguments of one child: ``overrides``, each template policy forked (children
+    running at once never share a policy's counters), and ``system`` when given."""
+    extra = dict(overrides)
+    given = extra.get("policies")
+    if given is not None:
+        extra["policies"] = [p.fork() if isinstance(p, Policy) else p for p in given]
+    if system is not None:
+        extra["system"] = system
+    return extra
+
+
+async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolContext) -> ToolResultBlock:
+    """Run ``child`` on ``task``, its events passed to the parent tagged with ``agent_id``; its
+    final answer is the call's result. Raises `AbortError` when the parent's abort reached it."""
+    end: TurnEnded | None = None
+    async for event in child.run(task):
+        ctx.emit(_tag(event, agent_id))
+        if isinstance(event, TurnEnded):
+            end = event
+    if ctx.signal.aborted:
+        raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
+    last = child.messages[-1] if child.messages else None
+    # Only the child's own words: when it said nothing, its last message is the task itself.
+    answer = last.text if last is not None and last.role == "assistant" else ""
+    return _result(ctx.tool_use_id, agent_id, answer, end)
 
 
 def _depth(engine: QueryEngine) -> int:
@@ -164,3 +201,41 @@ def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None)
     if answer.strip():
         text += f" Its last words: {answer.strip()[:2000]}"
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+
+
+# -- linking a child's runs to its parent (SPEC §9) ------------------------------
+
+
+def abort_background(engine: QueryEngine, reason: str) -> None:
+    """With ``background_subagents="abort"``, stop ``engine``'s background children with
+    ``reason`` (the run that aborted): also those whose run is not linked to this one (started
+    while the engine was idle, or in an earlier run of it)."""
+    children = engine._background_children
+    if children is None or engine.options.background_subagents != "abort":
+        return
+    for child in list(children):
+        if child._state is None and child._start_pending:
+            # Its task has not begun the run yet (it has had no step): there is nothing to
+            # interrupt, so the run starts aborted.
+            if child._abort_at_start is None:
+                child._abort_at_start = reason
+        else:
+            child.interrupt(reason)
+
+
+def take_abort_at_start(engine: QueryEngine) -> str | None:
+    """The reason a background run that is beginning must start aborted with, if any (once)."""
+    reason = engine._abort_at_start
+    engine._start_pending = False
+    engine._abort_at_start = None
+    return reason
+
+
+def link_signal(engine: QueryEngine) -> AbortSignal | None:
+    """The signal a new run of ``engine`` follows (its parent's run), if any."""
+    parent = engine.parent
+    if parent is None or parent._state is None:
+        return None
+    if engine._background_child and parent.options.background_subagents == "keep":
+        return None
+    return parent._state.signal

@@ -227,35 +227,11 @@ def tool(
     """
 
     def build(f: Callable[..., Awaitable[Any]]) -> Tool:
-        if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
-            raise TypeError(
-                "@tool needs an async function, got a functools.partial: define an async def that calls "
-                "it (its name, docstring and annotations describe the tool to the model)"
-            )
-        if not inspect.iscoroutinefunction(f):
-            raise TypeError(f"@tool needs an async function, got {f!r}")
+        _check_async(f)
         summary, param_docs = split_docstring(inspect.getdoc(f) or "", inspect.signature(f).parameters)
         args_model, schema, names, ctx_param = _args_model(f, param_docs)
         doc = description if description is not None else summary
-
-        validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
-        params = inspect.signature(f).parameters
-        positional = [p for p, param in params.items() if param.kind is param.POSITIONAL_ONLY]
-
-        def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
-            # Validates now and returns the function's coroutine: awaiting it directly
-            # saves every call a coroutine level. Bad input raises ToolInputError here.
-            try:
-                parsed = validate(raw)
-            except ValidationError as exc:
-                raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
-            kwargs = {p: getattr(parsed, k) for k, p in names}
-            if ctx_param is not None:
-                kwargs[ctx_param] = ctx
-            if positional:  # ``def f(path: str, /)``: those cannot be passed by name
-                return f(*[kwargs.pop(p) for p in positional], **kwargs)
-            return f(**kwargs)
-
+        handler = _handler(f, args_model, names, ctx_param)
         return Tool(
             name or f.__name__,
             doc,
@@ -270,6 +246,46 @@ def tool(
     if isinstance(fn, str):  # @tool("search"): the name goes by keyword
         raise TypeError(f"@tool takes the function, not a string: to name the tool, write @tool(name={fn!r})")
     return build if fn is None else build(fn)
+
+
+def _check_async(f: object) -> None:
+    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, a partial."""
+    if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
+        raise TypeError(
+            "@tool needs an async function, got a functools.partial: define an async def that calls "
+            "it (its name, docstring and annotations describe the tool to the model)"
+        )
+    if not inspect.iscoroutinefunction(f):
+        raise TypeError(f"@tool needs an async function, got {f!r}")
+
+
+def _handler(
+    f: Callable[..., Awaitable[Any]],
+    args_model: type[BaseModel],
+    names: tuple[tuple[str, str], ...],
+    ctx_param: str | None,
+) -> Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]:
+    """The tool's handler: the model's input validated by ``args_model``, then ``f`` called with
+    it (``names``: field and parameter pairs) and the `ToolContext` as ``ctx_param``, if any."""
+    validate = args_model.__pydantic_validator__.validate_python  # model_validate, minus its wrapper
+    params = inspect.signature(f).parameters
+    positional = [p for p, param in params.items() if param.kind is param.POSITIONAL_ONLY]
+
+    def handler(raw: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput]:
+        # Validates now and returns the function's coroutine: awaiting it directly
+        # saves every call a coroutine level. Bad input raises ToolInputError here.
+        try:
+            parsed = validate(raw)
+        except ValidationError as exc:
+            raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
+        kwargs = {p: getattr(parsed, k) for k, p in names}
+        if ctx_param is not None:
+            kwargs[ctx_param] = ctx
+        if positional:  # ``def f(path: str, /)``: those cannot be passed by name
+            return f(*[kwargs.pop(p) for p in positional], **kwargs)
+        return f(**kwargs)
+
+    return handler
 
 
 def _args_model(

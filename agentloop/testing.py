@@ -12,7 +12,7 @@ from ._errors import TranscriptError
 from ._events import Event
 from ._messages import Message
 from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
-from ._transcript import validate_transcript
+from ._validate import validate_transcript
 
 __all__ = ["ScriptedModel", "ScriptedResponse", "ScriptedToolCall", "assert_valid", "collect"]
 

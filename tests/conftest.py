@@ -24,14 +24,15 @@ settings.load_profile("agentloop")
 
 def child_pids() -> set[int]:
     """Live (non-zombie) processes whose parent is this process."""
-    me = str(os.getpid())
+    me = str(os.getpid()).encode()
     out: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            # Bytes: a process's name (in the parentheses) need not be valid in any encoding.
+            fields = stat.read_bytes().rsplit(b")", 1)[-1].split()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z":
+        if len(fields) > 1 and fields[1] == me and fields[0] != b"Z":
             out.add(int(stat.parent.name))
     return out
 

@@ -223,7 +223,7 @@ def clean_assistant(message: Message) -> Message | None:
     """The reference: the streamed message without the blocks `validate_transcript` calls
     droppable, trailing whitespace stripped from a last text block (None: nothing left)."""
     from agentloop._messages import text_block
-    from agentloop._transcript import _droppable
+    from agentloop._transcript import droppable as _droppable
 
     kept = [b for b in message.content if _droppable(b) is None]
     if not kept:

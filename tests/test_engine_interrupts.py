@@ -1185,3 +1185,12 @@ def test_a_control_call_from_a_signal_handler_never_waits_for_the_thread_it_inte
         [sys.executable, "-c", _SIGNAL_CHILD], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]
+
+
+async def test_interrupt_with_no_reason_is_the_default_cancel_not_the_text_none() -> None:
+    engine = engine_for([ScriptedResponse(text="The quick brown fox jumps", chunk=4)])
+    async for ev in engine.run("go"):
+        if isinstance(ev, TextDelta):
+            engine.interrupt(None)  # type: ignore[arg-type]
+        end = ev
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"

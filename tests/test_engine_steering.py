@@ -124,7 +124,7 @@ async def test_an_interjection_that_lands_as_a_completed_turn_ends_gets_a_turn_n
     """From another thread, interject() after the loop checked the queue for the last response
     but before the turn's end: the completed turn reported it dropped (``reason="completed"``),
     though the same text a moment later (after the TurnEnded) got a turn of its own."""
-    import agentloop._loop as loop_module
+    import agentloop._ending as loop_module
 
     engine = engine_for(["first", "second"])
     receipts: list[str] = []

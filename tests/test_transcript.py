@@ -608,7 +608,7 @@ def _edited(msgs: list[Message], edit: tuple[str, int, object]) -> list[Message]
 @settings(max_examples=400)
 @given(transcripts, st.lists(edits, max_size=2))
 def test_property_is_valid_agrees_with_validate_transcript(msgs: list[Message], changes: list[tuple[str, int, object]]) -> None:
-    from agentloop._transcript import is_valid
+    from agentloop._validate import is_valid
 
     case = repair_transcript(msgs)
     assert is_valid(case)
@@ -619,7 +619,7 @@ def test_property_is_valid_agrees_with_validate_transcript(msgs: list[Message], 
 
 
 def test_is_valid_refuses_one_call_answered_twice_in_place_of_another() -> None:
-    from agentloop._transcript import is_valid
+    from agentloop._validate import is_valid
 
     case = [u(T(text="q")), a(use("1"), use("2")), u(res("1"), res("1"))]
     assert validate_transcript(case) != [] and not is_valid(case)

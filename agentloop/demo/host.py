@@ -15,7 +15,7 @@ from typing import Literal
 
 from .._engine import QueryEngine
 from .._events import Event
-from .._transcript import validate_transcript
+from .._validate import validate_transcript
 from .editor import LineEditor
 from .keyboard import Input
 from .render import Renderer, format_transcript, short

@@ -19,7 +19,7 @@ from mcp import ClientSession, types
 from mcp.shared.exceptions import MCPError
 
 from .._abort import AbortSignal
-from .._engine import wait_at_run_end
+from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
 from ..models._http import hide_url_credentials

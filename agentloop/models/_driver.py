@@ -178,6 +178,10 @@ async def run_stream(
     for longer than the request's read timeout. A body that is one JSON document and
     no event stream raises what `document_error` says instead. Never catches
     `asyncio.CancelledError`.
+
+    Longer than most: it is the generator the model phase awaits for every event, so its
+    per-chunk and per-event work is written out here (a helper generator would cost each
+    event one more resumption); only what happens once, when the body ends, is `_at_end`.
     """
     path, headers, body = prepare()
     if signal.aborted:
@@ -228,19 +232,7 @@ async def run_stream(
         finally:
             await chunks.aclose()
         decoder.close()
-        if head:
-            raw = b"".join(head)
-            error = document_error(
-                conn.provider,
-                response.headers,
-                raw,
-                request_id_header=conn.request_id_header,
-                secret=redactor,
-            ) or _web_page(conn, response.headers, raw, redactor)
-            if error is not None:
-                raise error
-        at_eof = getattr(mapper, "at_eof", None)
-        last = at_eof() if at_eof is not None else None
+        last = _at_end(conn, response, mapper, head, redactor)
         if last:  # the server ended the body where it had finished, without its terminator
             for ev in last:
                 yield ev
@@ -249,6 +241,27 @@ async def run_stream(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
         retryable=True,
     )
+
+
+def _at_end(
+    conn: Connection, response: httpx.Response, mapper: Mapper, head: list[bytes] | None, redactor: Redactor
+) -> Sequence[StreamEvent] | None:
+    """A body that ended before its terminator: the events that complete it (the mapper's
+    ``at_eof``), or None when it was cut. Raises the error a body with no event explains
+    (``head``, what it held: a JSON error document, a web page)."""
+    if head:
+        raw = b"".join(head)
+        error = document_error(
+            conn.provider,
+            response.headers,
+            raw,
+            request_id_header=conn.request_id_header,
+            secret=redactor,
+        ) or _web_page(conn, response.headers, raw, redactor)
+        if error is not None:
+            raise error
+    at_eof = getattr(mapper, "at_eof", None)
+    return at_eof() if at_eof is not None else None
 
 
 _HEAD_LIMIT = 1 << 20

@@ -26,7 +26,7 @@ from .._messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .._transcript import repair
+from .._repair import repair
 from ._format import loads_non_finite
 
 log = logging.getLogger("agentloop")

@@ -1,0 +1,201 @@
+"""How a turn ends and how a run ends.
+
+A turn ends with exactly one `TurnEnded` (SPEC §10), after the results it owes are settled;
+an aborted turn also gets its interrupt notice (SPEC §4), its background children stopped
+(when the engine says so) and its `on_abort` hooks called, once. A run ends, whatever ended
+it, with nothing it started still running (SPEC §1): the calls still going get what is left
+of the cancel grace, then are cancelled, and a cleanup an abort hook started
+(`wait_at_run_end`) is waited for within the same grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ._commit import interrupt_notice, settle_partial, settle_results, strip_final
+from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
+from ._policy import release
+from ._recording import release_sidechain, release_store
+from ._run import RunState, abandon
+from ._subagent import abort_background
+from ._toolphase import record_finished
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
+
+__all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_end"]
+
+log = logging.getLogger("agentloop")
+
+# The engine whose abort hooks are being called (set around each call, in the run's task).
+_hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
+
+
+def wait_at_run_end(task: asyncio.Task[Any]) -> bool:
+    """From an abort hook: let cleanup it started go on without delaying the turn's end.
+
+    The run's ``TurnEnded`` does not wait for ``task``; the run itself waits for it
+    before it returns, within ``tool_cancel_grace`` (past that, ``task`` is left to
+    whoever owns it). Returns False (and does nothing) outside an abort hook.
+    """
+    engine = _hooked_engine.get()
+    if engine is None or engine._state is None:
+        return False
+    if engine._cleanup is None:
+        engine._cleanup = set()
+    engine._cleanup.add(task)
+    return True
+
+
+async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
+    """Call the engine's `on_abort` hooks with ``reason`` (main-only ones for a main engine
+    only); a hook that raises, or meets a cancellation of its own, is logged and the rest
+    still run."""
+    token = _hooked_engine.set(engine)
+    try:
+        for fn, main_only in engine._abort_hooks:
+            if main_only and engine.parent is not None:
+                continue
+            try:
+                result = fn(reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_abort hook %r failed", fn)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                    raise
+                # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
+                # something that was cancelled). A failed hook, like one that raises.
+                log.exception("on_abort hook %r failed: it was cancelled, though the run was not", fn)
+    finally:
+        _hooked_engine.reset(token)
+
+
+async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
+    st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one
+    events: list[Event] = settle_results(engine, st)
+    aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
+    abort_reason = st.signal.reason if aborted else None
+    if aborted and abort_reason is not None:
+        interrupt_notice(engine, reason, abort_reason)
+        st.hooked = True  # before the await: a host that cancels it does not get them called twice
+        abort_background(engine, abort_reason)
+        await run_abort_hooks(engine, abort_reason)
+        _report_to_parent(engine, st)
+    strip_final(engine)
+    inbox = engine.inbox
+    st.last_reason = reason
+    # After a completed turn, an interjection that came since the loop last looked (from another
+    # thread) gets a turn of its own, as one sent after the TurnEnded does (`next_turn`).
+    st.continues = not (st.expired or st.finishing) and (
+        bool(inbox.send_now)
+        or (reason == "completed" and not st.signal.aborted and bool(inbox.follow_ups or inbox.interjections))
+    )
+    if not st.continues and inbox.interjections:
+        dropped = inbox.take(inbox.interjections)
+        drop = InterjectionDropped(texts=tuple(q.text for q in dropped), ids=tuple(q.id for q in dropped), reason=reason)
+        engine._record_event(drop)
+        # First: a host that stops at a result synthesized above has seen the drop it made.
+        events.insert(0, drop)
+    ended = TurnEnded(
+        reason=reason,
+        abort_reason=abort_reason,
+        error=st.error,
+        detail=st.detail,
+        usage=st.usage,
+        turns=st.turns,
+        aborted_subagents=tuple(st.aborted_subagents),
+    )
+    st.turn_over = True
+    engine.last_turn_ended = ended
+    engine._record_event(ended)
+    events.append(ended)
+    return events
+
+
+def _report_to_parent(engine: QueryEngine, st: RunState) -> None:
+    """An aborted subagent is listed in its parent's terminal event, with the subagents of its own
+    that the abort reached (they ended first, so the child's list is complete): a main engine's
+    list names every engine of the tree the abort stopped, not only its direct children."""
+    parent = engine.parent
+    state = parent._state if parent is not None else None
+    if state is not None and not state.turn_over and engine.agent_id is not None:
+        state.aborted_subagents += [engine.agent_id, *st.aborted_subagents]
+
+
+async def finish(engine: QueryEngine, st: RunState) -> None:
+    """Run cleanup: whatever ended the run, nothing it started survives it."""
+    st.finishing = True
+    grace = engine.options.tool_cancel_grace
+    if engine.parent is not None and st.cut_off():
+        # A subagent whose parent cancelled the call running it (the parent's grace ran out):
+        # its own grace, longer perhaps, must not outlast the parent's run, so its calls are
+        # cancelled at once and its cleanup is not waited for.
+        grace = 0.0
+        st.aborted_at = st.loop.time() if st.aborted_at is None else min(st.aborted_at, st.loop.time())
+    ends_by = st.loop.time() + grace  # tools and hooks' cleanup share one grace
+    # Aborted, then stopped before its turn could end (a parent's grace ran out and it cancelled
+    # this subagent's call): no TurnEnded will say so, the parent's must. Reported once its own
+    # calls are stopped, so the subagents they ran are listed too.
+    report = not st.turn_over and st.signal.aborted
+    try:
+        if not st.turn_over:
+            settle_now(engine, st)  # "consumer_closed", unless an abort came first
+            if not st.hooked:
+                abort_background(engine, st.signal.reason or "consumer_closed")
+                await run_abort_hooks(engine, st.signal.reason or "consumer_closed")
+        await _cancel_tasks(st, grace)
+        cleanup, engine._cleanup = engine._cleanup, None
+        if cleanup:  # started by abort hooks (closing a tool server, say), owned by them
+            await asyncio.wait(cleanup, timeout=max(0.0, ends_by - st.loop.time()))
+    finally:
+        for task in st.pending_tasks:  # the cleanup was cut short (the host cancelled it again)
+            if not task.done() and not task.cancelling():
+                task.cancel()
+        st.pending_tasks.clear()
+        if report:
+            _report_to_parent(engine, st)
+        if st.deadline_handle is not None:
+            st.deadline_handle.cancel()
+        st.close()
+        if engine.policies:
+            release(engine.policies, engine)
+        engine._vetted = list(engine.messages)  # valid: the run settled it
+        engine._state = None
+        release_store(engine)
+        release_sidechain(engine)
+        closing, engine._closing = engine._closing, None
+        if closing is not None and not closing.done():
+            closing.set_result(None)
+
+
+async def _cancel_tasks(st: RunState, grace: float) -> None:
+    """Give the calls still running what is left of their grace, then cancel them;
+    abandon those that swallow the cancellation."""
+    pending = {t for t in st.pending_tasks if not t.done()}  # cleared by finish, even if this is cut short
+    if not pending:
+        return
+    _, still = await asyncio.wait(pending, timeout=st.grace_left(grace))
+    for task in still:
+        task.cancel()
+    if still:
+        _, stuck = await asyncio.wait(still, timeout=0.1)
+        for task in stuck:
+            abandon(st, task, "the run ended")
+
+
+def settle_now(engine: QueryEngine, st: RunState) -> None:
+    """Stop the run ("consumer_closed", unless it was aborted already) and settle, synchronously,
+    what is in flight: the streamed output and the results owed join the transcript."""
+    st.finishing = True
+    st.controller.abort("consumer_closed")
+    settle_partial(engine, st)
+    record_finished(engine, st)
+    settle_results(engine, st)
+    strip_final(engine)

@@ -1,0 +1,211 @@
+"""The engine's configuration: `EngineOptions`, and the checks of every `QueryEngine` argument.
+
+A wrong argument fails at construction, with a message that says what to pass instead,
+rather than deep inside a run (as a TypeError out of `run()`) or at the first request
+(as a ``model_error`` blamed on the model). The settings a run reads are grouped in one
+frozen `EngineOptions`; a subagent copies them from its parent's.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._inbox import Texts
+from ._messages import Message
+from ._policy import Policy
+from ._tools import PermissionCallback, Tool
+
+__all__ = [
+    "DEFAULT_TEXTS",
+    "EngineOptions",
+    "check_entries",
+    "check_model",
+    "check_session",
+    "message_list",
+    "policy_list",
+    "recovery_default",
+    "tool_map",
+]
+
+log = logging.getLogger("agentloop")
+
+DEFAULT_TEXTS = Texts()  # frozen: every engine without texts= shares it
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The engine's settings, grouped (see `QueryEngine` for their meaning)."""
+
+    system: str | None = None
+    max_turns: int | None = None
+    max_parallel_tools: int = 10
+    tool_cancel_grace: float = 2.0
+    permission: PermissionCallback | None = None
+    follow_up_behavior: Literal["queue", "steer"] = "queue"
+    interrupt_notice: Literal["append", "envelope"] | None = "append"
+    doom_loop_recovery: bool = True
+    doom_budget: int = 2
+    retry_budget: int = 3
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 8.0
+    usage_limit: int | None = None
+    deadline: float | None = None
+    max_tokens: int | None = None
+    tool_choice: str | None = None
+    background_subagents: Literal["keep", "abort"] = "keep"
+    texts: Texts = field(default_factory=Texts)
+    max_tool_result_chars: int | None = 100_000
+
+    def __post_init__(self) -> None:
+        """Raise TypeError or ValueError for a setting the engine cannot run with."""
+        if self.follow_up_behavior not in ("queue", "steer"):
+            raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {self.follow_up_behavior!r}")
+        if self.interrupt_notice not in ("append", "envelope", None):
+            raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {self.interrupt_notice!r}")
+        limit = self.max_tool_result_chars
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise TypeError(f"max_tool_result_chars takes a whole number or None, not {limit!r}")
+            if limit < 1:
+                raise ValueError(f"max_tool_result_chars must be at least 1, not {limit!r}")
+        if not isinstance(self.texts, Texts):
+            raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(self.texts).__name__}")
+        if self.permission is not None and not callable(self.permission):
+            raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {self.permission!r}")
+        choice = self.tool_choice
+        if choice is not None and (not isinstance(choice, str) or not choice.strip()):
+            raise TypeError(f'tool_choice takes "auto", "any", "none" or a tool name, not {choice!r}')
+        if choice == "required":  # OpenAI's word for "any": not a tool name
+            object.__setattr__(self, "tool_choice", "any")
+        _check_numbers(self)
+
+
+# The numeric settings: (name, whole numbers only, may be None). Each is >= 0 (a count or a
+# number of seconds): a wrong type would otherwise fail deep inside a run, as a TypeError from run().
+_NUMBERS = (
+    ("max_turns", True, True),
+    ("max_parallel_tools", True, False),
+    ("tool_cancel_grace", False, False),
+    ("doom_budget", True, False),
+    ("retry_budget", True, False),
+    ("retry_base_delay", False, False),
+    ("retry_max_delay", False, False),
+    ("usage_limit", True, True),
+    ("deadline", False, True),
+    ("max_tokens", True, True),
+)
+
+
+def _check_numbers(options: EngineOptions) -> None:
+    """Raise TypeError or ValueError for a numeric setting that is not a number >= 0."""
+    for name, whole, optional in _NUMBERS:
+        value: Any = getattr(options, name)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+            what = "a whole number" if whole else "a number of seconds"
+            raise TypeError(f"{name} takes {what}{' or None' if optional else ''}, not {value!r}")
+        if not float(value) >= 0:  # NaN too
+            raise ValueError(f"{name} must be >= 0, not {value!r}")
+
+
+def recovery_default(value: bool | None) -> bool:
+    """The argument, else ``AGENTLOOP_DOOM_LOOP_RECOVERY`` (on unless false, 0, no or off; a value
+    it does not know keeps recovery on, and says so in the log)."""
+    if value is not None:
+        return value
+    raw = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "")
+    env = raw.strip().lower()
+    if env in {"0", "false", "no", "off"}:
+        return False
+    if env not in {"", "1", "true", "yes", "on"}:
+        log.warning(
+            "AGENTLOOP_DOOM_LOOP_RECOVERY=%r is not understood (use false, 0, no or off to switch "
+            "doom-loop recovery off); recovery stays on",
+            raw,
+        )
+    return True
+
+
+def check_model(model: object) -> None:
+    """Raise TypeError, at construction, for what cannot be a `Model` (rather than a
+    ``model_error`` at the first request, blamed on the model)."""
+    if isinstance(model, type) or not callable(getattr(model, "stream", None)):
+        hint = ""
+        if isinstance(model, str):
+            hint = f" (a model name? pass a model object, e.g. agentloop.models.AnthropicModel({model!r}))"
+        elif isinstance(model, type):
+            hint = f" (the class {model.__name__}: pass an instance of it)"
+        raise TypeError(
+            f"QueryEngine needs a model with a stream(request, signal) method, such as "
+            f"ScriptedModel([...]) or a model from agentloop.models; got {model!r}{hint}"
+        )
+
+
+def check_session(session: object) -> None:
+    """Raise TypeError for what cannot be a session store."""
+    if session is not None and not (
+        callable(getattr(session, "append_message", None)) and callable(getattr(session, "append_event", None))
+    ):
+        raise TypeError(
+            "session takes a session store (append_message, append_event), such as "
+            f"agentloop.sessions.JsonlSession(path), not {type(session).__name__}"
+        )
+
+
+def tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
+    if isinstance(tools, Tool):
+        raise TypeError(f"tools takes a list of tools: tools=[{tools.name}]")
+    for t in tools:
+        if not isinstance(t, Tool):
+            what = getattr(t, "__name__", None)
+            hint = f": decorate {what} with @tool (an async def with annotated parameters)" if what else ""
+            raise TypeError(f"tools takes Tool objects, not {type(t).__name__} {t!r}{hint}")
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate tool names: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    return {t.name: t for t in tools}
+
+
+def policy_list(policies: Sequence[Policy]) -> list[Policy]:
+    """``policies`` as a new list. Raises TypeError for anything but `Policy` instances."""
+    if isinstance(policies, Policy):
+        raise TypeError(f"policies takes a list of policies: policies=[{type(policies).__name__}(...)]")
+    out = list(policies)
+    for p in out:
+        if isinstance(p, type):
+            raise TypeError(f"policies takes Policy objects, not the class {p.__name__}: write {p.__name__}()")
+        if not isinstance(p, Policy):
+            raise TypeError(f"policies takes Policy objects (subclasses of agentloop.Policy), not {p!r}")
+    return out
+
+
+def message_list(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as a new list. Raises TypeError for anything but `Message`s (a dict in the
+    wire format would otherwise fail later, at a request, far from where it came in)."""
+    if isinstance(messages, str | Message):
+        raise TypeError(f"messages takes a list of Message objects, not a {type(messages).__name__}")
+    out = list(messages)
+    for m in out:
+        if not isinstance(m, Message):
+            raise TypeError(
+                f"messages takes Message objects, not {type(m).__name__}: build one with "
+                "Message.user(text), Message(role=..., content=[...]) or, from a dict, Message.model_validate(d)"
+            )
+    return out
+
+
+def check_entries(messages: Sequence[object], start: int) -> None:
+    """Raises TypeError for an entry of `engine.messages` that is not a `Message` (one the host
+    appended or assigned between runs), naming its index, before anything reads it."""
+    for i, m in enumerate(messages, start):
+        if not isinstance(m, Message):
+            raise TypeError(
+                f"engine.messages[{i}] is a {type(m).__name__}, not a Message: build one with "
+                "Message.user(text), Message(role=..., content=[...]) or, from a dict, Message.model_validate(d)"
+            )

@@ -1,0 +1,160 @@
+"""Session recording: one writer per store, and a store kept in step with the transcript.
+
+Each committed message and event goes to the engine's session store as it happens
+(`QueryEngine._commit`, `QueryEngine._record_event`: a store that fails costs the run
+nothing and is listed in ``session_errors``). This module holds what happens around a
+run: the claim that makes an engine's run the only writer of its store, what the host
+changed in ``messages`` between runs (appended, or rewritten as a checkpoint) caught up
+before the run writes, and the release of both at the run's end.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from ._errors import SessionLockedError
+from ._messages import Message
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
+    from .sessions import SessionStore
+
+__all__ = ["catch_up_session", "claim_store", "holds_records", "release_sidechain", "release_store"]
+
+# The running engine writing to each session store (by `_store_key`): a store holds one
+# transcript, and two engines appending to it at once would interleave their records. Weak:
+# an engine whose run could never end (its event loop closed under it) frees the store when
+# the engine goes.
+_store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakValueDictionary()
+# Held while a run checks that its store is free and claims it, as one step: engines may start
+# runs in several threads (an event loop each), and a run starting between another's check and
+# its claim would pass the check too.
+_store_claims = threading.Lock()
+
+
+def _store_key(store: SessionStore) -> object:
+    """What identifies a store's records: a `JsonlSession`'s file (two objects may open one,
+    as a server resuming the file for each request does), any other store itself."""
+    from .sessions import JsonlSession
+
+    if isinstance(store, JsonlSession):
+        try:
+            return store.path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the file cannot be opened anyway
+            return store.path
+    return id(store)
+
+
+def holds_records(store: SessionStore | None) -> bool:
+    """True when ``store`` is a `JsonlSession` whose file holds records already."""
+    from .sessions import JsonlSession
+
+    if not isinstance(store, JsonlSession):
+        return False
+    try:
+        return store.path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def claim_store(engine: QueryEngine) -> None:
+    """As a run starts: claim ``engine``'s session store for the run. Raises RuntimeError
+    if another engine's run writes to it (or is starting on it), `SessionLockedError` if
+    the store has another writer elsewhere (another process). `release_store` undoes it."""
+    store = engine.session
+    if store is None:
+        return
+    key = _store_key(store)
+    with _store_claims:
+        other = _store_writers.get(key)
+        if other is not None and other is not engine and _writes_to(other, key):
+            who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
+            if other.session is store:
+                fix = "a store records one transcript (give each engine its own, a subagent its own agent_id)"
+            else:  # another session object on the same file: the file is what they share
+                fix = (
+                    "its file records one transcript, whichever session object writes it (give each "
+                    "engine a file of its own: two JsonlSession objects on one file are one store)"
+                )
+            raise RuntimeError(f"the session store {store!r} is in use by another running engine{who}: {fix}")
+        _store_writers[key] = engine
+        engine._store_claimed = key
+    acquire = getattr(store, "acquire", None)
+    if acquire is not None:
+        try:
+            acquire()  # a JsonlSession's file lock: taken now, or the run's records go nowhere
+        except SessionLockedError:
+            release_store(engine)
+            raise
+        except Exception:  # a file it cannot open: each append fails too, and is listed
+            pass
+
+
+def _writes_to(engine: QueryEngine, key: object) -> bool:
+    """Whether ``engine``, found as the writer of store ``key``, still writes to it: its run
+    is starting (claimed, no state yet) or going on in an open loop (a run left in an event
+    loop that was closed under it writes no more)."""
+    state = engine._state
+    return (
+        (state is None or not state.loop.is_closed())
+        and engine.session is not None
+        and _store_key(engine.session) == key
+    )
+
+
+def release_store(engine: QueryEngine) -> None:
+    """As a run ends (or fails to start): ``engine`` no longer writes to its store."""
+    key, engine._store_claimed = engine._store_claimed, None
+    if key is not None:
+        with _store_claims:
+            if _store_writers.get(key) is engine:
+                del _store_writers[key]
+
+
+def catch_up_session(engine: QueryEngine) -> None:
+    """As a run starts: record in the session what the host did to `messages` since the
+    last commit (appended messages are appended; a rewound or edited transcript is written
+    as a checkpoint), so that the session replays to the transcript the run starts from."""
+    recorded = engine._recorded
+    if engine.session is None or recorded is None:
+        return
+    messages = engine.messages
+    due, engine._checkpoint_due = engine._checkpoint_due, False
+    if not due and len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):
+        if len(messages) == len(recorded):
+            return
+        for message in messages[len(recorded) :]:  # appended by the host
+            _append(engine, message)
+    else:
+        checkpoint = getattr(engine.session, "append_checkpoint", None)
+        try:
+            if checkpoint is None:
+                raise TypeError(f"{type(engine.session).__name__} has no append_checkpoint()")
+            checkpoint(list(messages))
+        except Exception as exc:
+            engine._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
+    engine._recorded = list(messages)
+
+
+def _append(engine: QueryEngine, message: Message) -> None:
+    assert engine.session is not None
+    try:
+        engine.session.append_message(message)
+    except Exception as exc:
+        engine._store_failed(f"a message ({message.role})", exc)
+
+
+def release_sidechain(engine: QueryEngine) -> None:
+    """As a subagent's run ends: close the file of the sidechain `subagent()` gave it (a
+    `JsonlSession` opens it again on its next append), rather than hold it open until the
+    parent's session is closed. The sidechain is the parent's store's to close, not the child's."""
+    release = getattr(engine.session, "release", None)
+    if not engine._own_sidechain or release is None:
+        return
+    try:
+        release()
+    except Exception as exc:
+        engine._store_failed("the end of its sidechain file (closing it)", exc)

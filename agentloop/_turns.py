@@ -1,0 +1,265 @@
+"""Where a turn's messages come from, and how a run and each turn begin.
+
+A run begins with the host's prompt, or with what is queued (texts sent now while the
+engine was idle start it, then follow-ups), or resumes a transcript that ends with a user
+message (SPEC §4, §5). After a turn ends, a send-now text always starts the next one;
+follow-ups only after a turn that completed with no abort. A text that follows an answer
+an interrupt cut short goes in the interrupt envelope, when the engine writes notices that
+way. Each turn tells the policies whether a person asked for it (`begin_turn`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ._abort import AbortController
+from ._commit import envelope_due
+from ._events import TurnStarted
+from ._handle import left_in_another_loop
+from ._inbox import envelope
+from ._messages import Message, TextBlock
+from ._policy import ask, claim, notify
+from ._recording import catch_up_session, claim_store, release_store
+from ._repair import valid_history
+from ._run import NextRun, RunState
+from ._subagent import link_signal, take_abort_at_start
+from ._transcript import encodable_message
+from ._unicode import scrub
+from ._validate import is_valid
+
+if TYPE_CHECKING:
+    from ._engine import QueryEngine
+
+__all__ = ["catch_up_policies", "next_turn", "open_run", "start_turn"]
+
+
+async def open_run(
+    engine: QueryEngine, prompt: str | Message | None, token: object
+) -> tuple[RunState, list[Message] | None]:
+    """Begin a `run()`: its state in place, and the first turn's messages (None: no turn).
+
+    A run started while the last one still cleans up (the host stopped iterating it and began
+    another at once) waits for that cleanup; meanwhile `interrupt()` and `aclose()` reach it,
+    through the controller its first turn will use. Raises RuntimeError when another run of
+    the engine is in progress, ValueError or TypeError for a prompt it cannot run.
+    """
+    previous = engine._state
+    if previous is not None and previous.loop is not asyncio.get_running_loop():
+        left_in_another_loop(engine, previous)
+    if previous is None or not previous.finishing or engine._closing is None:
+        return _begin(engine, prompt, token)
+    waiting = engine._next_run = NextRun(token, AbortController(parent=link_signal(engine)))
+    try:
+        await asyncio.shield(engine._closing)
+        return _begin(engine, prompt, token, waiting)
+    except BaseException:  # cancelled while it waited, or refused: its controller goes unused
+        waiting.controller.unlink()
+        raise
+    finally:
+        if engine._next_run is waiting:  # cleared once the run's state is in place (or it failed)
+            engine._next_run = None
+
+
+def _take_fresh_abort(engine: QueryEngine, token: object) -> str | None:
+    """As the run made with ``token`` begins (its state in place): the reason an interrupt()
+    gave between run() and this first step, if any (once)."""
+    if engine._fresh_token is not token:
+        return None
+    engine._fresh_token = None
+    reason, engine._fresh_abort = engine._fresh_abort, None
+    return reason
+
+
+def _begin(
+    engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None = None
+) -> tuple[RunState, list[Message] | None]:
+    """The run's state, put in place once its store is claimed and the host's changes to the
+    transcript are vetted and recorded; ``waited``: the hand-over of a run that waited."""
+    if engine._state is not None:
+        raise RuntimeError(
+            "a run is already in progress on this engine (one you stopped iterating but still hold "
+            "ends when you await its aclose() or drop it)"
+        )
+    claim_store(engine)
+    try:
+        engine._vet_history()
+        catch_up_session(engine)
+        starts = _first_turn(engine, prompt)
+        controller = waited.controller if waited is not None else AbortController(parent=link_signal(engine))
+    except BaseException:  # refused: the store is free again
+        release_store(engine)
+        raise
+    st = RunState(controller, asyncio.current_task())
+    st.token = token
+    if waited is not None and waited.closed:  # aclose() from another task while it waited
+        st.finishing = True
+    if engine._start_pending:  # a background child's run: its parent's abort may have come first
+        early = take_abort_at_start(engine)
+        if early is not None:
+            st.controller.abort(early)
+    engine._state = st
+    early = _take_fresh_abort(engine, token)  # an interrupt() between run() and this first step
+    if early is not None:
+        st.controller.abort(early)
+    if engine.policies:
+        claim(engine.policies, engine)
+    engine._closing = st.loop.create_future()
+    if engine.options.deadline is not None:
+        st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
+    return st, starts
+
+
+def start_turn(
+    engine: QueryEngine, st: RunState, starts: list[Message], queued: int, stopped: bool
+) -> TurnStarted:
+    """Begin a turn with ``starts``, whose first ``queued`` messages come from the inbox
+    (``stopped``: the spent turn's signal had aborted when the inbox was read)."""
+    # The first turn uses the run's controller; a later one (send-now, follow-up) gets a fresh one.
+    spent = st.signal
+    st.new_turn(AbortController(parent=link_signal(engine)) if st.turn_index else None)
+    if spent is not st.signal and not stopped and spent.reason not in (None, "send_now"):
+        # interrupt() from another thread found the spent turn still in place, after the inbox
+        # was read: the stop was meant for this turn. (A send_now's stop never is: it stops the
+        # turn it interrupted, and the text it queued starts a turn of its own.)
+        st.controller.abort(spent.reason)
+    held, st.stop_next = st.stop_next, None
+    if held is not None:  # interrupt() after the send_now that stopped the spent turn: "stop" came last
+        st.controller.abort(held)
+    for message in starts:
+        engine._commit(message)
+    # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
+    real_user = any(map(_by_person, starts)) or _unanswered_person(engine.messages)
+    notify(engine.policies, "begin_turn", real_user=real_user)
+    ids = tuple(m.meta["receipt"] for m in starts[:queued])
+    return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
+
+
+def next_turn(engine: QueryEngine, st: RunState, stopped: bool) -> list[Message] | None:
+    """The next turn's messages, if this run goes on (read again after the host saw TurnEnded).
+
+    A send-now text always goes on, until the deadline; follow-ups, and interjections sent
+    while the host held the last events (a new turn with no prompt delivers them), only after a
+    turn that completed with no abort: an interrupt while the host held the turn's last events
+    (or between turns) means "stop", so they stay queued for the next run. ``stopped``: the
+    turn's signal has aborted.
+    """
+    if st.expired or st.finishing:  # the deadline passed, or aclose() from another task
+        return None
+    follow_ups = st.last_reason == "completed" and not stopped
+    starts = _take_starts(engine, follow_ups=follow_ups)
+    if not starts and follow_ups and engine.inbox.interjections:
+        return []
+    return starts or None
+
+
+def _user(engine: QueryEngine, text: str, wrap: bool, **fields: object) -> Message:
+    """A user message of ``text``; ``wrap``: in the interrupt envelope."""
+    if wrap:
+        text = envelope(engine.options.texts.interrupt_envelope, [text])
+    return Message.user(text, **fields)
+
+
+def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Message]:
+    """The first turn's messages: texts sent now while the engine was idle, then ``prompt``;
+    without one, the queued follow-ups, or [] to resume. Raises ValueError or TypeError for a
+    prompt it cannot send, ValueError when there is nothing to run."""
+    if isinstance(prompt, Message):
+        if prompt.role != "user":
+            raise ValueError("run() takes a user message as its prompt")
+        given = _vetted_prompt(encodable_message(prompt))
+        # Texts sent now while the engine was idle start the run: they were typed first.
+        queued = _take_starts(engine, follow_ups=False)
+        if not queued and envelope_due(engine):
+            given[0] = _in_envelope(engine, given[0])
+        return [*queued, *given]
+    if isinstance(prompt, str):
+        if not prompt.strip():  # it would be a blank user message, which providers refuse
+            raise ValueError("run() needs a prompt with text in it (or None, to resume)")
+        queued = _take_starts(engine, follow_ups=False)
+        wrap = not queued and envelope_due(engine)
+        return [*queued, _user(engine, scrub(prompt), wrap)]  # queued texts were scrubbed when queued
+    if prompt is not None:
+        raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
+    queued = _take_starts(engine, follow_ups=True)
+    if queued:
+        return queued
+    if engine.inbox.interjections or (engine.messages and engine.messages[-1].role == "user"):
+        return []  # resume: the transcript (or the queue) already holds the input
+    raise ValueError("run() needs a prompt: the transcript does not end with a user message")
+
+
+def _vetted_prompt(prompt: Message) -> list[Message]:
+    """A prompt message as ``messages.append(prompt); run()`` would send it: one that breaks a
+    rule (a blank text block, a result: the transcript it follows owes none) is repaired, with
+    the same warning; one left with nothing to send is refused, as a blank text is."""
+    if is_valid([prompt]):
+        return [prompt]
+    repaired = valid_history([prompt], "the prompt given to run()")
+    if not repaired:
+        raise ValueError("run() needs a prompt with text in it (or None, to resume)")
+    return repaired
+
+
+def _in_envelope(engine: QueryEngine, message: Message) -> Message:
+    """``message`` (a vetted prompt: text only) in the interrupt envelope, its metadata kept."""
+    text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+    wrapped = envelope(engine.options.texts.interrupt_envelope, [text])
+    return message.model_copy(update={"content": [TextBlock(text=wrapped)]})
+
+
+def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
+    """The queued texts that start a turn, as messages: the send-now texts, else (when
+    ``follow_ups``) the follow-ups."""
+    inbox = engine.inbox
+    items = inbox.take(inbox.send_now)
+    if not items and follow_ups:
+        items = inbox.take(inbox.follow_ups)
+    wrap = envelope_due(engine)  # the first text only: it follows the cut answer
+    return [_user(engine, q.text, wrap and i == 0, meta={"receipt": q.id}) for i, q in enumerate(items)]
+
+
+def catch_up_policies(engine: QueryEngine) -> None:
+    """A new engine over a saved transcript (a headless worker resuming its session after a
+    restart): its policies are shown what the model did since the last request a person made,
+    as if they had watched it, their verdicts dropped (the nudges they would give are in the
+    transcript already). So a run that adds nothing gets no fresh allowance after
+    ``stationarity_ended``, as a run again on the same engine gets none; a run that brings a
+    person's message resets the counts at its ``begin_turn`` as always."""
+    messages = engine.messages
+    start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if _by_person(messages[i])), 0)
+    for i in range(start, len(messages)):
+        message = messages[i]
+        if message.role != "assistant":
+            continue
+        ask(engine.policies, "on_response", message)
+        uses = message.tool_uses
+        if uses and i + 1 < len(messages):
+            given = {r.tool_use_id: r for r in messages[i + 1].tool_results}
+            results = [given.get(u.id) for u in uses]
+            if all(r is not None for r in results):
+                ask(engine.policies, "on_results", message, results)
+
+
+def _by_person(message: Message) -> bool:
+    """A request a person made: their own message, or an interjection the library wrapped."""
+    if message.role != "user" or (message.synthetic and message.kind != "interjection"):
+        return False
+    return not any(b.type == "tool_result" for b in message.content)
+
+
+def _unanswered_person(messages: list[Message]) -> bool:
+    """True when the transcript ends with a message a person wrote (a host appended it itself).
+
+    A resume that adds nothing (the transcript ends with tool results, say) is not a new request
+    from anyone: it keeps the policies' counts, so a host that runs again after
+    ``stationarity_ended`` does not hand the loop a fresh allowance. Queued interjections are
+    a person's words too (merging them calls ``begin_turn`` itself, and a transcript that ends
+    with one is a request not answered yet)."""
+    return bool(messages) and _by_person(messages[-1])
+
+
+def _deadline_passed(st: RunState) -> None:
+    """The run's ``deadline`` timer: the run expires, aborted with "deadline"."""
+    st.expired = True
+    st.controller.abort("deadline")
