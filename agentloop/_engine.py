@@ -169,10 +169,9 @@ class QueryEngine:
         self._start_pending = False
         self._abort_at_start: str | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
-        # The last run() made, until its first step begins it, and the reason an interrupt() gave
-        # meanwhile (a run handed to a task that has not started yet): it begins aborted.
-        self._fresh_token: object | None = None
-        self._fresh_abort: str | None = None
+        # The last run() made (its token), until its first step begins it, and the reason an
+        # interrupt() gave meanwhile (a run handed to a task that has not started yet): it begins aborted.
+        self._fresh_run: tuple[object, str | None] | None = None
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
@@ -229,7 +228,7 @@ class QueryEngine:
         from ._loop import drive
 
         token = object()
-        self._fresh_token, self._fresh_abort = token, None
+        self._fresh_run = (token, None)
         return RunHandle(self, drive(self, prompt, token), token)
 
     # -- control (sync, thread-safe) --------------------------------------------
@@ -256,11 +255,11 @@ class QueryEngine:
                     state.stop_next = reason
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
                         state.controller.abort(reason)
-            elif waiting is None and self._fresh_token is not None:
+            elif waiting is None and (fresh := self._fresh_run) is not None:
                 # A run() made but not begun (handed to a task that has had no step yet) is the
                 # current run: it begins aborted. Begun meanwhile in another thread, it is here.
-                if self._fresh_abort is None:
-                    self._fresh_abort = reason
+                if fresh[1] is None:
+                    self._fresh_run = (fresh[0], reason)
                 state = self._state
                 if state is not None:
                     state.controller.abort(reason)

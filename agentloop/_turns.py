@@ -64,11 +64,11 @@ async def open_run(
 def _take_fresh_abort(engine: QueryEngine, token: object) -> str | None:
     """As the run made with ``token`` begins (its state in place): the reason an interrupt()
     gave between run() and this first step, if any (once)."""
-    if engine._fresh_token is not token:
+    fresh = engine._fresh_run
+    if fresh is None or fresh[0] is not token:
         return None
-    engine._fresh_token = None
-    reason, engine._fresh_abort = engine._fresh_abort, None
-    return reason
+    engine._fresh_run = None
+    return fresh[1]
 
 
 def _begin(
