@@ -8,66 +8,70 @@ itself. Extension points live in `agentloop.models`, `agentloop.policies`,
 """
 
 from . import _sigint  # first: under python -m, a Ctrl-C from here on ends it without a traceback
-from ._abort import AbortController, AbortSignal
-from ._engine import QueryEngine
-from ._errors import (
-    AbortError,
-    AgentloopError,
-    ModelError,
-    PromptTooLongError,
-    ProviderError,
-    StreamProtocolError,
-    ToolInputError,
-    TranscriptError,
-)
-from ._events import (
-    AssistantMessage,
-    AttemptDiscarded,
-    DoomLoopDetected,
-    Event,
-    InterjectionDropped,
-    InterjectionInjected,
-    PermissionRequested,
-    PolicyNudge,
-    Resampling,
-    Retrying,
-    TerminalReason,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallFinished,
-    ToolCallStarted,
-    ToolInputDelta,
-    TurnEnded,
-    TurnStarted,
-)
-from ._inbox import Texts
-from ._messages import (
-    Block,
-    Message,
-    ProviderBlock,
-    RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-)
-from ._model import Model, ModelRequest, Usage
-from ._policy import Policy
-from ._process import ProcessResult, run_process
-from ._repair import repair_transcript
-from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
-from ._signals import DoomLoopSignal
-from ._subagent import delegate_tool
-from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
-from ._validate import validate_transcript
-from .models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
-from .policies import (
-    ConservativeDoomLoopPolicy,
-    DoomLoopPolicy,
-    IdenticalToolCallRun,
-    RepetitionDetector,
-    StationarityPolicy,
-)
+
+try:
+    from ._abort import AbortController, AbortSignal
+    from ._engine import QueryEngine
+    from ._errors import (
+        AbortError,
+        AgentloopError,
+        ModelError,
+        PromptTooLongError,
+        ProviderError,
+        StreamProtocolError,
+        ToolInputError,
+        TranscriptError,
+    )
+    from ._events import (
+        AssistantMessage,
+        AttemptDiscarded,
+        DoomLoopDetected,
+        Event,
+        InterjectionDropped,
+        InterjectionInjected,
+        PermissionRequested,
+        PolicyNudge,
+        Resampling,
+        Retrying,
+        TerminalReason,
+        TextDelta,
+        ThinkingDelta,
+        ToolCallFinished,
+        ToolCallStarted,
+        ToolInputDelta,
+        TurnEnded,
+        TurnStarted,
+    )
+    from ._inbox import Texts
+    from ._messages import (
+        Block,
+        Message,
+        ProviderBlock,
+        RedactedThinkingBlock,
+        TextBlock,
+        ThinkingBlock,
+        ToolResultBlock,
+        ToolUseBlock,
+    )
+    from ._model import Model, ModelRequest, Usage
+    from ._policy import Policy
+    from ._process import ProcessResult, run_process
+    from ._repair import repair_transcript
+    from ._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
+    from ._signals import DoomLoopSignal
+    from ._subagent import delegate_tool
+    from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
+    from ._validate import validate_transcript
+    from .models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
+    from .policies import (
+        ConservativeDoomLoopPolicy,
+        DoomLoopPolicy,
+        IdenticalToolCallRun,
+        RepetitionDetector,
+        StationarityPolicy,
+    )
+finally:  # last: Python's handler again, however the import ended (a missing dependency too)
+    _sigint.done_importing()
 
 __version__ = "0.1.0"
 
@@ -138,5 +142,3 @@ __all__ = [
     "tool",
     "validate_transcript",
 ]
-
-_sigint.done_importing()

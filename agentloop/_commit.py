@@ -7,14 +7,15 @@ the loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
 from ._inbox import envelope
-from ._messages import Block, Message, TextBlock, ToolUseBlock, message
+from ._messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock, message
 from ._policy import notify
 from ._repair import unused_id
 from ._run import RunState
+from ._tools import input_noted
 from ._transcript import interrupted_result
 
 if TYPE_CHECKING:
@@ -27,6 +28,19 @@ def abort_terminal(st: RunState) -> TerminalReason:
     if st.signal.reason == "deadline":
         return "deadline"
     return "aborted_tools" if st.phase == "tools" else "aborted_streaming"
+
+
+def paused(message: Message) -> Message:
+    """``message``, a response the server paused (stop reason ``"pause_turn"``), marked so in its
+    ``meta`` (``"stop_reason": "pause_turn"``): kept with it, and in a session file, the mark lets
+    a run with no prompt go on from it, in this engine or in one built later (`is_paused`)."""
+    return message.model_copy(update={"meta": {**message.meta, "stop_reason": "pause_turn"}})
+
+
+def is_paused(message: Message) -> bool:
+    """Whether ``message`` is a response the server paused, which a request of the transcript as
+    it is lets go on (see `paused`)."""
+    return message.role == "assistant" and message.meta.get("stop_reason") == "pause_turn"
 
 
 def commit_response(engine: QueryEngine, message: Message) -> tuple[Message, list[ToolUseBlock]]:
@@ -136,6 +150,20 @@ def settle_partial(engine: QueryEngine, st: RunState) -> None:
     _, st.owed = commit_response(engine, message)  # completed calls in a cut response never started
 
 
+def ran_with(st: RunState, use_id: str) -> dict[str, Any] | None:
+    """The input a started call ran with when the permission callback replaced the model's
+    (``Allow(updated_input=...)``), else None."""
+    runner = st.runner
+    if runner is None or not runner.updated or use_id not in st.started:
+        return None
+    return runner.updated.get(use_id)
+
+
+def noted(engine: QueryEngine, result: ToolResultBlock, updated: dict[str, Any] | None) -> ToolResultBlock:
+    """``result``, told to the model as that of a call that ran with ``updated`` (when not None)."""
+    return result if updated is None else input_noted(result, updated, engine.options.texts.input_updated)
+
+
 def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None) -> list[Event]:
     """Commit the results owed to the last assistant message, synthesizing missing ones (sync)."""
     if not st.owed:
@@ -148,8 +176,9 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
         result = st.results.get(use.id)
         if result is None:
             text = not_run or (texts.stopped_running if use.id in st.started else texts.never_started)
-            result = interrupted_result(use.id, text)
-            events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True))
+            updated = ran_with(st, use.id)
+            result = noted(engine, interrupted_result(use.id, text), updated)
+            events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True, updated_input=updated))
         blocks.append(result)
         last[result.tool_use_id] = result
     st.owed, st.results = [], {}

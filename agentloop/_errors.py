@@ -15,6 +15,11 @@
 
 Errors carry data, never credentials: nothing here stores request headers, and
 `ProviderError` keeps only the status, the response body and the request id.
+
+Every error pickles (a worker process or a task queue hands it back so) with its message and
+its data as they are: unpickling does not call ``__init__`` again, which would want arguments
+the error no longer has, or word its message a second time. As for any exception, what it was
+raised from (``__cause__``, ``__context__``) and its traceback are not pickled.
 """
 
 from __future__ import annotations
@@ -38,8 +43,21 @@ __all__ = [
 ]
 
 
+def _restore(cls: type[AgentloopError], args: tuple[Any, ...]) -> AgentloopError:
+    """An error of type ``cls`` with ``args``, made without its ``__init__`` (see `__reduce__`)."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
+
+
 class AgentloopError(Exception):
     """Base class of agentloop's own errors."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own: ``type(self)(*self.args)`` then the attributes, which calls an
+        # ``__init__`` with the message where it wants its data (AbortError("aborted: cancel")
+        # said "aborted: aborted: cancel"), or without the keywords it requires.
+        return _restore, (type(self), self.args), self.__dict__ or None
 
 
 class AbortError(AgentloopError):

@@ -7,7 +7,7 @@ subagent's id for events forwarded from a subagent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
@@ -107,8 +107,21 @@ class PermissionRequested(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallStarted(_Event):
+    """A call's handler starts.
+
+    ``tool_use`` is the model's call, as the transcript holds it. ``updated_input`` is the
+    input the call runs with instead when the permission callback replaced it
+    (``Allow(updated_input=...)``), else None; ``input`` is the input it runs with either way.
+    """
+
     type: ClassVar[str] = "tool_call_started"
     tool_use: ToolUseBlock
+    updated_input: dict[str, Any] | None = None
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """The input the call runs with: ``updated_input``, else the model's."""
+        return self.tool_use.input if self.updated_input is None else self.updated_input
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +130,8 @@ class ToolCallFinished(_Event):
 
     ``result`` is what the transcript holds. A result longer than the engine's
     ``max_tool_result_chars`` is cut there; ``full_result`` is then the whole of it
-    (else None).
+    (else None). ``tool_use``, ``updated_input`` and ``input`` are as in `ToolCallStarted`
+    (``updated_input`` is None for a call that never started).
     """
 
     type: ClassVar[str] = "tool_call_finished"
@@ -125,6 +139,12 @@ class ToolCallFinished(_Event):
     result: ToolResultBlock
     synthetic: bool = False
     full_result: ToolResultBlock | None = None
+    updated_input: dict[str, Any] | None = None
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """The input the call ran with: ``updated_input``, else the model's."""
+        return self.tool_use.input if self.updated_input is None else self.updated_input
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,12 +176,14 @@ class PolicyNudge(_Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DoomLoopDetected(_Event):
     """``action``: "resample" (stream cut, retrying), "warn" (not confident),
-    "disarmed" (budget spent, result accepted) or "off" (recovery switched off)."""
+    "disarmed" (budget spent, result accepted), "off" (recovery switched off) or "ended"
+    (stream cut, attempt discarded, and no resample: the run was aborted as it was cut, or
+    its ``usage_limit`` is reached; the `TurnEnded` that follows says which)."""
 
     type: ClassVar[str] = "doom_loop_detected"
     signals: tuple[DoomLoopSignal, ...]
     confident: bool
-    action: Literal["resample", "warn", "disarmed", "off"] = "warn"
+    action: Literal["resample", "warn", "disarmed", "off", "ended"] = "warn"
     policy: str = ""
 
 

@@ -18,7 +18,7 @@ from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
-from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, output_to_result
+from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -157,6 +157,7 @@ class CallRunner:
         self.emit = mailbox.put
         self.permission = permission
         self.started: set[str] = set()
+        self.updated: dict[str, dict[str, Any]] = {}  # the inputs permission replaced, by call id
         # Prompts are asked one at a time, also across a parent and its subagents (`_prompt_lock`);
         # the lock is found at the first prompt: most runs ask no one.
         self._perm_lock: asyncio.Lock | None = None
@@ -185,13 +186,14 @@ class CallRunner:
                     decision = await self._ask(use, ctx)
                     if not isinstance(decision, Allow):
                         result = decision  # refused: the refusal is the result
-                    elif decision.updated_input is not None:
-                        tool_input = decision.updated_input
+                    elif decision.updated_input is not None and decision.updated_input != use.input:
+                        tool_input = self.updated[use.id] = decision.updated_input
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
                 self.signal.throw_if_aborted()
                 self.started.add(use.id)
-                put(ToolCallStarted(tool_use=use))
+                updated = None if tool_input is use.input else tool_input
+                put(ToolCallStarted(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 try:
                     if tool.timeout is None:
@@ -217,6 +219,8 @@ class CallRunner:
                         result = tool_result_block(use.id, output)
                     else:
                         result = self._unusual(use, output)
+                if updated is not None:  # the model's call is left as it wrote it: its result says what ran
+                    result = input_noted(result, updated, self.engine.options.texts.input_updated)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             put(Done((use, exc)))
             raise
@@ -293,11 +297,20 @@ class CallRunner:
             why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
-            text = f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run."
-            # The host's bug: the model is told, and so is the host (the input is not logged).
-            log.warning("tool call %s (%r): %s", use.id, use.name, text)
-            return error_result(use.id, text)
+            return self._wrong_answer(use, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
+        if decision.updated_input is not None and not isinstance(decision.updated_input, dict):
+            return self._wrong_answer(
+                use,
+                f"The permission callback returned Allow(updated_input=...) with a "
+                f"{type(decision.updated_input).__name__}, not a dict of the tool's arguments; the tool was not run.",
+            )
         return decision
+
+    def _wrong_answer(self, use: ToolUseBlock, text: str) -> ToolResultBlock:
+        """The result of a permission callback's answer that is not one (the host's bug): the
+        model is told, and so is the host, on the log (the call's input is not logged)."""
+        log.warning("tool call %s (%r): %s", use.id, use.name, text)
+        return error_result(use.id, text)
 
     def _check_failed(self, use: ToolUseBlock, exc: BaseException) -> ToolResultBlock:
         """The result of a permission callback that raised; logged with its traceback, as the

@@ -47,6 +47,9 @@ class Texts:
     #: Put where a tool result over ``max_tool_result_chars`` was cut; ``{cut}`` and
     #: ``{total}`` become the numbers of characters cut and of the whole result.
     result_cut: str = "[... {cut} of the {total} characters of this tool result were cut here ...]"
+    #: Put before the result of a call that ran with the input a permission callback gave it
+    #: (``Allow(updated_input=...)``) instead of the model's; ``{input}`` becomes that input as JSON.
+    input_updated: str = "The permission check changed this call's input; it ran with this input instead: {input}"
 
     def __post_init__(self) -> None:
         """Raises TypeError for a text that is not a str, and ValueError for a blank

@@ -2,8 +2,8 @@
 
     drive(run)                      one run() call: one or more turns         (_turns: open_run)
       turn                          a user message until a terminal           (_turns: start_turn)
-        [safe point] interjections  top of every iteration                    (SPEC §5)
         [limits]                    abort / max_turns / usage / deadline      (SPEC §8)
+        [safe point] interjections  top of every iteration                    (SPEC §5)
         model phase                 stream -> deltas; retries; doom resamples (_streaming; checkpoint 1)
         [checkpoint 2]              aborted? then no tool starts              (_before_tools)
         tool phase                  batches, each followed by checkpoint 3    (_toolphase)
@@ -68,12 +68,14 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
             yield start_turn(engine, st, starts, queued, stopped)
             reason: TerminalReason | None = None
             while reason is None:
-                if engine.inbox.interjections:  # safe point: top of the iteration
-                    for event in drain_interjections(engine, st):
-                        yield event
+                # Limits first: with no request to follow, a merged interjection would go unanswered.
+                # It stays queued, and the turn's end reports it dropped with the limit as reason.
                 reason = _limit_reached(engine, st)
                 if reason is not None:
                     break
+                if engine.inbox.interjections:  # safe point: top of the iteration
+                    for event in drain_interjections(engine, st):
+                        yield event
                 if st.nudges:  # a policy's reminder goes with the request it was given for
                     for event in flush_nudges(engine, st):
                         yield event
@@ -100,7 +102,10 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 break
                             except asyncio.CancelledError:
                                 if not st.consume_cancel():
-                                    raise
+                                    if task is None or task.cancelling():  # a cancel of the run's task
+                                        raise
+                                    phase.cancelled_itself()  # nobody cancelled the run: a failure
+                                    break
                                 phase.outcome.aborted = True
                                 break
                             except Exception as exc:
@@ -161,7 +166,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # Then the queued interjections, only now taken: a host that stops at a result
                     # the phase synthesized leaves them queued (the next run delivers them), not
                     # merged behind an InterjectionInjected it never sees.
-                    if merge and engine.inbox.interjections:
+                    if merge and engine.inbox.interjections and _limit_reached(engine, st) is None:
                         for event in drain_interjections(engine, st):
                             yield event
                     _after_tools(engine, st, uses)
@@ -198,7 +203,9 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     if engine.policies and message is not None:
         verdicts = ask(engine.policies, "on_response", message)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
-        if end is not None:
+        # An interrupt that has come by now wins over the policy: the turn ends as it would with
+        # no policy (checkpoint 2 below), with the abort's terminal, notice and hooks.
+        if end is not None and not st.signal.aborted:
             st.terminal, st.detail = end.reason, end.message
             st.pending_events = settle_results(engine, st, not_run=f"Not run: {end.message}")
             return []

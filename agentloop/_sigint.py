@@ -5,7 +5,8 @@ in the half second ``python -m agentloop demo`` spends importing the package
 (before the demo handles Ctrl-C itself) printed a traceback through the import
 machinery. While ``python -m`` imports the package, Ctrl-C has its default
 action instead: the process ends at once, silently, as any program does on a
-Ctrl-C. Python's handler is back as soon as the package is imported, and an
+Ctrl-C. Python's handler is back as soon as the import of the package ends, whether it
+succeeded or failed (a dependency missing, in a program that can do without agentloop), and an
 import as a library (``sys.argv[0]`` is ``"-m"`` only while ``python -m`` looks
 for its module) changes nothing. Where Ctrl-C is already ignored or handled
 differently (a job started in the background, an embedding host), it is left so.
@@ -34,7 +35,8 @@ def quiet_while_importing() -> None:
 
 
 def done_importing() -> None:
-    """Called last by the package: Python's handler again (KeyboardInterrupt from here on)."""
+    """Called last by the package, however its import ended (from a ``finally``): Python's
+    handler again (KeyboardInterrupt from here on)."""
     if _quiet and signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _quiet.clear()

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
 from ._accumulate import Accumulator
-from ._commit import abort_terminal, commit_response, settle_partial
+from ._commit import abort_terminal, commit_response, paused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -153,6 +153,12 @@ class ModelPhase:
         else:  # a model implementation bug: a terminal, never a crash
             outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
 
+    def cancelled_itself(self) -> None:
+        """The stream raised CancelledError though neither the run's abort nor anyone else
+        cancelled the run's task: it awaited something that was cancelled (a connection's reader
+        task, say). A failed request, not a cancel of the host's task."""
+        self.failed(ModelError("the model stream raised CancelledError, though the run was not cancelled"))
+
     def _tapped(self, event: StreamEvent) -> Verdict | None:
         """`watch` when the watcher reads the deltas from the accumulator: its verdict, and
         how many deltas the loop may hold back from it next. A delta reaches it when none are
@@ -213,17 +219,33 @@ class ModelPhase:
             st.acc = None
             if message is None:
                 return []
-            message, calls = commit_response(engine, message)
-            st.response = message
             st.paused = acc.stop_reason == "pause_turn"
+            message, calls = commit_response(engine, paused(message) if st.paused else message)
+            st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
         return self._retry_or_end(error)
 
     def _resample(self, cut: Resample) -> list[Event]:
-        """A confident doom-loop verdict cut the attempt: another one at once, with a reminder."""
+        """A confident doom-loop verdict cut the attempt: another one at once, with a reminder.
+
+        A resample is a model request: none once the run is aborted (an interrupt landed as the
+        stream was cut) or its tokens reached a usage limit. The turn ends instead, the cut attempt
+        discarded all the same (a loop is never kept), and no Resampling is announced."""
+        st, acc = self.st, self.acc
+        spent = not st.signal.aborted and _over_usage(self.engine, st)
+        if st.signal.aborted or spent:
+            st.acc = None
+            if spent:
+                st.terminal = "usage_limit"
+                st.detail = f"{self.outcome.policy}: a doom loop was cut and not resampled (the run's usage_limit is reached)"
+            else:
+                st.terminal = abort_terminal(st)
+            return [
+                DoomLoopDetected(signals=cut.signals, confident=True, action="ended", policy=self.outcome.policy),
+                _discarded(acc, self.attempt, "resample"),
+            ]
         self.dooms -= 1
-        acc = self.acc
         events: list[Event] = [
             DoomLoopDetected(signals=cut.signals, confident=True, action="resample", policy=self.outcome.policy),
             _discarded(acc, self.attempt, "resample"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ._commit import settle_results
+from ._commit import noted, ran_with, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
@@ -37,6 +37,7 @@ def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
     else:
         runner.tools = engine.tools  # the tools the model was offered for these calls
         runner.started.clear()  # the last phase's calls are settled
+        runner.updated.clear()
     st.started = runner.started
     st.spent_tasks = []
     return runner
@@ -50,7 +51,7 @@ class Batch:
     this phase: every generator level costs each event a resumption.
     """
 
-    __slots__ = ("engine", "st", "tasks", "timers", "waiting")
+    __slots__ = ("engine", "st", "tasks", "timers", "updated", "waiting")
 
     def __init__(self, engine: QueryEngine, st: RunState, runner: CallRunner, batch: list[ToolUseBlock]) -> None:
         self.engine = engine
@@ -58,6 +59,7 @@ class Batch:
         self.waiting: dict[str, ToolUseBlock] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.timers: list[asyncio.TimerHandle] = []
+        self.updated = runner.updated
         for use in batch:  # ids are unique: commit_response saw to it
             task = self.tasks[use.id] = st.loop.create_task(runner.call(use))
             self.waiting[use.id] = use
@@ -69,7 +71,8 @@ class Batch:
     def receive(self, items: list[object]) -> list[Event]:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
         limit = engine.options.max_tool_result_chars
-        set_use, set_result, set_synthetic, set_full = _FINISHED_SLOTS
+        set_use, set_result, set_synthetic, set_full, set_updated = _FINISHED_SLOTS
+        updated = self.updated
         events: list[Event] = []
         for item in items:
             if type(item) is Done:
@@ -92,6 +95,7 @@ class Batch:
                         set_result(event, outcome)
                         set_synthetic(event, False)
                         set_full(event, None)
+                        set_updated(event, updated.get(key) if updated else None)
                         _set_agent_id(event, None)
                         events.append(event)
                     else:
@@ -99,7 +103,8 @@ class Batch:
             elif isinstance(item, Overdue):  # a call that swallowed its own timeout's cancellation
                 if waiting.pop(item.use.id, None) is not None:
                     abandon(st, tasks[item.use.id], f"it timed out after {item.timeout:g} s")
-                    events.append(_record(engine, st, Done((item.use, item.result()))))
+                    result = noted(engine, item.result(), ran_with(st, item.use.id))
+                    events.append(_record(engine, st, Done((item.use, result))))
             elif item is ABORTED:
                 if not timers:
                     grace = st.grace_left(engine.options.tool_cancel_grace)
@@ -144,15 +149,18 @@ def record_finished(engine: QueryEngine, st: RunState) -> None:
 # the slots of the common ToolCallFinished through their descriptors instead (C calls, no frame):
 # the same event, field for field.
 _new_event = object.__new__
-_FINISHED_SLOTS = tuple(ToolCallFinished.__dict__[f].__set__ for f in ("tool_use", "result", "synthetic", "full_result"))
+_FINISHED_SLOTS = tuple(
+    ToolCallFinished.__dict__[f].__set__ for f in ("tool_use", "result", "synthetic", "full_result", "updated_input")
+)
 _set_agent_id = _Event.__dict__["agent_id"].__set__
 
 
 def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
     use, outcome = done
     synthetic = False
+    updated = ran_with(st, use.id)
     if not isinstance(outcome, BaseException):  # a builtin class: a failed check stays cheap
-        result = outcome
+        result = outcome  # a call's own result says already which input it ran with
     elif isinstance(outcome, KeyboardInterrupt) or (
         isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted
     ):  # a Ctrl-C that landed in the call's own code stopped it as an interrupt does
@@ -164,6 +172,8 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         result = error_result(use.id, f"Tool {use.name!r} was cancelled, although the run was not interrupted{effects}.")
     else:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {describe(outcome)}")
+    if isinstance(outcome, BaseException):
+        result = noted(engine, result, updated)
     result = encodable(result)
     limit = engine.options.max_tool_result_chars
     full = None
@@ -173,4 +183,4 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
             st.uncut = {}
         st.uncut[use.id] = full
     st.results[use.id] = result
-    return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full)
+    return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full, updated_input=updated)

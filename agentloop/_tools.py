@@ -479,6 +479,26 @@ def cut_result(block: ToolResultBlock, limit: int, marker: str) -> ToolResultBlo
     return block.model_copy(update={"content": cut})
 
 
+def input_noted(block: ToolResultBlock, updated_input: dict[str, Any], note: str) -> ToolResultBlock:
+    """``block`` with ``note`` before its text, its ``{input}`` filled in with ``updated_input``
+    as JSON: the result of a call that ran with the input a permission callback gave it tells
+    the model so, whose own call is left as it wrote it."""
+    if "{input}" in note:
+        try:
+            shown = json.dumps(updated_input, ensure_ascii=False, default=repr)
+        except (ValueError, RecursionError):  # a dict that holds itself
+            shown = repr(updated_input)
+        note = note.replace("{input}", shown)
+    if not note.strip():
+        return block
+    content = block.content
+    if isinstance(content, str):
+        noted: str | list[TextBlock] = f"{note}\n\n{content}" if content else note
+    else:
+        noted = [TextBlock(text=f"{note}\n\n"), *content]
+    return block.model_copy(update={"content": noted})
+
+
 def _well_formed(block: ToolResultBlock) -> bool:
     """Whether ``block`` holds what validation lets in (``model_construct`` and
     ``model_copy(update=...)`` do not validate): text content, and a bool ``is_error``."""

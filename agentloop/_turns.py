@@ -14,7 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController
-from ._commit import envelope_due
+from ._commit import envelope_due, is_paused
 from ._events import TurnStarted
 from ._handle import left_in_another_loop
 from ._inbox import envelope
@@ -184,8 +184,9 @@ def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Messa
     queued = _take_starts(engine, follow_ups=True)
     if queued:
         return queued
-    if engine.inbox.interjections or (engine.messages and engine.messages[-1].role == "user"):
-        return []  # resume: the transcript (or the queue) already holds the input
+    last = engine.messages[-1] if engine.messages else None
+    if engine.inbox.interjections or (last is not None and (last.role == "user" or is_paused(last))):
+        return []  # resume: the transcript (or the queue) already holds the input, or a paused turn goes on
     raise ValueError("run() needs a prompt: the transcript does not end with a user message")
 
 

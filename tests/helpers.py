@@ -46,10 +46,10 @@ def pid_alive(pid: int) -> bool:
     from pathlib import Path
 
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]  # a name is bytes
     except (FileNotFoundError, ProcessLookupError):  # gone, or reaped meanwhile
         return False
-    return state != "Z"
+    return state != b"Z"
 
 
 def child_pids_alive() -> set[int]:

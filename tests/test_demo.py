@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -562,6 +563,76 @@ def test_ctrl_z_gives_the_terminal_back_to_the_shell_and_fg_takes_it_again() -> 
     assert not _runner_processes()
 
 
+def _lflag(child: pexpect.spawn) -> int:
+    """The local modes of the child's terminal (read through the pty's main side, which shares them)."""
+    return int(termios.tcgetattr(child.child_fd)[3])
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_ctrl_backslash_quits_and_gives_the_terminal_back(plain: bool) -> None:
+    """Ctrl-\\ (SIGQUIT) killed the demo by its default action, leaving the terminal without echo and
+    line editing (a shell typed into blind) and, on a full terminal, the scroll region and the
+    hidden cursor. It now quits as SIGTERM does: the turn stopped, the terminal given back."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo", *(["--plain"] if plain else [])], cwd=str(ROOT), env=_env(),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("assistant: Let me")
+        during = _lflag(child)
+        assert not during & termios.ECHOCTL
+        assert bool(during & termios.ECHO) == bool(during & termios.ICANON) == plain  # the demo edits, or the terminal
+        child.sendcontrol("\\")
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+        after = _lflag(child)
+    finally:
+        child.close(force=True)
+    assert child.signalstatus is None and child.exitstatus == 0
+    given_back = termios.ECHO | termios.ICANON | termios.ECHOCTL  # as a pty starts, and a shell wants it
+    assert after & given_back == given_back
+    if not plain:  # the scroll region and the cursor too
+        assert "\x1b7\x1b[r\x1b[23;1H\x1b[2K\x1b[24;1H\x1b[2K\x1b8" in log.getvalue() and "\x1b[?25h" in log.getvalue().split("\u2500\u2500 summary")[0]
+    assert not _runner_processes()
+
+
+@pytest.mark.parametrize("how", ["--plain", "TERM=dumb"])
+def test_without_a_status_line_the_terminal_echoes_what_is_typed_once(how: str) -> None:
+    """With --plain or TERM=dumb the terminal edits and echoes the lines (no input row to draw them
+    on): each typed line shows once, where it was typed, and the demo does not print it again;
+    Ctrl-C is not echoed as ^C."""
+    env = dict(_env(), TERM="dumb") if how == "TERM=dumb" else _env()
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo", *([how] if how == "--plain" else [])], cwd=str(ROOT), env=env,
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("assistant: Let me")
+        lflag = _lflag(child)
+        assert lflag & termios.ECHO and lflag & termios.ICANON and not lflag & termios.ECHOCTL
+        child.send("zebra\r")
+        child.expect(r"you \(steer\): zebra")
+        child.sendintr()
+        child.expect(r"turn ended: aborted_streaming \(interrupted: cancel\)")
+        child.expect_exact("type a message")
+        child.send("/transcript\r")
+        child.expect(r"transcript \(\d+ messages\)")
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    text = log.getvalue()
+    assert "\x1b[" not in text  # no escape sequences at all
+    # The terminal's echo, and the demo's two notes ("you (steer): zebra", "not delivered ...: zebra").
+    assert text.count("zebra") == 3 and text.count(": zebra") == 2
+    assert text.count("/transcript\r\n") == 1 and "\u203a /transcript" not in text  # the echo; the help names it too
+    assert "^C" not in text
+
+
 def _output(log: io.StringIO) -> str:
     """What a demo wrote into its scroll region: its output, without the bottom rows it drew."""
     return re.sub(r"\x1b7.*?\x1b8", "", log.getvalue(), flags=re.DOTALL)
@@ -693,3 +764,37 @@ async def test_send_now_while_idle_starts_a_turn_without_claiming_to_replace_one
     assert host.task is not None
     await host.task
     assert "send_now" not in out.getvalue() and "\u2500\u2500 turn 1 \u2500\u2500 you: look again" in out.getvalue()
+
+
+def test_a_failed_import_of_the_package_under_python_m_gives_ctrl_c_back(tmp_path: Path) -> None:
+    """Under ``python -m``, Ctrl-C has its default action while agentloop imports; an import that
+    failed midway (a dependency missing, caught by a program that can do without agentloop) left
+    it so: the program's next Ctrl-C killed it, with no KeyboardInterrupt to clean up on."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class Hook(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'agentloop._abort':\n"
+        "            raise ImportError('a dependency is missing')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+    )
+    tool = tmp_path / "host_tool"
+    tool.mkdir()
+    (tool / "__init__.py").write_text(  # imported by python -m before __main__ runs, as agentloop is
+        "try:\n"
+        "    import agentloop\n"
+        "except ImportError as exc:\n"
+        "    failed = str(exc)\n"
+    )
+    (tool / "__main__.py").write_text(
+        "import signal\n"
+        "from host_tool import failed\n"
+        "print(failed, signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "host_tool"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=55,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "a dependency is missing True\n"

@@ -163,6 +163,63 @@ def test_the_terminal_modes_and_their_undoing(pty_fd: int) -> None:
     assert not TerminalMode(os.open(os.devnull, os.O_RDONLY), "edit").apply()  # not a terminal
 
 
+def test_ctrl_backslash_quits_and_a_second_one_gives_the_terminal_back_then_ends_the_demo(
+    pty_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first Ctrl-\\ (SIGQUIT) quits as SIGTERM does; one while the demo is quitting already (a
+    quit that hangs) ends it by SIGQUIT's default action, as pressing it again means, but only
+    once the terminal has its modes back and the screen its rows."""
+    import signal
+
+    from agentloop.demo import app
+
+    before = termios.tcgetattr(pty_fd)
+    mode = TerminalMode(pty_fd, "edit")
+    assert mode.apply()
+    stopped: list[bool] = []
+    killed: list[tuple[int, int]] = []
+
+    class _Host:
+        exit = asyncio.Event()
+
+        def quit(self) -> None:
+            self.exit.set()
+
+    class _Screen:
+        def stop(self) -> None:
+            stopped.append(True)
+
+    monkeypatch.setattr(app.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    host = _Host()
+    app._sigquit(host, _Screen(), mode)  # type: ignore[arg-type]
+    assert host.exit.is_set() and not stopped and not killed  # the first: a quit
+    assert termios.tcgetattr(pty_fd) != before
+    app._sigquit(host, _Screen(), mode)  # type: ignore[arg-type]
+    assert stopped == [True] and termios.tcgetattr(pty_fd) == before
+    assert killed == [(os.getpid(), signal.SIGQUIT)]
+    assert signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL
+
+
+def test_a_demo_that_fails_while_it_sets_up_gives_the_terminal_back(pty_fd: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keyboard's modes were set before the session's cleanup was in place: an error (or a
+    Ctrl-C, then still a KeyboardInterrupt) while the engine was being built left the terminal
+    unechoed."""
+    from agentloop.demo import app
+
+    before = termios.tcgetattr(pty_fd)
+
+    def broken(model: object, speed: float) -> object:
+        assert termios.tcgetattr(pty_fd) != before  # the modes are set by now
+        raise RuntimeError("no engine")
+
+    monkeypatch.setattr(app, "build_engine", broken)
+    with open(pty_fd, encoding="utf-8", closefd=False) as keyboard:
+        monkeypatch.setattr(app.sys, "stdin", keyboard)
+        with pytest.raises(RuntimeError, match="no engine"):
+            app.run(app.Options(), out=io.StringIO())
+    assert termios.tcgetattr(pty_fd) == before
+
+
 # -- the screen ---------------------------------------------------------------------------------
 
 

@@ -619,7 +619,7 @@ async def test_permission_deny_allow_update_and_failure_become_results() -> None
     texts = results(engine)
     assert texts[0] == "Permission denied: not in this repo"
     assert "permission check failed" in texts[1] and "prompt crashed" in texts[1]
-    assert texts[2] == "ran with rewritten"
+    assert texts[2] == TEXTS.input_updated.replace("{input}", '{"x": "rewritten"}') + "\n\nran with rewritten"
 
 
 async def test_a_permission_callback_that_fails_or_answers_wrongly_is_logged_for_the_host(
@@ -1005,6 +1005,40 @@ async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
     assert isinstance(end, TurnEnded) and end.reason == "hook_stopped"
     assert end.detail == "a pre-tool hook refused this batch" and ran == []
     assert results(engine) == ["Not run: a pre-tool hook refused this batch"]
+    assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
+async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reason: str) -> None:
+    """The host interrupted as the response came (holding its AssistantMessage) and a policy
+    ended the turn on that response: the turn ended with the policy's terminal, ``abort_reason``
+    None, no notice and no ``on_abort`` hook called, though the host had asked to stop. The
+    interrupt wins now, as it does at checkpoint 2 with no policy."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn | None:
+            return EndTurn("the same call again", reason=reason)  # type: ignore[arg-type]
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("never started")
+
+    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
+    assert hooked == ["cancel"]
+    assert results(engine) == [TEXTS.never_started]
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
     assert validate_transcript(engine.messages) == []
 
 

@@ -988,3 +988,64 @@ async def test_a_policy_without_client_detectors_is_handed_no_delta() -> None:
     calls = await _python_calls_into(agentloop.policies.__file__, engine)
     assert calls < 40
     assert [m.text for m in engine.messages] == ["go", "Fixed it."]  # the server's confident signal resampled
+
+
+def _chanting(prompt_tokens: int) -> ScriptedResponse:
+    """A looping attempt whose prompt is counted as it starts (as Anthropic reports it)."""
+    chant = [StreamThinking(0, CHANT[i : i + 7]) for i in range(0, len(CHANT), 7)]
+    return ScriptedResponse(events=[StreamUsage(Usage(input_tokens=prompt_tokens)), *chant, StreamEnd()])
+
+
+async def test_a_doom_loop_cut_at_the_usage_limit_ends_the_turn_instead_of_resampling() -> None:
+    """A resample is a model request: a run whose tokens reached ``usage_limit`` made one anyway
+    (bounded only by the doom budget), each costing the whole prompt again. The turn now ends
+    with ``usage_limit``; the cut attempt is discarded as a resampled one would be."""
+    engine = doom_engine([_chanting(50_000), GOOD], usage_limit=40_000)
+    events = await collect(engine, "fix it")
+    model = engine.model
+    assert isinstance(model, ScriptedModel) and model.request_count == 1
+    detected = [e for e in events if isinstance(e, DoomLoopDetected)]
+    assert [(e.confident, e.action) for e in detected] == [(True, "ended")]
+    assert not [e for e in events if isinstance(e, Resampling)]
+    discarded = [e for e in events if isinstance(e, AttemptDiscarded)]
+    assert len(discarded) == 1 and discarded[0].thinking_chars == streamed_thinking(events) > 0
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "usage_limit" and end.abort_reason is None
+    assert end.usage.total == 50_000 and "doom loop" in (end.detail or "")
+    assert [m.text for m in engine.messages] == ["fix it"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_doom_loop_cut_below_the_usage_limit_still_resamples() -> None:
+    engine = doom_engine([_chanting(1_000), GOOD], usage_limit=40_000)
+    events = await collect(engine, "fix it")
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected)] == ["resample"]
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert engine.messages[-1].text == "Fixed it."
+
+
+async def test_a_doom_loop_cut_as_the_run_is_interrupted_announces_no_resample() -> None:
+    """The detector cut the attempt and an interrupt landed at that instant: the turn ended
+    aborted, but the events said ``action="resample"`` and ``Resampling`` first, though no
+    request followed. Now the cut is reported ``ended``, with no ``Resampling``."""
+    engines: list[QueryEngine] = []
+
+    class CutsAsTheUserStops(Policy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            if isinstance(event, StreamThinking) and "execute" in event.thinking:
+                engines[0].interrupt("cancel")  # Ctrl-C at this very instant
+                return Resample(signals=())
+            return None
+
+    engine = doom_engine([LOOPING, GOOD], policies=[CutsAsTheUserStops()])
+    engines.append(engine)
+    events = await collect(engine, "fix it")
+    model = engine.model
+    assert isinstance(model, ScriptedModel) and model.request_count == 1
+    assert not [e for e in events if isinstance(e, Resampling)]
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected)] == ["ended"]
+    assert [e.reason for e in events if isinstance(e, AttemptDiscarded)] == ["resample"]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"
+    assert [m.text for m in engine.messages] == ["fix it", "[Request interrupted by user]"]
+    assert validate_transcript(engine.messages) == []

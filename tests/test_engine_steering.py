@@ -35,7 +35,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._inbox import Texts, envelope, escape_envelope
-from agentloop._model import StreamBlockStop, StreamEnd, StreamToolInput, StreamToolUseStart
+from agentloop._model import StreamBlockStop, StreamEnd, StreamText, StreamToolInput, StreamToolUseStart
 from tests.helpers import HangingModel, collect, kinds
 
 
@@ -366,6 +366,36 @@ async def test_usage_limit_ends_with_its_terminal() -> None:
 
 
 
+@pytest.mark.parametrize("limit", ["max_turns", "usage_limit"])
+@pytest.mark.parametrize("sent", ["with_the_answer", "from_a_tool"])
+async def test_an_interjection_the_turns_limit_leaves_unanswered_is_reported_dropped(limit: str, sent: str) -> None:
+    """A queued interjection was merged at the top of the iteration (or after the tool batch)
+    and reported ``InterjectionInjected``, then the limit ended the turn before any request: the
+    model never saw it, though the host was told it was delivered. It is now not merged, and the
+    turn's end reports it dropped, with the limit as the reason."""
+    receipts: list[str] = []
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        receipts.append(ctx.engine.interject("also mind the tests"))
+        return "done"
+
+    bound = {"max_turns": 1} if limit == "max_turns" else {"usage_limit": 20}  # one response: 20 tokens
+    first = calls("t") if sent == "from_a_tool" else "first answer"
+    engine = engine_for([first, "never asked"], tools=[t], **bound)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage) and sent == "with_the_answer":
+            receipts.append(engine.interject("also mind the tests"))
+    assert not [e for e in events if isinstance(e, InterjectionInjected)]
+    dropped = [e for e in events if isinstance(e, InterjectionDropped)]
+    assert [(e.ids, e.reason) for e in dropped] == [(tuple(receipts), limit)]
+    assert [(e.reason, e.turns) for e in events if isinstance(e, TurnEnded)] == [(limit, 1)]
+    assert not [m for m in engine.messages if m.kind == "interjection"] and not engine.inbox.interjections
+    assert validate_transcript(engine.messages) == []
+
+
 async def test_usage_limit_is_not_overrun_by_transport_retries() -> None:
     """A retryable failure after the request's prompt was counted (Anthropic reports the input
     tokens at the stream's start; an ``overloaded_error`` can come after) was retried whatever the
@@ -595,6 +625,34 @@ async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
 
     events = await collect(QueryEngine(Broken(), policies=[]), "go")  # type: ignore[arg-type]
     assert events[-1].reason == "model_error" and "KeyError" in (events[-1].error or "")  # type: ignore[union-attr]
+
+
+async def test_a_model_stream_that_raises_cancelled_error_of_its_own_ends_with_model_error() -> None:
+    """A stream that raises CancelledError though nobody cancelled the run (it awaited a task
+    that something else cancelled: a connection pool's reader, say) propagated out of run() as a
+    cancel of the host's task: no TurnEnded, and a host that does not expect a cancel crashed.
+    It is a failure of the model's request now."""
+
+    class Stray:
+        requests = 0
+
+        async def stream(self, request: object, signal: object) -> AsyncGenerator[object, None]:
+            self.requests += 1
+            yield StreamText(0, "Let me ")
+            reader = asyncio.ensure_future(asyncio.Event().wait())
+            reader.cancel()
+            await reader  # raises the cancellation of a task that is not the run's
+
+    model = Stray()
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
+    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
+    assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"
+    assert validate_transcript(engine.messages) == [] and not engine.running
 
 
 # -- the consumer contract ------------------------------------------------------------------

@@ -155,10 +155,11 @@ async def test_a_plain_function_is_a_permission_callback_too() -> None:
     events = await collect(engine.run("clean up"))
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     results = engine.messages[2].tool_results
-    assert [(r.is_error, r.text) for r in results] == [
+    assert [(r.is_error, r.text.rpartition("\n\n")[2]) for r in results] == [
         (True, "Permission denied: not outside the project"),
         (False, "deleted notes.txt"),
     ]
+    assert '{"path": "notes.txt"}' in results[1].text  # the model is told which input ran
 
 
 def test_a_permission_that_cannot_be_called_is_refused_at_construction() -> None:

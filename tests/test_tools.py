@@ -575,7 +575,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    return not (stat.exists() and stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z")
 
 
 async def test_run_process_collects_output_and_status() -> None:

@@ -142,16 +142,16 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
     mode = None if fd is None else TerminalMode(fd, "quiet" if scenario else "edit" if screen.tty else "lines")
     if mode is not None and not mode.apply():
         mode = None  # the terminal refused: it is left as it is
-    editor = LineEditor() if mode is not None and mode.mode == "edit" else None
-    host = Host(
-        build_engine(model, opts.speed), renderer, hints=scenario is None, editor=editor,
-        echo=editor is not None or fd is None,
-    )
-    screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
     reader: LineReader | None = None
-    _install_signals(loop, host, screen, mode)
-    screen.start(keyboard=editor is not None)
-    try:
+    try:  # from here on the terminal is given back however the session ends
+        editor = LineEditor() if mode is not None and mode.mode == "edit" else None
+        host = Host(
+            build_engine(model, opts.speed), renderer, hints=scenario is None, editor=editor,
+            echo=editor is not None or fd is None,
+        )
+        screen.on_closed = host.quit  # nobody reads the output any more (a pipe into head, say)
+        _install_signals(loop, host, screen, mode)
+        screen.start(keyboard=editor is not None)
         if scenario is not None:
             player = Player(host, scenario)
             player.begin()
@@ -215,8 +215,24 @@ def _install_signals(
         loop.add_signal_handler(signal.SIGINT, host.sigint)
         loop.add_signal_handler(signal.SIGTERM, host.quit)
         loop.add_signal_handler(signal.SIGHUP, host.quit)  # the terminal closed: end as on SIGTERM
+        loop.add_signal_handler(signal.SIGQUIT, _sigquit, host, screen, mode)
         loop.add_signal_handler(signal.SIGWINCH, screen.resized)
         loop.add_signal_handler(signal.SIGTSTP, _suspend, screen, mode)
+
+
+def _sigquit(host: Host, screen: Screen, mode: TerminalMode | None) -> None:
+    """Ctrl-\\: quit as on SIGTERM (the turn stopped, its processes ended, the terminal given
+    back); its default action would leave the terminal unechoed and its rows set. Pressed again
+    while the demo quits (a quit that hangs), it ends the demo at once by that default action,
+    once the terminal has its rows and its modes back."""
+    if not host.exit.is_set():
+        host.quit()
+        return
+    screen.stop()
+    if mode is not None:
+        mode.restore()
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGQUIT)
 
 
 def _suspend(screen: Screen, mode: TerminalMode | None) -> None:
@@ -232,6 +248,6 @@ def _suspend(screen: Screen, mode: TerminalMode | None) -> None:
 
 
 def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH, signal.SIGTSTP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH, signal.SIGTSTP):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(sig)

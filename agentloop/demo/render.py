@@ -59,6 +59,8 @@ HELP = (
 )
 _KEYS = 12  # the width of the column of keys
 
+_DOOM_ACTIONS = {"resample": "cut the stream, resampling", "ended": "cut the stream; no resample, the turn ends"}
+
 
 def help_text(width: int = 78) -> str:
     """`HELP` in lines of at most ``width`` columns, each description going on under itself."""
@@ -187,7 +189,7 @@ class Renderer:
         if isinstance(ev, DoomLoopDetected):
             self.stats.doom_loops += ev.action == "resample"
             sig = ", ".join(str(x) for x in ev.signals)
-            verdict = "cut the stream, resampling" if ev.action == "resample" else ev.action
+            verdict = _DOOM_ACTIONS.get(ev.action, ev.action)
             return s(f"\u26a0 doom loop detected [{sig}] by {ev.policy or 'policy'}: {verdict}", "yellow", "bold")
         if isinstance(ev, AttemptDiscarded):
             n = ev.text_chars + ev.thinking_chars

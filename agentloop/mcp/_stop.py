@@ -75,12 +75,15 @@ def _group_alive(pgid: int) -> bool:
     proc = Path("/proc")
     if not (proc / "self" / "stat").exists():
         return True  # no /proc: the group's word holds
+    group = str(pgid).encode()
     for path in proc.glob("[0-9]*/stat"):
         try:
-            fields = path.read_text().rpartition(")")[2].split()  # after "pid (command)": state, ppid, pgrp
+            # After "pid (command)": state, ppid, pgrp. Bytes: a command name (any process's on the
+            # machine) is cut to 15 bytes, in the middle of a character as often as not.
+            fields = path.read_bytes().rpartition(b")")[2].split()
         except OSError:  # it went meanwhile
             continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+        if len(fields) > 2 and fields[2] == group and fields[0] not in (b"Z", b"X"):
             return True
     return False
 

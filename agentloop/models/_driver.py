@@ -38,6 +38,7 @@ from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
 
 __all__ = [
+    "OPENAI_TOOL_CHOICES",
     "Mapper",
     "Prepared",
     "Turn",
@@ -109,6 +110,13 @@ def excerpt(text: str, limit: int = 200) -> str:
         run = _TOKEN_RUN.match(text, limit)  # never None: the pattern matches the empty string
         end = run.end() if run is not None else limit
     return text[: min(end, limit + 512)]
+
+
+#: ``ModelRequest.tool_choice``'s words as both OpenAI APIs (Chat Completions, Responses) spell
+#: them: "any" is their "required". A tool name is not here: the two name one tool in shapes of
+#: their own (``{"type": "function", "function": {"name": ...}}`` and ``{"type": "function",
+#: "name": ...}``), which each request builder writes.
+OPENAI_TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "none": "none", "any": "required"}
 
 
 def wire_id(tool_id: str, *, max_len: int) -> str:

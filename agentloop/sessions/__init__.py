@@ -26,7 +26,9 @@ closed, the session holds a lock on it (``flock`` on POSIX; on Windows, ``msvcrt
 of one byte far past the end, where no reader looks), and a second writer (another
 process, or another session object of this one) gets `SessionLockedError` instead of
 interleaving its records with the first's. The operating system drops the lock with the
-process that held it, so a crash leaves none behind. Reading (`load`) takes no lock and
+process that held it, so a crash leaves none behind. The child of a ``fork`` (without exec)
+lets go of the descriptors it inherited at once: it neither writes through the parent's lock
+nor keeps it after the parent closes the file. Reading (`load`) takes no lock and
 is never refused.
 
 Writes are synchronous on purpose: appending one line to a local file is a

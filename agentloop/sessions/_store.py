@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -178,6 +179,7 @@ class JsonlSession:
                     self._sync()
             finally:
                 self._fd = None
+                _OPEN.discard(self)
                 os.close(fd)
 
     def __del__(self) -> None:
@@ -198,6 +200,28 @@ class JsonlSession:
             warnings.warn(f"unclosed session file {str(self.path)!r}", ResourceWarning, stacklevel=1)
         except (AttributeError, TypeError):  # at interpreter exit, the module may be torn down
             pass
+
+    def _forget_file(self) -> None:
+        """In the child of a ``fork`` (without exec): let go of the descriptor the child
+        inherited, without a write, a sync or a truncation, which are the parent's to do.
+
+        The child's copy shares the parent's open file, and with it the parent's lock: writing
+        through it would interleave two writers' records, and kept open it would hold the lock
+        after the parent closed the file. Closing it leaves the parent's lock as it is (a lock
+        taken with ``flock`` goes with the last descriptor of the open file). The session stays
+        usable: its next append opens the file afresh, refused with `SessionLockedError` while
+        the parent (or anyone else) holds the lock. Only the forking thread lives on in the
+        child: the thread lock, maybe held by another thread when it forked, is made anew.
+        """
+        self._lock = threading.Lock()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._unsynced = 0
+        self._torn = self._tail_unchecked = False
+        self._cut_to = self._owed = None  # the parent's pending repairs: it makes them
+        self._dirs_owed = []
 
     def __enter__(self) -> JsonlSession:
         return self
@@ -303,6 +327,7 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
+            _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
             self._tail_unchecked = True
@@ -372,3 +397,17 @@ class JsonlSession:
                 log.warning("%s", warning)
                 loaded.warnings.append(warning)
         return session, loaded
+
+
+#: The sessions whose file is open for appending (see `JsonlSession._forget_file`).
+_OPEN: weakref.WeakSet[JsonlSession] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for session in list(_OPEN):
+        session._forget_file()
+    _OPEN.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

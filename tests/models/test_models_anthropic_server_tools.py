@@ -296,6 +296,49 @@ async def test_a_paused_turn_counts_against_max_turns() -> None:
     assert len(server.requests) == 3
 
 
+async def test_a_run_that_max_turns_stopped_on_a_paused_turn_resumes_with_a_bare_run() -> None:
+    # Before, run() with no prompt refused: "the transcript does not end with a user message".
+    bodies = [
+        sse(START, *text(0, "Searching."), *search_call(1, "weather nyc"), message_delta("pause_turn"), STOP),
+        sse(START, *search_result(0), *text(1, "Sunny, 21 C."), message_delta("end_turn"), STOP),
+    ]
+    requests: list[dict[str, Any]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        requests.append(json.loads(req.content))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = AnthropicModel("m", api_key=API_KEY, http_client=client)
+        engine = QueryEngine(model, max_turns=1)
+        ends = [e async for e in engine.run("weather in NYC?") if isinstance(e, TurnEnded)]
+        assert [e.reason for e in ends] == ["max_turns"]
+        assert validate_transcript(engine.messages) == []
+        # A new engine over the saved transcript (a worker resuming a session) goes on as well.
+        saved = [Message.model_validate_json(m.model_dump_json()) for m in engine.messages]
+        resumed = QueryEngine(model, messages=saved)
+        ends = [e async for e in resumed.run() if isinstance(e, TurnEnded)]
+    assert [e.reason for e in ends] == ["completed"]
+    assert len(requests) == 2
+    assert requests[1]["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Searching."}, call_block("weather nyc").data],
+    }
+    assert [m.role for m in resumed.messages] == ["user", "assistant", "assistant"]
+    assert resumed.messages[-1].text == "Sunny, 21 C."
+    assert validate_transcript(resumed.messages) == []
+
+
+async def test_a_bare_run_after_a_finished_answer_still_asks_for_a_prompt() -> None:
+    server = MockServer(sse(START, *text(0, "Hello."), message_delta("end_turn"), STOP))
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client))
+        [e async for e in engine.run("hi")]
+        with pytest.raises(ValueError, match="needs a prompt"):
+            [e async for e in engine.run()]
+    assert len(server.requests) == 1
+
+
 def test_tool_results_stay_first_when_user_turns_are_joined() -> None:
     history = [
         Message.user("q"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import pickle
 import re
 import traceback
 
@@ -305,6 +306,10 @@ async def test_api_key_never_leaks_from_401(cls: type) -> None:
     for text in (str(err), repr(err), str(err.body), repr(err.body), repr(model), str(model)):
         assert API_KEY not in text
     assert "[REDACTED]" in str(err)
+    pickled = pickle.dumps(err)  # a worker handing the error back to its parent
+    assert API_KEY.encode() not in pickled
+    clone = pickle.loads(pickled)
+    assert (str(clone), clone.status, clone.body) == (str(err), 401, err.body)
 
 
 @pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])

@@ -15,7 +15,7 @@ from typing import Any
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
-from .._driver import dumps_input, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
 #: ``extra_content`` (``{"type": "extra_content", "call": <id>, "host": <the server's host>,
@@ -74,13 +74,8 @@ def build_request(
             for t in request.tools
         ]
     choice = request.tool_choice
-    if choice is not None:
-        if choice in ("auto", "none"):
-            body["tool_choice"] = choice
-        elif choice == "any":
-            body["tool_choice"] = "required"
-        else:
-            body["tool_choice"] = {"type": "function", "function": {"name": choice}}
+    if choice is not None:  # a tool name, in Chat Completions' shape (Responses names it flat)
+        body["tool_choice"] = OPENAI_TOOL_CHOICES.get(choice) or {"type": "function", "function": {"name": choice}}
     return body
 
 

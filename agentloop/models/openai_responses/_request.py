@@ -15,7 +15,7 @@ from typing import Any
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
-from .._driver import dumps_input, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
 
 
 def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> dict[str, Any]:
@@ -45,13 +45,8 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
             for t in request.tools
         ]
     choice = request.tool_choice
-    if choice is not None:
-        if choice in ("auto", "none"):
-            body["tool_choice"] = choice
-        elif choice == "any":
-            body["tool_choice"] = "required"
-        else:
-            body["tool_choice"] = {"type": "function", "name": choice}
+    if choice is not None:  # a tool name, in the Responses shape (Chat Completions nests it in "function")
+        body["tool_choice"] = OPENAI_TOOL_CHOICES.get(choice) or {"type": "function", "name": choice}
     if request.max_tokens:
         body["max_output_tokens"] = request.max_tokens
     return body
