@@ -73,7 +73,7 @@ def check_tool_names(provider: str, tools: Sequence[ToolSpec], *, gemini: bool =
     rule refuses (``gemini``), is caught here, before anything is sent."""
     pattern, rule = (GEMINI_TOOL_NAME, _GEMINI_RULE) if gemini else (TOOL_NAME, _RULE)
     for t in tools:
-        if not pattern.fullmatch(t.name):
+        if not isinstance(t.name, str) or not pattern.fullmatch(t.name):
             where = "Gemini" if gemini else provider
             raise ModelError(f"tool name {t.name!r} is not accepted by {where}: use {rule} (rename the tool)")
 

@@ -149,6 +149,20 @@ async def test_a_declared_tool_name_no_provider_accepts_is_an_error_naming_it(ma
     assert server.requests == []
 
 
+class _NamelessSpec:
+    name = None
+    description = "Read."
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+
+
+async def test_a_declared_tool_name_that_is_not_a_str_is_an_error_too() -> None:
+    server = MockServer(CHAT_OK)
+    async with server.client() as client:
+        with pytest.raises(ModelError, match="tool name None"):
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client), request(tools=[_NamelessSpec()]))
+    assert server.requests == []
+
+
 # -- 3. strict function tools (OpenAI) --------------------------------------------------------
 
 
