@@ -169,9 +169,24 @@ class QueryEngine:
         self._start_pending = False
         self._abort_at_start: str | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
+        # The last run() made (its token), until its first step begins it, and the reason an
+        # interrupt() gave meanwhile (a run handed to a task that has not started yet): it begins aborted.
+        self._fresh_run: tuple[object, str | None] | None = None
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
         self._checkpoint_due = False  # the session holds another transcript's records already
+        if session is not None and parent is None and not given and holds_records(session):
+            # A file of an earlier conversation, none of which this engine was given (a task run
+            # again with the session of its last attempt): the file is to replay to this engine's
+            # transcript, not to both joined.
+            self._checkpoint_due = True
+            log.warning(
+                "session file %s holds a conversation already, and this engine was given none of it: "
+                "its first run writes a checkpoint, so the file replays to this engine's transcript. "
+                "To continue the file's conversation instead, `session, loaded = JsonlSession.resume(path)` "
+                "and pass `messages=loaded.messages`",
+                session.path,  # type: ignore[attr-defined]  # a JsonlSession (holds_records)
+            )
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
 
@@ -213,6 +228,7 @@ class QueryEngine:
         from ._loop import drive
 
         token = object()
+        self._fresh_run = (token, None)
         return RunHandle(self, drive(self, prompt, token), token)
 
     # -- control (sync, thread-safe) --------------------------------------------
@@ -239,6 +255,14 @@ class QueryEngine:
                     state.stop_next = reason
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
                         state.controller.abort(reason)
+            elif waiting is None and (fresh := self._fresh_run) is not None:
+                # A run() made but not begun (handed to a task that has had no step yet) is the
+                # current run: it begins aborted. Begun meanwhile in another thread, it is here.
+                if fresh[1] is None:
+                    self._fresh_run = (fresh[0], reason)
+                state = self._state
+                if state is not None:
+                    state.controller.abort(reason)
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 
@@ -303,8 +327,11 @@ class QueryEngine:
     def _set_tools(self, tools: Sequence[Tool]) -> None:
         self.tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
         self.tool_specs = tuple(self.tools.values())
-        for policy in self.policies:
-            policy.bind(self.tools)
+        for policy in self.policies:  # each one: a policy's bug leaves the others bound to these tools
+            try:
+                policy.bind(self.tools)
+            except Exception:
+                log.exception("policy %s.bind raised; ignored", policy.name)
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ._inbox import Texts
 from ._messages import Message
-from ._policy import Policy
+from ._policy import Policy, check_hooks
 from ._tools import PermissionCallback, Tool
 
 __all__ = [
@@ -173,7 +173,8 @@ def tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
 
 
 def policy_list(policies: Sequence[Policy]) -> list[Policy]:
-    """``policies`` as a new list. Raises TypeError for anything but `Policy` instances."""
+    """``policies`` as a new list. Raises TypeError for anything but `Policy` instances, and for
+    a policy with an ``async def`` hook (see `check_hooks`)."""
     if isinstance(policies, Policy):
         raise TypeError(f"policies takes a list of policies: policies=[{type(policies).__name__}(...)]")
     out = list(policies)
@@ -182,6 +183,7 @@ def policy_list(policies: Sequence[Policy]) -> list[Policy]:
             raise TypeError(f"policies takes Policy objects, not the class {p.__name__}: write {p.__name__}()")
         if not isinstance(p, Policy):
             raise TypeError(f"policies takes Policy objects (subclasses of agentloop.Policy), not {p!r}")
+        check_hooks(p)
     return out
 
 

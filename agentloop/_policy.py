@@ -17,11 +17,13 @@ Hook order within a turn:
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
+import reprlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
@@ -31,7 +33,20 @@ from ._unicode import scrub
 if TYPE_CHECKING:
     from ._accumulate import _Part
 
-__all__ = ["EndTurn", "Nudge", "Policy", "Resample", "Verdict", "Warn", "ask", "claim", "notify", "release"]
+__all__ = [
+    "HOOKS",
+    "EndTurn",
+    "Nudge",
+    "Policy",
+    "Resample",
+    "Verdict",
+    "Warn",
+    "ask",
+    "check_hooks",
+    "claim",
+    "notify",
+    "release",
+]
 
 log = logging.getLogger("agentloop")
 
@@ -76,13 +91,19 @@ class Nudge:
 
 @dataclass(frozen=True, slots=True)
 class EndTurn:
-    """End the turn with ``reason`` (a distinct terminal a headless host can act on)."""
+    """End the turn with ``reason`` (a distinct terminal a headless host can act on).
+
+    Raises ValueError for any other reason: a policy's stop must not pass for a turn the model
+    finished (``completed``), an interrupt, or a terminal SPEC §10 does not have.
+    """
 
     message: str
     reason: Literal["stationarity_ended", "hook_stopped"] = "stationarity_ended"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "message", _text(self.message, "EndTurn message"))
+        if self.reason not in ("stationarity_ended", "hook_stopped"):
+            raise ValueError(f'EndTurn reason must be "stationarity_ended" or "hook_stopped", not {self.reason!r}')
 
 
 def _text(value: object, what: str) -> str:
@@ -96,6 +117,12 @@ def _text(value: object, what: str) -> str:
 Verdict = Warn | Resample | Nudge | EndTurn
 
 
+class Hold(Protocol):
+    """The engine's side of a tapped watcher (see `Policy._tap`): the count of deltas it holds back."""
+
+    skip: int
+
+
 class Policy:
     """Base class: override the hooks you need; each returns None to do nothing.
 
@@ -105,8 +132,6 @@ class Policy:
     """
 
     one_engine: ClassVar[bool] = False
-    #: See `_tap`: how many of the next deltas a tapped watcher leaves to the accumulator.
-    _skips = 0
 
     @property
     def name(self) -> str:
@@ -132,12 +157,13 @@ class Policy:
         """One stream event. Only Warn and Resample are acted on here."""
         return None
 
-    def _tap(self, blocks: Mapping[int, _Part]) -> Callable[[StreamEvent], Verdict | None] | None:
+    def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
         """Not a hook for hosts (this default declines): the engine offers the only stream
         watcher the attempt's blocks (`Accumulator.blocks`) after `begin_attempt`. A watcher
         that returns a callable reads text, thinking and tool-input deltas there: the engine
-        then calls it in place of `on_stream` for one in ``_skips + 1`` of those deltas only
-        (reading ``_skips`` after each call), and for every other event."""
+        then calls it in place of `on_stream` for every event but the deltas it holds back.
+        ``hold.skip`` (0 at first) is how many of the next deltas it holds back, counting down;
+        the watcher sets it itself, whenever it is called (no call of the engine's per hand-over)."""
         return None
 
     def on_response(self, message: Message) -> Verdict | None:
@@ -171,9 +197,44 @@ def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str,
         except Exception:
             log.exception("policy %s.%s raised; ignored", policy.name, hook)
             continue
-        if verdict is not None:
-            out.append((policy.name, verdict))
+        if verdict is None:
+            continue
+        if not isinstance(verdict, _VERDICTS):
+            _not_a_verdict(policy, hook, verdict)
+            continue
+        out.append((policy.name, verdict))
     return out
+
+
+_VERDICTS = (Warn, Resample, Nudge, EndTurn)
+#: The hooks the engine calls without awaiting them (`check_hooks`).
+HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_response", "on_results")
+
+
+def _not_a_verdict(policy: Policy, hook: str, value: object) -> None:
+    """A hook returned something that is neither a verdict nor None (``"stop"``, True): a policy
+    bug, logged and ignored like one that raises. A coroutine (an async function set on the
+    instance, which `check_hooks` cannot see) is closed, so it is not reported again, unawaited."""
+    if inspect.iscoroutine(value):
+        value.close()
+    log.error(
+        "policy %s.%s returned %s, not a verdict (Nudge, EndTurn, Warn, Resample or None); ignored",
+        policy.name,
+        hook,
+        reprlib.repr(value),
+    )
+
+
+def check_hooks(policy: Policy) -> None:
+    """Raises TypeError when one of ``policy``'s hooks is an ``async def``: the engine calls
+    hooks and acts on what they return, so a coroutine would never run, and the policy never act."""
+    for hook in HOOKS:
+        fn = getattr(type(policy), hook, None)
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"policy hooks are plain functions, called and not awaited: {type(policy).__name__}.{hook} "
+                "is an async def (do the waiting in a tool, or in a task the policy starts and reads later)"
+            )
 
 
 # id(policy) -> the engine whose run holds it now (policies with ``one_engine`` only).

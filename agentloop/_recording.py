@@ -72,10 +72,14 @@ def claim_store(engine: QueryEngine) -> None:
         other = _store_writers.get(key)
         if other is not None and other is not engine and _writes_to(other, key):
             who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
-            raise RuntimeError(
-                f"the session store {store!r} is in use by another running engine{who}: a store records "
-                "one transcript (give each engine its own, a subagent its own agent_id)"
-            )
+            if other.session is store:
+                fix = "a store records one transcript (give each engine its own, a subagent its own agent_id)"
+            else:  # another session object on the same file: the file is what they share
+                fix = (
+                    "its file records one transcript, whichever session object writes it (give each "
+                    "engine a file of its own: two JsonlSession objects on one file are one store)"
+                )
+            raise RuntimeError(f"the session store {store!r} is in use by another running engine{who}: {fix}")
         _store_writers[key] = engine
         engine._store_claimed = key
     acquire = getattr(store, "acquire", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
@@ -38,6 +39,8 @@ __all__ = [
 
 Signature = frozenset[tuple[Hashable, int]]
 
+log = logging.getLogger("agentloop")
+
 _NOOP = re.compile(
     r"\s*(?:true|:|/bin/true|/usr/bin/true|sleep\s+0+(?:\.0+)?s?|exit(?:\s+0)?|wait|echo(?:\s+(?:''|\"\"))?)?"
     r"\s*;?\s*\Z"
@@ -50,15 +53,13 @@ _WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # 
 _SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/bin/zsh"})
 
 
-_EXACT = 2**53  # floats up to this size hold every integer exactly
-
-
 def _numbers(value: Any) -> Any:
-    """``value`` with every integral float (``1.0``, ``-0.0``) written as the integer it equals:
-    JSON has one number type, so ``1`` and ``1.0`` are one argument."""
+    """``value`` with every integral float (``1.0``, ``-0.0``, ``1e16``) written as the integer
+    it equals (exactly: a float's value is a whole number when it is integral): JSON has one
+    number type, so ``1`` and ``1.0`` are one argument."""
     kind = type(value)
     if kind is float:
-        return int(value) if value.is_integer() and -_EXACT <= value <= _EXACT else value
+        return int(value) if value.is_integer() else value
     if kind is dict:
         return {k: _numbers(v) for k, v in value.items()}
     if kind is list:
@@ -125,6 +126,39 @@ def is_keepalive(call: ToolUseBlock, *, shell_tools: Collection[str] = ()) -> bo
 
 def _names(calls: Sequence[ToolUseBlock]) -> str:
     return ", ".join(sorted({c.name for c in calls}))
+
+
+def _count(name: str, value: Any, least: int, *, optional: bool = True) -> Any:
+    """``value``, checked as a setting that counts: a whole number of at least ``least``, or None
+    (off) when ``optional``. Raises TypeError or ValueError naming ``name``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number{' or None' if optional else ''}, not {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, not {value!r}")
+    return value
+
+
+def _say(policy: Policy, owner: type, attr: str, **fields: object) -> str:
+    """The policy's text ``attr`` filled in with ``fields``. One that cannot be (a field the
+    template lacks, a brace meant literally, not a str) is logged, and ``owner``'s own text is
+    used: a mistake in a host's wording must not cancel the verdict it announces."""
+    text = getattr(policy, attr)
+    if isinstance(text, str):
+        try:
+            return text.format(**fields)
+        except Exception:  # KeyError, IndexError, ValueError, AttributeError, or a __format__'s own
+            pass
+    log.warning(
+        "%s.%s %r cannot be filled in (its fields are %s); the stock text is used",
+        policy.name,
+        attr,
+        text,
+        ", ".join(f"{{{f}}}" for f in fields),
+    )
+    stock: str = getattr(owner, attr)
+    return stock.format(**fields)
 
 
 class StationarityPolicy(Policy):
@@ -226,9 +260,10 @@ class IdenticalToolCallRun(StationarityPolicy):
         keepalive: Callable[[ToolUseBlock], bool] | None = is_keepalive,
         **kwargs: Any,
     ) -> None:
-        self.nudge_at, self.end_at = nudge_at, end_at
-        self.tight_nudge_at, self.tight_end_at = tight_nudge_at, tight_end_at
-        self.keepalive_end_at = keepalive_end_at
+        self.nudge_at, self.end_at = _count("nudge_at", nudge_at, 1), _count("end_at", end_at, 1)
+        self.tight_nudge_at = _count("tight_nudge_at", tight_nudge_at, 1)
+        self.tight_end_at = _count("tight_end_at", tight_end_at, 1)
+        self.keepalive_end_at = _count("keepalive_end_at", keepalive_end_at, 1)
         self.keepalive = keepalive
         super().__init__(**kwargs)
 
@@ -251,7 +286,7 @@ class IdenticalToolCallRun(StationarityPolicy):
         keep = self.keepalive
         self.idle = self.idle + len(calls) if keep and all(keep(c) for c in calls) else 0
         if self.keepalive_end_at is not None and self.idle >= self.keepalive_end_at:
-            return EndTurn(self.keepalive_text.format(count=self.idle, tools=tools))
+            return EndTurn(_say(self, IdenticalToolCallRun, "keepalive_text", count=self.idle, tools=tools))
         base, m = self.signature(message, results)
         if base == self._last:
             self.count += m
@@ -261,10 +296,10 @@ class IdenticalToolCallRun(StationarityPolicy):
         nudge_at = self.tight_nudge_at if tight else self.nudge_at
         end_at = self.tight_end_at if tight else self.end_at
         if end_at is not None and self.count >= end_at:
-            return EndTurn(self.end_text.format(count=self.count, tools=tools))
+            return EndTurn(_say(self, IdenticalToolCallRun, "end_text", count=self.count, tools=tools))
         if nudge_at is not None and self.count >= max(nudge_at, 2 * self._nudged.get(base, 0)):
             self._nudged[base] = self.count
-            return Nudge(self.nudge_text.format(count=self.count, tools=tools))
+            return Nudge(_say(self, IdenticalToolCallRun, "nudge_text", count=self.count, tools=tools))
         return None
 
 
@@ -288,9 +323,9 @@ class ToolCallCycle(StationarityPolicy):
         end_repeats: int | None = 5,
         **kwargs: Any,
     ) -> None:
-        self.max_period = max_period
-        self.nudge_repeats = nudge_repeats
-        self.end_repeats = end_repeats
+        self.max_period = _count("max_period", max_period, 2, optional=False)
+        self.nudge_repeats = _count("nudge_repeats", nudge_repeats, 2, optional=False)
+        self.end_repeats = _count("end_repeats", end_repeats, 2)
         super().__init__(**kwargs)
 
     def reset(self) -> None:
@@ -321,12 +356,12 @@ class ToolCallCycle(StationarityPolicy):
         fields = {"period": len(block), "count": reps, "length": reps * len(block)}
         tools = ", ".join(sorted({str(k[0][0]) for sig in block for k in sig if isinstance(k[0], tuple)}))
         if self.end_repeats is not None and reps >= self.end_repeats:
-            return EndTurn(self.end_text.format(tools=tools, **fields))
+            return EndTurn(_say(self, ToolCallCycle, "end_text", tools=tools, **fields))
         # (A, B) and (B, A) are one cycle seen from two places: key on one rotation.
         pattern = min((block[i:] + block[:i] for i in range(len(block))), key=repr)
         if reps >= max(self.nudge_repeats, 2 * self._nudged.get(pattern, 0)):
             self._nudged[pattern] = reps
-            return Nudge(self.nudge_text.format(tools=tools, **fields))
+            return Nudge(_say(self, ToolCallCycle, "nudge_text", tools=tools, **fields))
         return None
 
     def _cycle(self) -> tuple[tuple[Signature, ...], int] | None:
@@ -359,7 +394,9 @@ class RepeatedErrorResult(StationarityPolicy):
     def __init__(
         self, nudge_at: int = 3, end_at: int | None = 6, *, prefix: int = 200, **kwargs: Any
     ) -> None:
-        self.nudge_at, self.end_at, self.prefix = nudge_at, end_at, prefix
+        self.nudge_at = _count("nudge_at", nudge_at, 1, optional=False)
+        self.end_at = _count("end_at", end_at, 1)
+        self.prefix = _count("prefix", prefix, 0, optional=False)
         super().__init__(**kwargs)
 
     def reset(self) -> None:
@@ -394,8 +431,8 @@ class RepeatedErrorResult(StationarityPolicy):
         else:
             self._last, self.count = k, len(errors)
         if self.end_at is not None and self.count >= self.end_at:
-            return EndTurn(self.end_text.format(tools=name, count=self.count))
+            return EndTurn(_say(self, RepeatedErrorResult, "end_text", tools=name, count=self.count))
         if self.count >= max(self.nudge_at, 2 * self._nudged.get(k, 0)):
             self._nudged[k] = self.count
-            return Nudge(self.nudge_text.format(tools=name, count=self.count))
+            return Nudge(_say(self, RepeatedErrorResult, "nudge_text", tools=name, count=self.count))
         return None

@@ -421,6 +421,24 @@ async def test_a_tapped_policy_follows_the_stream_from_block_to_block() -> None:
     assert results[0] == results[1] == [f"tail_repetition:{n}@text", f"exact_repetition:{n}x4@text", f"exact_repetition:{n}x8@text"]
 
 
+async def test_the_stock_policy_forked_in_the_middle_of_a_stream_takes_nothing_of_the_run() -> None:
+    """A host may make a subagent at any event, a delta included, while the stock policy is reading
+    the stream from the engine's accumulator: the copy holds nothing of the run (its model phase,
+    its task), and watches the child's stream on its own."""
+    engine = doom_engine([LOOPING, GOOD, ScriptedResponse(thinking="Plan.\n" + CHANT, chunk=7), GOOD])
+    children = []
+    async for event in engine.run("go"):
+        if isinstance(event, ThinkingDelta) and not children:
+            children.append(engine.subagent(agent_id="child"))
+    assert engine.messages[-1].text == "Fixed it."
+    child = children[0]
+    twin = child.policies[0]
+    assert isinstance(twin, ConservativeDoomLoopPolicy) and twin is not engine.policies[0]
+    events = await collect(child, "and you?")
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected)] == ["resample"]
+    assert child.messages[-1].text == "Fixed it."
+
+
 # -- stationarity ---------------------------------------------------------------------------
 
 
@@ -988,6 +1006,101 @@ async def test_a_policy_without_client_detectors_is_handed_no_delta() -> None:
     calls = await _python_calls_into(agentloop.policies.__file__, engine)
     assert calls < 40
     assert [m.text for m in engine.messages] == ["go", "Fixed it."]  # the server's confident signal resampled
+
+
+async def test_a_stop_text_with_a_typo_still_ends_the_turn(caplog: pytest.LogCaptureFixture) -> None:
+    """A host's ``end_text`` naming a field the template lacks made the policy raise at the
+    12th call, every call after: logged and ignored, so the loop was never stopped."""
+    policy = IdenticalToolCallRun()
+    policy.end_text = "Stopped after {n} identical calls"
+    engine = QueryEngine(ScriptedModel([same_call()] * 30), tools=[read_file], policies=[policy], max_turns=30)
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "stationarity_ended" and end.turns == 12
+    assert end.detail is not None and end.detail.startswith("Stopped: the same tool call(s) (read_file)")
+    assert "IdenticalToolCallRun.end_text" in caplog.text
+    assert validate_transcript(engine.messages) == []
+
+
+class _AsyncResults(Policy):
+    async def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return EndTurn("never seen")
+
+
+class _AsyncStream(ConservativeDoomLoopPolicy):
+    async def on_stream(self, event: StreamEvent) -> Verdict | None:  # type: ignore[override]
+        return None
+
+
+class _AsyncBegin(Policy):
+    async def begin_turn(self, *, real_user: bool) -> None:  # type: ignore[override]
+        return None
+
+
+@pytest.mark.parametrize("policy", [_AsyncResults, _AsyncStream, _AsyncBegin])
+def test_a_policy_with_an_async_hook_is_refused_at_construction(policy: type[Policy]) -> None:
+    """Hooks are called, not awaited: an ``async def`` hook returned a coroutine that nothing
+    awaited, so the policy never acted (and each call left a "never awaited" warning)."""
+    with pytest.raises(TypeError, match=r"hooks are plain functions.*async def"):
+        QueryEngine(ScriptedModel(["done"]), policies=[policy()])
+
+
+async def test_a_hook_that_returns_something_else_than_a_verdict_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook that returns a string (``"stop"``) or a bool was ignored without a word: the host
+    could not tell its policy from one that never fired."""
+
+    class SaysStop(Policy):
+        def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+            return "stop"  # type: ignore[return-value]
+
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[SaysStop()])
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert "SaysStop.on_results returned 'stop', not a verdict" in caplog.text
+
+
+async def test_a_policy_whose_bind_raises_on_a_tool_change_leaves_the_others_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tool server redeclares ``todo`` as normal mid-run. A policy whose ``bind`` raised kept
+    the policies after it bound to the old tools (the stock one still took ``todo`` for tight
+    and ended the turn at 8), and the failure was reported as the tool watcher's, with "the
+    tools are kept", though the engine had taken the new tools."""
+
+    class Brittle(Policy):
+        binds = 0
+
+        def bind(self, tools: object) -> None:
+            Brittle.binds += 1
+            if Brittle.binds > 1:
+                raise RuntimeError("bind failed")
+
+    @tool(name="todo")
+    async def plain_todo(items: list[str]) -> str:
+        return "ok"
+
+    engine = QueryEngine(
+        ScriptedModel([same_call("todo", items=["x"])] * 20), tools=[todo], policies=[Brittle(), IdenticalToolCallRun()]
+    )
+    engine.watch_tools(lambda tools: [plain_todo])
+    events = await collect(engine, "go")
+    assert events[-1].reason == "stationarity_ended" and events[-1].turns == 12  # type: ignore[union-attr]
+    assert "policy Brittle.bind raised" in caplog.text
+    assert "the tools are kept" not in caplog.text
+
+
+async def test_an_async_hook_set_on_the_instance_is_logged_and_its_coroutine_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = IdenticalToolCallRun()
+
+    async def on_results(message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return None
+
+    policy.on_results = on_results  # type: ignore[method-assign]
+    engine = QueryEngine(ScriptedModel([same_call(), "done"]), tools=[read_file], policies=[policy])
+    end = (await collect(engine, "go"))[-1]  # -W error: a coroutine left unawaited would fail the test
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert "IdenticalToolCallRun.on_results returned <coroutine" in caplog.text
 
 
 def _chanting(prompt_tokens: int) -> ScriptedResponse:

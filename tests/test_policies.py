@@ -388,7 +388,7 @@ def test_varying_thought_text_with_identical_call_still_counts() -> None:
 def test_counters_reset_at_a_real_user_message_only() -> None:
     pol = IdenticalToolCallRun()
     run(pol, 7, call("ls"))
-    pol.begin_turn(real_user=False)  # a nudge or an interjection envelope
+    pol.begin_turn(real_user=False)  # a resume that adds no message (nudges never call it)
     assert isinstance(step(pol, call("ls")), Nudge)
     pol.begin_turn(real_user=True)  # the user typed "continue"
     assert run(pol, 7, call("ls")) == [None] * 7
@@ -720,3 +720,94 @@ def test_a_deeply_nested_argument_with_a_float_is_still_keyed() -> None:
     assert canonical_key(call("t", x=deep))[1].startswith('{"x":[[[')
     verdicts = run(IdenticalToolCallRun(), 12, call("t", x=deep))
     assert first(verdicts, Nudge) == 8 and first(verdicts, EndTurn) == 12
+
+
+@given(st.integers(2**53 + 1, 2**1000).map(lambda n: int(float(n))))
+def test_property_canonical_key_compares_large_integral_floats_by_value(n: int) -> None:
+    """A float above 2**53 that holds an integer exactly is that integer: ``1e16`` and
+    ``10000000000000000`` are one argument, as ``1.0`` and ``1`` are."""
+    assert float(n) == n
+    assert canonical_key(call("t", offset=float(n))) == canonical_key(call("t", offset=n))
+
+
+# -- verdict texts and settings a host gets wrong ------------------------------------------------
+
+
+def _looping(policy: StationarityPolicy, n: int) -> list[Verdict | None]:
+    """``n`` responses that every stock stationarity policy counts: the same failing shell call."""
+    return run(policy, n, call("bash", command="true"), result="Error: no such file", error=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "attr"),
+    [
+        (lambda: IdenticalToolCallRun(keepalive=None), "end_text"),
+        (lambda: IdenticalToolCallRun(keepalive=None), "nudge_text"),
+        (lambda: IdenticalToolCallRun(), "keepalive_text"),
+        (lambda: ToolCallCycle(max_period=2), "end_text"),
+        (lambda: RepeatedErrorResult(), "end_text"),
+        (lambda: RepeatedErrorResult(), "nudge_text"),
+    ],
+)
+@pytest.mark.parametrize("text", ["Stopped after {n} calls", "{count} calls {0}", "args were {tools.x}", None])
+def test_a_verdict_text_that_cannot_be_formatted_still_gives_the_verdict(
+    make: Any, attr: str, text: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host's text with a field the template does not have (a typo) used to raise from the
+    hook, which the engine logs and ignores: the stop never came, and the loop ran on until
+    ``max_turns`` (unlimited by default). The verdict comes with the stock text instead, and
+    the mistake is logged."""
+    policy = make()
+    stock = getattr(policy, attr)
+    setattr(policy, attr, text)
+    if isinstance(policy, ToolCallCycle):
+        verdicts = [step(policy, call("read", path="ab"[i % 2])) for i in range(12)]
+    else:
+        verdicts = _looping(policy, 12)
+    kind = Nudge if attr == "nudge_text" else EndTurn
+    got = [v for v in verdicts if isinstance(v, kind)]
+    assert got, verdicts
+    said = got[0].reminder if isinstance(got[0], Nudge) else got[0].message
+    assert said.startswith(stock.split("{", 1)[0])
+    assert f"{type(policy).__name__}.{attr}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: IdenticalToolCallRun(nudge_at=0),
+        lambda: IdenticalToolCallRun(end_at=-1),
+        lambda: IdenticalToolCallRun(tight_nudge_at="4"),  # type: ignore[arg-type]
+        lambda: IdenticalToolCallRun(tight_end_at=2.5),  # type: ignore[arg-type]
+        lambda: IdenticalToolCallRun(keepalive_end_at=True),  # type: ignore[arg-type]
+        lambda: ToolCallCycle(max_period=1),
+        lambda: ToolCallCycle(nudge_repeats=1),
+        lambda: ToolCallCycle(end_repeats=0),
+        lambda: ToolCallCycle(max_period="5"),  # type: ignore[arg-type]
+        lambda: RepeatedErrorResult(nudge_at=0),
+        lambda: RepeatedErrorResult(end_at="6"),  # type: ignore[arg-type]
+        lambda: RepeatedErrorResult(prefix=-1),
+    ],
+)
+def test_thresholds_that_are_not_counts_are_refused_at_construction(make: Any) -> None:
+    """``nudge_at=0`` nudged at every first call, ``nudge_repeats=1`` took any two different
+    responses for a cycle, and a threshold read from a config file as ``"8"`` made every hook
+    raise (logged and ignored: no nudge, ever). Each is a clear error when the policy is made."""
+    with pytest.raises((TypeError, ValueError), match=r"(must be|takes) "):
+        make()
+
+
+def test_thresholds_at_their_least_and_none_are_accepted() -> None:
+    IdenticalToolCallRun(1, 1, 1, 1, 1)
+    IdenticalToolCallRun(None, None, None, None, None)
+    ToolCallCycle(max_period=2, nudge_repeats=2, end_repeats=None)
+    RepeatedErrorResult(nudge_at=1, end_at=None, prefix=0)
+
+
+@pytest.mark.parametrize("reason", ["completed", "aborted_tools", "max_turns", "bogus", None])
+def test_an_end_turn_reason_other_than_its_own_two_is_refused(reason: Any) -> None:
+    """``EndTurn(reason="completed")`` ended a turn a policy stopped with the terminal of a turn
+    the model finished (a headless host could not tell), and any other string ended it with a
+    reason outside SPEC §10."""
+    with pytest.raises(ValueError, match=r"stationarity_ended.*hook_stopped"):
+        EndTurn("stop", reason=reason)
