@@ -925,6 +925,16 @@ async def test_messages_split_or_joined_across_writes_and_requests_from_the_serv
         assert roots["error"]["code"] == types.INVALID_REQUEST  # declined: the roots capability is not offered
 
 
+async def test_a_json_rpc_batch_from_the_server_is_read_message_by_message() -> None:
+    # Protocol 2025-03-26 lets a server send a batch (a JSON array of messages), which a client must
+    # accept: the line was skipped as "not a JSON-RPC message", and the call whose answer it held
+    # waited for ever. The ping inside is answered too.
+    async with _raw("--version", "2025-03-26") as srv:
+        async with asyncio.timeout(10):
+            result = await srv.call_tool("batch", {})
+        assert json.loads(result_to_block("t", result).text) == {}
+
+
 async def test_a_large_stdio_message_is_read_in_linear_time() -> None:
     # The SDK's reader joined each 64 KiB read to all that came before it: a 40 MB result took
     # 9 s of CPU (quadratic), and a 64 MiB one about 25 s.
@@ -1009,18 +1019,24 @@ async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_
     cuts=st.lists(st.integers(0, 1000), max_size=12),
     ending=st.sampled_from([b"\n", b"\r\n", b"\n\n"]),
     limit=st.sampled_from([None, 120]),
+    batched=st.booleans(),
 )
 def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall(
-    texts: list[str], cuts: list[int], ending: bytes, limit: int | None
+    texts: list[str], cuts: list[int], ending: bytes, limit: int | None, batched: bool
 ) -> None:
     from agentloop.mcp._stdio import Pipes
     from agentloop.models._http import Redactor
 
-    def note(text: str) -> bytes:
-        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
-        return json.dumps(message, ensure_ascii=False).encode()
+    def note(text: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
 
-    wire = b"".join(note(t) + ending for t in texts)
+    # One message a line, or (``batched``) two: a JSON-RPC batch, as protocol 2025-03-26 allows.
+    groups = [texts[i : i + 2] for i in range(0, len(texts), 2)] if batched else [[t] for t in texts]
+    lines = [
+        json.dumps([note(t) for t in group] if batched else note(group[0]), ensure_ascii=False).encode()
+        for group in groups
+    ]
+    wire = b"".join(line + ending for line in lines)
     points = sorted({c % (len(wire) + 1) for c in cuts})
     loop = asyncio.new_event_loop()
     try:
@@ -1029,17 +1045,16 @@ def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall
             pipes.pipe_data_received(1, wire[start:end])
         got = []
         while (line := pipes.next_line()) is not None:
-            message = pipes.parse(line)
-            assert message is not None or not line.strip()
-            if message is not None:
-                got.append(message.message.params["data"])  # type: ignore[union-attr]
-        fits = [len(note(t) + ending.rstrip(b"\n")) <= limit for t in texts] if limit is not None else [True] * len(texts)
+            messages = pipes.parse(line)
+            assert messages or not line.strip()
+            got += [m.message.params["data"] for m in messages]  # type: ignore[union-attr]
+        fits = [len(line + ending.rstrip(b"\n")) <= limit if limit is not None else True for line in lines]
         if all(fits):
             assert got == texts and pipes.end_reason is None
         else:  # a message over the limit ends the connection; the ones before it may be read
-            assert got == texts[: len(got)] and len(got) <= fits.index(False)
+            assert got == texts[: len(got)] and len(got) <= sum(len(g) for g in groups[: fits.index(False)])
             assert pipes.end_reason is not None and "more than 120 bytes" in pipes.end_reason
-        assert pipes._queued == 0
+        assert pipes._queued == 0 and not pipes.stdout.noisy
     finally:
         loop.close()
 
