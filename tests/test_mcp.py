@@ -431,6 +431,50 @@ async def test_a_tool_list_change_applies_from_the_next_model_request(server: MC
     assert offered(narrow.model) == [{"echo"}, {"echo"}]  # type: ignore[arg-type]  # never widened
 
 
+class _Lister:
+    """A session whose tools/list answer is ``names`` (one page)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = list(names)
+
+    async def list_tools(self, params: Any = None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name=n, inputSchema={"type": "object"}) for n in self.names])
+
+
+async def test_a_tool_a_server_adds_under_a_name_another_server_offers_is_left_out_not_every_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two servers without prefixes, attached to one engine: when one of them added a tool named as
+    # one of the other's, the engine refused the whole new list (duplicate names), logged a traceback
+    # before every model request, and went on offering a tool the server had removed.
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel
+
+    first, second = MCPServer(_no_connect, label="first"), MCPServer(_no_connect, label="second")
+    lists = {first: _Lister("read"), second: _Lister("write")}
+    for srv, fake in lists.items():
+        _serve(srv, fake)
+    engine = QueryEngine(ScriptedModel(["ok"]), tools=[*await first.list_tools(), *await second.list_tools()])
+    first.attach(engine)
+    second.attach(engine)
+    lists[first].names = ["write", "extra"]  # "read" removed; "write" is the second server's name
+    await first.list_tools()
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            engine._refresh_tools()
+    assert sorted(engine.tools) == ["extra", "write"]
+    assert engine.tools["write"].handler.server is second  # type: ignore[attr-defined]
+    assert [r for r in caplog.records if r.exc_info] == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "first" in warnings[0] and "'write'" in warnings[0], warnings
+    await first.aclose()
+    await second.aclose()
+
+
+def _no_connect() -> Any:
+    raise AssertionError("the test's fake session stands for the connection")
+
+
 async def test_a_tool_removed_while_its_call_runs_still_answers_and_is_offered_no_more(
     markers: Path,
 ) -> None:
