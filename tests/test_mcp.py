@@ -806,6 +806,35 @@ async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_star
     assert fake.initialized == 2 and fake.not_found == 1
 
 
+async def test_an_http_status_refusing_a_request_is_named_in_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 401 (a wrong or expired token), 403 or 500 all said only "Server returned an error response":
+    # nothing told a user that the credentials were refused.
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    refuse: dict[str, int] = {"initialize": 401}
+
+    async def handle(request: Any) -> Any:
+        if request.method == "POST" and (status := refuse.get(json.loads(request.content).get("method", ""))):
+            return httpx2.Response(status, text="no")
+        return await fake.handle(request)
+
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(handle)))
+    srv = MCPServer.http("http://mcp.invalid/mcp?token=sekrit", connect_timeout=10)
+    async with asyncio.timeout(10):
+        with pytest.raises(MCPError, match="HTTP 401 Unauthorized") as refused:
+            await srv.list_tools()
+        assert "sekrit" not in str(refused.value)
+        refuse = {"tools/call": 500}
+        with pytest.raises(MCPError, match="HTTP 500 Internal Server Error"):
+            await srv.call_tool("where", {})
+        refuse = {}
+        assert result_to_block("t", await srv.call_tool("where", {})).text == "session s1"  # the session is kept
+    await srv.aclose()
+
+
 @settings(max_examples=50, deadline=None)
 @given(names=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=12))
 def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: list[str]) -> None:
