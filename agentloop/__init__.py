@@ -42,6 +42,7 @@ try:
         TurnEnded,
         TurnStarted,
     )
+    from ._eventjson import event_json
     from ._inbox import Texts
     from ._messages import (
         Block,
@@ -137,6 +138,7 @@ __all__ = [
     "TurnStarted",
     "Usage",
     "delegate_tool",
+    "event_json",
     "repair_transcript",
     "run_process",
     "tool",
