@@ -22,6 +22,7 @@ try:
         ToolInputError,
         TranscriptError,
     )
+    from ._eventjson import event_json
     from ._events import (
         AssistantMessage,
         AttemptDiscarded,
@@ -42,7 +43,6 @@ try:
         TurnEnded,
         TurnStarted,
     )
-    from ._eventjson import event_json
     from ._inbox import Texts
     from ._messages import (
         Block,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import inspect
+import json
 from typing import Any, get_args
 
 import pytest
@@ -102,7 +102,13 @@ def _strict_loads(line: str) -> Any:
 
 async def test_event_json_gives_every_event_of_a_run_as_one_line_of_strict_json() -> None:
     from agentloop import (
-        ModelError, QueryEngine, ScriptedModel, ScriptedResponse, ScriptedToolCall, event_json, tool,
+        ModelError,
+        QueryEngine,
+        ScriptedModel,
+        ScriptedResponse,
+        ScriptedToolCall,
+        event_json,
+        tool,
     )
 
     @tool
