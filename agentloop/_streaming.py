@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
 from ._accumulate import Accumulator
-from ._commit import abort_terminal, commit_response, paused, settle_partial
+from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -195,7 +195,11 @@ class ModelPhase:
             if message is None:
                 return []
             st.paused = acc.stop_reason == "pause_turn"
-            message, calls = commit_response(engine, paused(message) if st.paused else message)
+            if st.paused:
+                message = paused(message)
+            elif acc.stop_reason == "refusal":
+                message = refused(message)
+            message, calls = commit_response(engine, message)
             st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
