@@ -34,7 +34,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy
-from ._recording import holds_records
+from ._recording import holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -174,7 +174,9 @@ class QueryEngine:
         self._fresh_run: tuple[object, str | None] | None = None
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
-        self._checkpoint_due = False  # the session holds another transcript's records already
+        # The session holds another transcript's records already, or none of the messages given
+        # (a conversation forked into a new file): the first run writes the transcript whole.
+        self._checkpoint_due = bool(given) and holds_no_records(session)
         if session is not None and parent is None and not given and holds_records(session):
             # A file of an earlier conversation, none of which this engine was given (a task run
             # again with the session of its last attempt): the file is to replay to this engine's
@@ -369,7 +371,7 @@ class QueryEngine:
         # An agent_id used before (earlier in this run, or in the run a session was resumed from)
         # has a sidechain holding that child's conversation: this child's first record is a
         # checkpoint, so the file replays to this child's transcript, not to both joined.
-        child._checkpoint_due = holds_records(child.session)
+        child._checkpoint_due = child._checkpoint_due or holds_records(child.session)
         child._own_sidechain = "session" not in overrides and child.session is not None
         return child
 

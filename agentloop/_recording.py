@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
     from .sessions import SessionStore
 
-__all__ = ["catch_up_session", "claim_store", "holds_records", "release_sidechain", "release_store"]
+__all__ = [
+    "catch_up_session",
+    "claim_store",
+    "holds_no_records",
+    "holds_records",
+    "release_sidechain",
+    "release_store",
+]
 
 # The running engine writing to each session store (by `_store_key`): a store holds one
 # transcript, and two engines appending to it at once would interleave their records. Weak:
@@ -50,14 +57,27 @@ def _store_key(store: SessionStore) -> object:
 
 def holds_records(store: SessionStore | None) -> bool:
     """True when ``store`` is a `JsonlSession` whose file holds records already."""
+    return _file_size(store) not in (None, 0)
+
+
+def holds_no_records(store: SessionStore | None) -> bool:
+    """True when ``store`` is a `JsonlSession` whose file is empty or not made yet."""
+    return _file_size(store) == 0
+
+
+def _file_size(store: SessionStore | None) -> int | None:
+    """The size of a `JsonlSession`'s file (0 when there is none yet); None for another store,
+    or a file that cannot be read."""
     from .sessions import JsonlSession
 
     if not isinstance(store, JsonlSession):
-        return False
+        return None
     try:
-        return store.path.stat().st_size > 0
+        return store.path.stat().st_size
+    except FileNotFoundError:
+        return 0
     except OSError:
-        return False
+        return None
 
 
 def claim_store(engine: QueryEngine) -> None:

@@ -508,6 +508,38 @@ async def test_a_new_engine_given_none_of_a_files_conversation_starts_it_afresh_
     assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
 
 
+async def test_a_conversation_forked_into_a_new_file_replays_from_that_file(tmp_path: Path) -> None:
+    """Forking a saved conversation (its messages loaded, a new session file, `messages=`) left
+    the new file without them: the given messages were taken to be in the session already, so
+    the fork's file replayed to its own new messages only, and a resume of the fork lost the
+    conversation it branched from. A file that holds no records gets them as a checkpoint first."""
+    source = tmp_path / "main.jsonl"
+    with JsonlSession(source) as session:
+        engine = QueryEngine(ScriptedModel(["first answer"]), session=session, policies=[])
+        async for _ in engine.run("first question"):
+            pass
+    loaded = JsonlSession(source).load()
+    for fork in (tmp_path / "fork.jsonl", tmp_path / "empty.jsonl"):
+        if fork.name == "empty.jsonl":
+            fork.touch()  # made empty beforehand: it holds no records either
+        with JsonlSession(fork) as session:
+            branch = QueryEngine(ScriptedModel(["fork answer"]), session=session, messages=loaded.messages, policies=[])
+            async for _ in branch.run("fork question"):
+                pass
+        assert [m.text for m in branch.messages] == ["first question", "first answer", "fork question", "fork answer"]
+        replayed = JsonlSession(fork).load()
+        assert replayed.messages == branch.messages and replayed.repairs == [] and branch.session_errors == []
+    assert JsonlSession(source).load().messages == loaded.messages  # the source is untouched
+
+    # A subagent given messages over its fresh sidechain is forked the same way.
+    with JsonlSession(tmp_path / "parent.jsonl") as session:
+        parent = QueryEngine(ScriptedModel(["child answer"]), session=session, policies=[])
+        child = parent.subagent(agent_id="helper", messages=loaded.messages)
+        async for _ in child.run("child question"):
+            pass
+    assert JsonlSession(tmp_path / "subagents" / "helper.jsonl").load().messages == child.messages
+
+
 async def test_a_resumed_session_never_hands_out_a_receipt_its_file_holds(tmp_path: Path) -> None:
     """Receipt ids were numbered from 1 by each engine: a session resumed by a new engine (the
     next process, a server's next request) handed out "int-1" again, and the file then held two
