@@ -982,6 +982,124 @@ async def test_a_server_that_says_its_tools_changed_at_every_listing_is_not_list
     assert any("keeps saying" in r.getMessage() for r in caplog.records), caplog.text
 
 
+async def test_a_server_that_hands_out_a_new_cursor_for_ever_is_stopped_at_the_page_bound() -> None:
+    # Without connect_timeout, a server whose every tools/list page names a new cursor was paged
+    # without end (only a repeated cursor was caught).
+    from agentloop.mcp._server import _MAX_PAGES
+
+    class Endless:
+        calls = 0
+
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            self.calls += 1
+            if self.calls > 20 * _MAX_PAGES:  # the test fails rather than hangs
+                raise AssertionError("the client never stopped paging")
+            tool = types.Tool(name=f"t{self.calls}", inputSchema={"type": "object"})
+            return types.ListToolsResult(tools=[tool], nextCursor=f"page-{self.calls + 1}")
+
+    endless = Endless()
+    srv = MCPServer(contextlib.nullcontext, label="endless", connect_timeout=None)  # type: ignore[arg-type]
+    _serve(srv, endless)
+    with pytest.raises(MCPError, match=rf"MCP server endless .*{_MAX_PAGES:,} pages") as info:
+        await srv.list_tools()
+    assert info.value.error.code == types.INTERNAL_ERROR
+    assert endless.calls == _MAX_PAGES
+    assert _MAX_PAGES >= 100  # generous enough for real servers
+
+    class Paged:  # a server with many pages, under the bound, is listed in full
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            page = int(params.cursor) if params is not None and params.cursor else 1
+            tool = types.Tool(name=f"t{page}", inputSchema={"type": "object"})
+            return types.ListToolsResult(tools=[tool], nextCursor=str(page + 1) if page < _MAX_PAGES else None)
+
+    paged = MCPServer(contextlib.nullcontext, label="paged", connect_timeout=None)  # type: ignore[arg-type]
+    _serve(paged, Paged())
+    assert len(await paged.list_tools()) == _MAX_PAGES
+    await srv.aclose()
+    await paged.aclose()
+
+
+async def test_a_result_that_arrived_is_kept_when_the_run_is_aborted_while_it_waits_for_a_relisting() -> None:
+    # The result came, then waited for the listing the server's list_changed caused; an abort then
+    # gave AbortError and dropped the result, though a result that arrives before the abort is kept.
+    answered = asyncio.Event()
+    listing = asyncio.Event()
+    srv: MCPServer
+
+    class Changing:
+        listings = 0
+
+        async def list_tools(self, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
+            self.listings += 1
+            if self.listings > 1:
+                listing.set()
+                await asyncio.Event().wait()  # the relisting is slow: until cancelled
+            return types.ListToolsResult(tools=[types.Tool(name="old", inputSchema={"type": "object"})])
+
+        async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+            srv._on_message(types.ToolListChangedNotification())  # the server's news comes first
+            await listing.wait()
+            answered.set()  # the client holds the result from here on
+            return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
+
+    srv = MCPServer(contextlib.nullcontext, label="changing")  # type: ignore[arg-type]
+    _serve(srv, Changing())
+    tools = await srv.list_tools()
+    controller = AbortController()
+    try:
+        async with asyncio.timeout(10):
+            call = asyncio.create_task(_run(tools[0], {}, controller.signal))
+            await answered.wait()
+            assert not call.done()  # waiting for the new list
+            controller.abort("cancel")
+            block = await call
+        assert block.text == "done" and not block.is_error
+        assert srv._relisting is not None and not srv._relisting.done()  # the listing goes on, for the next request
+    finally:
+        await srv.aclose()
+    assert srv._relisting is None
+
+
+async def test_a_404_on_the_background_get_stream_does_not_make_an_unrelated_failure_reconnect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The SDK opens a GET stream for server messages, with the session id; a server (or a proxy in
+    # front of it) that answers it 404 set the "session forgotten" flag, so the next call failing for
+    # another reason (an HTTP 500 here) threw the live session away and started a new one.
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    gets: list[str | None] = []
+    fail_calls = False
+
+    async def handle(request: Any) -> Any:
+        if request.method == "GET":
+            gets.append(request.headers.get("mcp-session-id"))
+            return httpx2.Response(404, text="no GET stream here")
+        if fail_calls and request.method == "POST" and json.loads(request.content).get("method") == "tools/call":
+            return httpx2.Response(500, text="oops")
+        return await fake.handle(request)
+
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(handle)))
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        async with asyncio.timeout(10):
+            await _until(lambda: gets, "the GET stream to be tried")
+            assert gets[0] == "s1"  # it carries the session id
+            fail_calls = True
+            with pytest.raises(MCPError, match="HTTP 500"):
+                await srv.call_tool("where", {})
+            fail_calls = False
+            again = await srv.call_tool("where", {})
+            assert result_to_block("t", again).text == "session s1"  # the session is kept
+            fake.sessions.clear()  # a POST of the session answered 404 still means it is gone
+            with pytest.raises(MCPError):
+                await srv.call_tool("where", {})
+            assert result_to_block("t", await srv.call_tool("where", {})).text == "session s2"
+    assert fake.initialized == 2
+
+
 # -- the stdio wire ------------------------------------------------------------------
 
 

@@ -84,14 +84,18 @@ def http_connect(
     on_forgotten: Callable[[], None],
 ) -> Connect:
     """What opens a streamable HTTP connection to ``target`` (see `MCPServer.http`); calls
-    ``on_forgotten`` when the server answers 404 to a request of the current session."""
+    ``on_forgotten`` when the server answers 404 to a message posted in the current session."""
 
     @contextlib.asynccontextmanager
     async def connect() -> AsyncIterator[Streams]:
         statuses: dict[Any, str] = {}
 
         async def on_response(response: httpx2.Response) -> None:
-            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+            request = response.request
+            if response.status_code == 404 and request.method == "POST" and _SESSION_HEADER in request.headers:
+                # Only a message posted in the session says so: the SDK's background GET stream
+                # (which a server need not offer) and the DELETE that ends a session carry the
+                # session id too, and their 404 would reconnect a session the calls still use.
                 on_forgotten()
             if response.status_code >= 400 and response.request.method == "POST":
                 request_id = _request_id(response.request)

@@ -35,6 +35,11 @@ log = logging.getLogger("agentloop")
 #: listing again each time would never end, and a call's result waits for the listing.
 _RELISTS = 3
 
+#: The most tools/list pages one listing reads. A server that hands out a new cursor with every
+#: page would otherwise be paged for ever (bounded only by ``connect_timeout``, which may be None);
+#: real servers use a handful of pages, rarely more than a few dozen.
+_MAX_PAGES = 1000
+
 
 class _EngineLike(Protocol):
     def on_abort(self, fn: Callable[[str], Awaitable[None] | None], *, main_only: bool = False) -> None: ...
@@ -297,8 +302,9 @@ class MCPServer:
     async def list_tools(self) -> list[Tool]:
         """The server's tools as agentloop `Tool`s (all pages).
 
-        Raises `MCPError` when the server hands out a cursor it gave before (its pages would
-        never end), or for a protocol error (the connection lost: the next call reconnects);
+        Raises `MCPError` when the server hands out a cursor it gave before, or a cursor still
+        after 1,000 pages (its pages would never end), or for a protocol error (the connection
+        lost: the next call reconnects);
         `TimeoutError` when the server has not answered every page within ``connect_timeout``
         (the requests are cancelled; the connection is kept, connecting is bounded apart).
         """
@@ -325,11 +331,11 @@ class MCPServer:
         return tools
 
     async def _pages(self, session: ClientSession, conn: Connection) -> list[types.Tool]:
-        """Every page of the server's tools/list answer."""
+        """Every page of the server's tools/list answer (at most `_MAX_PAGES`)."""
         specs: list[types.Tool] = []
         cursor: str | None = None
         seen: set[str] = set()
-        while True:
+        for _ in range(_MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             try:
                 page = await session.list_tools(params=params)
@@ -346,6 +352,11 @@ class MCPServer:
                     f"MCP server {self.label} repeated the tools/list cursor {cursor[:40]!r}: its pages never end",
                 )
             seen.add(cursor)
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"MCP server {self.label} still handed out a tools/list cursor after {_MAX_PAGES:,} pages "
+            "(the most read): its pages never end",
+        )
 
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
@@ -462,23 +473,39 @@ class MCPServer:
         self, name: str, arguments: Mapping[str, Any], signal: AbortSignal | None
     ) -> types.CallToolResult:
         if signal is None:
-            return await self._request(name, arguments)
-        signal.throw_if_aborted()
-        call = asyncio.create_task(self._request(name, arguments))
-        aborted = asyncio.create_task(signal.wait())
-        try:
-            await asyncio.wait((call, aborted), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            aborted.cancel()
-            if not call.done():
-                call.cancel()  # the SDK writes notifications/cancelled on the way out
-                await asyncio.wait((call,))
-        if call.cancelled() or (signal.aborted and call.exception() is not None):
-            # An error after the abort (the main abort hook reset the connection) is the abort.
-            reason = signal.reason or "cancel"
-            log.info("MCP call %s on %s aborted: %s", name, self.label, reason)
-            raise AbortError(reason)
-        return call.result()
+            result = await self._request(name, arguments)
+        else:
+            signal.throw_if_aborted()
+            call = asyncio.create_task(self._request(name, arguments))
+            aborted = asyncio.create_task(signal.wait())
+            try:
+                await asyncio.wait((call, aborted), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                aborted.cancel()
+                if not call.done():
+                    call.cancel()  # the SDK writes notifications/cancelled on the way out
+                    await asyncio.wait((call,))
+            if call.cancelled() or (signal.aborted and call.exception() is not None):
+                # An error after the abort (the main abort hook reset the connection) is the abort.
+                reason = signal.reason or "cancel"
+                log.info("MCP call %s on %s aborted: %s", name, self.label, reason)
+                raise AbortError(reason)
+            result = call.result()
+        relisting = self._relisting
+        if relisting is not None and not relisting.done():
+            # The call changed the tool list (its notification came before its answer), or it was
+            # the first on a new connection: the model's next request must see the new list, so
+            # the result waits for it. An abort ends the wait, not the result, which has arrived:
+            # the listing goes on for the next request.
+            waits: list[asyncio.Future[Any]] = [relisting]
+            if signal is not None:
+                waits.append(asyncio.ensure_future(signal.wait()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits[1:]:
+                    waiter.cancel()
+        return result
 
     async def _request(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
         conn, session = await self._open()
@@ -495,11 +522,6 @@ class MCPServer:
             if exc.code == types.CONNECTION_CLOSED and conn.why():
                 raise conn.closed() from exc  # the server's stderr stays in the log: this goes to the model
             raise
-        relisting = self._relisting
-        if relisting is not None and not relisting.done():
-            # The call changed the tool list (its notification came before its answer): the
-            # model's next request must see the new list, so the result waits for it.
-            await asyncio.wait((relisting,))
         return result
 
     async def _lost(self, exc: MCPError, conn: Connection) -> None:
