@@ -22,6 +22,7 @@ try:
         ToolInputError,
         TranscriptError,
     )
+    from ._eventjson import event_json
     from ._events import (
         AssistantMessage,
         AttemptDiscarded,
@@ -137,6 +138,7 @@ __all__ = [
     "TurnStarted",
     "Usage",
     "delegate_tool",
+    "event_json",
     "repair_transcript",
     "run_process",
     "tool",

@@ -37,6 +37,14 @@ def paused(message: Message) -> Message:
     return message.model_copy(update={"meta": {**message.meta, "stop_reason": "pause_turn"}})
 
 
+def refused(message: Message) -> Message:
+    """``message``, a response a refusal stopped (stop reason ``"refusal"``: Anthropic's streaming
+    classifiers, a content filter), marked so in its ``meta`` (``"stop_reason": "refusal"``):
+    kept with it, and in a session file, the mark lets a provider leave the refused turn out of
+    later requests (Anthropic asks for that)."""
+    return message.model_copy(update={"meta": {**message.meta, "stop_reason": "refusal"}})
+
+
 def is_paused(message: Message) -> bool:
     """Whether ``message`` is a response the server paused, which a request of the transcript as
     it is lets go on (see `paused`)."""

@@ -185,50 +185,55 @@ class RepetitionDetector:
         While no run is live, a delta is only queued until the next checkpoint:
         the text is looked at then.
         """
-        n = self._n = self._n + len(delta)
+        n = self._n + len(delta)
+        self._n = n
         cp = self._next_cp
         if n < cp and not self.live:
             self._pending += delta
             return ()
-        chunk = self._pending + delta
-        self._pending = ""
+        if self._pending:
+            delta = self._pending + delta
+            self._pending = ""
         buf = self._buf
         self._buf = ""  # drop the second reference so += can grow buf in place
-        buf += chunk
+        buf += delta
         self._buf = buf
-        if "`" in chunk:
+        if "`" in delta:
             self._scan_fences(buf, n)
-        if self.live or n < cp:
+        if self.live:  # else a checkpoint is due (see the queueing above)
             return self._check(buf, n)
         # The common case, inline: a checkpoint reached and no live run. One search
         # per chunk, at its last checkpoint, reaching as far back as the
         # farthest-reaching checkpoint the chunk spans: a periodic tail is found from
         # any anchor inside it, so the skipped checkpoints would add nothing but cost.
-        step, k, near = self._step, self._k, self._near
+        step = self._step
         last = n - n % step  # checkpoints sit at multiples of step
         self._next_cp = last + step
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
-        if reach <= near or e <= self._split_from:
-            j = buf.rfind(buf[e - k : e], e - k - reach if e > k + reach else 0, e - 1)
+        k = self._k
+        a = e - k  # the anchor is buf[a:e]
+        if reach <= self._near or e <= self._split_from:
+            j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
             if j >= 0:
                 self._done = last
                 self._candidates(buf, last, j, k, reach)
                 if self.live:
                     return self._check(buf, n)
         else:  # the near distances with the anchor, then the far ones with the far needle
-            j = buf.rfind(buf[e - k : e], e - k - near, e - 1)
+            near = self._near
+            j = buf.rfind(buf[a:e], a - near, e - 1)
             if j >= 0:
                 self._done = last
                 self._far(buf, last, self._candidates(buf, last, j, k, near), reach)
                 if self.live:
                     return self._check(buf, n)
             else:
-                m = self._far_needle
-                j = buf.rfind(buf[e - m : e], e - m - reach if e > m + reach else 0, e - near - 1)
+                f = e - self._far_needle  # the far needle is buf[f:e]
+                j = buf.rfind(buf[f:e], f - reach if f > reach else 0, e - near - 1)
                 if j >= 0:
                     self._done = last
-                    self._candidates(buf, last, j, m, reach)
+                    self._candidates(buf, last, j, self._far_needle, reach)
                     if self.live:
                         return self._check(buf, n)
         self._done = n

@@ -34,7 +34,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy
-from ._recording import holds_records
+from ._recording import holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -169,9 +169,26 @@ class QueryEngine:
         self._start_pending = False
         self._abort_at_start: str | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
+        # The last run() made (its token), until its first step begins it, and the reason an
+        # interrupt() gave meanwhile (a run handed to a task that has not started yet): it begins aborted.
+        self._fresh_run: tuple[object, str | None] | None = None
         # The background children (start_background) a "abort" setting stops on this engine's aborts.
         self._background_children: weakref.WeakSet[QueryEngine] | None = None
-        self._checkpoint_due = False  # the session holds another transcript's records already
+        # The session holds another transcript's records already, or none of the messages given
+        # (a conversation forked into a new file): the first run writes the transcript whole.
+        self._checkpoint_due = bool(given) and holds_no_records(session)
+        if session is not None and parent is None and not given and holds_records(session):
+            # A file of an earlier conversation, none of which this engine was given (a task run
+            # again with the session of its last attempt): the file is to replay to this engine's
+            # transcript, not to both joined.
+            self._checkpoint_due = True
+            log.warning(
+                "session file %s holds a conversation already, and this engine was given none of it: "
+                "its first run writes a checkpoint, so the file replays to this engine's transcript. "
+                "To continue the file's conversation instead, `session, loaded = JsonlSession.resume(path)` "
+                "and pass `messages=loaded.messages`",
+                session.path,  # type: ignore[attr-defined]  # a JsonlSession (holds_records)
+            )
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs
 
@@ -213,6 +230,7 @@ class QueryEngine:
         from ._loop import drive
 
         token = object()
+        self._fresh_run = (token, None)
         return RunHandle(self, drive(self, prompt, token), token)
 
     # -- control (sync, thread-safe) --------------------------------------------
@@ -239,6 +257,14 @@ class QueryEngine:
                     state.stop_next = reason
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
                         state.controller.abort(reason)
+            elif waiting is None and (fresh := self._fresh_run) is not None:
+                # A run() made but not begun (handed to a task that has had no step yet) is the
+                # current run: it begins aborted. Begun meanwhile in another thread, it is here.
+                if fresh[1] is None:
+                    self._fresh_run = (fresh[0], reason)
+                state = self._state
+                if state is not None:
+                    state.controller.abort(reason)
         except Exception:  # a control call must never raise into its caller
             log.exception("interrupt() failed")
 
@@ -345,7 +371,7 @@ class QueryEngine:
         # An agent_id used before (earlier in this run, or in the run a session was resumed from)
         # has a sidechain holding that child's conversation: this child's first record is a
         # checkpoint, so the file replays to this child's transcript, not to both joined.
-        child._checkpoint_due = holds_records(child.session)
+        child._checkpoint_due = child._checkpoint_due or holds_records(child.session)
         child._own_sidechain = "session" not in overrides and child.session is not None
         return child
 

@@ -286,25 +286,39 @@ class CallRunner:
         except AbortError as exc:
             if self.signal.aborted:  # the run's abort: the call never started
                 raise
-            return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
+            return self._check_failed(use, exc)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # GeneratorExit or a framework's own: the callback's failure too
-            return error_result(use.id, f"The permission check failed ({describe(exc)}); the tool was not run.")
+            return self._check_failed(use, exc)
         finally:
             lock.release()
         if isinstance(decision, Deny):
             why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
-            return error_result(use.id, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
+            return self._wrong_answer(use, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
         if decision.updated_input is not None and not isinstance(decision.updated_input, dict):
-            return error_result(
-                use.id,
+            return self._wrong_answer(
+                use,
                 f"The permission callback returned Allow(updated_input=...) with a "
                 f"{type(decision.updated_input).__name__}, not a dict of the tool's arguments; the tool was not run.",
             )
         return decision
+
+    def _wrong_answer(self, use: ToolUseBlock, text: str) -> ToolResultBlock:
+        """The result of a permission callback's answer that is not one (the host's bug): the
+        model is told, and so is the host, on the log (the call's input is not logged)."""
+        log.warning("tool call %s (%r): %s", use.id, use.name, text)
+        return error_result(use.id, text)
+
+    def _check_failed(self, use: ToolUseBlock, exc: BaseException) -> ToolResultBlock:
+        """The result of a permission callback that raised; logged with its traceback, as the
+        host's own code failed (a prompt with a timeout of its own gave up: no traceback)."""
+        what = describe(exc)
+        trace = None if isinstance(exc, AbortError) else exc
+        log.error("permission callback failed for tool call %s (%r): %s; the call was not run", use.id, use.name, what, exc_info=trace)
+        return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
 
 
 def _prompt_lock(engine: QueryEngine, permission: PermissionCallback) -> asyncio.Lock:

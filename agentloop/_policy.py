@@ -23,7 +23,7 @@ import reprlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
@@ -117,6 +117,12 @@ def _text(value: object, what: str) -> str:
 Verdict = Warn | Resample | Nudge | EndTurn
 
 
+class Hold(Protocol):
+    """The engine's side of a tapped watcher (see `Policy._tap`): the count of deltas it holds back."""
+
+    skip: int
+
+
 class Policy:
     """Base class: override the hooks you need; each returns None to do nothing.
 
@@ -126,8 +132,6 @@ class Policy:
     """
 
     one_engine: ClassVar[bool] = False
-    #: See `_tap`: how many of the next deltas a tapped watcher leaves to the accumulator.
-    _skips = 0
 
     @property
     def name(self) -> str:
@@ -153,12 +157,13 @@ class Policy:
         """One stream event. Only Warn and Resample are acted on here."""
         return None
 
-    def _tap(self, blocks: Mapping[int, _Part]) -> Callable[[StreamEvent], Verdict | None] | None:
+    def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
         """Not a hook for hosts (this default declines): the engine offers the only stream
         watcher the attempt's blocks (`Accumulator.blocks`) after `begin_attempt`. A watcher
         that returns a callable reads text, thinking and tool-input deltas there: the engine
-        then calls it in place of `on_stream` for one in ``_skips + 1`` of those deltas only
-        (reading ``_skips`` after each call), and for every other event."""
+        then calls it in place of `on_stream` for every event but the deltas it holds back.
+        ``hold.skip`` (0 at first) is how many of the next deltas it holds back, counting down;
+        the watcher sets it itself, whenever it is called (no call of the engine's per hand-over)."""
         return None
 
     def on_response(self, message: Message) -> Verdict | None:

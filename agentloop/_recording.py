@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
     from .sessions import SessionStore
 
-__all__ = ["catch_up_session", "claim_store", "holds_records", "release_sidechain", "release_store"]
+__all__ = [
+    "catch_up_session",
+    "claim_store",
+    "holds_no_records",
+    "holds_records",
+    "release_sidechain",
+    "release_store",
+]
 
 # The running engine writing to each session store (by `_store_key`): a store holds one
 # transcript, and two engines appending to it at once would interleave their records. Weak:
@@ -50,14 +57,27 @@ def _store_key(store: SessionStore) -> object:
 
 def holds_records(store: SessionStore | None) -> bool:
     """True when ``store`` is a `JsonlSession` whose file holds records already."""
+    return _file_size(store) not in (None, 0)
+
+
+def holds_no_records(store: SessionStore | None) -> bool:
+    """True when ``store`` is a `JsonlSession` whose file is empty or not made yet."""
+    return _file_size(store) == 0
+
+
+def _file_size(store: SessionStore | None) -> int | None:
+    """The size of a `JsonlSession`'s file (0 when there is none yet); None for another store,
+    or a file that cannot be read."""
     from .sessions import JsonlSession
 
     if not isinstance(store, JsonlSession):
-        return False
+        return None
     try:
-        return store.path.stat().st_size > 0
+        return store.path.stat().st_size
+    except FileNotFoundError:
+        return 0
     except OSError:
-        return False
+        return None
 
 
 def claim_store(engine: QueryEngine) -> None:
@@ -72,10 +92,14 @@ def claim_store(engine: QueryEngine) -> None:
         other = _store_writers.get(key)
         if other is not None and other is not engine and _writes_to(other, key):
             who = f" (agent_id={other.agent_id!r})" if other.agent_id else ""
-            raise RuntimeError(
-                f"the session store {store!r} is in use by another running engine{who}: a store records "
-                "one transcript (give each engine its own, a subagent its own agent_id)"
-            )
+            if other.session is store:
+                fix = "a store records one transcript (give each engine its own, a subagent its own agent_id)"
+            else:  # another session object on the same file: the file is what they share
+                fix = (
+                    "its file records one transcript, whichever session object writes it (give each "
+                    "engine a file of its own: two JsonlSession objects on one file are one store)"
+                )
+            raise RuntimeError(f"the session store {store!r} is in use by another running engine{who}: {fix}")
         _store_writers[key] = engine
         engine._store_claimed = key
     acquire = getattr(store, "acquire", None)

@@ -3,9 +3,9 @@
 Deterministic and idempotent, and the identity on a valid transcript (same objects, same
 order), so a repaired history keeps its provider prompt-cache prefix. Three passes: each
 message's blocks are cleaned (what may never be sent is dropped, lone surrogates scrubbed,
-repeated call ids renamed), then results are paired with their calls (moved next to them,
-synthesized, or turned into text when they answer nothing), then the final assistant
-message's trailing whitespace is stripped.
+repeated call ids renamed), then results are paired with their calls by the id the calls had
+(given a renamed call's new id, moved next to them, synthesized, or turned into text when they
+answer nothing), then the final assistant message's trailing whitespace is stripped.
 """
 
 from __future__ import annotations
@@ -74,20 +74,19 @@ def repair(messages: Sequence[Message], *, changes: list[str] | None = None, tex
     (a session file without a ``\\ud`` escape), so R9 is not checked block by block."""
     notes: list[str] = [] if changes is None else changes
     start = len(notes)  # a list given with lines in it already: only this repair's are logged
-    cleaned = _clean_blocks(messages, notes, check_text=not text_checked)
-    paired = _pair_results(cleaned, notes)
+    ids = _Ids(messages)
+    cleaned = _clean_blocks(messages, ids, notes, check_text=not text_checked)
+    paired = _pair_results(cleaned, ids.origin, notes)
     _strip_final(paired, notes)
     for line in notes[start:]:
         log.info("repair_transcript: %s", line)
     return paired
 
 
-def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: bool) -> list[Message]:
+def _clean_blocks(messages: Sequence[Message], ids: _Ids, notes: list[str], *, check_text: bool) -> list[Message]:
     out: list[Message] = []
-    ids = _Ids(messages)
     for i, msg in enumerate(messages):
         kept: list[Block] = []
-        ids.begin(msg)
         for block in msg.content:
             # A result in an assistant message is kept: paired with its call, or turned into text.
             why = droppable(block) or (None if block.type == "tool_result" else misplaced(block, msg.role))
@@ -102,8 +101,6 @@ def _clean_blocks(messages: Sequence[Message], notes: list[str], *, check_text: 
                 if renamed is not block:
                     notes.append(f"messages[{i}]: gave tool_use {block.id!r} ({block.name}) the unused id {renamed.id!r}")
                 block = renamed
-            elif isinstance(block, ToolResultBlock):
-                block = ids.result(block)
             kept.append(block)
         if not kept:
             notes.append(f"messages[{i}]: dropped empty {msg.role} message")
@@ -124,56 +121,30 @@ def unused_id(old: str, taken: AbstractSet[str]) -> str:
 
 class _Ids:
     """Tool-call ids while repairing: a call whose id is empty or already used gets an unused
-    one, and the results that answer it follow, wherever `_pair_results` would take them from:
-    later in the call's own message, in the assistant messages after it and in the user messages
-    after those (the first results with that id answer the calls that kept it, the next ones the
-    renamed calls, in order)."""
+    one. The results that answer it keep the id it had: `_pair_results` gives them the new one
+    as it pairs them (see `_gather`)."""
 
     def __init__(self, messages: Sequence[Message]) -> None:
         # As `use` sees them: scrubbed of lone surrogates, so that a fresh id never equals one
-        # that only becomes a call's id once scrubbed ('\ud800_1' is '\ufffd_1').
+        # that only becomes a call's id once scrubbed ('\ud800_1' is '\ufffd_1'). Nor does it
+        # equal any result's, so a result's id is always one a call had in ``messages``.
         self.taken = {scrub(b.id) for m in messages for b in m.content if isinstance(b, ToolUseBlock)}
         self.taken |= {scrub(b.tool_use_id) for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
         self.used: set[str] = set()
-        # The exchange of the latest assistant message with calls: its calls that kept their
-        # id and its renamed ones (by old id), and the results read since, by id.
-        self.kept: dict[str, int] = {}
-        self.renamed: dict[str, list[str]] = {}
-        self.seen: dict[str, int] = {}
-        self.role = "user"
-
-    def begin(self, msg: Message) -> None:
-        """Start reading ``msg``: an assistant message with calls starts an exchange, and one
-        after a user message ends the one before."""
-        if msg.role == "assistant" and (self.role == "user" or any(b.type == "tool_use" for b in msg.content)):
-            self.kept, self.renamed, self.seen = {}, {}, {}
-        self.role = msg.role
+        self.origin: dict[str, str] = {}  # a renamed call's new id: the id it had
 
     def use(self, block: ToolUseBlock) -> ToolUseBlock:
         if block.id and block.id not in self.used:
             self.used.add(block.id)
-            self.kept[block.id] = self.kept.get(block.id, 0) + 1
             return block
         fresh = unused_id(block.id, self.taken)
         self.taken.add(fresh)
         self.used.add(fresh)
-        self.renamed.setdefault(block.id, []).append(fresh)
+        self.origin[fresh] = block.id
         return block.model_copy(update={"id": fresh})
 
-    def result(self, block: ToolResultBlock) -> ToolResultBlock:
-        tid = block.tool_use_id
-        renamed = self.renamed.get(tid)
-        if renamed is None:
-            return block
-        nth = self.seen.get(tid, 0)
-        self.seen[tid] = nth + 1
-        k = nth - self.kept.get(tid, 0)
-        if 0 <= k < len(renamed):
-            return block.model_copy(update={"tool_use_id": renamed[k]})
-        return block
 
-
-def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
+def _pair_results(messages: list[Message], origin: dict[str, str], notes: list[str]) -> list[Message]:
     out: list[Message] = []
     owed: list[ToolUseBlock] = []
     moved: dict[str, ToolResultBlock] = {}
@@ -194,7 +165,7 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
         if msg.role == "assistant":
             owed = msg.tool_uses
             if owed:
-                moved = _gather(pending, i, owed, notes)
+                moved = _gather(pending, i, owed, origin, notes)
                 msg = pending[i] or msg  # without the results it held for its own calls
         if any(isinstance(block, ToolResultBlock) for block in msg.content):
             msg = _rebuild(msg, [], _orphan_blocks(msg.content, notes))
@@ -205,40 +176,53 @@ def _pair_results(messages: list[Message], notes: list[str]) -> list[Message]:
     return out
 
 
-def _gather(pending: list[Message | None], at: int, owed: list[ToolUseBlock], notes: list[str]) -> dict[str, ToolResultBlock]:
-    """Take out of other messages the results for ``owed`` that belong with their calls: those a
-    provider would still pair, because it merges consecutive messages of one role (in the
-    assistant messages right after ``pending[at]`` and in the user messages after those: a
-    history that holds one message per result, as OpenAI Chat does), and those misplaced in
-    ``pending[at]`` itself. The very next message, when it is the user's, is left to `_answer`;
-    a message left empty becomes None."""
-    wanted = {u.id for u in owed}
+def _gather(
+    pending: list[Message | None], at: int, owed: list[ToolUseBlock], origin: dict[str, str], notes: list[str]
+) -> dict[str, ToolResultBlock]:
+    """Pair the calls ``owed`` of ``pending[at]`` with their results, and take those that are
+    elsewhere than in the very next message, when it is the user's, out of their messages (a
+    message left empty becomes None): the results, by call id. The very next user message is
+    left to `_answer`, with the results in it that answer a renamed call given its new id.
+
+    The results looked at are those a provider would still pair, because it merges consecutive
+    messages of one role: in the assistant messages right after ``pending[at]`` and in the user
+    messages after those (a history that holds one message per result, as OpenAI Chat does),
+    and, last, those misplaced in ``pending[at]`` itself. A result answers a call that had its
+    id before the repair (a repeated id is renamed, see `_Ids`): the results for one id answer
+    the calls that had it in the order of both, the call that kept the id first."""
+    waiting: dict[str, list[ToolUseBlock]] = {}  # by the id each had: the calls not yet paired
+    for use in owed:
+        waiting.setdefault(origin.get(use.id, use.id), []).append(use)
     nxt = pending[at + 1] if at + 1 < len(pending) else None
-    if nxt is not None and nxt.role == "user":  # the common case: the next message answers them all
-        wanted -= {b.tool_use_id for b in nxt.content if isinstance(b, ToolResultBlock)}
-        if not wanted:
-            return {}
-        wanted = {u.id for u in owed}
-    first_user = _run_end(pending, at + 1, "assistant")
-    end = _run_end(pending, first_user, "user")
-    start = at + 1
-    nxt = pending[start] if start < end else None
-    if nxt is not None and nxt.role == "user":  # the very next message: `_answer` reads it
-        wanted -= {b.tool_use_id for b in nxt.content if isinstance(b, ToolResultBlock)}
-        start += 1
+    answering = at + 1 if nxt is not None and nxt.role == "user" else -1
+    end = _run_end(pending, _run_end(pending, at + 1, "assistant"), "user")
     found: dict[str, ToolResultBlock] = {}
-    for j in (*range(start, end), at):
+    for j in (*range(at + 1, end), at):
         msg = pending[j]
-        if not wanted or msg is None:
+        if not waiting:
+            break
+        if msg is None:
             continue
         kept: list[Block] = []
         for block in msg.content:
-            if isinstance(block, ToolResultBlock) and block.tool_use_id in wanted:
-                wanted.discard(block.tool_use_id)
-                found[block.tool_use_id] = block
-            else:
+            calls = waiting.get(block.tool_use_id) if isinstance(block, ToolResultBlock) else None
+            if not calls:
                 kept.append(block)
-        if len(kept) == len(msg.content):
+                continue
+            assert isinstance(block, ToolResultBlock)
+            use = calls.pop(0)
+            if not calls:
+                del waiting[block.tool_use_id]
+            if use.id != block.tool_use_id:
+                notes.append(
+                    f"gave a tool_result for {block.tool_use_id!r} the id {use.id!r} of the call renamed from it"
+                )
+                block = block.model_copy(update={"tool_use_id": use.id})
+            if j == answering:
+                kept.append(block)
+            else:
+                found[use.id] = block
+        if len(kept) == len(msg.content) and all(a is b for a, b in zip(kept, msg.content, strict=True)):
             continue
         if not kept:
             notes.append(f"dropped a {msg.role} message left empty by moving its tool results")
@@ -262,13 +246,15 @@ def _answer(
 ) -> Message:
     """The user message that answers ``owed``: results first, built from ``msg`` if any.
 
-    A result in ``moved`` (found in a later message, see `_gather`) takes the place of the
-    synthetic one."""
+    A result in ``moved`` (found in another message, see `_gather`) takes the place of the
+    synthetic one. A result in ``msg`` for a call that one in ``moved`` answers (``msg`` was not
+    the message right after the calls: the assistant messages between were left empty) is not
+    the one `_gather` paired, and is kept as text."""
     wanted = {u.id for u in owed}
     results: dict[str, ToolResultBlock] = {}
     rest: list[Block] = []
     for block in msg.content if msg is not None else ():
-        if isinstance(block, ToolResultBlock) and block.tool_use_id in wanted:
+        if isinstance(block, ToolResultBlock) and block.tool_use_id in wanted and block.tool_use_id not in moved:
             if block.tool_use_id in results:
                 notes.append(f"dropped duplicate tool_result for {block.tool_use_id!r}")
             else:

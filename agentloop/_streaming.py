@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
 from ._accumulate import Accumulator
-from ._commit import abort_terminal, commit_response, paused, settle_partial
+from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
 from ._events import (
     AssistantMessage,
@@ -26,14 +26,7 @@ from ._events import (
     Retrying,
 )
 from ._messages import Message
-from ._model import (
-    ModelRequest,
-    StreamEvent,
-    StreamText,
-    StreamThinking,
-    StreamToolInput,
-    StreamToolUseStart,
-)
+from ._model import ModelRequest, StreamEvent
 from ._policy import Policy, Resample, Verdict, Warn, notify
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
@@ -42,9 +35,6 @@ if TYPE_CHECKING:
     from ._engine import QueryEngine
 
 log = logging.getLogger("agentloop")
-
-#: The stream events the loop may hold back from a tapped watcher: those the host sees a delta of.
-_DELTAS = frozenset({StreamText, StreamThinking, StreamToolInput, StreamToolUseStart})
 
 #: The longest ``retry_after`` (seconds) the engine waits; a server asking for more (a
 #: quota that resets in an hour) ends the turn with ``model_error`` instead of a retry.
@@ -83,7 +73,6 @@ class ModelPhase:
         "engine",
         "extra",
         "outcome",
-        "poke",
         "retries",
         "skip",
         "st",
@@ -101,8 +90,7 @@ class ModelPhase:
         self.attempt = 0
         self.extra: tuple[Message, ...] = ()  # the recovery reminder, after a resample
         self.watch, self.credit, self.tap = _stream_watch(engine)
-        self.skip = 0  # deltas the loop holds back from a tapped watcher (see Policy._tap)
-        self.poke: Callable[[StreamEvent], Verdict | None] | None = None
+        self.skip = 0  # deltas the loop holds back from a tapped watcher, which sets it (see Policy._tap)
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
 
     def open(self) -> AsyncIterator[StreamEvent] | None:
@@ -115,9 +103,9 @@ class ModelPhase:
             notify(engine.policies, "begin_attempt")
             tap = self.tap
             if tap is not None:
-                self.poke = tap._tap(self.acc.blocks())
-                self.watch = self._tapped if self.poke is not None else tap.on_stream
-                self.skip = tap._skips if self.poke is not None else 0
+                self.skip = 0
+                poke = tap._tap(self.acc.blocks(), self)
+                self.watch = poke if poke is not None else tap.on_stream
         request = ModelRequest(
             messages=TranscriptView(engine.messages, len(engine.messages), self.extra),
             system=opts.system,
@@ -158,19 +146,6 @@ class ModelPhase:
         cancelled the run's task: it awaited something that was cancelled (a connection's reader
         task, say). A failed request, not a cancel of the host's task."""
         self.failed(ModelError("the model stream raised CancelledError, though the run was not cancelled"))
-
-    def _tapped(self, event: StreamEvent) -> Verdict | None:
-        """`watch` when the watcher reads the deltas from the accumulator: its verdict, and
-        how many deltas the loop may hold back from it next. A delta reaches it when none are
-        left to hold back, and starts the count again; any other event reaches it whenever it
-        comes, and leaves the count as it is unless the watcher now wants every delta."""
-        tap, poke = self.tap, self.poke
-        assert tap is not None and poke is not None
-        verdict = poke(event)
-        skips = tap._skips
-        if not skips or (not self.skip and type(event) in _DELTAS):
-            self.skip = skips
-        return verdict
 
     def watch_raised(self) -> None:
         """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
@@ -220,7 +195,11 @@ class ModelPhase:
             if message is None:
                 return []
             st.paused = acc.stop_reason == "pause_turn"
-            message, calls = commit_response(engine, paused(message) if st.paused else message)
+            if st.paused:
+                message = paused(message)
+            elif acc.stop_reason == "refusal":
+                message = refused(message)
+            message, calls = commit_response(engine, message)
             st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
             return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]

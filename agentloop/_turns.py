@@ -61,6 +61,16 @@ async def open_run(
             engine._next_run = None
 
 
+def _take_fresh_abort(engine: QueryEngine, token: object) -> str | None:
+    """As the run made with ``token`` begins (its state in place): the reason an interrupt()
+    gave between run() and this first step, if any (once)."""
+    fresh = engine._fresh_run
+    if fresh is None or fresh[0] is not token:
+        return None
+    engine._fresh_run = None
+    return fresh[1]
+
+
 def _begin(
     engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None = None
 ) -> tuple[RunState, list[Message] | None]:
@@ -89,6 +99,9 @@ def _begin(
         if early is not None:
             st.controller.abort(early)
     engine._state = st
+    early = _take_fresh_abort(engine, token)  # an interrupt() between run() and this first step
+    if early is not None:
+        st.controller.abort(early)
     if engine.policies:
         claim(engine.policies, engine)
     engine._closing = st.loop.create_future()

@@ -17,15 +17,23 @@ detector in `agentloop._detector`; this module is their public home.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._detector import RepetitionDetector, Rule
 from ._messages import Message
-from ._model import StreamEvent, StreamLogprobs, StreamSignals, StreamText, StreamThinking
-from ._policy import EndTurn, Nudge, Policy, Resample, Verdict, Warn
+from ._model import (
+    StreamEvent,
+    StreamLogprobs,
+    StreamSignals,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+)
+from ._policy import EndTurn, Hold, Nudge, Policy, Resample, Verdict, Warn
 from ._signals import DoomLoopSignal
 from ._stationarity import (
     IdenticalToolCallRun,
@@ -63,6 +71,10 @@ __all__ = [
 
 Judgement = Literal["ignore", "warn", "abort"]
 _SIGNALS = (StreamSignals, StreamLogprobs)  # the events a tapped policy still takes one by one
+_DELTAS = frozenset({StreamText, StreamThinking, StreamToolInput, StreamToolUseStart})  # what the engine holds back
+# Without a client detector no delta is read: the engine holds back 255 at a time, a count it counts
+# down among Python's cached small ints (a count past 256 makes a new int object per delta).
+_NO_DETECTOR_HOLDS = 255
 
 
 class DoomLoopPolicy(Policy):
@@ -119,7 +131,7 @@ class DoomLoopPolicy(Policy):
         self._low_runs: dict[str, int] = {}
         self._blocks: Mapping[int, _Part] | None = None  # the attempt's blocks, when tapped
         self._read_blocks = 0
-        self._skips = self._holds = 0  # deltas the engine may hold back, now / while no run is live
+        self._holds = 0  # deltas the engine may hold back while no run is live
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
         """What to do about one new signal. Base: always "warn"."""
@@ -143,13 +155,15 @@ class DoomLoopPolicy(Policy):
                 ch.seen = 0
         self._blocks = None
 
-    def _tap(self, blocks: Mapping[int, _Part]) -> Callable[[StreamEvent], Verdict | None] | None:
+    def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
         if type(self).on_stream is not DoomLoopPolicy.on_stream:
             return None  # a subclass that watches each event itself
         self._blocks = blocks
         self._read_blocks = 0
-        self._skips = self._holds = self.every - 1 if self.detectors else sys.maxsize
-        return self._poke
+        hold.skip = self._holds = self.every - 1 if self.detectors else _NO_DETECTOR_HOLDS
+        # The policy keeps no reference to the engine's side: a fork (a deep copy) made
+        # mid-stream takes nothing of the run with it, and nothing of it outlives the run.
+        return partial(self._poke, hold)
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
         # Called once per delta (once per `every` when tapped): exact-type tests first.
@@ -162,9 +176,9 @@ class DoomLoopPolicy(Policy):
         elif isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
         else:
-            return self._poke(event) if self._blocks is not None else None
+            return self._poke(None, event) if self._blocks is not None else None
         if self._blocks is not None:
-            return self._poke(event)
+            return self._poke(None, event)
         if ch is None:  # no client detector on this channel
             return None
         parts = ch.parts
@@ -174,22 +188,29 @@ class DoomLoopPolicy(Policy):
         signals = ch.flush()
         return self._verdict(signals) if signals else None
 
-    def _poke(self, event: StreamEvent) -> Verdict | None:
+    def _poke(self, hold: Hold | None, event: StreamEvent) -> Verdict | None:
         """Tapped: called for one delta in `every` (for each one while a run is live) and for
         every other event. Hands each detector what its block received since the last call
-        (written out for both channels: this runs once per `every` deltas)."""
-        if type(event) is not StreamText and isinstance(event, _SIGNALS):
-            return self.on_stream(event)
+        (written out for both channels: this runs once per `every` deltas), and sets how many
+        deltas the engine holds back next: after a delta, ``every - 1`` (0 while a run is
+        live); after another event, the count goes on unless a run is live now."""
         blocks = self._blocks
         assert blocks is not None
+        if type(event) in _DELTAS:
+            left = -1
+        elif isinstance(event, _SIGNALS):
+            return self.on_stream(event)
+        else:
+            left = hold.skip if hold is not None else 0
         signals = self._follow(blocks) if len(blocks) != self._read_blocks else ()
         skips = self._holds
         ch = self._text
         if ch is not None:
             parts, seen = ch.parts, ch.seen
-            if len(parts) > seen:
-                ch.seen = n = len(parts)
-                got = ch.det.feed(parts[seen] if n == seen + 1 else "".join(parts[seen:]))
+            n = len(parts)
+            if n > seen:
+                ch.seen = n
+                got = ch.det.feed("".join(parts[seen:]))  # one part: that part, not a copy
                 if got:
                     signals += got
             if ch.live:
@@ -197,14 +218,16 @@ class DoomLoopPolicy(Policy):
         ch = self._thinking
         if ch is not None:
             parts, seen = ch.parts, ch.seen
-            if len(parts) > seen:
-                ch.seen = n = len(parts)
-                got = ch.det.feed(parts[seen] if n == seen + 1 else "".join(parts[seen:]))
+            n = len(parts)
+            if n > seen:
+                ch.seen = n
+                got = ch.det.feed("".join(parts[seen:]))  # one part: that part, not a copy
                 if got:
                     signals += got
             if ch.live:
                 skips = 0
-        self._skips = skips
+        if hold is not None:
+            hold.skip = left if left >= 0 and skips else skips
         return self._verdict(signals) if signals else None
 
     def _follow(self, blocks: Mapping[int, _Part]) -> tuple[DoomLoopSignal, ...]:

@@ -24,10 +24,10 @@ from typing import Any
 out = sys.stdout.buffer
 answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests, by id
 
-TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes"]
+TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch"]
 
 
-def send(message: dict[str, Any]) -> None:
+def send(message: dict[str, Any] | list[dict[str, Any]]) -> None:
     out.write(json.dumps(message).encode() + b"\n")
     out.flush()
 
@@ -85,6 +85,15 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         send(text(request_id, "written"))
     elif name == "pid":
         send(text(request_id, str(os.getpid())))
+    elif name == "batch":  # a JSON-RPC batch (protocol 2025-03-26): a notification, a request, the answer
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+        send([note, {"jsonrpc": "2.0", "id": "batch-ping", "method": "ping"}])
+        while "batch-ping" not in answers:
+            message = receive()
+            if "method" not in message:
+                answers[message.get("id")] = message
+        pong = answers.pop("batch-ping")
+        send([text(request_id, json.dumps(pong.get("result")))])
     elif name == "changes":  # the tool list changed
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         send(text(request_id, "changed"))

@@ -201,6 +201,63 @@ async def collect_events(engine: QueryEngine, prompt: str) -> list[Event]:
     return [event async for event in engine.run(prompt)]
 
 
+# -- control calls between run() and its first step ---------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+async def test_an_interrupt_between_run_and_its_first_step_stops_that_run(where: str) -> None:
+    """A chat server hands a run() to a task, and the user presses stop at once, before the task
+    has had a step: the run begins aborted, before any model request. The interrupt used to
+    reach no run (none was in progress yet) and be lost, and the run went on to its end."""
+    import threading
+
+    engine = QueryEngine(ScriptedModel(["never asked"]), policies=[])
+
+    async def pump(run: AsyncGenerator[Event, None]) -> list[Event]:
+        return [event async for event in run]
+
+    task = asyncio.create_task(pump(engine.run("Explain")))  # the task has had no step yet
+    if where == "loop":
+        engine.interrupt("stop")
+    else:
+        ui = threading.Thread(target=engine.interrupt, args=("stop",))
+        ui.start()
+        ui.join()
+    events = await task
+    assert [type(e) for e in events] == [TurnStarted, TurnEnded]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_streaming", "stop")
+    assert engine.model.request_count == 0  # type: ignore[attr-defined]
+    assert [m.text for m in engine.messages] == ["Explain", "[Request interrupted by user]"]
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
+async def test_an_interrupt_between_run_and_its_first_iteration_stops_that_run() -> None:
+    engine = QueryEngine(ScriptedModel(["never asked"]), policies=[])
+    run = engine.run("Explain")
+    engine.interrupt()
+    events = [event async for event in run]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_streaming", "cancel")
+    assert engine.model.request_count == 0  # type: ignore[attr-defined]
+
+
+async def test_an_interrupt_while_idle_or_for_a_run_dropped_unbegun_stops_no_later_run() -> None:
+    engine = QueryEngine(ScriptedModel(["one", "two"]), policies=[])
+    engine.interrupt()  # nothing made, nothing running: a no-op
+    assert [e.type async for e in engine.run("first")][-1] == "turn_ended"
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    dropped = engine.run("never iterated")
+    engine.interrupt()  # reaches that run, which is never begun
+    del dropped
+    events = [event async for event in engine.run("second")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert [m.text for m in engine.messages] == ["first", "one", "second", "two"]
+    engine.interrupt()  # after a run that ran: a no-op again
+    assert [e.type async for e in engine.run("third")][-1] == "turn_ended"
+
+
 # -- receipts when the host stops at any event ---------------------------------------------
 
 

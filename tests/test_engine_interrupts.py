@@ -622,6 +622,40 @@ async def test_permission_deny_allow_update_and_failure_become_results() -> None
     assert texts[2] == TEXTS.input_updated.replace("{input}", '{"x": "rewritten"}') + "\n\nran with rewritten"
 
 
+async def test_a_permission_callback_that_fails_or_answers_wrongly_is_logged_for_the_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in the host's permission callback (it raises, or returns True instead of Allow()) kept
+    every call it was asked about from running, and only the model was told: nothing reached the
+    host's logs. Each such failure is now logged on the `agentloop` logger, with the traceback of
+    what the callback raised; a Deny, or a prompt the run's abort stopped, logs nothing."""
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        x = use.input.get("x")
+        if x == "boom":
+            raise RuntimeError("policy service unreachable")
+        if x == "true":
+            return True  # type: ignore[return-value]  # the host's bug under test
+        return Deny("no")
+
+    @tool
+    async def t(x: str) -> str:
+        return f"ran with {x}"
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("t", {"x": v}) for v in ("boom", "true", "deny")])
+    engine = engine_for([script, "done"], tools=[t], permission=permission)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        await collect(engine, "go")
+    texts = results(engine)
+    assert "policy service unreachable" in texts[0] and "returned True" in texts[1] and texts[2] == "Permission denied: no"
+    logged = [r for r in caplog.records if r.name == "agentloop"]
+    assert len(logged) == 2, [r.getMessage() for r in logged]
+    raised, wrong = logged
+    assert raised.levelno == logging.ERROR and "'t'" in raised.getMessage() and "RuntimeError" in raised.getMessage()
+    assert raised.exc_info is not None and isinstance(raised.exc_info[1], RuntimeError)
+    assert "returned True" in wrong.getMessage() and "Allow or Deny" in wrong.getMessage()
+
+
 # -- reasons: cancel vs send_now ------------------------------------------------------
 
 

@@ -421,6 +421,24 @@ async def test_a_tapped_policy_follows_the_stream_from_block_to_block() -> None:
     assert results[0] == results[1] == [f"tail_repetition:{n}@text", f"exact_repetition:{n}x4@text", f"exact_repetition:{n}x8@text"]
 
 
+async def test_the_stock_policy_forked_in_the_middle_of_a_stream_takes_nothing_of_the_run() -> None:
+    """A host may make a subagent at any event, a delta included, while the stock policy is reading
+    the stream from the engine's accumulator: the copy holds nothing of the run (its model phase,
+    its task), and watches the child's stream on its own."""
+    engine = doom_engine([LOOPING, GOOD, ScriptedResponse(thinking="Plan.\n" + CHANT, chunk=7), GOOD])
+    children = []
+    async for event in engine.run("go"):
+        if isinstance(event, ThinkingDelta) and not children:
+            children.append(engine.subagent(agent_id="child"))
+    assert engine.messages[-1].text == "Fixed it."
+    child = children[0]
+    twin = child.policies[0]
+    assert isinstance(twin, ConservativeDoomLoopPolicy) and twin is not engine.policies[0]
+    events = await collect(child, "and you?")
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected)] == ["resample"]
+    assert child.messages[-1].text == "Fixed it."
+
+
 # -- stationarity ---------------------------------------------------------------------------
 
 

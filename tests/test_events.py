@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from typing import Any, get_args
 
 import pytest
@@ -87,3 +88,87 @@ def test_quick_init_refuses_what_it_cannot_copy() -> None:
     for cls in (Mutable, Checked, Derived):
         with pytest.raises(TypeError, match="slotted frozen dataclass"):
             quick_init(cls)
+
+
+# -- events as JSON (a host streaming them to a browser) -------------------------------
+
+
+def _strict_loads(line: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+async def test_event_json_gives_every_event_of_a_run_as_one_line_of_strict_json() -> None:
+    from agentloop import (
+        ModelError,
+        QueryEngine,
+        ScriptedModel,
+        ScriptedResponse,
+        ScriptedToolCall,
+        event_json,
+        tool,
+    )
+
+    @tool
+    async def weather(city: str) -> str:
+        """The weather of a city."""
+        return f"{city}: 12°C ☀\u2028naïve"
+
+    model = ScriptedModel([
+        ScriptedResponse(thinking="Zürich?", text="Looking 🌍. ", tool_calls=[ScriptedToolCall("weather", {"city": "Zürich"})]),
+        ScriptedResponse(text="Mild. ", error=ModelError("upstream said 502: ünïcode"), error_after=1),
+    ])
+    engine = QueryEngine(model, tools=[weather])
+    events = []
+    async for event in engine.run("Weather in Zürich?"):
+        events.append(event)
+        if event.type == "tool_call_started":
+            engine.interject("also Bern ✓")
+    seen = set()
+    for event in events:
+        line = event_json(event)
+        assert isinstance(line, str) and line.splitlines() == [line]  # one line for any reader of lines
+        line.encode("utf-8")
+        data = _strict_loads(line)
+        assert next(iter(data)) == "type" and data["type"] == event.type
+        assert data["agent_id"] is None
+        seen.add(event.type)
+    assert {"thinking_delta", "text_delta", "tool_input_delta", "assistant_message", "tool_call_started",
+            "tool_call_finished", "interjection_injected", "turn_ended"} <= seen
+    by_type = {e.type: _strict_loads(event_json(e)) for e in events}
+    assert by_type["tool_call_started"]["tool_use"]["input"] == {"city": "Zürich"}
+    assert by_type["tool_call_finished"]["result"]["content"] == "Zürich: 12°C ☀\u2028naïve"
+    assert by_type["assistant_message"]["message"]["role"] == "assistant"
+    assert by_type["turn_ended"]["reason"] == "model_error"
+    assert "ünïcode" in by_type["turn_ended"]["error"]
+    assert by_type["turn_ended"]["usage"]["input_tokens"] >= 0
+
+
+@given(text=st.text(), value=st.floats() | st.text() | st.integers())
+def test_property_event_json_is_strict_utf8_json_on_one_line(text: str, value: Any) -> None:
+    from agentloop import DoomLoopSignal, event_json
+    from agentloop._events import DoomLoopDetected, TextDelta, ToolCallStarted
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    for event in (
+        TextDelta(text=text),
+        ToolCallStarted(tool_use=tool_use_block("toolu_1", "t", {"v": value, "o": Opaque()}), updated_input={"v": value}),
+        DoomLoopDetected(signals=(DoomLoopSignal("tail_repetition", "thinking"),), confident=True),
+    ):
+        line = event_json(event)
+        assert line.splitlines() == [line]
+        line.encode("utf-8")
+        assert _strict_loads(line)["type"] == event.type
+
+
+def test_event_json_refuses_what_is_not_an_event() -> None:
+    from agentloop import Message, event_json
+
+    for thing in ({"type": "text_delta"}, Message.user("hi"), None):
+        with pytest.raises(TypeError, match="agentloop event"):
+            event_json(thing)  # type: ignore[arg-type]

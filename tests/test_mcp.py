@@ -431,6 +431,50 @@ async def test_a_tool_list_change_applies_from_the_next_model_request(server: MC
     assert offered(narrow.model) == [{"echo"}, {"echo"}]  # type: ignore[arg-type]  # never widened
 
 
+class _Lister:
+    """A session whose tools/list answer is ``names`` (one page)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = list(names)
+
+    async def list_tools(self, params: Any = None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name=n, inputSchema={"type": "object"}) for n in self.names])
+
+
+async def test_a_tool_a_server_adds_under_a_name_another_server_offers_is_left_out_not_every_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two servers without prefixes, attached to one engine: when one of them added a tool named as
+    # one of the other's, the engine refused the whole new list (duplicate names), logged a traceback
+    # before every model request, and went on offering a tool the server had removed.
+    from agentloop._engine import QueryEngine
+    from agentloop._scripted import ScriptedModel
+
+    first, second = MCPServer(_no_connect, label="first"), MCPServer(_no_connect, label="second")
+    lists = {first: _Lister("read"), second: _Lister("write")}
+    for srv, fake in lists.items():
+        _serve(srv, fake)
+    engine = QueryEngine(ScriptedModel(["ok"]), tools=[*await first.list_tools(), *await second.list_tools()])
+    first.attach(engine)
+    second.attach(engine)
+    lists[first].names = ["write", "extra"]  # "read" removed; "write" is the second server's name
+    await first.list_tools()
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            engine._refresh_tools()
+    assert sorted(engine.tools) == ["extra", "write"]
+    assert engine.tools["write"].handler.server is second  # type: ignore[attr-defined]
+    assert [r for r in caplog.records if r.exc_info] == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "first" in warnings[0] and "'write'" in warnings[0], warnings
+    await first.aclose()
+    await second.aclose()
+
+
+def _no_connect() -> Any:
+    raise AssertionError("the test's fake session stands for the connection")
+
+
 async def test_a_tool_removed_while_its_call_runs_still_answers_and_is_offered_no_more(
     markers: Path,
 ) -> None:
@@ -762,6 +806,35 @@ async def test_a_session_the_http_server_forgot_fails_one_call_and_the_next_star
     assert fake.initialized == 2 and fake.not_found == 1
 
 
+async def test_an_http_status_refusing_a_request_is_named_in_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 401 (a wrong or expired token), 403 or 500 all said only "Server returned an error response":
+    # nothing told a user that the credentials were refused.
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    refuse: dict[str, int] = {"initialize": 401}
+
+    async def handle(request: Any) -> Any:
+        if request.method == "POST" and (status := refuse.get(json.loads(request.content).get("method", ""))):
+            return httpx2.Response(status, text="no")
+        return await fake.handle(request)
+
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(handle)))
+    srv = MCPServer.http("http://mcp.invalid/mcp?token=sekrit", connect_timeout=10)
+    async with asyncio.timeout(10):
+        with pytest.raises(MCPError, match="HTTP 401 Unauthorized") as refused:
+            await srv.list_tools()
+        assert "sekrit" not in str(refused.value)
+        refuse = {"tools/call": 500}
+        with pytest.raises(MCPError, match="HTTP 500 Internal Server Error"):
+            await srv.call_tool("where", {})
+        refuse = {}
+        assert result_to_block("t", await srv.call_tool("where", {})).text == "session s1"  # the session is kept
+    await srv.aclose()
+
+
 @settings(max_examples=50, deadline=None)
 @given(names=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=12))
 def test_property_a_listing_keeps_the_first_tool_of_each_name_in_order(names: list[str]) -> None:
@@ -925,6 +998,16 @@ async def test_messages_split_or_joined_across_writes_and_requests_from_the_serv
         assert roots["error"]["code"] == types.INVALID_REQUEST  # declined: the roots capability is not offered
 
 
+async def test_a_json_rpc_batch_from_the_server_is_read_message_by_message() -> None:
+    # Protocol 2025-03-26 lets a server send a batch (a JSON array of messages), which a client must
+    # accept: the line was skipped as "not a JSON-RPC message", and the call whose answer it held
+    # waited for ever. The ping inside is answered too.
+    async with _raw("--version", "2025-03-26") as srv:
+        async with asyncio.timeout(10):
+            result = await srv.call_tool("batch", {})
+        assert json.loads(result_to_block("t", result).text) == {}
+
+
 async def test_a_large_stdio_message_is_read_in_linear_time() -> None:
     # The SDK's reader joined each 64 KiB read to all that came before it: a 40 MB result took
     # 9 s of CPU (quadratic), and a 64 MiB one about 25 s.
@@ -1009,18 +1092,24 @@ async def test_a_server_that_dies_mid_call_leaving_a_process_holding_its_stdout_
     cuts=st.lists(st.integers(0, 1000), max_size=12),
     ending=st.sampled_from([b"\n", b"\r\n", b"\n\n"]),
     limit=st.sampled_from([None, 120]),
+    batched=st.booleans(),
 )
 def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall(
-    texts: list[str], cuts: list[int], ending: bytes, limit: int | None
+    texts: list[str], cuts: list[int], ending: bytes, limit: int | None, batched: bool
 ) -> None:
     from agentloop.mcp._stdio import Pipes
     from agentloop.models._http import Redactor
 
-    def note(text: str) -> bytes:
-        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
-        return json.dumps(message, ensure_ascii=False).encode()
+    def note(text: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
 
-    wire = b"".join(note(t) + ending for t in texts)
+    # One message a line, or (``batched``) two: a JSON-RPC batch, as protocol 2025-03-26 allows.
+    groups = [texts[i : i + 2] for i in range(0, len(texts), 2)] if batched else [[t] for t in texts]
+    lines = [
+        json.dumps([note(t) for t in group] if batched else note(group[0]), ensure_ascii=False).encode()
+        for group in groups
+    ]
+    wire = b"".join(line + ending for line in lines)
     points = sorted({c % (len(wire) + 1) for c in cuts})
     loop = asyncio.new_event_loop()
     try:
@@ -1029,17 +1118,16 @@ def test_property_stdout_is_cut_into_the_messages_written_however_the_reads_fall
             pipes.pipe_data_received(1, wire[start:end])
         got = []
         while (line := pipes.next_line()) is not None:
-            message = pipes.parse(line)
-            assert message is not None or not line.strip()
-            if message is not None:
-                got.append(message.message.params["data"])  # type: ignore[union-attr]
-        fits = [len(note(t) + ending.rstrip(b"\n")) <= limit for t in texts] if limit is not None else [True] * len(texts)
+            messages = pipes.parse(line)
+            assert messages or not line.strip()
+            got += [m.message.params["data"] for m in messages]  # type: ignore[union-attr]
+        fits = [len(line + ending.rstrip(b"\n")) <= limit if limit is not None else True for line in lines]
         if all(fits):
             assert got == texts and pipes.end_reason is None
         else:  # a message over the limit ends the connection; the ones before it may be read
-            assert got == texts[: len(got)] and len(got) <= fits.index(False)
+            assert got == texts[: len(got)] and len(got) <= sum(len(g) for g in groups[: fits.index(False)])
             assert pipes.end_reason is not None and "more than 120 bytes" in pipes.end_reason
-        assert pipes._queued == 0
+        assert pipes._queued == 0 and not pipes.stdout.noisy
     finally:
         loop.close()
 

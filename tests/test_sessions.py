@@ -475,6 +475,71 @@ async def test_a_transcript_the_host_rewound_or_extended_between_runs_replays_fr
     ]
 
 
+async def test_a_new_engine_given_none_of_a_files_conversation_starts_it_afresh_in_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch worker runs a task again with the session file of its last attempt, and builds
+    the engine without `messages=`: the model sees only the new prompt. The file used to replay
+    to the old conversation with the new one appended, a transcript no engine ever had. Its
+    first record is now a checkpoint, and a warning says how to continue the file instead."""
+    path = tmp_path / "task-7.jsonl"
+    for attempt in ("first", "second"):
+        with JsonlSession(path) as session:
+            engine = QueryEngine(ScriptedModel([f"{attempt} answer"]), session=session, policies=[])
+            with caplog.at_level(logging.WARNING, logger="agentloop"):
+                async for _ in engine.run(f"{attempt} attempt"):
+                    pass
+    assert [m.text for m in engine.messages] == ["second attempt", "second answer"]
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and loaded.repairs == [] and engine.session_errors == []
+    warned = [r.getMessage() for r in caplog.records if "holds a conversation already" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "resume" in warned[0]
+
+    # Given the file's conversation (the documented way to continue it), nothing changes.
+    caplog.clear()
+    session, loaded = JsonlSession.resume(path)
+    with session:
+        engine = QueryEngine(ScriptedModel(["third answer"]), session=session, messages=loaded.messages, policies=[])
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            async for _ in engine.run("third attempt"):
+                pass
+    assert JsonlSession(path).load().messages == engine.messages
+    assert path.read_bytes().count(b'{"type":"checkpoint"') == 1
+    assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
+
+
+async def test_a_conversation_forked_into_a_new_file_replays_from_that_file(tmp_path: Path) -> None:
+    """Forking a saved conversation (its messages loaded, a new session file, `messages=`) left
+    the new file without them: the given messages were taken to be in the session already, so
+    the fork's file replayed to its own new messages only, and a resume of the fork lost the
+    conversation it branched from. A file that holds no records gets them as a checkpoint first."""
+    source = tmp_path / "main.jsonl"
+    with JsonlSession(source) as session:
+        engine = QueryEngine(ScriptedModel(["first answer"]), session=session, policies=[])
+        async for _ in engine.run("first question"):
+            pass
+    loaded = JsonlSession(source).load()
+    for fork in (tmp_path / "fork.jsonl", tmp_path / "empty.jsonl"):
+        if fork.name == "empty.jsonl":
+            fork.touch()  # made empty beforehand: it holds no records either
+        with JsonlSession(fork) as session:
+            branch = QueryEngine(ScriptedModel(["fork answer"]), session=session, messages=loaded.messages, policies=[])
+            async for _ in branch.run("fork question"):
+                pass
+        assert [m.text for m in branch.messages] == ["first question", "first answer", "fork question", "fork answer"]
+        replayed = JsonlSession(fork).load()
+        assert replayed.messages == branch.messages and replayed.repairs == [] and branch.session_errors == []
+    assert JsonlSession(source).load().messages == loaded.messages  # the source is untouched
+
+    # A subagent given messages over its fresh sidechain is forked the same way.
+    with JsonlSession(tmp_path / "parent.jsonl") as session:
+        parent = QueryEngine(ScriptedModel(["child answer"]), session=session, policies=[])
+        child = parent.subagent(agent_id="helper", messages=loaded.messages)
+        async for _ in child.run("child question"):
+            pass
+    assert JsonlSession(tmp_path / "subagents" / "helper.jsonl").load().messages == child.messages
+
+
 async def test_a_resumed_session_never_hands_out_a_receipt_its_file_holds(tmp_path: Path) -> None:
     """Receipt ids were numbered from 1 by each engine: a session resumed by a new engine (the
     next process, a server's next request) handed out "int-1" again, and the file then held two
@@ -1206,6 +1271,31 @@ def test_a_crash_at_any_byte_resumes_continues_and_replays_exactly(cut: int) -> 
         before = path.read_bytes()
         JsonlSession.resume(path)[0].close()
         assert path.read_bytes() == before
+
+
+async def test_two_session_objects_on_one_file_are_refused_with_an_error_that_names_the_file(tmp_path: Path) -> None:
+    """Concurrent tasks of a batch worker, two of them with one task id: each engine had a
+    `JsonlSession` of its own, on one path, and the second run was told to "give each engine its
+    own" store, which it had. The error now says that the file is what is shared."""
+    gate = asyncio.Event()
+
+    @tool
+    async def work() -> str:
+        """Work."""
+        await gate.wait()
+        return "done"
+
+    path = tmp_path / "task-3.jsonl"
+    with JsonlSession(path) as one, JsonlSession(path) as other:
+        first = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("work")]), "A"]), tools=[work], session=one, policies=[])
+        second = QueryEngine(ScriptedModel(["B"]), session=other, policies=[])
+        async for ev in first.run("task A"):
+            if ev.type == "tool_call_started":
+                with pytest.raises(RuntimeError, match="session store") as refused:
+                    await second.run("task B").__anext__()
+                gate.set()
+    said = str(refused.value)
+    assert str(path) in said and "file of its own" in said and "one file" in said
 
 
 async def test_a_store_a_running_engine_writes_is_refused_to_a_second_engine(tmp_path: Path) -> None:

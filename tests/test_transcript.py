@@ -19,6 +19,7 @@ from agentloop import (
     repair_transcript,
     validate_transcript,
 )
+from agentloop._transcript import NO_RESULT
 from agentloop._unicode import scrub
 
 
@@ -189,7 +190,12 @@ def test_repair_gives_a_repeated_or_missing_tool_use_id_an_unused_one_and_keeps_
     pairs = [(r.tool_use_id, r.text) for m in fixed for r in m.tool_results]
     assert pairs == [("call_0", "first"), ("call_0_1", "second"), ("call_0_2", "third"), ("toolu_1", "fourth")]
     assert [b.id for m in fixed for b in m.tool_uses] == ["call_0", "call_0_1", "call_0_2", "toolu_1"]
-    assert len(changes) == 3 and repair_transcript(fixed) == fixed
+    assert changes[3:] == [
+        "gave a tool_result for 'call_0' the id 'call_0_1' of the call renamed from it",
+        "gave a tool_result for 'call_0' the id 'call_0_2' of the call renamed from it",
+        "gave a tool_result for '' the id 'toolu_1' of the call renamed from it",
+    ]
+    assert len(changes) == 6 and repair_transcript(fixed) == fixed
 
 
 def test_repair_renames_the_result_of_a_renamed_call_wherever_it_would_move_it_from() -> None:
@@ -214,6 +220,38 @@ def test_repair_renames_the_result_of_a_renamed_call_wherever_it_would_move_it_f
             (k0, "one", False), (k1, "two", False), (f"{k0}_1", "three", False), (f"{k1}_1", "four", False)
         ], (name, fixed)
         assert not any("synthetic" in c or "orphan" in c for c in changes), (name, changes)
+
+
+def test_repair_pairs_the_results_for_a_repeated_id_with_its_calls_in_order() -> None:
+    """The second complete call 'a' is renamed 'a_1'. The first result for 'a' (in an assistant
+    message whose own calls never completed) answered 'a' and was then dropped for the user's
+    one; 'a_1' got a synthetic result. The results now answer the calls in order."""
+    msgs = [
+        a(use("a"), use("a", complete=False), use("a")),
+        a(use("a", complete=False), use("a", complete=False), res("a", "in the call's message")),
+        u(res("a", "out 1")),
+    ]
+    changes: list[str] = []
+    fixed = repair_transcript(msgs, changes=changes)
+    assert validate_transcript(fixed) == []
+    assert [b.id for m in fixed for b in m.tool_uses] == ["a", "a_1"]
+    pairs = [(r.tool_use_id, r.text, r.is_error) for m in fixed for r in m.tool_results]
+    assert pairs == [("a", "in the call's message", False), ("a_1", "out 1", False)]
+    assert "gave a tool_result for 'a' the id 'a_1' of the call renamed from it" in changes
+    assert not any("synthetic" in c for c in changes), changes
+    assert repair_transcript(fixed) == fixed
+
+
+def test_repair_keeps_as_text_a_result_that_comes_after_the_one_paired_with_its_call() -> None:
+    """A result in an assistant message after the call answers it; a second one for the same id,
+    in the user message after that, was dropped without a word, since that message took the place
+    of the empty assistant one. It is kept as text now, and said so."""
+    changes: list[str] = []
+    fixed = repair_transcript([u(T(text="q")), a(use("1")), a(res("1", "early")), u(res("1", "late"))], changes=changes)
+    assert validate_transcript(fixed) == []
+    assert [(r.tool_use_id, r.text) for m in fixed for r in m.tool_results] == [("1", "early")]
+    assert "late" in fixed[-1].text
+    assert "turned orphan tool_result for '1' into text" in changes
 
 
 def test_repair_logs_only_its_own_changes_when_given_a_list_that_holds_some(caplog: pytest.LogCaptureFixture) -> None:
@@ -457,6 +495,59 @@ def test_property_repair_loses_no_user_text_and_no_tool_output(msgs: list[Messag
                 answered.add(b.tool_use_id)
                 assert scrub(b.text).strip() in kept, (b, fixed)
 
+def _placed(msgs: list[Message]) -> list[Message]:
+    """``msgs`` with each call's input saying where it was and the id it had, and each tool
+    output made unique, so that the repaired transcript can be traced back."""
+    out: list[Message] = []
+    for n, m in enumerate(msgs):
+        content: list[Block] = []
+        for k, b in enumerate(m.content):
+            if isinstance(b, ToolUseBlock):
+                b = ToolUseBlock(id=b.id, name=b.name, input={"at": n, "had": scrub(b.id)}, complete=b.complete)
+            elif isinstance(b, ToolResultBlock):
+                b = ToolResultBlock(tool_use_id=b.tool_use_id, content=f"<output {n}.{k}>", is_error=b.is_error)
+            content.append(b)
+        out.append(Message(role=m.role, content=content))
+    return out
+
+
+def _reach(msgs: list[Message], n: int) -> range:
+    """The messages whose results a provider that merges consecutive messages of one role would
+    pair with a call in ``msgs[n]``: that one, the assistant messages after it and the user
+    messages after those."""
+    end = n + 1
+    for role in ("assistant", "user"):
+        while end < len(msgs) and msgs[end].role == role:
+            end += 1
+    return range(n, end)
+
+
+@given(transcripts.map(_placed))
+@example(  # two calls 'a', then two results for 'a' (the first beside calls that never completed)
+    _placed([a(use("a"), use("a")), a(use("a", complete=False), res("a")), u(res("a"))])
+)
+def test_property_repair_gives_no_call_a_synthetic_result_while_a_result_for_it_is_left_over(msgs: list[Message]) -> None:
+    """A call left with a synthetic result had no real one within its reach: every result there
+    with the id the call had answers another call."""
+    fixed = repair_transcript(msgs)
+    answered = {r.text for m in fixed for r in m.tool_results}
+    calls = {b.id: b for m in fixed for b in m.tool_uses}
+    for m in fixed:
+        for r in m.tool_results:
+            if r.text != NO_RESULT:
+                continue
+            call = calls[r.tool_use_id]
+            at, had = call.input["at"], call.input["had"]
+            assert isinstance(at, int)
+            left = [
+                b.text
+                for j in _reach(msgs, at)
+                for b in msgs[j].content
+                if isinstance(b, ToolResultBlock) and scrub(b.tool_use_id) == had and b.text not in answered
+            ]
+            assert not left, (call, left, fixed)
+
+
 @st.composite
 def _exchange(draw: st.DrawFn) -> list[Message]:
     """An assistant message and the user messages after it, shaped like a real exchange (calls,
@@ -487,6 +578,13 @@ exchanges = st.tuples(st.booleans(), st.lists(_exchange(), max_size=4)).map(
 @settings(max_examples=200)
 @given(exchanges)
 @example([u(T(text="go")), a(use("a")), u(T(text="u"), res("a", "out"))])  # reordered, and said so
+@example(  # the second complete 'a', renamed 'a_1', is answered by the second result for 'a'
+    [
+        a(use("a"), use("a", complete=False), use("a")),
+        a(use("a", complete=False), use("a", complete=False), res("a", "in the call's message")),
+        u(res("a", "out 1")),
+    ]
+)
 def test_property_repair_of_a_broken_exchange_is_valid_idempotent_and_says_what_it_changed(msgs: list[Message]) -> None:
     changes: list[str] = []
     fixed = repair_transcript(msgs, changes=changes)

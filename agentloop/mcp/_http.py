@@ -9,11 +9,16 @@ host or port cannot be read is refused without being quoted (`check_url`).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import anyio
 import httpx2
+from mcp import types
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
 
 from ._connection import Connect, Streams
 
@@ -81,18 +86,78 @@ def http_connect(
     """What opens a streamable HTTP connection to ``target`` (see `MCPServer.http`); calls
     ``on_forgotten`` when the server answers 404 to a request of the current session."""
 
-    async def on_response(response: httpx2.Response) -> None:
-        if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
-            on_forgotten()
-
     @contextlib.asynccontextmanager
     async def connect() -> AsyncIterator[Streams]:
+        statuses: dict[Any, str] = {}
+
+        async def on_response(response: httpx2.Response) -> None:
+            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+                on_forgotten()
+            if response.status_code >= 400 and response.request.method == "POST":
+                request_id = _request_id(response.request)
+                if request_id is not None:
+                    statuses[request_id] = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+
         limits = httpx2.Timeout(http_timeout, read=None)
         hooks = {"response": [on_response]}
         async with (
             httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
-            streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as streams,
+            streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as (read, write),
         ):
-            yield streams
+            yield _Explained(read, statuses), write
 
     return connect
+
+
+def _request_id(request: httpx2.Request) -> Any:
+    """The JSON-RPC id of the message ``request`` posted, or None (a notification, or not JSON)."""
+    try:
+        message = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    return message.get("id") if isinstance(message, dict) else None
+
+
+class _Explained:
+    """The SDK's read stream, with the HTTP status added to the error that stands for a request
+    the server refused without a JSON-RPC error of its own ("Server returned an error response"
+    said nothing of a 401 for a wrong token)."""
+
+    __slots__ = ("_statuses", "_stream")
+
+    def __init__(self, stream: Any, statuses: dict[Any, str]) -> None:
+        self._stream = stream
+        self._statuses = statuses  # by JSON-RPC id, the HTTP status of each refused request
+
+    @property
+    def last_context(self) -> Any:  # read by the SDK's dispatcher
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> Any:
+        item = await self._stream.receive()
+        if isinstance(item, SessionMessage) and isinstance(item.message, types.JSONRPCError):
+            status = self._statuses.pop(item.message.id, None)
+            error = item.message.error
+            if status is not None and status not in error.message:
+                error = error.model_copy(update={"message": f"{error.message} ({status})"})
+                message = item.message.model_copy(update={"error": error})
+                item = SessionMessage(message, metadata=item.metadata)
+        return item
+
+    def __aiter__(self) -> _Explained:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _Explained:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -83,6 +83,7 @@ class MCPServer:
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         # The HTTP server answered 404 to a request of the current session: it forgot the session.
         self._forgotten = False
+        self._clashes: set[str] = set()  # added tools not offered for a name clash (warned about)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -353,7 +354,8 @@ class MCPServer:
         This server's tools in ``current`` are replaced by their newest version, and
         dropped when the server no longer lists them; tools the server added are
         added only to an engine that held all of this server's tools (a subagent given
-        a narrower set is never widened). Other tools are kept as they are.
+        a narrower set is never widened), and only under a name no other tool in ``current``
+        has (a warning names such a tool). Other tools are kept as they are.
         """
         mine = [t.handler for t in current.values() if isinstance(t.handler, Remote) and t.handler.server is self]
         if not mine:
@@ -361,6 +363,20 @@ class MCPServer:
         listed = self._listed
         held = {h.remote for h in mine}
         wanted = set(listed) if held >= frozenset().union(*(h.listing for h in mine)) else held & set(listed)
+        # A tool this server added under the name of another tool of the engine (another server's,
+        # without a prefix) is left out: a tool set holding one name twice is refused as a whole.
+        taken = {t.name for t in current.values() if not (isinstance(t.handler, Remote) and t.handler.server is self)}
+        clashing = {remote for remote in wanted if listed[remote].name in taken}
+        for remote in sorted(clashing - self._clashes):
+            log.warning(
+                "MCP server %s added the tool %r, but another tool is named %r already; it is not offered "
+                "(give the servers a prefix)",
+                self.label,
+                remote,
+                listed[remote].name,
+            )
+        self._clashes |= clashing
+        wanted -= clashing
         if held == wanted and all(listed[h.remote].handler is h for h in mine):
             return None
         out: list[Tool] = []

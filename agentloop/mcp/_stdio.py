@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import signal
 import subprocess
@@ -231,23 +232,45 @@ class Pipes(asyncio.SubprocessProtocol):
         if readable is not None and not readable.done():
             readable.set_result(None)
 
-    def parse(self, line: bytearray) -> SessionMessage | None:
-        """The message on ``line``, or None for a blank line or one that is not JSON-RPC."""
+    def parse(self, line: bytearray) -> list[SessionMessage]:
+        """The messages on ``line``: one, or those of a JSON-RPC batch (a JSON array of them,
+        which protocol 2025-03-26 lets a server send); none for a blank line or one that is not
+        JSON-RPC. A batch's elements that are not JSON-RPC messages are skipped."""
         if not line.strip():
-            return None
+            return []
+        if line.lstrip()[:1] == b"[":
+            return self._batch(line)
         try:
-            return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+            return [SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))]
         except ValueError:  # pydantic's ValidationError, invalid JSON included
-            text = self.scrub.scrub(bytes(line[: 64 << 10]).decode("utf-8", "replace").strip())
-            log.log(
-                logging.DEBUG if self.stdout.noisy else logging.WARNING,
-                "MCP server %s wrote a line to stdout that is not a JSON-RPC message (skipped; a server "
-                "must write its logs to stderr): %r",
-                self.label,
-                text[:_EXCERPT],
-            )
-            self.stdout.noisy = True
-            return None
+            self._not_json_rpc(line)
+            return []
+
+    def _batch(self, line: bytearray) -> list[SessionMessage]:
+        try:
+            items = json.loads(line)
+        except ValueError:
+            items = None
+        messages: list[SessionMessage] = []
+        for item in items if isinstance(items, list) else ():
+            try:
+                messages.append(SessionMessage(types.jsonrpc_message_adapter.validate_python(item, by_name=False)))
+            except ValueError:
+                continue
+        if not isinstance(items, list) or len(messages) < len(items) or not items:
+            self._not_json_rpc(line)
+        return messages
+
+    def _not_json_rpc(self, line: bytearray) -> None:
+        text = self.scrub.scrub(bytes(line[: 64 << 10]).decode("utf-8", "replace").strip())
+        log.log(
+            logging.DEBUG if self.stdout.noisy else logging.WARNING,
+            "MCP server %s wrote a line to stdout that is not a JSON-RPC message (skipped; a server "
+            "must write its logs to stderr): %r",
+            self.label,
+            text[:_EXCERPT],
+        )
+        self.stdout.noisy = True
 
     # -- the end of the connection -----------------------------------------------------
 
@@ -309,6 +332,7 @@ class Stdout:
     def __init__(self, pipes: Pipes) -> None:
         self._pipes = pipes
         self._closed = False
+        self._batch: collections.deque[SessionMessage] = collections.deque()  # the rest of a batch read
         self.noisy = False  # a line that is not JSON-RPC was seen (and warned about)
 
     @property
@@ -324,11 +348,11 @@ class Stdout:
         while True:
             if self._closed:
                 raise anyio.ClosedResourceError
+            if self._batch:
+                return self._batch.popleft()
             line = pipes.next_line()
             if line is not None:
-                message = pipes.parse(line)
-                if message is not None:
-                    return message
+                self._batch.extend(pipes.parse(line))
             elif pipes.end_reason is not None:
                 raise anyio.EndOfStream
             else:

@@ -65,11 +65,16 @@ def meta_holds_iterator(value: object) -> bool:
 
 
 def encode_line(line: str) -> bytes:
+    return escape_line_breaks(line).encode("utf-8")
+
+
+def escape_line_breaks(line: str) -> str:
+    """``line`` (JSON text) with U+0085, U+2028 and U+2029 escaped: raw in a JSON string, yet
+    line breaks to str.splitlines() and to other readers of "lines". Escaped, a record is one
+    line for every reader."""
     if _OTHER_LINE_BREAK.search(line) is not None:
-        # Raw in a JSON string, yet a line break to str.splitlines() and to other readers of
-        # "lines": escaped, the file has one record per line for every reader.
         line = _OTHER_LINE_BREAK.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
-    return line.encode("utf-8")
+    return line
 
 
 def checkpoint_line(messages: Sequence[Message]) -> str:

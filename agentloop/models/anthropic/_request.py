@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._messages import (
     Block,
+    Message,
     ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
@@ -21,6 +22,7 @@ from ..._messages import (
 )
 from ..._model import ModelRequest
 from ..._tools import safe_name
+from .._compat import check_tool_names
 from .._driver import Turn, turns
 
 _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
@@ -47,7 +49,12 @@ def build_request(
     assistant turn and may exceed ``max_tokens``.
     ``extra_tools`` are declared as they are, after the request's tools; one of them replaces
     the request's tool of the same name (two tools of one name are refused).
+    A response that a refusal stopped (marked ``"stop_reason": "refusal"`` in its ``meta``) is
+    not sent, nor the results of its tool calls: Anthropic asks that the refused turn be taken
+    out of the conversation, which otherwise meets more refusals. The transcript keeps it.
+    Raises `ModelError` for a declared tool name the API refuses.
     """
+    check_tool_names("anthropic", request.tools)
     limit = request.max_tokens or max_tokens
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
     if type(budget) is int and limit <= budget and not interleaved:
@@ -57,7 +64,7 @@ def build_request(
         "max_tokens": limit,
         "messages": [
             {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _fit(turns(request.messages, foreign=_foreign, provider="anthropic"))
+            for role, blocks in _fit(turns(_unrefused(request.messages), foreign=_foreign, provider="anthropic"))
         ],
         "stream": True,
     }
@@ -78,6 +85,26 @@ def build_request(
     if thinking is not None:
         body["thinking"] = thinking
     return body
+
+
+def _unrefused(messages: Sequence[Message]) -> Sequence[Message]:
+    """``messages`` without the responses a refusal stopped, and without the results of their
+    tool calls (a result whose call is not sent is refused); `turns` then joins the user turns
+    on either side."""
+    if not any(m.role == "assistant" and m.meta.get("stop_reason") == "refusal" for m in messages):
+        return messages
+    dropped: set[str] = set()
+    out: list[Message] = []
+    for m in messages:
+        if m.role == "assistant" and m.meta.get("stop_reason") == "refusal":
+            dropped.update(b.id for b in m.content if isinstance(b, ToolUseBlock))
+            continue
+        if dropped and m.role == "user" and any(isinstance(b, ToolResultBlock) for b in m.content):
+            kept = [b for b in m.content if not (isinstance(b, ToolResultBlock) and b.tool_use_id in dropped)]
+            if len(kept) != len(m.content):
+                m = m.model_copy(update={"content": kept})
+        out.append(m)
+    return out
 
 
 def _fit(wire: list[Turn]) -> list[Turn]:

@@ -21,6 +21,9 @@ _ECHO_HOSTS = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn
 #: reasoning models refuse ``max_tokens``): OpenAI and Azure OpenAI. Other servers read
 #: ``max_tokens``, and some do not know the newer name: Ollama drops it unread, Mistral's API
 #: and older vLLM refuse it (422, 400).
+#: Hosts that take a tool call id of nine letters or digits only (Mistral's API):
+#: ``short_tool_ids`` defaults to on for them.
+_SHORT_ID_HOSTS = frozenset({"api.mistral.ai"})
 _COMPLETION_TOKENS_HOSTS = ("api.openai.com", ".openai.azure.com", ".cognitiveservices.azure.com")
 
 
@@ -39,6 +42,12 @@ class OpenAIChatModel(HTTPModel):
     transcript and send it back as ``reasoning_content`` on each assistant message with tool
     calls, as DeepSeek's and Kimi's thinking modes require; ``None`` (the default) turns it
     on for the hosts ``api.deepseek.com``, ``api.moonshot.ai`` and ``api.moonshot.cn`` only.
+    ``short_tool_ids``: send each tool call id as nine letters or digits (an id that is one
+    already as it is, another as a hash of it; the transcript keeps the original), as Mistral's
+    API and Mistral models' chat templates require; ``None`` (the default) turns it on for
+    ``api.mistral.ai`` only. ``strict_tools``: declare the tools ``"strict": true``, their schemas
+    made strict (every object closed, every property required; an optional one must accept
+    ``null``); a schema that cannot be is a `ModelError` naming the tool.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -56,6 +65,8 @@ class OpenAIChatModel(HTTPModel):
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
         echo_reasoning: bool | None = None,
+        short_tool_ids: bool | None = None,
+        strict_tools: bool = False,
     ) -> None:
         self.model = model
         self.logprobs = logprobs
@@ -69,6 +80,8 @@ class OpenAIChatModel(HTTPModel):
         if echo_reasoning is None:
             echo_reasoning = host in _ECHO_HOSTS
         self.echo_reasoning = echo_reasoning
+        self.short_tool_ids = host in _SHORT_ID_HOSTS if short_tool_ids is None else short_tool_ids
+        self.strict_tools = strict_tools
         if max_tokens_param is None:
             openai = host == _COMPLETION_TOKENS_HOSTS[0] or host.endswith(_COMPLETION_TOKENS_HOSTS[1:])
             max_tokens_param = "max_completion_tokens" if openai else "max_tokens"
@@ -87,7 +100,14 @@ class OpenAIChatModel(HTTPModel):
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        body = build_request(request, model=self.model, echo_reasoning=self.echo_reasoning, host=self._host)
+        body = build_request(
+            request,
+            model=self.model,
+            echo_reasoning=self.echo_reasoning,
+            host=self._host,
+            short_tool_ids=self.short_tool_ids,
+            strict_tools=self.strict_tools,
+        )
         body["stream"] = True
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}

@@ -9,12 +9,13 @@ and ids are fitted to the 40 characters the API takes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from ..._model import ModelRequest
+from ..._model import ModelRequest, ToolSpec
 from ..._tools import safe_name
+from .._compat import check_tool_names, short_ids, strict_schema
 from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
@@ -26,11 +27,19 @@ EXTRA_CONTENT = "extra_content"
 #: Likewise for OpenRouter's ``reasoning_details`` of a response (``{"type": "reasoning_details",
 #: "host": ..., "reasoning_details": [...]}``), which go back on its assistant message.
 REASONING_DETAILS = "reasoning_details"
+#: Gemini's OpenAI-compatible endpoint, which holds tool names to a stricter rule.
+GEMINI_HOST = "generativelanguage.googleapis.com"
 _KEPT_PREFIXES = ('{"type":"extra_content",', '{"type":"reasoning_details",')
 
 
 def build_request(
-    request: ModelRequest, *, model: str, echo_reasoning: bool = False, host: str | None = None
+    request: ModelRequest,
+    *,
+    model: str,
+    echo_reasoning: bool = False,
+    host: str | None = None,
+    short_tool_ids: bool = False,
+    strict_tools: bool = False,
 ) -> dict[str, Any]:
     """The JSON body (without stream options) of a Chat Completions request.
 
@@ -38,13 +47,19 @@ def build_request(
     as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
     ``host``: the server's; a tool call's kept ``extra_content`` (`EXTRA_CONTENT`) goes back
     only to the host that sent it (None: whatever host sent it).
+    ``short_tool_ids``: tool call ids go as nine letters or digits (`short_ids`), as Mistral
+    wants them. ``strict_tools``: tools are declared ``strict`` (`strict_schema`).
+    Raises `ModelError` for a tool name the server refuses (Gemini's rule on its host), or a
+    schema that cannot be strict.
     """
+    check_tool_names("openai", request.tools, gemini=host == GEMINI_HOST)
+    ids: Callable[[str], str] = short_ids() if short_tool_ids else lambda i: wire_id(i, max_len=40)
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for role, blocks in turns(request.messages):
         if role == "assistant":
-            messages.extend(_assistant(blocks, echo_reasoning, host))
+            messages.extend(_assistant(blocks, echo_reasoning, host, ids))
             continue
         texts: list[str] = []
         for b in blocks:
@@ -52,7 +67,7 @@ def build_request(
                 messages.append(
                     {
                         "role": "tool",
-                        "tool_call_id": wire_id(b.tool_use_id, max_len=40),
+                        "tool_call_id": ids(b.tool_use_id),
                         "content": result_text(b, mark_error=True),
                     }
                 )
@@ -62,30 +77,29 @@ def build_request(
             messages.append({"role": "user", "content": "\n\n".join(texts)})
     body: dict[str, Any] = {"model": model, "messages": messages}
     if request.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": dict(t.input_schema),
-                },
-            }
-            for t in request.tools
-        ]
+        body["tools"] = [{"type": "function", "function": _function(t, strict_tools)} for t in request.tools]
     choice = request.tool_choice
     if choice is not None:  # a tool name, in Chat Completions' shape (Responses names it flat)
         body["tool_choice"] = OPENAI_TOOL_CHOICES.get(choice) or {"type": "function", "function": {"name": choice}}
     return body
 
 
-def _assistant(blocks: Sequence[Any], echo_reasoning: bool, host: str | None) -> list[dict[str, Any]]:
+def _function(tool: ToolSpec, strict: bool) -> dict[str, Any]:
+    if not strict:
+        return {"name": tool.name, "description": tool.description, "parameters": dict(tool.input_schema)}
+    params = strict_schema(tool.name, tool.input_schema)
+    return {"name": tool.name, "description": tool.description, "parameters": params, "strict": True}
+
+
+def _assistant(
+    blocks: Sequence[Any], echo_reasoning: bool, host: str | None, ids: Callable[[str], str]
+) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     extras, details = _kept(blocks, host)
     calls = []
     for b in blocks:
         if isinstance(b, ToolUseBlock):
-            call = {"id": wire_id(b.id, max_len=40), "type": "function",
+            call = {"id": ids(b.id), "type": "function",
                     "function": {"name": safe_name(b.name), "arguments": dumps_input(b.input)}}  # fmt: skip
             extra = extras.get(b.id) if extras else None
             if extra is not None:

@@ -23,6 +23,9 @@ class OpenAIResponsesModel(HTTPModel):
     ``{"effort": "medium", "summary": "auto"}``); when set, encrypted reasoning
     is requested so it can be passed back. ``doom_loop_check=True`` asks the
     server for doom-loop signals (SPEC §6). ``store``: sent when not None.
+    ``strict_tools``: declare the tools ``"strict": true``, their schemas made strict (every
+    object closed, every property required; an optional one must accept ``null``); a schema
+    that cannot be is a `ModelError` naming the tool.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -38,11 +41,13 @@ class OpenAIResponsesModel(HTTPModel):
         store: bool | None = None,
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        strict_tools: bool = False,
     ) -> None:
         self.model = model
         self.reasoning = reasoning
         self.doom_loop_check = doom_loop_check
         self.store = store
+        self.strict_tools = strict_tools
         self.extra_headers = check_headers(extra_headers)
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
@@ -57,7 +62,7 @@ class OpenAIResponsesModel(HTTPModel):
         if self.doom_loop_check:
             headers["x-grok-doom-loop-check"] = "true"
             headers["x-grok-exact-repetition-check"] = "true"
-        body = build_request(request, model=self.model, stored=self.store is not False)
+        body = build_request(request, model=self.model, stored=self.store is not False, strict_tools=self.strict_tools)
         body["stream"] = True
         if self.reasoning is not None:
             body["reasoning"] = self.reasoning

@@ -15,16 +15,22 @@ from typing import Any
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
+from .._compat import check_tool_names, strict_schema
 from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
 
 
-def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> dict[str, Any]:
+def build_request(
+    request: ModelRequest, *, model: str, stored: bool = True, strict_tools: bool = False
+) -> dict[str, Any]:
     """The JSON body (without ``stream`` and options) of a Responses request.
 
     ``stored=False`` (the request says ``store: false``): a reasoning item is sent only
     with its encrypted content, since the server keeps nothing to look its id up by (it
     would answer every request with "Item with id 'rs_...' not found").
+    ``strict_tools``: tools are declared ``strict``, their schemas made so (`strict_schema`).
+    Raises `ModelError` for a tool name the API refuses or a schema that cannot be strict.
     """
+    check_tool_names("openai", request.tools)
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
         made = (_item(role, b, stored) for b in blocks)
@@ -39,8 +45,8 @@ def build_request(request: ModelRequest, *, model: str, stored: bool = True) -> 
                 "type": "function",
                 "name": t.name,
                 "description": t.description,
-                "parameters": dict(t.input_schema),
-                "strict": False,
+                "parameters": strict_schema(t.name, t.input_schema) if strict_tools else dict(t.input_schema),
+                "strict": strict_tools,
             }
             for t in request.tools
         ]
