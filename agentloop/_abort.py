@@ -21,10 +21,12 @@ import itertools
 import math
 import numbers
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 
 from ._errors import AbortError
+from ._timers import Timer, timer_thread
 
 __all__ = ["AbortController", "AbortError", "AbortSignal"]
 
@@ -153,10 +155,14 @@ class AbortSignal:
     def timeout(seconds: float, reason: str = "deadline") -> AbortSignal:
         """A signal that aborts with ``reason`` after ``seconds``.
 
-        Inside a running event loop the timer is a loop callback; otherwise a
-        daemon thread timer is used. ``seconds`` is a number (TypeError otherwise,
-        ValueError for NaN); zero or less aborts at the first chance, and infinity never. A
-        ``reason`` that is not a str is a TypeError, as for `AbortController.abort`.
+        Inside a running event loop the timer is a loop callback (on the loop's clock); if that
+        loop is closed first, the timer is handed to a shared thread and still fires on time.
+        Outside a loop, one daemon thread serves every timeout (started when needed, ended
+        when none is pending). The timer does not keep the signal alive: one that nothing
+        holds and nothing listens to is let go with its timer. ``seconds`` is a number
+        (TypeError otherwise, ValueError for NaN); zero or less aborts at the first chance,
+        and infinity (or more than ``threading.TIMEOUT_MAX``) never. A ``reason`` that is not
+        a str is a TypeError, as for `AbortController.abort`.
         """
         if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
             raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
@@ -165,20 +171,23 @@ class AbortSignal:
             raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         if not isinstance(reason, str):  # the timer's abort() would refuse it, and never abort
             raise TypeError(f"AbortSignal.timeout takes a str reason, such as \"deadline\", not {reason!r}")
-        controller = AbortController()
+        signal = AbortSignal()
+        if seconds > threading.TIMEOUT_MAX:  # longer than a thread can wait: never
+            return signal
+        # The timer aborts the signal through a link, as a parent does a child: it holds the
+        # signal only while something listens to it, and is cancelled when the signal aborts
+        # or is collected.
+        link = _Link(signal)
+        timer = Timer(link, reason, time.monotonic() + seconds)
+        link.remove = timer.cancel
+        signal._links = (link,)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            if seconds > threading.TIMEOUT_MAX:  # longer than a thread can wait: never
-                return controller.signal
-            timer = threading.Timer(seconds, controller.abort, args=(reason,))
-            timer.daemon = True
-            timer.start()
-            controller.signal.add_listener(lambda _r: timer.cancel())
+            timer_thread.add(timer)
         else:
-            handle = loop.call_later(seconds, controller.abort, reason)
-            controller.signal.add_listener(lambda _r: handle.cancel())
-        return controller.signal
+            timer.watch(loop, loop.call_later(seconds, timer.fire))
+        return signal
 
     # -- controller side ---------------------------------------------------
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import math
 import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from fractions import Fraction
 
@@ -483,3 +485,201 @@ def test_a_child_that_threads_added_listeners_to_and_removed_some_from_still_run
         assert ref() is not None  # it has listeners: its parent holds it
         parent.abort("stop")
         assert sorted(calls) == [(t, k) for t in range(3) for k in range(90, 100, 2)]
+
+
+# -- AbortSignal.timeout: its timers ----------------------------------------------------------
+
+
+def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def test_timeouts_made_outside_a_loop_share_one_thread_that_ends_when_none_is_pending() -> None:
+    # One daemon thread per signal: a host making thousands of timeouts from sync code made
+    # thousands of threads, each alive for the whole timeout.
+    before = set(threading.enumerate())  # (the thread may be running already, for an earlier test)
+    signals = [AbortSignal.timeout(3600) for _ in range(200)]
+    threads = _new_threads(before)
+    assert len(threads) <= 1, f"{len(threads)} threads for 200 timeouts"
+    from agentloop._timers import timer_thread
+
+    thread = timer_thread.thread
+    assert thread is not None and thread.is_alive()
+    fired = threading.Event()
+    AbortSignal.timeout(0, reason="soon").add_listener(lambda r: fired.set())
+    assert fired.wait(10)
+    assert not any(sig.aborted for sig in signals) and timer_thread.thread is thread
+    del signals
+    gc.collect()  # the signals nobody holds any more need no timer: the thread ends
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_timeout_made_in_a_loop_that_closed_still_aborts_on_time() -> None:
+    # asyncio.run() closed its loop with the timer still in it: the signal never aborted, in a
+    # later asyncio.run() or a thread alike.
+    async def make(seconds: float, reason: str) -> AbortSignal:
+        return AbortSignal.timeout(seconds, reason=reason)
+
+    start = time.monotonic()
+    held = asyncio.run(make(0.2, "held"))
+    fired = threading.Event()
+    held.add_listener(lambda r: fired.set())
+    assert fired.wait(10) and held.reason == "held"
+    assert time.monotonic() - start >= 0.2  # not early either
+
+    later = asyncio.run(make(0.05, "later"))
+
+    async def wait(sig: AbortSignal) -> str:
+        async with asyncio.timeout(10):  # only stops a hang; the timeout under test is 0.05 s
+            return await sig.wait()
+
+    assert asyncio.run(wait(later)) == "later"
+
+
+def test_a_timeout_of_a_loop_the_host_closes_itself_still_aborts() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def make() -> AbortSignal:
+        return AbortSignal.timeout(0.05, reason="orphan")
+
+    try:
+        sig = loop.run_until_complete(make())
+    finally:
+        loop.close()
+    fired = threading.Event()
+    sig.add_listener(lambda r: fired.set())
+    assert fired.wait(10) and sig.reason == "orphan"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_timeout_made_in_a_forked_child_fires_though_the_parent_had_a_timer_thread() -> None:
+    pending = AbortSignal.timeout(3600)  # the parent's timer thread is running as it forks
+    code = os.fork()
+    if code == 0:  # the child: exit status 0 if its own timeout fires, whatever happens
+        status = 2
+        try:
+            faulthandler.dump_traceback_later(30, exit=True)  # a deadlock ends the child too
+            fired = threading.Event()
+            AbortSignal.timeout(0, reason="child").add_listener(lambda r: fired.set())
+            status = 0 if fired.wait(10) else 1
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(code, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and not pending.aborted
+
+
+async def test_a_timeout_in_a_running_loop_fires_from_the_loop_on_its_clock() -> None:
+    from tests.helpers import VirtualClock
+
+    fired_in: list[int] = []
+    with VirtualClock() as clock:
+        start = clock.now
+        sig = AbortSignal.timeout(3600, reason="hour")
+        sig.add_listener(lambda r: fired_in.append(threading.get_ident()))
+        assert await sig.wait() == "hour"
+        assert clock.now - start >= 3600
+    assert fired_in == [threading.get_ident()]
+
+
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_a_timeout_signal_nothing_holds_or_listens_to_is_let_go(in_loop: bool) -> None:
+    # The timer held its signal until it fired: 10,000 dropped signals with a one-hour timeout
+    # stayed in memory for the hour.
+    refs: list[weakref.ref[AbortSignal]] = []
+
+    def make() -> None:
+        refs.extend(weakref.ref(AbortSignal.timeout(3600)) for _ in range(10_000))
+
+    async def make_in_loop() -> None:
+        make()
+        gc.collect()
+        assert [r for r in refs if r() is not None] == []
+
+    if in_loop:
+        asyncio.run(make_in_loop())
+    else:
+        make()
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
+def test_a_timeout_signal_only_listened_to_is_kept_and_fires() -> None:
+    fired: list[str] = []
+    done = threading.Event()
+
+    def listen(reason: str) -> None:
+        fired.append(reason)
+        done.set()
+
+    AbortSignal.timeout(0.05, reason="kept").add_listener(listen)
+    got = threading.Event()
+    AbortSignal.any([AbortSignal.timeout(0.05, reason="any")]).add_listener(lambda r: got.set())
+    gc.collect()
+    assert done.wait(10) and fired == ["kept"]
+    assert got.wait(10)
+
+
+async def test_a_timeout_signal_only_awaited_is_kept_and_fires() -> None:
+    fired = asyncio.Event()
+    AbortSignal.timeout(0.05, reason="kept").add_listener(lambda r: fired.set())
+    either = AbortSignal.any([AbortController().signal, AbortSignal.timeout(0.05, reason="any")])
+    waiting = asyncio.ensure_future(either.wait())
+    await asyncio.sleep(0)
+    gc.collect()
+    async with asyncio.timeout(10):  # only stops a hang
+        assert await waiting == "any"
+        await fired.wait()
+
+
+def test_a_listener_raising_on_the_timer_thread_does_not_stop_the_other_timeouts() -> None:
+    me = threading.get_ident()
+    raised: list[str] = []
+
+    def stop(reason: str) -> None:
+        if threading.get_ident() != me:  # (called here at once only if registered too late)
+            raised.append(reason)
+            raise SystemExit(3)
+
+    first = AbortSignal.timeout(0.2, reason="first")
+    second = AbortSignal.timeout(0.3, reason="second")
+    first.add_listener(stop)
+    fired = threading.Event()
+    second.add_listener(lambda r: fired.set())
+    assert fired.wait(10) and first.reason == "first"
+    fired_too = threading.Event()
+    AbortSignal.timeout(0, reason="third").add_listener(lambda r: fired_too.set())
+    assert fired_too.wait(10)
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 100), st.booleans()), max_size=60),
+    st.lists(st.floats(0, 120), min_size=1, max_size=10),
+)
+def test_the_timer_thread_fires_each_pending_timer_once_in_deadline_order_and_lets_go_of_cancelled_ones(
+    timers: list[tuple[float, bool]], nows: list[float]
+) -> None:
+    from agentloop._abort import _Link
+    from agentloop._timers import Timer, TimerHeap
+
+    heap = TimerHeap()
+    fired: list[tuple[float, int]] = []
+    made: list[Timer] = []
+    for i, (deadline, cancel) in enumerate(timers):
+        timer = Timer(_Link(AbortController().signal), str(i), deadline)
+        timer.link = lambda _r, d=deadline, i=i: fired.append((d, i))  # type: ignore[assignment, misc]
+        heap.add(timer)
+        made.append(timer)
+        if cancel:
+            timer.done = True
+            heap.note_cancelled()
+        assert len(heap) <= 2 * sum(not t.done for t in made) + 1  # cancelled ones do not pile up
+    for now in sorted(nows):
+        for timer in heap.pop_due(now):
+            timer.fire()
+        wait = heap.wait(now)
+        pending = [t.deadline for t in made if not t.done]
+        assert wait == (max(0.0, min(pending) - now) if pending else None)
+    last = max(nows)
+    expected = sorted((d, i) for i, (d, cancel) in enumerate(timers) if not cancel and d <= last)
+    assert fired == expected  # each once, earliest first, ties in the order made, none early
