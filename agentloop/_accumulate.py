@@ -37,9 +37,16 @@ from ._model import (
     StreamUsage,
     Usage,
 )
+from ._quick import quick_new
 from ._unicode import json_escapes_surrogate, scrub, scrub_json
 
 __all__ = ["APPLY", "Accumulator"]
+
+
+# The host's deltas, one per stream event: made by functions, not by calling the class (`quick_new`).
+_text_delta = quick_new(TextDelta)
+_thinking_delta = quick_new(ThinkingDelta)
+_tool_input_delta = quick_new(ToolInputDelta)
 
 
 class _Part:
@@ -111,14 +118,14 @@ class Accumulator:
         if type(text) is not str:
             raise _malformed(text, ev)
         self._part(ev, "text").chunks.append(text)
-        return TextDelta(text=text)
+        return _text_delta(text=text)
 
     def _thinking(self, ev: StreamThinking) -> ThinkingDelta:
         text = ev.thinking
         if type(text) is not str:
             raise _malformed(text, ev)
         self._part(ev, "thinking").chunks.append(text)
-        return ThinkingDelta(thinking=text)
+        return _thinking_delta(thinking=text)
 
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
@@ -131,7 +138,7 @@ class Accumulator:
             raise _malformed(text, ev)
         part = self._part(ev, "tool_use")
         part.chunks.append(text)
-        return ToolInputDelta(tool_use_id=part.id, name=part.name, partial_json=text)
+        return _tool_input_delta(tool_use_id=part.id, name=part.name, partial_json=text)
 
     def _tool_start(self, ev: StreamToolUseStart) -> ToolInputDelta:
         id, name = ev.id, ev.name
@@ -141,7 +148,7 @@ class Accumulator:
             raise _malformed(name, ev)
         part = self._part(ev, "tool_use")
         part.id, part.name = id, name
-        return ToolInputDelta(tool_use_id=id, name=name, partial_json="")
+        return _tool_input_delta(tool_use_id=id, name=name, partial_json="")
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:

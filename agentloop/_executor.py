@@ -18,6 +18,7 @@ from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
+from ._quick import quick_new
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
 
 if TYPE_CHECKING:
@@ -141,6 +142,11 @@ def error_result(tool_use_id: str, text: str) -> ToolResultBlock:
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
 
 
+# Made for every call: by functions, not by calling the class (`quick_new`).
+_tool_context = quick_new(ToolContext)
+_call_started = quick_new(ToolCallStarted)
+
+
 class CallRunner:
     """Runs one tool call to a result; shared by every call of a run."""
 
@@ -181,7 +187,7 @@ class CallRunner:
             result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
             tool_input: dict[str, Any] = use.input
             if result is None:
-                ctx = ToolContext(self.signal, use.id, self.engine, self.emit_any_thread)
+                ctx = _tool_context(self.signal, use.id, self.engine, self.emit_any_thread)
                 if self.permission is not None:
                     decision = await self._ask(use, ctx)
                     if not isinstance(decision, Allow):
@@ -193,7 +199,7 @@ class CallRunner:
                 self.signal.throw_if_aborted()
                 self.started.add(use.id)
                 updated = None if tool_input is use.input else tool_input
-                put(ToolCallStarted(tool_use=use, updated_input=updated))
+                put(_call_started(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 try:
                     if tool.timeout is None:

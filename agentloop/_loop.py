@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 __all__ = ["drive"]
 
+# The checks made on every iteration read ``signal._reason is not None`` rather than the
+# ``signal.aborted`` property: the same value (see `AbortSignal.aborted`) without a Python call
+# (Python 3.11 does not specialise a property read), and the loop reads it about five times
+# per iteration.
+
 
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
     """One `run()`: turns until one ends without a follow-up or a send-now message.
@@ -55,7 +60,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     where every await that produces them is written out: the model stream's, the back-off
     sleep's and the tool mailbox's. A phase moved into a generator of its own would cost each
     of its events one more resumption, and each call added on the path of an iteration costs
-    ~1-2k instructions of the ~275k an iteration takes (`benchmarks/callgrind_overhead.py`).
+    ~1-2k instructions of the ~267k an iteration takes (`benchmarks/callgrind_overhead.py`).
     So the synchronous steps are named functions (here, in `_turns`, `_streaming`,
     `_toolphase`, `_commit`, `_ending`) and what remains reads as the module's outline above.
     """
@@ -154,7 +159,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # iterating mid-phase loses none; a batch that ends unaborted is the safe point.
                     merge = False
                     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
-                        if st.signal.aborted:  # checkpoint 3: the next batch does not start
+                        if st.signal._reason is not None:  # checkpoint 3: the next batch does not start
                             break
                         calls = Batch(engine, st, runner, batch)
                         try:
@@ -163,7 +168,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     yield event
                         finally:
                             calls.close()
-                        merge = merge or not st.signal.aborted
+                        merge = merge or st.signal._reason is None
                     for event in end_tools(engine, st):
                         yield event
                     # Then the queued interjections, only now taken: a host that stops at a result
@@ -188,7 +193,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 
 def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
     opts = engine.options
-    if st.signal.aborted:
+    if st.signal._reason is not None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
@@ -220,7 +225,7 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
         if not engine.inbox.interjections and not st.paused:
             st.terminal = "completed"
         return []
-    if st.signal.aborted:  # checkpoint 2: no tool starts
+    if st.signal._reason is not None:  # checkpoint 2: no tool starts
         st.phase = "tools"
         st.terminal = abort_terminal(st)
         return []
@@ -235,7 +240,7 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
     uncut = st.uncut
     if uncut is not None:
         st.uncut = None
-    if st.signal.aborted:
+    if st.signal._reason is not None:
         st.terminal = abort_terminal(st)
         return
     if engine.policies:

@@ -7,14 +7,23 @@ equivalent ``__init__``: the same signature (positional and keyword-only
 parameters, defaults, default factories), which sets the slots through their
 descriptors. The dataclass's own stays available as ``_dataclass_init``; the
 tests hold the two to the same results.
+
+`quick_new` goes one step further for the few built on every iteration: a plain
+function with the same signature that makes the instance itself. Calling a class
+whose ``__init__`` is Python code goes through ``type.__call__`` and a bound-method
+call with the arguments packed into a tuple and a dict; calling a function does
+not (about a third less per event).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["quick_init"]
+__all__ = ["quick_init", "quick_new"]
+
+T = TypeVar("T")
 
 
 class _Factory:
@@ -25,9 +34,7 @@ class _Factory:
 _NO_VALUE = _Factory()
 
 
-def quick_init(cls: Any) -> Any:
-    """Replace ``cls.__init__`` (a slotted, frozen dataclass without ``__post_init__``
-    or ``init=False`` fields, which the generated code does not reproduce)."""
+def _check(cls: Any) -> None:
     if (
         not cls.__dataclass_params__.frozen
         or "__slots__" not in cls.__dict__
@@ -35,10 +42,16 @@ def quick_init(cls: Any) -> Any:
         or not all(f.init for f in fields(cls))
     ):
         raise TypeError(f"quick_init needs a slotted frozen dataclass without __post_init__ or init=False fields: {cls!r}")
+
+
+def _compile(cls: Any, name: str, *, make: bool) -> Any:
+    """A function ``name`` with the signature of ``cls``'s dataclass ``__init__`` that sets the
+    fields through the slot descriptors: on ``self`` (``make=False``), or on a new instance it
+    makes and returns (``make=True``: without ``self``)."""
     positional: list[str] = []
     keyword: list[str] = []
-    lines: list[str] = []
-    namespace: dict[str, Any] = {"_NO_VALUE": _NO_VALUE}
+    lines: list[str] = ["    self = _new(_cls)"] if make else []
+    namespace: dict[str, Any] = {"_NO_VALUE": _NO_VALUE, "_new": object.__new__, "_cls": cls}
     for i, f in enumerate(fields(cls)):
         namespace[f"_set{i}"] = getattr(cls, f.name).__set__
         if f.default is not MISSING:
@@ -52,10 +65,19 @@ def quick_init(cls: Any) -> Any:
             param = f.name
         (keyword if f.kw_only else positional).append(param)
         lines.append(f"    _set{i}(self, {f.name})")
-    params = ["self", *positional, *(["*", *keyword] if keyword else [])]
-    source = f"def __init__({', '.join(params)}):\n" + "\n".join(lines or ["    pass"]) + "\n"
+    if make:
+        lines.append("    return self")
+    params = [*([] if make else ["self"]), *positional, *(["*", *keyword] if keyword else [])]
+    source = f"def {name}({', '.join(params)}):\n" + "\n".join(lines or ["    pass"]) + "\n"
     exec(source, namespace)  # the technique dataclasses itself uses
-    init = namespace["__init__"]
+    return namespace[name]
+
+
+def quick_init(cls: Any) -> Any:
+    """Replace ``cls.__init__`` (a slotted, frozen dataclass without ``__post_init__``
+    or ``init=False`` fields, which the generated code does not reproduce)."""
+    _check(cls)
+    init = _compile(cls, "__init__", make=False)
     original = cls.__init__
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
@@ -64,3 +86,13 @@ def quick_init(cls: Any) -> Any:
     cls._dataclass_init = original
     cls.__init__ = init
     return cls
+
+
+def quick_new(cls: type[T]) -> Callable[..., T]:
+    """A function that builds a ``cls`` as ``cls(...)`` does, taking the same arguments (for a
+    class `quick_init` accepts), without the cost of calling a class (see the module docstring)."""
+    _check(cls)
+    make: Callable[..., T] = _compile(cls, f"new_{cls.__name__}", make=True)
+    make.__qualname__ = make.__name__
+    make.__module__ = cls.__module__
+    return make

@@ -29,6 +29,7 @@ from ._model import (
     StreamToolUseStart,
     Usage,
 )
+from ._quick import quick_new
 
 __all__ = ["ScriptedModel", "ScriptedResponse", "ScriptedToolCall"]
 
@@ -102,6 +103,9 @@ class ScriptedResponse:
         return out
 
 
+# One per scripted call played: made by a function, not by calling the class (`quick_new`).
+_tool_use_start = quick_new(StreamToolUseStart)
+
 Script = ScriptedResponse | str | Callable[[ModelRequest], "ScriptedResponse | str"]
 
 
@@ -165,7 +169,7 @@ class ScriptedModel:
         # Tool calls scripted without an id get a fresh one on every play.
         events = list(template)
         for i, e in fills:
-            events[i] = StreamToolUseStart(e.index, self._new_id(), e.name)
+            events[i] = _tool_use_start(e.index, self._new_id(), e.name)
         return response, events
 
     async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:

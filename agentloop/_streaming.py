@@ -28,6 +28,7 @@ from ._events import (
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import Policy, Resample, Verdict, Warn, notify
+from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
 
@@ -39,6 +40,11 @@ log = logging.getLogger("agentloop")
 #: The longest ``retry_after`` (seconds) the engine waits; a server asking for more (a
 #: quota that resets in an hour) ends the turn with ``model_error`` instead of a retry.
 _MAX_RETRY_AFTER = 60.0
+
+
+# One of each per model phase: made by functions, not by calling the class (`quick_new`).
+_model_request = quick_new(ModelRequest)
+_assistant_message = quick_new(AssistantMessage)
 
 
 class _Outcome:
@@ -106,7 +112,7 @@ class ModelPhase:
                 self.skip = 0
                 poke = tap._tap(self.acc.blocks(), self)
                 self.watch = poke if poke is not None else tap.on_stream
-        request = ModelRequest(
+        request = _model_request(
             messages=TranscriptView(engine.messages, len(engine.messages), self.extra),
             system=opts.system,
             tools=engine.tool_specs,
@@ -202,7 +208,7 @@ class ModelPhase:
             message, calls = commit_response(engine, message)
             st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
-            return [AssistantMessage(message=message, stop_reason=acc.stop_reason)]
+            return [_assistant_message(message=message, stop_reason=acc.stop_reason)]
         return self._retry_or_end(error)
 
     def _resample(self, cut: Resample) -> list[Event]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from agentloop import Event, TurnEnded, Usage
 from agentloop._messages import text_block, tool_result_block, tool_use_block
 from agentloop._model import ModelRequest, StreamEvent
-from agentloop._quick import quick_init
+from agentloop._quick import quick_init, quick_new
 from agentloop._tools import ToolContext
 
 EVENT_CLASSES = (*get_args(Event), Usage, ModelRequest, ToolContext, *get_args(StreamEvent))
@@ -49,6 +49,35 @@ def test_property_quick_init_builds_what_the_dataclass_init_builds(cls: Any, dat
         assert isinstance(quick, tuple) and quick[0] == "TypeError"  # same failure, same kind
     else:
         assert quick == ref and repr(quick) == repr(ref)
+
+
+@given(cls=st.sampled_from(EVENT_CLASSES), data=st.data())
+def test_property_quick_new_builds_what_the_class_builds(cls: Any, data: st.DataObject) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    positional = [f.name for f in dataclasses.fields(cls) if not f.kw_only]
+    args = data.draw(st.lists(_VALUES, max_size=len(positional) + 1))
+    chosen = data.draw(st.lists(st.sampled_from([*names, "unknown_field"]), unique=True))
+    kwargs = {name: data.draw(_VALUES) for name in chosen}
+    make = quick_new(cls)
+
+    made = _outcome(lambda **kw: make(*args, **kw), kwargs)
+    ref = _outcome(lambda **kw: cls(*args, **kw), kwargs)
+    if isinstance(ref, tuple):
+        assert isinstance(made, tuple) and made[0] == "TypeError"
+    else:
+        assert type(made) is cls and made == ref and repr(made) == repr(ref)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, names[0], None)
+
+
+@pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.__name__)
+def test_quick_new_takes_the_class_signature(cls: Any) -> None:
+    made, own = inspect.signature(quick_new(cls)).parameters, inspect.signature(cls).parameters
+    assert [(p.name, p.kind, repr(p.default)) for p in made.values()] == [
+        (p.name, p.kind, repr(p.default)) for p in own.values()
+    ]
+    ended = quick_new(TurnEnded)(reason="completed")
+    assert ended.usage == Usage() and quick_new(TurnEnded)(reason="completed").usage is not ended.usage
 
 
 @pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.__name__)
