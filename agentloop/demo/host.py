@@ -10,7 +10,7 @@ into the `Renderer`; the host itself never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 from .._engine import QueryEngine
@@ -66,13 +66,20 @@ class Host:
                 self.engine.follow_up(prompt)
             return
         self._idle_sigint = False
-        self.task = asyncio.get_running_loop().create_task(self._drive(prompt), name="agentloop-demo-run")
+        try:
+            # Made here, not in the task: from now on the run is the engine's current one, so what
+            # is typed before the task's first step steers or stops this run.
+            run = self.engine.run(prompt)
+        except Exception as exc:  # a host keeps going: show it, stay usable
+            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+            return
+        self.task = asyncio.get_running_loop().create_task(self._drive(run), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
         self.show_keys()
 
-    async def _drive(self, prompt: str | None) -> None:
+    async def _drive(self, run: AsyncIterator[Event]) -> None:
         try:
-            async for event in self.engine.run(prompt):
+            async for event in run:
                 self.r.show(event)
                 if self.on_event is not None:
                     self.on_event(event)
