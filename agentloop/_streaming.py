@@ -8,6 +8,7 @@ so the host can erase it and nothing is duplicated in the transcript.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import random
@@ -132,6 +133,11 @@ class ModelPhase:
                 raise _not_a_stream(engine, produced) from None
         except Exception as exc:
             self.failed(exc)
+            return None
+        except asyncio.CancelledError:  # raised by the call itself: no await, so no cancel delivered
+            if _host_cancelling():
+                raise
+            self.cancelled_itself()
             return None
 
     def failed(self, exc: Exception) -> None:
@@ -305,12 +311,27 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
 
 
 async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
+    """Close an attempt's stream. What its closing raises is logged and the attempt's outcome
+    stands, a CancelledError included unless the task running the loop is being cancelled
+    (then it is the host's, and propagates)."""
     close = getattr(stream, "aclose", None)
     if close is not None:
         try:
             await close()
         except Exception:
             log.debug("closing the model stream raised", exc_info=True)
+        except asyncio.CancelledError:
+            if _host_cancelling():
+                raise
+            log.debug("closing the model stream raised CancelledError, though the run was not cancelled", exc_info=True)
+
+
+def _host_cancelling() -> bool:
+    """After a CancelledError outside a guarded await (so not the run's own abort): True when it
+    is a cancel of the task running the loop, which must propagate; False when the model raised
+    it of its own (it awaited something else that was cancelled)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _stream_watch(
