@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
-from ._inbox import envelope
+from ._inbox import Queued, envelope
 from ._messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock, message
 from ._policy import notify
 from ._repair import unused_id
@@ -211,13 +211,18 @@ def strip_final(engine: QueryEngine) -> None:
         messages.pop()
 
 
+def interjection_message(engine: QueryEngine, items: list[Queued]) -> Message:
+    """Interjections sent while the model worked, as the one message that tells it so."""
+    texts = engine.options.texts
+    body = envelope(texts.interjection_intro, [q.text for q in items], texts.interjection_reminder)
+    return Message.user(body, synthetic=True, kind="interjection", meta={"receipts": [q.id for q in items]})
+
+
 def drain_interjections(engine: QueryEngine, st: RunState) -> list[Event]:
     items = engine.inbox.take(engine.inbox.interjections)
     if not items:
         return []
-    texts = engine.options.texts
-    body = envelope(texts.interjection_intro, [q.text for q in items], texts.interjection_reminder)
-    engine._commit(Message.user(body, synthetic=True, kind="interjection", meta={"receipts": [q.id for q in items]}))
+    engine._commit(interjection_message(engine, items))
     notify(engine.policies, "begin_turn", real_user=True)
     event = InterjectionInjected(texts=tuple(q.text for q in items), ids=tuple(q.id for q in items))
     engine._record_event(event)

@@ -291,10 +291,15 @@ class QueryEngine:
     def interject(self, text: str) -> str:
         """Queue ``text`` for the model at the next safe point, cancelling nothing.
 
+        When idle, ``text`` starts the next run as the user's own message (before its prompt).
         Returns a receipt id, repeated in the InterjectionInjected (or
         InterjectionDropped) event. Raises ValueError for a blank text.
         """
-        return self.inbox.put(self.inbox.interjections, text, "int")
+        # Late: run(prompt) was called and has not begun, so the text was typed after that
+        # prompt. Idle: no run in progress or waiting to begin either.
+        late = self._fresh_run is not None
+        idle = not late and self._state is None and self._next_run is None
+        return self.inbox.put(self.inbox.interjections, text, "int", idle=idle, late=late)
 
     def follow_up(self, text: str) -> str:
         """Queue ``text`` as a new turn after the current turn completes (ValueError if blank)."""

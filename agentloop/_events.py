@@ -115,6 +115,8 @@ class ToolCallStarted(_Event):
     """
 
     type: ClassVar[str] = "tool_call_started"
+    #: Properties its JSON (`event_json`, a session's event record) holds too, after the fields.
+    _json_properties: ClassVar[tuple[str, ...]] = ("input",)
     tool_use: ToolUseBlock
     updated_input: dict[str, Any] | None = None
 
@@ -135,6 +137,7 @@ class ToolCallFinished(_Event):
     """
 
     type: ClassVar[str] = "tool_call_finished"
+    _json_properties: ClassVar[tuple[str, ...]] = ("input",)
     tool_use: ToolUseBlock
     result: ToolResultBlock
     synthetic: bool = False

@@ -22,6 +22,9 @@ __all__ = ["Inbox", "Queued", "Texts", "escape_envelope"]
 class Queued:
     id: str
     text: str
+    n: int = 0  # when it was queued: receipts of all three queues are counted together
+    idle: bool = False  # queued while no run was going
+    late: bool = False  # queued after run(prompt) was called, before that run began
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,7 @@ class Inbox:
         self.follow_ups: list[Queued] = []
         self.send_now: list[Queued] = []
 
-    def put(self, queue: list[Queued], text: str, prefix: str) -> str:
+    def put(self, queue: list[Queued], text: str, prefix: str, *, idle: bool = False, late: bool = False) -> str:
         if not isinstance(text, str):
             raise TypeError(f"expected a str, got {type(text).__name__}")
         if not text.strip():
@@ -118,8 +121,9 @@ class Inbox:
             # Two first receipts at once may each make a tag: both are fresh, and the count
             # they share keeps every id distinct.
             tag = self._tag = secrets.token_hex(4)
-        receipt = f"{prefix}-{tag}-{next(self._ids)}"
-        queue.append(Queued(receipt, text))
+        n = next(self._ids)
+        receipt = f"{prefix}-{tag}-{n}"
+        queue.append(Queued(receipt, text, n, idle, late))
         return receipt
 
     def take(self, queue: list[Queued]) -> list[Queued]:

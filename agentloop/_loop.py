@@ -71,6 +71,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     try:
         while starts is not None:
             yield start_turn(engine, st, starts, queued, stopped)
+            if st.injected is not None:  # interjections queued before the run, in its first turn
+                injected, st.injected = st.injected, None
+                yield injected
             reason: TerminalReason | None = None
             while reason is None:
                 # Limits first: with no request to follow, a merged interjection would go unanswered.

@@ -26,7 +26,7 @@ from ._policy import Nudge
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
-    from ._events import Event, TerminalReason
+    from ._events import Event, InterjectionInjected, TerminalReason
 
 __all__ = [
     "ABORTED",
@@ -134,6 +134,7 @@ class RunState:
         "finishing",
         "guarding",
         "hooked",
+        "injected",
         "last_reason",
         "last_results",
         "loop",
@@ -210,6 +211,9 @@ class RunState:
         # (a poller's progress can be in the part cut out); None while nothing was cut.
         self.uncut: dict[str, ToolResultBlock] | None = None
         self.turn_index = 0
+        # The interjections queued before the run, which its first turn begins with: reported
+        # right after that turn's TurnStarted.
+        self.injected: InterjectionInjected | None = None
         # The reason of an interrupt() that found the turn stopped by a send_now already: it is
         # meant for the turn the send-now's text starts (`_turns.start_turn` applies it).
         self.stop_next: str | None = None

@@ -14,10 +14,10 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController
-from ._commit import envelope_due, is_paused
-from ._events import TurnStarted
+from ._commit import envelope_due, interjection_message, is_paused
+from ._events import InterjectionInjected, TurnStarted
 from ._handle import left_in_another_loop
-from ._inbox import envelope
+from ._inbox import Queued, envelope
 from ._messages import Message, TextBlock
 from ._policy import ask, claim, notify
 from ._recording import catch_up_session, claim_store, release_store
@@ -85,13 +85,14 @@ def _begin(
     try:
         engine._vet_history()
         catch_up_session(engine)
-        starts = _first_turn(engine, prompt)
+        starts, injected = _first_turn(engine, prompt)
         controller = waited.controller if waited is not None else AbortController(parent=link_signal(engine))
     except BaseException:  # refused: the store is free again
         release_store(engine)
         raise
     st = RunState(controller, asyncio.current_task())
     st.token = token
+    st.injected = injected
     if waited is not None and waited.closed:  # aclose() from another task while it waited
         st.finishing = True
     if engine._start_pending:  # a background child's run: its parent's abort may have come first
@@ -128,11 +129,25 @@ def start_turn(
         st.controller.abort(held)
     for message in starts:
         engine._commit(message)
+    if st.injected is not None:  # the interjections queued before the run: the loop yields it next
+        engine._record_event(st.injected)
     # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
     real_user = any(map(_by_person, starts)) or _unanswered_person(engine.messages)
     notify(engine.policies, "begin_turn", real_user=real_user)
-    ids = tuple(m.meta["receipt"] for m in starts[:queued])
+    ids = tuple(r for m in starts[:queued] for r in _receipts(m))
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
+
+
+def _receipt_meta(q: Queued) -> dict[str, object]:
+    """Where a queued text's message keeps its receipt: an interjection's under "receipts", as
+    in the envelope (its delivery is its InterjectionInjected), another's under "receipt"."""
+    return {"receipts": [q.id]} if q.idle else {"receipt": q.id}  # only an interjection is marked idle
+
+
+def _receipts(message: Message) -> list[str]:
+    """The receipt ids of the queued texts ``message`` delivers (one, or an envelope's several)."""
+    one = message.meta.get("receipt")
+    return [one] if one is not None else list(message.meta.get("receipts", ()))
 
 
 def next_turn(engine: QueryEngine, st: RunState, stopped: bool) -> list[Message] | None:
@@ -160,34 +175,60 @@ def _user(engine: QueryEngine, text: str, wrap: bool, **fields: object) -> Messa
     return Message.user(text, **fields)
 
 
-def _first_turn(engine: QueryEngine, prompt: str | Message | None) -> list[Message]:
-    """The first turn's messages: texts sent now while the engine was idle, then ``prompt``;
-    without one, the queued follow-ups, or [] to resume. Raises ValueError or TypeError for a
-    prompt it cannot send, ValueError when there is nothing to run."""
+def _first_turn(
+    engine: QueryEngine, prompt: str | Message | None
+) -> tuple[list[Message], InterjectionInjected | None]:
+    """The first turn's messages: what was queued before the run (see `_queued_first`), then
+    ``prompt``; without one, what was queued (follow-ups among it), or [] to resume; and the
+    receipt of the interjections among them. Raises ValueError or TypeError for a prompt it
+    cannot send, ValueError when there is nothing to run."""
     if isinstance(prompt, Message):
         if prompt.role != "user":
             raise ValueError("run() takes a user message as its prompt")
-        given = _vetted_prompt(encodable_message(prompt))
-        # Texts sent now while the engine was idle start the run: they were typed first.
-        queued = _take_starts(engine, follow_ups=False)
-        if not queued and envelope_due(engine):
-            given[0] = _in_envelope(engine, given[0])
-        return [*queued, *given]
+        return _queued_first(engine, _vetted_prompt(encodable_message(prompt)), follow_ups=False)
     if isinstance(prompt, str):
         if not prompt.strip():  # it would be a blank user message, which providers refuse
             raise ValueError("run() needs a prompt with text in it (or None, to resume)")
-        queued = _take_starts(engine, follow_ups=False)
-        wrap = not queued and envelope_due(engine)
-        return [*queued, _user(engine, scrub(prompt), wrap)]  # queued texts were scrubbed when queued
+        return _queued_first(engine, [Message.user(scrub(prompt))], follow_ups=False)
     if prompt is not None:
         raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
-    queued = _take_starts(engine, follow_ups=True)
+    queued, injected = _queued_first(engine, [], follow_ups=True)
     if queued:
-        return queued
+        return queued, injected
     last = engine.messages[-1] if engine.messages else None
     if engine.inbox.interjections or (last is not None and (last.role == "user" or is_paused(last))):
-        return []  # resume: the transcript (or the queue) already holds the input, or a paused turn goes on
+        return [], None  # resume: the transcript (or the queue) holds the input, or a paused turn goes on
     raise ValueError("run() needs a prompt: the transcript does not end with a user message")
+
+
+def _queued_first(
+    engine: QueryEngine, given: list[Message], *, follow_ups: bool
+) -> tuple[list[Message], InterjectionInjected | None]:
+    """``given`` after the texts queued before the run, which were typed first: interjections an
+    earlier run left queued (sent while the model worked: in their envelope), then the texts sent
+    while the engine was idle (send-now texts, else, with ``follow_ups``, the follow-ups; and
+    interjections, nothing being at work to interject in) as the user's own messages, in the
+    order sent. The first of those, or ``given``, goes in the interrupt envelope when due.
+    Interjections sent after ``run(prompt)`` was called stay queued, to follow the prompt."""
+    inbox = engine.inbox
+    items = inbox.take(inbox.send_now)
+    if not items and follow_ups:
+        items = inbox.take(inbox.follow_ups)
+    steered = inbox.take(inbox.interjections)
+    late = [q for q in steered if q.late]
+    if late:  # typed after the prompt: merged at the first safe point, after it
+        inbox.interjections[:0] = late  # ahead of any queued since the take (one atomic step)
+        steered = [q for q in steered if not q.late]
+    earlier = [q for q in steered if not q.idle]
+    typed = sorted([*items, *(q for q in steered if q.idle)], key=lambda q: q.n)
+    own = [Message.user(q.text, meta=_receipt_meta(q)) for q in typed]  # texts scrubbed when queued
+    own += given
+    if own and envelope_due(engine):
+        own[0] = _in_envelope(engine, own[0])
+    if not steered:
+        return own, None
+    injected = InterjectionInjected(texts=tuple(q.text for q in steered), ids=tuple(q.id for q in steered))
+    return ([interjection_message(engine, earlier)] if earlier else []) + own, injected
 
 
 def _vetted_prompt(prompt: Message) -> list[Message]:

@@ -53,14 +53,98 @@ def calls(*names: str) -> ScriptedResponse:
 
 
 async def test_interjection_safe_point_top_of_iteration() -> None:
-    engine = engine_for(["ok"])
-    receipt = engine.interject("also mind the tests")
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        receipts.append(ctx.engine.interject("also mind the tests"))
+        return "tool done"
+
+    receipts: list[str] = []
+    engine = engine_for([calls("t"), "ok"], tools=[t])
     events = await collect(engine, "go")
     injected = [e for e in events if isinstance(e, InterjectionInjected)]
-    assert injected[0].ids == (receipt,)
+    assert injected[0].ids == tuple(receipts)
     model = engine.model
     assert isinstance(model, ScriptedModel)
-    assert "also mind the tests" in model.requests[0].messages[-1].text
+    assert "also mind the tests" in model.requests[1].messages[-1].text
+    assert model.requests[1].messages[-1].kind == "interjection"
+
+
+@pytest.mark.parametrize("prompt", ["str", "message", "none"])
+async def test_an_interjection_sent_while_idle_starts_the_next_run_as_the_users_own_words(prompt: str) -> None:
+    """An interjection sent while no run was going reached the next run after its prompt, wrapped
+    as "The user sent a message while you were working:" when nothing was running. It now starts
+    the run as the user's own message, before the prompt and in the order sent (a send-now text
+    sent while idle among them); its receipt is in TurnStarted.ids and in the InterjectionInjected
+    that follows."""
+    engine = engine_for(["ok"])
+    first = engine.interject("also mind the tests")
+    sent = engine.send_now("and be brief")
+    last = engine.interject("one more thing")
+    given: str | Message | None = {"str": "go", "message": Message.user("go"), "none": None}[prompt]
+    events = await collect(engine, given)
+    started = [e for e in events if isinstance(e, TurnStarted)]
+    injected = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert [type(e) for e in events[:2]] == [TurnStarted, InterjectionInjected]
+    assert started[0].ids == (first, sent, last)
+    assert [(e.ids, e.texts) for e in injected] == [((first, last), ("also mind the tests", "one more thing"))]
+    texts = ["also mind the tests", "and be brief", "one more thing"] + (["go"] if given is not None else [])
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    sent_messages = model.requests[0].messages
+    assert [m.text for m in sent_messages] == texts
+    assert all(m.role == "user" and not m.synthetic and m.kind is None for m in sent_messages)
+    assert "while you were working" not in "".join(m.text for m in sent_messages)
+    assert [m.meta for m in sent_messages[:3]] == [{"receipts": [first]}, {"receipt": sent}, {"receipts": [last]}]
+    assert started[0].prompt is not None and started[0].prompt.text == texts[-1]
+    assert not engine.inbox.interjections and validate_transcript(engine.messages) == []
+
+
+async def test_an_interjection_sent_after_run_was_called_follows_its_prompt() -> None:
+    """run(prompt) was called, its first step not taken yet: the prompt came first, so an
+    interjection sent now follows it, as one sent while the model works."""
+    engine = engine_for(["ok"])
+    run = engine.run("go")
+    receipt = engine.interject("also this")
+    events = [ev async for ev in run]
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [(receipt,)]
+    assert [(m.kind, m.text.startswith("The user sent")) for m in engine.messages[:2]] == [(None, False), ("interjection", True)]
+
+
+async def test_an_idle_interjection_receipt_is_recorded_in_the_session(tmp_path: Any) -> None:
+    from agentloop.sessions import JsonlSession
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = engine_for(["ok"], session=session)
+        receipt = engine.interject("also mind the tests")
+        await collect(engine, "go")
+    events = JsonlSession(path).load().events
+    assert [e["ids"] for e in events if e["type"] == "interjection_injected"] == [[receipt]]
+
+
+async def test_an_interjection_left_by_a_stopped_run_keeps_its_envelope_ahead_of_the_next_prompt() -> None:
+    """Sent while the model was working, then left queued by a run the host stopped: the next run
+    still delivers it as sent while working, before the new prompt it came before, and an idle
+    one after it, in the order sent."""
+    engine = engine_for([ScriptedResponse(text="abcdefgh", chunk=2), "ok"])
+    working = ""
+    run = engine.run("go")
+    async for ev in run:
+        if isinstance(ev, TextDelta):
+            working = engine.interject("while working")
+            break
+    await run.aclose()
+    idle = engine.interject("while idle")
+    events = await collect(engine, "next")
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [(working, idle)]
+    assert [e.ids for e in events if isinstance(e, TurnStarted)] == [(working, idle)]
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    tail = model.requests[-1].messages[-3:]
+    assert tail[0].kind == "interjection" and tail[0].text.startswith("The user sent a message while you were working:")
+    assert "<user_query>\nwhile working\n</user_query>" in tail[0].text
+    assert [(m.kind, m.text) for m in tail[1:]] == [(None, "while idle"), (None, "next")]
+    assert validate_transcript(engine.messages) == []
 
 
 async def test_interjection_safe_point_after_a_tool_batch_cancels_nothing() -> None:
@@ -176,9 +260,10 @@ async def test_a_message_steered_in_while_the_host_holds_the_last_turnended_gets
 
 
 async def test_interjection_envelope_text_and_reminder() -> None:
-    engine = engine_for(["ok"])
-    engine.interject("hello")
-    await collect(engine, "go")
+    engine = engine_for(["first", "ok"])
+    async for ev in engine.run("go"):
+        if isinstance(ev, AssistantMessage) and ev.message.text == "first":
+            engine.interject("hello")
     body = next(m for m in engine.messages if m.kind == "interjection").text
     assert body.startswith("The user sent a message while you were working:")
     assert "<user_query>\nhello\n</user_query>" in body

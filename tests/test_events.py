@@ -201,3 +201,23 @@ def test_event_json_refuses_what_is_not_an_event() -> None:
     for thing in ({"type": "text_delta"}, Message.user("hi"), None):
         with pytest.raises(TypeError, match="agentloop event"):
             event_json(thing)  # type: ignore[arg-type]
+
+
+def test_event_json_carries_the_input_a_call_ran_with() -> None:
+    """``input`` is a property of ToolCallStarted/ToolCallFinished (``updated_input``, else the
+    model's), so a client reading event_json() had to derive it again: it is in the JSON now."""
+    from agentloop import event_json
+    from agentloop._events import ToolCallFinished, ToolCallStarted
+
+    call = tool_use_block("toolu_1", "read", {"path": "../etc/passwd"})
+    result = tool_result_block("toolu_1", "ok")
+    for event in (
+        ToolCallStarted(tool_use=call),
+        ToolCallStarted(tool_use=call, updated_input={"path": "docs/a.md"}),
+        ToolCallFinished(tool_use=call, result=result),
+        ToolCallFinished(tool_use=call, result=result, updated_input={"path": "docs/a.md"}),
+    ):
+        data = _strict_loads(event_json(event))
+        assert data["input"] == event.input
+        assert data["tool_use"]["input"] == {"path": "../etc/passwd"}  # the model's call, as written
+        assert data["updated_input"] == event.updated_input

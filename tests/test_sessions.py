@@ -1681,3 +1681,32 @@ def test_a_dropped_session_warns_exactly_when_it_held_open_files_and_leaves_none
         assert len([w for w in caught if issubclass(w.category, ResourceWarning)]) == holding
         assert _fds_on(path) == _fds_on(side) == 0
 
+
+
+def test_tool_call_records_carry_the_input_that_ran_and_older_ones_load_with_it(tmp_path: Path) -> None:
+    """A ToolCallStarted/ToolCallFinished record holds ``input`` (the input the call ran with);
+    a record an older version wrote without it loads with it filled in from ``updated_input``,
+    else the model's ``tool_use.input``, so a reader sees one shape."""
+    from agentloop._events import ToolCallFinished, ToolCallStarted
+    from agentloop._messages import tool_result_block, tool_use_block
+
+    path = tmp_path / "s.jsonl"
+    call = tool_use_block("toolu_1", "read", {"path": "../etc/passwd"})
+    with JsonlSession(path) as session:
+        session.append_event(ToolCallStarted(tool_use=call, updated_input={"path": "docs/a.md"}))
+        session.append_event(ToolCallFinished(tool_use=call, result=tool_result_block("toolu_1", "ok")))
+    written = [json.loads(line)["event"] for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [e["input"] for e in written] == [{"path": "docs/a.md"}, {"path": "../etc/passwd"}]
+
+    older = tmp_path / "old.jsonl"
+    records = []
+    for event in written:
+        event = dict(event)
+        del event["input"]
+        records.append(json.dumps({"type": "event", "event": event}))
+    odd = {"type": "tool_call_started", "tool_use": "not a block", "updated_input": None}
+    records.append(json.dumps({"type": "event", "event": odd}))
+    older.write_text("\n".join(records) + "\n", encoding="utf-8")
+    loaded = JsonlSession(older).load()
+    assert [e.get("input") for e in loaded.events] == [{"path": "docs/a.md"}, {"path": "../etc/passwd"}, None]
+    assert loaded.events[2] == odd and loaded.warnings == []

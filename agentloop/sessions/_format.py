@@ -28,7 +28,8 @@ _OTHER_LINE_BREAK = re.compile("[\x85\u2028\u2029]")  # JSON escapes the others 
 def event_to_json(value: Any) -> Any:
     """Turn an event (or any value inside one) into JSON-ready data.
 
-    Dataclasses become objects (with their ``type`` tag when they have one),
+    Dataclasses become objects (with their ``type`` tag when they have one, and after their
+    fields the properties their ``_json_properties`` names, as a tool call's ``input``),
     pydantic models are dumped in JSON mode (a value a model cannot dump, such as a
     host's object in a message's ``meta``, as its repr), tuples and sets become lists, enums
     their value; anything else JSON cannot encode is left for the encoder's
@@ -48,6 +49,8 @@ def event_to_json(value: Any) -> Any:
             out["type"] = tag
         for f in dataclasses.fields(value):
             out[f.name] = event_to_json(getattr(value, f.name))
+        for name in getattr(type(value), "_json_properties", ()):  # derived, kept for readers (``input``)
+            out[name] = event_to_json(getattr(value, name))
         return out
     if isinstance(value, Mapping):
         return {str(k): event_to_json(v) for k, v in value.items()}

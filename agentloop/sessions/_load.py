@@ -41,7 +41,8 @@ class LoadedSession:
     ``messages``: the repaired, valid transcript. ``repairs``: one line per change
     `repair_transcript` made. ``warnings``: torn or corrupt lines that were
     skipped. ``events``: the event records, as JSON objects (``event["type"]``
-    is the event's type tag).
+    is the event's type tag; a tool call's record an older version wrote without ``input``
+    has it filled in).
     """
 
     messages: list[Message]
@@ -133,7 +134,7 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
         if kind == "message":
             loaded.messages.append(_message(record["message"], notes))
         elif kind == "event" and isinstance(record.get("event"), dict):
-            loaded.events.append(record["event"])
+            loaded.events.append(_with_input(record["event"]))
         elif kind == "checkpoint":
             loaded.messages = [_message(m, notes) for m in record["messages"]]
         else:
@@ -142,6 +143,24 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
         # RecursionError: a line nested deeper than the parser's stack (damage, or not a session)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return None
+
+
+_TOOL_CALL_EVENTS = frozenset({"tool_call_started", "tool_call_finished"})
+
+
+def _with_input(event: dict[str, Any]) -> dict[str, Any]:
+    """``event``, a tool call's record from an older version (written without ``input``, the
+    input the call ran with) given it as a record written today holds it: ``updated_input``,
+    else the model's ``tool_use.input``. Any other record (or one too damaged to tell) as it is."""
+    if event.get("type") not in _TOOL_CALL_EVENTS or "input" in event:
+        return event
+    ran = event.get("updated_input")
+    if ran is None:
+        call = event.get("tool_use")
+        ran = call.get("input") if isinstance(call, dict) else None
+    if isinstance(ran, dict):
+        event["input"] = ran
+    return event
 
 
 _BLOCKS: dict[str, type[BaseModel]] = {
