@@ -133,10 +133,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     phase.watch_raised()
                                     verdict = None
                                 if verdict is not None:
-                                    detected = phase.judged(verdict)
-                                    if detected is not None:
+                                    for detected in phase.judged(verdict):
                                         yield detected
-                                    elif phase.outcome.cut is not None:
+                                    if phase.outcome.cut is not None:
                                         break
                     finally:
                         if stream is not None:

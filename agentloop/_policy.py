@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOOKS",
+    "VERDICTS",
     "EndTurn",
     "Nudge",
     "Policy",
@@ -44,6 +45,7 @@ __all__ = [
     "ask",
     "check_hooks",
     "claim",
+    "not_a_verdict",
     "notify",
     "release",
 ]
@@ -199,19 +201,20 @@ def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str,
             continue
         if verdict is None:
             continue
-        if not isinstance(verdict, _VERDICTS):
-            _not_a_verdict(policy, hook, verdict)
+        if not isinstance(verdict, VERDICTS):
+            not_a_verdict(policy.name, hook, verdict)
             continue
         out.append((policy.name, verdict))
     return out
 
 
-_VERDICTS = (Warn, Resample, Nudge, EndTurn)
+#: The verdict classes, for an isinstance check of what a hook returned.
+VERDICTS = (Warn, Resample, Nudge, EndTurn)
 #: The hooks the engine calls without awaiting them (`check_hooks`).
 HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_response", "on_results")
 
 
-def _not_a_verdict(policy: Policy, hook: str, value: object) -> None:
+def not_a_verdict(policy: str, hook: str, value: object) -> None:
     """A hook returned something that is neither a verdict nor None (``"stop"``, True): a policy
     bug, logged and ignored like one that raises. A coroutine (an async function set on the
     instance, which `check_hooks` cannot see) is closed, so it is not reported again, unawaited."""
@@ -219,7 +222,7 @@ def _not_a_verdict(policy: Policy, hook: str, value: object) -> None:
         value.close()
     log.error(
         "policy %s.%s returned %s, not a verdict (Nudge, EndTurn, Warn, Resample or None); ignored",
-        policy.name,
+        policy,
         hook,
         reprlib.repr(value),
     )

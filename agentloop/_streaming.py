@@ -8,6 +8,7 @@ so the host can erase it and nothing is duplicated in the transcript.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import random
@@ -27,7 +28,7 @@ from ._events import (
 )
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
-from ._policy import Policy, Resample, Verdict, Warn, notify
+from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
@@ -133,6 +134,11 @@ class ModelPhase:
         except Exception as exc:
             self.failed(exc)
             return None
+        except asyncio.CancelledError:  # raised by the call itself: no await, so no cancel delivered
+            if _host_cancelling():
+                raise
+            self.cancelled_itself()
+            return None
 
     def failed(self, exc: Exception) -> None:
         """The attempt ended with ``exc`` (raised by the model's stream, or by the accumulator for
@@ -157,18 +163,28 @@ class ModelPhase:
         """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
         log.exception("policy %s.on_stream raised; ignored", self.credit)
 
-    def judged(self, verdict: Verdict) -> DoomLoopDetected | None:
-        """What the stream-watching policies' ``verdict`` on an event does: an event to show the
-        host, or None; a resample it calls for cuts the attempt (``outcome.cut``)."""
-        if not isinstance(verdict, Resample | Warn):  # nothing else acts here
-            return None
+    def judged(self, verdict: Verdict) -> list[DoomLoopDetected]:
+        """What the stream-watching policies' ``verdict`` on an event does: the events to show
+        the host, one for each policy's verdict (see `_Panel`), but a resample that cuts the
+        attempt (``outcome.cut``), which `conclude` reports."""
         credit = self.credit
+        if isinstance(credit, str):  # a single watcher, called by the loop itself
+            if not isinstance(verdict, Resample | Warn):  # nothing else acts here
+                if not isinstance(verdict, VERDICTS):
+                    not_a_verdict(credit, "on_stream", verdict)
+                return []
+            heard: list[tuple[str, Verdict]] = [(credit, verdict)]
+        else:
+            heard = credit.heard
         outcome = self.outcome
-        outcome.policy = credit if isinstance(credit, str) else credit.policy
-        if isinstance(verdict, Resample) and self.armed:
-            outcome.cut = verdict
-            return None
-        return _detected(self.engine, verdict, outcome.policy)
+        shown: list[DoomLoopDetected] = []
+        for policy, said in heard:
+            if isinstance(said, Resample) and self.armed:
+                if outcome.cut is None:  # the first cuts; the attempt is cut once
+                    outcome.cut, outcome.policy = said, policy
+                continue
+            shown.append(_detected(self.engine, said, policy))
+        return shown
 
     def conclude(self) -> list[Event]:
         """After an attempt (its stream closed): commit, resample, retry or end.
@@ -305,12 +321,27 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
 
 
 async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
+    """Close an attempt's stream. What its closing raises is logged and the attempt's outcome
+    stands, a CancelledError included unless the task running the loop is being cancelled
+    (then it is the host's, and propagates)."""
     close = getattr(stream, "aclose", None)
     if close is not None:
         try:
             await close()
         except Exception:
             log.debug("closing the model stream raised", exc_info=True)
+        except asyncio.CancelledError:
+            if _host_cancelling():
+                raise
+            log.debug("closing the model stream raised CancelledError, though the run was not cancelled", exc_info=True)
+
+
+def _host_cancelling() -> bool:
+    """After a CancelledError outside a guarded await (so not the run's own abort): True when it
+    is a cancel of the task running the loop, which must propagate; False when the model raised
+    it of its own (it awaited something else that was cancelled)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _stream_watch(
@@ -336,33 +367,42 @@ def _stream_watch(
 
 
 class _Panel:
-    """Several stream-watching policies: the first `Resample` wins, else the first `Warn`.
-
-    Every watcher sees every event, also the one a `Resample` comes on: the stream is not
-    cut when recovery is off or its budget spent, and the others go on reading it.
+    """Several stream-watching policies. Every watcher sees every event, also the one a
+    `Resample` comes on: the stream is not cut when recovery is off or its budget spent, and
+    the others go on reading it. Each one's `Warn` or `Resample` on an event is kept in
+    ``heard`` (in ``policies`` order) for `ModelPhase.judged`, which reports each; the first
+    `Resample` is the one that cuts the attempt.
     """
 
-    __slots__ = ("policy", "watchers")
+    __slots__ = ("heard", "watchers")
 
     def __init__(self, watchers: list[Policy]) -> None:
         self.watchers = watchers
-        self.policy = ""
+        self.heard: list[tuple[str, Verdict]] = []
 
     def judge(self, event: StreamEvent) -> Verdict | None:
-        found: Verdict | None = None
+        """The first `Resample` given on ``event``, else the first `Warn`, else None; ``heard``
+        is set only when one is returned (nothing is stored for the events nobody speaks on)."""
+        heard: list[tuple[str, Verdict]] | None = None
         for policy in self.watchers:
             try:
                 verdict = policy.on_stream(event)
             except Exception:
                 log.exception("policy %s.on_stream raised; ignored", policy.name)
                 continue
-            # The first Resample wins, else the first Warn.
-            if (isinstance(verdict, Resample) and not isinstance(found, Resample)) or (
-                isinstance(verdict, Warn) and found is None
-            ):
-                self.policy = policy.name
-                found = verdict
-        return found
+            if verdict is None:
+                continue
+            if not isinstance(verdict, Resample | Warn):  # nothing else acts here
+                if not isinstance(verdict, VERDICTS):
+                    not_a_verdict(policy.name, "on_stream", verdict)
+                continue
+            if heard is None:
+                heard = []
+            heard.append((policy.name, verdict))
+        if heard is None:
+            return None
+        self.heard = heard
+        return next((said for _, said in heard if isinstance(said, Resample)), heard[0][1])
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:

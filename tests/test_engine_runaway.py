@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from agentloop import (
     AttemptDiscarded,
     DoomLoopDetected,
+    DoomLoopSignal,
     InterjectionInjected,
     Message,
     ModelError,
@@ -803,6 +804,83 @@ async def test_a_nudge_or_end_from_on_stream_is_not_reported_as_a_doom_loop(alon
     engine = doom_engine([GOOD], policies=policies)
     events = await collect(engine, "go")
     assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+@pytest.mark.parametrize("value", ["loop", True])
+async def test_an_on_stream_that_returns_something_else_than_a_verdict_is_logged(
+    alone: bool, value: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``on_stream`` returning a string or a bool was ignored without a word, while the other
+    hooks log such a return as a policy bug: the host could not tell its watcher from one that
+    never fired. It is logged now, alone or beside another watcher, and still ignored."""
+
+    class SaysLoop(Policy):
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            return value if isinstance(event, StreamText) else None  # type: ignore[return-value]
+
+    policies: list[Policy] = [SaysLoop()] if alone else [SaysLoop(), CountsThinking()]
+    engine = doom_engine([GOOD], policies=policies)
+    events = await collect(engine, "go")
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    assert [m.text for m in engine.messages] == ["go", "Fixed it."]
+    assert f"SaysLoop.on_stream returned {value!r}, not a verdict" in caplog.text
+
+
+def _says(name: str, verdict: Verdict) -> Policy:
+    """A stream watcher called ``name`` that gives ``verdict`` on the response's first text delta."""
+
+    class Says(Policy):
+        said = False
+
+        @property
+        def name(self) -> str:
+            return name
+
+        def begin_attempt(self) -> None:
+            self.said = False
+
+        def on_stream(self, event: StreamEvent) -> Verdict | None:
+            if isinstance(event, StreamText) and not self.said:
+                self.said = True
+                return verdict
+            return None
+
+    return Says()
+
+
+def _signal(text: str) -> DoomLoopSignal:
+    return DoomLoopSignal.parse(text, unit="chars")
+
+
+@pytest.mark.parametrize("recovery", [True, False])
+async def test_each_stream_policy_that_warns_on_an_event_is_reported(recovery: bool) -> None:
+    """Two stream watchers warning on the same event: only the first warning was reported, so
+    the second policy's signals never reached the host. Each policy's warning is reported now,
+    in ``policies`` order, beside a Resample that cuts the attempt (which is reported once, by
+    the first policy to give one) or that recovery off only reports."""
+    first, second = Warn((_signal("low_logprob@text"),)), Warn((_signal("tail_repetition:9@text"),))
+    cut, also = Resample((_signal("tail_repetition:40@text"),)), Resample((_signal("tail_repetition:12@text"),))
+    policies = [
+        _says("Quiet", Warn()),
+        _says("First", first),
+        _says("Cutter", cut),
+        _says("Second", second),
+        _says("AlsoCuts", also),
+    ]
+    engine = doom_engine([GOOD, GOOD], policies=policies, doom_loop_recovery=recovery, doom_budget=1)
+    events = await collect(engine, "go")
+    reported = [(e.policy, e.action, e.signals) for e in events if isinstance(e, DoomLoopDetected)]
+    quiet, warned = ("Quiet", "warn", ()), ("First", "warn", first.signals)
+    later, never = ("Second", "warn", second.signals), "disarmed" if recovery else "off"
+    unarmed = [quiet, warned, ("Cutter", never, cut.signals), later, ("AlsoCuts", never, also.signals)]
+    if recovery:  # the cut attempt, then the resample's, with the budget spent
+        assert reported == [quiet, warned, later, ("Cutter", "resample", cut.signals), *unarmed]
+    else:
+        assert reported == unarmed
     assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
     assert [m.text for m in engine.messages] == ["go", "Fixed it."]
 

@@ -740,6 +740,114 @@ async def test_a_model_stream_that_raises_cancelled_error_of_its_own_ends_with_m
     assert validate_transcript(engine.messages) == [] and not engine.running
 
 
+async def test_a_model_stream_call_that_raises_cancelled_error_of_its_own_ends_with_model_error() -> None:
+    """``model.stream(...)`` itself (not its iteration) raising CancelledError, though nobody
+    cancelled the run, propagated out of run() as a cancel of the host's task. It is a failure
+    of the model's request now, as when the stream raises it while iterated."""
+
+    class Stray:
+        requests = 0
+
+        def stream(self, request: object, signal: object) -> object:
+            self.requests += 1
+            raise asyncio.CancelledError  # e.g. the result of a cancelled future read synchronously
+
+    model = Stray()
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
+    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
+    assert validate_transcript(engine.messages) == [] and not engine.running
+
+
+@pytest.mark.parametrize("ending", ["complete", "failed"])
+async def test_a_model_stream_that_raises_cancelled_error_as_it_is_closed_does_not_cancel_the_host(
+    ending: str,
+) -> None:
+    """A stream whose closing (``aclose()`` at the end of an attempt) raises CancelledError of
+    its own, though nobody cancelled the run, propagated out of run() as a cancel of the host's
+    task. It is treated as any other error raised while closing: logged, and the attempt's
+    outcome stands (a complete response is kept; a failed attempt is retried or ends the turn)."""
+
+    class Closing:
+        """An async iterator (not a generator: its aclose is called even after its end)."""
+
+        def __init__(self) -> None:
+            self.events: list[object] = [StreamText(0, "Done."), StreamBlockStop(0), StreamEnd("end_turn")]
+            self.closed = 0
+
+        def __aiter__(self) -> Closing:
+            return self
+
+        async def __anext__(self) -> object:
+            if not self.events:
+                raise StopAsyncIteration
+            if ending == "failed" and len(self.events) == 1:
+                raise ModelError("connection reset")
+            return self.events.pop(0)
+
+        async def aclose(self) -> None:
+            self.closed += 1
+            raise asyncio.CancelledError  # its connection's reader task was cancelled
+
+    class Model:
+        def __init__(self) -> None:
+            self.streams: list[Closing] = []
+
+        def stream(self, request: object, signal: object) -> Closing:
+            self.streams.append(Closing())
+            return self.streams[-1]
+
+    model = Model()
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.abort_reason is None
+    assert all(s.closed == 1 for s in model.streams)
+    if ending == "complete":
+        assert end.reason == "completed" and engine.messages[-1].text == "Done." and len(model.streams) == 1
+    else:
+        assert end.reason == "model_error" and "connection reset" in (end.error or "")
+    assert validate_transcript(engine.messages) == [] and not engine.running
+
+
+async def test_a_host_cancel_while_the_model_stream_is_closed_propagates() -> None:
+    """The other side of the rule above: a cancel of the host's task that lands while the
+    attempt's stream is being closed (its aclose awaits its connection) propagates after cleanup."""
+    closing = asyncio.Event()
+
+    class SlowClose:
+        def __aiter__(self) -> SlowClose:
+            return self
+
+        async def __anext__(self) -> object:
+            raise ModelError("bad request")  # not retryable: the attempt ends, the stream is closed
+
+        async def aclose(self) -> None:
+            closing.set()
+            await asyncio.Event().wait()
+
+    class Model:
+        def stream(self, request: object, signal: object) -> SlowClose:
+            return SlowClose()
+
+    engine = QueryEngine(Model(), policies=[])  # type: ignore[arg-type]
+
+    async def consume() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    await closing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
 # -- the consumer contract ------------------------------------------------------------------
 
 
