@@ -295,10 +295,12 @@ class QueryEngine:
         Returns a receipt id, repeated in the InterjectionInjected (or
         InterjectionDropped) event. Raises ValueError for a blank text.
         """
-        # Late: run(prompt) was called and has not begun, so the text was typed after that
-        # prompt. Idle: no run in progress or waiting to begin either.
+        # As the host sees it. Late: run(prompt) was called and has not begun (nor been dropped),
+        # so the text was typed after that prompt. Idle: no run in progress or waiting to begin
+        # either; a run the host stopped iterating is none, though its cleanup may still go on.
         late = self._fresh_run is not None
-        idle = not late and self._state is None and self._next_run is None
+        state = self._state
+        idle = not late and (state is None or state.released) and self._next_run is None
         return self.inbox.put(self.inbox.interjections, text, "int", idle=idle, late=late)
 
     def follow_up(self, text: str) -> str:

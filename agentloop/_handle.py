@@ -82,9 +82,13 @@ class RunHandle(AsyncGenerator[Event, None]):
 
 def consumer_gone(engine: QueryEngine, token: object) -> None:
     """The host stopped iterating: abort with "consumer_closed" and settle now (sync)."""
+    fresh = engine._fresh_run
+    if fresh is not None and fresh[0] is token:  # made and dropped (or closed) before its first step
+        engine._fresh_run = None
     st = engine._state
     if st is None or st.token is not token or st.closed:
         return
+    st.released = True  # from the host's side no run is going, whatever its cleanup still does
     if st.turn_over:
         # Stopped after the turn's TurnEnded: nothing to settle, and no further turn. Marked, so
         # that a run() begun at once waits for the cleanup rather than finding a run in progress.

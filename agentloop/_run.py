@@ -145,6 +145,7 @@ class RunState:
         "pending_events",
         "pending_tasks",
         "phase",
+        "released",
         "response",
         "results",
         "runner",
@@ -200,6 +201,7 @@ class RunState:
         self.turn_over = False
         self.hooked = False  # this turn's abort hooks have been called
         self.finishing = False
+        self.released = False  # the host stopped iterating (dropped or closed the run): it is gone for the host
         self.continues = False
         self.last_reason: TerminalReason | None = None
         self.response: Message | None = None

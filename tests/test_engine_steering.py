@@ -1060,3 +1060,50 @@ async def test_a_send_now_that_lands_as_its_own_turn_starts_does_not_stop_that_t
             engine.inbox.put(engine.inbox.send_now, "instead", "send")  # queued, not yet stopped
     ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
     assert ends == [("completed", None), ("completed", None)]
+
+
+async def test_an_interjection_sent_while_a_run_the_host_broke_out_of_cleans_up_is_idle() -> None:
+    """The host stopped iterating (``break``, the handle dropped, no ``aclose()``) while a call
+    ran; the run's cleanup still waits for that call in the background. From the host's side no
+    run is going, so an interjection sent then is the user's own words before the next prompt,
+    not a message "sent while you were working" (the envelope it got)."""
+    release = asyncio.Event()
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        while not release.is_set():  # ignores the abort: the cleanup waits out its grace for it
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+        return "done"
+
+    engine = engine_for([calls("slow"), "ok"], tools=[slow], tool_cancel_grace=60.0)
+    async for ev in engine.run("go"):
+        if isinstance(ev, ToolCallStarted):
+            break
+    closing = engine._closing
+    assert closing is not None and not closing.done()  # the cleanup is still going
+    receipt = engine.interject("while idle")
+    release.set()
+    await closing
+    events = await collect(engine, "next")
+    assert [e.ids for e in events if isinstance(e, TurnStarted)] == [(receipt,)]
+    model = engine.model
+    assert isinstance(model, ScriptedModel)
+    tail = model.requests[-1].messages[-2:]
+    assert [(m.kind, m.text, m.meta) for m in tail] == [(None, "while idle", {"receipts": [receipt]}), (None, "next", {})]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_run_made_and_dropped_unbegun_leaves_later_interjections_idle() -> None:
+    """``run()`` called and its result dropped, never iterated: an interjection sent afterwards
+    was taken as sent after that run's prompt ("late"), and followed the next run's prompt in the
+    envelope. No run is going: it is the user's own words, before the next prompt."""
+    engine = engine_for(["ok"])
+    engine.run("never iterated")
+    receipt = engine.interject("while idle")
+    events = await collect(engine, "go")
+    assert [e.ids for e in events if isinstance(e, TurnStarted)] == [(receipt,)]
+    assert [(m.kind, m.text) for m in engine.messages] == [(None, "while idle"), (None, "go"), (None, "ok")]
+    assert validate_transcript(engine.messages) == []
