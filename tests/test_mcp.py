@@ -1100,6 +1100,67 @@ async def test_a_404_on_the_background_get_stream_does_not_make_an_unrelated_fai
     assert fake.initialized == 2
 
 
+async def test_a_404_to_the_old_session_after_a_reset_does_not_mark_the_new_one_forgotten(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # After on_main_abort, the old connection closes in the background. A 404 to one of its POSTs
+    # that came once the next connection was open set the server-wide "session forgotten" flag: the
+    # next call on the new session failing for another reason (an HTTP 500) threw that live session
+    # away too. The flag belongs to the session the 404 answered.
+    import functools
+
+    import httpx2
+
+    fake = _ForgetfulServer()
+    answer_slow = asyncio.Event()  # the old session's slow call is answered 404
+    end_old = asyncio.Event()  # the old session's DELETE (its close) completes
+    fail_calls = False
+
+    async def handle(request: Any) -> Any:
+        sid = request.headers.get("mcp-session-id")
+        if request.method == "DELETE" and sid == "s1":
+            await end_old.wait()
+        if request.method == "POST":
+            body = json.loads(request.content)
+            if body.get("method") == "tools/call" and body["params"]["name"] == "slow":
+                fake.methods.append("tools/call")
+                await answer_slow.wait()
+                fake.not_found += 1
+                return httpx2.Response(404, text="no such session")
+            if fail_calls and body.get("method") == "tools/call":
+                return httpx2.Response(500, text="oops")
+        return await fake.handle(request)
+
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(handle)))
+    with caplog.at_level("DEBUG", logger="agentloop"):
+        async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+            try:
+                async with asyncio.timeout(10):
+                    assert result_to_block("t", await srv.call_tool("where", {})).text == "session s1"
+                    controller = AbortController()
+                    slow = asyncio.create_task(srv.call_tool("slow", {}, signal=controller.signal))
+                    await _until(lambda: fake.methods.count("tools/call") == 2, "the slow call to be posted")
+                    controller.abort("cancel")
+                    with pytest.raises(AbortError):
+                        await slow
+                    reset = asyncio.create_task(srv.on_main_abort("cancel"))  # waits for the old session's close
+                    await _until(lambda: "resetting MCP connection" in caplog.text, "the reset to begin")
+                    assert result_to_block("t", await srv.call_tool("where", {})).text == "session s2"
+                    answer_slow.set()
+                    await _until(lambda: "(404)" in caplog.text, "the old session's 404 to be seen")
+                    fail_calls = True
+                    with pytest.raises(MCPError, match="HTTP 500"):
+                        await srv.call_tool("where", {})
+                    fail_calls = False
+                    assert result_to_block("t", await srv.call_tool("where", {})).text == "session s2"  # kept
+                    end_old.set()
+                    await reset
+            finally:  # a failure above must not leave the old session's close waiting for ever
+                answer_slow.set()
+                end_old.set()
+    assert fake.initialized == 2 and fake.not_found == 1
+
+
 # -- the stdio wire ------------------------------------------------------------------
 
 

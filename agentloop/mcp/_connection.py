@@ -64,6 +64,16 @@ class Connection:
         ready = self._ready
         return ready.done() and not ready.cancelled() and ready.exception() is None
 
+    @property
+    def forgotten(self) -> bool:
+        """Whether the server said it forgot this connection's session (an HTTP 404 to a message
+        posted in it): the session is gone, whatever the other connections' are."""
+        return bool(getattr(self._read, "forgotten", False))
+
+    def reads(self, stream: object) -> bool:
+        """Whether ``stream`` is this connection's transport read stream."""
+        return stream is not None and self._read is stream
+
     def why(self, *, stderr: bool = False) -> str:
         """Why the server closed the connection, as far as the transport says (a stdio server's
         exit status; with ``stderr``, the last lines it wrote there): a suffix for a message."""

@@ -81,22 +81,28 @@ def http_connect(
     headers: Mapping[str, str] | None,
     http_timeout: float,
     max_event_size: int | None,
-    on_forgotten: Callable[[], None],
+    on_forgotten: Callable[[object], None],
 ) -> Connect:
-    """What opens a streamable HTTP connection to ``target`` (see `MCPServer.http`); calls
-    ``on_forgotten`` when the server answers 404 to a message posted in the current session."""
+    """What opens a streamable HTTP connection to ``target`` (see `MCPServer.http`). When the
+    server answers 404 to a message posted in a connection's session, that connection's read
+    stream is marked ``forgotten`` and ``on_forgotten`` is called with it: the flag is the
+    session's, and a connection still closing in the background says nothing of a newer one."""
 
     @contextlib.asynccontextmanager
     async def connect() -> AsyncIterator[Streams]:
         statuses: dict[Any, str] = {}
+        stream: _Explained | None = None  # this connection's read stream, once open
 
         async def on_response(response: httpx2.Response) -> None:
             request = response.request
-            if response.status_code == 404 and request.method == "POST" and _SESSION_HEADER in request.headers:
-                # Only a message posted in the session says so: the SDK's background GET stream
-                # (which a server need not offer) and the DELETE that ends a session carry the
-                # session id too, and their 404 would reconnect a session the calls still use.
-                on_forgotten()
+            # Only a message posted in the session says so: the SDK's background GET stream
+            # (which a server need not offer) and the DELETE that ends a session carry the
+            # session id too, and their 404 would reconnect a session the calls still use. (A
+            # message is posted only once the streams are open: `stream` is set by then.)
+            posted = request.method == "POST" and _SESSION_HEADER in request.headers
+            if response.status_code == 404 and posted and stream is not None:
+                stream.forgotten = True
+                on_forgotten(stream)
             if response.status_code >= 400 and response.request.method == "POST":
                 request_id = _request_id(response.request)
                 if request_id is not None:
@@ -108,7 +114,8 @@ def http_connect(
             httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
             streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as (read, write),
         ):
-            yield _Explained(read, statuses), write
+            stream = _Explained(read, statuses)
+            yield stream, write
 
     return connect
 
@@ -127,11 +134,12 @@ class _Explained:
     the server refused without a JSON-RPC error of its own ("Server returned an error response"
     said nothing of a 401 for a wrong token)."""
 
-    __slots__ = ("_statuses", "_stream")
+    __slots__ = ("_statuses", "_stream", "forgotten")
 
     def __init__(self, stream: Any, statuses: dict[Any, str]) -> None:
         self._stream = stream
         self._statuses = statuses  # by JSON-RPC id, the HTTP status of each refused request
+        self.forgotten = False  # the server answered 404 to a message posted in this session
 
     @property
     def last_context(self) -> Any:  # read by the SDK's dispatcher

@@ -86,8 +86,6 @@ class MCPServer:
         self._relists_left = _RELISTS  # listings the server's notifications may still cause before the next call
         self._relists_warned = False
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
-        # The HTTP server answered 404 to a request of the current session: it forgot the session.
-        self._forgotten = False
         self._clashes: set[str] = set()  # added tools not offered for a name clash (warned about)
 
     def __repr__(self) -> str:
@@ -152,11 +150,16 @@ class MCPServer:
         check_url(url)
         target, auth = split_userinfo(url)
 
-        def forgotten() -> None:
+        def forgotten(stream: object) -> None:
             # A 404 to a request in a session means the server no longer knows that session (it
             # restarted, say): the SDK fails the call, and every later one, unless we reconnect.
-            log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
-            server._forgotten = True
+            # The connection whose stream it is knows (`Connection.forgotten`); an old one, still
+            # closing after a reset, is no longer used.
+            conn = server._conn
+            if conn is not None and conn.reads(stream):
+                log.warning("MCP server %s: the server forgot the session (404); the next call starts a new one", server.label)
+            else:
+                log.info("MCP server %s: the server forgot a session no longer in use (404); the current one is kept", server.label)
 
         connect = http_connect(
             target, auth, headers=headers, http_timeout=http_timeout, max_event_size=max_event_size, on_forgotten=forgotten
@@ -200,7 +203,6 @@ class MCPServer:
             raise RuntimeError(f"{self!r} is closed")
         conn = self._conn
         if conn is None:
-            self._forgotten = False
             conn = self._conn = Connection(
                 self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
             )
@@ -525,8 +527,7 @@ class MCPServer:
         return result
 
     async def _lost(self, exc: MCPError, conn: Connection) -> None:
-        forgotten, self._forgotten = self._forgotten, False
-        if (exc.code == types.CONNECTION_CLOSED or forgotten) and self._conn is conn:
+        if (exc.code == types.CONNECTION_CLOSED or conn.forgotten) and self._conn is conn:
             await self.reset()  # the server went away, or forgot the session: reconnect on the next call
 
     def _tool(self, spec: types.Tool, listing: frozenset[str]) -> Tool:
