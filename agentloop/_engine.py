@@ -213,7 +213,7 @@ class QueryEngine:
 
     @property
     def signal(self) -> AbortSignal | None:
-        """The current run's abort signal (None when idle)."""
+        """The current turn's abort signal (None when idle); a later turn of the run has its own."""
         return self._state.signal if self._state is not None else None
 
     def run(self, prompt: str | Message | None = None) -> AsyncGenerator[Event, None]:

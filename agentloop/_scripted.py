@@ -114,7 +114,8 @@ class ScriptedModel:
 
     ``cycle``: start again from the first response when the script runs out
     (otherwise a request past the end raises `ModelError`). ``requests`` records
-    every request's message count and attempt, for assertions.
+    every `ModelRequest` it was sent, for assertions (none with ``record=False``, for a long
+    run that should not keep them); ``request_count`` counts them either way.
     """
 
     def __init__(self, responses: Sequence[Script], *, cycle: bool = False, record: bool = True) -> None:
