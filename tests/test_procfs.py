@@ -13,6 +13,8 @@ from agentloop.mcp._stop import _group_alive
 from tests.conftest import child_pids
 from tests.helpers import child_pids_alive, pid_alive
 
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
+
 # A process name is cut to 15 bytes: here in the middle of an "é", which is not UTF-8 then.
 _NAMER = (
     "import ctypes, sys; ctypes.CDLL(None).prctl(15, b'agentloop-test\\xc3\\xa9', 0, 0, 0); "
