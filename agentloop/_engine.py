@@ -106,8 +106,9 @@ class QueryEngine:
         public list of settings, and its body sets each attribute once (see the limit below)."""
         check_model(model)
         check_session(session)
-        # At most 30 attributes: CPython 3.11 shares one key table among the instances of a class
-        # up to 30 keys; past that every engine holds a dict of its own (1.3 KB more per engine).
+        # At most 29 attributes: CPython 3.11 shares one key table among the instances of a class,
+        # and the first instance can put 29 keys in it (30 less the one its own creation takes);
+        # past that every engine holds a dict of its own (1.3 KB more per engine).
         self.model = model
         self.tools = tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
@@ -163,11 +164,10 @@ class QueryEngine:
         self._next_run: NextRun | None = None  # a run() waiting for the last run's cleanup to begin
         self._tool_ids: ToolIds | None = None  # made at the first tool call: most engines hold none
         self._background: set[asyncio.Task[Any]] | None = None  # strong refs to background tasks, made on first use
-        self._background_child = False
-        # start_background() made a task for this child whose run has not begun yet, and the
-        # reason its parent's "abort" setting gave while it had not: the run starts aborted.
-        self._start_pending = False
-        self._abort_at_start: str | None = None
+        # start_background() made a task for this child whose run has not begun yet (a list), and
+        # the reason its parent's "abort" setting gave while it had not (the list's one item): the
+        # run starts aborted. None when no such task is pending.
+        self._start_pending: list[str] | None = None
         self._own_sidechain = False  # its session is the sidechain `subagent()` asked for: released after each run
         # The last run() made (its token), until its first step begins it, and the reason an
         # interrupt() gave meanwhile (a run handed to a task that has not started yet): it begins aborted.
@@ -390,7 +390,6 @@ class QueryEngine:
         """
         if child.parent is not self:
             raise ValueError("start_background() needs a subagent of this engine")
-        child._background_child = True
         if self._background_children is None:
             self._background_children = weakref.WeakSet()
         self._background_children.add(child)
@@ -399,7 +398,7 @@ class QueryEngine:
             return [ev async for ev in child.run(prompt)]
 
         task = asyncio.get_running_loop().create_task(drain(), name=f"agentloop-bg-{child.agent_id}")
-        child._start_pending = True
+        child._start_pending = []
         task.add_done_callback(lambda _: take_abort_at_start(child))  # never begun (cancelled, say)
         if self._background is None:
             self._background = set()  # a running task must never be garbage-collected

@@ -214,21 +214,20 @@ def abort_background(engine: QueryEngine, reason: str) -> None:
     if children is None or engine.options.background_subagents != "abort":
         return
     for child in list(children):
-        if child._state is None and child._start_pending:
+        pending = child._start_pending
+        if child._state is None and pending is not None:
             # Its task has not begun the run yet (it has had no step): there is nothing to
             # interrupt, so the run starts aborted.
-            if child._abort_at_start is None:
-                child._abort_at_start = reason
+            if not pending:
+                pending.append(reason)
         else:
             child.interrupt(reason)
 
 
 def take_abort_at_start(engine: QueryEngine) -> str | None:
     """The reason a background run that is beginning must start aborted with, if any (once)."""
-    reason = engine._abort_at_start
-    engine._start_pending = False
-    engine._abort_at_start = None
-    return reason
+    pending, engine._start_pending = engine._start_pending, None
+    return pending[0] if pending else None
 
 
 def link_signal(engine: QueryEngine) -> AbortSignal | None:
@@ -236,6 +235,8 @@ def link_signal(engine: QueryEngine) -> AbortSignal | None:
     parent = engine.parent
     if parent is None or parent._state is None:
         return None
-    if engine._background_child and parent.options.background_subagents == "keep":
-        return None
+    if parent.options.background_subagents == "keep":
+        children = parent._background_children  # start_background() children
+        if children is not None and engine in children:
+            return None
     return parent._state.signal

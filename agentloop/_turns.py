@@ -95,7 +95,7 @@ def _begin(
     st.injected = injected
     if waited is not None and waited.closed:  # aclose() from another task while it waited
         st.finishing = True
-    if engine._start_pending:  # a background child's run: its parent's abort may have come first
+    if engine._start_pending is not None:  # a background child's run: its parent's abort may have come first
         early = take_abort_at_start(engine)
         if early is not None:
             st.controller.abort(early)
