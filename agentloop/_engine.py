@@ -194,22 +194,31 @@ class QueryEngine:
 
     def __repr__(self) -> str:
         who = f" agent_id={self.agent_id!r}" if self.agent_id else ""
-        state = "running" if self._state is not None else "idle"
+        state = "running" if self._in_progress() else "idle"
         return f"<QueryEngine{who} {state} messages={len(self.messages)}>"
 
     # -- running ---------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        """True while a `run()` is in progress.
+        """True while a `run()` is in progress: one the host iterates, or one waiting for the
+        last run's cleanup before it begins.
 
-        A run left in an event loop that was closed under it (closed without shutting down its
-        async generators) can never go on: it has ended, and is settled when this is read, so
-        `messages` is valid and whole (its streamed text kept) from then on."""
+        A run the host stopped iterating (``break``, the handle dropped or closed) is over for
+        the host, though its cleanup may still go on in the background: False then, as for
+        `interject` (idle) and `submit` (a follow-up). A run left in an event loop that was
+        closed under it (closed without shutting down its async generators) can never go on:
+        it has ended, and is settled when this is read, so `messages` is valid and whole (its
+        streamed text kept) from then on."""
         st = self._state
         if st is not None and st.loop.is_closed():
             forget_closed_run(self, st)
-        return self._state is not None
+        return self._in_progress()
+
+    def _in_progress(self) -> bool:
+        """A run is in progress as the host sees it (see `running`)."""
+        state = self._state
+        return (state is not None and not state.released) or self._next_run is not None
 
     @property
     def signal(self) -> AbortSignal | None:
@@ -299,8 +308,7 @@ class QueryEngine:
         # so the text was typed after that prompt. Idle: no run in progress or waiting to begin
         # either; a run the host stopped iterating is none, though its cleanup may still go on.
         late = self._fresh_run is not None
-        state = self._state
-        idle = not late and (state is None or state.released) and self._next_run is None
+        idle = not late and not self._in_progress()
         return self.inbox.put(self.inbox.interjections, text, "int", idle=idle, late=late)
 
     def follow_up(self, text: str) -> str:

@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator
 from types import AsyncGeneratorType
 from typing import TYPE_CHECKING
 
-from ._accumulate import APPLY
+from ._accumulate import APPLY, CUT_BY
 from ._commit import abort_terminal, drain_interjections, flush_nudges, settle_results
 from ._ending import end_turn, finish
 from ._events import Event, TerminalReason
@@ -217,6 +217,12 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
             st.pending_events = settle_results(engine, st, not_run=f"Not run: {end.message}")
             return []
         st.nudges += [(name, v) for name, v in verdicts if isinstance(v, Nudge)]
+    if uses and message is not None and message.meta.get("stop_reason") == "refusal" and st.signal._reason is None:
+        # A refused response's calls do not run: the model did not finish it, and a provider may
+        # leave it out of later requests (Anthropic does), results and all. Answered as not run,
+        # the response then ends the turn as one without calls does.
+        st.pending_events = settle_results(engine, st, not_run=f"Not run: {CUT_BY['refusal']}.")
+        uses = []
     if not uses:
         # Safe point: a queued message keeps the turn going. So does a response the server
         # paused (stop reason "pause_turn": its own tools ran long), which the next request,

@@ -294,3 +294,44 @@ async def test_a_host_stopping_at_a_synthetic_result_never_loses_an_interjection
         seen += [i for e in events if isinstance(e, InterjectionInjected | InterjectionDropped) for i in e.ids]
     assert seen == [receipt]
     assert validate_transcript(engine.messages) == []
+
+
+# -- running, as the host sees it --------------------------------------------------------------
+
+
+async def test_a_run_the_host_broke_out_of_is_not_running_while_its_cleanup_goes_on() -> None:
+    """After a ``break`` mid-call, the dropped run's cleanup waits out the tool's grace in the
+    background. ``running`` and the repr said a run was in progress, and ``submit()`` with
+    ``follow_up_behavior="steer"`` made the text an interjection, while ``interject()`` already
+    took that state as idle. No run is going for the host: ``running`` is False, the repr says
+    idle, and a steered submit is a follow-up, as with no run at all."""
+    engine = QueryEngine(
+        ScriptedModel([calls("stubborn"), "answered", "followed up"]), tools=[stubborn], policies=[],
+        tool_cancel_grace=30.0, follow_up_behavior="steer",
+    )  # fmt: skip
+    async for event in engine.run("first"):
+        if isinstance(event, ToolCallStarted):
+            break
+    closing = engine._closing
+    assert closing is not None and not closing.done()  # the cleanup is still going
+    assert not engine.running
+    assert " idle " in repr(engine)
+    receipt = engine.submit("and then this")
+    assert [q.id for q in engine.inbox.follow_ups] == [receipt] and not engine.inbox.interjections
+    seen: list[tuple[bool, bool]] = []
+    with VirtualClock():
+        events = await _run_while_the_last_one_cleans_up_and_look(engine, seen)
+    assert seen == [(True, True)]  # the next run, waiting for that cleanup, is the host's run in progress
+    # The follow-up is the turn after the next run's prompt, not words slipped in before it.
+    assert [(e.turn, e.prompt.text, e.ids) for e in events if isinstance(e, TurnStarted)] == [
+        (1, "second", ()), (2, "and then this", (receipt,))
+    ]  # fmt: skip
+    assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+    assert not engine.running and " idle " in repr(engine)
+    assert validate_transcript(engine.messages) == []
+
+
+async def _run_while_the_last_one_cleans_up_and_look(engine: QueryEngine, seen: list[tuple[bool, bool]]) -> list[Event]:
+    loop = asyncio.get_running_loop()
+    loop.call_later(1.0, lambda: seen.append((engine.running, " running " in repr(engine))))
+    return [event async for event in engine.run("second")]

@@ -167,6 +167,44 @@ async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_erro
     (finished,) = [e for e in events if isinstance(e, ToolCallFinished)]
     result = finished.result
     assert isinstance(result, ToolResultBlock) and result.is_error
-    assert "incomplete" in result.text and stop in result.text
+    # A refusal's calls are not run at all, cut or whole, and the turn ends with the refusal.
+    said = "Not run" if stop == "refusal" else "incomplete"
+    assert said in result.text and stop in result.text
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert len(bodies) == (1 if stop == "refusal" else 0)
+    assert validate_transcript(engine.messages) == []
+
+
+_WHOLE = '{"path": "/tmp/notes.txt", "text": "hello"}'
+
+
+@pytest.mark.parametrize(("name", "cls", "make", "stop"), [p for p in _PATHS if p[3] == "refusal"],
+                         ids=[p[0] for p in _PATHS if p[3] == "refusal"])  # fmt: skip
+async def test_a_whole_call_in_a_refused_response_is_not_run_and_the_turn_ends(
+    name: str, cls: type, make: Callable[[str], bytes], stop: str
+) -> None:
+    """Anthropic's refusal and both OpenAI APIs' content filter: the response is marked refused,
+    its finished call is answered as not run, and the model is not asked again in that turn."""
+    ran: list[dict[str, Any]] = []
+
+    @tool
+    async def write(path: str = "", text: str = "") -> str:
+        """Write a file."""
+        ran.append({"path": path, "text": text})
+        return "written"
+
+    bodies = [make(_WHOLE), _DONE[cls]]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), tools=[write], policies=[])
+        events = [e async for e in engine.run("save my notes")]
+    assert ran == [] and len(bodies) == 1
+    (finished,) = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished.synthetic and finished.tool_use.input == {"path": "/tmp/notes.txt", "text": "hello"}
+    assert finished.result.is_error and "Not run" in finished.result.text
+    assert engine.messages[1].meta.get("stop_reason") == "refusal"
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert validate_transcript(engine.messages) == []
