@@ -187,7 +187,7 @@ class QueryEngine:
                 "its first run writes a checkpoint, so the file replays to this engine's transcript. "
                 "To continue the file's conversation instead, `session, loaded = JsonlSession.resume(path)` "
                 "and pass `messages=loaded.messages`",
-                session.path,  # type: ignore[attr-defined]  # a JsonlSession (holds_records)
+                session.path,
             )
         self._cleanup: set[asyncio.Task[Any]] | None = None  # abort hooks' cleanup the run waits for at its end
         self._store_claimed: object = None  # this engine's key in _store_writers while it runs

@@ -13,14 +13,14 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from ._errors import SessionLockedError
 from ._messages import Message
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
-    from .sessions import SessionStore
+    from .sessions import JsonlSession, SessionStore
 
 __all__ = [
     "catch_up_session",
@@ -55,7 +55,7 @@ def _store_key(store: SessionStore) -> object:
     return id(store)
 
 
-def holds_records(store: SessionStore | None) -> bool:
+def holds_records(store: SessionStore | None) -> TypeGuard[JsonlSession]:
     """True when ``store`` is a `JsonlSession` whose file holds records already."""
     return _file_size(store) not in (None, 0)
 
