@@ -1156,6 +1156,20 @@ async def test_a_redirect_to_another_origin_never_takes_the_credentials_along(cl
 
 
 @pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("target", ["https://elsewhere.test/v1/x", "http://api.test/v1/x"])
+async def test_a_redirect_to_another_origin_never_takes_the_clients_auth_along(cls: type, target: str) -> None:
+    # The host's client authenticates with ``auth=``: httpx applies it to the first request only,
+    # and each hop sent anew went through it again, to whatever host the redirect named.
+    seen, client = _redirecting(cls, target)
+    client.auth = httpx.BasicAuth("gateway", PROXY_SECRETS[0])
+    async with client:
+        await collect(cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client))
+    first, second = seen
+    assert first.headers["authorization"].startswith("Basic ")
+    assert "authorization" not in second.headers
+
+
+@pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("status", [307, 308])
 @pytest.mark.parametrize("base", ["https://api.test", "http://api.test"], ids=["same-origin", "upgrade-to-https"])
 async def test_a_redirect_within_the_origin_keeps_the_credentials(cls: type, status: int, base: str) -> None:
