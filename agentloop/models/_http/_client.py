@@ -148,8 +148,13 @@ class Connection:
     def shown_url(self) -> str:
         """``base_url`` for reprs: credentials in it (``https://user:password@proxy/v1``, a
         ``?key=...`` query parameter) are not shown."""
-        userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
-        shown = self._prefix.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self._prefix
+        # Cut out of the URL as written: httpx's user info is percent-encoded (a "^", a "|", a
+        # non-ASCII letter), so it is not always the text the URL holds. A checked URL has no
+        # unencoded "/" in its user info, so the authority ends at the first "/".
+        scheme, sep, rest = self._prefix.partition("://")
+        authority, slash, path = rest.partition("/")
+        userinfo, at, host = authority.rpartition("@")
+        shown = f"{scheme}{sep}[REDACTED]@{host}{slash}{path}" if at and userinfo else self._prefix
         if self._query:
             pairs = self._query[1:].split("&")
             shown += "?" + "&".join(
