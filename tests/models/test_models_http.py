@@ -1014,6 +1014,26 @@ async def test_credentials_set_on_the_hosts_http_client_are_scrubbed_too(cls: ty
 
 
 @pytest.mark.parametrize("cls", _MODELS)
+async def test_the_hosts_client_auth_is_scrubbed_from_an_error_that_echoes_it(cls: type) -> None:
+    # A gateway behind basic auth given as the http_client's ``auth=``: the Authorization header
+    # it adds when the request is sent was not among the secrets scrubbed.
+    def handler(request: httpx.Request) -> httpx.Response:
+        said = f"bad credentials: {request.headers['authorization']}"
+        return httpx.Response(401, json={"error": {"message": said, "type": "auth"}})
+
+    auth = httpx.BasicAuth("gateway", PROXY_SECRETS[0])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), auth=auth) as client:
+        model = cls("m", api_key=API_KEY, base_url="https://gw.test/v1", http_client=client)
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(model)
+    err = info.value
+    sent = next(auth.auth_flow(httpx.Request("GET", "https://gw.test"))).headers["authorization"]
+    for text in (str(err), repr(err), repr(err.body)):
+        assert sent not in text and sent.partition(" ")[2] not in text
+    assert "[REDACTED]" in str(err)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("at", [184, 190, 196])
 async def test_a_key_across_the_quoted_excerpts_cut_is_not_half_shown(cls: type, at: int) -> None:
     # A malformed chunk quoted in the error is cut at 200 characters; a key the cut fell

@@ -163,18 +163,20 @@ class Connection:
             )
         return shown
 
-    def redactor(self, headers: Mapping[str, str]) -> Redactor:
+    def redactor(self, headers: Mapping[str, str], request: httpx.Request | None = None) -> Redactor:
         """What scrubs the secrets of a request with ``headers`` out of its errors: the API
-        key, the values of credential headers (`is_credential`: the request's, and those
-        the host set on its own ``http_client``) and the credentials in ``base_url``. They
-        are collected at its first use (an error), not for every request."""
+        key, the values of credential headers (`is_credential`: the request's, those the
+        host set on its own ``http_client``, and those of ``request``, the request as it went
+        out, with what the client's ``auth=`` added) and the credentials in ``base_url``.
+        They are collected at its first use (an error), not for every request."""
 
         def collect() -> list[str]:
             values = list(self._url_secrets)
             if self.secret is not None:
                 values.append(self.secret.reveal())
             given = self._client.headers.items() if not self._owns and self._client is not None else ()
-            for name, value in (*given, *headers.items()):
+            went = request.headers.items() if request is not None else ()
+            for name, value in (*given, *headers.items(), *went):
                 if is_credential(name):
                     values += credential_parts(value)
             return values
@@ -234,7 +236,6 @@ class Connection:
         secret = self.secret
         if secret is not None and any(secret.reveal() in value for value in headers.values()):
             secret.check(self.provider)  # only a key that is sent (not one a host's header replaced)
-        redactor = self.redactor(headers)
         content = self._encode(body)
         client = self.client
         if client.is_closed:
@@ -259,6 +260,7 @@ class Connection:
                 f"{self.provider} request could not be built ({type(exc).__name__}): check base_url "
                 "and the extra headers"
             ) from None
+        redactor = self.redactor(headers, request)  # the client's auth= sets its header on request
         try:
             async with sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
