@@ -567,6 +567,9 @@ _MODELS = [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel]
         "http://[::1/v1",
         "http://localhost:99999/v1",
         "ftp://user:sk-live-PASSWORD@api.example.com/v1",
+        # A fragment: the request path went into it, and every request to the base URL itself.
+        "https://api.example.com/v1#",
+        "https://user:sk-live-PASSWORD@api.example.com/v1#docs",
     ],
 )
 def test_a_malformed_base_url_is_refused_when_the_model_is_made(cls: type, base_url: str) -> None:

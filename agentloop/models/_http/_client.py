@@ -69,6 +69,10 @@ def check_base_url(base_url: str) -> str:
         raise ValueError("base_url has no host")
     if url.port is not None and not 0 < url.port < 65536:
         raise ValueError(f"base_url has an invalid port ({url.port})")
+    if "#" in base_url:
+        # The request path would go into the fragment, which is never sent: every request would
+        # go to the base URL itself.
+        raise ValueError(f"base_url has a fragment ('#...'); {_USERINFO_HINT}")
     return base_url
 
 
