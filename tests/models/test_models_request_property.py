@@ -15,6 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -203,3 +204,30 @@ def test_every_reasoning_item_sent_is_directly_followed_by_its_message_or_call(
         if item["type"] == "reasoning":
             check_reasoning_followed(items, i)
     check_responses(body)
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_thinking_signature_nested_too_deeply_to_decode_is_not_sent(api: str) -> None:
+    # A signature of the host's transcript that starts as one kept JSON object but is nested past
+    # what Python decodes raised RecursionError on every request, not the skip another
+    # unreadable signature gets.
+    signature = (
+        '{"type":"extra_content","call":"c1","extra_content":' + _DEEP + "}"
+        if api == "chat"
+        else '{"id":"rs_1","summary":' + _DEEP + "}"
+    )
+    msgs = [
+        Message.user("go"),
+        Message(role="assistant", content=[ThinkingBlock(thinking="t", signature=signature), TextBlock(text="ok")]),
+        Message.user("more"),
+    ]
+    request = ModelRequest(messages=msgs)
+    if api == "chat":
+        body = chat_api.build_request(request, model="m")
+        assert body["messages"][1] == {"role": "assistant", "content": "ok"}
+    else:
+        body = responses_api.build_request(request, model="m")
+        assert [item["type"] for item in body["input"]] == ["message", "message", "message"]
