@@ -1037,6 +1037,26 @@ async def test_the_hosts_client_auth_is_scrubbed_from_an_error_that_echoes_it(cl
 
 
 @pytest.mark.parametrize("cls", _MODELS)
+async def test_a_status_the_hosts_response_hook_raises_for_is_the_status_error(cls: type) -> None:
+    # A shared client whose response hook calls raise_for_status(): its HTTPStatusError left the
+    # ProviderError tree, was not retried, and quoted the request URL with its ?key=.
+    async def raise_for_status(response: httpx.Response) -> None:
+        response.raise_for_status()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"retry-after": "3", "x-request-id": "req_1", "request-id": "req_1"})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport, event_hooks={"response": [raise_for_status]}) as client:
+        model = cls("m", api_key=API_KEY, base_url=f"https://gw.test/v1?key={PROXY_SECRETS[3]}", http_client=client)
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(model)
+    err = info.value
+    assert (err.status, err.retryable, err.retry_after, err.request_id) == (429, True, 3.0, "req_1")
+    assert PROXY_SECRETS[3] not in str(err) and PROXY_SECRETS[3] not in repr(err.__cause__)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("at", [184, 190, 196])
 async def test_a_key_across_the_quoted_excerpts_cut_is_not_half_shown(cls: type, at: int) -> None:
     # A malformed chunk quoted in the error is cut at 200 characters; a key the cut fell

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from ..._errors import ModelError
+from ..._errors import ModelError, ProviderStatusError
 from ..._unicode import scrub_json
 from ._errors import connection_error, error_body, status_error
 from ._redirects import sent
@@ -268,20 +268,27 @@ class Connection:
         try:
             async with sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
-                    raw = await error_body(response)
-                    raise status_error(
-                        self.provider,
-                        response.status_code,
-                        response.headers,
-                        raw,
-                        request_id_header=self.request_id_header,
-                        secret=redactor,
-                    )
+                    raise self._status_error(response, await error_body(response), redactor)
                 yield response
+        except httpx.HTTPStatusError as exc:
+            # The host's client raised for the status itself (a response hook that calls
+            # ``raise_for_status()``), its body closed: the status and headers still say what
+            # failed and whether to retry. Not chained: its message quotes the request URL.
+            raise self._status_error(exc.response, b"", redactor) from None
         except httpx.RequestError as exc:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
+
+    def _status_error(self, response: httpx.Response, raw: bytes, redactor: Redactor) -> ProviderStatusError:
+        return status_error(
+            self.provider,
+            response.status_code,
+            response.headers,
+            raw,
+            request_id_header=self.request_id_header,
+            secret=redactor,
+        )
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.
