@@ -231,3 +231,31 @@ def test_a_thinking_signature_nested_too_deeply_to_decode_is_not_sent(api: str) 
     else:
         body = responses_api.build_request(request, model="m")
         assert [item["type"] for item in body["input"]] == ["message", "message", "message"]
+
+
+def _wire(api: str, msgs: list[Message]) -> list[Any]:
+    """The messages (or input items) of the request ``api`` builds for ``msgs``."""
+    request = ModelRequest(messages=msgs, system="be brief")
+    if api == "anthropic":
+        return list(anthropic_api.build_request(request, model="m", max_tokens=64, thinking=None)["messages"])
+    if api == "chat":
+        return list(chat_api.build_request(request, model="m")["messages"])
+    return list(responses_api.build_request(request, model="m")["input"])
+
+
+@settings(max_examples=150)
+@given(transcripts)
+def test_request_bytes_are_deterministic_and_an_earlier_request_is_a_prefix_of_a_later_one(msgs: list[Message]) -> None:
+    # A provider's prompt cache matches the request's bytes from the start: the same transcript
+    # must give the same bytes, and a transcript that grew must begin as its earlier request did
+    # (all but that request's last message, which a later user turn may be joined to).
+    full = repaired(msgs)
+    for api in ("anthropic", "chat", "responses"):
+        later = _wire(api, full)
+        assert json.dumps(later) == json.dumps(_wire(api, list(full)))
+        for k in range(1, len(full)):
+            part = full[:k]
+            if part[-1].role != "user" or validate_transcript(part):
+                continue  # a request is made of a valid transcript that ends with the user's turn
+            earlier = _wire(api, part)
+            assert json.dumps(earlier[:-1]) == json.dumps(later[: len(earlier) - 1]), (api, k)
