@@ -178,8 +178,15 @@ class Accumulator:
         self.usage = _merge_usage(self.usage, ev.usage)
 
     def _end(self, ev: StreamEnd) -> None:
+        reason = ev.stop_reason
+        if reason is not None and type(reason) is not str:  # a list or a dict would fail the commit
+            raise StreamProtocolError(
+                f"malformed stream event: StreamEnd carries a stop_reason of type {type(reason).__name__}, "
+                f"not a str: {reason!r:.80}",
+                retryable=True,
+            )
         self.ended = True
-        self.stop_reason = ev.stop_reason
+        self.stop_reason = reason
         self.response_id = ev.response_id
         if ev.usage is not None:
             self.usage = _merge_usage(self.usage, ev.usage)

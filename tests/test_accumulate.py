@@ -245,3 +245,26 @@ def test_property_committable_is_the_cleaned_message(events: list[Any], partial:
         assert got is None
     else:
         assert got is not None and got.model_dump() == expected.model_dump() and got == expected
+
+
+class _EndsWith:
+    """A model whose stream ends with ``end`` after some text."""
+
+    def __init__(self, end: object) -> None:
+        self.end = end
+
+    async def stream(self, request: object, signal: object) -> Any:
+        yield StreamText(0, "partial ")
+        yield StreamBlockStop(0)
+        yield self.end
+
+
+@pytest.mark.parametrize("reason", [["end_turn"], {"type": "stop"}, 7], ids=["list", "dict", "int"])
+async def test_a_stop_reason_that_is_not_a_str_ends_the_turn_not_the_run(reason: object) -> None:
+    engine = QueryEngine(_EndsWith(StreamEnd(stop_reason=reason)), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "stop_reason" in end.error and type(reason).__name__ in end.error
+    assert validate_transcript(engine.messages) == []
+    assert engine.messages[-1].text == "partial"
