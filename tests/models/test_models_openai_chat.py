@@ -594,3 +594,31 @@ async def test_an_error_object_with_neither_type_nor_code_says_none_of_either() 
         await run_body(body)
     assert str(caught.value).startswith("openai chat stream error: the upstream went away")
     assert "None" not in str(caught.value)
+
+
+def _choice(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
+async def test_a_second_choice_is_not_mixed_into_the_first() -> None:
+    # A server that answers with several choices (n > 1, or a gateway fanning out) interleaves
+    # them, each chunk naming its choice's index: only the first choice is the answer.
+    body = chat_stream(
+        {"id": "c", "choices": [_choice(0, {"content": "The answer"}), _choice(1, {"content": "Another"})]},
+        {"id": "c", "choices": [_choice(1, {"content": " one", "tool_calls": [call(0, "call_9", "search", "{}")]})]},
+        {"id": "c", "choices": [_choice(0, {"content": " is 4."})]},
+        {"id": "c", "choices": [_choice(1, {}, "tool_calls")]},
+        {"id": "c", "choices": [_choice(0, {}, "stop")]},
+    )
+    _, acc = await run_body(body)
+    assert acc.message().model_dump()["content"] == [{"type": "text", "text": "The answer is 4."}]
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_the_finish_of_a_second_choice_does_not_finish_the_first() -> None:
+    body = chat_stream(
+        {"id": "c", "choices": [_choice(0, {"content": "The answer"})]},
+        {"id": "c", "choices": [_choice(1, {"content": "x"}, "stop")]},
+    )  # [DONE] right after: the first choice was cut
+    with pytest.raises(StreamProtocolError, match="finish_reason"):
+        await run_body(body)
