@@ -622,3 +622,30 @@ async def test_the_finish_of_a_second_choice_does_not_finish_the_first() -> None
     )  # [DONE] right after: the first choice was cut
     with pytest.raises(StreamProtocolError, match="finish_reason"):
         await run_body(body)
+
+
+async def test_a_tool_call_that_never_names_its_tool_is_kept_and_answered_not_dropped() -> None:
+    # Its arguments came, its name never did: dropped, the turn would end as if the model had
+    # called nothing. Kept with no name, it is answered with an error the model can act on.
+    body = chat_stream(
+        chat_chunk({"content": "Checking."}),
+        chat_chunk({"tool_calls": [call(0, "call_1", None, '{"city": "Paris"}')]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    assert acc.stop_reason == "tool_use"
+    (use,) = acc.committable().tool_uses
+    assert (use.id, use.name, use.input, use.input_error) == ("call_1", "", {"city": "Paris"}, None)
+    bodies = [body, chat_stream(chat_chunk({"content": "Sorry."}), chat_chunk(finish="stop"))]
+    requests: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies[len(requests) - 1])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        engine = QueryEngine(OpenAIChatModel("m", api_key=API_KEY, http_client=client), policies=[])
+        [e async for e in engine.run("weather?")]
+    (result,) = engine.messages[2].tool_results
+    assert result.tool_use_id == "call_1" and result.is_error and "Unknown tool" in str(result.content)
+    assert len(requests) == 2

@@ -360,11 +360,7 @@ class ChatMapper:
             raise StreamProtocolError("openai chat stream: [DONE] without any output or finish_reason")
         out: list[StreamEvent] = []
         self._close_current(out)
-        started = False
-        for call in self._calls.values():
-            if call.started:
-                started = True
-                out.append(StreamBlockStop(call.block))
+        started = self._close_calls(out)
         if self._details:  # kept in a block of its own, to go back on this message
             kept = {"type": REASONING_DETAILS, "host": self.host, REASONING_DETAILS: self._details}
             out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":"))))
@@ -380,6 +376,23 @@ class ChatMapper:
         self.done = True
         out.append(StreamEnd(reason, self._usage, self.response_id))
         return out
+
+    def _close_calls(self, out: list[StreamEvent]) -> bool:
+        """Stop every tool call at the end of the stream; True if there was one. A call whose
+        arguments came but whose name never did is started then, with no name: dropped, its
+        turn would end as if nothing were called; kept, it is answered with an unknown-tool
+        error the model can act on."""
+        started = False
+        for call in self._calls.values():
+            if not call.started and call.pending:
+                call.started = True
+                call.id = call.id or _fresh_id()
+                out.append(StreamToolUseStart(call.block, call.id, ""))
+                out.extend(StreamToolInput(call.block, p) for p in call.pending)
+            if call.started:
+                started = True
+                out.append(StreamBlockStop(call.block))
+        return started
 
 
 def _logprob_values(lp: Any) -> tuple[float, ...]:
