@@ -9,7 +9,8 @@ from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop.models import OpenAIChatModel, ServerSentEvent, SSEDecoder
+from agentloop._errors import StreamProtocolError
+from agentloop.models import OpenAIChatModel, ServerSentEvent, SSEDecoder, _sse
 
 
 def decode(*chunks: bytes, error_field: bool = False) -> list[ServerSentEvent]:
@@ -119,3 +120,36 @@ def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
     chunks = [BODY[a:b] for a, b in itertools.pairwise(edges)]
     assert decode(*chunks) == decode(BODY)
     assert [e.data for e in decode(BODY)] == ["1", "ü\n2", '{"k": "v"}', ""]
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b"x" * 100, b"data: " + b"y" * 94 + b"\n", b": keep me waiting\r"],
+    ids=["one-line-never-ends", "data-lines-never-blank", "comment-lines-only-cr"],
+)
+def test_an_event_that_never_ends_is_an_error_once_past_the_limit_not_unbounded_memory(piece: bytes) -> None:
+    dec = SSEDecoder(max_event_bytes=10_000)
+    assert dec.feed(b"data: ok\n\n")[0].data == "ok"
+    with pytest.raises(StreamProtocolError, match="10000 bytes") as info:
+        for _ in range(1000):
+            assert dec.feed(piece) == []
+    assert info.value.retryable is False
+
+
+def test_events_that_end_reset_the_limit() -> None:
+    dec = SSEDecoder(max_event_bytes=100)
+    for _ in range(100):
+        assert [e.data for e in dec.feed(b"data: " + b"z" * 60 + b"\n\n")] == ["z" * 60]
+
+
+def test_the_default_limit_is_far_above_any_real_event() -> None:
+    assert SSEDecoder().max_event_bytes == 64 * 1024 * 1024
+
+
+async def test_a_body_that_never_ends_its_line_fails_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sse, "MAX_EVENT_BYTES", 4096)
+    server = MockServer([b"data: " + b"{" * 1000] * 10)
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError, match="4096 bytes"):
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert server.streams[0].closed
