@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
+from _models_support import API_KEY, FIXTURES, MockServer, chat_chunk, chat_stream, collect, split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,3 +153,31 @@ async def test_a_body_that_never_ends_its_line_fails_the_stream(monkeypatch: pyt
         with pytest.raises(StreamProtocolError, match="4096 bytes"):
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert server.streams[0].closed
+
+
+_WIRE = {p.name: p.read_bytes() for p in sorted(FIXTURES.glob("*.sse"))}
+
+
+@st.composite
+def _reframed(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A fixture, and the same stream with each line ending drawn from LF, CRLF and CR, maybe a
+    byte order mark in front (a CR is never followed by an LF that ends the next, empty line:
+    the two would be one CRLF)."""
+    body = _WIRE[draw(st.sampled_from(sorted(_WIRE)))]
+    lines = body.split(b"\n")
+    out = [b"\xef\xbb\xbf"] if draw(st.booleans()) else []
+    previous = b""
+    for line in lines[:-1]:
+        choices = [b"\r\n", b"\r"] if previous == b"\r" and not line else [b"\n", b"\r\n", b"\r"]
+        previous = draw(st.sampled_from(choices))
+        out += [line, previous]
+    out.append(lines[-1])
+    return body, b"".join(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_reframed(), st.data())
+def test_every_fixture_reframed_and_rechunked_gives_the_same_events(framed: tuple[bytes, bytes], data: st.DataObject) -> None:
+    body, reframed = framed
+    cuts = data.draw(st.lists(st.integers(1, len(reframed) - 1), max_size=40))
+    assert decode(*split(reframed, cuts)) == decode(body)
