@@ -762,6 +762,41 @@ def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -
     assert again.messages == [*first, Message.user("next")] and again.warnings == []
 
 
+def test_a_last_record_kept_with_bytes_that_are_not_utf8_is_not_cut_by_the_next_append(tmp_path: Path) -> None:
+    """A file ending without a newline whose last record holds a byte that is not UTF-8 (edited
+    in Latin-1): `load` kept that record (the byte read as U+FFFD), yet the next append cut it
+    off as torn, so the file no longer replayed to the transcript the engine resumed from."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        session.append_message(Message.assistant("caf\u00e9"))
+    path.write_bytes(path.read_bytes().rstrip(b"\n").replace("\u00e9".encode(), b"\xe9"))
+    session, loaded = JsonlSession.resume(path)
+    assert [m.text for m in loaded.messages] == ["one", "caf\ufffd"]
+    with session:
+        session.append_message(Message.user("two"))
+    assert JsonlSession(path).load().messages == [*loaded.messages, Message.user("two")]
+
+
+def test_an_integer_too_long_for_int_loads_back(tmp_path: Path) -> None:
+    """A host's ``meta`` (or a tool input built by hand) holding an integer of more digits than
+    ``int()`` converts by default (4300) was written, then skipped as corrupt on load: the
+    message was lost to a resume."""
+    path = tmp_path / "s.jsonl"
+    big = 7 * 10**5000 + 1
+    messages = [
+        Message(role="user", content=[TextBlock(text="count")], meta={"n": big}),
+        Message(role="assistant", content=[ToolUseBlock(id="t1", name="add", input={"a": -big})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="ok")]),
+    ]
+    with JsonlSession(path) as session:
+        for message in messages:
+            session.append_message(message)
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == []
+    assert loaded.messages == messages
+
+
 @pytest.mark.parametrize("has_pread", [True, False], ids=["pread", "no-pread"])
 def test_torn_tail_cut_without_os_pread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_pread: bool) -> None:
     """Windows has no ``os.pread``: the torn-tail check reads with a seek instead, and the

@@ -3,12 +3,15 @@
 `event_to_json` turns an event (or anything in one) into JSON-ready data; a line is written
 as strict JSON in UTF-8, a value JSON cannot encode as its ``repr`` and a lone surrogate
 escaped, with every line break inside it escaped too (`encode_line`); `loads_non_finite`
-reads one back, with the ``NaN`` an older version wrote read as null.
+reads one back, with the ``NaN`` an older version wrote read as null and an integer of any
+length read whole, and `loads_record` as a reader of the file does (bytes that are not UTF-8
+as U+FFFD).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import enum
 import json
 import math
@@ -112,12 +115,37 @@ def _non_finite(constant: str) -> None:
     return None
 
 
+def _long_int(digits: str) -> int:
+    """An integer token, however many digits: ``int()`` refuses more than
+    ``sys.get_int_max_str_digits()`` (4300), which a record written by pydantic may hold."""
+    try:
+        return int(digits)
+    except ValueError:
+        return int(decimal.Decimal(digits))
+
+
 _DECODER = json.JSONDecoder(parse_constant=_non_finite)
+_LONG_INT_DECODER = json.JSONDecoder(parse_constant=_non_finite, parse_int=_long_int)
 
 
 def loads_non_finite(line: bytes) -> Any:
-    """json.loads, with a ``NaN`` or ``Infinity`` token read as None (it costs what json.loads
-    costs: the token is handled only where it occurs)."""
+    """json.loads, with a ``NaN`` or ``Infinity`` token read as None, and an integer of any
+    length read whole (it costs what json.loads costs: each is handled only where it occurs)."""
     # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
     # surrogates kept for the repair to join or replace.
-    return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
+    text = line.decode(json.detect_encoding(line), "surrogatepass")
+    try:
+        return _DECODER.decode(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # not a syntax error: an integer of more digits than int() converts
+        return _LONG_INT_DECODER.decode(text)
+
+
+def loads_record(line: bytes) -> tuple[Any, bool]:
+    """`loads_non_finite`, with bytes that are not UTF-8 (edited or damaged elsewhere) read as
+    U+FFFD rather than failing the line; and whether any were."""
+    try:
+        return loads_non_finite(line), False
+    except UnicodeDecodeError:
+        return loads_non_finite(line.decode("utf-8", "replace").encode("utf-8")), True
