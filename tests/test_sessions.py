@@ -336,6 +336,34 @@ async def test_a_relative_path_is_fixed_when_the_session_is_made(tmp_path: Path,
     assert session.load().messages == engine.messages
 
 
+async def test_a_subagent_id_another_process_takes_meanwhile_is_not_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions in one directory share its ``subagents/`` directory, and `delegate_tool` gave the
+    first id whose sidechain file did not exist yet. Another process (a worker on another session
+    of that directory) that made that file after the look, and finished its subagent, had its
+    sidechain taken over: this child's checkpoint made the file replay to this child, not to the
+    other's. An id is now taken by creating its file, which only one can do."""
+    sidechains = tmp_path / "subagents"
+    real_exists = Path.exists
+
+    def exists(self: Path) -> bool:  # the look is made before the other process writes its file
+        return False if self.parent == sidechains else real_exists(self)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    with JsonlSession(tmp_path / "other.jsonl").sidechain("sub-1") as theirs:
+        theirs.append_message(Message.user("their task"))
+    before = (sidechains / "sub-1.jsonl").read_bytes()
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "mine"})]), "sub answer", "Done."])
+    with JsonlSession(tmp_path / "mine.jsonl") as session:
+        engine = QueryEngine(model, tools=[agentloop.delegate_tool()], session=session, policies=[])
+        events = [ev async for ev in engine.run("go")]
+    assert {e.agent_id for e in events if isinstance(e, TurnEnded)} == {"sub-2", None}
+    assert (sidechains / "sub-1.jsonl").read_bytes() == before
+    assert [m.text for m in JsonlSession(sidechains / "sub-2.jsonl").load().messages] == ["mine", "sub answer"]
+    assert engine.session_errors == []
+
+
 def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sidechain whose fsync fails at close (EIO) does not leave the main file, or the other
     sidechains, open and unsynced: all are closed, and the error is raised after."""
