@@ -825,6 +825,25 @@ def test_an_integer_too_long_for_int_loads_back(tmp_path: Path) -> None:
     assert loaded.messages == messages
 
 
+def test_an_integer_too_long_for_int_is_written_by_every_record_type(tmp_path: Path) -> None:
+    """Such an integer failed every record written with the json module: an event's (the
+    append raised ValueError), and the checkpoint `resume()` writes after a repair, which
+    escaped `resume()` with the file still locked by the session it never returned."""
+    path = tmp_path / "s.jsonl"
+    big = -7 * 10**5000 - 1
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("count"))
+        session.append_message(Message(role="assistant", content=[ToolUseBlock(id="t1", name="add", input={"a": big})]))
+        session.append_event({"type": "note", "n": big, "x": math.nan})
+    session, loaded = JsonlSession.resume(path)  # the dangling call is repaired: a checkpoint
+    session.close()
+    assert loaded.repairs != [] and loaded.warnings == []
+    assert path.read_text(encoding="utf-8").splitlines()[-1].startswith('{"type":"checkpoint"')
+    again = JsonlSession(path).load()
+    assert again.repairs == [] and again.warnings == [] and again.messages == loaded.messages
+    assert again.events == [{"type": "note", "n": big, "x": None}]
+
+
 @pytest.mark.parametrize("has_pread", [True, False], ids=["pread", "no-pread"])
 def test_torn_tail_cut_without_os_pread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_pread: bool) -> None:
     """Windows has no ``os.pread``: the torn-tail check reads with a seek instead, and the

@@ -16,6 +16,7 @@ import enum
 import json
 import math
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,23 +91,47 @@ def checkpoint_line(messages: Sequence[Message]) -> str:
 def dumps(obj: Any) -> str:
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr, allow_nan=False)
-    except ValueError:  # a NaN or an infinity, which JSON has no number for: null, as in a message
-        obj = _finite(obj)
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    except ValueError:
+        # A NaN or an infinity, which JSON has no number for: null, as in a message. Or an
+        # integer of more digits than int() writes (sys.get_int_max_str_digits): written whole.
+        longs: dict[str, str] = {}
+        obj = _finite(obj, longs)
+        text = _with_longs(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr), longs)
+        if has_surrogates(text):
+            text = _with_longs(json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr), longs)
+        return text
     if has_surrogates(text):  # UTF-8 cannot encode it: escape everything non-ASCII instead
         text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr)
     return text
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every float that is NaN or infinite replaced by None."""
+_LONG_MARK = "\x00long-int-" + secrets.token_hex(8) + "-"
+
+
+def _finite(value: Any, longs: dict[str, str]) -> Any:
+    """``value`` with every float that is NaN or infinite replaced by None, and every integer
+    too long for int() to write by a string that ``longs`` maps to its JSON (`_with_longs`)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        try:
+            repr(value)
+        except ValueError:
+            mark = f"{_LONG_MARK}{len(longs)}"
+            longs[json.dumps(mark)] = format(decimal.Decimal(value), "f")  # no digit limit
+            return mark
+        return value
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: _finite(v, longs) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [_finite(v, longs) for v in value]
     return value
+
+
+def _with_longs(text: str, longs: dict[str, str]) -> str:
+    for mark, digits in longs.items():
+        text = text.replace(mark, digits)
+    return text
 
 
 def _non_finite(constant: str) -> None:
