@@ -146,8 +146,16 @@ class Policy:
         ``concurrency_safe`` here)."""
 
     def fork(self) -> Policy:
-        """A fresh copy for a subagent engine (default: a deep copy)."""
-        return copy.deepcopy(self)
+        """A fresh copy for a subagent engine (default: a deep copy). Raises TypeError naming the
+        policy when the copy fails (it holds a lock, a client, a file): override `fork` then."""
+        try:
+            return copy.deepcopy(self)
+        except (TypeError, copy.Error) as exc:
+            raise TypeError(
+                f"{self.name}.fork() makes a deep copy of the policy for a subagent, and it failed "
+                f"({exc}): override fork() to return the copy a subagent should get (a new "
+                "instance, or self to share one object across the tree)"
+            ) from exc
 
     def begin_turn(self, *, real_user: bool) -> None:
         """A turn starts, or an interjection is merged into it. ``real_user`` is True when a

@@ -168,3 +168,33 @@ async def test_a_raising_stream_hook_is_logged_once_per_attempt_not_per_delta(
     logged = [r for r in caplog.records if "BrokenWatcher.on_stream raised" in r.getMessage()]
     assert len(logged) == 2  # one per attempt (two runs), not one per event (some 250)
     assert logged[0].exc_info is not None  # the first one keeps its traceback
+
+
+# -- subagents of an engine whose policy holds what a deep copy cannot take -------------------------
+
+
+class Metrics(Policy):
+    """Counts results into a host's metrics object (here: a lock and a number)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.results = 0
+
+
+def test_a_policy_a_deep_copy_cannot_take_names_itself_and_the_fix_when_forked() -> None:
+    engine = QueryEngine(ScriptedModel(["hi"]), policies=[Metrics()])
+    with pytest.raises(TypeError, match=r"Metrics\.fork\(\).*cannot pickle") as info:
+        engine.subagent(agent_id="child")
+    assert "override fork()" in str(info.value)
+
+
+def test_a_policy_with_its_own_fork_serves_subagents() -> None:
+    class SharedMetrics(Metrics):
+        def fork(self) -> Policy:
+            return self  # one object on purpose: it counts the whole tree
+
+    policy = SharedMetrics()
+    child = QueryEngine(ScriptedModel(["hi"]), policies=[policy]).subagent(agent_id="child")
+    assert child.policies == [policy]
