@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import numbers
 import os
 import signal as _signal
 import subprocess
@@ -78,9 +79,12 @@ async def run_process(
     hold while a process that left the group (``setsid``) keeps the pipes open:
     the call stops reading and returns, leaving that process alone. Raises
     ValueError for another ``stderr`` and TypeError for ``stdout``: the output
-    is collected here.
+    is collected here. Before the child starts, raises TypeError for a ``timeout``
+    or ``kill_grace`` that is not a number of seconds (ValueError when it is
+    below 0, or NaN) and for a ``stdin`` that is not bytes.
     """
     _check_streams(stderr, kw)
+    _check_args(timeout, kill_grace, stdin)
     merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
@@ -122,6 +126,23 @@ def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
         raise ValueError("run_process takes stderr=subprocess.PIPE (kept apart, the default) or subprocess.STDOUT (merged)")
     if "stdout" in kw:
         raise TypeError("run_process collects stdout itself; it does not take stdout=")
+
+
+def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
+    """Raise TypeError or ValueError for a ``timeout`` or ``kill_grace`` that is not a number of
+    seconds >= 0 (``timeout`` may be None), TypeError for a ``stdin`` that is not bytes."""
+    for name, value in (("timeout", timeout), ("kill_grace", kill_grace)):
+        if value is None and name == "timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            none = " or None" if name == "timeout" else ""
+            raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
+        if not float(value) >= 0:  # NaN too
+            raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
+    if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"run_process: stdin takes bytes to feed the child, not {type(stdin).__name__} (for text: text.encode())"
+        )
 
 
 async def _wait(

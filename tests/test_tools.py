@@ -662,6 +662,26 @@ async def test_run_process_refuses_to_start_when_already_aborted() -> None:
         await run_process("true", signal=ctl.signal)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"timeout": "30"}, TypeError, "timeout takes a number of seconds or None"),  # read from a config file
+        ({"timeout": float("nan")}, ValueError, "timeout must be >= 0"),  # was a result saying timed_out=True
+        ({"timeout": -1}, ValueError, "timeout must be >= 0"),
+        ({"kill_grace": None}, TypeError, "kill_grace takes a number of seconds"),
+        ({"kill_grace": -0.5}, ValueError, "kill_grace must be >= 0"),
+        ({"stdin": "text"}, TypeError, r"stdin takes bytes .*\.encode\(\)"),  # was AssertionError('text')
+    ],
+)
+async def test_run_process_refuses_a_bad_argument_before_the_child_starts(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    started = tmp_path / "started"
+    with pytest.raises(error, match=says):
+        await run_process("sh", "-c", f"touch {started}; cat", signal=AbortController().signal, **kwargs)
+    assert not started.exists()
+
+
 async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) -> None:
     ctl = AbortController()
     ready = tmp_path / "ready"
