@@ -512,7 +512,7 @@ def _well_formed(block: ToolResultBlock) -> bool:
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
-    block or a list of them) as it is, anything else as JSON (pydantic models and
+    block or a non-empty list of them) as it is, anything else as JSON (an empty list too) (pydantic models and
     dataclasses by their fields; a `ProcessResult` without its raw bytes). Raises
     `TypeError` for an awaitable (a coroutine returned instead of awaited)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
@@ -526,7 +526,7 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         return output.model_copy(update={"tool_use_id": tool_use_id})
     if isinstance(output, str):
         content: str | list[TextBlock] = output
-    elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):
+    elif isinstance(output, list) and output and all(isinstance(b, TextBlock) for b in output):
         content = output
     elif isinstance(output, TextBlock):
         content = [output]

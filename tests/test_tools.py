@@ -176,6 +176,21 @@ async def test_tool_outputs_are_normalised_to_results() -> None:
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
 
 
+async def test_an_empty_list_returned_is_the_json_of_an_empty_list_not_no_output() -> None:
+    # A search with no match returned [] and the model read "(no output)", as from a tool that
+    # printed nothing; {} already read "{}". An empty list is JSON like any list of data.
+    @tool
+    async def grep(pattern: str) -> list[str]:
+        """Find lines."""
+        return [] if pattern == "none" else ["a.py:1: hit"]
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("grep", {"pattern": p}) for p in ("none", "hit")])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[grep], policies=[])
+    await collect(engine, "go")
+    got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
+    assert got == [("[]", False), ('["a.py:1: hit"]', False)]
+
+
 async def test_a_tools_own_timeout_error_keeps_its_message_and_a_bare_exception_has_no_dangling_colon() -> None:
     @tool(concurrency_safe=True)
     async def fails(kind: str) -> str:
