@@ -249,14 +249,26 @@ def tool(
 
 
 def _check_async(f: object) -> None:
-    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, a partial."""
+    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, an async
+    generator, a partial."""
     if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
         raise TypeError(
             "@tool needs an async function, got a functools.partial: define an async def that calls "
             "it (its name, docstring and annotations describe the tool to the model)"
         )
-    if not inspect.iscoroutinefunction(f):
-        raise TypeError(f"@tool needs an async function, got {f!r}")
+    if inspect.iscoroutinefunction(f):
+        return
+    if inspect.isasyncgenfunction(f):
+        raise TypeError(
+            f"@tool needs an async function that returns, got the async generator {f.__qualname__}: a tool "
+            "call gives one result: collect what it yields and return that"
+        )
+    if inspect.isfunction(f) or inspect.ismethod(f):
+        raise TypeError(
+            f"@tool needs an async function, got the sync function {f.__qualname__}: define it with async def "
+            "(blocking work inside it goes to await asyncio.to_thread(...))"
+        )
+    raise TypeError(f"@tool needs an async function, got {f!r}")
 
 
 def _handler(

@@ -148,11 +148,14 @@ class Limits(BaseModel):
     ratio: float = 0.5
 
 
+NO_LIMITS = Limits()
+
+
 async def test_a_default_json_cannot_hold_leaves_the_schema_sendable_and_still_applies() -> None:
     # ``limit: float = math.inf`` ("no limit") was written into the schema as ``Infinity``, which
     # is not JSON: every request that offered the tool failed to encode, blaming no tool.
     @tool
-    async def scan(path: str, limit: float = float("inf"), floor: float = float("-inf"), limits: Limits = Limits()) -> str:
+    async def scan(path: str, limit: float = float("inf"), floor: float = float("-inf"), limits: Limits = NO_LIMITS) -> str:
         """Scan a file."""
         return f"{path} {limit} {floor} {limits.max_bytes}"
 

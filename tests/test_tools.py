@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -88,6 +89,21 @@ def test_tool_rejects_sync_functions_and_missing_annotations() -> None:
 
     with pytest.raises(TypeError, match=r"functools\.partial: define an async def"):
         tool(functools.partial(add, b=1))
+
+
+def test_an_async_generator_or_a_sync_function_is_refused_saying_what_to_write_instead() -> None:
+    # An ``async def`` that yields was told "@tool needs an async function", which it looks like.
+    async def lines(path: str) -> AsyncIterator[str]:
+        yield path
+
+    with pytest.raises(TypeError, match=r"async generator .* one result: collect what it yields and return that"):
+        tool(lines)  # type: ignore[arg-type]
+
+    def count(path: str) -> int:
+        return len(path)
+
+    with pytest.raises(TypeError, match=r"sync function .*async def.*asyncio\.to_thread"):
+        tool(count)  # type: ignore[arg-type]
 
 
 async def test_tool_parameters_named_like_pydantic_members_reach_the_function() -> None:
