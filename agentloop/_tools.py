@@ -468,7 +468,10 @@ def _quote(value: object) -> str:
 
 
 def _as_json(value: object) -> object:
-    # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON.
+    # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON;
+    # a `ProcessResult` in a dict or a list as one returned alone, without its raw bytes.
+    if isinstance(value, ProcessResult):
+        return value.as_json()
     return jsonable(value, str)
 
 
@@ -525,7 +528,8 @@ def _well_formed(block: ToolResultBlock) -> bool:
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
     block or a non-empty list of them) as it is, anything else as JSON (an empty list too) (pydantic models and
-    dataclasses by their fields; a `ProcessResult` without its raw bytes). Raises
+    dataclasses by their fields; a `ProcessResult`, also in a dict or a list, without its raw
+    bytes). Raises
     `TypeError` for an awaitable (a coroutine returned instead of awaited)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)

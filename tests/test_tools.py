@@ -1072,6 +1072,24 @@ async def test_a_tool_that_returns_a_process_result_gives_the_output_once_as_jso
     assert not {k for k in (*first, *second) if k.endswith("_bytes")}
 
 
+async def test_process_results_returned_inside_a_dict_or_list_give_each_output_once() -> None:
+    # Only a ProcessResult returned as it is lost its raw bytes: one in a dict (a lint run and a
+    # test run reported together) repeated each output, and bytes not UTF-8 became a b'...' repr.
+    @tool
+    async def check(ctx: ToolContext) -> Any:
+        """Lint and test."""
+        lint = await run_process(sys.executable, "-c", "print('lint', 'ok')", signal=ctx.signal)
+        test = await run_process(sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'caf\\xe9')", signal=ctx.signal)
+        return {"lint": lint, "runs": [test]}
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("check", {})]), "ok"]), tools=[check], policies=[])
+    [result] = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    got = json.loads(result.text)
+    assert result.text.count("lint ok") == 1
+    assert got["lint"]["stdout"] == "lint ok\n" and got["runs"][0]["stdout"] == "caf\ufffd"
+    assert not {k for r in (got["lint"], got["runs"][0]) for k in r if k.endswith("_bytes")}
+
+
 _TYPE_CHECKING_ONLY = '''
 from __future__ import annotations
 from typing import TYPE_CHECKING
