@@ -24,6 +24,8 @@ from ._errors import AbortError
 __all__ = ["ProcessResult", "run_process"]
 
 _CAP = 1 << 20  # bytes kept per stream
+#: A command-line argument, as `subprocess` takes it.
+Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 # Seconds to read what is left in the pipes once a timed-out group is dead: a process
 # that left the group (setsid) may hold them open forever.
 _DRAIN = 0.25
@@ -31,7 +33,8 @@ _DRAIN = 0.25
 
 @dataclass(frozen=True, slots=True)
 class ProcessResult:
-    """``returncode`` is negative when killed by a signal; ``timed_out`` when the
+    """``args`` is the command as run, as text (a path or bytes given decoded as the OS does);
+    ``returncode`` is negative when killed by a signal; ``timed_out`` when the
     timeout killed it. ``stdout``/``stderr`` are decoded (UTF-8, replace) and
     capped at 1 MiB each: ``stdout_truncated``/``stderr_truncated`` say which was
     cut (``truncated``: either), and a cut stream's text ends on a whole character;
@@ -61,7 +64,7 @@ class ProcessResult:
 
 
 async def run_process(
-    *args: str,
+    *args: Arg,
     signal: AbortSignal,
     timeout: float | None = None,
     kill_grace: float = 2.0,
@@ -165,14 +168,14 @@ async def _wait(
     return not aborted, aborted
 
 
-def _result(args: tuple[str, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
+def _result(args: tuple[Arg, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
     """The `ProcessResult` of a process that has exited, from what ``proto`` collected."""
     returncode = transport.get_returncode()
     assert returncode is not None
     out, err = bytes(proto.output[1]), bytes(proto.output[2])
     cut = proto.truncated
     return ProcessResult(
-        args=tuple(args),
+        args=tuple(os.fsdecode(a) for a in args),  # a Path or bytes as text, which JSON can hold
         returncode=returncode,
         stdout=_decode(out, cut=1 in cut),
         stderr=_decode(err, cut=2 in cut),

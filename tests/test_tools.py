@@ -1090,6 +1090,25 @@ async def test_process_results_returned_inside_a_dict_or_list_give_each_output_o
     assert not {k for r in (got["lint"], got["runs"][0]) for k in r if k.endswith("_bytes")}
 
 
+async def test_a_process_run_from_a_path_gives_its_output_not_an_unusable_result(tmp_path: Path) -> None:
+    # ``run_process(sys.executable, tmp_path / "x.py")``: the args kept the Path, which JSON cannot
+    # hold, so the tool returning the result got "returned an unusable result" and no output.
+    script = tmp_path / "hello.py"
+    script.write_text("import sys; print('hi', sys.argv[1:])")
+
+    @tool
+    async def run(ctx: ToolContext) -> Any:
+        """Run the script."""
+        return await run_process(Path(sys.executable), script, b"raw", signal=ctx.signal)
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("run", {})]), "ok"]), tools=[run], policies=[])
+    [result] = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    assert not result.is_error, result.text
+    got = json.loads(result.text)
+    assert got["stdout"] == "hi ['raw']\n"
+    assert got["args"] == [sys.executable, str(script), "raw"]  # the command as run, as text
+
+
 _TYPE_CHECKING_ONLY = '''
 from __future__ import annotations
 from typing import TYPE_CHECKING
