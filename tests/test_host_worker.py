@@ -27,6 +27,7 @@ from agentloop import (
     ScriptedToolCall,
     TextDelta,
     ToolCallStarted,
+    ToolContext,
     ToolResultBlock,
     TurnEnded,
     delegate_tool,
