@@ -407,7 +407,8 @@ async def headless(model: Any, prompt: str, **limits: Any) -> tuple[int, QueryEn
 
 
 def calls(*inputs: dict[str, Any], usage: Any = None) -> ScriptedModel:
-    return ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("shell", i)], usage=usage) for i in inputs], cycle=True)
+    extra = {} if usage is None else {"usage": usage}
+    return ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("shell", i)], **extra) for i in inputs], cycle=True)
 
 
 async def test_headless_exit_codes_follow_the_terminals() -> None:
@@ -428,6 +429,8 @@ async def test_headless_exit_codes_follow_the_terminals() -> None:
 
     code, engine, end = await headless(calls({"command": "ls"}), "Build", max_turns=2)
     assert (code, end.reason) == (3, "max_turns")
+    # A scripted response that gives no usage reports 10 input and 10 output tokens.
+    assert (end.usage.input_tokens, end.usage.output_tokens) == (20, 20)
 
     code, engine, end = await headless(calls({"command": "wait"}), "Build", deadline=0.2, tool_cancel_grace=0.05)
     assert (code, end.reason, end.abort_reason) == (3, "deadline", "deadline")
@@ -620,3 +623,17 @@ async def test_a_permission_callback_tells_mcp_tools_by_the_servers_own_names(tm
         check_job(engine, end, "completed")
         add, note, _child = engine.messages[2].tool_results
         assert add.text == "5" and note.is_error and "not on the list" in note.text
+
+
+async def test_an_interrupt_from_a_request_handlers_thread_stops_a_stalled_stream() -> None:
+    server = Server(story_server, asyncio.Event())
+    async with server.client() as client:
+        engine = QueryEngine(OpenAIChatModel("gpt-4o", api_key="k", http_client=client))
+        task, _ = await stalled_job(server, engine)
+        await asyncio.to_thread(engine.interrupt, "cancel")  # a handler running in a thread pool
+        events = await task
+    end = events[-1]
+    assert isinstance(end, TurnEnded)
+    check_job(engine, end, "aborted_streaming")
+    assert end.abort_reason == "cancel" and engine.messages[-1].kind == "interrupt_notice"
+    assert not server.open_bodies
