@@ -34,7 +34,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy, bind_all
-from ._recording import holds_no_records, holds_records
+from ._recording import holds_messages, holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -176,7 +176,7 @@ class QueryEngine:
         # The session holds another transcript's records already, or none of the messages given
         # (a conversation forked into a new file): the first run writes the transcript whole.
         self._checkpoint_due = bool(given) and holds_no_records(session)
-        if session is not None and parent is None and not given and holds_records(session):
+        if session is not None and parent is None and not given and holds_messages(session):
             # A file of an earlier conversation, none of which this engine was given (a task run
             # again with the session of its last attempt): the file is to replay to this engine's
             # transcript, not to both joined.

@@ -1792,3 +1792,53 @@ def test_tool_call_records_carry_the_input_that_ran_and_older_ones_load_with_it(
     loaded = JsonlSession(older).load()
     assert [e.get("input") for e in loaded.events] == [{"path": "docs/a.md"}, {"path": "../etc/passwd"}, None]
     assert loaded.events[2] == odd and loaded.warnings == []
+
+
+def test_a_path_starting_with_a_tilde_is_taken_from_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``JsonlSession("~/x.jsonl")`` made a folder named ``~`` in the working directory, and
+    the transcript went there rather than to the home directory the user meant."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    with JsonlSession("~/sessions/x.jsonl", sidechain_dir="~/side") as session:
+        assert session.path == home / "sessions" / "x.jsonl"
+        assert session.sidechain_dir == home / "side"
+        session.append_message(Message.user("hi"))
+        session.sidechain("helper").append_message(Message.user("child"))
+    assert not (cwd / "~").exists()
+    assert [m.text for m in JsonlSession(home / "sessions" / "x.jsonl").load().messages] == ["hi"]
+    assert (home / "side" / "helper.jsonl").is_file()
+    resumed, loaded = JsonlSession.resume("~/sessions/x.jsonl")
+    with resumed:
+        assert resumed.path == home / "sessions" / "x.jsonl" and [m.text for m in loaded.messages] == ["hi"]
+    with pytest.raises(ValueError, match="home directory"):
+        JsonlSession("~no-such-user-agentloop/x.jsonl")
+
+
+async def test_a_resumed_file_that_loads_no_messages_gives_no_warning_of_a_lost_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash tore the very first line of a file: it resumes to no messages, and the engine
+    given them (none) warned that it "was given none of" a conversation the file does not hold."""
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"type":"message","mess')
+    session, loaded = JsonlSession.resume(path)
+    assert loaded.messages == [] and loaded.warnings
+    with session, caplog.at_level(logging.WARNING, logger="agentloop"):
+        engine = QueryEngine(ScriptedModel(["Hello."]), session=session, messages=loaded.messages, policies=[])
+        async for _ in engine.run("Hi"):
+            pass
+    assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
+    assert JsonlSession(path).load().messages == engine.messages and engine.session_errors == []
+
+    # A file of events only, or rewound to no messages, holds no conversation either.
+    for records in ([{"type": "event", "event": {"type": "turn_ended"}}], [{"type": "checkpoint", "messages": []}]):
+        other = tmp_path / f"{records[0]['type']}.jsonl"
+        other.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        with JsonlSession(other) as session, caplog.at_level(logging.WARNING, logger="agentloop"):
+            QueryEngine(ScriptedModel(["x"]), session=session, policies=[])
+        assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
