@@ -59,8 +59,9 @@ class JsonlSession:
 
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
-    ``<dir of path>/subagents``). The file and its directories are created on
-    the first append (or `acquire`); constructing or loading never creates anything. A file it
+    ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session). The file
+    and its directories are created on the first append (or `acquire`); constructing or
+    loading never creates anything. A file it
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
     output, keys the user pasted); existing ones keep their mode. A relative
     path is taken from the working directory at construction; a leading ``~`` is the
@@ -88,9 +89,7 @@ class JsonlSession:
         self.path = _absolute(path)
         self.fsync: FsyncPolicy = fsync
         self.fsync_every = fsync_every
-        self.sidechain_dir = (
-            _absolute(sidechain_dir) if sidechain_dir is not None else self.path.parent / "subagents"
-        )
+        self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
         self._closed = False
         self._unsynced = 0
@@ -412,6 +411,14 @@ class JsonlSession:
                 log.warning("%s", warning)
                 loaded.warnings.append(warning)
         return session, loaded
+
+
+def default_sidechain_dir(path: Path) -> Path:
+    """Where the subagents of the session file ``path`` write by default: a folder of its own,
+    ``<dir>/subagents/<name>`` (``name`` the file's without ``.jsonl``), so that the sessions
+    of one directory (a conversation and its fork) never share a subagent's file."""
+    name = path.name.removesuffix(".jsonl") or path.name
+    return path.parent / "subagents" / name
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:
