@@ -119,12 +119,14 @@ class Renderer:
         self._channel = None
         self.screen.line(help_text(min(78, self.screen.width or 78)))
 
-    def show(self, event: Event) -> None:
+    def show(self, event: Event, starts: Sequence[str] = ()) -> None:
+        """``starts``: for a `TurnStarted`, every text the turn starts with (several queued
+        messages run as one turn), when the event's prompt is not the whole of it."""
         if isinstance(event, TextDelta | ThinkingDelta):
             self._delta(event)
             return
         self._channel = self._cut = None
-        self._line(event)
+        self._line(event, starts)
         self.screen.status(self.status())
 
     def status(self) -> str:
@@ -156,17 +158,19 @@ class Renderer:
             head = ("" if self.screen.at_line_start else "\n") + head
         self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
 
-    def _line(self, event: Event) -> None:
-        text = self._describe(event)
+    def _line(self, event: Event, starts: Sequence[str] = ()) -> None:
+        if isinstance(event, TurnStarted):
+            self.stats.turns += 1
+            said = "; ".join(short(t, 200) for t in starts) if starts else None
+            who = said or (short(event.prompt.text, 200) if event.prompt is not None else "(resuming)")
+            text: str | None = self.s(f"\u2500\u2500 turn {self.stats.turns} \u2500\u2500 you: ", "bold", "magenta") + who
+        else:
+            text = self._describe(event)
         if text:
             self.screen.line(text)
 
     def _describe(self, ev: Event) -> str | None:
         s = self.s
-        if isinstance(ev, TurnStarted):
-            self.stats.turns += 1
-            who = short(ev.prompt.text, 200) if ev.prompt is not None else "(resuming)"
-            return s(f"\u2500\u2500 turn {self.stats.turns} \u2500\u2500 you: ", "bold", "magenta") + who
         if isinstance(ev, PermissionRequested):
             self._asking.add(ev.tool_use.id)
             if ev.tool_use.name not in self.asks:
