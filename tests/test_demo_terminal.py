@@ -123,6 +123,24 @@ def test_typed_text_is_decoded_in_the_keyboards_encoding() -> None:
     assert got == ["d\u00e9j\u00e0 vu", "<eof>"]
 
 
+def test_a_line_left_unsent_at_ctrl_d_on_a_terminal_is_not_sent() -> None:
+    """With the terminal editing lines (``TERM=dumb``, output in a file), "abc" then Ctrl-D twice
+    (the first hands "abc" over without a line break, the second ends the input) started a turn
+    on "abc" and interrupted it at once, as the demo exited: a turn nobody sent, in the
+    transcript. From a pipe, a last line without its line break is still played."""
+    got: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.close()
+    reader = LineReader(loop, 0, got.append, lambda: got.append("<eof>"), partial=False)
+    reader.feed(b"sent\nabc")
+    reader.feed(b"")
+    assert got == ["sent", "<eof>"]
+    piped, got = _reader()
+    piped.feed(b"sent\nlast")
+    piped.feed(b"")
+    assert got == ["sent", "last", "<eof>"]
+
+
 def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
     ed = LineEditor()
     reader, got = _reader(editor=ed)
