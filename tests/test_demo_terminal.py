@@ -61,6 +61,24 @@ def test_a_paste_of_several_lines_is_one_message_sent_by_enter() -> None:
         assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["a\nb"], cut
 
 
+def test_a_paste_of_a_megabyte_is_taken_and_drawn_in_linear_time() -> None:
+    """Pasting a large file froze the demo, Ctrl-C included: each character was inserted by
+    copying the whole line, and each read redrew it by measuring all of it (a minute for 1 MB)."""
+    import time
+
+    ed = LineEditor()
+    body = ("a long pasted line " * 40 + "\r") * 1300  # about 1 MB, in 4 KB reads
+    data = PASTE.format(body) + "\r"
+    began = time.process_time()
+    lines: list[str] = []
+    for i in range(0, len(data), 4096):
+        lines += ed.feed(data[i : i + 4096])
+        before, at, after = fit_input(ed.text, ed.cursor, 78)
+        assert cells(before + at + after) <= 78
+    assert time.process_time() - began < 10  # quadratic, it took over a minute
+    assert lines == [body.replace("\r", "\n")]
+
+
 def test_ctrl_d_ends_the_input_only_on_an_empty_line() -> None:
     ed = LineEditor()
     assert ed.feed("ab" + LEFT + "\x04") == [] and ed.text == "a" and not ed.eof  # deletes, as in a shell
