@@ -395,3 +395,24 @@ def test_a_stream_broken_by_a_line_of_the_host_goes_on_marked_as_going_on() -> N
     r.show(ThinkingDelta(thinking="hm"))  # another stream: a label of its own
     assert out.getvalue() == "assistant: Noted your m\nyou (steer): keep it\nassistant: \u2026essage.\nthinking: hm"
 
+
+
+def test_control_characters_from_the_model_or_a_tool_never_reach_the_terminal() -> None:
+    """A provider's text (or a tool's output) with an escape sequence or a bare carriage return
+    was written as is: it could recolour the output, move the cursor over it, reset the scroll
+    region that keeps the status line, or set the window's title."""
+    from agentloop import TextDelta, ToolCallFinished, ToolCallStarted, ToolUseBlock
+    from agentloop._messages import ToolResultBlock
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    r.show(TextDelta(text="red \x1b[31mtext\x1b[0m\r\n"))
+    r.show(TextDelta(text="progress 10%\rprogress 100%\x1b]0;title\x07 \x9b2J"))
+    use = ToolUseBlock(id="t1", name="run_tests", input={"flag": "\x1b[r"})
+    r.show(ToolCallStarted(tool_use=use))
+    r.show(ToolCallFinished(tool_use=use, result=ToolResultBlock(tool_use_id="t1", content="\x1b[32mPASSED\x1b[0m")))
+    shown = out.getvalue()
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown), repr(shown)
+    assert "red \ufffd[31mtext\ufffd[0m\nprogress 10%\ufffdprogress 100%" in shown
+    assert "PASSED" in shown

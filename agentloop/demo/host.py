@@ -71,7 +71,7 @@ class Host:
             # is typed before the task's first step steers or stops this run.
             run = self.engine.run(prompt)
         except Exception as exc:  # a host keeps going: show it, stay usable
-            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+            self.r.note(f"the run failed: {type(exc).__name__}: {short(str(exc), 300)}", "red")
             return
         self.task = asyncio.get_running_loop().create_task(self._drive(run), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
@@ -84,7 +84,7 @@ class Host:
                 if self.on_event is not None:
                     self.on_event(event)
         except Exception as exc:  # a host keeps going: show it, stay usable
-            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+            self.r.note(f"the run failed: {type(exc).__name__}: {short(str(exc), 300)}", "red")
 
     def _started_with(self, event: TurnStarted) -> list[str]:
         """The texts ``event``'s turn starts with, when it is more than its prompt: the queued

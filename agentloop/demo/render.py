@@ -8,6 +8,7 @@ exit summary reports. `format_transcript` prints `engine.messages`.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from .._messages import (
 )
 from .screen import Screen, wrap
 
-__all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short"]
+__all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short", "visible"]
 
 # The keys, and what to watch for: (key, what it does), shown under a column of keys.
 HELP = (
@@ -67,9 +68,20 @@ def help_text(width: int = 78) -> str:
     return "\n".join(wrap(f"{key:<{_KEYS}}{text}", width, _KEYS) for key, text in HELP)
 
 
+# What a terminal would take as a command, not as text (an escape sequence that recolours, moves
+# the cursor, resets the scroll region or sets the title; a bare carriage return): a model's or a
+# tool's text shows it as U+FFFD. Line breaks (CR LF too) and tabs are text.
+_UNSHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with nothing in it that the terminal would act on (see ``_UNSHOWN``)."""
+    return _UNSHOWN.sub("\ufffd", text.replace("\r\n", "\n"))
+
+
 def short(text: str, limit: int = 100) -> str:
-    """``text`` on one line, cut to ``limit`` characters."""
-    one = " ".join(str(text).split())
+    """``text`` on one line, cut to ``limit`` characters (and `visible`)."""
+    one = visible(" ".join(str(text).split()))
     return one if len(one) <= limit else one[: limit - 1] + "\u2026"
 
 
@@ -156,6 +168,7 @@ class Renderer:
             self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
             head = self.s("assistant: ", "bold") + more if channel == "text" else self.s("thinking: ", "dim") + more
             head = ("" if self.screen.at_line_start else "\n") + head
+        chunk = visible(chunk)
         self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
 
     def _line(self, event: Event, starts: Sequence[str] = ()) -> None:
@@ -186,7 +199,7 @@ class Renderer:
         if isinstance(ev, InterjectionInjected):
             return s(f"\u21aa steer delivered to the model: {'; '.join(short(t, 80) for t in ev.texts)}", "magenta")
         if isinstance(ev, InterjectionDropped):
-            return s(f"\u21aa not delivered (the turn ended: {ev.reason}): {'; '.join(ev.texts)}", "yellow")
+            return s(f"\u21aa not delivered (the turn ended: {ev.reason}): {'; '.join(short(t, 200) for t in ev.texts)}", "yellow")
         if isinstance(ev, PolicyNudge):
             self.stats.nudges += 1
             return s(f"\u2691 stationarity nudge from {ev.policy}: {short(ev.reminder, 120)}", "yellow")
