@@ -308,7 +308,13 @@ class HTTPModel:
     """
 
     model: str
+    extra_headers: dict[str, str]
     _conn: Connection
+
+    def _credentials(self) -> tuple[str, ...]:
+        """This model's credentials (its key, the values of its credential headers, those in
+        ``base_url``), longest first: the engine scrubs them out of tool results."""
+        return self._conn.redactor(self.extra_headers).values
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.shown_url!r})"
