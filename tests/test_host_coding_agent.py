@@ -569,3 +569,18 @@ async def test_a_gateway_token_in_a_long_tool_result_is_redacted_in_both_copies(
     finished = next(e for e in events if isinstance(e, ToolCallFinished))
     assert finished.full_result is not None and "token=[REDACTED]" in finished.full_result.text
     assert token not in finished.result.text and token not in json.dumps(server.bodies)
+
+
+async def test_an_anthropic_gateway_credential_in_extra_headers_needs_no_key(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """providers.md: an `x-api-key` given in `extra_headers` is sent instead of the key, so the
+    model needs none (as with one set on the host's own `http_client`)."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    token = "gw-anthropic-hostA-77aa1c"
+    server = AnthropicServer(token, [Reply(text="Hello through the gateway.")])
+    async with server.client() as client:
+        model = AnthropicModel("claude-opus-4-7", api_key="", http_client=client, extra_headers={"X-Api-Key": token})
+        host = Host(server, model, workspace)
+        events = await host.drive("Hi")
+    assert events[-1].type == "turn_ended" and events[-1].reason == "completed"

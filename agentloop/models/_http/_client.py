@@ -335,6 +335,11 @@ def openai_connection(api_key: str | None, base_url: str | None, http_client: ht
     )
 
 
+def gives(headers: Mapping[str, str], name: str) -> bool:
+    """True when ``headers`` set ``name`` (a lower-case header name), whatever its case."""
+    return any(key.lower() == name for key in headers)
+
+
 def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """JSON + SSE headers with ``Authorization: Bearer``; an OpenAI-compatible server
     (``key_optional``: a custom base URL) may be used without a key. An ``Authorization``
@@ -345,7 +350,7 @@ def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, 
     """
     secret = conn.secret
     hosts = conn.host_sets("authorization")  # the host's own client carries the credential
-    if secret is None and not key_optional and not hosts:
+    if secret is None and not key_optional and not hosts and not gives(extra, "authorization"):
         raise missing_key("openai", "OPENAI_API_KEY")
     base = {"content-type": "application/json", "accept": "text/event-stream"}
     if secret is not None and not hosts:
