@@ -584,3 +584,72 @@ async def test_an_anthropic_gateway_credential_in_extra_headers_needs_no_key(
         host = Host(server, model, workspace)
         events = await host.drive("Hi")
     assert events[-1].type == "turn_ended" and events[-1].reason == "completed"
+
+
+async def test_switching_engine_model_mid_conversation_both_ways(workspace: Path) -> None:
+    """The user picks another model between runs (`engine.model = ...`): each provider gets a
+    request it accepts, its own reasoning included and the other's left out."""
+    a_server = AnthropicServer(ANTHROPIC_KEY, [
+        Reply(thinking="Read the file first.", text="Reading.", calls=[Call("read_file", {"path": "calc.py"})]),
+        Reply(thinking="It subtracts.", text="`add` subtracts."),
+        Reply(text="Back on Claude."),
+    ])
+    o_server = ResponsesServer(OPENAI_KEY, [
+        Reply(thinking="Check the test too.", calls=[Call("read_file", {"path": "test_calc.py"})]),
+        Reply(text="The test expects 5."),
+    ])
+    async with a_server.client() as a_client, o_server.client() as o_client:
+        claude = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, http_client=a_client, thinking=2000)
+        gpt = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=o_client, reasoning={"effort": "low"})
+        host = Host(a_server, claude, workspace)
+        await host.drive("Why does the test fail?")
+        host.engine.model, host.server = gpt, o_server
+        await host.drive("And what does the test expect?")
+        sent = o_server.bodies[0]["input"]
+        assert not any(i.get("type") == "reasoning" for i in sent)  # Claude's thinking stays home
+        assert any(i.get("type") == "reasoning" for i in o_server.bodies[1]["input"])  # its own goes back
+        host.engine.model, host.server = claude, a_server
+        events = await host.drive("Thanks.")
+        assert events[-1].type == "turn_ended" and events[-1].reason == "completed"
+        blocks = [b for m in a_server.bodies[-1]["messages"] if m["role"] == "assistant"
+                  for b in (m["content"] if isinstance(m["content"], list) else [])]
+        assert all(b.get("signature") == "EqQBCgIYAhIM" for b in blocks if b["type"] == "thinking")
+
+
+async def test_a_sandboxed_write_a_failing_read_and_a_steer_dropped_by_an_interrupt(workspace: Path) -> None:
+    """The permission prompt moves a write into a scratch directory; a parallel read of a missing
+    file fails on its own; a steer typed while the shell runs is reported dropped when the user
+    then stops the turn."""
+    (workspace / "scratch").mkdir()
+    replies = [
+        Reply(calls=[Call("read_file", {"path": "calc.py"}), Call("read_file", {"path": "missing.py"}),
+                     Call("write_file", {"path": "calc.py", "content": FIXED})]),
+        Reply(calls=[Call("shell", {"command": "sleep 30"})]),
+    ]
+    async with responses_host(workspace, replies) as host:
+
+        async def sandbox(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+            if use.name == "write_file":
+                return Allow(updated_input={**use.input, "path": "scratch/" + use.input["path"]})
+            return Allow()
+
+        host.engine.permission = sandbox
+        steer: list[str] = []
+
+        def react(event: Event) -> None:
+            if isinstance(event, ToolCallStarted) and event.tool_use.name == "shell":
+                steer.append(host.engine.interject("Use the fast tests only."))
+                host.engine.interrupt()
+
+        events = await host.drive("Fix calc.py safely.", react)
+        results = {e.tool_use.id: e for e in events if isinstance(e, ToolCallFinished)}
+        read_ok, read_missing, write, shell = results.values()
+        assert read_ok.result.text == BUGGY and read_missing.result.is_error
+        assert "FileNotFoundError" in read_missing.result.text
+        assert write.updated_input == {"path": "scratch/calc.py", "content": FIXED}
+        assert (workspace / "scratch" / "calc.py").read_text(encoding="utf-8") == FIXED
+        assert (workspace / "calc.py").read_text(encoding="utf-8") == BUGGY
+        assert shell.synthetic and shell.result.is_error
+        dropped = [e for e in events if e.type == "interjection_dropped"]
+        assert [e.ids for e in dropped] == [(steer[0],)]
+        await host.next_request_accepted()
