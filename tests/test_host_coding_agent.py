@@ -653,3 +653,74 @@ async def test_a_sandboxed_write_a_failing_read_and_a_steer_dropped_by_an_interr
         dropped = [e for e in events if e.type == "interjection_dropped"]
         assert [e.ids for e in dropped] == [(steer[0],)]
         await host.next_request_accepted()
+
+
+def short_task() -> list[Reply]:
+    return [
+        Reply(text="Reading both.", chunk=40,
+              calls=[Call("read_file", {"path": "calc.py"}), Call("read_file", {"path": "test_calc.py"})]),
+        Reply(chunk=40, calls=[Call("write_file", {"path": "calc.py", "content": FIXED}),
+                               Call("shell", {"command": "echo 1 passed"}), Call("lint", {})]),
+        Reply(text="Done.", chunk=40),
+    ]
+
+
+async def control_at(provider: str, workspace: Path, action: str, at: int | None) -> int:
+    """Run the short task, doing ``action`` at event number ``at``; return how many events came."""
+    (workspace / "calc.py").write_text(BUGGY, encoding="utf-8")
+    opened = anthropic_host if provider == "anthropic" else responses_host
+    async with opened(workspace, [*short_task(), Reply(text="Redirected.")]) as host:
+        count = 0
+
+        def react(event: Event) -> None:
+            nonlocal count
+            if count == at:
+                if action == "interrupt":
+                    host.engine.interrupt()
+                elif action == "send_now":
+                    host.engine.send_now("Stop and explain instead.")
+                else:
+                    host.engine.interject("Keep the API.")
+            count += 1
+
+        await host.drive("Fix the test.", react)
+        await host.next_request_accepted()
+    return count
+
+
+@pytest.mark.parametrize("action", ["interrupt", "send_now", "interject"])
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_control_call_at_every_event_of_a_task(provider: str, action: str, workspace: Path) -> None:
+    """Whatever event the user acts at, the transcript is valid and the next request accepted
+    (Host.drive and next_request_accepted check both, and that nothing is left running)."""
+    total = await control_at(provider, workspace, action, None)
+    assert total > 20
+    for at in range(total):
+        await control_at(provider, workspace, action, at)
+
+
+async def test_a_session_closed_right_after_the_host_broke_off_mid_tool_resumes_valid(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """The UI quits while the shell runs: it breaks out of the run and closes the session at once,
+    while the run's cleanup still stops the process in the background. The file resumes to a
+    valid transcript, which the next request is accepted with."""
+    path = tmp_path / "quit.jsonl"
+    replies = [Reply(text="Running the tests.", calls=[Call("shell", {"command": "sleep 30"})])]
+    with JsonlSession(path) as session:
+        async with anthropic_host(workspace, replies, session=session, tool_cancel_grace=0.2) as host:
+            run = host.engine.run("Run the tests.")
+            async for event in run:
+                if isinstance(event, ToolCallStarted):
+                    break
+            await run.aclose()
+            left = list(host.engine.messages)
+    assert validate_transcript(left) == []
+    session, loaded = JsonlSession.resume(path)
+    assert loaded.repairs == []
+    assert [m.model_dump() for m in loaded.messages] == [m.model_dump() for m in left]
+    with session:
+        async with anthropic_host(workspace, [Reply(text="The run was stopped.")], session=session,
+                                  messages=loaded.messages) as host:
+            events = await host.drive("What happened?")
+            assert events[-1].type == "turn_ended" and events[-1].reason == "completed"
