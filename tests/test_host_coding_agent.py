@@ -657,9 +657,9 @@ async def test_a_sandboxed_write_a_failing_read_and_a_steer_dropped_by_an_interr
 
 def short_task() -> list[Reply]:
     return [
-        Reply(text="Reading both.", chunk=40,
+        Reply(thinking="The test imports add; read both files first.", text="Reading both.", chunk=40,
               calls=[Call("read_file", {"path": "calc.py"}), Call("read_file", {"path": "test_calc.py"})]),
-        Reply(chunk=40, calls=[Call("write_file", {"path": "calc.py", "content": FIXED}),
+        Reply(thinking="add subtracts; fix it, then test and lint.", chunk=40, calls=[Call("write_file", {"path": "calc.py", "content": FIXED}),
                                Call("shell", {"command": "echo 1 passed"}), Call("lint", {})]),
         Reply(text="Done.", chunk=40),
     ]
@@ -724,3 +724,51 @@ async def test_a_session_closed_right_after_the_host_broke_off_mid_tool_resumes_
                                   messages=loaded.messages) as host:
             events = await host.drive("What happened?")
             assert events[-1].type == "turn_ended" and events[-1].reason == "completed"
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_rewind_that_cuts_a_tool_exchange_in_half(provider: str, workspace: Path, tmp_path: Path) -> None:
+    """The UI's "edit an earlier message": the host cuts the transcript right after a call,
+    before its result, and sends again. The request is accepted, and the session file replays to
+    the transcript the engine went on with."""
+    path = tmp_path / "rewind.jsonl"
+    opened = anthropic_host if provider == "anthropic" else responses_host
+    replies = [*fix_the_bug_script()[:2], Reply(text="Done."), Reply(text="Starting over, read-only.")]
+    with JsonlSession(path) as session:
+        async with opened(workspace, replies, session=session) as host:
+            await host.drive("Fix the failing test.")
+            assert host.engine.messages[1].tool_uses
+            del host.engine.messages[2:]  # keep the calls, drop their results and all after
+            events = await host.drive("Only read; change nothing.")
+            assert events[-1].type == "turn_ended" and events[-1].reason == "completed"
+            final = list(host.engine.messages)
+    loaded = JsonlSession(path).load()
+    assert [m.model_dump() for m in loaded.messages] == [m.model_dump() for m in final]
+
+
+@pytest.mark.parametrize("moment", ["streaming", "permission", "process"])
+async def test_the_consuming_task_cancelled_as_a_web_client_disconnects(moment: str, workspace: Path) -> None:
+    """A web host's request handler is cancelled when its client goes away: the run stops, the
+    response is closed, the process is killed, and the transcript is valid for the next request."""
+    replies = {
+        "streaming": [Reply(text="A long answer nobody will read to the end.", stall_after=2)],
+        "permission": [Reply(calls=[Call("write_file", {"path": "calc.py", "content": FIXED})])],
+        "process": [Reply(calls=[Call("shell", {"command": "sleep 30"})])],
+    }[moment]
+    async with anthropic_host(workspace, replies, tool_cancel_grace=0.2) as host:
+        host.answer = asyncio.get_running_loop().create_future()
+        reached = asyncio.Event()
+
+        async def handler() -> None:
+            async for event in host.engine.run("Go."):
+                if event.type in ("text_delta", "permission_requested", "tool_call_started"):
+                    reached.set()
+
+        task = asyncio.create_task(handler())
+        await reached.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        host.answer = None
+        await host.next_request_accepted()
+        assert (workspace / "calc.py").read_text(encoding="utf-8") == BUGGY
