@@ -164,6 +164,12 @@ class Accumulator:
                 f"belongs: {ev.data!r:.80}",
                 retryable=True,
             )
+        if _deeper_than(ev.data, MAX_PROVIDER_DEPTH):
+            raise StreamProtocolError(
+                f"malformed stream event: StreamProviderBlock carries data nested more than "
+                f"{MAX_PROVIDER_DEPTH} levels deep (it could not be sent back, or saved)",
+                retryable=True,
+            )
         part = self._part(ev, "provider")
         part.name, part.data, part.closed = ev.provider, ev.data, True
 
@@ -178,8 +184,15 @@ class Accumulator:
         self.usage = _merge_usage(self.usage, ev.usage)
 
     def _end(self, ev: StreamEnd) -> None:
+        reason = ev.stop_reason
+        if reason is not None and type(reason) is not str:  # a list or a dict would fail the commit
+            raise StreamProtocolError(
+                f"malformed stream event: StreamEnd carries a stop_reason of type {type(reason).__name__}, "
+                f"not a str: {reason!r:.80}",
+                retryable=True,
+            )
         self.ended = True
-        self.stop_reason = ev.stop_reason
+        self.stop_reason = reason
         self.response_id = ev.response_id
         if ev.usage is not None:
             self.usage = _merge_usage(self.usage, ev.usage)
@@ -310,6 +323,25 @@ CUT_BY = {
     "refusal": "the response was stopped by a refusal or a content filter (refusal)",
     "repetition": "the server stopped the response as a repetition loop (repetition)",
 }
+
+
+#: How deeply a provider block's data may nest its objects and arrays (real ones: a few levels).
+#: Deeper data, once in the transcript, would fail every later request that encodes it, and
+#: the session file, past the interpreter's recursion limit.
+MAX_PROVIDER_DEPTH = 100
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels deep (found without
+    recursion, so any depth is measured)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def _provider_block(part: _Part) -> ProviderBlock:

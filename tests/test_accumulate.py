@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from agentloop import QueryEngine, TurnEnded, validate_transcript
 from agentloop._accumulate import Accumulator
-from agentloop._messages import Message, TextBlock, ThinkingBlock
+from agentloop._messages import Message, ProviderBlock, TextBlock, ThinkingBlock
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
+    StreamProviderBlock,
     StreamSignature,
     StreamText,
     StreamThinking,
@@ -245,3 +246,56 @@ def test_property_committable_is_the_cleaned_message(events: list[Any], partial:
         assert got is None
     else:
         assert got is not None and got.model_dump() == expected.model_dump() and got == expected
+
+
+class _EndsWith:
+    """A model whose stream ends with ``end`` after some text."""
+
+    def __init__(self, end: object) -> None:
+        self.end = end
+
+    async def stream(self, request: object, signal: object) -> Any:
+        yield StreamText(0, "partial ")
+        yield StreamBlockStop(0)
+        yield self.end
+
+
+@pytest.mark.parametrize("reason", [["end_turn"], {"type": "stop"}, 7], ids=["list", "dict", "int"])
+async def test_a_stop_reason_that_is_not_a_str_ends_the_turn_not_the_run(reason: object) -> None:
+    engine = QueryEngine(_EndsWith(StreamEnd(stop_reason=reason)), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "stop_reason" in end.error and type(reason).__name__ in end.error
+    assert validate_transcript(engine.messages) == []
+    assert engine.messages[-1].text == "partial"
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    data: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        data = {"a": data}
+    return data
+
+
+@pytest.mark.parametrize("depth", [150, 600, 900])
+async def test_a_provider_block_nested_too_deeply_ends_the_turn_not_the_run(depth: int) -> None:
+    # Every later request (and the session file) would have to encode it: past the interpreter's
+    # recursion limit, committing it crashed run() with a RecursionError.
+    block = StreamProviderBlock(1, "anthropic", {"type": "web_search_tool_result", "content": _nested(depth)})
+    engine = QueryEngine(_WrongTypes(block), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "nested" in end.error
+    assert validate_transcript(engine.messages) == []
+    assert engine.messages[-1].text == "partial"
+
+
+def test_a_provider_block_nested_as_deeply_as_real_ones_is_kept() -> None:
+    acc = Accumulator()
+    data = {"type": "mcp_tool_result", "content": _nested(60)}
+    acc.feed(StreamProviderBlock(0, "anthropic", data))
+    acc.feed(StreamEnd())
+    (block,) = acc.message().content
+    assert isinstance(block, ProviderBlock) and block.data == data

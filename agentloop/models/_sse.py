@@ -12,6 +12,9 @@ Feed it bytes in any chunking; it returns the events completed by each chunk.
   parsed; lines starting with ``:`` are comments; other fields are ignored.
 - An event is dispatched only on a blank line, and only if it had a ``data``
   line. An event still open at EOF is dropped (callers then see no terminator).
+- ``max_event_bytes`` (default `MAX_EVENT_BYTES`, 64 MiB) bounds what is held while no event
+  completes: a line that never ends, ``data`` lines never followed by a blank line. Past it,
+  `feed` raises `StreamProtocolError` (not retryable) rather than buffer without end.
 
 ``error_field=True`` is a documented extension for old llama.cpp servers, which
 send a mid-stream failure as an ``error: {json}`` *field* line: the value is
@@ -23,7 +26,13 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "ServerSentEvent"]
+from .._errors import StreamProtocolError
+
+__all__ = ["MAX_EVENT_BYTES", "SSEDecoder", "ServerSentEvent"]
+
+#: The most bytes `SSEDecoder` takes while no event completes (far above any real event: a
+#: Responses ``response.completed`` repeats the whole output, a few MB at most).
+MAX_EVENT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -39,7 +48,8 @@ class ServerSentEvent:
 class SSEDecoder:
     """Turn a byte stream into `ServerSentEvent`s, chunk by chunk.
 
-    ``last_event_id`` and ``retry`` keep the latest values the stream set.
+    ``last_event_id`` and ``retry`` keep the latest values the stream set. ``max_event_bytes``:
+    how many bytes may come while no event completes (see the module's docstring).
     """
 
     __slots__ = (
@@ -48,13 +58,17 @@ class SSEDecoder:
         "_error_field",
         "_event",
         "_has_data",
+        "_pending",
         "_skip_lf",
         "_tail",
         "last_event_id",
+        "max_event_bytes",
         "retry",
     )
 
-    def __init__(self, *, error_field: bool = False) -> None:
+    def __init__(self, *, error_field: bool = False, max_event_bytes: int | None = None) -> None:
+        self.max_event_bytes = MAX_EVENT_BYTES if max_event_bytes is None else max_event_bytes
+        self._pending = 0  # bytes fed since the last event completed
         self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")  # drops a leading BOM
         self._error_field = error_field
         self._tail: list[str] = []  # the pieces of an unterminated line, for the next chunk
@@ -66,7 +80,9 @@ class SSEDecoder:
         self.retry: int | None = None
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
-        """Decode ``chunk`` and return the events it completed (often none)."""
+        """Decode ``chunk`` and return the events it completed (often none). Raises
+        `StreamProtocolError` once more than ``max_event_bytes`` came with no event completed."""
+        self._pending += len(chunk)
         text = self._decoder.decode(chunk)
         if not text:
             return []
@@ -79,6 +95,8 @@ class SSEDecoder:
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         if "\n" not in text:  # a long line arriving in many chunks: collect, split once
             self._tail.append(text)
+            if self._pending > self.max_event_bytes:
+                raise self._endless()
             return []
         if self._tail:
             self._tail.append(text)
@@ -99,7 +117,18 @@ class SSEDecoder:
                 out.append(self._dispatch())
             else:
                 self._event = None
+        if out:
+            self._pending = 0
+        elif self._pending > self.max_event_bytes:
+            raise self._endless()
         return out
+
+    def _endless(self) -> StreamProtocolError:
+        self.close()  # what was held goes
+        return StreamProtocolError(
+            f"event stream: more than {self.max_event_bytes} bytes without an event completed (a line or "
+            "an event that never ends): not a stream this decoder can hold"
+        )
 
     def close(self) -> list[ServerSentEvent]:
         """End of stream: an event without its blank line is dropped (WHATWG)."""
@@ -108,6 +137,7 @@ class SSEDecoder:
         self._data = []
         self._has_data = False
         self._event = None
+        self._pending = 0
         return []
 
     def _dispatch(self) -> ServerSentEvent:

@@ -685,3 +685,46 @@ async def test_extra_tools_are_declared_after_the_engines_tools() -> None:
         ]
         await collect(model, request())  # no tool of the engine's: the extra ones alone
         assert server.body["tools"] == [WEB_SEARCH, bash]
+
+
+async def test_a_stop_reason_that_is_not_a_str_is_a_model_error_not_a_crash() -> None:
+    body = sse(
+        ("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 3}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "half"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": ["end_turn"]}, "usage": {"output_tokens": 2}}),
+        ("message_stop", {"type": "message_stop"}),
+    )  # fmt: skip
+    server = MockServer(body)
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), policies=[], retry_budget=0)
+        events = [e async for e in engine.run("hi")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "stop_reason" in end.error
+    assert engine.messages[-1].text == "half" and engine.messages[-1].partial
+
+
+async def test_a_server_tool_result_nested_past_the_recursion_limit_is_a_model_error_not_a_crash() -> None:
+    nested = '{"a":' * 700 + "1" + "}" * 700
+    result = (
+        '{"type":"content_block_start","index":0,"content_block":{"type":"web_search_tool_result",'
+        f'"tool_use_id":"srvtoolu_1","content":{nested}}}}}'
+    )
+    body = (
+        sse(("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 3}}}))
+        + f"event: content_block_start\ndata: {result}\n\n".encode()
+        + sse(
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+            ("message_stop", {"type": "message_stop"}),
+        )
+    )  # fmt: skip
+    server = MockServer(body)
+    async with server.client() as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), policies=[], retry_budget=0)
+        events = [e async for e in engine.run("hi")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and "nested" in end.error

@@ -6,14 +6,15 @@ import gzip
 import json
 import tracemalloc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, collect
+from _models_support import API_KEY, MockServer, collect, sse
 
 from agentloop import QueryEngine, Retrying, TurnEnded
-from agentloop._errors import ProviderStatusError, StreamProtocolError
-from agentloop.models import AnthropicModel, OpenAIChatModel
+from agentloop._errors import ProviderStatusError, ProviderStreamError, StreamProtocolError
+from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from agentloop.models._http import status_error
 
 
@@ -245,3 +246,20 @@ async def test_a_compressed_error_body_is_decoded_no_further_than_the_limit() ->
         tracemalloc.stop()
     assert error.status == 500 and isinstance(error.body, str) and len(error.body) == 1 << 20
     assert peak < 24 << 20  # never the whole 64 MiB
+
+
+@pytest.mark.parametrize(
+    ("cls", "event"),
+    [
+        (AnthropicModel, ("error", {"type": "error", "error": "Upstream overloaded, try again"})),
+        (OpenAIResponsesModel, (None, {"type": "error", "error": "Upstream overloaded, try again"})),
+        (OpenAIChatModel, (None, {"error": "Upstream overloaded, try again"})),
+    ],
+    ids=["anthropic", "responses", "chat"],
+)
+async def test_an_error_event_whose_error_is_a_string_says_it(cls: type[Any], event: tuple[str | None, Any]) -> None:
+    # A proxy's error event with the error as words, not an object: they are the message.
+    server = MockServer(sse(event))
+    async with server.client() as client:
+        with pytest.raises(ProviderStreamError, match="Upstream overloaded, try again"):
+            await collect(cls("m", api_key=API_KEY, http_client=client))

@@ -594,3 +594,58 @@ async def test_an_error_object_with_neither_type_nor_code_says_none_of_either() 
         await run_body(body)
     assert str(caught.value).startswith("openai chat stream error: the upstream went away")
     assert "None" not in str(caught.value)
+
+
+def _choice(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
+async def test_a_second_choice_is_not_mixed_into_the_first() -> None:
+    # A server that answers with several choices (n > 1, or a gateway fanning out) interleaves
+    # them, each chunk naming its choice's index: only the first choice is the answer.
+    body = chat_stream(
+        {"id": "c", "choices": [_choice(0, {"content": "The answer"}), _choice(1, {"content": "Another"})]},
+        {"id": "c", "choices": [_choice(1, {"content": " one", "tool_calls": [call(0, "call_9", "search", "{}")]})]},
+        {"id": "c", "choices": [_choice(0, {"content": " is 4."})]},
+        {"id": "c", "choices": [_choice(1, {}, "tool_calls")]},
+        {"id": "c", "choices": [_choice(0, {}, "stop")]},
+    )
+    _, acc = await run_body(body)
+    assert acc.message().model_dump()["content"] == [{"type": "text", "text": "The answer is 4."}]
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_the_finish_of_a_second_choice_does_not_finish_the_first() -> None:
+    body = chat_stream(
+        {"id": "c", "choices": [_choice(0, {"content": "The answer"})]},
+        {"id": "c", "choices": [_choice(1, {"content": "x"}, "stop")]},
+    )  # [DONE] right after: the first choice was cut
+    with pytest.raises(StreamProtocolError, match="finish_reason"):
+        await run_body(body)
+
+
+async def test_a_tool_call_that_never_names_its_tool_is_kept_and_answered_not_dropped() -> None:
+    # Its arguments came, its name never did: dropped, the turn would end as if the model had
+    # called nothing. Kept with no name, it is answered with an error the model can act on.
+    body = chat_stream(
+        chat_chunk({"content": "Checking."}),
+        chat_chunk({"tool_calls": [call(0, "call_1", None, '{"city": "Paris"}')]}),
+        chat_chunk(finish="tool_calls"),
+    )
+    _, acc = await run_body(body)
+    assert acc.stop_reason == "tool_use"
+    (use,) = acc.committable().tool_uses
+    assert (use.id, use.name, use.input, use.input_error) == ("call_1", "", {"city": "Paris"}, None)
+    bodies = [body, chat_stream(chat_chunk({"content": "Sorry."}), chat_chunk(finish="stop"))]
+    requests: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies[len(requests) - 1])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        engine = QueryEngine(OpenAIChatModel("m", api_key=API_KEY, http_client=client), policies=[])
+        [e async for e in engine.run("weather?")]
+    (result,) = engine.messages[2].tool_results
+    assert result.tool_use_id == "call_1" and result.is_error and "Unknown tool" in str(result.content)
+    assert len(requests) == 2

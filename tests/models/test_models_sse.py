@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect
+from _models_support import API_KEY, FIXTURES, MockServer, chat_chunk, chat_stream, collect, split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop.models import OpenAIChatModel, ServerSentEvent, SSEDecoder
+from agentloop._errors import StreamProtocolError
+from agentloop.models import OpenAIChatModel, ServerSentEvent, SSEDecoder, _sse
 
 
 def decode(*chunks: bytes, error_field: bool = False) -> list[ServerSentEvent]:
@@ -119,3 +120,64 @@ def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
     chunks = [BODY[a:b] for a, b in itertools.pairwise(edges)]
     assert decode(*chunks) == decode(BODY)
     assert [e.data for e in decode(BODY)] == ["1", "ü\n2", '{"k": "v"}', ""]
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b"x" * 100, b"data: " + b"y" * 94 + b"\n", b": keep me waiting\r"],
+    ids=["one-line-never-ends", "data-lines-never-blank", "comment-lines-only-cr"],
+)
+def test_an_event_that_never_ends_is_an_error_once_past_the_limit_not_unbounded_memory(piece: bytes) -> None:
+    dec = SSEDecoder(max_event_bytes=10_000)
+    assert dec.feed(b"data: ok\n\n")[0].data == "ok"
+    with pytest.raises(StreamProtocolError, match="10000 bytes") as info:
+        for _ in range(1000):
+            assert dec.feed(piece) == []
+    assert info.value.retryable is False
+
+
+def test_events_that_end_reset_the_limit() -> None:
+    dec = SSEDecoder(max_event_bytes=100)
+    for _ in range(100):
+        assert [e.data for e in dec.feed(b"data: " + b"z" * 60 + b"\n\n")] == ["z" * 60]
+
+
+def test_the_default_limit_is_far_above_any_real_event() -> None:
+    assert SSEDecoder().max_event_bytes == 64 * 1024 * 1024
+
+
+async def test_a_body_that_never_ends_its_line_fails_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sse, "MAX_EVENT_BYTES", 4096)
+    server = MockServer([b"data: " + b"{" * 1000] * 10)
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError, match="4096 bytes"):
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert server.streams[0].closed
+
+
+_WIRE = {p.name: p.read_bytes() for p in sorted(FIXTURES.glob("*.sse"))}
+
+
+@st.composite
+def _reframed(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A fixture, and the same stream with each line ending drawn from LF, CRLF and CR, maybe a
+    byte order mark in front (a CR is never followed by an LF that ends the next, empty line:
+    the two would be one CRLF)."""
+    body = _WIRE[draw(st.sampled_from(sorted(_WIRE)))]
+    lines = body.split(b"\n")
+    out = [b"\xef\xbb\xbf"] if draw(st.booleans()) else []
+    previous = b""
+    for line in lines[:-1]:
+        choices = [b"\r\n", b"\r"] if previous == b"\r" and not line else [b"\n", b"\r\n", b"\r"]
+        previous = draw(st.sampled_from(choices))
+        out += [line, previous]
+    out.append(lines[-1])
+    return body, b"".join(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_reframed(), st.data())
+def test_every_fixture_reframed_and_rechunked_gives_the_same_events(framed: tuple[bytes, bytes], data: st.DataObject) -> None:
+    body, reframed = framed
+    cuts = data.draw(st.lists(st.integers(1, len(reframed) - 1), max_size=40))
+    assert decode(*split(reframed, cuts)) == decode(body)

@@ -205,8 +205,8 @@ class AnthropicMapper:
 
     def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None
-        if not isinstance(err, dict):
-            err = {}
+        if not isinstance(err, dict):  # a proxy's error in words is its message
+            err = {"message": err} if isinstance(err, str) else {}
         kind = err.get("type")
         message = err.get("message") or "stream error"
         request_id = obj.get("request_id") if isinstance(obj, dict) else None

@@ -87,9 +87,9 @@ class ChatMapper:
     its own block, stopped at the end of the stream.
     """
 
-    __slots__ = ("_calls", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind", "_next",
-                 "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id", "response_id",
-                 "terminator")  # fmt: skip
+    __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
+                 "_next", "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id",
+                 "response_id", "terminator")  # fmt: skip
 
     def __init__(
         self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False, host: str = ""
@@ -102,6 +102,7 @@ class ChatMapper:
         self.terminator = "data: [DONE]"
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
+        self._choice: Any = None  # the index of the answer's choice, once a chunk named one
         self._cur = -1  # the open text/thinking block
         self._cur_kind = ""
         self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
@@ -154,6 +155,11 @@ class ChatMapper:
                 return out
         if choices:
             choice = choices[0]
+            which = choice.get("index")
+            if which is not None and which != self._choice:
+                choice = self._ours(choices)
+                if choice is None:
+                    return out or None
             delta = choice.get("delta")
             if delta:
                 self._delta(delta, out)
@@ -181,6 +187,16 @@ class ChatMapper:
                         retryable=True,
                     )
         return out or None
+
+    def _ours(self, choices: list[Any]) -> dict[str, Any] | None:
+        """The answer's choice in a chunk, None when it has none. A server asked for one choice
+        may still send several (a gateway that fans out, ``n`` set by a proxy), each chunk naming
+        its choice's ``index``: the first index named is the answer's, and the chunks of the
+        others are skipped, not mixed into it. A choice that names none is taken as the answer's."""
+        if self._choice is None:
+            self._choice = choices[0].get("index")
+            return choices[0]  # type: ignore[no-any-return]
+        return next((c for c in choices if c.get("index") is None or c.get("index") == self._choice), None)
 
     def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
         details = usage.get("prompt_tokens_details")
@@ -344,11 +360,7 @@ class ChatMapper:
             raise StreamProtocolError("openai chat stream: [DONE] without any output or finish_reason")
         out: list[StreamEvent] = []
         self._close_current(out)
-        started = False
-        for call in self._calls.values():
-            if call.started:
-                started = True
-                out.append(StreamBlockStop(call.block))
+        started = self._close_calls(out)
         if self._details:  # kept in a block of its own, to go back on this message
             kept = {"type": REASONING_DETAILS, "host": self.host, REASONING_DETAILS: self._details}
             out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":"))))
@@ -364,6 +376,23 @@ class ChatMapper:
         self.done = True
         out.append(StreamEnd(reason, self._usage, self.response_id))
         return out
+
+    def _close_calls(self, out: list[StreamEvent]) -> bool:
+        """Stop every tool call at the end of the stream; True if there was one. A call whose
+        arguments came but whose name never did is started then, with no name: dropped, its
+        turn would end as if nothing were called; kept, it is answered with an unknown-tool
+        error the model can act on."""
+        started = False
+        for call in self._calls.values():
+            if not call.started and call.pending:
+                call.started = True
+                call.id = call.id or _fresh_id()
+                out.append(StreamToolUseStart(call.block, call.id, ""))
+                out.extend(StreamToolInput(call.block, p) for p in call.pending)
+            if call.started:
+                started = True
+                out.append(StreamBlockStop(call.block))
+        return started
 
 
 def _logprob_values(lp: Any) -> tuple[float, ...]:

@@ -85,6 +85,8 @@ class ResponsesMapper(ItemIndex):
             return (StreamSignals(tuple(str(s) for s in obj.get("signals") or ())),)
         if kind == "error" or sse.event == "error":
             nested = obj.get("error")
+            if isinstance(nested, str) and nested:  # a proxy's error in words is its message
+                nested = {"message": nested}
             raise self._error(obj, nested if isinstance(nested, dict) else obj)
         try:
             return self._event(kind, obj)
