@@ -772,3 +772,19 @@ async def test_the_consuming_task_cancelled_as_a_web_client_disconnects(moment: 
         host.answer = None
         await host.next_request_accepted()
         assert (workspace / "calc.py").read_text(encoding="utf-8") == BUGGY
+
+
+async def test_a_placeholder_key_of_a_local_server_is_not_redacted_from_tool_output(workspace: Path) -> None:
+    """Local servers take any key, and their docs pass a word (`api_key="ollama"`, `"EMPTY"`):
+    redacting that word would garble every tool result that mentions it."""
+    (workspace / "README.md").write_text("Serve the model with ollama; set OLLAMA_HOST if EMPTY.", encoding="utf-8")
+    server = ResponsesServer("ollama", [Reply(calls=[Call("read_file", {"path": "README.md"})]), Reply(text="Read.")])
+    server.check_auth = lambda request: None  # type: ignore[method-assign]
+    async with server.client() as client:
+        for key in ("ollama", "EMPTY", "sk-no-key-required"):
+            server.replies = [Reply(calls=[Call("read_file", {"path": "README.md"})]), Reply(text="Read.")]
+            model = OpenAIResponsesModel("qwen3", base_url="http://localhost:11434/v1", api_key=key, http_client=client)
+            host = Host(server, model, workspace)
+            events = await host.drive("Read the README.")
+            finished = next(e for e in events if isinstance(e, ToolCallFinished))
+            assert finished.result.text == (workspace / "README.md").read_text(encoding="utf-8")

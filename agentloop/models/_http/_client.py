@@ -301,6 +301,12 @@ def missing_key(provider: str, env_var: str) -> ModelError:
     )
 
 
+#: The shortest credential scrubbed out of tool results. Real keys and tokens are longer; a local
+#: server's placeholder key (``"ollama"``, ``"EMPTY"``, ``"sk-no-key-required"``) is a word that
+#: a tool's output may well hold, which redacting would garble.
+MIN_TOOL_SECRET = 20
+
+
 class HTTPModel:
     """What every HTTP model shares: its `Connection`, a repr without the key, `aclose`.
 
@@ -313,8 +319,9 @@ class HTTPModel:
 
     def _credentials(self) -> tuple[str, ...]:
         """This model's credentials (its key, the values of its credential headers, those in
-        ``base_url``), longest first: the engine scrubs them out of tool results."""
-        return self._conn.redactor(self.extra_headers).values
+        ``base_url``) of `MIN_TOOL_SECRET` characters or more, longest first: the engine scrubs
+        them out of tool results."""
+        return tuple(v for v in self._conn.redactor(self.extra_headers).values if len(v) >= MIN_TOOL_SECRET)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.shown_url!r})"
