@@ -325,12 +325,19 @@ class ResponsesServer(_Server):
                 parts = [{"text": parts}]
             if not parts or any(not p.get("text", "").strip() for p in parts):
                 return f"Invalid 'input[{n}].content': empty text."
+            allowed = {"assistant": ("output_text", "refusal")}.get(item["role"], ("input_text", "input_image"))
+            for k, part in enumerate(parts):
+                if "type" in part and part["type"] not in allowed:
+                    return (f"Invalid value: '{part['type']}'. Supported values are: "
+                            f"{' and '.join(repr(a) for a in allowed)}. (input[{n}].content[{k}].type)")
         elif kind == "function_call":
             if len(item["call_id"]) > 64 or not isinstance(item["arguments"], str):
                 return f"Invalid 'input[{n}].call_id'."
             json.loads(item["arguments"])
             calls[item["call_id"]] = n
         elif kind == "function_call_output":
+            if not isinstance(item.get("output"), (str, list)):
+                return f"Invalid type for 'input[{n}].output': expected a string or an array."
             if item["call_id"] not in calls:
                 return f"No tool call found for function call output with call_id {item['call_id']}."
         elif kind == "reasoning":

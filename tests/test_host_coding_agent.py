@@ -788,3 +788,24 @@ async def test_a_placeholder_key_of_a_local_server_is_not_redacted_from_tool_out
             events = await host.drive("Read the README.")
             finished = next(e for e in events if isinstance(e, ToolCallFinished))
             assert finished.result.text == (workspace / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("call", ["follow_up", "interject", "send_now"])
+async def test_text_typed_as_the_answer_ends_gets_its_own_turn(call: str, workspace: Path) -> None:
+    """The user presses Enter just as the turn ends (at its TurnEnded): the text is answered in
+    the same run, never lost."""
+    replies = [Reply(text="The test fails because add subtracts."), Reply(text="Yes, one character.")]
+    async with responses_host(workspace, replies) as host:
+        receipt: list[str] = []
+
+        def react(event: Event) -> None:
+            if isinstance(event, TurnEnded) and not receipt:
+                receipt.append(getattr(host.engine, call)("Is it a one-character fix?"))
+
+        events = await host.drive("Why does the test fail?", react)
+        assert [e.reason for e in events if isinstance(e, TurnEnded)] == ["completed", "completed"]
+        # A follow-up or send-now starts its turn (TurnStarted.ids); an interjection is merged into
+        # a turn of its own, which starts without a prompt (InterjectionInjected.ids).
+        kind = InterjectionInjected if call == "interject" else TurnStarted
+        assert receipt[0] in [i for e in events if isinstance(e, kind) for i in e.ids]
+        assert host.engine.messages[-1].text == "Yes, one character."
