@@ -172,6 +172,25 @@ class AnthropicServer(_Server):
             problem = self._check_message(n, msg, messages)
             if problem:
                 return problem
+        if body.get("thinking", {}).get("type") in ("enabled", "adaptive"):
+            return self._check_thinking_turn(messages)
+        return None
+
+    @staticmethod
+    def _check_thinking_turn(messages: list[dict[str, Any]]) -> str | None:
+        """With thinking on, a request that answers tool results continues the assistant turn
+        that called them, which must start with its thinking."""
+        last = messages[-1]["content"]
+        if isinstance(last, str) or not any(b["type"] == "tool_result" for b in last):
+            return None
+        n = len(messages) - 2
+        first = messages[n]["content"][0]
+        if first["type"] not in ("thinking", "redacted_thinking"):
+            return (
+                f"messages.{n}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                f"`{first['type']}`. When `thinking` is enabled, a final `assistant` message must start "
+                "with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks)."
+            )
         return None
 
     def _check_message(self, n: int, msg: dict[str, Any], messages: list[dict[str, Any]]) -> str | None:

@@ -670,6 +670,8 @@ async def control_at(provider: str, workspace: Path, action: str, at: int | None
     (workspace / "calc.py").write_text(BUGGY, encoding="utf-8")
     opened = anthropic_host if provider == "anthropic" else responses_host
     async with opened(workspace, [*short_task(), Reply(text="Redirected.")]) as host:
+        if provider == "anthropic":
+            host.model.thinking = {"type": "enabled", "budget_tokens": 2000}
         count = 0
 
         def react(event: Event) -> None:
