@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-from ._errors import AbortError
+from ._errors import AbortError, SessionLockedError
 from ._events import Event, TurnEnded
 from ._messages import ToolResultBlock
 from ._policy import Policy
@@ -70,7 +70,8 @@ def delegate_tool(
     numbered across the whole tree of engines under one main engine, so two
     delegate tools, or a child's own, never hand out the same id (nor the same
     sidechain file); with a `JsonlSession`, ids whose sidechain file exists
-    already (a resumed session) are skipped.
+    already (a resumed session, another session of the directory) are skipped, and an id
+    is taken by creating its file, so two processes never take the same one.
     """
 
     overrides = _checked(max_depth, overrides)
@@ -81,7 +82,7 @@ def delegate_tool(
         if refused is not None:
             return refused
         assert isinstance(task, str)
-        agent_id = _new_agent_id(ctx.engine, agent_prefix)
+        agent_id = _new_agent_id(ctx.engine, agent_prefix, reserve="session" not in overrides)
         child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **_child_settings(overrides, system))
         return await _run_child(child, task, agent_id, ctx)
 
@@ -162,7 +163,9 @@ def _depth(engine: QueryEngine) -> int:
 _numbers: WeakKeyDictionary[QueryEngine, dict[str, int]] = WeakKeyDictionary()
 
 
-def _new_agent_id(engine: QueryEngine, prefix: str) -> str:
+def _new_agent_id(engine: QueryEngine, prefix: str, *, reserve: bool) -> str:
+    """The next id of ``prefix`` under ``engine``'s main engine whose sidechain file is free;
+    with ``reserve``, the file is created (and held) as the id is taken."""
     root = engine
     while root.parent is not None:
         root = root.parent
@@ -171,18 +174,29 @@ def _new_agent_id(engine: QueryEngine, prefix: str) -> str:
     while True:
         n += 1
         agent_id = f"{prefix}-{n}"
-        if not _sidechain_exists(root, agent_id):
+        if _sidechain_free(engine, agent_id, reserve=reserve):
             break
     numbers[prefix] = n
     return agent_id
 
 
-def _sidechain_exists(root: QueryEngine, agent_id: str) -> bool:
-    """A resumed session already holds this id's file (from an earlier process)."""
+def _sidechain_free(engine: QueryEngine, agent_id: str, *, reserve: bool) -> bool:
+    """Whether no sidechain file holds ``agent_id`` yet (a resumed session's, another session's
+    of the same directory). With ``reserve`` it is taken by creating the file: only one process
+    can, where a look first and a create later let two take it."""
     from .sessions import JsonlSession
 
-    store = root.session
-    return isinstance(store, JsonlSession) and (store.sidechain_dir / f"{agent_id}.jsonl").exists()
+    store = engine.session
+    if not isinstance(store, JsonlSession):
+        return True
+    if not reserve:
+        return not (store.sidechain_dir / f"{agent_id}.jsonl").exists()
+    try:
+        return store.sidechain(agent_id)._acquire_new()
+    except SessionLockedError:  # created by another writer just now
+        return False
+    except (OSError, ValueError):  # cannot be created (a full disk, a closed session): the run reports it
+        return True
 
 
 def _tag(event: Event, agent_id: str) -> Event:

@@ -336,6 +336,34 @@ async def test_a_relative_path_is_fixed_when_the_session_is_made(tmp_path: Path,
     assert session.load().messages == engine.messages
 
 
+async def test_a_subagent_id_another_process_takes_meanwhile_is_not_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions in one directory share its ``subagents/`` directory, and `delegate_tool` gave the
+    first id whose sidechain file did not exist yet. Another process (a worker on another session
+    of that directory) that made that file after the look, and finished its subagent, had its
+    sidechain taken over: this child's checkpoint made the file replay to this child, not to the
+    other's. An id is now taken by creating its file, which only one can do."""
+    sidechains = tmp_path / "subagents"
+    real_exists = Path.exists
+
+    def exists(self: Path) -> bool:  # the look is made before the other process writes its file
+        return False if self.parent == sidechains else real_exists(self)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    with JsonlSession(tmp_path / "other.jsonl").sidechain("sub-1") as theirs:
+        theirs.append_message(Message.user("their task"))
+    before = (sidechains / "sub-1.jsonl").read_bytes()
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "mine"})]), "sub answer", "Done."])
+    with JsonlSession(tmp_path / "mine.jsonl") as session:
+        engine = QueryEngine(model, tools=[agentloop.delegate_tool()], session=session, policies=[])
+        events = [ev async for ev in engine.run("go")]
+    assert {e.agent_id for e in events if isinstance(e, TurnEnded)} == {"sub-2", None}
+    assert (sidechains / "sub-1.jsonl").read_bytes() == before
+    assert [m.text for m in JsonlSession(sidechains / "sub-2.jsonl").load().messages] == ["mine", "sub answer"]
+    assert engine.session_errors == []
+
+
 def test_close_closes_every_file_even_when_a_sync_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sidechain whose fsync fails at close (EIO) does not leave the main file, or the other
     sidechains, open and unsynced: all are closed, and the error is raised after."""
@@ -760,6 +788,60 @@ def test_a_file_ending_without_a_newline_keeps_its_last_record(tmp_path: Path) -
     assert path.read_text(encoding="utf-8").split("\n")[:3] == lines
     again = JsonlSession(path).load()
     assert again.messages == [*first, Message.user("next")] and again.warnings == []
+
+
+def test_a_last_record_kept_with_bytes_that_are_not_utf8_is_not_cut_by_the_next_append(tmp_path: Path) -> None:
+    """A file ending without a newline whose last record holds a byte that is not UTF-8 (edited
+    in Latin-1): `load` kept that record (the byte read as U+FFFD), yet the next append cut it
+    off as torn, so the file no longer replayed to the transcript the engine resumed from."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        session.append_message(Message.assistant("caf\u00e9"))
+    path.write_bytes(path.read_bytes().rstrip(b"\n").replace("\u00e9".encode(), b"\xe9"))
+    session, loaded = JsonlSession.resume(path)
+    assert [m.text for m in loaded.messages] == ["one", "caf\ufffd"]
+    with session:
+        session.append_message(Message.user("two"))
+    assert JsonlSession(path).load().messages == [*loaded.messages, Message.user("two")]
+
+
+def test_an_integer_too_long_for_int_loads_back(tmp_path: Path) -> None:
+    """A host's ``meta`` (or a tool input built by hand) holding an integer of more digits than
+    ``int()`` converts by default (4300) was written, then skipped as corrupt on load: the
+    message was lost to a resume."""
+    path = tmp_path / "s.jsonl"
+    big = 7 * 10**5000 + 1
+    messages = [
+        Message(role="user", content=[TextBlock(text="count")], meta={"n": big}),
+        Message(role="assistant", content=[ToolUseBlock(id="t1", name="add", input={"a": -big})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="ok")]),
+    ]
+    with JsonlSession(path) as session:
+        for message in messages:
+            session.append_message(message)
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == []
+    assert loaded.messages == messages
+
+
+def test_an_integer_too_long_for_int_is_written_by_every_record_type(tmp_path: Path) -> None:
+    """Such an integer failed every record written with the json module: an event's (the
+    append raised ValueError), and the checkpoint `resume()` writes after a repair, which
+    escaped `resume()` with the file still locked by the session it never returned."""
+    path = tmp_path / "s.jsonl"
+    big = -7 * 10**5000 - 1
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("count"))
+        session.append_message(Message(role="assistant", content=[ToolUseBlock(id="t1", name="add", input={"a": big})]))
+        session.append_event({"type": "note", "n": big, "x": math.nan})
+    session, loaded = JsonlSession.resume(path)  # the dangling call is repaired: a checkpoint
+    session.close()
+    assert loaded.repairs != [] and loaded.warnings == []
+    assert path.read_text(encoding="utf-8").splitlines()[-1].startswith('{"type":"checkpoint"')
+    again = JsonlSession(path).load()
+    assert again.repairs == [] and again.warnings == [] and again.messages == loaded.messages
+    assert again.events == [{"type": "note", "n": big, "x": None}]
 
 
 @pytest.mark.parametrize("has_pread", [True, False], ids=["pread", "no-pread"])

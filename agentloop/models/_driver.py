@@ -194,8 +194,8 @@ async def run_stream(
     path, headers, body = prepare()
     if signal.aborted:
         raise AbortError(signal.reason or "cancel")
-    redactor = conn.redactor(headers)
     async with conn.open(path, headers, body) as response:
+        redactor = conn.redactor(headers, response.request)
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle

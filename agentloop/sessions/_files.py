@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from ._format import loads_non_finite
+from ._format import loads_record
 
 log = logging.getLogger("agentloop")
 
@@ -103,8 +103,9 @@ def cut_torn_tail(fd: int, path: Path, *, keep_whole: bool = False) -> None:
 
 
 def is_object(line: bytes) -> bool:
-    # A torn object never parses: its closing brace is its last byte.
+    # A torn object never parses: its closing brace is its last byte. Read as `load` reads a
+    # line (a byte that is not UTF-8 as U+FFFD), so that a last record it keeps is kept here too.
     try:
-        return isinstance(loads_non_finite(line), dict)
+        return isinstance(loads_record(line)[0], dict)
     except (ValueError, RecursionError):
         return False

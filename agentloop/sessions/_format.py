@@ -3,16 +3,20 @@
 `event_to_json` turns an event (or anything in one) into JSON-ready data; a line is written
 as strict JSON in UTF-8, a value JSON cannot encode as its ``repr`` and a lone surrogate
 escaped, with every line break inside it escaped too (`encode_line`); `loads_non_finite`
-reads one back, with the ``NaN`` an older version wrote read as null.
+reads one back, with the ``NaN`` an older version wrote read as null and an integer of any
+length read whole, and `loads_record` as a reader of the file does (bytes that are not UTF-8
+as U+FFFD).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import enum
 import json
 import math
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,23 +91,47 @@ def checkpoint_line(messages: Sequence[Message]) -> str:
 def dumps(obj: Any) -> str:
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr, allow_nan=False)
-    except ValueError:  # a NaN or an infinity, which JSON has no number for: null, as in a message
-        obj = _finite(obj)
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr)
+    except ValueError:
+        # A NaN or an infinity, which JSON has no number for: null, as in a message. Or an
+        # integer of more digits than int() writes (sys.get_int_max_str_digits): written whole.
+        longs: dict[str, str] = {}
+        obj = _finite(obj, longs)
+        text = _with_longs(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr), longs)
+        if has_surrogates(text):
+            text = _with_longs(json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr), longs)
+        return text
     if has_surrogates(text):  # UTF-8 cannot encode it: escape everything non-ASCII instead
         text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=repr)
     return text
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every float that is NaN or infinite replaced by None."""
+_LONG_MARK = "\x00long-int-" + secrets.token_hex(8) + "-"
+
+
+def _finite(value: Any, longs: dict[str, str]) -> Any:
+    """``value`` with every float that is NaN or infinite replaced by None, and every integer
+    too long for int() to write by a string that ``longs`` maps to its JSON (`_with_longs`)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        try:
+            repr(value)
+        except ValueError:
+            mark = f"{_LONG_MARK}{len(longs)}"
+            longs[json.dumps(mark)] = format(decimal.Decimal(value), "f")  # no digit limit
+            return mark
+        return value
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: _finite(v, longs) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [_finite(v, longs) for v in value]
     return value
+
+
+def _with_longs(text: str, longs: dict[str, str]) -> str:
+    for mark, digits in longs.items():
+        text = text.replace(mark, digits)
+    return text
 
 
 def _non_finite(constant: str) -> None:
@@ -112,12 +140,37 @@ def _non_finite(constant: str) -> None:
     return None
 
 
+def _long_int(digits: str) -> int:
+    """An integer token, however many digits: ``int()`` refuses more than
+    ``sys.get_int_max_str_digits()`` (4300), which a record written by pydantic may hold."""
+    try:
+        return int(digits)
+    except ValueError:
+        return int(decimal.Decimal(digits))
+
+
 _DECODER = json.JSONDecoder(parse_constant=_non_finite)
+_LONG_INT_DECODER = json.JSONDecoder(parse_constant=_non_finite, parse_int=_long_int)
 
 
 def loads_non_finite(line: bytes) -> Any:
-    """json.loads, with a ``NaN`` or ``Infinity`` token read as None (it costs what json.loads
-    costs: the token is handled only where it occurs)."""
+    """json.loads, with a ``NaN`` or ``Infinity`` token read as None, and an integer of any
+    length read whole (it costs what json.loads costs: each is handled only where it occurs)."""
     # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
     # surrogates kept for the repair to join or replace.
-    return _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
+    text = line.decode(json.detect_encoding(line), "surrogatepass")
+    try:
+        return _DECODER.decode(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # not a syntax error: an integer of more digits than int() converts
+        return _LONG_INT_DECODER.decode(text)
+
+
+def loads_record(line: bytes) -> tuple[Any, bool]:
+    """`loads_non_finite`, with bytes that are not UTF-8 (edited or damaged elsewhere) read as
+    U+FFFD rather than failing the line; and whether any were."""
+    try:
+        return loads_non_finite(line), False
+    except UnicodeDecodeError:
+        return loads_non_finite(line.decode("utf-8", "replace").encode("utf-8")), True

@@ -27,7 +27,7 @@ from .._messages import (
     ToolUseBlock,
 )
 from .._repair import repair
-from ._format import loads_non_finite
+from ._format import loads_record
 
 log = logging.getLogger("agentloop")
 
@@ -125,10 +125,8 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
     """Add one record to ``loaded``; return why it was skipped, or None (``notes``: what a
     record kept from a newer version lost)."""
     try:
-        try:
-            record = loads_non_finite(line)
-        except UnicodeDecodeError:  # bytes that are not UTF-8 (edited or damaged elsewhere): keep the rest
-            record = loads_non_finite(line.decode("utf-8", "replace").encode("utf-8"))
+        record, replaced = loads_record(line)  # bytes that are not UTF-8 cost only themselves
+        if replaced:
             notes.append("replaced bytes that are not UTF-8 with U+FFFD")
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "message":

@@ -140,6 +140,19 @@ class JsonlSession:
         with self._lock:
             self._open()
 
+    def _acquire_new(self) -> bool:
+        """Create the file and open it for appending, as `acquire` does; False, with nothing
+        opened, when the file exists already (or this session has it open). Only one caller,
+        in any process, creates a file: a subagent's id is taken by creating its sidechain."""
+        with self._lock:
+            if self._fd is not None:
+                return False
+            try:
+                self._open(exclusive=True)
+            except FileExistsError:
+                return False
+            return True
+
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
         with self._lock:
@@ -313,14 +326,15 @@ class JsonlSession:
                 os.ftruncate(fd, self._cut_to)
             self._cut_to = None
 
-    def _open(self) -> int:
+    def _open(self, *, exclusive: bool = False) -> int:
         if self._closed:
             raise ValueError(f"I/O operation on closed session {str(self.path)!r}")
         if self._fd is None:
             made = make_dirs(self.path.parent)
-            created = not self.path.exists()
+            created = exclusive or not self.path.exists()
             # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY, 0o600)
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY | (os.O_EXCL if exclusive else 0)
+            fd = os.open(self.path, flags, 0o600)
             try:
                 take_lock(fd, self.path)
             except BaseException:

@@ -172,6 +172,27 @@ async def test_a_web_page_sent_with_200_and_no_html_type_is_still_a_web_page(con
                                   "API's address? Hotel Wi-Fi \u2014 sign in")  # fmt: skip
 
 
+_TOO_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+async def test_an_error_body_nested_too_deeply_to_decode_keeps_its_status() -> None:
+    # A broken proxy's 503: json.loads raised RecursionError, out of the ProviderError tree, and
+    # the 503 was not retried.
+    error = await _error(503, _Body([_TOO_DEEP]), {**_JSON, "retry-after": "2"})
+    assert error.status == 503 and error.retryable and error.retry_after == 2.0
+    assert error.body == _TOO_DEEP.decode() and error.message.startswith("openai HTTP 503: [[[")
+
+
+async def test_a_200_json_body_nested_too_deeply_to_decode_is_a_model_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=_JSON, content=_TOO_DEEP)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(StreamProtocolError, match="nested too deeply") as caught:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    assert not caught.value.retryable  # the same request gets the same document
+
+
 _NO_QUOTA = (
     b'{"error": {"message": "You exceeded your current quota, please check your plan and billing details.", '
     b'"type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}'

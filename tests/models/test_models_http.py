@@ -315,14 +315,21 @@ async def test_api_key_never_leaks_from_401(cls: type) -> None:
 @pytest.mark.parametrize("cls", [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel])
 @pytest.mark.parametrize(
     "base_url",
-    ["https://alice:s3cr3t-PASS@proxy.test/v1", "https://tok-s3cr3t-PASS@proxy.test/v1?api-version=1"],
+    [
+        "https://alice:s3cr3t-PASS@proxy.test/v1",
+        "https://tok-s3cr3t-PASS@proxy.test/v1?api-version=1",
+        # Characters httpx percent-encodes in its user info: the password as written was shown.
+        "https://alice:s3cr3t^{PASS}|`@proxy.test/v1",
+        "https://alice:s3cr3t-pässwort@proxy.test/v1",
+        "https://alice:s3cr3t%5E-PASS@proxy.test:8443/v1",
+    ],
 )
 def test_credentials_in_base_url_are_not_in_the_repr(cls: type, base_url: str) -> None:
     # A proxy behind basic auth, given as https://user:password@host: httpx sends it, the repr hides it.
     model = cls("m", api_key=API_KEY, base_url=base_url)
     for text in (repr(model), str(model)):
         assert "s3cr3t" not in text and API_KEY not in text
-        assert "[REDACTED]@proxy.test/v1" in text
+        assert re.search(r"//\[REDACTED\]@proxy\.test(:8443)?/v1", text)
     assert model._conn.base_url == base_url  # what is sent is untouched
 
 
@@ -560,6 +567,9 @@ _MODELS = [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel]
         "http://[::1/v1",
         "http://localhost:99999/v1",
         "ftp://user:sk-live-PASSWORD@api.example.com/v1",
+        # A fragment: the request path went into it, and every request to the base URL itself.
+        "https://api.example.com/v1#",
+        "https://user:sk-live-PASSWORD@api.example.com/v1#docs",
     ],
 )
 def test_a_malformed_base_url_is_refused_when_the_model_is_made(cls: type, base_url: str) -> None:
@@ -1007,6 +1017,46 @@ async def test_credentials_set_on_the_hosts_http_client_are_scrubbed_too(cls: ty
 
 
 @pytest.mark.parametrize("cls", _MODELS)
+async def test_the_hosts_client_auth_is_scrubbed_from_an_error_that_echoes_it(cls: type) -> None:
+    # A gateway behind basic auth given as the http_client's ``auth=``: the Authorization header
+    # it adds when the request is sent was not among the secrets scrubbed.
+    def handler(request: httpx.Request) -> httpx.Response:
+        said = f"bad credentials: {request.headers['authorization']}"
+        return httpx.Response(401, json={"error": {"message": said, "type": "auth"}})
+
+    auth = httpx.BasicAuth("gateway", PROXY_SECRETS[0])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), auth=auth) as client:
+        model = cls("m", api_key=API_KEY, base_url="https://gw.test/v1", http_client=client)
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(model)
+    err = info.value
+    sent = next(auth.auth_flow(httpx.Request("GET", "https://gw.test"))).headers["authorization"]
+    for text in (str(err), repr(err), repr(err.body)):
+        assert sent not in text and sent.partition(" ")[2] not in text
+    assert "[REDACTED]" in str(err)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_a_status_the_hosts_response_hook_raises_for_is_the_status_error(cls: type) -> None:
+    # A shared client whose response hook calls raise_for_status(): its HTTPStatusError left the
+    # ProviderError tree, was not retried, and quoted the request URL with its ?key=.
+    async def raise_for_status(response: httpx.Response) -> None:
+        response.raise_for_status()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"retry-after": "3", "x-request-id": "req_1", "request-id": "req_1"})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport, event_hooks={"response": [raise_for_status]}) as client:
+        model = cls("m", api_key=API_KEY, base_url=f"https://gw.test/v1?key={PROXY_SECRETS[3]}", http_client=client)
+        with pytest.raises(ProviderStatusError) as info:
+            await collect(model)
+    err = info.value
+    assert (err.status, err.retryable, err.retry_after, err.request_id) == (429, True, 3.0, "req_1")
+    assert PROXY_SECRETS[3] not in str(err) and PROXY_SECRETS[3] not in repr(err.__cause__)
+
+
+@pytest.mark.parametrize("cls", _MODELS)
 @pytest.mark.parametrize("at", [184, 190, 196])
 async def test_a_key_across_the_quoted_excerpts_cut_is_not_half_shown(cls: type, at: int) -> None:
     # A malformed chunk quoted in the error is cut at 200 characters; a key the cut fell
@@ -1153,6 +1203,20 @@ async def test_a_redirect_to_another_origin_never_takes_the_credentials_along(cl
     sent = [v for _, v in second.headers.raw]
     assert not [v for v in sent if any(s.encode() in v for s in (API_KEY, *PROXY_SECRETS))]
     assert [v for v in first.headers.raw if API_KEY.encode() in v[1]]  # the first request had it
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+@pytest.mark.parametrize("target", ["https://elsewhere.test/v1/x", "http://api.test/v1/x"])
+async def test_a_redirect_to_another_origin_never_takes_the_clients_auth_along(cls: type, target: str) -> None:
+    # The host's client authenticates with ``auth=``: httpx applies it to the first request only,
+    # and each hop sent anew went through it again, to whatever host the redirect named.
+    seen, client = _redirecting(cls, target)
+    client.auth = httpx.BasicAuth("gateway", PROXY_SECRETS[0])
+    async with client:
+        await collect(cls("m", api_key=API_KEY, base_url="https://api.test/v1", http_client=client))
+    first, second = seen
+    assert first.headers["authorization"].startswith("Basic ")
+    assert "authorization" not in second.headers
 
 
 @pytest.mark.parametrize("cls", _MODELS)

@@ -622,6 +622,20 @@ async def test_doom_loop_headers_off_by_default() -> None:
     assert "x-grok-doom-loop-check" not in server.requests[0].headers
 
 
+async def test_a_doom_loop_header_in_extra_headers_replaces_the_models_whatever_its_case() -> None:
+    # extra_headers replace the library's headers of the same name: sent next to the model's,
+    # the server saw both "false" and "true" for one header.
+    server = MockServer(sse(CREATED, completed()))
+    extra = {"X-Grok-Doom-Loop-Check": "false"}
+    async with server.client() as client:
+        model = OpenAIResponsesModel("grok", api_key=API_KEY, http_client=client, doom_loop_check=True,
+                                     extra_headers=extra)  # fmt: skip
+        await collect(model)
+    raw = server.requests[0].headers.raw
+    assert [v for k, v in raw if k.lower() == b"x-grok-doom-loop-check"] == [b"false"]
+    assert [v for k, v in raw if k.lower() == b"x-grok-exact-repetition-check"] == [b"true"]
+
+
 async def test_doom_loop_frame_without_type_field_is_still_absorbed() -> None:
     body = sse(CREATED, ("response.doom_loop_check", {"signals": ["low_logprob@text"]}), completed())
     events, _ = await run_body(body)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -203,3 +204,58 @@ def test_every_reasoning_item_sent_is_directly_followed_by_its_message_or_call(
         if item["type"] == "reasoning":
             check_reasoning_followed(items, i)
     check_responses(body)
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_thinking_signature_nested_too_deeply_to_decode_is_not_sent(api: str) -> None:
+    # A signature of the host's transcript that starts as one kept JSON object but is nested past
+    # what Python decodes raised RecursionError on every request, not the skip another
+    # unreadable signature gets.
+    signature = (
+        '{"type":"extra_content","call":"c1","extra_content":' + _DEEP + "}"
+        if api == "chat"
+        else '{"id":"rs_1","summary":' + _DEEP + "}"
+    )
+    msgs = [
+        Message.user("go"),
+        Message(role="assistant", content=[ThinkingBlock(thinking="t", signature=signature), TextBlock(text="ok")]),
+        Message.user("more"),
+    ]
+    request = ModelRequest(messages=msgs)
+    if api == "chat":
+        body = chat_api.build_request(request, model="m")
+        assert body["messages"][1] == {"role": "assistant", "content": "ok"}
+    else:
+        body = responses_api.build_request(request, model="m")
+        assert [item["type"] for item in body["input"]] == ["message", "message", "message"]
+
+
+def _wire(api: str, msgs: list[Message]) -> list[Any]:
+    """The messages (or input items) of the request ``api`` builds for ``msgs``."""
+    request = ModelRequest(messages=msgs, system="be brief")
+    if api == "anthropic":
+        return list(anthropic_api.build_request(request, model="m", max_tokens=64, thinking=None)["messages"])
+    if api == "chat":
+        return list(chat_api.build_request(request, model="m")["messages"])
+    return list(responses_api.build_request(request, model="m")["input"])
+
+
+@settings(max_examples=150)
+@given(transcripts)
+def test_request_bytes_are_deterministic_and_an_earlier_request_is_a_prefix_of_a_later_one(msgs: list[Message]) -> None:
+    # A provider's prompt cache matches the request's bytes from the start: the same transcript
+    # must give the same bytes, and a transcript that grew must begin as its earlier request did
+    # (all but that request's last message, which a later user turn may be joined to).
+    full = repaired(msgs)
+    for api in ("anthropic", "chat", "responses"):
+        later = _wire(api, full)
+        assert json.dumps(later) == json.dumps(_wire(api, list(full)))
+        for k in range(1, len(full)):
+            part = full[:k]
+            if part[-1].role != "user" or validate_transcript(part):
+                continue  # a request is made of a valid transcript that ends with the user's turn
+            earlier = _wire(api, part)
+            assert json.dumps(earlier[:-1]) == json.dumps(later[: len(earlier) - 1]), (api, k)

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from ..._errors import ModelError
+from ..._errors import ModelError, ProviderStatusError
 from ..._unicode import scrub_json
 from ._errors import connection_error, error_body, status_error
 from ._redirects import sent
@@ -69,6 +69,10 @@ def check_base_url(base_url: str) -> str:
         raise ValueError("base_url has no host")
     if url.port is not None and not 0 < url.port < 65536:
         raise ValueError(f"base_url has an invalid port ({url.port})")
+    if "#" in base_url:
+        # The request path would go into the fragment, which is never sent: every request would
+        # go to the base URL itself.
+        raise ValueError(f"base_url has a fragment ('#...'); {_USERINFO_HINT}")
     return base_url
 
 
@@ -148,8 +152,13 @@ class Connection:
     def shown_url(self) -> str:
         """``base_url`` for reprs: credentials in it (``https://user:password@proxy/v1``, a
         ``?key=...`` query parameter) are not shown."""
-        userinfo = httpx.URL(self.base_url).userinfo.decode("ascii", errors="replace")
-        shown = self._prefix.replace(f"//{userinfo}@", "//[REDACTED]@", 1) if userinfo else self._prefix
+        # Cut out of the URL as written: httpx's user info is percent-encoded (a "^", a "|", a
+        # non-ASCII letter), so it is not always the text the URL holds. A checked URL has no
+        # unencoded "/" in its user info, so the authority ends at the first "/".
+        scheme, sep, rest = self._prefix.partition("://")
+        authority, slash, path = rest.partition("/")
+        userinfo, at, host = authority.rpartition("@")
+        shown = f"{scheme}{sep}[REDACTED]@{host}{slash}{path}" if at and userinfo else self._prefix
         if self._query:
             pairs = self._query[1:].split("&")
             shown += "?" + "&".join(
@@ -158,18 +167,20 @@ class Connection:
             )
         return shown
 
-    def redactor(self, headers: Mapping[str, str]) -> Redactor:
+    def redactor(self, headers: Mapping[str, str], request: httpx.Request | None = None) -> Redactor:
         """What scrubs the secrets of a request with ``headers`` out of its errors: the API
-        key, the values of credential headers (`is_credential`: the request's, and those
-        the host set on its own ``http_client``) and the credentials in ``base_url``. They
-        are collected at its first use (an error), not for every request."""
+        key, the values of credential headers (`is_credential`: the request's, those the
+        host set on its own ``http_client``, and those of ``request``, the request as it went
+        out, with what the client's ``auth=`` added) and the credentials in ``base_url``.
+        They are collected at its first use (an error), not for every request."""
 
         def collect() -> list[str]:
             values = list(self._url_secrets)
             if self.secret is not None:
                 values.append(self.secret.reveal())
             given = self._client.headers.items() if not self._owns and self._client is not None else ()
-            for name, value in (*given, *headers.items()):
+            went = request.headers.items() if request is not None else ()
+            for name, value in (*given, *headers.items(), *went):
                 if is_credential(name):
                     values += credential_parts(value)
             return values
@@ -229,7 +240,6 @@ class Connection:
         secret = self.secret
         if secret is not None and any(secret.reveal() in value for value in headers.values()):
             secret.check(self.provider)  # only a key that is sent (not one a host's header replaced)
-        redactor = self.redactor(headers)
         content = self._encode(body)
         client = self.client
         if client.is_closed:
@@ -254,23 +264,31 @@ class Connection:
                 f"{self.provider} request could not be built ({type(exc).__name__}): check base_url "
                 "and the extra headers"
             ) from None
+        redactor = self.redactor(headers, request)  # the client's auth= sets its header on request
         try:
             async with sent(client, request) as response:
                 if not 200 <= response.status_code < 300:
-                    raw = await error_body(response)
-                    raise status_error(
-                        self.provider,
-                        response.status_code,
-                        response.headers,
-                        raw,
-                        request_id_header=self.request_id_header,
-                        secret=redactor,
-                    )
+                    raise self._status_error(response, await error_body(response), redactor)
                 yield response
+        except httpx.HTTPStatusError as exc:
+            # The host's client raised for the status itself (a response hook that calls
+            # ``raise_for_status()``), its body closed: the status and headers still say what
+            # failed and whether to retry. Not chained: its message quotes the request URL.
+            raise self._status_error(exc.response, b"", redactor) from None
         except httpx.RequestError as exc:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
+
+    def _status_error(self, response: httpx.Response, raw: bytes, redactor: Redactor) -> ProviderStatusError:
+        return status_error(
+            self.provider,
+            response.status_code,
+            response.headers,
+            raw,
+            request_id_header=self.request_id_header,
+            secret=redactor,
+        )
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.

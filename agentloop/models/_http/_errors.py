@@ -107,7 +107,7 @@ def status_error(
         text = secret.scrub(text)
     try:
         body: Any = json.loads(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
         body = text
     message, kind = error_fields(body)
     if message is None:
@@ -159,6 +159,10 @@ def document_error(
         body = json.loads(text)
     except ValueError:
         return None
+    except RecursionError:  # JSON nested deeper than Python decodes: no error body, no response
+        return StreamProtocolError(
+            f"{provider} answered with a JSON document nested too deeply to decode, not an event stream"
+        )
     if isinstance(body, dict) and body.get("error"):
         return status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
     return StreamProtocolError(

@@ -129,7 +129,7 @@ def _kept(blocks: Sequence[Any], host: str | None) -> tuple[dict[str, Any], list
         if isinstance(b, ThinkingBlock) and b.signature.startswith(_KEPT_PREFIXES):
             try:
                 kept = json.loads(b.signature)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
                 continue
             if not isinstance(kept, dict) or (host is not None and kept.get("host") != host):
                 continue

@@ -10,9 +10,12 @@ import httpx
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
 from .._driver import Prepared, run_stream
-from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers
+from .._http._client import HTTPModel, check_headers, merge_headers, openai_connection, openai_headers
 from ._request import build_request
 from ._stream import ResponsesMapper
+
+#: What ``doom_loop_check=True`` sends (a header of the same name in ``extra_headers`` wins).
+_DOOM_HEADERS = {"x-grok-doom-loop-check": "true", "x-grok-exact-repetition-check": "true"}
 
 
 class OpenAIResponsesModel(HTTPModel):
@@ -58,10 +61,8 @@ class OpenAIResponsesModel(HTTPModel):
         return run_stream(self._conn, lambda: self._prepare(request), ResponsesMapper, signal)
 
     def _prepare(self, request: ModelRequest) -> Prepared:
-        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=self.extra_headers)
-        if self.doom_loop_check:
-            headers["x-grok-doom-loop-check"] = "true"
-            headers["x-grok-exact-repetition-check"] = "true"
+        extra = merge_headers(_DOOM_HEADERS, self.extra_headers) if self.doom_loop_check else self.extra_headers
+        headers = openai_headers(self._conn, key_optional=self._key_optional, extra=extra)
         body = build_request(request, model=self.model, stored=self.store is not False, strict_tools=self.strict_tools)
         body["stream"] = True
         if self.reasoning is not None:

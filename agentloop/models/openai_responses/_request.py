@@ -96,7 +96,7 @@ def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:
 def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None:
     try:
         saved = json.loads(block.signature)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
         return None
     if not isinstance(saved, dict) or not isinstance(saved.get("id"), str):
         return None
