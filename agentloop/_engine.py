@@ -34,7 +34,7 @@ from ._options import (
     recovery_default,
     tool_map,
 )
-from ._policy import Policy
+from ._policy import Policy, bind_all
 from ._recording import holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
@@ -165,8 +165,7 @@ class QueryEngine:
 
             policies = default_policies()
         self.policies: list[Policy] = policy_list(policies)
-        for policy in self.policies:
-            policy.bind(self.tools)
+        bind_all(self.policies, self, strict=True)
         if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
             from ._turns import catch_up_policies
 
@@ -367,11 +366,7 @@ class QueryEngine:
     def _set_tools(self, tools: Sequence[Tool]) -> None:
         self.tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
         self.tool_specs = tuple(self.tools.values())
-        for policy in self.policies:  # each one: a policy's bug leaves the others bound to these tools
-            try:
-                policy.bind(self.tools)
-            except Exception:
-                log.exception("policy %s.bind raised; ignored", policy.name)
+        bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""
