@@ -683,3 +683,20 @@ def test_the_timer_thread_fires_each_pending_timer_once_in_deadline_order_and_le
     last = max(nows)
     expected = sorted((d, i) for i, (d, cancel) in enumerate(timers) if not cancel and d <= last)
     assert fired == expected  # each once, earliest first, ties in the order made, none early
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_timeout_pending_on_the_timer_thread_as_the_process_forks_still_fires_in_the_child() -> None:
+    made_before = AbortSignal.timeout(0.2, reason="made before the fork")
+    code = os.fork()
+    if code == 0:  # the child: exit status 0 if its copy of the timeout fires, whatever happens
+        status = 2
+        try:
+            faulthandler.dump_traceback_later(30, exit=True)  # a deadlock ends the child too
+            fired = threading.Event()
+            made_before.add_listener(lambda r: fired.set())
+            status = 0 if fired.wait(10) and made_before.reason == "made before the fork" else 1
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(code, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
