@@ -700,3 +700,24 @@ def test_a_timeout_pending_on_the_timer_thread_as_the_process_forks_still_fires_
             os._exit(status)
     _, status = os.waitpid(code, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_abort_that_loses_reads_the_winners_reason_at_once_even_inside_the_winners_abort() -> None:
+    """A signal handler (or another thread) aborting while the first abort has won but not yet
+    recorded its reason: it loses, and sees the signal aborted with the winner's reason."""
+    controller = AbortController()
+    seen: list[tuple[bool, str | None]] = []
+
+    class Claims(list):  # type: ignore[type-arg]
+        def append(self, claim: object) -> None:
+            super().append(claim)
+            if len(self) == 1:  # the winner's claim is in: the "handler" lands here
+                controller.abort("second")
+                seen.append((controller.signal.aborted, controller.signal.reason))
+
+    controller.signal._once = Claims()
+    heard: list[str] = []
+    controller.signal.add_listener(heard.append)
+    controller.abort("first")
+    assert seen == [(True, "first")]
+    assert controller.signal.reason == "first" and heard == ["first"]
