@@ -329,14 +329,17 @@ class _LoopWaiters:
         self.remove: Callable[[], None] = _nothing
 
     def __call__(self, reason: str) -> None:
-        if threading.get_ident() == self.thread:
-            _wake(self.futures, reason)
-            # From a signal handler, the loop may be asleep in select(): the woken futures'
-            # callbacks would wait for something else to wake it. Make sure something does.
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(_nothing)
-        elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(_wake, self.futures, reason)
+        try:
+            if threading.get_ident() == self.thread:
+                _wake(self.futures, reason)
+                # From a signal handler, the loop may be asleep in select(): the woken futures'
+                # callbacks would wait for something else to wake it. Make sure something does.
+                if not self.loop.is_closed():
+                    self.loop.call_soon_threadsafe(_nothing)
+            elif not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(_wake, self.futures, reason)
+        except RuntimeError:  # the loop closed meanwhile (its own thread): its waiters went with it
+            pass
 
 
 def _wake(futures: set[asyncio.Future[str]], reason: str) -> None:

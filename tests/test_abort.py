@@ -721,3 +721,29 @@ def test_an_abort_that_loses_reads_the_winners_reason_at_once_even_inside_the_wi
     controller.abort("first")
     assert seen == [(True, "first")]
     assert controller.signal.reason == "first" and heard == ["first"]
+
+
+def test_an_abort_as_a_waiting_loop_closes_in_its_own_thread_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """The loop of a `wait()` closed (by the thread that ran it) just after the abort from this
+    thread found it open: its waiters are gone with it, and the abort has nothing to report."""
+    from agentloop._abort import _LoopWaiters
+
+    class ClosedMeanwhile(asyncio.SelectorEventLoop):
+        checked = False
+
+        def is_closed(self) -> bool:
+            was = super().is_closed()
+            if not self.checked:
+                self.checked = True
+                self.close()  # the loop's thread closes it right after the first check
+            return was
+
+    loop = ClosedMeanwhile()
+    controller = AbortController()
+    waiters = _LoopWaiters(loop)
+    waiters.futures.add(loop.create_future())
+    controller.signal.add_listener(waiters)
+    with caplog.at_level("DEBUG", logger="agentloop"):
+        controller.abort("stop")
+    assert loop.is_closed() and controller.signal.reason == "stop"
+    assert [r.getMessage() for r in caplog.records] == []
