@@ -11,6 +11,7 @@ before the run writes, and the release of both at the run's end.
 from __future__ import annotations
 
 import operator
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, TypeGuard
@@ -39,8 +40,19 @@ __all__ = [
 _store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakValueDictionary()
 # Held while a run checks that its store is free and claims it, as one step: engines may start
 # runs in several threads (an event loop each), and a run starting between another's check and
-# its claim would pass the check too.
-_store_claims = threading.Lock()
+# its claim would pass the check too. Re-entrant: a signal handler reading `QueryEngine.running`
+# on a thread inside a claim may settle a run left in a closed loop, which releases its store.
+_store_claims = threading.RLock()
+
+
+def _claims_after_fork() -> None:
+    """In a forked child: the thread that held the claims (starting a run) is not there."""
+    global _store_claims
+    _store_claims = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_claims_after_fork)
 
 
 def _store_key(store: SessionStore) -> object:

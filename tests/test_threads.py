@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,3 +98,92 @@ def test_a_send_now_from_another_thread_as_a_run_not_begun_is_dropped_is_kept(at
     queued = {q.id: q for q in inbox.send_now}
     assert set(queued) == set(receipts)  # no text is lost
     assert not queued[first].late
+
+
+_HANDLER_READS_RUNNING = """
+import asyncio, faulthandler, os, signal
+from agentloop import QueryEngine, ScriptedModel, ScriptedResponse
+from agentloop import _recording
+from agentloop.sessions import JsonlSession
+
+faulthandler.dump_traceback_later(20, exit=True)  # a deadlock ends the process, with a traceback
+left = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01)]),
+                   session=JsonlSession("left.jsonl"))
+loop = asyncio.new_event_loop()
+run = left.run("first")
+loop.run_until_complete(run.__anext__())
+loop.close()  # the run is left in a closed loop: the next read of `running` settles it
+
+# The Ctrl-C handler of the cookbook, reading `running` to tell a second Ctrl-C from a first.
+signal.signal(signal.SIGUSR1, lambda *_: print("running:", left.running))
+
+
+class Writers(type(_recording._store_writers)):
+    signalled = False
+
+    def get(self, key, default=None):  # called with the store claims held: the signal lands here
+        if not self.signalled:
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return super().get(key, default)
+
+
+_recording._store_writers = Writers()
+engine = QueryEngine(ScriptedModel(["ok"]), session=JsonlSession("other.jsonl"))
+
+
+async def main() -> None:
+    async for _ in engine.run("hi"):
+        pass
+
+
+asyncio.run(main())
+print("done")
+"""
+
+
+def test_a_signal_handler_reading_running_as_another_run_claims_its_store_does_not_deadlock(tmp_path: Path) -> None:
+    """A Ctrl-C handler reading `engine.running` (of an engine whose run was left in a closed
+    loop) landed while a run starting on the same thread held the session stores' claim lock:
+    settling the left run took that lock again, and the process hung for good."""
+    script = tmp_path / "handler.py"
+    script.write_text(_HANDLER_READS_RUNNING, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=50,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "running: False\ndone\n", "")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_child_forked_while_another_thread_claims_a_store_runs_with_a_session(tmp_path: Path) -> None:
+    from agentloop import _recording
+    from agentloop.sessions import JsonlSession
+    from agentloop.testing import ScriptedModel, collect
+
+    held, done = threading.Event(), threading.Event()
+
+    def claiming() -> None:  # a run starting in another thread, inside its claim as the fork happens
+        with _recording._store_claims:
+            held.set()
+            done.wait(30)
+
+    other = threading.Thread(target=claiming)
+    other.start()
+    try:
+        assert held.wait(10)
+        code = os.fork()
+        if code == 0:  # the child: exit status 0 if its run ends, whatever happens
+            status = 2
+            try:
+                faulthandler.dump_traceback_later(30, exit=True)  # a deadlock ends the child too
+                engine = QueryEngine(ScriptedModel(["ok"]), session=JsonlSession(tmp_path / "child.jsonl"))
+                asyncio.run(collect(engine.run("hi")))
+                status = 0 if engine.messages[-1].text == "ok" else 1
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(code, 0)
+    finally:
+        done.set()
+        other.join()
+    assert os.waitstatus_to_exitcode(status) == 0
