@@ -115,6 +115,7 @@ def claim_store(engine: QueryEngine) -> None:
     if store is None:
         return
     key = _store_key(store)
+    _settle_left_writer(engine, key)
     with _store_claims:
         other = _store_writers.get(key)
         if other is not None and other is not engine and _writes_to(other, key):
@@ -138,6 +139,18 @@ def claim_store(engine: QueryEngine) -> None:
             raise
         except Exception:  # a file it cannot open: each append fails too, and is listed
             pass
+
+
+def _settle_left_writer(engine: QueryEngine, key: object) -> None:
+    """The store's last writer, if its run was left in an event loop closed under it, is settled
+    now (it is, at the latest, when next looked at): what it owes the store goes there before
+    this run's records, not after them."""
+    other = _store_writers.get(key)
+    state = other._state if other is not None and other is not engine else None
+    if other is not None and state is not None and state.loop.is_closed():
+        from ._handle import forget_closed_run
+
+        forget_closed_run(other, state)
 
 
 def _writes_to(engine: QueryEngine, key: object) -> bool:

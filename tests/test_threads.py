@@ -187,3 +187,28 @@ def test_a_child_forked_while_another_thread_claims_a_store_runs_with_a_session(
         done.set()
         other.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_run_left_in_a_closed_loop_settles_before_another_engine_takes_its_session(tmp_path: Path) -> None:
+    """Engine A's run was left in a loop closed under it; engine B ran with A's session object.
+    A's run was settled only when A was next looked at, and its streamed text was appended to
+    the file after B's conversation: the file replayed to neither transcript."""
+    from agentloop import ScriptedResponse
+    from agentloop.sessions import JsonlSession
+    from agentloop.testing import ScriptedModel, collect
+
+    store = JsonlSession(tmp_path / "s.jsonl")
+    left = QueryEngine(ScriptedModel([ScriptedResponse(text="word " * 40, chunk=5, delay=0.01)]), session=store)
+    loop = asyncio.new_event_loop()
+    run = left.run("first")
+    loop.run_until_complete(run.__anext__())  # type: ignore[arg-type]
+    loop.run_until_complete(run.__anext__())  # type: ignore[arg-type]
+    loop.close()
+    engine = QueryEngine(ScriptedModel(["ok"]), session=store)
+    asyncio.run(collect(engine.run("second")))
+    assert not left.running
+    store.close()
+    reopened, loaded = JsonlSession.resume(tmp_path / "s.jsonl")
+    reopened.close()
+    assert [m.text for m in loaded.messages] == [m.text for m in engine.messages] == ["second", "ok"]
+    assert [m.text for m in left.messages] == ["first", "word"]
