@@ -212,3 +212,40 @@ def test_a_run_left_in_a_closed_loop_settles_before_another_engine_takes_its_ses
     reopened.close()
     assert [m.text for m in loaded.messages] == [m.text for m in engine.messages] == ["second", "ok"]
     assert [m.text for m in left.messages] == ["first", "word"]
+
+
+def test_two_threads_starting_runs_of_one_engine_at_once_get_one_run_and_one_error() -> None:
+    """Each thread runs its own event loop; the second run() began while the first was between
+    its check for a run in progress and putting its state in place: both ran, and both wrote
+    into the one transcript."""
+    from agentloop.testing import ScriptedModel, collect
+
+    engine = QueryEngine(ScriptedModel(["one", "two"]), policies=[])
+    inside, second_done = threading.Event(), threading.Event()
+    vet = engine._vet_history
+
+    def slow_vet() -> None:  # the first run is descheduled here, after its check
+        if not inside.is_set():
+            inside.set()
+            second_done.wait(10)
+        vet()
+
+    engine._vet_history = slow_vet  # type: ignore[method-assign]
+    outcomes: dict[str, object] = {}
+
+    def start(name: str) -> None:
+        try:
+            outcomes[name] = asyncio.run(collect(engine.run(name)))
+        except RuntimeError as exc:
+            outcomes[name] = exc
+        finally:
+            if name == "second":
+                second_done.set()
+
+    first = threading.Thread(target=start, args=("first",))
+    first.start()
+    assert inside.wait(10)
+    start("second")
+    first.join(10)
+    assert isinstance(outcomes["second"], RuntimeError) and "in progress" in str(outcomes["second"])
+    assert [m.text for m in engine.messages] == ["first", "one"]
