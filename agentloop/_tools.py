@@ -269,7 +269,7 @@ def _check_async(f: object) -> None:
             f"@tool needs an async function, got the sync function {f.__qualname__}: define it with async def "
             "(blocking work inside it goes to await asyncio.to_thread(...))"
         )
-    if inspect.iscoroutinefunction(getattr(type(f), "__call__", None)):
+    if callable(f) and inspect.iscoroutinefunction(type(f).__call__):
         raise TypeError(
             f"@tool needs an async function, got a {type(f).__name__} object whose __call__ is async: "
             "pass its bound method with a name for the tool, as in tool(name='search')(obj.__call__) "
@@ -289,7 +289,7 @@ def _check_handler(handler: object) -> None:
         )
     if inspect.isasyncgenfunction(handler):
         raise TypeError(
-            f"handler takes an async function that returns, not the async generator {handler.__qualname__}: "
+            f"handler takes an async function that returns, not the async generator {handler!r}: "
             "a tool call gives one result"
         )
 
