@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +20,7 @@ from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
+from ._transcript import credentials, redacted
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
 
 if TYPE_CHECKING:
@@ -334,7 +336,16 @@ class CallRunner:
         host's own code failed (a prompt with a timeout of its own gave up: no traceback)."""
         what = describe(exc)
         trace = None if isinstance(exc, AbortError) else exc
-        log.error("permission callback failed for tool call %s (%r): %s; the call was not run", use.id, use.name, what, exc_info=trace)
+        secrets = credentials(self.engine.model)
+        if secrets and trace is not None:  # the traceback as text, so the model's key can be taken out
+            text = "".join(traceback.format_exception(trace)).rstrip()
+            what, trace, tail = redacted(what, secrets), None, "\n" + redacted(text, secrets)
+        else:
+            tail = ""
+        log.error(
+            "permission callback failed for tool call %s (%r): %s; the call was not run%s",
+            use.id, use.name, what, tail, exc_info=trace,
+        )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
 
 
