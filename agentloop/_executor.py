@@ -20,8 +20,8 @@ from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
-from ._transcript import credentials, redacted
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
+from ._transcript import credentials, redacted
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
