@@ -43,6 +43,7 @@ __all__ = [
     "Verdict",
     "Warn",
     "ask",
+    "bind_all",
     "check_hooks",
     "claim",
     "not_a_verdict",
@@ -145,8 +146,16 @@ class Policy:
         ``concurrency_safe`` here)."""
 
     def fork(self) -> Policy:
-        """A fresh copy for a subagent engine (default: a deep copy)."""
-        return copy.deepcopy(self)
+        """A fresh copy for a subagent engine (default: a deep copy). Raises TypeError naming the
+        policy when the copy fails (it holds a lock, a client, a file): override `fork` then."""
+        try:
+            return copy.deepcopy(self)
+        except (TypeError, copy.Error) as exc:
+            raise TypeError(
+                f"{self.name}.fork() makes a deep copy of the policy for a subagent, and it failed "
+                f"({exc}): override fork() to return the copy a subagent should get (a new "
+                "instance, or self to share one object across the tree)"
+            ) from exc
 
     def begin_turn(self, *, real_user: bool) -> None:
         """A turn starts, or an interjection is merged into it. ``real_user`` is True when a
@@ -240,6 +249,25 @@ def check_hooks(policy: Policy) -> None:
             )
 
 
+# id(policy) -> the engine it was last bound to (an entry goes with its engine).
+_bound: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -> None:
+    """Bind each policy to ``engine``'s tools (`Policy.bind`) and remember that it was.
+
+    ``strict``: a bind that raises propagates (at construction); else it is logged and the
+    others are bound all the same."""
+    for policy in policies:
+        try:
+            policy.bind(engine.tools)
+        except Exception:
+            if strict:
+                raise
+            log.exception("policy %s.bind raised; ignored", policy.name)
+        _bound[id(policy)] = engine
+
+
 # id(policy) -> the engine whose run holds it now (policies with ``one_engine`` only).
 _holders: dict[int, weakref.ref[Any]] = {}
 _warned: set[int] = set()
@@ -248,7 +276,12 @@ _warned: set[int] = set()
 def claim(policies: Sequence[Policy], engine: object) -> None:
     """A run of ``engine`` starts with ``policies``: warn (once per policy) about a stateful one
     that another engine's run holds at this moment, as a list of policies made once and passed
-    to every engine would be; its counts would mix both runs."""
+    to every engine would be; its counts would mix both runs. A policy bound to another engine's
+    tools since this engine bound it (a list shared by engines with other tools) is bound to
+    this engine's again, so its tool classes are this run's."""
+    stale = [p for p in policies if _bound.get(id(p)) is not engine]
+    if stale:
+        bind_all(stale, engine)
     for policy in policies:
         if not policy.one_engine:
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import numbers
 import os
 import signal as _signal
 import subprocess
@@ -23,6 +24,8 @@ from ._errors import AbortError
 __all__ = ["ProcessResult", "run_process"]
 
 _CAP = 1 << 20  # bytes kept per stream
+#: A command-line argument, as `subprocess` takes it.
+Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 # Seconds to read what is left in the pipes once a timed-out group is dead: a process
 # that left the group (setsid) may hold them open forever.
 _DRAIN = 0.25
@@ -30,7 +33,8 @@ _DRAIN = 0.25
 
 @dataclass(frozen=True, slots=True)
 class ProcessResult:
-    """``returncode`` is negative when killed by a signal; ``timed_out`` when the
+    """``args`` is the command as run, as text (a path or bytes given decoded as the OS does);
+    ``returncode`` is negative when killed by a signal; ``timed_out`` when the
     timeout killed it. ``stdout``/``stderr`` are decoded (UTF-8, replace) and
     capped at 1 MiB each: ``stdout_truncated``/``stderr_truncated`` say which was
     cut (``truncated``: either), and a cut stream's text ends on a whole character;
@@ -60,7 +64,7 @@ class ProcessResult:
 
 
 async def run_process(
-    *args: str,
+    *args: Arg,
     signal: AbortSignal,
     timeout: float | None = None,
     kill_grace: float = 2.0,
@@ -78,9 +82,12 @@ async def run_process(
     hold while a process that left the group (``setsid``) keeps the pipes open:
     the call stops reading and returns, leaving that process alone. Raises
     ValueError for another ``stderr`` and TypeError for ``stdout``: the output
-    is collected here.
+    is collected here. Before the child starts, raises TypeError for a ``timeout``
+    or ``kill_grace`` that is not a number of seconds (ValueError when it is
+    below 0, or NaN) and for a ``stdin`` that is not bytes.
     """
     _check_streams(stderr, kw)
+    _check_args(timeout, kill_grace, stdin)
     merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
@@ -124,6 +131,23 @@ def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
         raise TypeError("run_process collects stdout itself; it does not take stdout=")
 
 
+def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
+    """Raise TypeError or ValueError for a ``timeout`` or ``kill_grace`` that is not a number of
+    seconds >= 0 (``timeout`` may be None), TypeError for a ``stdin`` that is not bytes."""
+    for name, value in (("timeout", timeout), ("kill_grace", kill_grace)):
+        if value is None and name == "timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            none = " or None" if name == "timeout" else ""
+            raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
+        if not float(value) >= 0:  # NaN too
+            raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
+    if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"run_process: stdin takes bytes to feed the child, not {type(stdin).__name__} (for text: text.encode())"
+        )
+
+
 async def _wait(
     transport: asyncio.SubprocessTransport, proto: _Collector, signal: AbortSignal, timeout: float | None, kill_grace: float
 ) -> tuple[bool, bool]:
@@ -144,14 +168,14 @@ async def _wait(
     return not aborted, aborted
 
 
-def _result(args: tuple[str, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
+def _result(args: tuple[Arg, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
     """The `ProcessResult` of a process that has exited, from what ``proto`` collected."""
     returncode = transport.get_returncode()
     assert returncode is not None
     out, err = bytes(proto.output[1]), bytes(proto.output[2])
     cut = proto.truncated
     return ProcessResult(
-        args=tuple(args),
+        args=tuple(os.fsdecode(a) for a in args),  # a Path or bytes as text, which JSON can hold
         returncode=returncode,
         stdout=_decode(out, cut=1 in cut),
         stderr=_decode(err, cut=2 in cut),

@@ -6,11 +6,15 @@ it with ``$ref``; Gemini's function declarations (and the gateways in front of G
 itself (a tree's node) cannot be, and stays under ``$defs``. A discriminated union becomes a
 plain ``anyOf`` (its OpenAPI ``discriminator`` maps tags to those refs). Pydantic also gives
 every schema a ``title`` that restates its name ("title": "Path" over the property ``path``):
-noise the model reads on every request, and a keyword Gemini's subset refuses; it goes.
+noise the model reads on every request, and a keyword Gemini's subset refuses; it goes. So does
+a ``default`` that JSON cannot hold (``limit: float = math.inf``, "no limit"): written as
+``Infinity`` it would make every request that offers the tool fail to encode. The parameter
+keeps its default; the model is only not told what it is.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = ["plain_schema"]
@@ -71,6 +75,8 @@ def _plain(node: Any, defs: dict[str, Any], loops: set[str], wanted: set[str]) -
     if not isinstance(node, dict):
         return node
     own = {k: _plain_value(k, v, defs, loops, wanted) for k, v in node.items() if k != "title"}
+    if "default" in own and not _finite(own["default"]):
+        del own["default"]
     if "discriminator" in own and "oneOf" in own:
         # A discriminated union: OpenAPI's "discriminator" maps each tag to a ``$ref`` (written
         # out now, so pointing nowhere). Its branches exclude each other by their tag, so an
@@ -86,6 +92,17 @@ def _plain(node: Any, defs: dict[str, Any], loops: set[str], wanted: set[str]) -
         return {"$ref": node["$ref"], **own}
     # The use's own keywords (a field's description, its default) win over the definition's.
     return {**_plain(defs[name], defs, loops, wanted), **own}
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` (JSON data) holds no NaN or infinity, which strict JSON cannot hold."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def _plain_value(key: str, value: Any, defs: dict[str, Any], loops: set[str], wanted: set[str]) -> Any:

@@ -19,6 +19,7 @@ stream is already cut, so what is left to decide is whether to resample or accep
 from __future__ import annotations
 
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,9 +28,14 @@ __all__ = ["DoomLoopSignal", "SignalKind", "SignalUnit"]
 SignalKind = Literal["tail_repetition", "low_logprob", "exact_repetition"]
 SignalUnit = Literal["tokens", "chars"]
 
-_TAIL = re.compile(r"tail_repetition(?::(\d+))?@(\w+)")
-_LOW = re.compile(r"low_logprob@(\w+)")
-_EXACT = re.compile(r"exact_repetition:(\d+)x(\d+)@(\w+)")
+# ASCII only: a server writes its counts in ASCII digits, and int() would also read "٣٢" as 32.
+# A count has at most 18 digits (a longer one is no count a server could have made).
+_N = r"([0-9]{1,18})"
+_CHANNEL = re.compile(r"\w+", re.ASCII)
+_TAIL = re.compile(rf"tail_repetition(?::{_N})?@(\w+)", re.ASCII)
+_LOW = re.compile(r"low_logprob@(\w+)", re.ASCII)
+_EXACT = re.compile(rf"exact_repetition:{_N}x{_N}@(\w+)", re.ASCII)
+_KINDS = ("tail_repetition", "low_logprob", "exact_repetition")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +55,41 @@ class DoomLoopSignal:
     source: Literal["server", "client"] = "server"
     stopped: bool = False
 
+    def __post_init__(self) -> None:
+        """Raises ValueError (TypeError for a count that is not an int) for a signal that has no
+        wire form: `format` would write what `parse` refuses."""
+        if self.kind not in _KINDS:
+            raise ValueError(f"DoomLoopSignal kind must be one of {', '.join(_KINDS)}, not {self.kind!r}")
+        if not isinstance(self.channel, str) or not _CHANNEL.fullmatch(self.channel):
+            raise ValueError(f"DoomLoopSignal channel must be a name such as 'thinking' or 'text', not {self.channel!r}")
+        for name in ("threshold", "tokens", "copies"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"DoomLoopSignal {name} must be an int or None, not {value!r}")
+            if value < 1:
+                raise ValueError(f"DoomLoopSignal {name} must be at least 1, not {value!r}")
+        if self.kind == "exact_repetition" and (self.tokens is None or self.copies is None):
+            raise ValueError("an exact_repetition DoomLoopSignal needs tokens and copies")
+
     @classmethod
     def parse(cls, text: str, *, unit: SignalUnit = "tokens") -> DoomLoopSignal:
-        """Parse one signal string; raises ValueError with the text on bad input."""
+        """Parse one signal string; raises ValueError with the text on bad input (also a count
+        of 0, or digits other than ASCII), TypeError for what is not a str."""
+        if not isinstance(text, str):
+            raise TypeError(f"DoomLoopSignal.parse takes a str, not {type(text).__name__}")
         s = text.strip()
-        if m := _TAIL.fullmatch(s):
-            return cls("tail_repetition", m[2], threshold=int(m[1]) if m[1] else None, unit=unit)
-        if m := _LOW.fullmatch(s):
-            return cls("low_logprob", m[1], unit=unit)
-        if m := _EXACT.fullmatch(s):
-            return cls("exact_repetition", m[3], tokens=int(m[1]), copies=int(m[2]), unit=unit)
-        raise ValueError(f"not a doom-loop signal: {text!r}")
+        try:
+            if m := _TAIL.fullmatch(s):
+                return cls("tail_repetition", m[2], threshold=int(m[1]) if m[1] else None, unit=unit)
+            if m := _LOW.fullmatch(s):
+                return cls("low_logprob", m[1], unit=unit)
+            if m := _EXACT.fullmatch(s):
+                return cls("exact_repetition", m[3], tokens=int(m[1]), copies=int(m[2]), unit=unit)
+        except ValueError:  # a count of 0
+            pass
+        raise ValueError(f"not a doom-loop signal: {reprlib.repr(text)}")
 
     def format(self) -> str:
         """The wire form (inverse of `parse`)."""

@@ -79,6 +79,7 @@ class ModelPhase:
         "dooms",
         "engine",
         "extra",
+        "hushed",
         "outcome",
         "retries",
         "skip",
@@ -98,6 +99,7 @@ class ModelPhase:
         self.extra: tuple[Message, ...] = ()  # the recovery reminder, after a resample
         self.watch, self.credit, self.tap = _stream_watch(engine)
         self.skip = 0  # deltas the loop holds back from a tapped watcher, which sets it (see Policy._tap)
+        self.hushed = False  # the single watcher raised in this attempt: logged once, not per event
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
 
     def open(self) -> AsyncIterator[StreamEvent] | None:
@@ -107,6 +109,9 @@ class ModelPhase:
         opts = engine.options
         self.acc = st.begin_attempt()
         if engine.policies:
+            self.hushed = False
+            if isinstance(self.credit, _Panel):
+                self.credit.hushed.clear()
             notify(engine.policies, "begin_attempt")
             tap = self.tap
             if tap is not None:
@@ -160,8 +165,11 @@ class ModelPhase:
         self.failed(ModelError("the model stream raised CancelledError, though the run was not cancelled"))
 
     def watch_raised(self) -> None:
-        """``watch`` raised (called from its ``except``): logged, and taken as no verdict."""
-        log.exception("policy %s.on_stream raised; ignored", self.credit)
+        """``watch`` raised (called from its ``except``): logged, once per attempt (a broken watcher
+        raises on every delta), and taken as no verdict."""
+        if not self.hushed:
+            self.hushed = True
+            log.exception(_RAISED, self.credit)
 
     def judged(self, verdict: Verdict) -> list[DoomLoopDetected]:
         """What the stream-watching policies' ``verdict`` on an event does: the events to show
@@ -344,6 +352,9 @@ def _host_cancelling() -> bool:
     return task is None or task.cancelling() > 0
 
 
+_RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"
+
+
 def _stream_watch(
     engine: QueryEngine,
 ) -> tuple[Callable[[StreamEvent], Verdict | None] | None, str | _Panel, Policy | None]:
@@ -374,21 +385,24 @@ class _Panel:
     `Resample` is the one that cuts the attempt.
     """
 
-    __slots__ = ("heard", "watchers")
+    __slots__ = ("heard", "hushed", "watchers")
 
     def __init__(self, watchers: list[Policy]) -> None:
         self.watchers = watchers
+        self.hushed: set[int] = set()  # the watchers (by index) that raised in this attempt, logged once
         self.heard: list[tuple[str, Verdict]] = []
 
     def judge(self, event: StreamEvent) -> Verdict | None:
         """The first `Resample` given on ``event``, else the first `Warn`, else None; ``heard``
         is set only when one is returned (nothing is stored for the events nobody speaks on)."""
         heard: list[tuple[str, Verdict]] | None = None
-        for policy in self.watchers:
+        for i, policy in enumerate(self.watchers):
             try:
                 verdict = policy.on_stream(event)
             except Exception:
-                log.exception("policy %s.on_stream raised; ignored", policy.name)
+                if i not in self.hushed:
+                    self.hushed.add(i)
+                    log.exception(_RAISED, policy.name)
                 continue
             if verdict is None:
                 continue

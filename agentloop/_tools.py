@@ -249,14 +249,26 @@ def tool(
 
 
 def _check_async(f: object) -> None:
-    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, a partial."""
+    """Raise TypeError for what `@tool` cannot make a tool of: a sync function, an async
+    generator, a partial."""
     if isinstance(f, functools.partial):  # it passes iscoroutinefunction, then has no name or hints
         raise TypeError(
             "@tool needs an async function, got a functools.partial: define an async def that calls "
             "it (its name, docstring and annotations describe the tool to the model)"
         )
-    if not inspect.iscoroutinefunction(f):
-        raise TypeError(f"@tool needs an async function, got {f!r}")
+    if inspect.iscoroutinefunction(f):
+        return
+    if inspect.isasyncgenfunction(f):
+        raise TypeError(
+            f"@tool needs an async function that returns, got the async generator {f.__qualname__}: a tool "
+            "call gives one result: collect what it yields and return that"
+        )
+    if inspect.isfunction(f) or inspect.ismethod(f):
+        raise TypeError(
+            f"@tool needs an async function, got the sync function {f.__qualname__}: define it with async def "
+            "(blocking work inside it goes to await asyncio.to_thread(...))"
+        )
+    raise TypeError(f"@tool needs an async function, got {f!r}")
 
 
 def _handler(
@@ -456,7 +468,10 @@ def _quote(value: object) -> str:
 
 
 def _as_json(value: object) -> object:
-    # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON.
+    # json.dumps's ``default``: what json cannot encode itself, as pydantic puts it in JSON;
+    # a `ProcessResult` in a dict or a list as one returned alone, without its raw bytes.
+    if isinstance(value, ProcessResult):
+        return value.as_json()
     return jsonable(value, str)
 
 
@@ -512,8 +527,9 @@ def _well_formed(block: ToolResultBlock) -> bool:
 
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
-    block or a list of them) as it is, anything else as JSON (pydantic models and
-    dataclasses by their fields; a `ProcessResult` without its raw bytes). Raises
+    block or a non-empty list of them) as it is, anything else as JSON (an empty list too) (pydantic models and
+    dataclasses by their fields; a `ProcessResult`, also in a dict or a list, without its raw
+    bytes). Raises
     `TypeError` for an awaitable (a coroutine returned instead of awaited)."""
     if type(output) is str and output.strip():  # the common case, built without re-validation
         return tool_result_block(tool_use_id, output)
@@ -526,7 +542,7 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         return output.model_copy(update={"tool_use_id": tool_use_id})
     if isinstance(output, str):
         content: str | list[TextBlock] = output
-    elif isinstance(output, list) and all(isinstance(b, TextBlock) for b in output):
+    elif isinstance(output, list) and output and all(isinstance(b, TextBlock) for b in output):
         content = output
     elif isinstance(output, TextBlock):
         content = [output]

@@ -232,6 +232,39 @@ async def test_an_interrupt_between_run_and_its_first_step_stops_that_run(where:
     assert not engine.running and validate_transcript(engine.messages) == []
 
 
+async def test_a_send_now_between_run_and_its_first_step_replaces_that_runs_turn() -> None:
+    """A host hands run(prompt) to a task and the user sends a message now before the task has
+    had a step (input that was waiting, a fast paste): the prompt's turn is the one replaced.
+    The text used to be taken as typed before the prompt: it went first in the transcript, and
+    the prompt's turn, the one it was sent to stop, ran to its end."""
+    engine = QueryEngine(ScriptedModel(["the answer to the text sent now"]), policies=[])
+
+    async def pump(run: AsyncGenerator[Event, None]) -> list[Event]:
+        return [event async for event in run]
+
+    task = asyncio.create_task(pump(engine.run("Explain")))  # the task has had no step yet
+    receipt = engine.send_now("Stop; do this instead")
+    events = await task
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [s.prompt.text if s.prompt else None for s in starts] == ["Explain", "Stop; do this instead"]
+    assert starts[1].ids == (receipt,)
+    assert [(e.reason, e.abort_reason) for e in ends] == [("aborted_streaming", "send_now"), ("completed", None)]
+    assert engine.model.request_count == 1  # type: ignore[attr-defined]
+    assert [m.text for m in engine.messages] == ["Explain", "Stop; do this instead", "the answer to the text sent now"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_send_now_for_a_run_dropped_unbegun_starts_the_next_run() -> None:
+    engine = QueryEngine(ScriptedModel(["answered"]), policies=[])
+    dropped = engine.run("never iterated")
+    engine.send_now("the text sent now")  # its turn never begins: the text waits, as when idle
+    del dropped
+    events = [event async for event in engine.run()]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert [m.text for m in engine.messages] == ["the text sent now", "answered"]
+
+
 async def test_an_interrupt_between_run_and_its_first_iteration_stops_that_run() -> None:
     engine = QueryEngine(ScriptedModel(["never asked"]), policies=[])
     run = engine.run("Explain")
@@ -335,3 +368,44 @@ async def _run_while_the_last_one_cleans_up_and_look(engine: QueryEngine, seen: 
     loop = asyncio.get_running_loop()
     loop.call_later(1.0, lambda: seen.append((engine.running, " running " in repr(engine))))
     return [event async for event in engine.run("second")]
+
+
+# -- settings changed between runs --------------------------------------------------------------
+
+
+async def test_settings_set_on_the_engine_between_runs_take_effect() -> None:
+    """A chat UI toggles its permission mode or edits the system prompt between runs with
+    `engine.permission = ...` / `engine.system = ...`; that used to make a new attribute the
+    engine never read, so the old callback went on answering."""
+    from agentloop import Allow, Deny, ModelRequest
+
+    seen: list[str | None] = []
+
+    def answer(request: ModelRequest) -> ScriptedResponse:
+        seen.append(request.system)
+        return ScriptedResponse(text="ok")
+
+    model = ScriptedModel([calls("quick"), answer, calls("quick"), answer])
+    engine = QueryEngine(model, tools=[quick], system="Be brief.", permission=lambda use, ctx: Allow())
+    events = [e async for e in engine.run("one")]
+    assert [e.result.is_error for e in events if isinstance(e, ToolCallFinished)] == [False]
+    engine.permission = lambda use, ctx: Deny("read-only mode")
+    engine.system = "Be thorough."
+    assert engine.system == "Be thorough." and engine.options.system == "Be thorough."
+    events = [e async for e in engine.run("two")]
+    denied = [e.result for e in events if isinstance(e, ToolCallFinished)]
+    assert denied[0].is_error and "read-only mode" in denied[0].text
+    assert seen == ["Be brief.", "Be thorough."]
+    assert validate_transcript(engine.messages) == []
+
+
+def test_a_setting_set_on_the_engine_is_checked_as_at_construction() -> None:
+    engine = QueryEngine(ScriptedModel(["ok"]))
+    with pytest.raises(ValueError, match="follow_up_behavior"):
+        engine.follow_up_behavior = "later"  # type: ignore[assignment]
+    assert engine.follow_up_behavior == "queue"
+    # A system prompt that is not text would reach the provider as it is (a 400 on every request).
+    with pytest.raises(TypeError, match="system"):
+        engine.system = 5  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="system"):
+        QueryEngine(ScriptedModel(["ok"]), system=["Be brief."])  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import sys
 import typing
 from collections.abc import Callable
@@ -140,6 +141,33 @@ def test_a_recursive_model_keeps_a_ref_to_itself_and_the_rest_is_inlined() -> No
     assert "title" not in node
     assert node["properties"]["children"]["items"] == {"$ref": "#/$defs/Node"}
     assert "$ref" not in str(schema["properties"]["where"])
+
+
+class Limits(BaseModel):
+    max_bytes: float = float("inf")
+    ratio: float = 0.5
+
+
+NO_LIMITS = Limits()
+
+
+async def test_a_default_json_cannot_hold_leaves_the_schema_sendable_and_still_applies() -> None:
+    # ``limit: float = math.inf`` ("no limit") was written into the schema as ``Infinity``, which
+    # is not JSON: every request that offered the tool failed to encode, blaming no tool.
+    @tool
+    async def scan(path: str, limit: float = float("inf"), floor: float = float("-inf"), limits: Limits = NO_LIMITS) -> str:
+        """Scan a file."""
+        return f"{path} {limit} {floor} {limits.max_bytes}"
+
+    schema = scan.input_schema
+    json.dumps(schema, allow_nan=False)  # what the provider adapters send
+    props = schema["properties"]
+    assert "default" not in props["limit"] and "default" not in props["floor"]
+    assert props["limits"]["properties"]["ratio"]["default"] == 0.5  # a finite default stays
+    assert "default" not in props["limits"]["properties"]["max_bytes"]
+    assert "default" not in props["limits"]  # the model's default holds an infinity too
+    assert props["path"] == {"type": "string"} and schema["required"] == ["path"]
+    assert await scan.handler({"path": "a"}, None) == "a inf -inf inf"  # type: ignore[arg-type]
 
 
 def _descriptions(made: Any) -> dict[str, str | None]:

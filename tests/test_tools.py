@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -88,6 +89,21 @@ def test_tool_rejects_sync_functions_and_missing_annotations() -> None:
 
     with pytest.raises(TypeError, match=r"functools\.partial: define an async def"):
         tool(functools.partial(add, b=1))
+
+
+def test_an_async_generator_or_a_sync_function_is_refused_saying_what_to_write_instead() -> None:
+    # An ``async def`` that yields was told "@tool needs an async function", which it looks like.
+    async def lines(path: str) -> AsyncIterator[str]:
+        yield path
+
+    with pytest.raises(TypeError, match=r"async generator .* one result: collect what it yields and return that"):
+        tool(lines)  # type: ignore[arg-type]
+
+    def count(path: str) -> int:
+        return len(path)
+
+    with pytest.raises(TypeError, match=r"sync function .*async def.*asyncio\.to_thread"):
+        tool(count)  # type: ignore[arg-type]
 
 
 async def test_tool_parameters_named_like_pydantic_members_reach_the_function() -> None:
@@ -174,6 +190,21 @@ async def test_tool_outputs_are_normalised_to_results() -> None:
     got = [r for m in engine.messages for r in m.tool_results]
     assert [r.text for r in got] == ["plain", "(no output)", "b", '{"a": 1}', "one", "mine"]  # a lone text block is text too
     assert got[-1].is_error and got[-1].tool_use_id == engine.messages[1].tool_uses[-1].id
+
+
+async def test_an_empty_list_returned_is_the_json_of_an_empty_list_not_no_output() -> None:
+    # A search with no match returned [] and the model read "(no output)", as from a tool that
+    # printed nothing; {} already read "{}". An empty list is JSON like any list of data.
+    @tool
+    async def grep(pattern: str) -> list[str]:
+        """Find lines."""
+        return [] if pattern == "none" else ["a.py:1: hit"]
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("grep", {"pattern": p}) for p in ("none", "hit")])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=[grep], policies=[])
+    await collect(engine, "go")
+    got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
+    assert got == [("[]", False), ('["a.py:1: hit"]', False)]
 
 
 async def test_a_tools_own_timeout_error_keeps_its_message_and_a_bare_exception_has_no_dangling_colon() -> None:
@@ -662,6 +693,26 @@ async def test_run_process_refuses_to_start_when_already_aborted() -> None:
         await run_process("true", signal=ctl.signal)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"timeout": "30"}, TypeError, "timeout takes a number of seconds or None"),  # read from a config file
+        ({"timeout": float("nan")}, ValueError, "timeout must be >= 0"),  # was a result saying timed_out=True
+        ({"timeout": -1}, ValueError, "timeout must be >= 0"),
+        ({"kill_grace": None}, TypeError, "kill_grace takes a number of seconds"),
+        ({"kill_grace": -0.5}, ValueError, "kill_grace must be >= 0"),
+        ({"stdin": "text"}, TypeError, r"stdin takes bytes .*\.encode\(\)"),  # was AssertionError('text')
+    ],
+)
+async def test_run_process_refuses_a_bad_argument_before_the_child_starts(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    started = tmp_path / "started"
+    with pytest.raises(error, match=says):
+        await run_process("sh", "-c", f"touch {started}; cat", signal=AbortController().signal, **kwargs)
+    assert not started.exists()
+
+
 async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) -> None:
     ctl = AbortController()
     ready = tmp_path / "ready"
@@ -1019,6 +1070,43 @@ async def test_a_tool_that_returns_a_process_result_gives_the_output_once_as_jso
     assert results[0].text.count("hellohellohello") == 1
     assert second["stdout"] == "caf\ufffd"
     assert not {k for k in (*first, *second) if k.endswith("_bytes")}
+
+
+async def test_process_results_returned_inside_a_dict_or_list_give_each_output_once() -> None:
+    # Only a ProcessResult returned as it is lost its raw bytes: one in a dict (a lint run and a
+    # test run reported together) repeated each output, and bytes not UTF-8 became a b'...' repr.
+    @tool
+    async def check(ctx: ToolContext) -> Any:
+        """Lint and test."""
+        lint = await run_process(sys.executable, "-c", "print('lint', 'ok')", signal=ctx.signal)
+        test = await run_process(sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'caf\\xe9')", signal=ctx.signal)
+        return {"lint": lint, "runs": [test]}
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("check", {})]), "ok"]), tools=[check], policies=[])
+    [result] = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    got = json.loads(result.text)
+    assert result.text.count("lint ok") == 1
+    assert got["lint"]["stdout"] == "lint ok\n" and got["runs"][0]["stdout"] == "caf\ufffd"
+    assert not {k for r in (got["lint"], got["runs"][0]) for k in r if k.endswith("_bytes")}
+
+
+async def test_a_process_run_from_a_path_gives_its_output_not_an_unusable_result(tmp_path: Path) -> None:
+    # ``run_process(sys.executable, tmp_path / "x.py")``: the args kept the Path, which JSON cannot
+    # hold, so the tool returning the result got "returned an unusable result" and no output.
+    script = tmp_path / "hello.py"
+    script.write_text("import sys; print('hi', sys.argv[1:])")
+
+    @tool
+    async def run(ctx: ToolContext) -> Any:
+        """Run the script."""
+        return await run_process(Path(sys.executable), script, b"raw", signal=ctx.signal)
+
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("run", {})]), "ok"]), tools=[run], policies=[])
+    [result] = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    assert not result.is_error, result.text
+    got = json.loads(result.text)
+    assert got["stdout"] == "hi ['raw']\n"
+    assert got["args"] == [sys.executable, str(script), "raw"]  # the command as run, as text
 
 
 _TYPE_CHECKING_ONLY = '''
