@@ -1319,3 +1319,25 @@ async def test_the_client_introduces_itself_as_agentloop(monkeypatch: pytest.Mon
     async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
         await srv.list_tools()
     assert fake.client_info == {"name": "agentloop", "version": agentloop.__version__}
+
+
+async def test_an_abort_never_waits_for_a_server_that_stopped_reading_its_stdin(tmp_path: Path) -> None:
+    # The server reads no more of its stdin: a call's arguments fill the pipe, and the
+    # notifications/cancelled of an abort queue behind them. The abort ends the calls at once all
+    # the same (the SDK would wait 5 s for each notification to be written), so nothing of them
+    # outlives a run that is cut off after its tool_cancel_grace.
+    deaf = tmp_path / "deaf"
+    async with _raw() as srv:
+        controller = AbortController()
+        calls = [asyncio.create_task(srv.call_tool("deaf", {"deaf": str(deaf)}, signal=controller.signal))]
+        await _until(deaf.exists, "the server to stop reading its stdin")
+        calls.append(asyncio.create_task(srv.call_tool("pid", {"pad": "x" * (4 << 20)}, signal=controller.signal)))
+        conn = srv._conn
+        assert conn is not None
+        pipes = conn._read._pipes
+        await _until(lambda: pipes._writable is not None, "the write of the second call to wait for the server")
+        controller.abort("cancel")
+        async with asyncio.timeout(1.5):
+            for call in calls:
+                with pytest.raises(AbortError, match="cancel"):
+                    await call

@@ -386,8 +386,10 @@ class Stdin:
         self._closed = False
 
     async def send(self, item: SessionMessage, /) -> None:
-        """Raises `anyio.ClosedResourceError` once closed, `anyio.BrokenResourceError` once the
-        server's stdin is gone (the session turns both into "Connection closed")."""
+        """Write ``item``; a request then waits while the pipe's buffer is full (the server is
+        behind), a notification never does. Raises `anyio.ClosedResourceError` once closed,
+        `anyio.BrokenResourceError` once the server's stdin is gone (the session turns both into
+        "Connection closed")."""
         if self._closed:
             raise anyio.ClosedResourceError
         pipes = self._pipes
@@ -395,7 +397,10 @@ class Stdin:
         if 0 not in pipes.open or not isinstance(pipe, asyncio.WriteTransport) or pipe.is_closing():
             raise anyio.BrokenResourceError
         pipe.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
-        if pipes._writable is not None:  # the pipe's buffer is full: wait until the server reads
+        # The pipe's buffer is full: a request waits until the server reads. A notification (a
+        # few bytes) does not: the notifications/cancelled of an abort must not wait for a server
+        # that stopped reading, the abort would wait with it.
+        if pipes._writable is not None and not isinstance(item.message, types.JSONRPCNotification):
             await asyncio.shield(pipes._writable)
 
     async def aclose(self) -> None:
