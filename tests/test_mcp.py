@@ -1341,3 +1341,57 @@ async def test_an_abort_never_waits_for_a_server_that_stopped_reading_its_stdin(
             for call in calls:
                 with pytest.raises(AbortError, match="cancel"):
                     await call
+
+
+class _HungServer:
+    """A streamable HTTP MCP server in an `httpx2.MockTransport` that answers ``initialize`` and
+    then nothing: a request waits for as long as its read timeout allows, and fails as the real
+    transport would then (for ever without one)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []  # the HTTP method, or the JSON-RPC method posted, of each request
+
+    async def handle(self, request: Any) -> Any:
+        import httpx2
+
+        body = json.loads(request.content) if request.method == "POST" else {}
+        self.seen.append(body.get("method", request.method))
+        if body.get("method") == "initialize":
+            result = {
+                "protocolVersion": body["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hung", "version": "1"},
+            }
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result},
+                                   headers={"mcp-session-id": "s1"})  # fmt: skip
+        if body.get("method") == "notifications/initialized":
+            return httpx2.Response(202)
+        if request.method == "GET":
+            return httpx2.Response(405)
+        read = request.extensions["timeout"]["read"]
+        if read is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(read)  # the transport's read timeout, as it would run out
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+
+async def test_an_http_server_that_stops_answering_cannot_hold_aclose_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Neither the notifications/cancelled of an abort nor the DELETE that ends the session were
+    # bounded (reads wait for as long as a tool runs): aclose() waited for the server for ever.
+    import functools
+
+    import httpx2
+
+    hung = _HungServer()
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(hung.handle)))
+    srv = MCPServer.http("http://mcp.invalid/mcp", http_timeout=0.5, connect_timeout=10)
+    controller = AbortController()
+    call = asyncio.create_task(srv.call_tool("where", {}, signal=controller.signal))
+    await _until(lambda: "tools/call" in hung.seen, "the call to be posted")
+    controller.abort("cancel")
+    with pytest.raises(AbortError, match="cancel"):
+        await call
+    await _until(lambda: "notifications/cancelled" in hung.seen, "the cancellation to be posted")
+    async with asyncio.timeout(5):
+        await srv.aclose()
+    assert "DELETE" in hung.seen  # the session was ended, as far as the server let it

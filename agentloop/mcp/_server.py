@@ -133,7 +133,10 @@ class MCPServer:
 
         ``headers`` go on every request (authentication, for instance);
         ``http_timeout`` is the HTTP connect/write timeout in seconds (reads wait
-        for as long as a tool runs, bounded by the tool's own ``timeout``).
+        for as long as a tool runs, bounded by the tool's own ``timeout``), and the
+        read timeout of what a server answers at once: a notification (an abort's
+        cancellation) and the DELETE that ends the session. A server that answers a
+        notification later loses the connection (the next call opens a new one).
         ``max_event_size``: the most bytes one server-sent event may hold (the SDK's
         own default, 1 MiB, fails every tool result over it; the engine cuts a long
         result itself, see ``max_tool_result_chars``); None for no limit. The
