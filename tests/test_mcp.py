@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1395,3 +1396,35 @@ async def test_an_http_server_that_stops_answering_cannot_hold_aclose_for_ever(m
     async with asyncio.timeout(5):
         await srv.aclose()
     assert "DELETE" in hung.seen  # the session was ended, as far as the server let it
+
+
+
+async def test_the_last_messages_of_a_server_that_exits_are_read_however_far_behind_the_session_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server writes MiBs, its answer, and exits. Reading its stdout pauses while the session is
+    # a MiB behind, so the answer waits in the pipe; the end of the connection, due `_DRAIN` s
+    # after the exit (for a process left behind holding the pipe), came first and dropped it.
+    from agentloop.mcp import _stdio
+    from agentloop.models._http import Redactor
+
+    monkeypatch.setattr(_stdio, "_DRAIN", 0.0)
+
+    def note(n: int) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * n}}).encode()
+
+    answer = json.dumps(text_result := {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}).encode()
+    pipes = _stdio.Pipes(asyncio.get_running_loop(), "p", Redactor(()), None)
+    pipes.pipe_data_received(1, note(2 << 20) + b"\n")  # the session is behind: reading pauses
+    assert pipes._paused
+    pipes.process_exited()
+    for _ in range(3):  # the drain delay (0 here) runs out while the session is still behind
+        await asyncio.sleep(0)
+    read = [await pipes.stdout.receive()]  # the session catches up: reading resumes
+    pipes.pipe_data_received(1, note(10) + b"\n" + answer + b"\n")  # what waited in the pipe
+    pipes.pipe_connection_lost(1, None)
+    with pytest.raises(anyio.EndOfStream):
+        while True:
+            read.append(await pipes.stdout.receive())
+    assert len(read) == 3 and read[-1].message.id == text_result["id"]  # type: ignore[union-attr]
+    assert pipes.end_reason is not None
