@@ -1346,7 +1346,7 @@ async def test_an_abort_never_waits_for_a_server_that_stopped_reading_its_stdin(
 
 class _HungServer:
     """A streamable HTTP MCP server in an `httpx2.MockTransport` that answers ``initialize`` and
-    then nothing: a request waits for as long as its read timeout allows, and fails as the real
+    ``tools/list``, then nothing: a request waits for as long as its read timeout allows, and fails as the real
     transport would then (for ever without one)."""
 
     def __init__(self) -> None:
@@ -1367,6 +1367,9 @@ class _HungServer:
                                    headers={"mcp-session-id": "s1"})  # fmt: skip
         if body.get("method") == "notifications/initialized":
             return httpx2.Response(202)
+        if body.get("method") == "tools/list":
+            tools = {"tools": [{"name": "where", "inputSchema": {"type": "object"}}]}
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": tools})
         if request.method == "GET":
             return httpx2.Response(405)
         read = request.extensions["timeout"]["read"]
@@ -1428,3 +1431,16 @@ async def test_the_last_messages_of_a_server_that_exits_are_read_however_far_beh
             read.append(await pipes.stdout.receive())
     assert len(read) == 3 and read[-1].message.id == text_result["id"]  # type: ignore[union-attr]
     assert pipes.end_reason is not None
+
+
+@pytest.mark.parametrize("listed", [False, True])
+async def test_a_call_answered_by_a_server_that_exits_at_once_keeps_its_answer(listed: bool) -> None:
+    # The SDK lists the tools after the answer to a call of a tool its session has not seen listed
+    # (to check the result against the tool's output schema): on a new connection, the call of a
+    # server that answered and exited failed with "Connection closed", its answer lost.
+    async with _raw() as srv:
+        if listed:
+            await srv.list_tools()
+        assert result_to_block("t", await srv.call_tool("last", {})).text == "the last answer"
+        await _until(lambda: repr(srv).endswith(" idle>"), "the server's exit to be noticed")
+        assert result_to_block("t", await srv.call_tool("last", {})).text == "the last answer"  # on a new one
