@@ -11,7 +11,8 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal
@@ -73,12 +74,13 @@ class Mailbox:
     from elsewhere.
     """
 
-    __slots__ = ("_any_thread", "_items", "_waiter")
+    __slots__ = ("_any_thread", "_items", "_started", "_waiter")
 
     def __init__(self) -> None:
         self._items: list[object] = []  # a list, not a deque: an empty deque holds a 64-slot block
         self._waiter: asyncio.Future[None] | None = None
         self._any_thread: Callable[[object], None] | None = None
+        self._started = False
 
     def put_any_thread(self) -> Callable[[object], None]:
         """`put`, callable from any thread (what tools get as ``ctx.emit``); made once per
@@ -98,8 +100,23 @@ class Mailbox:
         items, self._items = self._items, []
         return items
 
+    def started(self) -> None:
+        """Tasks that put into this mailbox were just started (a batch of calls): the next `get`
+        lets them take their first step before it waits."""
+        self._started = True
+
     async def get(self) -> list[object]:
-        """Everything queued so far, waiting for at least one item."""
+        """Everything queued so far, waiting for at least one item.
+
+        Right after `started`, it first yields to the loop once, behind the new tasks' first
+        steps: a call that needs no await (a quick tool) has put its outcome by then, and is
+        received in the same pass of the event loop, without a future and the pass that its
+        result would take to wake the loop.
+        """
+        if self._started:
+            self._started = False
+            if not self._items:
+                await _one_pass()
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -108,6 +125,13 @@ class Mailbox:
                 self._waiter = None
         items, self._items = self._items, []
         return items
+
+
+@types.coroutine
+def _one_pass() -> Generator[None, None, None]:
+    """Give the loop one pass: a bare yield, which the task running it takes as "schedule me
+    again" (what ``asyncio.sleep(0)`` does, one frame less)."""
+    yield
 
 
 class Done(tuple[ToolUseBlock, "ToolResultBlock | BaseException"]):

@@ -65,6 +65,7 @@ class Batch:
             self.waiting[use.id] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
+        st.mailbox.started()
         if st.signal.aborted:
             st.mailbox.put(ABORTED)
 
