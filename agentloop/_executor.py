@@ -220,7 +220,8 @@ class CallRunner:
                         tool_input = self.updated[use.id] = decision.updated_input
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
-                self.signal.throw_if_aborted()
+                if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
+                    self.signal.throw_if_aborted()
                 self.started.add(use.id)
                 updated = None if tool_input is use.input else tool_input
                 put(_call_started(tool_use=use, updated_input=updated))

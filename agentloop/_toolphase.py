@@ -66,7 +66,7 @@ class Batch:
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
         st.mailbox.started()
-        if st.signal.aborted:
+        if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
             st.mailbox.put(ABORTED)
 
     def receive(self, items: list[object]) -> list[Event]:
