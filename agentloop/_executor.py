@@ -74,13 +74,15 @@ class Mailbox:
     from elsewhere.
     """
 
-    __slots__ = ("_any_thread", "_items", "_started", "_waiter")
+    __slots__ = ("_any_thread", "_items", "_waiter", "fresh")
 
     def __init__(self) -> None:
         self._items: list[object] = []  # a list, not a deque: an empty deque holds a 64-slot block
         self._waiter: asyncio.Future[None] | None = None
         self._any_thread: Callable[[object], None] | None = None
-        self._started = False
+        # Set by who just started tasks that put here (a batch of calls): the next `get` lets
+        # them take their first step before it waits. An attribute, not a method: no call.
+        self.fresh = False
 
     def put_any_thread(self) -> Callable[[object], None]:
         """`put`, callable from any thread (what tools get as ``ctx.emit``); made once per
@@ -100,21 +102,16 @@ class Mailbox:
         items, self._items = self._items, []
         return items
 
-    def started(self) -> None:
-        """Tasks that put into this mailbox were just started (a batch of calls): the next `get`
-        lets them take their first step before it waits."""
-        self._started = True
-
     async def get(self) -> list[object]:
         """Everything queued so far, waiting for at least one item.
 
-        Right after `started`, it first yields to the loop once, behind the new tasks' first
+        When ``fresh``, it first yields to the loop once, behind the new tasks' first
         steps: a call that needs no await (a quick tool) has put its outcome by then, and is
         received in the same pass of the event loop, without a future and the pass that its
         result would take to wake the loop.
         """
-        if self._started:
-            self._started = False
+        if self.fresh:
+            self.fresh = False
             if not self._items:
                 await _one_pass()
         while not self._items:

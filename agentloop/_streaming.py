@@ -107,7 +107,7 @@ class ModelPhase:
         before it streams anything (aborted, or the model's ``stream()`` failed)."""
         engine, st = self.engine, self.st
         opts = engine.options
-        self.acc = st.begin_attempt()
+        self.acc = st.acc = Accumulator()
         if engine.policies:
             self.hushed = False
             if isinstance(self.credit, _Panel):

@@ -65,7 +65,7 @@ class Batch:
             self.waiting[use.id] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
-        st.mailbox.started()
+        st.mailbox.fresh = True  # its first wait lets the calls take their first step
         if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
             st.mailbox.put(ABORTED)
 
@@ -127,9 +127,9 @@ class Batch:
             timer.cancel()
 
 
-def end_tools(engine: QueryEngine, st: RunState) -> list[Event]:
-    """The tool phase ends: commit the results (the loop merges the queued interjections next)."""
-    return settle_results(engine, st)
+#: The tool phase ends: commit the results (the loop merges the queued interjections next).
+#: `settle_results` itself, under the name of this step: no call in between.
+end_tools = settle_results
 
 
 def record_finished(engine: QueryEngine, st: RunState) -> None:

@@ -1190,7 +1190,7 @@ async def test_a_call_that_finishes_at_its_first_step_is_received_in_the_same_lo
         box.put("done")
 
     task = loop.create_task(call())
-    box.started()
+    box.fresh = True
     assert await box.get() == ["done"]
     order.append("received")
     await task
@@ -1208,7 +1208,7 @@ async def test_a_call_still_running_after_its_first_step_is_waited_for() -> None
         box.put("done")
 
     task = asyncio.get_running_loop().create_task(call())
-    box.started()
+    box.fresh = True
     getting = asyncio.ensure_future(box.get())
     await asyncio.sleep(0)
     await asyncio.sleep(0)
