@@ -166,7 +166,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 for event in calls.receive(await st.mailbox.get()):
                                     yield event
                         finally:
-                            calls.close()
+                            for timer in calls.timers:  # the grace timers an abort started, if any
+                                timer.cancel()
                         merge = merge or st.signal._reason is None
                     for event in end_tools(engine, st):
                         yield event

@@ -45,7 +45,7 @@ def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
 
 class Batch:
     """One batch of calls, started together: `receive` turns what the mailbox held into the
-    host's events, until no call is left ``waiting``; `close` (always) stops its timers.
+    host's events, until no call is left ``waiting``; then (always) the loop cancels its ``timers``.
 
     The loop awaits the mailbox itself (`_loop.drive`) rather than through a generator of
     this phase: every generator level costs each event a resumption.
@@ -121,10 +121,6 @@ class Batch:
             else:
                 events.append(item)  # type: ignore[arg-type]  # an Event a call put (ToolContext.emit); no cast() call
         return events
-
-    def close(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
 
 
 #: The tool phase ends: commit the results (the loop merges the queued interjections next).
