@@ -360,6 +360,16 @@ class MCPServer:
             "(the most read): its pages never end",
         )
 
+    def remote_name(self, name: str) -> str | None:
+        """The server's own name of the tool its last listing offers as ``name`` (prefix and
+        hash included: ``"notes.read"`` for ``"t_notes_read_3f2a..."``), or None when that
+        listing offers no tool of this server under ``name``. For a permission callback or a
+        log that knows the server's tools by their MCP names."""
+        for remote, tool in self._listed.items():
+            if tool.name == name:
+                return remote
+        return None
+
     def follow_tools(self, current: Mapping[str, Tool]) -> list[Tool] | None:
         """A tool watcher (`QueryEngine.watch_tools`; `attach` registers it): ``current``
         updated to this server's last tool listing, or None when it is up to date.
