@@ -288,8 +288,12 @@ class QueryEngine:
         # that turn must not be the one stopped.
         state = self._state
         controller = state.controller if state is not None else None
-        receipt = self.inbox.put(self.inbox.send_now, text, "send")
-        if controller is not None:
+        # A run() made and not begun is the turn to stop: its text follows that run's prompt.
+        late = state is None and self._next_run is None and self._fresh_run is not None
+        receipt = self.inbox.put(self.inbox.send_now, text, "send", late=late)
+        if late:
+            self.interrupt("send_now")  # it begins aborted; begun meanwhile (a thread), it is stopped
+        elif controller is not None:
             try:
                 controller.abort("send_now")
             except Exception:  # as interrupt(): a control call never raises once the text is queued

@@ -85,6 +85,7 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
     fresh = engine._fresh_run
     if fresh is not None and fresh[0] is token:  # made and dropped (or closed) before its first step
         engine._fresh_run = None
+        engine.inbox.forget_late()
     st = engine._state
     if st is None or st.token is not token or st.closed:
         return

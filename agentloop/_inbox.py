@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ._unicode import scrub
 
@@ -125,6 +125,12 @@ class Inbox:
         receipt = f"{prefix}-{tag}-{n}"
         queue.append(Queued(receipt, text, n, idle, late))
         return receipt
+
+    def forget_late(self) -> None:
+        """The run that send-now texts were sent after was dropped before it began: they are
+        texts sent while idle, for the next run."""
+        if any(q.late for q in self.send_now):
+            self.send_now[:] = [replace(q, late=False) for q in self.send_now]
 
     def take(self, queue: list[Queued]) -> list[Queued]:
         """Remove and return everything in ``queue`` (oldest first); a text queued meanwhile

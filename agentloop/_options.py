@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -158,9 +158,25 @@ def check_session(session: object) -> None:
         )
 
 
+def _not_a_list(arg: str, value: object, fix: str) -> None:
+    """Raise a TypeError naming ``arg`` for a ``value`` that is no collection of items: a class,
+    a function, a str or a number (Python's own "object is not iterable" names neither)."""
+    if isinstance(value, type):
+        what = f"the class {value.__name__}"
+    elif callable(value) and not isinstance(value, Iterable):
+        what = f"the function {getattr(value, '__name__', type(value).__name__)}"
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        what, fix = repr(value), ""
+    else:
+        return
+    raise TypeError(f"{arg} takes a list of {arg}, not {what}{fix.format(name=what.rsplit(' ', 1)[-1])}")
+
+
 def tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
     if isinstance(tools, Tool):
         raise TypeError(f"tools takes a list of tools: tools=[{tools.name}]")
+    _not_a_list("tools", tools, ": decorate {name} with @tool and pass tools=[{name}]")
+    tools = list(tools)  # read twice below: a generator would be spent by the first pass
     for t in tools:
         if not isinstance(t, Tool):
             what = getattr(t, "__name__", None)
@@ -177,6 +193,7 @@ def policy_list(policies: Sequence[Policy]) -> list[Policy]:
     a policy with an ``async def`` hook (see `check_hooks`)."""
     if isinstance(policies, Policy):
         raise TypeError(f"policies takes a list of policies: policies=[{type(policies).__name__}(...)]")
+    _not_a_list("policies", policies, ": policies=[{name}()]")
     out = list(policies)
     for p in out:
         if isinstance(p, type):

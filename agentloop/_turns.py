@@ -212,6 +212,9 @@ def _queued_first(
     Interjections sent after ``run(prompt)`` was called stay queued, to follow the prompt."""
     inbox = engine.inbox
     items = inbox.take(inbox.send_now)
+    if any(q.late for q in items):  # sent after run(prompt) was called: they start the next turn
+        inbox.send_now[:0] = [q for q in items if q.late]
+        items = [q for q in items if not q.late]
     if not items and follow_ups:
         items = inbox.take(inbox.follow_ups)
     steered = inbox.take(inbox.interjections)

@@ -798,3 +798,65 @@ def test_a_failed_import_of_the_package_under_python_m_gives_ctrl_c_back(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "a dependency is missing True\n"
+
+
+async def test_a_send_now_right_after_the_first_prompt_replaces_its_turn() -> None:
+    """``printf '!stop now\\n' | python -m agentloop demo``: the line is read before the first turn's
+    task has had a step. "stop now" went into the transcript before the first prompt, and the
+    turn it was sent to stop ran to its end, the text never answered."""
+    from agentloop import ScriptedModel, validate_transcript
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    out = io.StringIO()
+    engine = build_engine(ScriptedModel(["Stopped, as asked."]), speed=100)
+    host = Host(engine, Renderer(Screen(out, tty=False, color=False)))
+    host.start("Fix the failing test in utils.py")
+    host.handle(parse("!stop now"))
+    assert host.task is not None
+    await host.task
+    log = out.getvalue()
+    assert "turn ended: aborted_streaming (interrupted: send_now)" in log
+    assert "\u2500\u2500 turn 2 \u2500\u2500 you: stop now" in log
+    assert [m.text for m in engine.messages] == ["Fix the failing test in utils.py", "stop now", "Stopped, as asked."]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_turn_started_by_several_queued_messages_shows_them_all() -> None:
+    """Two lines queued (/mode queue) while a turn works run as one turn; its header showed only
+    the last, as if the first had been lost."""
+    from agentloop import ScriptedModel, ScriptedResponse
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    out = io.StringIO()
+    engine = build_engine(ScriptedModel([ScriptedResponse(text="First answer."), "Both done."]), speed=100)
+    host = Host(engine, Renderer(Screen(out, tty=False, color=False)), mode="queue")
+    host.start("Fix the failing test in utils.py")
+    host.handle(parse("first queued"))
+    host.handle(parse("second queued"))
+    assert host.task is not None
+    await host.task
+    log = out.getvalue()
+    assert "\u2500\u2500 turn 2 \u2500\u2500 you: first queued; second queued\n" in log
+    assert [m.text for m in engine.messages][-3:] == ["first queued", "second queued", "Both done."]
+
+
+def test_a_commands_argument_is_as_case_blind_as_its_name() -> None:
+    """``/Mode Queue`` ran /mode (names are case-blind) and then refused "Queue" as no mode."""
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    out = io.StringIO()
+    host = Host(build_engine(ScriptedModel(["unused"]), speed=100), Renderer(Screen(out, tty=False, color=False)))
+    host.handle(parse("/Mode Queue"))
+    assert host.mode == "queue" and "usage" not in out.getvalue()
+    host.handle(parse("/MODE STEER"))
+    assert host.mode == "steer"

@@ -61,6 +61,24 @@ def test_a_paste_of_several_lines_is_one_message_sent_by_enter() -> None:
         assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["a\nb"], cut
 
 
+def test_a_paste_of_a_megabyte_is_taken_and_drawn_in_linear_time() -> None:
+    """Pasting a large file froze the demo, Ctrl-C included: each character was inserted by
+    copying the whole line, and each read redrew it by measuring all of it (a minute for 1 MB)."""
+    import time
+
+    ed = LineEditor()
+    body = ("a long pasted line " * 40 + "\r") * 1300  # about 1 MB, in 4 KB reads
+    data = PASTE.format(body) + "\r"
+    began = time.process_time()
+    lines: list[str] = []
+    for i in range(0, len(data), 4096):
+        lines += ed.feed(data[i : i + 4096])
+        before, at, after = fit_input(ed.text, ed.cursor, 78)
+        assert cells(before + at + after) <= 78
+    assert time.process_time() - began < 10  # quadratic, it took over a minute
+    assert lines == [body.replace("\r", "\n")]
+
+
 def test_ctrl_d_ends_the_input_only_on_an_empty_line() -> None:
     ed = LineEditor()
     assert ed.feed("ab" + LEFT + "\x04") == [] and ed.text == "a" and not ed.eof  # deletes, as in a shell
@@ -121,6 +139,24 @@ def test_typed_text_is_decoded_in_the_keyboards_encoding() -> None:
     reader.feed("d\u00e9j\u00e0 vu\n".encode("latin-1"))
     reader.feed(b"")
     assert got == ["d\u00e9j\u00e0 vu", "<eof>"]
+
+
+def test_a_line_left_unsent_at_ctrl_d_on_a_terminal_is_not_sent() -> None:
+    """With the terminal editing lines (``TERM=dumb``, output in a file), "abc" then Ctrl-D twice
+    (the first hands "abc" over without a line break, the second ends the input) started a turn
+    on "abc" and interrupted it at once, as the demo exited: a turn nobody sent, in the
+    transcript. From a pipe, a last line without its line break is still played."""
+    got: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.close()
+    reader = LineReader(loop, 0, got.append, lambda: got.append("<eof>"), partial=False)
+    reader.feed(b"sent\nabc")
+    reader.feed(b"")
+    assert got == ["sent", "<eof>"]
+    piped, got = _reader()
+    piped.feed(b"sent\nlast")
+    piped.feed(b"")
+    assert got == ["sent", "last", "<eof>"]
 
 
 def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
@@ -359,3 +395,24 @@ def test_a_stream_broken_by_a_line_of_the_host_goes_on_marked_as_going_on() -> N
     r.show(ThinkingDelta(thinking="hm"))  # another stream: a label of its own
     assert out.getvalue() == "assistant: Noted your m\nyou (steer): keep it\nassistant: \u2026essage.\nthinking: hm"
 
+
+
+def test_control_characters_from_the_model_or_a_tool_never_reach_the_terminal() -> None:
+    """A provider's text (or a tool's output) with an escape sequence or a bare carriage return
+    was written as is: it could recolour the output, move the cursor over it, reset the scroll
+    region that keeps the status line, or set the window's title."""
+    from agentloop import TextDelta, ToolCallFinished, ToolCallStarted, ToolUseBlock
+    from agentloop._messages import ToolResultBlock
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    r.show(TextDelta(text="red \x1b[31mtext\x1b[0m\r\n"))
+    r.show(TextDelta(text="progress 10%\rprogress 100%\x1b]0;title\x07 \x9b2J"))
+    use = ToolUseBlock(id="t1", name="run_tests", input={"flag": "\x1b[r"})
+    r.show(ToolCallStarted(tool_use=use))
+    r.show(ToolCallFinished(tool_use=use, result=ToolResultBlock(tool_use_id="t1", content="\x1b[32mPASSED\x1b[0m")))
+    shown = out.getvalue()
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown), repr(shown)
+    assert "red \ufffd[31mtext\ufffd[0m\nprogress 10%\ufffdprogress 100%" in shown
+    assert "PASSED" in shown

@@ -232,6 +232,39 @@ async def test_an_interrupt_between_run_and_its_first_step_stops_that_run(where:
     assert not engine.running and validate_transcript(engine.messages) == []
 
 
+async def test_a_send_now_between_run_and_its_first_step_replaces_that_runs_turn() -> None:
+    """A host hands run(prompt) to a task and the user sends a message now before the task has
+    had a step (input that was waiting, a fast paste): the prompt's turn is the one replaced.
+    The text used to be taken as typed before the prompt: it went first in the transcript, and
+    the prompt's turn, the one it was sent to stop, ran to its end."""
+    engine = QueryEngine(ScriptedModel(["the answer to the text sent now"]), policies=[])
+
+    async def pump(run: AsyncGenerator[Event, None]) -> list[Event]:
+        return [event async for event in run]
+
+    task = asyncio.create_task(pump(engine.run("Explain")))  # the task has had no step yet
+    receipt = engine.send_now("Stop; do this instead")
+    events = await task
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [s.prompt.text if s.prompt else None for s in starts] == ["Explain", "Stop; do this instead"]
+    assert starts[1].ids == (receipt,)
+    assert [(e.reason, e.abort_reason) for e in ends] == [("aborted_streaming", "send_now"), ("completed", None)]
+    assert engine.model.request_count == 1  # type: ignore[attr-defined]
+    assert [m.text for m in engine.messages] == ["Explain", "Stop; do this instead", "the answer to the text sent now"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_send_now_for_a_run_dropped_unbegun_starts_the_next_run() -> None:
+    engine = QueryEngine(ScriptedModel(["answered"]), policies=[])
+    dropped = engine.run("never iterated")
+    engine.send_now("the text sent now")  # its turn never begins: the text waits, as when idle
+    del dropped
+    events = [event async for event in engine.run()]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert [m.text for m in engine.messages] == ["the text sent now", "answered"]
+
+
 async def test_an_interrupt_between_run_and_its_first_iteration_stops_that_run() -> None:
     engine = QueryEngine(ScriptedModel(["never asked"]), policies=[])
     run = engine.run("Explain")

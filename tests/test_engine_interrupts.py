@@ -709,8 +709,8 @@ async def test_send_now_from_a_thread_never_stops_the_turn_its_own_text_started(
     queued, turn2 = threading.Event(), threading.Event()
     put = engine.inbox.put
 
-    def slow_put(*args: object) -> str:
-        receipt = put(*args)  # type: ignore[arg-type]
+    def slow_put(*args: object, **kwargs: bool) -> str:
+        receipt = put(*args, **kwargs)  # type: ignore[arg-type]
         queued.set()
         turn2.wait(5)  # the UI thread is descheduled here until the loop has started turn 2
         return receipt

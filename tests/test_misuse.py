@@ -529,3 +529,38 @@ def test_a_session_that_is_not_a_store_is_refused_at_construction(session: objec
     (an ERROR logged for each), and nothing was saved."""
     with pytest.raises(TypeError, match=r"session takes a session store .*JsonlSession\(path\)"):
         QueryEngine(ScriptedModel([]), session=session)  # type: ignore[arg-type]
+
+
+def test_one_class_function_or_number_where_a_list_is_wanted_says_so() -> None:
+    """``policies=IdenticalToolCallRun`` (the class, no list), ``policies=3``, ``tools=fn`` or
+    ``tools=5`` raised Python's "'type' object is not iterable", which names neither the argument
+    nor the fix."""
+    from agentloop.policies import IdenticalToolCallRun
+
+    async def grep(pattern: str) -> str:
+        return pattern
+
+    model = ScriptedModel(["hi"])
+    with pytest.raises(TypeError, match=r"policies takes a list of policies, not the class IdenticalToolCallRun: policies=\[IdenticalToolCallRun\(\)\]"):
+        QueryEngine(model, policies=IdenticalToolCallRun)  # type: ignore[arg-type]
+    for bad in (3, "doom"):
+        with pytest.raises(TypeError, match=r"policies takes a list of policies, not "):
+            QueryEngine(model, policies=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"tools takes a list of tools, not the function grep: decorate grep with @tool"):
+        QueryEngine(model, tools=grep)  # type: ignore[arg-type]
+    for bad in (5, "grep"):
+        with pytest.raises(TypeError, match=r"tools takes a list of tools, not "):
+            QueryEngine(model, tools=bad)  # type: ignore[arg-type]
+
+
+def test_tools_given_as_a_generator_are_all_kept() -> None:
+    """``tools=(t for t in ...)`` was read twice, so the second pass found it spent and the engine
+    had no tools at all, without a word."""
+
+    @tool
+    async def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    engine = QueryEngine(ScriptedModel(["hi"]), tools=(t for t in [ping]))
+    assert list(engine.tools) == ["ping"]

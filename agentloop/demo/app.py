@@ -170,6 +170,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
                 loop, sys.stdin.fileno(), lambda line: host.handle(parse(line)), eof,
                 encoding=getattr(sys.stdin, "encoding", None) or "utf-8",
                 editor=editor, on_edit=None if editor is None else lambda: screen.typed(editor.text, editor.cursor),
+                partial=fd is None,
             )
             reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types

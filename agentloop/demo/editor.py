@@ -31,8 +31,12 @@ _CUT = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|O)?\Z")
 # A sequence's meaning, by its final character (CSI and SS3 alike) or its number (CSI n ~).
 _FINAL = {"A": "up", "B": "down", "C": "right", "D": "left", "H": "home", "F": "end"}
 _TILDE = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete"}
-# Text: anything but a control character (C0, DEL, C1) or a line or paragraph separator.
-_TEXT = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Text: anything but a control character (C0, DEL, C1) or a line or paragraph separator; a tab is
+# typed as a space. A run of it is inserted at once: a pasted file is one insertion, not one each.
+_TEXT = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]+")
+# In a paste the line breaks are text too.
+_PASTED = re.compile(r"[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]+")
+_AS_TYPED = str.maketrans({"\t": " ", "\r": "\n"})
 _CONTROL = {
     "\x01": "home", "\x05": "end", "\x02": "left", "\x06": "right", "\x10": "up", "\x0e": "down",
     "\x7f": "backspace", "\x08": "backspace", "\x15": "kill_start", "\x0b": "kill_end", "\x17": "kill_word",
@@ -65,6 +69,11 @@ class LineEditor:
         lines: list[str] = []
         i, n = 0, len(data)
         while i < n and not self.eof:
+            run = (_PASTED if self._pasting else _TEXT).match(data, i)
+            if run is not None:
+                self._insert(run.group().translate(_AS_TYPED))
+                i = run.end()
+                continue
             ch = data[i]
             if ch == "\x1b":
                 m = _SEQUENCE.match(data, i)
@@ -77,13 +86,8 @@ class LineEditor:
                     break
                 i += 1  # an ESC that starts no sequence
                 continue
-            if ch in "\r\n":
-                if self._pasting:
-                    self._insert("\n")
-                else:
-                    lines.append(self._submit())
-            elif ch == "\t":
-                self._insert(" ")
+            if ch in "\r\n":  # not in a paste: a run of text holds those
+                lines.append(self._submit())
             elif ch == "\x04" and not self._pasting:
                 if self.text:
                     self._key("delete")
@@ -91,8 +95,6 @@ class LineEditor:
                     self.eof = True
             elif ch in _CONTROL and not self._pasting:
                 self._key(_CONTROL[ch])
-            elif _TEXT.match(ch):
-                self._insert(ch)
             i += 1  # any other control character is not text
         return lines
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 from .._engine import QueryEngine
-from .._events import Event
+from .._events import Event, TurnStarted
 from .._validate import validate_transcript
 from .editor import LineEditor
 from .keyboard import Input
@@ -71,7 +71,7 @@ class Host:
             # is typed before the task's first step steers or stops this run.
             run = self.engine.run(prompt)
         except Exception as exc:  # a host keeps going: show it, stay usable
-            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+            self.r.note(f"the run failed: {type(exc).__name__}: {short(str(exc), 300)}", "red")
             return
         self.task = asyncio.get_running_loop().create_task(self._drive(run), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
@@ -80,11 +80,21 @@ class Host:
     async def _drive(self, run: AsyncIterator[Event]) -> None:
         try:
             async for event in run:
-                self.r.show(event)
+                self.r.show(event, self._started_with(event) if isinstance(event, TurnStarted) else ())
                 if self.on_event is not None:
                     self.on_event(event)
         except Exception as exc:  # a host keeps going: show it, stay usable
-            self.r.note(f"the run failed: {type(exc).__name__}: {exc}", "red")
+            self.r.note(f"the run failed: {type(exc).__name__}: {short(str(exc), 300)}", "red")
+
+    def _started_with(self, event: TurnStarted) -> list[str]:
+        """The texts ``event``'s turn starts with, when it is more than its prompt: the queued
+        texts it took (its ids), which the engine committed just before it, and its prompt."""
+        if event.prompt is None or not event.ids or event.ids == (event.prompt.meta.get("receipt"),):
+            return []
+        ids = set(event.ids)
+        recent = self.engine.messages[-len(ids) - 1 :]
+        queued = [m.text for m in recent if m.role == "user" and m.meta.get("receipt") in ids]
+        return queued if event.prompt.meta.get("receipt") in ids else [*queued, event.prompt.text]
 
     def _ran(self, task: asyncio.Task[None]) -> None:
         if self._input_ended:  # nothing more will be typed: the session is over
@@ -155,6 +165,7 @@ class Host:
         elif name == "help":
             self.r.help()
         elif name == "mode":
+            arg = arg.lower()
             if arg == "steer":
                 self.mode = "steer"
             elif arg == "queue":

@@ -116,7 +116,9 @@ class LineReader:
 
     With an ``editor`` the bytes read are keys: the editor makes the lines (Enter), the end of
     input (Ctrl-D on an empty line), and ``on_edit()`` is called after each read to redraw the
-    line being typed.
+    line being typed. ``partial``: a last line without its line break counts at the end of input
+    (a pipe, a file); on a terminal, Ctrl-D ends the input and the text typed before it, never
+    sent with Enter, is dropped.
 
     Standard input is read by a daemon thread, never by the event loop: a Ctrl-C
     makes the terminal discard typed input, so a read that ``select()`` announced
@@ -134,6 +136,7 @@ class LineReader:
         encoding: str = "utf-8",
         editor: LineEditor | None = None,
         on_edit: Callable[[], None] | None = None,
+        partial: bool = True,
     ) -> None:
         self._loop = loop
         self._fd = fd
@@ -141,6 +144,7 @@ class LineReader:
         self._on_eof = on_eof
         self.editor = editor
         self._on_edit = on_edit
+        self._partial = partial
         try:
             self._decoder = codecs.getincrementaldecoder(encoding)("replace")
         except LookupError:
@@ -179,7 +183,7 @@ class LineReader:
             self._buf += text
             *lines, self._buf = self._buf.split("\n")
             ended = not data
-            if ended and self._buf.strip():
+            if ended and self._partial and self._buf.strip():
                 lines.append(self._buf)
         for line in lines:
             if self._closed:

@@ -8,6 +8,7 @@ exit summary reports. `format_transcript` prints `engine.messages`.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from .._messages import (
 )
 from .screen import Screen, wrap
 
-__all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short"]
+__all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short", "visible"]
 
 # The keys, and what to watch for: (key, what it does), shown under a column of keys.
 HELP = (
@@ -67,9 +68,20 @@ def help_text(width: int = 78) -> str:
     return "\n".join(wrap(f"{key:<{_KEYS}}{text}", width, _KEYS) for key, text in HELP)
 
 
+# What a terminal would take as a command, not as text (an escape sequence that recolours, moves
+# the cursor, resets the scroll region or sets the title; a bare carriage return): a model's or a
+# tool's text shows it as U+FFFD. Line breaks (CR LF too) and tabs are text.
+_UNSHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with nothing in it that the terminal would act on (see ``_UNSHOWN``)."""
+    return _UNSHOWN.sub("\ufffd", text.replace("\r\n", "\n"))
+
+
 def short(text: str, limit: int = 100) -> str:
-    """``text`` on one line, cut to ``limit`` characters."""
-    one = " ".join(str(text).split())
+    """``text`` on one line, cut to ``limit`` characters (and `visible`)."""
+    one = visible(" ".join(str(text).split()))
     return one if len(one) <= limit else one[: limit - 1] + "\u2026"
 
 
@@ -119,12 +131,14 @@ class Renderer:
         self._channel = None
         self.screen.line(help_text(min(78, self.screen.width or 78)))
 
-    def show(self, event: Event) -> None:
+    def show(self, event: Event, starts: Sequence[str] = ()) -> None:
+        """``starts``: for a `TurnStarted`, every text the turn starts with (several queued
+        messages run as one turn), when the event's prompt is not the whole of it."""
         if isinstance(event, TextDelta | ThinkingDelta):
             self._delta(event)
             return
         self._channel = self._cut = None
-        self._line(event)
+        self._line(event, starts)
         self.screen.status(self.status())
 
     def status(self) -> str:
@@ -154,19 +168,22 @@ class Renderer:
             self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
             head = self.s("assistant: ", "bold") + more if channel == "text" else self.s("thinking: ", "dim") + more
             head = ("" if self.screen.at_line_start else "\n") + head
+        chunk = visible(chunk)
         self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
 
-    def _line(self, event: Event) -> None:
-        text = self._describe(event)
+    def _line(self, event: Event, starts: Sequence[str] = ()) -> None:
+        if isinstance(event, TurnStarted):
+            self.stats.turns += 1
+            said = "; ".join(short(t, 200) for t in starts) if starts else None
+            who = said or (short(event.prompt.text, 200) if event.prompt is not None else "(resuming)")
+            text: str | None = self.s(f"\u2500\u2500 turn {self.stats.turns} \u2500\u2500 you: ", "bold", "magenta") + who
+        else:
+            text = self._describe(event)
         if text:
             self.screen.line(text)
 
     def _describe(self, ev: Event) -> str | None:
         s = self.s
-        if isinstance(ev, TurnStarted):
-            self.stats.turns += 1
-            who = short(ev.prompt.text, 200) if ev.prompt is not None else "(resuming)"
-            return s(f"\u2500\u2500 turn {self.stats.turns} \u2500\u2500 you: ", "bold", "magenta") + who
         if isinstance(ev, PermissionRequested):
             self._asking.add(ev.tool_use.id)
             if ev.tool_use.name not in self.asks:
@@ -182,7 +199,7 @@ class Renderer:
         if isinstance(ev, InterjectionInjected):
             return s(f"\u21aa steer delivered to the model: {'; '.join(short(t, 80) for t in ev.texts)}", "magenta")
         if isinstance(ev, InterjectionDropped):
-            return s(f"\u21aa not delivered (the turn ended: {ev.reason}): {'; '.join(ev.texts)}", "yellow")
+            return s(f"\u21aa not delivered (the turn ended: {ev.reason}): {'; '.join(short(t, 200) for t in ev.texts)}", "yellow")
         if isinstance(ev, PolicyNudge):
             self.stats.nudges += 1
             return s(f"\u2691 stationarity nudge from {ev.policy}: {short(ev.reminder, 120)}", "yellow")

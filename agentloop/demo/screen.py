@@ -78,6 +78,26 @@ def _cut(text: str, width: int) -> str:
     return text
 
 
+def _fits(text: str, width: int) -> bool:
+    """``cells(text) <= width``, reading no further than the columns tell (a pasted file is long)."""
+    used = 0
+    for ch in text:
+        used += _cell(ch)
+        if used > width:
+            return False
+    return True
+
+
+def _cut_end(text: str, width: int) -> str:
+    """The end of ``text`` that fits in ``width`` columns."""
+    used = 0
+    for i in range(len(text) - 1, -1, -1):
+        used += _cell(text[i])
+        if used > width:
+            return text[i + 1 :]
+    return text
+
+
 def wrap(text: str, width: int, indent: int | None = None) -> str:
     """``text`` with a line break before each word that would go past ``width`` columns; each
     line it breaks goes on under ``indent`` spaces (default: its own indent, plus two). Escape
@@ -122,15 +142,10 @@ def fit_input(text: str, cursor: int, width: int) -> tuple[str, str, str]:
     room = width - _cell(at)
     if room <= 0:
         return "", at if width > 0 and _cell(at) <= width else "", ""
-    if cells(before) > room:  # keep the end of what is before the cursor
-        keep = ""
-        for ch in reversed(before):
-            if cells(keep) + _cell(ch) > room - 1:
-                break
-            keep = ch + keep
-        before = "\u2026" + keep
+    if not _fits(before, room):  # keep the end of what is before the cursor
+        before = "\u2026" + _cut_end(before, room - 1)
     rest = room - cells(before)
-    if cells(after) > rest:
+    if not _fits(after, rest):
         after = _cut(after, rest - 1) + "\u2026" if rest >= 1 else ""
     return before, at, after
 
