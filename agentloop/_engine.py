@@ -25,6 +25,7 @@ from ._model import Model
 from ._options import (
     DEFAULT_TEXTS,
     EngineOptions,
+    Setting,
     check_entries,
     check_model,
     check_session,
@@ -34,7 +35,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy, bind_all
-from ._recording import holds_no_records, holds_records
+from ._recording import holds_messages, holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -70,6 +71,28 @@ class QueryEngine:
     (a longer tool result is cut in the middle before it enters the transcript, default
     100,000 characters, None for no cap; `ToolCallFinished.full_result` keeps the whole).
     """
+
+    # Each setting of `EngineOptions` reads and writes as an attribute too, checked on the way in
+    # (a name the engine never read would otherwise take the value and change nothing).
+    system: Setting[str | None] = Setting()
+    max_turns: Setting[int | None] = Setting()
+    max_parallel_tools: Setting[int] = Setting()
+    tool_cancel_grace: Setting[float] = Setting()
+    permission: Setting[PermissionCallback | None] = Setting()
+    follow_up_behavior: Setting[Literal["queue", "steer"]] = Setting()
+    interrupt_notice: Setting[Literal["append", "envelope"] | None] = Setting()
+    doom_loop_recovery: Setting[bool] = Setting()
+    doom_budget: Setting[int] = Setting()
+    retry_budget: Setting[int] = Setting()
+    retry_base_delay: Setting[float] = Setting()
+    retry_max_delay: Setting[float] = Setting()
+    usage_limit: Setting[int | None] = Setting()
+    deadline: Setting[float | None] = Setting()
+    max_tokens: Setting[int | None] = Setting()
+    tool_choice: Setting[str | None] = Setting()
+    background_subagents: Setting[Literal["keep", "abort"]] = Setting()
+    texts: Setting[Texts] = Setting()
+    max_tool_result_chars: Setting[int | None] = Setting()
 
     def __init__(
         self,
@@ -176,7 +199,7 @@ class QueryEngine:
         # The session holds another transcript's records already, or none of the messages given
         # (a conversation forked into a new file): the first run writes the transcript whole.
         self._checkpoint_due = bool(given) and holds_no_records(session)
-        if session is not None and parent is None and not given and holds_records(session):
+        if session is not None and parent is None and not given and holds_messages(session):
             # A file of an earlier conversation, none of which this engine was given (a task run
             # again with the session of its last attempt): the file is to replay to this engine's
             # transcript, not to both joined.

@@ -12,8 +12,8 @@ import logging
 import numbers
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from ._inbox import Texts
 from ._messages import Message
@@ -23,6 +23,7 @@ from ._tools import PermissionCallback, Tool
 __all__ = [
     "DEFAULT_TEXTS",
     "EngineOptions",
+    "Setting",
     "check_entries",
     "check_model",
     "check_session",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentloop")
+
+T = TypeVar("T")
 
 DEFAULT_TEXTS = Texts()  # frozen: every engine without texts= shares it
 
@@ -63,6 +66,8 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         """Raise TypeError or ValueError for a setting the engine cannot run with."""
+        if self.system is not None and not isinstance(self.system, str):
+            raise TypeError(f"system takes a str (the system prompt) or None, not {type(self.system).__name__}")
         if self.follow_up_behavior not in ("queue", "steer"):
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {self.follow_up_behavior!r}")
         if self.interrupt_notice not in ("append", "envelope", None):
@@ -100,6 +105,35 @@ _NUMBERS = (
     ("max_tokens", True, True),
 )
 
+
+class Setting(Generic[T]):
+    """A `QueryEngine` setting as an attribute of the engine (``engine.permission = ask``,
+    ``engine.system = ...``): it lives in the engine's frozen `EngineOptions`, which setting it
+    replaces, checked as at construction. The next run uses the new value; a run in progress may
+    pick it up at its next model request or tool batch."""
+
+    __slots__ = ("name",)
+
+    def __init__(self) -> None:
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, engine: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, engine: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, engine: object, owner: type | None = None) -> T | Setting[T]:
+        if engine is None:
+            return self
+        value: T = getattr(engine.options, self.name)  # type: ignore[attr-defined]
+        return value
+
+    def __set__(self, engine: object, value: T) -> None:
+        engine.options = replace(engine.options, **{self.name: value})  # type: ignore[attr-defined]
 
 def _check_numbers(options: EngineOptions) -> None:
     """Raise TypeError or ValueError for a numeric setting that is not a number >= 0."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "catch_up_session",
     "claim_store",
+    "holds_messages",
     "holds_no_records",
     "holds_records",
     "release_sidechain",
@@ -58,6 +59,20 @@ def _store_key(store: SessionStore) -> object:
 def holds_records(store: SessionStore | None) -> TypeGuard[JsonlSession]:
     """True when ``store`` is a `JsonlSession` whose file holds records already."""
     return _file_size(store) not in (None, 0)
+
+
+def holds_messages(store: SessionStore | None) -> TypeGuard[JsonlSession]:
+    """True when ``store`` is a `JsonlSession` whose file replays to a transcript of one
+    message or more (or cannot be read: it may). A file of a torn first line only, of events
+    only, or rewound to nothing by a checkpoint holds records, yet no conversation."""
+    if not holds_records(store):
+        return False
+    from .sessions._load import load_file
+
+    try:
+        return bool(load_file(store.path, quiet=True).messages)
+    except OSError:
+        return True
 
 
 def holds_no_records(store: SessionStore | None) -> bool:

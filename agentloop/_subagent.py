@@ -70,7 +70,7 @@ def delegate_tool(
     numbered across the whole tree of engines under one main engine, so two
     delegate tools, or a child's own, never hand out the same id (nor the same
     sidechain file); with a `JsonlSession`, ids whose sidechain file exists
-    already (a resumed session, another session of the directory) are skipped, and an id
+    already (a resumed session, another session given the same ``sidechain_dir``) are skipped, and an id
     is taken by creating its file, so two processes never take the same one.
     """
 
@@ -182,7 +182,7 @@ def _new_agent_id(engine: QueryEngine, prefix: str, *, reserve: bool) -> str:
 
 def _sidechain_free(engine: QueryEngine, agent_id: str, *, reserve: bool) -> bool:
     """Whether no sidechain file holds ``agent_id`` yet (a resumed session's, another session's
-    of the same directory). With ``reserve`` it is taken by creating the file: only one process
+    given the same ``sidechain_dir``). With ``reserve`` it is taken by creating the file: only one process
     can, where a look first and a create later let two take it."""
     from .sessions import JsonlSession
 

@@ -19,7 +19,7 @@ from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._tools import cut_result, result_length
-from ._transcript import encodable, interrupted_result
+from ._transcript import credentials, encodable, interrupted_result, without_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -74,6 +74,7 @@ class Batch:
         limit = engine.options.max_tool_result_chars
         set_use, set_result, set_synthetic, set_full, set_updated = _FINISHED_SLOTS
         updated = self.updated
+        secrets = credentials(engine.model)
         events: list[Event] = []
         for item in items:
             if type(item) is Done:
@@ -82,12 +83,14 @@ class Batch:
                 if waiting.pop(key, None) is not None:
                     st.pending_tasks.pop(tasks[key], None)
                     # The common outcome, recorded here as `_record` would: a result whose text is
-                    # ASCII (so it has no surrogate to scrub) and within the limit (nothing to cut).
+                    # ASCII (so it has no surrogate to scrub), within the limit (nothing to cut),
+                    # and without the model's credentials (nothing to redact).
                     if (
                         type(outcome) is ToolResultBlock
                         and type(content := outcome.content) is str
                         and content.isascii()
                         and (limit is None or len(content) <= limit)
+                        and not (secrets and any(s in content for s in secrets))
                     ):
                         st.results[key] = outcome
                         # ToolCallFinished(tool_use=use, result=outcome), filled through its slots
@@ -171,7 +174,7 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {describe(outcome)}")
     if isinstance(outcome, BaseException):
         result = noted(engine, result, updated)
-    result = encodable(result)
+    result = without_credentials(encodable(result), credentials(engine.model))
     limit = engine.options.max_tool_result_chars
     full = None
     if limit is not None and result_length(result) > limit:

@@ -97,6 +97,35 @@ def encodable(block: ToolResultBlock) -> ToolResultBlock:
     return block.model_copy(update={"content": [text_block(scrub(b.text)) for b in content]})
 
 
+def credentials(model: object) -> tuple[str, ...]:
+    """The credentials an HTTP provider ``model`` holds (its API key, the values of its
+    credential headers), longest first; () for any other model (`ScriptedModel`, the host's own)."""
+    held = getattr(model, "_credentials", None)
+    return held() if held is not None else ()
+
+
+def without_credentials(block: ToolResultBlock, secrets: tuple[str, ...]) -> ToolResultBlock:
+    """``block`` with each of ``secrets`` replaced by ``[REDACTED]``; ``block`` itself when it
+    holds none. A tool that prints the environment the key came from, or reads a ``.env`` file,
+    would otherwise put the key in the events, the transcript, the session file and every later
+    request."""
+    content = block.content
+    if isinstance(content, str):
+        clean = _redacted(content, secrets)
+        return block if clean is content else block.model_copy(update={"content": clean})
+    texts = [_redacted(b.text, secrets) for b in content]
+    if all(t is b.text for t, b in zip(texts, content, strict=True)):
+        return block
+    return block.model_copy(update={"content": [text_block(t) for t in texts]})
+
+
+def _redacted(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "[REDACTED]")
+    return text
+
+
 def _strings(block: Block) -> list[str]:
     """Every string of ``block`` that is sent to a provider (a tool input's keys and values too)."""
     # By the discriminator: an isinstance against a pydantic class runs its metaclass's

@@ -368,3 +368,44 @@ async def _run_while_the_last_one_cleans_up_and_look(engine: QueryEngine, seen: 
     loop = asyncio.get_running_loop()
     loop.call_later(1.0, lambda: seen.append((engine.running, " running " in repr(engine))))
     return [event async for event in engine.run("second")]
+
+
+# -- settings changed between runs --------------------------------------------------------------
+
+
+async def test_settings_set_on_the_engine_between_runs_take_effect() -> None:
+    """A chat UI toggles its permission mode or edits the system prompt between runs with
+    `engine.permission = ...` / `engine.system = ...`; that used to make a new attribute the
+    engine never read, so the old callback went on answering."""
+    from agentloop import Allow, Deny, ModelRequest
+
+    seen: list[str | None] = []
+
+    def answer(request: ModelRequest) -> ScriptedResponse:
+        seen.append(request.system)
+        return ScriptedResponse(text="ok")
+
+    model = ScriptedModel([calls("quick"), answer, calls("quick"), answer])
+    engine = QueryEngine(model, tools=[quick], system="Be brief.", permission=lambda use, ctx: Allow())
+    events = [e async for e in engine.run("one")]
+    assert [e.result.is_error for e in events if isinstance(e, ToolCallFinished)] == [False]
+    engine.permission = lambda use, ctx: Deny("read-only mode")
+    engine.system = "Be thorough."
+    assert engine.system == "Be thorough." and engine.options.system == "Be thorough."
+    events = [e async for e in engine.run("two")]
+    denied = [e.result for e in events if isinstance(e, ToolCallFinished)]
+    assert denied[0].is_error and "read-only mode" in denied[0].text
+    assert seen == ["Be brief.", "Be thorough."]
+    assert validate_transcript(engine.messages) == []
+
+
+def test_a_setting_set_on_the_engine_is_checked_as_at_construction() -> None:
+    engine = QueryEngine(ScriptedModel(["ok"]))
+    with pytest.raises(ValueError, match="follow_up_behavior"):
+        engine.follow_up_behavior = "later"  # type: ignore[assignment]
+    assert engine.follow_up_behavior == "queue"
+    # A system prompt that is not text would reach the provider as it is (a 400 on every request).
+    with pytest.raises(TypeError, match="system"):
+        engine.system = 5  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="system"):
+        QueryEngine(ScriptedModel(["ok"]), system=["Be brief."])  # type: ignore[arg-type]

@@ -368,7 +368,7 @@ async def test_engine_subagent_interrupt_keeps_the_connection_main_interrupt_res
         await stopper
         assert events[-1].reason == "aborted_tools"
         assert (await _run(pid_tool, {})).content != first_pid  # the main-only hook reset it
-    sidechain = JsonlSession(markers / "subagents" / "sub-1.jsonl").load()
+    sidechain = JsonlSession(markers / "subagents" / "session" / "sub-1.jsonl").load()
     assert sidechain.messages[0].text == "work" and sidechain.repairs == []
     results = [r for m in sidechain.messages for r in m.tool_results]
     assert results[0].is_error and "stopped while it was running" in results[0].text

@@ -287,9 +287,9 @@ def test_sidechain_files_live_next_to_the_main_file(tmp_path: Path) -> None:
     main = JsonlSession(tmp_path / "proj" / "main.jsonl", fsync="never")
     child = main.sidechain("agent-1")
     assert child is main.sidechain("agent-1")
-    assert child.path == tmp_path / "proj" / "subagents" / "agent-1.jsonl"
+    assert child.path == tmp_path / "proj" / "subagents" / "main" / "agent-1.jsonl"
     assert child.fsync == "never"
-    assert child.sidechain("agent-2").path == tmp_path / "proj" / "subagents" / "agent-2.jsonl"
+    assert child.sidechain("agent-2").path == tmp_path / "proj" / "subagents" / "main" / "agent-2.jsonl"
     child.append_message(Message.user("from the subagent"))
     main.append_message(Message.user("from the main agent"))
     main.close()
@@ -331,7 +331,7 @@ async def test_a_relative_path_is_fixed_when_the_session_is_made(tmp_path: Path,
     assert Path.cwd() == elsewhere and engine.session_errors == []
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.jsonl")) == [
         "project/s.jsonl",
-        "project/subagents/sub-1.jsonl",
+        "project/subagents/s/sub-1.jsonl",
     ]
     assert session.load().messages == engine.messages
 
@@ -339,9 +339,9 @@ async def test_a_relative_path_is_fixed_when_the_session_is_made(tmp_path: Path,
 async def test_a_subagent_id_another_process_takes_meanwhile_is_not_shared(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sessions in one directory share its ``subagents/`` directory, and `delegate_tool` gave the
+    """Sessions sharing a ``sidechain_dir`` share its files, and `delegate_tool` gave the
     first id whose sidechain file did not exist yet. Another process (a worker on another session
-    of that directory) that made that file after the look, and finished its subagent, had its
+    sharing that folder) that made that file after the look, and finished its subagent, had its
     sidechain taken over: this child's checkpoint made the file replay to this child, not to the
     other's. An id is now taken by creating its file, which only one can do."""
     sidechains = tmp_path / "subagents"
@@ -351,11 +351,11 @@ async def test_a_subagent_id_another_process_takes_meanwhile_is_not_shared(
         return False if self.parent == sidechains else real_exists(self)
 
     monkeypatch.setattr(Path, "exists", exists)
-    with JsonlSession(tmp_path / "other.jsonl").sidechain("sub-1") as theirs:
+    with JsonlSession(tmp_path / "other.jsonl", sidechain_dir=sidechains).sidechain("sub-1") as theirs:
         theirs.append_message(Message.user("their task"))
     before = (sidechains / "sub-1.jsonl").read_bytes()
     model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "mine"})]), "sub answer", "Done."])
-    with JsonlSession(tmp_path / "mine.jsonl") as session:
+    with JsonlSession(tmp_path / "mine.jsonl", sidechain_dir=sidechains) as session:
         engine = QueryEngine(model, tools=[agentloop.delegate_tool()], session=session, policies=[])
         events = [ev async for ev in engine.run("go")]
     assert {e.agent_id for e in events if isinstance(e, TurnEnded)} == {"sub-2", None}
@@ -565,7 +565,7 @@ async def test_a_conversation_forked_into_a_new_file_replays_from_that_file(tmp_
         child = parent.subagent(agent_id="helper", messages=loaded.messages)
         async for _ in child.run("child question"):
             pass
-    assert JsonlSession(tmp_path / "subagents" / "helper.jsonl").load().messages == child.messages
+    assert JsonlSession(tmp_path / "subagents" / "parent" / "helper.jsonl").load().messages == child.messages
 
 
 async def test_a_resumed_session_never_hands_out_a_receipt_its_file_holds(tmp_path: Path) -> None:
@@ -1278,7 +1278,7 @@ async def test_a_record_the_store_fails_to_write_is_reported_on_the_engine(
         f"could not record a message (user): {full}",  # the tool result quotes the sub answer
         f"could not record an event (turn_ended): {full}",
     ]
-    child = JsonlSession(tmp_path / "subagents" / "sub-1.jsonl").load()
+    child = JsonlSession(tmp_path / "subagents" / "s" / "sub-1.jsonl").load()
     assert child.events == [] and [m.role for m in child.messages] == ["user"]
     loaded = JsonlSession(path).load()  # holds what the list says it lacks, and no more
     assert loaded.events == [] and [m.text for m in loaded.messages] == ["go", "Done."]
@@ -1654,8 +1654,9 @@ def test_session_files_are_0600_and_the_directories_made_for_them_0700(tmp_path:
         return p.stat().st_mode & 0o777
 
     assert mode(path) == 0o600
-    assert mode(tmp_path / "new" / "deeper" / "subagents" / "sub-1.jsonl") == 0o600
-    for directory in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "subagents"):
+    deeper = tmp_path / "new" / "deeper"
+    assert mode(deeper / "subagents" / "s" / "sub-1.jsonl") == 0o600
+    for directory in (tmp_path / "new", deeper, deeper / "subagents", deeper / "subagents" / "s"):
         assert mode(directory) == 0o700, directory
 
 
@@ -1754,7 +1755,7 @@ def test_a_dropped_session_warns_exactly_when_it_held_open_files_and_leaves_none
             elif op == "close":
                 session.close()
                 closed = True
-        side = Path(tmp) / "subagents" / "sub.jsonl"
+        side = Path(tmp) / "subagents" / "s" / "sub.jsonl"
         holding = _fds_on(path) + _fds_on(side)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1792,3 +1793,116 @@ def test_tool_call_records_carry_the_input_that_ran_and_older_ones_load_with_it(
     loaded = JsonlSession(older).load()
     assert [e.get("input") for e in loaded.events] == [{"path": "docs/a.md"}, {"path": "../etc/passwd"}, None]
     assert loaded.events[2] == odd and loaded.warnings == []
+
+
+def test_a_path_starting_with_a_tilde_is_taken_from_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``JsonlSession("~/x.jsonl")`` made a folder named ``~`` in the working directory, and
+    the transcript went there rather than to the home directory the user meant."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    with JsonlSession("~/sessions/x.jsonl", sidechain_dir="~/side") as session:
+        assert session.path == home / "sessions" / "x.jsonl"
+        assert session.sidechain_dir == home / "side"
+        session.append_message(Message.user("hi"))
+        session.sidechain("helper").append_message(Message.user("child"))
+    assert not (cwd / "~").exists()
+    assert [m.text for m in JsonlSession(home / "sessions" / "x.jsonl").load().messages] == ["hi"]
+    assert (home / "side" / "helper.jsonl").is_file()
+    resumed, loaded = JsonlSession.resume("~/sessions/x.jsonl")
+    with resumed:
+        assert resumed.path == home / "sessions" / "x.jsonl" and [m.text for m in loaded.messages] == ["hi"]
+    with pytest.raises(ValueError, match="home directory"):
+        JsonlSession("~no-such-user-agentloop/x.jsonl")
+
+
+async def test_a_resumed_file_that_loads_no_messages_gives_no_warning_of_a_lost_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash tore the very first line of a file: it resumes to no messages, and the engine
+    given them (none) warned that it "was given none of" a conversation the file does not hold."""
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"type":"message","mess')
+    session, loaded = JsonlSession.resume(path)
+    assert loaded.messages == [] and loaded.warnings
+    with session, caplog.at_level(logging.WARNING, logger="agentloop"):
+        engine = QueryEngine(ScriptedModel(["Hello."]), session=session, messages=loaded.messages, policies=[])
+        async for _ in engine.run("Hi"):
+            pass
+    assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
+    assert JsonlSession(path).load().messages == engine.messages and engine.session_errors == []
+
+    # A file of events only, or rewound to no messages, holds no conversation either.
+    for records in ([{"type": "event", "event": {"type": "turn_ended"}}], [{"type": "checkpoint", "messages": []}]):
+        other = tmp_path / f"{records[0]['type']}.jsonl"
+        other.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        with JsonlSession(other) as session, caplog.at_level(logging.WARNING, logger="agentloop"):
+            QueryEngine(ScriptedModel(["x"]), session=session, policies=[])
+        assert not [r for r in caplog.records if "holds a conversation already" in r.getMessage()]
+
+
+async def test_sessions_of_one_directory_keep_their_subagents_files_apart(tmp_path: Path) -> None:
+    """Every session of a directory wrote its subagents' files into the one ``subagents/``
+    folder: a conversation and its fork (or any two conversations there) each running a child
+    ``agent_id="helper"`` wrote into one file, the second child's checkpoint taking over the
+    first's, and two at once refused with `SessionLockedError`. Each session now has a folder of
+    its own in ``subagents/``, named after its file."""
+    with JsonlSession(tmp_path / "main.jsonl") as main:
+        engine = QueryEngine(ScriptedModel(["Use a dict."]), session=main, policies=[])
+        async for _ in engine.run("How do I count words?"):
+            pass
+    loaded = JsonlSession(tmp_path / "main.jsonl").load()
+    with JsonlSession(tmp_path / "main.jsonl") as main, JsonlSession(tmp_path / "fork.jsonl") as fork:
+        assert main.sidechain_dir == tmp_path / "subagents" / "main"
+        assert fork.sidechain("helper").path == tmp_path / "subagents" / "fork" / "helper.jsonl"
+        main.sidechain("helper").acquire()  # the main conversation's child is running
+        fork.sidechain("helper").acquire()  # and the fork's starts meanwhile
+        children = []
+        for session, text in ((main, "main"), (fork, "fork")):
+            parent = QueryEngine(ScriptedModel([f"{text} child answer"]), session=session, messages=loaded.messages, policies=[])
+            child = parent.subagent(agent_id="helper")
+            async for _ in child.run(f"{text} child task"):
+                pass
+            assert child.session_errors == [] and parent.session_errors == []
+            children.append(child)
+    for name, child in zip(("main", "fork"), children, strict=True):
+        side = JsonlSession(tmp_path / "subagents" / name / "helper.jsonl").load()
+        assert side.messages == child.messages
+        assert [m.text for m in side.messages] == [f"{name} child task", f"{name} child answer"]
+    assert not (tmp_path / "subagents" / "helper.jsonl").exists()
+
+
+async def test_a_session_written_with_the_shared_subagents_folder_still_resumes(tmp_path: Path) -> None:
+    """A session an earlier version wrote keeps its subagents' files in ``subagents/`` itself:
+    it resumes as it is (its subagents' new files go to its own folder, the old ones are left as
+    they are), and with ``sidechain_dir`` naming the old folder, its children continue there."""
+    old_side = tmp_path / "subagents" / "helper.jsonl"
+    with JsonlSession(tmp_path / "old.jsonl", sidechain_dir=tmp_path / "subagents") as old:
+        engine = QueryEngine(ScriptedModel(["old child answer", "old answer"]), session=old, policies=[])
+        child = engine.subagent(agent_id="helper")
+        async for _ in child.run("old child task"):
+            pass
+        async for _ in engine.run("old task"):
+            pass
+    before = old_side.read_bytes()
+    session, loaded = JsonlSession.resume(tmp_path / "old.jsonl")
+    with session:
+        assert [m.text for m in loaded.messages] == ["old task", "old answer"] and loaded.warnings == []
+        engine = QueryEngine(ScriptedModel(["new child answer"]), session=session, messages=loaded.messages, policies=[])
+        child = engine.subagent(agent_id="helper")
+        async for _ in child.run("new child task"):
+            pass
+    assert old_side.read_bytes() == before
+    assert JsonlSession(tmp_path / "subagents" / "old" / "helper.jsonl").load().messages == child.messages
+    session, loaded = JsonlSession.resume(tmp_path / "old.jsonl", sidechain_dir=tmp_path / "subagents")
+    with session:
+        engine = QueryEngine(ScriptedModel(["again"]), session=session, messages=loaded.messages, policies=[])
+        earlier = JsonlSession(old_side).load().messages
+        child = engine.subagent(agent_id="helper", messages=earlier)
+        async for _ in child.run("continue"):
+            pass
+    assert [m.text for m in JsonlSession(old_side).load().messages] == ["old child task", "old child answer", "continue", "again"]

@@ -272,7 +272,7 @@ async def test_subagents_of_one_engine_never_share_an_agent_id_or_a_sidechain(tm
         events = await collect(engine, "go")
     ends = {e.agent_id: e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
     assert len(ends) == 3 and all(e.reason == "completed" for e in ends.values())
-    files = sorted((tmp_path / "subagents").iterdir())
+    files = sorted((tmp_path / "subagents" / "main").iterdir())
     assert [f.stem for f in files] == sorted(ends)
     firsts = set()
     for f in files:
@@ -293,9 +293,9 @@ async def test_a_resumed_session_gives_a_new_subagent_a_new_sidechain(tmp_path: 
             events = await collect(engine, f"please do the {job}")
         ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
         assert [e.reason for e in ends] == ["completed"]
-    assert sorted(f.stem for f in (tmp_path / "subagents").iterdir()) == ["sub-1", "sub-2"]
+    assert sorted(f.stem for f in (tmp_path / "subagents" / "main").iterdir()) == ["sub-1", "sub-2"]
     for name, job in (("sub-1", "first job"), ("sub-2", "second job")):
-        loaded = JsonlSession(tmp_path / "subagents" / f"{name}.jsonl").load()
+        loaded = JsonlSession(tmp_path / "subagents" / "main" / f"{name}.jsonl").load()
         assert [m.text for m in loaded.messages] == [job, f"answer to {job}"]
 
 
@@ -317,7 +317,7 @@ async def test_a_reused_agent_id_sidechain_replays_to_the_latest_child(tmp_path:
                 await collect(second, "second job")
                 children.append(second)
                 break
-    loaded = JsonlSession(tmp_path / "subagents" / "helper.jsonl").load()
+    loaded = JsonlSession(tmp_path / "subagents" / "main" / "helper.jsonl").load()
     assert [m.text for m in children[-1].messages] == ["second job", "answer to second job"]
     assert loaded.messages == children[-1].messages
     assert all(not c.session_errors for c in children)
@@ -418,7 +418,7 @@ async def test_a_subagents_sidechain_file_is_closed_when_its_run_ends(tmp_path: 
         await collect(engine, "second")
         assert _open_files(session.sidechain("sub-2").path) == 0
     assert [m.text for m in JsonlSession(side.path).load().messages] == ["once more", "again."]
-    assert [m.text for m in JsonlSession(tmp_path / "subagents" / "sub-2.jsonl").load().messages] == ["two", "child two."]
+    assert [m.text for m in JsonlSession(tmp_path / "subagents" / "main" / "sub-2.jsonl").load().messages] == ["two", "child two."]
 
 
 async def test_a_child_cancelled_after_the_grace_is_still_listed_as_aborted() -> None:

@@ -51,9 +51,9 @@ class LoadedSession:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load_file(path: Path) -> LoadedSession:
+def load_file(path: Path, *, quiet: bool = False) -> LoadedSession:
     """The session in the file at ``path``, repaired (see `JsonlSession.load`); raises OSError
-    if the file exists but cannot be read."""
+    if the file exists but cannot be read. ``quiet``: the warnings are returned, not logged."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -84,7 +84,8 @@ def load_file(path: Path) -> LoadedSession:
                 notes = []
     for problem in problems:
         warning = f"{path}: {problem}"
-        log.warning("%s", warning)
+        if not quiet:
+            log.warning("%s", warning)
         loaded.warnings.append(warning)
     loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
     return loaded

@@ -59,11 +59,13 @@ class JsonlSession:
 
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
-    ``<dir of path>/subagents``). The file and its directories are created on
-    the first append (or `acquire`); constructing or loading never creates anything. A file it
+    ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session). The file
+    and its directories are created on the first append (or `acquire`); constructing or
+    loading never creates anything. A file it
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
     output, keys the user pasted); existing ones keep their mode. A relative
-    path is taken from the working directory at construction.
+    path is taken from the working directory at construction; a leading ``~`` is the
+    home directory (ValueError when it cannot be told).
     A session is safe to append to from several threads. While its file is open for
     appending (from `acquire` or the first append until `close` or `release`) no other
     session, in this process or another, can open it for appending: they get
@@ -84,12 +86,10 @@ class JsonlSession:
             raise ValueError("fsync_every must be >= 1")
         # Absolute now: the file is opened at the first append, and a sidechain's much later,
         # by when the process (a tool, the host) may have changed its working directory.
-        self.path = Path(path).absolute()
+        self.path = _absolute(path)
         self.fsync: FsyncPolicy = fsync
         self.fsync_every = fsync_every
-        self.sidechain_dir = (
-            Path(sidechain_dir).absolute() if sidechain_dir is not None else self.path.parent / "subagents"
-        )
+        self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
         self._closed = False
         self._unsynced = 0
@@ -411,6 +411,24 @@ class JsonlSession:
                 log.warning("%s", warning)
                 loaded.warnings.append(warning)
         return session, loaded
+
+
+def default_sidechain_dir(path: Path) -> Path:
+    """Where the subagents of the session file ``path`` write by default: a folder of its own,
+    ``<dir>/subagents/<name>`` (``name`` the file's without ``.jsonl``), so that the sessions
+    of one directory (a conversation and its fork) never share a subagent's file."""
+    name = path.name.removesuffix(".jsonl") or path.name
+    return path.parent / "subagents" / name
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` made absolute from the working directory, a leading ``~`` or ``~user`` taken
+    as that home directory (as a shell does), never as a folder named ``~``. Raises ValueError
+    when the home directory cannot be told."""
+    try:
+        return Path(path).expanduser().absolute()
+    except RuntimeError as exc:  # no such user, or no HOME and no password entry
+        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from None
 
 
 #: The sessions whose file is open for appending (see `JsonlSession._forget_file`).

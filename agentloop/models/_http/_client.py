@@ -319,6 +319,12 @@ def missing_key(provider: str, env_var: str) -> ModelError:
     )
 
 
+#: The shortest credential scrubbed out of tool results. Real keys and tokens are longer; a local
+#: server's placeholder key (``"ollama"``, ``"EMPTY"``, ``"sk-no-key-required"``) is a word that
+#: a tool's output may well hold, which redacting would garble.
+MIN_TOOL_SECRET = 20
+
+
 class HTTPModel:
     """What every HTTP model shares: its `Connection`, a repr without the key, `aclose`.
 
@@ -326,7 +332,14 @@ class HTTPModel:
     """
 
     model: str
+    extra_headers: dict[str, str]
     _conn: Connection
+
+    def _credentials(self) -> tuple[str, ...]:
+        """This model's credentials (its key, the values of its credential headers, those in
+        ``base_url``) of `MIN_TOOL_SECRET` characters or more, longest first: the engine scrubs
+        them out of tool results."""
+        return tuple(v for v in self._conn.redactor(self.extra_headers).values if len(v) >= MIN_TOOL_SECRET)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, base_url={self._conn.shown_url!r})"
@@ -347,6 +360,11 @@ def openai_connection(api_key: str | None, base_url: str | None, http_client: ht
     )
 
 
+def gives(headers: Mapping[str, str], name: str) -> bool:
+    """True when ``headers`` set ``name`` (a lower-case header name), whatever its case."""
+    return any(key.lower() == name for key in headers)
+
+
 def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """JSON + SSE headers with ``Authorization: Bearer``; an OpenAI-compatible server
     (``key_optional``: a custom base URL) may be used without a key. An ``Authorization``
@@ -357,7 +375,7 @@ def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, 
     """
     secret = conn.secret
     hosts = conn.host_sets("authorization")  # the host's own client carries the credential
-    if secret is None and not key_optional and not hosts:
+    if secret is None and not key_optional and not hosts and not gives(extra, "authorization"):
         raise missing_key("openai", "OPENAI_API_KEY")
     base = {"content-type": "application/json", "accept": "text/event-stream"}
     if secret is not None and not hosts:

@@ -83,6 +83,11 @@ class Redactor:
         return tuple(sorted({v for v in values if v}, key=len, reverse=True))
 
     @property
+    def values(self) -> tuple[str, ...]:
+        """The secrets, longest first."""
+        return self._values
+
+    @property
     def _values(self) -> tuple[str, ...]:
         values = self._sorted
         if values is None:

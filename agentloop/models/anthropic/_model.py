@@ -10,7 +10,7 @@ import httpx
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
 from .._driver import Prepared, run_stream
-from .._http._client import Connection, HTTPModel, check_headers, merge_headers, missing_key
+from .._http._client import Connection, HTTPModel, check_headers, gives, merge_headers, missing_key
 from .._http._secrets import resolve_key
 from ._request import build_request
 from ._stream import AnthropicMapper
@@ -71,7 +71,7 @@ class AnthropicModel(HTTPModel):
     def _prepare(self, request: ModelRequest) -> Prepared:
         secret = self._conn.secret
         hosts = self._conn.host_sets(self.auth_header)  # the host's own client carries the credential
-        if secret is None and not hosts:
+        if secret is None and not hosts and not gives(self.extra_headers, self.auth_header):
             raise missing_key("anthropic", "ANTHROPIC_API_KEY")
         headers = {
             "anthropic-version": self.anthropic_version,
