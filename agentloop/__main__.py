@@ -51,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    if args.command != "demo":
-        _parser().print_help()
+    if args.command != "demo":  # no command: a usage error (help asked for, --help, goes to stdout)
+        _parser().print_help(sys.stderr)
         return 2
     if args.provider is None and (args.model or args.base_url):  # else the offline demo runs, ignoring them
         print("agentloop demo: --model and --base-url need --provider (without it the demo is offline)", file=sys.stderr)

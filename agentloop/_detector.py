@@ -136,7 +136,7 @@ class RepetitionDetector:
         self._max_candidates = max_candidates
         self._tries = tries
         self._keep = 2 * window + 2 * anchor
-        self._trim_at = self._keep + window
+        self._trim_at = self._keep + window  # the buffer's length past which it is trimmed to _keep
         self.live: dict[int, _Run] = {}
         # Search reach by the bit length of (first checkpoint index - 1) ^ (last index): twice
         # the stride of the chunk's farthest-reaching checkpoint.
@@ -151,8 +151,9 @@ class RepetitionDetector:
         self._buf = ""
         self._pending = ""  # text fed but not yet appended to _buf
         self._base = 0  # absolute offset of _buf[0]
+        self._trim_n = self._trim_at  # the offset past which _buf is trimmed: _base + _trim_at
         self._n = 0  # characters fed so far
-        self._done = 0  # characters appended to _buf and checked
+        self._done = 0  # characters appended to _buf and checked (read while a run is live)
         self._next_cp = self._step * ((self._k + self._step - 1) // self._step)
         self.live.clear()  # the same dict across resets: holders may keep a reference
         self._in_fence = False
@@ -211,13 +212,12 @@ class RepetitionDetector:
         self._next_cp = last + step
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
-        k = self._k
-        a = e - k  # the anchor is buf[a:e]
+        a = e - self._k  # the anchor is buf[a:e]
         if reach <= self._near or e <= self._split_from:
             j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
             if j >= 0:
                 self._done = last
-                self._candidates(buf, last, j, k, reach)
+                self._candidates(buf, last, j, self._k, reach)
                 if self.live:
                     return self._check(buf, n)
         else:  # the near distances with the anchor, then the far ones with the far needle
@@ -225,7 +225,7 @@ class RepetitionDetector:
             j = buf.rfind(buf[a:e], a - near, e - 1)
             if j >= 0:
                 self._done = last
-                self._far(buf, last, self._candidates(buf, last, j, k, near), reach)
+                self._far(buf, last, self._candidates(buf, last, j, self._k, near), reach)
                 if self.live:
                     return self._check(buf, n)
             else:
@@ -236,10 +236,9 @@ class RepetitionDetector:
                     self._candidates(buf, last, j, self._far_needle, reach)
                     if self.live:
                         return self._check(buf, n)
-        self._done = n
-        if len(buf) > self._trim_at:
-            self._buf = buf[-self._keep :]
-            self._base = n - self._keep
+        # No run is live, so `_done` is not read before the next adoption sets it.
+        if n > self._trim_n:
+            self._trim(buf, n)
         return ()
 
     # -- internals ----------------------------------------------------------
@@ -274,10 +273,15 @@ class RepetitionDetector:
         for p in sorted(runs):
             self._judge(runs[p], n, out, buf)
         self._done = n
-        if len(buf) > self._trim_at:
-            self._buf = buf[-self._keep :]
-            self._base = n - self._keep
+        if n > self._trim_n:
+            self._trim(buf, n)
         return tuple(out) if out else ()
+
+    def _trim(self, buf: str, n: int) -> None:
+        """Keep the last ``_keep`` characters of ``buf`` (which ends at ``n``)."""
+        self._buf = buf[-self._keep :]
+        self._base = n - self._keep
+        self._trim_n = self._base + self._trim_at
 
     def _extend(self, buf: str, frm: int, to: int, out: list[DoomLoopSignal]) -> None:
         """Check positions [frm, to) of every live run; end the runs that break."""

@@ -94,6 +94,27 @@ class QueryEngine:
     texts: Setting[Texts] = Setting()
     max_tool_result_chars: Setting[int | None] = Setting()
 
+    @property
+    def model(self) -> Model:
+        """The model each request goes to; assigning one (between runs) checks it as the
+        constructor does, so a wrong value is a TypeError here rather than in the next run."""
+        return self._model
+
+    @model.setter
+    def model(self, model: Model) -> None:
+        check_model(model)
+        self._model = model
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools by name. Assign a list of tools (or a dict such as this one) to change
+        them: checked as at construction, offered from the next model request on."""
+        return self._tools
+
+    @tools.setter
+    def tools(self, tools: Sequence[Tool] | Mapping[str, Tool]) -> None:
+        self._set_tools(tools)
+
     def __init__(
         self,
         model: Model,
@@ -132,8 +153,8 @@ class QueryEngine:
         # At most 29 attributes: CPython 3.11 shares one key table among the instances of a class,
         # and the first instance can put 29 keys in it (30 less the one its own creation takes);
         # past that every engine holds a dict of its own (1.3 KB more per engine).
-        self.model = model
-        self.tools = tool_map(tools)
+        self._model = model
+        self._tools = tool_map(tools)
         self.tool_specs: tuple[Tool, ...] = tuple(self.tools.values())  # what each request declares
         self.options = EngineOptions(
             system=system,
@@ -367,8 +388,8 @@ class QueryEngine:
         """
         self._tool_watchers = (*self._tool_watchers, fn)
 
-    def _set_tools(self, tools: Sequence[Tool]) -> None:
-        self.tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
+    def _set_tools(self, tools: Sequence[Tool] | Mapping[str, Tool]) -> None:
+        self._tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
         self.tool_specs = tuple(self.tools.values())
         bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
 

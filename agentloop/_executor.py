@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import traceback
 import types
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,6 +22,7 @@ from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
+from ._transcript import credentials, redacted
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -223,9 +225,10 @@ class CallRunner:
                 updated = None if tool_input is use.input else tool_input
                 put(_call_started(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
+                pending: object = None  # what the handler returned, for `_failed` to tell a sync one
                 try:
                     if tool.timeout is None:
-                        output = await tool.handler(tool_input, ctx)
+                        output = await (pending := tool.handler(tool_input, ctx))
                     else:
                         # If the timeout's cancellation is swallowed, the loop gives up on the call
                         # a cancel grace later (see `Overdue`), so the timeout holds either way; a
@@ -235,13 +238,13 @@ class CallRunner:
                         )
                         try:
                             async with asyncio.timeout(tool.timeout) as scope:
-                                output = await tool.handler(tool_input, ctx)
+                                output = await (pending := tool.handler(tool_input, ctx))
                         finally:
                             overdue.cancel()
                 except (asyncio.CancelledError, KeyboardInterrupt):
                     raise
                 except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
-                    result = self._failed(use, tool, exc, scope)
+                    result = self._failed(use, tool, exc, scope, pending)
                 else:
                     if type(output) is str and output.strip():  # the common case, as output_to_result builds it
                         result = tool_result_block(use.id, output)
@@ -273,8 +276,18 @@ class CallRunner:
             return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")
         return error_result(use.id, f"Tool {use.name!r} was not run: {use.input_error}")
 
-    def _failed(self, use: ToolUseBlock, tool: Tool, exc: BaseException, scope: asyncio.Timeout | None) -> ToolResultBlock:
-        """The result of a handler that raised; an `AbortError` of an aborted run goes on."""
+    def _failed(
+        self, use: ToolUseBlock, tool: Tool, exc: BaseException, scope: asyncio.Timeout | None, returned: object
+    ) -> ToolResultBlock:
+        """The result of a handler that raised, or that ``returned`` what cannot be awaited (a sync
+        def: `Tool` cannot tell it from a def returning an awaitable); an `AbortError` of an
+        aborted run goes on."""
+        if isinstance(exc, TypeError) and returned is not None and not inspect.isawaitable(returned):
+            return error_result(
+                use.id,
+                f"Tool {use.name!r} has a handler that returned {type(returned).__name__}, not an awaitable: "
+                "its handler must be an async def (or return an awaitable).",
+            )
         if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
             return error_result(use.id, f"Tool {use.name!r} timed out after {tool.timeout:g} s and was stopped.")
         if isinstance(exc, SystemExit):  # a command-line parser inside the tool, given bad arguments
@@ -345,7 +358,16 @@ class CallRunner:
         host's own code failed (a prompt with a timeout of its own gave up: no traceback)."""
         what = describe(exc)
         trace = None if isinstance(exc, AbortError) else exc
-        log.error("permission callback failed for tool call %s (%r): %s; the call was not run", use.id, use.name, what, exc_info=trace)
+        secrets = credentials(self.engine.model)
+        if secrets and trace is not None:  # the traceback as text, so the model's key can be taken out
+            text = "".join(traceback.format_exception(trace)).rstrip()
+            what, trace, tail = redacted(what, secrets), None, "\n" + redacted(text, secrets)
+        else:
+            tail = ""
+        log.error(
+            "permission callback failed for tool call %s (%r): %s; the call was not run%s",
+            use.id, use.name, what, tail, exc_info=trace,
+        )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
 
 

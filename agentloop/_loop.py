@@ -95,6 +95,11 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                 phase = ModelPhase(engine, st)
                 while True:
                     stream = phase.open()
+                    # The count of deltas held back from a tapped watcher (`Hold.skip`) is counted
+                    # down in a local and written back only for the watcher's call, which reads and
+                    # sets it: a held-back delta costs a test and a decrement of a local (7
+                    # bytecodes), not two attribute tests and a read-modify-write of one (15).
+                    skip = phase.skip
                     try:
                         while stream is not None:
                             task = st.task = current_task(loop)
@@ -123,15 +128,17 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 st.guarding = False
                             if shown is not None:
                                 yield shown
-                            if phase.watch is not None:  # called here: one call per event, not two
-                                if phase.skip and shown is not None:  # a delta it reads from the accumulator
-                                    phase.skip -= 1
+                                if skip:  # a delta the tapped watcher reads from the accumulator later
+                                    skip -= 1
                                     continue
+                            if phase.watch is not None:  # called here: one call per event, not two
+                                phase.skip = skip  # the count left, which the watcher reads and sets
                                 try:
                                     verdict = phase.watch(streamed)
                                 except Exception:
                                     phase.watch_raised()
                                     verdict = None
+                                skip = phase.skip
                                 if verdict is not None:
                                     for detected in phase.judged(verdict):
                                         yield detected

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -206,7 +206,15 @@ def _not_a_list(arg: str, value: object, fix: str) -> None:
     raise TypeError(f"{arg} takes a list of {arg}, not {what}{fix.format(name=what.rsplit(' ', 1)[-1])}")
 
 
-def tool_map(tools: Sequence[Tool]) -> dict[str, Tool]:
+def tool_map(tools: Sequence[Tool] | Mapping[str, Tool]) -> dict[str, Tool]:
+    """The tools by name, from a list of tools or a dict by name (what `QueryEngine.tools`
+    reads as). Raises TypeError for what is not a `Tool`, ValueError for a name given twice or
+    a dict key that is not its tool's name."""
+    if isinstance(tools, Mapping):
+        for key, t in tools.items():
+            if isinstance(t, Tool) and key != t.name:
+                raise ValueError(f"tools: the key {key!r} names the tool {t.name!r}: the key must be the tool's name")
+        tools = list(tools.values())
     if isinstance(tools, Tool):
         raise TypeError(f"tools takes a list of tools: tools=[{tools.name}]")
     _not_a_list("tools", tools, ": decorate {name} with @tool and pass tools=[{name}]")

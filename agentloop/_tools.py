@@ -177,6 +177,7 @@ class Tool:
                 raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
             if not float(timeout) >= 0:  # NaN too
                 raise ValueError(f"timeout must be >= 0, not {timeout!r}")
+        _check_handler(handler)
         self.name = name
         self.description = description
         self.input_schema = dict(input_schema)
@@ -268,7 +269,29 @@ def _check_async(f: object) -> None:
             f"@tool needs an async function, got the sync function {f.__qualname__}: define it with async def "
             "(blocking work inside it goes to await asyncio.to_thread(...))"
         )
+    if callable(f) and inspect.iscoroutinefunction(type(f).__call__):
+        raise TypeError(
+            f"@tool needs an async function, got a {type(f).__name__} object whose __call__ is async: "
+            "pass its bound method with a name for the tool, as in tool(name='search')(obj.__call__) "
+            "(the method's docstring and annotations describe the tool)"
+        )
     raise TypeError(f"@tool needs an async function, got {f!r}")
+
+
+def _check_handler(handler: object) -> None:
+    """Raise TypeError for a `Tool` handler that could never give a result: not callable, or an
+    async generator function. A sync def passes: one returning an awaitable is a handler too
+    (`@tool` makes such), so one returning its result is told only when called."""
+    if not callable(handler):
+        raise TypeError(
+            f"handler takes an async function (input, ctx) -> result, not {type(handler).__name__} "
+            f"{handler!r}: or use @tool on an annotated async def"
+        )
+    if inspect.isasyncgenfunction(handler):
+        raise TypeError(
+            f"handler takes an async function that returns, not the async generator {handler!r}: "
+            "a tool call gives one result"
+        )
 
 
 def _handler(

@@ -49,6 +49,7 @@ __all__ = [
     "ends_with_space",
     "interrupted_result",
     "misplaced",
+    "redacted",
     "scrubbed",
     "unencodable",
 ]
@@ -111,15 +112,17 @@ def without_credentials(block: ToolResultBlock, secrets: tuple[str, ...]) -> Too
     request."""
     content = block.content
     if isinstance(content, str):
-        clean = _redacted(content, secrets)
+        clean = redacted(content, secrets)
         return block if clean is content else block.model_copy(update={"content": clean})
-    texts = [_redacted(b.text, secrets) for b in content]
+    texts = [redacted(b.text, secrets) for b in content]
     if all(t is b.text for t, b in zip(texts, content, strict=True)):
         return block
     return block.model_copy(update={"content": [text_block(t) for t in texts]})
 
 
-def _redacted(text: str, secrets: tuple[str, ...]) -> str:
+def redacted(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with each of ``secrets`` (longest first, as `credentials` gives them) replaced
+    by ``[REDACTED]``; ``text`` itself when it holds none."""
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, "[REDACTED]")

@@ -130,6 +130,7 @@ class DoomLoopPolicy(Policy):
         self._seen: set[str] = set()
         self._low_runs: dict[str, int] = {}
         self._blocks: Mapping[int, _Part] | None = None  # the attempt's blocks, when tapped
+        self._feeding: tuple[_Channel, ...] = ()  # the channels a block of the attempt streams to
         self._read_blocks = 0
         self._holds = 0  # deltas the engine may hold back while no run is live
 
@@ -153,6 +154,7 @@ class DoomLoopPolicy(Policy):
             if ch is not None:
                 ch.parts = []  # a new list: when tapped, the old one was the accumulator's
                 ch.seen = 0
+        self._feeding = ()
         self._blocks = None
 
     def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
@@ -190,10 +192,11 @@ class DoomLoopPolicy(Policy):
 
     def _poke(self, hold: Hold | None, event: StreamEvent) -> Verdict | None:
         """Tapped: called for one delta in `every` (for each one while a run is live) and for
-        every other event. Hands each detector what its block received since the last call
-        (written out for both channels: this runs once per `every` deltas), and sets how many
-        deltas the engine holds back next: after a delta, ``every - 1`` (0 while a run is
-        live); after another event, the count goes on unless a run is live now."""
+        every other event. Hands each detector what its block received since the last call,
+        and sets how many deltas the engine holds back next: after a delta, ``every - 1`` (0
+        while a run is live); after another event, the count goes on unless a run is live now.
+        Only the channels a block of the attempt streams to are looked at (``_feeding``): a
+        text-only stream pays for one channel, not two."""
         blocks = self._blocks
         assert blocks is not None
         if type(event) in _DELTAS:
@@ -204,19 +207,7 @@ class DoomLoopPolicy(Policy):
             left = hold.skip if hold is not None else 0
         signals = self._follow(blocks) if len(blocks) != self._read_blocks else ()
         skips = self._holds
-        ch = self._text
-        if ch is not None:
-            parts, seen = ch.parts, ch.seen
-            n = len(parts)
-            if n > seen:
-                ch.seen = n
-                got = ch.det.feed("".join(parts[seen:]))  # one part: that part, not a copy
-                if got:
-                    signals += got
-            if ch.live:
-                skips = 0
-        ch = self._thinking
-        if ch is not None:
+        for ch in self._feeding:
             parts, seen = ch.parts, ch.seen
             n = len(parts)
             if n > seen:
@@ -241,6 +232,8 @@ class DoomLoopPolicy(Policy):
                 if len(parts) > seen:
                     signals += ch.det.feed("".join(parts[seen:]))
                 ch.parts, ch.seen = block.chunks, 0
+                if ch not in self._feeding:  # in the channels' fixed order: signals keep theirs
+                    self._feeding = tuple(c for c in (self._text, self._thinking) if c is ch or c in self._feeding)
         self._read_blocks = len(blocks)
         return signals
 

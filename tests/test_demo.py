@@ -860,3 +860,41 @@ def test_a_commands_argument_is_as_case_blind_as_its_name() -> None:
     assert host.mode == "queue" and "usage" not in out.getvalue()
     host.handle(parse("/MODE STEER"))
     assert host.mode == "steer"
+
+
+def test_no_command_is_usage_on_stderr_and_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m agentloop`` with no command printed its help on standard output yet exited 2:
+    help nobody asked for is a usage error, on standard error (``--help`` stays on stdout, 0)."""
+    from agentloop.__main__ import main
+
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: agentloop") and "demo" in err
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 0 and out.startswith("usage: agentloop") and err == ""
+
+
+def test_with_term_dumb_text_left_before_ctrl_d_does_not_run_into_the_summary() -> None:
+    """With TERM=dumb the terminal echoes what is typed: "abc" then Ctrl-D twice left the cursor
+    after "abc", and the summary's first line began there ("abc── summary ──")."""
+    child = pexpect.spawn(
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=dict(_env(), TERM="dumb"),
+        encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect("thinking: ")
+        child.sendintr()
+        child.expect_exact("idle \u2014 type a message")
+        child.send("abc")
+        child.expect_exact("abc")
+        child.sendeof()
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    text = log.getvalue()
+    assert "abc\r\n\u2500\u2500 summary" in text, text[-600:]

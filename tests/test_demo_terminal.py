@@ -157,6 +157,7 @@ def test_a_line_left_unsent_at_ctrl_d_on_a_terminal_is_not_sent() -> None:
     piped.feed(b"sent\nlast")
     piped.feed(b"")
     assert got == ["sent", "last", "<eof>"]
+    assert reader.unsent == "abc" and piped.unsent == ""  # the terminal's cursor is after "abc"
 
 
 def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
@@ -416,3 +417,45 @@ def test_control_characters_from_the_model_or_a_tool_never_reach_the_terminal() 
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown), repr(shown)
     assert "red \ufffd[31mtext\ufffd[0m\nprogress 10%\ufffdprogress 100%" in shown
     assert "PASSED" in shown
+
+
+def test_the_help_with_a_real_model_does_not_promise_the_scripted_agents_loops() -> None:
+    """With --provider, /help's "watch for" line still told of the scripted agent's loops (its
+    thinking loop, its file read again and again, "ask it to wait for CI") as if they would come."""
+    from agentloop.demo.render import Renderer
+
+    scripted = help_text(78)
+    real = help_text(78, scripted=False)
+    assert "wait for CI" in scripted and "wait for CI" not in real
+    assert "doom-loop" in real and "stationarity" in real  # what the policies would do, still named
+    out = io.StringIO()
+    Renderer(Screen(out, tty=False, color=False), scripted=False).help()
+    assert out.getvalue() == real + "\n"
+
+
+class _AsciiTty(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_an_ascii_only_output_a_long_input_line_still_fits_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut marks of a long line being typed (and a "\u2026" in the status line) were counted as
+    one column each and written as "..." (three), so the row ran past the terminal's last column."""
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((40, 24))
+    )
+    raw = io.BytesIO()
+    out = _AsciiTty(raw, encoding="ascii", write_through=True)
+    screen = Screen(out, tty=True, color=False)
+    screen.start(keyboard=True)
+
+    def row(number: int) -> str:
+        text = raw.getvalue().decode("ascii").rsplit(f"\x1b[{number};1H\x1b[2K", 1)[1].split("\x1b8")[0]
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+    screen.typed("x" * 200 + "END", 203)
+    assert row(24) == "> ..." + "x" * 30 + "END "  # 39 columns
+    screen.typed("say \u201cx\u201d" + "y" * 100, 5)
+    assert row(24) == '> say "x"' + "y" * 27 + "..."
+    screen.status("running tests \u2026 " * 5)  # a status line holding the mark, as short() writes it
+    assert row(23).startswith(" running tests ... running") and len(row(23)) == 39

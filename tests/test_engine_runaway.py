@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Sequence
+from itertools import pairwise
 from types import FrameType
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentloop import (
@@ -33,6 +34,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
+from agentloop._detector import THINKING_RULES, WORDY_RULES
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
@@ -59,6 +61,7 @@ from agentloop.policies import (
     Resample,
     Verdict,
     Warn,
+    _Channel,
 )
 from tests.helpers import collect, kinds
 
@@ -376,6 +379,73 @@ async def test_reading_the_deltas_from_the_accumulator_changes_no_verdict(seed: 
         )
     assert runs[0] == runs[1]
     assert runs[0][1]  # the loop was seen
+
+
+def _two_channel_frames(seed: int, how: str) -> list[StreamEvent]:
+    """A thinking block and a text block, each looping, in random deltas: one block after the
+    other ("sequential"), their deltas interleaved at random ("interleaved"), or the same text
+    and deltas on both, alternating ("twin": both detectors fire at the same hand-over)."""
+    rnd = random.Random(seed)
+    texts = []
+    for _ in range(2):
+        unit = "".join(rnd.choice("abcdefgh ijk,.") for _ in range(rnd.choice([17, 40, 90])))
+        texts.append("First we look at the inputs, then we decide. " * 2 + unit * 10)
+    cuts = [0]
+    while cuts[-1] < max(map(len, texts)):
+        cuts.append(cuts[-1] + rnd.randint(1, 50))
+    if how == "twin":
+        texts[1] = texts[0]
+    pieces = [[t[a:b] for a, b in pairwise(cuts) if t[a:b]] for t in texts]
+    thinking = [StreamThinking(0, piece) for piece in pieces[0]]
+    text = [StreamText(1, piece) for piece in pieces[1]]
+    if how == "sequential":
+        frames = [*thinking, StreamSignature(0, "sig"), StreamBlockStop(0), *text]
+    else:
+        frames = []
+        while thinking or text:
+            side = thinking if thinking and (how == "twin" or not text or rnd.random() < 0.5) else text
+            frames.append(side.pop(0))
+            if how == "twin" and text:
+                frames.append(text.pop(0))
+    return [*frames, StreamBlockStop(0), StreamBlockStop(1), StreamEnd("end_turn")]
+
+
+class LooksAtBoth(DoomLoopPolicy):
+    """The base policy (it warns on everything), tapped, but looking at both channels at each
+    hand-over, as if each had a block from the start."""
+
+    @property  # type: ignore[override]
+    def _feeding(self) -> tuple[_Channel, ...]:
+        return tuple(ch for ch in (self._text, self._thinking) if ch is not None)
+
+    @_feeding.setter
+    def _feeding(self, channels: tuple[_Channel, ...]) -> None:
+        pass
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from(["sequential", "interleaved", "twin"]), st.sampled_from([1, 3, 4]))
+@example(1, "twin", 4)  # both channels fire in one hand-over
+async def test_a_tapped_policy_looks_only_at_the_channels_that_stream(seed: int, how: str, every: int) -> None:
+    """Thinking and text streamed in one response: the tapped policy, which looks only at the
+    channels that have a block, judges both as one that looks at both channels each time, with
+    the signals of a hand-over that fires on both in the same order (both channels get the same
+    thresholds, so that a "twin" stream fires on both at once)."""
+    frames = _two_channel_frames(seed, how)
+    same = {"rules": THINKING_RULES, "wordy_rule": WORDY_RULES["thinking"]}
+    runs = []
+    for policy in (DoomLoopPolicy(every=every, detector=same), LooksAtBoth(every=every, detector=same)):
+        engine = doom_engine([ScriptedResponse(events=frames), GOOD], policies=[policy])
+        events = await collect(engine, "go")
+        runs.append(
+            (
+                kinds(events),
+                [(e.action, [s.format() for s in e.signals]) for e in events if isinstance(e, DoomLoopDetected)],
+                {ch: det.chars for ch, det in policy.detectors.items()},
+            )
+        )
+    assert runs[0] == runs[1]
+    assert {s.split("@")[1] for _, signals in runs[0][1] for s in signals} == {"thinking", "text"}
 
 
 async def test_a_tapped_policy_follows_the_stream_from_block_to_block() -> None:

@@ -564,3 +564,38 @@ def test_tools_given_as_a_generator_are_all_kept() -> None:
 
     engine = QueryEngine(ScriptedModel(["hi"]), tools=(t for t in [ping]))
     assert list(engine.tools) == ["ping"]
+
+
+async def test_tools_and_model_assigned_between_runs_are_checked_when_assigned() -> None:
+    """``engine.tools = ...`` and ``engine.model = ...`` took anything, which then failed deep in
+    the next run; they are checked as the constructor checks them, and good values take effect."""
+
+    @tool
+    async def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    async def grep(pattern: str) -> str:
+        return pattern
+
+    engine = QueryEngine(ScriptedModel(["hi"]))
+    with pytest.raises(TypeError, match=r"decorate grep with @tool"):
+        engine.tools = [grep]  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"tools takes a list of tools: tools=\[ping\]"):
+        engine.tools = ping  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"AnthropicModel\('claude-sonnet-4-5'\)"):
+        engine.model = "claude-sonnet-4-5"  # type: ignore[assignment]
+    assert engine.tools == {} and engine.tool_specs == ()
+
+    engine.tools = [ping]
+    assert list(engine.tools) == ["ping"] and engine.tool_specs == (ping,)
+    engine.tools = dict(engine.tools)  # what reading it gives back
+    assert engine.tool_specs == (ping,)
+    with pytest.raises(ValueError, match=r"the key 'pong' names the tool 'ping'"):
+        engine.tools = {"pong": ping}
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("ping", {})]), "done"])
+    engine.model = model
+    events = await collect(engine.run("go"))
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert engine.model is model and engine.messages[-1].text == "done"
+    assert "pong" in str(model.requests[1].messages[-1].content[0])

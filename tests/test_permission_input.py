@@ -174,3 +174,32 @@ def test_the_note_shows_an_input_json_cannot_encode_too() -> None:
     assert input_noted(result, looped, "ran with {input}").text == "ran with {\"path\": \"PurePosixPath('/sandbox')\"}\n\ndone"
     looped["self"] = looped
     assert input_noted(result, looped, "ran with {input}").text.startswith("ran with {'path': PurePosixPath('/sandbox'), 'self': {...}}")
+
+
+async def test_a_permission_callback_failing_with_the_models_key_logs_it_scrubbed(caplog: Any) -> None:
+    """The callback's exception was logged as it was: a message (or a cause) holding the model's
+    key put the key in the log; it is scrubbed there as in the call's error result."""
+    from agentloop.models import OpenAIChatModel
+
+    key = "sk-test-permission-0123456789abcdef"
+    real = OpenAIChatModel("gpt-x", api_key=key)
+
+    class Keyed(ScriptedModel):
+        def _credentials(self) -> tuple[str, ...]:
+            return real._credentials()
+
+    async def check(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        try:
+            raise KeyError(f"no policy for {key}")
+        except KeyError as exc:
+            raise RuntimeError(f"policy server refused key={key}") from exc
+
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("shell", {"command": "ls"})])
+    engine = QueryEngine(Keyed([script, "done"]), tools=[shell], permission=check, policies=[])
+    with caplog.at_level("ERROR", logger="agentloop"):
+        events = await collect(engine, "go")
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished[0].result.is_error and key not in finished[0].result.text
+    logged = "\n".join(caplog.text.splitlines() + [r.getMessage() for r in caplog.records])
+    assert "permission callback failed" in logged and "RuntimeError" in logged and "KeyError" in logged
+    assert key not in logged and "key=[REDACTED]" in logged

@@ -1216,3 +1216,47 @@ async def test_a_call_still_running_after_its_first_step_is_waited_for() -> None
     go.set()
     assert await getting == ["done"]
     await task
+
+
+async def test_a_hand_made_tool_whose_handler_cannot_be_awaited_says_how_to_write_it() -> None:
+    """A handler that is not callable failed only when the model called it; a plain sync function
+    gave the model "object str can't be used in 'await' expression". The first is refused when
+    the tool is made; the second (a sync def returning an awaitable is a handler too, so it cannot
+    be told there) gets a result saying to write it with async def."""
+    with pytest.raises(TypeError, match=r"handler takes an async function \(input, ctx\)"):
+        Tool("x", "d", {"type": "object"}, "not a function")  # type: ignore[arg-type]
+
+    async def agen(input: dict[str, Any], ctx: ToolContext) -> AsyncIterator[str]:
+        yield "x"
+
+    with pytest.raises(TypeError, match=r"async generator"):
+        Tool("x", "d", {"type": "object"}, agen)  # type: ignore[arg-type]
+
+    def sync(input: dict[str, Any], ctx: ToolContext) -> str:
+        return "done"
+
+    def raises(input: dict[str, Any], ctx: ToolContext) -> str:
+        raise TypeError("bad arguments")
+
+    tools = [Tool(n, "d", {"type": "object"}, h) for n, h in (("sync", sync), ("raises", raises))]  # type: ignore[arg-type]
+    script = ScriptedResponse(tool_calls=[ScriptedToolCall("sync", {}), ScriptedToolCall("raises", {})])
+    engine = QueryEngine(ScriptedModel([script, "ok"]), tools=tools, policies=[])
+    await collect(engine, "go")
+    got = [r.text for m in engine.messages for r in m.tool_results]
+    assert got[0] == (
+        "Tool 'sync' has a handler that returned str, not an awaitable: "
+        "its handler must be an async def (or return an awaitable)."
+    )
+    assert got[1] == "Tool 'raises' raised TypeError: bad arguments"  # its own TypeError is its own
+
+
+def test_tool_says_what_to_do_with_an_object_whose_call_is_async() -> None:
+    class Search:
+        async def __call__(self, q: str) -> str:
+            """Search for q."""
+            return q
+
+    with pytest.raises(TypeError, match=r"tool\(name='search'\)\(obj.__call__\)"):
+        tool(Search())
+    made = tool(name="search")(Search().__call__)  # what the message says works
+    assert made.description == "Search for q." and list(made.input_schema["properties"]) == ["q"]

@@ -135,7 +135,7 @@ def _terminal() -> int | None:
 
 async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     loop = asyncio.get_running_loop()
-    renderer = Renderer(screen, asks=frozenset({"edit_file"}))
+    renderer = Renderer(screen, asks=frozenset({"edit_file"}), scripted=opts.provider is None)
     fd = _terminal()
     # On a terminal with a status line the demo edits the line being typed on a row of its own:
     # echoed by the terminal, it landed in the middle of the streamed output.
@@ -180,6 +180,8 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
     finally:
         if reader is not None:
             reader.stop()
+            if reader.unsent:  # echoed by the terminal, no line break after it: the summary goes below
+                screen.at_line_start = False
         _remove_signals(loop)
         screen.stop()
         if mode is not None:

@@ -152,6 +152,12 @@ class LineReader:
         self._buf = ""
         self._closed = False
 
+    @property
+    def unsent(self) -> str:
+        """Text typed with no Enter after it (none with an editor, which draws the line itself):
+        on a terminal that echoes the lines, the cursor is still after it."""
+        return self._buf
+
     def start(self) -> None:
         threading.Thread(target=self._pump, name="agentloop-demo-stdin", daemon=True).start()
 
@@ -185,6 +191,7 @@ class LineReader:
             ended = not data
             if ended and self._partial and self._buf.strip():
                 lines.append(self._buf)
+                self._buf = ""
         for line in lines:
             if self._closed:
                 return

@@ -58,14 +58,22 @@ HELP = (
         "loop ended",
     ),
 )
+# "watch for" with a real model (--provider): what the policies would do, promising no loop.
+_WATCH_REAL = (
+    "watch for",
+    "what the policies do if the model goes round in circles: a repeated stream cut and resampled "
+    "(doom-loop policy), a file read again and again nudged (the stationarity policy)",
+)
 _KEYS = 12  # the width of the column of keys
 
 _DOOM_ACTIONS = {"resample": "cut the stream, resampling", "ended": "cut the stream; no resample, the turn ends"}
 
 
-def help_text(width: int = 78) -> str:
-    """`HELP` in lines of at most ``width`` columns, each description going on under itself."""
-    return "\n".join(wrap(f"{key:<{_KEYS}}{text}", width, _KEYS) for key, text in HELP)
+def help_text(width: int = 78, *, scripted: bool = True) -> str:
+    """`HELP` in lines of at most ``width`` columns, each description going on under itself;
+    not ``scripted`` (a real model), its "watch for" line names no loop of the scripted agent's."""
+    lines = HELP if scripted else (*HELP[:-1], _WATCH_REAL)
+    return "\n".join(wrap(f"{key:<{_KEYS}}{text}", width, _KEYS) for key, text in lines)
 
 
 # What a terminal would take as a command, not as text (an escape sequence that recolours, moves
@@ -106,9 +114,11 @@ class Stats:
 class Renderer:
     """Prints events on a `Screen` and keeps its status line up to date."""
 
-    def __init__(self, screen: Screen, *, asks: frozenset[str] = frozenset()) -> None:
-        """``asks``: the tools whose permission prompt is worth a line (others only show in the status)."""
+    def __init__(self, screen: Screen, *, asks: frozenset[str] = frozenset(), scripted: bool = True) -> None:
+        """``asks``: the tools whose permission prompt is worth a line (others only show in the
+        status); ``scripted``: the model is the demo's scripted one (what /help says to watch for)."""
         self.screen = screen
+        self.scripted = scripted
         self.asks = asks
         self.s = screen.style
         self.stats = Stats()
@@ -129,7 +139,7 @@ class Renderer:
         if self._channel is not None:
             self._cut = self._channel
         self._channel = None
-        self.screen.line(help_text(min(78, self.screen.width or 78)))
+        self.screen.line(help_text(min(78, self.screen.width or 78), scripted=self.scripted))
 
     def show(self, event: Event, starts: Sequence[str] = ()) -> None:
         """``starts``: for a `TurnStarted`, every text the turn starts with (several queued

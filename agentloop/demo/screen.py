@@ -62,6 +62,19 @@ def cells(text: str) -> int:
     return sum(_cell(ch) for ch in text)
 
 
+def _shows(out: object, symbols: str) -> bool:
+    """Whether ``out`` can write ``symbols`` (its encoding holds them; a stream of text, such as
+    a ``StringIO``, with no encoding holds all)."""
+    encoding = getattr(out, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        symbols.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
 def _cell(ch: str) -> int:
     if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
         return 0
@@ -131,22 +144,24 @@ def wrap(text: str, width: int, indent: int | None = None) -> str:
     return "\n".join(out)
 
 
-def fit_input(text: str, cursor: int, width: int) -> tuple[str, str, str]:
+def fit_input(text: str, cursor: int, width: int, mark: str = "\u2026") -> tuple[str, str, str]:
     """The line being typed as shown in ``width`` columns: (before the cursor, under it, after).
 
-    A line break shows as ``↵``. Text that does not fit is cut at either end, marked ``…``, so
-    the cursor is always in view; the whole takes at most ``width`` columns.
+    A line break shows as ``↵``. Text that does not fit is cut at either end, marked ``mark``
+    (``…``; ``...`` on an output that cannot show it), so the cursor is always in view; the
+    whole takes at most ``width`` columns.
     """
     shown = text.replace("\n", _NEWLINE)
     before, at, after = shown[:cursor], shown[cursor : cursor + 1] or " ", shown[cursor + 1 :]
     room = width - _cell(at)
     if room <= 0:
         return "", at if width > 0 and _cell(at) <= width else "", ""
+    wide = cells(mark)
     if not _fits(before, room):  # keep the end of what is before the cursor
-        before = "\u2026" + _cut_end(before, room - 1)
+        before = mark + _cut_end(before, room - wide) if room >= wide else _cut_end(before, room)
     rest = room - cells(before)
     if not _fits(after, rest):
-        after = _cut(after, rest - 1) + "\u2026" if rest >= 1 else ""
+        after = _cut(after, rest - wide) + mark if rest >= wide else ""
     return before, at, after
 
 
@@ -181,6 +196,9 @@ class Screen:
         self._rows = 0  # the terminal's rows while the bottom rows are ours, else 0
         self._cols = 0
         self._drawn = False
+        # The output cannot show the demo's symbols (an ASCII-only locale): they are written in
+        # ASCII, and what is cut to fit a row is measured as written ("..." takes three columns).
+        self._ascii = not _shows(out, "\u2026\u203a")
 
     @classmethod
     def for_stream(cls, out: TextIO, *, plain: bool = False) -> Screen:
@@ -317,7 +335,8 @@ class Screen:
         if not self._rows:
             return
         self._drawn = True
-        shown = self.style(_cut(f" {text}", self._cols - 1), "bold", "blue")
+        line = f" {text}".translate(_ASCII) if self._ascii else f" {text}"
+        shown = self.style(_cut(line, self._cols - 1), "bold", "blue")
         self._emit(f"\x1b7\x1b[{self._rows - self._bar + 1};1H\x1b[2K{shown}\x1b8")
 
     def typed(self, text: str, cursor: int) -> None:
@@ -337,7 +356,11 @@ class Screen:
         text, cursor = self._typed
         width = self._cols - 1 - cells(PROMPT)
         if text:
-            before, at, after = fit_input(text, cursor, width)
+            mark = "\u2026"
+            if self._ascii:  # as written: the cursor stays under the same character
+                head, text, mark = text[:cursor].translate(_ASCII), text[cursor:].translate(_ASCII), "..."
+                text, cursor = head + text, len(head)
+            before, at, after = fit_input(text, cursor, width, mark)
             body = f"{before}\x1b[7m{at}\x1b[27m{after}"
         else:
             shown = ""

@@ -217,6 +217,25 @@ async def test_a_ping_is_ignored_whatever_its_data(data: str) -> None:
     assert acc.message().text == "hi"
 
 
+@pytest.mark.parametrize(("name", "data"), [("keepalive", ""), ("keepalive", "15000"), ("heartbeat", "tick")])
+async def test_an_unknown_named_event_whose_data_is_not_json_is_skipped(name: str, data: str) -> None:
+    # A proxy's keep-alive (event: keepalive, data: empty) failed the stream as "malformed JSON",
+    # a retryable protocol error; the API's docs ask for unknown event types to be handled
+    # gracefully, and the SDK reads no named event with empty data.
+    body = sse(START, (name, data), block_start(0, {"type": "text", "text": ""}),
+               delta_ev(0, {"type": "text_delta", "text": "hi"}), (name, data), block_stop(0),
+               message_delta("end_turn"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert acc.message().text == "hi"
+
+
+@pytest.mark.parametrize("name", ["content_block_delta", "message_delta", None])
+async def test_an_event_the_mapper_reads_whose_data_is_not_json_is_still_a_protocol_error(name: str | None) -> None:
+    with pytest.raises(StreamProtocolError, match="malformed JSON") as info:
+        await run_body(sse(START, (name, "{not json")))
+    assert info.value.retryable is True
+
+
 @pytest.mark.parametrize("data", ["upstream overloaded", ""])
 async def test_an_error_event_whose_data_is_not_json_is_the_servers_error(data: str) -> None:
     with pytest.raises(ProviderStreamError) as info:

@@ -649,3 +649,23 @@ async def test_a_tool_call_that_never_names_its_tool_is_kept_and_answered_not_dr
     (result,) = engine.messages[2].tool_results
     assert result.tool_use_id == "call_1" and result.is_error and "Unknown tool" in str(result.content)
     assert len(requests) == 2
+
+
+async def test_a_delta_after_finish_reason_is_not_added_to_the_answer(caplog: pytest.LogCaptureFixture) -> None:
+    # The server said the answer was finished; text (or a tool call) it sends after that, before
+    # [DONE], was appended to the answer, which the same stream ended by a usage chunk or by the
+    # body's end would not have had. It is left out, with a warning.
+    body = chat_stream(
+        chat_chunk({"role": "assistant", "content": "Hello"}),
+        chat_chunk({}, finish="stop"),
+        chat_chunk({"content": " and more"}),
+        chat_chunk({"tool_calls": [call(0, "c1", "late", "{}")]}),
+        chat_chunk({"content": " again"}),
+    )
+    with caplog.at_level("WARNING", logger="agentloop"):
+        _, acc = await run_body(body)
+    message = acc.message()
+    assert message.text == "Hello" and not message.tool_uses
+    assert acc.stop_reason == "end_turn"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "after its finish_reason" in warnings[0]

@@ -75,8 +75,11 @@ class AnthropicMapper:
         try:
             obj = loads(sse.data)
         except ValueError as exc:
-            if sse.event == "ping":
-                return None  # a keep-alive, whatever it carries (the SDK reads no ping either)
+            if sse.event == "ping" or (sse.event is not None and sse.event not in _READ):
+                # A keep-alive, whatever it carries (the SDK reads no ping either), or an event
+                # this mapper does not read (a proxy's "event: keepalive" with empty data): the
+                # API asks for unknown event types to be passed over.
+                return None
             if sse.event == "error":  # the server's error, in words: its message
                 raise self._error({"type": "error", "error": {"message": sse.data}}) from None
             raise StreamProtocolError(
@@ -275,3 +278,5 @@ _HANDLERS: dict[str, _Handler] = {
     "message_delta": AnthropicMapper._message_delta,
     "message_stop": AnthropicMapper._message_stop,
 }
+# The event names whose data this mapper reads: data that is not JSON in one is malformed.
+_READ = frozenset({*_HANDLERS, "content_block_delta", "error"})

@@ -11,6 +11,7 @@ by a proxy), raises `StreamProtocolError`. Errors sent in the stream are mapped 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from .._driver import count_tokens, excerpt, loads
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
+
+log = logging.getLogger("agentloop")
 
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
@@ -88,7 +91,7 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_next", "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id",
+                 "_late", "_next", "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id",
                  "response_id", "terminator")  # fmt: skip
 
     def __init__(
@@ -108,6 +111,7 @@ class ChatMapper:
         self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
         self._next = 0
         self._finish: str | None = None
+        self._late = False  # a delta came after the finish_reason (and was left out, with a warning)
         self._refusal = False
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
@@ -161,9 +165,12 @@ class ChatMapper:
                 if choice is None:
                     return out or None
             delta = choice.get("delta")
-            if delta:
+            if self._finish is not None:  # the answer was finished: what comes after is no part of it
+                if delta and not self._late:
+                    self._late = _late_delta(delta, self._finish)
+            elif delta:
                 self._delta(delta, out)
-            if self.logprobs:
+            if self.logprobs and self._finish is None:
                 values = _logprob_values(choice.get("logprobs"))
                 if values:  # the tokens of what this chunk streamed: reasoning, or text
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
@@ -393,6 +400,18 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         return started
+
+
+def _late_delta(delta: dict[str, Any], finish: str) -> bool:
+    """Warn of a delta with output that came after the answer's ``finish`` (it is left out of
+    the answer, as a stream ended there would have it); whether it had any."""
+    late = [k for k in ("content", "refusal", "reasoning", "reasoning_content", "tool_calls") if delta.get(k)]
+    if late:
+        log.warning(
+            "openai chat stream: the server sent %s after its finish_reason %r; left out of the answer",
+            " and ".join(late), finish,
+        )
+    return bool(late)
 
 
 def _logprob_values(lp: Any) -> tuple[float, ...]:
