@@ -60,7 +60,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     where every await that produces them is written out: the model stream's, the back-off
     sleep's and the tool mailbox's. A phase moved into a generator of its own would cost each
     of its events one more resumption, and each call added on the path of an iteration costs
-    ~0.5-2k instructions of the ~252k an iteration takes (`benchmarks/callgrind_overhead.py`).
+    ~0.5-2k instructions of the ~254k an iteration takes (`benchmarks/callgrind_overhead.py`).
     So the synchronous steps are named functions (here, in `_turns`, `_streaming`,
     `_toolphase`, `_commit`, `_ending`) and what remains reads as the module's outline above.
     """
