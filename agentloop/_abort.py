@@ -44,10 +44,11 @@ class AbortSignal:
 
     def __init__(self) -> None:
         self._reason: str | None = None
-        # Test-and-set flag: `acquire(blocking=False)` is atomic and never
-        # blocks, so the first `_abort` wins even from a signal handler that
-        # interrupted another `_abort` on the same thread.
-        self._once = threading.Lock()
+        # Test-and-set: each `_abort` that finds it empty appends a claim of its own (one
+        # atomic step, never blocking), and the first claim in it wins, even from a signal
+        # handler that interrupted another `_abort` on the same thread. Whoever loses reads
+        # the winner's reason there at once, before the winner records it in ``_reason``.
+        self._once: list[tuple[str]] = []
         self._listeners: dict[int, Listener] = {}
         self._keys = itertools.count()
         self._waiters: _LoopWaiters | None = None  # made by the first wait()
@@ -61,12 +62,15 @@ class AbortSignal:
     @property
     def aborted(self) -> bool:
         """True once the controller has aborted."""
-        return self._reason is not None
+        return self._reason is not None or bool(self._once)
 
     @property
     def reason(self) -> str | None:
         """The first abort's reason, or None while not aborted."""
-        return self._reason
+        reason = self._reason
+        if reason is None and (claims := self._once):  # the abort that won is recording it
+            return claims[0][0]
+        return reason
 
     def throw_if_aborted(self) -> None:
         """Raise `AbortError` with the reason if aborted; otherwise do nothing."""
@@ -192,7 +196,12 @@ class AbortSignal:
     # -- controller side ---------------------------------------------------
 
     def _abort(self, reason: str) -> bool:
-        if not self._once.acquire(blocking=False):
+        claims = self._once
+        if claims:
+            return False
+        claim = (reason,)  # a new tuple each time: only the abort that made it finds it first
+        claims.append(claim)
+        if claims[0] is not claim:
             return False
         self._reason = reason
         for link in self._links:  # aborted: it follows nothing any more
@@ -320,14 +329,17 @@ class _LoopWaiters:
         self.remove: Callable[[], None] = _nothing
 
     def __call__(self, reason: str) -> None:
-        if threading.get_ident() == self.thread:
-            _wake(self.futures, reason)
-            # From a signal handler, the loop may be asleep in select(): the woken futures'
-            # callbacks would wait for something else to wake it. Make sure something does.
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(_nothing)
-        elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(_wake, self.futures, reason)
+        try:
+            if threading.get_ident() == self.thread:
+                _wake(self.futures, reason)
+                # From a signal handler, the loop may be asleep in select(): the woken futures'
+                # callbacks would wait for something else to wake it. Make sure something does.
+                if not self.loop.is_closed():
+                    self.loop.call_soon_threadsafe(_nothing)
+            elif not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(_wake, self.futures, reason)
+        except RuntimeError:  # the loop closed meanwhile (its own thread): its waiters went with it
+            pass
 
 
 def _wake(futures: set[asyncio.Future[str]], reason: str) -> None:

@@ -308,6 +308,9 @@ class QueryEngine:
                     # starts, before that turn's model request (the text stays in the transcript).
                     state.stop_next = reason
                     if state.controller is not controller:  # that turn began meanwhile (another thread)
+                        # and may have taken its pending stop already: stop it here, and leave
+                        # none pending for a turn after it (a later send-now's).
+                        state.stop_next = None
                         state.controller.abort(reason)
             elif waiting is None and (fresh := self._fresh_run) is not None:
                 # A run() made but not begun (handed to a task that has had no step yet) is the

@@ -95,8 +95,10 @@ def consumer_gone(engine: QueryEngine, token: object) -> None:
         # that a run() begun at once waits for the cleanup rather than finding a run in progress.
         st.finishing = True
         return
-    if threading.get_ident() != getattr(st.loop, "_thread_id", threading.get_ident()):
-        # Dropped (garbage-collected) in another thread: settle on the loop's own thread.
+    loop_thread = getattr(st.loop, "_thread_id", None)  # None while the loop is not running
+    if loop_thread is not None and loop_thread != threading.get_ident():
+        # Dropped (garbage-collected) in another thread while the loop runs: settle on the
+        # loop's own thread. A loop not running runs nothing meanwhile: settle now, from here.
         st.loop.call_soon_threadsafe(consumer_gone, engine, token)
         return
     settle_now(engine, st)

@@ -129,8 +129,12 @@ class Inbox:
     def forget_late(self) -> None:
         """The run that send-now texts were sent after was dropped before it began: they are
         texts sent while idle, for the next run."""
-        if any(q.late for q in self.send_now):
-            self.send_now[:] = [replace(q, late=False) for q in self.send_now]
+        queue = self.send_now
+        n = len(queue)
+        items = queue[:n]
+        if any(q.late for q in items):
+            # Only the first ``n`` are replaced: a text queued meanwhile (another thread) stays.
+            queue[:n] = [replace(q, late=False) for q in items]
 
     def take(self, queue: list[Queued]) -> list[Queued]:
         """Remove and return everything in ``queue`` (oldest first); a text queued meanwhile

@@ -11,6 +11,7 @@ before the run writes, and the release of both at the run's end.
 from __future__ import annotations
 
 import operator
+import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, TypeGuard
@@ -39,8 +40,19 @@ __all__ = [
 _store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakValueDictionary()
 # Held while a run checks that its store is free and claims it, as one step: engines may start
 # runs in several threads (an event loop each), and a run starting between another's check and
-# its claim would pass the check too.
-_store_claims = threading.Lock()
+# its claim would pass the check too. Re-entrant: a signal handler reading `QueryEngine.running`
+# on a thread inside a claim may settle a run left in a closed loop, which releases its store.
+_store_claims = threading.RLock()
+
+
+def _claims_after_fork() -> None:
+    """In a forked child: the thread that held the claims (starting a run) is not there."""
+    global _store_claims
+    _store_claims = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_claims_after_fork)
 
 
 def _store_key(store: SessionStore) -> object:
@@ -103,6 +115,7 @@ def claim_store(engine: QueryEngine) -> None:
     if store is None:
         return
     key = _store_key(store)
+    _settle_left_writer(engine, key)
     with _store_claims:
         other = _store_writers.get(key)
         if other is not None and other is not engine and _writes_to(other, key):
@@ -126,6 +139,18 @@ def claim_store(engine: QueryEngine) -> None:
             raise
         except Exception:  # a file it cannot open: each append fails too, and is listed
             pass
+
+
+def _settle_left_writer(engine: QueryEngine, key: object) -> None:
+    """The store's last writer, if its run was left in an event loop closed under it, is settled
+    now (it is, at the latest, when next looked at): what it owes the store goes there before
+    this run's records, not after them."""
+    other = _store_writers.get(key)
+    state = other._state if other is not None and other is not engine else None
+    if other is not None and state is not None and state.loop.is_closed():
+        from ._handle import forget_closed_run
+
+        forget_closed_run(other, state)
 
 
 def _writes_to(engine: QueryEngine, key: object) -> bool:

@@ -136,8 +136,24 @@ class TimerThread:
     def add(self, timer: Timer) -> None:
         timer.threaded = True
         self._inbox.put(timer)
+        self._start()
+
+    def cancelled(self) -> None:
+        self._inbox.put(None)
+
+    def forked(self) -> None:
+        """In a forked child: the parent's thread is not there. The timers it had pending are the
+        child's too (its copies of their signals): a thread of the child's own runs them."""
+        self._guard = threading.RLock()
+        self._running = False
+        self.thread = None
+        if len(self._heap) or not self._inbox.empty():
+            self._start()
+
+    def _start(self) -> None:
+        """Start the thread unless it runs (it takes what is queued before it may end)."""
         with self._guard:
-            if self._running:  # it takes the timer from the queue before it may end
+            if self._running:
                 return
             self._running = True  # first: a weakref callback while starting finds it set
             try:
@@ -146,15 +162,6 @@ class TimerThread:
             except BaseException:
                 self._running = False
                 raise
-
-    def cancelled(self) -> None:
-        self._inbox.put(None)
-
-    def forked(self) -> None:
-        """In a forked child: the parent's thread is not there; the next timer starts one."""
-        self._guard = threading.RLock()
-        self._running = False
-        self.thread = None
 
     def _run(self) -> None:
         heap, inbox = self._heap, self._inbox

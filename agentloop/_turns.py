@@ -71,16 +71,37 @@ def _take_fresh_abort(engine: QueryEngine, token: object) -> str | None:
     return fresh[1]
 
 
+_IN_PROGRESS = (
+    "a run is already in progress on this engine (one you stopped iterating but still hold "
+    "ends when you await its aclose() or drop it)"
+)
+
+# The engines (by id) whose run is beginning, each with that run's token: runs of one engine
+# begun at once in two threads (an event loop each) are one run and one RuntimeError. An entry
+# is there only while `_begin` runs.
+_beginning: dict[int, object] = {}
+
+
 def _begin(
     engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None = None
 ) -> tuple[RunState, list[Message] | None]:
     """The run's state, put in place once its store is claimed and the host's changes to the
     transcript are vetted and recorded; ``waited``: the hand-over of a run that waited."""
-    if engine._state is not None:
-        raise RuntimeError(
-            "a run is already in progress on this engine (one you stopped iterating but still hold "
-            "ends when you await its aclose() or drop it)"
-        )
+    key = id(engine)
+    if _beginning.setdefault(key, token) is not token:  # atomic: one of two at once gets it
+        raise RuntimeError(_IN_PROGRESS)
+    try:
+        if engine._state is not None:  # read once the entry is ours: a run begun meanwhile is seen
+            raise RuntimeError(_IN_PROGRESS)
+        return _begin_alone(engine, prompt, token, waited)
+    finally:
+        del _beginning[key]
+
+
+def _begin_alone(
+    engine: QueryEngine, prompt: str | Message | None, token: object, waited: NextRun | None
+) -> tuple[RunState, list[Message] | None]:
+    """`_begin`, no other run of ``engine`` beginning and none in progress."""
     claim_store(engine)
     try:
         engine._vet_history()

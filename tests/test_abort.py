@@ -683,3 +683,67 @@ def test_the_timer_thread_fires_each_pending_timer_once_in_deadline_order_and_le
     last = max(nows)
     expected = sorted((d, i) for i, (d, cancel) in enumerate(timers) if not cancel and d <= last)
     assert fired == expected  # each once, earliest first, ties in the order made, none early
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_timeout_pending_on_the_timer_thread_as_the_process_forks_still_fires_in_the_child() -> None:
+    made_before = AbortSignal.timeout(0.2, reason="made before the fork")
+    code = os.fork()
+    if code == 0:  # the child: exit status 0 if its copy of the timeout fires, whatever happens
+        status = 2
+        try:
+            faulthandler.dump_traceback_later(30, exit=True)  # a deadlock ends the child too
+            fired = threading.Event()
+            made_before.add_listener(lambda r: fired.set())
+            status = 0 if fired.wait(10) and made_before.reason == "made before the fork" else 1
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(code, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_abort_that_loses_reads_the_winners_reason_at_once_even_inside_the_winners_abort() -> None:
+    """A signal handler (or another thread) aborting while the first abort has won but not yet
+    recorded its reason: it loses, and sees the signal aborted with the winner's reason."""
+    controller = AbortController()
+    seen: list[tuple[bool, str | None]] = []
+
+    class Claims(list):  # type: ignore[type-arg]
+        def append(self, claim: object) -> None:
+            super().append(claim)
+            if len(self) == 1:  # the winner's claim is in: the "handler" lands here
+                controller.abort("second")
+                seen.append((controller.signal.aborted, controller.signal.reason))
+
+    controller.signal._once = Claims()
+    heard: list[str] = []
+    controller.signal.add_listener(heard.append)
+    controller.abort("first")
+    assert seen == [(True, "first")]
+    assert controller.signal.reason == "first" and heard == ["first"]
+
+
+def test_an_abort_as_a_waiting_loop_closes_in_its_own_thread_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """The loop of a `wait()` closed (by the thread that ran it) just after the abort from this
+    thread found it open: its waiters are gone with it, and the abort has nothing to report."""
+    from agentloop._abort import _LoopWaiters
+
+    class ClosedMeanwhile(asyncio.SelectorEventLoop):
+        checked = False
+
+        def is_closed(self) -> bool:
+            was = super().is_closed()
+            if not self.checked:
+                self.checked = True
+                self.close()  # the loop's thread closes it right after the first check
+            return was
+
+    loop = ClosedMeanwhile()
+    controller = AbortController()
+    waiters = _LoopWaiters(loop)
+    waiters.futures.add(loop.create_future())
+    controller.signal.add_listener(waiters)
+    with caplog.at_level("DEBUG", logger="agentloop"):
+        controller.abort("stop")
+    assert loop.is_closed() and controller.signal.reason == "stop"
+    assert [r.getMessage() for r in caplog.records] == []

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hyp
 
 from agentloop import (
+    AbortController,
     AbortError,
     Allow,
     AssistantMessage,
@@ -1228,3 +1230,91 @@ async def test_interrupt_with_no_reason_is_the_default_cancel_not_the_text_none(
             engine.interrupt(None)  # type: ignore[arg-type]
         end = ev
     assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"
+
+
+class _HandlerInside(list):  # type: ignore[type-arg]
+    """A signal's claims that run ``handler`` just after the first abort has claimed it, before
+    that abort records its reason: as a Ctrl-C handler landing there would."""
+
+    def __init__(self, handler: Callable[[], object]) -> None:
+        super().__init__()
+        self._handler: Callable[[], object] | None = handler
+
+    def append(self, claim: object) -> None:
+        super().append(claim)
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            handler()
+
+
+async def test_an_interrupt_landing_inside_a_send_nows_own_abort_stops_the_turn_its_text_starts() -> None:
+    """A signal handler's interrupt() ran while send_now() was aborting the turn, after the abort
+    had won and before it recorded "send_now": the interrupt found no reason yet, took the turn
+    for one not stopped by a send-now, and was lost. The send-now's turn made its request."""
+    release = asyncio.Event()
+
+    @tool
+    async def build(ctx: ToolContext) -> str:
+        """Ignores the signal until released."""
+        await release.wait()
+        return "built"
+
+    engine = engine_for([calls("build"), "the answer to the send-now", "unused"], tools=[build])
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted):
+            assert engine.signal is not None
+            engine.signal._once = _HandlerInside(engine.interrupt)
+            engine.send_now("do this instead")
+            release.set()
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("aborted_tools", "send_now"), ("aborted_streaming", "cancel")]
+    assert engine.model.request_count == 1  # type: ignore[attr-defined]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_an_interrupt_from_a_thread_that_finds_the_send_nows_turn_begun_leaves_no_stop_for_a_later_turn() -> None:
+    """send_now(A), then interrupt() from a thread that read the turn A stopped and resumed only
+    once A's turn had begun (and taken its pending stop): it stopped A's turn, and its stop also
+    stayed pending, so the turn of a later send_now(B) began stopped. B is the user's last word."""
+    release = asyncio.Event()
+    in_abort, a_begun = threading.Event(), threading.Event()
+
+    @tool
+    async def build(ctx: ToolContext) -> str:
+        """Ignores the signal until released."""
+        await release.wait()
+        return "built"
+
+    class Paused(AbortController):
+        __slots__ = ()
+
+        def abort(self, reason: str = "cancel") -> None:
+            super().abort(reason)
+            if reason == "cancel":  # the interrupting thread: descheduled here until A's turn began
+                in_abort.set()
+                a_begun.wait(5)
+
+    engine = engine_for([calls("build"), "answer", "answer", "answer"], tools=[build])
+    ui = threading.Thread(target=engine.interrupt)
+    events = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallStarted):
+            engine.send_now("A")
+            assert engine._state is not None
+            engine._state.controller.__class__ = Paused
+            ui.start()
+            await asyncio.to_thread(in_abort.wait, 5)
+            release.set()
+        elif isinstance(ev, TurnStarted) and ev.turn == 2:
+            a_begun.set()
+            await asyncio.to_thread(ui.join, 5)
+        elif isinstance(ev, TurnEnded) and ev.abort_reason == "cancel":
+            engine.send_now("B")
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends[0] == ("aborted_tools", "send_now") and ends[1][1] == "cancel"
+    assert ends[2:] == [("completed", None)]
+    assert engine.messages[-1].text == "answer"
+    assert validate_transcript(engine.messages) == []
