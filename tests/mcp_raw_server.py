@@ -24,7 +24,7 @@ from typing import Any
 out = sys.stdout.buffer
 answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests, by id
 
-TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch"]
+TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last"]
 
 
 def send(message: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -94,6 +94,12 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
                 answers[message.get("id")] = message
         pong = answers.pop("batch-ping")
         send([text(request_id, json.dumps(pong.get("result")))])
+    elif name == "deaf":  # reads no more of its stdin (nor answers), once it has said so in a file
+        Path(arguments["deaf"]).write_text("deaf")
+        time.sleep(60)
+    elif name == "last":  # answers, and exits at once
+        send(text(request_id, "the last answer"))
+        os._exit(0)
     elif name == "changes":  # the tool list changed
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         send(text(request_id, "changed"))

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1319,3 +1320,127 @@ async def test_the_client_introduces_itself_as_agentloop(monkeypatch: pytest.Mon
     async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
         await srv.list_tools()
     assert fake.client_info == {"name": "agentloop", "version": agentloop.__version__}
+
+
+async def test_an_abort_never_waits_for_a_server_that_stopped_reading_its_stdin(tmp_path: Path) -> None:
+    # The server reads no more of its stdin: a call's arguments fill the pipe, and the
+    # notifications/cancelled of an abort queue behind them. The abort ends the calls at once all
+    # the same (the SDK would wait 5 s for each notification to be written), so nothing of them
+    # outlives a run that is cut off after its tool_cancel_grace.
+    deaf = tmp_path / "deaf"
+    async with _raw() as srv:
+        controller = AbortController()
+        calls = [asyncio.create_task(srv.call_tool("deaf", {"deaf": str(deaf)}, signal=controller.signal))]
+        await _until(deaf.exists, "the server to stop reading its stdin")
+        calls.append(asyncio.create_task(srv.call_tool("pid", {"pad": "x" * (4 << 20)}, signal=controller.signal)))
+        conn = srv._conn
+        assert conn is not None
+        pipes = conn._read._pipes
+        await _until(lambda: pipes._writable is not None, "the write of the second call to wait for the server")
+        controller.abort("cancel")
+        async with asyncio.timeout(1.5):
+            for call in calls:
+                with pytest.raises(AbortError, match="cancel"):
+                    await call
+
+
+class _HungServer:
+    """A streamable HTTP MCP server in an `httpx2.MockTransport` that answers ``initialize`` and
+    ``tools/list``, then nothing: a request waits for as long as its read timeout allows, and fails as the real
+    transport would then (for ever without one)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []  # the HTTP method, or the JSON-RPC method posted, of each request
+
+    async def handle(self, request: Any) -> Any:
+        import httpx2
+
+        body = json.loads(request.content) if request.method == "POST" else {}
+        self.seen.append(body.get("method", request.method))
+        if body.get("method") == "initialize":
+            result = {
+                "protocolVersion": body["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hung", "version": "1"},
+            }
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result},
+                                   headers={"mcp-session-id": "s1"})  # fmt: skip
+        if body.get("method") == "notifications/initialized":
+            return httpx2.Response(202)
+        if body.get("method") == "tools/list":
+            tools = {"tools": [{"name": "where", "inputSchema": {"type": "object"}}]}
+            return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": tools})
+        if request.method == "GET":
+            return httpx2.Response(405)
+        read = request.extensions["timeout"]["read"]
+        if read is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(read)  # the transport's read timeout, as it would run out
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+
+async def test_an_http_server_that_stops_answering_cannot_hold_aclose_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Neither the notifications/cancelled of an abort nor the DELETE that ends the session were
+    # bounded (reads wait for as long as a tool runs): aclose() waited for the server for ever.
+    import functools
+
+    import httpx2
+
+    hung = _HungServer()
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(hung.handle)))
+    srv = MCPServer.http("http://mcp.invalid/mcp", http_timeout=0.5, connect_timeout=10)
+    controller = AbortController()
+    call = asyncio.create_task(srv.call_tool("where", {}, signal=controller.signal))
+    await _until(lambda: "tools/call" in hung.seen, "the call to be posted")
+    controller.abort("cancel")
+    with pytest.raises(AbortError, match="cancel"):
+        await call
+    await _until(lambda: "notifications/cancelled" in hung.seen, "the cancellation to be posted")
+    async with asyncio.timeout(5):
+        await srv.aclose()
+    assert "DELETE" in hung.seen  # the session was ended, as far as the server let it
+
+
+
+async def test_the_last_messages_of_a_server_that_exits_are_read_however_far_behind_the_session_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server writes MiBs, its answer, and exits. Reading its stdout pauses while the session is
+    # a MiB behind, so the answer waits in the pipe; the end of the connection, due `_DRAIN` s
+    # after the exit (for a process left behind holding the pipe), came first and dropped it.
+    from agentloop.mcp import _stdio
+    from agentloop.models._http import Redactor
+
+    monkeypatch.setattr(_stdio, "_DRAIN", 0.0)
+
+    def note(n: int) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * n}}).encode()
+
+    answer = json.dumps(text_result := {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}).encode()
+    pipes = _stdio.Pipes(asyncio.get_running_loop(), "p", Redactor(()), None)
+    pipes.pipe_data_received(1, note(2 << 20) + b"\n")  # the session is behind: reading pauses
+    assert pipes._paused
+    pipes.process_exited()
+    for _ in range(3):  # the drain delay (0 here) runs out while the session is still behind
+        await asyncio.sleep(0)
+    read = [await pipes.stdout.receive()]  # the session catches up: reading resumes
+    pipes.pipe_data_received(1, note(10) + b"\n" + answer + b"\n")  # what waited in the pipe
+    pipes.pipe_connection_lost(1, None)
+    with pytest.raises(anyio.EndOfStream):
+        while True:
+            read.append(await pipes.stdout.receive())
+    assert len(read) == 3 and read[-1].message.id == text_result["id"]  # type: ignore[union-attr]
+    assert pipes.end_reason is not None
+
+
+@pytest.mark.parametrize("listed", [False, True])
+async def test_a_call_answered_by_a_server_that_exits_at_once_keeps_its_answer(listed: bool) -> None:
+    # The SDK lists the tools after the answer to a call of a tool its session has not seen listed
+    # (to check the result against the tool's output schema): on a new connection, the call of a
+    # server that answered and exited failed with "Connection closed", its answer lost.
+    async with _raw() as srv:
+        if listed:
+            await srv.list_tools()
+        assert result_to_block("t", await srv.call_tool("last", {})).text == "the last answer"
+        await _until(lambda: repr(srv).endswith(" idle>"), "the server's exit to be noticed")
+        assert result_to_block("t", await srv.call_tool("last", {})).text == "the last answer"  # on a new one

@@ -55,6 +55,8 @@ class Connection:
         self.label = label
         self.timeout = timeout  # for the initialize handshake
         self.lost = False
+        self.listed = False  # the server's tools were listed on it (its SDK session knows them)
+        self.first_listing: asyncio.Task[None] | None = None  # the listing its first call waits for
         self._read: Any = None  # the transport's read stream
         self._task = asyncio.create_task(self._run(connect), name=f"agentloop-mcp {label}")
 

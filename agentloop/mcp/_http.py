@@ -108,8 +108,16 @@ def http_connect(
                 if request_id is not None:
                     statuses[request_id] = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
 
+        async def on_request(request: httpx2.Request) -> None:
+            # Only a request's answer takes as long as its tool runs. The DELETE that ends the session
+            # and a notification (a cancellation among them) are answered at once by a live server:
+            # unbounded, one to a server that stopped answering held `aclose`, or every later
+            # message (they are posted one after the other), for ever.
+            if request.method == "DELETE" or (request.method == "POST" and not _is_request(request)):
+                request.extensions["timeout"] = {**request.extensions.get("timeout", {}), "read": http_timeout}
+
         limits = httpx2.Timeout(http_timeout, read=None)
-        hooks = {"response": [on_response]}
+        hooks: dict[str, list[Callable[..., Any]]] = {"request": [on_request], "response": [on_response]}
         async with (
             httpx2.AsyncClient(headers=dict(headers or {}), timeout=limits, auth=auth, event_hooks=hooks) as client,
             streamable_http_client(target, http_client=client, max_sse_event_size=max_event_size) as (read, write),
@@ -118,6 +126,15 @@ def http_connect(
             yield stream, write
 
     return connect
+
+
+def _is_request(request: httpx2.Request) -> bool:
+    """Whether ``request`` posts a JSON-RPC request (not a notification, nor an answer to the server)."""
+    try:
+        message = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return False
+    return isinstance(message, dict) and "method" in message and "id" in message
 
 
 def _request_id(request: httpx2.Request) -> Any:

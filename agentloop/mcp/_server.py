@@ -133,7 +133,10 @@ class MCPServer:
 
         ``headers`` go on every request (authentication, for instance);
         ``http_timeout`` is the HTTP connect/write timeout in seconds (reads wait
-        for as long as a tool runs, bounded by the tool's own ``timeout``).
+        for as long as a tool runs, bounded by the tool's own ``timeout``), and the
+        read timeout of what a server answers at once: a notification (an abort's
+        cancellation) and the DELETE that ends the session. A server that answers a
+        notification later loses the connection (the next call opens a new one).
         ``max_event_size``: the most bytes one server-sent event may hold (the SDK's
         own default, 1 MiB, fails every tool result over it; the engine cuts a long
         result itself, see ``max_tool_result_chars``); None for no limit. The
@@ -328,6 +331,7 @@ class MCPServer:
         listing = frozenset(spec.name for spec in specs)
         tools = [self._tool(spec, listing) for spec in specs]
         self._listed = {spec.name: tool for spec, tool in zip(specs, tools, strict=True)}
+        conn.listed = True
         if self._conn is conn:
             self._relist_due = False  # this listing comes from the current connection
         return tools
@@ -527,6 +531,8 @@ class MCPServer:
         if self._relist_due or self._stale:
             self._relist_due = False
             self._start_relisting()
+        if not conn.listed:
+            await self._list_first(conn)
         try:
             result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
@@ -535,6 +541,20 @@ class MCPServer:
                 raise conn.closed() from exc  # the server's stderr stays in the log: this goes to the model
             raise
         return result
+
+    async def _list_first(self, conn: Connection) -> None:
+        """List the tools on ``conn`` before its first call is sent (once per connection).
+
+        The SDK lists them itself after the answer to a call of a tool its session has not seen
+        listed (to check the result against the tool's output schema): a server that exited
+        once it answered failed the call it answered. This listing is bounded by
+        ``connect_timeout``; whatever its outcome, the call is sent after it. A caller giving up
+        leaves it going for the others."""
+        if conn.first_listing is None:
+            self._start_relisting()
+            conn.first_listing = self._relisting
+        if conn.first_listing is not None and not conn.first_listing.done():
+            await asyncio.wait((conn.first_listing,))
 
     async def _lost(self, exc: MCPError, conn: Connection) -> None:
         if (exc.code == types.CONNECTION_CLOSED or conn.forgotten) and self._conn is conn:

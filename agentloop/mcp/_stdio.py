@@ -129,6 +129,7 @@ class Pipes(asyncio.SubprocessProtocol):
         self._paused = False  # reading stdout is paused: the session is behind
         self._readable: asyncio.Future[None] | None = None  # the reader waiting for a line
         self._end_timer: asyncio.TimerHandle | None = None
+        self._signs = False  # a sign that the server is going was seen (`_going`)
         self._err = bytearray()  # the stderr line being received
         self._err_skip = False  # dropping the rest of an overlong stderr line
         self._writable: asyncio.Future[None] | None = None  # set while stdin's buffer is full
@@ -212,6 +213,13 @@ class Pipes(asyncio.SubprocessProtocol):
             else:
                 pipe.resume_reading()
         self._paused = paused
+        # What is left in the paused pipe is not a process left behind holding it: the drain
+        # delay of a server that is going runs only while reading goes on (see `_going`).
+        timer, self._end_timer = self._end_timer, None
+        if timer is not None:
+            timer.cancel()
+        if not paused and self._signs:
+            self._going()
 
     def next_line(self) -> bytearray | None:
         if not self.lines:
@@ -277,12 +285,14 @@ class Pipes(asyncio.SubprocessProtocol):
     def _going(self) -> None:
         """One sign that the server is going: its exit, or the end of its stdout or stdin. The
         connection ends when the server has exited and its stdout has ended (its last messages
-        read), or `_DRAIN` s after the first sign (a process it left behind holds its stdout)."""
+        read), or `_DRAIN` s after the first sign (a process it left behind holds its stdout),
+        counted only while stdout is read: not while reading is paused for a session behind."""
+        self._signs = True
         if self.end_reason is not None:
             return
         if self.exited.done() and 1 not in self.open:
             self._end()
-        elif self._end_timer is None:
+        elif self._end_timer is None and not self._paused:
             self._end_timer = self.loop.call_later(_DRAIN, self._end)
 
     def _end(self, reason: str | None = None) -> None:
@@ -386,8 +396,10 @@ class Stdin:
         self._closed = False
 
     async def send(self, item: SessionMessage, /) -> None:
-        """Raises `anyio.ClosedResourceError` once closed, `anyio.BrokenResourceError` once the
-        server's stdin is gone (the session turns both into "Connection closed")."""
+        """Write ``item``; a request then waits while the pipe's buffer is full (the server is
+        behind), a notification never does. Raises `anyio.ClosedResourceError` once closed,
+        `anyio.BrokenResourceError` once the server's stdin is gone (the session turns both into
+        "Connection closed")."""
         if self._closed:
             raise anyio.ClosedResourceError
         pipes = self._pipes
@@ -395,7 +407,10 @@ class Stdin:
         if 0 not in pipes.open or not isinstance(pipe, asyncio.WriteTransport) or pipe.is_closing():
             raise anyio.BrokenResourceError
         pipe.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
-        if pipes._writable is not None:  # the pipe's buffer is full: wait until the server reads
+        # The pipe's buffer is full: a request waits until the server reads. A notification (a
+        # few bytes) does not: the notifications/cancelled of an abort must not wait for a server
+        # that stopped reading, the abort would wait with it.
+        if pipes._writable is not None and not isinstance(item.message, types.JSONRPCNotification):
             await asyncio.shield(pipes._writable)
 
     async def aclose(self) -> None:
