@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 __all__ = ["drive"]
 
 # The checks made on every iteration read ``signal._reason is not None`` rather than the
-# ``signal.aborted`` property: the same value (see `AbortSignal.aborted`) without a Python call
-# (Python 3.11 does not specialise a property read), and the loop reads it about five times
-# per iteration.
+# ``signal.aborted`` property, without a Python call (Python 3.11 does not specialise a property
+# read), and the loop reads it about five times per iteration. They differ only while an abort
+# that has won (``_once`` holds its claim) has not yet recorded its reason, a few bytecodes on
+# another thread or in a signal handler: a check made then sees the abort a moment later, as
+# if it had come a moment later, and its listener still wakes the loop.
 
 
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
