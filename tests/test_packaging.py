@@ -86,4 +86,25 @@ def test_without_the_mcp_sdk_the_rest_imports_and_agentloop_mcp_names_the_extra(
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'"
+    assert proc.stdout.strip() == "agentloop.mcp needs the MCP SDK (mcp >= 2.3): pip install 'agentloop[mcp]'"
+
+
+def test_an_mcp_sdk_too_old_for_the_http_transport_names_the_extra_at_import() -> None:
+    """mcp 2.0 to 2.2 import, but their HTTP client takes no ``max_sse_event_size``: every call
+    over streamable HTTP failed with a ``TypeError`` from inside the SDK."""
+    proc = _run(
+        """
+        import contextlib
+        import mcp.client.streamable_http as sdk
+        @contextlib.asynccontextmanager
+        async def streamable_http_client(url, *, http_client=None, terminate_on_close=True):
+            yield None
+        sdk.streamable_http_client = streamable_http_client  # the signature mcp 2.2 has
+        try:
+            import agentloop.mcp
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "agentloop.mcp needs the MCP SDK (mcp >= 2.3): pip install 'agentloop[mcp]'"

@@ -24,17 +24,23 @@ transport (`_stdio`, which `_stop` ends, or `_http`); `_tools` maps the server's
 their results to agentloop's.
 """
 
-# Every part of the SDK the package uses, imported here first: without it (or with one older
-# than mcp 2), importing agentloop.mcp says what to install.
+import inspect as _inspect
+
+# Every part of the SDK the package uses, imported here first: without it, or with one older than
+# mcp 2.3 (2.0 to 2.2 import, but their HTTP client sets no limit on an event's size, so every
+# call over streamable HTTP would fail), importing agentloop.mcp says what to install.
 try:
     import anyio  # noqa: F401
     import httpx2  # noqa: F401
     from mcp import ClientSession, StdioServerParameters, types  # noqa: F401
     from mcp.client.stdio import stdio_client  # noqa: F401
-    from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+    from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError  # noqa: F401
+
+    if "max_sse_event_size" not in _inspect.signature(streamable_http_client).parameters:
+        raise ImportError("mcp older than 2.3")
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2): pip install 'agentloop[mcp]'") from exc
+    raise ImportError("agentloop.mcp needs the MCP SDK (mcp >= 2.3): pip install 'agentloop[mcp]'") from exc
 
 from ._server import MCPServer
 from ._tools import result_to_block as result_to_block  # importable from here, though not in __all__
