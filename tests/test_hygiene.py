@@ -2,7 +2,8 @@
 
 Each leak below is made by a test of its own in a pytest run of its own, under the same
 conftest.py and settings as this suite; the run has to fail that test at its teardown, naming the
-leak, and pass the one test that cleans up after itself."""
+leak, and pass the test that cleans up after itself (and the one marked as swallowing a cancel
+on purpose)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 
 import httpx
 import httpx2
+import pytest
 
 kept = []
 
@@ -30,7 +32,7 @@ async def test_leaves_a_task_running():
     await asyncio.sleep(0)
 
 
-async def test_swallows_a_cancel():
+async def swallow_a_cancel():
     started = asyncio.Event()
 
     async def deaf():
@@ -44,6 +46,15 @@ async def test_swallows_a_cancel():
     await started.wait()
     task.cancel()
     assert await task == "carried on"
+
+
+async def test_swallows_a_cancel():
+    await swallow_a_cancel()
+
+
+@pytest.mark.swallows_cancel
+async def test_swallows_a_cancel_on_purpose():
+    await swallow_a_cancel()
 
 
 async def test_leaves_a_response_open():
@@ -84,6 +95,7 @@ asyncio_default_fixture_loop_scope = function
 asyncio_debug = true
 timeout = 60
 filterwarnings = error
+markers = swallows_cancel: on purpose
 """
 
 
@@ -115,6 +127,7 @@ def test_each_leak_fails_its_test_at_teardown(leak_run: str, test: str, complain
     assert re.search(rf"^PASSED test_leaks\.py::{test}$", leak_run, re.M), leak_run  # the test, then its teardown
 
 
-def test_a_test_that_cleans_up_passes(leak_run: str) -> None:
-    assert re.search(r"^PASSED test_leaks\.py::test_cleans_up_after_itself$", leak_run, re.M), leak_run
-    assert "6 passed, 5 errors" in leak_run, leak_run
+@pytest.mark.parametrize("test", ["test_cleans_up_after_itself", "test_swallows_a_cancel_on_purpose"])
+def test_a_test_that_cleans_up_or_is_marked_passes(leak_run: str, test: str) -> None:
+    assert re.search(rf"^PASSED test_leaks\.py::{test}$", leak_run, re.M), leak_run
+    assert "7 passed, 5 errors" in leak_run, leak_run
