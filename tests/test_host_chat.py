@@ -1,0 +1,374 @@
+"""A web chat's backend written from the docs: one engine per conversation, many at once.
+
+Each conversation has its own session file and is resumed from it after a restart. The users
+regenerate answers, edit earlier messages, switch the model between Anthropic (thinking), OpenAI
+Responses (reasoning) and OpenAI Chat through an OpenAI-compatible gateway, press stop and
+continue, type while the answer streams, paste huge texts, and write in every script and emoji.
+The providers are mock servers (tests/host_wire.py) that refuse what the real APIs refuse. After
+every step: the transcript is valid, the next request is accepted, nothing is left open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    Event,
+    InterjectionInjected,
+    Message,
+    QueryEngine,
+    TextDelta,
+    ThinkingBlock,
+    TurnEnded,
+    TurnStarted,
+    tool,
+    validate_transcript,
+)
+from agentloop.models import AnthropicModel, Model, OpenAIChatModel, OpenAIResponsesModel
+from agentloop.sessions import JsonlSession
+from tests.host_wire import AnthropicServer, Call, ChatServer, Reply, ResponsesServer, _Server
+
+ANTHROPIC_KEY = "sk-ant-api03-chat-never-shown-11aa"
+OPENAI_KEY = "sk-proj-chat-never-shown-22bb"
+ROUTER_KEY = "sk-or-v1-chat-never-shown-33cc"
+ROUTER = "https://openrouter.ai/api/v1"
+
+POLYGLOT = "Grüße, Ελλάδα, 日本語, עברית, العربية, हिन्दी 👩🏽‍💻🇯🇵 ✨"
+
+
+@tool(concurrency_safe=True)
+async def weather(city: str) -> str:
+    """Look up today's weather of a city."""
+    return f"{city}: ☀️ 21 °C"
+
+
+def anthropic(server: AnthropicServer) -> AnthropicModel:
+    return AnthropicModel("claude-opus-4-7", api_key=server.key, thinking=2000, http_client=server.client())
+
+
+def responses(server: ResponsesServer) -> OpenAIResponsesModel:
+    return OpenAIResponsesModel("gpt-5", api_key=server.key, http_client=server.client(),
+                                extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
+
+
+def router(server: ChatServer) -> OpenAIChatModel:
+    return OpenAIChatModel("google/gemini-2.5-flash", api_key=server.key, base_url=ROUTER, http_client=server.client())
+
+
+async def drive(engine: QueryEngine, prompt: str | None = None) -> tuple[list[Event], TurnEnded]:
+    async with contextlib.aclosing(engine.run(prompt)) as run:
+        events = [event async for event in run]
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    return events, ends[-1]
+
+
+def settled(engine: QueryEngine, *servers: _Server) -> None:
+    """What every step must leave: a valid transcript, no run, no response open, nothing refused."""
+    assert validate_transcript(engine.messages) == []
+    assert not engine.running
+    assert engine.session_errors == []
+    for server in servers:
+        assert server.rejections == []
+        assert server.open_responses == 0
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+class Conversation:
+    """One chat: its engine, over its own session file."""
+
+    def __init__(self, path: Path, model: Model, *, resume: bool = False) -> None:
+        if resume:
+            self.session, loaded = JsonlSession.resume(path)
+            assert loaded.warnings == [] and loaded.repairs == []
+            messages = loaded.messages
+        else:
+            self.session, messages = JsonlSession(path), []
+        self.engine = QueryEngine(model, tools=[weather], system="You are a friendly chat assistant.",
+                                  session=self.session, messages=messages)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+# -- many conversations, a restart ----------------------------------------------------------------
+
+
+async def test_many_conversations_at_once_then_a_restart_resumes_each_from_its_file(tmp_path: Path) -> None:
+    server = AnthropicServer(ANTHROPIC_KEY, [])
+    users = [f"user {n} {POLYGLOT}" for n in range(6)]
+    server.on_request = lambda body: server.replies.append(
+        Reply(thinking="Let me think… 🤔", text=f"Hello {body['messages'][-1]['content'][0]['text'][:6]} 👋", chunk=3)
+    )
+    model = anthropic(server)
+    chats = [Conversation(tmp_path / f"chat-{n}.jsonl", model) for n in range(6)]
+    results = await asyncio.gather(*(drive(c.engine, users[n]) for n, c in enumerate(chats)))
+    for n, (_, end) in enumerate(results):
+        assert end.reason == "completed"
+        assert chats[n].engine.messages[0].text == users[n]
+        assert chats[n].engine.messages[-1].text == f"Hello user {n} 👋"
+        settled(chats[n].engine, server)
+        chats[n].close()
+
+    # The server restarts: new engines from the files, the same conversations.
+    model = anthropic(server)
+    again = [Conversation(tmp_path / f"chat-{n}.jsonl", model, resume=True) for n in range(6)]
+    await asyncio.gather(*(drive(c.engine, f"and again, {n} 🔁") for n, c in enumerate(again)))
+    for n, chat in enumerate(again):
+        assert [m.role for m in chat.engine.messages] == ["user", "assistant", "user", "assistant"]
+        assert chat.engine.messages[0].text == users[n]
+        assert isinstance(chat.engine.messages[1].content[0], ThinkingBlock)
+        settled(chat.engine, server)
+        chat.close()
+        assert JsonlSession(tmp_path / f"chat-{n}.jsonl").load().messages == chat.engine.messages
+    sent = [b for b in server.bodies if len(b["messages"]) == 3]
+    assert len(sent) == 6 and all(b["messages"][1]["content"][0]["type"] == "thinking" for b in sent)
+    await model.aclose()
+
+
+# -- regenerate, edit -------------------------------------------------------------------------------
+
+
+def rewind_to_last_prompt(engine: QueryEngine) -> None:
+    """Regenerate: drop everything after the user's last own message (not a tool result)."""
+    last = max(i for i, m in enumerate(engine.messages) if m.role == "user" and not m.synthetic and m.text)
+    del engine.messages[last + 1 :]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "router"])
+async def test_regenerate_the_last_answer_and_edit_an_earlier_message(provider: str, tmp_path: Path) -> None:
+    server: _Server
+    if provider == "anthropic":
+        server = AnthropicServer(ANTHROPIC_KEY, [])
+        model: Model = anthropic(server)
+    elif provider == "responses":
+        server = ResponsesServer(OPENAI_KEY, [])
+        model = responses(server)
+    else:
+        server = ChatServer(ROUTER_KEY, [], path="/api/v1/chat/completions")
+        model = router(server)
+    server.replies += [
+        Reply(thinking="Weather first.", text="Checking 🌦", calls=[Call("weather", {"city": "Zürich"})]),
+        Reply(thinking="Got it.", text="Zürich: ☀️ 21 °C."),
+        Reply(thinking="Again.", text="Regenerated: sunny in Zürich ☀️."),
+        Reply(text="Tokyo 東京 is next."),
+        Reply(thinking="Edited.", text="In Kraków it is sunny too."),
+    ]
+    path = tmp_path / "chat.jsonl"
+    chat = Conversation(path, model)
+    engine = chat.engine
+    await drive(engine, "Wie ist das Wetter in Zürich? 🌍")
+    assert engine.messages[-1].text == "Zürich: ☀️ 21 °C."
+
+    rewind_to_last_prompt(engine)
+    assert engine.messages[-1].role == "user"
+    _, end = await drive(engine)
+    assert end.reason == "completed"
+    assert engine.messages[-1].text == "Regenerated: sunny in Zürich ☀️."
+    assert len(engine.messages) == 2
+    settled(engine, server)
+
+    await drive(engine, "And Tokyo?")
+    # Edit the first message and continue from there: everything after it goes.
+    del engine.messages[0:]
+    _, end = await drive(engine, "Wie ist das Wetter in Kraków? 🇵🇱")
+    assert end.reason == "completed"
+    assert [m.text for m in engine.messages] == ["Wie ist das Wetter in Kraków? 🇵🇱", "In Kraków it is sunny too."]
+    settled(engine, server)
+    chat.close()
+    assert JsonlSession(path).load().messages == engine.messages
+    await model.aclose()  # type: ignore[attr-defined]
+
+
+# -- switching the model ------------------------------------------------------------------------------
+
+
+async def test_switching_anthropic_thinking_to_responses_reasoning_to_a_chat_gateway(tmp_path: Path) -> None:
+    claude = AnthropicServer(ANTHROPIC_KEY, [
+        Reply(thinking="The user wants weather.", calls=[Call("weather", {"city": "Αθήνα"})]),
+        Reply(thinking="Answer now.", text="Αθήνα: ☀️ 21 °C."),
+    ])
+    gpt = ResponsesServer(OPENAI_KEY, [
+        Reply(thinking="Another city.", calls=[Call("weather", {"city": "القاهرة"})]),
+        Reply(thinking="Summarise.", text="القاهرة: ☀️ 21 °C."),
+    ])
+    gateway = ChatServer(ROUTER_KEY, [
+        Reply(thinking="Compare.", calls=[Call("weather", {"city": "मुंबई"})]),
+        Reply(text="All three are sunny 😎."),
+    ], path="/api/v1/chat/completions")
+    chat = Conversation(tmp_path / "chat.jsonl", anthropic(claude))
+    engine = chat.engine
+    await drive(engine, "Weather in Athens?")
+    settled(engine, claude)
+    engine.model = responses(gpt)
+    await drive(engine, "And Cairo?")
+    settled(engine, gpt)
+    engine.model = router(gateway)
+    _, end = await drive(engine, "And Mumbai? Compare them.")
+    assert end.reason == "completed"
+    settled(engine, gateway)
+    engine.model = anthropic(claude)  # and back to where it began
+    claude.replies.append(Reply(thinking="Done.", text="Anything else? 🙂"))
+    await drive(engine, "Thanks!")
+    settled(engine, claude)
+    last = claude.bodies[-1]["messages"]
+    assert [b["type"] for b in last[1]["content"]][:1] == ["thinking"]  # its own thinking goes back
+    chat.close()
+
+
+# -- stop, continue, typing while it streams ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "router"])
+@pytest.mark.parametrize("where", ["thinking", "text"])
+async def test_stop_generating_then_continue(provider: str, where: str, tmp_path: Path) -> None:
+    story = "Once upon a time 🏰 a fox met a crow, who held a piece of cheese in her beak…"
+    reply = Reply(thinking="Which story? Maybe Aesop's, in Greek: Αίσωπος 🦊", text=story, chunk=5,
+                  stall_after=2 if where == "thinking" else 13)
+    server: _Server
+    if provider == "anthropic":
+        server = AnthropicServer(ANTHROPIC_KEY, [reply])
+        model: Model = anthropic(server)
+    elif provider == "responses":
+        server = ResponsesServer(OPENAI_KEY, [reply])
+        model = responses(server)
+    else:
+        server = ChatServer(ROUTER_KEY, [reply], path="/api/v1/chat/completions")
+        model = router(server)
+    chat = Conversation(tmp_path / "chat.jsonl", model)
+    engine = chat.engine
+    run = engine.run("Tell me a story ✨")
+    task = asyncio.create_task(drive_run(run))
+    await server.stalled.wait()
+    engine.interrupt()  # the stop button
+    end = await task
+    assert end.reason == "aborted_streaming"
+    assert engine.messages[-1].kind == "interrupt_notice"
+    settled(engine, server)
+
+    server.replies.append(Reply(text="…and they lived happily ever after. 🌈"))
+    _, end = await drive(engine, "continue")
+    assert end.reason == "completed"
+    assert engine.messages[-1].text.endswith("🌈")
+    settled(engine, server)
+    chat.close()
+    await model.aclose()  # type: ignore[attr-defined]
+
+
+async def drive_run(run: Any) -> TurnEnded:
+    async with contextlib.aclosing(run):
+        events = [event async for event in run]
+    return [e for e in events if isinstance(e, TurnEnded)][-1]
+
+
+async def test_typing_while_it_streams_interject_then_send_now(tmp_path: Path) -> None:
+    server = AnthropicServer(ANTHROPIC_KEY, [
+        Reply(thinking="Planning.", text="Here is a recipe for Käsespätzle: first… " * 3, chunk=6),
+        Reply(thinking="Adjust.", text="Vegan Käsespätzle: use oat milk 🥛."),
+        Reply(text="Ramen 🍜 it is: boil the noodles…", chunk=4, stall_after=2),
+        Reply(thinking="Switch.", text="Pho 🍲: start with the broth."),
+    ])
+    chat = Conversation(tmp_path / "chat.jsonl", anthropic(server))
+    engine = chat.engine
+    receipt = ""
+    events: list[Event] = []
+    async with contextlib.aclosing(engine.run("A recipe please 🍽")) as run:
+        async for event in run:
+            events.append(event)
+            if isinstance(event, TextDelta) and not receipt:
+                receipt = engine.interject("Make it vegan 🌱")
+    injected = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert [e.ids for e in injected] == [(receipt,)]
+    assert "Make it vegan 🌱" in json.dumps(server.bodies[1]["messages"][-1], ensure_ascii=False)
+    assert engine.messages[-1].text == "Vegan Käsespätzle: use oat milk 🥛."
+    settled(engine, server)
+
+    server.stalled.clear()
+    run = engine.run("Now a soup")
+    task = asyncio.create_task(collect_events(run))
+    await server.stalled.wait()
+    engine.send_now("Actually, pho instead 🍲")
+    events = await task
+    starts = [e for e in events if isinstance(e, TurnStarted)]
+    assert len(starts) == 2
+    assert engine.messages[-1].text == "Pho 🍲: start with the broth."
+    settled(engine, server)
+    chat.close()
+
+
+async def collect_events(run: Any) -> list[Event]:
+    async with contextlib.aclosing(run):
+        return [event async for event in run]
+
+
+# -- huge and odd messages ------------------------------------------------------------------------
+
+
+class LimitedAnthropic(AnthropicServer):
+    """Refuses a request whose text is longer than its context window, as Anthropic does."""
+
+    def check(self, body: dict[str, Any]) -> str | None:
+        size = len(json.dumps(body["messages"], ensure_ascii=False))
+        if size > 200_000:
+            return f"prompt is too long: {size // 3} tokens > 50000 maximum"
+        return super().check(body)
+
+
+async def test_a_huge_pasted_message_is_refused_then_the_user_edits_it(tmp_path: Path) -> None:
+    server = LimitedAnthropic(ANTHROPIC_KEY, [Reply(text="Short enough now 👍")])
+    chat = Conversation(tmp_path / "chat.jsonl", anthropic(server))
+    engine = chat.engine
+    huge = ("Lorem ipsum 😀 dolor sit amet, Ünïcödé. " * 10_000).strip()
+    _, end = await drive(engine, huge)
+    assert end.reason == "prompt_too_long"
+    assert server.rejections and "prompt is too long" in server.rejections[0]
+    server.rejections.clear()
+    assert validate_transcript(engine.messages) == []
+    # The user shortens the message and sends it again, replacing the huge one.
+    del engine.messages[-1:]
+    _, end = await drive(engine, huge[:2000])
+    assert end.reason == "completed"
+    assert [m.role for m in engine.messages] == ["user", "assistant"]
+    settled(engine, server)
+    chat.close()
+    assert JsonlSession(tmp_path / "chat.jsonl").load().messages == engine.messages
+
+
+@pytest.mark.parametrize("provider", ["responses", "router"])
+async def test_claude_with_thinking_takes_over_a_tool_turn_another_model_began(provider: str) -> None:
+    """The user picks Claude after the other model's turn stopped on its tool results (here by
+    `max_turns`; a failed request does the same) and presses retry: the assistant turn those
+    results answer has no thinking of Claude's, which Anthropic requires with thinking on."""
+    server: _Server
+    if provider == "responses":
+        server = ResponsesServer(OPENAI_KEY, [Reply(thinking="Look it up.", text="Checking 🔎",
+                                                    calls=[Call("weather", {"city": "Reykjavík"})])])
+        model: Model = responses(server)
+    else:
+        server = ChatServer(ROUTER_KEY, [Reply(text="Checking 🔎", calls=[Call("weather", {"city": "Reykjavík"})])],
+                            path="/api/v1/chat/completions")
+        model = router(server)
+    engine = QueryEngine(model, tools=[weather], max_turns=1)
+    _, end = await drive(engine, "Weather in Reykjavík? ❄️")
+    assert end.reason == "max_turns"
+    settled(engine, server)
+    claude = AnthropicServer(ANTHROPIC_KEY, [Reply(thinking="Done.", text="Reykjavík: ☀️ 21 °C.")])
+    engine.model = anthropic(claude)
+    _, end = await drive(engine)
+    assert end.reason == "completed", end.error
+    assert engine.messages[-1].text == "Reykjavík: ☀️ 21 °C."
+    settled(engine, claude)
+    # Thinking is left off for that one request only; the next turn has it again.
+    assert "thinking" not in claude.bodies[0]
+    claude.replies.append(Reply(thinking="Easy.", text="Bring a coat 🧥."))
+    await drive(engine, "What should I wear?")
+    assert claude.bodies[1]["thinking"] == {"type": "enabled", "budget_tokens": 2000}
+    settled(engine, claude)
