@@ -269,14 +269,27 @@ async def drive_run(run: Any) -> TurnEnded:
     return [e for e in events if isinstance(e, TurnEnded)][-1]
 
 
-async def test_typing_while_it_streams_interject_then_send_now(tmp_path: Path) -> None:
-    server = AnthropicServer(ANTHROPIC_KEY, [
+def serve(provider: str, replies: list[Reply]) -> tuple[_Server, Model]:
+    """A mock server of `provider` with `replies`, and a model that talks to it."""
+    if provider == "anthropic":
+        claude = AnthropicServer(ANTHROPIC_KEY, replies)
+        return claude, anthropic(claude)
+    if provider == "responses":
+        gpt = ResponsesServer(OPENAI_KEY, replies)
+        return gpt, responses(gpt)
+    gateway = ChatServer(ROUTER_KEY, replies, path="/api/v1/chat/completions")
+    return gateway, router(gateway)
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "router"])
+async def test_typing_while_it_streams_interject_then_send_now(provider: str, tmp_path: Path) -> None:
+    server, model = serve(provider, [
         Reply(thinking="Planning.", text="Here is a recipe for Käsespätzle: first… " * 3, chunk=6),
         Reply(thinking="Adjust.", text="Vegan Käsespätzle: use oat milk 🥛."),
         Reply(text="Ramen 🍜 it is: boil the noodles…", chunk=4, stall_after=2),
         Reply(thinking="Switch.", text="Pho 🍲: start with the broth."),
     ])
-    chat = Conversation(tmp_path / "chat.jsonl", anthropic(server))
+    chat = Conversation(tmp_path / "chat.jsonl", model)
     engine = chat.engine
     receipt = ""
     events: list[Event] = []
@@ -287,7 +300,8 @@ async def test_typing_while_it_streams_interject_then_send_now(tmp_path: Path) -
                 receipt = engine.interject("Make it vegan 🌱")
     injected = [e for e in events if isinstance(e, InterjectionInjected)]
     assert [e.ids for e in injected] == [(receipt,)]
-    assert "Make it vegan 🌱" in json.dumps(server.bodies[1]["messages"][-1], ensure_ascii=False)
+    assert "Make it vegan 🌱" in json.dumps(server.bodies[1], ensure_ascii=False)
+    assert "Make it vegan 🌱" not in json.dumps(server.bodies[0], ensure_ascii=False)
     assert engine.messages[-1].text == "Vegan Käsespätzle: use oat milk 🥛."
     settled(engine, server)
 
