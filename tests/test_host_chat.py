@@ -386,3 +386,19 @@ async def test_claude_with_thinking_takes_over_a_tool_turn_another_model_began(p
     await drive(engine, "What should I wear?")
     assert claude.bodies[1]["thinking"] == {"type": "enabled", "budget_tokens": 2000}
     settled(engine, claude)
+
+
+async def test_the_model_switched_while_a_tool_runs_answers_the_results() -> None:
+    """A run in progress picks up `engine.model` at its next request (quickstart.md): the user
+    picks Claude with thinking from the menu while the other model's tool call runs."""
+    gpt, model = serve("responses", [Reply(thinking="Look.", calls=[Call("weather", {"city": "Genève"})])])
+    claude = AnthropicServer(ANTHROPIC_KEY, [Reply(thinking="Results in.", text="Genève: ☀️ 21 °C.")])
+    engine = QueryEngine(model, tools=[weather])
+    async with contextlib.aclosing(engine.run("Météo à Genève ?")) as run:
+        async for event in run:
+            if event.type == "tool_call_started":
+                engine.model = anthropic(claude)
+            if isinstance(event, TurnEnded):
+                assert event.reason == "completed", event.error
+    assert engine.messages[-1].text == "Genève: ☀️ 21 °C."
+    settled(engine, gpt, claude)
