@@ -378,3 +378,27 @@ async def test_the_model_switched_while_a_tool_runs_answers_the_results() -> Non
                 assert event.reason == "completed", event.error
     assert engine.messages[-1].text == "Genève: ☀️ 21 °C."
     settled(engine, gpt, claude)
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "router"])
+async def test_regenerate_pressed_while_the_answer_streams(provider: str, tmp_path: Path) -> None:
+    """The host stops the run, waits for its task, then rewinds (cookbook.md): the model is asked
+    the user's question again, not the interrupt notice."""
+    server, model = serve(provider, [
+        Reply(thinking="Hmm.", text="Der Rhein fließt durch sechs Länder 🇨🇭🇱🇮🇦🇹🇩🇪🇫🇷🇳🇱", chunk=4, stall_after=6),
+        Reply(thinking="Again.", text="Der Rhein: 1.233 km 🌊"),
+    ])
+    chat = Conversation(tmp_path / "chat.jsonl", model)
+    engine = chat.engine
+    task = asyncio.create_task(drive_run(engine.run("Erzähl mir vom Rhein")))
+    await server.stalled.wait()
+    engine.interrupt()
+    assert (await task).reason == "aborted_streaming"
+    rewind_to_last_prompt(engine)
+    _, end = await drive(engine)
+    assert end.reason == "completed"
+    assert [m.text for m in engine.messages] == ["Erzähl mir vom Rhein", "Der Rhein: 1.233 km 🌊"]
+    assert "interrupted" not in json.dumps(server.bodies[-1], ensure_ascii=False)
+    settled(engine, server)
+    chat.close()
+    assert JsonlSession(tmp_path / "chat.jsonl").load().messages == engine.messages
