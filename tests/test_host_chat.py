@@ -402,3 +402,96 @@ async def test_regenerate_pressed_while_the_answer_streams(provider: str, tmp_pa
     settled(engine, server)
     chat.close()
     assert JsonlSession(tmp_path / "chat.jsonl").load().messages == engine.messages
+
+
+# -- every moment -------------------------------------------------------------------------------------
+
+PROVIDERS = ["anthropic", "responses", "router"]
+
+
+def weather_script() -> list[Reply]:
+    return [
+        Reply(thinking="Let me look it up 🔎", text="Checking…", chunk=6,
+              calls=[Call("weather", {"city": "Zürich"}), Call("weather", {"city": "Oslo"})]),
+        Reply(thinking="Both in.", text="Zürich and Oslo: ☀️.", chunk=6),
+    ]
+
+
+async def act_at(engine: QueryEngine, prompt: str, k: int, action: str, switch_to: Model | None = None) -> None:
+    """Iterates a run, doing `action` at its `k`-th event (as a user's click lands anywhere)."""
+    async with contextlib.aclosing(engine.run(prompt)) as run:
+        async for n, _ in aenumerate(run):
+            if n != k:
+                continue
+            if action == "interrupt":
+                engine.interrupt()
+            elif action == "send_now":
+                engine.send_now("Just Oslo, please 🇳🇴")
+            elif action == "interject":
+                engine.interject("In Fahrenheit 🌡")
+            elif action == "switch" and switch_to is not None:
+                engine.model = switch_to
+            elif action == "break":
+                break
+
+
+async def aenumerate(run: Any) -> Any:
+    n = 0
+    async for event in run:
+        yield n, event
+        n += 1
+
+
+@pytest.mark.parametrize("first", PROVIDERS)
+@pytest.mark.parametrize("then", PROVIDERS)
+async def test_a_click_at_every_event_then_the_other_model_continues(first: str, then: str) -> None:
+    """Stop, send now, steer or a model switch at each event of a tool turn on one provider, then
+    "continue" on another: every transcript is valid and every request is accepted."""
+    server, model = serve(first, weather_script())
+    events = len([e async for e in QueryEngine(model, tools=[weather]).run("Weather?")])
+    for action in ("interrupt", "send_now", "interject", "switch"):
+        for k in range(events):
+            server, model = serve(first, weather_script())
+            switched, switch_to = serve(then, [Reply(thinking="Mine now.", text="Switched ✅")] * 3)
+            engine = QueryEngine(model, tools=[weather])
+            await act_at(engine, "Weather in Zürich and Oslo? 🌍", k, action, switch_to)
+            assert validate_transcript(engine.messages) == [], (action, k)
+            after, engine.model = serve(then, [Reply(thinking="Continuing.", text="Here you go ✅")] * 3)
+            _, end = await drive(engine, "continue")
+            assert end.reason == "completed", (action, k, end.error)
+            settled(engine, server, switched, after)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("action", ["interrupt", "send_now", "break", "edit"])
+async def test_regenerate_or_edit_after_a_click_at_every_event_then_a_restart(
+    provider: str, action: str, tmp_path: Path
+) -> None:
+    """After a click at any event, regenerate (or edit the first message): the file replays to
+    the transcript, resumes without repairs, and the conversation goes on."""
+    greeting = [Reply(text="Hi there 👋")]
+    server, model = serve(provider, [*greeting, *weather_script()])
+    probe = QueryEngine(model, tools=[weather])
+    await drive(probe, "Hello")
+    events = len([e async for e in probe.run("Weather?")])
+    for k in range(events):
+        server, model = serve(provider, [*greeting, *weather_script(), *[Reply(thinking="Again.", text="Redone ✅")] * 4])
+        path = tmp_path / f"chat-{k}.jsonl"
+        chat = Conversation(path, model)
+        await drive(chat.engine, "Hello")
+        await act_at(chat.engine, "Weather in Zürich and Oslo? 🌍", k, action)
+        if action == "edit":
+            chat.engine.messages[0] = Message.user("Hallo (edited) ✏️")
+            del chat.engine.messages[1:]
+        else:
+            rewind_to_last_prompt(chat.engine)
+        _, end = await drive(chat.engine)
+        assert end.reason == "completed", (k, end.error)
+        settled(chat.engine, server)
+        chat.close()
+        again = Conversation(path, model, resume=True)  # asserts: no warnings, no repairs
+        assert again.engine.messages == chat.engine.messages
+        _, end = await drive(again.engine, "Danke! 🙏")
+        assert end.reason == "completed"
+        settled(again.engine, server)
+        again.close()
