@@ -409,9 +409,10 @@ async def test_regenerate_pressed_while_the_answer_streams(provider: str, tmp_pa
 PROVIDERS = ["anthropic", "responses", "router"]
 
 
-def weather_script() -> list[Reply]:
+def weather_script(text: str = "Checking…") -> list[Reply]:
+    """A tool turn (reasoning, `text` if any, two calls), then the answer."""
     return [
-        Reply(thinking="Let me look it up 🔎", text="Checking…", chunk=6,
+        Reply(thinking="Let me look it up 🔎", text=text, chunk=6,
               calls=[Call("weather", {"city": "Zürich"}), Call("weather", {"city": "Oslo"})]),
         Reply(thinking="Both in.", text="Zürich and Oslo: ☀️.", chunk=6),
     ]
@@ -447,11 +448,11 @@ async def aenumerate(run: Any) -> Any:
 async def test_a_click_at_every_event_then_the_other_model_continues(first: str, then: str) -> None:
     """Stop, send now, steer or a model switch at each event of a tool turn on one provider, then
     "continue" on another: every transcript is valid and every request is accepted."""
-    server, model = serve(first, weather_script())
+    server, model = serve(first, weather_script(text=""))
     events = len([e async for e in QueryEngine(model, tools=[weather]).run("Weather?")])
     for action in ("interrupt", "send_now", "interject", "switch"):
         for k in range(events):
-            server, model = serve(first, weather_script())
+            server, model = serve(first, weather_script(text=""))  # the calls right after the reasoning
             switched, switch_to = serve(then, [Reply(thinking="Mine now.", text="Switched ✅")] * 3)
             engine = QueryEngine(model, tools=[weather])
             await act_at(engine, "Weather in Zürich and Oslo? 🌍", k, action, switch_to)
