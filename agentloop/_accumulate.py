@@ -194,8 +194,8 @@ class Accumulator:
         self.ended = True
         self.stop_reason = reason
         self.response_id = ev.response_id
-        if ev.usage is not None:
-            self.usage = _merge_usage(self.usage, ev.usage)
+        if ev.usage is not None:  # the end event's usage alone (the common case) is taken as is
+            self.usage = ev.usage if self.usage is _NO_USAGE else _merge_usage(self.usage, ev.usage)
         for part in self._parts.values():
             part.closed = True
 

@@ -12,7 +12,8 @@ import inspect
 import logging
 import threading
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal
@@ -75,12 +76,15 @@ class Mailbox:
     from elsewhere.
     """
 
-    __slots__ = ("_any_thread", "_items", "_waiter")
+    __slots__ = ("_any_thread", "_items", "_waiter", "fresh")
 
     def __init__(self) -> None:
         self._items: list[object] = []  # a list, not a deque: an empty deque holds a 64-slot block
         self._waiter: asyncio.Future[None] | None = None
         self._any_thread: Callable[[object], None] | None = None
+        # Set by who just started tasks that put here (a batch of calls): the next `get` lets
+        # them take their first step before it waits. An attribute, not a method: no call.
+        self.fresh = False
 
     def put_any_thread(self) -> Callable[[object], None]:
         """`put`, callable from any thread (what tools get as ``ctx.emit``); made once per
@@ -101,7 +105,17 @@ class Mailbox:
         return items
 
     async def get(self) -> list[object]:
-        """Everything queued so far, waiting for at least one item."""
+        """Everything queued so far, waiting for at least one item.
+
+        When ``fresh``, it first yields to the loop once, behind the new tasks' first
+        steps: a call that needs no await (a quick tool) has put its outcome by then, and is
+        received in the same pass of the event loop, without a future and the pass that its
+        result would take to wake the loop.
+        """
+        if self.fresh:
+            self.fresh = False
+            if not self._items:
+                await _one_pass()
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -110,6 +124,13 @@ class Mailbox:
                 self._waiter = None
         items, self._items = self._items, []
         return items
+
+
+@types.coroutine
+def _one_pass() -> Generator[None, None, None]:
+    """Give the loop one pass: a bare yield, which the task running it takes as "schedule me
+    again" (what ``asyncio.sleep(0)`` does, one frame less)."""
+    yield
 
 
 class Done(tuple[ToolUseBlock, "ToolResultBlock | BaseException"]):
@@ -198,7 +219,8 @@ class CallRunner:
                         tool_input = self.updated[use.id] = decision.updated_input
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
-                self.signal.throw_if_aborted()
+                if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
+                    self.signal.throw_if_aborted()
                 self.started.add(use.id)
                 updated = None if tool_input is use.input else tool_input
                 put(_call_started(tool_use=use, updated_input=updated))

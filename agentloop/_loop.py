@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 __all__ = ["drive"]
 
 # The checks made on every iteration read ``signal._reason is not None`` rather than the
-# ``signal.aborted`` property: the same value (see `AbortSignal.aborted`) without a Python call
-# (Python 3.11 does not specialise a property read), and the loop reads it about five times
-# per iteration.
+# ``signal.aborted`` property, without a Python call (Python 3.11 does not specialise a property
+# read), and the loop reads it about five times per iteration. They differ only while an abort
+# that has won (``_once`` holds its claim) has not yet recorded its reason, a few bytecodes on
+# another thread or in a signal handler: a check made then sees the abort a moment later, as
+# if it had come a moment later, and its listener still wakes the loop.
 
 
 async def drive(engine: QueryEngine, prompt: str | Message | None, token: object) -> AsyncGenerator[Event, None]:
@@ -60,7 +62,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
     where every await that produces them is written out: the model stream's, the back-off
     sleep's and the tool mailbox's. A phase moved into a generator of its own would cost each
     of its events one more resumption, and each call added on the path of an iteration costs
-    ~1-2k instructions of the ~272k an iteration takes (`benchmarks/callgrind_overhead.py`).
+    ~0.5-2k instructions of the ~254k an iteration takes (`benchmarks/callgrind_overhead.py`).
     So the synchronous steps are named functions (here, in `_turns`, `_streaming`,
     `_toolphase`, `_commit`, `_ending`) and what remains reads as the module's outline above.
     """
@@ -173,7 +175,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 for event in calls.receive(await st.mailbox.get()):
                                     yield event
                         finally:
-                            calls.close()
+                            for timer in calls.timers:  # the grace timers an abort started, if any
+                                timer.cancel()
                         merge = merge or st.signal._reason is None
                     for event in end_tools(engine, st):
                         yield event

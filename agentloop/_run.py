@@ -272,10 +272,6 @@ class RunState:
         events, self.pending_events = self.pending_events, []
         return events
 
-    def begin_attempt(self) -> Accumulator:
-        acc = self.acc = Accumulator()
-        return acc
-
     def consume_cancel(self) -> bool:
         """After a CancelledError in a guarded await: True if it was our abort's."""
         if not self._cancel_requested:

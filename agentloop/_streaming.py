@@ -97,7 +97,7 @@ class ModelPhase:
         self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
         self.attempt = 0
         self.extra: tuple[Message, ...] = ()  # the recovery reminder, after a resample
-        self.watch, self.credit, self.tap = _stream_watch(engine)
+        self.watch, self.credit, self.tap = _stream_watch(engine) if engine.policies else _NO_WATCH
         self.skip = 0  # deltas the loop holds back from a tapped watcher, which sets it (see Policy._tap)
         self.hushed = False  # the single watcher raised in this attempt: logged once, not per event
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
@@ -107,7 +107,7 @@ class ModelPhase:
         before it streams anything (aborted, or the model's ``stream()`` failed)."""
         engine, st = self.engine, self.st
         opts = engine.options
-        self.acc = st.begin_attempt()
+        self.acc = st.acc = Accumulator()
         if engine.policies:
             self.hushed = False
             if isinstance(self.credit, _Panel):
@@ -127,7 +127,7 @@ class ModelPhase:
             attempt=self.attempt,
         )
         self.outcome = _Outcome()
-        if st.signal.aborted:
+        if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
             self.outcome.aborted = True
             return None
         try:
@@ -209,7 +209,7 @@ class ModelPhase:
         # ended by the abort: a model may honour the signal by ending its stream, or fail as its
         # closed connection does. Not a model error, and not retried.
         if outcome.aborted or (
-            st.signal.aborted and outcome.cut is None and (outcome.error is not None or not acc.ended)
+            st.signal._reason is not None and outcome.cut is None and (outcome.error is not None or not acc.ended)
         ):
             settle_partial(engine, st)
             st.terminal = abort_terminal(st)
@@ -353,6 +353,9 @@ def _host_cancelling() -> bool:
 
 
 _RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"
+
+#: What `_stream_watch` finds for an engine without policies, taken as is: no call per phase.
+_NO_WATCH: tuple[None, str, None] = (None, "", None)
 
 
 def _stream_watch(

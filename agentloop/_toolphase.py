@@ -45,7 +45,7 @@ def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
 
 class Batch:
     """One batch of calls, started together: `receive` turns what the mailbox held into the
-    host's events, until no call is left ``waiting``; `close` (always) stops its timers.
+    host's events, until no call is left ``waiting``; then (always) the loop cancels its ``timers``.
 
     The loop awaits the mailbox itself (`_loop.drive`) rather than through a generator of
     this phase: every generator level costs each event a resumption.
@@ -65,7 +65,8 @@ class Batch:
             self.waiting[use.id] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
-        if st.signal.aborted:
+        st.mailbox.fresh = True  # its first wait lets the calls take their first step
+        if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
             st.mailbox.put(ABORTED)
 
     def receive(self, items: list[object]) -> list[Event]:
@@ -124,14 +125,10 @@ class Batch:
                 events.append(item)  # type: ignore[arg-type]  # an Event a call put (ToolContext.emit); no cast() call
         return events
 
-    def close(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
 
-
-def end_tools(engine: QueryEngine, st: RunState) -> list[Event]:
-    """The tool phase ends: commit the results (the loop merges the queued interjections next)."""
-    return settle_results(engine, st)
+#: The tool phase ends: commit the results (the loop merges the queued interjections next).
+#: `settle_results` itself, under the name of this step: no call in between.
+end_tools = settle_results
 
 
 def record_finished(engine: QueryEngine, st: RunState) -> None:

@@ -313,7 +313,7 @@ def _handler(
             parsed = validate(raw)
         except ValidationError as exc:
             raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
-        kwargs = {p: getattr(parsed, k) for k, p in names}
+        kwargs = {p: getattr(parsed, k) for k, p in names} if names else {}  # no comprehension call for none
         if ctx_param is not None:
             kwargs[ctx_param] = ctx
         if positional:  # ``def f(path: str, /)``: those cannot be passed by name

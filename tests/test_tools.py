@@ -47,7 +47,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
-from agentloop._executor import plan_batches
+from agentloop._executor import Mailbox, plan_batches
 from agentloop._messages import ToolUseBlock
 from agentloop._tools import TOOL_NAME, cut_result, safe_name
 from tests.helpers import VirtualClock, collect
@@ -1174,6 +1174,48 @@ def test_a_tool_that_returns_a_coroutine_gets_an_error_result_naming_the_missing
     assert "returned an unusable result: a coroutine object, not its result (is an await missing?)" in str(
         finished.result.content
     )
+
+
+async def test_a_call_that_finishes_at_its_first_step_is_received_in_the_same_loop_pass() -> None:
+    # The tool phase's first wait lets the calls it just started take their first step before it
+    # waits on a future: a call that needs no await (most quick tools) is received at once, not
+    # one pass of the event loop later. The callback the call schedules before it finishes runs
+    # at the next pass: the wait was over before it.
+    loop = asyncio.get_running_loop()
+    box = Mailbox()
+    order: list[str] = []
+
+    async def call() -> None:
+        loop.call_soon(order.append, "next pass")
+        box.put("done")
+
+    task = loop.create_task(call())
+    box.fresh = True
+    assert await box.get() == ["done"]
+    order.append("received")
+    await task
+    await asyncio.sleep(0)
+    assert order == ["received", "next pass"]
+
+
+async def test_a_call_still_running_after_its_first_step_is_waited_for() -> None:
+    # The first wait gives the calls one step only; one still running is then waited for.
+    box = Mailbox()
+    go = asyncio.Event()
+
+    async def call() -> None:
+        await go.wait()
+        box.put("done")
+
+    task = asyncio.get_running_loop().create_task(call())
+    box.fresh = True
+    getting = asyncio.ensure_future(box.get())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not getting.done()
+    go.set()
+    assert await getting == ["done"]
+    await task
 
 
 async def test_a_hand_made_tool_whose_handler_cannot_be_awaited_says_how_to_write_it() -> None:
