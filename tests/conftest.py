@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -20,7 +23,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     # CI runs the same examples every time, so a run fails for a change, not for a draw;
     # local runs draw anew and keep what fails in .hypothesis/.
-    derandomize=bool(os.environ.get("CI")),
+    derandomize=os.environ.get("CI", "").lower() not in {"", "0", "false", "no"},
 )
 settings.load_profile("agentloop")
 
@@ -49,13 +52,76 @@ def _no_leftover_processes() -> Iterator[None]:
         assert not left, f"child processes left behind: {sorted(left)}"
 
 
+def swallowed_cancel(task: asyncio.Task[Any]) -> bool:
+    """The task was asked to cancel and returned as if it had not been: it caught the
+    CancelledError and neither re-raised it nor took the request back (``uncancel()``)."""
+    return not task.cancelled() and task.cancelling() > 0 and task.exception() is None
+
+
+def watch_tasks(loop: asyncio.AbstractEventLoop, swallowed: list[asyncio.Task[Any]]) -> None:
+    """From now on each task made in ``loop`` that swallows a cancel is added to ``swallowed``."""
+
+    def note(task: asyncio.Task[Any]) -> None:
+        if swallowed_cancel(task):
+            swallowed.append(task)
+
+    def make(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        task.add_done_callback(note)
+        return task
+
+    loop.set_task_factory(make)
+
+
+def leftover_tasks(me: asyncio.Task[Any] | None) -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+
+
 @pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
+async def _no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     assert loop.get_debug(), "tests run in asyncio debug mode"
+    swallowed: list[asyncio.Task[Any]] = []
+    watch_tasks(loop, swallowed)
     yield
     me = asyncio.current_task()
     for _ in range(3):  # let finished tasks be reaped
         await asyncio.sleep(0)
-    left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    left = leftover_tasks(me)
     assert not left, f"tasks left running after the test: {left}"
+    if request.node.get_closest_marker("swallows_cancel") is None:
+        assert not swallowed, f"tasks that swallowed a cancel: {swallowed}"
+
+
+def record_streamed_responses(monkeypatch: pytest.MonkeyPatch, http: Any, streamed: list[Any], closed: set[int]) -> None:
+    """Each response ``http.AsyncClient`` gives with ``stream=True`` goes to ``streamed``, and
+    the id of each response closed (``aclose()``) to ``closed``, until the test ends."""
+    send, aclose = http.AsyncClient.send, http.Response.aclose
+
+    async def recording_send(self: Any, request: Any, **kwargs: Any) -> Any:
+        response = await send(self, request, **kwargs)
+        if kwargs.get("stream"):
+            streamed.append(response)
+        return response
+
+    async def recording_aclose(self: Any) -> None:
+        closed.add(id(self))
+        await aclose(self)
+
+    monkeypatch.setattr(http.AsyncClient, "send", recording_send)
+    monkeypatch.setattr(http.Response, "aclose", recording_aclose)
+
+
+@pytest.fixture(autouse=True)
+def _no_open_responses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every streamed response an HTTP client (the models' httpx, the MCP SDK's httpx2) gave
+    during the test was closed by who asked for it. Closed, not only read: a mocked body given as
+    bytes is read (and counts as closed to httpx) before the response is handed over, which a
+    real network's never is."""
+    streamed: list[Any] = []
+    closed: set[int] = set()
+    for http in (httpx, httpx2):
+        record_streamed_responses(monkeypatch, http, streamed, closed)
+    yield
+    left = [r for r in streamed if id(r) not in closed]
+    assert not left, f"HTTP responses left open after the test: {left}"

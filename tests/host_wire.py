@@ -447,3 +447,97 @@ class ResponsesServer(_Server):
         item = {**item, "status": "completed", "arguments": arguments}
         events.append(ev({"type": "response.output_item.done", "output_index": out, "item": item}))
         return item
+
+
+# -- OpenAI Chat Completions (and compatible gateways) ------------------------------------------
+
+
+class ChatServer(_Server):
+    """`POST {base}/chat/completions`, as the recorded openai_chat_*.sse streams show it; `path`
+    is the route a compatible gateway serves it at (OpenRouter's `/api/v1/chat/completions`)."""
+
+    def __init__(self, key: str, replies: list[Reply], path: str = "/v1/chat/completions") -> None:
+        super().__init__(key, replies)
+        self.path = path
+
+    def check_auth(self, request: httpx.Request) -> str | None:
+        if request.headers.get("authorization") != f"Bearer {self.key}":
+            return "Incorrect API key provided"
+        if request.url.path != self.path:
+            return f"no route {request.url.path}"
+        return None
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "invalid_request_error", "param": "messages", "code": None}}
+
+    def error_event(self, message: str) -> str:
+        return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error', 'code': 500}})}\n\n"
+
+    def check(self, body: dict[str, Any]) -> str | None:
+        messages = body.get("messages")
+        if body.get("stream") is not True or not isinstance(messages, list) or not messages:
+            return "messages and stream are required"
+        owed: list[str] = []
+        for n, msg in enumerate(messages):
+            problem = self._check_message(n, msg, owed)
+            if problem:
+                return problem
+        if owed:
+            return (f"An assistant message with 'tool_calls' must be followed by tool messages responding "
+                    f"to each 'tool_call_id'. The following tool_call_ids did not have response messages: {owed[0]}")
+        return None
+
+    @staticmethod
+    def _check_message(n: int, msg: dict[str, Any], owed: list[str]) -> str | None:
+        role = msg.get("role")
+        if role != "tool" and owed:
+            return (f"An assistant message with 'tool_calls' must be followed by tool messages responding "
+                    f"to each 'tool_call_id'. The following tool_call_ids did not have response messages: {owed[0]}")
+        if role == "tool":
+            if msg.get("tool_call_id") not in owed:
+                return (f"Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                        f"message with 'tool_calls'. (messages[{n}])")
+            owed.remove(msg["tool_call_id"])
+            return None
+        content = msg.get("content")
+        texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+        if role == "assistant" and msg.get("tool_calls"):
+            for call in msg["tool_calls"]:
+                if len(call["id"]) > 40:
+                    return f"Invalid 'messages[{n}].tool_calls[0].id': string too long."
+                json.loads(call["function"]["arguments"])
+                owed.append(call["id"])
+            return None
+        if not texts or any(not t.strip() for t in texts):
+            return f"Invalid 'messages[{n}].content': empty text."
+        return None
+
+    def render(self, reply: Reply) -> tuple[list[str], int | None]:
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None, usage: dict[str, int] | None = None) -> str:
+            data: dict[str, Any] = {"id": "gen-chat-0001", "object": "chat.completion.chunk", "created": 1727346168,
+                                    "model": "openai/gpt-4o"}
+            data["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                                           "finish_reason": finish}]
+            if usage is not None:
+                data["usage"] = usage
+            return f"data: {json.dumps(data)}\n\n"
+
+        events = [chunk({"role": "assistant", "content": "", "refusal": None})]
+        deltas: list[int] = []
+        for piece in _pieces(reply.thinking, reply.chunk):
+            deltas.append(len(events))
+            events.append(chunk({"reasoning": piece}))
+        for piece in _pieces(reply.text, reply.chunk):
+            deltas.append(len(events))
+            events.append(chunk({"content": piece}))
+        for k, call in enumerate(reply.calls):
+            call.id = call.id or self.next_id("call_")
+            events.append(chunk({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                                 "function": {"name": call.name, "arguments": ""}}]}))
+            for piece in _pieces(json.dumps(call.input), reply.chunk):
+                deltas.append(len(events))
+                events.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": piece}}]}))
+        events.append(chunk({}, "tool_calls" if reply.calls else "stop"))
+        events.append(chunk(None, usage={"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}))
+        events.append("data: [DONE]\n\n")
+        return events, _stall_index(reply, deltas)

@@ -114,6 +114,7 @@ async def _run_while_the_last_one_cleans_up(
     return events
 
 
+@pytest.mark.swallows_cancel
 @pytest.mark.parametrize("where", ["loop", "thread"])
 async def test_an_interrupt_while_the_next_run_waits_for_the_last_ones_cleanup_stops_it(where: str) -> None:
     """Ctrl-C while the new run waits for the dropped run's tools to give up: the new run is
@@ -138,6 +139,7 @@ async def test_an_interrupt_while_the_next_run_waits_for_the_last_ones_cleanup_s
     assert [m.text for m in engine.messages[-2:]] == ["second", "[Request interrupted by user]"]
 
 
+@pytest.mark.swallows_cancel
 async def test_aclose_from_another_task_while_the_next_run_waits_ends_it_without_a_model_request() -> None:
     engine = QueryEngine(ScriptedModel([calls("stubborn"), "never asked"]), tools=[stubborn], policies=[], tool_cancel_grace=30.0)
     closers: list[asyncio.Future[None]] = []
@@ -158,6 +160,7 @@ async def test_aclose_from_another_task_while_the_next_run_waits_ends_it_without
     assert [m.text for m in engine.messages[-2:]] == ["and this", "second"]
 
 
+@pytest.mark.swallows_cancel
 async def test_send_now_while_the_next_run_waits_joins_its_first_turn_without_stopping_it() -> None:
     """send_now() then means "take this too": its text starts the run beside the prompt, and
     the run is not stopped (its stop reaches the old run)."""
@@ -176,6 +179,7 @@ async def test_send_now_while_the_next_run_waits_joins_its_first_turn_without_st
     assert [m.text for m in engine.messages[-3:]] == ["also this", "second", "both answered"]
 
 
+@pytest.mark.swallows_cancel
 async def test_a_run_cancelled_while_it_waits_for_the_last_ones_cleanup_leaves_nothing_behind() -> None:
     """The host's task is cancelled while its new run waits: the run never began (its prompt is
     not in the transcript), a later interrupt() reaches nothing stale, and the next run is whole."""
@@ -332,6 +336,7 @@ async def test_a_host_stopping_at_a_synthetic_result_never_loses_an_interjection
 # -- running, as the host sees it --------------------------------------------------------------
 
 
+@pytest.mark.swallows_cancel
 async def test_a_run_the_host_broke_out_of_is_not_running_while_its_cleanup_goes_on() -> None:
     """After a ``break`` mid-call, the dropped run's cleanup waits out the tool's grace in the
     background. ``running`` and the repr said a run was in progress, and ``submit()`` with

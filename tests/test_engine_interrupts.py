@@ -292,6 +292,7 @@ async def test_settlement_run_returns_within_one_grace_when_a_tool_swallows_the_
     assert "'stubborn'" in caplog.text
 
 
+@pytest.mark.swallows_cancel
 async def test_settlement_a_host_closing_the_run_mid_grace_waits_only_for_the_rest_of_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -526,6 +527,7 @@ async def test_permission_prompt_is_abortable_and_sees_the_reason() -> None:
 
 
 
+@pytest.mark.swallows_cancel
 async def test_a_permission_prompt_ignoring_its_cancellation_is_abandoned_with_a_warning_and_held(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

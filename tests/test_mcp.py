@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -141,15 +142,15 @@ async def test_abort_mid_call_cancels_on_the_server_and_keeps_the_connection(
     tools = {t.name: t for t in await server.list_tools()}
     pid_before = (await _run(tools["pid"], {})).content
     controller = AbortController()
-    call = asyncio.create_task(_run(tools["slow"], {"seconds": 30}, controller.signal))
+    # The call outlasts the test's timeout: an abort that waited for it would fail the test.
+    call = asyncio.create_task(_run(tools["slow"], {"seconds": 3600}, controller.signal))
     await _until((markers / "slow.started").exists, "the server to start the slow call")
     assert not call.done()
-    aborted_at = time.monotonic()
     controller.abort("cancel")
     with pytest.raises(AbortError) as info:
         await call
     assert info.value.reason == "cancel"
-    assert time.monotonic() - aborted_at < 2.0  # promptly, not after the 30 s call
+    assert not (markers / "slow.finished").exists()  # it did not wait for the server's answer
     await _until((markers / "slow.cancelled").exists, "the server to see notifications/cancelled")
     assert not (markers / "slow.finished").exists()
     # Same connection, same server process: the cancel travelled as a notification.
@@ -209,11 +210,12 @@ async def test_main_only_abort_hook_resets_the_connection(server: MCPServer, mar
 
 
 async def test_a_server_that_cannot_start_raises_the_transport_error_not_a_task_group() -> None:
-    for srv in (
-        MCPServer.stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]),  # exits at once
-        MCPServer.http(f"http://127.0.0.1:{_free_port()}/mcp"),  # nobody listens
-    ):
-        with pytest.raises(Exception) as info:
+    cases: list[tuple[MCPServer, type[Exception], str | None]] = [
+        (MCPServer.stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]), MCPError, "exited with status 3"),
+        (MCPServer.http(f"http://127.0.0.1:{_free_port()}/mcp"), httpx2.ConnectError, None),  # nobody listens
+    ]  # fmt: skip
+    for srv, error, says in cases:
+        with pytest.raises(error, match=says) as info:
             await srv.list_tools()
         assert not isinstance(info.value, BaseExceptionGroup), repr(info.value)
         assert repr(srv) == f"<MCPServer {srv.label} idle>"  # the next call tries again
@@ -500,30 +502,31 @@ async def test_a_tool_removed_while_its_call_runs_still_answers_and_is_offered_n
     assert "slow" not in main.tools
 
 
-async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(markers: Path) -> None:
+async def test_a_main_abort_does_not_wait_for_a_slow_server_to_exit(
+    markers: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from agentloop._engine import QueryEngine
     from agentloop._scripted import ScriptedModel, ScriptedResponse, ScriptedToolCall
 
-    grace = 0.3
-    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 30})]), "ok"])
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 3600})]), "ok"])
     # The server stays alive 30 s after its stdin closes: it gets 2 s, then its group is TERMed.
+    # The run waits no longer than the tools' cancel grace for that, so it returns first.
     async with MCPServer.stdio(sys.executable, [SERVER, "--markers", str(markers), "--linger", "30"]) as srv:
         tools = await srv.list_tools()
         old_pid = int((await srv.call_tool("pid", {})).content[0].text)  # type: ignore[union-attr]
-        main = QueryEngine(model, tools=tools, tool_cancel_grace=grace, policies=[])
+        main = QueryEngine(model, tools=tools, tool_cancel_grace=0.3, policies=[])
         srv.attach(main)
-        loop = asyncio.get_running_loop()
-        async for event in main.run("work"):
-            if event.type == "tool_call_started":
-                await _until((markers / "slow.started").exists, "the slow call to start")
-                main.interrupt("cancel")
-                interrupted = loop.time()
-            if isinstance(event, TurnEnded):
-                settled = loop.time() - interrupted
-                alive_at_end = pid_alive(old_pid)
-        returned = loop.time() - interrupted
+        with caplog.at_level("WARNING", logger="agentloop"):
+            async for event in main.run("work"):
+                if event.type == "tool_call_started":
+                    await _until((markers / "slow.started").exists, "the slow call to start")
+                    main.interrupt("cancel")
+                if isinstance(event, TurnEnded):
+                    alive_at_end = pid_alive(old_pid)
+        alive_at_return = pid_alive(old_pid)
         assert event.reason == "aborted_tools" and alive_at_end  # the turn ended without waiting for it
-        assert settled < grace and returned < grace + 0.5, (settled, returned)
+        assert alive_at_return  # and so did the run
+        assert "ignored cancellation" not in caplog.text  # the call ended at the abort, not at the grace
         assert repr(srv) == f"<MCPServer stdio:{sys.executable} idle>"  # the next call opens a new one
         assert int((await srv.call_tool("pid", {})).content[0].text) != old_pid  # type: ignore[union-attr]
     assert not pid_alive(old_pid)  # leaving `async with` waited for it to be stopped
@@ -568,7 +571,7 @@ async def test_credentials_in_an_http_url_stay_out_of_the_repr_logs_and_errors(c
     srv = MCPServer.http(f"http://alice:pa55word@127.0.0.1:{port}/mcp?api_key=sk-secret-123&x=1")
     assert srv.label == f"http://127.0.0.1:{port}/mcp"
     with caplog.at_level("DEBUG", logger="agentloop"):
-        with pytest.raises(Exception) as info:
+        with pytest.raises(httpx2.ConnectError) as info:  # nobody listens
             await srv.list_tools()
         await srv.on_main_abort("cancel")
     seen = [repr(srv), str(info.value), repr(info.value), caplog.text]
@@ -601,7 +604,7 @@ async def test_a_token_in_an_http_url_query_is_kept_out_of_the_sdk_logs(caplog: 
     port = _free_port()
     srv = MCPServer.http(f"http://127.0.0.1:{port}/mcp?access_token=mcp-tok-4711abc&x=1", connect_timeout=10)
     with caplog.at_level("DEBUG"):
-        with pytest.raises(Exception):  # noqa: B017 - whatever the transport raises; nobody listens
+        with pytest.raises(httpx2.ConnectError):  # nobody listens
             await srv.list_tools()
         await srv.aclose()
     assert "mcp-tok-4711abc" not in caplog.text
@@ -617,7 +620,7 @@ async def test_user_info_in_an_http_url_is_sent_as_basic_auth_and_kept_out_of_ev
     url = f"http://alice:pa%40ss-w0rd@127.0.0.1:{port}/mcp?x=1"
     srv = MCPServer.http(url, connect_timeout=10)
     with caplog.at_level("DEBUG"):
-        with pytest.raises(Exception):  # noqa: B017 - whatever the transport raises; nobody listens
+        with pytest.raises(httpx2.ConnectError):  # nobody listens
             await srv.list_tools()
         await srv.aclose()
     assert "pa@ss-w0rd" not in caplog.text and "pa%40ss-w0rd" not in caplog.text and "alice" not in caplog.text

@@ -798,10 +798,14 @@ def test_thresholds_that_are_not_counts_are_refused_at_construction(make: Any) -
 
 
 def test_thresholds_at_their_least_and_none_are_accepted() -> None:
-    IdenticalToolCallRun(1, 1, 1, 1, 1)
-    IdenticalToolCallRun(None, None, None, None, None)
-    ToolCallCycle(max_period=2, nudge_repeats=2, end_repeats=None)
-    RepeatedErrorResult(nudge_at=1, end_at=None, prefix=0)
+    least = IdenticalToolCallRun(1, 1, 1, 1, 1)
+    assert (least.nudge_at, least.end_at, least.tight_nudge_at, least.tight_end_at, least.keepalive_end_at) == (1,) * 5
+    off = IdenticalToolCallRun(None, None, None, None, None)
+    assert (off.nudge_at, off.end_at, off.tight_nudge_at, off.tight_end_at, off.keepalive_end_at) == (None,) * 5
+    cycle = ToolCallCycle(max_period=2, nudge_repeats=2, end_repeats=None)
+    assert (cycle.max_period, cycle.nudge_repeats, cycle.end_repeats) == (2, 2, None)
+    errors = RepeatedErrorResult(nudge_at=1, end_at=None, prefix=0)
+    assert (errors.nudge_at, errors.end_at, errors.prefix) == (1, None, 0)
 
 
 @pytest.mark.parametrize("reason", ["completed", "aborted_tools", "max_turns", "bogus", None])

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypothesis import event as note_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,22 +63,38 @@ from agentloop._model import (
 )
 from agentloop.sessions import JsonlSession
 
+RUNNING_TOOLS: set[asyncio.Task[object] | None] = set()  # the tools below while they run
+TOOL_STARTS: list[Callable[[], None]] = []  # called as each of them starts
+
+
+def tool_started() -> None:
+    RUNNING_TOOLS.add(asyncio.current_task())
+    for hook in TOOL_STARTS:
+        hook()
+
 
 @tool(concurrency_safe=True)
 async def fast(ms: int, ctx: ToolContext) -> str:
     """Cooperative: stops at the abort."""
+    tool_started()
     try:
         async with asyncio.timeout(ms / 1000):
             await ctx.signal.wait()
     except TimeoutError:
         return f"fast {ms}"
+    finally:
+        RUNNING_TOOLS.discard(asyncio.current_task())
     return "stopped early"
 
 
 @tool
 async def serial(ms: int) -> str:
     """Ignores the signal: only cancellation stops it."""
-    await asyncio.sleep(ms / 1000)
+    tool_started()
+    try:
+        await asyncio.sleep(ms / 1000)
+    finally:
+        RUNNING_TOOLS.discard(asyncio.current_task())
     return f"serial {ms}"
 
 
@@ -105,7 +122,7 @@ class Tracking:
 @dataclass
 class Plan:
     responses: list[ScriptedResponse]
-    trigger: tuple[str, int]  # ("event", k) or ("timer", ms)
+    trigger: tuple[str, int]  # ("event", k), ("timer", ms) or ("tool", k): as the k-th tool starts
     reason: str
     permission: bool
 
@@ -126,18 +143,51 @@ responses = st.builds(
     st.integers(1, 8),
     st.sampled_from([0.0, 0.0, 0.0005]),
 )
+
+
+def with_tools_to_interrupt(plan: Plan) -> Plan:
+    """A plan that interrupts as its k-th tool starts has its first response start k tools."""
+    kind, k = plan.trigger
+    if kind == "tool":
+        slow = [ScriptedToolCall("serial" if i % 2 else "fast", {"ms": 4}) for i in range(k)]
+        plan.responses.insert(0, ScriptedResponse(text="Starting. ", tool_calls=slow))
+    return plan
+
+
 plans = st.builds(
     Plan,
     st.lists(responses, min_size=1, max_size=4),
-    st.one_of(st.tuples(st.just("event"), st.integers(0, 40)), st.tuples(st.just("timer"), st.integers(0, 6))),
+    st.one_of(
+        st.tuples(st.just("event"), st.integers(1, 25)),
+        st.tuples(st.just("timer"), st.integers(0, 6)),
+        st.tuples(st.just("tool"), st.integers(1, 3)),
+    ),
     st.sampled_from(["cancel", "send_now", "escape"]),
     st.booleans(),
-)
+).map(with_tools_to_interrupt)
 
 
 async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
     await asyncio.sleep(0.0005)
     return Deny("no") if use.input.get("ms") == 3 else Allow()
+
+
+async def drive(engine: QueryEngine, at_event: int, interrupt: Callable[[], None]) -> list[str]:
+    """Runs ``engine``, interrupting at its ``at_event``-th event; the partial texts streamed."""
+    streamed = ""
+    partial_seen: list[str] = []
+    count = 0
+    async for event in engine.run("start"):
+        count += 1
+        if count == at_event:
+            interrupt()
+        if isinstance(event, (TurnStarted, AssistantMessage)):
+            streamed = ""
+        elif isinstance(event, TextDelta):
+            streamed += event.text
+        elif isinstance(event, TurnEnded) and event.reason == "aborted_streaming" and streamed.strip():
+            partial_seen.append(streamed)
+    return partial_seen
 
 
 async def play(plan: Plan) -> None:
@@ -152,28 +202,31 @@ async def play(plan: Plan) -> None:
     )
 
     def interrupt() -> None:
+        landed.append("mid-tool" if RUNNING_TOOLS else "streaming" if engine.running else "after the run")
         if plan.reason == "send_now":
             engine.send_now("new instructions")
         else:
             engine.interrupt(plan.reason)
 
+    landed: list[str] = []
     kind, when = plan.trigger
     timer = asyncio.get_running_loop().call_later(when / 1000, interrupt) if kind == "timer" else None
-    streamed = ""
-    partial_seen: list[str] = []
-    count = 0
-    async for event in engine.run("start"):
-        count += 1
-        if kind == "event" and count == when:
-            interrupt()
-        if isinstance(event, (TurnStarted, AssistantMessage)):
-            streamed = ""
-        elif isinstance(event, TextDelta):
-            streamed += event.text
-        elif isinstance(event, TurnEnded) and event.reason == "aborted_streaming" and streamed.strip():
-            partial_seen.append(streamed)
+    starts = 0
+
+    def on_tool_start() -> None:
+        nonlocal starts
+        starts += 1
+        if kind == "tool" and starts == when:
+            asyncio.get_running_loop().call_soon(interrupt)  # once the tool is waiting
+
+    TOOL_STARTS.append(on_tool_start)
+    try:
+        partial_seen = await drive(engine, when if kind == "event" else -1, interrupt)
+    finally:
+        TOOL_STARTS.remove(on_tool_start)
     if timer is not None:
         timer.cancel()
+    note_case(f"interrupt {landed[0] if landed else 'never made'}")
 
     assert validate_transcript(engine.messages) == []
     uses = [b.id for m in engine.messages for b in m.tool_uses]

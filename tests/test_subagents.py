@@ -648,6 +648,7 @@ async def test_subagents_running_at_once_ask_the_permission_callback_one_at_a_ti
     assert sorted(r.text for m in engine.messages for r in m.tool_results) == ["a.txt removed", "b.txt removed"]
 
 
+@pytest.mark.swallows_cancel
 async def test_a_subagent_prompt_abandoned_on_its_own_abort_does_not_hold_the_parents_prompts() -> None:
     """A child aborted alone while its permission prompt is open, whose callback ignores the
     cancellation (it is abandoned), must not keep the prompt turn it shares with its parent:

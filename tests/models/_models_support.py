@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -145,12 +146,15 @@ def request(*messages: Message, **fields: Any) -> ModelRequest:
 async def collect(
     model: Any, req: ModelRequest | None = None, signal: AbortSignal | None = None
 ) -> tuple[list[StreamEvent], Accumulator]:
-    """Run a stream to its end; returns the events and the fed accumulator (raises what it raises)."""
+    """Run a stream to its end; returns the events and the fed accumulator (raises what it raises).
+    The stream is closed on the way out, also when feeding the accumulator raises, as the engine
+    closes it: left to the garbage collector, its HTTP response would stay open until then."""
     acc = Accumulator()
     events: list[StreamEvent] = []
-    async for ev in model.stream(req or request(), signal or AbortController().signal):
-        events.append(ev)
-        acc.feed(ev)
+    async with contextlib.aclosing(model.stream(req or request(), signal or AbortController().signal)) as stream:
+        async for ev in stream:
+            events.append(ev)
+            acc.feed(ev)
     return events, acc
 
 

@@ -677,6 +677,32 @@ def test_a_last_assistant_turn_of_thinking_only_is_not_sent() -> None:
     assert sent == [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
 
 
+_FOREIGN = ThinkingBlock(thinking="r", signature='{"id": "rs_1", "summary": []}')
+
+
+@pytest.mark.parametrize(
+    ("first", "thinks"),
+    [([_SIGNED], True), ([_REDACTED], True), ([_FOREIGN], False), ([], False)],
+    ids=["signed", "redacted", "another-providers", "none"],
+)
+@pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 2000}, {"type": "adaptive"}])
+def test_thinking_is_left_off_a_request_answering_a_tool_turn_that_did_not_think(
+    first: list[Any], thinks: bool, thinking: dict[str, Any]
+) -> None:
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[*first, TextBlock(text="Looking."), ToolUseBlock(id="t1", name="f", input={})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="done")]),
+        Message.user("[Request interrupted by user]"),
+    ]
+    body = build_request(request(*history), model="m", max_tokens=1024, thinking=thinking)
+    assert ("thinking" in body) is thinks
+    # A request whose last user turn answers no tool call keeps thinking, whatever came before.
+    later = build_request(request(*history, Message.assistant("ok"), Message.user("next")),
+                          model="m", max_tokens=1024, thinking=thinking)
+    assert later["thinking"] == thinking
+
+
 # -- Anthropic's own tools: server tools and Anthropic-defined client tools ----------------
 
 WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}

@@ -541,11 +541,12 @@ def test_closing_a_model_after_its_loop_has_ended_does_not_raise(monkeypatch: py
 
     model = _model_over(network, monkeypatch)
 
-    async def ask() -> None:
-        [e async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi")]
+    async def ask() -> list[str | None]:
+        return [e.reason async for e in QueryEngine(model, policies=[], retry_budget=0).run("hi") if isinstance(e, TurnEnded)]
 
-    asyncio.run(ask())
+    assert asyncio.run(ask()) == ["completed"]
     asyncio.run(model.aclose())
+    assert network.opened == 1
 
 
 # -- base_url and extra_headers are checked when the model is made ------------------------

@@ -52,6 +52,8 @@ def build_request(
     A response that a refusal stopped (marked ``"stop_reason": "refusal"`` in its ``meta``) is
     not sent, nor the results of its tool calls: Anthropic asks that the refused turn be taken
     out of the conversation, which otherwise meets more refusals. The transcript keeps it.
+    With thinking on, a request that answers tool results of an assistant turn that does not
+    start with thinking (another provider made it) is sent without ``thinking``.
     Raises `ModelError` for a declared tool name the API refuses.
     """
     check_tool_names("anthropic", request.tools)
@@ -59,15 +61,11 @@ def build_request(
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
     if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": limit,
-        "messages": [
-            {"role": role, "content": [_block(b) for b in blocks]}
-            for role, blocks in _fit(turns(_unrefused(request.messages), foreign=_foreign, provider="anthropic"))
-        ],
-        "stream": True,
-    }
+    messages = [
+        {"role": role, "content": [_block(b) for b in blocks]}
+        for role, blocks in _fit(turns(_unrefused(request.messages), foreign=_foreign, provider="anthropic"))
+    ]
+    body: dict[str, Any] = {"model": model, "max_tokens": limit, "messages": messages, "stream": True}
     if request.system:
         body["system"] = request.system
     if request.tools or extra_tools:
@@ -82,9 +80,20 @@ def build_request(
         body["tool_choice"] = _TOOL_CHOICE.get(
             request.tool_choice, {"type": "tool", "name": request.tool_choice}
         )
-    if thinking is not None:
+    if thinking is not None and not _unthought_tool_turn(messages):
         body["thinking"] = thinking
     return body
+
+
+def _unthought_tool_turn(messages: list[dict[str, Any]]) -> bool:
+    """Whether the request answers tool results whose assistant turn does not start with
+    thinking (another provider's turn, or one made with thinking off). With thinking on, the
+    API refuses it ("a final `assistant` message must start with a thinking block"), so the
+    request goes without thinking, as the API's message advises; the next turn has it again."""
+    if len(messages) < 2 or not any(b["type"] == "tool_result" for b in messages[-1]["content"]):
+        return False
+    first = messages[-2]["content"][0]["type"]
+    return first not in ("thinking", "redacted_thinking")
 
 
 def _unrefused(messages: Sequence[Message]) -> Sequence[Message]:
