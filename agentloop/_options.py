@@ -13,7 +13,7 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from ._inbox import Texts
 from ._messages import Message
@@ -124,16 +124,24 @@ class Setting(Generic[T]):
     def __get__(self, engine: None, owner: type) -> Setting[T]: ...
 
     @overload
-    def __get__(self, engine: object, owner: type | None = None) -> T: ...
+    def __get__(self, engine: _Configured, owner: type | None = None) -> T: ...
 
-    def __get__(self, engine: object, owner: type | None = None) -> T | Setting[T]:
+    def __get__(self, engine: _Configured | None, owner: type | None = None) -> T | Setting[T]:
         if engine is None:
             return self
-        value: T = getattr(engine.options, self.name)  # type: ignore[attr-defined]
+        value: T = getattr(engine.options, self.name)
         return value
 
-    def __set__(self, engine: object, value: T) -> None:
-        engine.options = replace(engine.options, **{self.name: value})  # type: ignore[attr-defined]
+    def __set__(self, engine: _Configured, value: T) -> None:
+        changes: dict[str, Any] = {self.name: value}  # named at run time: checked by EngineOptions
+        engine.options = replace(engine.options, **changes)
+
+
+class _Configured(Protocol):
+    """What a `Setting` lives on: an object holding its `EngineOptions` (the engine)."""
+
+    options: EngineOptions
+
 
 def _check_numbers(options: EngineOptions) -> None:
     """Raise TypeError or ValueError for a numeric setting that is not a number >= 0."""

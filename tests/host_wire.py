@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,7 @@ class _Stream(httpx.AsyncByteStream):
         self.closed = True
 
 
-class _Server:
+class _Server(ABC):
     """What both servers share: the script, the checks, the bookkeeping."""
 
     def __init__(self, key: str, replies: list[Reply]) -> None:
@@ -107,20 +108,25 @@ class _Server:
         self.streams.append(stream)
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
 
+    @abstractmethod
     def check_auth(self, request: httpx.Request) -> str | None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def check(self, body: dict[str, Any]) -> str | None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def error_body(self, message: str) -> dict[str, Any]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def render(self, reply: Reply) -> tuple[list[str], int | None]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def error_event(self, message: str) -> str:
-        raise NotImplementedError
+        ...
 
 
 def _pieces(text: str, size: int) -> list[str]:

@@ -201,8 +201,9 @@ class ChatMapper:
         its choice's ``index``: the first index named is the answer's, and the chunks of the
         others are skipped, not mixed into it. A choice that names none is taken as the answer's."""
         if self._choice is None:
-            self._choice = choices[0].get("index")
-            return choices[0]  # type: ignore[no-any-return]
+            first: dict[str, Any] = choices[0]
+            self._choice = first.get("index")
+            return first
         return next((c for c in choices if c.get("index") is None or c.get("index") == self._choice), None)
 
     def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
