@@ -149,6 +149,7 @@ class RunState:
         "response",
         "results",
         "runner",
+        "secrets",
         "signal",
         "spent_tasks",
         "started",
@@ -212,6 +213,8 @@ class RunState:
         # The whole of each result cut by max_tool_result_chars in this tool phase, for the policies
         # (a poller's progress can be in the part cut out); None while nothing was cut.
         self.uncut: dict[str, ToolResultBlock] | None = None
+        # The model whose credentials were read for this run, and them (see `run_secrets`).
+        self.secrets: tuple[object, tuple[str, ...]] | None = None
         self.turn_index = 0
         # The interjections queued before the run, which its first turn begins with: reported
         # right after that turn's TurnStarted.

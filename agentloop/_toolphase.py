@@ -74,7 +74,7 @@ class Batch:
         limit = engine.options.max_tool_result_chars
         set_use, set_result, set_synthetic, set_full, set_updated = _FINISHED_SLOTS
         updated = self.updated
-        secrets = credentials(engine.model)
+        secrets = run_secrets(engine, st)
         events: list[Event] = []
         for item in items:
             if type(item) is Done:
@@ -174,7 +174,7 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         result = interrupted_result(use.id, f"Tool {use.name!r} failed inside agentloop: {describe(outcome)}")
     if isinstance(outcome, BaseException):
         result = noted(engine, result, updated)
-    result = without_credentials(encodable(result), credentials(engine.model))
+    result = without_credentials(encodable(result), run_secrets(engine, st))
     limit = engine.options.max_tool_result_chars
     full = None
     if limit is not None and result_length(result) > limit:
@@ -184,3 +184,13 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         st.uncut[use.id] = full
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full, updated_input=updated)
+
+
+def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
+    """The credentials of ``engine``'s model, to redact from tool results: read once per run (an
+    HTTP model collects them from its key and headers), again only if the model was swapped."""
+    model = engine.model
+    held = st.secrets
+    if held is None or held[0] is not model:
+        held = st.secrets = (model, credentials(model))
+    return held[1]

@@ -1260,3 +1260,28 @@ def test_tool_says_what_to_do_with_an_object_whose_call_is_async() -> None:
         tool(Search())
     made = tool(name="search")(Search().__call__)  # what the message says works
     assert made.description == "Search for q." and list(made.input_schema["properties"]) == ["q"]
+
+
+class _KeyedModel(ScriptedModel):
+    """A scripted model holding a credential, as an HTTP provider does; counts its reads."""
+
+    reads = 0
+
+    def _credentials(self) -> tuple[str, ...]:
+        self.reads += 1
+        return ("sk-test-0123456789abcdefghij",)
+
+
+async def test_the_models_credentials_are_read_once_a_run_and_redacted_from_every_result() -> None:
+    @tool
+    async def env(n: int) -> str:
+        """Print the environment."""
+        return f"{n}: API_KEY=sk-test-0123456789abcdefghij"
+
+    calls = [ScriptedResponse(tool_calls=[ScriptedToolCall("env", {"n": i})]) for i in range(3)]
+    model = _KeyedModel([*calls, "done"])
+    engine = QueryEngine(model, tools=[env], policies=[])
+    events = await collect(engine, "go")
+    texts = [e.result.text for e in events if isinstance(e, ToolCallFinished)]
+    assert texts == [f"{i}: API_KEY=[REDACTED]" for i in range(3)]
+    assert model.reads == 1  # not once per tool batch: an HTTP model collects them from its headers
