@@ -19,6 +19,7 @@ from urllib.parse import unquote, unquote_plus
 import httpx
 
 from ..._errors import ModelError, ProviderError
+from ..._transcript import redacted
 
 #: Words in a header or query parameter name that mark its value as a credential:
 #: ``authorization``, ``proxy-authorization``, ``x-api-key``, ``api-key``, ``cookie``,
@@ -98,10 +99,7 @@ class Redactor:
 
     def scrub(self, text: str) -> str:
         """``text`` with every occurrence of a secret replaced by ``[REDACTED]``."""
-        for value in self._values:
-            if value in text:
-                text = text.replace(value, "[REDACTED]")
-        return text
+        return redacted(text, self._values)
 
     def _found_in(self, text: str) -> bool:
         return any(value in text for value in self._values)
