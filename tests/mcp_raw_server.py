@@ -95,7 +95,7 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         pong = answers.pop("batch-ping")
         send([text(request_id, json.dumps(pong.get("result")))])
     elif name == "deaf":  # reads no more of its stdin (nor answers), once it has said so in a file
-        Path(arguments["deaf"]).write_text("deaf")
+        Path(arguments["deaf"]).write_text("deaf\n")
         time.sleep(60)
     elif name == "last":  # answers, and exits at once
         send(text(request_id, "the last answer"))
