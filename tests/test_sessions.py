@@ -993,7 +993,7 @@ def test_a_session_written_to_a_pipe_or_to_devnull_works_under_every_policy(poli
     assert Message.model_validate(records[0]["message"]) == Message.user("hi")
 
 
-def test_sessions_writing_to_devnull_at_once_are_not_refused() -> None:
+def test_sessions_writing_to_devnull_at_once_are_not_refused(tmp_path: Path) -> None:
     """``JsonlSession(os.devnull)`` is how a host turns persistence off, for every engine it
     makes: the writer's lock, taken on /dev/null too, refused all but the first. Only a regular
     file holds a transcript to protect; a device or a pipe is not locked."""
@@ -1005,6 +1005,15 @@ def test_sessions_writing_to_devnull_at_once_are_not_refused() -> None:
     finally:
         for session in sessions:
             session.close()
+    assert JsonlSession(os.devnull).load().messages == []  # kept nowhere indeed
+    first, second = JsonlSession(tmp_path / "s.jsonl"), JsonlSession(tmp_path / "s.jsonl")
+    try:  # the same on a regular file is refused
+        first.acquire()
+        with pytest.raises(agentloop.sessions.SessionLockedError):
+            second.acquire()
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_failed_fsync_of_a_regular_file_is_still_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
