@@ -69,6 +69,22 @@ async def test_interjection_safe_point_top_of_iteration() -> None:
     assert model.requests[1].messages[-1].kind == "interjection"
 
 
+async def test_interjections_merged_into_one_message_keep_every_receipt() -> None:
+    receipts: list[str] = []
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        receipts.extend(ctx.engine.interject(text) for text in ("mind the tests", "and the docs"))
+        return "tool done"
+
+    engine = engine_for([calls("t"), "ok"], tools=[t])
+    events = await collect(engine, "go")
+    (injected,) = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert (injected.ids, injected.texts) == (tuple(receipts), ("mind the tests", "and the docs"))
+    (merged,) = [m for m in engine.messages if m.kind == "interjection"]
+    assert merged.meta == {"receipts": receipts}  # what a resumed session tells delivered texts by
+
+
 @pytest.mark.parametrize("prompt", ["str", "message", "none"])
 async def test_an_interjection_sent_while_idle_starts_the_next_run_as_the_users_own_words(prompt: str) -> None:
     """An interjection sent while no run was going reached the next run after its prompt, wrapped
