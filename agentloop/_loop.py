@@ -110,7 +110,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                             try:
                                 streamed = await anext(stream)
                                 apply = APPLY.get(type(streamed))  # acc.feed(event), one call less
-                                shown = apply(phase.acc, streamed) if apply is not None else None
+                                shown = apply(phase.acc, streamed) if apply is not None else phase.acc.other(streamed)
                             except StopAsyncIteration:
                                 if type(stream) is AsyncGeneratorType:  # ran to its end: closed already
                                     stream = None
