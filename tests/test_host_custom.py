@@ -13,7 +13,7 @@ import asyncio
 import enum
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -27,9 +27,15 @@ from agentloop import (
     Message,
     ModelError,
     QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
     StreamProtocolError,
     TextDelta,
     ThinkingBlock,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolContext,
     TurnEnded,
     tool,
     validate_transcript,
@@ -89,12 +95,9 @@ class LocalModel:
         async with self.client.stream("POST", self.url, json=body) as response:
             if response.status_code != 200:
                 await response.aread()
-                retry = parse_retry(response.status_code, response.headers)
-                raise ModelError(
-                    f"local model HTTP {response.status_code}: {response.text[:200]}",
-                    retryable=response.status_code in (429, 500, 502, 503),
-                    retry_after=retry if isinstance(retry, float) else None,
-                )
+                retryable, retry_after = parse_retry(response.status_code, response.headers)
+                message = f"local model HTTP {response.status_code}: {response.text[:200]}"
+                raise ModelError(message, retryable=retryable, retry_after=retry_after)
             async with aclosing(response.aiter_lines()) as lines:
                 async for line in lines:
                     if not line.strip():
@@ -375,7 +378,7 @@ async def test_an_interrupt_mid_stream_closes_the_response() -> None:
 
 async def test_a_429_then_a_500_are_retried() -> None:
     server = Server([
-        httpx.Response(429, json={"error": "slow down"}, headers={"retry-after": "0"}),
+        httpx.Response(429, json={"error": "slow down"}, headers={"retry-after-ms": "30"}),
         httpx.Response(500, text="oops"),
         text_reply("Done."),
     ])
@@ -384,6 +387,7 @@ async def test_a_429_then_a_500_are_retried() -> None:
         events = await run_all(engine, "Hi")
     retries = [e for e in events if e.type == "retrying"]
     assert [e.attempt for e in retries] == [1, 2]
+    assert retries[0].delay >= 0.03  # the server's retry-after-ms, read by parse_retry
     assert "429" in retries[0].error and "500" in retries[1].error
     assert ended(events).reason == "completed"
 
@@ -494,3 +498,172 @@ async def test_a_subclass_of_a_stream_event_is_that_event() -> None:
     events = await run_all(engine, "Hi")
     assert ended(events).reason == "completed"
     assert engine.messages[-1].text == "HELLO"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tools
+
+
+def scripted_calls(*calls: tuple[str, dict[str, Any]]) -> ScriptedModel:
+    return ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall(n, a) for n, a in calls]), "Done."])
+
+
+async def results_of(calls: list[tuple[str, dict[str, Any]]], tools: list[Any], **options: Any) -> list[ToolCallFinished]:
+    engine = QueryEngine(scripted_calls(*calls), tools=tools, **options)
+    events = await run_all(engine, "Go")
+    assert ended(events).reason == "completed"
+    return [e for e in events if isinstance(e, ToolCallFinished)]
+
+
+async def test_results_of_every_shape() -> None:
+    calls = [
+        ("list_orders", {"customer": "Ann"}),
+        ("get_customer", {"name": "Ann"}),
+        ("thumbnail", {"sku": "LID-1"}),
+        ("forget", {"sku": "LID-1"}),
+        ("export", {"rows": 20_000}),
+        ("crash", {"reason": "maintenance"}),
+    ]
+    done = await results_of(calls, ALL_TOOLS)
+    by_name = {e.tool_use.name: e for e in done}
+    assert json.loads(by_name["list_orders"].result.text) == [{"id": 1, "customer": "Ann"}, {"id": 2, "customer": "Ann"}]
+    assert json.loads(by_name["get_customer"].result.text) == {
+        "name": "Ann", "tags": ["vip"], "address": {"city": "Oslo", "zip_code": None},
+    }
+    print(repr(by_name["thumbnail"].result.text), repr(by_name["forget"].result.text))
+    big = by_name["export"]
+    assert big.full_result is not None and big.full_result.text.count("\n") == 20_000
+    assert len(big.result.text) < 101_000 and "characters" in big.result.text
+    failed = by_name["crash"].result
+    assert failed.is_error and "backend down: maintenance" in failed.text
+
+
+async def test_a_tool_timeout_and_an_abort_seen_by_the_tool() -> None:
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    @tool(timeout=0.05)
+    async def slow_report(days: int = 7) -> str:
+        """Build a report (slowly)."""
+        await asyncio.Event().wait()
+        return "never"
+
+    @tool
+    async def watch(ctx: ToolContext) -> str:
+        """Wait for the deploy to finish."""
+        started.set()
+        seen.append(await ctx.signal.wait())
+        return "stopped watching"
+
+    done = await results_of([("slow_report", {})], [slow_report])
+    assert done[0].result.is_error and "timed out" in done[0].result.text.lower()
+
+    engine = QueryEngine(scripted_calls(("watch", {})), tools=[watch])
+    async for event in engine.run("Deploy"):
+        if isinstance(event, ToolCallStarted):
+            await started.wait()
+            engine.interrupt()
+    assert validate_transcript(engine.messages) == []
+    assert seen == ["cancel"]
+    assert engine.messages[2].tool_results[0].text == "stopped watching"
+
+
+class Progress(BaseModel):
+    step: int
+
+
+async def test_a_tool_reports_progress_from_its_worker_thread() -> None:
+    @tool
+    async def migrate(tables: list[str], ctx: ToolContext) -> str:
+        """Migrate tables one by one."""
+
+        def work() -> int:
+            for n, _ in enumerate(tables):
+                ctx.emit(TextDelta(text=f"[{ctx.tool_use_id}] table {n + 1}/{len(tables)}\n"))
+            return len(tables)
+
+        count = await asyncio.to_thread(work)
+        assert ctx.engine is not None
+        return f"migrated {count}"
+
+    engine = QueryEngine(scripted_calls(("migrate", {"tables": ["a", "b"]})), tools=[migrate])
+    events = await run_all(engine, "Migrate")
+    shown = [e.text for e in events if isinstance(e, TextDelta)]
+    call_id = engine.messages[1].tool_uses[0].id
+    assert shown[:2] == [f"[{call_id}] table 1/2\n", f"[{call_id}] table 2/2\n"]
+    assert engine.messages[2].tool_results[0].text == "migrated 2"
+
+
+async def test_safe_tools_run_together_and_the_others_alone_in_order() -> None:
+    log: list[str] = []
+    both = asyncio.Event()
+    running = 0
+
+    @tool(concurrency_safe=True)
+    async def read(key: str) -> str:
+        """Read a key."""
+        nonlocal running
+        running += 1
+        if running == 2:
+            both.set()
+        await both.wait()  # only returns if both reads run at once
+        log.append(f"read {key}")
+        return key
+
+    @tool
+    async def write(key: str) -> str:
+        """Write a key."""
+        log.append(f"write {key}")
+        return "ok"
+
+    calls = [("read", {"key": "a"}), ("read", {"key": "b"}), ("write", {"key": "a"}), ("read", {"key": "c"})]
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall(n, a) for n, a in calls]), "Done."]),
+        tools=[read, write],
+    )
+    both_before = both
+    events = await run_all(engine, "Go")
+    assert both_before.is_set()
+    assert sorted(log[:2]) == ["read a", "read b"] and log[2:] == ["write a", "read c"]
+    assert ended(events).reason == "completed"
+
+
+def test_what_tool_refuses_it_refuses_when_made() -> None:
+    with pytest.raises(TypeError, match="on_done"):
+
+        @tool
+        async def schedule(when: str, on_done: Callable[[], None]) -> str:
+            """Schedule a job."""
+            return when
+
+    with pytest.raises(TypeError, match="async def"):
+
+        @tool  # type: ignore[arg-type]
+        def lookup(sku: str) -> str:
+            """Blocking lookup."""
+            return sku
+
+
+async def test_sixty_tools_at_once() -> None:
+    def make(n: int) -> Any:
+        @tool(name=f"tool_{n:02d}", concurrency_safe=n % 2 == 0)
+        async def handler(value: int, note: str | None = None) -> dict[str, int]:
+            """Echo a value."""
+            return {"tool": n, "value": value}
+
+        return handler
+
+    tools = [make(n) for n in range(60)]
+    calls = [(f"tool_{n:02d}", {"value": n * 10}) for n in range(60)]
+    seen: list[int] = []
+
+    def check(request: ModelRequest) -> ScriptedResponse:
+        seen.append(len(request.tools))
+        return ScriptedResponse(tool_calls=[ScriptedToolCall(n, a) for n, a in calls])
+
+    engine = QueryEngine(ScriptedModel([check, "All done."]), tools=tools)
+    events = await run_all(engine, "Use them all")
+    assert seen == [60]
+    results = engine.messages[2].tool_results
+    assert [json.loads(r.text) for r in results] == [{"tool": n, "value": n * 10} for n in range(60)]
+    assert ended(events).reason == "completed"
