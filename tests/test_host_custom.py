@@ -294,6 +294,12 @@ async def thumbnail(sku: str) -> bytes:
 
 
 @tool
+async def fetch_page(url: str) -> bytes:
+    """Fetch a page (as an HTTP client's ``response.content``)."""
+    return f'<p class="note">{url}</p>\nÅpen 09:00\n'.encode()
+
+
+@tool
 async def forget(sku: str) -> None:
     """Drop an item from the cache."""
 
@@ -310,7 +316,7 @@ async def crash(reason: str) -> str:
     raise RuntimeError(f"backend down: {reason}")
 
 
-ALL_TOOLS = [create_ticket, stock, list_orders, get_customer, thumbnail, forget, export, crash]
+ALL_TOOLS = [create_ticket, stock, list_orders, get_customer, thumbnail, fetch_page, forget, export, crash]
 
 # ---------------------------------------------------------------------------------------------
 # The adapter
@@ -520,6 +526,7 @@ async def test_results_of_every_shape() -> None:
         ("list_orders", {"customer": "Ann"}),
         ("get_customer", {"name": "Ann"}),
         ("thumbnail", {"sku": "LID-1"}),
+        ("fetch_page", {"url": "https://shop.example"}),
         ("forget", {"sku": "LID-1"}),
         ("export", {"rows": 20_000}),
         ("crash", {"reason": "maintenance"}),
@@ -530,7 +537,9 @@ async def test_results_of_every_shape() -> None:
     assert json.loads(by_name["get_customer"].result.text) == {
         "name": "Ann", "tags": ["vip"], "address": {"city": "Oslo", "zip_code": None},
     }
-    print(repr(by_name["thumbnail"].result.text), repr(by_name["forget"].result.text))
+    assert by_name["thumbnail"].result.text == "b'\\x89PNG\\r\\n\\x1a\\nLID-1'"  # not UTF-8: its repr, once
+    assert by_name["fetch_page"].result.text == '<p class="note">https://shop.example</p>\nÅpen 09:00\n'
+    assert by_name["forget"].result.text == "(no output)"
     big = by_name["export"]
     assert big.full_result is not None and big.full_result.text.count("\n") == 20_000
     assert len(big.result.text) < 101_000 and "characters" in big.result.text
