@@ -54,7 +54,7 @@ from agentloop.models import (
     Usage,
     parse_retry,
 )
-from agentloop.testing import collect
+from agentloop.testing import assert_valid, collect
 
 # ---------------------------------------------------------------------------------------------
 # The local model server's protocol: POST /generate, one JSON object a line:
@@ -577,10 +577,6 @@ async def test_a_tool_timeout_and_an_abort_seen_by_the_tool() -> None:
     assert engine.messages[2].tool_results[0].text == "stopped watching"
 
 
-class Progress(BaseModel):
-    step: int
-
-
 async def test_a_tool_reports_progress_from_its_worker_thread() -> None:
     @tool
     async def migrate(tables: list[str], ctx: ToolContext) -> str:
@@ -630,9 +626,8 @@ async def test_safe_tools_run_together_and_the_others_alone_in_order() -> None:
         ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall(n, a) for n, a in calls]), "Done."]),
         tools=[read, write],
     )
-    both_before = both
     events = await run_all(engine, "Go")
-    assert both_before.is_set()
+    assert both.is_set()
     assert sorted(log[:2]) == ["read a", "read b"] and log[2:] == ["write a", "read c"]
     assert ended(events).reason == "completed"
 
@@ -676,3 +671,59 @@ async def test_sixty_tools_at_once() -> None:
     results = engine.messages[2].tool_results
     assert [json.loads(r.text) for r in results] == [{"tool": n, "value": n * 10} for n in range(60)]
     assert ended(events).reason == "completed"
+
+
+# ---------------------------------------------------------------------------------------------
+# The product's own tests, with agentloop.testing as docs/cookbook.md shows.
+
+
+def support_agent(model: Any) -> QueryEngine:
+    """The product: a support agent over the tool set, with a system prompt of its own."""
+    return QueryEngine(model, tools=ALL_TOOLS, system="You are the shop's support agent.", retry_base_delay=0)
+
+
+async def test_product_an_urgent_complaint_opens_a_high_priority_ticket() -> None:
+    def triage(request: ModelRequest) -> ScriptedResponse:
+        assert "create_ticket" in {t.name for t in request.tools}
+        urgent = "urgent" in request.messages[-1].text.lower()
+        customer = {"name": "Ann", "address": {"city": "Oslo"}}
+        args = {"title": request.messages[-1].text[:40], "priority": "high" if urgent else "low", "customer": customer}
+        return ScriptedResponse(text="Opening a ticket. ", tool_calls=[ScriptedToolCall("create_ticket", args)])
+
+    model = ScriptedModel([triage, "Your ticket is open."])
+    engine = support_agent(model)
+    events = await collect(engine.run("URGENT: the lid broke"))
+    assert_valid(engine.messages)
+    assert ended(events).reason == "completed"  # an assertion in triage would end it with model_error
+    opened = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert json.loads(opened[0].result.text)["priority"] == "high"
+    assert model.request_count == 2
+    assert model.requests[1].messages[-1].tool_results[0].tool_use_id == opened[0].tool_use.id
+
+
+async def test_product_a_stop_during_a_slow_lookup_is_reported_to_the_model() -> None:
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("slow_stock", {"sku": "LID-1"})]),
+        "Sorry, I stopped.",
+    ])
+    started = asyncio.Event()
+
+    @tool(name="slow_stock")
+    async def slow_stock(sku: str) -> str:
+        """Stock, from the slow warehouse."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    engine = QueryEngine(model, tools=[slow_stock], tool_cancel_grace=0)  # it ignores ctx.signal
+    async for event in engine.run("How many lids?"):
+        if isinstance(event, ToolCallStarted):
+            await started.wait()
+            engine.interrupt()
+    assert_valid(engine.messages)
+    result = engine.messages[2].tool_results[0]
+    assert result.is_error and result.text.startswith("Interrupted by user")
+    assert engine.messages[-1].kind == "interrupt_notice"
+    events = await collect(engine.run("Never mind, thanks"))  # the next run goes on from there
+    assert ended(events).reason == "completed" and engine.messages[-1].text == "Sorry, I stopped."
+    assert_valid(engine.messages)
