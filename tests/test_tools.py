@@ -340,7 +340,7 @@ async def test_a_returned_result_block_built_without_validation_gives_a_result_n
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert validate_transcript(engine.messages) == []
     got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
-    assert got == [("(no output)", False), ('"raw"', True), ('["a", "b"]', False), ("fine", False)]
+    assert got == [("(no output)", False), ("raw", True), ('["a", "b"]', False), ("fine", False)]
 
 
 class _NoMessage(Exception):
