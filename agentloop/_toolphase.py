@@ -19,7 +19,7 @@ from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._tools import cut_result, result_length
-from ._transcript import credentials, encodable, interrupted_result, without_credentials
+from ._transcript import encodable, interrupted_result, lineage_credentials, without_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -187,10 +187,11 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
 
 
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
-    """The credentials of ``engine``'s model, to redact from tool results: read once per run (an
-    HTTP model collects them from its key and headers), again only if the model was swapped."""
+    """The credentials of ``engine``'s model and its ancestors' (`lineage_credentials`), to redact
+    from tool results: read once per run (an HTTP model collects them from its key and headers),
+    again only if the model was swapped."""
     model = engine.model
     held = st.secrets
     if held is None or held[0] is not model:
-        held = st.secrets = (model, credentials(model))
+        held = st.secrets = (model, lineage_credentials(engine))
     return held[1]

@@ -279,6 +279,21 @@ class Connection:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
+        except ModelError as exc:  # raised here, or by the caller reading the body (a mapper's)
+            redactor.scrub_error(exc)
+            if not redactor.scrub_chain(exc):
+                exc.__cause__, exc.__suppress_context__ = None, True
+            raise
+        except Exception as exc:
+            # Not httpx's: a host's transport (or a hook of its client) raising an error of its
+            # own, which may quote the URL or a header. Scrubbed in place; one whose text cannot
+            # be scrubbed (its str is not its args) is not shown at all.
+            if redactor.scrub_chain(exc):
+                raise
+            raise ModelError(
+                f"{self.provider} request failed: the HTTP client raised {type(exc).__name__} "
+                "(its message, which quotes a credential, is not shown)"
+            ) from None
 
     def _status_error(self, response: httpx.Response, raw: bytes, redactor: Redactor) -> ProviderStatusError:
         return status_error(
