@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,8 +22,9 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentloop import AbortController, Message, QueryEngine, event_json, tool
+from agentloop import AbortController, Message, QueryEngine, ToolContext, ToolResultBlock, event_json, tool
 from agentloop._errors import ModelError
+from agentloop.mcp import MCPServer
 from agentloop.models import AnthropicModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from agentloop.sessions import JsonlSession
 
@@ -302,3 +304,28 @@ async def test_a_subagent_on_a_model_of_its_own_never_sends_its_parents_key() ->
     shown = [*(b.decode() for b in bodies), *map(event_json, events), *(m.model_dump_json() for m in child.messages)]
     assert not [t for t in shown if parent_key in t or child_key in t]
     assert f"ANTHROPIC_API_KEY={MARK}" in bodies[1].decode()
+
+
+_MCP_SERVER = str(Path(__file__).with_name("mcp_server.py"))
+
+
+async def test_an_mcp_servers_own_credentials_never_reach_the_model(tmp_path: Path) -> None:
+    token = "ghp_mcpAuditToken0123456789abcdef"
+    srv = MCPServer.stdio(sys.executable, [_MCP_SERVER, "--markers", str(tmp_path)], env={"GITHUB_TOKEN": token})
+    async with srv:
+        tools = {t.name: t for t in await srv.list_tools()}
+        ctx = ToolContext(signal=AbortController().signal, tool_use_id="toolu_1", engine=None)  # type: ignore[arg-type]
+        echoed = await tools["echo"].handler({"text": f"token is {token}"}, ctx)
+        assert isinstance(echoed, ToolResultBlock)
+        assert echoed.content == f"token is {MARK}"
+        failed = await tools["fail"].handler({"message": f"bad token {token}"}, ctx)
+        assert isinstance(failed, ToolResultBlock)
+        assert failed.is_error and failed.content == f"Error executing tool fail: bad token {MARK}"
+
+
+def test_an_http_mcp_servers_credential_headers_and_url_are_known_to_it() -> None:
+    srv = MCPServer.http("https://mcp.example/mcp?access_token=urlToken0123456789abcdefg",
+                         headers={"Authorization": "Bearer hdrToken0123456789abcdefg", "x-trace": "plainValue0123456789xyz"})  # fmt: skip
+    assert "hdrToken0123456789abcdefg" in srv._secrets
+    assert "urlToken0123456789abcdefg" in srv._secrets
+    assert "plainValue0123456789xyz" not in srv._secrets
