@@ -37,9 +37,15 @@ MODELS: dict[str, Callable[..., Any]] = {
 
 
 def leaked(secrets: list[str], text: str) -> list[str]:
-    """The secrets ``text`` shows; a marker is opaque (a secret made of its letters is not in it)."""
+    """The secrets ``text`` shows, whole or a long piece of one (an excerpt cut through it); a
+    marker is opaque (a secret made of its letters is not in it)."""
     text = text.replace(MARK, "\x00")
-    return [s for s in secrets if s in text]
+    return [s for s in secrets if any(piece in text for piece in pieces(s))]
+
+
+def pieces(secret: str) -> list[str]:
+    """What of ``secret`` must not show: itself, and for a long one its first and last 16 characters."""
+    return [secret, secret[:16], secret[-16:]] if len(secret) >= 32 else [secret]
 
 
 def echo(request: httpx.Request) -> str:
@@ -160,6 +166,9 @@ _ascii = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
 credential = st.text(_ascii, min_size=4, max_size=300)
 #: What a URL's password or query value is, percent-encoded in the URL.
 url_part = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=4, max_size=80)
+#: Credentials no header can carry (a line break read with the key, a non-ASCII letter): refused
+#: without being quoted.
+unusual = st.text(min_size=4, max_size=40).filter(lambda t: not (t.isascii() and t.isprintable() and t == t.strip()))
 #: Credentials that are words of every request (what the URL, a header or JSON holds).
 common = st.sampled_from(["POST", "https", "application/json", "messages", "user-agent", "proxy.example", "error"])
 
@@ -170,8 +179,11 @@ async def _drive(kind: str, failure: str, secrets: dict[str, str], session: Path
     texts: list[str] = []
     transport = httpx.MockTransport(FAILURES[failure])
     async with httpx.AsyncClient(transport=transport, headers={"x-client-token": secrets["client"]}) as client:
-        model = MODELS[kind]("m", api_key=secrets["key"], base_url=url, http_client=client,
-                             extra_headers={"x-gateway-token": secrets["header"]})  # fmt: skip
+        try:
+            model = MODELS[kind]("m", api_key=secrets["key"], base_url=url, http_client=client,
+                                 extra_headers={"x-gateway-token": secrets["header"]})  # fmt: skip
+        except ValueError as exc:  # a header an HTTP request cannot carry, refused at once
+            return list(exception_texts(exc))
         texts += [repr(model), str(model)]
         request = ModelRequest(messages=[Message.user("hi")])
         try:
@@ -208,8 +220,8 @@ def baseline(kind: str, failure: str) -> str:
 @given(
     kind=st.sampled_from(sorted(MODELS)),
     failure=st.sampled_from(sorted(FAILURES)),
-    key=st.one_of(credential, common, st.text(_ascii, min_size=1, max_size=3)),
-    header=st.one_of(credential, common),
+    key=st.one_of(credential, common, st.text(_ascii, min_size=1, max_size=3), unusual),
+    header=st.one_of(credential, common, unusual),
     client=credential,
     password=url_part,
     query=url_part,
@@ -221,9 +233,12 @@ def test_no_failure_of_a_request_shows_a_credential(
     with tempfile.TemporaryDirectory() as folder, logged() as records:
         texts = asyncio.run(_drive(kind, failure, secrets, Path(folder) / "s.jsonl"))
     usual = baseline(kind, failure)
-    checked = [s for s in secrets.values() if s not in usual]
+    checked = [s for s in secrets.values() if not any(piece in usual for piece in pieces(s))]
     shown = [(t[:300], found) for t in [*texts, *records.texts] if (found := leaked(checked, t))]
     assert not shown, shown
+    sendable = all(v.isascii() and v.isprintable() and v == v.strip() for v in (key, header))
+    if failure.isdigit() and sendable:  # the error quotes what the server said, credentials marked
+        assert any(MARK in t for t in texts if "Error" in t)
 
 
 class _Opaque(Exception):
@@ -329,3 +344,29 @@ def test_an_http_mcp_servers_credential_headers_and_url_are_known_to_it() -> Non
     assert "hdrToken0123456789abcdefg" in srv._secrets
     assert "urlToken0123456789abcdefg" in srv._secrets
     assert "plainValue0123456789xyz" not in srv._secrets
+
+
+async def test_a_tool_result_carrying_the_key_is_marked_everywhere_and_in_a_fork(tmp_path: Path) -> None:
+    key, other = "sk-main-0123456789abcdefXYZ0", "sk-fork-9876543210fedcbaQRS1"
+    bodies: list[bytes] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.content)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if len(bodies) == 1 else _DONE)
+
+    @tool
+    async def env() -> str:
+        """Print the environment."""
+        return f"OPENAI_API_KEY={key}"
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        session = JsonlSession(tmp_path / "main.jsonl")
+        main = QueryEngine(OpenAIChatModel("m", api_key=key, http_client=client), tools=[env], session=session)
+        events = [ev async for ev in main.run("look")]
+        session.close()
+        fork = QueryEngine(OpenAIChatModel("m", api_key=other, http_client=client), messages=main.messages)
+        events += [ev async for ev in fork.run("again")]
+    shown = [*(b.decode() for b in bodies), *map(event_json, events), *map(repr, events),
+             (tmp_path / "main.jsonl").read_text()]  # fmt: skip
+    assert not [t for t in shown if key in t or other in t]
+    assert f"OPENAI_API_KEY={MARK}" in bodies[1].decode() and f"OPENAI_API_KEY={MARK}" in bodies[2].decode()
