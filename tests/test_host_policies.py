@@ -1,0 +1,458 @@
+"""Runaway policies as the author of an unattended agent writes them from docs/policies.md:
+subclasses of the stock policies, policies of one's own composed with them, over the engine's
+whole life (several runs, a resumed session, subagents, interrupts and steering), a headless
+host's exit codes, and the switches that turn recovery off."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    DoomLoopDetected,
+    Message,
+    PolicyNudge,
+    QueryEngine,
+    Resampling,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolCallFinished,
+    ToolResultBlock,
+    ToolUseBlock,
+    TurnEnded,
+    delegate_tool,
+    tool,
+    validate_transcript,
+)
+from agentloop.models import (
+    ModelRequest,
+    StreamEnd,
+    StreamEvent,
+    StreamText,
+    StreamUsage,
+    Usage,
+)
+from agentloop.policies import (
+    ConservativeDoomLoopPolicy,
+    DoomLoopPolicy,
+    DoomLoopSignal,
+    EndTurn,
+    IdenticalToolCallRun,
+    Nudge,
+    Policy,
+    Resample,
+    StationarityPolicy,
+    Verdict,
+    default_policies,
+)
+from agentloop.sessions import JsonlSession
+from agentloop.testing import collect
+
+CHANT = "I will read the file again to be sure. "
+
+
+@tool
+async def open_file(path: str) -> str:
+    """Open a file of the project."""
+    return f"contents of {path}"
+
+
+@tool
+async def shell(command: str, timeout: int = 60) -> str:  # noqa: ASYNC109 (an argument for the model)
+    """Run a shell command."""
+    if command.startswith("fail"):
+        raise RuntimeError(f"{command}: exit status 2")
+    return f"ran {command}"
+
+
+def ends(events: Sequence[Any]) -> list[TurnEnded]:
+    return [e for e in events if isinstance(e, TurnEnded)]
+
+
+def settled(engine: QueryEngine) -> None:
+    """What every test checks after a run: a valid transcript and nothing running."""
+    assert validate_transcript(engine.messages) == []
+    assert not engine.running
+    assert engine.signal is None
+
+
+def calls(name: str, args: dict[str, Any], n: int = 1) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=[ScriptedToolCall(name, dict(args)) for _ in range(n)])
+
+
+# -- subclassing the stock policies through the one method the docs point to ----------------------
+
+
+class AbortTextLoops(DoomLoopPolicy):
+    """The docs' example: a tail repetition on any channel is a loop."""
+
+    def judge(self, signal: DoomLoopSignal) -> str:
+        if signal.kind == "tail_repetition":
+            return "abort"
+        return "ignore" if signal.kind == "low_logprob" else "warn"
+
+
+async def test_a_judge_override_resamples_a_text_loop_the_stock_policy_only_warns_on() -> None:
+    model = ScriptedModel([ScriptedResponse(text=CHANT * 30, chunk=8), "The file says hello."])
+    engine = QueryEngine(model, policies=[AbortTextLoops()])
+    events = await collect(engine.run("What does the file say?"))
+    doom = [e for e in events if isinstance(e, DoomLoopDetected)]
+    assert doom[0].action == "resample" and doom[0].policy == "AbortTextLoops"
+    assert any(isinstance(e, Resampling) for e in events)
+    assert ends(events)[-1].reason == "completed"
+    assert engine.messages[-1].text == "The file says hello."
+    settled(engine)
+
+    stock = QueryEngine(ScriptedModel([ScriptedResponse(text=CHANT * 30, chunk=8)]))
+    events = await collect(stock.run("What does the file say?"))
+    assert {e.action for e in events if isinstance(e, DoomLoopDetected)} == {"warn"}
+    assert not any(isinstance(e, Resampling) for e in events)
+    settled(stock)
+
+
+class IgnoreTimeouts(IdenticalToolCallRun):
+    """Calls that differ only in their ``timeout`` are one call."""
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        args = {k: v for k, v in call.input.items() if k != "timeout"}
+        return super().key(call.model_copy(update={"input": args}), result)
+
+
+async def test_a_key_override_makes_calls_that_differ_in_an_ignored_argument_one_run() -> None:
+    steps = [calls("shell", {"command": "make", "timeout": t}) for t in (30, 60) * 6]
+    model = ScriptedModel([*steps, "Built."])
+    engine = QueryEngine(model, tools=[shell], policies=[IgnoreTimeouts()])
+    events = await collect(engine.run("Build it"))
+    nudges = [e for e in events if isinstance(e, PolicyNudge)]
+    assert [n.policy for n in nudges] == ["IgnoreTimeouts"]
+    end = ends(events)[-1]
+    assert (end.reason, end.turns) == ("stationarity_ended", 12)
+    settled(engine)
+    # With the stock key the timeouts make two calls that alternate: never a run.
+    engine = QueryEngine(ScriptedModel([*steps, "Built."]), tools=[shell], policies=[IdenticalToolCallRun()])
+    assert ends(await collect(engine.run("Build it")))[-1].reason == "completed"
+    settled(engine)
+
+
+class SameToolTwice(StationarityPolicy):
+    """Built on the base: ends the turn when one response calls one tool name twice."""
+
+    one_engine = True
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        return call.name
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        base, copies = self.signature(message, results)
+        twice = sorted(str(key) for key, n in base if n * copies >= 2)
+        return EndTurn(f"Stopped: {', '.join(twice)} twice in one step.") if twice else None
+
+
+async def test_a_stationarity_subclass_with_its_own_on_results_ends_the_turn() -> None:
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("open_file", {"path": "a"}),
+                                     ScriptedToolCall("open_file", {"path": "b"})]),
+        "unreached",
+    ])
+    engine = QueryEngine(model, tools=[open_file], policies=[SameToolTwice()])
+    end = ends(await collect(engine.run("Open both")))[-1]
+    assert (end.reason, end.detail) == ("stationarity_ended", "Stopped: open_file twice in one step.")
+    settled(engine)
+    assert SameToolTwice().fork().key(ToolUseBlock(id="t", name="x", input={}), None) == "x"
+
+
+# -- composing policies of one's own with the stock ones -------------------------------------------
+
+
+class BannedWord(Policy):
+    """A second stream watcher: resamples an attempt whose text says a banned word."""
+
+    one_engine = True
+
+    def __init__(self, word: str) -> None:
+        self.word, self.seen, self.events = word, "", 0
+
+    def begin_attempt(self) -> None:
+        self.seen = ""
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        self.events += 1
+        if isinstance(event, StreamText):
+            self.seen += event.text
+            if self.word in self.seen:
+                return Resample(reminder=f"Do not write {self.word!r}.", replay=False)
+        return None
+
+
+async def test_two_stream_watchers_each_see_every_event_and_each_cuts_its_own_attempt() -> None:
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        return [
+            ScriptedResponse(thinking=CHANT * 30, chunk=8),  # the stock policy's loop
+            ScriptedResponse(text="The password is hunter2, as asked.", chunk=4),  # the host's word
+            "I cannot share it.",
+        ][model.request_count - 1]
+
+    model = ScriptedModel([script], cycle=True)
+    banned = BannedWord("hunter2")
+    engine = QueryEngine(model, policies=[ConservativeDoomLoopPolicy(), banned], doom_budget=3)
+    events = await collect(engine.run("What is the password?"))
+    doom = [(e.policy, e.action) for e in events if isinstance(e, DoomLoopDetected)]
+    assert doom == [("ConservativeDoomLoopPolicy", "resample"), ("BannedWord", "resample")]
+    assert [e.reason for e in events if type(e).__name__ == "AttemptDiscarded"] == ["resample", "resample"]
+    # The host's reminder, without the cut attempt's text: the word is not sent back.
+    assert model.requests[2].messages[-1].text == "Do not write 'hunter2'."
+    assert "hunter2," not in json.dumps([m.model_dump() for m in model.requests[2].messages])
+    assert engine.messages[-1].text == "I cannot share it."
+    assert "hunter2" not in json.dumps([m.model_dump() for m in engine.messages])
+    assert banned.events > 3 * 9  # every delta of every attempt, not one in `every`
+    settled(engine)
+
+
+class TokenBudget(Policy):
+    """Ends the turn from `on_results` once the request's tokens pass a budget. Tokens come from
+    the stream (`StreamUsage`, the attempt's usage so far, and `StreamEnd.usage`, its total): a
+    cut attempt's tokens count too."""
+
+    one_engine = True
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.spent, self.attempt = budget, 0, Usage()
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        if real_user:
+            self.spent = 0
+
+    def begin_attempt(self) -> None:
+        self.spent += self.attempt.total
+        self.attempt = Usage()
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        usage = event.usage if isinstance(event, StreamUsage | StreamEnd) else None
+        if usage is not None:
+            self.attempt = usage
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        total = self.spent + self.attempt.total
+        if total >= self.budget:
+            return EndTurn(f"Stopped: {total} tokens of {self.budget} spent.", reason="hook_stopped")
+        return None
+
+
+async def test_a_token_budget_ends_the_turn_from_on_results_with_hook_stopped() -> None:
+    model = ScriptedModel([calls("shell", {"command": f"step {i}"}) for i in range(10)])
+    engine = QueryEngine(model, tools=[shell], policies=[*default_policies(), TokenBudget(60)])
+    events = await collect(engine.run("Work"))
+    end = ends(events)[-1]
+    assert (end.reason, end.detail, end.turns) == ("hook_stopped", "Stopped: 60 tokens of 60 spent.", 3)
+    assert end.usage.total == 60
+    assert sum(isinstance(e, ToolCallFinished) for e in events) == 3
+    settled(engine)
+
+
+class ErrorsPileUp(Policy):
+    """Nudges once three tool errors in a row have piled up; a success clears the pile."""
+
+    one_engine = True
+    reminder = "Three tool calls failed in a row. Read the errors before calling again."
+
+    def __init__(self) -> None:
+        self.errors = 0
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        for result in results:
+            self.errors = self.errors + 1 if result.is_error else 0
+        if self.errors >= 3:
+            self.errors = 0
+            return Nudge(self.reminder)
+        return None
+
+
+async def test_a_policy_nudges_when_tool_errors_pile_up() -> None:
+    model = ScriptedModel([
+        calls("shell", {"command": "fail 1"}), calls("shell", {"command": "fail 2"}),
+        calls("shell", {"command": "fail 3"}), "I will read them.",
+    ])
+    engine = QueryEngine(model, tools=[shell], policies=[*default_policies(), ErrorsPileUp()])
+    events = await collect(engine.run("Build"))
+    assert [e.policy for e in events if isinstance(e, PolicyNudge)] == ["ErrorsPileUp"]
+    last_request = model.requests[-1].messages
+    assert last_request[-1].text == ErrorsPileUp.reminder and last_request[-1].synthetic
+    assert ends(events)[-1].reason == "completed"
+    settled(engine)
+
+
+class Recorder(Policy):
+    """Only observes: logs every hook, returns nothing."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        self.log.append(f"turn real_user={real_user}")
+
+    def begin_attempt(self) -> None:
+        self.log.append("attempt")
+
+    def on_response(self, message: Message) -> Verdict | None:
+        self.log.append(f"response {len(message.tool_uses)} calls")
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        self.log.append(f"results {[r.is_error for r in results]}")
+        return None
+
+
+async def test_an_observing_policy_sees_every_hook_in_order_and_changes_nothing() -> None:
+    script = [calls("open_file", {"path": "a"}), "Done."]
+    rec = Recorder()
+    engine = QueryEngine(ScriptedModel(script), tools=[open_file], policies=[*default_policies(), rec])
+    events = await collect(engine.run("Open a"))
+    assert rec.log == [
+        "turn real_user=True", "attempt", "response 1 calls", "results [False]", "attempt", "response 0 calls",
+    ]
+    plain = QueryEngine(ScriptedModel(script), tools=[open_file])
+    plain_events = await collect(plain.run("Open a"))
+    assert [e.type for e in events] == [e.type for e in plain_events]
+    settled(engine)
+
+
+class Broken(Policy):
+    """Every hook a bug: raises, or returns what is not a verdict."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def _bug(self) -> Any:
+        if self.how == "raise":
+            raise KeyError("oops")
+        return {"garbage": "stop"}
+
+    def on_stream(self, event: StreamEvent) -> Any:
+        return self._bug()
+
+    def on_response(self, message: Message) -> Any:
+        return self._bug()
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Any:
+        return self._bug()
+
+
+@pytest.mark.parametrize("alone", [False, True])
+@pytest.mark.parametrize("how", ["raise", "garbage"])
+async def test_a_broken_policy_is_logged_once_per_attempt_and_never_ends_the_run(
+    how: str, alone: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel([calls("open_file", {"path": "a"}), ScriptedResponse(thinking=CHANT * 30, chunk=8), "Ok."])
+    policies = [Broken(how)] if alone else [Broken(how), *default_policies()]
+    engine = QueryEngine(model, tools=[open_file], policies=policies)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        events = await collect(engine.run("Open a"))
+    assert ends(events)[-1].reason == "completed"
+    doom = [e.action for e in events if isinstance(e, DoomLoopDetected)]
+    assert doom == ([] if alone else ["resample"])  # the stock policy still works beside it
+    logged = [r.getMessage() for r in caplog.records if "Broken" in r.getMessage()]
+    assert any("on_results" in m for m in logged)
+    attempts = model.request_count
+    assert len([m for m in logged if "on_stream" in m]) == attempts  # once per attempt, not per event
+    settled(engine)
+
+
+# -- policies across the engine's life -----------------------------------------------------------
+
+
+def looping(name: str = "shell", args: dict[str, Any] | None = None) -> ScriptedModel:
+    return ScriptedModel([calls(name, args or {"command": "make"})], cycle=True)
+
+
+async def test_one_engine_several_runs_a_prompt_resets_the_counts_a_bare_run_does_not() -> None:
+    engine = QueryEngine(looping(), tools=[shell], policies=[IdenticalToolCallRun(nudge_at=2, end_at=3)])
+    first = ends(await collect(engine.run("Build")))[-1]
+    assert (first.reason, first.turns) == ("stationarity_ended", 3)
+    again = ends(await collect(engine.run()))[-1]  # a headless host simply runs again
+    assert (again.reason, again.turns) == ("stationarity_ended", 1)
+    fresh = ends(await collect(engine.run("Try once more")))[-1]  # a person asked: a fresh allowance
+    assert (fresh.reason, fresh.turns) == ("stationarity_ended", 3)
+    settled(engine)
+
+
+async def test_a_resumed_session_gives_new_policies_that_catch_up_on_the_transcript(tmp_path: Path) -> None:
+    path = tmp_path / "job.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(looping(), tools=[shell], session=session,
+                             policies=[IdenticalToolCallRun(nudge_at=2, end_at=3), ErrorsPileUp()])
+        assert ends(await collect(engine.run("Build")))[-1].reason == "stationarity_ended"
+    session, loaded = JsonlSession.resume(path)
+    with session:
+        rec = Recorder()
+        resumed = QueryEngine(looping(), tools=[shell], session=session, messages=loaded.messages,
+                              policies=[IdenticalToolCallRun(nudge_at=2, end_at=3), rec])
+        # The new policies were shown the responses since the person's request, verdicts dropped.
+        assert rec.log == ["response 1 calls", "results [False]"] * 3
+        end = ends(await collect(resumed.run()))[-1]
+        assert (end.reason, end.turns) == ("stationarity_ended", 1)
+        settled(resumed)
+
+
+class SharedClientPolicy(Policy):
+    """Holds what a deep copy cannot take (a lock, a client)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: list[str | None] = []
+
+    def on_response(self, message: Message) -> Verdict | None:
+        with self.lock:
+            self.seen.append(message.text)
+        return None
+
+
+class SharingPolicy(SharedClientPolicy):
+    def fork(self) -> SharingPolicy:
+        return self  # one object across the tree
+
+
+async def test_a_policy_a_deep_copy_cannot_take_names_itself_and_fork_self_shares_it() -> None:
+    engine = QueryEngine(ScriptedModel(["hi"]), policies=[SharedClientPolicy()])
+    with pytest.raises(TypeError, match=r"SharedClientPolicy\.fork\(\)"):
+        engine.subagent(agent_id="child")
+    shared = SharingPolicy()
+    parent = QueryEngine(ScriptedModel(["parent", "child"]), policies=[*default_policies(), shared])
+    child = parent.subagent(agent_id="child")
+    assert shared in child.policies
+    assert not any(p is q for p in parent.policies for q in child.policies if p is not shared)
+    await collect(parent.run("go"))
+    await collect(child.run("go"))
+    assert shared.seen == ["parent", "child"]
+    settled(parent)
+    settled(child)
+
+
+async def test_delegate_tool_forks_its_policy_template_for_each_child() -> None:
+    template = IdenticalToolCallRun(nudge_at=None, end_at=2)
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        first = request.messages[0].text
+        if first == "Do the work":  # the parent: two delegations at once, then the answer
+            if len(request.messages) == 1:
+                return ScriptedResponse(tool_calls=[ScriptedToolCall("worker", {"task": "a"}),
+                                                    ScriptedToolCall("worker", {"task": "b"})])
+            return "Both done."
+        return calls("shell", {"command": "make"})  # each child loops
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True),
+                         tools=[shell, delegate_tool(name="worker", policies=[template])])
+    events = await collect(engine.run("Do the work"))
+    child_ends = [e for e in ends(events) if e.agent_id is not None]
+    assert sorted(e.reason for e in child_ends) == ["stationarity_ended"] * 2
+    assert all(e.turns == 2 for e in child_ends)  # neither child inherits the other's run
+    assert ends(events)[-1].reason == "completed" and ends(events)[-1].agent_id is None
+    assert template.fork() is not template
+    settled(engine)
