@@ -5,6 +5,7 @@ host's exit codes, and the switches that turn recovery off."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -12,11 +13,14 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agentloop import (
+    Allow,
     DoomLoopDetected,
     Message,
+    PermissionRequested,
     PolicyNudge,
     QueryEngine,
     Resampling,
@@ -24,6 +28,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     ToolCallFinished,
+    ToolCallStarted,
     ToolResultBlock,
     ToolUseBlock,
     TurnEnded,
@@ -33,6 +38,7 @@ from agentloop import (
 )
 from agentloop.models import (
     ModelRequest,
+    OpenAIResponsesModel,
     StreamEnd,
     StreamEvent,
     StreamText,
@@ -455,4 +461,293 @@ async def test_delegate_tool_forks_its_policy_template_for_each_child() -> None:
     assert all(e.turns == 2 for e in child_ends)  # neither child inherits the other's run
     assert ends(events)[-1].reason == "completed" and ends(events)[-1].agent_id is None
     assert template.fork() is not template
+    settled(engine)
+
+
+# -- interrupts and steering while policies act ---------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["at_resampling", "in_the_resample"])
+async def test_an_interrupt_in_the_middle_of_a_resample_ends_the_turn_as_an_abort(when: str) -> None:
+    model = ScriptedModel([ScriptedResponse(thinking=CHANT * 30, chunk=8),
+                           ScriptedResponse(text="A fresh answer, streamed slowly. " * 4, chunk=4)])
+    engine = QueryEngine(model, policies=[*default_policies(), Recorder()])
+    events = []
+    resampling = False
+    async for event in engine.run("Think"):
+        events.append(event)
+        if isinstance(event, Resampling):
+            resampling = True
+            if when == "at_resampling":
+                engine.interrupt()
+        elif resampling and type(event).__name__ == "TextDelta":
+            engine.interrupt()
+    end = ends(events)[-1]
+    assert end.reason == "aborted_streaming" and end.abort_reason == "cancel"
+    assert model.request_count == (1 if when == "at_resampling" else 2)
+    assert not any(m.kind == "doom_reminder" for m in engine.messages)  # the reminder went with the request only
+    settled(engine)
+
+
+async def test_an_interjection_resets_the_counts_after_its_batch_is_judged() -> None:
+    policy = IdenticalToolCallRun(nudge_at=None, end_at=4)
+    rec = Recorder()
+    engine: QueryEngine
+
+    @tool
+    async def poll(job: str) -> str:
+        """Poll a job."""
+        if sum(m.role == "assistant" for m in engine.messages) == 3:
+            engine.interject("Keep polling, it is nearly done.")
+        return "running"
+
+    engine = QueryEngine(ScriptedModel([calls("poll", {"job": "j1"})], cycle=True), tools=[poll],
+                         policies=[policy, rec])
+    events = await collect(engine.run("Wait for j1"))
+    end = ends(events)[-1]
+    assert end.reason == "stationarity_ended"
+    assert end.turns == 3 + 4  # three before the message, then four from the model's first answer to it
+    assert [line for line in rec.log if line.startswith("turn")] == ["turn real_user=True"] * 2
+    settled(engine)
+
+
+class NudgeEveryBatch(Policy):
+    reminder = "Check the result before the next step."
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return Nudge(self.reminder)
+
+
+async def test_send_now_while_a_nudge_is_pending_drops_the_nudge() -> None:
+    engine: QueryEngine
+
+    @tool
+    async def step() -> str:
+        """Take a step."""
+        engine.send_now("Stop that and summarise instead.")
+        return "stepped"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("step")]), "Summary."])
+    engine = QueryEngine(model, tools=[step], policies=[*default_policies(), NudgeEveryBatch()])
+    events = await collect(engine.run("Go"))
+    assert [e.reason for e in ends(events)][-1] == "completed"
+    assert model.requests[-1].messages[-1].text == "Stop that and summarise instead."
+    sent = json.dumps([m.model_dump() for r in model.requests for m in r.messages])
+    assert NudgeEveryBatch.reminder not in sent
+    assert NudgeEveryBatch.reminder not in json.dumps([m.model_dump() for m in engine.messages])
+    settled(engine)
+
+
+# -- the headless host -----------------------------------------------------------------------------
+
+EXIT = {
+    "completed": 0,
+    "model_error": 2, "prompt_too_long": 2,
+    "max_turns": 3, "usage_limit": 3, "deadline": 3,
+    "stationarity_ended": 4, "hook_stopped": 4,
+    "aborted_streaming": 130, "aborted_tools": 130,
+}
+
+
+class NoDeploys(Policy):
+    """Ends the turn before a deploy runs: nobody is there to approve it."""
+
+    def on_response(self, message: Message) -> Verdict | None:
+        if any(use.name == "deploy" for use in message.tool_uses):
+            return EndTurn("Stopped: deploys need a person.", reason="hook_stopped")
+        return None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> Verdict | None:
+        return Nudge("Go on.")  # given with nothing after it: dropped, never seen
+
+
+async def job(model: ScriptedModel, policies: list[Policy]) -> tuple[int, list[Any], QueryEngine]:
+    """The cookbook's headless job, with a permission callback that would wait for ever."""
+    asked: list[str] = []
+
+    async def ask_a_person(call: ToolUseBlock, ctx: Any) -> Allow:
+        if call.name == "deploy":  # nobody will answer
+            asked.append(call.name)
+            await asyncio.Event().wait()
+        return Allow()
+
+    @tool
+    async def deploy(env: str) -> str:
+        """Deploy the build."""
+        return f"deployed to {env}"
+
+    engine = QueryEngine(model, tools=[shell, deploy], policies=policies, max_turns=20, deadline=60,
+                         permission=ask_a_person)
+    events = await collect(engine.run("Ship it"))
+    end = engine.last_turn_ended
+    assert end is not None and end is ends(events)[-1]
+    assert asked == []
+    return EXIT[end.reason], events, engine
+
+
+async def test_a_headless_job_stopped_by_a_policy_exits_4_with_a_distinct_terminal() -> None:
+    model = ScriptedModel([calls("shell", {"command": "make"}),
+                           ScriptedResponse(tool_calls=[ScriptedToolCall("deploy", {"env": "prod"})])])
+    code, events, engine = await job(model, [*default_policies(), NoDeploys()])
+    end = ends(events)[-1]
+    assert (code, end.reason, end.detail) == (4, "hook_stopped", "Stopped: deploys need a person.")
+    assert not any(isinstance(e, PermissionRequested) and e.tool_use.name == "deploy" for e in events)
+    assert not any(isinstance(e, ToolCallStarted) and e.tool_use.name == "deploy" for e in events)
+    result = engine.messages[-1].tool_results[0]
+    assert result.is_error and result.text == "Not run: Stopped: deploys need a person."
+    # The nudge given with the first batch went in before the next request; none after the stop.
+    assert [e.reminder for e in events if isinstance(e, PolicyNudge)] == ["Go on."]
+    settled(engine)
+
+    code, events, engine = await job(looping(), [*default_policies()])
+    assert (code, ends(events)[-1].reason) == (4, "stationarity_ended")
+    settled(engine)
+
+
+# -- an HTTP provider: the Responses API with server doom-loop frames ------------------------------
+
+
+def _frame(data: dict[str, Any]) -> str:
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+
+
+def responses_stream(n: int, text: str, signals: dict[int, list[str]]) -> bytes:
+    """A Responses text stream shaped like openai_responses_text.prism.sse, with the server's
+    `response.doom_loop_check` frames (every signal so far) after the given deltas."""
+    rid, mid = f"resp_{n:04d}", f"msg_{n:04d}"
+    part = {"type": "output_text", "annotations": [], "text": ""}
+    out = [_frame({"type": "response.created", "sequence_number": 0,
+                   "response": {"id": rid, "object": "response", "status": "in_progress", "output": []}}),
+           _frame({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": mid, "type": "message", "status": "in_progress", "content": [], "role": "assistant"}}),
+           _frame({"type": "response.content_part.added", "item_id": mid, "output_index": 0, "content_index": 0,
+                   "part": part})]
+    pieces = [text[i : i + 6] for i in range(0, len(text), 6)]
+    for i, piece in enumerate(pieces):
+        out.append(_frame({"type": "response.output_text.delta", "item_id": mid, "output_index": 0,
+                           "content_index": 0, "delta": piece}))
+        if i in signals:
+            out.append(_frame({"type": "response.doom_loop_check", "signals": signals[i]}))
+    done = {**part, "text": text}
+    item = {"id": mid, "type": "message", "status": "completed", "content": [done], "role": "assistant"}
+    out += [_frame({"type": "response.output_text.done", "item_id": mid, "output_index": 0, "content_index": 0,
+                    "text": text}),
+            _frame({"type": "response.content_part.done", "item_id": mid, "output_index": 0, "content_index": 0,
+                    "part": done}),
+            _frame({"type": "response.output_item.done", "output_index": 0, "item": item}),
+            _frame({"type": "response.completed", "response": {
+                "id": rid, "object": "response", "status": "completed", "output": [item],
+                "usage": {"input_tokens": 10, "output_tokens": 16, "total_tokens": 26}}})]
+    return "".join(out).encode()
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response body that records whether the client closed it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.closed = data, False
+
+    async def __aiter__(self) -> Any:
+        for line in self.data.splitlines(keepends=True):
+            yield line
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class ResponsesServer:
+    """`POST /v1/responses` over `httpx.MockTransport`: one scripted stream per request."""
+
+    def __init__(self, streams: list[bytes]) -> None:
+        self.streams = streams
+        self.headers: list[httpx.Headers] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.sent: list[_Body] = []
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/responses"
+        self.headers.append(request.headers)
+        self.bodies.append(json.loads(request.content))
+        body = _Body(self.streams.pop(0))
+        self.sent.append(body)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+    def model(self) -> OpenAIResponsesModel:
+        client = httpx.AsyncClient(transport=httpx.MockTransport(self.handle))
+        return OpenAIResponsesModel("gpt-test", api_key="sk-test-0000", http_client=client, doom_loop_check=True)
+
+
+class ServerSignalsOnly(DoomLoopPolicy):
+    """Resamples on what the server measured, and on nothing the client detector says."""
+
+    def judge(self, signal: DoomLoopSignal) -> str:
+        if signal.source == "server":
+            return "abort" if signal.kind == "tail_repetition" else "warn"
+        return "ignore"
+
+
+async def test_a_policy_resamples_on_the_servers_signal_only() -> None:
+    loop = "Checking again. " * 12  # a loop the client detector reports too (on the text channel)
+    server = ResponsesServer([
+        responses_stream(1, "Let me look. " + loop, {3: ["exact_repetition:4x3@text"],
+                                                     5: ["exact_repetition:4x3@text", "tail_repetition:4@text"]}),
+        responses_stream(2, loop, {}),  # the client detector's signals alone: ignored
+        responses_stream(3, "unused", {}),
+    ])
+    engine = QueryEngine(server.model(), policies=[ServerSignalsOnly(), IdenticalToolCallRun()])
+    events = await collect(engine.run("Look"))
+    doom = [(e.action, [s.format() for s in e.signals]) for e in events if isinstance(e, DoomLoopDetected)]
+    assert doom == [("warn", ["exact_repetition:4x3@text"]), ("resample", ["tail_repetition:4@text"])]
+    assert len(server.bodies) == 2
+    assert all(h.get("x-grok-doom-loop-check") == "true" for h in server.headers)
+    assert engine.messages[-1].text == loop.rstrip()
+    assert "Your discarded answer began" in json.dumps(server.bodies[1]["input"][-1])  # the replayed loop
+    assert all(body.closed for body in server.sent)  # the cut stream too
+    settled(engine)
+
+
+# -- switching recovery off, with policies of one's own in the list -----------------------------
+
+
+def switch_script() -> ScriptedModel:
+    return ScriptedModel([
+        ScriptedResponse(thinking=CHANT * 30, chunk=8, text="The password is hunter2.",
+                         tool_calls=[ScriptedToolCall("shell", {"command": "fail 1"})]),
+        calls("shell", {"command": "fail 2"}), calls("shell", {"command": "fail 3"}),
+        "Giving up.",
+    ])
+
+
+def switch_policies() -> list[Policy]:
+    return [*default_policies(), BannedWord("hunter2"), ErrorsPileUp()]
+
+
+@pytest.mark.parametrize("how", ["env", "constructor"])
+async def test_with_recovery_off_verdicts_are_reported_and_everything_else_still_runs(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if how == "env":
+        monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", " False ")
+        engine = QueryEngine(switch_script(), tools=[shell], policies=switch_policies())
+    else:
+        engine = QueryEngine(switch_script(), tools=[shell], policies=switch_policies(), doom_loop_recovery=False)
+    events = await collect(engine.run("Log in"))
+    doom = [(e.policy, e.action, e.confident) for e in events if isinstance(e, DoomLoopDetected)]
+    assert ("ConservativeDoomLoopPolicy", "off", True) in doom
+    assert ("BannedWord", "off", True) in doom
+    assert {action for _, action, _ in doom} <= {"off", "warn"}
+    assert not any(isinstance(e, Resampling) for e in events)
+    assert engine.messages[1].text == "The password is hunter2."  # accepted as it streamed
+    assert [e.policy for e in events if isinstance(e, PolicyNudge)] == ["ErrorsPileUp"]  # not a stream verdict
+    assert ends(events)[-1].reason == "completed"
+    settled(engine)
+
+
+async def test_the_constructor_switch_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", "off")
+    model = switch_script()
+    engine = QueryEngine(model, tools=[shell], policies=switch_policies(), doom_loop_recovery=True, doom_budget=1)
+    events = await collect(engine.run("Log in"))
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident][:1] == ["resample"]
+    assert any(isinstance(e, Resampling) for e in events)
     settled(engine)
