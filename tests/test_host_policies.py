@@ -751,3 +751,26 @@ async def test_the_constructor_switch_wins_over_the_environment(monkeypatch: pyt
     assert [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident][:1] == ["resample"]
     assert any(isinstance(e, Resampling) for e in events)
     settled(engine)
+
+
+class MistakenJudge(DoomLoopPolicy):
+    """Answers with the verdict's name rather than a judgement."""
+
+    def judge(self, signal: DoomLoopSignal) -> Any:
+        return "resample"
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_a_judge_that_answers_what_is_not_a_judgement_is_a_logged_bug(
+    alone: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel([ScriptedResponse(thinking=CHANT * 30, chunk=8), "Ok."])
+    policies = [MistakenJudge()] if alone else [MistakenJudge(), Recorder(), BannedWord("x")]
+    engine = QueryEngine(model, policies=policies)
+    with caplog.at_level(logging.ERROR, logger="agentloop"):
+        events = await collect(engine.run("Think"))
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)  # not passed off as a warning
+    logged = "\n".join(r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in caplog.records)
+    assert "MistakenJudge.judge returned 'resample'" in logged and "'ignore', 'warn' or 'abort'" in logged
+    assert ends(events)[-1].reason == "completed"
+    settled(engine)
