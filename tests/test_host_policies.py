@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -51,10 +52,13 @@ from agentloop.policies import (
     DoomLoopSignal,
     EndTurn,
     IdenticalToolCallRun,
+    Judgement,
     Nudge,
     Policy,
+    RepeatedErrorResult,
     Resample,
     StationarityPolicy,
+    ToolCallCycle,
     Verdict,
     default_policies,
 )
@@ -773,4 +777,82 @@ async def test_a_judge_that_answers_what_is_not_a_judgement_is_a_logged_bug(
     logged = "\n".join(r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in caplog.records)
     assert "MistakenJudge.judge returned 'resample'" in logged and "'ignore', 'warn' or 'abort'" in logged
     assert ends(events)[-1].reason == "completed"
+    settled(engine)
+
+
+async def test_a_counting_policy_of_ones_own_shared_by_two_running_engines_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    both = asyncio.Event()
+    inside = 0
+
+    @tool
+    async def wait_for_the_other() -> str:
+        """Wait until both engines are inside a tool."""
+        nonlocal inside
+        inside += 1
+        if inside == 2:
+            both.set()
+        await both.wait()
+        return "ok"
+
+    shared = ErrorsPileUp()  # one_engine = True: it counts
+    script = [ScriptedResponse(tool_calls=[ScriptedToolCall("wait_for_the_other")]), "done"]
+    engines = [QueryEngine(ScriptedModel(script), tools=[wait_for_the_other], policies=[shared]) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        runs = await asyncio.gather(*(collect(e.run("go")) for e in engines))
+    assert [ends(r)[-1].reason for r in runs] == ["completed", "completed"]
+    warned = [r.getMessage() for r in caplog.records if "ErrorsPileUp" in r.getMessage()]
+    assert len(warned) == 1
+    for engine in engines:
+        settled(engine)
+
+
+class SameErrorWhateverTheNumbers(RepeatedErrorResult):
+    """Errors that differ only in their numbers (a pid, a line) are one error."""
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        name, text = super().key(call, result)  # type: ignore[misc]
+        return name, re.sub(r"\d+", "N", text)
+
+
+class CycleOfToolNames(ToolCallCycle):
+    """A cycle of tools, whatever their arguments."""
+
+    def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        return call.name
+
+
+class AlsoAbortTextTails(ConservativeDoomLoopPolicy):
+    def judge(self, signal: DoomLoopSignal) -> Judgement:
+        if signal.kind == "tail_repetition" and signal.channel == "text":
+            return "abort"
+        return super().judge(signal)
+
+
+async def test_the_opt_in_policies_subclassed_through_key() -> None:
+    failing = ScriptedModel([calls("shell", {"command": f"fail {i}"}) for i in range(1, 9)])
+    engine = QueryEngine(failing, tools=[shell], policies=[SameErrorWhateverTheNumbers(nudge_at=2, end_at=3)])
+    end = ends(await collect(engine.run("Build")))[-1]
+    assert (end.reason, end.turns) == ("stationarity_ended", 3)
+    settled(engine)
+    stock = QueryEngine(ScriptedModel([calls("shell", {"command": f"fail {i}"}) for i in range(1, 5)] + ["ok"]),
+                        tools=[shell], policies=[RepeatedErrorResult(nudge_at=2, end_at=3)])
+    assert ends(await collect(stock.run("Build")))[-1].reason == "completed"
+
+    flip = ScriptedModel([calls("open_file", {"path": f"{n}.py"}) if n % 2 else calls("shell", {"command": f"cat {n}"})
+                          for n in range(20)])
+    engine = QueryEngine(flip, tools=[open_file, shell], policies=[CycleOfToolNames(nudge_repeats=2, end_repeats=3)])
+    end = ends(await collect(engine.run("Read")))[-1]
+    assert (end.reason, end.turns) == ("stationarity_ended", 6)
+    settled(engine)
+
+
+async def test_a_conservative_subclass_keeps_the_stock_judgement_and_adds_its_own() -> None:
+    model = ScriptedModel([ScriptedResponse(text=CHANT * 30, chunk=8), ScriptedResponse(thinking=CHANT * 30, chunk=8),
+                           "Clean."])
+    engine = QueryEngine(model, policies=[AlsoAbortTextTails()], doom_budget=2)
+    events = await collect(engine.run("Go"))
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident] == ["resample", "resample"]
+    assert engine.messages[-1].text == "Clean."
     settled(engine)
