@@ -856,3 +856,26 @@ async def test_a_conservative_subclass_keeps_the_stock_judgement_and_adds_its_ow
     assert [e.action for e in events if isinstance(e, DoomLoopDetected) and e.confident] == ["resample", "resample"]
     assert engine.messages[-1].text == "Clean."
     settled(engine)
+
+
+@pytest.mark.parametrize("how", ["send_now", "interject"])
+async def test_steering_at_a_resample_never_leaks_the_reminder_into_the_transcript(how: str) -> None:
+    model = ScriptedModel([ScriptedResponse(thinking=CHANT * 30, chunk=8), "after", "more"])
+    rec = Recorder()
+    engine = QueryEngine(model, policies=[*default_policies(), rec])
+    events = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, Resampling):
+            getattr(engine, how)("New direction.")
+    assert ends(events)[-1].reason == "completed"
+    assert rec.log.count("turn real_user=True") == 2  # the person's text resets counts either way
+    assert not any(m.kind == "doom_reminder" for m in engine.messages)
+    if how == "send_now":  # the resample is replaced: no request carries its reminder
+        assert [e.reason for e in ends(events)] == ["aborted_streaming", "completed"]
+        assert model.request_count == 2
+        assert not any(m.kind == "doom_reminder" for m in model.requests[-1].messages)
+    else:  # the resample goes on; the text is merged after its answer
+        assert model.requests[1].messages[-1].kind == "doom_reminder"
+        assert model.requests[2].messages[-1].kind == "interjection"
+    settled(engine)
