@@ -370,3 +370,14 @@ async def test_a_tool_result_carrying_the_key_is_marked_everywhere_and_in_a_fork
              (tmp_path / "main.jsonl").read_text()]  # fmt: skip
     assert not [t for t in shown if key in t or other in t]
     assert f"OPENAI_API_KEY={MARK}" in bodies[1].decode() and f"OPENAI_API_KEY={MARK}" in bodies[2].decode()
+
+
+def test_an_mcp_header_no_request_can_carry_is_refused_without_being_quoted() -> None:
+    token = "mcpLineBreakToken0123456789"
+    try:
+        MCPServer.http("https://mcp.example/mcp", headers={"Authorization": f"Bearer {token}\n"})
+    except ValueError as exc:
+        assert "Authorization" in str(exc)
+        assert token not in "".join(traceback.format_exception(exc))
+    else:
+        raise AssertionError("the header was taken")

@@ -22,7 +22,7 @@ from .._abort import AbortSignal
 from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
-from ..models._http import credential_parts, hide_url_credentials, is_credential
+from ..models._http import check_headers, credential_parts, hide_url_credentials, is_credential
 from ..models._http._client import MIN_TOOL_SECRET
 from ..models._http._secrets import url_credentials
 from ._connection import Connect, Connection
@@ -157,6 +157,8 @@ class MCPServer:
         that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
         """
         check_url(url)
+        # Refused here, not quoted: the HTTP layer's error for a header it cannot send quotes it.
+        headers = check_headers(headers, "headers")
         target, auth = split_userinfo(url)
 
         def forgotten(stream: object) -> None:

@@ -85,19 +85,20 @@ def invalid_url_kind(exc: Exception) -> str:
     return str(exc).partition(":")[0].strip() or type(exc).__name__
 
 
-def check_headers(extra_headers: Mapping[str, str] | None) -> dict[str, str]:
+def check_headers(extra_headers: Mapping[str, str] | None, what: str = "extra_headers") -> dict[str, str]:
     """A copy of ``extra_headers``; raises `ValueError` for a name that is not an HTTP token
     or a value an HTTP header cannot carry (non-ASCII, a control character, whitespace at
-    either end), naming the header but never quoting its value, which may be a credential."""
+    either end), naming the header (as an item of ``what``) but never quoting its value, which
+    may be a credential."""
     out: dict[str, str] = {}
     for name, value in (extra_headers or {}).items():
         if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
-            raise ValueError(f"extra_headers: {name!r} is not a valid HTTP header name")
+            raise ValueError(f"{what}: {name!r} is not a valid HTTP header name")
         if not isinstance(value, str):
-            raise ValueError(f"extra_headers[{name!r}] must be a str, got {type(value).__name__}")
+            raise ValueError(f"{what}[{name!r}] must be a str, got {type(value).__name__}")
         if not (value.isascii() and value.replace("\t", " ").isprintable() and value == value.strip()):
             raise ValueError(
-                f"extra_headers[{name!r}] holds a character an HTTP header cannot carry (a line break, "
+                f"{what}[{name!r}] holds a character an HTTP header cannot carry (a line break, "
                 "a control or non-ASCII character, or whitespace at either end)"
             )
         out[name] = value
