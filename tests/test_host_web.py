@@ -747,3 +747,59 @@ def test_every_event_the_docs_list_goes_to_the_browser_as_one_json_line() -> Non
         assert json.loads(json.dumps(data, allow_nan=False)) == data  # strict JSON, round-trips
         names = {f.name for f in dataclasses.fields(event)}
         assert names <= set(data)
+
+
+# -- the same cuts over thinking models -----------------------------------------------------------
+
+
+def thinking_model(provider: str) -> tuple[_Server, Any]:
+    if provider == "anthropic":
+        claude = AnthropicServer(ANTHROPIC_KEY, [])
+        return claude, lambda cid: AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000,
+                                                  http_client=claude.client())
+    gpt = ResponsesServer(OPENAI_KEY, [])
+    return gpt, lambda cid: OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=gpt.client(),
+                                                 extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+@pytest.mark.parametrize("where", ["thinking", "text", "call", "tool"])
+async def test_cuts_over_a_thinking_model_then_a_restart(provider: str, where: str, tmp_path: Path) -> None:
+    GATES["api"] = Gates()
+    server, make = thinking_model(provider)
+    thought = "First I check the service, then I deploy it. " * 2
+    stall = {"thinking": 2, "text": 13, "call": 15, "tool": None}[where]
+    server.replies = [
+        Reply(thinking=thought, text="Deploying now.", calls=[Call("deploy", {"service": "api"})], stall_after=stall),
+        Reply(thinking="It was cut.", text="Shall I retry?"),
+        Reply(thinking="Resuming.", text="Where we left off: nothing deployed."),
+    ]
+    host = WebHost(tmp_path, make)
+    client = Client()
+    task = host.start_chat("c1", "Deploy the api", client)
+    if where == "tool":
+        request = await client.until("permission_requested")
+        host.approve("c1", request["tool_use"]["id"])
+        await GATES["api"].started.wait()
+    else:
+        await server.stalled.wait()
+        kinds = {"thinking": "thinking_delta", "text": "text_delta", "call": "tool_input_delta"}
+        assert client.events[-1]["type"] == kinds[where]
+    await cut(task)
+    conv = host.conversations["c1"]
+    settled(conv, server)
+    again = Client()
+    await host.chat("c1", "What happened?", again)
+    assert terminal(again)["reason"] == "completed"
+    settled(conv, server)
+    kept = list(conv.engine.messages)
+    await host.shutdown()
+
+    restarted = WebHost(tmp_path, make)
+    conv = restarted.conversation("c1")
+    assert conv.repairs == [] and conv.engine.messages == kept
+    last = Client()
+    await restarted.chat("c1", "And now?", last)
+    assert terminal(last)["reason"] == "completed"
+    settled(conv, server)
+    await restarted.shutdown()
