@@ -148,6 +148,7 @@ def start_turn(
     held, st.stop_next = st.stop_next, None
     if held is not None:  # interrupt() after the send_now that stopped the spent turn: "stop" came last
         st.controller.abort(held)
+    engine.last_turn_ended = None  # until this turn ends: a turn its host stops iterating leaves none
     for message in starts:
         engine._commit(message)
     if st.injected is not None:  # the interjections queued before the run: the loop yields it next

@@ -220,6 +220,15 @@ def responses(server: ResponsesServer) -> OpenAIResponsesModel:
     return OpenAIResponsesModel("gpt-5", api_key=server.key, http_client=server.client())
 
 
+def serve(provider: str, replies: list[Reply]) -> tuple[_Server, Any]:
+    """A mock server of `provider`, and the host's model factory that talks to it."""
+    if provider == "anthropic":
+        claude = AnthropicServer(ANTHROPIC_KEY, replies)
+        return claude, lambda cid: anthropic(claude)
+    gpt = ResponsesServer(OPENAI_KEY, replies)
+    return gpt, lambda cid: responses(gpt)
+
+
 def settled(conv: Conversation, *servers: _Server) -> None:
     """What every step leaves: a valid transcript, no run, nothing refused, no response open."""
     assert validate_transcript(conv.engine.messages) == []
@@ -275,6 +284,16 @@ async def test_a_client_that_disconnects_mid_answer_then_posts_again(tmp_path: P
     assert terminal(again)["reason"] == "completed"
     settled(conv, server)
     assert [m["role"] for m in server.bodies[-1]["messages"]] == ["user", "assistant", "user"]
+    assert conv.engine.last_turn_ended is not None and conv.engine.last_turn_ended.reason == "completed"
+
+    server.stalled.clear()
+    server.replies.append(stalled_answer())
+    third = Client()
+    task = host.start_chat("c1", "Once more, slowly", third)  # another tab asks how it went
+    await server.stalled.wait()
+    await cut(task)
+    assert conv.engine.last_turn_ended is None  # not the completed turn before it
+    settled(conv, server)
     await host.shutdown()
 
 
@@ -381,18 +400,24 @@ async def test_a_restart_resumes_every_conversation(tmp_path: Path) -> None:
     await GATES["db"].started.wait()
     stream_task = host.start_chat("mid-stream", "Explain deploys", mid_stream)
     await server.stalled.wait()
-    before = {cid: list(c.engine.messages) for cid, c in host.conversations.items()}
+    for cid in ("mid-tool", "mid-stream"):  # what a process killed now (SIGKILL) leaves behind
+        (tmp_path / f"crashed-{cid}.jsonl").write_bytes((tmp_path / f"{cid}.jsonl").read_bytes())
     for task in (tool_task, stream_task):
         await cut(task)
     before = {cid: list(c.engine.messages) for cid, c in host.conversations.items()}
     await host.shutdown()
 
-    server.replies = [Reply(text=f"Answer {n}.") for n in range(3)]
+    server.replies = [Reply(text=f"Answer {n}.") for n in range(5)]
     restarted = WebHost(tmp_path, lambda cid: anthropic(server))
-    for cid in ("done", "mid-tool", "mid-stream"):
+    for cid in ("done", "mid-tool", "mid-stream", "crashed-mid-tool", "crashed-mid-stream"):
         conv = restarted.conversation(cid)
-        assert conv.repairs == []
-        assert conv.engine.messages == before[cid]
+        if cid == "crashed-mid-tool":  # the call without its result gets a synthetic one
+            assert len(conv.repairs) == 1 and "added a synthetic result" in conv.repairs[0]
+            assert conv.engine.messages[:2] == before["mid-tool"][:2]
+        elif cid == "crashed-mid-stream":  # the prompt, and nothing of the answer
+            assert conv.repairs == [] and conv.engine.messages == before["mid-stream"][:1]
+        else:
+            assert conv.repairs == [] and conv.engine.messages == before[cid]
         client = Client()
         await restarted.chat(cid, "Where were we?", client)
         assert terminal(client)["reason"] == "completed"
@@ -403,16 +428,17 @@ async def test_a_restart_resumes_every_conversation(tmp_path: Path) -> None:
 # -- stop, steer, replace, approve from other requests ------------------------------------------
 
 
-async def test_stop_steer_and_replace_arrive_while_the_answer_streams(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_stop_steer_and_replace_arrive_while_the_answer_streams(provider: str, tmp_path: Path) -> None:
     GATES["api"] = Gates()
-    server = AnthropicServer(ANTHROPIC_KEY, [
+    server, make = serve(provider, [
         Reply(text="Deploying.", calls=[Call("deploy", {"service": "api"})]),
         Reply(text="Deployed, and I kept it short."),
         stalled_answer(),
         Reply(text="Rolled back."),
         stalled_answer(),
     ])
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    host = WebHost(tmp_path, make)
     client, task, call_id = await deploy_prompt(host, "c1", "api")
     host.approve("c1", call_id)
     await GATES["api"].started.wait()
@@ -422,7 +448,7 @@ async def test_stop_steer_and_replace_arrive_while_the_answer_streams(tmp_path: 
     conv = host.conversations["c1"]
     assert client.of("interjection_injected")[0]["ids"] == [receipt]
     assert terminal(client)["reason"] == "completed"
-    assert "Keep it short." in json.dumps(server.bodies[1]["messages"][-1])
+    assert "Keep it short." in json.dumps(server.bodies[1])
     settled(conv, server)
 
     client = Client()
@@ -461,11 +487,12 @@ def deploy_replies(*services: str) -> list[Reply]:
     return replies
 
 
-async def test_a_permission_prompt_answered_by_another_request(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_permission_prompt_answered_by_another_request(provider: str, tmp_path: Path) -> None:
     GATES["web"] = Gates()
     GATES["web"].release.set()
-    server = AnthropicServer(ANTHROPIC_KEY, deploy_replies("web", "web"))
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    server, make = serve(provider, deploy_replies("web", "web"))
+    host = WebHost(tmp_path, make)
     client, task, call_id = await deploy_prompt(host, "c1", "web")
     host.approve("c1", call_id)
     await task
@@ -482,9 +509,10 @@ async def test_a_permission_prompt_answered_by_another_request(tmp_path: Path) -
     await host.shutdown()
 
 
-async def test_a_prompt_nobody_answers_then_stop_then_a_late_approve(tmp_path: Path) -> None:
-    server = AnthropicServer(ANTHROPIC_KEY, deploy_replies("web"))
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_prompt_nobody_answers_then_stop_then_a_late_approve(provider: str, tmp_path: Path) -> None:
+    server, make = serve(provider, deploy_replies("web"))
+    host = WebHost(tmp_path, make)
     client, task, call_id = await deploy_prompt(host, "c1", "web")
     host.stop("c1")
     await task
@@ -503,9 +531,10 @@ async def test_a_prompt_nobody_answers_then_stop_then_a_late_approve(tmp_path: P
     await host.shutdown()
 
 
-async def test_a_client_that_disconnects_while_its_prompt_waits(tmp_path: Path) -> None:
-    server = AnthropicServer(ANTHROPIC_KEY, deploy_replies("web"))
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_client_that_disconnects_while_its_prompt_waits(provider: str, tmp_path: Path) -> None:
+    server, make = serve(provider, deploy_replies("web"))
+    host = WebHost(tmp_path, make)
     _, task, call_id = await deploy_prompt(host, "c1", "web")
     await cut(task)
     with pytest.raises(NotFound):
@@ -566,10 +595,11 @@ async def test_thirty_conversations_at_once_and_one_over_responses(tmp_path: Pat
     await shared.aclose()
 
 
-async def test_an_approve_in_the_same_instant_as_the_stop_runs_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_an_approve_in_the_same_instant_as_the_stop_runs_nothing(provider: str, tmp_path: Path) -> None:
     GATES["web"] = Gates()
-    server = AnthropicServer(ANTHROPIC_KEY, deploy_replies("web"))
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    server, make = serve(provider, deploy_replies("web"))
+    host = WebHost(tmp_path, make)
     client, task, call_id = await deploy_prompt(host, "c1", "web")
     host.stop("c1")
     host.approve("c1", call_id)  # the click was already on its way: the stop came first
