@@ -61,7 +61,6 @@ from tests.host_wire import AnthropicServer, Call, Reply, ResponsesServer, _Serv
 
 ANTHROPIC_KEY = "sk-ant-api03-web-never-shown-44dd"
 OPENAI_KEY = "sk-proj-web-never-shown-55ee"
-KEYS = (ANTHROPIC_KEY, OPENAI_KEY)
 
 
 # -- the tools ----------------------------------------------------------------------------------
@@ -591,6 +590,8 @@ async def test_thirty_conversations_at_once_and_one_over_responses(tmp_path: Pat
         else:
             assert outcome is None and terminal(clients[cid])["reason"] == "completed"
     assert len(claude.bodies) == 30 + 10 and len(gpt.bodies) == 2
+    for cid, conv in host.conversations.items():  # each file replays to its own conversation
+        assert JsonlSession(tmp_path / f"{cid}.jsonl").load().messages == conv.engine.messages
     await host.shutdown()
     await shared.aclose()
 
@@ -704,20 +705,40 @@ class EchoingAnthropic(AnthropicServer):
         return super().check(body)
 
 
+class EchoingResponses(ResponsesServer):
+    def check(self, body: dict[str, Any]) -> str | None:
+        if "echo" in json.dumps(body["input"][-1]):
+            return f"Incorrect API key provided: {self.key}."
+        return super().check(body)
+
+
+LEAKED: list[str] = []
+
+
 @tool
 async def read_env(name: str) -> str:
     """Read a variable of the server's environment (as a shell tool's printenv would)."""
-    return f"{name}={ANTHROPIC_KEY}"
+    return f"{name}={LEAKED[-1]}"
 
 
-async def test_no_api_key_in_any_event_error_log_or_repr(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_no_api_key_in_any_event_error_log_or_repr(provider: str, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    server = EchoingAnthropic(ANTHROPIC_KEY, [
-        Reply(text="Looking it up.", error=f"overloaded (x-api-key: {ANTHROPIC_KEY})", stall_after=1),
-        Reply(text="Looking.", calls=[Call("read_env", {"name": "ANTHROPIC_API_KEY"})]),
+    key = ANTHROPIC_KEY if provider == "anthropic" else OPENAI_KEY
+    server: _Server
+    replies = [
+        Reply(text="Looking it up.", error=f"overloaded (key: {key})", stall_after=1),  # an error event, retried
+        Reply(text="Looking.", calls=[Call("read_env", {"name": "API_KEY"})]),
         Reply(text="It is set."),
-    ])
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    ]
+    LEAKED.append(key)
+    if provider == "anthropic":
+        claude = EchoingAnthropic(key, replies)
+        server, host = claude, WebHost(tmp_path, lambda cid: anthropic(claude))
+    else:
+        gpt = EchoingResponses(key, replies)
+        server, host = gpt, WebHost(tmp_path, lambda cid: responses(gpt))
     conv = host.conversation("c1")
     conv.engine.tools = [*conv.engine.tools.values(), read_env]
     conv.engine.retry_base_delay = 0
@@ -726,7 +747,7 @@ async def test_no_api_key_in_any_event_error_log_or_repr(tmp_path: Path, caplog:
     assert [e["type"] for e in seen.events].count("retrying") == 1
     await host.chat("c1", "echo this", seen)
     assert terminal(seen)["reason"] == "model_error"
-    assert [ANTHROPIC_KEY in r for r in server.rejections] == [True]  # what the server said
+    assert [key in r for r in server.rejections] == [True]  # what the server said
     server.rejections.clear()
     settled(conv, server)
     assert [e["type"] for e in seen.events].count("tool_call_finished") == 1
@@ -738,7 +759,7 @@ async def test_no_api_key_in_any_event_error_log_or_repr(tmp_path: Path, caplog:
         repr(conv.engine), repr(conv.engine.model), repr(conv.session), *conv.engine.session_errors,
         (tmp_path / "c1.jsonl").read_text(encoding="utf-8"), *(repr(m) for m in conv.engine.messages),
     ]
-    assert not [text for text in everything if ANTHROPIC_KEY in text]
+    assert not [text for text in everything if key in text]
 
 
 def one_of_each_event() -> list[Event]:
@@ -833,3 +854,19 @@ async def test_cuts_over_a_thinking_model_then_a_restart(provider: str, where: s
     assert terminal(last)["reason"] == "completed"
     settled(conv, server)
     await restarted.shutdown()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_replace_while_the_prompt_waits(provider: str, tmp_path: Path) -> None:
+    server, make = serve(provider, [*deploy_replies("web")[:1], Reply(text="Rolling back instead.")])
+    host = WebHost(tmp_path, make)
+    client, task, call_id = await deploy_prompt(host, "c1", "web")
+    receipt = host.replace("c1", "No, roll back instead.")
+    await task
+    first, second = client.of("turn_ended")
+    assert (first["reason"], first["abort_reason"], second["reason"]) == ("aborted_tools", "send_now", "completed")
+    assert client.of("turn_started")[1]["ids"] == [receipt]
+    with pytest.raises(NotFound):
+        host.approve("c1", call_id)
+    settled(host.conversations["c1"], server)
+    await host.shutdown()
