@@ -107,6 +107,10 @@ class Conflict(Exception):
     """409: the conversation has a request going already."""
 
 
+class BadRequest(Exception):
+    """400: a request the engine refuses, answered before any event is streamed."""
+
+
 class NotFound(Exception):
     """404: nothing to answer (no such prompt waiting)."""
 
@@ -178,7 +182,11 @@ class WebHost:
         conv = self.conversation(cid)
         if conv.engine.running:  # one run at a time: the client steers, replaces or stops instead
             raise Conflict(cid)
-        async with contextlib.aclosing(conv.engine.run(text)) as run:
+        try:
+            run = conv.engine.run(text)
+        except (TypeError, ValueError) as exc:  # a blank text: a 400, not a broken stream
+            raise BadRequest(str(exc)) from exc
+        async with contextlib.aclosing(run):
             async for event in run:
                 await client.write(event_json(event))
 
@@ -868,5 +876,71 @@ async def test_a_replace_while_the_prompt_waits(provider: str, tmp_path: Path) -
     assert client.of("turn_started")[1]["ids"] == [receipt]
     with pytest.raises(NotFound):
         host.approve("c1", call_id)
+    settled(host.conversations["c1"], server)
+    await host.shutdown()
+
+
+# -- a client gone at every event -----------------------------------------------------------------
+
+
+def sweep_replies() -> list[Reply]:
+    return [
+        Reply(text="Let me look that up.", error="overloaded", stall_after=1),  # retried
+        Reply(text="Checking.", calls=[Call("weather", {"city": "Oslo"}), Call("weather", {"city": "Rome"})]),
+        Reply(text="Both sunny; I kept it short."),
+        Reply(text="Noted."),
+    ]
+
+
+class SteeringClient(Client):
+    """A browser that also types "keep it short" when the first tool starts."""
+
+    def __init__(self, host: WebHost, cid: str, gone_at: int | None = None) -> None:
+        super().__init__()
+        self.host, self.cid, self.gone_at = host, cid, gone_at
+
+    async def write(self, line: str) -> None:
+        if len(self.lines) == self.gone_at:
+            raise ConnectionResetError("the client went away")
+        if json.loads(line)["type"] == "tool_call_started" and not self.of("tool_call_started"):
+            self.host.steer(self.cid, "Keep it short.")
+        await super().write(line)
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses"])
+async def test_a_client_gone_at_every_event_of_a_run(provider: str, tmp_path: Path) -> None:
+    server, make = serve(provider, sweep_replies())
+    host = WebHost(tmp_path, make)
+    host.conversation("whole").engine.retry_base_delay = 0
+    whole = SteeringClient(host, "whole")
+    await host.chat("whole", "Weather in Oslo and Rome?", whole)
+    kinds = [e["type"] for e in whole.events]
+    assert {"retrying", "attempt_discarded", "interjection_injected", "tool_call_finished"} <= set(kinds)
+    for k in range(len(kinds)):
+        cid = f"gone-at-{k}"
+        server.replies = sweep_replies()
+        conv = host.conversation(cid)
+        conv.engine.retry_base_delay = 0
+        with pytest.raises(ConnectionResetError):
+            await host.chat(cid, "Weather in Oslo and Rome?", SteeringClient(host, cid, gone_at=k))
+        settled(conv, server)
+        again = Client()
+        await host.chat(cid, "Go on", again)
+        assert terminal(again)["reason"] == "completed", (k, kinds[k])
+        settled(conv, server)
+        assert JsonlSession(tmp_path / f"{cid}.jsonl").load().messages == conv.engine.messages
+    await host.shutdown()
+
+
+async def test_a_blank_message_is_a_400_before_anything_streams(tmp_path: Path) -> None:
+    server = AnthropicServer(ANTHROPIC_KEY, [Reply(text="Hello!")])
+    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    client = Client()
+    for blank in ("", " \n\t"):
+        with pytest.raises(BadRequest, match="needs a prompt with text"):
+            await host.chat("c1", blank, client)
+    assert client.lines == [] and server.bodies == []
+    await host.chat("c1", "Hi", client)
+    assert terminal(client)["reason"] == "completed"
     settled(host.conversations["c1"], server)
     await host.shutdown()
