@@ -944,3 +944,34 @@ async def test_a_blank_message_is_a_400_before_anything_streams(tmp_path: Path) 
     assert terminal(client)["reason"] == "completed"
     settled(host.conversations["c1"], server)
     await host.shutdown()
+
+
+async def test_a_post_while_a_disconnected_request_still_stops_its_tool_waits_rather_than_409(tmp_path: Path) -> None:
+    """The browser reloads and sends again while the cut request's tool uses its cancel grace:
+    that run is not going for the host any more (as after a break), so the new one waits for its
+    cleanup and starts, rather than a 409 for a run the user cannot see."""
+    GATES["api"] = Gates()
+    server = AnthropicServer(ANTHROPIC_KEY, [
+        Reply(text="Deploying.", calls=[Call("stubborn_deploy", {"service": "api"})]),
+        Reply(text="It was cut; shall I retry?"),
+    ])
+    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    conv = host.conversation("c1")
+    conv.engine.tools = [*conv.engine.tools.values(), stubborn_deploy]
+    stopped = asyncio.Event()
+    conv.engine.on_abort(lambda reason: stopped.set())
+    task = host.start_chat("c1", "Deploy the api", Client())
+    await GATES["api"].started.wait()
+    task.cancel()  # the browser went away
+    await stopped.wait()  # the run is stopped and settled; its tool has its grace
+    assert not conv.engine.running
+    again = Client()
+    second = host.start_chat("c1", "What happened?", again)  # not a 409
+    GATES["api"].release.set()
+    await second
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert terminal(again)["reason"] == "completed"
+    settled(conv, server)
+    assert "stopped while it was running" in conv.engine.messages[2].tool_results[0].text
+    await host.shutdown()
