@@ -261,7 +261,8 @@ class QueryEngine:
     def _in_progress(self) -> bool:
         """A run is in progress as the host sees it (see `running`)."""
         state = self._state
-        return (state is not None and not state.released) or self._next_run is not None
+        # A run made and not begun yet (handed to a task that has had no step) is going too.
+        return (state is not None and not state.released) or self._next_run is not None or self._fresh_run is not None
 
     @property
     def signal(self) -> AbortSignal | None:

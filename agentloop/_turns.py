@@ -44,6 +44,18 @@ async def open_run(
     through the controller its first turn will use. Raises RuntimeError when another run of
     the engine is in progress, ValueError or TypeError for a prompt it cannot run.
     """
+    try:
+        return await _open(engine, prompt, token)
+    except BaseException:  # refused: a run made and never begun is not going any more
+        fresh = engine._fresh_run
+        if fresh is not None and fresh[0] is token:
+            engine._fresh_run = None
+        raise
+
+
+async def _open(
+    engine: QueryEngine, prompt: str | Message | None, token: object
+) -> tuple[RunState, list[Message] | None]:
     previous = engine._state
     if previous is not None and previous.loop is not asyncio.get_running_loop():
         left_in_another_loop(engine, previous)

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -177,21 +178,31 @@ class WebHost:
             self.conversations[cid] = Conversation(self.directory / f"{cid}.jsonl", self.make_model(cid))
         return self.conversations[cid]
 
-    async def chat(self, cid: str, text: str | None, client: Client) -> None:
-        """`POST /chat`: run the conversation on, streaming every event to the client."""
-        conv = self.conversation(cid)
-        if conv.engine.running:  # one run at a time: the client steers, replaces or stops instead
+    def open_run(self, cid: str, text: str | None) -> AsyncGenerator[Event, None]:
+        """What `POST /chat` checks before it answers 200: one run at a time, a text to send."""
+        engine = self.conversation(cid).engine
+        if engine.running:  # one run at a time: the client steers, replaces or stops instead
             raise Conflict(cid)
         try:
-            run = conv.engine.run(text)
+            return engine.run(text)
         except (TypeError, ValueError) as exc:  # a blank text: a 400, not a broken stream
             raise BadRequest(str(exc)) from exc
+
+    @staticmethod
+    async def stream(run: AsyncGenerator[Event, None], client: Client) -> None:
+        """Stream every event of the run to the client, as JSON lines."""
         async with contextlib.aclosing(run):
             async for event in run:
                 await client.write(event_json(event))
 
+    async def chat(self, cid: str, text: str | None, client: Client) -> None:
+        """`POST /chat`: run the conversation on, streaming every event to the client."""
+        await self.stream(self.open_run(cid, text), client)
+
     def start_chat(self, cid: str, text: str | None, client: Client) -> asyncio.Task[None]:
-        task = asyncio.create_task(self.chat(cid, text, client))
+        """The same, as the request's own task. The run is made before the task, so that a stop
+        that comes before the task's first step reaches it (interrupts.md)."""
+        task = asyncio.create_task(self.stream(self.open_run(cid, text), client))
         self.conversation(cid).task = task
         return task
 
@@ -355,12 +366,13 @@ async def test_a_client_that_disconnects_while_a_call_streams(tmp_path: Path) ->
 async def test_two_posts_to_one_conversation_at_once(tmp_path: Path) -> None:
     server = AnthropicServer(ANTHROPIC_KEY, [stalled_answer(), Reply(text="Done.")])
     host = WebHost(tmp_path, lambda cid: anthropic(server))
-    first, second = Client(), Client()
+    first = Client()
     one = host.start_chat("c1", "How do I deploy?", first)
-    two = host.start_chat("c1", "And roll back?", second)
-    with pytest.raises(Conflict):
-        await two
+    with pytest.raises(Conflict):  # in the same instant, before the first request's task has begun
+        host.start_chat("c1", "And roll back?", Client())
     await server.stalled.wait()
+    with pytest.raises(Conflict):  # and while it streams
+        host.start_chat("c1", "And roll back?", Client())
     conv = host.conversations["c1"]
     with pytest.raises(RuntimeError, match="already in progress"):  # what run() itself says
         async with contextlib.aclosing(conv.engine.run("A third tab")) as run:
