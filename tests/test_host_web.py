@@ -987,3 +987,19 @@ async def test_a_post_while_a_disconnected_request_still_stops_its_tool_waits_ra
     settled(conv, server)
     assert "stopped while it was running" in conv.engine.messages[2].tool_results[0].text
     await host.shutdown()
+
+
+async def test_a_stop_posted_before_the_chat_request_has_begun(tmp_path: Path) -> None:
+    server = AnthropicServer(ANTHROPIC_KEY, [Reply(text="Hello!")])
+    host = WebHost(tmp_path, lambda cid: anthropic(server))
+    client = Client()
+    task = host.start_chat("c1", "Deploy everything", client)
+    host.stop("c1")  # the user pressed stop at once: the request's task has had no step yet
+    await task
+    end = terminal(client)
+    assert (end["reason"], end["abort_reason"]) == ("aborted_streaming", "cancel")
+    assert server.bodies == []  # no model request was made
+    conv = host.conversations["c1"]
+    assert [m.text for m in conv.engine.messages] == ["Deploy everything", "[Request interrupted by user]"]
+    settled(conv, server)
+    await host.shutdown()
