@@ -143,10 +143,20 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
             end = event
     if ctx.signal.aborted:
         raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
-    last = child.messages[-1] if child.messages else None
-    # Only the child's own words: when it said nothing, its last message is the task itself.
-    answer = last.text if last is not None and last.role == "assistant" else ""
-    return _result(ctx.tool_use_id, agent_id, answer, end)
+    if end is not None and end.reason == "completed":
+        last = child.messages[-1] if child.messages else None
+        # Only the child's own words: when it said nothing, its last message is the task itself.
+        return _result(ctx.tool_use_id, agent_id, last.text if last is not None and last.role == "assistant" else "", end)
+    return _result(ctx.tool_use_id, agent_id, _last_words(child), end)
+
+
+def _last_words(child: QueryEngine) -> str:
+    """The text of the last response of a child that stopped before finishing that said something
+    (stopped by a limit after a tool batch: what it had found so far). Never its task."""
+    for message in reversed(child.messages):
+        if message.role == "assistant" and message.text.strip():
+            return message.text
+    return ""
 
 
 def _depth(engine: QueryEngine) -> int:
@@ -209,6 +219,8 @@ def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None)
     if end.reason == "completed":
         return ToolResultBlock(tool_use_id=tool_use_id, content=answer.strip() or "(the subagent gave no answer)")
     why = end.abort_reason or end.error or end.detail
+    if why == end.reason:  # said once: "(deadline)", not "(deadline: deadline)"
+        why = None
     text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})." if why else (
         f"Subagent {agent_id} stopped before finishing ({end.reason})."
     )
