@@ -86,7 +86,9 @@ def delegate_tool(
         child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **_child_settings(overrides, system))
         return await _run_child(child, task, agent_id, ctx)
 
-    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+    # A poller to the stationarity policies: the same task given again (best of n, in one
+    # response) that comes back with another answer is progress, not a repeated call.
+    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True, poller=True)
 
 
 def _checked(max_depth: int, overrides: dict[str, Any]) -> dict[str, Any]:

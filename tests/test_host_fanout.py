@@ -769,3 +769,81 @@ async def test_a_child_out_of_turns_hands_the_parent_what_it_said_last(monkeypat
                                     "checking more."), result.text
     tree.check(engine)
     nothing_left()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "chat"])
+async def test_a_parent_on_a_provider_interrupted_mid_fan_out_is_accepted_when_it_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, provider: str,
+) -> None:
+    tree = Tree(monkeypatch)
+    server: _Server
+    if provider == "anthropic":
+        server = AnthropicServer(ANTHROPIC_KEY, [])
+        model: Any = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000, http_client=server.client())
+    elif provider == "responses":
+        server = ResponsesServer(OPENAI_KEY, [])
+        model = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=server.client(),
+                                     extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
+    else:
+        server = ChatServer(OPENAI_KEY, [])
+        model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
+    server.on_request = lambda body: server.replies.append(
+        Reply(text="Summary of what came back.") if "Go on" in str(body) else
+        Reply(thinking="Ten topics: fan out.", text="Splitting the work.",
+              calls=[Call("task", {"task": t}) for t in TOPICS]))
+    crawlers = Crawlers()
+    children = ScriptedModel([crawlers.script], cycle=True)
+    path = tmp_path / "main.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(model, tools=[delegate_tool(model=children), crawlers.tool], session=session)
+
+        def on(event: Event) -> None:
+            if crawlers.all_running.is_set():
+                engine.interrupt("cancel")
+
+        events, end = await drive(engine, "Research the field", on)
+        check_interrupted(engine, tree, end, events, "cancel")
+        _, end = await drive(engine, "Go on with what you have.")
+    assert end.reason == "completed"
+    assert engine.messages[-1].text == "Summary of what came back."
+    assert engine.session_errors == []
+    assert JsonlSession(path).load().messages == engine.messages
+    tree.check(engine)
+    nothing_left(server)
+
+
+# -- best of n: the same task to many children at once -------------------------------------------
+
+
+@pytest.mark.parametrize("copies", [10, 12])
+async def test_the_same_task_given_to_many_children_at_once_is_no_loop(copies: int) -> None:
+    # "Best of n": the parent asks for several drafts of one task in one response. The calls are
+    # identical, the answers are not: that is new information, not a repeated call.
+    drafts = iter(range(100))
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        task, results = task_of(request), results_of(request)
+        if task.startswith("Pick"):
+            call = ScriptedToolCall("task", {"task": "Write one title for the survey."})
+            return ScriptedResponse(tool_calls=[call] * copies) if not results else "Picked: " + results[0]
+        return f"Draft title {next(drafts)}"
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool()])
+    events, end = await drive(engine, "Pick the best of several titles")
+    assert end.reason == "completed", end.detail
+    assert not [e for e in events if e.type == "policy_nudge"]
+    assert engine.messages[-1].text.startswith("Picked: Draft title ")
+    nothing_left()
+
+
+async def test_children_that_all_answer_alike_are_still_a_loop() -> None:
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        if task_of(request).startswith("Pick"):
+            call = ScriptedToolCall("task", {"task": "Write one title for the survey."})
+            return ScriptedResponse(tool_calls=[call] * 12)
+        return "The same title."
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool()])
+    _, end = await drive(engine, "Pick the best of several titles")
+    assert end.reason == "stationarity_ended"
+    nothing_left()
