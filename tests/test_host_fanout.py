@@ -262,7 +262,9 @@ def check_interrupted(engine: QueryEngine, tree: Tree, end: TurnEnded, events: l
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "responses", "chat"])
-async def test_the_parent_interrupted_while_ten_children_stream(monkeypatch: pytest.MonkeyPatch, provider: str) -> None:
+async def test_the_parent_interrupted_while_ten_children_stream(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, provider: str,
+) -> None:
     tree = Tree(monkeypatch)
     server: _Server
     if provider == "anthropic":
@@ -278,20 +280,29 @@ async def test_the_parent_interrupted_while_ten_children_stream(monkeypatch: pyt
         server = ChatServer(OPENAI_KEY, [])
         child_model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
         stalling(server)
-    engine = QueryEngine(ScriptedModel([fan_out()]), tools=[delegate_tool(model=child_model)])
     streaming: set[str] = set()
+    with JsonlSession(tmp_path / "main.jsonl") as session:
+        engine = QueryEngine(ScriptedModel([fan_out()]), tools=[delegate_tool(model=child_model)], session=session)
 
-    def on(event: Event) -> None:
-        if event.type == "text_delta" and event.agent_id is not None:
-            streaming.add(event.agent_id)
-            if len(streaming) == 10:
-                engine.interrupt("cancel")
+        def on(event: Event) -> None:
+            if event.type == "text_delta" and event.agent_id is not None:
+                streaming.add(event.agent_id)
+                if len(streaming) == 10:
+                    engine.interrupt("cancel")
 
-    events, end = await drive(engine, "Research the field", on)
+        events, end = await drive(engine, "Research the field", on)
+        assert open_under(tmp_path / "subagents") == []  # each sidechain closed as its run ended
     assert end.reason == "aborted_tools"
     check_interrupted(engine, tree, end, events, "cancel")
-    for child in tree.children.values():
+    assert engine.session_errors == []
+    assert JsonlSession(tmp_path / "main.jsonl").load().messages == engine.messages
+    for agent_id, child in tree.children.items():
         assert child.messages[-1].partial and child.messages[-1].text.startswith("A long survey")
+        loaded = JsonlSession(session.sidechain(agent_id).path).load()
+        assert loaded.warnings == [] and loaded.repairs == [], agent_id
+        assert loaded.messages == child.messages, agent_id
+        assert [(e["reason"], e["abort_reason"]) for e in loaded.events if e["type"] == "turn_ended"] == [
+            ("aborted_streaming", "cancel")]
     nothing_left(server)
 
 
@@ -544,6 +555,19 @@ async def test_a_host_that_stops_iterating_leaves_every_transcript_valid(monkeyp
 # -- sessions: a restart resumes the parent; every sidechain stands on its own ---------------------
 
 
+def open_under(folder: Path) -> list[str]:
+    """The files under `folder` this process holds open."""
+    import os
+
+    held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith(f"{folder}/"):
+                held.append(target)
+    return held
+
+
 def sidechains(main: Path) -> dict[str, Path]:
     return {p.stem: p for p in sorted((main.parent / "subagents" / main.stem).glob("*.jsonl"))}
 
@@ -566,6 +590,7 @@ async def test_a_restart_mid_fan_out_resumes_the_parent_and_each_sidechain_loads
                 engine.interrupt("quit")
 
         await drive(engine, "Research the field", on)
+        assert open_under(live / "subagents") == []
     tree.check(engine)
     nothing_left()
 
@@ -846,4 +871,57 @@ async def test_children_that_all_answer_alike_are_still_a_loop() -> None:
     engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool()])
     _, end = await drive(engine, "Pick the best of several titles")
     assert end.reason == "stationarity_ended"
+    nothing_left()
+
+
+async def test_the_user_answers_the_childrens_prompts_then_redirects_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A UI: each PermissionRequested shows a dialog (a future per call id) that the user answers.
+    # The children ask one at a time; the user allows three, then, on the fourth, sends a new
+    # instruction to the parent, which stops the children still at work.
+    tree = Tree(monkeypatch)
+    dialogs: dict[str, asyncio.Future[Allow]] = {}
+    loop = asyncio.get_running_loop()
+
+    @tool(concurrency_safe=True)
+    async def download(url: str) -> str:
+        """Download a paper."""
+        return f"{url}.pdf"
+
+    async def ask(use: Any, ctx: ToolContext) -> Allow:
+        if use.name == "task":
+            return Allow()
+        return await dialogs.setdefault(use.id, loop.create_future())
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        task, results = task_of(request), results_of(request)
+        if task.startswith("Research"):
+            last = request.messages[-1]
+            if last.text.startswith("Never mind"):
+                return "Summary of the three papers downloaded."
+            return fan_out()
+        return f"{task}: {results[0]}" if results else ScriptedResponse(
+            tool_calls=[ScriptedToolCall("download", {"url": task})])
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), download], permission=ask)
+    asked: list[str] = []
+
+    def on(event: Event) -> None:
+        if event.type == "permission_requested" and event.agent_id is not None:
+            asked.append(event.agent_id)
+            if len(asked) <= 3:
+                dialogs.setdefault(event.tool_use.id, loop.create_future()).set_result(Allow())
+            else:
+                engine.send_now("Never mind the rest: summarise what you have.")
+
+    events, end = await drive(engine, "Research the field", on)
+    assert end.reason == "completed" and engine.messages[-1].text == "Summary of the three papers downloaded."
+    assert len(asked) == 4
+    results = engine.messages[2].tool_results
+    done = [r.text for r in results if not r.is_error]
+    assert len(done) == 3 and all(text.endswith(".pdf") for text in done)
+    stopped = [r.text for r in results if r.is_error]
+    assert len(stopped) == 7 and all("Interrupted by user" in text for text in stopped)
+    first = next(e for e in events if isinstance(e, TurnEnded) and e.agent_id is None)
+    assert first.abort_reason == "send_now" and len(first.aborted_subagents) == 7
+    tree.check(engine)
     nothing_left()
