@@ -143,8 +143,8 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
         ctx.emit(_tag(event, agent_id))
         if isinstance(event, TurnEnded):
             end = event
-    if ctx.signal.aborted:
-        raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
+    if ctx.signal.aborted:  # the parent's abort reached the child
+        return _stopped(child, ctx)
     if end is not None and end.reason == "completed":
         last = child.messages[-1] if child.messages else None
         # Only the child's own words: when it said nothing, its last message is the task itself.
@@ -152,9 +152,20 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
     return _result(ctx.tool_use_id, agent_id, _last_words(child), end)
 
 
+def _stopped(child: QueryEngine, ctx: ToolContext) -> ToolResultBlock:
+    """The result of a call whose child the parent's abort stopped: the interrupted call's text,
+    then what the child had said (a host that asks for "what you have" gets it to the model).
+    Raises `AbortError` when the child said nothing, for the engine's own result."""
+    words = _last_words(child).strip()
+    if not words:
+        raise AbortError(ctx.signal.reason or "cancel")
+    text = f"{ctx.engine.options.texts.stopped_running} Its last words: {words[:2000]}"
+    return ToolResultBlock(tool_use_id=ctx.tool_use_id, content=text, is_error=True)
+
+
 def _last_words(child: QueryEngine) -> str:
     """The text of the last response of a child that stopped before finishing that said something
-    (stopped by a limit after a tool batch: what it had found so far). Never its task."""
+    (stopped by a limit after a tool batch, or by an abort: what it had found so far). Never its task."""
     for message in reversed(child.messages):
         if message.role == "assistant" and message.text.strip():
             return message.text

@@ -463,7 +463,8 @@ class Crawlers:
             if last.text.startswith("Stop"):
                 return "Stopped as asked: nothing was found yet."
             return fan_out() if not results_of(request) else "Report: " + " | ".join(results_of(request))
-        return ScriptedResponse(tool_calls=[ScriptedToolCall("crawl", {"site": task})])
+        return ScriptedResponse(text=f"{task}: 2 papers so far; crawling for more.",
+                                tool_calls=[ScriptedToolCall("crawl", {"site": task})])
 
 
 async def test_send_now_on_the_parent_stops_its_ten_children_and_starts_the_new_turn(
@@ -487,6 +488,9 @@ async def test_send_now_on_the_parent_stops_its_ten_children_and_starts_the_new_
     assert starts[1].ids == (receipt,)
     assert engine.messages[-1].text == "Stopped as asked: nothing was found yet."
     assert engine.messages[-2].text == "Stop the crawl and say what you have."  # no interrupt notice
+    # The parent's model, asked for what it has, gets what each child had found when it stopped.
+    for topic, result in zip(TOPICS, engine.messages[2].tool_results, strict=True):
+        assert result.text.endswith(f"Its last words: {topic}: 2 papers so far; crawling for more."), result.text
     nothing_left()
 
 
