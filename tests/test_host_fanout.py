@@ -461,7 +461,7 @@ class Crawlers:
         if task.startswith("Research"):
             last = request.messages[-1]
             if last.text.startswith("Stop"):
-                return "Stopped as asked: nothing was found yet."
+                return "Stopped as asked: two papers per topic so far."
             return fan_out() if not results_of(request) else "Report: " + " | ".join(results_of(request))
         return ScriptedResponse(text=f"{task}: 2 papers so far; crawling for more.",
                                 tool_calls=[ScriptedToolCall("crawl", {"site": task})])
@@ -486,7 +486,7 @@ async def test_send_now_on_the_parent_stops_its_ten_children_and_starts_the_new_
     check_interrupted(engine, tree, ends[0], events, "send_now")
     starts = [e for e in events if e.type == "turn_started" and e.agent_id is None]
     assert starts[1].ids == (receipt,)
-    assert engine.messages[-1].text == "Stopped as asked: nothing was found yet."
+    assert engine.messages[-1].text == "Stopped as asked: two papers per topic so far."
     assert engine.messages[-2].text == "Stop the crawl and say what you have."  # no interrupt notice
     # The parent's model, asked for what it has, gets what each child had found when it stopped.
     for topic, result in zip(TOPICS, engine.messages[2].tool_results, strict=True):
@@ -927,5 +927,63 @@ async def test_the_user_answers_the_childrens_prompts_then_redirects_the_parent(
     assert len(stopped) == 7 and all("Interrupted by user" in text for text in stopped)
     first = next(e for e in events if isinstance(e, TurnEnded) and e.agent_id is None)
     assert first.abort_reason == "send_now" and len(first.aborted_subagents) == 7
+    tree.check(engine)
+    nothing_left()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "responses", "chat"])
+async def test_a_child_looping_on_a_provider_is_resampled_while_its_siblings_answer(
+    monkeypatch: pytest.MonkeyPatch, provider: str,
+) -> None:
+    # Topic 0's child thinks the same sentence over and over at every attempt: it is cut and resampled, within its own budget, on the wire; its siblings
+    # answer meanwhile, and every request the tree makes is one the API accepts.
+    tree = Tree(monkeypatch)
+    server: _Server
+    if provider == "anthropic":
+        server = AnthropicServer(ANTHROPIC_KEY, [])
+        child_model: Any = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000,
+                                          http_client=server.client())
+    elif provider == "responses":
+        server = ResponsesServer(OPENAI_KEY, [])
+        child_model = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=server.client(),
+                                           extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
+    else:
+        server = ChatServer(OPENAI_KEY, [])
+        child_model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
+
+    def reply(body: dict[str, Any]) -> None:
+        items = body.get("messages") or body.get("input") or []
+        topic = re.search(r"topic \d", str(items[0]))
+        assert topic is not None
+        if topic[0] != "topic 0":
+            server.replies.append(Reply(text=f"{topic[0]}: 3 papers."))
+        else:
+            server.replies.append(Reply(thinking=LOOP, text="topic 0: nothing found.", chunk=8))
+
+    server.on_request = reply
+    engine = QueryEngine(ScriptedModel([researcher], cycle=True), tools=[delegate_tool(model=child_model)])
+    events, end = await drive(engine, "Research the field")
+    assert end.reason == "completed"
+    looped = [e for e in events if e.type == "doom_loop_detected" and e.agent_id == "sub-1"]
+    assert [e.action for e in looped][:3] == ["resample", "resample", "disarmed"]
+    assert [e.agent_id for e in events if e.type == "resampling"] == ["sub-1", "sub-1"]
+    results = engine.messages[2].tool_results
+    assert [r.text for r in results[1:]] == [f"{t}: 3 papers." for t in TOPICS[1:]]
+    tree.check(engine)
+    nothing_left(server)
+
+
+async def test_the_parents_turn_limit_counts_its_own_requests_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # max_turns=1: the parent's one response fans out, the children (with the delegate tool's own
+    # limit, 10) finish their work three levels deep, and the parent stops before its next request.
+    tree = Tree(monkeypatch)
+    model = ScriptedModel([researcher], cycle=True)
+    engine = QueryEngine(model, tools=[delegate_tool()], max_turns=1)
+    events, end = await drive(engine, "Research the field")
+    assert end.reason == "max_turns" and end.turns == 1
+    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    assert len(child_ends) == 16 and {e.reason for e in child_ends} == {"completed"}
+    assert end.usage.total == 20 * model.request_count
+    assert [r.is_error for r in engine.messages[2].tool_results] == [False] * 10
     tree.check(engine)
     nothing_left()
