@@ -264,10 +264,8 @@ SILENT = "import sys; sys.stdout.write('not json\\n'); sys.stdout.flush(); sys.s
 
 async def test_a_server_that_never_answers_initialize_times_out_and_is_stopped() -> None:
     srv = MCPServer.stdio(sys.executable, ["-c", SILENT], connect_timeout=0.5)
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"did not answer .*0\.5 s"):
+    with pytest.raises(TimeoutError, match=r"did not answer .*0\.5 s"):  # the bound, not a hang
         await srv.list_tools()
-    assert time.monotonic() - started < 5.0
     assert repr(srv) == f"<MCPServer {srv.label} idle>"
     await srv.aclose()  # the fixture checks the server process is gone
 
