@@ -987,3 +987,111 @@ async def test_the_parents_turn_limit_counts_its_own_requests_only(monkeypatch: 
     assert [r.is_error for r in engine.messages[2].tool_results] == [False] * 10
     tree.check(engine)
     nothing_left()
+
+
+async def test_calls_beyond_max_parallel_tools_never_start_a_child_when_the_parent_stops(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    # Three children at a time: the interrupt stops the three at work; the seven waiting never
+    # started (no subagent, no sidechain file), and the parent's model is told they had no effect.
+    tree = Tree(monkeypatch)
+    crawlers = Crawlers()
+    three = asyncio.Event()
+
+    @tool(concurrency_safe=True)
+    async def crawl(site: str, ctx: ToolContext) -> str:
+        """Crawl a site (until stopped)."""
+        crawlers.running.add(str(ctx.engine.agent_id))
+        if len(crawlers.running) == 3:
+            three.set()
+        await ctx.signal.wait()
+        ctx.signal.throw_if_aborted()
+        return "crawled"
+
+    with JsonlSession(tmp_path / "main.jsonl") as session:
+        engine = QueryEngine(ScriptedModel([crawlers.script], cycle=True), tools=[delegate_tool(), crawl],
+                             max_parallel_tools=3, session=session)
+
+        def on(event: Event) -> None:
+            if three.is_set():
+                engine.interrupt("cancel")
+
+        _, end = await drive(engine, "Research the field", on)
+    assert sorted(end.aborted_subagents) == ["sub-1", "sub-2", "sub-3"] == sorted(tree.children)
+    assert sorted(sidechains(tmp_path / "main.jsonl")) == ["sub-1", "sub-2", "sub-3"]
+    results = [r.text for r in engine.messages[2].tool_results]
+    assert all("stopped while it was running" in text for text in results[:3])
+    assert results[3:] == ["Interrupted by user: this tool call never started, so it had no effect."] * 7
+    tree.check(engine)
+    nothing_left()
+
+
+# -- a host that runs its children itself, to steer them -------------------------------------------
+
+
+async def test_a_host_steers_and_stops_single_children_of_its_own_fan_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # subagents.md's "Steering a child", run ten at once: each child gets an id of its own (from
+    # its call's id), the host keeps the running ones by id, interjects on one and stops another;
+    # the others never see either, and the parent goes on.
+    import dataclasses
+
+    tree = Tree(monkeypatch)
+    children: dict[str, QueryEngine] = {}
+    gate = asyncio.Event()
+
+    @tool(concurrency_safe=True)
+    async def search(query: str) -> str:
+        """Search the library (waits for the host's go)."""
+        await gate.wait()
+        return f"3 papers on {query}"
+
+    @tool(concurrency_safe=True)
+    async def research(topic: str, ctx: ToolContext) -> str:
+        """Research a topic with a helper agent."""
+        agent_id = f"research-{ctx.tool_use_id}"
+        child = children[topic] = ctx.engine.subagent(agent_id=agent_id, max_turns=5)
+        end: TurnEnded | None = None
+        try:
+            async for event in child.run(topic):
+                if event.agent_id is None:
+                    event = dataclasses.replace(event, agent_id=agent_id)
+                    end = event if isinstance(event, TurnEnded) else end
+                ctx.emit(event)
+        finally:
+            del children[topic]
+        if end is None or end.reason != "completed":
+            raise RuntimeError(f"the helper stopped: {end.reason if end else 'no end'}")
+        return child.messages[-1].text
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        task, results = task_of(request), results_of(request)
+        if task.startswith("Research"):
+            return ScriptedResponse(tool_calls=[ScriptedToolCall("research", {"topic": t}) for t in TOPICS]) if (
+                not results) else "Report: " + " | ".join(results)
+        if not results:
+            return ScriptedResponse(tool_calls=[ScriptedToolCall("search", {"query": task})])
+        steer = [m.text for m in request.messages if m.kind == "interjection"]
+        return f"{task}: 3 papers" + (" (only the recent ones)" if steer else "")
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[research, search])
+    searching: set[str] = set()
+
+    def on(event: Event) -> None:
+        if event.type == "tool_call_started" and event.tool_use.name == "search":
+            searching.add(str(event.agent_id))
+            if len(searching) == 10:
+                children["topic 3"].interject("Only the recent ones.")
+                children["topic 5"].interrupt("skip")
+                gate.set()
+
+    events, end = await drive(engine, "Research the field", on)
+    assert end.reason == "completed"
+    results = [r.text for r in engine.messages[2].tool_results]
+    assert results[3] == "topic 3: 3 papers (only the recent ones)"
+    assert results[5] == "Tool 'research' raised RuntimeError: the helper stopped: aborted_tools"
+    assert [r for n, r in enumerate(results) if n not in (3, 5)] == [
+        f"{t}: 3 papers" for n, t in enumerate(TOPICS) if n not in (3, 5)]
+    assert children == {}
+    assert len({e.agent_id for e in events if e.agent_id is not None}) == 10
+    tree.check(engine)
+    nothing_left()
