@@ -328,6 +328,9 @@ async def test_the_parent_interrupted_while_ten_children_run_tools(monkeypatch: 
         return ScriptedResponse(tool_calls=[ScriptedToolCall("crawl", {"site": task})])
 
     engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), crawl])
+    hooks: list[str] = []
+    engine.on_abort(lambda reason: hooks.append(f"session cleanup ({reason})"), main_only=True)
+    engine.on_abort(lambda reason: hooks.append(f"log ({reason})"))
 
     async def stop_when_all_run() -> None:
         await all_running.wait()
@@ -340,6 +343,8 @@ async def test_the_parent_interrupted_while_ten_children_run_tools(monkeypatch: 
     check_interrupted(engine, tree, end, events, "cancel")
     for child in tree.children.values():
         assert "stopped while it was running" in child.messages[-1].tool_results[0].text
+    # Each child inherited the logging hook; the session's cleanup ran once, for the parent.
+    assert sorted(hooks) == ["log (cancel)"] * 11 + ["session cleanup (cancel)"]
     nothing_left()
 
 
