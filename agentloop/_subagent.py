@@ -143,12 +143,12 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
         ctx.emit(_tag(event, agent_id))
         if isinstance(event, TurnEnded):
             end = event
-    if ctx.signal.aborted:  # the parent's abort reached the child
-        return _stopped(child, ctx)
-    if end is not None and end.reason == "completed":
+    if end is not None and end.reason == "completed":  # its answer, also if the parent's abort came after
         last = child.messages[-1] if child.messages else None
         # Only the child's own words: when it said nothing, its last message is the task itself.
         return _result(ctx.tool_use_id, agent_id, last.text if last is not None and last.role == "assistant" else "", end)
+    if ctx.signal.aborted:  # the parent's abort reached the child
+        return _stopped(child, ctx)
     return _result(ctx.tool_use_id, agent_id, _last_words(child), end)
 
 

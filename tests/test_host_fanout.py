@@ -1100,3 +1100,50 @@ async def test_a_host_steers_and_stops_single_children_of_its_own_fan_out(monkey
     assert len({e.agent_id for e in events if e.agent_id is not None}) == 10
     tree.check(engine)
     nothing_left()
+
+
+async def test_a_child_that_finished_as_the_parent_was_stopped_hands_back_its_answer() -> None:
+    # The parent's interrupt lands after a child's turn completed, before the call running it
+    # returned (here: as the child's TurnEnded is recorded). The child did its task: its answer
+    # is the call's result, not "stopped while it was running".
+    engine: QueryEngine
+
+    class Store:
+        def __init__(self, agent_id: str | None = None) -> None:
+            self.agent_id = agent_id
+
+        def append_message(self, message: Any) -> None:
+            pass
+
+        def append_event(self, event: Any) -> None:
+            if isinstance(event, TurnEnded) and self.agent_id == "sub-1" and event.reason == "completed":
+                engine.interrupt("cancel")
+
+        def sidechain(self, agent_id: str) -> Store:
+            return Store(agent_id)
+
+        def close(self) -> None:
+            pass
+
+    @tool(concurrency_safe=True)
+    async def wait(ctx: ToolContext) -> str:
+        """Wait until stopped."""
+        await ctx.signal.wait()
+        ctx.signal.throw_if_aborted()
+        return "never"
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        task = task_of(request)
+        if task.startswith("Research"):
+            return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "topic 0"}),
+                                                ScriptedToolCall("wait")])
+        return "topic 0: 3 papers."
+
+    engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), wait], session=Store())
+    _, end = await drive(engine, "Research the field")
+    assert end.reason == "aborted_tools"
+    first, second = engine.messages[2].tool_results
+    assert not first.is_error and first.text == "topic 0: 3 papers."
+    assert second.is_error and second.text.startswith("Interrupted by user")
+    assert validate_transcript(engine.messages) == []
+    nothing_left()
