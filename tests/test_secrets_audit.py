@@ -22,7 +22,16 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentloop import AbortController, Message, QueryEngine, ToolContext, ToolResultBlock, event_json, tool
+from agentloop import (
+    AbortController,
+    Message,
+    QueryEngine,
+    ToolContext,
+    ToolProgress,
+    ToolResultBlock,
+    event_json,
+    tool,
+)
 from agentloop._errors import ModelError
 from agentloop.mcp import MCPServer
 from agentloop.models import AnthropicModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
@@ -381,3 +390,26 @@ def test_an_mcp_header_no_request_can_carry_is_refused_without_being_quoted() ->
         assert token not in "".join(traceback.format_exception(exc))
     else:
         raise AssertionError("the header was taken")
+
+
+async def test_a_tools_progress_report_carrying_the_key_is_marked() -> None:
+    key = "sk-progress-0123456789abcdefXYZ"
+    calls = 0
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if calls == 1 else _DONE)
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Print the environment."""
+        ctx.emit(ToolProgress(tool_use_id=ctx.tool_use_id, text=f"OPENAI_API_KEY={key}"))
+        return "done"
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        engine = QueryEngine(OpenAIChatModel("m", api_key=key, http_client=client), tools=[env])
+        events = [ev async for ev in engine.run("look")]
+    progress = [ev for ev in events if isinstance(ev, ToolProgress)]
+    assert [ev.text for ev in progress] == [f"OPENAI_API_KEY={MARK}"]
+    assert not [t for t in map(event_json, events) if key in t]
