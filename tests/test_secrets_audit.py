@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from agentloop import (
     AbortController,
     Message,
+    Policy,
     QueryEngine,
     ToolContext,
     ToolProgress,
@@ -637,3 +638,109 @@ async def test_a_stdio_mcp_servers_credentials_stay_out_of_a_run_and_its_start_u
     assert [r.is_error for r in results] == [False, True]
     assert results[0].text == f"--token {MARK} --api-key={MARK} https://{MARK}@git.example/repo.git env {MARK}"
     assert f"refused: --token {MARK}" in results[1].text
+
+
+# -- the host's own callbacks ---------------------------------------------------------------------
+
+_HOOK_KEY = "sk-hooks-0123456789abcdefXYZ0"
+
+
+def _quoting(where: str) -> RuntimeError:
+    return RuntimeError(f"{where} saw Authorization: Bearer {_HOOK_KEY}")
+
+
+class _Quoting(Policy):
+    """A policy whose every hook raises an error quoting the model's key (``bind`` once bound)."""
+
+    name = "quoting"
+
+    def __init__(self) -> None:
+        self.bound = False
+
+    def bind(self, tools: Any) -> None:
+        if self.bound:
+            raise _quoting("bind")
+        self.bound = True
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        raise _quoting("begin_turn")
+
+    def begin_attempt(self) -> None:
+        raise _quoting("begin_attempt")
+
+    def on_stream(self, event: Any) -> None:
+        raise _quoting("on_stream")
+
+    def on_response(self, message: Message) -> None:
+        raise _quoting("on_response")
+
+    def on_results(self, message: Message, results: Any) -> None:
+        raise _quoting("on_results")
+
+
+class _AlsoQuoting(_Quoting):
+    name = "also quoting"  # two stream watchers: the engine asks them as a panel
+
+
+@pytest.mark.parametrize("panel", [False, True])
+async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_credentials(panel: bool) -> None:
+    calls = 0
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if calls == 1 else _DONE)
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Stop the run."""
+        ctx.engine.interrupt("enough")
+        return "stopped"
+
+    def watcher(tools: Any) -> None:
+        raise _quoting("tool watcher")
+
+    def abort_hook(reason: str) -> None:
+        raise _quoting("abort hook")
+
+    policies = [_Quoting(), _AlsoQuoting()] if panel else [_Quoting()]
+    with logged() as records:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env], policies=policies)
+            engine.watch_tools(watcher)
+            engine.on_abort(abort_hook)
+            engine.tools = [env]  # a policy's bind raises (after the first)
+            [ev async for ev in engine.run("look")]
+    assert not [t for t in records.texts if _HOOK_KEY in t]
+    for where in ("bind", "begin_turn", "begin_attempt", "on_stream", "on_response", "tool watcher", "abort hook"):
+        quoted = [t for t in records.texts if f"{where} saw Authorization: Bearer {MARK}" in t]
+        assert quoted and "Traceback (most recent call last)" in quoted[0], where
+
+
+class _FailingStore:
+    """A session store whose every write fails with an error quoting the model's key."""
+
+    def append_message(self, message: Message) -> None:
+        raise _quoting("append_message")
+
+    def append_event(self, event: object) -> None:
+        raise _quoting("append_event")
+
+    def sidechain(self, agent_id: str) -> _FailingStore:
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_failing_session_store_is_reported_without_the_engines_credentials() -> None:
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_DONE)
+
+    with logged() as records:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), session=_FailingStore())
+            [ev async for ev in engine.run("look")]
+    assert engine.session_errors and records.texts
+    assert not [t for t in [*engine.session_errors, *records.texts] if _HOOK_KEY in t]
+    assert f"append_message saw Authorization: Bearer {MARK}" in engine.session_errors[0]
