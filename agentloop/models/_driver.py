@@ -183,8 +183,11 @@ async def run_stream(
     and between events), the errors of `Connection.open`, whatever the mapper
     raises, `StreamProtocolError` (retryable) for a body cut before the terminator,
     and `ProviderConnectionError` (retryable) for a stream that sends only keep-alives
-    for longer than the request's read timeout. A body that is one JSON document and
-    no event stream raises what `document_error` says instead. Never catches
+    (comments, pings, events that hold nothing of the answer) for longer than the request's
+    read timeout. A body that is one JSON document and no event stream raises what
+    `document_error` says instead, and one of more than `_HEAD_LIMIT` bytes with no event,
+    unless it says it is an event stream, a `StreamProtocolError` (not retryable) once read
+    that far. Never catches
     `asyncio.CancelledError`.
 
     Longer than most: it is the generator the model phase awaits for every event, so its
@@ -194,7 +197,7 @@ async def run_stream(
     path, headers, body = prepare()
     if signal.aborted:
         raise AbortError(signal.reason or "cancel")
-    async with conn.open(path, headers, body) as response:
+    async with conn.open(path, headers, body, signal) as response:
         redactor = conn.redactor(headers, response.request)
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
@@ -203,26 +206,27 @@ async def run_stream(
         head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
         size = 0
         stall = _stall_limit(response)
-        quiet: float | None = None  # when the keep-alives began (None: the last chunk brought events)
+        quiet: float | None = None  # when the chunks of no answer began (None: the last brought some)
         try:
             async for chunk in chunks:
                 events = feed(chunk)
                 if head is not None:
                     size += len(chunk)
-                    if events or size > _HEAD_LIMIT:
+                    if events:
+                        head = None
+                    elif size > _HEAD_LIMIT:
+                        _no_stream(conn, response, head, redactor)
                         head = None
                     else:
                         head.append(chunk)
-                if (not events or events[0].event == "ping") and stall is not None and _keep_alive(events):
-                    quiet = _still_waiting(conn.provider, quiet, stall)
-                else:
-                    quiet = None
+                answered = False
                 for sse in events:
                     if signal.aborted:
                         raise AbortError(signal.reason or "cancel")
                     out = handle(sse)
                     if not out:
                         continue
+                    answered = True
                     if mapper.done:
                         await _read_tail(chunks)
                         for ev in out:
@@ -233,6 +237,10 @@ async def run_stream(
                         return
                     for ev in out:
                         yield ev
+                if answered:
+                    quiet = None
+                elif stall is not None:
+                    quiet = _still_waiting(conn.provider, quiet, stall)
         except ModelError as exc:  # a mapper's error quotes what the server sent
             if redactor is not None:
                 redactor.scrub_error(exc)
@@ -245,8 +253,10 @@ async def run_stream(
             for ev in last:
                 yield ev
             return
+        said = _held(response, head, redactor)
     raise StreamProtocolError(
-        f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
+        f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)"
+        + said,
         retryable=True,
     )
 
@@ -272,7 +282,38 @@ def _at_end(
     return at_eof() if at_eof is not None else None
 
 
+#: How much of a body with no event is kept to explain it, and read at most when it does not say
+#: it is an event stream.
 _HEAD_LIMIT = 1 << 20
+
+
+def _no_stream(conn: Connection, response: httpx.Response, head: list[bytes], redactor: Redactor) -> None:
+    """A body past `_HEAD_LIMIT` with no event yet: read on (return) when it says it is an event
+    stream (the first event may be long: a Responses stream repeats the instructions in it;
+    `SSEDecoder` bounds it), else raise the error it explains (a web page) or one that says it
+    is not an event stream. Neither is retryable: the same request gets the same body, and
+    reading a few more megabytes of it to its end would tell nothing more."""
+    media = media_type(response.headers)
+    if media == "text/event-stream":
+        return None
+    raw = b"".join(head)
+    error = _web_page(conn, response.headers, raw, redactor)
+    if error is None:
+        what = f"of {media}" if media else "with no content type"
+        error = StreamProtocolError(
+            f"{conn.provider} answered with more than {_HEAD_LIMIT >> 20} MiB {what} and no event: not an "
+            "event stream (is base_url the API's address? does the server support streaming?)"
+        )
+    raise error
+
+
+def _held(response: httpx.Response, head: list[bytes] | None, redactor: Redactor) -> str:
+    """What a body that ended with no event held, to quote in the error (a load balancer's
+    ``upstream connect error``), or "" when it held nothing."""
+    if not head:
+        return ""
+    text = " ".join(redactor.scrub(decode_body(b"".join(head), response.headers)).split())
+    return f"; the body held no event: {excerpt(text)}" if text else ""
 
 #: The clock that times keep-alives (a test puts a fake one here).
 _clock = time.monotonic
@@ -285,27 +326,23 @@ def _stall_limit(response: httpx.Response) -> float | None:
     return float(read) if isinstance(read, int | float) else None
 
 
-def _keep_alive(events: list[ServerSentEvent]) -> bool:
-    """Whether a chunk that completed ``events`` kept the connection alive and no more: no
-    event (a comment, or part of an event), or only ``ping`` events."""
-    return all(e.event == "ping" for e in events)
-
-
 def _still_waiting(provider: str, since: float | None, limit: float) -> float:
-    """When the keep-alives began (now, if ``since`` is None); raises a retryable
-    `ProviderConnectionError` once they have lasted longer than ``limit`` seconds.
+    """When the chunks that brought nothing of the answer began (now, if ``since`` is None);
+    raises a retryable `ProviderConnectionError` once they have lasted longer than ``limit``
+    seconds.
 
-    The read timeout waits for bytes, and a keep-alive (an SSE comment, an Anthropic ``ping``)
-    is bytes: a stalled model behind a gateway that sends one every few seconds would hold the
-    run forever. Counted from the first keep-alive after the last event, so at most one
-    keep-alive interval late."""
+    The read timeout waits for bytes, and a keep-alive is bytes: an SSE comment, an Anthropic
+    ``ping``, a proxy's ``event: keepalive``, any event the mapper reads nothing from (an
+    unknown one, a chunk with no choice). A stalled model behind a gateway that sends one every
+    few seconds would hold the run forever. Counted from the first such chunk after the last
+    one that brought part of the answer, so at most one keep-alive interval late."""
     now = _clock()
     if since is None:
         return now
     if now - since > limit:
         raise ProviderConnectionError(
-            f"{provider} stream stalled: the server sent only keep-alives, no event, for {limit:g} s "
-            "(the read timeout)",
+            f"{provider} stream stalled: the server sent only keep-alives, nothing of the answer, for "
+            f"{limit:g} s (the read timeout)",
             provider=provider,
             retryable=True,
         )
