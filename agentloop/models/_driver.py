@@ -372,16 +372,22 @@ def _web_page(
     )
 
 
+#: The largest piece of a compressed body handed to the decoder: one network read of gzip may
+#: decode to tens of megabytes (of blank lines, say), split into lines all at once otherwise.
+_DECODED_CHUNK = 64 << 10
+
+
 async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
     """The response body, read from the transport stream directly.
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
     the stream here keeps one layer that `run_stream` closes itself. Encoded
-    bodies (we ask for ``identity``) fall back to `aiter_bytes`.
+    bodies (we ask for ``identity``) fall back to `aiter_bytes`, in pieces of at most
+    `_DECODED_CHUNK` bytes.
     """
     if response.headers.get("content-encoding", "identity") != "identity":
-        source: AsyncIterator[bytes] = response.aiter_bytes()
+        source: AsyncIterator[bytes] = _pieces(response.aiter_bytes())
     else:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
@@ -392,6 +398,22 @@ async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
                 yield chunk
     finally:
         aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _pieces(decoded: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """``decoded`` in pieces of at most `_DECODED_CHUNK` bytes."""
+    try:
+        async for chunk in decoded:
+            if len(chunk) <= _DECODED_CHUNK:
+                yield chunk
+                continue
+            view = memoryview(chunk)
+            for start in range(0, len(chunk), _DECODED_CHUNK):
+                yield bytes(view[start : start + _DECODED_CHUNK])
+    finally:
+        aclose = getattr(decoded, "aclose", None)
         if aclose is not None:
             await aclose()
 

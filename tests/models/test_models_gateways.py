@@ -264,3 +264,28 @@ async def test_a_user_agent_on_the_hosts_client_is_kept() -> None:
         with pytest.raises(StreamProtocolError):
             await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
     assert server.requests[0].headers.get_list("user-agent") == ["host-app/7"]
+
+
+# -- a compressed stream -------------------------------------------------------------------------
+
+
+async def test_a_compressed_stream_is_fed_to_the_decoder_in_bounded_pieces() -> None:
+    # A server (or proxy) that compresses the stream though it was asked for identity: 48 KiB of
+    # gzip held 48 MiB of blank lines, decoded and split at once into a list of 50 million lines
+    # (about 490 MB at its peak) before the decoder's 64 MiB bound could act.
+    import gzip
+    import tracemalloc
+
+    from _models_support import chat_chunk, chat_stream
+
+    plain = b"\n" * (48 << 20) + chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, "stop"))
+    body = _Body([gzip.compress(plain, 9)])
+    async with _client(200, "text/event-stream", body, **{"content-encoding": "gzip"}) as client:
+        tracemalloc.start()
+        try:
+            _, acc = await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert acc.text() == "hi"
+    assert peak < 160 << 20  # the decoded body once, not its lines one by one
