@@ -202,7 +202,7 @@ async def run_stream(
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
-        chunks = _body(response)
+        chunks = _body(response, signal)
         head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
         size = 0
         stall = _stall_limit(response)
@@ -377,8 +377,9 @@ def _web_page(
 _DECODED_CHUNK = 64 << 10
 
 
-async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
-    """The response body, read from the transport stream directly.
+async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> AsyncGenerator[bytes, None]:
+    """The response body, read from the transport stream directly; a read that waits when
+    ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`).
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
@@ -392,14 +393,72 @@ async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         source = stream.__aiter__()
+    watch = _ReadWatch(signal) if signal is not None else None
+    step = source.__anext__
     try:
-        async for chunk in source:
+        while True:
+            if watch is not None:
+                watch.reading = True
+            try:
+                chunk = await step()
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                if watch is not None and watch.withdrawn():
+                    raise AbortError(watch.reason) from None
+                raise
+            if watch is not None:
+                watch.reading = False
             if chunk:
                 yield chunk
     finally:
+        if watch is not None:
+            watch.close()
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class _ReadWatch:
+    """Ends a read of the body that waits when the signal is aborted: cancels the task reading
+    (the one that made the watch; only while a read is awaited, ``reading``, never while the
+    body's consumer runs), unless someone is cancelling it already (the engine cancels its own
+    task on an abort). `withdrawn` tells a `CancelledError` this watch caused alone, and takes
+    the cancel back."""
+
+    __slots__ = ("_fired", "_loop", "_remove", "_signal", "_task", "reading")
+
+    def __init__(self, signal: AbortSignal) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._signal = signal
+        self._fired = False
+        self.reading = False
+        self._remove = signal.add_listener(self._on_abort)
+
+    @property
+    def reason(self) -> str:
+        return self._signal.reason or "cancel"
+
+    def _on_abort(self, _reason: str) -> None:  # any thread
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing reads any more
+            pass
+
+    def _cancel(self) -> None:
+        task = self._task
+        if self.reading and not self._fired and task is not None and not task.done() and task.cancelling() == 0:
+            self._fired = True
+            task.cancel()
+
+    def withdrawn(self) -> bool:
+        fired, self._fired = self._fired, False
+        return fired and self._task is not None and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        self.reading = False
+        self._remove()
 
 
 async def _pieces(decoded: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
@@ -428,9 +487,9 @@ _TAIL_WAIT = 1.0
 async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None:
     """After the terminator, read what is left of the body (normally nothing) so the
     connection can go back to the pool; give up (the connection is then closed)
-    past ``limit`` bytes or ``_TAIL_WAIT`` seconds, or when the connection fails: the
-    answer is whole by then, and a reset or a read error while reading nothing more
-    must neither discard it nor make it be asked for again."""
+    past ``limit`` bytes or ``_TAIL_WAIT`` seconds, when the connection fails, or on an
+    abort: the answer is whole by then, and a reset or a read error while reading nothing
+    more must neither discard it nor make it be asked for again."""
     size = 0
     try:
         async with asyncio.timeout(_TAIL_WAIT):
@@ -438,7 +497,7 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
                 size += len(chunk)
                 if size > limit:
                     return
-    except (TimeoutError, httpx.HTTPError):
+    except (TimeoutError, httpx.HTTPError, AbortError):
         return
 
 

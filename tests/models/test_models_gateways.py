@@ -289,3 +289,42 @@ async def test_a_compressed_stream_is_fed_to_the_decoder_in_bounded_pieces() -> 
             tracemalloc.stop()
     assert acc.text() == "hi"
     assert peak < 160 << 20  # the decoded body once, not its lines one by one
+
+
+@pytest.mark.parametrize(
+    ("cls", "own"),
+    [(AnthropicModel, {"anthropic-version", "x-api-key"}), (OpenAIChatModel, {"authorization"}),
+     (OpenAIResponsesModel, {"authorization"})],
+)  # fmt: skip
+async def test_a_request_carries_no_header_beyond_what_the_api_needs(cls: type[Any], own: set[str]) -> None:
+    # Nothing about the machine, the Python running it or the program (no x-stainless-* telemetry).
+    server = MockServer(b"")
+    async with server.client() as client:
+        with pytest.raises(StreamProtocolError):
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    http = {"accept", "accept-encoding", "connection", "content-length", "content-type", "host", "user-agent"}
+    assert set(server.requests[0].headers.keys()) == http | own
+
+
+@pytest.mark.parametrize("cls", _MODELS)
+async def test_an_abort_reaches_a_stream_that_stalled_between_events_at_once(cls: type[Any]) -> None:
+    # Called directly, the abort was checked only between events: a stream whose server went quiet
+    # held the caller until the read timeout (600 s by default).
+    from _models_support import chat_chunk, chat_stream, ev, sse
+
+    first = {
+        AnthropicModel: sse(("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {}}})),
+        OpenAIChatModel: chat_stream(chat_chunk({"content": "Hel"}), done=False),
+        OpenAIResponsesModel: sse(ev("response.created", response={"id": "resp_1"})),
+    }[cls]
+    body = _Body([first], hang=True)
+    controller = AbortController()
+    async with _client(200, "text/event-stream", body) as client:
+        reading = asyncio.ensure_future(collect(cls("m", api_key=API_KEY, http_client=client), signal=controller.signal))
+        await body.blocked.wait()
+        controller.abort("send_now")
+        async with asyncio.timeout(5):
+            with pytest.raises(AbortError, match="send_now"):
+                await reading
+    assert body.closed
+    assert reading.cancelling() == 0  # the cancel that ended the read was withdrawn

@@ -4,7 +4,8 @@ The model phase cancels its task when the run is aborted, but a host may call
 ``model.stream(request, signal)`` itself, and then only the signal tells the provider to stop:
 checked between events, it would not reach a request still waiting for its response's headers,
 nor an error body that stalls. `abortable` covers such a wait, one that never yields to the
-caller in between (a timeout scope must not span a generator's ``yield``).
+caller in between (a timeout scope must not span a generator's ``yield``); the reads of a
+stream's body are watched one by one instead (`agentloop.models._driver`).
 """
 
 from __future__ import annotations
