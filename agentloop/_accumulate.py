@@ -27,8 +27,10 @@ from ._model import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
+    StreamLogprobs,
     StreamProviderBlock,
     StreamRedactedThinking,
+    StreamSignals,
     StreamSignature,
     StreamText,
     StreamThinking,
@@ -82,8 +84,8 @@ def _bad_index(index: object, event: object) -> StreamProtocolError:
 class Accumulator:
     """Feed stream events in order; read the message at any time.
 
-    Unknown event kinds (signals, logprobs) are ignored here: the engine routes
-    them to the policies.
+    The policies' event kinds (signals, logprobs) are ignored here: the engine routes
+    them to the policies. Anything that is not a stream event is a `StreamProtocolError`.
     """
 
     __slots__ = ("_parts", "ended", "response_id", "stop_reason", "usage")
@@ -105,6 +107,23 @@ class Accumulator:
         apply = APPLY.get(type(ev))
         if apply is not None:
             apply(self, ev)
+        else:
+            self.other(ev)
+
+    def other(self, ev: object) -> Event | None:
+        """An event without a handler of its exact type: the policies' (signals, logprobs) pass,
+        a subclass of a stream event is applied as that event, and anything else (a dict, a
+        string, a `Model`'s own class) is a malformed event rather than output silently lost."""
+        if isinstance(ev, StreamSignals | StreamLogprobs):
+            return None
+        for cls in type(ev).__mro__[1:]:
+            apply = APPLY.get(cls)
+            if apply is not None:
+                return apply(self, ev)
+        raise StreamProtocolError(
+            f"malformed stream event: the model yielded {type(ev).__name__}, not one of the stream "
+            f"events of agentloop.models (StreamText, StreamEnd, ...): {ev!r:.80}"
+        )
 
     # The one check every model's events pass through: a field of the wrong type (a server's
     # null or list, a custom `Model`'s bug) is a malformed event here, inside the engine's error

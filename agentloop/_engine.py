@@ -414,7 +414,11 @@ class QueryEngine:
         Its runs are linked to this engine's current run: a parent abort aborts
         the child with the same reason; the child's own abort leaves the parent
         running. ``overrides`` are any `QueryEngine` keyword arguments.
+
+        Raises ValueError when ``agent_id`` is this engine's own or an ancestor's: its events
+        could not be told from that engine's, and its sidechain file would be that engine's.
         """
+        _check_nested_id(self, agent_id)
         # Every setting is copied but two: a child writes no interrupt notice (its parent's
         # transcript tells the story), and a forced tool_choice is the parent's own business.
         kwargs: dict[str, Any] = {f.name: getattr(self.options, f.name) for f in fields(EngineOptions)}
@@ -509,3 +513,19 @@ class QueryEngine:
         while engine is not None:
             engine.session_errors.append(note)
             engine = engine.parent
+
+
+def _check_nested_id(engine: QueryEngine, agent_id: str) -> None:
+    """Raise ValueError when ``agent_id`` names ``engine`` or one of its ancestors."""
+    chain: list[str] = []
+    node: QueryEngine | None = engine
+    while node is not None:
+        if node.agent_id is not None:
+            chain.append(node.agent_id)
+        node = node.parent
+    if agent_id in chain:
+        path = " > ".join(repr(a) for a in reversed(chain))
+        raise ValueError(
+            f"agent_id {agent_id!r} is taken by an ancestor of the subagent (its line: {path}): "
+            "a nested subagent needs an id of its own (its sidechain file would be that ancestor's)"
+        )

@@ -110,7 +110,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                             try:
                                 streamed = await anext(stream)
                                 apply = APPLY.get(type(streamed))  # acc.feed(event), one call less
-                                shown = apply(phase.acc, streamed) if apply is not None else None
+                                shown = apply(phase.acc, streamed) if apply is not None else phase.acc.other(streamed)
                             except StopAsyncIteration:
                                 if type(stream) is AsyncGeneratorType:  # ran to its end: closed already
                                     stream = None
@@ -180,13 +180,17 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         merge = merge or st.signal._reason is None
                     for event in end_tools(engine, st):
                         yield event
+                    # The batch is judged before a person's message merged now resets the counts
+                    # (SPEC §7): it ran before the model read that message, so it belongs to the
+                    # run before it, not to the next. A policy that ends the turn on it leaves
+                    # the message queued, reported dropped with that reason, as a limit does.
+                    _after_tools(engine, st, uses)
                     # Then the queued interjections, only now taken: a host that stops at a result
                     # the phase synthesized leaves them queued (the next run delivers them), not
                     # merged behind an InterjectionInjected it never sees.
-                    if merge and engine.inbox.interjections and _limit_reached(engine, st) is None:
+                    if merge and st.terminal is None and engine.inbox.interjections and _limit_reached(engine, st) is None:
                         for event in drain_interjections(engine, st):
                             yield event
-                    _after_tools(engine, st, uses)
                 if st.pending_events:  # a policy ended the turn before its calls ran
                     for event in st.take_pending_events():
                         yield event

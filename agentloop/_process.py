@@ -16,6 +16,7 @@ import os
 import signal as _signal
 import subprocess
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ._abort import AbortSignal
@@ -29,6 +30,8 @@ Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 # Seconds to read what is left in the pipes once a timed-out group is dead: a process
 # that left the group (setsid) may hold them open forever.
 _DRAIN = 0.25
+# Seconds a killed group has to be gone (its processes dead, if not yet reaped by their parent).
+_GONE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +62,73 @@ class ProcessResult:
     def as_json(self) -> dict[str, Any]:
         """The result as JSON data, without ``stdout_bytes``/``stderr_bytes``: what a tool
         that returns it gives the model. The raw bytes would repeat the output (twice the
-        size in the transcript), and bytes that are not UTF-8 cannot be JSON at all."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_bytes")}
+        size in the transcript), and bytes that are not UTF-8 cannot be JSON at all.
+        ``args`` comes with the credentials on the command line redacted (`shown_args`)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_bytes")}
+        data["args"] = shown_args(self.args)
+        return data
+
+    def __repr__(self) -> str:
+        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr and f.name != "args")
+        return f"{type(self).__name__}(args={tuple(shown_args(self.args))!r}, {', '.join(shown)})"
+
+
+#: Words in an option, variable or header name that mark its value as a credential
+#: (``--token``, ``--password=``, ``GITHUB_TOKEN=``, ``Authorization:``, ``--api-key``...).
+_CREDENTIAL_WORDS = ("token", "secret", "pass", "auth", "key", "cookie", "credential")
+_REDACTED = "[REDACTED]"
+
+
+def _is_credential(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _CREDENTIAL_WORDS)
+
+
+def shown_args(args: tuple[str, ...]) -> list[str]:
+    """``args`` with the credentials a command line carries replaced by ``[REDACTED]``: the
+    value of a credential-named option (``--token X``, ``--token=X``), variable (``TOKEN=X``)
+    or header (``Authorization: Bearer X``), and a URL's user info and credential query
+    parameters. The rest is shown as it is, so the model still sees what ran."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            shown.append(_REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-") and "=" not in arg and _is_credential(arg.lstrip("-")):
+            hide_next = True  # ``--token X``: X is the credential
+            shown.append(arg)
+            continue
+        shown.append(_shown_arg(arg))
+    return shown
+
+
+def _shown_arg(arg: str) -> str:
+    """One argument with the credential it holds, if any, redacted."""
+    name, eq, value = arg.partition("=")
+    if eq and value and "://" not in name and " " not in name and _is_credential(name):
+        return f"{name}={_REDACTED}"
+    header, colon, value = arg.partition(":")
+    if colon and value.startswith(" ") and " " not in header and _is_credential(header):
+        return f"{header}: {_REDACTED}"
+    if "://" in arg:
+        return _shown_url(arg)
+    return arg
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with its user info and the values of its credential query parameters redacted."""
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = f"{_REDACTED}@{authority.rpartition('@')[2]}"
+    path, question, query = tail.partition("?")
+    if question:
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        query = "&".join(f"{k}={_REDACTED}" if eq and v and _is_credential(k) else k + eq + v for k, eq, v in pairs)
+    return f"{scheme}{sep}{authority}{path}{question}{query}"
 
 
 async def run_process(
@@ -255,6 +323,21 @@ async def _kill_group(pgid: int, proto: _Collector, grace: float) -> None:
     # Grandchildren may ignore TERM even after the leader exited.
     signal_group(pgid, _signal.SIGKILL)
     await proto.exited
+    await _until_gone(pgid)
+
+
+async def _until_gone(pgid: int) -> None:
+    """Wait until no process of the group is alive: SIGKILL is sent at once but takes effect a
+    moment later, and a grandchild that let go of the pipes would otherwise outlive the call.
+    Bounded by `_GONE` (a process stuck in the kernel, in uninterruptible IO, dies when it can)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _GONE
+    pause = 0.0005
+    while group_alive(pgid):
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> None:
@@ -279,3 +362,24 @@ def signal_group(pgid: int, sig: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group is alive. A dead one stays in the group until its new
+    parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
+    if not signal_group(pgid, 0):
+        return False
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return True  # no /proc: the group's word holds
+    group = str(pgid).encode()
+    for path in proc.glob("[0-9]*/stat"):
+        try:
+            # After "pid (command)": state, ppid, pgrp. Bytes: a command name (any process's on the
+            # machine) is cut to 15 bytes, in the middle of a character as often as not.
+            fields = path.read_bytes().rpartition(b")")[2].split()
+        except OSError:  # it went meanwhile
+            continue
+        if len(fields) > 2 and fields[2] == group and fields[0] not in (b"Z", b"X"):
+            return True
+    return False

@@ -548,9 +548,19 @@ def _well_formed(block: ToolResultBlock) -> bool:
     return isinstance(content, list) and all(isinstance(b, TextBlock) and isinstance(b.text, str) for b in content)
 
 
+def _bytes_text(data: bytes) -> str:
+    """Bytes a tool returned: the text they hold when they are UTF-8 (a page, a file read in
+    binary), else their repr, once (not a JSON string of it, every backslash doubled)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(data)
+
+
 def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     """Normalise what a handler returned into a result block: text (a string, a text
-    block or a non-empty list of them) as it is, anything else as JSON (an empty list too) (pydantic models and
+    block or a non-empty list of them) as it is, bytes as the UTF-8 text they hold (else their repr), ``None``
+    as "(no output)", anything else as JSON (an empty list too) (pydantic models and
     dataclasses by their fields; a `ProcessResult`, also in a dict or a list, without its raw
     bytes). Raises
     `TypeError` for an awaitable (a coroutine returned instead of awaited)."""
@@ -571,6 +581,8 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
         content = [output]
     elif output is None:
         content = ""
+    elif isinstance(output, bytes | bytearray):  # ``return response.content``, ``path.read_bytes()``
+        content = _bytes_text(bytes(output))
     elif isinstance(output, ProcessResult):  # ``return await run_process(...)``
         content = json.dumps(output.as_json(), ensure_ascii=False)
     elif inspect.isawaitable(output):  # ``return fetch(url)``: an await left out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -105,3 +106,103 @@ class _JumpingSelector:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+async def exited(pid: int, within: float = 10.0) -> None:
+    """Wait until process ``pid`` has ended (a zombie counts as ended): its pidfd becomes
+    readable then, so the wait is the kernel's, not a polling loop. Any process, not only a child."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        async with asyncio.timeout(within):
+            await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+class Fifo:
+    """A named pipe at ``path`` that child processes write lines to (``open(path, "w")``), and
+    the test awaits (``await fifo.line()``): a blocking read in the loop, no polling. The test
+    keeps a write end open too, so the pipe does not end between two writers."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+        os.mkfifo(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    async def __aenter__(self) -> Fifo:
+        read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._write_fd = os.open(self.path, os.O_WRONLY)
+        self.reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self.reader), os.fdopen(read_fd, "rb", buffering=0)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._transport.close()
+        os.close(self._write_fd)
+
+    async def line(self, within: float = 10.0) -> str:
+        """The next line a writer wrote, without its newline."""
+        async with asyncio.timeout(within):
+            return (await self.reader.readline()).decode().rstrip("\n")
+
+
+class Watched(list[Any]):
+    """A list a test can wait on: each ``append`` wakes the waiters of ``until``, which check
+    their condition again (a condition variable, not a polling loop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def until(self, ok: Any, within: float = 10.0) -> None:
+        """Return once ``ok(self)`` holds; TimeoutError after ``within`` seconds."""
+        async with asyncio.timeout(within):
+            while not ok(self):
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    self._waiters.remove(waiter)
+
+
+async def logged(logger: str, text: str, seen: str = "", within: float = 10.0) -> None:
+    """Return once a record of ``logger`` (or a logger below it) says ``text``, or at once if
+    ``seen`` (the log so far, e.g. ``caplog.text``) does. A handler wakes the wait."""
+    import logging
+
+    if text in seen:
+        return
+    loop = asyncio.get_running_loop()
+    said = asyncio.Event()
+
+    class Wake(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if text in record.getMessage():
+                loop.call_soon_threadsafe(said.set)
+
+    handler = Wake()
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        async with asyncio.timeout(within):
+            await said.wait()
+    finally:
+        logging.getLogger(logger).removeHandler(handler)

@@ -7,7 +7,9 @@ not JSON, requests to the client, a server that exits at a chosen moment.
 ``--starts FILE`` appends one line per start; ``--die-after-init-from N`` makes the N-th start
 (and every later one) exit right after answering ``initialize``; ``--version V`` answers
 ``initialize`` with protocol version V; ``--noise`` prints a banner before the first answer; ``--changes-on-list`` says the tool list
-changed at every ``tools/list``; ``--methods FILE`` appends the method of each message received.
+changed at every ``tools/list``; ``--methods FILE`` appends the method of each message received;
+``--mute-init-from N`` / ``--mute-list-from N`` make the N-th start (and every later one) never
+answer ``initialize`` / ``tools/list``.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         pong = answers.pop("batch-ping")
         send([text(request_id, json.dumps(pong.get("result")))])
     elif name == "deaf":  # reads no more of its stdin (nor answers), once it has said so in a file
-        Path(arguments["deaf"]).write_text("deaf")
+        Path(arguments["deaf"]).write_text("deaf\n")
         time.sleep(60)
     elif name == "last":  # answers, and exits at once
         send(text(request_id, "the last answer"))
@@ -115,6 +117,8 @@ def main() -> None:
     parser.add_argument("--noise", action="store_true")
     parser.add_argument("--changes-on-list", action="store_true", help="every tools/list says the list changed")
     parser.add_argument("--methods", type=Path, help="a file to append the method of each message received to")
+    parser.add_argument("--mute-init-from", type=int, default=0)
+    parser.add_argument("--mute-list-from", type=int, default=0)
     args = parser.parse_args()
     start = 1
     if args.starts is not None:
@@ -133,6 +137,8 @@ def main() -> None:
                 f.write(f"{method}\n")
         if method is None:
             answers[message.get("id")] = message
+        elif 0 < {"initialize": args.mute_init_from, "tools/list": args.mute_list_from}.get(method, 0) <= start:
+            continue  # never answered
         elif method == "initialize":
             version = args.version or message["params"]["protocolVersion"]
             info = {"name": "raw", "version": "1"}

@@ -3,7 +3,8 @@
 Run over stdio (default) or streamable HTTP (``--http PORT``, on 127.0.0.1).
 ``--markers DIR`` (or ``AGENTLOOP_MCP_MARKERS``) is where the ``slow`` tool
 leaves ``<tag>.started``, ``<tag>.cancelled`` and ``<tag>.finished`` files, so
-a test can see what the server saw. ``--linger S`` keeps a stdio server alive
+a test can see what the server saw; where DIR holds a named pipe ``events``, each
+marker's name is written to it as a line too, for a test to wait on. ``--linger S`` keeps a stdio server alive
 for S seconds after its stdin closes.
 """
 
@@ -20,6 +21,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("agentloop-test")
 markers = Path(os.environ.get("AGENTLOOP_MCP_MARKERS", "."))
+started: dict[str, anyio.Event] = {}
+
+
+def mark(name: str, text: str) -> None:
+    """Leave the marker file ``name``, and tell a test waiting on the ``events`` pipe."""
+    (markers / name).write_text(text)
+    events = markers / "events"
+    if events.is_fifo():
+        with events.open("a") as pipe:
+            pipe.write(f"{name}\n")
 
 
 @server.tool()
@@ -55,13 +66,14 @@ def pid() -> int:
 @server.tool()
 async def slow(seconds: float, tag: str = "slow") -> str:
     """Sleep for ``seconds``, recording whether the call was cancelled."""
-    (markers / f"{tag}.started").write_text(str(os.getpid()))
+    mark(f"{tag}.started", str(os.getpid()))
+    started.setdefault(tag, anyio.Event()).set()
     try:
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
-        (markers / f"{tag}.cancelled").write_text("cancelled")
+        mark(f"{tag}.cancelled", "cancelled")
         raise
-    (markers / f"{tag}.finished").write_text("finished")
+    mark(f"{tag}.finished", "finished")
     return f"slept {seconds}"
 
 
@@ -83,8 +95,7 @@ async def retire(ctx: Context, name: str, after: str = "") -> str:
     """Remove the tool ``name`` (once the ``slow`` call tagged ``after`` has started) and tell the client."""
     if after:
         with anyio.fail_after(10):
-            while not (markers / f"{after}.started").exists():
-                await anyio.sleep(0.01)
+            await started.setdefault(after, anyio.Event()).wait()
     server.remove_tool(name)
     await ctx.session.send_tool_list_changed()
     return f"retired {name}"

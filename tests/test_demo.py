@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pexpect
@@ -31,19 +33,52 @@ RUNNER_MARK = 'exec(files["utils.py"]'  # in the command line of the demo's test
 _TOKEN = f"AGENTLOOP_DEMO_TEST={os.getpid()}-{time.monotonic_ns()}"
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     name, value = _TOKEN.split("=")
-    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8", **{name: value})
+    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8", **{name: value}, **extra)
     env.pop("PYTHONASYNCIODEBUG", None)  # the demo is timed for a person, not for debug mode
     return env
 
 
-def _spawn_demo() -> pexpect.spawn:
+def _spawn_demo(**env: str) -> pexpect.spawn:
     """The interactive demo in a pseudo-terminal of 24 x 110."""
     return pexpect.spawn(
-        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(),
+        sys.executable, ["-m", "agentloop", "demo"], cwd=str(ROOT), env=_env(**env),
         encoding="utf-8", timeout=30, dimensions=(24, 110),
     )
+
+
+# Run at the start of every Python process of a demo spawned by `_announcing_demo`: the test
+# runner's process writes its pid to the named pipe, so that the test knows when it has started.
+_ANNOUNCE = f"""
+import os, sys
+if any({RUNNER_MARK!r} in arg for arg in sys.orig_argv):
+    with open(os.environ["AGENTLOOP_DEMO_TEST_RUNNERS"], "w") as pipe:
+        pipe.write(f"{{os.getpid()}}\\n")
+"""
+
+
+@contextlib.contextmanager
+def _announcing_demo(tmp_path: Path) -> Iterator[tuple[pexpect.spawn, Callable[[], int]]]:
+    """A demo whose test runner, once started, says its pid; ``started()`` blocks until it has
+    (a read of a named pipe, bounded by ``select``) and returns the pid."""
+    (tmp_path / "sitecustomize.py").write_text(_ANNOUNCE)
+    fifo = tmp_path / "runners"
+    os.mkfifo(fifo)
+    read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    write_fd = os.open(fifo, os.O_WRONLY)  # held: no end of file between two writers
+
+    def started() -> int:
+        ready, _, _ = select.select([read_fd], [], [], 20)
+        assert ready, "the demo's test runner did not start"
+        return int(os.read(read_fd, 64).split()[0])
+
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    try:
+        yield _spawn_demo(PYTHONPATH=path, AGENTLOOP_DEMO_TEST_RUNNERS=str(fifo)), started
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def _runner_processes() -> list[int]:
@@ -58,15 +93,6 @@ def _runner_processes() -> list[int]:
         except OSError:
             continue
     return pids
-
-
-def _wait_for(probe: Callable[[], list[int]], timeout: float = 20.0) -> list[int]:
-    """What ``probe`` finds once it finds something, or [] after ``timeout`` seconds: a
-    child process the demo starts appears some time after the line that announces it."""
-    deadline = time.monotonic() + timeout
-    while not (found := probe()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return found
 
 
 def test_builtin_script_exercises_every_control() -> None:
@@ -179,8 +205,12 @@ def test_a_person_at_the_terminal() -> None:
     assert not _runner_processes()
 
 
-def test_ctrl_d_while_running_stops_the_tool_process() -> None:
-    child = _spawn_demo()
+def test_ctrl_d_while_running_stops_the_tool_process(tmp_path: Path) -> None:
+    with _announcing_demo(tmp_path) as (child, started):
+        _ctrl_d_while_running(child, started)
+
+
+def _ctrl_d_while_running(child: pexpect.spawn, started: Callable[[], int]) -> None:
     try:
         child.expect("thinking: ")
         child.sendintr()
@@ -191,7 +221,7 @@ def test_ctrl_d_while_running_stops_the_tool_process() -> None:
         child.expect("Ctrl-C again")
         child.sendline("run the tests")
         child.expect(r"run_tests\(\)")  # printed as the call starts, before its process does
-        assert _wait_for(_runner_processes)
+        assert started() in _runner_processes()
         child.sendeof()
         child.expect(r"interrupted: quit\)")
         child.expect("transcript valid")
@@ -304,17 +334,21 @@ def test_a_scenario_with_a_wrongly_typed_value_is_refused_before_it_plays(scenar
         parse_scenario(scenario)
 
 
-def test_a_hangup_ends_the_demo_and_stops_the_tool_process() -> None:
+def test_a_hangup_ends_the_demo_and_stops_the_tool_process(tmp_path: Path) -> None:
     """The terminal window closed (SIGHUP) while the tests ran: the demo used to die at once and
     leave the test runner's process group running on its own."""
-    child = _spawn_demo()
+    with _announcing_demo(tmp_path) as (child, started):
+        _hangup_while_running(child, started)
+
+
+def _hangup_while_running(child: pexpect.spawn, started: Callable[[], int]) -> None:
     try:
         child.expect("thinking: ")
         child.sendintr()
         child.expect_exact("type a message")
         child.sendline("run the tests")
         child.expect(r"run_tests\(\)")
-        assert _wait_for(_runner_processes)
+        assert started() in _runner_processes()
         child.kill(signal.SIGHUP)
         child.expect(r"interrupted: quit\)")
         child.expect(pexpect.EOF)

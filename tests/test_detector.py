@@ -130,7 +130,8 @@ def test_fence_marker_split_across_deltas_is_seen_once() -> None:
 
 def test_boundary_base64_of_zero_bytes_is_reported_even_in_a_fence() -> None:
     events = fires(RepetitionDetector("text"), chunks("```\n" + "A" * 4096 + "\n```\n", 30, 200))
-    assert first_tail(events) is not None
+    tail = first_tail(events)
+    assert tail is not None and tail[1] == "tail_repetition:1@text"
 
 
 def test_boundary_user_requested_repetition_is_reported_on_text() -> None:

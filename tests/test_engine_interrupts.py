@@ -140,6 +140,18 @@ class _StopsOnAbort:
             yield StreamText(0, word)
 
 
+async def _interrupted_at(engine: QueryEngine, kind: type) -> tuple[TurnEnded, list[str]]:
+    """Run ``engine`` on "go", interrupting at each event of type ``kind``: the run's last
+    event (a TurnEnded) and the reasons its abort hooks were called with."""
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    async for end in engine.run("go"):
+        if isinstance(end, kind):
+            engine.interrupt()
+    assert isinstance(end, TurnEnded)
+    return end, hooked
+
+
 @pytest.mark.parametrize("how", ["stop", "fail", "fail_for_good"])
 async def test_checkpoint1_a_stream_that_ends_or_fails_once_aborted_ends_as_the_abort(how: str) -> None:
     """A stream that stopped, or failed, after the host's interrupt ended the turn with
@@ -147,15 +159,7 @@ async def test_checkpoint1_a_stream_that_ends_or_fails_once_aborted_ends_as_the_
     no abort hook called; the interrupt was lost."""
     model = _StopsOnAbort(how)
     engine = QueryEngine(model, policies=[], retry_base_delay=0)
-    hooked: list[str] = []
-    engine.on_abort(hooked.append)
-    events = []
-    async for ev in engine.run("go"):
-        events.append(ev)
-        if isinstance(ev, TextDelta):
-            engine.interrupt()
-    end = events[-1]
-    assert isinstance(end, TurnEnded)
+    end, hooked = await _interrupted_at(engine, TextDelta)
     assert (end.reason, end.abort_reason, end.error) == ("aborted_streaming", "cancel", None)
     assert hooked == ["cancel"] and model.requests == 1  # not retried
     assert [m.text for m in engine.messages] == ["go", "Hello", TEXTS.interrupt_notice]
@@ -1030,15 +1034,7 @@ async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reaso
         raise AssertionError("never started")
 
     engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
-    hooked: list[str] = []
-    engine.on_abort(hooked.append)
-    events = []
-    async for ev in engine.run("go"):
-        events.append(ev)
-        if isinstance(ev, AssistantMessage):
-            engine.interrupt()
-    end = events[-1]
-    assert isinstance(end, TurnEnded)
+    end, hooked = await _interrupted_at(engine, AssistantMessage)
     assert (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
     assert hooked == ["cancel"]
     assert results(engine) == [TEXTS.never_started]

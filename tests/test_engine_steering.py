@@ -69,6 +69,22 @@ async def test_interjection_safe_point_top_of_iteration() -> None:
     assert model.requests[1].messages[-1].kind == "interjection"
 
 
+async def test_interjections_merged_into_one_message_keep_every_receipt() -> None:
+    receipts: list[str] = []
+
+    @tool
+    async def t(ctx: ToolContext) -> str:
+        receipts.extend(ctx.engine.interject(text) for text in ("mind the tests", "and the docs"))
+        return "tool done"
+
+    engine = engine_for([calls("t"), "ok"], tools=[t])
+    events = await collect(engine, "go")
+    (injected,) = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert (injected.ids, injected.texts) == (tuple(receipts), ("mind the tests", "and the docs"))
+    (merged,) = [m for m in engine.messages if m.kind == "interjection"]
+    assert merged.meta == {"receipts": receipts}  # what a resumed session tells delivered texts by
+
+
 @pytest.mark.parametrize("prompt", ["str", "message", "none"])
 async def test_an_interjection_sent_while_idle_starts_the_next_run_as_the_users_own_words(prompt: str) -> None:
     """An interjection sent while no run was going reached the next run after its prompt, wrapped
@@ -712,6 +728,20 @@ async def test_a_model_that_raises_anything_ends_with_model_error() -> None:
     assert events[-1].reason == "model_error" and "KeyError" in (events[-1].error or "")  # type: ignore[union-attr]
 
 
+async def _ends_with_model_error(model: Any) -> QueryEngine:
+    """Run ``model`` (whose stream raises a CancelledError of its own, once): the turn ends with
+    ``model_error``, not retried, no abort hook called, and the engine is usable again."""
+    engine = QueryEngine(model, policies=[], retry_base_delay=0)
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = await collect(engine, "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
+    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
+    assert validate_transcript(engine.messages) == [] and not engine.running
+    return engine
+
+
 async def test_a_model_stream_that_raises_cancelled_error_of_its_own_ends_with_model_error() -> None:
     """A stream that raises CancelledError though nobody cancelled the run (it awaited a task
     that something else cancelled: a connection pool's reader, say) propagated out of run() as a
@@ -728,16 +758,8 @@ async def test_a_model_stream_that_raises_cancelled_error_of_its_own_ends_with_m
             reader.cancel()
             await reader  # raises the cancellation of a task that is not the run's
 
-    model = Stray()
-    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
-    hooked: list[str] = []
-    engine.on_abort(hooked.append)
-    events = await collect(engine, "go")
-    end = events[-1]
-    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
-    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
+    engine = await _ends_with_model_error(Stray())
     assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"
-    assert validate_transcript(engine.messages) == [] and not engine.running
 
 
 async def test_a_model_stream_call_that_raises_cancelled_error_of_its_own_ends_with_model_error() -> None:
@@ -752,15 +774,8 @@ async def test_a_model_stream_call_that_raises_cancelled_error_of_its_own_ends_w
             self.requests += 1
             raise asyncio.CancelledError  # e.g. the result of a cancelled future read synchronously
 
-    model = Stray()
-    engine = QueryEngine(model, policies=[], retry_base_delay=0)  # type: ignore[arg-type]
-    hooked: list[str] = []
-    engine.on_abort(hooked.append)
-    events = await collect(engine, "go")
-    end = events[-1]
-    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("model_error", None)
-    assert "CancelledError" in (end.error or "") and model.requests == 1 and hooked == []
-    assert validate_transcript(engine.messages) == [] and not engine.running
+    engine = await _ends_with_model_error(Stray())
+    assert [m.role for m in engine.messages] == ["user"]
 
 
 @pytest.mark.parametrize("ending", ["complete", "failed"])

@@ -94,7 +94,9 @@ def test_conservative_everything_else_only_warns(raw: str) -> None:
 
 def test_conservative_max_threshold_is_configurable() -> None:
     pol = ConservativeDoomLoopPolicy(max_threshold=16)
-    assert isinstance(pol.on_stream(StreamSignals(("tail_repetition:32@thinking",))), Warn)
+    pol.begin_attempt()
+    assert pol.on_stream(StreamSignals(("tail_repetition:32@thinking",))) == Warn((DoomLoopSignal.parse("tail_repetition:32@thinking"),))
+    assert pol.on_stream(StreamSignals(("tail_repetition:16@thinking",))) == Resample((DoomLoopSignal.parse("tail_repetition:16@thinking"),))
 
 
 def test_server_frames_repeat_signals_so_far_and_are_deduplicated() -> None:
@@ -113,10 +115,12 @@ def test_malformed_server_signal_is_ignored_not_raised() -> None:
 
 def test_begin_attempt_resets_stream_state() -> None:
     pol = ConservativeDoomLoopPolicy()
+    cut = Resample((DoomLoopSignal.parse("tail_repetition:8@thinking"),))
     pol.begin_attempt()
-    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is not None
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) == cut
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is None  # seen in this attempt
     pol.begin_attempt()
-    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) is not None
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) == cut
 
 
 def feed(pol: DoomLoopPolicy, text: str, thinking: bool, size: int = 17) -> list[Verdict]:
@@ -201,7 +205,7 @@ def test_judge_is_the_one_method_to_override() -> None:
 def test_base_doom_loop_policy_only_warns() -> None:
     pol = DoomLoopPolicy()
     pol.begin_attempt()
-    assert isinstance(pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))), Warn)
+    assert pol.on_stream(StreamSignals(("tail_repetition:8@thinking",))) == Warn((DoomLoopSignal.parse("tail_repetition:8@thinking"),))
 
 
 def test_low_logprob_run_raises_a_signal_once_per_run() -> None:

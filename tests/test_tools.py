@@ -50,7 +50,7 @@ from agentloop import (
 from agentloop._executor import Mailbox, plan_batches
 from agentloop._messages import ToolUseBlock
 from agentloop._tools import TOOL_NAME, cut_result, safe_name
-from tests.helpers import VirtualClock, collect
+from tests.helpers import Fifo, VirtualClock, collect, exited
 
 
 def test_tool_schema_from_annotations_and_description_from_docstring() -> None:
@@ -340,7 +340,7 @@ async def test_a_returned_result_block_built_without_validation_gives_a_result_n
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert validate_transcript(engine.messages) == []
     got = [(r.text, r.is_error) for m in engine.messages for r in m.tool_results]
-    assert got == [("(no output)", False), ('"raw"', True), ('["a", "b"]', False), ("fine", False)]
+    assert got == [("(no output)", False), ("raw", True), ('["a", "b"]', False), ("fine", False)]
 
 
 class _NoMessage(Exception):
@@ -594,8 +594,7 @@ async def test_batches_run_concurrently_and_results_keep_the_model_order() -> No
 SPAWNER = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open(sys.argv[1], "w").write(str(child.pid))
-sys.stdout.write("ready\\n"); sys.stdout.flush()
+open(sys.argv[1], "w").write(f"{child.pid}\\n")
 time.sleep(600)
 """
 
@@ -641,40 +640,26 @@ async def test_run_process_can_merge_stderr_into_stdout_in_order() -> None:
 
 async def test_run_process_abort_kills_the_whole_group_including_grandchildren(tmp_path: Path) -> None:
     ctl = AbortController()
-    pidfile = tmp_path / "grandchild.pid"
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", SPAWNER, str(pidfile), signal=ctl.signal, kill_grace=0.5))
-    await _until_exists(pidfile)
-    while not pidfile.read_text():
-        await asyncio.sleep(0.01)
-    grandchild = int(pidfile.read_text())
+    async with Fifo(tmp_path / "pids") as pids:
+        task = asyncio.ensure_future(run_process(sys.executable, "-c", SPAWNER, str(pids), signal=ctl.signal, kill_grace=0.5))
+        grandchild = int(await pids.line())
     assert _alive(grandchild)
     ctl.abort("cancel")
     with pytest.raises(AbortError):
         await task
-    for _ in range(200):
-        if not _alive(grandchild):
-            break
-        await asyncio.sleep(0.01)
+    await exited(grandchild)  # the kill is sent; its delivery is the kernel's
     assert not _alive(grandchild)
-
-
-async def _until_exists(path: Path) -> None:
-    for _ in range(1000):  # bounded wait for an observable condition
-        if path.exists():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} never appeared")
 
 
 async def test_run_process_term_then_kill_after_grace(tmp_path: Path) -> None:
     ctl = AbortController()
-    ready = tmp_path / "ready"
     ignore_term = (
-        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "open(sys.argv[1], 'w').write('ready\\n'); time.sleep(600)"
     )
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", ignore_term, signal=ctl.signal, kill_grace=0.05))
-    await _until_exists(ready)
+    async with Fifo(tmp_path / "ready") as ready:
+        task = asyncio.ensure_future(run_process(sys.executable, "-c", ignore_term, str(ready), signal=ctl.signal, kill_grace=0.05))
+        assert await ready.line() == "ready"  # SIGTERM is ignored from here on
     ctl.abort()
     with pytest.raises(AbortError):
         await task
@@ -715,10 +700,10 @@ async def test_run_process_refuses_a_bad_argument_before_the_child_starts(
 
 async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) -> None:
     ctl = AbortController()
-    ready = tmp_path / "ready"
-    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", code, signal=ctl.signal, kill_grace=0.1))
-    await _until_exists(ready)
+    code = "import sys, time; open(sys.argv[1], 'w').write('ready\\n'); time.sleep(600)"
+    async with Fifo(tmp_path / "ready") as ready:
+        task = asyncio.ensure_future(run_process(sys.executable, "-c", code, str(ready), signal=ctl.signal, kill_grace=0.1))
+        assert await ready.line() == "ready"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -727,17 +712,18 @@ async def test_run_process_cancelled_task_still_kills_the_group(tmp_path: Path) 
 # The child starts a grandchild in its group that keeps the child's stdout open, then exits
 # (``sh -c "server &"``): the call waits for the output to end, which only the grandchild can do.
 LEFT_RUNNING = """
-import os, time
+import os, sys, time
 pid = os.fork()
 if pid == 0:
     time.sleep(600)
     os._exit(0)
 print(pid, flush=True)
+open(sys.argv[1], "w").write(f"{pid}\\n")
 """
 
 
 async def test_a_cancelled_run_process_kills_the_group_although_the_child_has_exited(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A tool's `timeout` cancels it while run_process waits for a background grandchild's output
     # to end. The child is gone, but the grandchild must not outlive the call.
@@ -751,30 +737,22 @@ async def test_a_cancelled_run_process_kills_the_group_although_the_child_has_ex
             collectors.append(self)
 
     monkeypatch.setattr(_process, "_Collector", Recording)
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", LEFT_RUNNING, signal=AbortController().signal))
-    try:
-        while not collectors:
-            await asyncio.sleep(0)
-        out = collectors[0].output[1]
-        await collectors[0].exited  # the child has exited, and been reaped
-        for _ in range(1000):  # bounded wait for an observable condition: its line read
-            if out.endswith(b"\n"):
-                break
-            await asyncio.sleep(0.01)
-        grandchild = int(out)
-        assert _alive(grandchild) and not task.done()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(200):  # SIGKILL is sent; its delivery is the kernel's
-            if not _alive(grandchild):
-                break
-            await asyncio.sleep(0.01)
-        assert not _alive(grandchild)
-    finally:
-        if collectors and collectors[0].output[1].endswith(b"\n"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(collectors[0].output[1]), signal.SIGKILL)
+    grandchild: list[int] = []
+    async with Fifo(tmp_path / "pids") as pids:
+        task = asyncio.ensure_future(run_process(sys.executable, "-c", LEFT_RUNNING, str(pids), signal=AbortController().signal))
+        try:
+            grandchild.append(int(await pids.line()))  # written after the line on stdout
+            await collectors[0].exited  # the child has exited, and been reaped
+            assert _alive(grandchild[0]) and not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert collectors[0].output[1] == f"{grandchild[0]}\n".encode()
+            await exited(grandchild[0])  # SIGKILL is sent; its delivery is the kernel's
+            assert not _alive(grandchild[0])
+        finally:
+            _reap_escapee(grandchild)
+            await _cancelled(task)
 
 
 # The child forks a process that leaves the group (setsid, as daemons do) and keeps the
@@ -784,55 +762,48 @@ import os, sys, time
 print("before", flush=True)
 if os.fork() == 0:
     os.setsid()
-    open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
-    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    open(sys.argv[1], "w").write(f"{os.getpid()}\\n")
     time.sleep(60)
     os._exit(0)
 """
 
 
-async def _escapee(pidfile: Path) -> int:
-    await _until_exists(pidfile)
-    return int(pidfile.read_text())
-
-
-def _reap_escapee(pidfile: Path) -> None:
+def _reap_escapee(pids: list[int]) -> None:
     # Not our child (it was re-parented when the child exited): killing it leaves no zombie here.
-    if pidfile.exists():
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
 
-async def test_run_process_abort_returns_although_an_escaped_grandchild_holds_the_pipes(tmp_path: Path) -> None:
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("ending", ["abort", "timeout"])
+async def test_run_process_returns_although_an_escaped_grandchild_holds_the_pipes(tmp_path: Path, ending: str) -> None:
     ctl = AbortController()
-    pidfile = tmp_path / "escapee.pid"
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", ESCAPEE, str(pidfile), signal=ctl.signal, kill_grace=0.1))
-    try:
-        await _escapee(pidfile)
-        ctl.abort("cancel")
-        with pytest.raises(AbortError):
-            await asyncio.wait_for(task, 10)
-    finally:
-        _reap_escapee(pidfile)
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_run_process_timeout_returns_although_an_escaped_grandchild_holds_the_pipes(tmp_path: Path) -> None:
-    ctl = AbortController()
-    pidfile = tmp_path / "escapee.pid"
-    task = asyncio.ensure_future(run_process(sys.executable, "-c", ESCAPEE, str(pidfile), signal=ctl.signal, timeout=0.5, kill_grace=0.1))
-    try:
-        await _escapee(pidfile)
-        result = await asyncio.wait_for(task, 10)
-        assert result.timed_out and result.returncode == 0  # the child itself had exited cleanly
-        assert result.stdout == "before\n"  # what was written before the timeout is kept
-    finally:
-        _reap_escapee(pidfile)
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    timeout = 0.5 if ending == "timeout" else None
+    escapee: list[int] = []
+    async with Fifo(tmp_path / "escapee") as pids:
+        task = asyncio.ensure_future(
+            run_process(sys.executable, "-c", ESCAPEE, str(pids), signal=ctl.signal, timeout=timeout, kill_grace=0.1)
+        )
+        try:
+            escapee.append(int(await pids.line()))
+            if ending == "abort":
+                ctl.abort("cancel")
+                with pytest.raises(AbortError):
+                    await asyncio.wait_for(task, 10)
+            else:
+                result = await asyncio.wait_for(task, 10)
+                assert result.timed_out and result.returncode == 0  # the child itself had exited cleanly
+                assert result.stdout == "before\n"  # what was written before the timeout is kept
+            assert _alive(escapee[0])  # out of reach of the group kill: the call did not wait for it
+        finally:
+            _reap_escapee(escapee)
+            await _cancelled(task)
 
 
 # The child and its grandchild both ignore SIGTERM: only SIGKILL stops them.
@@ -840,8 +811,7 @@ STUBBORN = """
 import os, signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if os.fork() == 0:
-    open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
-    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    open(sys.argv[1], "w").write(f"{os.getpid()}\\n")
     time.sleep(60)
     os._exit(0)
 time.sleep(60)
@@ -851,39 +821,37 @@ time.sleep(60)
 async def test_the_cancel_grace_kills_a_run_process_group_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # The tool honours the abort; run_process is still in its TERM grace when the engine's cancel
     # grace runs out. The cancellation must SIGKILL the group now, not start another TERM grace.
-    pidfile = tmp_path / "grandchild.pid"
+    grandchild: list[int] = []
 
-    @tool
-    async def build(ctx: ToolContext) -> str:
-        """Run the build."""
-        result = await run_process(sys.executable, "-c", STUBBORN, str(pidfile), signal=ctx.signal, kill_grace=30)
-        return result.stdout
+    async with Fifo(tmp_path / "pids") as pids:
 
-    engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("build", {})]), "ok"]), tools=[build], tool_cancel_grace=0.2)
+        @tool
+        async def build(ctx: ToolContext) -> str:
+            """Run the build."""
+            result = await run_process(sys.executable, "-c", STUBBORN, str(pids), signal=ctx.signal, kill_grace=30)
+            return result.stdout
 
-    async def drive() -> list[str]:
-        texts = []
-        async for event in engine.run("go"):
-            if type(event).__name__ == "ToolCallStarted":
-                await _until_exists(pidfile)
-                engine.interrupt()
-            elif isinstance(event, ToolCallFinished):
-                texts.append(event.result.text)
-        return texts
+        engine = QueryEngine(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("build", {})]), "ok"]), tools=[build], tool_cancel_grace=0.2)
 
-    try:
-        with caplog.at_level(logging.WARNING, logger="agentloop"):
-            texts = await asyncio.wait_for(drive(), 10)
-        grandchild = int(pidfile.read_text())
-        for _ in range(200):
-            if not _alive(grandchild):
-                break
-            await asyncio.sleep(0.01)
-        assert not _alive(grandchild)
-        assert texts[0].startswith("Interrupted by user")
-        assert "ignored cancellation" not in caplog.text
-    finally:
-        _reap_escapee(pidfile)
+        async def drive() -> list[str]:
+            texts = []
+            async for event in engine.run("go"):
+                if type(event).__name__ == "ToolCallStarted":
+                    grandchild.append(int(await pids.line()))
+                    engine.interrupt()
+                elif isinstance(event, ToolCallFinished):
+                    texts.append(event.result.text)
+            return texts
+
+        try:
+            with caplog.at_level(logging.WARNING, logger="agentloop"):
+                texts = await asyncio.wait_for(drive(), 10)
+            await exited(grandchild[0])
+            assert not _alive(grandchild[0])
+            assert texts[0].startswith("Interrupted by user")
+            assert "ignored cancellation" not in caplog.text
+        finally:
+            _reap_escapee(grandchild)
 
 
 def test_a_tool_name_no_provider_accepts_is_refused_when_the_tool_is_made() -> None:

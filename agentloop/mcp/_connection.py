@@ -98,9 +98,10 @@ class Connection:
         try:
             async with connect() as (read, write):
                 self._read = read
-                async with ClientSession(
+                async with _Session(
                     _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
                 ) as session:
+                    session.label, session.listing_timeout = self.label, timeout
                     try:
                         async with asyncio.timeout(timeout):
                             await session.initialize()
@@ -145,6 +146,34 @@ class Connection:
             self._task.cancel()  # still connecting: nobody is using it yet
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(self._task)
+
+
+class _Session(ClientSession):
+    """The SDK's session, whose listing after a call's answer is bounded.
+
+    The SDK checks a call's result against the tool's output schema, and lists the tools first
+    when it has not seen that one listed (the listing before the call timed out, say): a server
+    that answers calls but never tools/list would hold that answer for ever. The listing is
+    bounded by ``connect_timeout``, as every other is; past it the answer is kept, unchecked."""
+
+    label = ""
+    listing_timeout: float | None = None
+
+    async def validate_tool_result(self, name: str, result: types.CallToolResult) -> None:
+        timeout = self.listing_timeout
+        try:
+            async with asyncio.timeout(timeout) as bound:
+                await super().validate_tool_result(name, result)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            log.warning(
+                "MCP server %s answered the call of %r but not tools/list within %s s (to check the "
+                "answer against the tool's output schema): the answer is kept unchecked",
+                self.label,
+                name,
+                timeout,
+            )
 
 
 class _Watched:

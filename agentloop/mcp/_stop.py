@@ -11,9 +11,9 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._process import group_alive as _group_alive
 from .._process import signal_group
 
 if TYPE_CHECKING:
@@ -65,27 +65,6 @@ async def _stop_group(pgid: int, label: str) -> None:
             signal_group(pgid, signal.SIGKILL)
             return
         await asyncio.sleep(0.02)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group is alive. A dead one stays in the group until its new
-    parent reaps it, which takes a while in some containers: /proc tells them apart, when there."""
-    if not signal_group(pgid, 0):
-        return False
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return True  # no /proc: the group's word holds
-    group = str(pgid).encode()
-    for path in proc.glob("[0-9]*/stat"):
-        try:
-            # After "pid (command)": state, ppid, pgrp. Bytes: a command name (any process's on the
-            # machine) is cut to 15 bytes, in the middle of a character as often as not.
-            fields = path.read_bytes().rpartition(b")")[2].split()
-        except OSError:  # it went meanwhile
-            continue
-        if len(fields) > 2 and fields[2] == group and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
 
 
 async def _within(future: asyncio.Future[Any], seconds: float) -> bool:

@@ -59,7 +59,8 @@ class JsonlSession:
 
     ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
     every N appends. ``sidechain_dir``: where subagent files go (default
-    ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session). The file
+    ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session; another
+    name gets ``<name>.d``, see `default_sidechain_dir`). The file
     and its directories are created on the first append (or `acquire`); constructing or
     loading never creates anything. A file it
     creates has mode 0o600, a directory 0o700 (a transcript may hold secrets: tool
@@ -416,9 +417,17 @@ class JsonlSession:
 def default_sidechain_dir(path: Path) -> Path:
     """Where the subagents of the session file ``path`` write by default: a folder of its own,
     ``<dir>/subagents/<name>`` (``name`` the file's without ``.jsonl``), so that the sessions
-    of one directory (a conversation and its fork) never share a subagent's file."""
-    name = path.name.removesuffix(".jsonl") or path.name
-    return path.parent / "subagents" / name
+    of one directory (a conversation and its fork) never share a subagent's file.
+
+    Any other file name (``a``, ``a.d.jsonl``) gets ``<name>.d``: the folders of ``a`` and
+    ``a.jsonl`` differ, as do those of any two names (only the first kind yields a folder
+    name that does not end in ``.d``), and none is named as a sidechain file of the shared
+    ``subagents/`` of earlier versions (``<id>.jsonl``)."""
+    name = path.name
+    stem = name.removesuffix(".jsonl")
+    if stem == name or not stem or stem.endswith((".d", ".jsonl")):
+        return path.parent / "subagents" / f"{name}.d"
+    return path.parent / "subagents" / stem
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:

@@ -245,8 +245,9 @@ def test_a_provider_block_is_valid_in_an_assistant_message_only() -> None:
 # -- the engine: a paused turn goes on -----------------------------------------------------
 
 
-async def test_a_paused_turn_is_continued_with_the_transcript_as_it_is() -> None:
-    # Before, "pause_turn" ended the turn as "completed" with "Searching." for an answer.
+def _paused_search() -> tuple[httpx.MockTransport, list[dict[str, Any]]]:
+    """A server that pauses the turn mid-search, then answers: its transport, and the bodies of
+    the requests it got."""
     bodies = [
         sse(START, *text(0, "Searching."), *search_call(1, "weather nyc"), message_delta("pause_turn"), STOP),
         sse(START, *search_result(0), *text(1, "Sunny, 21 C."), message_delta("end_turn"), STOP),
@@ -257,7 +258,13 @@ async def test_a_paused_turn_is_continued_with_the_transcript_as_it_is() -> None
         requests.append(json.loads(req.content))
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    return httpx.MockTransport(handler), requests
+
+
+async def test_a_paused_turn_is_continued_with_the_transcript_as_it_is() -> None:
+    # Before, "pause_turn" ended the turn as "completed" with "Searching." for an answer.
+    transport, requests = _paused_search()
+    async with httpx.AsyncClient(transport=transport) as client:
         model = AnthropicModel("m", api_key=API_KEY, http_client=client)
         engine = QueryEngine(model, max_turns=5)
         ends = [e async for e in engine.run("weather in NYC?") if isinstance(e, TurnEnded)]
@@ -298,17 +305,8 @@ async def test_a_paused_turn_counts_against_max_turns() -> None:
 
 async def test_a_run_that_max_turns_stopped_on_a_paused_turn_resumes_with_a_bare_run() -> None:
     # Before, run() with no prompt refused: "the transcript does not end with a user message".
-    bodies = [
-        sse(START, *text(0, "Searching."), *search_call(1, "weather nyc"), message_delta("pause_turn"), STOP),
-        sse(START, *search_result(0), *text(1, "Sunny, 21 C."), message_delta("end_turn"), STOP),
-    ]
-    requests: list[dict[str, Any]] = []
-
-    def handler(req: httpx.Request) -> httpx.Response:
-        requests.append(json.loads(req.content))
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+    transport, requests = _paused_search()
+    async with httpx.AsyncClient(transport=transport) as client:
         model = AnthropicModel("m", api_key=API_KEY, http_client=client)
         engine = QueryEngine(model, max_turns=1)
         ends = [e async for e in engine.run("weather in NYC?") if isinstance(e, TurnEnded)]

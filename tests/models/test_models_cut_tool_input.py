@@ -142,11 +142,9 @@ _PATHS: list[tuple[str, type, Callable[[str], bytes], str]] = [
 ]
 
 
-@pytest.mark.parametrize("args", [_ARGS, "", '{"path": ' + "[" * 5000], ids=["cut-json", "no-json-yet", "bracket-loop"])
-@pytest.mark.parametrize(("name", "cls", "make", "stop"), _PATHS, ids=[p[0] for p in _PATHS])
-async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_error_and_not_run(
-    name: str, cls: type, make: Callable[[str], bytes], stop: str, args: str
-) -> None:
+async def _save_notes(cls: type, first: bytes) -> tuple[list[dict[str, Any]], list[bytes], QueryEngine, list[Any]]:
+    """A run offered a ``write`` tool, answered by ``first`` and then a plain reply: what the
+    tool was run with, the bodies left unasked for, the engine, and the run's events."""
     ran: list[dict[str, Any]] = []
 
     @tool
@@ -155,7 +153,7 @@ async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_erro
         ran.append({"path": path, "text": text})
         return "written"
 
-    bodies = [make(args), _DONE[cls]]
+    bodies = [first, _DONE[cls]]
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
@@ -163,6 +161,15 @@ async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_erro
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), tools=[write], policies=[])
         events = [e async for e in engine.run("save my notes")]
+    return ran, bodies, engine, events
+
+
+@pytest.mark.parametrize("args", [_ARGS, "", '{"path": ' + "[" * 5000], ids=["cut-json", "no-json-yet", "bracket-loop"])
+@pytest.mark.parametrize(("name", "cls", "make", "stop"), _PATHS, ids=[p[0] for p in _PATHS])
+async def test_a_call_cut_before_its_input_was_finished_is_answered_with_an_error_and_not_run(
+    name: str, cls: type, make: Callable[[str], bytes], stop: str, args: str
+) -> None:
+    ran, bodies, engine, events = await _save_notes(cls, make(args))
     assert ran == []  # never run, not even with empty or default arguments
     (finished,) = [e for e in events if isinstance(e, ToolCallFinished)]
     result = finished.result
@@ -185,22 +192,7 @@ async def test_a_whole_call_in_a_refused_response_is_not_run_and_the_turn_ends(
 ) -> None:
     """Anthropic's refusal and both OpenAI APIs' content filter: the response is marked refused,
     its finished call is answered as not run, and the model is not asked again in that turn."""
-    ran: list[dict[str, Any]] = []
-
-    @tool
-    async def write(path: str = "", text: str = "") -> str:
-        """Write a file."""
-        ran.append({"path": path, "text": text})
-        return "written"
-
-    bodies = [make(_WHOLE), _DONE[cls]]
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies.pop(0))
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), tools=[write], policies=[])
-        events = [e async for e in engine.run("save my notes")]
+    ran, bodies, engine, events = await _save_notes(cls, make(_WHOLE))
     assert ran == [] and len(bodies) == 1
     (finished,) = [e for e in events if isinstance(e, ToolCallFinished)]
     assert finished.synthetic and finished.tool_use.input == {"path": "/tmp/notes.txt", "text": "hello"}

@@ -164,6 +164,8 @@ def test_openai_context_length_exceeded_400() -> None:
     body = b'{"error":{"message":"This model\'s maximum context length is 128000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}'
     err = status_error("openai", 400, {}, body, request_id_header="x-request-id", secret=None)
     assert isinstance(err, PromptTooLongError)
+    assert err.retryable is False and err.error_type == "invalid_request_error"
+    assert "maximum context length is 128000 tokens" in str(err)
 
 
 def test_anthropic_529_overloaded_with_headers() -> None:

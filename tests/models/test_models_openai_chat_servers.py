@@ -319,16 +319,23 @@ class Gemini:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chat_stream(*chunks))
 
 
+async def _weather_loop(handler: Any, name: str, base_url: str, prompt: str) -> QueryEngine:
+    """A run of ``prompt`` with the ``weather`` tool against the server ``handler`` at
+    ``base_url``, which must complete."""
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel(name, api_key=API_KEY, http_client=client, base_url=base_url)
+        engine = QueryEngine(model, tools=[weather], policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run(prompt)]
+    ended = events[-1]
+    assert isinstance(ended, TurnEnded) and ended.reason == "completed", ended
+    return engine
+
+
 async def test_a_tool_loop_against_gemini_sends_each_thought_signature_back_and_completes() -> None:
     # The signature was dropped, so the request after the first tool call was always refused.
     server = Gemini()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(server.handler)) as client:
-        model = OpenAIChatModel("gemini-3-flash-preview", api_key=API_KEY, http_client=client,
-                                base_url="https://generativelanguage.googleapis.com/v1beta/openai/")  # fmt: skip
-        engine = QueryEngine(model, tools=[weather], policies=[], retry_base_delay=0.001)
-        events = [e async for e in engine.run("weather in Paris and Rome, then Oslo?")]
-    ended = events[-1]
-    assert isinstance(ended, TurnEnded) and ended.reason == "completed", ended
+    engine = await _weather_loop(server.handler, "gemini-3-flash-preview",
+                                 "https://generativelanguage.googleapis.com/v1beta/openai/", "weather in Paris and Rome, then Oslo?")  # fmt: skip
     assert engine.messages[-1].text == "Sunny, rain, snow." and len(server.bodies) == 3
     sent = [c for m in server.bodies[-1]["messages"] for c in m.get("tool_calls") or ()]
     assert [c.get("extra_content") for c in sent] == [
@@ -546,13 +553,7 @@ class OpenRouterGemini:
 async def test_a_tool_loop_over_openrouter_sends_the_reasoning_details_back_and_completes() -> None:
     # They were dropped, and the request after a tool call was refused, every time.
     server = OpenRouterGemini()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(server.handler)) as client:
-        model = OpenAIChatModel("google/gemini-3-flash-preview", api_key=API_KEY, http_client=client,
-                                base_url="https://openrouter.ai/api/v1")  # fmt: skip
-        engine = QueryEngine(model, tools=[weather], policies=[], retry_base_delay=0.001)
-        events = [e async for e in engine.run("weather in Paris?")]
-    ended = events[-1]
-    assert isinstance(ended, TurnEnded) and ended.reason == "completed", ended
+    engine = await _weather_loop(server.handler, "google/gemini-3-flash-preview", "https://openrouter.ai/api/v1", "weather in Paris?")
     assert engine.messages[-1].text == "Sunny." and len(server.bodies) == 2
     (sent,) = [m for m in server.bodies[-1]["messages"] if m["role"] == "assistant"]
     assert sent["reasoning_details"] == [

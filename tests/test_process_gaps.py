@@ -1,0 +1,136 @@
+"""run_process: credentials on a command line, and the process group gone when it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop import (
+    AbortController,
+    AbortError,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolCallFinished,
+    ToolContext,
+    run_process,
+    tool,
+)
+from agentloop._process import ProcessResult
+from tests.helpers import collect, pid_alive
+
+TOKEN = "ghp_0123456789abcdefSECRET"
+
+
+def _result(*args: str) -> ProcessResult:
+    return ProcessResult(args=args, returncode=0, stdout="", stderr="")
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (("gh", "--token", TOKEN, "pr", "list"), ["gh", "--token", "[REDACTED]", "pr", "list"]),
+        (("gh", f"--token={TOKEN}", "pr"), ["gh", "--token=[REDACTED]", "pr"]),
+        (("env", f"GITHUB_TOKEN={TOKEN}", "make"), ["env", "GITHUB_TOKEN=[REDACTED]", "make"]),
+        (("curl", "-H", f"Authorization: Bearer {TOKEN}", "https://x.invalid/a"),
+         ["curl", "-H", "Authorization: [REDACTED]", "https://x.invalid/a"]),
+        (("git", "clone", f"https://bob:{TOKEN}@git.invalid/r.git"),
+         ["git", "clone", "https://[REDACTED]@git.invalid/r.git"]),
+        (("curl", f"https://x.invalid/a?api_key={TOKEN}&page=2"),
+         ["curl", "https://x.invalid/a?api_key=[REDACTED]&page=2"]),
+        (("mysql", f"--password={TOKEN}", "--user", "bob", "db"), ["mysql", "--password=[REDACTED]", "--user", "bob", "db"]),
+        (("curl", f"https://bob:{TOKEN}@x.invalid?token={TOKEN}"), ["curl", "https://[REDACTED]@x.invalid?token=[REDACTED]"]),
+        (("ls", "-la", "/tmp", "--color=auto"), ["ls", "-la", "/tmp", "--color=auto"]),
+    ],
+)  # fmt: skip
+def test_process_result_as_json_redacts_credentials_on_the_command_line(args: tuple[str, ...], shown: list[str]) -> None:
+    # The args went to the model as given: a token on a command line ended up in the transcript,
+    # the session file and every later request. What is not a credential is still shown.
+    result = _result(*args)
+    data = result.as_json()
+    assert data["args"] == shown
+    assert result.args == args  # the host keeps the command as run
+    assert TOKEN not in repr(result) and TOKEN not in json.dumps(data)
+
+
+@given(st.text(min_size=4, alphabet=st.characters(blacklist_categories=("Cs",))))
+def test_property_a_credential_option_value_never_shows(secret: str) -> None:
+    for args in (("cmd", "--api-key", secret), ("cmd", f"--api-key={secret}"), ("cmd", f"API_KEY={secret}")):
+        shown = _result(*args).as_json()["args"]
+        assert shown[0] == "cmd" and secret not in shown[1:] and shown[-1].endswith("[REDACTED]")
+
+
+async def test_a_tool_running_a_command_with_a_token_gives_the_model_no_token() -> None:
+    @tool
+    async def push(ctx: ToolContext) -> Any:
+        """Push."""
+        return await run_process(sys.executable, "-c", "print('pushed')", f"--token={TOKEN}", signal=ctx.signal)
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("push", {})]), "ok"])
+    engine = QueryEngine(model, tools=[push], policies=[])
+    [result] = [e.result for e in await collect(engine, "go") if isinstance(e, ToolCallFinished)]
+    got = json.loads(result.text)
+    assert got["stdout"] == "pushed\n" and got["args"][-1] == "--token=[REDACTED]"
+    assert TOKEN not in json.dumps([m.model_dump() for m in engine.messages])
+
+
+# The child starts grandchildren in its group that ignore SIGTERM (and do not hold the output
+# pipes), writes their pids to the file named by its argument, then waits ignoring SIGTERM too.
+_IGNORING = """
+import signal, subprocess, sys
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+kids = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL) for _ in range(4)]
+for k in kids:
+    k.stdout.readline()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(" ".join(str(k.pid) for k in kids))
+signal.pause()
+"""
+
+
+async def test_an_aborted_run_process_returns_once_grandchildren_that_ignore_term_are_dead(tmp_path: Path) -> None:
+    # After the abort, SIGTERM, then SIGKILL: the call returned once the child was reaped, while a
+    # grandchild (which does not hold the output pipes) could still be alive for a moment.
+    for i in range(3):
+        ctl = AbortController()
+        pidfile = tmp_path / f"pids{i}"
+        task = asyncio.ensure_future(run_process(sys.executable, "-c", _IGNORING, str(pidfile), signal=ctl.signal, kill_grace=0.05))
+        async with asyncio.timeout(30):
+            while not (pidfile.exists() and pidfile.read_text()):
+                await asyncio.sleep(0.01)
+        pids = [int(p) for p in pidfile.read_text().split()]
+        assert all(pid_alive(p) for p in pids)
+        ctl.abort("cancel")
+        with pytest.raises(AbortError):
+            await task
+        assert [p for p in pids if pid_alive(p)] == []
+
+
+async def test_no_grandchild_of_an_interrupted_tool_is_alive_when_run_returns(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+
+    @tool
+    async def build(ctx: ToolContext) -> Any:
+        """Build."""
+        return await run_process(sys.executable, "-c", _IGNORING, str(pidfile), signal=ctx.signal, kill_grace=0.05)
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("build", {})]), "ok"])
+    engine = QueryEngine(model, tools=[build], policies=[])
+    pids: list[int] = []
+    async with asyncio.timeout(60):
+        async for event in engine.run("go"):
+            if event.type == "tool_call_started":
+                while not (pidfile.exists() and pidfile.read_text()):
+                    await asyncio.sleep(0.01)
+                pids += [int(p) for p in pidfile.read_text().split()]
+                engine.interrupt()
+    assert len(pids) == 4
+    assert [p for p in pids if pid_alive(p)] == []
