@@ -144,6 +144,11 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
     # this subagent's call): no TurnEnded will say so, the parent's must. Reported once its own
     # calls are stopped, so the subagents they ran are listed too.
     report = not st.turn_over and st.signal.aborted
+    if engine.parent is None and st.cut_off():
+        # The host cancelled the task iterating the run (a client gone, a timeout): it stopped
+        # iterating, so no run is going for it, as after a break; a run() begun during the
+        # cleanup below waits for it.
+        st.released = True
     try:
         if not st.turn_over:
             settle_now(engine, st)  # "consumer_closed", unless an abort came first

@@ -261,7 +261,8 @@ class QueryEngine:
     def _in_progress(self) -> bool:
         """A run is in progress as the host sees it (see `running`)."""
         state = self._state
-        return (state is not None and not state.released) or self._next_run is not None
+        # A run made and not begun yet (handed to a task that has had no step) is going too.
+        return (state is not None and not state.released) or self._next_run is not None or self._fresh_run is not None
 
     @property
     def signal(self) -> AbortSignal | None:
@@ -277,10 +278,15 @@ class QueryEngine:
         before it is sent, as a message appended between runs is. Raises
         RuntimeError (on first iteration) if a run is already in progress, or
         another engine's run is writing to this one's session store; ValueError
-        if there is nothing to run (a prompt with no text in it).
+        if there is nothing to run: at once for a blank text (or a prompt that
+        is not a str or a user `Message`, TypeError and ValueError), so that a
+        server answers it before it streams; on first iteration when the
+        transcript and the queue hold nothing to resume from.
         """
         from ._loop import drive
+        from ._turns import refuse_prompt
 
+        refuse_prompt(prompt)
         token = object()
         self._fresh_run = (token, None)
         return RunHandle(self, drive(self, prompt, token), token)

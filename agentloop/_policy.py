@@ -65,11 +65,14 @@ class Warn:
 class Resample:
     """Cut the stream now and resample within the doom budget.
 
-    ``reminder`` replaces the engine's default recovery reminder when set.
+    ``reminder`` replaces the engine's default recovery reminder when set. ``replay=False``
+    leaves the cut attempt's text and reasoning out of the reminder (for a policy that cut it
+    for what it said, rather than for a loop the model should see and leave).
     """
 
     signals: tuple[DoomLoopSignal, ...] = ()
     reminder: str | None = None
+    replay: bool = True
 
     def __post_init__(self) -> None:
         if self.reminder is not None:

@@ -156,10 +156,11 @@ def _settle_left_writer(engine: QueryEngine, key: object) -> None:
 def _writes_to(engine: QueryEngine, key: object) -> bool:
     """Whether ``engine``, found as the writer of store ``key``, still writes to it: its run
     is starting (claimed, no state yet) or going on in an open loop (a run left in an event
-    loop that was closed under it writes no more)."""
+    loop that was closed under it writes no more, nor does one its host stopped iterating once
+    its transcript is settled: what its cleanup still does in the background is not recorded)."""
     state = engine._state
     return (
-        (state is None or not state.loop.is_closed())
+        (state is None or not (state.loop.is_closed() or (state.released and state.finishing)))
         and engine.session is not None
         and _store_key(engine.session) == key
     )

@@ -33,7 +33,7 @@ def doom_reminder(texts: Texts, acc: Accumulator, verdict: Resample) -> Message:
     parts = [verdict.reminder or texts.doom_reminder]
     if verdict.signals:
         parts.append("Signals: " + ", ".join(str(s) for s in verdict.signals))
-    if acc.tool_calls == 0:
+    if acc.tool_calls == 0 and verdict.replay:
         # The cut attempt's deltas as they streamed: a lone surrogate in them is replaced, as it
         # is in a committed message, or the replay could not be cut (nor sent) as UTF-8.
         thinking = truncate_utf8(scrub(acc.thinking_text()), REPLAY_THINKING_BYTES)

@@ -179,7 +179,7 @@ class ModelPhase:
         if isinstance(credit, str):  # a single watcher, called by the loop itself
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
-                    not_a_verdict(credit, "on_stream", verdict)
+                    self.hushed = _garbage(credit, verdict, hushed=self.hushed)
                 return []
             heard: list[tuple[str, Verdict]] = [(credit, verdict)]
         else:
@@ -410,8 +410,8 @@ class _Panel:
             if verdict is None:
                 continue
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
-                if not isinstance(verdict, VERDICTS):
-                    not_a_verdict(policy.name, "on_stream", verdict)
+                if not isinstance(verdict, VERDICTS) and _garbage(policy.name, verdict, hushed=i in self.hushed):
+                    self.hushed.add(i)
                 continue
             if heard is None:
                 heard = []
@@ -420,6 +420,16 @@ class _Panel:
             return None
         self.heard = heard
         return next((said for _, said in heard if isinstance(said, Resample)), heard[0][1])
+
+
+def _garbage(policy: str, value: object, *, hushed: bool) -> bool:
+    """``on_stream`` returned what is not a verdict: logged once per attempt, like a raise (a
+    broken watcher does it on every event), and a coroutine closed every time. Returns True."""
+    if not hushed:
+        not_a_verdict(policy, "on_stream", value)
+    elif inspect.iscoroutine(value):
+        value.close()
+    return True
 
 
 def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:

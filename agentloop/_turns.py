@@ -31,7 +31,7 @@ from ._validate import is_valid
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["catch_up_policies", "next_turn", "open_run", "start_turn"]
+__all__ = ["catch_up_policies", "next_turn", "open_run", "refuse_prompt", "start_turn"]
 
 
 async def open_run(
@@ -44,6 +44,18 @@ async def open_run(
     through the controller its first turn will use. Raises RuntimeError when another run of
     the engine is in progress, ValueError or TypeError for a prompt it cannot run.
     """
+    try:
+        return await _open(engine, prompt, token)
+    except BaseException:  # refused: a run made and never begun is not going any more
+        fresh = engine._fresh_run
+        if fresh is not None and fresh[0] is token:
+            engine._fresh_run = None
+        raise
+
+
+async def _open(
+    engine: QueryEngine, prompt: str | Message | None, token: object
+) -> tuple[RunState, list[Message] | None]:
     previous = engine._state
     if previous is not None and previous.loop is not asyncio.get_running_loop():
         left_in_another_loop(engine, previous)
@@ -148,6 +160,7 @@ def start_turn(
     held, st.stop_next = st.stop_next, None
     if held is not None:  # interrupt() after the send_now that stopped the spent turn: "stop" came last
         st.controller.abort(held)
+    engine.last_turn_ended = None  # until this turn ends: a turn its host stops iterating leaves none
     for message in starts:
         engine._commit(message)
     if st.injected is not None:  # the interjections queued before the run: the loop yields it next
@@ -196,6 +209,19 @@ def _user(engine: QueryEngine, text: str, wrap: bool, **fields: object) -> Messa
     return Message.user(text, **fields)
 
 
+def refuse_prompt(prompt: object) -> None:
+    """What ``run(prompt)`` refuses whatever the engine's state: raised by `run()` itself, before
+    any iteration, so that a host can answer it before it starts streaming."""
+    if isinstance(prompt, str):
+        if not prompt.strip():  # it would be a blank user message, which providers refuse
+            raise ValueError("run() needs a prompt with text in it (or None, to resume)")
+    elif isinstance(prompt, Message):
+        if prompt.role != "user":
+            raise ValueError("run() takes a user message as its prompt")
+    elif prompt is not None:
+        raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
+
+
 def _first_turn(
     engine: QueryEngine, prompt: str | Message | None
 ) -> tuple[list[Message], InterjectionInjected | None]:
@@ -203,16 +229,10 @@ def _first_turn(
     ``prompt``; without one, what was queued (follow-ups among it), or [] to resume; and the
     receipt of the interjections among them. Raises ValueError or TypeError for a prompt it
     cannot send, ValueError when there is nothing to run."""
-    if isinstance(prompt, Message):
-        if prompt.role != "user":
-            raise ValueError("run() takes a user message as its prompt")
+    if isinstance(prompt, Message):  # refused by run() unless a user message (`refuse_prompt`)
         return _queued_first(engine, _vetted_prompt(encodable_message(prompt)), follow_ups=False)
     if isinstance(prompt, str):
-        if not prompt.strip():  # it would be a blank user message, which providers refuse
-            raise ValueError("run() needs a prompt with text in it (or None, to resume)")
         return _queued_first(engine, [Message.user(scrub(prompt))], follow_ups=False)
-    if prompt is not None:
-        raise TypeError(f"run() takes a str or a Message, not {type(prompt).__name__}")
     queued, injected = _queued_first(engine, [], follow_ups=True)
     if queued:
         return queued, injected

@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 Judgement = Literal["ignore", "warn", "abort"]
+_JUDGEMENTS = ("ignore", "warn", "abort")
 _SIGNALS = (StreamSignals, StreamLogprobs)  # the events a tapped policy still takes one by one
 _DELTAS = frozenset({StreamText, StreamThinking, StreamToolInput, StreamToolUseStart})  # what the engine holds back
 # Without a client detector no delta is read: the engine holds back 255 at a time, a count it counts
@@ -240,11 +241,22 @@ class DoomLoopPolicy(Policy):
     def _verdict(self, signals: Sequence[DoomLoopSignal]) -> Verdict | None:
         if not signals:
             return None
-        judged = [(s, self.judge(s)) for s in signals]
+        judged = [(s, self._judged(s)) for s in signals]
         kept = tuple(s for s, j in judged if j != "ignore")
         if any(j == "abort" for _, j in judged):
             return Resample(kept)
         return Warn(kept) if kept else None
+
+    def _judged(self, signal: DoomLoopSignal) -> Judgement:
+        """``judge(signal)``, checked: anything but a judgement (``"resample"``, ``None``) is a
+        bug of the policy, raised (so logged once per attempt by the engine), never a warning."""
+        judgement = self.judge(signal)
+        if judgement not in _JUDGEMENTS:
+            raise ValueError(
+                f"{self.name}.judge returned {judgement!r} for {signal.format()}, not a judgement: "
+                "it returns 'ignore', 'warn' or 'abort'"
+            )
+        return judgement
 
     def _server(self, raw: tuple[str, ...], stopped: bool = False) -> list[DoomLoopSignal]:
         """New signals of a server frame (frames repeat all signals so far); ``stopped``:
