@@ -40,6 +40,7 @@ try:
         ToolCallFinished,
         ToolCallStarted,
         ToolInputDelta,
+        ToolProgress,
         TurnEnded,
         TurnStarted,
     )
@@ -131,6 +132,7 @@ __all__ = [
     "ToolContext",
     "ToolInputDelta",
     "ToolInputError",
+    "ToolProgress",
     "ToolResultBlock",
     "ToolUseBlock",
     "TranscriptError",

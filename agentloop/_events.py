@@ -31,6 +31,7 @@ __all__ = [
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolInputDelta",
+    "ToolProgress",
     "TurnEnded",
     "TurnStarted",
 ]
@@ -151,6 +152,16 @@ class ToolCallFinished(_Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolProgress(_Event):
+    """A running tool's report for the host (``ctx.emit(ToolProgress(...))``): ``text`` to show,
+    for the call ``tool_use_id``. Never part of the transcript; the model does not see it."""
+
+    type: ClassVar[str] = "tool_progress"
+    tool_use_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterjectionInjected(_Event):
     """Queued interjections were merged into the transcript (receipt ``ids``)."""
 
@@ -245,6 +256,7 @@ Event = (
     | PermissionRequested
     | ToolCallStarted
     | ToolCallFinished
+    | ToolProgress
     | InterjectionInjected
     | InterjectionDropped
     | PolicyNudge

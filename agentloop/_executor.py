@@ -244,6 +244,8 @@ class CallRunner:
                 except (asyncio.CancelledError, KeyboardInterrupt):
                     raise
                 except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
+                    if isinstance(exc, GeneratorExit) and loop_gone():
+                        raise
                     result = self._failed(use, tool, exc, scope, pending)
                 else:
                     if type(output) is str and output.strip():  # the common case, as output_to_result builds it
@@ -256,6 +258,8 @@ class CallRunner:
             put(Done((use, exc)))
             raise
         except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and loop_gone():
+                raise
             put(Done((use, exc)))
         else:
             put(Done((use, result)))
@@ -410,6 +414,15 @@ def _give_back(acquiring: asyncio.Future[Any], lock: asyncio.Lock) -> None:
         acquiring.cancel()
     elif not acquiring.cancelled() and acquiring.exception() is None:
         lock.release()
+
+
+def loop_gone() -> bool:
+    """No event loop runs this code, or its loop is closed: a coroutine closed with the loop it
+    was left in (closed under it) may only unwind, since nothing can be scheduled there."""
+    try:
+        return asyncio.get_running_loop().is_closed()
+    except RuntimeError:
+        return True
 
 
 def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:

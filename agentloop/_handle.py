@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._ending import settle_now
 from ._events import Event
+from ._process import kill_left_in
 from ._recording import release_store
 from ._run import RunState
 
@@ -121,7 +122,9 @@ def left_in_another_loop(engine: QueryEngine, st: RunState) -> None:
 
 
 def forget_closed_run(engine: QueryEngine, st: RunState) -> None:
-    """Settle what a run left in a closed event loop left, and forget it (sync)."""
+    """Settle what a run left in a closed event loop left, and forget it (sync): the
+    subprocesses its tools started there are killed, as an abort would have."""
+    kill_left_in(st.loop)
     if not (st.closed or st.turn_over):
         settle_now(engine, st)
     st.close()

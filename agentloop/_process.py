@@ -15,6 +15,7 @@ import numbers
 import os
 import signal as _signal
 import subprocess
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _DRAIN = 0.25
 # Seconds a killed group has to be gone (its processes dead, if not yet reaped by their parent).
 _GONE = 1.0
+#: The process group of each call in progress, and the event loop it runs in. A loop stopped and
+#: closed under a call never runs the call's cleanup: `kill_left_in` kills the groups it left.
+_live: dict[int, asyncio.AbstractEventLoop] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,8 @@ async def run_process(
         start_new_session=True,
         **kw,
     )
+    pgid = transport.get_pid()
+    _live[pgid] = loop
     timed_out = aborted = cancelled = False
     try:
         if stdin is not None:
@@ -176,19 +182,29 @@ async def run_process(
     except asyncio.CancelledError:
         cancelled = True
         raise
+    except GeneratorExit:  # closed unfinished, its loop closed under it: nothing can be awaited now
+        _kill_now([pgid])
+        raise
     finally:
-        try:
-            # Runs on cancellation too: the group never outlives this call. A cancellation
-            # (a caller's grace ran out, a tool's timeout) kills it at once, without a TERM
-            # grace of its own, also when the child has exited but its output has not ended
-            # (a background grandchild of the group holds the pipes).
-            if transport.get_returncode() is None or (cancelled and not proto.done.done()):
-                await asyncio.shield(_kill_group(transport.get_pid(), proto, 0 if cancelled else kill_grace))
-        finally:
-            await _close(transport, proto)
+        if pgid in _live:
+            await _end(transport, proto, pgid, kill_grace, cancelled=cancelled)
     if aborted:
         raise AbortError(signal.reason or "cancel")
     return _result(args, transport, proto, timed_out)
+
+
+async def _end(transport: asyncio.SubprocessTransport, proto: _Collector, pgid: int, kill_grace: float, *, cancelled: bool) -> None:
+    """The end of every call: kill the group if it is alive, and close the pipes."""
+    try:
+        # Runs on cancellation too: the group never outlives this call. A cancellation
+        # (a caller's grace ran out, a tool's timeout) kills it at once, without a TERM
+        # grace of its own, also when the child has exited but its output has not ended
+        # (a background grandchild of the group holds the pipes).
+        if transport.get_returncode() is None or (cancelled and not proto.done.done()):
+            await asyncio.shield(_kill_group(pgid, proto, 0 if cancelled else kill_grace))
+    finally:
+        _live.pop(pgid, None)
+        await _close(transport, proto)
 
 
 def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
@@ -222,11 +238,16 @@ async def _wait(
     """Wait for the process to exit and its output to end, for ``signal`` or for ``timeout``;
     on either of the last two the group is killed. Returns (timed out, aborted)."""
     abort_task = asyncio.ensure_future(signal.wait())
+    closing = False
     try:
         done, _ = await asyncio.wait((proto.done, abort_task), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except GeneratorExit:  # closed with its loop, closed under it: nothing can be scheduled now
+        closing = True
+        raise
     finally:
-        abort_task.cancel()
-        await asyncio.gather(abort_task, return_exceptions=True)
+        if not closing:
+            abort_task.cancel()
+            await asyncio.gather(abort_task, return_exceptions=True)
     if proto.done in done:
         return False, False
     aborted = abort_task in done
@@ -352,6 +373,23 @@ async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> N
     transport.close()
     if transport.get_returncode() is not None:  # else the transport only finishes once the child is reaped
         await asyncio.shield(proto.closed)
+
+
+def kill_left_in(loop: asyncio.AbstractEventLoop) -> None:
+    """SIGKILL the process group of each call left in ``loop``, closed under it: its cleanup
+    can never run now, and the group, in a session of its own, would outlive the host."""
+    _kill_now([pgid for pgid, owner in list(_live.items()) if owner is loop])
+
+
+def _kill_now(pgids: list[int]) -> None:
+    """SIGKILL the groups ``pgids`` of calls whose loop is gone, and wait (up to `_GONE` s, this
+    thread blocked) until they are dead."""
+    killed = [pgid for pgid in pgids if _live.pop(pgid, None) is not None]
+    for pgid in killed:
+        signal_group(pgid, _signal.SIGKILL)
+    deadline = time.monotonic() + _GONE
+    while any(group_alive(pgid) for pgid in killed) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def signal_group(pgid: int, sig: int) -> bool:
