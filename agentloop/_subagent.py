@@ -86,7 +86,9 @@ def delegate_tool(
         child = ctx.engine.subagent(agent_id=agent_id, max_turns=max_turns, **_child_settings(overrides, system))
         return await _run_child(child, task, agent_id, ctx)
 
-    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True)
+    # A poller to the stationarity policies: the same task given again (best of n, in one
+    # response) that comes back with another answer is progress, not a repeated call.
+    return Tool(name, description, _SCHEMA, handler, concurrency_safe=True, poller=True)
 
 
 def _checked(max_depth: int, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -141,12 +143,33 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
         ctx.emit(_tag(event, agent_id))
         if isinstance(event, TurnEnded):
             end = event
-    if ctx.signal.aborted:
-        raise AbortError(ctx.signal.reason or "cancel")  # the parent's abort reached the child
-    last = child.messages[-1] if child.messages else None
-    # Only the child's own words: when it said nothing, its last message is the task itself.
-    answer = last.text if last is not None and last.role == "assistant" else ""
-    return _result(ctx.tool_use_id, agent_id, answer, end)
+    if end is not None and end.reason == "completed":  # its answer, also if the parent's abort came after
+        last = child.messages[-1] if child.messages else None
+        # Only the child's own words: when it said nothing, its last message is the task itself.
+        return _result(ctx.tool_use_id, agent_id, last.text if last is not None and last.role == "assistant" else "", end)
+    if ctx.signal.aborted:  # the parent's abort reached the child
+        return _stopped(child, ctx)
+    return _result(ctx.tool_use_id, agent_id, _last_words(child), end)
+
+
+def _stopped(child: QueryEngine, ctx: ToolContext) -> ToolResultBlock:
+    """The result of a call whose child the parent's abort stopped: the interrupted call's text,
+    then what the child had said (a host that asks for "what you have" gets it to the model).
+    Raises `AbortError` when the child said nothing, for the engine's own result."""
+    words = _last_words(child).strip()
+    if not words:
+        raise AbortError(ctx.signal.reason or "cancel")
+    text = f"{ctx.engine.options.texts.stopped_running} Its last words: {words[:2000]}"
+    return ToolResultBlock(tool_use_id=ctx.tool_use_id, content=text, is_error=True)
+
+
+def _last_words(child: QueryEngine) -> str:
+    """The text of the last response of a child that stopped before finishing that said something
+    (stopped by a limit after a tool batch, or by an abort: what it had found so far). Never its task."""
+    for message in reversed(child.messages):
+        if message.role == "assistant" and message.text.strip():
+            return message.text
+    return ""
 
 
 def _depth(engine: QueryEngine) -> int:
@@ -209,6 +232,8 @@ def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None)
     if end.reason == "completed":
         return ToolResultBlock(tool_use_id=tool_use_id, content=answer.strip() or "(the subagent gave no answer)")
     why = end.abort_reason or end.error or end.detail
+    if why == end.reason:  # said once: "(deadline)", not "(deadline: deadline)"
+        why = None
     text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})." if why else (
         f"Subagent {agent_id} stopped before finishing ({end.reason})."
     )

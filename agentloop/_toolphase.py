@@ -18,6 +18,7 @@ from ._events import Event, ToolCallFinished, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
+from ._subagent import link_signal
 from ._tools import cut_result, result_length
 from ._transcript import credentials, encodable, interrupted_result, without_credentials
 
@@ -26,6 +27,24 @@ if TYPE_CHECKING:
 
 
 _ABANDON = object()
+
+
+def grace_left(engine: QueryEngine, st: RunState) -> float:
+    """What is left of the cancel grace of the calls of ``engine``'s run.
+
+    A subagent stopped by its parent's abort, with no longer a grace than its parent's, ends its
+    calls a moment before the parent's grace runs out (the call running it would be cancelled
+    then): its turn ends, with its `TurnEnded`, rather than being cut off. A grandchild ends a
+    moment before the child, and so on up the tree."""
+    grace = engine.options.tool_cancel_grace
+    left = st.grace_left(grace)
+    parent = engine.parent
+    if parent is None or parent._state is None or parent._state.aborted_at is None:
+        return left
+    if link_signal(engine) is not parent._state.signal or grace > parent.options.tool_cancel_grace:
+        return left  # not stopped by the parent's abort, or a longer grace of its own: cut off
+    margin = min(UNWIND, parent.options.tool_cancel_grace / 2)
+    return min(left, max(0.0, grace_left(parent, parent._state) - margin))
 
 
 def start_tools(engine: QueryEngine, st: RunState) -> CallRunner:
@@ -111,7 +130,7 @@ class Batch:
                     events.append(_record(engine, st, Done((item.use, result))))
             elif item is ABORTED:
                 if not timers:
-                    grace = st.grace_left(engine.options.tool_cancel_grace)
+                    grace = grace_left(engine, st)
                     timers.append(st.loop.call_later(grace, st.mailbox.put, GRACE_OVER))
             elif item is GRACE_OVER:
                 for task in st.pending_tasks:
