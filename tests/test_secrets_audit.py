@@ -596,6 +596,16 @@ def _leaky(mode_file: Path) -> MCPServer:
     return MCPServer.stdio(sys.executable, args, env={"SERVICE_TOKEN": s["env"]}, connect_timeout=20)
 
 
+
+def test_a_command_lines_credentials_are_those_its_shown_form_hides() -> None:
+    from agentloop.mcp._scrub import command_line_credentials
+
+    args = ["--token", "optTok1234", "--api-key=key12345", "Authorization: Bearer hdr12345",
+            "https://bob:pa%40ss1234@h.example/x?token=q%2F123456&y=1", "--verbose", "plain"]  # fmt: skip
+    found = set(command_line_credentials(args))
+    assert {"optTok1234", "key12345", "Bearer hdr12345", "hdr12345", "pa%40ss1234", "pa@ss1234", "q/123456"} <= found
+    assert not {"--verbose", "plain", "h.example", "y=1", "bob"} & found
+
 @pytest.mark.parametrize("mode", ["exit", "initialize", "tools/list"])
 async def test_a_stdio_mcp_server_failing_at_start_up_shows_none_of_its_credentials(tmp_path: Path, mode: str) -> None:
     (tmp_path / "mode").write_text(mode)

@@ -48,7 +48,10 @@ def command_line_credentials(args: Sequence[str]) -> list[str]:
         literal = map(re.escape, shown.split(_MARK))
         match = re.fullmatch("(.*)".join(literal), arg, re.DOTALL)
         for value in match.groups() if match is not None else (arg,):
-            found += [*credential_parts(value), *credential_parts(unquote(value))]
+            # A URL's user info is ``user:password``: the password alone is one too.
+            password = value.partition(":")[2] if "://" in arg else ""
+            for part in (value, password):
+                found += [*credential_parts(part), *credential_parts(unquote(part))]
     return found
 
 
