@@ -6,7 +6,7 @@
         [safe point] interjections  top of every iteration                    (SPEC §5)
         model phase                 stream -> deltas; retries; doom resamples (_streaming; checkpoint 1)
         [checkpoint 2]              aborted? then no tool starts              (_before_tools)
-        tool phase                  batches, each followed by checkpoint 3    (_toolphase)
+        tool phase                  batches, each followed by checkpoint 3    (_toolphase; the loop)
                                     and, after the results, a safe point
         policies                    nudge / end turn                          (_after_tools)
         [safe point] before ending  queued interjections keep the turn going  (_before_tools)
@@ -166,9 +166,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # Interjections stay queued until merged after the results, so a host that stops
                     # iterating mid-phase loses none; a batch that ends unaborted is the safe point.
                     merge = False
+                    # Checkpoint 2 (in _before_tools) guards the first batch: nothing awaits between.
                     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
-                        if st.signal._reason is not None:  # checkpoint 3: the next batch does not start
-                            break
                         calls = Batch(engine, st, runner, batch)
                         try:
                             while calls.waiting:  # one list of events per wake-up
@@ -177,7 +176,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         finally:
                             for timer in calls.timers:  # the grace timers an abort started, if any
                                 timer.cancel()
-                        merge = merge or st.signal._reason is None
+                        if st.signal._reason is not None:  # checkpoint 3: the next batch does not start
+                            break
+                        merge = True
                     for event in end_tools(engine, st):
                         yield event
                     # The batch is judged before a person's message merged now resets the counts
