@@ -35,7 +35,7 @@ from ._events import Event, TerminalReason
 from ._executor import plan_batches
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, ask
-from ._run import Aborted, over_ancestor_limit
+from ._run import Aborted, spent_ancestor, usage_limit_detail
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, start_tools
@@ -206,14 +206,18 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 
 
 def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
+    """The terminal of a limit that ends the turn here, if any; for ``usage_limit``, ``st.detail``
+    then says whose budget ran out (the engine's own, or one above it that its subagents share)."""
     opts = engine.options
     if st.signal._reason is not None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
     if opts.usage_limit is not None and st.tokens >= opts.usage_limit:
+        st.detail = usage_limit_detail(engine, None)
         return "usage_limit"
-    if engine.parent is not None and over_ancestor_limit(engine):  # the tree's budget is spent
+    if engine.parent is not None and (spent := spent_ancestor(engine)) is not None:  # the tree's budget
+        st.detail = usage_limit_detail(engine, spent)
         return "usage_limit"
     return None
 

@@ -674,7 +674,7 @@ async def test_the_parents_usage_limit_is_the_trees_budget(monkeypatch: pytest.M
     child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
     assert [e.reason for e in child_ends] == ["usage_limit"] * 10
     results = engine.messages[2].tool_results
-    assert all(r.is_error and "stopped before finishing (usage_limit)" in r.text for r in results)
+    assert all(r.is_error and "stopped before finishing (usage_limit: the parent's usage_limit of 100 tokens" in r.text for r in results)
     tree.check(engine)
     nothing_left()
 

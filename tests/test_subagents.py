@@ -734,3 +734,32 @@ async def test_a_deadline_stops_a_subagent_whichever_engine_set_it(whose: str) -
         assert ends[None].reason == "completed" and "deadline" in result.text
         assert engine.messages[-1].text == "The parent goes on."
     assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("whose", ["parent", "own"])
+async def test_a_child_stopped_by_usage_limit_says_whose_budget_ran_out(whose: str) -> None:
+    """"Subagent sub-1 stopped before finishing (usage_limit)." did not say whether the child
+    spent its own budget (a narrower task may fit) or the tree's (nothing more will run). The
+    child's `TurnEnded.detail` says whose limit it was, and the delegate result repeats it."""
+
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    ping_call = ScriptedResponse(tool_calls=[ScriptedToolCall("ping", {})])  # 20 tokens each
+    model = ScriptedModel([delegate("keep pinging"), *[ping_call] * 9, "The parent goes on."])
+    if whose == "parent":
+        engine = QueryEngine(model, tools=[ping, delegate_tool()], policies=[], usage_limit=100)
+    else:
+        engine = QueryEngine(model, tools=[ping, delegate_tool(usage_limit=40)], policies=[], usage_limit=1000)
+    ends = {ev.agent_id: ev for ev in await collect(engine, "go") if isinstance(ev, TurnEnded)}
+    child = ends["sub-1"]
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert child.reason == "usage_limit" and result.is_error
+    if whose == "parent":
+        assert child.detail == "the parent's usage_limit of 100 tokens (shared with its subagents) is reached"
+        assert ends[None].detail == "the run's usage_limit of 100 tokens is reached"
+    else:
+        assert child.detail == "its own usage_limit of 40 tokens is reached"
+        assert ends[None].reason == "completed" and ends[None].detail is None
+    assert f"stopped before finishing (usage_limit: {child.detail})." in result.text
