@@ -803,3 +803,18 @@ async def test_a_child_stopped_for_repeating_its_calls_says_so_to_the_parents_mo
     assert "stopped before finishing (stationarity_ended: Stopped: " in result.text
     assert "). It was going round in circles with its tool calls: given again unchanged, the task" in result.text
     assert result.text.endswith("Its last words: Checking again.")
+
+
+async def test_last_words_out_of_a_doom_loop_come_with_the_note_too() -> None:
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    looping_call = replace(_LOOPING, text="3 papers so far.", tool_calls=[ScriptedToolCall("ping", {})])
+    model = ScriptedModel([delegate("survey"), looping_call, "The parent goes on."])
+    engine = QueryEngine(model, tools=[ping, delegate_tool(doom_budget=0, max_turns=1)])
+    await collect(engine, "go")
+    result = next(r for m in engine.messages for r in m.tool_results if r.text.startswith("Subagent"))
+    assert result.is_error and "stopped before finishing (max_turns). Its last words: 3 papers so far. (" in result.text
+    assert result.text.endswith("came out of a doom loop: its output kept repeating itself and resampling did not "
+                                "stop it, so it may be cut short or padded with repeats. Check it before relying on it.)")
