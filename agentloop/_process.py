@@ -354,9 +354,7 @@ class _Lines:
             return
         self._buf += self._decoder.decode(data, final=final)
         *lines, self._buf = self._buf.split("\n")
-        if final and self._buf:
-            lines.append(self._buf)
-        elif len(self._buf) > _CAP:
+        if (final and self._buf) or len(self._buf) > _CAP:  # the last line, or one too long to wait for
             lines.append(self._buf)
         if final or len(self._buf) > _CAP:
             self._buf = ""

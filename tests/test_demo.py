@@ -107,6 +107,10 @@ def test_builtin_script_exercises_every_control() -> None:
     assert "steer delivered to the model: Keep the public API" in log
     assert "Noted your message" in log  # the model saw the steer
     assert "turn ended: aborted_tools (interrupted: send_now)" in log
+    # The test runner's progress, a dim line per report under its call (the output is piped).
+    assert "\n  \u00b7 run_tests: collecting tests ...\n" in log
+    assert "\n  \u00b7 run_tests: [1/2] test_slugify_spaces FAILED" in log
+    assert "\n  \u00b7 ci_status: asking the CI server about pipeline main" in log
     assert "Switching to your message" in log
     assert "doom loop detected [tail_repetition" in log and "resampling (attempt 1)" in log
     assert "loop detector cut me off" in log  # the resampled answer
@@ -182,6 +186,7 @@ def test_a_person_at_the_terminal() -> None:
         child.sendline("go on please")
         child.expect("turn 2 .* you: go on please")
         child.expect(r"run_tests\(\)")  # the real subprocess is running
+        child.expect_exact("1 tool running: run_tests \u2014 collecting tests ...")  # its progress, on the status line
         child.sendline("keep the public API unchanged")
         child.expect(r"you \(steer\): keep the public API unchanged")
         child.expect("steer delivered to the model: keep the public API unchanged")

@@ -185,3 +185,18 @@ async def test_an_on_line_that_raises_is_raised_from_run_process_once_the_child_
 def test_on_line_must_be_callable() -> None:
     with pytest.raises(TypeError, match="on_line"):
         asyncio.run(run_process("true", signal=AbortController().signal, on_line="print"))  # type: ignore[arg-type]
+
+
+@given(st.text(alphabet="ab\n\u00e9", max_size=40), st.lists(st.integers(1, 8), max_size=10))
+def test_property_on_line_gets_the_output_line_by_line_however_it_is_read(text: str, sizes: list[int]) -> None:
+    from agentloop._process import _Lines
+
+    seen: list[str] = []
+    lines = _Lines(seen.append)
+    data, i = text.encode(), 0
+    for size in sizes:  # reads cut anywhere, inside a character too
+        lines.feed(data[i : i + size])
+        i += size
+    lines.feed(data[i:])
+    lines.feed(b"", final=True)
+    assert seen == text.removesuffix("\n").split("\n") if text else seen == []
