@@ -937,3 +937,36 @@ def test_with_term_dumb_text_left_before_ctrl_d_does_not_run_into_the_summary() 
         child.close(force=True)
     text = log.getvalue()
     assert "abc\r\n\u2500\u2500 summary" in text, text[-600:]
+
+
+async def test_after_the_showcase_every_turn_runs_the_tests_and_suggests_what_is_left() -> None:
+    """Once the fix was done, every message got one canned sentence back, at once, with no tool: a
+    user who wanted to try !text or /mode queue had nothing running to replace or queue behind,
+    "run the tests" ran none, and the answer still suggested CI after the CI loop had been seen."""
+    from agentloop import ScriptedModel, TextDelta, ToolCallStarted, ToolProgress, validate_transcript
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.story import Story
+
+    engine = build_engine(ScriptedModel([Story(delay=0)], cycle=True, record=False), speed=100)
+
+    async def turn(prompt: str) -> tuple[list[str], list[str], str]:
+        tools, progress, said = [], [], ""
+        async for event in engine.run(prompt):
+            if isinstance(event, ToolCallStarted):
+                tools.append(event.tool_use.name)
+            elif isinstance(event, ToolProgress):
+                progress.append(event.text)
+            elif isinstance(event, TextDelta):
+                said += event.text
+        return tools, progress, said
+
+    await turn("Fix the failing test in utils.py")
+    tools, progress, said = await turn("run the tests")
+    assert tools == ["run_tests"] and "2 passed" in progress
+    assert "wait for CI" in said  # not tried yet
+    tools, _, _ = await turn("now wait for CI")
+    assert set(tools) == {"ci_status"}
+    tools, _, said = await turn("what else?")
+    assert tools == ["run_tests"]
+    assert "CI" not in said and "/mode queue" in said and "!text" in said
+    assert validate_transcript(engine.messages) == []
