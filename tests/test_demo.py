@@ -773,6 +773,8 @@ def test_a_pipe_shows_the_commands_it_runs_and_quits_quietly() -> None:
     assert proc.returncode == 0 and proc.stderr == ""
     log = proc.stdout
     assert "you (steer): hello" in log and "\u203a /quit\n" in log
+    # In the order it happened: the turn the lines steer and stop first (they came above its header).
+    assert log.index("turn 1 \u2500\u2500 you: Fix") < log.index("you (steer): hello") < log.index("\u203a /quit")
     assert "end of input" not in log and "run the tests" not in log and "turn 2" not in log
     assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
 
