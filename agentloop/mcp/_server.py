@@ -22,7 +22,9 @@ from .._abort import AbortSignal
 from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
-from ..models._http import hide_url_credentials
+from ..models._http import check_headers, credential_parts, hide_url_credentials, is_credential
+from ..models._http._client import MIN_TOOL_SECRET
+from ..models._http._secrets import url_credentials
 from ._connection import Connect, Connection
 from ._http import URL_LOGGERS, check_url, http_connect, public_url, split_userinfo
 from ._stdio import stdio_connect
@@ -87,6 +89,8 @@ class MCPServer:
         self._relists_warned = False
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         self._clashes: set[str] = set()  # added tools not offered for a name clash (warned about)
+        # The credentials the host gave the server (`server_credentials`), scrubbed out of its results.
+        self._secrets: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -117,7 +121,9 @@ class MCPServer:
         """
         label = f"stdio:{command}"
         connect = stdio_connect(command, args, env=env, cwd=cwd, label=label, max_message_size=max_message_size)
-        return cls(connect, label=label, **options)
+        server = cls(connect, label=label, **options)
+        server._secrets = server_credentials(env or {})
+        return server
 
     @classmethod
     def http(
@@ -151,6 +157,8 @@ class MCPServer:
         that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
         """
         check_url(url)
+        # Refused here, not quoted: the HTTP layer's error for a header it cannot send quotes it.
+        headers = check_headers(headers, "headers")
         target, auth = split_userinfo(url)
 
         def forgotten(stream: object) -> None:
@@ -168,6 +176,7 @@ class MCPServer:
             target, auth, headers=headers, http_timeout=http_timeout, max_event_size=max_event_size, on_forgotten=forgotten
         )
         server = cls(connect, label=public_url(url), **options)
+        server._secrets = server_credentials(headers or {}, url)
         # The SDK logs the URL it connects to, and its HTTP client each request's URL.
         hide_url_credentials(server, url, URL_LOGGERS)
         return server
@@ -569,6 +578,16 @@ class MCPServer:
             concurrency_safe=self.concurrency_safe,
             timeout=self.timeout,
         )
+
+
+def server_credentials(given: Mapping[str, str], url: str = "") -> tuple[str, ...]:
+    """The credentials a host gives a server (the values of its credential-named ``env``
+    variables or ``headers``, those in its ``url``) of `MIN_TOOL_SECRET` characters or more,
+    longest first: a server that echoes one (a tool printing its environment, an error quoting
+    the request) must not hand it to the model."""
+    found = {part for name, value in given.items() if is_credential(name) for part in credential_parts(value)}
+    found.update(url_credentials(url) if url else ())
+    return tuple(sorted((v for v in found if len(v) >= MIN_TOOL_SECRET), key=len, reverse=True))
 
 
 async def _close(conn: Connection | None, relisting: asyncio.Task[None] | None) -> None:

@@ -115,9 +115,10 @@ class Redactor:
             exc.body = self._scrub_json(exc.body)
 
     def scrub_chain(self, exc: BaseException) -> bool:
-        """Scrub the secrets out of the string ``args`` of ``exc`` and of every exception
-        chained to it (``__cause__``, ``__context__``), which a printed traceback shows.
-        Returns False when a secret is still shown (an exception whose str is not its args)."""
+        """Scrub the secrets out of the string ``args`` and the notes (``add_note``) of ``exc``
+        and of every exception chained to it (``__cause__``, ``__context__``), which a printed
+        traceback shows. Returns False when a secret is still shown (an exception whose str is
+        not its args)."""
         clean = True
         todo: list[BaseException] = [exc]
         seen: set[int] = set()
@@ -126,11 +127,23 @@ class Redactor:
             if id(current) in seen:
                 continue
             seen.add(id(current))
-            if self._found_in(str(current)) or self._found_in(repr(current.args)):
-                current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
-                clean = clean and not (self._found_in(str(current)) or self._found_in(repr(current.args)))
+            clean = self._scrub_one(current) and clean
             todo += [e for e in (current.__cause__, current.__context__) if e is not None]
         return clean
+
+    def _scrub_one(self, exc: BaseException) -> bool:
+        """Scrub ``exc``'s string args and notes in place; False when its str still shows a secret."""
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list) and any(isinstance(n, str) and self._found_in(n) for n in notes):
+            notes[:] = [self.scrub(n) if isinstance(n, str) else n for n in notes]
+        try:
+            shown = str(exc)
+        except Exception:  # a broken __str__: printed as "<exception str() failed>", nothing of it
+            shown = ""
+        if self._found_in(shown) or self._found_in(repr(exc.args)):
+            exc.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in exc.args)
+            return not (self._found_in(str(exc)) or self._found_in(repr(exc.args)))
+        return True
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
