@@ -47,6 +47,7 @@ __all__ = [
     "bind_all",
     "check_hooks",
     "claim",
+    "misplaced",
     "not_a_verdict",
     "notify",
     "release",
@@ -169,7 +170,8 @@ class Policy:
         """A model request attempt starts (also after a retry or a resample)."""
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
-        """One stream event. Only Warn and Resample are acted on here."""
+        """One stream event. Only Warn and Resample are acted on here (another verdict is
+        ignored, with a warning once per attempt)."""
         return None
 
     def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
@@ -219,12 +221,21 @@ def ask(policies: Sequence[Policy], hook: str, *args: object, engine: Any = None
         if not isinstance(verdict, VERDICTS):
             not_a_verdict(policy.name, hook, verdict)
             continue
+        if not isinstance(verdict, ACTS_ON[hook]):
+            misplaced(policy.name, hook, verdict)
+            continue
         out.append((policy.name, verdict))
     return out
 
 
 #: The verdict classes, for an isinstance check of what a hook returned.
 VERDICTS = (Warn, Resample, Nudge, EndTurn)
+#: The verdicts each verdict hook acts on; any other is ignored (and `misplaced` says so).
+ACTS_ON: dict[str, tuple[type, ...]] = {
+    "on_stream": (Warn, Resample),
+    "on_response": (EndTurn, Nudge),
+    "on_results": (EndTurn, Nudge),
+}
 #: The hooks the engine calls without awaiting them (`check_hooks`).
 HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_response", "on_results")
 
@@ -240,6 +251,25 @@ def not_a_verdict(policy: str, hook: str, value: object) -> None:
         policy,
         hook,
         reprlib.repr(value),
+    )
+
+
+def misplaced(policy: str, hook: str, verdict: Verdict) -> None:
+    """A hook returned a verdict it does not act on (an `EndTurn` from ``on_stream``: a budget
+    written in the wrong hook never ends anything): a warning naming the hooks that act on it.
+    The caller logs it once per attempt and policy; the verdict is ignored."""
+    kind = next(v.__name__ for v in VERDICTS if isinstance(verdict, v))
+    acted = ACTS_ON[hook]
+    where = " or ".join(h for h, kinds in ACTS_ON.items() if isinstance(verdict, kinds))
+    log.warning(
+        "policy %s.%s returned %s, which is ignored: %s acts only on %s (return %s from %s)",
+        policy,
+        hook,
+        kind,
+        hook,
+        " and ".join(v.__name__ for v in acted),
+        kind,
+        where,
     )
 
 

@@ -29,7 +29,7 @@ from ._events import (
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
-from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, not_a_verdict, notify
+from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
@@ -81,6 +81,7 @@ class ModelPhase:
         "engine",
         "extra",
         "hushed",
+        "misplaced",
         "outcome",
         "retries",
         "skip",
@@ -101,6 +102,7 @@ class ModelPhase:
         self.watch, self.credit, self.tap = _stream_watch(engine) if engine.policies else _NO_WATCH
         self.skip = 0  # deltas the loop holds back from a tapped watcher, which sets it (see Policy._tap)
         self.hushed = False  # the single watcher raised in this attempt: logged once, not per event
+        self.misplaced = False  # it gave a verdict on_stream does not act on: logged once per attempt
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
 
     def open(self) -> AsyncIterator[StreamEvent] | None:
@@ -110,9 +112,10 @@ class ModelPhase:
         opts = engine.options
         self.acc = st.acc = Accumulator()
         if engine.policies:
-            self.hushed = False
+            self.hushed = self.misplaced = False
             if isinstance(self.credit, _Panel):
                 self.credit.hushed.clear()
+                self.credit.misplaced.clear()
             notify(engine.policies, "begin_attempt", engine=engine)
             tap = self.tap
             if tap is not None:
@@ -181,6 +184,9 @@ class ModelPhase:
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
                     self.hushed = _garbage(credit, verdict, hushed=self.hushed)
+                elif not self.misplaced:
+                    self.misplaced = True
+                    misplaced(credit, "on_stream", verdict)
                 return []
             heard: list[tuple[str, Verdict]] = [(credit, verdict)]
         else:
@@ -389,12 +395,13 @@ class _Panel:
     `Resample` is the one that cuts the attempt.
     """
 
-    __slots__ = ("engine", "heard", "hushed", "watchers")
+    __slots__ = ("engine", "heard", "hushed", "misplaced", "watchers")
 
     def __init__(self, watchers: list[Policy], engine: QueryEngine) -> None:
         self.watchers = watchers
         self.engine = engine  # whose credentials a watcher's error is logged without
         self.hushed: set[int] = set()  # the watchers (by index) that raised in this attempt, logged once
+        self.misplaced: set[int] = set()  # those that gave a verdict on_stream does not act on, logged once
         self.heard: list[tuple[str, Verdict]] = []
 
     def judge(self, event: StreamEvent) -> Verdict | None:
@@ -412,8 +419,12 @@ class _Panel:
             if verdict is None:
                 continue
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
-                if not isinstance(verdict, VERDICTS) and _garbage(policy.name, verdict, hushed=i in self.hushed):
-                    self.hushed.add(i)
+                if not isinstance(verdict, VERDICTS):
+                    if _garbage(policy.name, verdict, hushed=i in self.hushed):
+                        self.hushed.add(i)
+                elif i not in self.misplaced:
+                    self.misplaced.add(i)
+                    misplaced(policy.name, "on_stream", verdict)
                 continue
             if heard is None:
                 heard = []

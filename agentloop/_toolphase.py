@@ -86,8 +86,6 @@ class Batch:
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
         st.mailbox.fresh = True  # its first wait lets the calls take their first step
-        if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
-            st.mailbox.put(ABORTED)
 
     def receive(self, items: list[object]) -> list[Event]:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import sys
 import tempfile
 import traceback
@@ -50,10 +51,16 @@ MODELS: dict[str, Callable[..., Any]] = {
 }
 
 
+#: A printed traceback's frames: each ``File`` line, with the source line (and the carets) under it:
+#: where the code is and what it says, not text an error carries.
+_FRAMES = re.compile(r'^ +File "[^\n]*\n(?: {4,}[^\n]*\n)*', re.MULTILINE)
+
+
 def leaked(secrets: list[str], text: str) -> list[str]:
     """The secrets ``text`` shows, whole or a long piece of one (an excerpt cut through it); a
-    marker is opaque (a secret made of its letters is not in it)."""
-    text = text.replace(MARK, "\x00")
+    marker is opaque (a secret made of its letters is not in it). The frames of a printed
+    traceback are paths and code, not what an error says: a one-letter key is in any of them."""
+    text = _FRAMES.sub("", text).replace(MARK, "\x00")
     return [s for s in secrets if any(piece in text for piece in pieces(s))]
 
 
