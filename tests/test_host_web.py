@@ -272,6 +272,22 @@ async def cut(task: asyncio.Task[None]) -> None:
         await task
 
 
+async def cut_settled(host: WebHost, cid: str, task: asyncio.Task[None], *servers: _Server) -> Conversation:
+    """Cut the request, then check the conversation it leaves is settled."""
+    await cut(task)
+    conv = host.conversations[cid]
+    settled(conv, *servers)
+    return conv
+
+
+async def post_again(host: WebHost, cid: str, text: str, *servers: _Server, note: object = "") -> None:
+    """A new `POST /chat` to the conversation: it completes, and leaves it settled."""
+    again = Client()
+    await host.chat(cid, text, again)
+    assert terminal(again)["reason"] == "completed", note
+    settled(host.conversations[cid], *servers)
+
+
 # -- the client goes away -----------------------------------------------------------------------
 
 
@@ -290,18 +306,13 @@ async def test_a_client_that_disconnects_mid_answer_then_posts_again(tmp_path: P
     task = host.start_chat("c1", "How do I deploy?", first)
     await first.until("text_delta", 3)
     await server.stalled.wait()
-    await cut(task)
-    conv = host.conversations["c1"]
-    settled(conv, server)
+    conv = await cut_settled(host, "c1", task, server)
     assert first.of("turn_ended") == []  # the iteration ends without a TurnEnded (interrupts.md)
     cut_answer = conv.engine.messages[-1]
     assert cut_answer.partial and cut_answer.meta["abort_reason"] == "consumer_closed"
     assert cut_answer.text == "".join(e["text"] for e in first.of("text_delta")).rstrip()
 
-    again = Client()
-    await host.start_chat("c1", "Short version?", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(host, "c1", "Short version?", server)
     assert [m["role"] for m in server.bodies[-1]["messages"]] == ["user", "assistant", "user"]
     assert conv.engine.last_turn_ended is not None and conv.engine.last_turn_ended.reason == "completed"
 
@@ -329,16 +340,11 @@ async def test_a_client_that_disconnects_while_the_tool_runs_then_posts_again(tm
     host.approve("c1", request["tool_use"]["id"])
     await first.until("tool_call_started")
     await GATES["api"].started.wait()
-    await cut(task)
-    conv = host.conversations["c1"]
-    settled(conv, server)
+    conv = await cut_settled(host, "c1", task, server)
     results = conv.engine.messages[-1].tool_results
     assert len(results) == 1 and results[0].is_error and "stopped while it was running" in results[0].text
 
-    again = Client()
-    await host.start_chat("c1", "What happened?", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(host, "c1", "What happened?", server)
     await host.shutdown()
 
 
@@ -349,15 +355,10 @@ async def test_a_client_that_disconnects_while_a_call_streams(tmp_path: Path) ->
     task = host.start_chat("c1", "Weather in Oslo?", first)
     await first.until("tool_input_delta")
     await server.stalled.wait()
-    await cut(task)
-    conv = host.conversations["c1"]
-    settled(conv, server)
+    conv = await cut_settled(host, "c1", task, server)
     assert conv.engine.messages[-1].tool_uses == []
 
-    again = Client()
-    await host.start_chat("c1", "Well?", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(host, "c1", "Well?", server)
     await host.shutdown()
 
 
@@ -438,10 +439,7 @@ async def test_a_restart_resumes_every_conversation(tmp_path: Path) -> None:
             assert conv.repairs == [] and conv.engine.messages == before["mid-stream"][:1]
         else:
             assert conv.repairs == [] and conv.engine.messages == before[cid]
-        client = Client()
-        await restarted.chat(cid, "Where were we?", client)
-        assert terminal(client)["reason"] == "completed"
-        settled(conv, server)
+        await post_again(restarted, cid, "Where were we?", server)
     await restarted.shutdown()
 
 
@@ -544,10 +542,7 @@ async def test_a_prompt_nobody_answers_then_stop_then_a_late_approve(provider: s
         host.approve("c1", call_id)
     settled(host.conversations["c1"], server)
 
-    again = Client()
-    await host.chat("c1", "Go on", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(host.conversations["c1"], server)
+    await post_again(host, "c1", "Go on", server)
     await host.shutdown()
 
 
@@ -562,10 +557,7 @@ async def test_a_client_that_disconnects_while_its_prompt_waits(provider: str, t
     conv = host.conversations["c1"]
     settled(conv, server)
     assert "never started" in conv.engine.messages[-1].tool_results[0].text
-    again = Client()
-    await host.chat("c1", "Go on", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(host, "c1", "Go on", server)
     await host.shutdown()
 
 
@@ -646,7 +638,8 @@ async def stubborn_deploy(service: str) -> str:
     return f"{service} deployed"
 
 
-async def test_a_disconnect_while_a_tool_ignores_the_abort_ends_once_the_tool_is_stopped(tmp_path: Path) -> None:
+def stubborn_host(tmp_path: Path) -> tuple[AnthropicServer, WebHost, Conversation]:
+    """A host whose conversation "c1" is asked to run `stubborn_deploy` on "api", then answers."""
     GATES["api"] = Gates()
     server = AnthropicServer(ANTHROPIC_KEY, [
         Reply(text="Deploying.", calls=[Call("stubborn_deploy", {"service": "api"})]),
@@ -655,6 +648,11 @@ async def test_a_disconnect_while_a_tool_ignores_the_abort_ends_once_the_tool_is
     host = WebHost(tmp_path, lambda cid: anthropic(server))
     conv = host.conversation("c1")
     conv.engine.tools = [*conv.engine.tools.values(), stubborn_deploy]
+    return server, host, conv
+
+
+async def test_a_disconnect_while_a_tool_ignores_the_abort_ends_once_the_tool_is_stopped(tmp_path: Path) -> None:
+    server, host, conv = stubborn_host(tmp_path)
     conv.engine.tool_cancel_grace = 0.05
     first = Client()
     task = host.start_chat("c1", "Deploy the api", first)
@@ -663,10 +661,7 @@ async def test_a_disconnect_while_a_tool_ignores_the_abort_ends_once_the_tool_is
     assert GATES["api"].cancelled  # nothing the run started is left running
     settled(conv, server)
     assert "stopped while it was running" in conv.engine.messages[2].tool_results[0].text
-    second = Client()
-    await host.chat("c1", "What happened?", second)
-    assert terminal(second)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(host, "c1", "What happened?", server)
     await host.shutdown()
     assert JsonlSession(tmp_path / "c1.jsonl").load().messages == conv.engine.messages
 
@@ -685,14 +680,7 @@ class GoneClient(Client):
 
 
 async def test_a_run_dropped_for_a_gone_client_frees_its_file_for_a_new_engine_at_once(tmp_path: Path) -> None:
-    GATES["api"] = Gates()
-    server = AnthropicServer(ANTHROPIC_KEY, [
-        Reply(text="Deploying.", calls=[Call("stubborn_deploy", {"service": "api"})]),
-        Reply(text="It was cut; shall I retry?"),
-    ])
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
-    conv = host.conversation("c1")
-    conv.engine.tools = [*conv.engine.tools.values(), stubborn_deploy]
+    server, host, conv = stubborn_host(tmp_path)
     client = GoneClient("tool_call_started")
     with pytest.raises(ConnectionResetError):
         async for event in conv.engine.run("Deploy the api"):  # as the cookbook's host iterates
@@ -858,23 +846,15 @@ async def test_cuts_over_a_thinking_model_then_a_restart(provider: str, where: s
         await server.stalled.wait()
         kinds = {"thinking": "thinking_delta", "text": "text_delta", "call": "tool_input_delta"}
         assert client.events[-1]["type"] == kinds[where]
-    await cut(task)
-    conv = host.conversations["c1"]
-    settled(conv, server)
-    again = Client()
-    await host.chat("c1", "What happened?", again)
-    assert terminal(again)["reason"] == "completed"
-    settled(conv, server)
+    conv = await cut_settled(host, "c1", task, server)
+    await post_again(host, "c1", "What happened?", server)
     kept = list(conv.engine.messages)
     await host.shutdown()
 
     restarted = WebHost(tmp_path, make)
     conv = restarted.conversation("c1")
     assert conv.repairs == [] and conv.engine.messages == kept
-    last = Client()
-    await restarted.chat("c1", "And now?", last)
-    assert terminal(last)["reason"] == "completed"
-    settled(conv, server)
+    await post_again(restarted, "c1", "And now?", server)
     await restarted.shutdown()
 
 
@@ -938,10 +918,7 @@ async def test_a_client_gone_at_every_event_of_a_run(provider: str, tmp_path: Pa
         with pytest.raises(ConnectionResetError):
             await host.chat(cid, "Weather in Oslo and Rome?", SteeringClient(host, cid, gone_at=k))
         settled(conv, server)
-        again = Client()
-        await host.chat(cid, "Go on", again)
-        assert terminal(again)["reason"] == "completed", (k, kinds[k])
-        settled(conv, server)
+        await post_again(host, cid, "Go on", server, note=(k, kinds[k]))
         assert JsonlSession(tmp_path / f"{cid}.jsonl").load().messages == conv.engine.messages
     await host.shutdown()
 
@@ -964,14 +941,7 @@ async def test_a_post_while_a_disconnected_request_still_stops_its_tool_waits_ra
     """The browser reloads and sends again while the cut request's tool uses its cancel grace:
     that run is not going for the host any more (as after a break), so the new one waits for its
     cleanup and starts, rather than a 409 for a run the user cannot see."""
-    GATES["api"] = Gates()
-    server = AnthropicServer(ANTHROPIC_KEY, [
-        Reply(text="Deploying.", calls=[Call("stubborn_deploy", {"service": "api"})]),
-        Reply(text="It was cut; shall I retry?"),
-    ])
-    host = WebHost(tmp_path, lambda cid: anthropic(server))
-    conv = host.conversation("c1")
-    conv.engine.tools = [*conv.engine.tools.values(), stubborn_deploy]
+    server, host, conv = stubborn_host(tmp_path)
     stopped = asyncio.Event()
     conv.engine.on_abort(lambda reason: stopped.set())
     task = host.start_chat("c1", "Deploy the api", Client())
