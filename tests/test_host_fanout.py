@@ -83,6 +83,10 @@ async def drive(engine: QueryEngine, prompt: str | None = None,
     return events, ends[-1]
 
 
+def ends_of_children(events: list[Event]) -> list[TurnEnded]:
+    return [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+
+
 def nothing_left(*servers: _Server) -> None:
     assert {t for t in asyncio.all_tasks() if not t.done()} == {asyncio.current_task()}
     for server in servers:
@@ -147,7 +151,7 @@ async def test_ten_subagents_in_one_response_nest_to_the_depth_limit_and_the_par
         assert "subagent depth limit (3) was reached" in child.messages[2].tool_results[0].text
     # The parent's usage is the whole tree's: every response of every engine, counted once.
     assert end.usage.input_tokens == 10 * model.request_count
-    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    child_ends = ends_of_children(events)
     assert len(child_ends) == 16 and all(e.reason == "completed" for e in child_ends)
     # The parent's transcript holds only its calls and their results.
     assert len(engine.messages) == 4
@@ -181,20 +185,28 @@ def serve_children(server: _Server, thinking: str = "") -> None:
     server.on_request = reply
 
 
+def wired(provider: str, *, summaries: bool = True) -> tuple[_Server, Any]:
+    """A mock server of `provider` ("anthropic", "responses" or "chat") and a model that talks to it:
+    Claude with extended thinking, GPT-5 with its reasoning summarised unless `summaries` is off."""
+    if provider == "anthropic":
+        claude = AnthropicServer(ANTHROPIC_KEY, [])
+        return claude, AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000,
+                                      http_client=claude.client())
+    if provider == "responses":
+        gpt = ResponsesServer(OPENAI_KEY, [])
+        extra = {"reasoning": {"effort": "low", "summary": "auto"}} if summaries else None
+        return gpt, OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=gpt.client(), extra_body=extra)
+    chat = ChatServer(OPENAI_KEY, [])
+    return chat, OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=chat.client())
+
+
 def providers() -> tuple[list[_Server], list[Any]]:
     """Mock servers of the three APIs, and a delegate tool per provider (and one scripted)."""
-    claude = AnthropicServer(ANTHROPIC_KEY, [])
-    gpt = ResponsesServer(OPENAI_KEY, [])
-    chat = ChatServer(OPENAI_KEY, [])
+    (claude, claude_model), (gpt, gpt_model), (chat, chat_model) = (wired(p) for p in ("anthropic", "responses", "chat"))
     serve_children(claude, thinking="Which papers? 🤔")
     serve_children(gpt, thinking="Search first.")
     serve_children(chat)
-    models = {
-        "claude": AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000, http_client=claude.client()),
-        "gpt": OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=gpt.client(),
-                                    extra_body={"reasoning": {"effort": "low", "summary": "auto"}}),
-        "chat": OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=chat.client()),
-    }
+    models = {"claude": claude_model, "gpt": gpt_model, "chat": chat_model}
     tools = [delegate_tool(name=name, agent_prefix=name, model=model) for name, model in models.items()]
     return [claude, gpt, chat], [*tools, delegate_tool(), lookup]
 
@@ -227,7 +239,7 @@ async def test_children_on_three_providers_and_a_scripted_model_run_at_once(
     assert sorted(tree.children) == sorted(
         ["claude-1", "claude-2", "claude-3", "gpt-1", "gpt-2", "gpt-3", "chat-1", "chat-2", "sub-1", "sub-2"])
     assert all(len(s.bodies) == 6 for s in servers[:2]) and len(servers[2].bodies) == 4
-    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    child_ends = ends_of_children(events)
     assert len(child_ends) == 10
     own = sum(r.usage.input_tokens for r in [ScriptedResponse()] * 2)
     assert end.usage.input_tokens == own + sum(e.usage.input_tokens for e in child_ends)
@@ -253,7 +265,7 @@ def check_interrupted(engine: QueryEngine, tree: Tree, end: TurnEnded, events: l
     assert end.abort_reason == reason
     assert sorted(end.aborted_subagents) == sorted(tree.children)
     assert len(end.aborted_subagents) == 10
-    child_ends = {e.agent_id: e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
+    child_ends = {e.agent_id: e for e in ends_of_children(events)}
     assert sorted(child_ends) == sorted(tree.children)
     assert {e.abort_reason for e in child_ends.values()} == {reason}
     results = engine.messages[2].tool_results
@@ -266,20 +278,8 @@ async def test_the_parent_interrupted_while_ten_children_stream(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, provider: str,
 ) -> None:
     tree = Tree(monkeypatch)
-    server: _Server
-    if provider == "anthropic":
-        server = AnthropicServer(ANTHROPIC_KEY, [])
-        child_model: Any = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000,
-                                          http_client=server.client())
-        stalling(server, thinking="Hmm.")
-    elif provider == "responses":
-        server = ResponsesServer(OPENAI_KEY, [])
-        child_model = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=server.client())
-        stalling(server, thinking="Hmm.")
-    else:
-        server = ChatServer(OPENAI_KEY, [])
-        child_model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
-        stalling(server)
+    server, child_model = wired(provider, summaries=False)
+    stalling(server, thinking="" if provider == "chat" else "Hmm.")
     streaming: set[str] = set()
     with JsonlSession(tmp_path / "main.jsonl") as session:
         engine = QueryEngine(ScriptedModel([fan_out()]), tools=[delegate_tool(model=child_model)], session=session)
@@ -673,7 +673,7 @@ async def test_the_parents_usage_limit_is_the_trees_budget(monkeypatch: pytest.M
     assert model.request_count == 5
     assert end.reason == "usage_limit"
     assert end.usage.total == 20 * 5
-    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    child_ends = ends_of_children(events)
     assert [e.reason for e in child_ends] == ["usage_limit"] * 10
     results = engine.messages[2].tool_results
     assert all(r.is_error and "stopped before finishing (usage_limit: the parent's usage_limit of 100 tokens" in r.text for r in results)
@@ -703,7 +703,7 @@ async def test_the_parents_deadline_stops_ten_children_with_it(monkeypatch: pyte
         events, end = await drive(engine, "Research the field")
     assert end.reason == "deadline"
     check_interrupted(engine, tree, end, events, "deadline")
-    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    child_ends = ends_of_children(events)
     assert [e.reason for e in child_ends] == ["deadline"] * 10
     nothing_left()
 
@@ -774,7 +774,7 @@ async def test_a_child_with_its_parents_grace_ends_its_turn_before_the_parent_cu
         events, end = await drive(engine, "Research the field", on)
         assert clock.now - begun <= 2.0 + 0.01  # the parent's grace bounds it all
     assert len(tree.children) == 12
-    child_ends = {e.agent_id: e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None}
+    child_ends = {e.agent_id: e for e in ends_of_children(events)}
     assert sorted(child_ends) == sorted(tree.children)
     assert {e.reason for e in child_ends.values()} == {"aborted_tools"}
     assert sorted(end.aborted_subagents) == sorted(tree.children)
@@ -812,17 +812,7 @@ async def test_a_parent_on_a_provider_interrupted_mid_fan_out_is_accepted_when_i
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, provider: str,
 ) -> None:
     tree = Tree(monkeypatch)
-    server: _Server
-    if provider == "anthropic":
-        server = AnthropicServer(ANTHROPIC_KEY, [])
-        model: Any = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000, http_client=server.client())
-    elif provider == "responses":
-        server = ResponsesServer(OPENAI_KEY, [])
-        model = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=server.client(),
-                                     extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
-    else:
-        server = ChatServer(OPENAI_KEY, [])
-        model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
+    server, model = wired(provider)
     server.on_request = lambda body: server.replies.append(
         Reply(text="Summary of what came back.") if "Go on" in str(body) else
         Reply(thinking="Ten topics: fan out.", text="Splitting the work.",
@@ -945,18 +935,7 @@ async def test_a_child_looping_on_a_provider_is_resampled_while_its_siblings_ans
     # Topic 0's child thinks the same sentence over and over at every attempt: it is cut and resampled, within its own budget, on the wire; its siblings
     # answer meanwhile, and every request the tree makes is one the API accepts.
     tree = Tree(monkeypatch)
-    server: _Server
-    if provider == "anthropic":
-        server = AnthropicServer(ANTHROPIC_KEY, [])
-        child_model: Any = AnthropicModel("claude-opus-4-7", api_key=ANTHROPIC_KEY, thinking=2000,
-                                          http_client=server.client())
-    elif provider == "responses":
-        server = ResponsesServer(OPENAI_KEY, [])
-        child_model = OpenAIResponsesModel("gpt-5", api_key=OPENAI_KEY, http_client=server.client(),
-                                           extra_body={"reasoning": {"effort": "low", "summary": "auto"}})
-    else:
-        server = ChatServer(OPENAI_KEY, [])
-        child_model = OpenAIChatModel("gpt-4o", api_key=OPENAI_KEY, http_client=server.client())
+    server, child_model = wired(provider)
 
     def reply(body: dict[str, Any]) -> None:
         items = body.get("messages") or body.get("input") or []
@@ -988,7 +967,7 @@ async def test_the_parents_turn_limit_counts_its_own_requests_only(monkeypatch: 
     engine = QueryEngine(model, tools=[delegate_tool()], max_turns=1)
     events, end = await drive(engine, "Research the field")
     assert end.reason == "max_turns" and end.turns == 1
-    child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
+    child_ends = ends_of_children(events)
     assert len(child_ends) == 16 and {e.reason for e in child_ends} == {"completed"}
     assert end.usage.total == 20 * model.request_count
     assert [r.is_error for r in engine.messages[2].tool_results] == [False] * 10
