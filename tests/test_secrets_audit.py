@@ -32,6 +32,7 @@ from agentloop import (
     Message,
     Policy,
     QueryEngine,
+    Tool,
     ToolContext,
     ToolProgress,
     ToolResultBlock,
@@ -318,20 +319,33 @@ _CALL = _chat({"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
 _DONE = _chat({"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"})
 
 
-async def test_a_subagent_on_a_model_of_its_own_never_sends_its_parents_key() -> None:
-    parent_key, child_key = "sk-parent-0123456789abcdefXYZ", "sk-child-9876543210fedcbaQRS"
-    bodies: list[bytes] = []
+def _env_then_done(bodies: list[bytes]) -> httpx.AsyncClient:
+    """A client of a mock Chat Completions API that keeps each request's body: the first is
+    answered with a call of `env`, the rest with "done"."""
 
     def serve(request: httpx.Request) -> httpx.Response:
         bodies.append(request.content)
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if len(bodies) == 1 else _DONE)
 
+    return httpx.AsyncClient(transport=httpx.MockTransport(serve))
+
+
+def _env_tool(output: str) -> Tool:
+    """A tool `env` that prints `output` as the environment."""
+
     @tool
     async def env() -> str:
         """Print the environment."""
-        return f"OPENAI_API_KEY={child_key}\nANTHROPIC_API_KEY={parent_key}"
+        return output
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+    return env
+
+
+async def test_a_subagent_on_a_model_of_its_own_never_sends_its_parents_key() -> None:
+    parent_key, child_key = "sk-parent-0123456789abcdefXYZ", "sk-child-9876543210fedcbaQRS"
+    bodies: list[bytes] = []
+    env = _env_tool(f"OPENAI_API_KEY={child_key}\nANTHROPIC_API_KEY={parent_key}")
+    async with _env_then_done(bodies) as client:
         parent = QueryEngine(AnthropicModel("m", api_key=parent_key, http_client=client))
         child = parent.subagent(agent_id="worker", model=OpenAIChatModel("m", api_key=child_key, http_client=client),
                                 tools=[env])  # fmt: skip
@@ -370,17 +384,8 @@ def test_an_http_mcp_servers_credential_headers_and_url_are_known_to_it() -> Non
 async def test_a_tool_result_carrying_the_key_is_marked_everywhere_and_in_a_fork(tmp_path: Path) -> None:
     key, other = "sk-main-0123456789abcdefXYZ0", "sk-fork-9876543210fedcbaQRS1"
     bodies: list[bytes] = []
-
-    def serve(request: httpx.Request) -> httpx.Response:
-        bodies.append(request.content)
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if len(bodies) == 1 else _DONE)
-
-    @tool
-    async def env() -> str:
-        """Print the environment."""
-        return f"OPENAI_API_KEY={key}"
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+    env = _env_tool(f"OPENAI_API_KEY={key}")
+    async with _env_then_done(bodies) as client:
         session = JsonlSession(tmp_path / "main.jsonl")
         main = QueryEngine(OpenAIChatModel("m", api_key=key, http_client=client), tools=[env], session=session)
         events = [ev async for ev in main.run("look")]
