@@ -411,20 +411,13 @@ def test_an_mcp_header_no_request_can_carry_is_refused_without_being_quoted() ->
 
 async def test_a_tools_progress_report_carrying_the_key_is_marked() -> None:
     key = "sk-progress-0123456789abcdefXYZ"
-    calls = 0
-
-    def serve(request: httpx.Request) -> httpx.Response:
-        nonlocal calls
-        calls += 1
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if calls == 1 else _DONE)
-
     @tool
     async def env(ctx: ToolContext) -> str:
         """Print the environment."""
         ctx.emit(ToolProgress(tool_use_id=ctx.tool_use_id, text=f"OPENAI_API_KEY={key}"))
         return "done"
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+    async with _env_then_done([]) as client:
         engine = QueryEngine(OpenAIChatModel("m", api_key=key, http_client=client), tools=[env])
         events = [ev async for ev in engine.run("look")]
     progress = [ev for ev in events if isinstance(ev, ToolProgress)]
@@ -706,13 +699,6 @@ class _AlsoQuoting(_Quoting):
 
 @pytest.mark.parametrize("panel", [False, True])
 async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_credentials(panel: bool) -> None:
-    calls = 0
-
-    def serve(request: httpx.Request) -> httpx.Response:
-        nonlocal calls
-        calls += 1
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if calls == 1 else _DONE)
-
     @tool
     async def env(ctx: ToolContext) -> str:
         """Stop the run."""
@@ -727,7 +713,7 @@ async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_cre
 
     policies = [_Quoting(), _AlsoQuoting()] if panel else [_Quoting()]
     with logged() as records:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        async with _env_then_done([]) as client:
             engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env], policies=policies)
             engine.watch_tools(watcher)
             engine.on_abort(abort_hook)
