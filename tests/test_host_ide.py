@@ -196,14 +196,19 @@ def held_at(kind: str, n: int = 1) -> Callable[[Event], bool]:
 # Control calls from the UI thread at chosen moments
 
 
-def test_stop_pressed_mid_stream(editor: Editor) -> None:
-    engine = QueryEngine(ScriptedModel([long_text()]))
+def stop_mid_text(editor: Editor, engine: QueryEngine, prompt: str) -> None:
+    """Start a run, press stop while it is held at its second text delta, and let it end."""
     editor.hold = held_at("text_delta", 2)
-    run = editor.start(engine, "Explain the module")
+    run = editor.start(engine, prompt)
     editor.next()
     engine.interrupt()
     editor.go()
     editor.until_ended(run)
+
+
+def test_stop_pressed_mid_stream(editor: Editor) -> None:
+    engine = QueryEngine(ScriptedModel([long_text()]))
+    stop_mid_text(editor, engine, "Explain the module")
     assert editor.rendered[-1]["type"] == "turn_ended"
     assert (editor.rendered[-1]["reason"], editor.rendered[-1]["abort_reason"]) == ("aborted_streaming", "cancel")
     assert engine.messages[1].partial and engine.messages[-1].kind == "interrupt_notice"
@@ -475,12 +480,7 @@ def test_the_plugin_reloads_from_its_session_file(editor: Editor, tmp_path: Path
     path = tmp_path / "chat.jsonl"
     with JsonlSession(path) as session:
         engine = QueryEngine(ScriptedModel([long_text()]), session=session)
-        editor.hold = held_at("text_delta", 2)
-        run = editor.start(engine, "Explain")
-        editor.next()
-        engine.interrupt()
-        editor.go()
-        editor.until_ended(run)
+        stop_mid_text(editor, engine, "Explain")
         check(engine, editor)
     editor.close()
 
