@@ -49,6 +49,14 @@ def _engine(srv: MCPServer, tools: list[Any]) -> QueryEngine:
     return engine
 
 
+async def _first_call(srv: MCPServer, tools: list[Any]) -> ToolCallFinished:
+    """Run an engine that calls ``pid`` once, and give back that call's end."""
+    async with asyncio.timeout(30):
+        events = [e async for e in _engine(srv, tools).run("go")]
+    [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+    return finished
+
+
 @pytest.mark.parametrize("mute", ["init", "list"])
 async def test_an_abort_reaches_a_call_waiting_for_a_server_that_never_answers(mute: str, tmp_path: Path) -> None:
     # Without a connect_timeout, the first call on a new connection waits for initialize (and for
@@ -75,10 +83,7 @@ async def test_an_abort_reaches_a_call_waiting_for_a_server_that_never_answers(m
 async def test_a_first_call_on_a_server_that_never_answers_initialize_is_an_error_naming_it(tmp_path: Path) -> None:
     srv, tools = await _restarted("init", tmp_path / "starts", connect_timeout=0.5)
     try:
-        engine = _engine(srv, tools)
-        async with asyncio.timeout(30):
-            events = [e async for e in engine.run("go")]
-        [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+        finished = await _first_call(srv, tools)
         assert finished.result.is_error
         assert srv.label in finished.result.text and "initialize" in finished.result.text
         assert "0.5 s" in finished.result.text
@@ -93,10 +98,7 @@ async def test_a_first_call_on_a_server_that_never_answers_tools_list_gets_its_a
     # and nothing waits for a listing afterwards (the SDK's own, to check the result, included).
     srv, tools = await _restarted("list", tmp_path / "starts", connect_timeout=0.5)
     try:
-        engine = _engine(srv, tools)
-        async with asyncio.timeout(30):
-            events = [e async for e in engine.run("go")]
-        [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+        finished = await _first_call(srv, tools)
         assert not finished.result.is_error and finished.result.text.isdigit()
         assert f"MCP server {srv.label} answered the call of 'pid' but not tools/list within 0.5 s" in caplog.text
     finally:
