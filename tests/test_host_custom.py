@@ -453,45 +453,39 @@ class BrokenModel:
         yield StreamEnd("end_turn")
 
 
-@pytest.mark.parametrize("how", ["call", "first"])
-async def test_a_model_that_fails_before_its_first_event(how: str) -> None:
+async def model_error_of(how: str) -> tuple[BrokenModel, QueryEngine, str]:
+    """Run a turn on a `BrokenModel` broken `how`: it ends with a model error, given back."""
     model = BrokenModel(how)
     engine = QueryEngine(model, retry_base_delay=0)
-    events = await run_all(engine, "Hi")
-    end = ended(events)
+    end = ended(await run_all(engine, "Hi"))
     assert end.reason == "model_error"
-    assert end.error is not None and ("not running" in end.error or "llama-9" in end.error)
+    assert end.error is not None
+    return model, engine, end.error
+
+
+@pytest.mark.parametrize("how", ["call", "first"])
+async def test_a_model_that_fails_before_its_first_event(how: str) -> None:
+    model, engine, error = await model_error_of(how)
+    assert "not running" in error or "llama-9" in error
     assert model.calls == 1
     assert [m.role for m in engine.messages] == ["user"]
 
 
 async def test_a_model_that_yields_something_else_is_an_error_not_silence() -> None:
-    model = BrokenModel("wrong-type")
-    engine = QueryEngine(model, retry_base_delay=0)
-    events = await run_all(engine, "Hi")
-    end = ended(events)
-    assert end.reason == "model_error"
-    assert end.error is not None and "yielded dict, not one of the stream events" in end.error
+    model, _, error = await model_error_of("wrong-type")
+    assert "yielded dict, not one of the stream events" in error
     assert model.calls == 1  # the adapter's bug: a new attempt would meet it again
 
 
 async def test_a_model_whose_event_has_a_wrong_field_is_retried() -> None:
-    model = BrokenModel("wrong-field")
-    engine = QueryEngine(model, retry_base_delay=0)
-    events = await run_all(engine, "Hi")
-    end = ended(events)
-    assert end.reason == "model_error"
-    assert end.error is not None and "StreamText carries int where a str belongs" in end.error
+    model, _, error = await model_error_of("wrong-field")
+    assert "StreamText carries int where a str belongs" in error
     assert model.calls == 4  # retried as a malformed stream, within retry_budget=3
 
 
 async def test_a_bug_in_the_adapter_ends_the_turn_with_its_error() -> None:
-    model = BrokenModel("key-error")
-    engine = QueryEngine(model, retry_base_delay=0)
-    events = await run_all(engine, "Hi")
-    end = ended(events)
-    assert end.reason == "model_error"
-    assert end.error is not None and "KeyError" in end.error
+    _, engine, error = await model_error_of("key-error")
+    assert "KeyError" in error
     assert engine.messages[-1].partial and engine.messages[-1].text == "partial"
 
 
