@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect
+from _models_support import API_KEY, MockServer, RecordingStream, collect
 
 import agentloop
 from agentloop import QueryEngine, TurnEnded
@@ -23,28 +22,7 @@ from agentloop.models._http import Connection, _errors
 _MODELS = [AnthropicModel, OpenAIChatModel, OpenAIResponsesModel]
 
 
-class _Body(httpx.AsyncByteStream):
-    """``chunks``, then (``hang``) no more bytes and no end; records how many chunks went out."""
-
-    def __init__(self, chunks: list[bytes], *, hang: bool = False) -> None:
-        self.chunks, self.hang = chunks, hang
-        self.sent = 0
-        self.closed = False
-        self.blocked = asyncio.Event()
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            self.sent += 1
-            yield chunk
-        if self.hang:
-            self.blocked.set()
-            await asyncio.Event().wait()
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-def _client(status: int, content_type: str, body: _Body, **headers: str) -> httpx.AsyncClient:
+def _client(status: int, content_type: str, body: RecordingStream, **headers: str) -> httpx.AsyncClient:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, headers={"content-type": content_type, **headers}, stream=body)
 
@@ -63,7 +41,7 @@ async def test_a_large_web_page_sent_with_200_is_not_retried_and_not_read_to_its
     # whose first event had not come yet, and at its end taken for a cut stream and asked for again.
     head = b"<!doctype html><html><head><title>Access denied by proxy</title></head><body>"
     chunks = [head, *[b"<p>" + b"x" * (_KIB64 - 8) + b"</p>\n"] * 48, b"</body></html>"]
-    body = _Body(chunks)
+    body = RecordingStream(chunks)
     async with _client(200, "text/html", body) as client:
         with pytest.raises(StreamProtocolError) as caught:
             await collect(cls("m", api_key=API_KEY, http_client=client))
@@ -76,7 +54,7 @@ async def test_a_large_web_page_sent_with_200_is_not_retried_and_not_read_to_its
 async def test_a_large_body_that_is_no_event_stream_is_not_retried_and_not_read_to_its_end(content_type: str) -> None:
     # A whole response of 3 MiB (a server that ignored "stream": true), or a log dump.
     text = json.dumps({"id": "chatcmpl-1", "choices": [{"message": {"content": "y" * (3 << 20)}}]}).encode()
-    body = _Body([text[i : i + _KIB64] for i in range(0, len(text), _KIB64)])
+    body = RecordingStream([text[i : i + _KIB64] for i in range(0, len(text), _KIB64)])
     async with _client(200, content_type, body) as client:
         with pytest.raises(StreamProtocolError) as caught:
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
@@ -92,7 +70,7 @@ async def test_a_large_event_stream_whose_first_event_is_late_is_still_read() ->
 
     padding = b": " + b"p" * (_KIB64 - 3) + b"\n"
     chunks = [padding] * 20 + [chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, "stop"))]
-    async with _client(200, "text/event-stream", _Body(chunks)) as client:
+    async with _client(200, "text/event-stream", RecordingStream(chunks)) as client:
         _, acc = await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert acc.text() == "hi"
 
@@ -115,7 +93,7 @@ async def test_a_json_error_sent_with_200_is_retried_as_its_type_or_code_says(
     # A gateway that answers 200 with the upstream's error: an overload or a rate limit is as
     # transient there as in a 529 or an error event; it was never retried.
     raw = json.dumps({"error": error}).encode()
-    async with _client(200, "application/json", _Body([raw]), **{"retry-after": "2"}) as client:
+    async with _client(200, "application/json", RecordingStream([raw]), **{"retry-after": "2"}) as client:
         with pytest.raises(ProviderStatusError) as caught:
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert caught.value.status == 200 and caught.value.message.endswith(error["message"])
@@ -125,7 +103,7 @@ async def test_a_json_error_sent_with_200_is_retried_as_its_type_or_code_says(
 
 async def test_a_json_error_sent_with_200_and_x_should_retry_false_is_not_retried() -> None:
     raw = json.dumps({"error": {"type": "overloaded_error", "message": "Overloaded"}}).encode()
-    async with _client(200, "application/json", _Body([raw]), **{"x-should-retry": "false"}) as client:
+    async with _client(200, "application/json", RecordingStream([raw]), **{"x-should-retry": "false"}) as client:
         with pytest.raises(ProviderStatusError) as caught:
             await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
     assert caught.value.retryable is False
@@ -135,7 +113,7 @@ async def test_a_short_body_that_is_no_stream_is_quoted_in_the_cut_stream_error(
     # An Envoy or load balancer message with status 200: still taken for a cut stream (retried),
     # but the error says what the body held instead of only "connection cut".
     said = b"upstream connect error or disconnect/reset before headers. reset reason: overflow"
-    async with _client(200, "text/plain", _Body([said])) as client:
+    async with _client(200, "text/plain", RecordingStream([said])) as client:
         with pytest.raises(StreamProtocolError) as caught:
             await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
     assert caught.value.retryable is True
@@ -152,7 +130,7 @@ async def test_an_error_body_that_stalls_is_read_no_longer_than_its_deadline(
     # A 500 whose body stops after its first bytes: it was waited for until the read timeout
     # (600 s by default), and one that trickles a byte at a time, for ever.
     monkeypatch.setattr(_errors, "_ERROR_BODY_WAIT", 0.05)
-    body = _Body([b'{"error": {"message": "upstream ', b"fail"], hang=True)
+    body = RecordingStream([b'{"error": {"message": "upstream ', b"fail"], hang=True)
     async with _client(500, "application/json", body) as client:
         with pytest.raises(ProviderStatusError) as caught:
             await collect(cls("m", api_key=API_KEY, http_client=client))
@@ -164,7 +142,7 @@ async def test_an_error_body_that_stalls_is_read_no_longer_than_its_deadline(
 @pytest.mark.parametrize("cls", _MODELS)
 async def test_an_abort_reaches_a_stalled_error_body_at_once(cls: type[Any]) -> None:
     # Called directly (no engine to cancel the task), the abort was seen only once the body was read.
-    body = _Body([b'{"error": '], hang=True)
+    body = RecordingStream([b'{"error": '], hang=True)
     controller = AbortController()
     async with _client(503, "application/json", body) as client:
         model = cls("m", api_key=API_KEY, http_client=client)
@@ -197,7 +175,7 @@ async def test_an_abort_reaches_a_request_still_waiting_for_its_response() -> No
 
 
 async def test_an_interrupt_ends_a_run_whose_error_body_stalls() -> None:
-    body = _Body([b'{"error": '], hang=True)
+    body = RecordingStream([b'{"error": '], hang=True)
     async with _client(500, "application/json", body) as client:
         engine = QueryEngine(OpenAIChatModel("m", api_key=API_KEY, http_client=client), policies=[])
         run = asyncio.ensure_future(_events(engine))
@@ -279,7 +257,7 @@ async def test_a_compressed_stream_is_fed_to_the_decoder_in_bounded_pieces() -> 
     from _models_support import chat_chunk, chat_stream
 
     plain = b"\n" * (48 << 20) + chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, "stop"))
-    body = _Body([gzip.compress(plain, 9)])
+    body = RecordingStream([gzip.compress(plain, 9)])
     async with _client(200, "text/event-stream", body, **{"content-encoding": "gzip"}) as client:
         tracemalloc.start()
         try:
@@ -317,7 +295,7 @@ async def test_an_abort_reaches_a_stream_that_stalled_between_events_at_once(cls
         OpenAIChatModel: chat_stream(chat_chunk({"content": "Hel"}), done=False),
         OpenAIResponsesModel: sse(ev("response.created", response={"id": "resp_1"})),
     }[cls]
-    body = _Body([first], hang=True)
+    body = RecordingStream([first], hang=True)
     controller = AbortController()
     async with _client(200, "text/event-stream", body) as client:
         reading = asyncio.ensure_future(collect(cls("m", api_key=API_KEY, http_client=client), signal=controller.signal))
