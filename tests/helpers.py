@@ -10,6 +10,15 @@ from typing import Any
 from agentloop import AbortSignal, Event, Message, QueryEngine
 from agentloop._model import ModelRequest, StreamEvent, StreamText
 
+#: The headless host's exit code for each reason a turn ends (the cookbook's batch job).
+EXIT = {
+    "completed": 0,
+    "model_error": 2, "prompt_too_long": 2,
+    "max_turns": 3, "usage_limit": 3, "deadline": 3,
+    "stationarity_ended": 4, "hook_stopped": 4,
+    "aborted_streaming": 130, "aborted_tools": 130,
+}
+
 
 async def collect(engine: QueryEngine, prompt: str | Message | None = None) -> list[Event]:
     return [ev async for ev in engine.run(prompt)]

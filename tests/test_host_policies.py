@@ -64,6 +64,7 @@ from agentloop.policies import (
 )
 from agentloop.sessions import JsonlSession
 from agentloop.testing import collect
+from tests.helpers import EXIT
 
 CHANT = "I will read the file again to be sure. "
 
@@ -543,15 +544,6 @@ async def test_send_now_while_a_nudge_is_pending_drops_the_nudge() -> None:
 
 
 # -- the headless host -----------------------------------------------------------------------------
-
-EXIT = {
-    "completed": 0,
-    "model_error": 2, "prompt_too_long": 2,
-    "max_turns": 3, "usage_limit": 3, "deadline": 3,
-    "stationarity_ended": 4, "hook_stopped": 4,
-    "aborted_streaming": 130, "aborted_tools": 130,
-}
-
 
 class NoDeploys(Policy):
     """Ends the turn before a deploy runs: nobody is there to approve it."""

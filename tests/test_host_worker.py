@@ -37,6 +37,7 @@ from agentloop import (
 )
 from agentloop.models import OpenAIChatModel
 from agentloop.policies import EndTurn, IdenticalToolCallRun, Nudge, Policy, default_policies
+from tests.helpers import EXIT
 
 # ---------------------------------------------------------------------------------------------
 # A Chat Completions server played by an httpx.MockTransport, its streams shaped like the
@@ -354,15 +355,6 @@ def MCPServer_stdio(markers: Path) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # A headless job: a policy of its own composed with the stock ones, limits, and exit codes.
-
-EXIT = {
-    "completed": 0,
-    "model_error": 2, "prompt_too_long": 2,
-    "max_turns": 3, "usage_limit": 3, "deadline": 3,
-    "stationarity_ended": 4, "hook_stopped": 4,
-    "aborted_streaming": 130, "aborted_tools": 130,
-}
-
 
 class IgnoreTimeouts(IdenticalToolCallRun):
     """Calls that differ only in their ``timeout`` are one call (policies.md, Writing your own)."""
