@@ -113,11 +113,32 @@ def fan_out(tool_name: str = "task") -> ScriptedResponse:
                             tool_calls=[ScriptedToolCall(tool_name, {"task": t}) for t in TOPICS])
 
 
+def joined(results: list[str]) -> str:
+    return "Report: " + " | ".join(results)
+
+
+def calling(tool_name: str, arg: str, *, answer: str | None = None,
+            report: Callable[[list[str]], str] | None = None) -> Callable[[ModelRequest], ScriptedResponse | str]:
+    """A tree's script: the parent fans out over TOPICS (with `report`: until its calls are
+    answered, then it reports on the results); each child calls `tool_name` with its topic as
+    `arg` (with `answer`: until the call is answered, then it says "<topic>: <answer>")."""
+
+    def script(request: ModelRequest) -> ScriptedResponse | str:
+        task, results = task_of(request), results_of(request)
+        if task.startswith("Research"):
+            return report(results) if report is not None and results else fan_out()
+        if answer is not None and results:
+            return f"{task}: {answer}"
+        return ScriptedResponse(tool_calls=[ScriptedToolCall(tool_name, {arg: task})])
+
+    return script
+
+
 def researcher(request: ModelRequest) -> ScriptedResponse | str:
     """The whole tree's script: the parent fans out, topics 0-2 delegate down the levels."""
     task, results = task_of(request), results_of(request)
     if task.startswith("Research"):
-        return fan_out() if not results else "Report: " + " | ".join(results)
+        return fan_out() if not results else joined(results)
     level, n = task.rsplit(" ", 1)
     deeper = {"topic": "deep", "deep": "deeper", "deeper": "deepest", "deepest": "bottom"}[level]
     if not results and int(n) < 3:
@@ -321,12 +342,7 @@ async def test_the_parent_interrupted_while_ten_children_run_tools(monkeypatch: 
         ctx.signal.throw_if_aborted()
         return "crawled"
 
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        task = task_of(request)
-        if task.startswith("Research"):
-            return fan_out()
-        return ScriptedResponse(tool_calls=[ScriptedToolCall("crawl", {"site": task})])
-
+    script = calling("crawl", "site")
     engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), crawl])
     hooks: list[str] = []
     engine.on_abort(lambda reason: hooks.append(f"session cleanup ({reason})"), main_only=True)
@@ -366,12 +382,7 @@ async def test_the_parent_interrupted_while_a_child_waits_for_permission(monkeyp
         await asyncio.Event().wait()  # the user never answers
         raise AssertionError("unreachable")
 
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        task = task_of(request)
-        if task.startswith("Research"):
-            return fan_out()
-        return ScriptedResponse(tool_calls=[ScriptedToolCall("download", {"url": task})])
-
+    script = calling("download", "url")
     engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), download], permission=ask)
 
     def on(event: Event) -> None:
@@ -404,7 +415,7 @@ def failing(request: ModelRequest) -> ScriptedResponse | str:
     `true` forever; the others answer."""
     task, results = task_of(request), results_of(request)
     if task.startswith("Research"):
-        return fan_out() if not results else "Report: " + " | ".join(results)
+        return fan_out() if not results else joined(results)
     if task == "topic 3":
         return ScriptedResponse(text="Starting. ", error=ModelError("upstream overloaded", retryable=False), error_after=2)
     if task == "topic 4":
@@ -469,7 +480,7 @@ class Crawlers:
             last = request.messages[-1]
             if last.text.startswith("Stop"):
                 return "Stopped as asked: two papers per topic so far."
-            return fan_out() if not results_of(request) else "Report: " + " | ".join(results_of(request))
+            return fan_out() if not results_of(request) else joined(results_of(request))
         return ScriptedResponse(text=f"{task}: 2 papers so far; crawling for more.",
                                 tool_calls=[ScriptedToolCall("crawl", {"site": task})])
 
@@ -659,13 +670,7 @@ async def test_a_resumed_parent_fans_out_again_under_new_ids(monkeypatch: pytest
 async def test_the_parents_usage_limit_is_the_trees_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     tree = Tree(monkeypatch)
 
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        task, results = task_of(request), results_of(request)
-        if task.startswith("Research"):
-            return fan_out() if not results else "Report."
-        return f"{task}: 3 papers" if results else ScriptedResponse(
-            tool_calls=[ScriptedToolCall("lookup", {"query": task})])
-
+    script = calling("lookup", "query", answer="3 papers", report=lambda results: "Report.")
     model = ScriptedModel([script], cycle=True)
     engine = QueryEngine(model, tools=[delegate_tool(), lookup], usage_limit=100)
     events, end = await drive(engine, "Research the field")
@@ -692,12 +697,7 @@ async def test_the_parents_deadline_stops_ten_children_with_it(monkeypatch: pyte
         await asyncio.sleep(3600)
         return "page"
 
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        task = task_of(request)
-        if task.startswith("Research"):
-            return fan_out()
-        return ScriptedResponse(tool_calls=[ScriptedToolCall("fetch", {"url": task})])
-
+    script = calling("fetch", "url")
     with VirtualClock():
         engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(), fetch], deadline=30)
         events, end = await drive(engine, "Research the field")
@@ -719,12 +719,7 @@ async def test_a_childs_own_deadline_stops_only_the_child(monkeypatch: pytest.Mo
         await asyncio.sleep(3600 if url == "topic 0" else 1)
         return "page"
 
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        task, results = task_of(request), results_of(request)
-        if task.startswith("Research"):
-            return fan_out() if not results else "Report: " + " | ".join(results)
-        return f"{task}: page" if results else ScriptedResponse(tool_calls=[ScriptedToolCall("fetch", {"url": task})])
-
+    script = calling("fetch", "url", answer="page", report=joined)
     with VirtualClock():
         engine = QueryEngine(ScriptedModel([script], cycle=True), tools=[delegate_tool(deadline=30), fetch])
         _, end = await drive(engine, "Research the field")
