@@ -13,6 +13,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from agentloop import QueryEngine, TurnEnded
 from agentloop._abort import AbortController, AbortSignal
 from agentloop._accumulate import Accumulator
 from agentloop._messages import Message
@@ -216,3 +217,15 @@ async def run_responses(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
 def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
     """One Responses event for `sse`: its name, and its data with the same ``type``."""
     return (kind, {"type": kind, **fields})
+
+
+async def model_error_run(cls: type[Any], body: bytes) -> tuple[TurnEnded, QueryEngine]:
+    """A run of an engine on a ``cls`` model answered by ``body`` (no retry), which must end
+    with ``model_error``."""
+    server = MockServer(body)
+    async with server.client() as client:
+        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), policies=[], retry_budget=0)
+        events = [e async for e in engine.run("hi")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    return end, engine

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect, load, request, run_fixture, sse
+from _models_support import API_KEY, MockServer, collect, load, model_error_run, request, run_fixture, sse
 
 from agentloop import QueryEngine, TurnEnded
 from agentloop import Tool as AgentTool
@@ -732,17 +732,6 @@ async def test_extra_tools_are_declared_after_the_engines_tools() -> None:
         assert server.body["tools"] == [WEB_SEARCH, bash]
 
 
-async def _model_error(body: bytes) -> tuple[TurnEnded, QueryEngine]:
-    """A run answered by ``body`` (no retry), which must end with ``model_error``."""
-    server = MockServer(body)
-    async with server.client() as client:
-        engine = QueryEngine(AnthropicModel("m", api_key=API_KEY, http_client=client), policies=[], retry_budget=0)
-        events = [e async for e in engine.run("hi")]
-    end = events[-1]
-    assert isinstance(end, TurnEnded) and end.reason == "model_error"
-    return end, engine
-
-
 async def test_a_stop_reason_that_is_not_a_str_is_a_model_error_not_a_crash() -> None:
     body = sse(
         ("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 3}}}),
@@ -752,7 +741,7 @@ async def test_a_stop_reason_that_is_not_a_str_is_a_model_error_not_a_crash() ->
         ("message_delta", {"type": "message_delta", "delta": {"stop_reason": ["end_turn"]}, "usage": {"output_tokens": 2}}),
         ("message_stop", {"type": "message_stop"}),
     )  # fmt: skip
-    end, engine = await _model_error(body)
+    end, engine = await model_error_run(AnthropicModel, body)
     assert end.error is not None and "stop_reason" in end.error
     assert engine.messages[-1].text == "half" and engine.messages[-1].partial
 
@@ -772,6 +761,6 @@ async def test_a_server_tool_result_nested_past_the_recursion_limit_is_a_model_e
             ("message_stop", {"type": "message_stop"}),
         )
     )  # fmt: skip
-    end, engine = await _model_error(body)
+    end, engine = await model_error_run(AnthropicModel, body)
     assert end.error is not None and "nested" in end.error
     assert [m.role for m in engine.messages] == ["user"]  # nothing of the broken response is kept

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, sse
+from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collect, model_error_run, sse
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -141,12 +141,7 @@ async def test_a_block_index_that_is_not_an_int_is_a_malformed_event_never_a_cra
     assert "malformed" in str(info.value)
     assert type(_INDEX_BAD[value]).__name__ in str(info.value)
 
-    server = MockServer(body)
-    async with server.client() as client:
-        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), policies=[], retry_budget=0)
-        events = [e async for e in engine.run("hi")]
-    end = events[-1]
-    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    end, _ = await model_error_run(cls, body)
     assert "index" in (end.error or "")
 
 
