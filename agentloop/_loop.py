@@ -227,7 +227,7 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     message = st.response
     uses = st.owed if message is not None else []  # the response's calls, listed when it was committed
     if engine.policies and message is not None:
-        verdicts = ask(engine.policies, "on_response", message)
+        verdicts = ask(engine.policies, "on_response", message, engine=engine)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
         # An interrupt that has come by now wins over the policy: the turn ends as it would with
         # no policy (checkpoint 2 below), with the abort's terminal, notice and hooks.
@@ -271,7 +271,7 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
         assert st.response is not None
         last = st.last_results
         results = [last[u.id] for u in uses] if uncut is None else [uncut.get(u.id) or last[u.id] for u in uses]
-        for name, verdict in ask(engine.policies, "on_results", st.response, results):
+        for name, verdict in ask(engine.policies, "on_results", st.response, results, engine=engine):
             if isinstance(verdict, EndTurn):
                 if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
                     st.terminal, st.detail = verdict.reason, verdict.message

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from ._hostlog import log_failure
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
@@ -191,27 +192,29 @@ class Policy:
         return None
 
 
-def notify(policies: Sequence[Policy], hook: str, **kwargs: bool) -> None:
+def notify(policies: Sequence[Policy], hook: str, *, engine: Any = None, **kwargs: bool) -> None:
     """Call the verdict-less ``hook`` of each policy; one that raises is logged and skipped.
 
-    A policy is host code: like a verdict hook that raises, it must not break the run.
+    A policy is host code: like a verdict hook that raises, it must not break the run. With
+    ``engine``, the credentials it knows are kept out of the record (`log_failure`).
     """
     for policy in policies:
         try:
             getattr(policy, hook)(**kwargs)
         except Exception:
-            log.exception("policy %s.%s raised; ignored", policy.name, hook)
+            log_failure(engine, "policy %s.%s raised; ignored", policy.name, hook)
 
 
-def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str, Verdict]]:
+def ask(policies: Sequence[Policy], hook: str, *args: object, engine: Any = None) -> list[tuple[str, Verdict]]:
     """The verdicts of ``hook`` (``on_response``, ``on_results``), with the name of the policy
-    that gave each; a policy that raises is logged and skipped, one that says nothing is left out."""
+    that gave each; a policy that raises is logged (without ``engine``'s credentials) and
+    skipped, one that says nothing is left out."""
     out: list[tuple[str, Verdict]] = []
     for policy in policies:
         try:
             verdict = getattr(policy, hook)(*args)
         except Exception:
-            log.exception("policy %s.%s raised; ignored", policy.name, hook)
+            log_failure(engine, "policy %s.%s raised; ignored", policy.name, hook)
             continue
         if verdict is None:
             continue
@@ -297,7 +300,7 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
         except Exception:
             if strict:
                 raise
-            log.exception("policy %s.bind raised; ignored", policy.name)
+            log_failure(engine, "policy %s.bind raised; ignored", policy.name)
         _bound[id(policy)] = engine
 
 

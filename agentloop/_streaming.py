@@ -26,6 +26,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
+from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
@@ -115,7 +116,7 @@ class ModelPhase:
             if isinstance(self.credit, _Panel):
                 self.credit.hushed.clear()
                 self.credit.misplaced.clear()
-            notify(engine.policies, "begin_attempt")
+            notify(engine.policies, "begin_attempt", engine=engine)
             tap = self.tap
             if tap is not None:
                 self.skip = 0
@@ -172,7 +173,7 @@ class ModelPhase:
         raises on every delta), and taken as no verdict."""
         if not self.hushed:
             self.hushed = True
-            log.exception(_RAISED, self.credit)
+            log_failure(self.engine, _RAISED, self.credit)
 
     def judged(self, verdict: Verdict) -> list[DoomLoopDetected]:
         """What the stream-watching policies' ``verdict`` on an event does: the events to show
@@ -382,7 +383,7 @@ def _stream_watch(
         return None, "", None
     if len(watchers) == 1:
         return watchers[0].on_stream, watchers[0].name, watchers[0]
-    panel = _Panel(watchers)
+    panel = _Panel(watchers, engine)
     return panel.judge, panel, None
 
 
@@ -394,10 +395,11 @@ class _Panel:
     `Resample` is the one that cuts the attempt.
     """
 
-    __slots__ = ("heard", "hushed", "misplaced", "watchers")
+    __slots__ = ("engine", "heard", "hushed", "misplaced", "watchers")
 
-    def __init__(self, watchers: list[Policy]) -> None:
+    def __init__(self, watchers: list[Policy], engine: QueryEngine) -> None:
         self.watchers = watchers
+        self.engine = engine  # whose credentials a watcher's error is logged without
         self.hushed: set[int] = set()  # the watchers (by index) that raised in this attempt, logged once
         self.misplaced: set[int] = set()  # those that gave a verdict on_stream does not act on, logged once
         self.heard: list[tuple[str, Verdict]] = []
@@ -412,7 +414,7 @@ class _Panel:
             except Exception:
                 if i not in self.hushed:
                     self.hushed.add(i)
-                    log.exception(_RAISED, policy.name)
+                    log_failure(self.engine, _RAISED, policy.name)
                 continue
             if verdict is None:
                 continue

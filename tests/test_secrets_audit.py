@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -17,15 +18,19 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import quote
 
 import httpx
-from hypothesis import given
+import httpx2
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentloop import (
     AbortController,
     Message,
+    Policy,
     QueryEngine,
     ToolContext,
     ToolProgress,
@@ -159,10 +164,10 @@ class Records(logging.Handler):
 
 
 @contextlib.contextmanager
-def logged() -> Iterator[Records]:
-    """Every record of the loggers that could quote a request, at every level."""
+def logged(*more: str) -> Iterator[Records]:
+    """Every record of the loggers that could quote a request (and of ``more``), at every level."""
     records = Records()
-    loggers = [logging.getLogger(name) for name in ("agentloop", "httpx", "httpcore")]
+    loggers = [logging.getLogger(name) for name in ("agentloop", "httpx", "httpcore", *more)]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(records)
@@ -420,3 +425,339 @@ async def test_a_tools_progress_report_carrying_the_key_is_marked() -> None:
     progress = [ev for ev in events if isinstance(ev, ToolProgress)]
     assert [ev.text for ev in progress] == [f"OPENAI_API_KEY={MARK}"]
     assert not [t for t in map(event_json, events) if key in t]
+
+
+# -- MCP servers: start-up failures, command-line credentials ------------------------------------
+
+
+def _rpc(body: dict[str, Any], **answer: Any) -> httpx2.Response:
+    headers = {"mcp-session-id": "s1"} if body.get("method") == "initialize" else {}
+    return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], **answer}, headers=headers)
+
+
+def _mcp_answer(request: httpx2.Request) -> httpx2.Response:
+    """What a working streamable HTTP MCP server with one tool, ``echo``, answers."""
+    if request.method != "POST":
+        return httpx2.Response(405 if request.method == "GET" else 200)
+    body = json.loads(request.content)
+    if "id" not in body:
+        return httpx2.Response(202)
+    if body["method"] == "initialize":
+        info = {"name": "fake", "version": "1"}
+        return _rpc(body, result={"protocolVersion": body["params"]["protocolVersion"], "capabilities": {"tools": {}}, "serverInfo": info})
+    if body["method"] == "tools/list":
+        return _rpc(body, result={"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]})
+    return _rpc(body, result={"content": [{"type": "text", "text": "ok"}], "isError": False})
+
+
+def _mcp_echo(request: httpx2.Request) -> str:
+    return " ".join([str(request.url), *(f"{k}: {v}" for k, v in request.headers.items())])
+
+
+def _mcp_status(code: int, *, plain: bool = False) -> Callable[[httpx2.Request], httpx2.Response]:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        text = _mcp_echo(request)
+        if plain:
+            return httpx2.Response(code, text=f"denied: {text}", headers={"content-type": "text/plain"})
+        headers = {"x-echo": text, "www-authenticate": f"Bearer error={text}", "content-type": "application/json"}
+        return httpx2.Response(code, headers=headers, json={"error": {"message": text}})
+
+    return handler
+
+
+def _mcp_raise(make: Callable[[httpx2.Request, str], BaseException]) -> Callable[[httpx2.Request], httpx2.Response]:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        raise make(request, _mcp_echo(request))
+
+    return handler
+
+
+def _mcp_rpc_error(request: httpx2.Request) -> httpx2.Response:
+    text = _mcp_echo(request)
+    return _rpc(json.loads(request.content), error={"code": -32001, "message": f"refused: {text}", "data": text})
+
+
+def _on(method: str, failing: Callable[[httpx2.Request], httpx2.Response]) -> Callable[[httpx2.Request], httpx2.Response]:
+    """A working server but for the requests of ``method`` (a JSON-RPC method, or ``GET``)."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if request.method == method or (request.method == "POST" and json.loads(request.content).get("method") == method):
+            return failing(request)
+        return _mcp_answer(request)
+
+    return handler
+
+
+#: Every way an HTTP MCP server's start-up can fail: at connecting, at ``initialize``, at the first
+#: tools/list, at the stream the SDK opens for the server's messages.
+MCP_FAILURES: dict[str, Callable[[httpx2.Request], httpx2.Response]] = {
+    **{f"{code} at initialize": _on("initialize", _mcp_status(code)) for code in (401, 403, 500)},
+    "plain 401 at initialize": _on("initialize", _mcp_status(401, plain=True)),
+    "redirect": _on("initialize", lambda r: httpx2.Response(302, headers={"location": f"https://elsewhere.example/{_mcp_echo(r)[:200]}"})),
+    "web page": _on("initialize", lambda r: httpx2.Response(200, text=f"<html>{_mcp_echo(r)}</html>", headers={"content-type": "text/html"})),
+    "connect error": _on("initialize", _mcp_raise(lambda r, t: httpx2.ConnectError(f"cannot connect: {t}", request=r))),
+    "host's own error": _on("initialize", _mcp_raise(lambda r, t: OSError(f"proxy refused {t}"))),
+    "initialize refused": _on("initialize", _mcp_rpc_error),
+    "tools/list refused": _on("tools/list", _mcp_rpc_error),
+    "401 at tools/list": _on("tools/list", _mcp_status(401)),
+    "401 to the GET stream": _on("GET", _mcp_status(401)),
+}
+
+
+async def _drive_mcp(failure: str, secrets: dict[str, str]) -> list[str]:
+    """Every text the host can see when an HTTP MCP server's start-up fails with ``failure``."""
+    url = f"https://user:{quote(secrets['password'], safe='')}@mcp.example/mcp?access_token={quote(secrets['query'], safe='')}"
+    headers = {"Authorization": f"Bearer {secrets['header']}", "x-api-key": secrets["key"]}
+    client = functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(MCP_FAILURES[failure]))
+    texts: list[str] = []
+    with mock.patch.object(httpx2, "AsyncClient", client):
+        srv = MCPServer.http(url, headers=headers, connect_timeout=10)
+        texts += [repr(srv), str(srv)]
+        try:
+            async with asyncio.timeout(20), srv:
+                await srv.list_tools()
+        except Exception as exc:
+            texts += exception_texts(exc)
+        await srv.aclose()
+    return texts
+
+
+_mcp_baselines: dict[str, str] = {}
+
+
+def _mcp_baseline(failure: str) -> str:
+    if failure not in _mcp_baselines:
+        sentinels = {name: f"Sentinel{name}Q7xZ9vW2" for name in ("key", "header", "password", "query")}
+        with logged(*_MCP_LOGGERS) as records:
+            texts = asyncio.run(_drive_mcp(failure, sentinels))
+        joined = "\n".join([*texts, *records.texts])
+        for value in sentinels.values():
+            joined = joined.replace(value, MARK)
+        _mcp_baselines[failure] = joined.replace(MARK, "\x00")
+    return _mcp_baselines[failure]
+
+
+#: The loggers an MCP connection's failure may be told on: agentloop's, the SDK's, its HTTP client's.
+_MCP_LOGGERS = ("mcp", "mcp.client.streamable_http", "mcp.client.session", "mcp.shared.jsonrpc_dispatcher", "httpx2")
+
+
+@settings(max_examples=30)
+@given(
+    failure=st.sampled_from(sorted(MCP_FAILURES)),
+    key=st.one_of(credential, common),
+    header=credential,
+    password=url_part,
+    query=url_part,
+)
+def test_no_start_up_failure_of_an_http_mcp_server_shows_a_credential(
+    failure: str, key: str, header: str, password: str, query: str
+) -> None:
+    secrets = {"key": key, "header": header, "password": password, "query": query}
+    with logged(*_MCP_LOGGERS) as records:
+        texts = asyncio.run(_drive_mcp(failure, secrets))
+    usual = _mcp_baseline(failure)
+    checked = [s for s in secrets.values() if not any(piece in usual for piece in pieces(s))]
+    shown = [(t[:300], found) for t in [*texts, *records.texts] if (found := leaked(checked, t))]
+    assert not shown, shown
+
+
+#: A stdio MCP server that says its command line and its ``SERVICE_TOKEN`` wherever it can: on
+#: stdout and stderr before it exits (mode ``exit``), in the error answering ``initialize`` or
+#: ``tools/list`` (mode: that method), and as the result of its tool ``whoami``. The mode is read
+#: from the file named by its first argument at each start.
+_LEAKY_SERVER = r"""
+import json, os, sys
+mode = open(sys.argv[1]).read().strip()
+said = " ".join(sys.argv[2:]) + " env " + os.environ.get("SERVICE_TOKEN", "")
+if mode == "exit":
+    print(f"starting with {said}", flush=True)
+    sys.stderr.write(f"bad credentials: {said}\n")
+    sys.exit(3)
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == mode:
+        reply = {"error": {"code": -32001, "message": f"refused: {said}", "data": {"said": said}}}
+    elif msg["method"] == "initialize":
+        info = {"name": "leaky", "version": "1"}
+        reply = {"result": {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}}, "serverInfo": info}}
+    elif msg["method"] == "tools/list":
+        reply = {"result": {"tools": [{"name": "whoami", "inputSchema": {"type": "object"}}]}}
+    else:
+        reply = {"result": {"content": [{"type": "text", "text": said}], "isError": False}}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], **reply}), flush=True)
+"""
+_ARGV_SECRETS = {
+    "option": "optTokenAAAA0123456789abcdef",
+    "joined": "apiKeyBBBB0123456789abcdef",
+    "url": "urlPassCCCC0123456789abcdef",
+    "env": "envTokenDDDD0123456789abcdef",
+}
+
+
+def _leaky(mode_file: Path) -> MCPServer:
+    s = _ARGV_SECRETS
+    args = ["-c", _LEAKY_SERVER, str(mode_file), "--token", s["option"], f"--api-key={s['joined']}",
+            f"https://bob:{s['url']}@git.example/repo.git"]  # fmt: skip
+    return MCPServer.stdio(sys.executable, args, env={"SERVICE_TOKEN": s["env"]}, connect_timeout=20)
+
+
+
+def test_a_command_lines_credentials_are_those_its_shown_form_hides() -> None:
+    from agentloop.mcp._scrub import command_line_credentials
+
+    args = ["--token", "optTok1234", "--api-key=key12345", "Authorization: Bearer hdr12345",
+            "https://bob:pa%40ss1234@h.example/x?token=q%2F123456&y=1", "--verbose", "plain"]  # fmt: skip
+    found = set(command_line_credentials(args))
+    assert {"optTok1234", "key12345", "Bearer hdr12345", "hdr12345", "pa%40ss1234", "pa@ss1234", "q/123456"} <= found
+    assert not {"--verbose", "plain", "h.example", "y=1", "bob"} & found
+
+@pytest.mark.parametrize("mode", ["exit", "initialize", "tools/list"])
+async def test_a_stdio_mcp_server_failing_at_start_up_shows_none_of_its_credentials(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "mode").write_text(mode)
+    srv = _leaky(tmp_path / "mode")
+    with logged(*_MCP_LOGGERS) as records:
+        try:
+            async with asyncio.timeout(30), srv:
+                await srv.list_tools()
+        except Exception as exc:
+            texts = list(exception_texts(exc))
+        else:
+            raise AssertionError("the server did not fail")
+    secrets = list(_ARGV_SECRETS.values())
+    shown = [(t[:300], found) for t in [*texts, *records.texts, repr(srv)] if (found := leaked(secrets, t))]
+    assert not shown, shown
+    assert f"--token {MARK} --api-key={MARK} https://{MARK}@git.example/repo.git env {MARK}" in texts[0]
+
+
+async def test_a_stdio_mcp_servers_credentials_stay_out_of_a_run_and_its_start_up_errors(tmp_path: Path) -> None:
+    from agentloop.testing import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+    (tmp_path / "mode").write_text("none")
+    call = ScriptedResponse(tool_calls=[ScriptedToolCall("whoami", {})])
+    model = ScriptedModel([call, "done", call, "done"])
+    texts: list[str] = []
+    with logged(*_MCP_LOGGERS) as records:
+        async with _leaky(tmp_path / "mode") as srv:
+            session = JsonlSession(tmp_path / "s.jsonl")
+            engine = QueryEngine(model, tools=await srv.list_tools(), session=session)
+            events = [ev async for ev in engine.run("who?")]
+            (tmp_path / "mode").write_text("initialize")  # the server restarts, and now refuses
+            await srv.reset()
+            events += [ev async for ev in engine.run("again")]
+            session.close()
+    texts += [*map(event_json, events), *map(repr, events), (tmp_path / "s.jsonl").read_text(), *records.texts]
+    texts += [m.model_dump_json() for r in model.requests for m in r.messages]
+    secrets = list(_ARGV_SECRETS.values())
+    assert not [(t[:300], found) for t in texts if (found := leaked(secrets, t))]
+    results = [b for m in engine.messages for b in m.content if isinstance(b, ToolResultBlock)]
+    assert [r.is_error for r in results] == [False, True]
+    assert results[0].text == f"--token {MARK} --api-key={MARK} https://{MARK}@git.example/repo.git env {MARK}"
+    assert f"refused: --token {MARK}" in results[1].text
+
+
+# -- the host's own callbacks ---------------------------------------------------------------------
+
+_HOOK_KEY = "sk-hooks-0123456789abcdefXYZ0"
+
+
+def _quoting(where: str) -> RuntimeError:
+    return RuntimeError(f"{where} saw Authorization: Bearer {_HOOK_KEY}")
+
+
+class _Quoting(Policy):
+    """A policy whose every hook raises an error quoting the model's key (``bind`` once bound)."""
+
+    name = "quoting"
+
+    def __init__(self) -> None:
+        self.bound = False
+
+    def bind(self, tools: Any) -> None:
+        if self.bound:
+            raise _quoting("bind")
+        self.bound = True
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        raise _quoting("begin_turn")
+
+    def begin_attempt(self) -> None:
+        raise _quoting("begin_attempt")
+
+    def on_stream(self, event: Any) -> None:
+        raise _quoting("on_stream")
+
+    def on_response(self, message: Message) -> None:
+        raise _quoting("on_response")
+
+    def on_results(self, message: Message, results: Any) -> None:
+        raise _quoting("on_results")
+
+
+class _AlsoQuoting(_Quoting):
+    name = "also quoting"  # two stream watchers: the engine asks them as a panel
+
+
+@pytest.mark.parametrize("panel", [False, True])
+async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_credentials(panel: bool) -> None:
+    calls = 0
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_CALL if calls == 1 else _DONE)
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Stop the run."""
+        ctx.engine.interrupt("enough")
+        return "stopped"
+
+    def watcher(tools: Any) -> None:
+        raise _quoting("tool watcher")
+
+    def abort_hook(reason: str) -> None:
+        raise _quoting("abort hook")
+
+    policies = [_Quoting(), _AlsoQuoting()] if panel else [_Quoting()]
+    with logged() as records:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env], policies=policies)
+            engine.watch_tools(watcher)
+            engine.on_abort(abort_hook)
+            engine.tools = [env]  # a policy's bind raises (after the first)
+            [ev async for ev in engine.run("look")]
+    assert not [t for t in records.texts if _HOOK_KEY in t]
+    for where in ("bind", "begin_turn", "begin_attempt", "on_stream", "on_response", "tool watcher", "abort hook"):
+        quoted = [t for t in records.texts if f"{where} saw Authorization: Bearer {MARK}" in t]
+        assert quoted and "Traceback (most recent call last)" in quoted[0], where
+
+
+class _FailingStore:
+    """A session store whose every write fails with an error quoting the model's key."""
+
+    def append_message(self, message: Message) -> None:
+        raise _quoting("append_message")
+
+    def append_event(self, event: object) -> None:
+        raise _quoting("append_event")
+
+    def sidechain(self, agent_id: str) -> _FailingStore:
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_failing_session_store_is_reported_without_the_engines_credentials() -> None:
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_DONE)
+
+    with logged() as records:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), session=_FailingStore())
+            [ev async for ev in engine.run("look")]
+    assert engine.session_errors and records.texts
+    assert not [t for t in [*engine.session_errors, *records.texts] if _HOOK_KEY in t]
+    assert f"append_message saw Authorization: Bearer {MARK}" in engine.session_errors[0]

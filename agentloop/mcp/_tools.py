@@ -16,7 +16,7 @@ from mcp import types
 from .._messages import TextBlock, ToolResultBlock
 from .._tools import ToolContext, ToolOutput
 from .._transcript import without_credentials
-from ..models._http import Redactor
+from ._scrub import scrub_error
 
 if TYPE_CHECKING:
     from ._server import MCPServer
@@ -36,15 +36,15 @@ class Remote:
         self.listing = listing
 
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        secrets = self.server._secrets
+        redactor = self.server._redactor
         try:
             result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
         except Exception as exc:
             # Its message becomes the tool's error result: the server's credentials taken out.
-            if secrets and not Redactor(secrets).scrub_chain(exc):
+            if redactor is not None and not scrub_error(exc, redactor):
                 raise RuntimeError(f"the MCP call failed ({type(exc).__name__}; its message quoted a credential)") from None
             raise
-        return without_credentials(result_to_block(ctx.tool_use_id, result), secrets)
+        return without_credentials(result_to_block(ctx.tool_use_id, result), self.server._secrets)
 
 
 def unique_specs(specs: list[types.Tool], label: str) -> list[types.Tool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -197,13 +198,16 @@ def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
 
 
 class _UrlCredentialsFilter(logging.Filter):
-    """Scrubs the credentials of live URLs (a ``?key=...``, user info) out of other libraries'
-    log records: httpx's INFO line ``HTTP Request: POST <url> ...`` quotes the request URL,
-    and the MCP SDK logs the URL it connects to.
+    """Scrubs the credentials of live owners out of the log records of the loggers they name:
+    a model's URL credentials (a ``?key=...``, user info) out of httpx's INFO line ``HTTP
+    Request: POST <url> ...``, an MCP server's credentials (its URL's, its credential headers,
+    its ``env`` and command line) out of what the MCP SDK, its HTTP client and agentloop log.
 
-    Put on a logger by the first owner (a connection, an MCP server) whose URL holds
-    credentials, and forgets an owner when it is garbage-collected. A record holding none of
-    them passes untouched; none is made while the logger is below its level."""
+    Put on a logger by the first owner (a connection, an MCP server) with credentials, and
+    forgets an owner when it is garbage-collected. A record holding none of them passes
+    untouched; none is made while the logger is below its level. A record whose traceback
+    (``exc_info``) quotes one is logged with that traceback as text, scrubbed, in its message:
+    a handler reading ``exc_info`` itself would otherwise see the credential."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -217,14 +221,25 @@ class _UrlCredentialsFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         secrets = [value for values in list(self._live.values()) for value in values]
         if secrets:
-            redactor = Redactor(secrets)
-            try:
-                text = record.getMessage()
-            except Exception:  # a malformed record is the logging module's to report, not ours
-                return True
-            if redactor._found_in(text):
-                record.msg, record.args = redactor.scrub(text), ()
+            scrub_record(record, Redactor(secrets))
         return True
+
+
+def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
+    """Scrub ``redactor``'s secrets out of ``record`` in place: its message and, when the
+    traceback it carries quotes one, that traceback (then folded into the message as text)."""
+    try:
+        text = record.getMessage()
+    except Exception:  # a malformed record is the logging module's to report, not ours
+        return
+    trace = ""
+    if record.exc_info and record.exc_info[1] is not None:
+        trace = record.exc_text or "".join(traceback.format_exception(record.exc_info[1])).rstrip()
+    if redactor._found_in(trace):
+        record.msg, record.args = f"{redactor.scrub(text)}\n{redactor.scrub(trace)}", ()
+        record.exc_info, record.exc_text = None, None
+    elif redactor._found_in(text):
+        record.msg, record.args = redactor.scrub(text), ()
 
 
 URL_LOGS = _UrlCredentialsFilter()
