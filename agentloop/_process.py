@@ -146,7 +146,7 @@ async def run_process(
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
-    (``cwd``, ``env``...) go to `asyncio.loop.subprocess_exec`.
+    (``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
     ``stderr=subprocess.STDOUT`` merges the child's stderr into ``stdout``, in the
     order it was written (``stderr`` is then empty).
 

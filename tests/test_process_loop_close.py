@@ -125,3 +125,9 @@ async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.Mo
     monkeypatch.setattr("os.pidfd_open", no_pidfds)
     result = await run_process(sys.executable, "-c", "print('hi'); raise SystemExit(3)", signal=AbortController().signal)
     assert (result.returncode, result.stdout) == (3, "hi\n")
+
+
+@pytest.mark.parametrize("keyword", ["shell", "text", "universal_newlines", "encoding", "errors"])
+async def test_a_text_mode_or_a_shell_is_refused_before_the_child_starts(keyword: str) -> None:
+    with pytest.raises(ValueError, match=keyword):
+        await run_process("true", signal=AbortController().signal, **{keyword: "utf-8" if keyword in ("encoding", "errors") else True})
