@@ -223,7 +223,7 @@ def drain_interjections(engine: QueryEngine, st: RunState) -> list[Event]:
     if not items:
         return []
     engine._commit(interjection_message(engine, items))
-    notify(engine.policies, "begin_turn", real_user=True)
+    notify(engine.policies, "begin_turn", engine=engine, real_user=True)
     event = InterjectionInjected(texts=tuple(q.text for q in items), ids=tuple(q.id for q in items))
     engine._record_event(event)
     return [event]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import logging
 from typing import TYPE_CHECKING, Any
 
 from ._commit import interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
+from ._hostlog import log_failure
 from ._policy import release
 from ._recording import release_sidechain, release_store
 from ._run import RunState, abandon
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_end"]
 
-log = logging.getLogger("agentloop")
 
 # The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
@@ -65,14 +64,14 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
                 if inspect.isawaitable(result):
                     await result
             except Exception:
-                log.exception("on_abort hook %r failed", fn)
+                log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
                     raise
                 # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
                 # something that was cancelled). A failed hook, like one that raises.
-                log.exception("on_abort hook %r failed: it was cancelled, though the run was not", fn)
+                log_failure(engine, "on_abort hook %r failed: it was cancelled, though the run was not", fn)
     finally:
         _hooked_engine.reset(token)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._abort import AbortSignal
 from ._events import Event, TurnEnded
 from ._handle import RunHandle, forget_closed_run
+from ._hostlog import log_failure
 from ._inbox import Inbox, Texts
 from ._messages import Message
 from ._model import Model
@@ -39,6 +40,7 @@ from ._recording import holds_messages, holds_no_records, holds_records
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
+from ._transcript import lineage_credentials, redacted
 from ._validate import is_valid
 
 if TYPE_CHECKING:
@@ -327,7 +329,7 @@ class QueryEngine:
                 if state is not None:
                     state.controller.abort(reason)
         except Exception:  # a control call must never raise into its caller
-            log.exception("interrupt() failed")
+            log_failure(self, "interrupt() failed")
 
     def send_now(self, text: str) -> str:
         """Stop the current turn and start a new one with ``text`` at once.
@@ -350,7 +352,7 @@ class QueryEngine:
             try:
                 controller.abort("send_now")
             except Exception:  # as interrupt(): a control call never raises once the text is queued
-                log.exception("send_now() failed to stop the turn")
+                log_failure(self, "send_now() failed to stop the turn")
         return receipt
 
     def interject(self, text: str) -> str:
@@ -410,7 +412,7 @@ class QueryEngine:
                 if tools is not None:
                     self._set_tools(tools)
             except Exception:
-                log.exception("tool watcher %r failed; the tools are kept", fn)
+                log_failure(self, "tool watcher %r failed; the tools are kept", fn)
 
     # -- subagents ---------------------------------------------------------------
 
@@ -513,8 +515,8 @@ class QueryEngine:
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
-        note = f"{who}could not record {what}: {type(exc).__name__}: {exc}"
-        log.error("session store failed: %s", note, exc_info=exc)
+        note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
+        log_failure(self, "session store failed: %s", note, exc=exc)
         engine: QueryEngine | None = self
         while engine is not None:
             engine.session_errors.append(note)

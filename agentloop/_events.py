@@ -233,7 +233,7 @@ class TurnEnded(_Event):
     """The turn's terminal. Exactly one per turn; the last event of a run.
 
     ``error`` says what failed (model errors); ``detail`` why a policy ended the
-    turn; ``turns`` counts the model requests of the turn; ``usage`` is the
+    turn, or whose ``usage_limit`` ended it (the engine's own, or one above it); ``turns`` counts the model requests of the turn; ``usage`` is the
     run's token usage so far, its subagents' included; ``aborted_subagents`` lists subagents the abort
     reached, at any depth (a child's own subagents follow it)."""
 

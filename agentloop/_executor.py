@@ -22,7 +22,7 @@ from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
-from ._transcript import credentials, redacted
+from ._transcript import lineage_credentials, redacted
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -362,7 +362,7 @@ class CallRunner:
         host's own code failed (a prompt with a timeout of its own gave up: no traceback)."""
         what = describe(exc)
         trace = None if isinstance(exc, AbortError) else exc
-        secrets = credentials(self.engine.model)
+        secrets = lineage_credentials(self.engine)
         if secrets and trace is not None:  # the traceback as text, so the model's key can be taken out
             text = "".join(traceback.format_exception(trace)).rstrip()
             what, trace, tail = redacted(what, secrets), None, "\n" + redacted(text, secrets)

@@ -6,7 +6,7 @@
         [safe point] interjections  top of every iteration                    (SPEC §5)
         model phase                 stream -> deltas; retries; doom resamples (_streaming; checkpoint 1)
         [checkpoint 2]              aborted? then no tool starts              (_before_tools)
-        tool phase                  batches, each followed by checkpoint 3    (_toolphase)
+        tool phase                  batches, each followed by checkpoint 3    (_toolphase; the loop)
                                     and, after the results, a safe point
         policies                    nudge / end turn                          (_after_tools)
         [safe point] before ending  queued interjections keep the turn going  (_before_tools)
@@ -35,7 +35,7 @@ from ._events import Event, TerminalReason
 from ._executor import plan_batches
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, ask
-from ._run import Aborted, over_ancestor_limit
+from ._run import Aborted, spent_ancestor, usage_limit_detail
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, start_tools
@@ -166,9 +166,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # Interjections stay queued until merged after the results, so a host that stops
                     # iterating mid-phase loses none; a batch that ends unaborted is the safe point.
                     merge = False
+                    # Checkpoint 2 (in _before_tools) guards the first batch: nothing awaits between.
                     for batch in plan_batches(uses, engine.tools, engine.options.max_parallel_tools):
-                        if st.signal._reason is not None:  # checkpoint 3: the next batch does not start
-                            break
                         calls = Batch(engine, st, runner, batch)
                         try:
                             while calls.waiting:  # one list of events per wake-up
@@ -177,7 +176,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         finally:
                             for timer in calls.timers:  # the grace timers an abort started, if any
                                 timer.cancel()
-                        merge = merge or st.signal._reason is None
+                        if st.signal._reason is not None:  # checkpoint 3: the next batch does not start
+                            break
+                        merge = True
                     for event in end_tools(engine, st):
                         yield event
                     # The batch is judged before a person's message merged now resets the counts
@@ -205,14 +206,18 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 
 
 def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
+    """The terminal of a limit that ends the turn here, if any; for ``usage_limit``, ``st.detail``
+    then says whose budget ran out (the engine's own, or one above it that its subagents share)."""
     opts = engine.options
     if st.signal._reason is not None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
     if opts.usage_limit is not None and st.tokens >= opts.usage_limit:
+        st.detail = usage_limit_detail(engine, None)
         return "usage_limit"
-    if engine.parent is not None and over_ancestor_limit(engine):  # the tree's budget is spent
+    if engine.parent is not None and (spent := spent_ancestor(engine)) is not None:  # the tree's budget
+        st.detail = usage_limit_detail(engine, spent)
         return "usage_limit"
     return None
 
@@ -222,7 +227,7 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
     message = st.response
     uses = st.owed if message is not None else []  # the response's calls, listed when it was committed
     if engine.policies and message is not None:
-        verdicts = ask(engine.policies, "on_response", message)
+        verdicts = ask(engine.policies, "on_response", message, engine=engine)
         end = next((v for _, v in verdicts if isinstance(v, EndTurn)), None)
         # An interrupt that has come by now wins over the policy: the turn ends as it would with
         # no policy (checkpoint 2 below), with the abort's terminal, notice and hooks.
@@ -266,7 +271,7 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
         assert st.response is not None
         last = st.last_results
         results = [last[u.id] for u in uses] if uncut is None else [uncut.get(u.id) or last[u.id] for u in uses]
-        for name, verdict in ask(engine.policies, "on_results", st.response, results):
+        for name, verdict in ask(engine.policies, "on_results", st.response, results, engine=engine):
             if isinstance(verdict, EndTurn):
                 if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
                     st.terminal, st.detail = verdict.reason, verdict.message

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from ._hostlog import log_failure
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
@@ -46,6 +47,7 @@ __all__ = [
     "bind_all",
     "check_hooks",
     "claim",
+    "misplaced",
     "not_a_verdict",
     "notify",
     "release",
@@ -168,7 +170,8 @@ class Policy:
         """A model request attempt starts (also after a retry or a resample)."""
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
-        """One stream event. Only Warn and Resample are acted on here."""
+        """One stream event. Only Warn and Resample are acted on here (another verdict is
+        ignored, with a warning once per attempt)."""
         return None
 
     def _tap(self, blocks: Mapping[int, _Part], hold: Hold) -> Callable[[StreamEvent], Verdict | None] | None:
@@ -189,32 +192,37 @@ class Policy:
         return None
 
 
-def notify(policies: Sequence[Policy], hook: str, **kwargs: bool) -> None:
+def notify(policies: Sequence[Policy], hook: str, *, engine: Any = None, **kwargs: bool) -> None:
     """Call the verdict-less ``hook`` of each policy; one that raises is logged and skipped.
 
-    A policy is host code: like a verdict hook that raises, it must not break the run.
+    A policy is host code: like a verdict hook that raises, it must not break the run. With
+    ``engine``, the credentials it knows are kept out of the record (`log_failure`).
     """
     for policy in policies:
         try:
             getattr(policy, hook)(**kwargs)
         except Exception:
-            log.exception("policy %s.%s raised; ignored", policy.name, hook)
+            log_failure(engine, "policy %s.%s raised; ignored", policy.name, hook)
 
 
-def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str, Verdict]]:
+def ask(policies: Sequence[Policy], hook: str, *args: object, engine: Any = None) -> list[tuple[str, Verdict]]:
     """The verdicts of ``hook`` (``on_response``, ``on_results``), with the name of the policy
-    that gave each; a policy that raises is logged and skipped, one that says nothing is left out."""
+    that gave each; a policy that raises is logged (without ``engine``'s credentials) and
+    skipped, one that says nothing is left out."""
     out: list[tuple[str, Verdict]] = []
     for policy in policies:
         try:
             verdict = getattr(policy, hook)(*args)
         except Exception:
-            log.exception("policy %s.%s raised; ignored", policy.name, hook)
+            log_failure(engine, "policy %s.%s raised; ignored", policy.name, hook)
             continue
         if verdict is None:
             continue
         if not isinstance(verdict, VERDICTS):
             not_a_verdict(policy.name, hook, verdict)
+            continue
+        if not isinstance(verdict, ACTS_ON[hook]):
+            misplaced(policy.name, hook, verdict)
             continue
         out.append((policy.name, verdict))
     return out
@@ -222,6 +230,12 @@ def ask(policies: Sequence[Policy], hook: str, *args: object) -> list[tuple[str,
 
 #: The verdict classes, for an isinstance check of what a hook returned.
 VERDICTS = (Warn, Resample, Nudge, EndTurn)
+#: The verdicts each verdict hook acts on; any other is ignored (and `misplaced` says so).
+ACTS_ON: dict[str, tuple[type, ...]] = {
+    "on_stream": (Warn, Resample),
+    "on_response": (EndTurn, Nudge),
+    "on_results": (EndTurn, Nudge),
+}
 #: The hooks the engine calls without awaiting them (`check_hooks`).
 HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_response", "on_results")
 
@@ -237,6 +251,25 @@ def not_a_verdict(policy: str, hook: str, value: object) -> None:
         policy,
         hook,
         reprlib.repr(value),
+    )
+
+
+def misplaced(policy: str, hook: str, verdict: Verdict) -> None:
+    """A hook returned a verdict it does not act on (an `EndTurn` from ``on_stream``: a budget
+    written in the wrong hook never ends anything): a warning naming the hooks that act on it.
+    The caller logs it once per attempt and policy; the verdict is ignored."""
+    kind = next(v.__name__ for v in VERDICTS if isinstance(verdict, v))
+    acted = ACTS_ON[hook]
+    where = " or ".join(h for h, kinds in ACTS_ON.items() if isinstance(verdict, kinds))
+    log.warning(
+        "policy %s.%s returned %s, which is ignored: %s acts only on %s (return %s from %s)",
+        policy,
+        hook,
+        kind,
+        hook,
+        " and ".join(v.__name__ for v in acted),
+        kind,
+        where,
     )
 
 
@@ -267,7 +300,7 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
         except Exception:
             if strict:
                 raise
-            log.exception("policy %s.bind raised; ignored", policy.name)
+            log_failure(engine, "policy %s.bind raised; ignored", policy.name)
         _bound[id(policy)] = engine
 
 

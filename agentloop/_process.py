@@ -17,6 +17,7 @@ import signal as _signal
 import subprocess
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,7 @@ async def run_process(
     kill_grace: float = 2.0,
     stdin: bytes | None = None,
     stderr: int = subprocess.PIPE,
+    on_line: Callable[[str], None] | None = None,
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
@@ -158,13 +160,20 @@ async def run_process(
     is collected here. Before the child starts, raises TypeError for a ``timeout``
     or ``kill_grace`` that is not a number of seconds (ValueError when it is
     below 0, or NaN) and for a ``stdin`` that is not bytes.
+
+    ``on_line`` is called with each line of stdout (stderr too when merged) as the child
+    writes it, without its line break, on the event loop: what a tool shows as progress
+    (`ToolProgress`). The last line comes when the output ends, with or without a line break.
+    An exception it raises stops the calls and is raised once the child has ended.
     """
     _check_streams(stderr, kw)
     _check_args(timeout, kill_grace, stdin)
+    if on_line is not None and not callable(on_line):
+        raise TypeError(f"run_process: on_line takes a function of one line (str), not {on_line!r}")
     merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
-    proto = _Collector(loop, merged=merged)
+    proto = _Collector(loop, merged=merged, on_line=on_line)
     child = _Child(loop, _spawn(args, stdin is not None, stderr, kw))
     pgid = child.pid
     _live[pgid] = (loop, child)
@@ -183,6 +192,8 @@ async def run_process(
             await _end(child, proto, pgid, kill_grace, cancelled=cancelled)
     if aborted:
         raise AbortError(signal.reason or "cancel")
+    if proto.lines is not None and proto.lines.error is not None:
+        raise proto.lines.error
     return _result(args, child, proto, timed_out)
 
 
@@ -300,14 +311,19 @@ class _Collector:
     """Keeps up to `_CAP` bytes of stdout and stderr; ``done`` when the child has
     exited and both have ended."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, merged: bool = False) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, *, merged: bool = False, on_line: Callable[[str], None] | None = None
+    ) -> None:
         self.output = {1: bytearray(), 2: bytearray()}
+        self.lines = None if on_line is None else _Lines(on_line)
         self.truncated: set[int] = set()  # the streams cut at the cap
         self.open = {1} if merged else {1, 2}  # the output pipes not yet ended (stderr has none when merged)
         self.exited: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 1 and self.lines is not None:
+            self.lines.feed(data)
         buf = self.output[fd]
         room = _CAP - len(buf)
         if len(data) > room:
@@ -316,6 +332,8 @@ class _Collector:
         buf += data
 
     def pipe_connection_lost(self, fd: int) -> None:
+        if fd == 1 and self.lines is not None:
+            self.lines.feed(b"", final=True)
         self.open.discard(fd)
         self._check_done()
 
@@ -441,6 +459,32 @@ class _Child:
                 self.popen.wait(_GONE)
             except subprocess.TimeoutExpired:  # stuck in the kernel: reaped when it can be
                 pass
+
+class _Lines:
+    """Splits a stream into lines for ``on_line`` (a line longer than `_CAP` bytes is passed in
+    pieces); keeps the first exception it raised, after which no more lines are passed."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.error: Exception | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._buf = ""
+
+    def feed(self, data: bytes, *, final: bool = False) -> None:
+        if self.error is not None:
+            return
+        self._buf += self._decoder.decode(data, final=final)
+        *lines, self._buf = self._buf.split("\n")
+        if (final and self._buf) or len(self._buf) > _CAP:  # the last line, or one too long to wait for
+            lines.append(self._buf)
+        if final or len(self._buf) > _CAP:
+            self._buf = ""
+        for line in lines:
+            try:
+                self.on_line(line.removesuffix("\r"))
+            except Exception as exc:  # raised by run_process once the child has ended
+                self.error = exc
+                return
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -37,6 +37,8 @@ __all__ = [
     "abandon",
     "charge_ancestors",
     "over_ancestor_limit",
+    "spent_ancestor",
+    "usage_limit_detail",
 ]
 
 T = TypeVar("T")
@@ -391,10 +393,30 @@ def charge_ancestors(engine: QueryEngine, usage: Usage) -> None:
 
 def over_ancestor_limit(engine: QueryEngine) -> bool:
     """True when a running engine above ``engine`` has reached its ``usage_limit``."""
+    return spent_ancestor(engine) is not None
+
+
+def spent_ancestor(engine: QueryEngine) -> QueryEngine | None:
+    """The nearest running engine above ``engine`` that has reached its ``usage_limit``, if any."""
     parent = engine.parent
     while parent is not None:
         state, limit = parent._state, parent.options.usage_limit
         if state is not None and limit is not None and state.tokens >= limit:
-            return True
+            return parent
         parent = parent.parent
-    return False
+    return None
+
+
+def usage_limit_detail(engine: QueryEngine, spent: QueryEngine | None) -> str:
+    """`TurnEnded.detail` of a turn ended by a ``usage_limit``: whose budget ran out, ``engine``'s
+    own or that of ``spent``, an engine above it whose budget its subagents share."""
+    if spent is None:
+        own = "its own" if engine.parent is not None else "the run's"
+        return f"{own} usage_limit of {engine.options.usage_limit} tokens is reached"
+    if spent is engine.parent:
+        whose = "the parent's"
+    elif spent.parent is None:
+        whose = "the main engine's"
+    else:
+        whose = f"{spent.agent_id}'s"
+    return f"{whose} usage_limit of {spent.options.usage_limit} tokens (shared with its subagents) is reached"

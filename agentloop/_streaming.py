@@ -26,9 +26,10 @@ from ._events import (
     Resampling,
     Retrying,
 )
+from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
-from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, not_a_verdict, notify
+from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
@@ -80,6 +81,7 @@ class ModelPhase:
         "engine",
         "extra",
         "hushed",
+        "misplaced",
         "outcome",
         "retries",
         "skip",
@@ -100,6 +102,7 @@ class ModelPhase:
         self.watch, self.credit, self.tap = _stream_watch(engine) if engine.policies else _NO_WATCH
         self.skip = 0  # deltas the loop holds back from a tapped watcher, which sets it (see Policy._tap)
         self.hushed = False  # the single watcher raised in this attempt: logged once, not per event
+        self.misplaced = False  # it gave a verdict on_stream does not act on: logged once per attempt
         self.delay: float | None = None  # after `conclude`: the pause before another attempt (None: over)
 
     def open(self) -> AsyncIterator[StreamEvent] | None:
@@ -109,10 +112,11 @@ class ModelPhase:
         opts = engine.options
         self.acc = st.acc = Accumulator()
         if engine.policies:
-            self.hushed = False
+            self.hushed = self.misplaced = False
             if isinstance(self.credit, _Panel):
                 self.credit.hushed.clear()
-            notify(engine.policies, "begin_attempt")
+                self.credit.misplaced.clear()
+            notify(engine.policies, "begin_attempt", engine=engine)
             tap = self.tap
             if tap is not None:
                 self.skip = 0
@@ -169,7 +173,7 @@ class ModelPhase:
         raises on every delta), and taken as no verdict."""
         if not self.hushed:
             self.hushed = True
-            log.exception(_RAISED, self.credit)
+            log_failure(self.engine, _RAISED, self.credit)
 
     def judged(self, verdict: Verdict) -> list[DoomLoopDetected]:
         """What the stream-watching policies' ``verdict`` on an event does: the events to show
@@ -180,6 +184,9 @@ class ModelPhase:
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
                     self.hushed = _garbage(credit, verdict, hushed=self.hushed)
+                elif not self.misplaced:
+                    self.misplaced = True
+                    misplaced(credit, "on_stream", verdict)
                 return []
             heard: list[tuple[str, Verdict]] = [(credit, verdict)]
         else:
@@ -376,7 +383,7 @@ def _stream_watch(
         return None, "", None
     if len(watchers) == 1:
         return watchers[0].on_stream, watchers[0].name, watchers[0]
-    panel = _Panel(watchers)
+    panel = _Panel(watchers, engine)
     return panel.judge, panel, None
 
 
@@ -388,11 +395,13 @@ class _Panel:
     `Resample` is the one that cuts the attempt.
     """
 
-    __slots__ = ("heard", "hushed", "watchers")
+    __slots__ = ("engine", "heard", "hushed", "misplaced", "watchers")
 
-    def __init__(self, watchers: list[Policy]) -> None:
+    def __init__(self, watchers: list[Policy], engine: QueryEngine) -> None:
         self.watchers = watchers
+        self.engine = engine  # whose credentials a watcher's error is logged without
         self.hushed: set[int] = set()  # the watchers (by index) that raised in this attempt, logged once
+        self.misplaced: set[int] = set()  # those that gave a verdict on_stream does not act on, logged once
         self.heard: list[tuple[str, Verdict]] = []
 
     def judge(self, event: StreamEvent) -> Verdict | None:
@@ -405,13 +414,17 @@ class _Panel:
             except Exception:
                 if i not in self.hushed:
                     self.hushed.add(i)
-                    log.exception(_RAISED, policy.name)
+                    log_failure(self.engine, _RAISED, policy.name)
                 continue
             if verdict is None:
                 continue
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
-                if not isinstance(verdict, VERDICTS) and _garbage(policy.name, verdict, hushed=i in self.hushed):
-                    self.hushed.add(i)
+                if not isinstance(verdict, VERDICTS):
+                    if _garbage(policy.name, verdict, hushed=i in self.hushed):
+                        self.hushed.add(i)
+                elif i not in self.misplaced:
+                    self.misplaced.add(i)
+                    misplaced(policy.name, "on_stream", verdict)
                 continue
             if heard is None:
                 heard = []

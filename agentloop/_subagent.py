@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from ._errors import AbortError, SessionLockedError
-from ._events import Event, TurnEnded
+from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event, TurnEnded
 from ._messages import ToolResultBlock
 from ._policy import Policy
 from ._tools import Tool, ToolContext
@@ -139,17 +139,31 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
     """Run ``child`` on ``task``, its events passed to the parent tagged with ``agent_id``; its
     final answer is the call's result. Raises `AbortError` when the parent's abort reached it."""
     end: TurnEnded | None = None
+    # The attempt streaming, and the child's last response that said something (its answer, or its
+    # last words), came out of a doom loop that was not resampled away.
+    looping = looped = False
     async for event in child.run(task):
         ctx.emit(_tag(event, agent_id))
         if isinstance(event, TurnEnded):
             end = event
+        elif event.agent_id is not None:  # a grandchild's
+            continue
+        elif isinstance(event, DoomLoopDetected):  # one not resampled: its response is accepted
+            looping = looping or event.action in ("disarmed", "off")
+        elif isinstance(event, AssistantMessage):
+            if event.message.text.strip():
+                looped = looping
+            looping = False
+        elif isinstance(event, AttemptDiscarded):
+            looping = False
     if end is not None and end.reason == "completed":  # its answer, also if the parent's abort came after
         last = child.messages[-1] if child.messages else None
         # Only the child's own words: when it said nothing, its last message is the task itself.
-        return _result(ctx.tool_use_id, agent_id, last.text if last is not None and last.role == "assistant" else "", end)
+        answer = last.text if last is not None and last.role == "assistant" else ""
+        return _result(ctx.tool_use_id, agent_id, answer, end, looped=looped)
     if ctx.signal.aborted:  # the parent's abort reached the child
         return _stopped(child, ctx)
-    return _result(ctx.tool_use_id, agent_id, _last_words(child), end)
+    return _result(ctx.tool_use_id, agent_id, _last_words(child), end, looped=looped)
 
 
 def _stopped(child: QueryEngine, ctx: ToolContext) -> ToolResultBlock:
@@ -226,20 +240,40 @@ def _tag(event: Event, agent_id: str) -> Event:
     return event if event.agent_id is not None else replace(event, agent_id=agent_id)
 
 
-def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None) -> ToolResultBlock:
+def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None, *, looped: bool) -> ToolResultBlock:
+    """The call's result from the child's ``end``. ``looped``: ``answer`` came out of a doom loop
+    the child did not leave (its resample budget spent, or recovery off), which the parent's model
+    is told, as it is told that a child stopped for repeating its tool calls."""
     if end is None:
         return ToolResultBlock(tool_use_id=tool_use_id, content=f"Subagent {agent_id} ended without a result.", is_error=True)
     if end.reason == "completed":
-        return ToolResultBlock(tool_use_id=tool_use_id, content=answer.strip() or "(the subagent gave no answer)")
+        text = answer.strip() or "(the subagent gave no answer)"
+        if looped and answer.strip():
+            text = f"({_LOOPED.format(agent_id=agent_id)})\n\n{text}"
+        return ToolResultBlock(tool_use_id=tool_use_id, content=text)
     why = end.abort_reason or end.error or end.detail
     if why == end.reason:  # said once: "(deadline)", not "(deadline: deadline)"
         why = None
     text = f"Subagent {agent_id} stopped before finishing ({end.reason}: {why})." if why else (
         f"Subagent {agent_id} stopped before finishing ({end.reason})."
     )
+    if end.reason == "stationarity_ended":
+        text += f" {_CIRCLES}"
     if answer.strip():
         text += f" Its last words: {answer.strip()[:2000]}"
+        if looped:
+            text += f" ({_LOOPED.format(agent_id=agent_id)})"
     return ToolResultBlock(tool_use_id=tool_use_id, content=text, is_error=True)
+
+
+_LOOPED = (
+    "Subagent {agent_id}'s answer came out of a doom loop: its output kept repeating itself and "
+    "resampling did not stop it, so it may be cut short or padded with repeats. Check it before relying on it."
+)
+_CIRCLES = (
+    "It was going round in circles with its tool calls: given again unchanged, the task would likely "
+    "loop again (narrow it, or say what the subagent lacked)."
+)
 
 
 # -- linking a child's runs to its parent (SPEC §9) ------------------------------

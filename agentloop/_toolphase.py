@@ -10,17 +10,18 @@ The phase's steps are here; its loop, which awaits the mailbox, is in `_loop.dri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ._commit import noted, ran_with, settle_results
 from ._errors import AbortError
-from ._events import Event, ToolCallFinished, _Event
+from ._events import Event, ToolCallFinished, ToolProgress, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
 from ._tools import cut_result, result_length
-from ._transcript import credentials, encodable, interrupted_result, without_credentials
+from ._transcript import encodable, interrupted_result, lineage_credentials, redacted, without_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -85,8 +86,6 @@ class Batch:
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
         st.mailbox.fresh = True  # its first wait lets the calls take their first step
-        if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
-            st.mailbox.put(ABORTED)
 
     def receive(self, items: list[object]) -> list[Event]:
         engine, st, waiting, tasks, timers = self.engine, self.st, self.waiting, self.tasks, self.timers
@@ -140,6 +139,8 @@ class Batch:
                 for use in waiting.values():
                     abandon(st, tasks[use.id], "the run was interrupted")
                 waiting.clear()
+            elif type(item) is ToolProgress and secrets and any(s in item.text for s in secrets):
+                events.append(dataclasses.replace(item, text=redacted(item.text, secrets)))  # a tool's report, shown
             else:
                 events.append(item)  # type: ignore[arg-type]  # an Event a call put (ToolContext.emit); no cast() call
         return events
@@ -206,10 +207,11 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
 
 
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
-    """The credentials of ``engine``'s model, to redact from tool results: read once per run (an
-    HTTP model collects them from its key and headers), again only if the model was swapped."""
+    """The credentials of ``engine``'s model and its ancestors' (`lineage_credentials`), to redact
+    from tool results: read once per run (an HTTP model collects them from its key and headers),
+    again only if the model was swapped."""
     model = engine.model
     held = st.secrets
     if held is None or held[0] is not model:
-        held = st.secrets = (model, credentials(model))
+        held = st.secrets = (model, lineage_credentials(engine))
     return held[1]

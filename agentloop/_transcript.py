@@ -24,7 +24,7 @@ call that did not finish, and the check that the input is a list of messages at 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 from ._messages import (
     Block,
@@ -48,6 +48,7 @@ __all__ = [
     "encodable_message",
     "ends_with_space",
     "interrupted_result",
+    "lineage_credentials",
     "misplaced",
     "redacted",
     "scrubbed",
@@ -103,6 +104,17 @@ def credentials(model: object) -> tuple[str, ...]:
     credential headers), longest first; () for any other model (`ScriptedModel`, the host's own)."""
     held = getattr(model, "_credentials", None)
     return held() if held is not None else ()
+
+
+def lineage_credentials(engine: Any) -> tuple[str, ...]:
+    """The credentials of ``engine``'s model and of its ancestors' (a subagent may run on a
+    model of its own: a tool result holding its parent's key must not reach it either),
+    longest first."""
+    found: set[str] = set()
+    while engine is not None:
+        found.update(credentials(engine.model))
+        engine = engine.parent
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 def without_credentials(block: ToolResultBlock, secrets: tuple[str, ...]) -> ToolResultBlock:

@@ -167,7 +167,7 @@ def start_turn(
         engine._record_event(st.injected)
     # A prompt the host marked synthetic (an automatic "continue") is no person's, as in a resume.
     real_user = any(map(_by_person, starts)) or _unanswered_person(engine.messages)
-    notify(engine.policies, "begin_turn", real_user=real_user)
+    notify(engine.policies, "begin_turn", engine=engine, real_user=real_user)
     ids = tuple(r for m in starts[:queued] for r in _receipts(m))
     return TurnStarted(turn=st.turn_index, prompt=starts[-1] if starts else None, ids=ids)
 
@@ -318,13 +318,13 @@ def catch_up_policies(engine: QueryEngine) -> None:
         message = messages[i]
         if message.role != "assistant":
             continue
-        ask(engine.policies, "on_response", message)
+        ask(engine.policies, "on_response", message, engine=engine)
         uses = message.tool_uses
         if uses and i + 1 < len(messages):
             given = {r.tool_use_id: r for r in messages[i + 1].tool_results}
             results = [given.get(u.id) for u in uses]
             if all(r is not None for r in results):
-                ask(engine.policies, "on_results", message, results)
+                ask(engine.policies, "on_results", message, results, engine=engine)
 
 
 def _by_person(message: Message) -> bool:

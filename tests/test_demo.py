@@ -107,6 +107,10 @@ def test_builtin_script_exercises_every_control() -> None:
     assert "steer delivered to the model: Keep the public API" in log
     assert "Noted your message" in log  # the model saw the steer
     assert "turn ended: aborted_tools (interrupted: send_now)" in log
+    # The test runner's progress, a dim line per report under its call (the output is piped).
+    assert "\n  \u00b7 run_tests: collecting tests ...\n" in log
+    assert "\n  \u00b7 run_tests: [1/2] test_slugify_spaces FAILED" in log
+    assert "\n  \u00b7 ci_status: asking the CI server about pipeline main" in log
     assert "Switching to your message" in log
     assert "doom loop detected [tail_repetition" in log and "resampling (attempt 1)" in log
     assert "loop detector cut me off" in log  # the resampled answer
@@ -182,6 +186,7 @@ def test_a_person_at_the_terminal() -> None:
         child.sendline("go on please")
         child.expect("turn 2 .* you: go on please")
         child.expect(r"run_tests\(\)")  # the real subprocess is running
+        child.expect_exact("1 tool running: run_tests \u2014 collecting tests ...")  # its progress, on the status line
         child.sendline("keep the public API unchanged")
         child.expect(r"you \(steer\): keep the public API unchanged")
         child.expect("steer delivered to the model: keep the public API unchanged")
@@ -768,6 +773,8 @@ def test_a_pipe_shows_the_commands_it_runs_and_quits_quietly() -> None:
     assert proc.returncode == 0 and proc.stderr == ""
     log = proc.stdout
     assert "you (steer): hello" in log and "\u203a /quit\n" in log
+    # In the order it happened: the turn the lines steer and stop first (they came above its header).
+    assert log.index("turn 1 \u2500\u2500 you: Fix") < log.index("you (steer): hello") < log.index("\u203a /quit")
     assert "end of input" not in log and "run the tests" not in log and "turn 2" not in log
     assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
 
@@ -932,3 +939,36 @@ def test_with_term_dumb_text_left_before_ctrl_d_does_not_run_into_the_summary() 
         child.close(force=True)
     text = log.getvalue()
     assert "abc\r\n\u2500\u2500 summary" in text, text[-600:]
+
+
+async def test_after_the_showcase_every_turn_runs_the_tests_and_suggests_what_is_left() -> None:
+    """Once the fix was done, every message got one canned sentence back, at once, with no tool: a
+    user who wanted to try !text or /mode queue had nothing running to replace or queue behind,
+    "run the tests" ran none, and the answer still suggested CI after the CI loop had been seen."""
+    from agentloop import ScriptedModel, TextDelta, ToolCallStarted, ToolProgress, validate_transcript
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.story import Story
+
+    engine = build_engine(ScriptedModel([Story(delay=0)], cycle=True, record=False), speed=100)
+
+    async def turn(prompt: str) -> tuple[list[str], list[str], str]:
+        tools, progress, said = [], [], ""
+        async for event in engine.run(prompt):
+            if isinstance(event, ToolCallStarted):
+                tools.append(event.tool_use.name)
+            elif isinstance(event, ToolProgress):
+                progress.append(event.text)
+            elif isinstance(event, TextDelta):
+                said += event.text
+        return tools, progress, said
+
+    await turn("Fix the failing test in utils.py")
+    tools, progress, said = await turn("run the tests")
+    assert tools == ["run_tests"] and "2 passed" in progress
+    assert "wait for CI" in said  # not tried yet
+    tools, _, _ = await turn("now wait for CI")
+    assert set(tools) == {"ci_status"}
+    tools, _, said = await turn("what else?")
+    assert tools == ["run_tests"]
+    assert "CI" not in said and "/mode queue" in said and "!text" in said
+    assert validate_transcript(engine.messages) == []

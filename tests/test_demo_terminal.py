@@ -459,3 +459,51 @@ def test_on_an_ascii_only_output_a_long_input_line_still_fits_its_row(monkeypatc
     assert row(24) == '> say "x"' + "y" * 27 + "..."
     screen.status("running tests \u2026 " * 5)  # a status line holding the mark, as short() writes it
     assert row(23).startswith(" running tests ... running") and len(row(23)) == 39
+
+
+# -- tool progress ------------------------------------------------------------------------------
+
+
+def _progress_events() -> list[object]:
+    from agentloop import TextDelta, ToolCallFinished, ToolCallStarted, ToolProgress, ToolUseBlock
+    from agentloop._messages import ToolResultBlock
+
+    use = ToolUseBlock(id="t1", name="run_tests", input={})
+    return [
+        TextDelta(text="Running the tests."),
+        ToolCallStarted(tool_use=use),
+        ToolProgress(tool_use_id="t1", text="collecting tests ..."),
+        ToolProgress(tool_use_id="t1", text="[1/2] test_a PASSED\x1b[2J"),
+        ToolCallFinished(tool_use=use, result=ToolResultBlock(tool_use_id="t1", content="2 passed")),
+    ]
+
+
+def test_without_a_status_line_each_progress_report_is_a_dim_line_under_its_call() -> None:
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    for event in _progress_events():
+        r.show(event)  # type: ignore[arg-type]
+    assert out.getvalue().splitlines() == [
+        "assistant: Running the tests.",
+        "\u2699 run_tests()",
+        "  \u00b7 run_tests: collecting tests ...",
+        "  \u00b7 run_tests: [1/2] test_a PASSED\ufffd[2J",
+        "  \u2713 run_tests: 2 passed",
+    ]
+
+
+def test_with_a_status_line_progress_updates_it_and_adds_no_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentloop.demo.render import Renderer
+
+    screen, out = _screen(monkeypatch)
+    screen.start(keyboard=True)
+    r = Renderer(screen)
+    for event in _progress_events()[:-1]:
+        r.show(event)  # type: ignore[arg-type]
+    assert r.status() == "1 tool running: run_tests \u2014 [1/2] test_a PASSED\ufffd[2J"
+    assert "\x1b7\x1b[23;1H\x1b[2K 1 tool running: run_tests \u2014 collecting tests ...\x1b8" in out.getvalue()
+    assert "collecting" not in _region_output(out.getvalue())
+    r.show(_progress_events()[-1])  # type: ignore[arg-type]
+    assert r.status() == "working"  # the call's progress went with it

@@ -480,3 +480,16 @@ def test_the_name_check_catches_stale_names() -> None:
     assert _check_bare('lookup(word="true")') == []  # a model's tool call, shown as an example
     assert _code_names("from agentloop import QueryEngine, Interject\n", "x") != []
     assert _code_names("from agentloop.models import OpenAIChatModel\nOpenAIChatModel('m', logprob=True)\n", "x") != []
+
+
+def test_the_examples_pass_the_async_lint_rules(tmp_path: Path) -> None:
+    """A host copies the examples into code its own linter checks: the `shell(command,
+    timeout=60)` tool tripped ruff's ASYNC109 (an async function with a ``timeout`` parameter)."""
+    for i, (where, code, _) in enumerate(BLOCKS):
+        (tmp_path / f"block_{i:03d}.py").write_text(f"# {where}\n{code}", encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "ASYNC", "--output-format",
+         "concise", str(tmp_path)],
+        capture_output=True, text=True, timeout=50,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]

@@ -188,6 +188,33 @@ async def test_checkpoint2_abort_after_response_starts_no_tool() -> None:
     assert validate_transcript(engine.messages) == []
 
 
+async def test_checkpoint2_no_call_of_the_response_is_asked_for_started_or_refused() -> None:
+    """Checkpoint 2 is the only check between the response and the first batch: without it the
+    calls' tasks were made, and a call that cannot run (an unknown tool) answered with its
+    refusal, as if the run had gone on, where each call's result must say it never started."""
+    asked: list[str] = []
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        asked.append(use.name)
+        return Allow()
+
+    @tool(concurrency_safe=True)
+    async def t() -> str:
+        raise AssertionError("must not start")
+
+    engine = engine_for([calls("nope", "t")], tools=[t], permission=permission)
+    events: list[object] = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, AssistantMessage):
+            engine.interrupt()
+    assert asked == []
+    assert "PermissionRequested" not in kinds(events) and "ToolCallStarted" not in kinds(events)
+    assert results(engine) == [TEXTS.never_started] * 2
+    assert engine.last_turn_ended.reason == "aborted_tools"  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
+
 # -- checkpoint 3: between batches ---------------------------------------------------
 
 
@@ -205,6 +232,36 @@ async def test_checkpoint3_abort_between_batches_keeps_finished_results() -> Non
     events = await collect(engine, "go")
     assert results(engine) == ["first done", TEXTS.never_started]
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "aborted_tools"
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_checkpoint3_an_abort_after_a_batch_starts_nothing_of_the_next() -> None:
+    """The host interrupts as the first batch's result comes: the next batch (a call that cannot
+    run, and one that would ask for permission) is neither asked about, started nor refused."""
+    asked: list[str] = []
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        asked.append(use.name)
+        return Allow()
+
+    @tool
+    async def first() -> str:
+        return "first done"
+
+    @tool(concurrency_safe=True)
+    async def t() -> str:
+        raise AssertionError("must not start")
+
+    engine = engine_for([calls("first", "nope", "t")], tools=[first, t], permission=permission)
+    events: list[object] = []
+    async for ev in engine.run("go"):
+        events.append(ev)
+        if isinstance(ev, ToolCallFinished):
+            engine.interrupt()
+    assert asked == ["first"]
+    assert [e.tool_use.name for e in events if isinstance(e, ToolCallStarted)] == ["first"]
+    assert results(engine) == ["first done", TEXTS.never_started, TEXTS.never_started]
+    assert engine.last_turn_ended.reason == "aborted_tools"  # type: ignore[union-attr]
     assert validate_transcript(engine.messages) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from collections.abc import Sequence
@@ -1310,3 +1311,52 @@ async def test_a_doom_loop_cut_as_the_run_is_interrupted_announces_no_resample()
     assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"
     assert [m.text for m in engine.messages] == ["fix it", "[Request interrupted by user]"]
     assert validate_transcript(engine.messages) == []
+
+
+class _Budget(Policy):
+    """A budget policy written in the wrong hook: it says EndTurn on every text delta."""
+
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        return EndTurn("over budget", reason="hook_stopped") if isinstance(event, StreamText) else None
+
+
+class _NudgesOnStream(Policy):
+    def on_stream(self, event: StreamEvent) -> Verdict | None:
+        return Nudge("keep it short") if isinstance(event, StreamText) else None
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_a_verdict_on_stream_cannot_act_on_is_logged_once_per_attempt_and_policy(
+    alone: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A budget policy written in ``on_stream`` returned EndTurn on every delta and never ended
+    anything, without a word. Each such policy is now told once per attempt which hook acts on
+    its verdict; the verdict is still ignored."""
+    policies: list[Policy] = [_Budget()] if alone else [_Budget(), _NudgesOnStream(), CountsThinking()]
+    many = ScriptedResponse(text="Fixed it in many small pieces.", chunk=3)
+    engine = doom_engine([many, many], policies=policies)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        await collect(engine, "go")
+        await collect(engine, "again")
+    assert engine.last_turn_ended is not None and engine.last_turn_ended.reason == "completed"
+    budget = [r.getMessage() for r in caplog.records if "_Budget.on_stream" in r.getMessage()]
+    assert len(budget) == 2  # one per attempt (two runs), not one per delta
+    assert "returned EndTurn" in budget[0] and "on_stream acts only on Warn and Resample" in budget[0]
+    assert "return EndTurn from on_response or on_results" in budget[0]
+    nudged = [r.getMessage() for r in caplog.records if "_NudgesOnStream.on_stream" in r.getMessage()]
+    assert len(nudged) == (0 if alone else 2)
+
+
+async def test_a_stream_verdict_from_on_response_is_logged_with_the_hook_that_acts_on_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class CutsLate(Policy):
+        def on_response(self, message: Message) -> Verdict | None:
+            return Resample()
+
+    engine = QueryEngine(ScriptedModel(["done"]), policies=[CutsLate()])
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        events = await collect(engine, "go")
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert "CutsLate.on_response returned Resample" in caplog.text
+    assert "return Resample from on_stream" in caplog.text

@@ -111,3 +111,29 @@ def test_the_memory_measure_sees_engines_that_each_hold_a_dict() -> None:
     # The measure above would catch a dict per engine: two refused constructions first force one.
     refused = "from agentloop import QueryEngine\nfor _ in range(2):\n    try:\n        QueryEngine(object())\n    except TypeError:\n        pass\n"
     assert idle_engine_bytes(refused) > 2_600
+
+
+async def test_turn_ended_returns_the_runs_terminal_and_fails_clearly_without_one() -> None:
+    """Every host test narrowed ``events[-1]`` to `TurnEnded` itself; `turn_ended` does it, and
+    says what is wrong when the events do not end with the run's own terminal."""
+    import dataclasses
+
+    import pytest
+
+    from agentloop import QueryEngine, TextDelta, TurnEnded
+    from agentloop.testing import ScriptedModel, collect, turn_ended
+
+    engine = QueryEngine(ScriptedModel(["hello"]), policies=[])
+    events = await collect(engine.run("hi"))
+    end = turn_ended(events)
+    assert isinstance(end, TurnEnded) and end.reason == "completed" and end is events[-1]
+    with pytest.raises(AssertionError, match=r"no TurnEnded among the 0 events"):
+        turn_ended([])
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    with pytest.raises(AssertionError, match=r"no TurnEnded among the \d+ events.*last is TextDelta"):
+        turn_ended(deltas)
+    with pytest.raises(AssertionError, match=r"TurnEnded is not the last event: TextDelta comes after it"):
+        turn_ended([*events, deltas[0]])
+    child_end = dataclasses.replace(end, agent_id="sub-1")
+    with pytest.raises(AssertionError, match=r"last event is the TurnEnded of subagent 'sub-1'"):
+        turn_ended([*deltas, child_end])

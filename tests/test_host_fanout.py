@@ -427,10 +427,12 @@ async def test_failing_children_leave_the_others_going_and_the_parent_is_told_wh
     assert "upstream overloaded" in results["topic 3"].text
     assert results["topic 5"].is_error
     assert "(stationarity_ended: Stopped: 4 no-op keep-alive commands in a row (bash).)" in results["topic 5"].text
-    # The looping child was cut and resampled until its budget was spent, then its answer taken.
+    # The looping child was cut and resampled until its budget was spent, then its answer taken,
+    # with a note that tells the parent's model where it came from.
     actions = [e.action for e in events if e.type == "doom_loop_detected" and e.agent_id == "sub-5"]
     assert actions[:2] == ["resample", "resample"] and "disarmed" in actions
-    assert results["topic 4"].text == "topic 4: nothing found."
+    assert results["topic 4"].text.startswith("(Subagent sub-5's answer came out of a doom loop: ")
+    assert results["topic 4"].text.endswith(")\n\ntopic 4: nothing found.")
     assert not any(results[t].is_error for t in TOPICS if t not in ("topic 3", "topic 4", "topic 5"))
     tree.check(engine)
     nothing_left()
@@ -674,7 +676,7 @@ async def test_the_parents_usage_limit_is_the_trees_budget(monkeypatch: pytest.M
     child_ends = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
     assert [e.reason for e in child_ends] == ["usage_limit"] * 10
     results = engine.messages[2].tool_results
-    assert all(r.is_error and "stopped before finishing (usage_limit)" in r.text for r in results)
+    assert all(r.is_error and "stopped before finishing (usage_limit: the parent's usage_limit of 100 tokens" in r.text for r in results)
     tree.check(engine)
     nothing_left()
 

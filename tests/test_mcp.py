@@ -1422,6 +1422,10 @@ class _HungServer:
         raise httpx2.ReadTimeout("timed out", request=request)
 
 
+# When the abort's notifications/cancelled times out in the MCP SDK's post_writer task just as
+# aclose() tears the SDK's task group down, that task (the SDK's, not agentloop's) logs the timeout
+# and loses the cancel: the after-test check for swallowed cancels would flag the SDK's code.
+@pytest.mark.swallows_cancel
 async def test_an_http_server_that_stops_answering_cannot_hold_aclose_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
     # Neither the notifications/cancelled of an abort nor the DELETE that ends the session were
     # bounded (reads wait for as long as a tool runs): aclose() waited for the server for ever.

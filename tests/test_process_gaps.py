@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,68 @@ async def test_no_grandchild_of_an_interrupted_tool_is_alive_when_run_returns(tm
                 engine.interrupt()
     assert len(pids) == 4
     assert [p for p in pids if pid_alive(p)] == []
+
+
+
+# A child that writes lines and waits, after each, for the test's answer on descriptor argv[1]:
+# it goes on only once ``on_line`` has seen the line, so the lines must come as they are written.
+_STEPS = r"""
+import os, sys
+for line in ("collecting", "[1/2] a PASSED", "[2/2] b PASSED"):
+    print(line, flush=True)
+    os.read(int(sys.argv[1]), 1)
+sys.stdout.write("2 passed")  # the last line has no line break
+"""
+
+
+async def test_on_line_sees_each_line_while_the_child_runs() -> None:
+    # A tool that shows progress (`ToolProgress`) had the child's output only when it had ended.
+    seen: list[str] = []
+    answer_r, answer_w = os.pipe()
+
+    def on_line(line: str) -> None:
+        seen.append(line)
+        os.write(answer_w, b".")
+
+    try:
+        result = await asyncio.wait_for(
+            run_process(
+                sys.executable, "-c", _STEPS, str(answer_r), signal=AbortController().signal,
+                on_line=on_line, pass_fds=(answer_r,),
+            ),
+            20,
+        )
+    finally:
+        os.close(answer_w)
+        os.close(answer_r)
+    assert seen == ["collecting", "[1/2] a PASSED", "[2/2] b PASSED", "2 passed"]
+    assert result.stdout == "collecting\n[1/2] a PASSED\n[2/2] b PASSED\n2 passed"
+
+
+async def test_an_on_line_that_raises_is_raised_from_run_process_once_the_child_ended() -> None:
+    def on_line(line: str) -> None:
+        raise ValueError(f"cannot show {line}")
+
+    code = "print('one', flush=True); print('two', flush=True)"
+    with pytest.raises(ValueError, match="cannot show one"):
+        await run_process(sys.executable, "-c", code, signal=AbortController().signal, on_line=on_line)
+
+
+def test_on_line_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="on_line"):
+        asyncio.run(run_process("true", signal=AbortController().signal, on_line="print"))  # type: ignore[arg-type]
+
+
+@given(st.text(alphabet="ab\n\u00e9", max_size=40), st.lists(st.integers(1, 8), max_size=10))
+def test_property_on_line_gets_the_output_line_by_line_however_it_is_read(text: str, sizes: list[int]) -> None:
+    from agentloop._process import _Lines
+
+    seen: list[str] = []
+    lines = _Lines(seen.append)
+    data, i = text.encode(), 0
+    for size in sizes:  # reads cut anywhere, inside a character too
+        lines.feed(data[i : i + size])
+        i += size
+    lines.feed(data[i:])
+    lines.feed(b"", final=True)
+    assert seen == text.removesuffix("\n").split("\n") if text else seen == []

@@ -734,3 +734,87 @@ async def test_a_deadline_stops_a_subagent_whichever_engine_set_it(whose: str) -
         assert ends[None].reason == "completed" and "deadline" in result.text
         assert engine.messages[-1].text == "The parent goes on."
     assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("whose", ["parent", "own"])
+async def test_a_child_stopped_by_usage_limit_says_whose_budget_ran_out(whose: str) -> None:
+    """"Subagent sub-1 stopped before finishing (usage_limit)." did not say whether the child
+    spent its own budget (a narrower task may fit) or the tree's (nothing more will run). The
+    child's `TurnEnded.detail` says whose limit it was, and the delegate result repeats it."""
+
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    ping_call = ScriptedResponse(tool_calls=[ScriptedToolCall("ping", {})])  # 20 tokens each
+    model = ScriptedModel([delegate("keep pinging"), *[ping_call] * 9, "The parent goes on."])
+    if whose == "parent":
+        engine = QueryEngine(model, tools=[ping, delegate_tool()], policies=[], usage_limit=100)
+    else:
+        engine = QueryEngine(model, tools=[ping, delegate_tool(usage_limit=40)], policies=[], usage_limit=1000)
+    ends = {ev.agent_id: ev for ev in await collect(engine, "go") if isinstance(ev, TurnEnded)}
+    child = ends["sub-1"]
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert child.reason == "usage_limit" and result.is_error
+    if whose == "parent":
+        assert child.detail == "the parent's usage_limit of 100 tokens (shared with its subagents) is reached"
+        assert ends[None].detail == "the run's usage_limit of 100 tokens is reached"
+    else:
+        assert child.detail == "its own usage_limit of 40 tokens is reached"
+        assert ends[None].reason == "completed" and ends[None].detail is None
+    assert f"stopped before finishing (usage_limit: {child.detail})." in result.text
+
+
+_CHANT = "I'll do it.\nI'll execute.\n" * 60
+_LOOPING = ScriptedResponse(thinking="Let me plan the fix first.\n" + _CHANT, text="Done: all fixed.", chunk=7)
+
+
+@pytest.mark.parametrize("budget", [0, 1])
+async def test_a_childs_answer_out_of_a_doom_loop_it_did_not_leave_comes_with_a_note(budget: int) -> None:
+    """A child that kept looping after its resample budget was spent had its answer accepted as
+    any other: the parent's model took it at its word. The result now says where it came from;
+    a child whose loop a resample ended answers as usual."""
+    model = ScriptedModel([delegate("fix the bug"), *[_LOOPING] * (budget + 1), "The parent goes on."])
+    engine = QueryEngine(model, tools=[delegate_tool(doom_budget=budget)])
+    await collect(engine, "go")
+    result = next(r for m in engine.messages for r in m.tool_results)
+    assert not result.is_error
+    assert result.text.startswith("(Subagent sub-1's answer came out of a doom loop: its output kept repeating")
+    assert result.text.endswith("\n\nDone: all fixed.")
+
+    resolved = ScriptedModel([delegate("fix the bug"), _LOOPING, "Fixed it.", "The parent goes on."])
+    engine = QueryEngine(resolved, tools=[delegate_tool(doom_budget=1)])
+    await collect(engine, "go")
+    assert next(r for m in engine.messages for r in m.tool_results).text == "Fixed it."
+
+
+async def test_a_child_stopped_for_repeating_its_calls_says_so_to_the_parents_model() -> None:
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    ping_call = ScriptedResponse(text="Checking again.", tool_calls=[ScriptedToolCall("ping", {})])
+    model = ScriptedModel([delegate("wait for it"), *[ping_call] * 12, "The parent goes on."])
+    engine = QueryEngine(model, tools=[ping, delegate_tool(max_turns=20)])
+    ends = {ev.agent_id: ev for ev in await collect(engine, "go") if isinstance(ev, TurnEnded)}
+    assert ends["sub-1"].reason == "stationarity_ended"
+    result = next(r for m in engine.messages for r in m.tool_results if r.text.startswith("Subagent"))
+    assert result.is_error
+    assert "stopped before finishing (stationarity_ended: Stopped: " in result.text
+    assert "). It was going round in circles with its tool calls: given again unchanged, the task" in result.text
+    assert result.text.endswith("Its last words: Checking again.")
+
+
+async def test_last_words_out_of_a_doom_loop_come_with_the_note_too() -> None:
+    @tool
+    async def ping() -> str:
+        return "pong"
+
+    looping_call = replace(_LOOPING, text="3 papers so far.", tool_calls=[ScriptedToolCall("ping", {})])
+    model = ScriptedModel([delegate("survey"), looping_call, "The parent goes on."])
+    engine = QueryEngine(model, tools=[ping, delegate_tool(doom_budget=0, max_turns=1)])
+    await collect(engine, "go")
+    result = next(r for m in engine.messages for r in m.tool_results if r.text.startswith("Subagent"))
+    assert result.is_error and "stopped before finishing (max_turns). Its last words: 3 papers so far. (" in result.text
+    assert result.text.endswith("came out of a doom loop: its output kept repeating itself and resampling did not "
+                                "stop it, so it may be cut short or padded with repeats. Check it before relying on it.)")

@@ -172,8 +172,9 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
                 editor=editor, on_edit=None if editor is None else lambda: screen.typed(editor.text, editor.cursor),
                 partial=fd is None,
             )
-            reader.start()
             host.start(FIRST_PROMPT)  # something happens at once, until the user types
+            await _first(host.exit, host.shown)
+            reader.start()  # what was typed meanwhile waits in the terminal (or the pipe)
             await host.exit.wait()
             stuck = False
         await host.close()

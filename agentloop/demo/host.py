@@ -52,6 +52,9 @@ class Host:
         self.on_idle: Callable[[], None] | None = None
         self._idle_sigint = False
         self._input_ended = False
+        # A turn's header is on the screen (or its run ended without one): the keyboard is read
+        # from then on, so that what is typed shows below the turn it acts on.
+        self.shown = asyncio.Event()
 
     @property
     def busy(self) -> bool:
@@ -72,6 +75,7 @@ class Host:
             run = self.engine.run(prompt)
         except Exception as exc:  # a host keeps going: show it, stay usable
             self.r.note(f"the run failed: {type(exc).__name__}: {short(str(exc), 300)}", "red")
+            self.shown.set()
             return
         self.task = asyncio.get_running_loop().create_task(self._drive(run), name="agentloop-demo-run")
         self.task.add_done_callback(self._ran)
@@ -81,6 +85,8 @@ class Host:
         try:
             async for event in run:
                 self.r.show(event, self._started_with(event) if isinstance(event, TurnStarted) else ())
+                if isinstance(event, TurnStarted):
+                    self.shown.set()
                 if self.on_event is not None:
                     self.on_event(event)
         except Exception as exc:  # a host keeps going: show it, stay usable
@@ -97,6 +103,7 @@ class Host:
         return queued if event.prompt.meta.get("receipt") in ids else [*queued, event.prompt.text]
 
     def _ran(self, task: asyncio.Task[None]) -> None:
+        self.shown.set()
         if self._input_ended:  # nothing more will be typed: the session is over
             self.exit.set()
         queued = len(self.engine.inbox.follow_ups)

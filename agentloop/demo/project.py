@@ -5,6 +5,8 @@ disk; ``run_tests`` is nevertheless a real subprocess started through
 `agentloop.run_process`: a small Python program that receives the project's
 sources on stdin, runs every ``test_*`` function in ``test_utils.py`` and prints
 its progress with pauses, so an interrupt really kills a running process group.
+Each line it prints is sent to the host as it comes, a `ToolProgress` (as is
+what ``ci_status`` asks): how a tool shows the host its progress.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import json
 import sys
 
+from .._events import ToolProgress
 from .._messages import ToolUseBlock
 from .._process import run_process
 from .._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, tool
@@ -92,6 +95,10 @@ class Project:
         return f"edited {path}: 1 replacement"
 
     async def run_tests(self, ctx: ToolContext) -> str:
+        def report(line: str) -> None:  # each line of the runner's, as it prints it
+            if line.strip():
+                ctx.emit(ToolProgress(tool_use_id=ctx.tool_use_id, text=line))
+
         result = await run_process(
             sys.executable,
             "-c",
@@ -100,6 +107,7 @@ class Project:
             signal=ctx.signal,
             timeout=60,
             stdin=json.dumps(self.files).encode(),
+            on_line=report,
         )
         out = result.stdout.strip()
         if result.stderr.strip():
@@ -131,8 +139,9 @@ def make_tools(project: Project, poll_pause: float = 0.2) -> list[Tool]:
         return await project.run_tests(ctx)
 
     @tool(stationarity="tight")
-    async def ci_status(pipeline: str = "main") -> str:
+    async def ci_status(ctx: ToolContext, pipeline: str = "main") -> str:
         """The state of the CI pipeline."""
+        ctx.emit(ToolProgress(tool_use_id=ctx.tool_use_id, text=f"asking the CI server about pipeline {pipeline} ..."))
         await asyncio.sleep(poll_pause)
         return f"pipeline {pipeline}: running (3/7 jobs done)"
 

@@ -27,6 +27,7 @@ from .._events import (
     ThinkingDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolProgress,
     TurnEnded,
     TurnStarted,
 )
@@ -125,6 +126,7 @@ class Renderer:
         self._channel: str | None = None  # the delta stream in progress
         self._cut: str | None = None  # the delta stream a line of the host broke into
         self._running: dict[str, str] = {}  # tool_use_id -> name
+        self._progress: dict[str, str] = {}  # tool_use_id -> its last report, the latest last
         self._asking: set[str] = set()
 
     def note(self, text: str, *style: str) -> None:
@@ -147,6 +149,9 @@ class Renderer:
         if isinstance(event, TextDelta | ThinkingDelta):
             self._delta(event)
             return
+        if isinstance(event, ToolProgress):
+            self._report(event)
+            return
         self._channel = self._cut = None
         self._line(event, starts)
         self.screen.status(self.status())
@@ -156,13 +161,29 @@ class Renderer:
             return "waiting for permission"
         if self._running:
             n = len(self._running)
-            return f"{n} tool{'s' if n > 1 else ''} running: {', '.join(sorted(set(self._running.values())))}"
+            names = ", ".join(sorted(set(self._running.values())))
+            latest = next(reversed(self._progress.values()), None)
+            return f"{n} tool{'s' if n > 1 else ''} running: {names}" + (f" \u2014 {latest}" if latest else "")
         if self._channel is not None:
             return f"streaming {self._channel}"
         return "working"
 
+    def _report(self, ev: ToolProgress) -> None:
+        """A running tool's progress: on the status line where there is one (the latest report of
+        a call still running), else a dim line of its own per report."""
+        name = self._running.get(ev.tool_use_id, "tool")
+        text = short(ev.text, 200)
+        if not self.screen.status_shown:
+            self.note(f"  \u00b7 {name}: {text}", "dim")
+            return
+        if ev.tool_use_id in self._running:
+            self._progress.pop(ev.tool_use_id, None)
+            self._progress[ev.tool_use_id] = text
+            self.screen.status(self.status())
+
     def idle(self, hint: str = "") -> None:
         self._running.clear()
+        self._progress.clear()
         self._asking.clear()
         self._channel = None
         self.screen.status("idle" + (f" \u2014 {hint}" if hint else ""))
@@ -231,6 +252,7 @@ class Renderer:
 
     def _finished(self, ev: ToolCallFinished) -> str:
         self._running.pop(ev.tool_use.id, None)
+        self._progress.pop(ev.tool_use.id, None)
         self._asking.discard(ev.tool_use.id)
         body = short(ev.result.text, 110)
         if ev.synthetic:
@@ -242,6 +264,7 @@ class Renderer:
     def _ended(self, ev: TurnEnded) -> str:
         self.stats.terminals[ev.reason] += 1
         self._running.clear()
+        self._progress.clear()
         self._asking.clear()
         extra = ""
         if ev.abort_reason is not None:

@@ -14,6 +14,8 @@ The fix story (any prompt while the fix is not done):
      4th identical call of this "tight" tool) -> heed the nudge, summarise.
 The CI story (a prompt that mentions CI): poll ``ci_status`` with identical
 arguments and ignore the nudge, until the policy ends the turn at the 8th.
+After the fix, any other message: run the tests again (something to stop,
+steer or queue behind), then answer with what is left to try.
 """
 
 from __future__ import annotations
@@ -141,11 +143,7 @@ class Story:
     def _fix(self, f: Facts) -> ScriptedResponse:
         call = ScriptedToolCall
         if f.summarised:
-            return self._say(
-                "The fix is done; answer briefly.",
-                f"The fix is in and the tests pass. You said {_quote(f.prompt.text if f.prompt else '')}. "
-                "Try asking me to wait for CI to see the stationarity policy stop a polling loop.",
-            )
+            return self._after_fix(f)
         if not f.ok("list_files"):
             return self._say(
                 "The user wants a failing test fixed. First, what does the project look like?",
@@ -178,6 +176,24 @@ class Story:
             f"You're right, I was re-reading the same file. {SUMMARY_MARK}: slugify now joins the "
             "words with hyphens, and both tests pass. Ask me to wait for CI to see the stationarity "
             "policy stop a polling loop.",
+        )
+
+    def _after_fix(self, f: Facts) -> ScriptedResponse:
+        """Any later message: the tests run again (a tool that takes a while, something to stop,
+        steer or queue behind), then a short answer that says what is left to try."""
+        if "run_tests" not in f.since_prompt:
+            return self._say(
+                "The fix is done. Check that the tests still pass before answering.",
+                "Running the tests again to be sure.",
+                ScriptedToolCall("run_tests"),
+            )
+        said = f"The fix is in and the tests still pass. You said {_quote(f.prompt.text if f.prompt else '')}."
+        if not f.ok("ci_status"):
+            return self._say("Answer briefly.", f"{said} Ask me to wait for CI to see the stationarity policy stop a polling loop.")
+        return self._say(
+            "Answer briefly.",
+            f"{said} Send me another message and, while the tests run, try typing to steer me, !text "
+            "to replace the turn, or /mode queue and a message to queue it for after the turn.",
         )
 
     def _edit(self, f: Facts) -> ScriptedResponse:

@@ -21,7 +21,7 @@ call starts the server at most once.
 
 The package: `MCPServer` (`_server`) over one `_connection` at a time, opened by a
 transport (`_stdio`, which `_stop` ends, or `_http`); `_tools` maps the server's tools and
-their results to agentloop's.
+their results to agentloop's; `_scrub` keeps the server's credentials out of its errors and logs.
 """
 
 import inspect as _inspect

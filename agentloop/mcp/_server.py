@@ -22,9 +22,11 @@ from .._abort import AbortSignal
 from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
-from ..models._http import hide_url_credentials
+from ..models._http import Redactor, check_headers
+from ..models._http._client import MIN_TOOL_SECRET
 from ._connection import Connect, Connection
-from ._http import URL_LOGGERS, check_url, http_connect, public_url, split_userinfo
+from ._http import check_url, http_connect, public_url, split_userinfo
+from ._scrub import scrubbing, server_credentials, watch
 from ._stdio import stdio_connect
 from ._tools import Remote, object_schema, offerable_specs, unique_specs
 
@@ -87,6 +89,10 @@ class MCPServer:
         self._relists_warned = False
         self._closing: set[asyncio.Task[None]] = set()  # connections being closed
         self._clashes: set[str] = set()  # added tools not offered for a name clash (warned about)
+        # The credentials the host gave the server (`server_credentials`): those of `MIN_TOOL_SECRET`
+        # characters or more are scrubbed out of its results, all of them out of errors and logs.
+        self._secrets: tuple[str, ...] = ()
+        self._redactor: Redactor | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._conn is not None else "idle"
@@ -116,8 +122,13 @@ class MCPServer:
         ends the connection, failing the calls in flight.
         """
         label = f"stdio:{command}"
-        connect = stdio_connect(command, args, env=env, cwd=cwd, label=label, max_message_size=max_message_size)
-        return cls(connect, label=label, **options)
+        secrets = server_credentials(env or {}, args=args)
+        connect = stdio_connect(
+            command, args, env=env, cwd=cwd, label=label, max_message_size=max_message_size, secrets=secrets
+        )
+        server = cls(connect, label=label, **options)
+        server._know(secrets)
+        return server
 
     @classmethod
     def http(
@@ -151,6 +162,8 @@ class MCPServer:
         that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
         """
         check_url(url)
+        # Refused here, not quoted: the HTTP layer's error for a header it cannot send quotes it.
+        headers = check_headers(headers, "headers")
         target, auth = split_userinfo(url)
 
         def forgotten(stream: object) -> None:
@@ -169,8 +182,16 @@ class MCPServer:
         )
         server = cls(connect, label=public_url(url), **options)
         # The SDK logs the URL it connects to, and its HTTP client each request's URL.
-        hide_url_credentials(server, url, URL_LOGGERS)
+        server._know(server_credentials(headers or {}, url))
         return server
+
+    def _know(self, secrets: tuple[str, ...]) -> None:
+        """Take ``secrets`` as the credentials the host gave this server: scrubbed out of its
+        errors and of the records of the loggers that could quote them, and those of
+        `MIN_TOOL_SECRET` characters or more out of its tools' results."""
+        self._secrets = tuple(v for v in secrets if len(v) >= MIN_TOOL_SECRET)
+        self._redactor = Redactor(secrets) if secrets else None
+        watch(self, secrets)
 
     async def __aenter__(self) -> MCPServer:
         try:
@@ -210,13 +231,15 @@ class MCPServer:
                 self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
             )
         try:
-            session = await conn.session()
+            with scrubbing(self._redactor, self.label):
+                session = await conn.session()
         except Exception:
             if self._conn is conn:
                 self._conn = None
             raise
         if conn.lost:  # `_on_lost` took it out of use already
-            raise conn.closed(" as soon as it was open", stderr=True)
+            with scrubbing(self._redactor, self.label):
+                raise conn.closed(" as soon as it was open", stderr=True)
         return conn, session
 
     def _on_lost(self, conn: Connection) -> None:
@@ -320,7 +343,8 @@ class MCPServer:
         timeout = self.connect_timeout
         try:
             async with asyncio.timeout(timeout) as bound:
-                specs = await self._pages(session, conn)
+                with scrubbing(self._redactor, self.label):
+                    specs = await self._pages(session, conn)
         except TimeoutError:
             if not bound.expired():
                 raise
@@ -534,7 +558,8 @@ class MCPServer:
         if not conn.listed:
             await self._list_first(conn)
         try:
-            result = await session.call_tool(name, dict(arguments))
+            with scrubbing(self._redactor, self.label):
+                result = await session.call_tool(name, dict(arguments))
         except MCPError as exc:
             await self._lost(exc, conn)
             if exc.code == types.CONNECTION_CLOSED and conn.why():

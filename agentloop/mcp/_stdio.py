@@ -9,7 +9,7 @@ reads and writes, in place of the SDK's own ``stdio_client``, which:
   a traceback quoting it: here such a line is skipped with one warning per connection;
 - handed the server the host's own stderr (which then had to be a real file): here stderr is
   read line by line into the ``agentloop`` log (INFO), with the credentials the host passed in
-  ``env`` scrubbed, and its last lines say why a server stopped;
+  ``env`` or on the command line scrubbed, and its last lines say why a server stopped;
 - noticed a server's death only at the end of its stdout, which a process it left behind can
   hold open for ever: here its exit ends the connection too.
 
@@ -34,7 +34,7 @@ from mcp import StdioServerParameters, types
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.shared.message import SessionMessage
 
-from ..models._http import Redactor, credential_parts, is_credential
+from ..models._http import Redactor
 from ._connection import Connect, Streams
 from ._stop import stop, uncancellable
 
@@ -57,14 +57,16 @@ async def stdio_transport(
     cwd: str | None,
     label: str,
     max_message_size: int | None,
+    secrets: Sequence[str] = (),
 ) -> AsyncIterator[tuple[Stdout, Stdin]]:
     """Start ``command`` in a new session (so its own process group), with the SDK's safe default
     environment and ``env`` over it, and yield its (stdout, stdin) streams; stop it on the way out,
     even when cancelled (the cancellation is raised once it is stopped).
 
-    Raises what starting the process raises (`FileNotFoundError` for a missing command)."""
+    ``secrets`` (the server's credentials, `server_credentials`) are scrubbed out of what it writes
+    to stderr, and of a line on its stdout that is quoted. Raises what starting the process raises
+    (`FileNotFoundError` for a missing command)."""
     loop = asyncio.get_running_loop()
-    secrets = [part for name, value in (env or {}).items() if is_credential(name) for part in credential_parts(value)]
     transport, pipes = await loop.subprocess_exec(
         lambda: Pipes(loop, label, Redactor(secrets), max_message_size),
         command,
@@ -90,6 +92,7 @@ def stdio_connect(
     cwd: str | None,
     label: str,
     max_message_size: int | None,
+    secrets: Sequence[str] = (),
 ) -> Connect:
     """What opens a connection to ``command`` run with ``args`` (see `MCPServer.stdio`): this
     module's `stdio_transport`, or on Windows, which has no process groups, the SDK's own."""
@@ -101,7 +104,7 @@ def stdio_connect(
 
     def connect() -> AbstractAsyncContextManager[Streams]:
         return stdio_transport(
-            command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size
+            command, argv, env=environment, cwd=cwd, label=label, max_message_size=max_message_size, secrets=secrets
         )
 
     return connect

@@ -15,6 +15,8 @@ from mcp import types
 
 from .._messages import TextBlock, ToolResultBlock
 from .._tools import ToolContext, ToolOutput
+from .._transcript import without_credentials
+from ._scrub import scrub_error
 
 if TYPE_CHECKING:
     from ._server import MCPServer
@@ -34,8 +36,15 @@ class Remote:
         self.listing = listing
 
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
-        return result_to_block(ctx.tool_use_id, result)
+        redactor = self.server._redactor
+        try:
+            result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
+        except Exception as exc:
+            # Its message becomes the tool's error result: the server's credentials taken out.
+            if redactor is not None and not scrub_error(exc, redactor):
+                raise RuntimeError(f"the MCP call failed ({type(exc).__name__}; its message quoted a credential)") from None
+            raise
+        return without_credentials(result_to_block(ctx.tool_use_id, result), self.server._secrets)
 
 
 def unique_specs(specs: list[types.Tool], label: str) -> list[types.Tool]:

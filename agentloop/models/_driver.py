@@ -183,8 +183,11 @@ async def run_stream(
     and between events), the errors of `Connection.open`, whatever the mapper
     raises, `StreamProtocolError` (retryable) for a body cut before the terminator,
     and `ProviderConnectionError` (retryable) for a stream that sends only keep-alives
-    for longer than the request's read timeout. A body that is one JSON document and
-    no event stream raises what `document_error` says instead. Never catches
+    (comments, pings, events that hold nothing of the answer) for longer than the request's
+    read timeout. A body that is one JSON document and no event stream raises what
+    `document_error` says instead, and one of more than `_HEAD_LIMIT` bytes with no event,
+    unless it says it is an event stream, a `StreamProtocolError` (not retryable) once read
+    that far. Never catches
     `asyncio.CancelledError`.
 
     Longer than most: it is the generator the model phase awaits for every event, so its
@@ -194,35 +197,36 @@ async def run_stream(
     path, headers, body = prepare()
     if signal.aborted:
         raise AbortError(signal.reason or "cancel")
-    async with conn.open(path, headers, body) as response:
+    async with conn.open(path, headers, body, signal) as response:
         redactor = conn.redactor(headers, response.request)
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
-        chunks = _body(response)
+        chunks = _body(response, signal)
         head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
         size = 0
         stall = _stall_limit(response)
-        quiet: float | None = None  # when the keep-alives began (None: the last chunk brought events)
+        quiet: float | None = None  # when the chunks of no answer began (None: the last brought some)
         try:
             async for chunk in chunks:
                 events = feed(chunk)
                 if head is not None:
                     size += len(chunk)
-                    if events or size > _HEAD_LIMIT:
+                    if events:
+                        head = None
+                    elif size > _HEAD_LIMIT:
+                        _no_stream(conn, response, head, redactor)
                         head = None
                     else:
                         head.append(chunk)
-                if (not events or events[0].event == "ping") and stall is not None and _keep_alive(events):
-                    quiet = _still_waiting(conn.provider, quiet, stall)
-                else:
-                    quiet = None
+                answered = False
                 for sse in events:
                     if signal.aborted:
                         raise AbortError(signal.reason or "cancel")
                     out = handle(sse)
                     if not out:
                         continue
+                    answered = True
                     if mapper.done:
                         await _read_tail(chunks)
                         for ev in out:
@@ -233,6 +237,10 @@ async def run_stream(
                         return
                     for ev in out:
                         yield ev
+                if answered:
+                    quiet = None
+                elif stall is not None:
+                    quiet = _still_waiting(conn.provider, quiet, stall)
         except ModelError as exc:  # a mapper's error quotes what the server sent
             if redactor is not None:
                 redactor.scrub_error(exc)
@@ -245,8 +253,10 @@ async def run_stream(
             for ev in last:
                 yield ev
             return
+        said = _held(response, head, redactor)
     raise StreamProtocolError(
-        f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)",
+        f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)"
+        + said,
         retryable=True,
     )
 
@@ -272,7 +282,38 @@ def _at_end(
     return at_eof() if at_eof is not None else None
 
 
+#: How much of a body with no event is kept to explain it, and read at most when it does not say
+#: it is an event stream.
 _HEAD_LIMIT = 1 << 20
+
+
+def _no_stream(conn: Connection, response: httpx.Response, head: list[bytes], redactor: Redactor) -> None:
+    """A body past `_HEAD_LIMIT` with no event yet: read on (return) when it says it is an event
+    stream (the first event may be long: a Responses stream repeats the instructions in it;
+    `SSEDecoder` bounds it), else raise the error it explains (a web page) or one that says it
+    is not an event stream. Neither is retryable: the same request gets the same body, and
+    reading a few more megabytes of it to its end would tell nothing more."""
+    media = media_type(response.headers)
+    if media == "text/event-stream":
+        return None
+    raw = b"".join(head)
+    error = _web_page(conn, response.headers, raw, redactor)
+    if error is None:
+        what = f"of {media}" if media else "with no content type"
+        error = StreamProtocolError(
+            f"{conn.provider} answered with more than {_HEAD_LIMIT >> 20} MiB {what} and no event: not an "
+            "event stream (is base_url the API's address? does the server support streaming?)"
+        )
+    raise error
+
+
+def _held(response: httpx.Response, head: list[bytes] | None, redactor: Redactor) -> str:
+    """What a body that ended with no event held, to quote in the error (a load balancer's
+    ``upstream connect error``), or "" when it held nothing."""
+    if not head:
+        return ""
+    text = " ".join(redactor.scrub(decode_body(b"".join(head), response.headers)).split())
+    return f"; the body held no event: {excerpt(text)}" if text else ""
 
 #: The clock that times keep-alives (a test puts a fake one here).
 _clock = time.monotonic
@@ -285,27 +326,23 @@ def _stall_limit(response: httpx.Response) -> float | None:
     return float(read) if isinstance(read, int | float) else None
 
 
-def _keep_alive(events: list[ServerSentEvent]) -> bool:
-    """Whether a chunk that completed ``events`` kept the connection alive and no more: no
-    event (a comment, or part of an event), or only ``ping`` events."""
-    return all(e.event == "ping" for e in events)
-
-
 def _still_waiting(provider: str, since: float | None, limit: float) -> float:
-    """When the keep-alives began (now, if ``since`` is None); raises a retryable
-    `ProviderConnectionError` once they have lasted longer than ``limit`` seconds.
+    """When the chunks that brought nothing of the answer began (now, if ``since`` is None);
+    raises a retryable `ProviderConnectionError` once they have lasted longer than ``limit``
+    seconds.
 
-    The read timeout waits for bytes, and a keep-alive (an SSE comment, an Anthropic ``ping``)
-    is bytes: a stalled model behind a gateway that sends one every few seconds would hold the
-    run forever. Counted from the first keep-alive after the last event, so at most one
-    keep-alive interval late."""
+    The read timeout waits for bytes, and a keep-alive is bytes: an SSE comment, an Anthropic
+    ``ping``, a proxy's ``event: keepalive``, any event the mapper reads nothing from (an
+    unknown one, a chunk with no choice). A stalled model behind a gateway that sends one every
+    few seconds would hold the run forever. Counted from the first such chunk after the last
+    one that brought part of the answer, so at most one keep-alive interval late."""
     now = _clock()
     if since is None:
         return now
     if now - since > limit:
         raise ProviderConnectionError(
-            f"{provider} stream stalled: the server sent only keep-alives, no event, for {limit:g} s "
-            "(the read timeout)",
+            f"{provider} stream stalled: the server sent only keep-alives, nothing of the answer, for "
+            f"{limit:g} s (the read timeout)",
             provider=provider,
             retryable=True,
         )
@@ -335,26 +372,107 @@ def _web_page(
     )
 
 
-async def _body(response: httpx.Response) -> AsyncGenerator[bytes, None]:
-    """The response body, read from the transport stream directly.
+#: The largest piece of a compressed body handed to the decoder: one network read of gzip may
+#: decode to tens of megabytes (of blank lines, say), split into lines all at once otherwise.
+_DECODED_CHUNK = 64 << 10
+
+
+async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> AsyncGenerator[bytes, None]:
+    """The response body, read from the transport stream directly; a read that waits when
+    ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`).
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
     the stream here keeps one layer that `run_stream` closes itself. Encoded
-    bodies (we ask for ``identity``) fall back to `aiter_bytes`.
+    bodies (we ask for ``identity``) fall back to `aiter_bytes`, in pieces of at most
+    `_DECODED_CHUNK` bytes.
     """
     if response.headers.get("content-encoding", "identity") != "identity":
-        source: AsyncIterator[bytes] = response.aiter_bytes()
+        source: AsyncIterator[bytes] = _pieces(response.aiter_bytes())
     else:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         source = stream.__aiter__()
+    watch = _ReadWatch(signal) if signal is not None else None
+    step = source.__anext__
     try:
-        async for chunk in source:
+        while True:
+            if watch is not None:
+                watch.reading = True
+            try:
+                chunk = await step()
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                if watch is not None and watch.withdrawn():
+                    raise AbortError(watch.reason) from None
+                raise
+            if watch is not None:
+                watch.reading = False
             if chunk:
                 yield chunk
     finally:
+        if watch is not None:
+            watch.close()
         aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class _ReadWatch:
+    """Ends a read of the body that waits when the signal is aborted: cancels the task reading
+    (the one that made the watch; only while a read is awaited, ``reading``, never while the
+    body's consumer runs), unless someone is cancelling it already (the engine cancels its own
+    task on an abort). `withdrawn` tells a `CancelledError` this watch caused alone, and takes
+    the cancel back."""
+
+    __slots__ = ("_fired", "_loop", "_remove", "_signal", "_task", "reading")
+
+    def __init__(self, signal: AbortSignal) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._signal = signal
+        self._fired = False
+        self.reading = False
+        self._remove = signal.add_listener(self._on_abort)
+
+    @property
+    def reason(self) -> str:
+        return self._signal.reason or "cancel"
+
+    def _on_abort(self, _reason: str) -> None:  # any thread
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing reads any more
+            pass
+
+    def _cancel(self) -> None:
+        task = self._task
+        if self.reading and not self._fired and task is not None and not task.done() and task.cancelling() == 0:
+            self._fired = True
+            task.cancel()
+
+    def withdrawn(self) -> bool:
+        fired, self._fired = self._fired, False
+        return fired and self._task is not None and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        self.reading = False
+        self._remove()
+
+
+async def _pieces(decoded: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """``decoded`` in pieces of at most `_DECODED_CHUNK` bytes."""
+    try:
+        async for chunk in decoded:
+            if len(chunk) <= _DECODED_CHUNK:
+                yield chunk
+                continue
+            view = memoryview(chunk)
+            for start in range(0, len(chunk), _DECODED_CHUNK):
+                yield bytes(view[start : start + _DECODED_CHUNK])
+    finally:
+        aclose = getattr(decoded, "aclose", None)
         if aclose is not None:
             await aclose()
 
@@ -369,9 +487,9 @@ _TAIL_WAIT = 1.0
 async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None:
     """After the terminator, read what is left of the body (normally nothing) so the
     connection can go back to the pool; give up (the connection is then closed)
-    past ``limit`` bytes or ``_TAIL_WAIT`` seconds, or when the connection fails: the
-    answer is whole by then, and a reset or a read error while reading nothing more
-    must neither discard it nor make it be asked for again."""
+    past ``limit`` bytes or ``_TAIL_WAIT`` seconds, when the connection fails, or on an
+    abort: the answer is whole by then, and a reset or a read error while reading nothing
+    more must neither discard it nor make it be asked for again."""
     size = 0
     try:
         async with asyncio.timeout(_TAIL_WAIT):
@@ -379,7 +497,7 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
                 size += len(chunk)
                 if size > limit:
                     return
-    except (TimeoutError, httpx.HTTPError):
+    except (TimeoutError, httpx.HTTPError, AbortError):
         return
 
 

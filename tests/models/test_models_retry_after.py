@@ -36,3 +36,20 @@ def test_an_http_date_is_gmt_whatever_the_local_time_zone(date: str) -> None:
     # A date with no zone was read in local time: five hours off in New York, so a 12 s wait
     # became 18,012 s (the turn ended: "longer than the engine waits") or nothing at all.
     assert parse_retry(429, {"retry-after": date}, now=_NOW) == (True, pytest.approx(12.0))
+
+
+@pytest.mark.parametrize(
+    ("pairs", "wait"),
+    [
+        ([("retry-after", "7"), ("retry-after", "7")], 7.0),
+        ([("retry-after", "12"), ("retry-after", "30")], 12.0),
+        ([("retry-after-ms", "1500"), ("retry-after-ms", "1500"), ("retry-after", "9")], 1.5),
+    ],
+    ids=["twice", "two-values", "ms-twice"],
+)
+def test_a_retry_after_sent_twice_is_read(pairs: list[tuple[str, str]], wait: float) -> None:
+    # A gateway that adds its own Retry-After next to the upstream's: httpx joins the two
+    # ("7, 7"), which read as no number and no date, and the server's wait was ignored.
+    import httpx
+
+    assert parse_retry(429, httpx.Headers(pairs), now=_NOW) == (True, wait)

@@ -37,6 +37,28 @@ _STALLS: dict[str, tuple[type[Any], bytes, bytes]] = {
         sse(("response.created", {"type": "response.created", "response": {"id": "resp_1"}})),
         b":\n\n",
     ),
+    # Events that carry nothing of the answer are keep-alives too: a proxy's own event, an event
+    # of a name the mapper does not read, a chunk with no choice.
+    "responses-keepalive-event": (
+        OpenAIResponsesModel,
+        sse(("response.created", {"type": "response.created", "response": {"id": "resp_1"}})),
+        sse(("keepalive", {"type": "keepalive", "sequence_number": 7})),
+    ),
+    "anthropic-proxy-keepalive": (
+        AnthropicModel,
+        sse(("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 1}}})),
+        sse(("keepalive", "")),
+    ),
+    "chat-empty-chunk": (
+        OpenAIChatModel,
+        chat_stream(chat_chunk({"content": "Hel"}), done=False),
+        chat_stream({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": []}, done=False),
+    ),
+    "chat-keepalive-event": (
+        OpenAIChatModel,
+        chat_stream(chat_chunk({"content": "Hel"}), done=False),
+        sse(("keepalive", "{}")),
+    ),
 }
 
 

@@ -9,18 +9,21 @@ header that could only fail every request, when the model is made.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
 import httpx
 
+from ..._abort import AbortSignal
 from ..._errors import ModelError, ProviderStatusError
 from ..._unicode import scrub_json
+from ._abortable import abortable
 from ._errors import connection_error, error_body, status_error
 from ._redirects import sent
 from ._secrets import (
@@ -37,6 +40,19 @@ from ._secrets import (
 log = logging.getLogger("agentloop")
 
 _DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+#: The ``User-Agent`` an ``httpx.AsyncClient`` sends unless told otherwise.
+_HTTPX_AGENT = f"python-httpx/{httpx.__version__}"
+
+
+@functools.cache
+def _user_agent() -> str:
+    """``agentloop/<version> python-httpx/<version>``: which client sent a request, for the
+    provider's logs and support (nothing about the machine or the host)."""
+    from ... import __version__  # the package's: set once its import has finished
+
+    return f"agentloop/{__version__} {_HTTPX_AGENT}"
+
+
 #: What an ``httpx.AsyncClient`` made without ``timeout=`` has: 5 s for every phase, which
 #: fails a model that thinks for longer than that before its first token.
 _HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
@@ -85,19 +101,20 @@ def invalid_url_kind(exc: Exception) -> str:
     return str(exc).partition(":")[0].strip() or type(exc).__name__
 
 
-def check_headers(extra_headers: Mapping[str, str] | None) -> dict[str, str]:
+def check_headers(extra_headers: Mapping[str, str] | None, what: str = "extra_headers") -> dict[str, str]:
     """A copy of ``extra_headers``; raises `ValueError` for a name that is not an HTTP token
     or a value an HTTP header cannot carry (non-ASCII, a control character, whitespace at
-    either end), naming the header but never quoting its value, which may be a credential."""
+    either end), naming the header (as an item of ``what``) but never quoting its value, which
+    may be a credential."""
     out: dict[str, str] = {}
     for name, value in (extra_headers or {}).items():
         if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
-            raise ValueError(f"extra_headers: {name!r} is not a valid HTTP header name")
+            raise ValueError(f"{what}: {name!r} is not a valid HTTP header name")
         if not isinstance(value, str):
-            raise ValueError(f"extra_headers[{name!r}] must be a str, got {type(value).__name__}")
+            raise ValueError(f"{what}[{name!r}] must be a str, got {type(value).__name__}")
         if not (value.isascii() and value.replace("\t", " ").isprintable() and value == value.strip()):
             raise ValueError(
-                f"extra_headers[{name!r}] holds a character an HTTP header cannot carry (a line break, "
+                f"{what}[{name!r}] holds a character an HTTP header cannot carry (a line break, "
                 "a control or non-ASCII character, or whitespace at either end)"
             )
         out[name] = value
@@ -226,7 +243,11 @@ class Connection:
 
     @asynccontextmanager
     async def open(
-        self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        signal: AbortSignal | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """POST ``body`` as JSON and yield the open 2xx streaming response.
 
@@ -235,7 +256,8 @@ class Connection:
         for a non-2xx status (with as much of its body as could be read) and
         `ProviderConnectionError` for transport failures and undecodable bodies,
         including those raised while the caller reads the body; `ModelError` (nothing
-        sent) for an API key a header cannot carry.
+        sent) for an API key a header cannot carry; `AbortError` as soon as ``signal`` is
+        aborted while the response's headers or an error body are awaited.
         """
         secret = self.secret
         if secret is not None and any(secret.reveal() in value for value in headers.values()):
@@ -254,7 +276,7 @@ class Connection:
             request = client.build_request(
                 "POST",
                 self._prefix + path + self._query,
-                headers=merge_headers({"accept": "text/event-stream", "accept-encoding": "identity"}, headers),
+                headers=merge_headers(self._base_headers(client), headers),
                 content=content,
                 timeout=timeout,
             )
@@ -266,9 +288,11 @@ class Connection:
             ) from None
         redactor = self.redactor(headers, request)  # the client's auth= sets its header on request
         try:
-            async with sent(client, request) as response:
+            async with AsyncExitStack() as stack:
+                async with abortable(signal):
+                    response = await stack.enter_async_context(sent(client, request))
                 if not 200 <= response.status_code < 300:
-                    raise self._status_error(response, await error_body(response), redactor)
+                    raise self._status_error(response, await error_body(response, signal), redactor)
                 yield response
         except httpx.HTTPStatusError as exc:
             # The host's client raised for the status itself (a response hook that calls
@@ -279,6 +303,30 @@ class Connection:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)
+        except ModelError as exc:  # raised here, or by the caller reading the body (a mapper's)
+            redactor.scrub_error(exc)
+            if not redactor.scrub_chain(exc):
+                exc.__cause__, exc.__suppress_context__ = None, True
+            raise
+        except Exception as exc:
+            # Not httpx's: a host's transport (or a hook of its client) raising an error of its
+            # own, which may quote the URL or a header. Scrubbed in place; one whose text cannot
+            # be scrubbed (its str is not its args) is not shown at all.
+            if redactor.scrub_chain(exc):
+                raise
+            raise ModelError(
+                f"{self.provider} request failed: the HTTP client raised {type(exc).__name__} "
+                "(its message, which quotes a credential, is not shown)"
+            ) from None
+
+    def _base_headers(self, client: httpx.AsyncClient) -> dict[str, str]:
+        """The headers every request carries unless the request's own replace them: the media
+        it takes, and a ``User-Agent`` that names agentloop, unless the host's own client sets
+        one of its own."""
+        base = {"accept": "text/event-stream", "accept-encoding": "identity"}
+        if client.headers.get("user-agent") in (None, _HTTPX_AGENT):
+            base["user-agent"] = _user_agent()
+        return base
 
     def _status_error(self, response: httpx.Response, raw: bytes, redactor: Redactor) -> ProviderStatusError:
         return status_error(

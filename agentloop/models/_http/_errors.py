@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from ..._abort import AbortSignal
 from ..._errors import (
     ModelError,
     PromptTooLongError,
@@ -25,7 +26,8 @@ from ..._errors import (
     StreamProtocolError,
 )
 from .._errbody import decode_body, is_page, page_text
-from ._retry import parse_retry
+from ._abortable import abortable
+from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
 
 #: What a context-overflow error says in its message, type or code: Anthropic (also "input
@@ -148,9 +150,10 @@ def document_error(
     """The error for a 2xx body that is one JSON document instead of an event stream
     (None when ``raw`` is not JSON): a gateway's error body sent with status 200 becomes
     `ProviderStatusError` (``status=200``, or `PromptTooLongError`), anything else (a whole
-    response: the server ignored ``"stream": true``) `StreamProtocolError`. Neither is
-    retryable (unless ``x-should-retry: true`` says so), since the same request gets the
-    same answer.
+    response: the server ignored ``"stream": true``) `StreamProtocolError`, not retryable,
+    since the same request gets the same answer. An error body is retryable as its type or
+    code says (`transient`: an upstream overloaded or rate-limited is as passing behind a
+    gateway as in an error event), unless ``x-should-retry`` decides.
     """
     text = decode_body(raw, headers)
     if secret is not None:
@@ -164,11 +167,38 @@ def document_error(
             f"{provider} answered with a JSON document nested too deeply to decode, not an event stream"
         )
     if isinstance(body, dict) and body.get("error"):
-        return status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
+        error = status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
+        if "x-should-retry" not in headers and not isinstance(error, PromptTooLongError):
+            error.retryable = transient(body)
+        return error
     return StreamProtocolError(
         f"{provider} answered with a JSON document, not an event stream (does the server "
         f"support streaming?): {text[:200]}"
     )
+
+
+#: The types and codes of errors a new attempt can fix: Anthropic's, OpenAI's, those of the
+#: servers and gateways that speak their APIs, and Gemini's statuses.
+_TRANSIENT_KINDS = frozenset({
+    "overloaded_error", "api_error", "rate_limit_error", "timeout_error", "rate_limit_exceeded",
+    "server_error", "internal_server_error", "internal_error", "server_is_overloaded", "slow_down",
+    "too_many_requests", "service_unavailable", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL",
+    "DEADLINE_EXCEEDED",
+})  # fmt: skip
+
+
+def transient(body: Any) -> bool:
+    """Whether an error body says a new attempt can fix it: its type or code is a transient
+    one (`_TRANSIENT_KINDS`), or an HTTP status that is (an int, or a str of digits: ``429``,
+    ``"503"``), and the account has not run out of credit (``insufficient_quota``)."""
+    _, kind = error_fields(body)
+    code = error_code(body)
+    if _QUOTA_SPENT in (kind, code):
+        return False
+    status = str(code)
+    if status.isascii() and status.isdigit() and int(status) in RETRYABLE_STATUSES:
+        return True
+    return kind in _TRANSIENT_KINDS or (isinstance(code, str) and code in _TRANSIENT_KINDS)
 
 
 def connection_error(
@@ -247,13 +277,18 @@ _TIMEOUTS: dict[type[httpx.TimeoutException], tuple[str, str]] = {
 #: The most of an error body that is read: enough for any error a server writes, and for the
 #: start of a proxy's error page; an endless one is not read into memory.
 _ERROR_BODY_LIMIT = 1 << 20
+#: The longest wait (seconds) for an error body, from its first byte to its end: a server writes
+#: one at once, and the status and headers already say what failed; one that stalls or trickles
+#: must not hold the run for the read timeout, again and again.
+_ERROR_BODY_WAIT = 10.0
 
 
-async def error_body(response: httpx.Response) -> bytes:
+async def error_body(response: httpx.Response, signal: AbortSignal | None = None) -> bytes:
     """The body of a non-2xx ``response`` as far as it can be read: at most `_ERROR_BODY_LIMIT`
-    bytes, and what came before a read failed (a connection reset, a truncated body). The
-    status and headers already say what went wrong and whether to retry; a body cut short must
-    not turn a 401 into a retryable connection error, nor lose a 429's ``retry-after``.
+    bytes, what came within `_ERROR_BODY_WAIT` seconds, and what came before a read failed (a
+    connection reset, a truncated body). The status and headers already say what went wrong and
+    whether to retry; a body cut short must not turn a 401 into a retryable connection error, nor
+    lose a 429's ``retry-after``. Raises `AbortError` at once when ``signal`` is aborted.
 
     Read from the transport stream (one generator, closed here: one left suspended by a reader
     that stops early is finalized later in a task of its own), then decoded when the server
@@ -263,11 +298,12 @@ async def error_body(response: httpx.Response) -> bytes:
     assert isinstance(stream, httpx.AsyncByteStream)
     chunks = stream.__aiter__()
     try:
-        async for chunk in chunks:
-            raw += chunk
-            if len(raw) >= _ERROR_BODY_LIMIT:
-                break
-    except httpx.RequestError:
+        async with abortable(signal, _ERROR_BODY_WAIT):
+            async for chunk in chunks:
+                raw += chunk
+                if len(raw) >= _ERROR_BODY_LIMIT:
+                    break
+    except (httpx.RequestError, TimeoutError):
         pass
     finally:
         aclose = getattr(chunks, "aclose", None)

@@ -27,8 +27,8 @@ def parse_retry(
 
     ``x-should-retry: true|false`` decides outright; otherwise the status
     decides (`RETRYABLE_STATUSES`). The delay comes from ``retry-after-ms``
-    (wins) or ``retry-after`` (seconds, or an HTTP-date, GMT, relative to ``now``);
-    missing, negative or unparsable values give None. Never raises.
+    (wins) or ``retry-after`` (seconds, or an HTTP-date, GMT, relative to ``now``; the first
+    of several values); missing, negative or unparsable values give None. Never raises.
     """
     should = headers.get("x-should-retry", "").strip().lower()
     if should == "true":
@@ -62,6 +62,10 @@ def _retry_after(headers: Mapping[str, str], now: float | None) -> float | None:
 
 
 def _float(raw: str) -> float | None:
+    """A wait in seconds (or ms): finite, not negative; the first value of several (a gateway's
+    ``Retry-After`` next to the upstream's, which the HTTP layer joins with a comma)."""
+    if "," in raw:
+        raw = raw.partition(",")[0]
     try:
         value = float(raw.strip())
     except ValueError:

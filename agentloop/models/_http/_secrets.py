@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -115,9 +116,10 @@ class Redactor:
             exc.body = self._scrub_json(exc.body)
 
     def scrub_chain(self, exc: BaseException) -> bool:
-        """Scrub the secrets out of the string ``args`` of ``exc`` and of every exception
-        chained to it (``__cause__``, ``__context__``), which a printed traceback shows.
-        Returns False when a secret is still shown (an exception whose str is not its args)."""
+        """Scrub the secrets out of the string ``args`` and the notes (``add_note``) of ``exc``
+        and of every exception chained to it (``__cause__``, ``__context__``), which a printed
+        traceback shows. Returns False when a secret is still shown (an exception whose str is
+        not its args)."""
         clean = True
         todo: list[BaseException] = [exc]
         seen: set[int] = set()
@@ -126,11 +128,23 @@ class Redactor:
             if id(current) in seen:
                 continue
             seen.add(id(current))
-            if self._found_in(str(current)) or self._found_in(repr(current.args)):
-                current.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in current.args)
-                clean = clean and not (self._found_in(str(current)) or self._found_in(repr(current.args)))
+            clean = self._scrub_one(current) and clean
             todo += [e for e in (current.__cause__, current.__context__) if e is not None]
         return clean
+
+    def _scrub_one(self, exc: BaseException) -> bool:
+        """Scrub ``exc``'s string args and notes in place; False when its str still shows a secret."""
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list) and any(isinstance(n, str) and self._found_in(n) for n in notes):
+            notes[:] = [self.scrub(n) if isinstance(n, str) else n for n in notes]
+        try:
+            shown = str(exc)
+        except Exception:  # a broken __str__: printed as "<exception str() failed>", nothing of it
+            shown = ""
+        if self._found_in(shown) or self._found_in(repr(exc.args)):
+            exc.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in exc.args)
+            return not (self._found_in(str(exc)) or self._found_in(repr(exc.args)))
+        return True
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -184,13 +198,16 @@ def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
 
 
 class _UrlCredentialsFilter(logging.Filter):
-    """Scrubs the credentials of live URLs (a ``?key=...``, user info) out of other libraries'
-    log records: httpx's INFO line ``HTTP Request: POST <url> ...`` quotes the request URL,
-    and the MCP SDK logs the URL it connects to.
+    """Scrubs the credentials of live owners out of the log records of the loggers they name:
+    a model's URL credentials (a ``?key=...``, user info) out of httpx's INFO line ``HTTP
+    Request: POST <url> ...``, an MCP server's credentials (its URL's, its credential headers,
+    its ``env`` and command line) out of what the MCP SDK, its HTTP client and agentloop log.
 
-    Put on a logger by the first owner (a connection, an MCP server) whose URL holds
-    credentials, and forgets an owner when it is garbage-collected. A record holding none of
-    them passes untouched; none is made while the logger is below its level."""
+    Put on a logger by the first owner (a connection, an MCP server) with credentials, and
+    forgets an owner when it is garbage-collected. A record holding none of them passes
+    untouched; none is made while the logger is below its level. A record whose traceback
+    (``exc_info``) quotes one is logged with that traceback as text, scrubbed, in its message:
+    a handler reading ``exc_info`` itself would otherwise see the credential."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -204,14 +221,25 @@ class _UrlCredentialsFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         secrets = [value for values in list(self._live.values()) for value in values]
         if secrets:
-            redactor = Redactor(secrets)
-            try:
-                text = record.getMessage()
-            except Exception:  # a malformed record is the logging module's to report, not ours
-                return True
-            if redactor._found_in(text):
-                record.msg, record.args = redactor.scrub(text), ()
+            scrub_record(record, Redactor(secrets))
         return True
+
+
+def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
+    """Scrub ``redactor``'s secrets out of ``record`` in place: its message and, when the
+    traceback it carries quotes one, that traceback (then folded into the message as text)."""
+    try:
+        text = record.getMessage()
+    except Exception:  # a malformed record is the logging module's to report, not ours
+        return
+    trace = ""
+    if record.exc_info and record.exc_info[1] is not None:
+        trace = record.exc_text or "".join(traceback.format_exception(record.exc_info[1])).rstrip()
+    if redactor._found_in(trace):
+        record.msg, record.args = f"{redactor.scrub(text)}\n{redactor.scrub(trace)}", ()
+        record.exc_info, record.exc_text = None, None
+    elif redactor._found_in(text):
+        record.msg, record.args = redactor.scrub(text), ()
 
 
 URL_LOGS = _UrlCredentialsFilter()

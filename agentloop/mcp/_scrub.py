@@ -1,0 +1,105 @@
+"""The credentials a host gives an MCP server, and keeping them out of what is shown of it.
+
+A server's credentials are the values of its credential-named ``env`` variables and
+``headers``, those in its URL and those on its command line (`command_line_credentials`).
+They are scrubbed out of the errors its connection raises (`scrubbing`; an `MCPError` keeps
+its text in ``error``, not in its ``args``: `scrub_error` knows it) and, by a log filter
+(`watch`), out of the records of the loggers that could quote them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from urllib.parse import unquote
+
+from mcp.shared.exceptions import MCPError
+
+from .._process import shown_args
+from ..models._http import Redactor, credential_parts, is_credential
+from ..models._http._secrets import URL_LOGS, url_credentials
+
+_MARK = "[REDACTED]"
+
+#: The loggers that may quote what a server or its connection said or was sent: agentloop's own,
+#: the MCP SDK's (its transport logs the URL, its session a message it could not handle, with a
+#: traceback) and its HTTP client's (every request URL).
+LOGGERS = (
+    "agentloop",
+    "mcp.client.streamable_http",
+    "mcp.client.session",
+    "mcp.shared.jsonrpc_dispatcher",
+    "mcp.shared.dispatcher",
+    "httpx2",
+    "httpx",
+)
+
+
+def command_line_credentials(args: Sequence[str]) -> list[str]:
+    """The credentials on a command line, where `shown_args` finds them: the value of a
+    credential-named option (``--token X``, ``--api-key=X``), variable (``TOKEN=X``) or header
+    (``Authorization: Bearer X``), a URL's user info and credential query parameters; each as
+    written, percent-decoded and in its parts (`credential_parts`)."""
+    found: list[str] = []
+    for arg, shown in zip(args, shown_args(tuple(args)), strict=True):
+        if shown == arg:
+            continue
+        literal = map(re.escape, shown.split(_MARK))
+        match = re.fullmatch("(.*)".join(literal), arg, re.DOTALL)
+        for value in match.groups() if match is not None else (arg,):
+            # A URL's user info is ``user:password``: the password alone is one too.
+            password = value.partition(":")[2] if "://" in arg else ""
+            for part in (value, password):
+                found += [*credential_parts(part), *credential_parts(unquote(part))]
+    return found
+
+
+def server_credentials(given: Mapping[str, str], url: str = "", args: Sequence[str] = ()) -> tuple[str, ...]:
+    """The credentials a host gives a server (the values of its credential-named ``env``
+    variables or ``headers``, those in its ``url``, those on its command line ``args``) of 4
+    characters or more, longest first."""
+    found = {part for name, value in given.items() if is_credential(name) for part in credential_parts(value)}
+    found.update(url_credentials(url) if url else ())
+    found.update(command_line_credentials(args))
+    return tuple(sorted((v for v in found if len(v) >= 4), key=len, reverse=True))
+
+
+def watch(owner: object, secrets: Iterable[str]) -> None:
+    """Scrub ``secrets`` out of the records of `LOGGERS` for as long as ``owner`` lives."""
+    secrets = tuple(secrets)
+    if secrets:
+        URL_LOGS.watch(owner, secrets, LOGGERS)
+
+
+def scrub_error(exc: BaseException, redactor: Redactor) -> bool:
+    """Scrub ``redactor``'s secrets out of ``exc`` and every exception chained to it, in place
+    (`Redactor.scrub_chain`), an `MCPError`'s ``error`` (its message and data) included.
+    Returns False when a secret is still shown."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, MCPError):
+            error = current.error
+            message, data = redactor.scrub(error.message), redactor._scrub_json(error.data)
+            current.error = error.model_copy(update={"message": message, "data": data})
+            current.args = (error.code, message, data)
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return redactor.scrub_chain(exc)
+
+
+@contextlib.contextmanager
+def scrubbing(redactor: Redactor | None, label: str) -> Iterator[None]:
+    """Raise what the block raises with ``redactor``'s secrets scrubbed out of it (`scrub_error`);
+    an error whose text cannot be scrubbed is replaced by a `ConnectionError` naming its type."""
+    try:
+        yield
+    except Exception as exc:
+        if redactor is None or scrub_error(exc, redactor):
+            raise
+        raise ConnectionError(
+            f"MCP server {label}: {type(exc).__name__} (its message quoted a credential, not shown)"
+        ) from None
