@@ -35,8 +35,9 @@ Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _DRAIN = 0.25
 # Seconds a killed group has to be gone (its processes dead, if not yet reaped by their parent).
 _GONE = 1.0
-#: The process group of each call in progress, and the event loop it runs in. A loop stopped and
-#: closed under a call never runs the call's cleanup: `kill_left_in` kills the groups it left.
+#: The process group of each call in progress, the event loop it runs in and its child (process
+#: and pipes). A loop stopped and closed under a call never runs the call's cleanup: `kill_left_in`
+#: kills the groups it left, and closes and reaps what they held.
 _live: dict[int, tuple[asyncio.AbstractEventLoop, _Child]] = {}
 
 
@@ -202,6 +203,8 @@ def _spawn(args: tuple[Arg, ...], feed: bool, stderr: int, kw: dict[str, Any]) -
 
     The pipes and the process are the call's own, not an asyncio transport's: closing the call
     closes them at once, also when the host's loop is closed (or its tasks cancelled) under it."""
+    if not args:
+        raise TypeError("run_process takes the command to run: run_process('ls', '-l', signal=...)")
     for name in ("shell", "text", "universal_newlines", "encoding", "errors"):
         if kw.get(name):
             raise ValueError(f"run_process does not take {name}=: it runs a command and collects its output as bytes")

@@ -131,3 +131,8 @@ async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.Mo
 async def test_a_text_mode_or_a_shell_is_refused_before_the_child_starts(keyword: str) -> None:
     with pytest.raises(ValueError, match=keyword):
         await run_process("true", signal=AbortController().signal, **{keyword: "utf-8" if keyword in ("encoding", "errors") else True})
+
+
+async def test_no_command_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="command"):
+        await run_process(signal=AbortController().signal)
