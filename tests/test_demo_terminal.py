@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import os
 import re
 import termios
@@ -507,3 +508,176 @@ def test_with_a_status_line_progress_updates_it_and_adds_no_line(monkeypatch: py
     assert "collecting" not in _region_output(out.getvalue())
     r.show(_progress_events()[-1])  # type: ignore[arg-type]
     assert r.status() == "working"  # the call's progress went with it
+
+
+# -- streamed text, wrapped as it comes -----------------------------------------------------------
+
+
+def _columns(row: str, start: int = 0) -> int:
+    """The column a terminal's cursor ends at after ``row`` written from column ``start`` (a tab
+    goes to the next multiple of 8)."""
+    col = start
+    for ch in row:
+        col = col + 8 - col % 8 if ch == "\t" else col + cells(ch)
+    return col
+
+
+def _written(out: io.StringIO) -> str:
+    """The text a screen wrote into the scroll region, without escape sequences."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _region_output(out.getvalue()))
+
+
+def _flowed(chunks: list[str], width: int, column: int = 0) -> str:
+    from agentloop.demo.screen import Flow
+
+    flow = Flow(width, column)
+    return "".join(flow.feed(chunk) for chunk in chunks) + flow.end()
+
+
+_PIECES = st.sampled_from(
+    ["a", "word", "project", "going", "\u65e5\u672c\u8a9e", "\U0001f642", "e\u0301", " ", " ", "  ", "\t", "\n",
+     "x" * 23, "\u5bff" * 9, "-"]
+)
+
+
+@given(st.lists(_PIECES, max_size=40), st.integers(10, 50), st.integers(0, 50), st.lists(st.integers(0, 400), max_size=8))
+def test_streamed_text_wraps_at_word_boundaries_however_it_is_chunked(
+    pieces: list[str], width: int, column: int, cuts: list[int]
+) -> None:
+    """Every row fits the width; the text's words come back in order, whole unless too long for
+    any row (then broken where a row ends, each piece fitting); the chunks do not matter."""
+    text = "".join(pieces)
+    column = min(column, width)
+    whole = _flowed([text], width, column)
+    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
+    assert _flowed([text[a:b] for a, b in itertools.pairwise(bounds)], width, column) == whole
+    assert _flowed(list(text), width, column) == whole
+    for i, row in enumerate(whole.split("\n")):
+        assert _columns(row, column if i == 0 else 0) <= width, (whole, row)
+    shown = iter(whole.split())
+    for word in text.split():
+        if cells(word) <= width // 2:  # fits any row, whatever its indent: never broken
+            assert next(shown) == word, whole
+            continue
+        got = ""
+        while got != word:
+            got += next(shown)
+            assert word.startswith(got), (word, got, whole)
+    assert next(shown, None) is None
+
+
+def test_a_word_that_would_cross_the_edge_goes_on_the_next_row_under_the_lines_indent() -> None:
+    assert _flowed(["Let me look at", " the proj", "ect first."], 30, 11) == "Let me look at the\n  project first."
+    # The text's own line breaks are kept; a wrapped row goes on under its line's indent plus two.
+    assert _flowed(["ok\n    - one two three four five six"], 20) == "ok\n    - one two three\n      four five six"
+    # Blanks where a row breaks are left out, a break in the text is kept.
+    assert _flowed(["aaaa bbbb      cccc\n\ndd"], 10) == "aaaa bbbb\n  cccc\n\ndd"
+
+
+def test_a_word_too_long_for_a_row_is_broken_where_the_row_ends() -> None:
+    assert _flowed(["see ", "x" * 25, " ok"], 12) == "see\n  xxxxxxxxxx\n  xxxxxxxxxx\n  xxxxx ok"
+    # Wide characters take two columns each and are never cut in half.
+    assert _flowed(["\u65e5" * 9], 12) == "\u65e5" * 6 + "\n  " + "\u65e5" * 3
+    assert _flowed(["ab ", "\U0001f642" * 3, " \u65e5\u672c\u8a9e\u65e5"], 12, 3) == "ab \U0001f642\U0001f642\U0001f642\n  \u65e5\u672c\u8a9e\u65e5"
+
+
+def test_too_narrow_a_width_wraps_nothing() -> None:
+    assert _flowed(["word " * 5], 9) == "word " * 5
+    assert _flowed(["word " * 5], 0) == "word " * 5
+
+
+def test_a_streamed_answer_on_a_terminal_wraps_at_word_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's deltas were written as they came and the terminal broke words at its edge
+    ("proj" on one row, "ect" on the next); the demo's own lines were wrapped."""
+    from agentloop import TextDelta, ThinkingDelta, ToolCallStarted, ToolProgress, ToolUseBlock
+    from agentloop.demo.render import Renderer
+
+    screen, out = _screen(monkeypatch, cols=31)
+    screen.start(keyboard=True)
+    r = Renderer(screen)
+    text = "Let me look at the project first, then run the tests."
+    for i in range(0, len(text), 6):
+        r.show(TextDelta(text=text[i : i + 6]))
+    screen.typed("keep", 4)  # the input line is drawn at the bottom, away from the output
+    use = ToolUseBlock(id="t1", name="run_tests", input={})
+    r.show(ToolCallStarted(tool_use=use))
+    r.show(ToolProgress(tool_use_id="t1", text="collecting"))
+    r.show(ThinkingDelta(thinking="The tests fail because slugify only lowercases."))
+    screen.stop()
+    shown = _written(out)
+    assert shown.endswith(
+        "assistant: Let me look at the\n  project first, then run the\n  tests.\n"
+        "\u2699 run_tests()\n"
+        "thinking: The tests fail\n  because slugify only\n  lowercases.\n"
+    ), repr(shown)
+    assert "\x1b7\x1b[23;1H\x1b[2K 1 tool running: run_tests" in out.getvalue()
+    assert "\x1b[24;1H\x1b[2K\u203a keep\x1b[7m \x1b[27m\x1b8" in out.getvalue()
+
+
+def test_the_word_held_back_is_written_before_a_line_of_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentloop import TextDelta
+    from agentloop.demo.render import Renderer
+
+    screen, out = _screen(monkeypatch, cols=40)
+    screen.start()
+    r = Renderer(screen)
+    r.show(TextDelta(text="Noted your m"))
+    assert _written(out).endswith("assistant: Noted your")  # " m" may not fit the row: held back
+    r.note("you (steer): keep it")
+    r.show(TextDelta(text="essage."))
+    r.idle()  # the end of the turn ends the block: the rest is written
+    assert _written(out).endswith("assistant: Noted your m\nyou (steer): keep it\nassistant: \u2026essage.")
+
+
+def test_a_resized_terminal_wraps_the_next_block_to_its_new_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentloop import TextDelta, ThinkingDelta
+    from agentloop.demo.render import Renderer
+
+    cols = [80]
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((cols[0], 24))
+    )
+    out = _Tty()
+    screen = Screen(out, tty=True, color=False)
+    screen.start()
+    r = Renderer(screen)
+    r.show(ThinkingDelta(thinking="one two three four five six seven eight"))
+    cols[0] = 21
+    screen.resized()
+    r.show(TextDelta(text="one two three four five six seven eight"))
+    r.idle()
+    shown = _written(out)
+    assert "thinking: one two three four five six seven eight\n" in shown
+    assert shown.endswith("assistant: one two\n  three four five\n  six seven eight"), repr(shown)
+
+
+def test_piped_or_plain_output_streams_text_unwrapped_as_it_comes() -> None:
+    from agentloop import TextDelta
+    from agentloop.demo.render import Renderer
+
+    out = io.StringIO()
+    r = Renderer(Screen(out, tty=False, color=False))
+    r.show(TextDelta(text="word " * 30 + "proj"))
+    assert out.getvalue() == "assistant: " + "word " * 30 + "proj"  # nothing held back
+
+
+def test_streamed_text_is_measured_as_written_in_colour_or_in_ascii(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colours take no room; on an output without the demo's symbols a "\u2026" is written "..."
+    (three columns) and a character with no look-alike "?": the rows still fit."""
+    from agentloop import TextDelta, ThinkingDelta
+    from agentloop.demo.render import Renderer
+
+    monkeypatch.setattr(
+        "agentloop.demo.screen.shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((21, 24))
+    )
+    raw = io.BytesIO()
+    out = _AsciiTty(raw, encoding="ascii", write_through=True)
+    r = Renderer(Screen(out, tty=True, color=True))
+    r.screen.start()
+    r.show(ThinkingDelta(thinking="wait\u2026 wait\u2026 wait\u2026 wait\u2026 \u65e5\u672c \u2014 ok"))
+    r.show(TextDelta(text="caf\u00e9 " * 6))
+    r.idle()
+    rows = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", re.sub(r"\x1b7.*?\x1b8", "", raw.getvalue().decode("ascii"), flags=re.S))
+    assert rows.split() == ["thinking:", *["wait..."] * 4, "??", "-", "ok", "assistant:", *["caf?"] * 6], rows
+    assert all(len(row) <= 20 for row in rows.split("\n")), rows
+    assert "\x1b[2m" in raw.getvalue().decode("ascii")  # the thinking still dim

@@ -182,6 +182,7 @@ class Renderer:
             self.screen.status(self.status())
 
     def idle(self, hint: str = "") -> None:
+        self.screen.settle()
         self._running.clear()
         self._progress.clear()
         self._asking.clear()
@@ -191,16 +192,16 @@ class Renderer:
     def _delta(self, event: TextDelta | ThinkingDelta) -> None:
         channel = "text" if isinstance(event, TextDelta) else "thinking"
         chunk = event.text if isinstance(event, TextDelta) else event.thinking
-        head = ""
         if channel != self._channel:
             # The stream goes on after a line of the host: its label again, marked as going on.
             more = "\u2026" if channel == self._cut else ""
             self._channel, self._cut = channel, None
             self.screen.status(self.status())  # before the text, so a streamed block stays contiguous
+            self.screen.settle()
             head = self.s("assistant: ", "bold") + more if channel == "text" else self.s("thinking: ", "dim") + more
-            head = ("" if self.screen.at_line_start else "\n") + head
-        chunk = visible(chunk)
-        self.screen.write(head + (self.s(chunk, "dim") if channel == "thinking" else chunk))
+            self.screen.write(("" if self.screen.at_line_start else "\n") + head)
+        # Wrapped at word boundaries as it comes (on a terminal), going on under its line's indent.
+        self.screen.flow(visible(chunk), *(("dim",) if channel == "thinking" else ()))
 
     def _line(self, event: Event, starts: Sequence[str] = ()) -> None:
         if isinstance(event, TurnStarted):

@@ -5,7 +5,8 @@ everything else, so streamed text never overwrites them: the status line, and,
 when the keyboard is read key by key (`start(keyboard=True)`), the line being
 typed below it, drawn by the demo with a cursor of its own (the terminal's is
 hidden: it stays where the output goes on). Lines of output are wrapped at word
-boundaries to the terminal's width, going on under their indent.
+boundaries to the terminal's width, going on under their indent; so is streamed text
+(`Screen.flow`), as it comes (see `Flow`).
 
 Piped output (or ``--plain``) gets none of this, nor any escape sequence;
 ``NO_COLOR`` (https://no-color.org) removes the colours only.
@@ -27,7 +28,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-__all__ = ["Screen", "Style", "fit_input", "wrap"]
+__all__ = ["Flow", "Screen", "Style", "fit_input", "wrap"]
 
 # The output went away: the reader closed the pipe, the terminal hung up, the descriptor was closed.
 _GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.EIO, errno.EBADF})
@@ -79,6 +80,13 @@ def _cell(ch: str) -> int:
     if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
         return 0
     return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def _cell_ascii(ch: str) -> int:
+    """The columns ``ch`` may take on an output that cannot show the demo's symbols: as written
+    in ASCII when it has a look-alike ("..." for "\u2026"), a "?" when it has none; counted wide
+    rather than narrow when unsure."""
+    return max(_cell(ch), len(ch.translate(_ASCII)))
 
 
 def _cut(text: str, width: int) -> str:
@@ -144,6 +152,123 @@ def wrap(text: str, width: int, indent: int | None = None) -> str:
     return "\n".join(out)
 
 
+_NARROW = 10  # a width under which nothing is wrapped (as `wrap`)
+
+
+class Flow:
+    """Streamed text wrapped at word boundaries as it comes, in rows of at most ``width`` columns.
+
+    `feed` returns what can be written now and holds back only the word in progress (and the
+    blanks before it): whether it fits the row is known once it ends. `end` (the end of the
+    block) returns what is held. A word that would cross the edge goes on the next row, under
+    the indent of the text's line plus two (as `wrap` does); the blanks where a row breaks are
+    left out; a word too long for any row is written as it comes, broken where each row ends;
+    the text's own line breaks are kept. Wide characters take two columns and are never cut.
+    The rows do not depend on how the text is cut into chunks. ``column``: where the cursor is
+    (after a label); ``width`` under 10 (the output is not a terminal): nothing is wrapped.
+    """
+
+    def __init__(self, width: int, column: int = 0, cell: Callable[[str], int] = _cell) -> None:
+        self.width = width
+        self.column = column  # the cursor's, after what was returned
+        self._cell = cell
+        self._gap = ""  # the blanks after the last word, held back with the next one
+        self._word = ""  # the word in progress, held back
+        self._size = 0  # its columns
+        self._long = False  # the word in progress is too long for a row: written as it comes
+        self._bare = column == 0  # the row holds nothing yet but blanks
+        self._lead = True  # the text's line has had only blanks so far
+        self._indent = 0  # the columns of those blanks
+
+    def feed(self, text: str) -> str:
+        """What to write now of ``text``, the next chunk of the stream."""
+        if self.width < _NARROW:
+            out = self.end() + text
+            _, newline, last = out.rpartition("\n")
+            self.column = (0 if newline else self.column) + sum(self._cell(ch) for ch in last)
+            self._bare = (bool(newline) or self._bare) and not last.strip(" \t")
+            return out
+        return "".join([self._take(ch) for ch in text])
+
+    def end(self) -> str:
+        """What is held back: the word in progress, on this row or the next."""
+        out = self._place()
+        self._gap = ""
+        return out
+
+    @property
+    def _hang(self) -> int:
+        return min(self._indent + 2, self.width // 2)
+
+    def _take(self, ch: str) -> str:
+        if ch == "\n":
+            out = self._place()
+            self._gap, self.column, self._bare, self._lead, self._indent = "", 0, True, True, 0
+            return out + "\n"
+        if ch in " \t":
+            out = self._place()
+            self._gap += ch
+            return out
+        if self._lead:
+            self._lead, self._indent = False, _blanks(self._gap, 0)
+        if self._long:
+            return self._letter(ch)
+        self._word += ch
+        self._size += self._cell(ch)
+        if self._size <= self.width - self._hang:
+            return ""
+        # No row can hold it: from here on it is written as it comes.
+        word, self._long = self._word, True
+        out = self._open(self._size)
+        self._word, self._size = "", 0
+        return out + "".join([self._letter(c) for c in word])
+
+    def _place(self) -> str:
+        """The word held back (if any), after its blanks or on the next row."""
+        if self._long:
+            self._long = False
+            return ""
+        if not self._word:
+            return ""
+        out = self._open(self._size) + self._word
+        self.column += self._size
+        self._word, self._size, self._bare = "", 0, False
+        return out
+
+    def _open(self, size: int) -> str:
+        """What goes before a word of ``size`` columns: its blanks, or a row break if it would
+        cross the edge. A row that holds nothing yet is not broken: its blanks are cut to fit."""
+        gap = _blanks(self._gap, self.column)
+        out, self._gap = self._gap, ""
+        if self._bare:
+            room = max(0, min(gap, self.width - self.column - size))
+            out, gap = (out, gap) if room == gap else (" " * room, room)
+        elif self.column + gap + size > self.width:
+            return self._break()
+        self.column += gap
+        return out
+
+    def _letter(self, ch: str) -> str:
+        """One character of a word too long for a row: on the next row if it would cross the edge."""
+        width = self._cell(ch)
+        out = self._break() if self.column + width > self.width else ""
+        self.column += width
+        self._bare = False
+        return out + ch
+
+    def _break(self) -> str:
+        self.column, self._bare = self._hang, True
+        return "\n" + " " * self._hang
+
+
+def _blanks(gap: str, column: int) -> int:
+    """The columns ``gap`` (spaces and tabs) takes written from ``column`` (a tab stop every 8)."""
+    end = column
+    for ch in gap:
+        end = end + 8 - end % 8 if ch == "\t" else end + 1
+    return end - column
+
+
 def fit_input(text: str, cursor: int, width: int, mark: str = "\u2026") -> tuple[str, str, str]:
     """The line being typed as shown in ``width`` columns: (before the cursor, under it, after).
 
@@ -196,9 +321,13 @@ class Screen:
         self._rows = 0  # the terminal's rows while the bottom rows are ours, else 0
         self._cols = 0
         self._drawn = False
+        self._column = 0  # where the cursor is in its row (while no streamed text is in progress)
+        self._flow: Flow | None = None  # the streamed text in progress
+        self._flow_style: tuple[str, ...] = ()
         # The output cannot show the demo's symbols (an ASCII-only locale): they are written in
         # ASCII, and what is cut to fit a row is measured as written ("..." takes three columns).
         self._ascii = not _shows(out, "\u2026\u203a")
+        self._cell = _cell_ascii if self._ascii else _cell
 
     @classmethod
     def for_stream(cls, out: TextIO, *, plain: bool = False) -> Screen:
@@ -242,17 +371,46 @@ class Screen:
             self.on_closed()
 
     def write(self, text: str) -> None:
-        """Write ``text`` as is (streamed deltas)."""
+        """Write ``text`` as is (a label before streamed text); the streamed text before it ends."""
+        self.settle()
         if not text:
             return
         self.at_line_start = text.endswith("\n")
+        _, newline, last = text.rpartition("\n")
+        self._column = (0 if newline else self._column) + sum(self._cell(ch) for ch in _ESCAPE.sub("", last))
         self._emit(text)
+
+    def flow(self, text: str, *style: str) -> None:
+        """Write streamed ``text`` (a model's deltas) in ``style``: on a terminal with a status
+        line, wrapped at word boundaries as it comes (the word in progress is held back until
+        it ends, or `settle`); else as is. A change of style starts another block of text."""
+        if self._flow is not None and style != self._flow_style:
+            self.settle()
+        if self._flow is None:
+            self._flow, self._flow_style = Flow(self.width, self._column, self._cell), style
+        self._flow.width = self.width  # a resize applies from the next word on
+        self._put(self._flow.feed(text))
+
+    def settle(self) -> None:
+        """End the streamed text in progress: what it holds back is written."""
+        if self._flow is None:
+            return
+        flow, self._flow = self._flow, None
+        self._put(flow.end())
+        self._column = flow.column
+
+    def _put(self, text: str) -> None:
+        if text:
+            self.at_line_start = text.endswith("\n")
+            self._emit(self.style(text, *self._flow_style))
 
     def line(self, text: str = "", *, indent: int | None = None) -> None:
         """Write ``text`` on a line of its own, in one write (wrapped, under the status line:
         see `wrap` for ``indent``)."""
+        self.settle()
         prefix = "" if self.at_line_start else "\n"
         self.at_line_start = True
+        self._column = 0
         if self._rows:
             text = wrap(text, self.width, indent)
         self._emit(f"{prefix}{text}\n")
@@ -299,7 +457,7 @@ class Screen:
         rows, bar = size.lines, self._bar
         if rows < bar + 3:  # no room for now: a resize that makes room brings the bottom rows
             return
-        self._rows, self._cols = rows, size.columns or 80
+        self._rows, self._cols, self._column = rows, size.columns or 80, 0
         # Make room below the output, then keep the cursor at the end of the region.
         self._emit("\n" * bar + f"\x1b[1;{rows - bar}r\x1b[{rows - bar};1H" + (_HIDE_CURSOR if self.keyboard else ""))
         self._drawn = False
@@ -385,6 +543,7 @@ class Screen:
 
     def suspend(self) -> None:
         """Ctrl-Z: give the whole terminal back to the shell until `resume`."""
+        self.settle()
         self._give_back()
 
     def resume(self) -> None:
@@ -395,6 +554,7 @@ class Screen:
 
     def stop(self) -> None:
         """Give the whole terminal back: no region, no status line, attributes reset."""
+        self.settle()
         end = "" if self.at_line_start else "\n"
         shown = bool(self._rows)
         self._give_back(end)
