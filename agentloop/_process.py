@@ -16,6 +16,7 @@ import os
 import signal as _signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,9 +35,10 @@ Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _DRAIN = 0.25
 # Seconds a killed group has to be gone (its processes dead, if not yet reaped by their parent).
 _GONE = 1.0
-#: The process group of each call in progress, and the event loop it runs in. A loop stopped and
-#: closed under a call never runs the call's cleanup: `kill_left_in` kills the groups it left.
-_live: dict[int, asyncio.AbstractEventLoop] = {}
+#: The process group of each call in progress, the event loop it runs in and its child (process
+#: and pipes). A loop stopped and closed under a call never runs the call's cleanup: `kill_left_in`
+#: kills the groups it left, and closes and reaps what they held.
+_live: dict[int, tuple[asyncio.AbstractEventLoop, _Child]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,7 @@ async def run_process(
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
-    (``cwd``, ``env``...) go to `asyncio.loop.subprocess_exec`.
+    (``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
     ``stderr=subprocess.STDOUT`` merges the child's stderr into ``stdout``, in the
     order it was written (``stderr`` is then empty).
 
@@ -172,22 +174,14 @@ async def run_process(
     merged = stderr == subprocess.STDOUT
     signal.throw_if_aborted()
     loop = asyncio.get_running_loop()
-    transport, proto = await loop.subprocess_exec(
-        lambda: _Collector(loop, merged=merged, on_line=on_line),
-        *args,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        start_new_session=True,
-        **kw,
-    )
-    pgid = transport.get_pid()
-    _live[pgid] = loop
+    proto = _Collector(loop, merged=merged, on_line=on_line)
+    child = _Child(loop, _spawn(args, stdin is not None, stderr, kw))
+    pgid = child.pid
+    _live[pgid] = (loop, child)
     timed_out = aborted = cancelled = False
     try:
-        if stdin is not None:
-            _feed(transport, stdin)
-        timed_out, aborted = await _wait(transport, proto, signal, timeout, kill_grace)
+        child.start(stdin, proto)
+        timed_out, aborted = await _wait(child, proto, signal, timeout, kill_grace)
     except asyncio.CancelledError:
         cancelled = True
         raise
@@ -196,26 +190,46 @@ async def run_process(
         raise
     finally:
         if pgid in _live:
-            await _end(transport, proto, pgid, kill_grace, cancelled=cancelled)
+            await _end(child, proto, pgid, kill_grace, cancelled=cancelled)
     if aborted:
         raise AbortError(signal.reason or "cancel")
     if proto.lines is not None and proto.lines.error is not None:
         raise proto.lines.error
-    return _result(args, transport, proto, timed_out)
+    return _result(args, child, proto, timed_out)
 
 
-async def _end(transport: asyncio.SubprocessTransport, proto: _Collector, pgid: int, kill_grace: float, *, cancelled: bool) -> None:
+def _spawn(args: tuple[Arg, ...], feed: bool, stderr: int, kw: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the child in a session of its own, its output (and input, to ``feed`` it) on pipes.
+
+    The pipes and the process are the call's own, not an asyncio transport's: closing the call
+    closes them at once, also when the host's loop is closed (or its tasks cancelled) under it."""
+    if not args:
+        raise TypeError("run_process takes the command to run: run_process('ls', '-l', signal=...)")
+    for name in ("shell", "text", "universal_newlines", "encoding", "errors"):
+        if kw.get(name):
+            raise ValueError(f"run_process does not take {name}=: it runs a command and collects its output as bytes")
+    return subprocess.Popen(
+        [os.fspath(a) for a in args],
+        stdin=subprocess.PIPE if feed else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+        **kw,
+    )
+
+
+async def _end(child: _Child, proto: _Collector, pgid: int, kill_grace: float, *, cancelled: bool) -> None:
     """The end of every call: kill the group if it is alive, and close the pipes."""
     try:
         # Runs on cancellation too: the group never outlives this call. A cancellation
         # (a caller's grace ran out, a tool's timeout) kills it at once, without a TERM
         # grace of its own, also when the child has exited but its output has not ended
         # (a background grandchild of the group holds the pipes).
-        if transport.get_returncode() is None or (cancelled and not proto.done.done()):
+        if child.returncode is None or (cancelled and not proto.done.done()):
             await asyncio.shield(_kill_group(pgid, proto, 0 if cancelled else kill_grace))
     finally:
         _live.pop(pgid, None)
-        await _close(transport, proto)
+        child.close()
 
 
 def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
@@ -244,7 +258,7 @@ def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
 
 
 async def _wait(
-    transport: asyncio.SubprocessTransport, proto: _Collector, signal: AbortSignal, timeout: float | None, kill_grace: float
+    child: _Child, proto: _Collector, signal: AbortSignal, timeout: float | None, kill_grace: float
 ) -> tuple[bool, bool]:
     """Wait for the process to exit and its output to end, for ``signal`` or for ``timeout``;
     on either of the last two the group is killed. Returns (timed out, aborted)."""
@@ -262,15 +276,15 @@ async def _wait(
     if proto.done in done:
         return False, False
     aborted = abort_task in done
-    await _kill_group(transport.get_pid(), proto, kill_grace)
+    await _kill_group(child.pid, proto, kill_grace)
     if not aborted:  # timed out: what the group wrote before it died is part of the result
         await asyncio.wait((proto.done,), timeout=_DRAIN)
     return not aborted, aborted
 
 
-def _result(args: tuple[Arg, ...], transport: asyncio.SubprocessTransport, proto: _Collector, timed_out: bool) -> ProcessResult:
+def _result(args: tuple[Arg, ...], child: _Child, proto: _Collector, timed_out: bool) -> ProcessResult:
     """The `ProcessResult` of a process that has exited, from what ``proto`` collected."""
-    returncode = transport.get_returncode()
+    returncode = child.returncode
     assert returncode is not None
     out, err = bytes(proto.output[1]), bytes(proto.output[2])
     cut = proto.truncated
@@ -296,9 +310,9 @@ def _decode(data: bytes, *, cut: bool) -> str:
     return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
 
 
-class _Collector(asyncio.SubprocessProtocol):
+class _Collector:
     """Keeps up to `_CAP` bytes of stdout and stderr; ``done`` when the child has
-    exited and both have ended, ``closed`` when the transport is finished."""
+    exited and both have ended."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, *, merged: bool = False, on_line: Callable[[str], None] | None = None
@@ -306,10 +320,9 @@ class _Collector(asyncio.SubprocessProtocol):
         self.output = {1: bytearray(), 2: bytearray()}
         self.lines = None if on_line is None else _Lines(on_line)
         self.truncated: set[int] = set()  # the streams cut at the cap
-        self.open = {0, 1} if merged else {0, 1, 2}  # the pipes not yet lost (stderr has none when merged)
+        self.open = {1} if merged else {1, 2}  # the output pipes not yet ended (stderr has none when merged)
         self.exited: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         if fd == 1 and self.lines is not None:
@@ -321,7 +334,7 @@ class _Collector(asyncio.SubprocessProtocol):
             data = data[: max(room, 0)]
         buf += data
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+    def pipe_connection_lost(self, fd: int) -> None:
         if fd == 1 and self.lines is not None:
             self.lines.feed(b"", final=True)
         self.open.discard(fd)
@@ -331,13 +344,124 @@ class _Collector(asyncio.SubprocessProtocol):
         _resolve(self.exited)
         self._check_done()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        _resolve(self.closed)
-
     def _check_done(self) -> None:
-        if 1 not in self.open and 2 not in self.open and self.exited.done():
+        if not self.open and self.exited.done():
             _resolve(self.done)
 
+
+class _Child:
+    """The child and our ends of its pipes, read and written with the loop's reader and writer
+    callbacks; its exit is seen on a pidfd (where the OS has them) or by polling. `close` lets go
+    of everything at once, without the loop: a closed loop runs no callback to do it later.
+    The collector is only in the callbacks: `_live` holds this, and must not keep alive (through
+    the collector's futures) a call collected with the loop it was left in."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes]) -> None:
+        self.loop, self.popen = loop, popen
+        self.pid = popen.pid
+        self.files = {fd: f for fd, f in ((0, popen.stdin), (1, popen.stdout), (2, popen.stderr)) if f is not None}
+        self.pidfd: int | None = None
+        self.poller: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def start(self, stdin: bytes | None, proto: _Collector) -> None:
+        """Read the output into ``proto``, feed ``stdin`` (closing the child's input once written),
+        watch for the exit."""
+        for fd in (1, 2):
+            if fd in self.files:
+                os.set_blocking(self.files[fd].fileno(), False)
+                self.loop.add_reader(self.files[fd].fileno(), self._read, fd, proto)
+        if stdin is not None:
+            os.set_blocking(self.files[0].fileno(), False)
+            self._write(memoryview(bytes(stdin)))
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfds here: poll
+            self.poller = self.loop.create_task(self._poll(weakref.ref(proto)))
+        else:
+            self.loop.add_reader(self.pidfd, self._reap, proto)
+
+    def _read(self, fd: int, proto: _Collector) -> None:
+        try:
+            data = os.read(self.files[fd].fileno(), 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            proto.pipe_data_received(fd, data)
+            return
+        self._drop(fd)
+        proto.pipe_connection_lost(fd)
+
+    def _write(self, data: memoryview) -> None:
+        """Write what the pipe takes of ``data`` now, the rest when it has room; a child that
+        stops reading or exits early only loses the rest."""
+        fileno = self.files[0].fileno()
+        self.loop.remove_writer(fileno)
+        try:
+            data = data[os.write(fileno, data) :] if data else data
+        except BlockingIOError:
+            pass
+        except OSError:  # the child closed its input, or exited
+            data = data[:0]
+        if data:
+            self.loop.add_writer(fileno, self._write, data)
+        else:
+            self._drop(0)
+
+    def _drop(self, fd: int) -> None:
+        """Stop watching pipe ``fd`` and close our end of it."""
+        file = self.files.pop(fd, None)
+        if file is not None:
+            if not self.loop.is_closed():
+                (self.loop.remove_writer if fd == 0 else self.loop.remove_reader)(file.fileno())
+            file.close()
+
+    def _reap(self, proto: _Collector) -> None:
+        """The child has exited (its pidfd is readable): reap it."""
+        if self.popen.poll() is not None:
+            self._unwatch()
+            proto.process_exited()
+
+    async def _poll(self, proto: weakref.ref[_Collector]) -> None:
+        """Wait for the exit, polling (``proto`` weakly held: see the class)."""
+        pause = 0.001
+        while self.popen.poll() is None:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        if (collector := proto()) is not None:
+            collector.process_exited()
+
+    def _unwatch(self) -> None:
+        if self.pidfd is not None:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.poller is not None:
+            self.poller.cancel()
+            self.poller = None
+
+    def close(self) -> None:
+        """Close our ends of the pipes (no flush: a stalled reader cannot hold this up), stop
+        watching the child, and reap it: SIGKILLed with its group if it still runs."""
+        if self.closed:
+            return
+        self.closed = True
+        for fd in tuple(self.files):
+            self._drop(fd)
+        self._unwatch()
+        if self.popen.poll() is None:
+            signal_group(self.pid, _signal.SIGKILL)
+            try:
+                self.popen.wait(_GONE)
+            except subprocess.TimeoutExpired:  # stuck in the kernel: reaped when it can be
+                pass
 
 class _Lines:
     """Splits a stream into lines for ``on_line`` (a line longer than `_CAP` bytes is passed in
@@ -371,15 +495,6 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
-    """Hand ``data`` to the child's stdin and close it once written (a child that
-    stops reading or exits early only loses the rest)."""
-    pipe = transport.get_pipe_transport(0)
-    if isinstance(pipe, asyncio.WriteTransport):
-        pipe.write(data)
-        pipe.close()
-
-
 async def _kill_group(pgid: int, proto: _Collector, grace: float) -> None:
     """SIGTERM the group, wait ``grace`` s for it to exit and let go of the pipes,
     then SIGKILL it; reap the child."""
@@ -406,35 +521,23 @@ async def _until_gone(pgid: int) -> None:
         pause = min(pause * 2, 0.02)
 
 
-async def _close(transport: asyncio.SubprocessTransport, proto: _Collector) -> None:
-    """Close our ends of the pipes now (no flush: a stalled reader cannot hold this
-    up) and wait until the transport has let go of them."""
-    for fd in tuple(proto.open):  # a lost pipe is closed already (and must not be aborted)
-        pipe = transport.get_pipe_transport(fd)
-        if isinstance(pipe, asyncio.WriteTransport):
-            pipe.abort()
-        elif pipe is not None:
-            pipe.close()
-    transport.close()
-    if transport.get_returncode() is not None:  # else the transport only finishes once the child is reaped
-        await asyncio.shield(proto.closed)
-
-
 def kill_left_in(loop: asyncio.AbstractEventLoop) -> None:
     """SIGKILL the process group of each call left in ``loop``, closed under it: its cleanup
     can never run now, and the group, in a session of its own, would outlive the host."""
-    _kill_now([pgid for pgid, owner in list(_live.items()) if owner is loop])
+    _kill_now([pgid for pgid, (owner, _) in list(_live.items()) if owner is loop])
 
 
 def _kill_now(pgids: list[int]) -> None:
-    """SIGKILL the groups ``pgids`` of calls whose loop is gone, and wait (up to `_GONE` s, this
-    thread blocked) until they are dead."""
-    killed = [pgid for pgid in pgids if _live.pop(pgid, None) is not None]
-    for pgid in killed:
-        signal_group(pgid, _signal.SIGKILL)
+    """SIGKILL the groups ``pgids`` of calls whose loop is gone, wait (up to `_GONE` s, this
+    thread blocked) until they are dead, and close the calls' pipes and reap their children."""
+    children = [call[1] for pgid in pgids if (call := _live.pop(pgid, None)) is not None]
+    for child in children:
+        signal_group(child.pid, _signal.SIGKILL)
     deadline = time.monotonic() + _GONE
-    while any(group_alive(pgid) for pgid in killed) and time.monotonic() < deadline:
+    while any(group_alive(child.pid) for child in children) and time.monotonic() < deadline:
         time.sleep(0.001)
+    for child in children:  # its pipes and its process: nothing left for the garbage collector
+        child.close()
 
 
 def signal_group(pgid: int, sig: int) -> bool:
