@@ -26,7 +26,7 @@ from agentloop import (
     tool,
 )
 from agentloop._process import ProcessResult
-from tests.helpers import collect, pid_alive
+from tests.helpers import Fifo, collect, pid_alive
 
 TOKEN = "ghp_0123456789abcdefSECRET"
 
@@ -84,7 +84,8 @@ async def test_a_tool_running_a_command_with_a_token_gives_the_model_no_token() 
 
 
 # The child starts grandchildren in its group that ignore SIGTERM (and do not hold the output
-# pipes), writes their pids to the file named by its argument, then waits ignoring SIGTERM too.
+# pipes), writes their pids as a line to the pipe named by its argument, then waits ignoring
+# SIGTERM too.
 _IGNORING = """
 import signal, subprocess, sys
 code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
@@ -92,7 +93,8 @@ kids = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, s
 for k in kids:
     k.stdout.readline()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-open(sys.argv[1], "w").write(" ".join(str(k.pid) for k in kids))
+with open(sys.argv[1], "w") as out:
+    out.write(" ".join(str(k.pid) for k in kids) + "\\n")
 signal.pause()
 """
 
@@ -102,12 +104,9 @@ async def test_an_aborted_run_process_returns_once_grandchildren_that_ignore_ter
     # grandchild (which does not hold the output pipes) could still be alive for a moment.
     for i in range(3):
         ctl = AbortController()
-        pidfile = tmp_path / f"pids{i}"
-        task = asyncio.ensure_future(run_process(sys.executable, "-c", _IGNORING, str(pidfile), signal=ctl.signal, kill_grace=0.05))
-        async with asyncio.timeout(30):
-            while not (pidfile.exists() and pidfile.read_text()):
-                await asyncio.sleep(0.01)
-        pids = [int(p) for p in pidfile.read_text().split()]
+        async with Fifo(tmp_path / f"pids{i}") as fifo:
+            task = asyncio.ensure_future(run_process(sys.executable, "-c", _IGNORING, str(fifo), signal=ctl.signal, kill_grace=0.05))
+            pids = [int(p) for p in (await fifo.line(within=30)).split()]
         assert all(pid_alive(p) for p in pids)
         ctl.abort("cancel")
         with pytest.raises(AbortError):
@@ -116,22 +115,20 @@ async def test_an_aborted_run_process_returns_once_grandchildren_that_ignore_ter
 
 
 async def test_no_grandchild_of_an_interrupted_tool_is_alive_when_run_returns(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
+    fifo = Fifo(tmp_path / "pids")
 
     @tool
     async def build(ctx: ToolContext) -> Any:
         """Build."""
-        return await run_process(sys.executable, "-c", _IGNORING, str(pidfile), signal=ctx.signal, kill_grace=0.05)
+        return await run_process(sys.executable, "-c", _IGNORING, str(fifo), signal=ctx.signal, kill_grace=0.05)
 
     model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("build", {})]), "ok"])
     engine = QueryEngine(model, tools=[build], policies=[])
     pids: list[int] = []
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(60), fifo:
         async for event in engine.run("go"):
             if event.type == "tool_call_started":
-                while not (pidfile.exists() and pidfile.read_text()):
-                    await asyncio.sleep(0.01)
-                pids += [int(p) for p in pidfile.read_text().split()]
+                pids += [int(p) for p in (await fifo.line(within=30)).split()]
                 engine.interrupt()
     assert len(pids) == 4
     assert [p for p in pids if pid_alive(p)] == []
