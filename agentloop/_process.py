@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ._abort import AbortSignal
 from ._errors import AbortError
@@ -310,6 +310,15 @@ def _decode(data: bytes, *, cut: bool) -> str:
     return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
 
 
+class Sink(Protocol):
+    """What `_Child` tells of the child's output pipes and its exit (`_Collector`; an MCP
+    server's pipes)."""
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None: ...
+    def pipe_connection_lost(self, fd: int) -> None: ...
+    def process_exited(self) -> None: ...
+
+
 class _Collector:
     """Keeps up to `_CAP` bytes of stdout and stderr; ``done`` when the child has
     exited and both have ended."""
@@ -368,7 +377,7 @@ class _Child:
     def returncode(self) -> int | None:
         return self.popen.returncode
 
-    def start(self, stdin: bytes | None, proto: _Collector) -> None:
+    def start(self, stdin: bytes | None, proto: Sink) -> None:
         """Read the output into ``proto``, feed ``stdin`` (closing the child's input once written),
         watch for the exit."""
         for fd in (1, 2):
@@ -385,7 +394,7 @@ class _Child:
         else:
             self.loop.add_reader(self.pidfd, self._reap, proto)
 
-    def _read(self, fd: int, proto: _Collector) -> None:
+    def _read(self, fd: int, proto: Sink) -> None:
         try:
             data = os.read(self.files[fd].fileno(), 1 << 16)
         except BlockingIOError:
@@ -422,13 +431,13 @@ class _Child:
                 (self.loop.remove_writer if fd == 0 else self.loop.remove_reader)(file.fileno())
             file.close()
 
-    def _reap(self, proto: _Collector) -> None:
+    def _reap(self, proto: Sink) -> None:
         """The child has exited (its pidfd is readable): reap it."""
         if self.popen.poll() is not None:
             self._unwatch()
             proto.process_exited()
 
-    async def _poll(self, proto: weakref.ref[_Collector]) -> None:
+    async def _poll(self, proto: weakref.ref[Sink]) -> None:
         """Wait for the exit, polling (``proto`` weakly held: see the class)."""
         pause = 0.001
         while self.popen.poll() is None:

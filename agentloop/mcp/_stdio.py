@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -35,6 +34,7 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.shared.message import SessionMessage
 
 from ..models._http import Redactor
+from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
 from ._stop import stop, uncancellable
 
@@ -67,21 +67,16 @@ async def stdio_transport(
     to stderr, and of a line on its stdout that is quoted. Raises what starting the process raises
     (`FileNotFoundError` for a missing command)."""
     loop = asyncio.get_running_loop()
-    transport, pipes = await loop.subprocess_exec(
-        lambda: Pipes(loop, label, Redactor(secrets), max_message_size),
-        command,
-        *args,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**get_default_environment(), **(env or {})},
-        cwd=cwd,
-        start_new_session=True,
-    )
+    pipes = Pipes(loop, label, Redactor(secrets), max_message_size)
+    # Started without awaiting: nothing here is left half connected when the host's loop is closed
+    # (or its tasks cancelled) under the start.
+    child = spawn(loop, command, args, {**get_default_environment(), **(env or {})}, cwd)
+    pipes.child = child
     try:
+        child.begin(pipes)
         yield pipes.stdout, pipes.stdin
     finally:
-        await uncancellable(stop(transport, pipes))
+        await uncancellable(stop(child, pipes))
 
 
 def stdio_connect(
@@ -109,19 +104,19 @@ def stdio_connect(
 
     return connect
 
-class Pipes(asyncio.SubprocessProtocol):
+class Pipes:
     """The server process's pipes: stdout cut into lines, stderr into the log, stdin's flow
-    control, and the end of the connection (``end_reason`` once it has ended)."""
+    control, and the end of the connection (``end_reason`` once it has ended). Told of them by
+    the server's `ServerChild` (``child``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, label: str, scrub: Redactor, limit: int | None) -> None:
         self.loop = loop
         self.label = label
         self.scrub = scrub
         self.limit = limit
-        self.transport: asyncio.SubprocessTransport | None = None
+        self.child: ServerChild | None = None
         self.open = {0, 1, 2}  # the pipes not yet lost
         self.exited: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
         self.stdout = Stdout(self)
         self.stdin = Stdin(self)
         self.end_reason: str | None = None  # set when the connection has ended
@@ -137,11 +132,7 @@ class Pipes(asyncio.SubprocessProtocol):
         self._err_skip = False  # dropping the rest of an overlong stderr line
         self._writable: asyncio.Future[None] | None = None  # set while stdin's buffer is full
 
-    # -- asyncio.SubprocessProtocol ------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self.transport = transport
+    # -- what the server child tells ------------------------------------------------
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         if fd == 1:
@@ -149,7 +140,7 @@ class Pipes(asyncio.SubprocessProtocol):
         else:
             self._stderr(data)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+    def pipe_connection_lost(self, fd: int, exc: Exception | None = None) -> None:
         self.open.discard(fd)
         if fd == 2:
             if self._err and not self._err_skip:
@@ -166,10 +157,6 @@ class Pipes(asyncio.SubprocessProtocol):
         if not self.exited.done():
             self.exited.set_result(None)
         self._going()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
 
     def pause_writing(self) -> None:
         if self._writable is None:
@@ -209,12 +196,8 @@ class Pipes(asyncio.SubprocessProtocol):
         self._end(f"the server sent a message of more than {self.limit} bytes (max_message_size)")
 
     def _pause(self, paused: bool) -> None:
-        pipe = self.transport.get_pipe_transport(1) if self.transport is not None else None
-        if isinstance(pipe, asyncio.ReadTransport) and not pipe.is_closing():
-            if paused:
-                pipe.pause_reading()
-            else:
-                pipe.resume_reading()
+        if self.child is not None:
+            self.child.pause_reading(paused, self)
         self._paused = paused
         # What is left in the paused pipe is not a process left behind holding it: the drain
         # delay of a server that is going runs only while reading goes on (see `_going`).
@@ -303,7 +286,7 @@ class Pipes(asyncio.SubprocessProtocol):
             return
         if self._end_timer is not None:
             self._end_timer.cancel()
-        code = self.transport.get_returncode() if self.transport is not None else None
+        code = self.child.returncode if self.child is not None else None
         if reason is None and code is not None:
             reason = f"the server process exited with status {code}"
             if code < 0:
@@ -406,10 +389,10 @@ class Stdin:
         if self._closed:
             raise anyio.ClosedResourceError
         pipes = self._pipes
-        pipe = pipes.transport.get_pipe_transport(0) if pipes.transport is not None else None
-        if 0 not in pipes.open or not isinstance(pipe, asyncio.WriteTransport) or pipe.is_closing():
+        child = pipes.child
+        if 0 not in pipes.open or child is None or not child.stdin_open:
             raise anyio.BrokenResourceError
-        pipe.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n")
+        child.write(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n", pipes)
         # The pipe's buffer is full: a request waits until the server reads. A notification (a
         # few bytes) does not: the notifications/cancelled of an abort must not wait for a server
         # that stopped reading, the abort would wait with it.

@@ -17,6 +17,7 @@ from .._process import group_alive as _group_alive
 from .._process import signal_group
 
 if TYPE_CHECKING:
+    from ._child import ServerChild
     from ._stdio import Pipes
 
 log = logging.getLogger("agentloop")
@@ -24,13 +25,12 @@ log = logging.getLogger("agentloop")
 _EXIT_GRACE = 2.0  # seconds a server has to exit once its stdin is closed, and again once TERMed
 
 
-async def stop(transport: asyncio.SubprocessTransport, pipes: Pipes) -> None:
+async def stop(child: ServerChild, pipes: Pipes) -> None:
     """Stop the server as the MCP spec says (stdin closed, then SIGTERM, then SIGKILL), stop what
     it left in its process group, and close the pipes."""
-    pgid = transport.get_pid()
-    stdin = transport.get_pipe_transport(0)
-    if stdin is not None and 0 in pipes.open:
-        stdin.close()  # after what is buffered: the server reads to the end, then exits
+    pgid = child.pid
+    if 0 in pipes.open:
+        child.close_stdin(pipes)  # after what is queued: the server reads to the end, then exits
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if await _within(pipes.exited, _EXIT_GRACE):
             break
@@ -40,16 +40,10 @@ async def stop(transport: asyncio.SubprocessTransport, pipes: Pipes) -> None:
             log.warning("MCP server %s: its process %d is still alive after SIGKILL; leaving it", pipes.label, pgid)
     if pipes.exited.done():
         await _stop_group(pgid, pipes.label)
+    child.close()
     for fd in (0, 1, 2):
-        pipe = transport.get_pipe_transport(fd)
-        if fd in pipes.open and pipe is not None:
-            if isinstance(pipe, asyncio.WriteTransport):
-                pipe.abort()
-            else:
-                pipe.close()
-    transport.close()
-    if pipes.exited.done():
-        await _within(pipes.closed, _EXIT_GRACE)
+        if fd in pipes.open:
+            pipes.pipe_connection_lost(fd)
 
 
 async def _stop_group(pgid: int, label: str) -> None:
