@@ -76,7 +76,7 @@ async def open_file(path: str) -> str:
 
 
 @tool
-async def shell(command: str, timeout: int = 60) -> str:  # noqa: ASYNC109 (an argument for the model)
+async def shell(command: str, max_seconds: int = 60) -> str:
     """Run a shell command."""
     if command.startswith("fail"):
         raise RuntimeError(f"{command}: exit status 2")
@@ -129,15 +129,15 @@ async def test_a_judge_override_resamples_a_text_loop_the_stock_policy_only_warn
 
 
 class IgnoreTimeouts(IdenticalToolCallRun):
-    """Calls that differ only in their ``timeout`` are one call."""
+    """Calls that differ only in their ``max_seconds`` are one call."""
 
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
-        args = {k: v for k, v in call.input.items() if k != "timeout"}
+        args = {k: v for k, v in call.input.items() if k != "max_seconds"}
         return super().key(call.model_copy(update={"input": args}), result)
 
 
 async def test_a_key_override_makes_calls_that_differ_in_an_ignored_argument_one_run() -> None:
-    steps = [calls("shell", {"command": "make", "timeout": t}) for t in (30, 60) * 6]
+    steps = [calls("shell", {"command": "make", "max_seconds": t}) for t in (30, 60) * 6]
     model = ScriptedModel([*steps, "Built."])
     engine = QueryEngine(model, tools=[shell], policies=[IgnoreTimeouts()])
     events = await collect(engine.run("Build it"))
@@ -146,7 +146,7 @@ async def test_a_key_override_makes_calls_that_differ_in_an_ignored_argument_one
     end = ends(events)[-1]
     assert (end.reason, end.turns) == ("stationarity_ended", 12)
     settled(engine)
-    # With the stock key the timeouts make two calls that alternate: never a run.
+    # With the stock key the time limits make two calls that alternate: never a run.
     engine = QueryEngine(ScriptedModel([*steps, "Built."]), tools=[shell], policies=[IdenticalToolCallRun()])
     assert ends(await collect(engine.run("Build it")))[-1].reason == "completed"
     settled(engine)
