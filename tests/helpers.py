@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import sys
+import threading
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -215,3 +219,21 @@ async def logged(logger: str, text: str, seen: str = "", within: float = 10.0) -
             await said.wait()
     finally:
         logging.getLogger(logger).removeHandler(handler)
+
+
+def collect_garbage(wait: float = 10.0) -> list[str]:
+    """Collect the garbage now, warnings as errors; what complained as it was collected (an
+    unclosed pipe, file or transport that only the collector would have closed)."""
+    for thread in threading.enumerate():  # asyncio's child watchers: they hold a process until it is reaped
+        if thread.name.startswith("waitpid-"):
+            thread.join(wait)
+    complaints: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: complaints.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    return complaints

@@ -706,8 +706,8 @@ def test_an_abort_that_loses_reads_the_winners_reason_at_once_even_inside_the_wi
     controller = AbortController()
     seen: list[tuple[bool, str | None]] = []
 
-    class Claims(list):  # type: ignore[type-arg]
-        def append(self, claim: object) -> None:
+    class Claims(list[tuple[str]]):
+        def append(self, claim: tuple[str]) -> None:
             super().append(claim)
             if len(self) == 1:  # the winner's claim is in: the "handler" lands here
                 controller.abort("second")

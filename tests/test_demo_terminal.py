@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentloop import Event
 from agentloop.demo.editor import LineEditor
 from agentloop.demo.keyboard import LineReader, TerminalMode, parse
 from agentloop.demo.render import HELP, help_text
@@ -465,7 +466,7 @@ def test_on_an_ascii_only_output_a_long_input_line_still_fits_its_row(monkeypatc
 # -- tool progress ------------------------------------------------------------------------------
 
 
-def _progress_events() -> list[object]:
+def _progress_events() -> list[Event]:
     from agentloop import TextDelta, ToolCallFinished, ToolCallStarted, ToolProgress, ToolUseBlock
     from agentloop._messages import ToolResultBlock
 
@@ -485,7 +486,7 @@ def test_without_a_status_line_each_progress_report_is_a_dim_line_under_its_call
     out = io.StringIO()
     r = Renderer(Screen(out, tty=False, color=False))
     for event in _progress_events():
-        r.show(event)  # type: ignore[arg-type]
+        r.show(event)
     assert out.getvalue().splitlines() == [
         "assistant: Running the tests.",
         "\u2699 run_tests()",
@@ -502,11 +503,11 @@ def test_with_a_status_line_progress_updates_it_and_adds_no_line(monkeypatch: py
     screen.start(keyboard=True)
     r = Renderer(screen)
     for event in _progress_events()[:-1]:
-        r.show(event)  # type: ignore[arg-type]
+        r.show(event)
     assert r.status() == "1 tool running: run_tests \u2014 [1/2] test_a PASSED\ufffd[2J"
     assert "\x1b7\x1b[23;1H\x1b[2K 1 tool running: run_tests \u2014 collecting tests ...\x1b8" in out.getvalue()
     assert "collecting" not in _region_output(out.getvalue())
-    r.show(_progress_events()[-1])  # type: ignore[arg-type]
+    r.show(_progress_events()[-1])
     assert r.status() == "working"  # the call's progress went with it
 
 

@@ -1287,7 +1287,7 @@ async def test_interrupt_with_no_reason_is_the_default_cancel_not_the_text_none(
     assert isinstance(end, TurnEnded) and end.reason == "aborted_streaming" and end.abort_reason == "cancel"
 
 
-class _HandlerInside(list):  # type: ignore[type-arg]
+class _HandlerInside(list[tuple[str]]):
     """A signal's claims that run ``handler`` just after the first abort has claimed it, before
     that abort records its reason: as a Ctrl-C handler landing there would."""
 
@@ -1295,7 +1295,7 @@ class _HandlerInside(list):  # type: ignore[type-arg]
         super().__init__()
         self._handler: Callable[[], object] | None = handler
 
-    def append(self, claim: object) -> None:
+    def append(self, claim: tuple[str]) -> None:
         super().append(claim)
         handler, self._handler = self._handler, None
         if handler is not None:

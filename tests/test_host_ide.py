@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gc
 import json
 import queue
 import sys
@@ -41,7 +40,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop.sessions import JsonlSession, SessionLockedError
-from tests.helpers import child_pids_alive
+from tests.helpers import child_pids_alive, collect_garbage
 
 WAIT = 20.0  # seconds the UI waits for the loop thread before the test fails (never reached when it passes)
 
@@ -150,21 +149,6 @@ def check(engine: QueryEngine, editor: Editor) -> None:
     assert editor.submit(tasks()).result(timeout=WAIT) == []
 
 
-def collect_garbage() -> list[str]:
-    """Collect the garbage now; what complained as it was collected (unraisable exceptions)."""
-    for thread in threading.enumerate():  # asyncio's child watchers: they hold a process until it is reaped
-        if thread.name.startswith("waitpid-"):
-            thread.join(WAIT)
-    complaints: list[str] = []
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda u: complaints.append(f"{u.exc_type.__name__}: {u.exc_value}")
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    return complaints
-
-
 @pytest.fixture
 def editor(request: pytest.FixtureRequest) -> Any:
     ed = Editor()
@@ -172,7 +156,7 @@ def editor(request: pytest.FixtureRequest) -> Any:
     if not ed.loop.is_closed():
         ed.close()
     del ed
-    complaints = collect_garbage()
+    complaints = collect_garbage(WAIT)
     assert complaints == []
 
 
@@ -558,4 +542,4 @@ def test_a_build_left_in_a_loop_closed_under_it_is_killed(tmp_path: Path) -> Non
     # What the closed loop held is collected here: the build's pipes and process went with its
     # group, so nothing complains (no unclosed file or transport), and nothing of the run fails.
     del engine, editor
-    assert collect_garbage() == []
+    assert collect_garbage(WAIT) == []

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import sys
 import threading
-import warnings
 from typing import Any
 
 import pytest
@@ -22,27 +20,10 @@ from agentloop import (
     run_process,
     tool,
 )
-from tests.helpers import child_pids_alive
+from tests.helpers import child_pids_alive, collect_garbage
 
 WAIT = 10.0
 left: list[asyncio.Task[Any]] = []  # the tasks a host's main leaves running as it returns
-
-
-def collect_garbage() -> list[str]:
-    """Collect the garbage now, warnings as errors; what complained as it was collected."""
-    for thread in threading.enumerate():  # asyncio's child watchers: they hold a process until it is reaped
-        if thread.name.startswith("waitpid-"):
-            thread.join(WAIT)
-    complaints: list[str] = []
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda u: complaints.append(f"{u.exc_type.__name__}: {u.exc_value}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    return complaints
 
 
 @pytest.mark.parametrize("steps", range(8))
