@@ -35,7 +35,7 @@ from ._events import Event, TerminalReason
 from ._executor import plan_batches
 from ._messages import Message, ToolUseBlock
 from ._policy import EndTurn, Nudge, ask
-from ._run import Aborted, spent_ancestor, usage_limit_detail
+from ._run import Aborted, usage_spent
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, start_tools
@@ -213,12 +213,11 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:
         return "max_turns"
-    if opts.usage_limit is not None and st.tokens >= opts.usage_limit:
-        st.detail = usage_limit_detail(engine, None)
-        return "usage_limit"
-    if engine.parent is not None and (spent := spent_ancestor(engine)) is not None:  # the tree's budget
-        st.detail = usage_limit_detail(engine, spent)
-        return "usage_limit"
+    if opts.usage_limit is not None or engine.parent is not None:  # a budget of its own or the tree's
+        detail = usage_spent(engine, st.tokens)
+        if detail is not None:
+            st.detail = detail
+            return "usage_limit"
     return None
 
 

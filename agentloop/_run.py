@@ -36,9 +36,7 @@ __all__ = [
     "TranscriptView",
     "abandon",
     "charge_ancestors",
-    "over_ancestor_limit",
-    "spent_ancestor",
-    "usage_limit_detail",
+    "usage_spent",
 ]
 
 T = TypeVar("T")
@@ -391,12 +389,27 @@ def charge_ancestors(engine: QueryEngine, usage: Usage) -> None:
         parent = parent.parent
 
 
-def over_ancestor_limit(engine: QueryEngine) -> bool:
-    """True when a running engine above ``engine`` has reached its ``usage_limit``."""
-    return spent_ancestor(engine) is not None
+def usage_spent(engine: QueryEngine, tokens: int) -> str | None:
+    """Whose ``usage_limit`` is reached, as `TurnEnded.detail` says it, with ``tokens`` spent by
+    ``engine``'s run: its own, or that of a running engine above it whose budget its subagents
+    share; None while every budget lasts."""
+    limit = engine.options.usage_limit
+    if limit is not None and tokens >= limit:
+        own = "its own" if engine.parent is not None else "the run's"
+        return f"{own} usage_limit of {limit} tokens is reached"
+    spent = _spent_ancestor(engine)
+    if spent is None:
+        return None
+    if spent is engine.parent:
+        whose = "the parent's"
+    elif spent.parent is None:
+        whose = "the main engine's"
+    else:
+        whose = f"{spent.agent_id}'s"
+    return f"{whose} usage_limit of {spent.options.usage_limit} tokens (shared with its subagents) is reached"
 
 
-def spent_ancestor(engine: QueryEngine) -> QueryEngine | None:
+def _spent_ancestor(engine: QueryEngine) -> QueryEngine | None:
     """The nearest running engine above ``engine`` that has reached its ``usage_limit``, if any."""
     parent = engine.parent
     while parent is not None:
@@ -405,18 +418,3 @@ def spent_ancestor(engine: QueryEngine) -> QueryEngine | None:
             return parent
         parent = parent.parent
     return None
-
-
-def usage_limit_detail(engine: QueryEngine, spent: QueryEngine | None) -> str:
-    """`TurnEnded.detail` of a turn ended by a ``usage_limit``: whose budget ran out, ``engine``'s
-    own or that of ``spent``, an engine above it whose budget its subagents share."""
-    if spent is None:
-        own = "its own" if engine.parent is not None else "the run's"
-        return f"{own} usage_limit of {engine.options.usage_limit} tokens is reached"
-    if spent is engine.parent:
-        whose = "the parent's"
-    elif spent.parent is None:
-        whose = "the main engine's"
-    else:
-        whose = f"{spent.agent_id}'s"
-    return f"{whose} usage_limit of {spent.options.usage_limit} tokens (shared with its subagents) is reached"

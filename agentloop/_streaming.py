@@ -32,7 +32,7 @@ from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
-from ._run import RunState, TranscriptView, charge_ancestors, over_ancestor_limit
+from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -249,12 +249,12 @@ class ModelPhase:
         stream was cut) or its tokens reached a usage limit. The turn ends instead, the cut attempt
         discarded all the same (a loop is never kept), and no Resampling is announced."""
         st, acc = self.st, self.acc
-        spent = not st.signal.aborted and _over_usage(self.engine, st)
-        if st.signal.aborted or spent:
+        spent = None if st.signal.aborted else usage_spent(self.engine, st.tokens)
+        if st.signal.aborted or spent is not None:
             st.acc = None
-            if spent:
+            if spent is not None:
                 st.terminal = "usage_limit"
-                st.detail = f"{self.outcome.policy}: a doom loop was cut and not resampled (the run's usage_limit is reached)"
+                st.detail = f"{self.outcome.policy}: a doom loop was cut and not resampled ({spent})"
             else:
                 st.terminal = abort_terminal(st)
             return [
@@ -282,14 +282,14 @@ class ModelPhase:
         wait = error.retry_after
         too_long = wait is not None and wait > _MAX_RETRY_AFTER
         # A retry is a model request: none once the run's tokens have reached a usage limit.
-        spent = error.retryable and _over_usage(engine, st)
-        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long or spent:
+        spent = usage_spent(engine, st.tokens) if error.retryable else None
+        if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long or spent is not None:
             settle_partial(engine, st)
             st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
             st.error = _describe(error)
-            if spent:
-                st.terminal = "usage_limit"
-                st.error += " (not retried: the run's usage_limit is reached)"
+            if spent is not None:
+                st.terminal, st.detail = "usage_limit", spent
+                st.error += f" (not retried: {spent})"
             elif too_long and error.retryable:
                 st.error += (
                     f" (not retried: the server asked to wait {wait:.0f} s, longer than the "
@@ -304,14 +304,6 @@ class ModelPhase:
         events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
         self.delay = delay
         return events
-
-
-def _over_usage(engine: QueryEngine, st: RunState) -> bool:
-    """True when the run's tokens, or those of a running engine above it, reached its ``usage_limit``."""
-    limit = engine.options.usage_limit
-    if limit is not None and st.tokens >= limit:
-        return True
-    return engine.parent is not None and over_ancestor_limit(engine)
 
 
 def _not_a_stream(engine: QueryEngine, produced: object) -> ModelError:

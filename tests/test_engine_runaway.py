@@ -1274,6 +1274,7 @@ async def test_a_doom_loop_cut_at_the_usage_limit_ends_the_turn_instead_of_resam
     end = events[-1]
     assert isinstance(end, TurnEnded) and end.reason == "usage_limit" and end.abort_reason is None
     assert end.usage.total == 50_000 and "doom loop" in (end.detail or "")
+    assert (end.detail or "").endswith("(the run's usage_limit of 40000 tokens is reached)")
     assert [m.text for m in engine.messages] == ["fix it"]
     assert validate_transcript(engine.messages) == []
 

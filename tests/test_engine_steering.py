@@ -521,6 +521,8 @@ async def test_usage_limit_is_not_overrun_by_transport_retries() -> None:
     assert model.requests == 2  # the second one reached the limit
     assert isinstance(end, TurnEnded) and end.reason == "usage_limit" and end.usage.total == 100_000
     assert "overloaded" in (end.error or "") and "usage_limit" in (end.error or "")
+    assert end.detail == "the run's usage_limit of 60000 tokens is reached"
+    assert (end.error or "").endswith(f"(not retried: {end.detail})")
     assert [e.attempt for e in events if isinstance(e, Retrying)] == [1]
     assert engine.messages[-1].partial and engine.messages[-1].text == "Let me"  # as a failure that is not retried
     assert validate_transcript(engine.messages) == []

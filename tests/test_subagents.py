@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -763,6 +763,35 @@ async def test_a_child_stopped_by_usage_limit_says_whose_budget_ran_out(whose: s
         assert child.detail == "its own usage_limit of 40 tokens is reached"
         assert ends[None].reason == "completed" and ends[None].detail is None
     assert f"stopped before finishing (usage_limit: {child.detail})." in result.text
+
+
+async def test_a_childs_retry_skipped_for_the_parents_spent_budget_names_the_parents_limit() -> None:
+    """A retry a child did not make because the tree's budget was spent said "the run's
+    usage_limit is reached", though the child had no limit of its own: its error and detail
+    now name whose budget it was, as a limit reached between iterations does."""
+    from agentloop import ModelError
+    from agentloop.models import StreamText, StreamUsage, Usage
+
+    class Overloaded:
+        requests = 0
+
+        async def stream(self, request: object, signal: object) -> AsyncIterator[object]:
+            self.requests += 1
+            yield StreamUsage(Usage(input_tokens=500, output_tokens=0))
+            yield StreamText(0, "Let me ")
+            raise ModelError("overloaded", retryable=True)
+
+    child_model = Overloaded()
+    model = ScriptedModel([delegate("look it up"), "The parent goes on."])
+    task = delegate_tool(model=child_model, retry_base_delay=0, usage_limit=None)  # no budget of its own
+    engine = QueryEngine(model, tools=[task], policies=[], usage_limit=100)
+    ends = {ev.agent_id: ev for ev in await collect(engine, "go") if isinstance(ev, TurnEnded)}
+    child = ends["sub-1"]
+    whose = "the parent's usage_limit of 100 tokens (shared with its subagents) is reached"
+    assert child_model.requests == 1
+    assert child.reason == "usage_limit" and child.detail == whose
+    assert f"(not retried: {whose})" in (child.error or "")
+    assert validate_transcript(engine.messages) == []
 
 
 _CHANT = "I'll do it.\nI'll execute.\n" * 60
