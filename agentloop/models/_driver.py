@@ -490,7 +490,8 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
     connection can go back to the pool; give up (the connection is then closed)
     past ``limit`` bytes or ``_TAIL_WAIT`` seconds, when the connection fails, or on an
     abort: the answer is whole by then, and a reset or a read error while reading nothing
-    more must neither discard it nor make it be asked for again."""
+    more must neither discard it nor make it be asked for again. Whatever the failure: httpx's,
+    or one of a host's own transport or client hook (raised as it is before the terminator)."""
     size = 0
     try:
         async with asyncio.timeout(_TAIL_WAIT):
@@ -498,7 +499,7 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
                 size += len(chunk)
                 if size > limit:
                     return
-    except (TimeoutError, httpx.HTTPError, AbortError):
+    except Exception:  # TimeoutError, httpx.HTTPError, AbortError, a host transport's own
         return
 
 
