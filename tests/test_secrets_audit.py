@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import re
+import shlex
 import sys
 import tempfile
 import traceback
@@ -610,6 +611,32 @@ def test_a_command_lines_credentials_are_those_its_shown_form_hides() -> None:
     found = set(command_line_credentials(args))
     assert {"optTok1234", "key12345", "Bearer hdr12345", "hdr12345", "pa%40ss1234", "pa@ss1234", "q/123456"} <= found
     assert not {"--verbose", "plain", "h.example", "y=1", "bob"} & found
+
+#: The usual ways a password rides on a command line, as a separate argument and inside a script.
+_PASSWORD_FORMS: dict[str, Callable[[str], list[str]]] = {
+    "curl -u": lambda p: ["curl", "-u", f"bob:{p}", "https://x.example"],
+    "curl --user=": lambda p: ["curl", f"--user=bob:{p}"],
+    "curl -H": lambda p: ["curl", "-H", f"Authorization: Bearer {p}"],
+    "curl -H, no space": lambda p: ["curl", "-H", f"X-Api-Key:{p}"],
+    "wget": lambda p: ["wget", f"--http-password={p}", "https://x.example"],
+    "mysql -p": lambda p: ["mysql", "-uroot", f"-p{p}", "db"],
+    "env prefix": lambda p: ["env", f"PGPASSWORD={p}", "psql"],
+    "script": lambda p: ["sh", "-c", f"cd /srv && curl -u bob:{shlex.quote(p)} https://x.example"],
+    "script mysql": lambda p: ["bash", "-c", f"mysql -p{shlex.quote(p)} db | tee out"],
+}
+
+
+@given(form=st.sampled_from(sorted(_PASSWORD_FORMS)), password=st.text(_ascii, min_size=4, max_size=60))
+def test_a_password_in_the_usual_command_line_forms_is_never_shown(form: str, password: str) -> None:
+    from agentloop._process import shown_args
+    from agentloop.mcp._scrub import command_line_credentials
+
+    args = _PASSWORD_FORMS[form](password)
+    shown = " ".join(shown_args(tuple(args))).replace(MARK, "\x00")
+    usual = " ".join(shown_args(tuple(_PASSWORD_FORMS[form]("Sentinel7Qz")))).replace(MARK, "\x00")
+    assert password in usual or password not in shown, shown
+    assert any(password in value for value in command_line_credentials(args))
+
 
 @pytest.mark.parametrize("mode", ["exit", "initialize", "tools/list"])
 async def test_a_stdio_mcp_server_failing_at_start_up_shows_none_of_its_credentials(tmp_path: Path, mode: str) -> None:

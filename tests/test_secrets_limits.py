@@ -1,0 +1,65 @@
+"""Credentials in the places scrubbing once left alone: the usual command-line forms of a password
+(curl's ``-u``, a header after ``-H``, mysql's ``-p``, a shell script's ``KEY=value cmd``), an MCP
+server's stdio label, the objects a provider error carries chained, an error message quoting a
+huge payload, and the log line of an abort listener of an engine's run that raises."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop._process import shown_args
+from agentloop.mcp._scrub import command_line_credentials
+
+MARK = "[REDACTED]"
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["curl", "-u", "bob:s3cretPass", "https://x.example"], ["curl", "-u", f"bob:{MARK}", "https://x.example"]),
+        (["curl", "--user", "bob:s3cretPass"], ["curl", "--user", f"bob:{MARK}"]),
+        (["wget", "--user=bob:s3cretPass"], ["wget", f"--user=bob:{MARK}"]),
+        (["/usr/bin/curl", "-ubob:s3cretPass"], ["/usr/bin/curl", f"-ubob:{MARK}"]),
+        (["curl", "-U", "proxy:s3cretPass"], ["curl", "-U", f"proxy:{MARK}"]),
+        (["curl", "--proxy-user", "proxy:s3cretPass"], ["curl", "--proxy-user", f"proxy:{MARK}"]),
+        (["curl", "-H", "Authorization:Bearer tok12345"], ["curl", "-H", f"Authorization:{MARK}"]),
+        (["curl", "--header", "X-Api-Key:tok12345"], ["curl", "--header", f"X-Api-Key:{MARK}"]),
+        (["curl", "--header=Cookie:sid=tok12345"], ["curl", f"--header=Cookie:{MARK}"]),
+        (["curl", "-H", "Authorization: Bearer tok12345"], ["curl", "-H", f"Authorization: {MARK}"]),
+        (["wget", "--password", "s3cretPass"], ["wget", "--password", MARK]),
+        (["wget", "--http-password=s3cretPass"], ["wget", f"--http-password={MARK}"]),
+        (["mysql", "-uroot", "-ps3cretPass", "db"], ["mysql", "-uroot", f"-p{MARK}", "db"]),
+        (["sudo", "/usr/bin/mysqldump", "-ps3cretPass"], ["sudo", "/usr/bin/mysqldump", f"-p{MARK}"]),
+        (["env", "PGPASSWORD=s3cretPass", "psql"], ["env", f"PGPASSWORD={MARK}", "psql"]),
+        (["sh", "-c", "PGPASSWORD=s3cret Pass psql"], ["sh", "-c", f"PGPASSWORD={MARK}"]),
+        (
+            ["sh", "-c", "cd /srv && PGPASSWORD=s3cretPass psql -h db && curl -u bob:pw123456 https://x.example"],
+            ["sh", "-c", f"cd /srv && PGPASSWORD={MARK} psql -h db && curl -u bob:{MARK} https://x.example"],
+        ),
+        (
+            ["bash", "-c", "curl -H 'Authorization: Bearer tok12345' https://x.example"],
+            ["bash", "-c", f"curl -H 'Authorization: {MARK}' https://x.example"],
+        ),
+        (["bash", "-c", 'mysql -p"s3cret Pass" db'], ["bash", "-c", f'mysql -p"{MARK}" db']),
+    ],
+)
+def test_the_usual_command_line_passwords_are_redacted(args: list[str], shown: list[str]) -> None:
+    assert shown_args(tuple(args)) == shown
+    found = set(command_line_credentials(args))
+    assert any(secret in value for value in found for secret in ("s3cretPass", "tok12345", "s3cret Pass"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["git", "push", "-u", "origin", "main"],
+        ["python", "-u", "server.py"],
+        ["docker", "run", "-p8080:80", "-u", "1000:1000", "image"],
+        ["mkdir", "-p", "out"],
+        ["grep", "-H", "keycloak:8080", "hosts"],
+        ["echo", "a plain sentence, nothing hidden"],
+        ["ssh", "-p", "2222", "host.example"],
+    ],
+)
+def test_what_only_looks_like_a_password_is_shown_as_it_is(args: list[str]) -> None:
+    assert shown_args(tuple(args)) == args
