@@ -5,10 +5,14 @@ huge payload, and the log line of an abort listener of an engine's run that rais
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agentloop._process import shown_args
+from agentloop.mcp import MCPServer
 from agentloop.mcp._scrub import command_line_credentials
+from tests.test_secrets_audit import exception_texts, logged
 
 MARK = "[REDACTED]"
 
@@ -63,3 +67,19 @@ def test_the_usual_command_line_passwords_are_redacted(args: list[str], shown: l
 )
 def test_what_only_looks_like_a_password_is_shown_as_it_is(args: list[str]) -> None:
     assert shown_args(tuple(args)) == args
+
+
+_COMMAND_TOKEN = "ghp_commandLineToken0123456789"
+
+
+async def test_a_stdio_servers_label_and_start_up_error_hide_the_credentials_of_its_command() -> None:
+    # A host that put the variable in front of the command, as a shell would take it.
+    srv = MCPServer.stdio(f"GITHUB_TOKEN={_COMMAND_TOKEN} npx", ["-y", "server"], connect_timeout=20)
+    assert srv.label == f"stdio:GITHUB_TOKEN={MARK}"
+    assert _COMMAND_TOKEN not in repr(srv)
+    with logged() as records, pytest.raises(FileNotFoundError) as caught:
+        async with asyncio.timeout(30), srv:
+            pass
+    texts = [*exception_texts(caught.value), *records.texts]
+    assert not [t for t in texts if _COMMAND_TOKEN in t]
+    assert any(f"GITHUB_TOKEN={MARK}" in t for t in texts)  # what failed is still said

@@ -137,6 +137,11 @@ class Redactor:
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list) and any(isinstance(n, str) and self._found_in(n) for n in notes):
             notes[:] = [self.scrub(n) if isinstance(n, str) else n for n in notes]
+        if isinstance(exc, OSError):  # its str quotes the file names it carries (a missing command)
+            for name in ("filename", "filename2"):
+                value = getattr(exc, name)
+                if isinstance(value, str) and self._found_in(value):
+                    setattr(exc, name, self.scrub(value))
         try:
             shown = str(exc)
         except Exception:  # a broken __str__: printed as "<exception str() failed>", nothing of it
