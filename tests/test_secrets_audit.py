@@ -136,6 +136,8 @@ FAILURES: dict[str, Callable[[httpx.Request], httpx.Response]] = {
     "host's bug": _raises(lambda r, t: ValueError(f"bad request {t}")),
     "malformed stream": _stream(lambda t: f"event: message_start\ndata: {{not json {t}\n\n"),
     "error event": _stream(_sse_error),
+    "long error event": _stream(lambda t: _sse_error(" ".join([t] * 40))),  # quoted cut: start and end
+    "long transport error": _raises(lambda r, t: httpx.ConnectError(" ".join([t] * 40), request=r)),
     "cut stream": _stream(lambda t: f'data: {{"x": "{t}"'),
 }
 

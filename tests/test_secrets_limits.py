@@ -6,13 +6,22 @@ huge payload, and the log line of an abort listener of an engine's run that rais
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import re
+import traceback
+from collections.abc import Callable
 
+import httpx
 import pytest
 
+from agentloop import AbortController, Message
+from agentloop._errors import ModelError
 from agentloop._process import shown_args
 from agentloop.mcp import MCPServer
 from agentloop.mcp._scrub import command_line_credentials
-from tests.test_secrets_audit import exception_texts, logged
+from agentloop.models import ModelRequest
+from tests.test_secrets_audit import MODELS, exception_texts, logged
 
 MARK = "[REDACTED]"
 
@@ -83,3 +92,45 @@ async def test_a_stdio_servers_label_and_start_up_error_hide_the_credentials_of_
     texts = [*exception_texts(caught.value), *records.texts]
     assert not [t for t in texts if _COMMAND_TOKEN in t]
     assert any(f"GITHUB_TOKEN={MARK}" in t for t in texts)  # what failed is still said
+
+
+#: A payload far longer than any error message should quote, with the key in its middle.
+_KEY = "sk-capped-0123456789abcdefghij"
+_HUGE = "start-of-payload " + "x" * 400_000 + f" {_KEY} " + "y" * 400_000 + " end-of-payload"
+
+
+def _huge_error(kind: str) -> Callable[[httpx.Request], httpx.Response]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        sse = {"content-type": "text/event-stream"}
+        if kind == "error event":
+            event = {"type": "error", "error": {"type": "overloaded_error", "message": _HUGE}}
+            return httpx.Response(200, headers=sse, content=f"event: error\ndata: {json.dumps(event)}\n\n".encode())
+        if kind == "error chunk":
+            chunk = {"type": "error", "error": {"message": _HUGE}}
+            return httpx.Response(200, headers=sse, content=f"data: {json.dumps(chunk)}\n\n".encode())
+        if kind == "plain error event":
+            return httpx.Response(200, headers=sse, content=f"event: error\ndata: {_HUGE}\n\n".encode())
+        if kind == "status":
+            return httpx.Response(400, json={"error": {"message": _HUGE, "type": "invalid_request_error"}})
+        raise httpx.ConnectError(f"proxy said: {_HUGE}", request=request)
+
+    return handler
+
+
+@pytest.mark.parametrize("kind", ["error event", "error chunk", "plain error event", "status", "transport"])
+@pytest.mark.parametrize("provider", sorted(MODELS))
+async def test_an_error_quoting_a_huge_payload_quotes_its_head_and_tail_and_says_how_much_was_cut(
+    provider: str, kind: str
+) -> None:
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_huge_error(kind))) as client:
+        model = MODELS[provider]("m", api_key=_KEY, http_client=client)
+        with pytest.raises(ModelError) as caught:
+            async with contextlib.aclosing(model.stream(ModelRequest(messages=[Message.user("hi")]), AbortController().signal)) as s:
+                async for _ in s:
+                    pass
+    error = caught.value
+    assert len(error.message) < 5_000, len(error.message)
+    assert error.args == (error.message,)
+    assert "start-of-payload" in error.message and "end-of-payload" in error.message
+    assert re.search(r"\[\.\.\. [\d,]+ characters cut \.\.\.\]", error.message), error.message[:3000]
+    assert _KEY not in "".join(traceback.format_exception(error))

@@ -24,7 +24,7 @@ from ..._abort import AbortSignal
 from ..._errors import ModelError, ProviderStatusError
 from ..._unicode import scrub_json
 from ._abortable import abortable
-from ._errors import connection_error, error_body, status_error
+from ._errors import clip_message, connection_error, error_body, status_error
 from ._redirects import sent
 from ._secrets import (
     URL_LOGS,
@@ -305,6 +305,7 @@ class Connection:
             raise error from (exc if redactor.scrub_chain(exc) else None)
         except ModelError as exc:  # raised here, or by the caller reading the body (a mapper's)
             redactor.scrub_error(exc)
+            clip_message(exc)
             if not redactor.scrub_chain(exc):
                 exc.__cause__, exc.__suppress_context__ = None, True
             raise
