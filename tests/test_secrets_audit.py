@@ -155,7 +155,22 @@ def exception_texts(exc: BaseException) -> Iterator[str]:
         yield from (str(current), repr(current), repr(current.args), repr(getattr(current, "__notes__", None)))
         for name in ("message", "body"):
             yield repr(getattr(current, name, None))
+        yield from carried_texts(current)
         todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+
+
+def carried_texts(exc: BaseException) -> Iterator[str]:
+    """The text of the objects ``exc`` carries: an httpx error's request (its URL and headers) and
+    a status error's response's, a JSON decoding error's document, an `OSError`'s file names."""
+    requests = [getattr(exc, "_request", None)]
+    if isinstance(exc, httpx.HTTPStatusError):
+        requests += [exc.request, exc.response.request]
+    for request in (r for r in requests if isinstance(r, httpx.Request)):
+        yield from (str(request.url), repr(request.headers.multi_items()), repr(request.content))
+    if isinstance(exc, json.JSONDecodeError):
+        yield exc.doc
+    if isinstance(exc, OSError):
+        yield repr((exc.filename, exc.filename2))
 
 
 class Records(logging.Handler):

@@ -134,3 +134,69 @@ async def test_an_error_quoting_a_huge_payload_quotes_its_head_and_tail_and_says
     assert "start-of-payload" in error.message and "end-of-payload" in error.message
     assert re.search(r"\[\.\.\. [\d,]+ characters cut \.\.\.\]", error.message), error.message[:3000]
     assert _KEY not in "".join(traceback.format_exception(error))
+
+
+_CHAIN_SECRETS = ("sk-chained-key-0123456789", "gateway-token-0123456789", "url-password-0123456789", "query-key-0123456789")
+_CHAIN_URL = f"https://bob:{_CHAIN_SECRETS[2]}@proxy.example/v1?api-version=1&key={_CHAIN_SECRETS[3]}"
+
+
+def _chained_objects(exc: BaseException) -> list[BaseException]:
+    todo, seen, out = [exc], set(), []
+    while todo:
+        current = todo.pop()
+        if id(current) not in seen:
+            seen.add(id(current))
+            out.append(current)
+            todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return out
+
+
+def _carried(exc: BaseException) -> list[str]:
+    """The text of what the exceptions chained to ``exc`` carry: an httpx error's request (and a
+    status error's response), a JSON decoding error's document."""
+    texts: list[str] = []
+    for current in _chained_objects(exc):
+        requests = [getattr(current, "_request", None)]
+        response = getattr(current, "response", None) if isinstance(current, httpx.HTTPStatusError) else None
+        if response is not None:
+            requests.append(response.request)
+        for request in (r for r in requests if r is not None):
+            texts += [str(request.url), repr(request.headers), repr(dict(request.headers)), repr(request.content)]
+        if isinstance(current, json.JSONDecodeError):
+            texts.append(current.doc)
+    return texts
+
+
+def _status_raised(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(401, request=request).raise_for_status()  # type: ignore[func-returns-value]
+
+
+_CHAIN_FAILURES: dict[str, Callable[[httpx.Request], httpx.Response]] = {
+    "connect error": lambda r: (_ for _ in ()).throw(httpx.ConnectError("refused", request=r)),
+    "read error": lambda r: (_ for _ in ()).throw(httpx.ReadError("reset", request=r)),
+    "status raised by the client": _status_raised,
+    "malformed stream": lambda r: httpx.Response(
+        200, headers={"content-type": "text/event-stream"},
+        content=f"event: message_start\ndata: {{not json {r.headers.get('x-gateway-token')}\n\n".encode(),
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(_CHAIN_FAILURES))
+@pytest.mark.parametrize("provider", sorted(MODELS))
+async def test_the_objects_a_chained_error_carries_hold_no_credential(provider: str, failure: str) -> None:
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_CHAIN_FAILURES[failure])) as client:
+        model = MODELS[provider]("m", api_key=_CHAIN_SECRETS[0], base_url=_CHAIN_URL, http_client=client,
+                                 extra_headers={"x-gateway-token": _CHAIN_SECRETS[1]})  # fmt: skip
+        with pytest.raises(ModelError) as caught:
+            async with contextlib.aclosing(model.stream(ModelRequest(messages=[Message.user("hi")]), AbortController().signal)) as s:
+                async for _ in s:
+                    pass
+    carried = _carried(caught.value)
+    assert carried, "nothing chained carries a request or a document"
+    shown = [t for t in carried if any(secret in t for secret in _CHAIN_SECRETS)]
+    assert not shown, shown
+    requests = [e._request for e in _chained_objects(caught.value) if getattr(e, "_request", None) is not None]
+    for request in requests:  # what a user needs to debug is kept
+        assert request.method == "POST" and request.url.host == "proxy.example"
+        assert request.url.path.startswith("/v1/")

@@ -297,7 +297,9 @@ class Connection:
         except httpx.HTTPStatusError as exc:
             # The host's client raised for the status itself (a response hook that calls
             # ``raise_for_status()``), its body closed: the status and headers still say what
-            # failed and whether to retry. Not chained: its message quotes the request URL.
+            # failed and whether to retry. Not chained: its message quotes the request URL; the
+            # request it holds (still its context) is replaced by a scrubbed copy.
+            redactor.scrub_chain(exc)
             raise self._status_error(exc.response, b"", redactor) from None
         except httpx.RequestError as exc:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
