@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from agentloop import (
     AbortController,
+    AbortSignal,
     Message,
     Policy,
     QueryEngine,
@@ -767,6 +768,36 @@ async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_cre
     for where in ("bind", "begin_turn", "begin_attempt", "on_stream", "on_response", "tool watcher", "abort hook"):
         quoted = [t for t in records.texts if f"{where} saw Authorization: Bearer {MARK}" in t]
         assert quoted and "Traceback (most recent call last)" in quoted[0], where
+
+
+async def test_a_raising_abort_listener_of_an_engines_run_is_logged_without_its_credentials() -> None:
+    outside = AbortController()  # a signal of the host's own, not the engine's
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Stop the run."""
+        child = AbortController(parent=ctx.signal)
+        derived = AbortSignal.any([ctx.signal, AbortSignal.timeout(3600)])
+        for signal, where in ((ctx.signal, "run"), (child.signal, "child"), (derived, "derived"), (outside.signal, "host")):
+            signal.add_listener(functools.partial(_raise_quoting, f"{where} listener"))
+        ctx.engine.interrupt("enough")
+        return "stopped"
+
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env])
+            [ev async for ev in engine.run("look")]
+            outside.abort()
+    for where in ("run", "child", "derived"):
+        quoted = [t for t in records.texts if f"{where} listener saw Authorization: Bearer {MARK}" in t]
+        assert quoted and "Traceback (most recent call last)" in quoted[0], where
+        assert not [t for t in records.texts if f"{where} listener saw" in t and _HOOK_KEY in t], where
+    # A signal the engine never made is not its to scrub: logged as it is.
+    assert [t for t in records.texts if f"host listener saw Authorization: Bearer {_HOOK_KEY}" in t]
+
+
+def _raise_quoting(where: str, reason: str) -> None:
+    raise _quoting(where)
 
 
 class _FailingStore:
