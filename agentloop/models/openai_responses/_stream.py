@@ -390,7 +390,7 @@ class ResponsesMapper(ItemIndex):
         found: list[Item | None] = []
         claimed: set[int] = set()
         for raw in kept:  # by id first, so that a renamed item cannot take a named one's place
-            item = next((i for n in item_ids(raw) if (i := self._items.get(n)) is not None), None)
+            item = self.known(item_ids(raw))
             if item is not None:
                 if item.kind != raw["type"]:
                     raise StreamProtocolError(
