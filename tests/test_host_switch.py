@@ -61,6 +61,12 @@ class Rep:
     think: str = ""
     calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     usage: tuple[int, int, int] = (100, 10, 0)
+    cut: bool = False  # the output token limit cuts the last call's arguments in half
+
+    def arguments(self, k: int) -> str:
+        """The JSON the model writes for call ``k``: the first half of it for a cut call."""
+        text = json.dumps(self.calls[k][2])
+        return text[: len(text) // 2] if self.cut and k == len(self.calls) - 1 else text
 
 
 def _sse(data: dict[str, Any], event: str | None = None) -> str:
@@ -101,11 +107,11 @@ def anthropic_stream(rep: Rep, n: int) -> str:
         blocks.append(({"type": "redacted_thinking", "data": f"{REDACTED_DATA}{n}"}, []))
     if rep.text:
         blocks.append(({"type": "text", "text": ""}, [{"type": "text_delta", "text": rep.text}]))
-    for cid, name, args in rep.calls:
+    for k, (cid, name, _) in enumerate(rep.calls):
         blocks.append(
             (
                 {"type": "tool_use", "id": cid, "name": name, "input": {}},
-                [{"type": "input_json_delta", "partial_json": half} for half in _halves(json.dumps(args))],
+                [{"type": "input_json_delta", "partial_json": half} for half in _halves(rep.arguments(k))],
             )
         )
     for i, (block, deltas) in enumerate(blocks):
@@ -117,7 +123,7 @@ def anthropic_stream(rep: Rep, n: int) -> str:
             for d in deltas
         ]
         events.append(_sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
-    stop = "tool_use" if rep.calls else "end_turn"
+    stop = "max_tokens" if rep.cut else "tool_use" if rep.calls else "end_turn"
     events.append(
         _sse(
             {
@@ -142,7 +148,7 @@ def chat_stream(rep: Rep, n: int, gemini: bool = False) -> str:
         events.append(chunk({"reasoning_content": rep.think}))
     if rep.text:
         events.append(chunk({"content": rep.text}))
-    for i, (cid, name, args) in enumerate(rep.calls):
+    for i, (cid, name, _) in enumerate(rep.calls):
         start: dict[str, Any] = {
             "index": i,
             "id": cid,
@@ -154,9 +160,9 @@ def chat_stream(rep: Rep, n: int, gemini: bool = False) -> str:
         events.append(chunk({"tool_calls": [start]}))
         events += [
             chunk({"tool_calls": [{"index": i, "function": {"arguments": half}}]})
-            for half in _halves(json.dumps(args))
+            for half in _halves(rep.arguments(i))
         ]
-    events.append(chunk({}, "tool_calls" if rep.calls else "stop"))
+    events.append(chunk({}, "length" if rep.cut else "tool_calls" if rep.calls else "stop"))
     prompt, out, cached = rep.usage
     usage = {
         "prompt_tokens": prompt,
@@ -192,7 +198,7 @@ def _responses_items(rep: Rep, n: int) -> list[dict[str, Any]]:
                 "content": [{"type": "output_text", "text": rep.text, "annotations": []}],
             }
         )
-    for i, (cid, name, args) in enumerate(rep.calls):
+    for i, (cid, name, _) in enumerate(rep.calls):
         items.append(
             {
                 "id": f"fc_{n}_{i}",
@@ -200,7 +206,7 @@ def _responses_items(rep: Rep, n: int) -> list[dict[str, Any]]:
                 "status": "completed",
                 "call_id": cid,
                 "name": name,
-                "arguments": json.dumps(args),
+                "arguments": rep.arguments(i),
             }
         )
     return items
@@ -251,7 +257,9 @@ def responses_stream(rep: Rep, n: int) -> str:
         "total_tokens": prompt + out,
     }
     done = {**head, "status": "completed", "output": items, "usage": usage}
-    events.append(ev({"type": "response.completed", "response": done}))
+    if rep.cut:
+        done |= {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    events.append(ev({"type": "response.incomplete" if rep.cut else "response.completed", "response": done}))
     return "".join(events)
 
 
@@ -462,6 +470,8 @@ def validate_anthropic(body: dict[str, Any]) -> list[str]:
             problems.append(f"messages.{i}: roles must alternate")
         problems += _anthropic_blocks(i, msg)
     problems += _anthropic_pairing(messages)
+    if body.get("thinking") and body.get("tool_choice", {}).get("type") in {"any", "tool"}:
+        problems.append("Thinking may not be enabled when tool_choice forces tool use.")
     if body.get("thinking") and len(messages) >= 2 and _blocks(messages[-1], "tool_result"):
         content = messages[-2]["content"]
         if not content or content[0]["type"] not in {"thinking", "redacted_thinking"}:
@@ -1042,6 +1052,7 @@ class Step:
     final_think: bool
     made_up: str | None = None  # a tool name the model made up, for its last call
     text: bool = True
+    cut: bool = False
 
 
 steps = st.builds(
@@ -1051,6 +1062,7 @@ steps = st.builds(
     calls=st.lists(st.sampled_from(sorted(ID_STYLES)), max_size=4),
     made_up=st.sampled_from([None, None, *MADE_UP]),
     text=st.booleans(),
+    cut=st.booleans(),
     interrupt=st.sampled_from(
         [None, None, "thinking_delta", "text_delta", "tool_input_delta", "tool_call_started"]
     ),
@@ -1074,6 +1086,7 @@ def _replies(step: Step, n: int) -> list[Rep]:
         think="Thinking it over." if step.think else "",
         text="Working on it." if step.text else "",
         calls=calls,
+        cut=step.cut and bool(calls) and step.interrupt != "tool_call_started",
     )
     return [first, Rep(think="Wrapping up." if step.final_think else "", text="Done.")]
 
@@ -1207,3 +1220,58 @@ def test_two_calls_of_one_responses_reply_sharing_a_call_id_stay_two() -> None:
     items = servers.bodies("responses")[-1]["input"]
     calls = [it for it in items if it.get("type") == "function_call"]
     assert [json.loads(c["arguments"]) for c in calls] == [{"key": "0"}, {"key": "1"}]
+
+
+@pytest.mark.parametrize("first", ["anthropic", "chat", "responses"])
+@pytest.mark.parametrize("second", ["anthropic", "chat", "responses", "mistral"])
+def test_a_call_the_token_limit_cut_is_answered_and_sent_on_another_provider(first: str, second: str) -> None:
+    """The output limit cuts a call's JSON on one provider: it is not run, its error result says
+    why, and the next provider gets a request it takes."""
+    servers = Servers()
+    models = servers.models()
+
+    async def main() -> QueryEngine:
+        engine = QueryEngine(models[first], tools=TOOLS)
+        servers.script = [
+            Rep(
+                text="Writing.",
+                calls=[("call_ok", "lookup", {"key": "a"}), ("call_cut", "lookup", {"key": "k" * 20})],
+                cut=True,
+            ),
+            Rep(text="Too long; I will ask for less."),
+        ]
+        events = await turn(engine, "Go")
+        results = [e.result for e in events if e.type == "tool_call_finished"]
+        assert [r.is_error for r in results] == [False, True]
+        assert "incomplete" in results[1].text
+        engine.model = models[second]
+        servers.script = [Rep(text="Fine.")]
+        assert ended(await turn(engine, "Next")).reason == "completed"
+        return engine
+
+    engine = run(main())
+    assert servers.problems() == []
+    assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("choice", ["required", "lookup"])
+def test_a_forced_tool_choice_carried_to_anthropic_with_thinking_is_a_request_it_takes(choice: str) -> None:
+    """The host forces a tool (`tool_choice="required"`, OpenAI's word, or a tool's name) and
+    moves to Claude with thinking on. Anthropic refuses thinking with a forced tool choice
+    ("any" or "tool"), so the request goes without thinking, as for a turn it cannot think in."""
+    servers = Servers()
+    models = servers.models()
+
+    async def main() -> None:
+        engine = QueryEngine(models["responses"], tools=TOOLS, tool_choice=choice, max_turns=1)
+        servers.script = [Rep(text="a is 1.")]
+        assert ended(await turn(engine, "What is a?")).reason == "completed"
+        engine.model = models["anthropic"]
+        servers.script = [Rep(calls=[("toolu_2", "lookup", {"key": "b"})])]
+        assert ended(await turn(engine, "And b")).reason == "max_turns"
+
+    run(main())
+    assert servers.problems() == []
+    (body,) = servers.bodies("anthropic")
+    expected = {"type": "any"} if choice == "required" else {"type": "tool", "name": "lookup"}
+    assert body["tool_choice"] == expected and "thinking" not in body
