@@ -40,12 +40,14 @@ ANTHROPIC_SIG = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
 ENCRYPTED = "gAAAAABoencrypted-reasoning-blob"
 GEMINI_SIG = "CiQBVKhc7thought-signature"
 REDACTED_DATA = "EmwKAhgBEgy3va3pzixredacted"
+GROK_ENCRYPTED = "xai-sealed-reasoning"
 #: What only the API that made it may ever see again.
 OWNED = {
     ANTHROPIC_SIG: {"anthropic"},
     REDACTED_DATA: {"anthropic"},
     ENCRYPTED: {"responses"},
     GEMINI_SIG: {"gemini"},
+    GROK_ENCRYPTED: {"grok"},
 }
 GEMINI_HOST = "generativelanguage.googleapis.com"
 
@@ -264,7 +266,12 @@ def responses_stream(rep: Rep, n: int) -> str:
 
 
 API_OF_PATH = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
-HOST_API = {"deepseek.test": "deepseek", "mistral.test": "mistral", GEMINI_HOST: "gemini"}
+HOST_API = {
+    "deepseek.test": "deepseek",
+    "mistral.test": "mistral",
+    GEMINI_HOST: "gemini",
+    "grok.test": "grok",
+}
 STREAMS: dict[str, Callable[[Rep, int], str]] = {
     "anthropic": anthropic_stream,
     "chat": chat_stream,
@@ -272,6 +279,7 @@ STREAMS: dict[str, Callable[[Rep, int], str]] = {
     "deepseek": chat_stream,
     "mistral": chat_stream,
     "gemini": lambda rep, n: chat_stream(rep, n, gemini=True),
+    "grok": lambda rep, n: responses_stream(rep, n).replace(ENCRYPTED, GROK_ENCRYPTED),
 }
 
 
@@ -334,6 +342,14 @@ class Servers:
                 base_url="http://mistral.test/v1",
                 http_client=self.client,
                 short_tool_ids=True,
+            ),
+            "grok": OpenAIResponsesModel(
+                "grok-4",
+                api_key="",
+                store=False,
+                base_url="http://grok.test/v1",
+                http_client=self.client,
+                reasoning={"effort": "low"},
             ),
             "gemini": OpenAIChatModel(
                 "gemini-3-pro",
@@ -650,6 +666,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "deepseek": validate_deepseek,
     "mistral": validate_mistral,
     "gemini": validate_gemini,
+    "grok": validate_responses,
 }
 
 
@@ -1030,7 +1047,7 @@ def test_an_image_block_is_refused_before_anything_is_sent() -> None:
 
 # --------------------------------------------------------------------------- the property
 
-APIS = ["anthropic", "chat", "responses", "deepseek", "mistral", "gemini"]
+APIS = ["anthropic", "chat", "responses", "deepseek", "mistral", "gemini", "grok"]
 MADE_UP = ["multi_tool_use.parallel", "", "functions.lookup", "x" * 70]
 ID_STYLES: dict[str, Callable[[int], str]] = {
     "anthropic": lambda n: f"toolu_01{n:022d}",
@@ -1275,3 +1292,46 @@ def test_a_forced_tool_choice_carried_to_anthropic_with_thinking_is_a_request_it
     (body,) = servers.bodies("anthropic")
     expected = {"type": "any"} if choice == "required" else {"type": "tool", "name": "lookup"}
     assert body["tool_choice"] == expected and "thinking" not in body
+
+
+def test_reasoning_items_go_back_only_to_the_responses_server_that_made_them() -> None:
+    """OpenAI's encrypted reasoning is sealed for OpenAI, xAI's for xAI: a host that moves a
+    conversation between two Responses servers (OpenAI, then Grok through `base_url`, then
+    OpenAI again) sends each its own reasoning items, with their calls and messages intact."""
+    servers = Servers()
+    models = servers.models()
+
+    async def main() -> None:
+        engine = QueryEngine(models["responses"], tools=TOOLS)
+        servers.script = [
+            Rep(think="Plan.", calls=[("call_a", "lookup", {"key": "a"})]),
+            Rep(think="Ok.", text="a."),
+        ]
+        assert ended(await turn(engine, "What is a?")).reason == "completed"
+        engine.model = models["grok"]
+        servers.script = [
+            Rep(think="Grok plans.", calls=[("call_b", "lookup", {"key": "b"})]),
+            Rep(text="b."),
+        ]
+        assert ended(await turn(engine, "And b?")).reason == "completed"
+        engine.model = models["responses"]
+        servers.script = [Rep(text="Both.")]
+        assert ended(await turn(engine, "Both?")).reason == "completed"
+
+    run(main())
+    assert servers.problems() == []
+    grok_last = servers.bodies("grok")[-1]["input"]
+    assert [it["encrypted_content"] for it in grok_last if it.get("type") == "reasoning"] == [
+        f"{GROK_ENCRYPTED}3"
+    ]
+    openai_last = servers.bodies("responses")[-1]["input"]
+    assert [it["encrypted_content"] for it in openai_last if it.get("type") == "reasoning"] == [
+        f"{ENCRYPTED}1",
+        f"{ENCRYPTED}2",
+    ]
+    calls = [it["call_id"] for it in openai_last if it.get("type") == "function_call"]
+    assert (
+        calls
+        == [it["call_id"] for it in openai_last if it.get("type") == "function_call_output"]
+        == ["call_a", "call_b"]
+    )
