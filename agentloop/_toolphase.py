@@ -81,8 +81,9 @@ class Batch:
         self.timers: list[asyncio.TimerHandle] = []
         self.updated = runner.updated
         for use in batch:  # ids are unique: commit_response saw to it
-            task = self.tasks[use.id] = st.loop.create_task(runner.call(use))
-            self.waiting[use.id] = use
+            key = use.id
+            task = self.tasks[key] = st.loop.create_task(runner.call(use))
+            self.waiting[key] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
         st.mailbox.fresh = True  # its first wait lets the calls take their first step
