@@ -446,6 +446,13 @@ def test_two_refused_constructions_first_cost_later_engines_nothing() -> None:
     assert float(done.stdout) <= 2_600, f"{float(done.stdout):.0f} bytes per idle engine"
 
 
+@pytest.mark.parametrize("bad", [3, None, 2.5])
+def test_a_history_that_is_not_a_list_is_refused_clearly(bad: object) -> None:
+    # A cell passing the wrong variable as messages= got Python's "'int' object is not iterable".
+    with pytest.raises(TypeError, match=f"messages takes a list of Message objects, not a {type(bad).__name__}"):
+        QueryEngine(ScriptedModel(["hi"]), messages=bad)  # type: ignore[arg-type]
+
+
 # -- rendering events, also of a stream cut short -------------------------------------------------
 
 
