@@ -31,6 +31,8 @@ from ._timers import Timer, timer_thread
 __all__ = ["AbortController", "AbortError", "AbortSignal"]
 
 Listener = Callable[[str], object]
+#: What gives the credentials to scrub out of a listener's error, when one raises.
+Secrets = Callable[[], Iterable[str]]
 
 
 class AbortSignal:
@@ -40,7 +42,7 @@ class AbortSignal:
     derived signals.
     """
 
-    __slots__ = ("__weakref__", "_keys", "_links", "_listeners", "_once", "_reason", "_waiters")
+    __slots__ = ("__weakref__", "_keys", "_links", "_listeners", "_once", "_reason", "_secrets", "_waiters")
 
     def __init__(self) -> None:
         self._reason: str | None = None
@@ -54,6 +56,9 @@ class AbortSignal:
         self._waiters: _LoopWaiters | None = None  # made by the first wait()
         # How it follows a parent signal, or the sources of any(): set as it is made, never after.
         self._links: tuple[_Link, ...] = ()
+        # The credentials to scrub out of the log line of a listener that raises (`scrub_listener_errors`):
+        # set by an engine on its run's signal, taken by the signals that follow it as they are made.
+        self._secrets: Secrets | None = None
 
     def __repr__(self) -> str:
         state = f"aborted reason={self._reason!r}" if self._reason is not None else "active"
@@ -230,7 +235,7 @@ class AbortSignal:
         try:
             fn(reason)
         except Exception:  # a listener must not break abort() for the others
-            _log_listener_error(fn)
+            _log_listener_error(fn, self._secrets)
 
     def _follow(self, source: AbortSignal) -> None:
         """Abort when ``source`` does. ``source`` holds this signal only while something listens
@@ -238,6 +243,8 @@ class AbortSignal:
         (a long-lived parent does not keep every short-lived child it ever had)."""
         link = _Link(self)
         self._links = (*self._links, link)
+        if self._secrets is None:  # a child of an engine's run: its listeners' errors are scrubbed too
+            self._secrets = source._secrets
         if self._listeners:
             link.keep = self
         link.remove = source.add_listener(link)  # called at once if ``source`` has aborted
@@ -358,7 +365,19 @@ def _loop_thread(loop: asyncio.AbstractEventLoop) -> int | None:
     return getattr(loop, "_thread_id", None)
 
 
-def _log_listener_error(fn: Listener) -> None:
+def scrub_listener_errors(signal: AbortSignal, secrets: Secrets) -> None:
+    """Log the error of a listener of ``signal`` that raises, and of the signals made to follow
+    it from now on (children, `AbortSignal.any`), with ``secrets()`` replaced by ``[REDACTED]``:
+    an engine's credentials, on its run's signal. ``secrets`` is called only when one raises."""
+    signal._secrets = secrets
+
+
+def _log_listener_error(fn: Listener, secrets: Secrets | None) -> None:
+    if secrets is not None:
+        from ._hostlog import log_scrubbed
+
+        log_scrubbed(secrets, "abort listener %r raised", fn, stacklevel=3)
+        return
     import logging
 
     logging.getLogger("agentloop").exception("abort listener %r raised", fn)

@@ -3,7 +3,7 @@ a websocket, JSON lines), in the form a session file's event records hold."""
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 from ._events import Event
 from .sessions._format import dumps, escape_line_breaks, event_to_json
@@ -11,7 +11,7 @@ from .sessions._format import dumps, escape_line_breaks, event_to_json
 _EVENT_TYPES = get_args(Event)
 
 
-def event_json(event: Event) -> str:
+def event_json(event: Event, *, max_text_chars: int | None = None) -> str:
     """``event`` as one line of strict JSON, its ``type`` tag first.
 
     Every field is there (messages and blocks as a session file holds them, tuples as lists);
@@ -19,7 +19,35 @@ def event_json(event: Event) -> str:
     encode (a host's object in a tool input) its ``repr``. The line holds no line break of any
     kind, so it fits an SSE ``data:`` line, and it always encodes as UTF-8 (text UTF-8 cannot
     encode is written as ``\\u`` escapes). Anything but an agentloop event is a `TypeError`.
+
+    ``max_text_chars`` bounds the line for a log pipeline: each string value longer than that
+    (a tool's 5 MB ``full_result``, a long input) is cut in the middle, and the cut says how
+    many characters were left out; the keys and the shape stay as they are. None (the
+    default) keeps every character. A value that is not an int >= 0 is a `TypeError` or
+    `ValueError`.
     """
     if not isinstance(event, _EVENT_TYPES):
         raise TypeError(f"event_json() takes an agentloop event, not {type(event).__name__}")
-    return escape_line_breaks(dumps(event_to_json(event)))
+    data = event_to_json(event)
+    if max_text_chars is not None:
+        if isinstance(max_text_chars, bool) or not isinstance(max_text_chars, int):
+            raise TypeError(f"event_json() max_text_chars takes an int or None, not {type(max_text_chars).__name__}")
+        if max_text_chars < 0:
+            raise ValueError(f"event_json() max_text_chars must be >= 0, not {max_text_chars}")
+        data = _bounded(data, max_text_chars)
+    return escape_line_breaks(dumps(data))
+
+
+def _bounded(value: Any, limit: int) -> Any:
+    """``value`` (JSON-ready data) with each string longer than ``limit`` cut in the middle."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value
+        head = limit - limit // 2
+        tail = value[len(value) - limit // 2 :] if limit // 2 else ""
+        return f"{value[:head]}[... {len(value) - limit} characters left out ...]{tail}"
+    if isinstance(value, dict):
+        return {k: _bounded(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bounded(v, limit) for v in value]
+    return value

@@ -60,12 +60,15 @@ class _Event:
 class TurnStarted(_Event):
     """A turn begins: ``prompt`` is the user message that starts it (None when the
     run resumes a transcript that already ends with a user message). ``ids``: the
-    receipts of the queued texts (`send_now`, `follow_up`, `submit`) it starts with."""
+    receipts of the queued texts (`send_now`, `follow_up`, `submit`) it starts with.
+    ``parent_tool_use_id``: for a subagent's turn run by `delegate_tool`, the id of the
+    parent's tool call that runs it (None for a main engine's turn)."""
 
     type: ClassVar[str] = "turn_started"
     turn: int
     prompt: Message | None = None
     ids: tuple[str, ...] = ()
+    parent_tool_use_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,11 +96,13 @@ class ToolInputDelta(_Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AssistantMessage(_Event):
     """The model's response as committed to the transcript, and why the model stopped
-    (``stop_reason``: "end_turn", "tool_use", "max_tokens", "refusal", ...)."""
+    (``stop_reason``: "end_turn", "tool_use", "max_tokens", "refusal", ...). ``usage``: the
+    tokens of this response's request alone (its attempt), as the provider reported them."""
 
     type: ClassVar[str] = "assistant_message"
     message: Message
     stop_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,13 +224,16 @@ class Retrying(_Event):
 class AttemptDiscarded(_Event):
     """Output streamed by a failed or cut attempt was thrown away: a host showing
     deltas should erase ``text_chars`` characters of text and ``thinking_chars``
-    of thinking from its view."""
+    of thinking from its view. ``usage``: the tokens the attempt was billed for (a
+    failed attempt that streamed nothing but reported tokens is discarded too, with
+    0 characters to erase)."""
 
     type: ClassVar[str] = "attempt_discarded"
     attempt: int
     reason: Literal["retry", "resample"]
     text_chars: int = 0
     thinking_chars: int = 0
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._transcript import lineage_credentials, redacted
@@ -23,12 +25,37 @@ def log_failure(engine: Any, message: str, *args: object, exc: BaseException | N
     """Log ``message % args`` at ERROR with the traceback of ``exc`` (by default the exception
     being handled), as ``log.exception`` would; with the credentials ``engine`` knows (its
     model's and its ancestors', `lineage_credentials`) replaced by ``[REDACTED]`` in both."""
+    log_scrubbed(lambda: lineage_credentials(engine) if engine is not None else (), message, *args, exc=exc, stacklevel=3)
+
+
+def log_scrubbed(
+    secrets: Callable[[], Iterable[str]], message: str, *args: object, exc: BaseException | None = None, stacklevel: int = 2
+) -> None:
+    """`log_failure` with the credentials ``secrets()`` gives (called only when there is an
+    error to log; one that fails counts as none)."""
     exc = exc if exc is not None else sys.exc_info()[1]
-    secrets = lineage_credentials(engine) if exc is not None and engine is not None else ()
-    if secrets:
+    found: tuple[str, ...] = ()
+    if exc is not None:
+        try:
+            found = tuple(sorted({s for s in secrets() if s}, key=len, reverse=True))
+        except Exception:  # what knows them failed: the error is still logged, as it is
+            log.debug("the credentials to scrub from an error could not be read", exc_info=True)
+    if found:
         text = message % args if args else message
         trace = "".join(traceback.format_exception(exc)).rstrip()
-        if any(secret in text or secret in trace for secret in secrets):
-            log.error("%s\n%s", redacted(text, secrets), redacted(trace, secrets), stacklevel=2)
+        if any(secret in text or secret in trace for secret in found):
+            log.error("%s\n%s", redacted(text, found), redacted(trace, found), stacklevel=stacklevel)
             return
-    log.error(message, *args, exc_info=exc, stacklevel=2)
+    log.error(message, *args, exc_info=exc, stacklevel=stacklevel)
+
+
+def engine_secrets(engine: Any) -> Callable[[], tuple[str, ...]]:
+    """What gives the credentials ``engine`` knows (`lineage_credentials`), holding it weakly: a
+    signal that outlives its engine does not keep it alive."""
+    ref = weakref.ref(engine)
+
+    def known() -> tuple[str, ...]:
+        current = ref()
+        return lineage_credentials(current) if current is not None else ()
+
+    return known

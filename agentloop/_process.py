@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._abort import AbortSignal
+from ._cmdline import shown_args
 from ._errors import AbortError
 
 __all__ = ["ProcessResult", "run_process"]
@@ -78,64 +79,6 @@ class ProcessResult:
     def __repr__(self) -> str:
         shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr and f.name != "args")
         return f"{type(self).__name__}(args={tuple(shown_args(self.args))!r}, {', '.join(shown)})"
-
-
-#: Words in an option, variable or header name that mark its value as a credential
-#: (``--token``, ``--password=``, ``GITHUB_TOKEN=``, ``Authorization:``, ``--api-key``...).
-_CREDENTIAL_WORDS = ("token", "secret", "pass", "auth", "key", "cookie", "credential")
-_REDACTED = "[REDACTED]"
-
-
-def _is_credential(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _CREDENTIAL_WORDS)
-
-
-def shown_args(args: tuple[str, ...]) -> list[str]:
-    """``args`` with the credentials a command line carries replaced by ``[REDACTED]``: the
-    value of a credential-named option (``--token X``, ``--token=X``), variable (``TOKEN=X``)
-    or header (``Authorization: Bearer X``), and a URL's user info and credential query
-    parameters. The rest is shown as it is, so the model still sees what ran."""
-    shown: list[str] = []
-    hide_next = False
-    for arg in args:
-        if hide_next:
-            shown.append(_REDACTED)
-            hide_next = False
-            continue
-        if arg.startswith("-") and "=" not in arg and _is_credential(arg.lstrip("-")):
-            hide_next = True  # ``--token X``: X is the credential
-            shown.append(arg)
-            continue
-        shown.append(_shown_arg(arg))
-    return shown
-
-
-def _shown_arg(arg: str) -> str:
-    """One argument with the credential it holds, if any, redacted."""
-    name, eq, value = arg.partition("=")
-    if eq and value and "://" not in name and " " not in name and _is_credential(name):
-        return f"{name}={_REDACTED}"
-    header, colon, value = arg.partition(":")
-    if colon and value.startswith(" ") and " " not in header and _is_credential(header):
-        return f"{header}: {_REDACTED}"
-    if "://" in arg:
-        return _shown_url(arg)
-    return arg
-
-
-def _shown_url(url: str) -> str:
-    """``url`` with its user info and the values of its credential query parameters redacted."""
-    scheme, sep, rest = url.partition("://")
-    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    authority, tail = rest[:end], rest[end:]
-    if "@" in authority:
-        authority = f"{_REDACTED}@{authority.rpartition('@')[2]}"
-    path, question, query = tail.partition("?")
-    if question:
-        pairs = [pair.partition("=") for pair in query.split("&")]
-        query = "&".join(f"{k}={_REDACTED}" if eq and v and _is_credential(k) else k + eq + v for k, eq, v in pairs)
-    return f"{scheme}{sep}{authority}{path}{question}{query}"
 
 
 async def run_process(

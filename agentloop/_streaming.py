@@ -239,7 +239,7 @@ class ModelPhase:
             message, calls = commit_response(engine, message)
             st.response = message
             st.owed, st.results = calls, {}  # owed from the moment they are in history
-            return [_assistant_message(message=message, stop_reason=acc.stop_reason)]
+            return [_assistant_message(message=message, stop_reason=acc.stop_reason, usage=acc.usage)]
         return self._retry_or_end(error)
 
     def _resample(self, cut: Resample) -> list[Event]:
@@ -298,7 +298,7 @@ class ModelPhase:
             return []
         self.retries -= 1
         delay = _backoff(opts.retry_base_delay, opts.retry_max_delay, opts.retry_budget - self.retries, error)
-        events: list[Event] = [_discarded(acc, self.attempt, "retry")] if not acc.empty else []
+        events: list[Event] = [_discarded(acc, self.attempt, "retry")] if not acc.empty or acc.usage else []
         st.acc = None
         self.attempt += 1
         events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
@@ -445,6 +445,7 @@ def _discarded(acc: Accumulator, attempt: int, reason: str) -> AttemptDiscarded:
         reason="retry" if reason == "retry" else "resample",
         text_chars=len(text),
         thinking_chars=len(thinking),
+        usage=acc.usage,
     )
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from ._errors import AbortError, SessionLockedError
-from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event, TurnEnded
+from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event, TurnEnded, TurnStarted
 from ._messages import ToolResultBlock
 from ._policy import Policy
 from ._tools import Tool, ToolContext
@@ -143,7 +143,7 @@ async def _run_child(child: QueryEngine, task: str, agent_id: str, ctx: ToolCont
     # last words), came out of a doom loop that was not resampled away.
     looping = looped = False
     async for event in child.run(task):
-        ctx.emit(_tag(event, agent_id))
+        ctx.emit(_tag(event, agent_id, ctx.tool_use_id))
         if isinstance(event, TurnEnded):
             end = event
         elif event.agent_id is not None:  # a grandchild's
@@ -236,8 +236,14 @@ def _sidechain_free(engine: QueryEngine, agent_id: str, *, reserve: bool) -> boo
         return True
 
 
-def _tag(event: Event, agent_id: str) -> Event:
-    return event if event.agent_id is not None else replace(event, agent_id=agent_id)
+def _tag(event: Event, agent_id: str, tool_use_id: str) -> Event:
+    """The child's own ``event`` tagged with its ``agent_id`` (a grandchild's is tagged already);
+    its `TurnStarted` also with the parent's call that runs it (``parent_tool_use_id``)."""
+    if event.agent_id is not None:
+        return event
+    if isinstance(event, TurnStarted):
+        return replace(event, agent_id=agent_id, parent_tool_use_id=tool_use_id)
+    return replace(event, agent_id=agent_id)
 
 
 def _result(tool_use_id: str, agent_id: str, answer: str, end: TurnEnded | None, *, looped: bool) -> ToolResultBlock:

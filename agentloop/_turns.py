@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ._abort import AbortController
+from ._abort import AbortController, scrub_listener_errors
 from ._commit import envelope_due, interjection_message, is_paused
 from ._events import InterjectionInjected, TurnStarted
 from ._handle import left_in_another_loop
+from ._hostlog import engine_secrets
 from ._inbox import Queued, envelope
 from ._messages import Message, TextBlock
 from ._policy import ask, claim, notify
@@ -53,6 +54,15 @@ async def open_run(
         raise
 
 
+def run_controller(engine: QueryEngine) -> AbortController:
+    """The controller of a run or turn of ``engine``: it follows the run of the engine above, and
+    a listener of its signal (or of a signal that follows it: a tool's, a subagent's, an MCP
+    call's) that raises is logged without the credentials ``engine`` knows."""
+    controller = AbortController(parent=link_signal(engine))
+    scrub_listener_errors(controller.signal, engine_secrets(engine))
+    return controller
+
+
 async def _open(
     engine: QueryEngine, prompt: str | Message | None, token: object
 ) -> tuple[RunState, list[Message] | None]:
@@ -61,7 +71,7 @@ async def _open(
         left_in_another_loop(engine, previous)
     if previous is None or not previous.finishing or engine._closing is None:
         return _begin(engine, prompt, token)
-    waiting = engine._next_run = NextRun(token, AbortController(parent=link_signal(engine)))
+    waiting = engine._next_run = NextRun(token, run_controller(engine))
     try:
         await asyncio.shield(engine._closing)
         return _begin(engine, prompt, token, waiting)
@@ -119,7 +129,7 @@ def _begin_alone(
         engine._vet_history()
         catch_up_session(engine)
         starts, injected = _first_turn(engine, prompt)
-        controller = waited.controller if waited is not None else AbortController(parent=link_signal(engine))
+        controller = waited.controller if waited is not None else run_controller(engine)
     except BaseException:  # refused: the store is free again
         release_store(engine)
         raise
@@ -151,7 +161,7 @@ def start_turn(
     (``stopped``: the spent turn's signal had aborted when the inbox was read)."""
     # The first turn uses the run's controller; a later one (send-now, follow-up) gets a fresh one.
     spent = st.signal
-    st.new_turn(AbortController(parent=link_signal(engine)) if st.turn_index else None)
+    st.new_turn(run_controller(engine) if st.turn_index else None)
     if spent is not st.signal and not stopped and spent.reason not in (None, "send_now"):
         # interrupt() from another thread found the spent turn still in place, after the inbox
         # was read: the stop was meant for this turn. (A send_now's stop never is: it stops the

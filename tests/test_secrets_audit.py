@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import re
+import shlex
 import sys
 import tempfile
 import traceback
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 
 from agentloop import (
     AbortController,
+    AbortSignal,
     Message,
     Policy,
     QueryEngine,
@@ -135,6 +137,8 @@ FAILURES: dict[str, Callable[[httpx.Request], httpx.Response]] = {
     "host's bug": _raises(lambda r, t: ValueError(f"bad request {t}")),
     "malformed stream": _stream(lambda t: f"event: message_start\ndata: {{not json {t}\n\n"),
     "error event": _stream(_sse_error),
+    "long error event": _stream(lambda t: _sse_error(" ".join([t] * 40))),  # quoted cut: start and end
+    "long transport error": _raises(lambda r, t: httpx.ConnectError(" ".join([t] * 40), request=r)),
     "cut stream": _stream(lambda t: f'data: {{"x": "{t}"'),
 }
 
@@ -152,7 +156,22 @@ def exception_texts(exc: BaseException) -> Iterator[str]:
         yield from (str(current), repr(current), repr(current.args), repr(getattr(current, "__notes__", None)))
         for name in ("message", "body"):
             yield repr(getattr(current, name, None))
+        yield from carried_texts(current)
         todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+
+
+def carried_texts(exc: BaseException) -> Iterator[str]:
+    """The text of the objects ``exc`` carries: an httpx error's request (its URL and headers) and
+    a status error's response's, a JSON decoding error's document, an `OSError`'s file names."""
+    requests = [getattr(exc, "_request", None)]
+    if isinstance(exc, httpx.HTTPStatusError):
+        requests += [exc.request, exc.response.request]
+    for request in (r for r in requests if isinstance(r, httpx.Request)):
+        yield from (str(request.url), repr(request.headers.multi_items()), repr(request.content))
+    if isinstance(exc, json.JSONDecodeError):
+        yield exc.doc
+    if isinstance(exc, OSError):
+        yield repr((exc.filename, exc.filename2))
 
 
 class Records(logging.Handler):
@@ -611,6 +630,32 @@ def test_a_command_lines_credentials_are_those_its_shown_form_hides() -> None:
     assert {"optTok1234", "key12345", "Bearer hdr12345", "hdr12345", "pa%40ss1234", "pa@ss1234", "q/123456"} <= found
     assert not {"--verbose", "plain", "h.example", "y=1", "bob"} & found
 
+#: The usual ways a password rides on a command line, as a separate argument and inside a script.
+_PASSWORD_FORMS: dict[str, Callable[[str], list[str]]] = {
+    "curl -u": lambda p: ["curl", "-u", f"bob:{p}", "https://x.example"],
+    "curl --user=": lambda p: ["curl", f"--user=bob:{p}"],
+    "curl -H": lambda p: ["curl", "-H", f"Authorization: Bearer {p}"],
+    "curl -H, no space": lambda p: ["curl", "-H", f"X-Api-Key:{p}"],
+    "wget": lambda p: ["wget", f"--http-password={p}", "https://x.example"],
+    "mysql -p": lambda p: ["mysql", "-uroot", f"-p{p}", "db"],
+    "env prefix": lambda p: ["env", f"PGPASSWORD={p}", "psql"],
+    "script": lambda p: ["sh", "-c", f"cd /srv && curl -u bob:{shlex.quote(p)} https://x.example"],
+    "script mysql": lambda p: ["bash", "-c", f"mysql -p{shlex.quote(p)} db | tee out"],
+}
+
+
+@given(form=st.sampled_from(sorted(_PASSWORD_FORMS)), password=st.text(_ascii, min_size=4, max_size=60))
+def test_a_password_in_the_usual_command_line_forms_is_never_shown(form: str, password: str) -> None:
+    from agentloop._process import shown_args
+    from agentloop.mcp._scrub import command_line_credentials
+
+    args = _PASSWORD_FORMS[form](password)
+    shown = " ".join(shown_args(tuple(args))).replace(MARK, "\x00")
+    usual = " ".join(shown_args(tuple(_PASSWORD_FORMS[form]("Sentinel7Qz")))).replace(MARK, "\x00")
+    assert password in usual or password not in shown, shown
+    assert any(password in value for value in command_line_credentials(args))
+
+
 @pytest.mark.parametrize("mode", ["exit", "initialize", "tools/list"])
 async def test_a_stdio_mcp_server_failing_at_start_up_shows_none_of_its_credentials(tmp_path: Path, mode: str) -> None:
     (tmp_path / "mode").write_text(mode)
@@ -723,6 +768,36 @@ async def test_an_error_of_the_hosts_callbacks_is_logged_without_the_engines_cre
     for where in ("bind", "begin_turn", "begin_attempt", "on_stream", "on_response", "tool watcher", "abort hook"):
         quoted = [t for t in records.texts if f"{where} saw Authorization: Bearer {MARK}" in t]
         assert quoted and "Traceback (most recent call last)" in quoted[0], where
+
+
+async def test_a_raising_abort_listener_of_an_engines_run_is_logged_without_its_credentials() -> None:
+    outside = AbortController()  # a signal of the host's own, not the engine's
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Stop the run."""
+        child = AbortController(parent=ctx.signal)
+        derived = AbortSignal.any([ctx.signal, AbortSignal.timeout(3600)])
+        for signal, where in ((ctx.signal, "run"), (child.signal, "child"), (derived, "derived"), (outside.signal, "host")):
+            signal.add_listener(functools.partial(_raise_quoting, f"{where} listener"))
+        ctx.engine.interrupt("enough")
+        return "stopped"
+
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env])
+            [ev async for ev in engine.run("look")]
+            outside.abort()
+    for where in ("run", "child", "derived"):
+        quoted = [t for t in records.texts if f"{where} listener saw Authorization: Bearer {MARK}" in t]
+        assert quoted and "Traceback (most recent call last)" in quoted[0], where
+        assert not [t for t in records.texts if f"{where} listener saw" in t and _HOOK_KEY in t], where
+    # A signal the engine never made is not its to scrub: logged as it is.
+    assert [t for t in records.texts if f"host listener saw Authorization: Bearer {_HOOK_KEY}" in t]
+
+
+def _raise_quoting(where: str, reason: str) -> None:
+    raise _quoting(where)
 
 
 class _FailingStore:

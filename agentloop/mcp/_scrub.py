@@ -10,13 +10,12 @@ its text in ``error``, not in its ``args``: `scrub_error` knows it) and, by a lo
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from urllib.parse import unquote
 
 from mcp.shared.exceptions import MCPError
 
-from .._process import shown_args
+from .._cmdline import hidden_values, shown_args
 from ..models._http import Redactor, credential_parts, is_credential
 from ..models._http._secrets import URL_LOGS, url_credentials
 
@@ -45,9 +44,7 @@ def command_line_credentials(args: Sequence[str]) -> list[str]:
     for arg, shown in zip(args, shown_args(tuple(args)), strict=True):
         if shown == arg:
             continue
-        literal = map(re.escape, shown.split(_MARK))
-        match = re.fullmatch("(.*)".join(literal), arg, re.DOTALL)
-        for value in match.groups() if match is not None else (arg,):
+        for value in hidden_values(arg, shown):
             # A URL's user info is ``user:password``: the password alone is one too.
             password = value.partition(":")[2] if "://" in arg else ""
             for part in (value, password):

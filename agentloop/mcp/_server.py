@@ -19,6 +19,7 @@ from mcp import ClientSession, types
 from mcp.shared.exceptions import MCPError
 
 from .._abort import AbortSignal
+from .._cmdline import shown_args
 from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
@@ -121,8 +122,9 @@ class MCPServer:
         the most bytes one message from the server may hold (None: no limit); a longer one
         ends the connection, failing the calls in flight.
         """
-        label = f"stdio:{command}"
-        secrets = server_credentials(env or {}, args=args)
+        # The command is shown as a command line is, its credentials redacted (``TOKEN=X cmd``).
+        label = f"stdio:{shown_args((command,))[0]}"
+        secrets = server_credentials(env or {}, args=(command, *args))
         connect = stdio_connect(
             command, args, env=env, cwd=cwd, label=label, max_message_size=max_message_size, secrets=secrets
         )

@@ -14,7 +14,7 @@ import html
 import re
 from collections.abc import Mapping
 
-__all__ = ["PAGE_TYPES", "decode_body", "is_page", "media_type", "page_text"]
+__all__ = ["PAGE_TYPES", "QUOTE_LIMIT", "clipped", "decode_body", "is_page", "media_type", "page_text"]
 
 #: How much of a page is searched for its title and text: a page says what it is near its
 #: start, and the patterns never scan a huge one.
@@ -23,6 +23,11 @@ _TITLE = re.compile(r"<title\b[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL
 #: What a browser does not show: scripts, styles, the head, comments.
 _HIDDEN = re.compile(r"<(script|style|head)\b.*?</\1\s*>|<!--.*?-->", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
+#: The most characters of a server's text an error message quotes: an error event or a transport
+#: error quoting a payload of megabytes is cut to its start and its end.
+QUOTE_LIMIT = 2_000
+#: How much of the end of a cut text is kept (the rest of the limit goes to its start).
+_QUOTE_TAIL = 500
 #: The media types of a web page.
 PAGE_TYPES = ("text/html", "application/xhtml+xml")
 #: The media types the APIs answer with: a body sent as one is not taken for a page.
@@ -74,3 +79,13 @@ def page_text(text: str, limit: int = 200) -> str:
 
 def _words(fragment: str) -> str:
     return " ".join(html.unescape(_TAG.sub(" ", fragment)).split())
+
+
+def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` itself when at most ``limit`` characters long; otherwise its start and its last
+    `_QUOTE_TAIL` characters, with a line between them saying how many characters were cut."""
+    if len(text) <= limit:
+        return text
+    head = max(limit - _QUOTE_TAIL, 0)
+    tail = min(_QUOTE_TAIL, limit)
+    return f"{text[:head]} [... {len(text) - head - tail:,} characters cut ...] {text[len(text) - tail:]}"

@@ -24,7 +24,7 @@ from ..._abort import AbortSignal
 from ..._errors import ModelError, ProviderStatusError
 from ..._unicode import scrub_json
 from ._abortable import abortable
-from ._errors import connection_error, error_body, status_error
+from ._errors import clip_message, connection_error, error_body, status_error
 from ._redirects import sent
 from ._secrets import (
     URL_LOGS,
@@ -297,7 +297,9 @@ class Connection:
         except httpx.HTTPStatusError as exc:
             # The host's client raised for the status itself (a response hook that calls
             # ``raise_for_status()``), its body closed: the status and headers still say what
-            # failed and whether to retry. Not chained: its message quotes the request URL.
+            # failed and whether to retry. Not chained: its message quotes the request URL; the
+            # request it holds (still its context) is replaced by a scrubbed copy.
+            redactor.scrub_chain(exc)
             raise self._status_error(exc.response, b"", redactor) from None
         except httpx.RequestError as exc:
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
@@ -305,6 +307,7 @@ class Connection:
             raise error from (exc if redactor.scrub_chain(exc) else None)
         except ModelError as exc:  # raised here, or by the caller reading the body (a mapper's)
             redactor.scrub_error(exc)
+            clip_message(exc)
             if not redactor.scrub_chain(exc):
                 exc.__cause__, exc.__suppress_context__ = None, True
             raise

@@ -25,7 +25,7 @@ from ..._errors import (
     ProviderStatusError,
     StreamProtocolError,
 )
-from .._errbody import decode_body, is_page, page_text
+from .._errbody import clipped, decode_body, is_page, page_text
 from ._abortable import abortable
 from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
@@ -201,6 +201,15 @@ def transient(body: Any) -> bool:
     return kind in _TRANSIENT_KINDS or (isinstance(code, str) and code in _TRANSIENT_KINDS)
 
 
+def clip_message(exc: ModelError) -> None:
+    """Cut ``exc``'s message, in place, to its start and end (`clipped`) when it quotes more of
+    a server's text than an error should: to be called once its secrets are scrubbed."""
+    message = clipped(exc.message)
+    if message is not exc.message:
+        exc.message = message
+        exc.args = (message,)
+
+
 def connection_error(
     provider: str, exc: httpx.RequestError, redactor: Redactor | None, timeouts: object = None
 ) -> ProviderError:
@@ -210,6 +219,7 @@ def connection_error(
     detail = str(exc) or type(exc).__name__
     if redactor is not None:
         detail = redactor.scrub(detail)
+    detail = clipped(detail)  # after scrubbing: a cut never splits a secret it could then miss
     if isinstance(exc, httpx.TimeoutException):
         return _timeout_error(provider, exc, detail, timeouts)
     # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be

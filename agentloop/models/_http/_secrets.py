@@ -9,6 +9,7 @@ URL out of other libraries' log records.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import traceback
@@ -137,6 +138,7 @@ class Redactor:
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list) and any(isinstance(n, str) and self._found_in(n) for n in notes):
             notes[:] = [self.scrub(n) if isinstance(n, str) else n for n in notes]
+        self._scrub_carried(exc)
         try:
             shown = str(exc)
         except Exception:  # a broken __str__: printed as "<exception str() failed>", nothing of it
@@ -145,6 +147,41 @@ class Redactor:
             exc.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in exc.args)
             return not (self._found_in(str(exc)) or self._found_in(repr(exc.args)))
         return True
+
+    def _scrub_carried(self, exc: BaseException) -> None:
+        """Scrub what ``exc`` carries besides its text, in place: an httpx error's request (and a
+        status error's response's) becomes `safe_request`'s copy, a JSON decoding error's ``doc``
+        and an `OSError`'s file names (which its str quotes: a missing command) are scrubbed."""
+        if isinstance(exc, httpx.RequestError):
+            try:
+                exc.request = self.safe_request(exc.request)
+            except RuntimeError:  # made without a request: nothing to scrub
+                pass
+        elif isinstance(exc, httpx.HTTPStatusError):
+            exc.request = exc.response.request = self.safe_request(exc.request)
+        elif isinstance(exc, json.JSONDecodeError) and self._found_in(exc.doc):
+            exc.doc = self.scrub(exc.doc)
+        elif isinstance(exc, OSError):
+            for name in ("filename", "filename2"):
+                value = getattr(exc, name)
+                if isinstance(value, str) and self._found_in(value):
+                    setattr(exc, name, self.scrub(value))
+
+    def safe_request(self, request: httpx.Request) -> httpx.Request:
+        """What of ``request`` an error may keep: its method, its URL without user info and its
+        headers, the value of every credential header and query parameter replaced by
+        ``[REDACTED]`` and the secrets scrubbed out of the rest; not its body."""
+        url = request.url
+        path, mark, query = url.raw_path.decode("ascii", "replace").partition("?")
+        if mark:
+            query = "&".join(
+                f"{name}=[REDACTED]" if eq and is_query_credential(unquote(name)) else name + eq + value
+                for name, eq, value in (pair.partition("=") for pair in query.split("&"))
+            )
+        shown = self.scrub(f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}{path}{mark}{query}")
+        headers = [(name, "[REDACTED]" if is_credential(name) else self.scrub(value))
+                   for name, value in request.headers.multi_items()]  # fmt: skip
+        return httpx.Request(request.method, shown, headers=headers)
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
