@@ -515,10 +515,10 @@ def turns(
     """The transcript as the providers want it.
 
     Drops what may not be sent (empty or blank text, thinking without a signature,
-    unfinished tool calls, our metadata, thinking (or redacted thinking) that ``foreign``
-    says another provider or server made, and the `ProviderBlock`s of any provider but ``provider``), drops
-    messages left empty, merges consecutive messages of one role, and puts tool
-    results first in a user message.
+    unfinished tool calls, our metadata, thinking or redacted thinking that ``foreign``
+    says another provider or server made, and the `ProviderBlock`s of any provider but
+    ``provider``), drops messages left empty, merges consecutive messages of one role, and
+    puts tool results first in a user message.
     """
     out: list[Turn] = []
     for msg in messages:

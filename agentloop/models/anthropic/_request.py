@@ -2,7 +2,8 @@
 
 Turns alternate roles; an assistant turn never ends in thinking, which the API refuses, and a
 server tool call goes with its result; thinking another provider made (an OpenAI reasoning
-item), or another Anthropic-compatible server (`ThinkingBlock.origin`), is not sent; blank tool-result text is left out; ``extra_tools`` are declared as given.
+item), or another Anthropic-compatible server (`ThinkingBlock.origin`), is not sent; blank
+tool-result text is left out; ``extra_tools`` are declared as given.
 """
 
 from __future__ import annotations
