@@ -97,7 +97,7 @@ async def test_a_reasoning_item_only_in_the_completed_output_is_thinking_with_it
     assert isinstance(thinking, ThinkingBlock)
     assert thinking.thinking == "First.\n\nSecond."
     assert json.loads(thinking.signature) == {
-        "id": "rs_1", "summary": item["summary"], "encrypted_content": "ENC", "host": "api.openai.com"
+        "id": "rs_1", "summary": item["summary"], "encrypted_content": "ENC"
     }
     assert acc.message().text == "Done."
 

@@ -5,7 +5,8 @@ Everything httpx-specific that can fail is translated here, at one boundary, int
 lives in the per-API packages and never touches httpx. The modules:
 
 - `_client`: `Connection` (one endpoint: its client, shared or owned, and the request it
-  sends), `HTTPModel`, the checks of ``base_url`` and ``extra_headers``, the OpenAI headers;
+  sends), `HTTPModel`, the checks of ``base_url`` and ``extra_headers``, the OpenAI headers,
+  the origin (`origin_of`) that thinking blocks record;
 - `_errors`: a failed response or transport failure as a `ProviderError` (error bodies read
   as far as they can be, prompt-too-long recognised, timeouts that say which wait ran out);
 - `_retry`: whether a failed response is worth another attempt, and after how long;
@@ -24,6 +25,7 @@ from ._client import (
     missing_key,
     openai_connection,
     openai_headers,
+    origin_of,
 )
 from ._errors import connection_error, document_error, error_code, error_fields, prompt_too_long, status_error
 from ._retry import RETRYABLE_STATUSES, parse_retry
@@ -58,6 +60,7 @@ __all__ = [
     "missing_key",
     "openai_connection",
     "openai_headers",
+    "origin_of",
     "parse_retry",
     "prompt_too_long",
     "resolve_key",

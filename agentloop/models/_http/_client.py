@@ -92,6 +92,15 @@ def check_base_url(base_url: str) -> str:
     return base_url
 
 
+def origin_of(base_url: str) -> str:
+    """The server of ``base_url``: its scheme, host and port (``"https://api.deepseek.com"``
+    for ``"https://api.deepseek.com/anthropic"``), lower-case, without user info or a default
+    port. What a thinking block records as its `ThinkingBlock.origin`, for every provider that
+    keeps one: the server that made it, and the only one it goes back to."""
+    url = httpx.URL(base_url)
+    return f"{url.scheme}://{url.netloc.decode('ascii')}".lower()
+
+
 #: Said with an invalid URL: the usual cause in a URL that carries credentials.
 _USERINFO_HINT = "a '/', '?', '#' or '@' in a user name or password must be percent-encoded (%2F, %3F, %23, %40)"
 

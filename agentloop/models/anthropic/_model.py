@@ -10,7 +10,7 @@ import httpx
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
 from .._driver import Prepared, run_stream
-from .._http._client import Connection, HTTPModel, check_headers, gives, merge_headers, missing_key
+from .._http._client import Connection, HTTPModel, check_headers, gives, merge_headers, missing_key, origin_of
 from .._http._secrets import resolve_key
 from ._request import build_request
 from ._stream import AnthropicMapper
@@ -100,9 +100,3 @@ class AnthropicModel(HTTPModel):
         body.update(self.extra_body)
         return "/v1/messages", headers, body
 
-
-def origin_of(base_url: str) -> str:
-    """The server of ``base_url``: its scheme, host and port (``"https://api.deepseek.com"``
-    for ``"https://api.deepseek.com/anthropic"``), without user info or a default port."""
-    url = httpx.URL(base_url)
-    return f"{url.scheme}://{url.netloc.decode('ascii')}".lower()

@@ -50,11 +50,11 @@ class ResponsesMapper(ItemIndex):
     """Maps Responses stream events to `StreamEvent`s, one block per output item (which
     item an event is about is `ItemIndex`'s to say)."""
 
-    __slots__ = ("_calls", "_refusal", "done", "failure", "host", "request_id", "response_id", "terminator")
+    __slots__ = ("_calls", "_refusal", "done", "failure", "origin", "request_id", "response_id", "terminator")
 
-    def __init__(self, request_id: str | None = None, host: str | None = None) -> None:
+    def __init__(self, request_id: str | None = None, origin: str | None = None) -> None:
         self.request_id = request_id
-        self.host = host  # the server's host, kept in each reasoning item's signature
+        self.origin = origin  # the server's (`origin_of`), kept as each reasoning item's block's origin
         self.done = False
         self.failure: ProviderError | None = None  # raised once the events of its response are out
         self.terminator = "response.completed"
@@ -312,10 +312,8 @@ class ResponsesMapper(ItemIndex):
                 saved["content"] = raw["content"]
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
-            if self.host:
-                saved["host"] = self.host
             if not item.done:
-                out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
+                out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":")), self.origin))
         elif kind == "message":
             for i, p in enumerate(raw.get("content") or ()):
                 out.extend(self._settle_text(item, i, self._part_text(p)))
