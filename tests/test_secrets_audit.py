@@ -41,7 +41,7 @@ from agentloop import (
     event_json,
     tool,
 )
-from agentloop._errors import ModelError
+from agentloop._errors import ModelError, ProviderConnectionError
 from agentloop.mcp import MCPServer
 from agentloop.models import AnthropicModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
 from agentloop.sessions import JsonlSession
@@ -312,9 +312,13 @@ async def test_a_note_on_a_transport_error_is_scrubbed_in_the_printed_traceback(
     assert f"authorization: {MARK}" in printed  # the note is still there, the credential marked in it
 
 
-async def test_an_error_of_the_hosts_own_transport_is_raised_scrubbed() -> None:
-    exc = await _fail_with(_raises(lambda r, t: OSError(f"proxy refused {t}")))
-    assert type(exc) is OSError
+@pytest.mark.parametrize(("kind", "raised"), [(ValueError, ValueError), (OSError, ProviderConnectionError)])
+async def test_an_error_of_the_hosts_own_transport_is_raised_scrubbed(
+    kind: type[Exception], raised: type[Exception]
+) -> None:
+    # A programming error is raised as it is; an OSError is a connection failure, retried.
+    exc = await _fail_with(_raises(lambda r, t: kind(f"proxy refused {t}")))
+    assert type(exc) is raised
     assert "sk-audit-0123456789abcdef" not in "".join(traceback.format_exception(exc))
     assert f"authorization: {MARK}" in str(exc)
 

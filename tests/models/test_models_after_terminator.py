@@ -3,6 +3,7 @@ and not retried (the failure was in reading what follows it, normally nothing)."
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -202,10 +203,78 @@ async def test_a_host_transport_failing_after_the_terminator_keeps_the_answer(
     assert server.requests == 1 and server.streams[0].closed
 
 
-async def test_a_host_transport_failing_before_the_terminator_still_fails() -> None:
-    cls, body = _CASES["anthropic"]
-    server = _Server([body[: body.rindex(b"event: message_stop")]], _HOST_FAILURES[0])
+#: A host transport's connection failures (an aiohttp-backed or proxy transport): OSErrors.
+_HOST_CONNECTION_FAILURES: list[Callable[[], Exception]] = [
+    lambda: ConnectionResetError(104, "Connection reset by peer"),
+    lambda: ConnectionError("proxy connection lost"),
+    lambda: TimeoutError(),
+    lambda: OSError(113, "No route to host"),
+]
+
+
+def _cut(api: str) -> bytes:
+    """The body of ``api``'s answer without its terminator (chat: its usage chunk and [DONE])."""
+    body = _CASES[api][1]
+    if api == "anthropic":
+        return body[: body.rindex(b"event: message_stop")]
+    cut = body[: body.rindex(b"data:")]
+    return cut[: cut.rindex(b"data:")] if api == "openai_chat" else cut
+
+
+@pytest.mark.parametrize("failure", _HOST_CONNECTION_FAILURES)
+@pytest.mark.parametrize("api", sorted(_CASES))
+async def test_a_host_transport_connection_error_before_the_terminator_is_retryable(
+    api: str, failure: Callable[[], Exception]
+) -> None:
+    server = _Server([_cut(api)], failure)
     async with server.client() as client:
-        with pytest.raises(ConnectionResetError):
-            await collect(cls("m", api_key=API_KEY, http_client=client))
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(_CASES[api][0]("m", api_key=API_KEY, http_client=client))
+    assert info.value.retryable
+    assert type(failure()).__name__ in str(info.value)
     assert server.streams[0].closed
+
+
+async def test_a_host_transport_programming_error_before_the_terminator_is_raised_as_it_is() -> None:
+    server = _Server([_cut("anthropic")], _HOST_FAILURES[1])
+    async with server.client() as client:
+        with pytest.raises(RuntimeError, match="client hook failed"):
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    assert server.streams[0].closed
+
+
+class _RefusesFirst(httpx.AsyncBaseTransport):
+    """A host's transport whose first ``failures`` requests raise before any response: ``error``,
+    which quotes the API key; then the answer."""
+
+    def __init__(self, failures: int, error: Callable[[], Exception], body: bytes) -> None:
+        self.failures, self.error, self.body, self.requests = failures, error, body, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        if self.requests <= self.failures:
+            raise self.error()
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=self.body)
+
+
+@pytest.mark.parametrize("api", sorted(_CASES))
+async def test_the_engine_retries_a_host_transport_connection_error_scrubbed(api: str) -> None:
+    cls, body = _CASES[api]
+    transport = _RefusesFirst(2, lambda: ConnectionRefusedError(111, f"refused, key {API_KEY}"), body)
+    async with httpx.AsyncClient(transport=transport) as client:
+        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    retries = [e for e in events if isinstance(e, Retrying)]
+    assert transport.requests == 3 and len(retries) == 2
+    assert all("ConnectionRefusedError" in r.error and API_KEY not in r.error for r in retries)
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
+async def test_a_certificate_the_host_transport_cannot_verify_is_not_retried() -> None:
+    # An OSError too (ssl.SSLError), but every attempt meets the same certificate.
+    failure = ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate")
+    transport = _RefusesFirst(1, lambda: failure, _ANTHROPIC_TEXT)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(ProviderConnectionError) as info:
+            await collect(AnthropicModel("m", api_key=API_KEY, http_client=client))
+    assert not info.value.retryable and "verify=" in str(info.value)

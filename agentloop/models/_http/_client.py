@@ -263,8 +263,9 @@ class Connection:
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
         for a non-2xx status (with as much of its body as could be read) and
-        `ProviderConnectionError` for transport failures and undecodable bodies,
-        including those raised while the caller reads the body; `ModelError` (nothing
+        `ProviderConnectionError` for transport failures (httpx's, and an `OSError` of the
+        host's own transport) and undecodable bodies, including those raised while the caller
+        reads the body; `ModelError` (nothing
         sent) for an API key a header cannot carry; `AbortError` as soon as ``signal`` is
         aborted while the response's headers or an error body are awaited.
         """
@@ -310,7 +311,7 @@ class Connection:
             # request it holds (still its context) is replaced by a scrubbed copy.
             redactor.scrub_chain(exc)
             raise self._status_error(exc.response, b"", redactor) from None
-        except httpx.RequestError as exc:
+        except (httpx.RequestError, OSError) as exc:  # OSError: a host transport's own (ConnectionResetError)
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
             raise error from (exc if redactor.scrub_chain(exc) else None)

@@ -3,8 +3,8 @@
 A non-2xx response becomes `ProviderStatusError` (or `PromptTooLongError`), with its status,
 its body (read as far as it can be: `error_body`), its request id and whether to retry; an
 error body sent with status 200 instead of a stream does too (`document_error`). An httpx
-transport failure becomes `ProviderConnectionError` (`connection_error`), a timeout saying
-which wait ran out. The request's secrets are scrubbed out of every message and body.
+transport failure, or an `OSError` of a host's own transport, becomes `ProviderConnectionError`
+(`connection_error`), a timeout saying which wait ran out. The request's secrets are scrubbed out of every message and body.
 """
 
 from __future__ import annotations
@@ -211,16 +211,18 @@ def clip_message(exc: ModelError) -> None:
 
 
 def connection_error(
-    provider: str, exc: httpx.RequestError, redactor: Redactor | None, timeouts: object = None
+    provider: str, exc: httpx.RequestError | OSError, redactor: Redactor | None, timeouts: object = None
 ) -> ProviderError:
     """The error for a transport failure of a request to ``provider`` (``redactor`` scrubs the
     request's secrets out of what the transport said; ``timeouts`` are the request's, for a
-    timeout's message): retryable unless another attempt meets the same fault."""
+    timeout's message): retryable unless another attempt meets the same fault. An `OSError`
+    is a host transport's own (an aiohttp-backed or proxy transport: `ConnectionResetError`,
+    `TimeoutError`), a connection failure as httpx's are."""
     detail = str(exc) or type(exc).__name__
     if redactor is not None:
         detail = redactor.scrub(detail)
     detail = clipped(detail)  # after scrubbing: a cut never splits a secret it could then miss
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
         return _timeout_error(provider, exc, detail, timeouts)
     # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
     # fixed by retrying; a body that failed to decode (a corrupt compressed
@@ -244,12 +246,14 @@ def connection_error(
     )
 
 
-def _timeout_error(provider: str, exc: httpx.TimeoutException, detail: str, timeouts: object) -> ProviderError:
+def _timeout_error(
+    provider: str, exc: httpx.TimeoutException | TimeoutError, detail: str, timeouts: object
+) -> ProviderError:
     """A timeout that says which wait ran out, and after how long (the request's timeouts,
     httpx's ``{"connect": ..., "read": ..., ...}``), then what the transport said, if more
     than its name. Retryable."""
     kind = type(exc).__name__
-    phase, what = _TIMEOUTS.get(type(exc), ("", ""))
+    phase, what = _TIMEOUTS.get(type(exc), ("", "")) if isinstance(exc, httpx.TimeoutException) else ("", "")
     limit = timeouts.get(phase) if isinstance(timeouts, dict) and phase else None
     if what and isinstance(limit, int | float):
         said = what.format(f"{limit:g}") + f" (the {phase} timeout)"
