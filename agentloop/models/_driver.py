@@ -36,7 +36,7 @@ from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
-from ._unpack import DECODED_CHUNK, plain, unpacker
+from ._unpack import unpacker
 
 __all__ = [
     "OPENAI_TOOL_CHOICES",
@@ -380,17 +380,14 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
     the stream here keeps one layer that `run_stream` closes itself. A body a proxy
-    compressed anyway (we ask for ``identity``) is decoded here too (`_unpack`), in pieces
-    of at most `DECODED_CHUNK` bytes; only an encoding it does not know falls back to
-    ``aiter_bytes``.
+    compressed anyway (we ask for ``identity``) is decoded here too (`_unpack`: gzip, deflate,
+    and br or zstd with their optional packages, else `MissingDecoder`), in pieces of at most
+    `DECODED_CHUNK` bytes; httpx's decoders are never used.
     """
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
     unpack = unpacker(response.headers)
-    if unpack is None and not plain(response.headers):
-        source: AsyncIterator[bytes] = _pieces(response.aiter_bytes())
-    else:
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-        source = stream.__aiter__()
+    source: AsyncIterator[bytes] = stream.__aiter__()
     watch = _ReadWatch(signal) if signal is not None else None
     step = source.__anext__
     try:
@@ -460,22 +457,6 @@ class _ReadWatch:
     def close(self) -> None:
         self.reading = False
         self._remove()
-
-
-async def _pieces(decoded: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """``decoded`` in pieces of at most `DECODED_CHUNK` bytes."""
-    try:
-        async for chunk in decoded:
-            if len(chunk) <= DECODED_CHUNK:
-                yield chunk
-                continue
-            view = memoryview(chunk)
-            for start in range(0, len(chunk), DECODED_CHUNK):
-                yield bytes(view[start : start + DECODED_CHUNK])
-    finally:
-        aclose = getattr(decoded, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 #: Seconds to wait for the end of the body after the terminator. A server that keeps the

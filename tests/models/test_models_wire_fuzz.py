@@ -22,6 +22,8 @@ import asyncio
 import contextlib
 import gzip
 import json
+import sys
+import types
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,12 +39,14 @@ from agentloop import (
     AbortController,
     AttemptDiscarded,
     QueryEngine,
+    Retrying,
     TextDelta,
     Tool,
     ToolContext,
     TurnEnded,
     validate_transcript,
 )
+from agentloop._errors import ProviderConnectionError
 from agentloop._events import TerminalReason
 from agentloop._unicode import scrub
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
@@ -518,8 +522,9 @@ def _deflate(body: bytes, wbits: int) -> bytes:
         ("deflate", lambda b: _deflate(b, -zlib.MAX_WBITS)),  # raw, as some servers send it
         ("gzip, deflate", lambda b: _deflate(gzip.compress(b), zlib.MAX_WBITS)),
         ("identity", lambda b: b),
+        ("none", lambda b: b),  # a name nobody knows is passed over, as httpx does
     ],
-    ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw", "gzip-then-deflate", "identity"],
+    ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw", "gzip-then-deflate", "identity", "unknown-name"],
 )
 async def test_a_compressed_stream_in_small_pieces_reads_as_the_plain_one(encoding: str, pack: Any) -> None:
     body = load("openai_responses_reasoning_function_call.prism.sse")
@@ -531,3 +536,117 @@ async def test_a_compressed_stream_in_small_pieces_reads_as_the_plain_one(encodi
     async with plain.client() as client:
         _, expected = await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
     assert final(acc) == final(expected) and server.streams[0].closed
+
+
+# Stand-ins for the optional decoder packages (brotli, brotlicffi, zstandard), with their
+# interfaces over zlib: what matters here is how the body reaches them and what is left after.
+class _FakeBrotli:
+    """`brotli.Decompressor`: ``process`` and ``is_finished``."""
+
+    def __init__(self) -> None:
+        self._inflate = zlib.decompressobj()
+
+    def process(self, data: bytes) -> bytes:
+        return self._inflate.decompress(data)
+
+    def is_finished(self) -> bool:
+        return self._inflate.eof
+
+
+class _FakeBrotliCffi:
+    """`brotlicffi.Decompressor`: ``decompress`` and ``finish``."""
+
+    def __init__(self) -> None:
+        self._inflate = zlib.decompressobj()
+
+    def decompress(self, data: bytes) -> bytes:
+        return self._inflate.decompress(data)
+
+    def finish(self) -> bytes:
+        if not self._inflate.eof:
+            raise zlib.error("brotli: incomplete stream")
+        return b""
+
+
+class _FakeZstd:
+    """`zstandard.ZstdDecompressor`: its ``decompressobj`` has zlib's interface (``eof``,
+    ``unused_data``: each frame of a body is one object's)."""
+
+    def decompressobj(self) -> Any:
+        return zlib.decompressobj()
+
+
+def _fake_packages(monkeypatch: pytest.MonkeyPatch, which: str | None) -> None:
+    """Make only ``which`` of the decoder packages importable (None: none of them)."""
+    fakes = {
+        "brotli": types.SimpleNamespace(Decompressor=_FakeBrotli, error=zlib.error),
+        "brotlicffi": types.SimpleNamespace(Decompressor=_FakeBrotliCffi, error=zlib.error),
+        "zstandard": types.SimpleNamespace(ZstdDecompressor=_FakeZstd, ZstdError=zlib.error),
+    }
+    for name, module in fakes.items():
+        monkeypatch.setitem(sys.modules, name, module if name == which else None)
+
+
+def _packed_in_frames(body: bytes, frames: int) -> bytes:
+    cut = len(body) // frames
+    parts = [body[i * cut : (i + 1) * cut if i < frames - 1 else len(body)] for i in range(frames)]
+    return b"".join(zlib.compress(part) for part in parts)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "package", "frames"),
+    [("br", "brotli", 1), ("br", "brotlicffi", 1), ("zstd", "zstandard", 1), ("zstd", "zstandard", 3)],
+    ids=["br-brotli", "br-brotlicffi", "zstd", "zstd-three-frames"],
+)
+async def test_a_br_or_zstd_stream_is_decoded_with_its_package_over_the_stream_read(
+    monkeypatch: pytest.MonkeyPatch, encoding: str, package: str, frames: int
+) -> None:
+    _fake_packages(monkeypatch, package)
+    body = load("openai_responses_reasoning_function_call.prism.sse")
+    packed = _packed_in_frames(body, frames)
+    server = MockServer(split(packed, range(7, len(packed), 7)), headers={"content-encoding": encoding})
+    async with server.client() as client:
+        _, acc = await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client)
+        async with contextlib.aclosing(model.stream(request(), AbortController().signal)) as stream:
+            await anext(stream)  # left early
+        assert _no_task_left() == []
+    plain = MockServer(body)
+    async with plain.client() as client:
+        _, expected = await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+    assert final(acc) == final(expected) and all(s.closed for s in server.streams)
+
+
+@pytest.mark.parametrize(("encoding", "package"), [("br", "brotli"), ("zstd", "zstandard"), ("gzip, br", "brotli")])
+async def test_a_br_or_zstd_stream_without_its_package_is_a_clear_error_leaving_nothing_running(
+    monkeypatch: pytest.MonkeyPatch, encoding: str, package: str
+) -> None:
+    _fake_packages(monkeypatch, None)
+    body = zlib.compress(load("openai_chat_text.recorded.sse"))
+    server = MockServer(split(body, range(16, len(body), 16)), headers={"content-encoding": encoding})
+    async with server.client() as client:
+        engine = QueryEngine(OpenAIChatModel("m", api_key=API_KEY, http_client=client), policies=[])
+        events = [e async for e in engine.run("hi")]
+        assert _no_task_left() == []
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "model_error"
+    assert end.error is not None and f"content-encoding {encoding.split(', ')[-1]}" in end.error
+    assert f"pip install {package}" in end.error
+    assert not [e for e in events if isinstance(e, Retrying)]  # every attempt would meet the same
+    assert len(server.streams) == 1 and server.streams[0].closed
+
+
+@pytest.mark.parametrize(("encoding", "package"), [("br", "brotli"), ("br", "brotlicffi"), ("zstd", "zstandard")])
+@pytest.mark.parametrize("fault", ["corrupt", "cut"])
+async def test_a_corrupt_or_cut_br_or_zstd_stream_is_a_decoding_error(
+    monkeypatch: pytest.MonkeyPatch, encoding: str, package: str, fault: str
+) -> None:
+    _fake_packages(monkeypatch, package)
+    packed = zlib.compress(load("openai_chat_text.recorded.sse"))
+    packed = b"\x00" + packed[1:] if fault == "corrupt" else packed[: len(packed) // 2]
+    server = MockServer([packed], headers={"content-encoding": encoding})
+    async with server.client() as client:
+        with pytest.raises(ProviderConnectionError, match="could not be decoded") as info:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+        assert _no_task_left() == []
+    assert info.value.retryable and server.streams[0].closed

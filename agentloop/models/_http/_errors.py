@@ -26,6 +26,7 @@ from ..._errors import (
     StreamProtocolError,
 )
 from .._errbody import clipped, decode_body, is_page, page_text
+from .._unpack import MissingDecoder
 from ._abortable import abortable
 from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
@@ -224,11 +225,11 @@ def connection_error(
     detail = clipped(detail)  # after scrubbing: a cut never splits a secret it could then miss
     if isinstance(exc, httpx.TimeoutException | TimeoutError):
         return _timeout_error(provider, exc, detail, timeouts)
-    # Protocol misuse (bad URL, unsupported scheme) and a redirect loop cannot be
-    # fixed by retrying; a body that failed to decode (a corrupt compressed
+    # Protocol misuse (bad URL, unsupported scheme), a redirect loop and a body whose decoder
+    # is not installed cannot be fixed by retrying; a body that failed to decode (a corrupt compressed
     # stream) or a transport failure can.
     retryable = not isinstance(
-        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects
+        exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.TooManyRedirects | MissingDecoder
     )
     what = "response could not be decoded" if isinstance(exc, httpx.DecodingError) else "connection failed"
     if _caused_by(exc, ssl.SSLCertVerificationError):
