@@ -12,6 +12,7 @@ import asyncio
 import gc
 import json
 import logging
+import traceback
 import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -474,3 +475,52 @@ async def test_one_tenants_interrupt_closes_only_its_own_pooled_connection() -> 
         assert not any(s.closed for s in net.sockets if not s.hanging)  # B's stayed open, reused
         assert len(net.sockets) == 2 and all(c.is_idle() for c in pool.connections)
     assert validate_transcript(a.engine.messages) == [] and validate_transcript(b.engine.messages) == []
+
+
+async def test_two_tenants_whose_gateway_urls_carry_their_keys_fail_to_connect_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    keys = {"a": "gwKeyOfTenantA0123456789abcdef", "b": "gwKeyOfTenantB0123456789abcdef"}
+
+    def refuse(request: httpx.Request) -> httpx.Response:  # the error quotes the request, as some do
+        raise httpx.ConnectError(f"cannot reach {request.url} ({request.headers.get('x-api-key')})", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        tenants = [
+            Tenant(name, key, QueryEngine(AnthropicModel(
+                "m", api_key=f"sk-{name}-" + "x" * 30, base_url=f"https://gw.example/{name}?key={key}", http_client=client,
+            ), retry_base_delay=0))
+            for name, key in keys.items()
+        ]  # fmt: skip
+        ends = await asyncio.gather(*(t.run("hi") for t in tenants))
+    assert [e.reason for e in ends] == ["model_error", "model_error"]
+    logs = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    for tenant, end in zip(tenants, ends, strict=True):
+        trace = "".join(traceback.format_exception(end.error)) if isinstance(end.error, BaseException) else str(end.error)
+        seen = shown(tenant) + trace + logs
+        for secret in (*keys.values(), "x" * 30):
+            assert secret not in seen
+        assert "cannot reach" in trace
+
+
+async def test_a_key_revoked_between_a_tool_call_and_the_next_request_of_one_run() -> None:
+    gateway = Gateway()
+    gateway.tenant(KEY_A, [Reply(text="Looking. ", calls=[Call("lookup", {"city": "Oslo"})])])
+
+    @tool(name="lookup")
+    async def revoking_lookup(city: str) -> str:
+        """Look up a city; the customer revokes the key meanwhile."""
+        del gateway.servers[KEY_A]
+        return f"{city}: rain"
+
+    async with gateway.client() as client:
+        model = AnthropicModel("claude-sonnet-4-6", api_key=KEY_A, http_client=client)
+        a = Tenant("a", KEY_A, QueryEngine(model, tools=[revoking_lookup], retry_base_delay=0))
+        end = await a.run("weather?")
+    assert end.reason == "model_error" and "401" in str(end.error)
+    assert gateway.seen.count(KEY_A) == 2 and not any(e.type == "retrying" for e in a.events)
+    assert validate_transcript(a.engine.messages) == []
+    results = [r.text for m in a.engine.messages for r in m.tool_results]
+    assert results == ["Oslo: rain"]  # the call that ran keeps its result
+    assert KEY_A not in shown(a)
