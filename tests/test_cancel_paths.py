@@ -1,0 +1,164 @@
+"""A host's cancel arriving at each place where the library awaits during cleanup or a wait of
+its own: it propagates, once the cleanup is done, and leaves nothing running (SPEC §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    ModelError,
+    QueryEngine,
+    Retrying,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolCallStarted,
+    ToolContext,
+    tool,
+    validate_transcript,
+)
+from tests.helpers import VirtualClock, child_pids_alive
+
+SERVER = str(Path(__file__).with_name("mcp_server.py"))
+
+
+def alive(prefix: str) -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith(prefix) and not t.done()]
+
+
+# -- the model phase -------------------------------------------------------------------------------
+
+
+async def test_a_host_cancel_during_the_retry_back_off_propagates_and_leaves_a_valid_transcript() -> None:
+    failing = ScriptedResponse(text="Half an ans", chunk=4, error=ModelError("upstream hiccup", retryable=True), error_after=2)
+    engine = QueryEngine(ScriptedModel([failing, "Whole answer."]), policies=[], retry_base_delay=30.0, retry_max_delay=30.0)
+    backing_off = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in engine.run("go"):
+            if isinstance(event, Retrying):
+                backing_off.set()  # the loop sleeps next, once this event is taken
+
+    task = asyncio.create_task(consume())
+    await backing_off.wait()
+    await asyncio.sleep(0)  # the consumer asks for the next event: the loop is in the back-off
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not engine.running and engine._state is None
+    assert validate_transcript(engine.messages) == []
+    assert [m.text for m in engine.messages] == ["go"]  # the failed attempt was discarded, not kept
+
+
+# -- the tool phase -------------------------------------------------------------------------------
+
+
+async def test_a_host_cancel_during_the_tool_cancel_grace_propagates_once_the_calls_are_stopped() -> None:
+    """An interrupt gives the calls a grace; the host's cancel during it ends the run when the
+    grace does (the calls' cleanup is the run's), with the CancelledError, every call stopped."""
+    aborted, stopped = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def deaf(ctx: ToolContext) -> str:
+        try:
+            await ctx.signal.wait()
+            aborted.set()
+            await asyncio.Event().wait()  # ignores the abort: only a cancel stops it
+        finally:
+            stopped.set()
+        return "not reached"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("deaf", {})])])
+    engine = QueryEngine(model, tools=[deaf], policies=[], tool_cancel_grace=5.0)
+
+    async def consume() -> None:
+        async for event in engine.run("go"):
+            if isinstance(event, ToolCallStarted):
+                engine.interrupt()
+
+    with VirtualClock() as clock:
+        start = clock.now
+        task = asyncio.create_task(consume())
+        await aborted.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert stopped.is_set() and clock.now - start <= 5.0 + 1.0  # the grace, not a second one
+    assert not engine.running and engine._state is None
+    assert validate_transcript(engine.messages) == []
+
+
+# -- MCP server shutdown -------------------------------------------------------------------------
+
+
+async def closing_task_started(srv: Any) -> asyncio.Event:
+    """An event set once ``srv`` has started the task closing its connection (`_detach`)."""
+    started = asyncio.Event()
+    detach = srv._detach
+
+    def hooked() -> Any:
+        task = detach()
+        if task is not None:
+            started.set()
+        return task
+
+    srv._detach = hooked
+    return started
+
+
+async def test_a_host_cancel_during_an_mcp_servers_aclose_propagates_once_the_server_is_stopped() -> None:
+    from agentloop.mcp import MCPServer
+
+    srv = MCPServer.stdio(sys.executable, [SERVER, "--linger", "0.5"])  # slow to exit: the cancel lands meanwhile
+    before = child_pids_alive()
+    assert await srv.list_tools()
+    assert child_pids_alive() - before  # the server runs
+    started = await closing_task_started(srv)
+    closer = asyncio.create_task(srv.aclose())
+    await started.wait()
+    closer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closer
+    assert alive("agentloop-mcp") == []  # the server was stopped before the cancel propagated
+    assert child_pids_alive() - before == set()
+
+
+async def test_a_cancel_of_the_task_closing_a_connection_is_not_swallowed() -> None:
+    """`Connection.close` waits for its transport; a cancel of its own caller propagates, while
+    the cancellation it caused itself (of a transport still connecting) does not."""
+    from agentloop.mcp._connection import Connection
+
+    connecting, releasing = asyncio.Event(), asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def connect() -> AsyncIterator[Any]:
+        try:
+            connecting.set()
+            await asyncio.Event().wait()  # never connects
+            yield None, None
+        finally:
+            await asyncio.shield(releasing.wait())  # a transport that takes a while to stop
+
+    conn = Connection(connect, "test", None, lambda _m: None, lambda _c: None)
+    await connecting.wait()
+    closer = asyncio.create_task(conn.close())
+    await asyncio.sleep(0)  # it cancelled the connecting task and waits for it
+    closer.cancel()
+    await asyncio.sleep(0)
+    releasing.set()
+    with pytest.raises(asyncio.CancelledError):
+        await closer
+
+    # Closed by no one but itself: its own cancellation of the transport stays inside.
+    connecting.clear()
+    releasing.set()
+    conn = Connection(connect, "test", None, lambda _m: None, lambda _c: None)
+    await connecting.wait()
+    await conn.close()
