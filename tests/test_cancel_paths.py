@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Any
 import pytest
 
 from agentloop import (
+    Allow,
+    Deny,
     ModelError,
     QueryEngine,
     Retrying,
@@ -21,10 +25,12 @@ from agentloop import (
     ScriptedToolCall,
     ToolCallStarted,
     ToolContext,
+    ToolUseBlock,
     tool,
     validate_transcript,
 )
-from tests.helpers import VirtualClock, child_pids_alive
+from agentloop._executor import _abandoned
+from tests.helpers import VirtualClock, child_pids_alive, collect
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -162,3 +168,49 @@ async def test_a_cancel_of_the_task_closing_a_connection_is_not_swallowed() -> N
     conn = Connection(connect, "test", None, lambda _m: None, lambda _c: None)
     await connecting.wait()
     await conn.close()
+
+
+# -- a permission prompt --------------------------------------------------------------------------
+
+
+@pytest.mark.swallows_cancel
+async def test_a_prompt_ignoring_its_cancel_is_held_and_warned_about_when_the_host_cancels_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The host cancels its task while a call waits for its permission prompt, with no cancel
+    grace: the run cancels the call while the call still waits for the prompt to unwind. The
+    prompt, which ignores its cancellation, is abandoned as on an interrupt: with a warning, and
+    held until it ends (not left to the garbage collector mid-await)."""
+    asked, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed: a UI toolkit's prompt that cannot be cancelled
+        try:
+            await release.wait()  # a future only this coroutine holds
+        finally:
+            ended.set()
+        return Allow()
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("t", {})])])
+    engine = QueryEngine(model, tools=[t], policies=[], permission=permission, tool_cancel_grace=0.0)
+    task = asyncio.create_task(collect(engine, "go"))
+    await asked.wait()
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not engine.running and validate_transcript(engine.messages) == []
+    prompts = [t for t in asyncio.all_tasks() if not t.done() and t.get_coro().__name__ == "ask"]  # type: ignore[union-attr]
+    assert len(prompts) == 1 and prompts[0] in _abandoned  # held until it ends
+    assert [r for r in caplog.records if "ignored cancellation; abandoning it" in r.getMessage() and "ask" in r.getMessage()]
+    gc.collect()  # held: not collected mid-await
+    release.set()
+    await ended.wait()
