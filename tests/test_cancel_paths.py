@@ -214,3 +214,41 @@ async def test_a_prompt_ignoring_its_cancel_is_held_and_warned_about_when_the_ho
     gc.collect()  # held: not collected mid-await
     release.set()
     await ended.wait()
+
+
+# -- a sibling's failure --------------------------------------------------------------------------
+
+
+async def test_a_sibling_failing_in_the_hosts_task_group_stops_the_run_and_leaves_nothing() -> None:
+    """The run is iterated in a `TaskGroup` whose other task fails while a tool runs: the group
+    cancels the run's task, which ends the run (its tool stopped, its transcript valid) and lets
+    the group raise the sibling's error."""
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        return "not reached"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {})])])
+    engine = QueryEngine(model, tools=[slow], policies=[], tool_cancel_grace=0.0)
+
+    async def sibling() -> None:
+        await running.wait()
+        raise LookupError("the sibling failed")
+
+    with pytest.raises(ExceptionGroup) as raised:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(collect(engine, "go"))
+            group.create_task(sibling())
+            # Inside the block until the group cancels it: Python 3.11's TaskGroup takes back its
+            # cancel of the task running it only when the block itself ends with it.
+            await asyncio.Event().wait()
+    assert [type(e) for e in raised.value.exceptions] == [LookupError]
+    assert stopped.is_set() and not engine.running and engine._state is None
+    assert validate_transcript(engine.messages) == []
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()] == []
