@@ -98,11 +98,12 @@ class ToolIds:
         calls: list[ToolUseBlock] = []
         for i, block in enumerate(message.content):
             if block.type == "tool_use":
-                if not block.id or block.id in ids:
+                key = block.id  # read once: a pydantic model's fields go through its __getattr__ hook
+                if not key or key in ids:
                     message = self._renamed(message, i)
                     calls = message.tool_uses
                     break
-                ids.add(block.id)
+                ids.add(key)
                 calls.append(block)
         self._last = message
         return message, calls

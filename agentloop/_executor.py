@@ -205,24 +205,26 @@ class CallRunner:
         to be here; what needs none is a method (`_refusal`, `_failed`, `_unusual`).
         """
         put = self.emit
+        key = use.id  # a pydantic model's fields are read through its __getattr__ hook: read once
         try:
             tool = self.tools.get(use.name)
             result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
-            tool_input: dict[str, Any] = use.input
+            given: dict[str, Any] = use.input
+            tool_input = given
             if result is None:
-                ctx = _tool_context(self.signal, use.id, self.engine, self.emit_any_thread)
+                ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
                 if self.permission is not None:
                     decision = await self._ask(use, ctx)
                     if not isinstance(decision, Allow):
                         result = decision  # refused: the refusal is the result
-                    elif decision.updated_input is not None and decision.updated_input != use.input:
-                        tool_input = self.updated[use.id] = decision.updated_input
+                    elif decision.updated_input is not None and decision.updated_input != given:
+                        tool_input = self.updated[key] = decision.updated_input
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
                 if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
                     self.signal.throw_if_aborted()
-                self.started.add(use.id)
-                updated = None if tool_input is use.input else tool_input
+                self.started.add(key)
+                updated = None if tool_input is given else tool_input
                 put(_call_started(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 pending: object = None  # what the handler returned, for `_failed` to tell a sync one
@@ -249,7 +251,7 @@ class CallRunner:
                     result = self._failed(use, tool, exc, scope, pending)
                 else:
                     if type(output) is str and output.strip():  # the common case, as output_to_result builds it
-                        result = tool_result_block(use.id, output)
+                        result = tool_result_block(key, output)
                     else:
                         result = self._unusual(use, output)
                 if updated is not None:  # the model's call is left as it wrote it: its result says what ran

@@ -33,7 +33,7 @@ from ._commit import abort_terminal, drain_interjections, flush_nudges, settle_r
 from ._ending import end_turn, finish
 from ._events import Event, TerminalReason
 from ._executor import plan_batches
-from ._messages import Message, ToolUseBlock
+from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._policy import EndTurn, Nudge, ask
 from ._run import Aborted, usage_spent
 from ._run import current_task_of as current_task
@@ -267,12 +267,18 @@ def _after_tools(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock]) ->
         st.terminal = abort_terminal(st)
         return
     if engine.policies:
-        assert st.response is not None
-        last = st.last_results
-        results = [last[u.id] for u in uses] if uncut is None else [uncut.get(u.id) or last[u.id] for u in uses]
-        for name, verdict in ask(engine.policies, "on_results", st.response, results, engine=engine):
-            if isinstance(verdict, EndTurn):
-                if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
-                    st.terminal, st.detail = verdict.reason, verdict.message
-            elif isinstance(verdict, Nudge):
-                st.nudges.append((name, verdict))
+        _judge_results(engine, st, uses, uncut)
+
+
+def _judge_results(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock], uncut: dict[str, ToolResultBlock] | None) -> None:
+    """The policies' ``on_results``. A function of its own: its comprehensions' free variables
+    are cells, which `_after_tools` would otherwise make on every iteration."""
+    assert st.response is not None
+    last = st.last_results
+    results = [last[u.id] for u in uses] if uncut is None else [uncut.get(u.id) or last[u.id] for u in uses]
+    for name, verdict in ask(engine.policies, "on_results", st.response, results, engine=engine):
+        if isinstance(verdict, EndTurn):
+            if st.terminal is None:  # the first policy to end the turn speaks, as in on_response
+                st.terminal, st.detail = verdict.reason, verdict.message
+        elif isinstance(verdict, Nudge):
+            st.nudges.append((name, verdict))

@@ -81,8 +81,9 @@ class Batch:
         self.timers: list[asyncio.TimerHandle] = []
         self.updated = runner.updated
         for use in batch:  # ids are unique: commit_response saw to it
-            task = self.tasks[use.id] = st.loop.create_task(runner.call(use))
-            self.waiting[use.id] = use
+            key = use.id
+            task = self.tasks[key] = st.loop.create_task(runner.call(use))
+            self.waiting[key] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)
         st.mailbox.fresh = True  # its first wait lets the calls take their first step
@@ -108,7 +109,7 @@ class Batch:
                         and type(content := outcome.content) is str
                         and content.isascii()
                         and (limit is None or len(content) <= limit)
-                        and not (secrets and any(s in content for s in secrets))
+                        and not (secrets and _holds(content, secrets))
                     ):
                         st.results[key] = outcome
                         # ToolCallFinished(tool_use=use, result=outcome), filled through its slots
@@ -139,7 +140,7 @@ class Batch:
                 for use in waiting.values():
                     abandon(st, tasks[use.id], "the run was interrupted")
                 waiting.clear()
-            elif type(item) is ToolProgress and secrets and any(s in item.text for s in secrets):
+            elif type(item) is ToolProgress and secrets and _holds(item.text, secrets):
                 events.append(dataclasses.replace(item, text=redacted(item.text, secrets)))  # a tool's report, shown
             else:
                 events.append(item)  # type: ignore[arg-type]  # an Event a call put (ToolContext.emit); no cast() call
@@ -204,6 +205,12 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         st.uncut[use.id] = full
     st.results[use.id] = result
     return ToolCallFinished(tool_use=use, result=result, synthetic=synthetic, full_result=full, updated_input=updated)
+
+
+def _holds(text: str, secrets: tuple[str, ...]) -> bool:
+    """Whether ``text`` contains one of ``secrets``. A function of its own: a generator
+    expression in `Batch.receive` would make its free variables cells on every call."""
+    return any(s in text for s in secrets)
 
 
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:

@@ -313,14 +313,26 @@ def _handler(
             parsed = validate(raw)
         except ValidationError as exc:
             raise ToolInputError(_validation_message(exc, [p for _, p in names])) from None
-        kwargs = {p: getattr(parsed, k) for k, p in names} if names else {}  # no comprehension call for none
+        kwargs = _arguments(parsed, names) if names else {}  # no call for none
         if ctx_param is not None:
             kwargs[ctx_param] = ctx
         if positional:  # ``def f(path: str, /)``: those cannot be passed by name
-            return f(*[kwargs.pop(p) for p in positional], **kwargs)
+            return f(*_positional(kwargs, positional), **kwargs)
         return f(**kwargs)
 
     return handler
+
+
+# The handler's comprehensions are functions of their own: written in it, their free variables
+# (the parsed input, the arguments) would be cells made on every call of every tool.
+def _arguments(parsed: BaseModel, names: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The keyword arguments of a tool's function: its parameters, named ``names``' way."""
+    return {p: getattr(parsed, k) for k, p in names}
+
+
+def _positional(kwargs: dict[str, Any], positional: list[str]) -> list[Any]:
+    """Take the positional-only parameters out of ``kwargs``, in order."""
+    return [kwargs.pop(p) for p in positional]
 
 
 def _args_model(

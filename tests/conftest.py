@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -13,6 +14,8 @@ import httpx
 import httpx2
 import pytest
 from hypothesis import HealthCheck, settings
+
+from agentloop.models._http._secrets import URL_LOGS
 
 os.environ["PYTHONASYNCIODEBUG"] = "1"  # read by every new event loop
 os.environ.setdefault("AGENTLOOP_DOOM_LOOP_RECOVERY", "true")
@@ -51,6 +54,16 @@ def _no_leftover_processes() -> Iterator[None]:
     if Path("/proc").exists():
         left = child_pids() - before
         assert not left, f"child processes left behind: {sorted(left)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_log_scrubbing() -> Iterator[None]:
+    """A model or MCP server with credentials scrubs them out of every ``agentloop`` log record
+    while it lives; one a test left in a garbage cycle would scrub the next tests' records (a
+    drawn credential such as ``none`` garbles their messages). Collected after the test."""
+    yield
+    if len(URL_LOGS._live):
+        gc.collect()
 
 
 def swallowed_cancel(task: asyncio.Task[Any]) -> bool:

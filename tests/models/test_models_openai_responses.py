@@ -68,6 +68,7 @@ async def test_reasoning_and_function_call_fixture() -> None:
     assert json.loads(thinking.signature) == {
         "id": "rs_684d4bc2885081999e06b1e760a86b6709b7481857442983",
         "summary": [],
+        "host": "api.openai.com",  # the server it goes back to
     }
     assert isinstance(tool, ToolUseBlock)
     assert (tool.id, tool.name, tool.input) == (
@@ -122,7 +123,7 @@ async def test_reasoning_summary_deltas_and_encrypted_content_round_trip() -> No
     thinking = acc.message().content[0]
     assert isinstance(thinking, ThinkingBlock)
     assert thinking.thinking == "First.\n\nSecond."
-    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary, "encrypted_content": "ENC"}
+    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary, "encrypted_content": "ENC", "host": "api.openai.com"}
     # ... and it goes back as the same reasoning item.
     server = MockServer(sse(CREATED, completed()))
     async with server.client() as client:
@@ -155,7 +156,7 @@ async def test_a_reasoning_item_is_its_non_empty_summary_parts_a_blank_line_betw
     (thinking,) = acc.message().content
     assert isinstance(thinking, ThinkingBlock)
     assert thinking.thinking == "First.\n\nSecond."
-    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary}  # sent back as it came
+    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": summary, "host": "api.openai.com"}  # sent back as it came
 
 
 async def test_reasoning_text_delta_is_thinking() -> None:

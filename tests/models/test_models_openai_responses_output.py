@@ -96,7 +96,9 @@ async def test_a_reasoning_item_only_in_the_completed_output_is_thinking_with_it
     thinking, _ = acc.message().content
     assert isinstance(thinking, ThinkingBlock)
     assert thinking.thinking == "First.\n\nSecond."
-    assert json.loads(thinking.signature) == {"id": "rs_1", "summary": item["summary"], "encrypted_content": "ENC"}
+    assert json.loads(thinking.signature) == {
+        "id": "rs_1", "summary": item["summary"], "encrypted_content": "ENC", "host": "api.openai.com"
+    }
     assert acc.message().text == "Done."
 
 

@@ -245,7 +245,7 @@ async def test_a_delta_of_another_type_for_the_same_item_is_a_retryable_protocol
 async def test_llama_cpp_reasoning_goes_back_with_its_content() -> None:
     # llama.cpp refuses a reasoning input item without a non-empty `content` array ("item['content']
     # is not an array", a 400), so every request after a response that reasoned failed.
-    _, acc = await run_body(llama_cpp_stream(["Think", "ing."], ["Hi."], []))
+    _, acc = await run_body(llama_cpp_stream(["Think", "ing."], ["Hi."], []), base_url="http://127.0.0.1:8080/v1")
     server = MockServer(llama_cpp_stream([], ["Again."], []))
     async with server.client() as client:
         model = OpenAIResponsesModel("m", base_url="http://127.0.0.1:8080/v1", http_client=client)

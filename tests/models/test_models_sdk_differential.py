@@ -745,10 +745,11 @@ def responses_sdk_summary(final: Any) -> dict[str, Any]:
 
 def responses_ours_summary(acc: Accumulator) -> dict[str, Any]:
     summary = ours_summary(acc)
-    # the reasoning item agentloop keeps (in the signature) to send back next turn
-    summary["reasoning"] = [
-        json.loads(b.signature) for b in acc.message().content if isinstance(b, ThinkingBlock)
-    ]
+    # the reasoning item agentloop keeps (in the signature) to send back next turn, without the
+    # host it is kept with (it goes back to that server only)
+    saved = [json.loads(b.signature) for b in acc.message().content if isinstance(b, ThinkingBlock)]
+    assert all(item.pop("host") == "api.openai.com" for item in saved)
+    summary["reasoning"] = saved
     return summary
 
 

@@ -53,7 +53,9 @@ def build_request(
     not sent, nor the results of its tool calls: Anthropic asks that the refused turn be taken
     out of the conversation, which otherwise meets more refusals. The transcript keeps it.
     With thinking on, a request that answers tool results of an assistant turn that does not
-    start with thinking (another provider made it) is sent without ``thinking``.
+    start with thinking (another provider made it) is sent without ``thinking``, and so is one
+    whose ``tool_choice`` forces a tool ("any" or a tool's name), which the API does not take
+    with thinking.
     Raises `ModelError` for a declared tool name the API refuses.
     """
     check_tool_names("anthropic", request.tools)
@@ -80,7 +82,8 @@ def build_request(
         body["tool_choice"] = _TOOL_CHOICE.get(
             request.tool_choice, {"type": "tool", "name": request.tool_choice}
         )
-    if thinking is not None and not _unthought_tool_turn(messages):
+    forced = body.get("tool_choice", {}).get("type") in ("any", "tool")
+    if thinking is not None and not forced and not _unthought_tool_turn(messages):
         body["thinking"] = thinking
     return body
 

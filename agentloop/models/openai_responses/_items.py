@@ -116,6 +116,17 @@ class ItemIndex:
         self._items[key] = item
         return item
 
+    def known(self, ids: list[str]) -> Item | None:
+        """The item already known by one of ``ids`` (an output item's `item_ids`), if any. A
+        function call is found by its ``call_id`` only where that item has no other id: two
+        calls of one response may share a ``call_id`` (a server that numbers them per
+        response, ``call_0`` in each), never an item id."""
+        for ident in ids:
+            found = self._items.get(ident)
+            if found is not None and (found.id is None or found.id in ids):
+                return found
+        return None
+
     def _output_item(self, obj: dict[str, Any], raw: dict[str, Any]) -> Item:
         """The item of an ``output_item.added``/``.done`` event, found by its id (a function
         call without one, from llama.cpp, by its ``call_id``, which its argument deltas name as
@@ -126,7 +137,7 @@ class ItemIndex:
         index = obj.get("output_index")
         if index is not None and type(index) is not int:
             raise _malformed(obj, "output_index", index)
-        item = next((found for i in ids if (found := self._items.get(i)) is not None), None)
+        item = self.known(ids)
         if item is None:
             seen = self._items.get(index)  # (None: the item that nothing named)
             if seen is not None and seen.kind == kind and not (ids and seen.id and seen.id not in ids):

@@ -55,15 +55,20 @@ class OpenAIResponsesModel(HTTPModel):
         self.extra_body = dict(extra_body or {})
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)
+        # Reasoning items are sealed for the server that made them: kept with its host, sent back there only.
+        self._host = (httpx.URL(self._conn.base_url).host or "").lower()
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        return run_stream(self._conn, lambda: self._prepare(request), ResponsesMapper, signal)
+        host = self._host
+        return run_stream(self._conn, lambda: self._prepare(request), lambda rid: ResponsesMapper(rid, host), signal)
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         extra = merge_headers(_DOOM_HEADERS, self.extra_headers) if self.doom_loop_check else self.extra_headers
         headers = openai_headers(self._conn, key_optional=self._key_optional, extra=extra)
-        body = build_request(request, model=self.model, stored=self.store is not False, strict_tools=self.strict_tools)
+        body = build_request(
+            request, model=self.model, stored=self.store is not False, strict_tools=self.strict_tools, host=self._host
+        )
         body["stream"] = True
         if self.reasoning is not None:
             body["reasoning"] = self.reasoning

@@ -1,10 +1,10 @@
 """The Responses request body: a transcript mapped to input items (WIRE.md §3).
 
 Reasoning items round-trip through `ThinkingBlock.signature`, which holds the JSON ``{"id",
-"summary", "content"?, "encrypted_content"?}`` of the item; thinking blocks whose signature
-is not such JSON (from another provider) are not sent, nor is a reasoning item the API would
-refuse (one not followed by its message or call, one without encrypted content when nothing
-is stored).
+"summary", "content"?, "encrypted_content"?, "host"?}`` of the item; thinking blocks whose
+signature is not such JSON (from another provider) are not sent, nor is a reasoning item the
+API would refuse (one not followed by its message or call, one without encrypted content when
+nothing is stored, one another Responses server made: its ``host`` is not this one's).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire
 
 
 def build_request(
-    request: ModelRequest, *, model: str, stored: bool = True, strict_tools: bool = False
+    request: ModelRequest, *, model: str, stored: bool = True, strict_tools: bool = False, host: str | None = None
 ) -> dict[str, Any]:
     """The JSON body (without ``stream`` and options) of a Responses request.
 
@@ -28,12 +28,14 @@ def build_request(
     with its encrypted content, since the server keeps nothing to look its id up by (it
     would answer every request with "Item with id 'rs_...' not found").
     ``strict_tools``: tools are declared ``strict``, their schemas made so (`strict_schema`).
+    ``host``: the server's; a reasoning item kept with another host (OpenAI's, sent to xAI) is
+    not sent, since its encrypted content and id mean nothing there.
     Raises `ModelError` for a tool name the API refuses or a schema that cannot be strict.
     """
     check_tool_names("openai", request.tools)
     items: list[dict[str, Any]] = []
     for role, blocks in turns(request.messages):
-        made = (_item(role, b, stored) for b in blocks)
+        made = (_item(role, b, stored, host) for b in blocks)
         turn = [item for item in made if item is not None]
         items.extend(_followed(turn) if role == "assistant" else turn)
     body: dict[str, Any] = {"model": model, "input": items}
@@ -76,7 +78,7 @@ def _followed(turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:
+def _item(role: str, block: Any, stored: bool, host: str | None) -> dict[str, Any] | None:
     if isinstance(block, TextBlock):
         return {"type": "message", "role": role, "content": block.text}
     if isinstance(block, ToolResultBlock):
@@ -89,17 +91,20 @@ def _item(role: str, block: Any, stored: bool) -> dict[str, Any] | None:
         return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": safe_name(block.name),
                 "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
-        return _reasoning_item(block, stored)
+        return _reasoning_item(block, stored, host)
     return None  # redacted thinking (Anthropic only)
 
 
-def _reasoning_item(block: ThinkingBlock, stored: bool) -> dict[str, Any] | None:
+def _reasoning_item(block: ThinkingBlock, stored: bool, host: str | None) -> dict[str, Any] | None:
     try:
         saved = json.loads(block.signature)
     except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
         return None
     if not isinstance(saved, dict) or not isinstance(saved.get("id"), str):
         return None
+    made_by = saved.get("host")
+    if host is not None and isinstance(made_by, str) and made_by != host:
+        return None  # another Responses server's (one kept without a host goes as before)
     summary = saved.get("summary")
     if summary is None:
         summary = [{"type": "summary_text", "text": block.thinking}] if block.thinking else []

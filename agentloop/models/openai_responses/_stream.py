@@ -50,10 +50,11 @@ class ResponsesMapper(ItemIndex):
     """Maps Responses stream events to `StreamEvent`s, one block per output item (which
     item an event is about is `ItemIndex`'s to say)."""
 
-    __slots__ = ("_calls", "_refusal", "done", "failure", "request_id", "response_id", "terminator")
+    __slots__ = ("_calls", "_refusal", "done", "failure", "host", "request_id", "response_id", "terminator")
 
-    def __init__(self, request_id: str | None = None) -> None:
+    def __init__(self, request_id: str | None = None, host: str | None = None) -> None:
         self.request_id = request_id
+        self.host = host  # the server's host, kept in each reasoning item's signature
         self.done = False
         self.failure: ProviderError | None = None  # raised once the events of its response are out
         self.terminator = "response.completed"
@@ -311,6 +312,8 @@ class ResponsesMapper(ItemIndex):
                 saved["content"] = raw["content"]
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
+            if self.host:
+                saved["host"] = self.host
             if not item.done:
                 out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":"))))
         elif kind == "message":
@@ -390,7 +393,7 @@ class ResponsesMapper(ItemIndex):
         found: list[Item | None] = []
         claimed: set[int] = set()
         for raw in kept:  # by id first, so that a renamed item cannot take a named one's place
-            item = next((i for n in item_ids(raw) if (i := self._items.get(n)) is not None), None)
+            item = self.known(item_ids(raw))
             if item is not None:
                 if item.kind != raw["type"]:
                     raise StreamProtocolError(
