@@ -36,6 +36,7 @@ from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
 from ._sse import ServerSentEvent, SSEDecoder
+from ._unpack import DECODED_CHUNK, plain, unpacker
 
 __all__ = [
     "OPENAI_TOOL_CHOICES",
@@ -372,22 +373,19 @@ def _web_page(
     )
 
 
-#: The largest piece of a compressed body handed to the decoder: one network read of gzip may
-#: decode to tens of megabytes (of blank lines, say), split into lines all at once otherwise.
-_DECODED_CHUNK = 64 << 10
-
-
 async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> AsyncGenerator[bytes, None]:
     """The response body, read from the transport stream directly; a read that waits when
     ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`).
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
-    the stream here keeps one layer that `run_stream` closes itself. Encoded
-    bodies (we ask for ``identity``) fall back to `aiter_bytes`, in pieces of at most
-    `_DECODED_CHUNK` bytes.
+    the stream here keeps one layer that `run_stream` closes itself. A body a proxy
+    compressed anyway (we ask for ``identity``) is decoded here too (`_unpack`), in pieces
+    of at most `DECODED_CHUNK` bytes; only an encoding it does not know falls back to
+    ``aiter_bytes``.
     """
-    if response.headers.get("content-encoding", "identity") != "identity":
+    unpack = unpacker(response.headers)
+    if unpack is None and not plain(response.headers):
         source: AsyncIterator[bytes] = _pieces(response.aiter_bytes())
     else:
         stream = response.stream
@@ -409,8 +407,11 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
                 raise
             if watch is not None:
                 watch.reading = False
-            if chunk:
-                yield chunk
+            for piece in [chunk] if unpack is None else unpack.decode(chunk):
+                if piece:
+                    yield piece
+        for piece in () if unpack is None else unpack.flush():
+            yield piece
     finally:
         if watch is not None:
             watch.close()
@@ -462,15 +463,15 @@ class _ReadWatch:
 
 
 async def _pieces(decoded: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """``decoded`` in pieces of at most `_DECODED_CHUNK` bytes."""
+    """``decoded`` in pieces of at most `DECODED_CHUNK` bytes."""
     try:
         async for chunk in decoded:
-            if len(chunk) <= _DECODED_CHUNK:
+            if len(chunk) <= DECODED_CHUNK:
                 yield chunk
                 continue
             view = memoryview(chunk)
-            for start in range(0, len(chunk), _DECODED_CHUNK):
-                yield bytes(view[start : start + _DECODED_CHUNK])
+            for start in range(0, len(chunk), DECODED_CHUNK):
+                yield bytes(view[start : start + DECODED_CHUNK])
     finally:
         aclose = getattr(decoded, "aclose", None)
         if aclose is not None:
@@ -489,7 +490,8 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
     connection can go back to the pool; give up (the connection is then closed)
     past ``limit`` bytes or ``_TAIL_WAIT`` seconds, when the connection fails, or on an
     abort: the answer is whole by then, and a reset or a read error while reading nothing
-    more must neither discard it nor make it be asked for again."""
+    more must neither discard it nor make it be asked for again. Whatever the failure: httpx's,
+    or one of a host's own transport or client hook (raised as it is before the terminator)."""
     size = 0
     try:
         async with asyncio.timeout(_TAIL_WAIT):
@@ -497,7 +499,7 @@ async def _read_tail(chunks: AsyncIterator[bytes], limit: int = 1 << 16) -> None
                 size += len(chunk)
                 if size > limit:
                     return
-    except (TimeoutError, httpx.HTTPError, AbortError):
+    except Exception:  # TimeoutError, httpx.HTTPError, AbortError, a host transport's own
         return
 
 

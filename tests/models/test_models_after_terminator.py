@@ -177,3 +177,35 @@ async def test_the_engine_keeps_the_answer_and_does_not_retry(api: str) -> None:
     (answer,) = [e.message for e in events if isinstance(e, AssistantMessage)]
     assert answer.text == "whole answer" and not answer.partial
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
+#: Errors of a host's own transport or client hook, not httpx's: raised as they are (docs/providers.md).
+_HOST_FAILURES: list[Callable[[], Exception]] = [
+    lambda: ConnectionResetError(104, "Connection reset by peer"),
+    lambda: RuntimeError("the proxy's client hook failed"),
+]
+
+
+@pytest.mark.parametrize("failure", _HOST_FAILURES)
+@pytest.mark.parametrize("api", sorted(_CASES))
+async def test_a_host_transport_failing_after_the_terminator_keeps_the_answer(
+    api: str, failure: Callable[[], Exception]
+) -> None:
+    cls, body = _CASES[api]
+    server = _Server([body], failure)
+    async with server.client() as client:
+        engine = QueryEngine(cls("m", api_key=API_KEY, http_client=client), policies=[], retry_base_delay=0.001)
+        events = [e async for e in engine.run("hi")]
+    (answer,) = [e.message for e in events if isinstance(e, AssistantMessage)]
+    assert answer.text == "whole answer" and not answer.partial
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed", events[-1]
+    assert server.requests == 1 and server.streams[0].closed
+
+
+async def test_a_host_transport_failing_before_the_terminator_still_fails() -> None:
+    cls, body = _CASES["anthropic"]
+    server = _Server([body[: body.rindex(b"event: message_stop")]], _HOST_FAILURES[0])
+    async with server.client() as client:
+        with pytest.raises(ConnectionResetError):
+            await collect(cls("m", api_key=API_KEY, http_client=client))
+    assert server.streams[0].closed
