@@ -28,11 +28,14 @@ How (exact, no hashing heuristics):
   reach; a method call only when the needle recurs). Growing by 2 rather than
   4 scans about a quarter less: a chunk pays for the farthest-reaching
   checkpoint it spans, and the next reach up is only twice as far.
-- Only the first 64 distances are searched with the anchor itself. A period p
-  past them holds two copies before it is adopted, so its last p characters
-  recur p back: the distances beyond are searched with the last 64 characters,
-  a needle that recurs by chance far less often in real text (indentation,
-  keywords, a line written twice) and that CPython's search skips along faster.
+- Candidates come from the anchor itself only within the first 64 distances. A
+  period p past them holds two copies before it is adopted, so its last p
+  characters recur p back: the distances beyond are searched with the last 64
+  characters, a needle that recurs by chance far less often in real text
+  (indentation, keywords, a line written twice). While no run is live, one
+  search of the anchor over the whole reach comes first: the far needle ends
+  with the anchor, so where the anchor does not recur (most checkpoints), the
+  far needle does not either, and a checkpoint costs that one search.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
 - Memory is bounded: the buffer keeps at most ``3*window`` characters.
@@ -213,35 +216,40 @@ class RepetitionDetector:
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
         a = e - self._k  # the anchor is buf[a:e]
-        if reach <= self._near or e <= self._split_from:
-            j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
-            if j >= 0:
-                self._done = last
-                self._candidates(buf, last, j, self._k, reach)
-                if self.live:
-                    return self._check(buf, n)
-        else:  # the near distances with the anchor, then the far ones with the far needle
-            near = self._near
-            j = buf.rfind(buf[a:e], a - near, e - 1)
-            if j >= 0:
-                self._done = last
-                self._far(buf, last, self._candidates(buf, last, j, self._k, near), reach)
-                if self.live:
-                    return self._check(buf, n)
-            else:
-                f = e - self._far_needle  # the far needle is buf[f:e]
-                j = buf.rfind(buf[f:e], f - reach if f > reach else 0, e - near - 1)
-                if j >= 0:
-                    self._done = last
-                    self._candidates(buf, last, j, self._far_needle, reach)
-                    if self.live:
-                        return self._check(buf, n)
+        # One search with the anchor over the whole reach: where it does not recur, neither does
+        # the far needle, which ends with it (the usual case: nothing more to do).
+        j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
+        if j >= 0:
+            return self._recurs(buf, n, last, j, reach)
         # No run is live, so `_done` is not read before the next adoption sets it.
         if n > self._trim_n:
             self._trim(buf, n)
         return ()
 
     # -- internals ----------------------------------------------------------
+
+    def _recurs(self, buf: str, n: int, last: int, j: int, reach: int) -> tuple[DoomLoopSignal, ...]:
+        """`feed` without a live run: the anchor ending at checkpoint ``last`` recurs at buffer
+        index ``j``, its latest occurrence within ``reach``. The near distances are judged
+        from it; past them, the far needle is searched for (a longer needle, far fewer false
+        candidates)."""
+        k, near, e = self._k, self._near, last - self._base
+        self._done = last
+        if reach <= near or e <= self._split_from:
+            self._candidates(buf, last, j, k, reach)
+        elif j >= e - k - near:  # a near distance
+            self._far(buf, last, self._candidates(buf, last, j, k, near), reach)
+        else:
+            f = e - self._far_needle  # the far needle is buf[f:e]
+            j = buf.rfind(buf[f:e], f - reach if f > reach else 0, e - near - 1)
+            if j >= 0:
+                self._candidates(buf, last, j, self._far_needle, reach)
+        if self.live:
+            return self._check(buf, n)
+        # No run is live, so `_done` is not read before the next adoption sets it.
+        if n > self._trim_n:
+            self._trim(buf, n)
+        return ()
 
     def _absorb(self) -> None:
         """Append the queued text to the buffer (and track code fences in it)."""

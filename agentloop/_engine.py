@@ -537,3 +537,19 @@ def _check_nested_id(engine: QueryEngine, agent_id: str) -> None:
             f"agent_id {agent_id!r} is taken by an ancestor of the subagent (its line: {path}): "
             "a nested subagent needs an id of its own (its sidechain file would be that ancestor's)"
         )
+
+
+def _fill_key_table() -> None:
+    """Make one whole engine as the class is defined.
+
+    CPython gives a class's instances one shared key table, whose room for new keys shrinks by
+    one with each instance made before the keys are all in it. Engines refused half-made (a
+    bad argument, in a notebook cell run twice) before the first whole one left too little room,
+    and every later engine of the process held a dict of its own (1.3 KB more each).
+    """
+    from ._scripted import ScriptedModel
+
+    QueryEngine(ScriptedModel([]), policies=[], doom_loop_recovery=False)
+
+
+_fill_key_table()

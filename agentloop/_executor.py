@@ -257,6 +257,8 @@ class CallRunner:
                 if updated is not None:  # the model's call is left as it wrote it: its result says what ran
                     result = input_noted(result, updated, self.engine.options.texts.input_updated)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                stop_for_ctrl_c(self.engine)
             put(Done((use, exc)))
             raise
         except BaseException as exc:
@@ -320,9 +322,13 @@ class CallRunner:
         async def ask() -> Allow | Deny:
             self.signal.throw_if_aborted()
             self.emit(PermissionRequested(tool_use=use))
-            decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
-            # A plain function answering at once is a permission callback too (as for on_abort).
-            return await decision if inspect.isawaitable(decision) else decision
+            try:
+                decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
+                # A plain function answering at once is a permission callback too (as for on_abort).
+                return await decision if inspect.isawaitable(decision) else decision
+            except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
+                stop_for_ctrl_c(self.engine)
+                raise
 
         # One prompt at a time. The turn is held by this call's task, not by the prompt's: a
         # prompt abandoned for ignoring its cancellation gives the turn back all the same (an
@@ -418,6 +424,15 @@ def _give_back(acquiring: asyncio.Future[Any], lock: asyncio.Lock) -> None:
         lock.release()
 
 
+def stop_for_ctrl_c(engine: QueryEngine) -> None:
+    """A KeyboardInterrupt raised in a call's own code (a tool, a permission prompt): Ctrl-C, for
+    the whole run. It goes on out of the event loop; a loop that runs again afterwards (a
+    notebook's next cell) finds the run stopped, as ``interrupt()`` stops it, not going on."""
+    while engine.parent is not None:
+        engine = engine.parent
+    engine.interrupt("cancel")
+
+
 def loop_gone() -> bool:
     """No event loop runs this code, or its loop is closed: a coroutine closed with the loop it
     was left in (closed under it) may only unwind, since nothing can be scheduled there."""
@@ -499,7 +514,9 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
             finally:
                 if not task.done() and hold_until_done(task):
                     log.warning("%r ignored cancellation; abandoning it", task.get_coro())
-    if signal.aborted and (task.cancelled() or not task.done()):
+    if signal.aborted and (task.cancelled() or not task.done() or isinstance(task.exception(), KeyboardInterrupt)):
+        # A KeyboardInterrupt left the loop from the task's own step, which stopped the run: the
+        # host had it once, and the abort is what is left of it here.
         raise AbortError(signal.reason or "cancel")
     if task.cancelled():  # it cancelled itself: a failure of its own, not an abort
         raise RuntimeError("it was cancelled although the run was not aborted")

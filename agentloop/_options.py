@@ -257,7 +257,7 @@ def policy_list(policies: Sequence[Policy]) -> list[Policy]:
 def message_list(messages: Sequence[Message]) -> list[Message]:
     """``messages`` as a new list. Raises TypeError for anything but `Message`s (a dict in the
     wire format would otherwise fail later, at a request, far from where it came in)."""
-    if isinstance(messages, str | Message):
+    if isinstance(messages, str | Message) or not isinstance(messages, Iterable):
         raise TypeError(f"messages takes a list of Message objects, not a {type(messages).__name__}")
     out = list(messages)
     for m in out:

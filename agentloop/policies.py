@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._detector import RepetitionDetector, Rule
@@ -166,7 +165,14 @@ class DoomLoopPolicy(Policy):
         hold.skip = self._holds = self.every - 1 if self.detectors else _NO_DETECTOR_HOLDS
         # The policy keeps no reference to the engine's side: a fork (a deep copy) made
         # mid-stream takes nothing of the run with it, and nothing of it outlives the run.
-        return partial(self._poke, hold)
+        # A closure, not a `functools.partial`: the loop's call of a Python function, and
+        # this one's of `_poke`, run in the same interpreter frame loop (no C-level call).
+        poke = self._poke
+
+        def watch(event: StreamEvent) -> Verdict | None:
+            return poke(hold, event)
+
+        return watch
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
         # Called once per delta (once per `every` when tapped): exact-type tests first.

@@ -389,3 +389,39 @@ def test_unit_holding_a_run_longer_than_the_far_needle_fires_on_time(
     hit = first_tail(fires(RepetitionDetector("text"), chunks(text, lo, hi, seed)))  # a run < 512 is no flood
     assert hit is not None and hit[1] == f"tail_repetition:{p}@text"
     assert 3 * p <= hit[0] - len(PROSE) <= 3 * p + p + 16 + hi
+
+
+@FAST
+@given(st.integers(65, 1500), st.integers(0, 2**32), st.sampled_from([(1, 40), (30, 200), (100, 600)]))
+def test_far_period_agrees_with_reference_when_its_anchor_also_recurs_by_chance(
+    p: int, seed: int, sizes: tuple[int, int]
+) -> None:
+    """Pieces of the unit are planted farther back, so anchors of the tail recur at distances past
+    the near ones: found there, they are no candidate themselves, and the far needle still finds
+    the period."""
+    rnd = random.Random(seed)
+    unit = random_text(rnd, p)
+    twice = unit * 2  # pieces of the unit: anchors of the tail that recur farther back
+    starts = [rnd.randrange(p) for _ in range(4)]
+    decoys = "".join(twice[i : i + rnd.randint(16, 64)] + random_text(rnd, rnd.randint(70, 300)) for i in starts)
+    text = random_text(rnd, 100) + decoys + unit * 3 + unit[: rnd.randint(0, p - 1)]
+    det = RepetitionDetector("text")
+    events = fires(det, chunks(text, *sizes, seed))
+    assert det.tail() == reference_tail(text)
+    exact = first_tail(fires(RepetitionDetector("text"), list(text)))
+    got = first_tail(events)
+    assert (got is None) == (exact is None)
+    if got is not None and exact is not None:
+        assert got[1] == exact[1] and exact[0] <= got[0] < exact[0] + sizes[1]
+
+
+@FAST
+@given(st.integers(0, 2**32), st.sampled_from([(1, 4), (30, 200), (100, 600)]))
+def test_aperiodic_text_with_recurring_anchors_agrees_with_reference(seed: int, sizes: tuple[int, int]) -> None:
+    """Anchors that recur near and far without a period: no run is adopted, at any chunking."""
+    rnd = random.Random(seed)
+    words = [random_text(rnd, rnd.randint(16, 40)) for _ in range(6)]
+    text = "".join(rnd.choice(words) + random_text(rnd, rnd.randint(1, 90)) for _ in range(120))
+    det = RepetitionDetector("text")
+    assert fires(det, chunks(text, *sizes, seed)) == []
+    assert det.tail() == reference_tail(text)

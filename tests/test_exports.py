@@ -71,9 +71,9 @@ def test_an_engine_keeps_few_enough_attributes_to_share_one_key_table() -> None:
 
 
 # Measured in a fresh interpreter: CPython 3.11 gives the instances of a class one shared key
-# table whose room shrinks by one with each instance made before the first one is whole, so two
-# engines refused at construction (as in test_misuse.py) before any engine is made leave no room
-# for the attributes, and every later engine in that process holds a dict of its own.
+# table whose room shrinks by one with each instance made before the first one is whole (which
+# is why the package makes a whole engine as it is imported), and an engine with more attributes
+# than the table holds has a dict of its own.
 _IDLE_ENGINE_MEMORY = """
 import gc, sys, tracemalloc
 from agentloop import Message, QueryEngine, ScriptedModel
@@ -108,9 +108,17 @@ def test_an_idle_engine_holds_little_memory() -> None:
 
 
 def test_the_memory_measure_sees_engines_that_each_hold_a_dict() -> None:
-    # The measure above would catch a dict per engine: two refused constructions first force one.
-    refused = "from agentloop import QueryEngine\nfor _ in range(2):\n    try:\n        QueryEngine(object())\n    except TypeError:\n        pass\n"
-    assert idle_engine_bytes(refused) > 2_600
+    # The measure above would catch a dict per engine: attributes past the key table force one.
+    fat = (
+        "from agentloop import QueryEngine\n"
+        "init = QueryEngine.__init__\n"
+        "def fat(self, *args, **kwargs):\n"
+        "    init(self, *args, **kwargs)\n"
+        "    for i in range(4):\n"
+        "        setattr(self, f'extra{i}', None)\n"
+        "QueryEngine.__init__ = fat\n"
+    )
+    assert idle_engine_bytes(fat) > 2_600
 
 
 async def test_turn_ended_returns_the_runs_terminal_and_fails_clearly_without_one() -> None:

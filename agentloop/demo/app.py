@@ -94,6 +94,7 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     """Run the demo; returns the exit status (see the module docstring)."""
     stream = out or sys.stdout
     try:
+        _check_no_running_loop()
         model = build_model(opts)
         scenario = load(opts.script) if opts.script else None
         if scenario is None:
@@ -110,6 +111,19 @@ def run(opts: Options, out: TextIO | None = None) -> int:
         return 130
     finally:
         screen.stop()
+
+
+def _check_no_running_loop() -> None:
+    """The demo runs an event loop of its own. Raises DemoError in a thread whose loop runs
+    already (a notebook cell), before anything is made that would be left unawaited."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise DemoError(
+        "an event loop is already running in this thread (a notebook?), and the demo runs its own: "
+        "run `python -m agentloop demo` in a terminal, or `!python -m agentloop demo --script builtin` in a cell"
+    )
 
 
 def _check_stdin() -> None:
