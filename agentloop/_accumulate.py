@@ -53,12 +53,13 @@ _tool_input_delta = quick_new(ToolInputDelta)
 
 class _Part:
     # ``name`` is a tool call's name, or a provider block's provider (its data in ``data``).
-    __slots__ = ("chunks", "closed", "data", "id", "kind", "name", "signature")
+    __slots__ = ("chunks", "closed", "data", "id", "kind", "name", "origin", "signature")
 
     def __init__(self, kind: str, id: str = "", name: str = "") -> None:
         self.kind = kind
         self.chunks: list[str] = []
         self.signature = ""
+        self.origin: str | None = None  # a thinking block's: the server that made it
         self.id = id
         self.name = name
         self.closed = False
@@ -71,6 +72,17 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
         f"{value!r:.80}",
         retryable=True,
     )
+
+
+def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
+    origin = ev.origin
+    if origin is not None and type(origin) is not str:
+        raise _malformed(origin, ev)
+    return origin
+
+
+def _redacted_block(data: str, origin: str | None) -> RedactedThinkingBlock:
+    return RedactedThinkingBlock(data=data) if origin is None else RedactedThinkingBlock(data=data, origin=origin)
 
 
 def _bad_index(index: object, event: object) -> StreamProtocolError:
@@ -149,7 +161,10 @@ class Accumulator:
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
             raise _malformed(ev.signature, ev)
-        self._part(ev, "thinking").signature = ev.signature  # whole, never a piece
+        origin = _origin(ev)
+        part = self._part(ev, "thinking")
+        part.signature = ev.signature  # whole, never a piece
+        part.origin = origin
 
     def _tool_input(self, ev: StreamToolInput) -> ToolInputDelta:
         text = ev.partial_json
@@ -172,7 +187,10 @@ class Accumulator:
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:
             raise _malformed(ev.data, ev)
-        self._part(ev, "redacted_thinking").chunks.append(ev.data)
+        origin = _origin(ev)
+        part = self._part(ev, "redacted_thinking")
+        part.chunks.append(ev.data)
+        part.origin = origin
 
     def _provider(self, ev: StreamProviderBlock) -> None:
         if type(ev.provider) is not str:
@@ -269,9 +287,9 @@ class Accumulator:
             if part.kind == "text":
                 blocks.append(text_block(scrub(body)))
             elif part.kind == "thinking":
-                blocks.append(thinking_block(scrub(body), part.signature))
+                blocks.append(thinking_block(scrub(body), part.signature, part.origin))
             elif part.kind == "redacted_thinking":
-                blocks.append(RedactedThinkingBlock(data=body))
+                blocks.append(_redacted_block(body, part.origin))
             elif part.kind == "provider":
                 blocks.append(_provider_block(part))
             else:
@@ -302,9 +320,9 @@ class Accumulator:
             if kind == "thinking":
                 if not part.signature:
                     continue
-                blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature))
+                blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature, part.origin))
             elif kind == "redacted_thinking":
-                blocks.append(RedactedThinkingBlock(data="".join(part.chunks)))
+                blocks.append(_redacted_block("".join(part.chunks), part.origin))
             elif kind == "provider":
                 blocks.append(_provider_block(part))
             else:

@@ -13,7 +13,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 __all__ = [
@@ -90,22 +97,39 @@ class TextBlock(_Shared):
     text: str
 
 
-class ThinkingBlock(_Shared):
+class _Signed(_Shared):
+    """Base of the thinking blocks: a block whose ``origin`` is unknown (None) is dumped
+    without it, as a version that did not know the field wrote it."""
+
+    @model_serializer(mode="wrap")
+    def _without_unknown_origin(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("origin", "") is None:
+            del data["origin"]
+        return data
+
+
+class ThinkingBlock(_Signed):
     """Model reasoning. ``signature`` is opaque provider data that must be sent back
-    unchanged; a block with an empty signature is incomplete and never sent."""
+    unchanged; a block with an empty signature is incomplete and never sent.
+    ``origin``: the server that made it and alone can check the signature
+    (``"https://api.anthropic.com"``), set by the Anthropic provider; None: unknown."""
 
     model_config = _FROZEN
     type: Literal["thinking"] = "thinking"
     thinking: str
     signature: str = ""
+    origin: str | None = None
 
 
-class RedactedThinkingBlock(_Shared):
-    """Encrypted reasoning, passed back to the provider unchanged."""
+class RedactedThinkingBlock(_Signed):
+    """Encrypted reasoning, passed back to the provider unchanged. ``origin``: the server
+    that made it, as for `ThinkingBlock`."""
 
     model_config = _FROZEN
     type: Literal["redacted_thinking"] = "redacted_thinking"
     data: str
+    origin: str | None = None
 
 
 class ProviderBlock(_Shared):
@@ -245,6 +269,7 @@ def _trusted(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
 
 _TEXT = _shared(("text",))
 _THINKING = _shared(("thinking", "signature"))
+_THINKING_ORIGIN = _shared(("thinking", "signature", "origin"))
 _USE = _shared(("id", "name", "input"))
 _USE_PARTIAL = _shared(("id", "name", "input", "complete"))
 _RESULT = _shared(("tool_use_id", "content"))
@@ -255,8 +280,9 @@ def text_block(text: str) -> TextBlock:
     return _trusted(TextBlock, {"type": "text", "text": text}, _TEXT)
 
 
-def thinking_block(thinking: str, signature: str) -> ThinkingBlock:
-    return _trusted(ThinkingBlock, {"type": "thinking", "thinking": thinking, "signature": signature}, _THINKING)
+def thinking_block(thinking: str, signature: str, origin: str | None = None) -> ThinkingBlock:
+    values = {"type": "thinking", "thinking": thinking, "signature": signature, "origin": origin}
+    return _trusted(ThinkingBlock, values, _THINKING if origin is None else _THINKING_ORIGIN)
 
 
 def tool_use_block(id: str, name: str, input: dict[str, Any], *, complete: bool = True) -> ToolUseBlock:

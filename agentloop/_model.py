@@ -130,19 +130,24 @@ class StreamSignature:
     """Completes a thinking block (the signature is opaque; pass it back verbatim).
 
     A later one for the same block replaces it, as Anthropic's ``signature_delta``
-    does (it carries the whole signature, not a piece of it).
+    does (it carries the whole signature, not a piece of it). ``origin``: the server
+    that made it, kept as the block's `ThinkingBlock.origin`.
     """
 
     type: ClassVar[str] = "signature"
     index: int
     signature: str
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StreamRedactedThinking:
+    """Encrypted reasoning; ``origin`` as for `StreamSignature`."""
+
     type: ClassVar[str] = "redacted_thinking"
     index: int
     data: str
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from agentloop import QueryEngine, TurnEnded, validate_transcript
 from agentloop._accumulate import Accumulator
-from agentloop._messages import Message, ProviderBlock, TextBlock, ThinkingBlock
+from agentloop._messages import Message, ProviderBlock, RedactedThinkingBlock, TextBlock, ThinkingBlock
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
     StreamProviderBlock,
+    StreamRedactedThinking,
     StreamSignature,
     StreamText,
     StreamThinking,
@@ -133,6 +134,25 @@ def test_a_later_signature_replaces_the_earlier_one() -> None:
     assert (block.thinking, block.signature) == ("hmm", "BBBB")
 
 
+def test_thinking_keeps_the_origin_its_model_streamed() -> None:
+    acc = Accumulator()
+    for event in (
+        StreamThinking(0, "hmm"),
+        StreamSignature(0, "AAAA", origin="https://a.test"),
+        StreamRedactedThinking(1, "opaque", origin="https://a.test"),
+        StreamThinking(2, "more"),
+        StreamSignature(2, "BBBB"),
+        StreamEnd(),
+    ):
+        acc.feed(event)
+    made = [acc.message().content, acc.committable().content]  # type: ignore[union-attr]
+    assert made[0] == made[1] == [
+        ThinkingBlock(thinking="hmm", signature="AAAA", origin="https://a.test"),
+        RedactedThinkingBlock(data="opaque", origin="https://a.test"),
+        ThinkingBlock(thinking="more", signature="BBBB"),
+    ]
+
+
 class _WrongTypes:
     """A custom model that streams a field of the wrong type after some good text."""
 
@@ -155,8 +175,19 @@ class _WrongTypes:
         StreamToolUseStart(2, 7, "read"),  # type: ignore[arg-type]
         StreamToolInput(2, {"path": "a"}),  # type: ignore[arg-type]
         StreamSignature(1, b"sig"),  # type: ignore[arg-type]
+        StreamSignature(1, "sig", origin=["https://a.test"]),  # type: ignore[arg-type]
+        StreamRedactedThinking(1, "data", origin=443),  # type: ignore[arg-type]
     ],
-    ids=["int-text", "list-text", "null-thinking", "int-id", "dict-arguments", "bytes-signature"],
+    ids=[
+        "int-text",
+        "list-text",
+        "null-thinking",
+        "int-id",
+        "dict-arguments",
+        "bytes-signature",
+        "list-origin",
+        "int-origin",
+    ],
 )
 async def test_a_custom_model_streaming_a_field_of_the_wrong_type_ends_the_turn_not_the_run(bad: object) -> None:
     engine = QueryEngine(_WrongTypes(bad), policies=[], retry_budget=0)  # type: ignore[arg-type]

@@ -41,6 +41,9 @@ ENCRYPTED = "gAAAAABoencrypted-reasoning-blob"
 GEMINI_SIG = "CiQBVKhc7thought-signature"
 REDACTED_DATA = "EmwKAhgBEgy3va3pzixredacted"
 GROK_ENCRYPTED = "xai-sealed-reasoning"
+#: DeepSeek's Anthropic-compatible API signs its thinking with keys of its own.
+DS_SIG = "ZHMtc2lnbmVkLXRoaW5raW5n"
+DS_REDACTED = "ZHMtcmVkYWN0ZWQ"
 #: What only the API that made it may ever see again.
 OWNED = {
     ANTHROPIC_SIG: {"anthropic"},
@@ -48,6 +51,8 @@ OWNED = {
     ENCRYPTED: {"responses"},
     GEMINI_SIG: {"gemini"},
     GROK_ENCRYPTED: {"grok"},
+    DS_SIG: {"ds_anthropic"},
+    DS_REDACTED: {"ds_anthropic"},
 }
 GEMINI_HOST = "generativelanguage.googleapis.com"
 
@@ -271,6 +276,7 @@ HOST_API = {
     "mistral.test": "mistral",
     GEMINI_HOST: "gemini",
     "grok.test": "grok",
+    "ds-anthropic.test": "ds_anthropic",
 }
 STREAMS: dict[str, Callable[[Rep, int], str]] = {
     "anthropic": anthropic_stream,
@@ -280,6 +286,7 @@ STREAMS: dict[str, Callable[[Rep, int], str]] = {
     "mistral": chat_stream,
     "gemini": lambda rep, n: chat_stream(rep, n, gemini=True),
     "grok": lambda rep, n: responses_stream(rep, n).replace(ENCRYPTED, GROK_ENCRYPTED),
+    "ds_anthropic": lambda rep, n: anthropic_stream(rep, n).replace(ANTHROPIC_SIG, DS_SIG).replace(REDACTED_DATA, DS_REDACTED),
 }
 
 
@@ -302,7 +309,7 @@ class Servers:
         if problems:
             error = {"type": "invalid_request_error", "message": "; ".join(problems)}
             return httpx.Response(
-                400, json={"type": "error", "error": error} if api == "anthropic" else {"error": error}
+                400, json={"type": "error", "error": error} if api in ANTHROPIC_APIS else {"error": error}
             )
         rep = self.answer(api, body) if self.answer else self.script.pop(0)
         return httpx.Response(
@@ -356,6 +363,13 @@ class Servers:
                 api_key="",
                 base_url=f"http://{GEMINI_HOST}/v1beta/openai",
                 http_client=self.client,
+            ),
+            "ds_anthropic": AnthropicModel(
+                "deepseek-reasoner",
+                api_key="sk-deepseek-test-key-0123456789",
+                base_url="http://ds-anthropic.test/anthropic",
+                http_client=self.client,
+                thinking=2000,
             ),
         }
 
@@ -659,8 +673,32 @@ def validate_gemini(body: dict[str, Any]) -> list[str]:
     return problems
 
 
+def signed_by(signature: str, redacted: str) -> Callable[[dict[str, Any]], list[str]]:
+    """The Messages API of a server that checks the thinking it is sent: a signature, or
+    redacted data, that another server made is refused, as each server signs with its own keys."""
+
+    def validate(body: dict[str, Any]) -> list[str]:
+        problems = validate_anthropic(body)
+        for i, msg in enumerate(body["messages"]):
+            problems += [
+                f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+                for j, b in enumerate(msg["content"] if isinstance(msg["content"], list) else [])
+                if b["type"] == "thinking" and not b["signature"].startswith(signature)
+            ]
+            problems += [
+                f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
+                for j, b in enumerate(msg["content"] if isinstance(msg["content"], list) else [])
+                if b["type"] == "redacted_thinking" and not b["data"].startswith(redacted)
+            ]
+        return problems
+
+    return validate
+
+
+ANTHROPIC_APIS = {"anthropic", "ds_anthropic"}
 VALIDATORS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "anthropic": validate_anthropic,
+    "anthropic": signed_by(ANTHROPIC_SIG, REDACTED_DATA),
+    "ds_anthropic": signed_by(DS_SIG, DS_REDACTED),
     "chat": validate_chat,
     "responses": validate_responses,
     "deepseek": validate_deepseek,
@@ -1047,7 +1085,7 @@ def test_an_image_block_is_refused_before_anything_is_sent() -> None:
 
 # --------------------------------------------------------------------------- the property
 
-APIS = ["anthropic", "chat", "responses", "deepseek", "mistral", "gemini", "grok"]
+APIS = ["anthropic", "chat", "responses", "deepseek", "mistral", "gemini", "grok", "ds_anthropic"]
 MADE_UP = ["multi_tool_use.parallel", "", "functions.lookup", "x" * 70]
 ID_STYLES: dict[str, Callable[[int], str]] = {
     "anthropic": lambda n: f"toolu_01{n:022d}",
@@ -1367,3 +1405,86 @@ def test_interrupt_while_a_child_on_another_provider_runs_a_tool() -> None:
     (output,) = [it for it in items if it.get("type") == "function_call_output"]
     assert call["call_id"] == output["call_id"] == LONG_VLLM_ID
     assert [it["type"] for it in items].count("reasoning") == 0  # Anthropic's thinking stayed with the child
+
+
+def _thinking_sent(body: dict[str, Any]) -> list[str]:
+    """The signatures and redacted data of the thinking a Messages request carries, in order."""
+    return [
+        b["signature"] if b["type"] == "thinking" else b["data"]
+        for m in body["messages"]
+        for b in _blocks(m, "thinking") + _blocks(m, "redacted_thinking")
+    ]
+
+
+def test_thinking_of_an_anthropic_compatible_server_goes_back_to_that_server_only() -> None:
+    """DeepSeek's Anthropic API signs its thinking with its own keys, as api.anthropic.com does:
+    a host that moves a conversation from one to the other and back (`engine.model`) sends each
+    server its own thinking only, while the transcript keeps all of it."""
+    servers = Servers()
+    models = servers.models()
+    claude = AnthropicModel(
+        "claude-sonnet-4-6", api_key="sk-ant-test-key-0123456789abcdef", http_client=servers.client, thinking=2000
+    )
+
+    async def main() -> QueryEngine:
+        engine = QueryEngine(models["ds_anthropic"], tools=TOOLS)
+        servers.script = [
+            Rep(think="Look a up.", calls=[("toolu_D1", "lookup", {"key": "a"})]),
+            Rep(think="Got a.", text="a."),
+        ]
+        assert ended(await turn(engine, "What is a?")).reason == "completed"
+        engine.model = claude
+        servers.script = [
+            Rep(think="Look b up.", calls=[("toolu_C1", "lookup", {"key": "b"})]),
+            Rep(think="Got b.", text="b."),
+        ]
+        assert ended(await turn(engine, "And b?")).reason == "completed"
+        engine.model = models["ds_anthropic"]
+        servers.script = [Rep(text="a and b.")]
+        assert ended(await turn(engine, "Both?")).reason == "completed"
+        return engine
+
+    engine = run(main())
+    assert servers.problems() == []
+    assert [api for api, _ in servers.requests] == ["ds_anthropic"] * 2 + ["anthropic"] * 2 + ["ds_anthropic"]
+    to_claude = servers.bodies("anthropic")
+    assert [_thinking_sent(body) for body in to_claude] == [[], [f"{ANTHROPIC_SIG}3", f"{REDACTED_DATA}3"]]
+    assert all("thinking" in body for body in to_claude)
+    back = servers.bodies("ds_anthropic")[-1]
+    assert _thinking_sent(back) == [f"{DS_SIG}1", f"{DS_REDACTED}1", f"{DS_SIG}2", f"{DS_REDACTED}2"]
+    kept = [
+        b.signature if isinstance(b, ThinkingBlock) else b.data
+        for m in engine.messages
+        for b in m.content
+        if b.type in ("thinking", "redacted_thinking")
+    ]
+    assert len(kept) == 8 and validate_transcript(engine.messages) == []
+
+
+def test_claude_thinking_resumed_on_an_anthropic_compatible_server_mid_tool_call(tmp_path: Path) -> None:
+    """Claude's turn stops at its tool call's result (`max_turns`); the session is resumed on
+    DeepSeek's Anthropic API, which gets the call and its result without Claude's thinking (and
+    so without `thinking`, which a tool turn that does not start with thinking cannot have),
+    then back on Claude, which gets its own thinking again: the origin survives the file."""
+    servers = Servers()
+    models = servers.models()
+    path = tmp_path / "moved.jsonl"
+
+    async def play(model: str, prompt: str, reps: list[Rep], **options: Any) -> QueryEngine:
+        session, loaded = JsonlSession.resume(path)
+        assert loaded.repairs == []
+        with session:
+            engine = QueryEngine(models[model], tools=TOOLS, session=session, messages=loaded.messages, **options)
+            servers.script = reps
+            await turn(engine, prompt)
+        return engine
+
+    run(play("anthropic", "What is a?", [Rep(think="Look.", calls=[("toolu_A1", "lookup", {"key": "a"})])], max_turns=1))
+    run(play("ds_anthropic", "Go on.", [Rep(think="DeepSeek on a.", text="a."), Rep(text="Sure.")]))
+    engine = run(play("anthropic", "Sure?", [Rep(text="Yes.")]))
+    assert servers.problems() == []
+    first_ds, = servers.bodies("ds_anthropic")
+    assert _thinking_sent(first_ds) == [] and "thinking" not in first_ds
+    assert [b["id"] for m in first_ds["messages"] for b in _blocks(m, "tool_use")] == ["toolu_A1"]
+    assert _thinking_sent(servers.bodies("anthropic")[-1]) == [f"{ANTHROPIC_SIG}1", f"{REDACTED_DATA}1"]
+    assert validate_transcript(engine.messages) == []

@@ -93,6 +93,36 @@ def test_round_trip_every_block_type(tmp_path: Path) -> None:
     assert loaded.repairs == [] and loaded.warnings == []
 
 
+def test_the_origin_of_thinking_round_trips_and_a_line_without_one_loads_as_unknown(tmp_path: Path) -> None:
+    """The server that made a thinking block is kept in the file, so that a resumed session sends
+    it back there only; a block of unknown origin is written as before the field existed, and a
+    line written then (no ``origin``) loads as unknown, without a warning."""
+    path = tmp_path / "s.jsonl"
+    made = Message(
+        role="assistant",
+        content=[
+            ThinkingBlock(thinking="hm", signature="ZHM=", origin="https://api.deepseek.com"),
+            RedactedThinkingBlock(data="ZHMy", origin="https://api.deepseek.com"),
+            ThinkingBlock(thinking="old", signature="EqQB"),
+            RedactedThinkingBlock(data="EmwK"),
+            TextBlock(text="ok"),
+        ],
+    )
+    with JsonlSession(path) as session:
+        session.append_message(made)
+    written = json.loads(path.read_text(encoding="utf-8"))["message"]["content"]
+    assert [b.get("origin", "-") for b in written] == ["https://api.deepseek.com"] * 2 + ["-"] * 3
+    older = {"role": "assistant", "content": [{"type": "thinking", "thinking": "old", "signature": "EqQB"},
+                                              {"type": "redacted_thinking", "data": "EmwK"}]}  # fmt: skip
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"type": "message", "message": older}) + "\n")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [made, Message(role="assistant", content=made.content[2:4])]
+    assert [getattr(b, "origin", "-") for m in loaded.messages for b in m.content] == [
+        "https://api.deepseek.com", "https://api.deepseek.com", None, None, "-", None, None]  # fmt: skip
+    assert loaded.repairs == [] and loaded.warnings == []
+
+
 def test_every_line_is_one_record_for_splitlines_too(tmp_path: Path) -> None:
     """U+2028, U+2029 and U+0085 (NEL: cp1252's ellipsis decoded as Latin-1) were written raw
     inside JSON strings: a line break to ``str.splitlines()``, which read the file as more lines

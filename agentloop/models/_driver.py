@@ -511,23 +511,23 @@ Turn = tuple[str, list[Block]]
 def turns(
     messages: Sequence[Message],
     *,
-    foreign: Callable[[ThinkingBlock], bool] | None = None,
+    foreign: Callable[[ThinkingBlock | RedactedThinkingBlock], bool] | None = None,
     provider: str | None = None,
 ) -> list[Turn]:
     """The transcript as the providers want it.
 
     Drops what may not be sent (empty or blank text, thinking without a signature,
-    unfinished tool calls, our metadata, thinking that ``foreign`` says another
-    provider made, and the `ProviderBlock`s of any provider but ``provider``), drops
-    messages left empty, merges consecutive messages of one role, and puts tool
-    results first in a user message.
+    unfinished tool calls, our metadata, thinking or redacted thinking that ``foreign``
+    says another provider or server made, and the `ProviderBlock`s of any provider but
+    ``provider``), drops messages left empty, merges consecutive messages of one role, and
+    puts tool results first in a user message.
     """
     out: list[Turn] = []
     for msg in messages:
         blocks = [
             b
             for b in msg.content
-            if (_sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock) or not foreign(b)))
+            if (_sendable(b) and (foreign is None or not isinstance(b, ThinkingBlock | RedactedThinkingBlock) or not foreign(b)))
             or (isinstance(b, ProviderBlock) and b.provider == provider)
         ]
         if not blocks:

@@ -44,6 +44,7 @@ async def run_body(body: bytes, **kw: Any) -> tuple[list[Any], Any]:
         return await collect(AnthropicModel("m", api_key=API_KEY, http_client=client, **kw))
 
 
+ORIGIN = "https://api.anthropic.com"  # where the model's thinking is kept as made
 START = (
     "message_start",
     {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 5, "output_tokens": 1}}},
@@ -291,7 +292,7 @@ async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_bloc
     body = sse(START, block_start(0, {"type": "thinking", "thinking": "", "signature": ""}), *deltas, block_stop(0),
                message_delta("end_turn"), STOP)  # fmt: skip
     _, acc = await run_body(body)
-    assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB")]
+    assert acc.message().content == [ThinkingBlock(thinking="Let me see.", signature="EqQB", origin=ORIGIN)]
 
 
 async def test_a_thinking_block_sent_whole_in_its_start_keeps_its_signature() -> None:
@@ -304,7 +305,7 @@ async def test_a_thinking_block_sent_whole_in_its_start_keeps_its_signature() ->
                delta_ev(1, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(1), message_delta("tool_use"), STOP)  # fmt: skip
     _, acc = await run_body(body)
     assert acc.committable() == Message(role="assistant", content=[
-        ThinkingBlock(thinking="whole thought", signature="EqQBsig"), ToolUseBlock(id="toolu_1", name="f", input={})])  # fmt: skip
+        ThinkingBlock(thinking="whole thought", signature="EqQBsig", origin=ORIGIN), ToolUseBlock(id="toolu_1", name="f", input={})])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -385,7 +386,7 @@ async def test_signature_and_omitted_thinking() -> None:
         STOP,
     )
     _, acc = await run_body(body)
-    assert acc.message().content == [ThinkingBlock(thinking="", signature="EosnCkYICxIMMb3LzNrMu")]
+    assert acc.message().content == [ThinkingBlock(thinking="", signature="EosnCkYICxIMMb3LzNrMu", origin=ORIGIN)]
 
 
 async def test_usage_is_cumulative_and_cache_fields_mapped() -> None:
@@ -701,6 +702,52 @@ def test_thinking_is_left_off_a_request_answering_a_tool_turn_that_did_not_think
     later = build_request(request(*history, Message.assistant("ok"), Message.user("next")),
                           model="m", max_tokens=1024, thinking=thinking)
     assert later["thinking"] == thinking
+
+
+# -- thinking goes back to the server that made it only ----------------------------------
+
+_DEEPSEEK = "https://api.deepseek.com"
+
+
+async def test_thinking_is_kept_with_the_server_that_made_it() -> None:
+    # DeepSeek's (or Kimi's) Anthropic API signs thinking with keys of its own: the block
+    # records the server (scheme, host, port; no path, no user info), not the model.
+    body = sse(START, block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
+               delta_ev(0, {"type": "thinking_delta", "thinking": "hm"}),
+               delta_ev(0, {"type": "signature_delta", "signature": "ZHMtc2ln"}), block_stop(0),
+               block_start(1, {"type": "redacted_thinking", "data": "ZHMtcmVk"}), block_stop(1),
+               block_start(2, {"type": "text", "text": "ok"}), block_stop(2), message_delta("end_turn"), STOP)  # fmt: skip
+    origins = []
+    for base_url in ("https://API.DeepSeek.com:443/anthropic", "http://user:pw@localhost:8080/v1?x=1"):
+        server = MockServer(body)
+        async with server.client() as client:
+            _, acc = await collect(AnthropicModel("m", api_key=API_KEY, base_url=base_url, http_client=client))
+        message = acc.committable()
+        assert message is not None
+        origins.append([getattr(b, "origin", "-") for b in message.content])
+    assert origins == [[_DEEPSEEK, _DEEPSEEK, "-"], ["http://localhost:8080", "http://localhost:8080", "-"]]
+
+
+@pytest.mark.parametrize("origin", [ORIGIN, _DEEPSEEK, None], ids=["this-server", "another-server", "unknown"])
+def test_thinking_another_server_made_is_not_sent_there(origin: str | None) -> None:
+    # Sent to api.anthropic.com, DeepSeek's signature fails every request ("Invalid
+    # `signature` in `thinking` block"), and Claude's fails at DeepSeek. A block of unknown
+    # origin (a session saved before the origin was kept) is sent, as it was then.
+    signed = ThinkingBlock(thinking="hm", signature="EqQB", origin=origin)
+    redacted = RedactedThinkingBlock(data="EmwK", origin=origin)
+    history = [
+        Message.user("q"),
+        Message(role="assistant", content=[signed, redacted, ToolUseBlock(id="t1", name="f", input={})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="done")]),
+    ]
+    thinking = {"type": "enabled", "budget_tokens": 2000}
+    body = build_request(request(*history), model="m", max_tokens=1024, thinking=thinking, origin=ORIGIN)
+    sent = [b["type"] for b in body["messages"][1]["content"]]
+    if origin == _DEEPSEEK:  # the turn did not think, as far as this server can tell
+        assert sent == ["tool_use"] and "thinking" not in body
+    else:
+        assert sent == ["thinking", "redacted_thinking", "tool_use"] and body["thinking"] == thinking
+    assert history[1].content[:2] == [signed, redacted]  # the transcript keeps it
 
 
 # -- Anthropic's own tools: server tools and Anthropic-defined client tools ----------------

@@ -890,6 +890,18 @@ def test_short_or_harmless_header_values_do_not_garble_errors() -> None:
     assert redactor.scrub("HTTP 401: session 1 refused") == "HTTP 401: session 1 refused"
 
 
+def test_a_cookies_preferences_are_not_scrubbed_but_its_session_id_is() -> None:
+    """Scrubbing ``lang=en-US`` or ``theme=dark`` would garble every record holding the word
+    (in a service, every tenant's while one server lives); a session id is long, and a
+    cookie named as a credential is scrubbed whatever its length."""
+    cookie = "lang=en-US; theme=dark; sid=0f3a9c2e71b4d5a6; token=k9Zq"
+    conn = Connection("openai", "https://gw.test/v1", secret=None, http_client=None, request_id_header="x")
+    redactor = conn.redactor({"cookie": cookie})
+    text = redactor.scrub("HTTP 401: locale en-US, theme dark; session 0f3a9c2e71b4d5a6 and k9Zq refused")
+    assert text == "HTTP 401: locale en-US, theme dark; session [REDACTED] and [REDACTED] refused"
+    assert redactor.scrub(f"echo: {cookie}") == "echo: [REDACTED]"  # the header's value whole
+
+
 def test_a_request_that_succeeds_never_collects_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """The secrets to scrub are gathered at the first error, not for every request."""
     conn = Connection("openai", "https://u:pw1234@gw.test/v1", secret=Secret("sk-abcdef"), http_client=None,

@@ -30,6 +30,9 @@ _CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "pass", "sessio
 #: Shorter values are not scrubbed: no credential is that short, and replacing every "1" of
 #: an error (a header such as ``x-session-affinity: 1``) would garble it.
 _MIN_PART = 4
+#: A cookie's value is scrubbed on its own from this length (or when the cookie's name marks a
+#: credential); the header's whole value is scrubbed whatever its cookies.
+_MIN_COOKIE = 8
 
 
 #: Query parameters that carry a credential although their name says nothing of one: Azure
@@ -50,16 +53,21 @@ def is_query_credential(name: str) -> bool:
 
 def credential_parts(value: str) -> list[str]:
     """What to scrub for a credential ``value``: the value, the credentials after its
-    scheme (``Bearer <token>``, ``Basic <base64>``) and each cookie's value, since a
-    server may echo any one of them."""
+    scheme (``Bearer <token>``, ``Basic <base64>``) and each cookie's value that can be a
+    credential (8 characters or more, or a cookie named as one), since a server may echo any
+    one of them."""
     parts = [value]
     rest = value.partition(" ")[2].strip()
     if rest:
         parts.append(rest)
     for pair in value.split(";"):
-        _, eq, part = pair.partition("=")
-        if eq and part.strip():
-            parts.append(part.strip())
+        name, eq, part = pair.partition("=")
+        part = part.strip()
+        # A cookie's value alone, when it can be one: a session id is long, or its cookie is
+        # named as a credential is; a preference (``lang=en-US``, ``theme=dark``) is neither,
+        # and scrubbing it would garble every record that holds the word.
+        if eq and part and (len(part) >= _MIN_COOKIE or is_credential(name)):
+            parts.append(part)
     return [p for p in parts if len(p) >= _MIN_PART]
 
 

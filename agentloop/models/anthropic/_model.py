@@ -28,6 +28,9 @@ class AnthropicModel(HTTPModel):
     or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
     which replaces the declaration of the engine's tool of the same name (that tool runs it).
     ``extra_body`` is merged into every request body.
+    Thinking is kept with the server that made it (`ThinkingBlock.origin`: the scheme, host
+    and port of ``base_url``) and sent back to that server only: another Anthropic-compatible
+    server (DeepSeek's, Kimi's) cannot check its signatures, and refuses the request.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -63,10 +66,12 @@ class AnthropicModel(HTTPModel):
             http_client=http_client,
             request_id_header="request-id",
         )
+        self._origin = origin_of(self._conn.base_url)
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        return run_stream(self._conn, lambda: self._prepare(request), AnthropicMapper, signal)
+        origin = self._origin
+        return run_stream(self._conn, lambda: self._prepare(request), lambda rid: AnthropicMapper(rid, origin), signal)
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         secret = self._conn.secret
@@ -90,6 +95,14 @@ class AnthropicModel(HTTPModel):
             thinking=self.thinking,
             extra_tools=self.extra_tools,
             interleaved="interleaved-thinking" in beta,
+            origin=self._origin,
         )
         body.update(self.extra_body)
         return "/v1/messages", headers, body
+
+
+def origin_of(base_url: str) -> str:
+    """The server of ``base_url``: its scheme, host and port (``"https://api.deepseek.com"``
+    for ``"https://api.deepseek.com/anthropic"``), without user info or a default port."""
+    url = httpx.URL(base_url)
+    return f"{url.scheme}://{url.netloc.decode('ascii')}".lower()

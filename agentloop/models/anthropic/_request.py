@@ -2,12 +2,14 @@
 
 Turns alternate roles; an assistant turn never ends in thinking, which the API refuses, and a
 server tool call goes with its result; thinking another provider made (an OpenAI reasoning
-item) is not sent; blank tool-result text is left out; ``extra_tools`` are declared as given.
+item), or another Anthropic-compatible server (`ThinkingBlock.origin`), is not sent; blank
+tool-result text is left out; ``extra_tools`` are declared as given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from ..._messages import (
@@ -39,6 +41,7 @@ def build_request(
     thinking: dict[str, Any] | None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
     interleaved: bool = False,
+    origin: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a streamed Messages request for ``request``.
 
@@ -56,6 +59,9 @@ def build_request(
     start with thinking (another provider made it) is sent without ``thinking``, and so is one
     whose ``tool_choice`` forces a tool ("any" or a tool's name), which the API does not take
     with thinking.
+    Thinking and redacted thinking that a server other than ``origin`` made (their own
+    ``origin`` differs) are not sent: only the server that signed them can check them. The
+    transcript keeps them; one of unknown origin is sent, as before.
     Raises `ModelError` for a declared tool name the API refuses.
     """
     check_tool_names("anthropic", request.tools)
@@ -63,9 +69,10 @@ def build_request(
     budget = thinking.get("budget_tokens") if thinking is not None and thinking.get("type") == "enabled" else None
     if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
+    foreign = partial(_foreign, origin=origin)
     messages = [
         {"role": role, "content": [_block(b) for b in blocks]}
-        for role, blocks in _fit(turns(_unrefused(request.messages), foreign=_foreign, provider="anthropic"))
+        for role, blocks in _fit(turns(_unrefused(request.messages), foreign=foreign, provider="anthropic"))
     ]
     body: dict[str, Any] = {"model": model, "max_tokens": limit, "messages": messages, "stream": True}
     if request.system:
@@ -186,11 +193,14 @@ def _is_thinking(block: Block) -> bool:
     return isinstance(block, ThinkingBlock | RedactedThinkingBlock)
 
 
-def _foreign(block: ThinkingBlock) -> bool:
+def _foreign(block: ThinkingBlock | RedactedThinkingBlock, *, origin: str | None) -> bool:
     """Thinking another provider made: an OpenAI reasoning item is kept as a JSON object in
-    the signature (an Anthropic signature is base64). Sent back, it would fail every request
-    with "Invalid `signature` in `thinking` block"."""
-    return block.signature.startswith("{")
+    the signature (an Anthropic signature is base64). Or thinking another server made
+    (DeepSeek's Anthropic API, then api.anthropic.com): its ``origin`` is not ``origin``.
+    Sent back, either would fail every request with "Invalid `signature` in `thinking` block"."""
+    if origin is not None and block.origin is not None and block.origin != origin:
+        return True
+    return isinstance(block, ThinkingBlock) and block.signature.startswith("{")
 
 
 def _block(block: Block) -> dict[str, Any]:

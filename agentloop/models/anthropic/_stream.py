@@ -37,7 +37,8 @@ _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_erro
 
 class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
-    the ``event:`` line is not needed). Terminator: ``message_stop``."""
+    the ``event:`` line is not needed). Terminator: ``message_stop``. ``origin``: the
+    server streaming (scheme, host and port), given to each thinking block it signs."""
 
     __slots__ = (
         "_blocks",
@@ -47,13 +48,15 @@ class AnthropicMapper:
         "_usage",
         "_whole",
         "done",
+        "origin",
         "request_id",
         "response_id",
         "terminator",
     )
 
-    def __init__(self, request_id: str | None = None) -> None:
+    def __init__(self, request_id: str | None = None, origin: str | None = None) -> None:
         self.request_id = request_id
+        self.origin = origin
         self.done = False
         self.terminator = "message_stop"
         self.response_id: str | None = None
@@ -131,7 +134,7 @@ class AnthropicMapper:
                 raise _wrong_block(dt, block, index)
             if dt == "thinking_delta":
                 return (StreamThinking(index, delta["thinking"]),)
-            return (StreamSignature(index, delta["signature"]),)
+            return (StreamSignature(index, delta["signature"], self.origin),)
         return None  # citations_delta and future delta types
 
     def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -156,10 +159,10 @@ class AnthropicMapper:
             if block.get("thinking"):
                 whole.append(StreamThinking(index, block["thinking"]))
             if block.get("signature"):  # a proxy that sends the whole block up front
-                whole.append(StreamSignature(index, block["signature"]))
+                whole.append(StreamSignature(index, block["signature"], self.origin))
             return whole
         if bt == "redacted_thinking":
-            return (StreamRedactedThinking(index, block["data"]),)
+            return (StreamRedactedThinking(index, block["data"], self.origin),)
         if bt == "tool_use":
             if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
                 self._whole[index] = json.dumps(block["input"])
