@@ -507,10 +507,13 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
         if not task.done():
             task.cancel()
             # Give it a moment to unwind; a callback that ignores cancellation
-            # is abandoned (with a warning) rather than allowed to hold the run open.
-            await asyncio.wait({task}, timeout=UNWIND)
-            if not task.done() and hold_until_done(task):
-                log.warning("%r ignored cancellation; abandoning it", task.get_coro())
+            # is abandoned (with a warning) rather than allowed to hold the run open,
+            # also when this wait is cut short (the run cancels the call meanwhile).
+            try:
+                await asyncio.wait({task}, timeout=UNWIND)
+            finally:
+                if not task.done() and hold_until_done(task):
+                    log.warning("%r ignored cancellation; abandoning it", task.get_coro())
     if signal.aborted and (task.cancelled() or not task.done() or isinstance(task.exception(), KeyboardInterrupt)):
         # A KeyboardInterrupt left the loop from the task's own step, which stopped the run: the
         # host had it once, and the abort is what is left of it here.

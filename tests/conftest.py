@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
@@ -138,3 +139,36 @@ def _no_open_responses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     left = [r for r in streamed if id(r) not in closed]
     assert not left, f"HTTP responses left open after the test: {left}"
+
+
+# What asyncio's debug mode reports about a task or coroutine nobody saw to the end. Slow
+# callbacks ("Executing <Task ...> took ...") are left out: on a loaded machine any step may be.
+_NEGLECT = ("Task was destroyed but it is pending", "was never retrieved", "was never awaited", "never awaited")
+
+
+class _NeglectLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if any(text in message for text in _NEGLECT):
+            self.said.append(message)
+
+
+@pytest.fixture(autouse=True)
+def _no_neglected_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Nothing the test ran made asyncio log a task destroyed while pending, an exception never
+    retrieved or a coroutine never awaited (what debug mode reports, whichever loop ran it)."""
+    if request.node.get_closest_marker("closes_loop_under_tasks") is not None:
+        yield
+        return
+    handler = _NeglectLog()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    assert not handler.said, f"asyncio reported neglected tasks or coroutines: {handler.said}"

@@ -513,6 +513,7 @@ def test_every_event_type_renders_on_the_ui_thread(editor: Editor) -> None:
     assert {"turn_started", "text_delta", "assistant_message", "turn_ended"} <= set(editor.types()) <= all_types
 
 
+@pytest.mark.closes_loop_under_tasks
 def test_a_build_left_in_a_loop_closed_under_it_is_killed(tmp_path: Path) -> None:
     editor = Editor()
     started = tmp_path / "started"

@@ -32,6 +32,18 @@ async def test_leaves_a_task_running():
     await asyncio.sleep(0)
 
 
+async def test_destroys_a_pending_task():
+    import gc
+
+    async def forever():
+        await asyncio.get_running_loop().create_future()  # a future only this task holds
+
+    task = asyncio.create_task(forever())
+    await asyncio.sleep(0)
+    del task
+    gc.collect()  # asyncio logs "Task was destroyed but it is pending!"
+
+
 async def swallow_a_cancel():
     started = asyncio.Event()
 
@@ -120,6 +132,7 @@ def leak_run(tmp_path_factory: pytest.TempPathFactory) -> str:
         ("test_leaves_a_response_open", "HTTP responses left open after the test"),
         ("test_leaves_an_httpx2_response_open", "HTTP responses left open after the test"),
         ("test_leaves_a_child_process", "child processes left behind"),
+        ("test_destroys_a_pending_task", "asyncio reported neglected tasks or coroutines"),
     ],
 )
 def test_each_leak_fails_its_test_at_teardown(leak_run: str, test: str, complaint: str) -> None:
@@ -130,4 +143,4 @@ def test_each_leak_fails_its_test_at_teardown(leak_run: str, test: str, complain
 @pytest.mark.parametrize("test", ["test_cleans_up_after_itself", "test_swallows_a_cancel_on_purpose"])
 def test_a_test_that_cleans_up_or_is_marked_passes(leak_run: str, test: str) -> None:
     assert re.search(rf"^PASSED test_leaks\.py::{test}$", leak_run, re.M), leak_run
-    assert "7 passed, 5 errors" in leak_run, leak_run
+    assert "8 passed, 6 errors" in leak_run, leak_run

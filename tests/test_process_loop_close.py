@@ -83,6 +83,7 @@ async def _started_call(started: threading.Event) -> Any:
     return await call
 
 
+@pytest.mark.closes_loop_under_tasks
 def test_a_loop_stopped_from_another_thread_and_closed_under_a_call_leaves_nothing() -> None:
     # An editor plugin's loop: stopped from the UI thread and closed, nothing cancelled. The call's
     # cleanup never runs there; the group is killed when the call is collected, and its pipes and

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -144,8 +143,14 @@ class Connection:
         self._stop.set()
         if not self._ready.done():
             self._task.cancel()  # still connecting: nobody is using it yet
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            # The cancellation of the connecting task above stays here; one of the caller's
+            # own (its task is being cancelled) propagates.
+            caller = asyncio.current_task()
+            if not self._task.cancelled() or caller is None or caller.cancelling():
+                raise
 
 
 class _Session(ClientSession):

@@ -267,9 +267,15 @@ class MCPServer:
         Also waits for connections still closing after `on_main_abort`.
         """
         self._closed = True
-        await self.reset()
+        self._detach()
+        cancelled: asyncio.CancelledError | None = None
         while pending := {task for task in self._closing if not task.done()}:
-            await asyncio.wait(pending)
+            try:
+                await asyncio.wait(pending)
+            except asyncio.CancelledError as exc:  # the caller's: raised once the server is stopped
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
 
     def _detach(self) -> asyncio.Task[None] | None:
         """Take the connection out of use at once (the next call opens a new one) and close
