@@ -68,6 +68,11 @@ def credential_parts(value: str) -> list[str]:
         # and scrubbing it would garble every record that holds the word.
         if eq and part and (len(part) >= _MIN_COOKIE or is_credential(name)):
             parts.append(part)
+    # As the HTTP layer quotes a value it refuses (a line break in it: "Illegal header value
+    # b'tok\\n'"), escaped: the value as given is not in that text.
+    escaped = repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+    if escaped != value:
+        parts.append(escaped)
     return [p for p in parts if len(p) >= _MIN_PART]
 
 
