@@ -310,8 +310,9 @@ async def _python_calls_into(module_file: str, engine: QueryEngine) -> int:
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         nonlocal calls
-        if event == "call" and frame.f_code.co_filename == module_file:
-            calls += 1
+        # Calls from outside the module only: how often the engine enters it.
+        if event == "call" and frame.f_code.co_filename == module_file and frame.f_back is not None:
+            calls += frame.f_back.f_code.co_filename != module_file
 
     sys.setprofile(profile)
     try:
