@@ -32,10 +32,14 @@ How (exact, no hashing heuristics):
   period p past them holds two copies before it is adopted, so its last p
   characters recur p back: the distances beyond are searched with the last 64
   characters, a needle that recurs by chance far less often in real text
-  (indentation, keywords, a line written twice). While no run is live, one
+  (indentation, keywords, a line written twice) and that CPython's search
+  skips along faster. While no run is live and the reach is at most 256, one
   search of the anchor over the whole reach comes first: the far needle ends
   with the anchor, so where the anchor does not recur (most checkpoints), the
-  far needle does not either, and a checkpoint costs that one search.
+  far needle does not either, and a checkpoint costs that one search. A wider
+  reach is searched in two parts, the near distances with the anchor and the
+  far ones with the far needle: a 16-character needle crosses a long reach
+  more slowly than a 64-character one.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
 - Memory is bounded: the buffer keeps at most ``3*window`` characters.
@@ -88,6 +92,7 @@ _BLOCK = 64  # slice size for the backwards onset search
 _NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
 _LONG_NEEDLE = 64  # longest needle of a continued candidate search
+_WIDE = 256  # a reach past this is searched in two parts (the anchor near, the far needle far)
 
 
 class _Run:
@@ -147,6 +152,7 @@ class RepetitionDetector:
         self._far_needle = max(_FAR_NEEDLE, anchor)
         self._near = max(_NEAR, self._far_needle)
         self._split_from = self._near + self._far_needle  # a shorter buffer has no far distances
+        self._wide = _WIDE
         self.reset()
 
     def reset(self) -> None:
@@ -216,11 +222,24 @@ class RepetitionDetector:
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
         a = e - self._k  # the anchor is buf[a:e]
-        # One search with the anchor over the whole reach: where it does not recur, neither does
-        # the far needle, which ends with it (the usual case: nothing more to do).
-        j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
-        if j >= 0:
-            return self._recurs(buf, n, last, j, reach)
+        if reach <= self._wide or e <= self._split_from:
+            # One search with the anchor over the whole reach: where it does not recur, neither
+            # does the far needle, which ends with it (the usual case: nothing more to do).
+            j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
+            if j >= 0:
+                return self._recurs(buf, n, last, j, reach)
+        else:  # a wide reach: the anchor over the near distances, the far needle beyond
+            near = self._near
+            j = buf.rfind(buf[a:e], a - near, e - 1)
+            if j >= 0:
+                return self._recurs(buf, n, last, j, reach)
+            f = e - self._far_needle  # the far needle is buf[f:e]
+            j = buf.rfind(buf[f:e], f - reach if f > reach else 0, e - near - 1)
+            if j >= 0:
+                self._done = last
+                self._candidates(buf, last, j, self._far_needle, reach)
+                if self.live:
+                    return self._check(buf, n)
         # No run is live, so `_done` is not read before the next adoption sets it.
         if n > self._trim_n:
             self._trim(buf, n)

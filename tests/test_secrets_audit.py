@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import httpx2
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentloop import (
@@ -44,6 +44,7 @@ from agentloop import (
 from agentloop._errors import ModelError, ProviderConnectionError
 from agentloop.mcp import MCPServer
 from agentloop.models import AnthropicModel, ModelRequest, OpenAIChatModel, OpenAIResponsesModel
+from agentloop.models._http import Redactor
 from agentloop.sessions import JsonlSession
 
 MARK = "[REDACTED]"
@@ -241,16 +242,24 @@ async def _drive(kind: str, failure: str, secrets: dict[str, str], session: Path
 
 #: Credentials nobody would draw, for the texts a failure shows whatever the credentials are.
 _SENTINELS = {name: f"Sentinel{name}Q7xZ9vW2" for name in ("key", "header", "client", "password", "query")}
-_baselines: dict[tuple[str, str], str] = {}
+_baselines: dict[tuple[str, str, frozenset[str]], str] = {}
 
 
-def baseline(kind: str, failure: str) -> str:
+def sendable(value: str) -> bool:
+    """Whether an HTTP header can carry ``value``."""
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
+def baseline(kind: str, failure: str, refused: frozenset[str] = frozenset()) -> str:
     """Every text ``failure`` shows with credentials that occur nowhere else, those marked: a
-    credential that is a word of it ("base", "POST") shows there whatever is redacted."""
-    key = (kind, failure)
+    credential that is a word of it ("base", "POST") shows there whatever is redacted. Those named
+    in ``refused`` are drawn as no header can carry (a line break at the end): the error that
+    refuses the request has words of its own ("extra_headers")."""
+    key = (kind, failure, refused)
     if key not in _baselines:
+        drawn = {name: value + "\n" if name in refused else value for name, value in _SENTINELS.items()}
         with tempfile.TemporaryDirectory() as folder, logged() as records:
-            texts = asyncio.run(_drive(kind, failure, _SENTINELS, Path(folder) / "s.jsonl"))
+            texts = asyncio.run(_drive(kind, failure, drawn, Path(folder) / "s.jsonl"))
         joined = "\n".join([*texts, *records.texts])
         for value in _SENTINELS.values():
             joined = joined.replace(value, MARK)
@@ -267,18 +276,26 @@ def baseline(kind: str, failure: str) -> str:
     password=url_part,
     query=url_part,
 )
+# A key that is a piece of the proxy's host name, with a chained cause that echoes the request.
+@example(kind="anthropic", failure="chained cause", key="prox", header="0000", client="0000", password="0000",
+         query="0000")  # fmt: skip
+# A client header that ends with a double quote, which the error body's JSON escapes.
+@example(kind="anthropic", failure="400", key="0000", header="0000", client='0001000100010001000000000000000"',
+         password="0000", query="0000")  # fmt: skip
+# A key that is a word of the error refusing a header no request can carry.
+@example(kind="chat", failure="400", key="extr", header="tok\n", client="0000", password="0000", query="0000")
 def test_no_failure_of_a_request_shows_a_credential(
     kind: str, failure: str, key: str, header: str, client: str, password: str, query: str
 ) -> None:
     secrets = {"key": key, "header": header, "client": client, "password": password, "query": query}
     with tempfile.TemporaryDirectory() as folder, logged() as records:
         texts = asyncio.run(_drive(kind, failure, secrets, Path(folder) / "s.jsonl"))
-    usual = baseline(kind, failure)
+    refused = frozenset(name for name in ("key", "header") if not sendable(secrets[name]))
+    usual = baseline(kind, failure, refused)
     checked = [s for s in secrets.values() if not any(piece in usual for piece in pieces(s))]
     shown = [(t[:300], found) for t in [*texts, *records.texts] if (found := leaked(checked, t))]
     assert not shown, shown
-    sendable = all(v.isascii() and v.isprintable() and v == v.strip() for v in (key, header))
-    if failure.isdigit() and sendable:  # the error quotes what the server said, credentials marked
+    if failure.isdigit() and not refused:  # the error quotes what the server said, credentials marked
         assert any(MARK in t for t in texts if "Error" in t)
 
 
@@ -329,6 +346,51 @@ async def test_an_error_whose_text_cannot_be_scrubbed_is_not_shown() -> None:
     assert "_Opaque" in str(exc)
     assert exc.__cause__ is None and exc.__suppress_context__
     assert "sk-audit-0123456789abcdef" not in "".join(traceback.format_exception(exc))
+
+
+async def test_a_chained_cause_is_scrubbed_when_the_key_is_a_piece_of_the_host_name() -> None:
+    # The httpx error's request is replaced by a scrubbed copy; scrubbing "prox" out of the host
+    # name made an invalid URL, and the error that raised left the cause below it unscrubbed.
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_raises(_caused))) as client:
+        model = AnthropicModel("m", api_key="prox", base_url="https://proxy.example/v1", http_client=client,
+                               extra_headers={"x-gateway-token": "gw-token-0123456789"})  # fmt: skip
+        with pytest.raises(ModelError) as caught:
+            async with contextlib.aclosing(model.stream(ModelRequest(messages=[Message.user("hi")]), AbortController().signal)) as s:
+                async for _ in s:
+                    pass
+    cause = caught.value.__cause__
+    assert isinstance(cause, httpx.ConnectError) and isinstance(cause.__cause__, OSError)
+    assert "gw-token-0123456789" not in "".join(traceback.format_exception(caught.value))
+    assert f"x-gateway-token: {MARK}" in str(cause.__cause__)
+    assert cause.request.url.host == "proxy.example"
+
+
+async def test_a_credential_an_error_body_escapes_is_scrubbed_whole() -> None:
+    # The body's JSON writes the header's '"' as '\"': the key inside it was scrubbed out of the
+    # escaped text, which left the rest of the header's value to show.
+    token = 'tok-0123456789abcdef-0000-0000"'
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_status(400)), headers={"x-client-token": token}) as client:
+        model = AnthropicModel("m", api_key="0000", http_client=client)
+        with pytest.raises(ModelError) as caught:
+            async with contextlib.aclosing(model.stream(ModelRequest(messages=[Message.user("hi")]), AbortController().signal)) as s:
+                async for _ in s:
+                    pass
+    texts = list(exception_texts(caught.value))
+    assert not [t for t in texts if "tok-0123456789" in t or "abcdef-" in t]
+    assert f"x-client-token: {MARK}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [json.dumps, repr, lambda v: repr(v.encode()), lambda v: quote(v, safe=""), lambda v: urlencode({"q": v})],
+    ids=["json", "repr", "bytes repr", "percent-encoded", "form-encoded"],
+)
+def test_a_credential_is_scrubbed_in_each_form_an_error_can_show_it_in(form: Callable[[str], str]) -> None:
+    secret = 'A"B\\C\'D/E:F@G=H I'
+    assert form(secret) != secret
+    scrubbed = Redactor([secret]).scrub(f"{form(secret)} + {secret}")
+    assert scrubbed.count(MARK) == 2
+    assert not set(scrubbed.replace(MARK, "")) & set("ABCDEFGHI%"), scrubbed
 
 
 def _chat(*chunks: dict[str, Any]) -> bytes:

@@ -16,7 +16,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import httpx
 
@@ -76,6 +76,29 @@ def credential_parts(value: str) -> list[str]:
     return [p for p in parts if len(p) >= _MIN_PART]
 
 
+#: Characters that no escaping or percent-encoding changes: a credential made of them only
+#: (most keys and tokens) has one form.
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.~")
+
+
+def shown_forms(value: str) -> set[str]:
+    """The forms ``value`` takes in the texts an error can hold: as given, escaped in JSON (an
+    error body that echoes a header: ``\\"`` for ``"``), in a repr (the HTTP layer quotes a value
+    it refuses as bytes: ``b'tok\\n'``) and percent-encoded, every reserved character (a URL's
+    query parameter, a form)."""
+    if _PLAIN.issuperset(value):
+        return {value}
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        repr(value.encode("utf-8", "backslashreplace"))[2:-1],
+        quote(value, safe=""),
+        quote_plus(value, safe=""),  # a query string's or form's value
+    }
+
+
 class Redactor:
     """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
     out of text and errors; its repr shows none of them."""
@@ -86,26 +109,37 @@ class Redactor:
         # A callable is called at the first scrub: a request's redactor is needed only when
         # something goes wrong, so a request that succeeds never collects its secrets.
         self._make = values
-        self._sorted: tuple[str, ...] | None = None if callable(values) else self._order(values)
+        self._sorted: tuple[tuple[str, ...], tuple[str, ...]] | None = (
+            None if callable(values) else self._order(values)
+        )
 
     @staticmethod
-    def _order(values: Iterable[str]) -> tuple[str, ...]:
-        # Longest first: a secret that holds another (``Bearer <key>`` and ``<key>``) goes whole.
-        return tuple(sorted({v for v in values if v}, key=len, reverse=True))
+    def _order(values: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The secrets, and every form of them (`shown_forms`), each longest first: a secret
+        that holds another (``Bearer <key>`` and ``<key>``) goes whole. Were a secret's escaped
+        form left alone, a shorter secret inside it would be scrubbed and the rest shown."""
+        plain = {v for v in values if v}
+        forms = {form for v in plain for form in shown_forms(v)}
+        return tuple(sorted(plain, key=len, reverse=True)), tuple(sorted(forms, key=len, reverse=True))
 
     @property
     def values(self) -> tuple[str, ...]:
-        """The secrets, longest first."""
-        return self._values
+        """The secrets as given, longest first."""
+        return self._ordered[0]
 
     @property
     def _values(self) -> tuple[str, ...]:
-        values = self._sorted
-        if values is None:
+        """The secrets in every form they can be shown in, longest first."""
+        return self._ordered[1]
+
+    @property
+    def _ordered(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        ordered = self._sorted
+        if ordered is None:
             make = self._make
             assert callable(make)
-            values = self._sorted = self._order(make())
-        return values
+            ordered = self._sorted = self._order(make())
+        return ordered
 
     def scrub(self, text: str) -> str:
         """``text`` with every occurrence of a secret replaced by ``[REDACTED]``."""
@@ -186,7 +220,9 @@ class Redactor:
                 f"{name}=[REDACTED]" if eq and is_query_credential(unquote(name)) else name + eq + value
                 for name, eq, value in (pair.partition("=") for pair in query.split("&"))
             )
-        shown = self.scrub(f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}{path}{mark}{query}")
+        # The host is kept: a secret that is a piece of its name ("prox" of proxy.example) would
+        # leave no host to make a URL of, and a host name is no credential.
+        shown = f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}{self.scrub(path + mark + query)}"
         headers = [(name, "[REDACTED]" if is_credential(name) else self.scrub(value))
                    for name, value in request.headers.multi_items()]  # fmt: skip
         return httpx.Request(request.method, shown, headers=headers)
