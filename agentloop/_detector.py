@@ -228,7 +228,8 @@ class RepetitionDetector:
             j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)
             if j >= 0:
                 return self._recurs(buf, n, last, j, reach)
-        else:  # a wide reach: the anchor over the near distances, the far needle beyond
+        else:  # a wide reach: the anchor over the near distances, the far needle beyond (as in
+            # `_recurs`, inline: a wide reach is most hand-overs of long deltas, and a call costs)
             near = self._near
             j = buf.rfind(buf[a:e], a - near, e - 1)
             if j >= 0:
