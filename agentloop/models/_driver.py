@@ -404,11 +404,16 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
                 raise
             if watch is not None:
                 watch.reading = False
-            for piece in [chunk] if unpack is None else unpack.decode(chunk):
+            if unpack is None:  # the usual body: each read as it came, no list per read
+                if chunk:
+                    yield chunk
+                continue
+            for piece in unpack.decode(chunk):
                 if piece:
                     yield piece
-        for piece in () if unpack is None else unpack.flush():
-            yield piece
+        if unpack is not None:
+            for piece in unpack.flush():
+                yield piece
     finally:
         if watch is not None:
             watch.close()
