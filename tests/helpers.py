@@ -237,3 +237,24 @@ def collect_garbage(wait: float = 10.0) -> list[str]:
     finally:
         sys.unraisablehook = hook
     return complaints
+
+
+def stubborn_prompt(asked: asyncio.Event, release: asyncio.Event, ended: asyncio.Event) -> Any:
+    """A permission callback that ignores its cancellation (a UI toolkit's prompt that cannot be
+    cancelled): it sets ``asked``, swallows the first cancel, then waits for ``release`` (a
+    future only it holds) and sets ``ended`` on its way out, allowing the call."""
+    from agentloop import Allow
+
+    async def permission(use: object, ctx: object) -> Allow:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed
+        try:
+            await release.wait()
+        finally:
+            ended.set()
+        return Allow()
+
+    return permission

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 
 from agentloop import (
-    Allow,
-    Deny,
     ModelError,
     QueryEngine,
     Retrying,
@@ -25,12 +23,11 @@ from agentloop import (
     ScriptedToolCall,
     ToolCallStarted,
     ToolContext,
-    ToolUseBlock,
     tool,
     validate_transcript,
 )
 from agentloop._executor import _abandoned
-from tests.helpers import VirtualClock, child_pids_alive, collect
+from tests.helpers import VirtualClock, child_pids_alive, collect, stubborn_prompt
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -183,17 +180,7 @@ async def test_a_prompt_ignoring_its_cancel_is_held_and_warned_about_when_the_ho
     held until it ends (not left to the garbage collector mid-await)."""
     asked, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
-        asked.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # swallowed: a UI toolkit's prompt that cannot be cancelled
-        try:
-            await release.wait()  # a future only this coroutine holds
-        finally:
-            ended.set()
-        return Allow()
+    permission = stubborn_prompt(asked, release, ended)
 
     @tool
     async def t() -> str:

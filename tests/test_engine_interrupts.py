@@ -41,7 +41,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._inbox import Texts
-from tests.helpers import HangingModel, VirtualClock, collect, kinds
+from tests.helpers import HangingModel, VirtualClock, collect, kinds, stubborn_prompt
 
 TEXTS = Texts()
 
@@ -594,17 +594,7 @@ async def test_a_permission_prompt_ignoring_its_cancellation_is_abandoned_with_a
 ) -> None:
     asked, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
-        asked.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # swallowed: a UI toolkit's prompt that cannot be cancelled
-        try:
-            await release.wait()  # a future only this coroutine holds
-        finally:
-            ended.set()
-        return Allow()
+    permission = stubborn_prompt(asked, release, ended)
 
     engine, run = await _prompting(permission, asked)
     with caplog.at_level(logging.WARNING, logger="agentloop"):
