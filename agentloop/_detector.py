@@ -61,6 +61,7 @@ the confident verdict is reserved for the thinking channel.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ._signals import DoomLoopSignal
@@ -93,6 +94,13 @@ _NEAR = 64  # distances searched with the anchor itself; farther ones with the f
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
 _LONG_NEEDLE = 64  # longest needle of a continued candidate search
 _WIDE = 256  # a reach past this is searched in two parts (the anchor near, the far needle far)
+
+
+@functools.lru_cache(maxsize=16)
+def _reach_table(step: int, window: int) -> tuple[int, ...]:
+    """The search reach by bit length (see `RepetitionDetector.__init__`): one table per
+    (step, window), shared by the detectors that use it (a policy makes two per engine)."""
+    return tuple(min(step << max(b, 1), window) for b in range(65))
 
 
 class _Run:
@@ -148,7 +156,7 @@ class RepetitionDetector:
         self.live: dict[int, _Run] = {}
         # Search reach by the bit length of (first checkpoint index - 1) ^ (last index): twice
         # the stride of the chunk's farthest-reaching checkpoint.
-        self._reach = tuple(min(step << max(b, 1), window) for b in range(65))
+        self._reach = _reach_table(step, window)
         self._far_needle = max(_FAR_NEEDLE, anchor)
         self._near = max(_NEAR, self._far_needle)
         self._split_from = self._near + self._far_needle  # a shorter buffer has no far distances

@@ -273,16 +273,25 @@ def misplaced(policy: str, hook: str, verdict: Verdict) -> None:
     )
 
 
+# The policy classes `check_hooks` has passed, so an engine made per request with the stock
+# policies does not inspect their hooks again.
+_plain_hooks: weakref.WeakSet[type] = weakref.WeakSet()
+
+
 def check_hooks(policy: Policy) -> None:
     """Raises TypeError when one of ``policy``'s hooks is an ``async def``: the engine calls
     hooks and acts on what they return, so a coroutine would never run, and the policy never act."""
+    cls = type(policy)
+    if cls in _plain_hooks:
+        return
     for hook in HOOKS:
-        fn = getattr(type(policy), hook, None)
+        fn = getattr(cls, hook, None)
         if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(
                 f"policy hooks are plain functions, called and not awaited: {type(policy).__name__}.{hook} "
                 "is an async def (do the waiting in a tool, or in a task the policy starts and reads later)"
             )
+    _plain_hooks.add(cls)
 
 
 # id(policy) -> the engine it was last bound to (an entry goes with its engine).

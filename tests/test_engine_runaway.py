@@ -35,7 +35,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
-from agentloop._detector import THINKING_RULES, WORDY_RULES
+from agentloop._detector import THINKING_RULES, WORDY_RULES, RepetitionDetector
 from agentloop._model import (
     StreamBlockStop,
     StreamEnd,
@@ -1192,6 +1192,34 @@ def test_a_policy_with_an_async_hook_is_refused_at_construction(policy: type[Pol
     awaited, so the policy never acted (and each call left a "never awaited" warning)."""
     with pytest.raises(TypeError, match=r"hooks are plain functions.*async def"):
         QueryEngine(ScriptedModel(["done"]), policies=[policy()])
+
+
+def test_a_policy_class_is_checked_once_and_an_async_subclass_of_it_still_refused() -> None:
+    """The hooks of a policy class are inspected at its first engine only (an engine made per
+    request does not inspect the stock policies again); a subclass that turns a hook into an
+    ``async def`` is a class of its own, and is refused."""
+
+    class Plain(Policy):
+        def begin_turn(self, *, real_user: bool) -> None:
+            return None
+
+    class AsyncAfterAll(Plain):
+        async def begin_turn(self, *, real_user: bool) -> None:  # type: ignore[override]
+            return None
+
+    for _ in range(2):
+        QueryEngine(ScriptedModel(["done"]), policies=[Plain()])
+    with pytest.raises(TypeError, match=r"hooks are plain functions.*AsyncAfterAll\.begin_turn"):
+        QueryEngine(ScriptedModel(["done"]), policies=[AsyncAfterAll()])
+
+
+def test_detectors_of_one_geometry_share_their_reach_table() -> None:
+    """The search reach table is made once per (step, window): a policy makes two detectors per
+    engine, and building the table took most of its construction (28 -> 2.6 us)."""
+    a, b = RepetitionDetector("text"), RepetitionDetector("thinking")
+    assert a._reach is b._reach and len(a._reach) == 65
+    c = RepetitionDetector("text", window=8192)
+    assert c._reach is not a._reach and max(c._reach) == 8192 and max(a._reach) == 4096
 
 
 async def test_a_hook_that_returns_something_else_than_a_verdict_is_logged(caplog: pytest.LogCaptureFixture) -> None:
