@@ -581,11 +581,11 @@ async def test_claudes_signed_reasoning_text_pieces_are_joined_and_keep_their_si
     msg = acc.message()
     assert msg.text == "Done."
     history = request(Message.user("hi"), msg, Message.user("and?"))
-    wire = openai_chat.build_request(history, model="m", host="openrouter.ai", origin="https://openrouter.ai")
+    wire = openai_chat.build_request(history, model="m", host="openrouter.ai", origin="https://openrouter.ai/api/v1")
     (sent,) = [m for m in wire["messages"] if m["role"] == "assistant"]
     assert sent["reasoning_details"] == [{"type": "reasoning.text", "text": "Let me think.", "format": "anthropic-claude-v1",
                                           "index": 0, "signature": "EqQBCkYIsig=="}]  # fmt: skip
-    for other in (openai_chat.build_request(history, model="m", host="api.mistral.ai", origin="https://api.mistral.ai"),
+    for other in (openai_chat.build_request(history, model="m", host="api.mistral.ai", origin="https://api.mistral.ai/v1"),
                   anthropic.build_request(history, model="m", max_tokens=64, thinking=None),
                   openai_responses.build_request(history, model="m")):  # fmt: skip
         assert "EqQBCkYIsig==" not in json.dumps(other) and "reasoning_details" not in json.dumps(other)
@@ -662,8 +662,8 @@ async def test_a_session_saved_with_the_host_only_replays_as_it_did(tmp_path: An
 )  # fmt: skip
 async def test_what_a_server_asked_back_goes_back_to_its_origin_only(base_url: str, kept: bool) -> None:
     # Two gateways on one host name, on two ports (or http and https), are two servers, as they are
-    # for the Anthropic and Responses providers: the blocks record `origin_of(base_url)`, and their
-    # JSON no longer names a host. The reasoning text itself is sent as plain text to any server.
+    # for the Anthropic and Responses providers: the blocks record `origin_of(base_url)` (scheme,
+    # host, port and path), and their JSON no longer names a host. The reasoning text itself is sent as plain text to any server.
     server = MockServer(_kept_turn_stream())
     async with server.client() as client:
         model = OpenAIChatModel("g", api_key=API_KEY, base_url="http://gw.test:8001/v1", http_client=client,
@@ -671,7 +671,7 @@ async def test_what_a_server_asked_back_goes_back_to_its_origin_only(base_url: s
         _, acc = await collect(model)
     made = acc.message()
     thinking = [b for b in made.content if isinstance(b, ThinkingBlock)]
-    assert [b.origin for b in thinking] == ["http://gw.test:8001"] * 3
+    assert [b.origin for b in thinking] == ["http://gw.test:8001/v1"] * 3
     assert not any('"host"' in b.signature for b in thinking)
     result = Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="snow")])
     sent = await _sent_assistant(request(Message.user("weather?"), made, result), base_url)
