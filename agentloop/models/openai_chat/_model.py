@@ -48,6 +48,9 @@ class OpenAIChatModel(HTTPModel):
     ``api.mistral.ai`` only. ``strict_tools``: declare the tools ``"strict": true``, their schemas
     made strict (every object closed, every property required; an optional one must accept
     ``null``); a schema that cannot be is a `ModelError` naming the tool.
+    What a server asks to have back (Gemini's ``extra_content``, OpenRouter's
+    ``reasoning_details``) is kept with the server that sent it (`ThinkingBlock.origin`, as for
+    the other providers) and sent back to that server only.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
