@@ -113,7 +113,8 @@ class ThinkingBlock(_Signed):
     """Model reasoning. ``signature`` is opaque provider data that must be sent back
     unchanged; a block with an empty signature is incomplete and never sent.
     ``origin``: the server that made it and alone can check the signature
-    (``"https://api.anthropic.com"``), set by the Anthropic provider; None: unknown."""
+    (``"https://api.anthropic.com"``: the base URL's scheme, host, port and path), set by each
+    provider on the blocks it makes; None: unknown."""
 
     model_config = _FROZEN
     type: Literal["thinking"] = "thinking"

@@ -706,12 +706,13 @@ def test_thinking_is_left_off_a_request_answering_a_tool_turn_that_did_not_think
 
 # -- thinking goes back to the server that made it only ----------------------------------
 
-_DEEPSEEK = "https://api.deepseek.com"
+_DEEPSEEK = "https://api.deepseek.com/anthropic"
 
 
 async def test_thinking_is_kept_with_the_server_that_made_it() -> None:
     # DeepSeek's (or Kimi's) Anthropic API signs thinking with keys of its own: the block
-    # records the server (scheme, host, port; no path, no user info), not the model.
+    # records the server (scheme, host, port and path; no user info, query or trailing slash),
+    # not the model.
     body = sse(START, block_start(0, {"type": "thinking", "thinking": "", "signature": ""}),
                delta_ev(0, {"type": "thinking_delta", "thinking": "hm"}),
                delta_ev(0, {"type": "signature_delta", "signature": "ZHMtc2ln"}), block_stop(0),
@@ -725,7 +726,8 @@ async def test_thinking_is_kept_with_the_server_that_made_it() -> None:
         message = acc.committable()
         assert message is not None
         origins.append([getattr(b, "origin", "-") for b in message.content])
-    assert origins == [[_DEEPSEEK, _DEEPSEEK, "-"], ["http://localhost:8080", "http://localhost:8080", "-"]]
+    here = ["https://api.deepseek.com/anthropic", "http://localhost:8080/v1"]
+    assert origins == [[here[0], here[0], "-"], [here[1], here[1], "-"]]
 
 
 @pytest.mark.parametrize("origin", [ORIGIN, _DEEPSEEK, None], ids=["this-server", "another-server", "unknown"])

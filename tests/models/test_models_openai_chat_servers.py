@@ -64,6 +64,7 @@ from agentloop import QueryEngine, TurnEnded, tool, validate_transcript
 from agentloop._errors import ProviderStreamError, StreamProtocolError
 from agentloop._messages import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from agentloop.models import OpenAIChatModel, StreamLogprobs, anthropic, openai_chat, openai_responses
+from agentloop.sessions import JsonlSession
 
 USAGE = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
 
@@ -580,11 +581,98 @@ async def test_claudes_signed_reasoning_text_pieces_are_joined_and_keep_their_si
     msg = acc.message()
     assert msg.text == "Done."
     history = request(Message.user("hi"), msg, Message.user("and?"))
-    wire = openai_chat.build_request(history, model="m", host="openrouter.ai")
+    wire = openai_chat.build_request(history, model="m", host="openrouter.ai", origin="https://openrouter.ai/api/v1")
     (sent,) = [m for m in wire["messages"] if m["role"] == "assistant"]
     assert sent["reasoning_details"] == [{"type": "reasoning.text", "text": "Let me think.", "format": "anthropic-claude-v1",
                                           "index": 0, "signature": "EqQBCkYIsig=="}]  # fmt: skip
-    for other in (openai_chat.build_request(history, model="m", host="api.mistral.ai"),
+    for other in (openai_chat.build_request(history, model="m", host="api.mistral.ai", origin="https://api.mistral.ai/v1"),
                   anthropic.build_request(history, model="m", max_tokens=64, thinking=None),
                   openai_responses.build_request(history, model="m")):  # fmt: skip
         assert "EqQBCkYIsig==" not in json.dumps(other) and "reasoning_details" not in json.dumps(other)
+
+
+# -- what a server asked to have back goes back to that server only (its origin) ------------
+
+#: An assistant turn as a session file held it before the server was kept as the blocks'
+#: `origin`: made by `OpenAIChatModel(base_url="http://gw.test:8001/v1", echo_reasoning=True)`,
+#: its reasoning kept, OpenRouter's reasoning_details and Gemini's extra_content each in a
+#: block whose JSON signature names the host only.
+HOST_ONLY_LINE = (
+    r'{"type":"message","message":{"role":"assistant","content":[{"type":"thinking","thinking":"Oslo first.",'
+    r'"signature":"{\"type\":\"reasoning_content\"}"},{"type":"tool_use","id":"call_1","name":"weather",'
+    r'"input":{"city":"Oslo"},"complete":true,"input_error":null},{"type":"thinking","thinking":"",'
+    r'"signature":"{\"type\":\"extra_content\",\"call\":\"call_1\",\"host\":\"gw.test\",\"extra_content\":'
+    r'{\"google\":{\"thought_signature\":\"R2VtaW5pU2ln\"}}}"},{"type":"thinking","thinking":"",'
+    r'"signature":"{\"type\":\"reasoning_details\",\"host\":\"gw.test\",\"reasoning_details\":'
+    r'[{\"type\":\"reasoning.encrypted\",\"data\":\"T1JzaWc=\",\"format\":\"google-gemini-v1\",\"index\":0}]}"}],'
+    r'"partial":false,"synthetic":false,"kind":null,"meta":{}}}'
+)
+
+
+def _kept_turn_stream() -> bytes:
+    call = gemini_call("call_1", "Oslo", "R2VtaW5pU2ln")
+    details = [{"type": "reasoning.encrypted", "data": "T1JzaWc=", "format": "google-gemini-v1", "index": 0}]
+    return chat_stream(chat_chunk({"reasoning_content": "Oslo first."}), chat_chunk({"reasoning_details": details}),
+                       chat_chunk({"tool_calls": [call]}), chat_chunk(finish="tool_calls"))  # fmt: skip
+
+
+async def _sent_assistant(history: Any, base_url: str) -> dict[str, Any]:
+    """The assistant message of the request `OpenAIChatModel` at ``base_url`` sends for ``history``."""
+    server = MockServer(chat_stream(chat_chunk({"content": "Snow."}), chat_chunk(finish="stop")))
+    async with server.client() as client:
+        model = OpenAIChatModel("m", api_key=API_KEY, base_url=base_url, http_client=client, echo_reasoning=True)
+        await collect(model, history)
+    (sent,) = [m for m in server.body["messages"] if m["role"] == "assistant"]
+    return sent
+
+
+def _kept_parts(sent: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return sent.get("reasoning_content"), sent["tool_calls"][0].get("extra_content"), sent.get("reasoning_details")
+
+
+KEPT_PARTS = ("Oslo first.", {"google": {"thought_signature": "R2VtaW5pU2ln"}},
+              [{"type": "reasoning.encrypted", "data": "T1JzaWc=", "format": "google-gemini-v1", "index": 0}])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("base_url", "kept"),
+    [("http://gw.test:8001/v1", True), ("https://gw.test/v1", True), ("http://gw.test:9000/other", True),
+     ("http://other.test:8001/v1", False)],
+    ids=["same-server", "same-host-other-scheme", "same-host-other-port", "other-host"],
+)  # fmt: skip
+async def test_a_session_saved_with_the_host_only_replays_as_it_did(tmp_path: Any, base_url: str, kept: bool) -> None:
+    # Such blocks have no origin: the host in their JSON decides, as it did when they were saved.
+    path = tmp_path / "s.jsonl"
+    result = Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="snow")])
+    lines = [json.dumps({"type": "message", "message": Message.user("weather?").model_dump(mode="json")}),
+             HOST_ONLY_LINE, json.dumps({"type": "message", "message": result.model_dump(mode="json")})]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.repairs == [] and loaded.warnings == []
+    assert [getattr(b, "origin", "-") for b in loaded.messages[1].content] == [None, "-", None, None]
+    sent = await _sent_assistant(request(*loaded.messages), base_url)
+    assert _kept_parts(sent) == (KEPT_PARTS if kept else ("Oslo first.", None, None))
+
+
+@pytest.mark.parametrize(
+    ("base_url", "kept"),
+    [("http://gw.test:8001/v1", True), ("HTTP://GW.test:8001/v1/", True), ("https://gw.test:8001/v1", False),
+     ("http://gw.test:8002/v1", False), ("http://other.test:8001/v1", False)],
+    ids=["same-server", "same-server-spelt-otherwise", "other-scheme", "other-port", "other-host"],
+)  # fmt: skip
+async def test_what_a_server_asked_back_goes_back_to_its_origin_only(base_url: str, kept: bool) -> None:
+    # Two gateways on one host name, on two ports (or http and https), are two servers, as they are
+    # for the Anthropic and Responses providers: the blocks record `origin_of(base_url)` (scheme,
+    # host, port and path), and their JSON no longer names a host. The reasoning text itself is sent as plain text to any server.
+    server = MockServer(_kept_turn_stream())
+    async with server.client() as client:
+        model = OpenAIChatModel("g", api_key=API_KEY, base_url="http://gw.test:8001/v1", http_client=client,
+                                echo_reasoning=True)  # fmt: skip
+        _, acc = await collect(model)
+    made = acc.message()
+    thinking = [b for b in made.content if isinstance(b, ThinkingBlock)]
+    assert [b.origin for b in thinking] == ["http://gw.test:8001/v1"] * 3
+    assert not any('"host"' in b.signature for b in thinking)
+    result = Message(role="user", content=[ToolResultBlock(tool_use_id="call_1", content="snow")])
+    sent = await _sent_assistant(request(Message.user("weather?"), made, result), base_url)
+    assert _kept_parts(sent) == (KEPT_PARTS if kept else ("Oslo first.", None, None))

@@ -428,12 +428,12 @@ async def test_final_copies_at_the_next_items_output_index_go_to_the_item_they_n
 async def test_two_local_servers_on_one_host_each_get_only_their_own_reasoning() -> None:
     # vLLM on :8000 and llama.cpp on :8080 of one machine are two servers: an item id one of
     # them made means nothing to the other. The block records the server as an Anthropic
-    # thinking block does (`origin`: scheme, host and port), and its signature is the item only.
+    # thinking block does (`origin`: scheme, host, port and path), and its signature is the item only.
     vllm, llama = "http://127.0.0.1:8000/v1", "http://127.0.0.1:8080/v1"
     _, acc = await run_body(llama_cpp_stream(["Think", "ing."], ["Hi."], []), base_url=llama)
     (thinking, _text) = acc.message().content
     assert isinstance(thinking, ThinkingBlock)
-    assert thinking.origin == "http://127.0.0.1:8080"
+    assert thinking.origin == "http://127.0.0.1:8080/v1"
     assert "host" not in json.loads(thinking.signature)
     history = request(Message.user("q"), acc.message(), Message.user("more"))
     sent: dict[str, list[Any]] = {}

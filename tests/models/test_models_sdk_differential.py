@@ -748,7 +748,7 @@ def responses_ours_summary(acc: Accumulator) -> dict[str, Any]:
     # the reasoning item agentloop keeps (in the signature) to send back next turn, to the server
     # its block's origin names only
     blocks = [b for b in acc.message().content if isinstance(b, ThinkingBlock)]
-    assert all(b.origin == "https://api.openai.com" for b in blocks)
+    assert all(b.origin == "https://api.openai.com/v1" for b in blocks)
     saved = [json.loads(b.signature) for b in blocks]
     summary["reasoning"] = saved
     return summary

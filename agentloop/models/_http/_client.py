@@ -93,12 +93,15 @@ def check_base_url(base_url: str) -> str:
 
 
 def origin_of(base_url: str) -> str:
-    """The server of ``base_url``: its scheme, host and port (``"https://api.deepseek.com"``
-    for ``"https://api.deepseek.com/anthropic"``), lower-case, without user info or a default
-    port. What a thinking block records as its `ThinkingBlock.origin`, for every provider that
-    keeps one: the server that made it, and the only one it goes back to."""
+    """The server of ``base_url``: its scheme, host, port and path
+    (``"https://api.deepseek.com/anthropic"``), scheme and host lower-case, without user info,
+    a default port, a query or a trailing ``/``; the path as it is, since a gateway that routes
+    by path (``/anthropic``, ``/mistral``) is a server per route. What a thinking block records
+    as its `ThinkingBlock.origin`, for every provider: the server that made it, and the only one
+    it goes back to."""
     url = httpx.URL(base_url)
-    return f"{url.scheme}://{url.netloc.decode('ascii')}".lower()
+    path = url.raw_path.decode("ascii").partition("?")[0].rstrip("/")
+    return f"{url.scheme}://{url.netloc.decode('ascii')}".lower() + path
 
 
 #: Said with an invalid URL: the usual cause in a URL that carries credentials.

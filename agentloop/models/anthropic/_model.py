@@ -28,8 +28,8 @@ class AnthropicModel(HTTPModel):
     or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
     which replaces the declaration of the engine's tool of the same name (that tool runs it).
     ``extra_body`` is merged into every request body.
-    Thinking is kept with the server that made it (`ThinkingBlock.origin`: the scheme, host
-    and port of ``base_url``) and sent back to that server only: another Anthropic-compatible
+    Thinking is kept with the server that made it (`ThinkingBlock.origin`: the scheme, host,
+    port and path of ``base_url``) and sent back to that server only: another Anthropic-compatible
     server (DeepSeek's, Kimi's) cannot check its signatures, and refuses the request.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """

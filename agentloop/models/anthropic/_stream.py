@@ -38,7 +38,7 @@ _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_erro
 class AnthropicMapper:
     """Maps Messages stream events to `StreamEvent`s (dispatch on the JSON ``type``;
     the ``event:`` line is not needed). Terminator: ``message_stop``. ``origin``: the
-    server streaming (scheme, host and port), given to each thinking block it signs."""
+    server streaming (`origin_of`), given to each thinking block it signs."""
 
     __slots__ = (
         "_blocks",

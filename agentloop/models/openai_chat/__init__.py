@@ -11,7 +11,8 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   none): a named delta with an id of its own, after whole JSON arguments, starts
   the next call (``_Call.succeeded_by`` in `_stream`). A call's ``extra_content`` (Gemini 3's
   thought signature, which must go back with the call) is kept in a thinking block
-  whose signature is `EXTRA_CONTENT` JSON, and sent back on that call.
+  whose signature is `EXTRA_CONTENT` JSON, and sent back on that call, to the server that
+  sent it only (the block's ``origin``).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - Mistral's reasoning models: ``delta.content`` as a list of typed chunks
   (``thinking``, ``text``); litellm: ``arguments`` as an object.
@@ -24,7 +25,8 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   event (``error_field=True``), and it raises `ProviderStreamError` (an event named
   ``error`` is always an error here).
 - OpenRouter: ``delta.reasoning_details`` (signed or encrypted reasoning), kept in a thinking
-  block whose signature is `REASONING_DETAILS` JSON, and sent back on its message.
+  block whose signature is `REASONING_DETAILS` JSON, and sent back on its message, to the
+  server that sent it only.
 - Together (``finish_reason`` ``eos``, one number as a chunk's ``logprobs``), TGI
   (``stop_sequence``), DeepSeek (``insufficient_system_resource``, a cut;
   ``prompt_cache_hit_tokens``), Moonshot (usage in the finish choice), LiteLLM's proxy

@@ -10,7 +10,7 @@ import httpx
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
 from .._driver import Prepared, run_stream
-from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers
+from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers, origin_of
 from ._request import build_request
 from ._stream import ChatMapper
 
@@ -48,6 +48,9 @@ class OpenAIChatModel(HTTPModel):
     ``api.mistral.ai`` only. ``strict_tools``: declare the tools ``"strict": true``, their schemas
     made strict (every object closed, every property required; an optional one must accept
     ``null``); a schema that cannot be is a `ModelError` naming the tool.
+    What a server asks to have back (Gemini's ``extra_content``, OpenRouter's
+    ``reasoning_details``) is kept with the server that sent it (`ThinkingBlock.origin`, as for
+    the other providers) and sent back to that server only.
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -77,6 +80,7 @@ class OpenAIChatModel(HTTPModel):
         self._key_optional = base_url is not None
         self._conn = openai_connection(api_key, base_url, http_client)
         host = self._host = (httpx.URL(self._conn.base_url).host or "").lower()
+        self._origin = origin_of(self._conn.base_url)
         if echo_reasoning is None:
             echo_reasoning = host in _ECHO_HOSTS
         self.echo_reasoning = echo_reasoning
@@ -89,11 +93,11 @@ class OpenAIChatModel(HTTPModel):
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        logprobs, keep, host = self.logprobs, self.echo_reasoning, self._host
+        logprobs, keep, origin = self.logprobs, self.echo_reasoning, self._origin
         return run_stream(
             self._conn,
             lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, host=host),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, origin=origin),
             signal,
             error_field=True,
         )
@@ -105,6 +109,7 @@ class OpenAIChatModel(HTTPModel):
             model=self.model,
             echo_reasoning=self.echo_reasoning,
             host=self._host,
+            origin=self._origin,
             short_tool_ids=self.short_tool_ids,
             strict_tools=self.strict_tools,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest, ToolSpec
@@ -19,13 +19,14 @@ from .._compat import check_tool_names, short_ids, strict_schema
 from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
-#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "host": <the server's host>,
-#: "extra_content": {...}}``): no thinking, and JSON, so the Anthropic and Responses adapters
-#: never send it either; nor does this one to another host (Mistral's API refuses a field it
-#: does not know).
+#: ``extra_content`` (``{"type": "extra_content", "call": <id>, "extra_content": {...}}``, the
+#: block's `ThinkingBlock.origin` the server that sent it): no thinking, and JSON, so the
+#: Anthropic and Responses adapters never send it either; nor does this one to another origin
+#: (Mistral's API refuses a field it does not know). One saved before the origin was kept
+#: names the server's host in the JSON (``"host"``), and goes back to that host only.
 EXTRA_CONTENT = "extra_content"
 #: Likewise for OpenRouter's ``reasoning_details`` of a response (``{"type": "reasoning_details",
-#: "host": ..., "reasoning_details": [...]}``), which go back on its assistant message.
+#: "reasoning_details": [...]}``), which go back on its assistant message.
 REASONING_DETAILS = "reasoning_details"
 #: Gemini's OpenAI-compatible endpoint, which holds tool names to a stricter rule.
 GEMINI_HOST = "generativelanguage.googleapis.com"
@@ -40,13 +41,16 @@ def build_request(
     host: str | None = None,
     short_tool_ids: bool = False,
     strict_tools: bool = False,
+    origin: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body (without stream options) of a Chat Completions request.
 
     ``echo_reasoning``: an assistant message with tool calls carries its turn's thinking
     as ``reasoning_content`` (``""`` when there was none), as DeepSeek and Kimi require.
-    ``host``: the server's; a tool call's kept ``extra_content`` (`EXTRA_CONTENT`) goes back
-    only to the host that sent it (None: whatever host sent it).
+    ``origin``: the server's (`origin_of`); what a server asked to have back (a tool call's
+    ``extra_content``, `EXTRA_CONTENT`; `REASONING_DETAILS`) goes back only to the origin that
+    sent it (None: whatever server sent it). ``host``: the server's host, for a block saved
+    before its origin was kept, which names the host only (and for Gemini's tool-name rule).
     ``short_tool_ids``: tool call ids go as nine letters or digits (`short_ids`), as Mistral
     wants them. ``strict_tools``: tools are declared ``strict`` (`strict_schema`).
     Raises `ModelError` for a tool name the server refuses (Gemini's rule on its host), or a
@@ -59,7 +63,7 @@ def build_request(
         messages.append({"role": "system", "content": request.system})
     for role, blocks in turns(request.messages):
         if role == "assistant":
-            messages.extend(_assistant(blocks, echo_reasoning, host, ids))
+            messages.extend(_assistant(blocks, echo_reasoning, _Server(origin, host), ids))
             continue
         texts: list[str] = []
         for b in blocks:
@@ -92,10 +96,10 @@ def _function(tool: ToolSpec, strict: bool) -> dict[str, Any]:
 
 
 def _assistant(
-    blocks: Sequence[Any], echo_reasoning: bool, host: str | None, ids: Callable[[str], str]
+    blocks: Sequence[Any], echo_reasoning: bool, server: _Server, ids: Callable[[str], str]
 ) -> list[dict[str, Any]]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    extras, details = _kept(blocks, host)
+    extras, details = _kept(blocks, server)
     calls = []
     for b in blocks:
         if isinstance(b, ToolUseBlock):
@@ -119,9 +123,24 @@ def _assistant(
     return [msg]
 
 
-def _kept(blocks: Sequence[Any], host: str | None) -> tuple[dict[str, Any], list[Any]]:
-    """What the turn's thinking blocks keep for ``host`` (None: any host) to have back: the
-    ``extra_content`` of each tool call id (`EXTRA_CONTENT`), and the ``reasoning_details``
+class _Server(NamedTuple):
+    """The server a request goes to: its origin (`origin_of`) and its host (None: unknown)."""
+
+    origin: str | None
+    host: str | None
+
+    def made(self, block: ThinkingBlock, kept: dict[str, Any]) -> bool:
+        """Whether this server made ``block`` (its JSON ``kept``): its `ThinkingBlock.origin` is
+        this origin; or, for a block saved before the origin was kept (none recorded), the
+        host its JSON names is this host, as then. Unknown on this side: any server did."""
+        if block.origin is not None:
+            return self.origin is None or block.origin == self.origin
+        return self.host is None or kept.get("host") == self.host
+
+
+def _kept(blocks: Sequence[Any], server: _Server) -> tuple[dict[str, Any], list[Any]]:
+    """What the turn's thinking blocks keep for ``server`` to have back: the ``extra_content``
+    of each tool call id (`EXTRA_CONTENT`), and the ``reasoning_details``
     (`REASONING_DETAILS`)."""
     extras: dict[str, Any] = {}
     details: list[Any] = []
@@ -131,7 +150,7 @@ def _kept(blocks: Sequence[Any], host: str | None) -> tuple[dict[str, Any], list
                 kept = json.loads(b.signature)
             except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
                 continue
-            if not isinstance(kept, dict) or (host is not None and kept.get("host") != host):
+            if not isinstance(kept, dict) or not server.made(b, kept):
                 continue
             if kept.get("type") == EXTRA_CONTENT and isinstance(kept.get("call"), str):
                 extras[kept["call"]] = kept.get(EXTRA_CONTENT)

@@ -91,14 +91,19 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "done", "host", "keep_reasoning", "logprobs", "request_id",
+                 "_late", "_next", "_refusal", "_usage", "done", "keep_reasoning", "logprobs", "origin", "request_id",
                  "response_id", "terminator")  # fmt: skip
 
     def __init__(
-        self, request_id: str | None = None, *, logprobs: bool = False, keep_reasoning: bool = False, host: str = ""
+        self,
+        request_id: str | None = None,
+        *,
+        logprobs: bool = False,
+        keep_reasoning: bool = False,
+        origin: str | None = None,
     ) -> None:
         self.request_id = request_id
-        self.host = host  # the server's, kept with what goes back only to it
+        self.origin = origin  # the server's (`origin_of`), the kept blocks' `origin`
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
@@ -287,7 +292,7 @@ class ChatMapper:
     def _close_current(self, out: list[StreamEvent]) -> None:
         if self._cur_kind:
             if self._cur_kind == "thinking" and self.keep_reasoning:
-                out.append(StreamSignature(self._cur, REASONING_SIGNATURE))
+                out.append(StreamSignature(self._cur, REASONING_SIGNATURE, self.origin))
             out.append(StreamBlockStop(self._cur))
             self._cur_kind = ""
 
@@ -340,12 +345,12 @@ class ChatMapper:
     def _carry(self, call: _Call, out: list[StreamEvent]) -> None:
         """Keep a call's ``extra_content`` (Gemini's thought signature) in a block of its own, a
         thinking block with no text whose signature names the call (`EXTRA_CONTENT`)."""
-        kept = {"type": EXTRA_CONTENT, "call": call.id, "host": self.host, EXTRA_CONTENT: call.extra}
+        kept = {"type": EXTRA_CONTENT, "call": call.id, EXTRA_CONTENT: call.extra}
         call.extra, call.carried = None, True
         self._close_current(out)
         block = self._next
         self._next += 1
-        out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":"))))
+        out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":")), self.origin))
         out.append(StreamBlockStop(block))
 
     def at_eof(self) -> list[StreamEvent] | None:
@@ -370,8 +375,8 @@ class ChatMapper:
         self._close_current(out)
         started = self._close_calls(out)
         if self._details:  # kept in a block of its own, to go back on this message
-            kept = {"type": REASONING_DETAILS, "host": self.host, REASONING_DETAILS: self._details}
-            out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":"))))
+            kept = {"type": REASONING_DETAILS, REASONING_DETAILS: self._details}
+            out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":")), self.origin))
             out.append(StreamBlockStop(self._next))
             self._next += 1
         reason = _FINISH.get(self._finish or "stop", self._finish)
