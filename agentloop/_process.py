@@ -508,24 +508,32 @@ def track(child: _Child) -> None:
     drops its timers as it closes, the guard timer set here among them (never to fire), and
     a finalizer on that timer does it. Its pid is also what `_kill_at_exit` kills."""
     _live[child.pid] = (child.loop, child)
-    timer = child.loop.call_later(_NEVER, _nothing)
+    _guard(child)
+
+
+def _guard(child: _Child) -> None:
+    """Set ``child``'s guard timer (see `track`)."""
+    timer = child.loop.call_later(_NEVER, _rearm, weakref.ref(child))
     child.guard = weakref.finalize(timer, _kill_now, [child.pid])
     child.guard.atexit = False  # `_kill_at_exit` does it, without closing pipes a running loop reads
 
 
+def _rearm(child: weakref.ref[_Child]) -> None:
+    """The guard timer came due (months later, or on a loop whose clock jumps): set a new one,
+    letting go of this one without killing anything."""
+    if (alive := child()) is not None and alive.guard is not None:
+        alive.guard.detach()
+        _guard(alive)
+
+
 def untrack(child: _Child) -> None:
     """``child``'s call (or server) has ended, its own cleanup done or under way: forget it."""
-    _live.pop(child.pid, None)
+    if (call := _live.get(child.pid)) is not None and call[1] is child:
+        del _live[child.pid]
     guard, child.guard = child.guard, None
-    if guard is not None and guard.alive:
-        timer = guard.peek()
-        guard.detach()
-        if timer is not None and not child.loop.is_closed():
-            timer[0].cancel()
-
-
-def _nothing() -> None:
-    """What the guard timer would do, were it ever to fire."""
+    timer = None if guard is None else guard.detach()
+    if timer is not None and not child.loop.is_closed():
+        timer[0].cancel()
 
 
 def _kill_at_exit() -> None:
@@ -548,7 +556,9 @@ def kill_left_in(loop: asyncio.AbstractEventLoop) -> None:
 def _kill_now(pgids: list[int]) -> None:
     """SIGKILL the groups ``pgids`` of calls whose loop is gone, wait (up to `_GONE` s, this
     thread blocked) until they are dead, and close the calls' pipes and reap their children."""
-    children = [call[1] for pgid in pgids if (call := _live.pop(pgid, None)) is not None]
+    children = [call[1] for pgid in pgids if (call := _live.get(pgid)) is not None]
+    for child in children:
+        untrack(child)
     _kill_groups([child.pid for child in children])
     for child in children:  # its pipes and its process: nothing left for the garbage collector
         child.close()

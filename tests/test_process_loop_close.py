@@ -25,7 +25,7 @@ from agentloop import (
     run_process,
     tool,
 )
-from tests.helpers import child_pids_alive, collect_garbage, pid_alive
+from tests.helpers import VirtualClock, child_pids_alive, collect_garbage, pid_alive
 
 WAIT = 10.0
 left: list[asyncio.Task[Any]] = []  # the tasks a host's main leaves running as it returns
@@ -180,3 +180,12 @@ def test_a_host_exiting_with_a_call_in_a_daemon_threads_loop_leaves_no_group_beh
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+async def test_a_call_outlasting_its_loop_close_guard_timer_is_not_killed_by_it() -> None:
+    # The timer that kills the group as the loop closes never fires in real time (months); a loop
+    # whose clock jumps (a fake clock) reaches it, and the call goes on: only a closing loop kills.
+    with VirtualClock():
+        code = "import time; time.sleep(0.3); print('done')"
+        result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
+    assert (result.returncode, result.stdout) == (0, "done\n")
