@@ -105,11 +105,12 @@ def test_a_loop_stopped_from_another_thread_and_closed_under_a_call_leaves_nothi
     assert child_pids_alive() == set()
 
 
-async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_pidfds(pid: int) -> int:
-        raise OSError("no pidfds here")
+def _no_pidfds(pid: int) -> int:
+    raise OSError("no pidfds here")
 
-    monkeypatch.setattr("os.pidfd_open", no_pidfds)
+
+async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.pidfd_open", _no_pidfds)
     result = await run_process(sys.executable, "-c", "print('hi'); raise SystemExit(3)", signal=AbortController().signal)
     assert (result.returncode, result.stdout) == (3, "hi\n")
 
@@ -126,9 +127,14 @@ async def test_no_command_is_a_type_error() -> None:
 
 
 @pytest.mark.closes_loop_under_tasks
-def test_the_group_of_a_call_is_killed_as_its_loop_is_closed_while_the_host_still_holds_the_call() -> None:
+@pytest.mark.parametrize("pidfds", [True, False])
+def test_the_group_of_a_call_is_killed_as_its_loop_is_closed_while_the_host_still_holds_the_call(
+    pidfds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The host keeps the future of the call (its plugin object lives on): nothing collects the call,
     # and its group, in a session of its own, ran on after the loop was closed, for as long as the host.
+    if not pidfds:  # the exit is polled for, by a task of the loop that the close leaves behind
+        monkeypatch.setattr("os.pidfd_open", _no_pidfds)
     loop, thread = _loop_in_a_thread()
     started = threading.Event()
     future = asyncio.run_coroutine_threadsafe(_started_call(started), loop)
