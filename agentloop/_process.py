@@ -4,12 +4,14 @@ The child is started in a new session (so a new process group), which makes
 ``killpg`` reach every grandchild it forks. On abort or timeout the group gets
 SIGTERM, then SIGKILL after ``kill_grace`` seconds; a cancelled call (the engine's
 ``tool_cancel_grace`` ran out) SIGKILLs it at once. Output is collected with a
-size cap so a chatty child cannot exhaust memory.
+size cap so a chatty child cannot exhaust memory. A loop closed under a call, or the
+interpreter exiting, kills the group too (`track`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import codecs
 import numbers
 import os
@@ -17,7 +19,7 @@ import signal as _signal
 import subprocess
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,10 +38,13 @@ Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _DRAIN = 0.25
 # Seconds a killed group has to be gone (its processes dead, if not yet reaped by their parent).
 _GONE = 1.0
-#: The process group of each call in progress, the event loop it runs in and its child (process
-#: and pipes). A loop stopped and closed under a call never runs the call's cleanup: `kill_left_in`
-#: kills the groups it left, and closes and reaps what they held.
+#: The process group of each call in progress (and stdio MCP server), the event loop it runs in and
+#: its child (process and pipes). A loop stopped and closed under a call never runs the call's
+#: cleanup: the guard `track` sets kills the group as the loop closes (`kill_left_in` when the engine
+#: finds its run left there, `_kill_at_exit` at the interpreter's exit), and closes and reaps it.
 _live: dict[int, tuple[asyncio.AbstractEventLoop, _Child]] = {}
+# Seconds until a timer that never fires: each child has one in its loop, dropped as the loop closes.
+_NEVER = 1e7
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +125,7 @@ async def run_process(
     proto = _Collector(loop, merged=merged, on_line=on_line)
     child = _Child(loop, _spawn(args, stdin is not None, stderr, kw))
     pgid = child.pid
-    _live[pgid] = (loop, child)
+    track(child)
     timed_out = aborted = cancelled = False
     try:
         child.start(stdin, proto)
@@ -168,11 +173,33 @@ async def _end(child: _Child, proto: _Collector, pgid: int, kill_grace: float, *
         # (a caller's grace ran out, a tool's timeout) kills it at once, without a TERM
         # grace of its own, also when the child has exited but its output has not ended
         # (a background grandchild of the group holds the pipes).
+        # A cancellation meanwhile is raised once the group is gone; it ends a TERM grace at once.
         if child.returncode is None or (cancelled and not proto.done.done()):
-            await asyncio.shield(_kill_group(pgid, proto, 0 if cancelled else kill_grace))
+            kill = _kill_group(pgid, proto, 0 if cancelled else kill_grace)
+            await uncancellable(kill, on_cancel=lambda: signal_group(pgid, _signal.SIGKILL))
     finally:
-        _live.pop(pgid, None)
+        untrack(child)
         child.close()
+
+
+async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] | None = None) -> None:
+    """Run ``work`` to its end even when the caller is cancelled meanwhile (``on_cancel`` is
+    called at each cancellation), then raise that cancellation: what stops a process must not
+    be left running behind the caller."""
+    task = asyncio.ensure_future(work)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done():
+                raise
+            cancelled = exc
+            if on_cancel is not None:
+                on_cancel()
+    if cancelled is not None:
+        raise cancelled
+    task.result()
 
 
 def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
@@ -315,6 +342,7 @@ class _Child:
         self.pidfd: int | None = None
         self.poller: asyncio.Task[None] | None = None
         self.closed = False
+        self.guard: weakref.finalize[[list[int]], asyncio.TimerHandle] | None = None  # see `track`
 
     @property
     def returncode(self) -> int | None:
@@ -396,7 +424,8 @@ class _Child:
             os.close(self.pidfd)
             self.pidfd = None
         if self.poller is not None:
-            self.poller.cancel()
+            if not self.loop.is_closed():  # a closed loop cannot run the cancellation (nor the task)
+                self.poller.cancel()
             self.poller = None
 
     def close(self) -> None:
@@ -473,6 +502,51 @@ async def _until_gone(pgid: int) -> None:
         pause = min(pause * 2, 0.02)
 
 
+def track(child: _Child) -> None:
+    """Record ``child`` (a call's, an MCP server's) in `_live` until `untrack`. A loop closed
+    first kills its group and lets go of its pipes, in ``loop.close()`` itself: asyncio's loop
+    drops its timers as it closes, the guard timer set here among them (never to fire), and
+    a finalizer on that timer does it. Its pid is also what `_kill_at_exit` kills."""
+    _live[child.pid] = (child.loop, child)
+    _guard(child)
+
+
+def _guard(child: _Child) -> None:
+    """Set ``child``'s guard timer (see `track`)."""
+    timer = child.loop.call_later(_NEVER, _rearm, weakref.ref(child))
+    child.guard = weakref.finalize(timer, _kill_now, [child.pid])
+    child.guard.atexit = False  # `_kill_at_exit` does it, without closing pipes a running loop reads
+
+
+def _rearm(child: weakref.ref[_Child]) -> None:
+    """The guard timer came due (months later, or on a loop whose clock jumps): set a new one,
+    letting go of this one without killing anything."""
+    if (alive := child()) is not None and alive.guard is not None:
+        alive.guard.detach()
+        _guard(alive)
+
+
+def untrack(child: _Child) -> None:
+    """``child``'s call (or server) has ended, its own cleanup done or under way: forget it."""
+    if (call := _live.get(child.pid)) is not None and call[1] is child:
+        del _live[child.pid]
+    guard, child.guard = child.guard, None
+    timer = None if guard is None else guard.detach()
+    if timer is not None and not child.loop.is_closed():
+        timer[0].cancel()
+
+
+def _kill_at_exit() -> None:
+    """At the interpreter's exit, SIGKILL the groups of the calls and servers still running (a
+    loop left running in a daemon thread, a loop never closed): in sessions of their own, they
+    would outlive the host. Their pipes and processes are left to the OS: a loop may still be
+    reading them in another thread."""
+    _kill_groups([pgid for pgid, (_, child) in list(_live.items()) if not child.closed])
+
+
+atexit.register(_kill_at_exit)
+
+
 def kill_left_in(loop: asyncio.AbstractEventLoop) -> None:
     """SIGKILL the process group of each call left in ``loop``, closed under it: its cleanup
     can never run now, and the group, in a session of its own, would outlive the host."""
@@ -482,14 +556,21 @@ def kill_left_in(loop: asyncio.AbstractEventLoop) -> None:
 def _kill_now(pgids: list[int]) -> None:
     """SIGKILL the groups ``pgids`` of calls whose loop is gone, wait (up to `_GONE` s, this
     thread blocked) until they are dead, and close the calls' pipes and reap their children."""
-    children = [call[1] for pgid in pgids if (call := _live.pop(pgid, None)) is not None]
+    children = [call[1] for pgid in pgids if (call := _live.get(pgid)) is not None]
     for child in children:
-        signal_group(child.pid, _signal.SIGKILL)
-    deadline = time.monotonic() + _GONE
-    while any(group_alive(child.pid) for child in children) and time.monotonic() < deadline:
-        time.sleep(0.001)
+        untrack(child)
+    _kill_groups([child.pid for child in children])
     for child in children:  # its pipes and its process: nothing left for the garbage collector
         child.close()
+
+
+def _kill_groups(pgids: list[int]) -> None:
+    """SIGKILL the groups ``pgids`` and wait (up to `_GONE` s, this thread blocked) until they are dead."""
+    for pgid in pgids:
+        signal_group(pgid, _signal.SIGKILL)
+    deadline = time.monotonic() + _GONE
+    while any(group_alive(pgid) for pgid in pgids) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def signal_group(pgid: int, sig: int) -> bool:

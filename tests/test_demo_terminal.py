@@ -354,13 +354,21 @@ def test_the_input_line_fits_its_columns_and_shows_the_cursor(text: str, cursor:
 @given(st.lists(st.sampled_from(["word", "a", "longer-word", "\u65e5\u672c", "\x1b[1mbold\x1b[0m", ""]), max_size=40),
        st.integers(10, 50))
 def test_wrapped_lines_fit_and_keep_every_word(words: list[str], width: int) -> None:
-    """Every row fits, unless it holds a word too long for a row under the indent (the terminal breaks it)."""
+    """Every row fits; the words come back in order, whole unless too long for a row under the
+    indent (then broken where the rows end, no longer left to the terminal to break) or in
+    Chinese (broken between its characters)."""
     line = "  " + " ".join(words)
     wrapped = wrap(line, width)
-    assert wrapped.split() == line.split()
+    shown = iter(wrapped.split())
+    for word in line.split():
+        got = next(shown)
+        while got != word and (cells(re.sub(r"\x1b\[[0-9;]*m", "", word)) > width - 4 or "\u65e5" in word):
+            assert word.startswith(got), (word, got, wrapped)
+            got += next(shown)
+        assert got == word, wrapped
+    assert next(shown, None) is None
     for row in wrapped.split("\n"):
-        plain = re.sub(r"\x1b\[[0-9;]*m", "", row)
-        assert cells(plain) <= width or any(cells(w) > width // 2 for w in plain.split()), row
+        assert cells(re.sub(r"\x1b\[[0-9;]*m", "", row)) <= width, row
 
 
 def test_the_help_fits_a_terminal_of_40_columns() -> None:
@@ -546,7 +554,8 @@ def test_streamed_text_wraps_at_word_boundaries_however_it_is_chunked(
     pieces: list[str], width: int, column: int, cuts: list[int]
 ) -> None:
     """Every row fits the width; the text's words come back in order, whole unless too long for
-    any row (then broken where a row ends, each piece fitting); the chunks do not matter."""
+    any row (then broken where a row ends, each piece fitting) or holding wide characters (broken
+    between them); the chunks do not matter."""
     text = "".join(pieces)
     column = min(column, width)
     whole = _flowed([text], width, column)
@@ -557,7 +566,9 @@ def test_streamed_text_wraps_at_word_boundaries_however_it_is_chunked(
         assert _columns(row, column if i == 0 else 0) <= width, (whole, row)
     shown = iter(whole.split())
     for word in text.split():
-        if cells(word) <= width // 2:  # fits any row, whatever its indent: never broken
+        # Fits any row, whatever its indent: never broken (a wide character may begin a row: Chinese
+        # text without spaces is broken between its characters).
+        if cells(word) <= width // 2 and all(cells(ch) < 2 for ch in word):
             assert next(shown) == word, whole
             continue
         got = ""
@@ -682,3 +693,93 @@ def test_streamed_text_is_measured_as_written_in_colour_or_in_ascii(monkeypatch:
     assert rows.split() == ["thinking:", *["wait..."] * 4, "??", "-", "ok", "assistant:", *["caf?"] * 6], rows
     assert all(len(row) <= 20 for row in rows.split("\n")), rows
     assert "\x1b[2m" in raw.getvalue().decode("ascii")  # the thinking still dim
+
+
+# -- wide characters: text without spaces, emoji sequences --------------------------------------
+
+_SENTENCE = "我们今天在这个项目里修复了一个问题\uff0c终端里的中文句子没有空格\uff0c所以不能只在空格处换行。" * 5
+_FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # one emoji on a terminal: three joined by ZWJ
+
+
+def _rows_keep_clusters(text: str) -> bool:
+    """No row of ``text`` begins inside a character shown as one: with a combining mark, or
+    after a zero-width joiner."""
+    rows = text.split("\n")
+    return all(
+        not (row.lstrip(" ")[:1] and cells(row.lstrip(" ")[0]) == 0) and not before.endswith("\u200d")
+        for before, row in itertools.pairwise(rows)
+    )
+
+
+def test_a_chinese_sentence_is_wrapped_between_characters_where_the_row_is_full() -> None:
+    """A sentence of 200 Chinese characters is one word to a wrap at spaces: it was left on one
+    line 400 columns wide for the terminal to break, under no indent."""
+    wrapped = wrap("  " + _SENTENCE, 40)
+    rows = wrapped.split("\n")
+    assert len(rows) > 5
+    assert all(cells(row) <= 40 for row in rows)
+    assert all(cells(row) >= 38 for row in rows[:-1])  # full rows, not a character a row
+    assert all(row.startswith("    ") for row in rows[1:])  # under the line's indent plus two
+    assert "".join(row.strip() for row in rows) == _SENTENCE
+    # A comma or a full stop does not begin a row; an opening bracket does not end one.
+    assert not any(row.strip()[:1] in "\uff0c\u3002" for row in rows)
+    head = "\u770b\u4e00\u4e0b" * 4 + "\u770b\u4e00"  # 28 columns: room for the bracket, not for what follows
+    assert wrap(head + "\u300c\u4e2d\u6587\u300d", 30) == head + "\n  \u300c\u4e2d\u6587\u300d"
+
+
+def test_a_word_too_long_for_a_row_is_wrapped_without_splitting_a_character() -> None:
+    wrapped = wrap("see " + "x" * 25 + " ok", 12)
+    assert all(cells(row) <= 12 for row in wrapped.split("\n"))
+    assert wrapped.split() != []  # broken where the rows end
+    assert "".join(wrapped.split()) == "see" + "x" * 25 + "ok"
+    wrapped = wrap("ab " + _FAMILY * 6 + "e\u0301" * 30, 20)
+    assert all(cells(row) <= 20 for row in wrapped.split("\n"))
+    assert _rows_keep_clusters(wrapped), wrapped
+
+
+_WIDE_PIECES = st.sampled_from(
+    ["a", "word", "project", " ", " ", "  ", "\u65e5\u672c\u8a9e", "\u4e2d", "\uff0c", "\u3002", "\u300c", "\u300d",
+     "\U0001f642", _FAMILY, "e\u0301", "\u2764\ufe0f", "x" * 23, "\U0001f1eb\U0001f1f7", "\x1b[1m", "\x1b[0m"]
+)
+
+
+@given(st.lists(_WIDE_PIECES, max_size=60), st.integers(16, 60), st.sampled_from([None, 0, 4, 12]))
+def test_wrapped_lines_with_wide_characters_fit_and_keep_the_text(
+    pieces: list[str], width: int, indent: int | None
+) -> None:
+    """Every row fits the width, whatever the text holds (no word is left to the terminal to
+    break); the text comes back whole, but for the blanks where rows break; no character shown
+    as one is split."""
+    text = "".join(pieces)
+    wrapped = wrap(text, width, indent)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", wrapped)
+    for row in plain.split("\n"):
+        assert cells(row) <= width, (text, wrapped)
+    assert re.sub(r"\s", "", wrapped) == re.sub(r"\s", "", text)
+    assert _rows_keep_clusters(plain), wrapped
+
+
+def test_streamed_chinese_breaks_between_characters_rather_than_moving_a_run_to_the_next_row() -> None:
+    # A run of Chinese shorter than a row went whole to the next row, leaving the row half empty.
+    assert _flowed(["see: \u65e5\u672c\u8a9e\u65e5"], 12) == "see: \u65e5\u672c\u8a9e\n  \u65e5"
+    flowed = _flowed(list("\u7b54\uff1a" + _SENTENCE), 40)
+    rows = flowed.split("\n")
+    assert all(cells(row) <= 40 for row in rows) and all(cells(row) >= 38 for row in rows[:-1])
+    assert "".join(row.strip() for row in rows) == "\u7b54\uff1a" + _SENTENCE
+    assert not any(row.strip()[:1] in "\uff0c\u3002" for row in rows)
+
+
+@pytest.mark.parametrize("width", range(12, 30))
+def test_streamed_emoji_sequences_are_not_split_where_a_row_ends(width: int) -> None:
+    flowed = _flowed(["ab ", _FAMILY * 8, " ok"], width)
+    assert _rows_keep_clusters(flowed), flowed
+    assert flowed.replace("\n", "").replace(" ", "") == "ab" + _FAMILY * 8 + "ok"
+
+
+def test_a_short_summary_is_cut_to_columns_not_characters() -> None:
+    from agentloop.demo.render import short
+
+    assert cells(short("\u4e2d" * 100, 20)) <= 20
+    assert short("\u4e2d" * 100, 20).endswith("\u2026")
+    cut = short("a" + _FAMILY * 10, 9)
+    assert cells(cut) <= 9 and not cut.removesuffix("\u2026").endswith("\u200d")

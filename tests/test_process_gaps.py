@@ -197,3 +197,40 @@ def test_property_on_line_gets_the_output_line_by_line_however_it_is_read(text: 
     lines.feed(data[i:])
     lines.feed(b"", final=True)
     assert seen == text.removesuffix("\n").split("\n") if text else seen == []
+
+
+async def test_a_second_cancel_during_the_group_kill_is_raised_only_once_the_kill_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A cancellation arriving while the cancelled call killed its group came out at once, the kill
+    # going on behind it: the caller saw the cancel with the group still alive.
+    from agentloop import _process
+
+    real = _process._kill_group
+    entered, release = asyncio.Event(), asyncio.Event()
+    done: list[int] = []
+
+    async def slow_kill(pgid: int, proto: Any, grace: float) -> None:
+        entered.set()
+        await release.wait()
+        await real(pgid, proto, grace)
+        done.append(pgid)
+
+    monkeypatch.setattr(_process, "_kill_group", slow_kill)
+    code = "import time; print('up', flush=True); time.sleep(30)"
+    up = asyncio.Event()
+    task = asyncio.ensure_future(
+        run_process(sys.executable, "-c", code, signal=AbortController().signal, on_line=lambda _: up.set())
+    )
+    await up.wait()
+    task.cancel()
+    await entered.wait()
+    task.cancel()  # a second one, during the kill
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(done) == 1
+    assert not pid_alive(done[0])

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import os
+import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +25,7 @@ from agentloop import (
     run_process,
     tool,
 )
-from tests.helpers import child_pids_alive, collect_garbage
+from tests.helpers import VirtualClock, child_pids_alive, collect_garbage, pid_alive
 
 WAIT = 10.0
 left: list[asyncio.Task[Any]] = []  # the tasks a host's main leaves running as it returns
@@ -100,11 +105,12 @@ def test_a_loop_stopped_from_another_thread_and_closed_under_a_call_leaves_nothi
     assert child_pids_alive() == set()
 
 
-async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_pidfds(pid: int) -> int:
-        raise OSError("no pidfds here")
+def _no_pidfds(pid: int) -> int:
+    raise OSError("no pidfds here")
 
-    monkeypatch.setattr("os.pidfd_open", no_pidfds)
+
+async def test_without_pidfds_the_exit_is_seen_by_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.pidfd_open", _no_pidfds)
     result = await run_process(sys.executable, "-c", "print('hi'); raise SystemExit(3)", signal=AbortController().signal)
     assert (result.returncode, result.stdout) == (3, "hi\n")
 
@@ -118,3 +124,74 @@ async def test_a_text_mode_or_a_shell_is_refused_before_the_child_starts(keyword
 async def test_no_command_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="command"):
         await run_process(signal=AbortController().signal)
+
+
+@pytest.mark.closes_loop_under_tasks
+@pytest.mark.parametrize("pidfds", [True, False])
+def test_the_group_of_a_call_is_killed_as_its_loop_is_closed_while_the_host_still_holds_the_call(
+    pidfds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host keeps the future of the call (its plugin object lives on): nothing collects the call,
+    # and its group, in a session of its own, ran on after the loop was closed, for as long as the host.
+    if not pidfds:  # the exit is polled for, by a task of the loop that the close leaves behind
+        monkeypatch.setattr("os.pidfd_open", _no_pidfds)
+    loop, thread = _loop_in_a_thread()
+    started = threading.Event()
+    future = asyncio.run_coroutine_threadsafe(_started_call(started), loop)
+    assert started.wait(WAIT)
+    (pid,) = child_pids_alive()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(WAIT)
+    loop.close()
+    assert not pid_alive(pid)  # gone once close() has returned
+    assert not future.done()
+    del future
+    assert collect_garbage() == []
+
+
+_HOST = r"""
+import asyncio, sys, threading
+from agentloop import AbortController, run_process
+
+async def call():
+    up = asyncio.Event()
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    task = asyncio.ensure_future(run_process(sys.executable, "-c", code, signal=AbortController().signal,
+                                             on_line=lambda _: up.set()))
+    await up.wait()
+    return task
+
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+task = asyncio.run_coroutine_threadsafe(call(), loop).result(30)
+import os
+print(" ".join(p for t in os.listdir("/proc/self/task") for p in open(f"/proc/self/task/{t}/children").read().split()), flush=True)
+# the host returns from main with the loop still running in its daemon thread
+"""
+
+
+def test_a_host_exiting_with_a_call_in_a_daemon_threads_loop_leaves_no_group_behind(tmp_path: Path) -> None:
+    # Nothing stops a daemon thread's loop at exit: the call's group, in a session of its own,
+    # outlived the host.
+    host = tmp_path / "host.py"
+    host.write_text(_HOST)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(host)], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    try:
+        assert len(pids) == 1
+        assert not pid_alive(pids[0])
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+async def test_a_call_outlasting_its_loop_close_guard_timer_is_not_killed_by_it() -> None:
+    # The timer that kills the group as the loop closes never fires in real time (months); a loop
+    # whose clock jumps (a fake clock) reaches it, and the call goes on: only a closing loop kills.
+    with VirtualClock():
+        code = "import time; time.sleep(0.3); print('done')"
+        result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
+    assert (result.returncode, result.stdout) == (0, "done\n")

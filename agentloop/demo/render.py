@@ -40,7 +40,7 @@ from .._messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .screen import Screen, wrap
+from .screen import Screen, shorten, wrap
 
 __all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short", "visible"]
 
@@ -89,9 +89,8 @@ def visible(text: str) -> str:
 
 
 def short(text: str, limit: int = 100) -> str:
-    """``text`` on one line, cut to ``limit`` characters (and `visible`)."""
-    one = visible(" ".join(str(text).split()))
-    return one if len(one) <= limit else one[: limit - 1] + "\u2026"
+    """``text`` on one line, cut to ``limit`` columns (a wide character takes two; and `visible`)."""
+    return shorten(visible(" ".join(str(text).split())), limit)
 
 
 def call_text(use: ToolUseBlock) -> str:

@@ -5,8 +5,9 @@ everything else, so streamed text never overwrites them: the status line, and,
 when the keyboard is read key by key (`start(keyboard=True)`), the line being
 typed below it, drawn by the demo with a cursor of its own (the terminal's is
 hidden: it stays where the output goes on). Lines of output are wrapped at word
-boundaries to the terminal's width, going on under their indent; so is streamed text
-(`Screen.flow`), as it comes (see `Flow`).
+boundaries (and between the characters of Chinese or Japanese text, which has no spaces) to
+the terminal's width, going on under their indent; so is streamed text (`Screen.flow`), as it
+comes (see `Flow`).
 
 Piped output (or ``--plain``) gets none of this, nor any escape sequence;
 ``NO_COLOR`` (https://no-color.org) removes the colours only.
@@ -25,10 +26,10 @@ import os
 import re
 import shutil
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
-__all__ = ["Flow", "Screen", "Style", "fit_input", "wrap"]
+__all__ = ["Flow", "Screen", "Style", "clusters", "fit_input", "shorten", "wrap"]
 
 # The output went away: the reader closed the pipe, the terminal hung up, the descriptor was closed.
 _GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.EIO, errno.EBADF})
@@ -52,9 +53,16 @@ _ASCII = str.maketrans({
     "\u21b5": "|", "\u00b7": "-",
 })
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_TOKEN = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|.", re.DOTALL)  # an escape sequence, or a character
+_ZWJ = "\u200d"  # the zero-width joiner: what follows it is part of the same emoji
+_FLAGS_HALF = frozenset(chr(c) for c in range(0x1F1E6, 0x1F200))  # regional indicators: a flag is two
+# CJK marks a row does not begin with (closing), and does not end with (opening).
+_NO_START = frozenset("\u3001\u3002\uff0c\uff0e\uff1a\uff1b\uff1f\uff01\uff09\u300d\u300f\u3011\u3015\u3009\u300b\uff5d\uff3d\u30fc\u3005\u30fb")
+_NO_END = frozenset("\uff08\u300c\u300e\u3010\u3014\u3008\u300a\uff5b\uff3b")
 PROMPT = "\u203a "  # the input line's prompt
 _NEWLINE = "\u21b5"  # a line break in the line being typed (a pasted message of several lines)
 _HIDE_CURSOR, _SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"  # the terminal's own cursor
+_NARROW = 10  # a width under which nothing is wrapped
 _PASTE_ON, _PASTE_OFF = "\x1b[?2004h", "\x1b[?2004l"  # bracketed paste
 
 
@@ -99,6 +107,20 @@ def _cut(text: str, width: int) -> str:
     return text
 
 
+def shorten(text: str, width: int, mark: str = "\u2026") -> str:
+    """``text`` if it takes at most ``width`` columns, else its start and ``mark`` in ``width``
+    columns, cut between two characters as a terminal shows them (`clusters`)."""
+    if _fits(text, width):
+        return text
+    room, kept = width - cells(mark), []
+    for cluster in clusters(text):
+        room -= cells(cluster)
+        if room < 0:
+            break
+        kept.append(cluster)
+    return "".join(kept) + mark
+
+
 def _fits(text: str, width: int) -> bool:
     """``cells(text) <= width``, reading no further than the columns tell (a pasted file is long)."""
     used = 0
@@ -120,10 +142,15 @@ def _cut_end(text: str, width: int) -> str:
 
 
 def wrap(text: str, width: int, indent: int | None = None) -> str:
-    """``text`` with a line break before each word that would go past ``width`` columns; each
-    line it breaks goes on under ``indent`` spaces (default: its own indent, plus two). Escape
-    sequences take no room; a word longer than a line is left to the terminal to break."""
-    if width < 10:
+    """``text`` with a line break where what comes next would go past ``width`` columns: before
+    a word, or between two characters of text without spaces where one of them is wide (Chinese,
+    Japanese); each line it breaks goes on under ``indent`` spaces (default: its own indent, plus
+    two). A word too long for a row is broken where the row ends. A break never splits what a
+    terminal shows as one character (an emoji sequence, a letter and its accents), nor puts a
+    closing CJK mark (a comma, a full stop, a closing bracket) at the start of a row or an
+    opening one at the end. Wide characters take two columns, combining marks none, escape
+    sequences no room."""
+    if width < _NARROW:
         return text
     out: list[str] = []
     for line in text.split("\n"):
@@ -132,27 +159,100 @@ def wrap(text: str, width: int, indent: int | None = None) -> str:
             out.append(line)
             continue
         hang = len(plain) - len(plain.lstrip(" ")) + 2 if indent is None else indent
-        hang = min(hang, width // 2)
-        pieces: list[str] = []
-        col = 0
-        for i, word in enumerate(line.split(" ")):
-            w = cells(_ESCAPE.sub("", word))
-            if i and not w and col >= width:
-                pieces.append(word)  # a space that would only begin the next row: left out
-                continue
-            if i and w and col > hang and col + 1 + w > width:
-                pieces.append("\n" + " " * hang + word)
-                col = hang + w
-            else:
-                pieces.append(word if not i else " " + word)
-                col += w + (1 if i else 0)
-            if col > width:  # the terminal broke a long word: its end is on the next row
-                col %= width
-        out.append("".join(pieces))
+        out.append(_wrap_line(line, width, min(hang, width // 2)))
     return "\n".join(out)
 
 
-_NARROW = 10  # a width under which nothing is wrapped (as `wrap`)
+def _wrap_line(line: str, width: int, hang: int) -> str:
+    """``line`` broken into rows of ``width`` columns, each after the first under ``hang`` spaces."""
+    pieces: list[str] = []
+    col = 0
+    for k, (sep, unit) in enumerate(_units(line, width - hang)):
+        w = cells(_ESCAPE.sub("", unit))
+        if k and not w and col >= width:
+            pieces.append(unit)  # a space that would only begin the next row: left out
+        elif k and w and col and col >= hang and col + len(sep) + w > width:
+            pieces.append("\n" + " " * hang + unit)
+            col = hang + w
+        else:
+            pieces.append(sep + unit)
+            col += len(sep) + w
+    return "".join(pieces)
+
+
+def _units(line: str, room: int) -> Iterator[tuple[str, str]]:
+    """The pieces of ``line`` a row may break between, each with what goes before it when on the
+    same row: a word after a space; within a word, a wide character after nothing (`_parts`)."""
+    for i, word in enumerate(line.split(" ")):
+        for j, part in enumerate(_parts(word, room)):
+            yield (" " if i and not j else ""), part
+
+
+def _parts(word: str, room: int) -> list[str]:
+    """``word`` cut where a row may break inside it; into its characters (`clusters`) when it is
+    longer than ``room`` columns, or a piece of it is."""
+    units = clusters(word)
+    if not units:
+        return [word]
+    parts = [units[0]]
+    for unit in units[1:]:
+        plain = _ESCAPE.sub("", parts[-1])
+        if plain and _breakable(plain, _ESCAPE.sub("", unit)[:1]):
+            parts.append(unit)
+        else:
+            parts[-1] += unit
+    if any(cells(_ESCAPE.sub("", part)) > room for part in parts):
+        return units
+    return parts
+
+
+def clusters(text: str) -> list[str]:
+    """``text`` cut into what a terminal shows as one character each: a character with the
+    combining marks, variation selectors and zero-width joiners after it (a ZWJ emoji sequence
+    is one), a pair of regional indicators (a flag). An escape sequence goes with the character
+    after it (with the last one at the end)."""
+    out: list[str] = []
+    pending = ""  # escape sequences before the next character
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token.startswith("\x1b") and len(token) > 1:
+            pending += token
+        elif out and not pending and _joins(_ESCAPE.sub("", out[-1]), token):
+            out[-1] += token
+        else:
+            out.append(pending + token)
+            pending = ""
+    if pending:
+        out.append(out.pop() + pending if out else pending)
+    return out
+
+
+def _joins(cluster: str, ch: str) -> bool:
+    """Whether ``ch`` belongs to the character ``cluster`` shows (its end so far)."""
+    if not cluster:
+        return False
+    return _cell(ch) == 0 or cluster.endswith(_ZWJ) or (cluster in _FLAGS_HALF and ch in _FLAGS_HALF)
+
+
+def _breakable(before: str, ch: str) -> bool:
+    """Whether a row may break between ``before`` (a word so far) and its next character ``ch``:
+    where either is wide (text without spaces), not inside a character (`_joins`), not before a
+    closing CJK mark nor after an opening one."""
+    if not ch or _joins(_last_cluster(before), ch):
+        return False
+    last = next((c for c in reversed(before) if _cell(c)), "")
+    if ch in _NO_START or last in _NO_END:
+        return False
+    return _wide(ch) or _wide(last)
+
+
+def _last_cluster(text: str) -> str:
+    """The end of ``text`` that is one character on a terminal (enough of it for `_joins`)."""
+    return text[-2:] if len(text) >= 2 and text[-2] in _FLAGS_HALF and text[-1] in _FLAGS_HALF else text[-1:]
+
+
+def _wide(ch: str) -> bool:
+    return bool(ch) and unicodedata.east_asian_width(ch) in ("W", "F")
 
 
 class Flow:
@@ -163,7 +263,9 @@ class Flow:
     block) returns what is held. A word that would cross the edge goes on the next row, under
     the indent of the text's line plus two (as `wrap` does); the blanks where a row breaks are
     left out; a word too long for any row is written as it comes, broken where each row ends;
-    the text's own line breaks are kept. Wide characters take two columns and are never cut.
+    the text's own line breaks are kept. Text without spaces may break between wide characters,
+    as in `wrap`. Wide characters take two columns; what a terminal shows as one character (an
+    emoji sequence, a letter and its accents: `clusters`) is never cut.
     The rows do not depend on how the text is cut into chunks. ``column``: where the cursor is
     (after a label); ``width`` under 10 (the output is not a terminal): nothing is wrapped.
     """
@@ -212,22 +314,35 @@ class Flow:
         if self._lead:
             self._lead, self._indent = False, _blanks(self._gap, 0)
         if self._long:
-            return self._letter(ch)
+            return self._held(ch)
+        if self._word and _breakable(self._word, ch):  # text without spaces: a row may break here
+            return self._place() + self._take(ch)
         self._word += ch
         self._size += self._cell(ch)
         if self._size <= self.width - self._hang:
             return ""
-        # No row can hold it: from here on it is written as it comes.
+        # No row can hold it: from here on it is written as it comes, a character at a time.
         word, self._long = self._word, True
         out = self._open(self._size)
-        self._word, self._size = "", 0
-        return out + "".join([self._letter(c) for c in word])
+        *whole, self._word = clusters(word)  # the last may go on (an accent, a joined emoji)
+        self._size = 0
+        return out + "".join([self._letter(c) for c in whole])
+
+    def _held(self, ch: str) -> str:
+        """A character of a word too long for a row: the one before it is written once ``ch``
+        does not belong to it (`clusters`); a character is never cut at the row's end."""
+        if self._word and not _joins(self._word, ch):
+            out, self._word = self._letter(self._word), ch
+            return out
+        self._word += ch
+        return ""
 
     def _place(self) -> str:
         """The word held back (if any), after its blanks or on the next row."""
         if self._long:
-            self._long = False
-            return ""
+            out = self._letter(self._word) if self._word else ""
+            self._long, self._word = False, ""
+            return out
         if not self._word:
             return ""
         out = self._open(self._size) + self._word
@@ -248,13 +363,14 @@ class Flow:
         self.column += gap
         return out
 
-    def _letter(self, ch: str) -> str:
-        """One character of a word too long for a row: on the next row if it would cross the edge."""
-        width = self._cell(ch)
+    def _letter(self, cluster: str) -> str:
+        """One character of a word too long for a row (with its accents, or the emoji it joins):
+        on the next row if it would cross the edge."""
+        width = sum(self._cell(ch) for ch in cluster)
         out = self._break() if self.column + width > self.width else ""
         self.column += width
         self._bare = False
-        return out + ch
+        return out + cluster
 
     def _break(self) -> str:
         self.column, self._bare = self._hang, True

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from .._messages import Message, ToolResultBlock, ToolUseBlock
 from .._model import ModelRequest
 from .._scripted import ScriptedResponse, ScriptedToolCall
+from .screen import shorten
 
 __all__ = ["SUMMARY_MARK", "Story"]
 
@@ -99,7 +100,7 @@ def read_facts(messages: Sequence[Message]) -> Facts:
 
 def _quote(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
-    return "\u201c" + (text if len(text) <= limit else text[: limit - 1] + "\u2026") + "\u201d"
+    return "\u201c" + shorten(text, limit) + "\u201d"
 
 
 class Story:

@@ -33,10 +33,11 @@ from mcp import StdioServerParameters, types
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.shared.message import SessionMessage
 
+from .._process import track, uncancellable, untrack
 from ..models._http import Redactor
 from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
-from ._stop import stop, uncancellable
+from ._stop import stop
 
 log = logging.getLogger("agentloop")
 
@@ -72,11 +73,18 @@ async def stdio_transport(
     # (or its tasks cancelled) under the start.
     child = spawn(loop, command, args, {**get_default_environment(), **(env or {})}, cwd)
     pipes.child = child
+    track(child)  # killed in loop.close() if the loop is closed under the connection
     try:
         child.begin(pipes)
         yield pipes.stdout, pipes.stdin
     finally:
-        await uncancellable(stop(child, pipes))
+        if child.loop.is_closed():  # closed with its loop: killed as the loop closed
+            untrack(child)
+        else:
+            try:
+                await uncancellable(stop(child, pipes))
+            finally:
+                untrack(child)
 
 
 def stdio_connect(

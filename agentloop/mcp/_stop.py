@@ -2,7 +2,7 @@
 
 Close its stdin, give the server `_EXIT_GRACE` s to exit, SIGTERM its process group, and
 SIGKILL it `_EXIT_GRACE` s later; what the group still holds once the server is gone is
-stopped the same way. The caller's cancellation waits for all of it (`uncancellable`).
+stopped the same way. The caller's cancellation waits for all of it (`agentloop._process.uncancellable`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .._process import group_alive as _group_alive
@@ -66,20 +65,3 @@ async def _within(future: asyncio.Future[Any], seconds: float) -> bool:
     if not future.done():
         await asyncio.wait((future,), timeout=seconds)
     return future.done()
-
-
-async def uncancellable(work: Awaitable[None]) -> None:
-    """Run ``work`` to its end even when the caller is cancelled meanwhile, then raise that
-    cancellation: nothing started here may outlive the transport."""
-    task = asyncio.ensure_future(work)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.done():
-                raise
-            cancelled = exc
-    if cancelled is not None:
-        raise cancelled
-    task.result()
