@@ -88,6 +88,9 @@ _DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
 WORDY_RULES = {"thinking": Rule(16, 4, 48), "text": Rule(16, 5, 64)}
 _WORDY_MIN_PERIOD = 6
 _WORDY_MIN_LETTERS = 3
+# In a fence, a unit of one line this long or longer is judged by the rule of a row one
+# character shorter when that is stricter: identical rows of a table are not a block that loops.
+_ROW_FROM = 64
 _BLOCK = 64  # slice size for the backwards onset search
 _NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
@@ -423,8 +426,7 @@ class RepetitionDetector:
                 out.append(self._exact(p, copies))
             return
         fenced = self._in_fence ^ (sum(t > end for t in self._toggles) % 2 == 1)  # state at `end`
-        rules = self.fence_rules if fenced else self.rules
-        rule = next((r for r in rules if p < r.below), None)
+        rule = self._fenced_rule(p, end, buf) if fenced else next((r for r in self.rules if p < r.below), None)
         if not fenced and self.wordy_rule is not None and _WORDY_MIN_PERIOD <= p < self.wordy_rule.below:
             unit = buf[end - self._base - p : end - self._base]
             if sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS:
@@ -437,6 +439,21 @@ class RepetitionDetector:
             DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client")
         )
         out.append(self._exact(p, copies))
+
+    def _fenced_rule(self, p: int, end: int, buf: str) -> Rule | None:
+        """The fence rule for period ``p``. A unit of one line (the same row written again: a
+        lookup table's bitmap, a wide zero matrix) is judged at least as strictly as a row
+        shorter than `_ROW_FROM` is, however long: only a multi-line block that repeats
+        (a function written out again) is a loop at a block's copies."""
+        rules = self.fence_rules
+        rule = next((r for r in rules if p < r.below), None)
+        if rule is None or p < _ROW_FROM:
+            return rule
+        e = end - self._base
+        if buf.count("\n", e - p, e) != 1:
+            return rule
+        row = next((r for r in rules if r.below >= _ROW_FROM), rule)
+        return Rule(rule.below, max(rule.min_copies, row.min_copies), max(rule.min_chars, row.min_chars))
 
     def _exact(self, p: int, copies: int) -> DoomLoopSignal:
         return DoomLoopSignal(

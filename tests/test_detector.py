@@ -121,6 +121,28 @@ def test_code_fence_raises_thresholds_but_never_disables_detection() -> None:
     assert fenced_det.in_fence
 
 
+def test_identical_long_lines_in_a_fence_are_judged_as_rows_not_as_a_block() -> None:
+    # A data table whose rows are one line of 64+ characters (a bitmap of a lookup table, a
+    # zero matrix 20 wide) is judged as a shorter row is, at 12 copies and 1024 characters,
+    # not at the 4 copies of a multi-line block: a 16-wide zero matrix is not flagged, so
+    # neither is a 20-wide one of the same length (12 rows of 66 characters).
+    row = '    b"' + "M" * 64 + '"\n'  # 72 characters
+    for width, height in ((16, 16), (20, 12)):
+        matrix = "    [" + ", ".join(["0"] * width) + "],\n"
+        table = PROSE + "```python\ngrid = [\n" + matrix * height + "]\nbits = (\n" + row * 10 + ")\n```\n"
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(table, lo, hi)) == [], (width, lo, hi)
+    # One line looped in a fence is still caught, by the row rule.
+    events = fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + row * 40, 1, 24))
+    tail = first_tail(events)
+    assert tail is not None and tail[1] == "tail_repetition:72@text"
+    assert 12 * 72 <= tail[0] - len(PROSE) - 10 <= 1024 + 24 + 72
+    # A multi-line unit keeps the block rule: a function looped in a fence, at 4 copies.
+    fn = "def check(value):\n    if value is None:\n        return False\n    return value > 0\n\n"
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + fn * 20, 1, 24)))
+    assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(fn) + 24
+
+
 def test_fence_marker_split_across_deltas_is_seen_once() -> None:
     det = RepetitionDetector("text")
     for d in ["intro\n`", "`", "`py\nx = 1\n", "``", "`\nafter"]:
