@@ -425,7 +425,9 @@ class RepetitionDetector:
                 run.reported = copies
                 out.append(self._exact(p, copies))
             return
-        fenced = self._in_fence ^ (sum(t > end for t in self._toggles) % 2 == 1)  # state at `end`
+        # The fence state over the run [onset, end): a marker at `end` (the closing back-ticks
+        # that broke a run of rows) comes after it.
+        fenced = self._in_fence ^ (sum(t >= end for t in self._toggles) % 2 == 1)
         rule = self._fenced_rule(p, end, buf) if fenced else next((r for r in self.rules if p < r.below), None)
         if not fenced and self.wordy_rule is not None and _WORDY_MIN_PERIOD <= p < self.wordy_rule.below:
             unit = buf[end - self._base - p : end - self._base]

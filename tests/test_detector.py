@@ -143,6 +143,19 @@ def test_identical_long_lines_in_a_fence_are_judged_as_rows_not_as_a_block() -> 
     assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(fn) + 24
 
 
+def test_a_run_that_ends_at_the_closing_fence_is_judged_by_the_fence_rule() -> None:
+    # The repeated rows end where the closing back-ticks begin: the run is inside the fence,
+    # so the fence rule judges it, at any chunking (the text rule fired at the closing fence).
+    for body in ("WARN retrying connection to db-1: timeout after 30s\n" * 8, "| - | n/a | n/a |\n" * 12):
+        text = PROSE + "```\n" + body + "```\n" + PROSE
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(text, lo, hi)) == [], (body[:20], lo, hi)
+    # Past the fence rule, such a run is still reported.
+    loop = "WARN retrying connection to db-1: timeout after 30s\n" * 30
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```\n" + loop + "```\n", 1, 24)))
+    assert tail is not None and tail[1] == "tail_repetition:52@text"
+
+
 def test_fence_marker_split_across_deltas_is_seen_once() -> None:
     det = RepetitionDetector("text")
     for d in ["intro\n`", "`", "`py\nx = 1\n", "``", "`\nafter"]:
