@@ -98,6 +98,20 @@ _LONG_NEEDLE = 64  # longest needle of a continued candidate search
 _WIDE = 256  # a reach past this is searched in two parts (the anchor near, the far needle far)
 
 
+def _stricter(rule: Rule | None, other: Rule | None) -> Rule | None:
+    """A rule asking for both rules' copies and characters (``rule`` when either is None)."""
+    if rule is None or other is None:
+        return rule
+    return Rule(rule.below, max(rule.min_copies, other.min_copies), max(rule.min_chars, other.min_chars))
+
+
+def _table_rows(unit: str) -> bool:
+    """True when every line of ``unit`` (taken from a line start) is a Markdown table row."""
+    cut = unit.index("\n") + 1
+    lines = (unit[cut:] + unit[:cut]).split("\n")[:-1]
+    return all(line.strip(" \t").startswith("|") and line.strip(" \t\r").endswith("|") for line in lines)
+
+
 class _Run:
     """A live candidate: the text from ``onset`` on has period ``period``."""
 
@@ -428,11 +442,7 @@ class RepetitionDetector:
         # The fence state over the run [onset, end): a marker at `end` (the closing back-ticks
         # that broke a run of rows) comes after it.
         fenced = self._in_fence ^ (sum(t >= end for t in self._toggles) % 2 == 1)
-        rule = self._fenced_rule(p, end, buf) if fenced else next((r for r in self.rules if p < r.below), None)
-        if not fenced and self.wordy_rule is not None and _WORDY_MIN_PERIOD <= p < self.wordy_rule.below:
-            unit = buf[end - self._base - p : end - self._base]
-            if sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS:
-                rule = self.wordy_rule
+        rule = self._fenced_rule(p, end, buf) if fenced else self._plain_rule(p, end, buf)
         if rule is None or length < rule.min_chars or length < rule.min_copies * p:
             return
         run.reported = max(copies, 1)
@@ -441,6 +451,29 @@ class RepetitionDetector:
             DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client")
         )
         out.append(self._exact(p, copies))
+
+    def _plain_rule(self, p: int, end: int, buf: str) -> Rule | None:
+        """The rule for period ``p`` outside a fence. The unit (the run's last ``p`` characters)
+        decides two exceptions: cells of one Markdown table row (a ``|`` and no line end) are
+        judged by length as a separator row is, and rows of a table as rows in a fence are;
+        a short unit with letters (not a table's) is a chant, judged by `wordy_rule`."""
+        rule = next((r for r in self.rules if p < r.below), None)
+        e = end - self._base
+        unit = buf[e - p : e]
+        if "|" in unit:
+            if "\n" not in unit:
+                return _stricter(rule, next((r for r in self.rules if r.below > 1), None))
+            if _table_rows(unit):
+                return self._fenced_rule(p, end, buf)
+            return rule
+        wordy = self.wordy_rule
+        if (
+            wordy is not None
+            and _WORDY_MIN_PERIOD <= p < wordy.below
+            and sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS
+        ):
+            return wordy
+        return rule
 
     def _fenced_rule(self, p: int, end: int, buf: str) -> Rule | None:
         """The fence rule for period ``p``. A unit of one line (the same row written again: a
@@ -454,8 +487,7 @@ class RepetitionDetector:
         e = end - self._base
         if buf.count("\n", e - p, e) != 1:
             return rule
-        row = next((r for r in rules if r.below >= _ROW_FROM), rule)
-        return Rule(rule.below, max(rule.min_copies, row.min_copies), max(rule.min_chars, row.min_chars))
+        return _stricter(rule, next((r for r in rules if r.below >= _ROW_FROM), None))
 
     def _exact(self, p: int, copies: int) -> DoomLoopSignal:
         return DoomLoopSignal(

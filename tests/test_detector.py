@@ -156,6 +156,35 @@ def test_a_run_that_ends_at_the_closing_fence_is_judged_by_the_fence_rule() -> N
     assert tail is not None and tail[1] == "tail_repetition:52@text"
 
 
+def _table(cell: str, columns: int, rows: int) -> str:
+    head = "| feature | " + " | ".join(f"v{i}" for i in range(columns)) + " |\n|---|" + "---|" * columns + "\n"
+    return head + "".join(f"| feature_{r} | " + " | ".join([cell] * columns) + " |\n" for r in range(rows))
+
+
+@pytest.mark.parametrize("channel", ["text", "thinking"])
+def test_a_markdown_tables_identical_columns_and_rows_are_data_not_a_loop(channel: str) -> None:
+    # Outside a fence, cells repeated along a row are judged by length (as the separator
+    # row is), and identical rows as rows in a fence are; neither is a chant.
+    tables = [
+        _table("Yes", 12, 6),
+        _table("Not supported", 6, 4),
+        _table("true", 10, 6),
+        "| a | b | c | d |\n|---|---|---|---|\n" + "| - | n/a | n/a | n/a |\n" * 10,
+    ]
+    for table in tables:
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector(channel), chunks(PROSE + table + PROSE, lo, hi)) == [], (table, lo, hi)
+    # A row of cells that goes on, or a row written again and again, is still a loop.
+    cells = first_tail(fires(RepetitionDetector(channel), chunks(PROSE + "| Yes " * 200, 1, 24)))
+    assert cells is not None and cells[1] == f"tail_repetition:6@{channel}"
+    rows = first_tail(fires(RepetitionDetector(channel), chunks(PROSE + "| - | n/a | n/a | n/a |\n" * 60, 1, 24)))
+    assert rows is not None and rows[1] == f"tail_repetition:24@{channel}"
+    # A list item (not a table row) written again is caught at its 4th copy, as before.
+    item = "- Check the logs again.\n"
+    tail = first_tail(fires(RepetitionDetector(channel), list(PROSE + item * 20)))
+    assert tail is not None and tail[0] - len(PROSE) <= 4 * len(item)
+
+
 def test_fence_marker_split_across_deltas_is_seen_once() -> None:
     det = RepetitionDetector("text")
     for d in ["intro\n`", "`", "`py\nx = 1\n", "``", "`\nafter"]:
