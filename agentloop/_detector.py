@@ -459,18 +459,17 @@ class RepetitionDetector:
         a short unit with letters (not a table's) is a chant, judged by `wordy_rule`."""
         rule = next((r for r in self.rules if p < r.below), None)
         e = end - self._base
-        unit = buf[e - p : e]
-        if "|" in unit:
-            if "\n" not in unit:
+        if buf.find("|", e - p, e) >= 0:  # searched in place: a unit can be 4 KB, judged per delta
+            if buf.find("\n", e - p, e) < 0:
                 return _stricter(rule, next((r for r in self.rules if r.below > 1), None))
-            if _table_rows(unit):
+            if _table_rows(buf[e - p : e]):
                 return self._fenced_rule(p, end, buf)
             return rule
         wordy = self.wordy_rule
         if (
             wordy is not None
             and _WORDY_MIN_PERIOD <= p < wordy.below
-            and sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS
+            and sum(ch.isalpha() for ch in buf[e - p : e]) >= _WORDY_MIN_LETTERS
         ):
             return wordy
         return rule
