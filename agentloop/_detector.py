@@ -88,9 +88,11 @@ _DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
 WORDY_RULES = {"thinking": Rule(16, 4, 48), "text": Rule(16, 5, 64)}
 _WORDY_MIN_PERIOD = 6
 _WORDY_MIN_LETTERS = 3
-# In a fence, a unit of one line this long or longer is judged by the rule of a row one
-# character shorter when that is stricter: identical rows of a table are not a block that loops.
+# In a fence, a unit of up to _ROW_LINES lines this long or longer is judged by the rule of a
+# row one character shorter when that is stricter: identical rows of a table are not a block
+# that loops.
 _ROW_FROM = 64
+_ROW_LINES = 2
 _BLOCK = 64  # slice size for the backwards onset search
 _NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
@@ -475,16 +477,17 @@ class RepetitionDetector:
         return rule
 
     def _fenced_rule(self, p: int, end: int, buf: str) -> Rule | None:
-        """The fence rule for period ``p``. A unit of one line (the same row written again: a
-        lookup table's bitmap, a wide zero matrix) is judged at least as strictly as a row
-        shorter than `_ROW_FROM` is, however long: only a multi-line block that repeats
-        (a function written out again) is a loop at a block's copies."""
+        """The fence rule for period ``p``. A unit of one or two lines (the same row written
+        again: a lookup table's bitmap, a wide zero matrix, the expected trace of a loop) is
+        judged at least as strictly as a row shorter than `_ROW_FROM` is, however long: only
+        a block of three lines or more that repeats (a function written out again) is a loop
+        at a block's copies."""
         rules = self.fence_rules
         rule = next((r for r in rules if p < r.below), None)
         if rule is None or p < _ROW_FROM:
             return rule
         e = end - self._base
-        if buf.count("\n", e - p, e) != 1:
+        if buf.count("\n", e - p, e) > _ROW_LINES:
             return rule
         return _stricter(rule, next((r for r in rules if r.below >= _ROW_FROM), None))
 

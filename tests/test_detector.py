@@ -143,6 +143,21 @@ def test_identical_long_lines_in_a_fence_are_judged_as_rows_not_as_a_block() -> 
     assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(fn) + 24
 
 
+def test_a_pair_of_lines_repeated_in_a_fence_is_judged_as_rows() -> None:
+    # The expected trace of a loop in a test (two lines of 41 characters, 4 times over) and a
+    # statement pair a test repeats on purpose: rows, as a single repeated line is.
+    trace = "                            (4, 'line'),\n                            (5, 'line'),\n"
+    pair = "        from xml.sax import make_parser\n        p = make_parser()\n"
+    for unit, copies in ((trace, 4), (pair, 6)):
+        text = PROSE + "```python\nexpected = [\n" + unit * copies + "]\n```\n" + PROSE
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(text, lo, hi)) == [], (unit, lo, hi)
+    # Three lines or more are a block: caught at 4 copies.
+    block = pair + "        p.close()\n"
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + block * 20, 1, 24)))
+    assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(block) + 24
+
+
 def test_a_run_that_ends_at_the_closing_fence_is_judged_by_the_fence_rule() -> None:
     # The repeated rows end where the closing back-ticks begin: the run is inside the fence,
     # so the fence rule judges it, at any chunking (the text rule fired at the closing fence).
