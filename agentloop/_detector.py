@@ -89,6 +89,11 @@ _DEFAULT_RULES = {"thinking": THINKING_RULES, "text": TEXT_RULES}
 WORDY_RULES = {"thinking": Rule(16, 4, 48), "text": Rule(16, 5, 64)}
 _WORDY_MIN_PERIOD = 6
 _WORDY_MIN_LETTERS = 3
+# In a fence, a unit of up to _ROW_LINES lines this long or longer is judged by the rule of a
+# row one character shorter when that is stricter: identical rows of a table are not a block
+# that loops.
+_ROW_FROM = 64
+_ROW_LINES = 2
 _BLOCK = 64  # slice size for the backwards onset search
 _NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
@@ -101,6 +106,20 @@ def _reach_table(step: int, window: int) -> tuple[int, ...]:
     """The search reach by bit length (see `RepetitionDetector.__init__`): one table per
     (step, window), shared by the detectors that use it (a policy makes two per engine)."""
     return tuple(min(step << max(b, 1), window) for b in range(65))
+
+
+def _stricter(rule: Rule | None, other: Rule | None) -> Rule | None:
+    """A rule asking for both rules' copies and characters (``rule`` when either is None)."""
+    if rule is None or other is None:
+        return rule
+    return Rule(rule.below, max(rule.min_copies, other.min_copies), max(rule.min_chars, other.min_chars))
+
+
+def _table_rows(unit: str) -> bool:
+    """True when every line of ``unit`` (taken from a line start) is a Markdown table row."""
+    cut = unit.index("\n") + 1
+    lines = (unit[cut:] + unit[:cut]).split("\n")[:-1]
+    return all(line.strip(" \t").startswith("|") and line.strip(" \t\r").endswith("|") for line in lines)
 
 
 class _Run:
@@ -430,13 +449,10 @@ class RepetitionDetector:
                 run.reported = copies
                 out.append(self._exact(p, copies))
             return
-        fenced = self._in_fence ^ (sum(t > end for t in self._toggles) % 2 == 1)  # state at `end`
-        rules = self.fence_rules if fenced else self.rules
-        rule = next((r for r in rules if p < r.below), None)
-        if not fenced and self.wordy_rule is not None and _WORDY_MIN_PERIOD <= p < self.wordy_rule.below:
-            unit = buf[end - self._base - p : end - self._base]
-            if sum(ch.isalpha() for ch in unit) >= _WORDY_MIN_LETTERS:
-                rule = self.wordy_rule
+        # The fence state over the run [onset, end): a marker at `end` (the closing back-ticks
+        # that broke a run of rows) comes after it.
+        fenced = self._in_fence ^ (sum(t >= end for t in self._toggles) % 2 == 1)
+        rule = self._fenced_rule(p, end, buf) if fenced else self._plain_rule(p, end, buf)
         if rule is None or length < rule.min_chars or length < rule.min_copies * p:
             return
         run.reported = max(copies, 1)
@@ -445,6 +461,43 @@ class RepetitionDetector:
             DoomLoopSignal("tail_repetition", self.channel, threshold=p, unit="chars", source="client")
         )
         out.append(self._exact(p, copies))
+
+    def _plain_rule(self, p: int, end: int, buf: str) -> Rule | None:
+        """The rule for period ``p`` outside a fence. The unit (the run's last ``p`` characters)
+        decides two exceptions: cells of one Markdown table row (a ``|`` and no line end) are
+        judged by length as a separator row is, and rows of a table as rows in a fence are;
+        a short unit with letters (not a table's) is a chant, judged by `wordy_rule`."""
+        rule = next((r for r in self.rules if p < r.below), None)
+        e = end - self._base
+        if buf.find("|", e - p, e) >= 0:  # searched in place: a unit can be 4 KB, judged per delta
+            if buf.find("\n", e - p, e) < 0:
+                return _stricter(rule, next((r for r in self.rules if r.below > 1), None))
+            if _table_rows(buf[e - p : e]):
+                return self._fenced_rule(p, end, buf)
+            return rule
+        wordy = self.wordy_rule
+        if (
+            wordy is not None
+            and _WORDY_MIN_PERIOD <= p < wordy.below
+            and sum(ch.isalpha() for ch in buf[e - p : e]) >= _WORDY_MIN_LETTERS
+        ):
+            return wordy
+        return rule
+
+    def _fenced_rule(self, p: int, end: int, buf: str) -> Rule | None:
+        """The fence rule for period ``p``. A unit of one or two lines (the same row written
+        again: a lookup table's bitmap, a wide zero matrix, the expected trace of a loop) is
+        judged at least as strictly as a row shorter than `_ROW_FROM` is, however long: only
+        a block of three lines or more that repeats (a function written out again) is a loop
+        at a block's copies."""
+        rules = self.fence_rules
+        rule = next((r for r in rules if p < r.below), None)
+        if rule is None or p < _ROW_FROM:
+            return rule
+        e = end - self._base
+        if buf.count("\n", e - p, e) > _ROW_LINES:
+            return rule
+        return _stricter(rule, next((r for r in rules if r.below >= _ROW_FROM), None))
 
     def _exact(self, p: int, copies: int) -> DoomLoopSignal:
         return DoomLoopSignal(

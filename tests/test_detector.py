@@ -121,6 +121,85 @@ def test_code_fence_raises_thresholds_but_never_disables_detection() -> None:
     assert fenced_det.in_fence
 
 
+def test_identical_long_lines_in_a_fence_are_judged_as_rows_not_as_a_block() -> None:
+    # A data table whose rows are one line of 64+ characters (a bitmap of a lookup table, a
+    # zero matrix 20 wide) is judged as a shorter row is, at 12 copies and 1024 characters,
+    # not at the 4 copies of a multi-line block: a 16-wide zero matrix is not flagged, so
+    # neither is a 20-wide one of the same length (12 rows of 66 characters).
+    row = '    b"' + "M" * 64 + '"\n'  # 72 characters
+    for width, height in ((16, 16), (20, 12)):
+        matrix = "    [" + ", ".join(["0"] * width) + "],\n"
+        table = PROSE + "```python\ngrid = [\n" + matrix * height + "]\nbits = (\n" + row * 10 + ")\n```\n"
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(table, lo, hi)) == [], (width, lo, hi)
+    # One line looped in a fence is still caught, by the row rule.
+    events = fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + row * 40, 1, 24))
+    tail = first_tail(events)
+    assert tail is not None and tail[1] == "tail_repetition:72@text"
+    assert 12 * 72 <= tail[0] - len(PROSE) - 10 <= 1024 + 24 + 72
+    # A multi-line unit keeps the block rule: a function looped in a fence, at 4 copies.
+    fn = "def check(value):\n    if value is None:\n        return False\n    return value > 0\n\n"
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + fn * 20, 1, 24)))
+    assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(fn) + 24
+
+
+def test_a_pair_of_lines_repeated_in_a_fence_is_judged_as_rows() -> None:
+    # The expected trace of a loop in a test (two lines of 41 characters, 4 times over) and a
+    # statement pair a test repeats on purpose: rows, as a single repeated line is.
+    trace = "                            (4, 'line'),\n                            (5, 'line'),\n"
+    pair = "        from xml.sax import make_parser\n        p = make_parser()\n"
+    for unit, copies in ((trace, 4), (pair, 6)):
+        text = PROSE + "```python\nexpected = [\n" + unit * copies + "]\n```\n" + PROSE
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(text, lo, hi)) == [], (unit, lo, hi)
+    # Three lines or more are a block: caught at 4 copies.
+    block = pair + "        p.close()\n"
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```python\n" + block * 20, 1, 24)))
+    assert tail is not None and tail[0] - len(PROSE) - 10 <= 4 * len(block) + 24
+
+
+def test_a_run_that_ends_at_the_closing_fence_is_judged_by_the_fence_rule() -> None:
+    # The repeated rows end where the closing back-ticks begin: the run is inside the fence,
+    # so the fence rule judges it, at any chunking (the text rule fired at the closing fence).
+    for body in ("WARN retrying connection to db-1: timeout after 30s\n" * 8, "| - | n/a | n/a |\n" * 12):
+        text = PROSE + "```\n" + body + "```\n" + PROSE
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector("text"), chunks(text, lo, hi)) == [], (body[:20], lo, hi)
+    # Past the fence rule, such a run is still reported.
+    loop = "WARN retrying connection to db-1: timeout after 30s\n" * 30
+    tail = first_tail(fires(RepetitionDetector("text"), chunks(PROSE + "```\n" + loop + "```\n", 1, 24)))
+    assert tail is not None and tail[1] == "tail_repetition:52@text"
+
+
+def _table(cell: str, columns: int, rows: int) -> str:
+    head = "| feature | " + " | ".join(f"v{i}" for i in range(columns)) + " |\n|---|" + "---|" * columns + "\n"
+    return head + "".join(f"| feature_{r} | " + " | ".join([cell] * columns) + " |\n" for r in range(rows))
+
+
+@pytest.mark.parametrize("channel", ["text", "thinking"])
+def test_a_markdown_tables_identical_columns_and_rows_are_data_not_a_loop(channel: str) -> None:
+    # Outside a fence, cells repeated along a row are judged by length (as the separator
+    # row is), and identical rows as rows in a fence are; neither is a chant.
+    tables = [
+        _table("Yes", 12, 6),
+        _table("Not supported", 6, 4),
+        _table("true", 10, 6),
+        "| a | b | c | d |\n|---|---|---|---|\n" + "| - | n/a | n/a | n/a |\n" * 10,
+    ]
+    for table in tables:
+        for lo, hi in ((1, 4), (1, 24), (30, 200)):
+            assert fires(RepetitionDetector(channel), chunks(PROSE + table + PROSE, lo, hi)) == [], (table, lo, hi)
+    # A row of cells that goes on, or a row written again and again, is still a loop.
+    cells = first_tail(fires(RepetitionDetector(channel), chunks(PROSE + "| Yes " * 200, 1, 24)))
+    assert cells is not None and cells[1] == f"tail_repetition:6@{channel}"
+    rows = first_tail(fires(RepetitionDetector(channel), chunks(PROSE + "| - | n/a | n/a | n/a |\n" * 60, 1, 24)))
+    assert rows is not None and rows[1] == f"tail_repetition:24@{channel}"
+    # A list item (not a table row) written again is caught at its 4th copy, as before.
+    item = "- Check the logs again.\n"
+    tail = first_tail(fires(RepetitionDetector(channel), list(PROSE + item * 20)))
+    assert tail is not None and tail[0] - len(PROSE) <= 4 * len(item)
+
+
 def test_fence_marker_split_across_deltas_is_seen_once() -> None:
     det = RepetitionDetector("text")
     for d in ["intro\n`", "`", "`py\nx = 1\n", "``", "`\nafter"]:

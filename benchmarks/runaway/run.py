@@ -4,8 +4,11 @@
 
 Runs the RUNAWAY.md §(d) scenarios through `RepetitionDetector` and the stock
 policies at three chunkings, then a real corpus nobody here wrote (the Python
-standard library's source and the docs shipped by installed packages), and
-prints tables. Timings are the best of several runs; nothing here is asserted.
+standard library's source and the docs shipped by installed packages), real
+files as a model writes them through the stock policy (sources.py), loops drawn
+at random (generated.py) and loop families built as models write them
+(families.py), and prints tables. Timings are the best of several runs; nothing
+here is asserted.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from families import families
 from generated import draw
 from scenarios import Case, text_cases
+from sources import flags, kinds, responses
 from tools import tool_scenarios
 
 from agentloop._accumulate import Accumulator
@@ -53,9 +58,9 @@ def first_fire(channel: str, deltas: Iterable[str]) -> int | None:
     return None
 
 
-def first_fire_policy(channel: str, deltas: Iterable[str]) -> int | None:
+def first_fire_policy(channel: str, deltas: Iterable[str], **detector: int) -> int | None:
     """Like `first_fire`, through the stock policy's hand-over (``every`` deltas while cold)."""
-    pol, pos = DoomLoopPolicy(), 0
+    pol, pos = DoomLoopPolicy(detector=detector), 0
     pol.begin_attempt()
     for d in deltas:
         pos += len(d)
@@ -205,6 +210,54 @@ def run_corpus(limit: int) -> None:
             )
 
 
+def run_sources(budget: int) -> None:
+    print("\n## False flags on the content channel: real files as a model writes them (stock policy)\n")
+    print("sources.py: code and data in a fence of their language, prose, logs and mail as they are;")
+    print(f"~6 KB responses through `ConservativeDoomLoopPolicy`, deltas of 1-24 chars, up to {budget / 1e6:.0f} MB a kind.\n")
+    print(f"{'corpus':<18} {'files':>6} {'MB':>6} {'responses':>9} {'flagged':>7} {'flags/MB':>8}")
+    seen: list[str] = []
+    for kind, paths in kinds().items():
+        size = count = flagged = 0
+        for i, r in enumerate(responses(kind, paths, budget)):
+            size += len(r.text)
+            count += 1
+            found = flags(r.text, seed=i)
+            flagged += bool(found)
+            seen += [f"{kind}: {r.path.name} @{r.offset + at}, period {p}" for at, p in found]
+        mb = size / 1e6
+        print(f"{kind:<18} {len(paths):>6} {mb:>6.2f} {count:>9} {flagged:>7} {flagged / max(mb, 1e-9):>8.2f}")
+    print("\nflags (judged in docs/policies.md, 'Boundary cases'):", *(seen or ["none"]), sep="\n  ")
+
+
+def run_families(per_family: int) -> None:
+    print(f"\n## Loop families built as models write them (families.py), {per_family} a family, stock policy\n")
+    print("Delay = characters from the onset to the end of the delta that fired, in copies of the unit")
+    print("(for a flood, the unit is 1-2 characters: see the chars column). 'early' = fired in the prose")
+    print("before the loop (a false flag). The counter family has no exact period: it is a documented miss.\n")
+    print(
+        f"{'family':<34} {'deltas':<7} {'loops':>5} {'caught':>6} {'early':>5} {'copies p50':>10} {'p95':>6} "
+        f"{'max':>6} {'chars p50':>9}"
+    )
+    loops = list(families(per_family, 7))
+    variants: list[tuple[str, dict[str, int]]] = [("", {})]
+    variants.append((" (window=8192)", {"window": 8192}))
+    for family in dict.fromkeys(g.family for g in loops):
+        mine = [g for g in loops if g.family == family]
+        for suffix, opts in variants if family.startswith("long") else variants[:1]:
+            for lo, hi in CHUNKINGS:
+                fired = [
+                    first_fire_policy(g.channel, chunks(g.text, lo, hi, i), **opts) for i, g in enumerate(mine)
+                ]
+                late = [(f - g.onset, g.unit) for f, g in zip(fired, mine, strict=True) if f is not None]
+                early = sum(d < 0 for d, _ in late)
+                ok = [(d / u, d) for d, u in late if d >= 0] or [(0.0, 0)]
+                cps, chars = [c for c, _ in ok], [float(d) for _, d in ok]
+                print(
+                    f"{family + suffix:<34} {f'{lo}-{hi}':<7} {len(mine):>5} {len(late):>6} {early:>5} "
+                    f"{pct(cps, 0.5):>10.2f} {pct(cps, 0.95):>6.2f} {max(cps):>6.2f} {pct(chars, 0.5):>9.0f}"
+                )
+
+
 def fire_span(channel: str, deltas: Iterable[str]) -> tuple[int, int, int] | None:
     """(start, end) of the delta in which the first tail_repetition fired, and its period."""
     det, pos = RepetitionDetector(channel), 0
@@ -330,7 +383,9 @@ def main() -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {name:<62} {detail}")
     limit = 600_000 if quick else 2_200_000
     run_corpus(limit)
+    run_sources(1_000_000 if quick else 8_000_000)
     run_generated("".join(t for _, t in corpus(300_000 if quick else 1_000_000)), 120 if quick else 400)
+    run_families(4 if quick else 12)
     text = corpus(1_000_000)[0][1] if quick else "".join(t for k, t in corpus(1_000_000) if k == "stdlib .py")
     run_cost(text[:1_000_000])
     print(
