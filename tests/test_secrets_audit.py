@@ -162,12 +162,13 @@ def exception_texts(exc: BaseException) -> Iterator[str]:
 
 
 def carried_texts(exc: BaseException) -> Iterator[str]:
-    """The text of the objects ``exc`` carries: an httpx error's request (its URL and headers) and
-    a status error's response's, a JSON decoding error's document, an `OSError`'s file names."""
+    """The text of the objects ``exc`` carries: an httpx (or the MCP SDK's httpx2) error's request
+    (its URL and headers) and a status error's response's, a JSON decoding error's document, an
+    `OSError`'s file names."""
     requests = [getattr(exc, "_request", None)]
-    if isinstance(exc, httpx.HTTPStatusError):
+    if isinstance(exc, httpx.HTTPStatusError | httpx2.HTTPStatusError):
         requests += [exc.request, exc.response.request]
-    for request in (r for r in requests if isinstance(r, httpx.Request)):
+    for request in (r for r in requests if isinstance(r, httpx.Request | httpx2.Request)):
         yield from (str(request.url), repr(request.headers.multi_items()), repr(request.content))
     if isinstance(exc, json.JSONDecodeError):
         yield exc.doc

@@ -1,0 +1,121 @@
+"""An MCP server's credentials and the size of what it says: the objects its HTTP client's errors
+carry (the request, headers and URL), a server's error text of megabytes, the command-line forms
+of a password, and the abort listeners of signals no engine made."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import httpx2
+import pytest
+
+from agentloop import AbortController, ToolContext
+from agentloop.mcp import MCPServer
+from tests.test_secrets_audit import _mcp_answer, _on, exception_texts, logged
+
+MARK = "[REDACTED]"
+_TOKEN = "mcpHeaderToken0123456789abcdef"
+_PASSWORD = "mcpUrlPassword0123456789abcdef"
+_QUERY = "mcpQueryToken0123456789abcdef"
+_URL = f"https://bob:{_PASSWORD}@mcp.example/mcp?access_token={_QUERY}"
+_SECRETS = (_TOKEN, _PASSWORD, _QUERY)
+_LOGGERS = ("mcp", "mcp.client.streamable_http", "mcp.client.session", "mcp.shared.jsonrpc_dispatcher", "httpx2")
+
+
+def _shown(texts: list[str]) -> list[str]:
+    return [t[:300] for t in texts if any(s in t for s in _SECRETS)]
+
+
+def _server(handler: Callable[[httpx2.Request], httpx2.Response], url: str = _URL) -> tuple[MCPServer, Any]:
+    client = functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(handler))
+    patch = mock.patch.object(httpx2, "AsyncClient", client)
+    return MCPServer.http(url, headers={"Authorization": f"Bearer {_TOKEN}"}, connect_timeout=10), patch
+
+
+def _requests_of(exc: BaseException) -> Iterator[httpx2.Request]:
+    """The httpx2 requests ``exc`` and the exceptions chained to it carry."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        request = getattr(current, "_request", None)
+        if isinstance(request, httpx2.Request):
+            yield request
+        if isinstance(current, httpx2.HTTPStatusError):
+            yield current.response.request
+        if isinstance(current, BaseExceptionGroup):
+            todo += current.exceptions
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+
+
+def _refused(request: httpx2.Request) -> httpx2.Response:
+    raise httpx2.ConnectError("the proxy refused the connection", request=request)
+
+
+# -- 1. the HTTP client's errors keep a safe copy of their request -----------------------------------
+
+
+async def test_an_http_client_error_at_start_up_keeps_no_credential_in_its_request() -> None:
+    srv, patch = _server(_on("initialize", _refused))
+    with patch, logged(*_LOGGERS) as records, pytest.raises(httpx2.ConnectError) as caught:
+        async with asyncio.timeout(20), srv:
+            pass
+    requests = list(_requests_of(caught.value))
+    assert requests, "the error keeps what it tried"
+    for request in requests:
+        assert request.headers["authorization"] == MARK
+        assert "bob" not in str(request.url) and _QUERY not in str(request.url)
+        assert "access_token=" + MARK in str(request.url)
+        assert not _shown([repr(request.headers.multi_items()), str(request.url)])
+    assert not _shown([*exception_texts(caught.value), *records.texts])
+
+
+async def test_an_http_client_error_of_a_call_keeps_no_credential_in_its_request() -> None:
+    srv, patch = _server(_on("tools/call", _refused))
+    with patch:
+        async with asyncio.timeout(20), srv:
+            (echo,) = await srv.list_tools()
+            ctx = ToolContext(signal=AbortController().signal, tool_use_id="t1", engine=None)  # type: ignore[arg-type]
+            with pytest.raises(Exception) as caught:  # the engine makes it the call's error result
+                await echo.handler({}, ctx)
+    for request in _requests_of(caught.value):
+        assert request.headers["authorization"] == MARK
+    assert not _shown(list(exception_texts(caught.value)))
+
+
+async def test_a_logged_http_client_error_keeps_no_credential_in_its_request() -> None:
+    # The SDK logs, with its traceback, the status error of the GET stream a server need not offer
+    # (405): a handler reading the record's ``exc_info`` gets the error and its request.
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logger = logging.getLogger("mcp.client.streamable_http")
+    handler, level = Keep(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        # A URL without credentials: the traceback's text then quotes none, and the record keeps it.
+        srv, patch = _server(_mcp_answer, "https://mcp.example/mcp")
+        with patch:
+            async with asyncio.timeout(20), srv:
+                await srv.list_tools()
+                await srv.call_tool("echo", {})
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    errors = [r.exc_info[1] for r in seen if r.exc_info and r.exc_info[1] is not None]
+    requests = [request for error in errors for request in _requests_of(error)]
+    assert requests, "the SDK logs the GET stream's status error"
+    for request in requests:
+        assert request.headers["authorization"] == MARK
+        assert not _shown([repr(request.headers.multi_items()), str(request.url)])
