@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import re
+import sys
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
 import httpx2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mcp.shared.exceptions import MCPError
 
 from agentloop import AbortController, ToolContext
 from agentloop.mcp import MCPServer
-from tests.test_secrets_audit import _mcp_answer, _on, exception_texts, logged
+from tests.test_secrets_audit import _mcp_answer, _on, _rpc, exception_texts, logged
 
 MARK = "[REDACTED]"
 _TOKEN = "mcpHeaderToken0123456789abcdef"
@@ -119,3 +126,83 @@ async def test_a_logged_http_client_error_keeps_no_credential_in_its_request() -
     for request in requests:
         assert request.headers["authorization"] == MARK
         assert not _shown([repr(request.headers.multi_items()), str(request.url)])
+
+
+# -- 2. what a server says is quoted at most 2,000 characters, its credentials scrubbed first --------
+
+_CUT = re.compile(r"\[\.\.\. [\d,]+ characters cut \.\.\.\]")
+
+
+def _huge(secret: str, size: int) -> str:
+    """A server's text of ``size`` characters or so, quoting ``secret`` in its middle and at its end."""
+    half = "x" * (size // 2)
+    return f"start-of-text {half} {secret} {half} end-of-text {secret}"
+
+
+def _check_capped(message: str, secret: str) -> None:
+    assert len(message) < 2_200, len(message)
+    assert "start-of-text" in message and "end-of-text" in message
+    assert _CUT.search(message), message[:300]
+    assert secret not in message and MARK in message
+
+
+def _rpc_refusal(text: str) -> Callable[[httpx2.Request], httpx2.Response]:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return _rpc(json.loads(request.content), error={"code": -32001, "message": text, "data": text})
+
+    return handler
+
+
+@settings(max_examples=15, deadline=None)
+@given(size=st.integers(2_500, 300_000), where=st.sampled_from(["initialize", "tools/list", "tools/call"]))
+def test_a_servers_error_text_is_cut_to_its_head_and_tail_after_scrubbing(size: int, where: str) -> None:
+    text = _huge(_TOKEN, size)
+
+    async def drive() -> BaseException:
+        srv, patch = _server(_on(where, _rpc_refusal(text)))
+        with patch, pytest.raises(Exception) as caught:
+            async with asyncio.timeout(20), srv:
+                (echo,) = await srv.list_tools()
+                await echo.handler({}, ToolContext(signal=AbortController().signal, tool_use_id="t", engine=None))  # type: ignore[arg-type]
+        return caught.value
+
+    error = asyncio.run(drive())
+    assert isinstance(error, MCPError), repr(error)[:300]
+    _check_capped(str(error), _TOKEN)
+    assert all(len(a) < 2_200 for a in error.args if isinstance(a, str))
+    assert len("".join(traceback.format_exception(error))) < 20_000
+
+
+async def test_a_huge_connection_error_is_cut_after_scrubbing() -> None:
+    text = _huge(_TOKEN, 500_000)
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError(text, request=request)
+
+    srv, patch = _server(_on("initialize", refuse))
+    with patch, pytest.raises(httpx2.ConnectError) as caught:
+        async with asyncio.timeout(20), srv:
+            pass
+    _check_capped(str(caught.value), _TOKEN)
+
+
+_LOUD_SERVER = r"""
+import os, sys
+token = os.environ["SERVICE_TOKEN"]
+for i in range(8):
+    sys.stderr.write(f"line {i} {'x' * 1800} {token} end-of-line-{i}\n")
+sys.stderr.flush()
+sys.exit(3)
+"""
+
+
+async def test_a_stdio_servers_stderr_tail_is_cut_in_its_error() -> None:
+    srv = MCPServer.stdio(sys.executable, ["-c", _LOUD_SERVER], env={"SERVICE_TOKEN": _TOKEN}, connect_timeout=20)
+    with pytest.raises(MCPError) as caught:
+        async with asyncio.timeout(30), srv:
+            pass
+    message = str(caught.value)
+    assert "exited with status 3" in message
+    assert len(message) < 2_200, len(message)
+    assert _CUT.search(message), message
+    assert _TOKEN not in message and "end-of-line-7" in message  # the end of the last line is kept
