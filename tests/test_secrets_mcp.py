@@ -21,9 +21,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
-from agentloop import AbortController, ToolContext
+from agentloop import AbortController, AbortSignal, QueryEngine, ToolContext, tool
 from agentloop.mcp import MCPServer
-from tests.test_secrets_audit import _mcp_answer, _on, _rpc, exception_texts, logged
+from agentloop.models import OpenAIChatModel
+from tests.test_secrets_audit import (
+    _HOOK_KEY,
+    _env_then_done,
+    _mcp_answer,
+    _on,
+    _raise_quoting,
+    _rpc,
+    exception_texts,
+    logged,
+)
 
 MARK = "[REDACTED]"
 _TOKEN = "mcpHeaderToken0123456789abcdef"
@@ -206,3 +216,36 @@ async def test_a_stdio_servers_stderr_tail_is_cut_in_its_error() -> None:
     assert len(message) < 2_200, len(message)
     assert _CUT.search(message), message
     assert _TOKEN not in message and "end-of-line-7" in message  # the end of the last line is kept
+
+
+# -- 3. an abort listener that raises within an engine's run, on a signal no engine made -----------
+
+
+async def test_a_listener_raising_within_a_run_is_logged_without_the_engines_credentials() -> None:
+    """A signal knows no credentials of its own: a listener that raises inside an engine's run (a
+    tool's timeout firing, a host's signal the tool aborts) is logged without that engine's; one
+    that raises outside any run is logged as it is."""
+    hosts = AbortController()  # made outside the run, aborted within it
+    later = AbortController()  # made outside the run, aborted after it
+
+    @tool
+    async def env(ctx: ToolContext) -> str:  # the tool the mock model calls
+        """Stop."""
+        deadline = AbortSignal.timeout(0)
+        deadline.add_listener(functools.partial(_raise_quoting, "timeout listener"))
+        hosts.signal.add_listener(functools.partial(_raise_quoting, "host listener"))
+        later.signal.add_listener(functools.partial(_raise_quoting, "late listener"))
+        await deadline.wait()
+        hosts.abort()
+        return "stopped"
+
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env])
+            [ev async for ev in engine.run("look")]
+            later.abort()
+    for where in ("timeout", "host"):
+        quoted = [t for t in records.texts if f"{where} listener saw Authorization: Bearer {MARK}" in t]
+        assert quoted and "Traceback (most recent call last)" in quoted[0], (where, records.texts)
+        assert not [t for t in records.texts if f"{where} listener saw" in t and _HOOK_KEY in t], where
+    assert [t for t in records.texts if f"late listener saw Authorization: Bearer {_HOOK_KEY}" in t]
