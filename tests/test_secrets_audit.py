@@ -708,6 +708,12 @@ _PASSWORD_FORMS: dict[str, Callable[[str], list[str]]] = {
     "env prefix": lambda p: ["env", f"PGPASSWORD={p}", "psql"],
     "script": lambda p: ["sh", "-c", f"cd /srv && curl -u bob:{shlex.quote(p)} https://x.example"],
     "script mysql": lambda p: ["bash", "-c", f"mysql -p{shlex.quote(p)} db | tee out"],
+    "sshpass -p": lambda p: ["sshpass", "-p", p, "ssh", "-p", "2222", "bob@host.example"],
+    "sshpass -p, joined": lambda p: ["sshpass", f"-p{p}", "scp", "file", "host.example:"],
+    "redis-cli -a": lambda p: ["redis-cli", "-h", "cache", "-a", p, "ping"],
+    "psql URL": lambda p: ["psql", f"postgres://bob:{quote(p, safe='')}@db.example/app"],
+    "docker --env=": lambda p: ["docker", "run", f"--env=API_KEY={p}", "image"],
+    "script sshpass": lambda p: ["sh", "-c", f"sshpass -p {shlex.quote(p)} ssh host.example uptime"],
 }
 
 

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
 from agentloop import AbortController, AbortSignal, QueryEngine, ToolContext, tool
+from agentloop._cmdline import shown_args
 from agentloop.mcp import MCPServer
+from agentloop.mcp._scrub import command_line_credentials
 from agentloop.models import OpenAIChatModel
 from tests.test_secrets_audit import (
     _HOOK_KEY,
@@ -249,3 +251,43 @@ async def test_a_listener_raising_within_a_run_is_logged_without_the_engines_cre
         assert quoted and "Traceback (most recent call last)" in quoted[0], (where, records.texts)
         assert not [t for t in records.texts if f"{where} listener saw" in t and _HOOK_KEY in t], where
     assert [t for t in records.texts if f"late listener saw Authorization: Bearer {_HOOK_KEY}" in t]
+
+
+# -- 4. the command-line forms of a password ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["sshpass", "-p", "s3cretPass", "ssh", "-p", "2222", "host"], ["sshpass", "-p", MARK, "ssh", "-p", "2222", "host"]),
+        (["/usr/bin/sshpass", "-ps3cretPass", "scp", "f", "h:"], ["/usr/bin/sshpass", f"-p{MARK}", "scp", "f", "h:"]),
+        (["redis-cli", "-a", "s3cretPass", "ping"], ["redis-cli", "-a", MARK, "ping"]),
+        (["redis-cli", "-as3cretPass", "-p", "6379"], ["redis-cli", f"-a{MARK}", "-p", "6379"]),
+        (["mongosh", "-u", "bob", "-p", "s3cretPass"], ["mongosh", "-u", "bob", "-p", MARK]),
+        (["psql", "postgres://bob:s3cretPass@db.example/app"], ["psql", f"postgres://{MARK}@db.example/app"]),
+        (["redis-cli", "-u", "redis://:s3cretPass@cache:6379/0"], ["redis-cli", "-u", f"redis://{MARK}@cache:6379/0"]),
+        (["tool", "--password=s3cretPass", "--token=s3cretPass"], ["tool", f"--password={MARK}", f"--token={MARK}"]),
+        (["docker", "run", "-e", "API_KEY=s3cretPass", "image"], ["docker", "run", "-e", f"API_KEY={MARK}", "image"]),
+        (["docker", "run", "--env=API_KEY=s3cretPass", "image"], ["docker", "run", f"--env=API_KEY={MARK}", "image"]),
+        (["docker", "build", "--build-arg=NPM_TOKEN=s3cretPass", "."], ["docker", "build", f"--build-arg=NPM_TOKEN={MARK}", "."]),
+        (["sh", "-c", "sshpass -p s3cretPass ssh host uptime"], ["sh", "-c", f"sshpass -p {MARK} ssh host uptime"]),
+    ],
+)
+def test_more_command_line_passwords_are_redacted(args: list[str], shown: list[str]) -> None:
+    assert shown_args(tuple(args)) == shown
+    assert any("s3cretPass" in value for value in command_line_credentials(args))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ssh", "-p", "2222", "host.example"],
+        ["scp", "-P", "2222", "-p", "file", "host.example:"],
+        ["redis-cli", "-h", "cache", "-p", "6379", "ping"],
+        ["docker", "run", "-e", "DEBUG=1", "--env=LANG=C.UTF-8", "-p", "8080:80", "image"],
+        ["rsync", "-a", "src/", "dst/"],
+        ["tar", "-ap", "-f", "out.tar.gz", "dir"],
+    ],
+)
+def test_what_only_looks_like_one_of_those_passwords_is_shown(args: list[str]) -> None:
+    assert shown_args(tuple(args)) == args
