@@ -159,13 +159,15 @@ def hidden_values(arg: str, shown: str) -> list[str]:
     whole of ``arg`` when that cannot be told."""
     literal = map(re.escape, shown.split(_REDACTED))
     match = re.fullmatch("(.*)".join(literal), arg, re.DOTALL)
-    if match is not None:
-        return list(match.groups())
+    found = list(match.groups()) if match is not None else []
     words = _words(arg)
     if len(words) > 1 and shown == shlex.join(shown_args(tuple(words))):
-        return [v for word, part in zip(words, shown_args(tuple(words)), strict=True)
-                if part != word for v in hidden_values(word, part)]  # fmt: skip
-    return [arg]
+        # Requoted: the text the quotes matched as written is the password quoted (``'a'"'"'b'``
+        # for ``a'b``, when ``[REDACTED]`` came out quoted where the password stood); the words
+        # say what it is.
+        found += [v for word, part in zip(words, shown_args(tuple(words)), strict=True)
+                  if part != word for v in hidden_values(word, part)]  # fmt: skip
+    return found or [arg]
 
 
 def _words(script: str) -> list[str]:

@@ -718,6 +718,7 @@ _PASSWORD_FORMS: dict[str, Callable[[str], list[str]]] = {
 
 
 @given(form=st.sampled_from(sorted(_PASSWORD_FORMS)), password=st.text(_ascii, min_size=4, max_size=60))
+@example(form="script sshpass", password="00'0")  # requoted, with [REDACTED] quoted where it stood
 def test_a_password_in_the_usual_command_line_forms_is_never_shown(form: str, password: str) -> None:
     from agentloop._process import shown_args
     from agentloop.mcp._scrub import command_line_credentials
