@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import math
 import numbers
@@ -33,6 +34,10 @@ __all__ = ["AbortController", "AbortError", "AbortSignal"]
 Listener = Callable[[str], object]
 #: What gives the credentials to scrub out of a listener's error, when one raises.
 Secrets = Callable[[], Iterable[str]]
+#: The credentials of the engine whose run the code at hand belongs to (a tool call's task, what it
+#: awaits, the timers it sets): a listener raising there, on a signal that knows none, is logged
+#: without them.
+_run_secrets: contextvars.ContextVar[Secrets | None] = contextvars.ContextVar("agentloop_run_secrets", default=None)
 
 
 class AbortSignal:
@@ -235,7 +240,8 @@ class AbortSignal:
         try:
             fn(reason)
         except Exception:  # a listener must not break abort() for the others
-            _log_listener_error(fn, self._secrets)
+            secrets = self._secrets
+            _log_listener_error(fn, secrets if secrets is not None else _run_secrets.get())
 
     def _follow(self, source: AbortSignal) -> None:
         """Abort when ``source`` does. ``source`` holds this signal only while something listens
@@ -370,6 +376,16 @@ def scrub_listener_errors(signal: AbortSignal, secrets: Secrets) -> None:
     it from now on (children, `AbortSignal.any`), with ``secrets()`` replaced by ``[REDACTED]``:
     an engine's credentials, on its run's signal. ``secrets`` is called only when one raises."""
     signal._secrets = secrets
+
+
+def run_context(secrets: Secrets) -> contextvars.Context:
+    """A copy of the current context in which a listener that raises, on a signal that knows no
+    credentials (the host's own, a bare `AbortSignal.timeout`), is logged with ``secrets()``
+    replaced by ``[REDACTED]``: for a task of an engine's run (a tool call). A signal knows
+    none of its own; the run the listener raised in does."""
+    context = contextvars.copy_context()
+    context.run(_run_secrets.set, secrets)
+    return context
 
 
 def _log_listener_error(fn: Listener, secrets: Secrets | None) -> None:

@@ -3,10 +3,12 @@
 A command line is shown to the model (a `ProcessResult`'s ``args``) and in logs and labels (an
 MCP server's ``stdio:<command>``). What is redacted: the value of a credential-named option
 (``--token X``, ``--password=X``), variable (``TOKEN=X``, ``PGPASSWORD=X``) or header
-(``Authorization: Bearer X``, and after ``-H``/``--header`` without the space), the password of
+(``Authorization: Bearer X``, and after ``-H``/``--header`` without the space), a credential
+variable given as an option's value (``--env=API_KEY=X``), the password of
 ``--user``/``--proxy-user user:password`` (and of curl's ``-u``/``-U``), mysql's ``-pPASSWORD``,
-a URL's user info and credential query parameters, and the same inside a shell script given as
-one argument (``sh -c "PGPASSWORD=X psql ..."``).
+sshpass's and mongosh's ``-p X`` and redis-cli's ``-a X`` (or joined: ``-pX``), a URL's user
+info (``postgres://user:password@host/db``) and credential query parameters, and the same inside
+a shell script given as one argument (``sh -c "PGPASSWORD=X psql ..."``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ _CURL_USER_OPTIONS = ("-u", "-U")
 #: The programs whose ``-pPASSWORD`` is a password (for another, ``-p`` is a port, a path...).
 _MYSQL = frozenset({"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlshow", "mysqlcheck", "mysqlslap",
                     "mariadb", "mariadb-dump", "mariadb-admin"})  # fmt: skip
-_PROGRAMS = frozenset({"curl", *_MYSQL})
+#: Programs whose short option takes a password, as the next argument or joined to it
+#: (``sshpass -p X``, ``sshpass -pX``, ``redis-cli -a X``); for another program, ``-p`` is a port...
+_PASSWORD_OPTIONS = {"sshpass": "-p", "redis-cli": "-a", "mongo": "-p", "mongosh": "-p"}
+#: The programs named on a command line that say whose options follow: those above, and those a
+#: password program runs (``sshpass -p X ssh -p 2222 host``: the second ``-p`` is ssh's port).
+_PROGRAMS = frozenset({"curl", *_MYSQL, *_PASSWORD_OPTIONS, "ssh", "scp", "sftp", "rsync"})
 
 
 def is_credential_name(name: str) -> bool:
@@ -66,7 +73,7 @@ def _hides_next(arg: str, program: str) -> Callable[[str], str] | None:
         return _user_password
     if arg == "--header" or (program == "curl" and arg == "-H"):
         return _header
-    if is_credential_name(arg.lstrip("-")):
+    if is_credential_name(arg.lstrip("-")) or arg == _PASSWORD_OPTIONS.get(program):
         return _redacted
     return None
 
@@ -105,6 +112,9 @@ def _shown_arg(arg: str, program: str) -> str:
         return f"{header}: {_REDACTED}"
     if eq and value and "://" not in option and " " not in option and is_credential_name(option):
         return f"{option}={_REDACTED}"  # ``TOKEN=X``, all of what follows: it may hold spaces
+    name, eq2, rest = value.partition("=")
+    if eq and option.startswith("-") and eq2 and rest and " " not in name and is_credential_name(name):
+        return f"{option}={name}={_REDACTED}"  # a variable given as an option's value: ``--env=TOKEN=X``
     if any(c.isspace() for c in arg):
         return _shown_script(arg)
     if "://" in arg:
@@ -117,6 +127,9 @@ def _joined(arg: str, program: str) -> str | None:
     ``-uuser:password``); None otherwise."""
     if program in _MYSQL and len(arg) > 2 and arg.startswith("-p"):
         return f"-p{_REDACTED}"
+    flag = _PASSWORD_OPTIONS.get(program)
+    if flag is not None and len(arg) > 2 and arg.startswith(flag):
+        return f"{flag}{_REDACTED}"
     if program == "curl" and len(arg) > 2 and arg.startswith(_CURL_USER_OPTIONS):
         return arg[:2] + _user_password(arg[2:])
     return None
@@ -146,13 +159,15 @@ def hidden_values(arg: str, shown: str) -> list[str]:
     whole of ``arg`` when that cannot be told."""
     literal = map(re.escape, shown.split(_REDACTED))
     match = re.fullmatch("(.*)".join(literal), arg, re.DOTALL)
-    if match is not None:
-        return list(match.groups())
+    found = list(match.groups()) if match is not None else []
     words = _words(arg)
     if len(words) > 1 and shown == shlex.join(shown_args(tuple(words))):
-        return [v for word, part in zip(words, shown_args(tuple(words)), strict=True)
-                if part != word for v in hidden_values(word, part)]  # fmt: skip
-    return [arg]
+        # Requoted: the text the quotes matched as written is the password quoted (``'a'"'"'b'``
+        # for ``a'b``, when ``[REDACTED]`` came out quoted where the password stood); the words
+        # say what it is.
+        found += [v for word, part in zip(words, shown_args(tuple(words)), strict=True)
+                  if part != word for v in hidden_values(word, part)]  # fmt: skip
+    return found or [arg]
 
 
 def _words(script: str) -> list[str]:

@@ -13,10 +13,12 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ._abort import run_context
 from ._commit import noted, ran_with, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, ToolProgress, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
+from ._hostlog import engine_secrets
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
@@ -80,9 +82,12 @@ class Batch:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.timers: list[asyncio.TimerHandle] = []
         self.updated = runner.updated
+        secrets = engine_secrets(engine)
         for use in batch:  # ids are unique: commit_response saw to it
             key = use.id
-            task = self.tasks[key] = st.loop.create_task(runner.call(use))
+            # A context each: an abort listener raising in the call, on any signal, is logged
+            # without the engine's credentials (`run_context`).
+            task = self.tasks[key] = st.loop.create_task(runner.call(use), context=run_context(secrets))
             self.waiting[key] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)

@@ -162,12 +162,13 @@ def exception_texts(exc: BaseException) -> Iterator[str]:
 
 
 def carried_texts(exc: BaseException) -> Iterator[str]:
-    """The text of the objects ``exc`` carries: an httpx error's request (its URL and headers) and
-    a status error's response's, a JSON decoding error's document, an `OSError`'s file names."""
+    """The text of the objects ``exc`` carries: an httpx (or the MCP SDK's httpx2) error's request
+    (its URL and headers) and a status error's response's, a JSON decoding error's document, an
+    `OSError`'s file names."""
     requests = [getattr(exc, "_request", None)]
-    if isinstance(exc, httpx.HTTPStatusError):
+    if isinstance(exc, httpx.HTTPStatusError | httpx2.HTTPStatusError):
         requests += [exc.request, exc.response.request]
-    for request in (r for r in requests if isinstance(r, httpx.Request)):
+    for request in (r for r in requests if isinstance(r, httpx.Request | httpx2.Request)):
         yield from (str(request.url), repr(request.headers.multi_items()), repr(request.content))
     if isinstance(exc, json.JSONDecodeError):
         yield exc.doc
@@ -707,10 +708,17 @@ _PASSWORD_FORMS: dict[str, Callable[[str], list[str]]] = {
     "env prefix": lambda p: ["env", f"PGPASSWORD={p}", "psql"],
     "script": lambda p: ["sh", "-c", f"cd /srv && curl -u bob:{shlex.quote(p)} https://x.example"],
     "script mysql": lambda p: ["bash", "-c", f"mysql -p{shlex.quote(p)} db | tee out"],
+    "sshpass -p": lambda p: ["sshpass", "-p", p, "ssh", "-p", "2222", "bob@host.example"],
+    "sshpass -p, joined": lambda p: ["sshpass", f"-p{p}", "scp", "file", "host.example:"],
+    "redis-cli -a": lambda p: ["redis-cli", "-h", "cache", "-a", p, "ping"],
+    "psql URL": lambda p: ["psql", f"postgres://bob:{quote(p, safe='')}@db.example/app"],
+    "docker --env=": lambda p: ["docker", "run", f"--env=API_KEY={p}", "image"],
+    "script sshpass": lambda p: ["sh", "-c", f"sshpass -p {shlex.quote(p)} ssh host.example uptime"],
 }
 
 
 @given(form=st.sampled_from(sorted(_PASSWORD_FORMS)), password=st.text(_ascii, min_size=4, max_size=60))
+@example(form="script sshpass", password="00'0")  # requoted, with [REDACTED] quoted where it stood
 def test_a_password_in_the_usual_command_line_forms_is_never_shown(form: str, password: str) -> None:
     from agentloop._process import shown_args
     from agentloop.mcp._scrub import command_line_credentials

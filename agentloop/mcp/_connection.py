@@ -17,6 +17,7 @@ from mcp import ClientSession, types
 from mcp.shared.exceptions import MCPError
 
 from .. import __version__
+from ..models._errbody import clipped
 
 log = logging.getLogger("agentloop")
 
@@ -36,7 +37,8 @@ class Connection:
 
     ``lost`` turns True when the transport's read stream ends: the server closed the
     connection (a stdio server's stdout ended, its process exited). Once the session is
-    ready, ``on_lost`` is then called with the connection, at once.
+    ready, ``on_lost`` is then called with the connection, at once. ``shown`` makes an error's
+    text fit for a log line (the server's credentials scrubbed, the text cut).
     """
 
     def __init__(
@@ -46,8 +48,10 @@ class Connection:
         timeout: float | None,
         on_message: Callable[[object], None],
         on_lost: Callable[[Connection], None],
+        shown: Callable[[str], str] = clipped,
     ) -> None:
         self._stop = asyncio.Event()
+        self._shown = shown  # what of an error's text a log line quotes (scrubbed, cut)
         self._on_message = on_message
         self._on_lost = on_lost
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
@@ -86,7 +90,9 @@ class Connection:
 
     def closed(self, how: str = "", *, stderr: bool = False) -> MCPError:
         """The error for a request the closed connection failed, saying why it closed."""
-        return MCPError(types.CONNECTION_CLOSED, f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
+        # The stderr tail is scrubbed as it is read: the cut cannot split a credential.
+        message = clipped(f"Connection closed: MCP server {self.label}{how}{self.why(stderr=stderr)}")
+        return MCPError(types.CONNECTION_CLOSED, message)
 
     async def session(self) -> ClientSession:
         # shield: a caller giving up must not cancel the shared future.
@@ -119,7 +125,7 @@ class Connection:
                     error = self.closed(stderr=True)  # the server is stopped by now: its stderr is all in
                 self._ready.set_exception(error)
             else:
-                log.warning("MCP connection to %s ended with an error: %r", self.label, exc)
+                log.warning("MCP connection to %s ended with an error: %s", self.label, self._shown(repr(exc)))
         finally:
             if not self._ready.done():
                 self._ready.set_exception(ConnectionError(f"MCP connection to {self.label} was closed"))

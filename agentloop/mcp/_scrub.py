@@ -4,7 +4,8 @@ A server's credentials are the values of its credential-named ``env`` variables 
 ``headers``, those in its URL and those on its command line (`command_line_credentials`).
 They are scrubbed out of the errors its connection raises (`scrubbing`; an `MCPError` keeps
 its text in ``error``, not in its ``args``: `scrub_error` knows it) and, by a log filter
-(`watch`), out of the records of the loggers that could quote them.
+(`watch`), out of the records of the loggers that could quote them. What such an error quotes
+is then cut to its start and end (`clip_error`), as a provider's error is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from urllib.parse import unquote
 from mcp.shared.exceptions import MCPError
 
 from .._cmdline import hidden_values, shown_args
+from ..models._errbody import QUOTE_LIMIT, clipped
 from ..models._http import Redactor, credential_parts, is_credential
 from ..models._http._secrets import URL_LOGS, url_credentials
 
@@ -88,14 +90,53 @@ def scrub_error(exc: BaseException, redactor: Redactor) -> bool:
     return redactor.scrub_chain(exc)
 
 
+def clip_error(exc: BaseException) -> None:
+    """Cut what ``exc`` and every exception chained to it quote (an `MCPError`'s message, and its
+    data when it is text; the text ``args`` of another) to its start and end (`clipped`), in
+    place: a server's error text, a connection's, a stderr tail may be megabytes. To be called
+    once the secrets are scrubbed: a cut never splits one it could then miss."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, MCPError):
+            error = current.error
+            data = clipped(error.data) if isinstance(error.data, str) else error.data
+            if len(error.message) > QUOTE_LIMIT or data is not error.data:
+                current.error = error.model_copy(update={"message": clipped(error.message), "data": data})
+                current.args = (error.code, current.error.message, data)
+        elif any(isinstance(a, str) and len(a) > QUOTE_LIMIT for a in current.args):
+            current.args = tuple(clipped(a) if isinstance(a, str) else a for a in current.args)
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            todo += current.exceptions
+
+
+def clean_error(exc: BaseException, redactor: Redactor | None) -> bool:
+    """Scrub ``redactor``'s secrets out of ``exc`` (`scrub_error`), then cut what it quotes
+    (`clip_error`). Returns False when a secret is still shown."""
+    if redactor is not None and not scrub_error(exc, redactor):
+        return False
+    clip_error(exc)
+    return True
+
+
+def shown_text(text: str, redactor: Redactor | None) -> str:
+    """``text`` (an error's repr for a log line) scrubbed of ``redactor``'s secrets, then cut."""
+    return clipped(redactor.scrub(text) if redactor is not None else text)
+
+
 @contextlib.contextmanager
 def scrubbing(redactor: Redactor | None, label: str) -> Iterator[None]:
-    """Raise what the block raises with ``redactor``'s secrets scrubbed out of it (`scrub_error`);
-    an error whose text cannot be scrubbed is replaced by a `ConnectionError` naming its type."""
+    """Raise what the block raises with ``redactor``'s secrets scrubbed out of it and what it
+    quotes cut (`clean_error`); an error whose text cannot be scrubbed is replaced by a
+    `ConnectionError` naming its type."""
     try:
         yield
     except Exception as exc:
-        if redactor is None or scrub_error(exc, redactor):
+        if clean_error(exc, redactor):
             raise
         raise ConnectionError(
             f"MCP server {label}: {type(exc).__name__} (its message quoted a credential, not shown)"

@@ -23,11 +23,12 @@ from .._cmdline import shown_args
 from .._ending import wait_at_run_end
 from .._errors import AbortError
 from .._tools import Tool, safe_name
+from ..models._errbody import clipped
 from ..models._http import Redactor, check_headers
 from ..models._http._client import MIN_TOOL_SECRET
 from ._connection import Connect, Connection
 from ._http import check_url, http_connect, public_url, split_userinfo
-from ._scrub import scrubbing, server_credentials, watch
+from ._scrub import scrubbing, server_credentials, shown_text, watch
 from ._stdio import stdio_connect
 from ._tools import Remote, object_schema, offerable_specs, unique_specs
 
@@ -195,6 +196,10 @@ class MCPServer:
         self._redactor = Redactor(secrets) if secrets else None
         watch(self, secrets)
 
+    def _shown(self, text: str) -> str:
+        """``text`` (an error's, for a log line) without this server's credentials, cut."""
+        return shown_text(text, self._redactor)
+
     async def __aenter__(self) -> MCPServer:
         try:
             await self.session()
@@ -230,7 +235,7 @@ class MCPServer:
         conn = self._conn
         if conn is None:
             conn = self._conn = Connection(
-                self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost
+                self._connect, self.label, self.connect_timeout, self._on_message, self._on_lost, self._shown
             )
         try:
             with scrubbing(self._redactor, self.label):
@@ -251,7 +256,7 @@ class MCPServer:
             log.warning(
                 "MCP server %s closed the connection%s; the next call opens a new one",
                 self.label,
-                conn.why(stderr=True),
+                clipped(conn.why(stderr=True)),  # scrubbed as it was read
             )
             self._detach()
 
@@ -498,7 +503,7 @@ class MCPServer:
                 )
                 return
             except Exception as exc:
-                log.warning("MCP server %s: listing its tools again failed: %r", self.label, exc)
+                log.warning("MCP server %s: listing its tools again failed: %s", self.label, self._shown(repr(exc)))
                 return
 
     async def call_tool(

@@ -16,7 +16,7 @@ from mcp import types
 from .._messages import TextBlock, ToolResultBlock
 from .._tools import ToolContext, ToolOutput
 from .._transcript import without_credentials
-from ._scrub import scrub_error
+from ._scrub import clean_error
 
 if TYPE_CHECKING:
     from ._server import MCPServer
@@ -40,8 +40,8 @@ class Remote:
         try:
             result = await self.server.call_tool(self.remote, input, signal=ctx.signal)
         except Exception as exc:
-            # Its message becomes the tool's error result: the server's credentials taken out.
-            if redactor is not None and not scrub_error(exc, redactor):
+            # Its message becomes the tool's error result: the server's credentials taken out, cut.
+            if not clean_error(exc, redactor):
                 raise RuntimeError(f"the MCP call failed ({type(exc).__name__}; its message quoted a credential)") from None
             raise
         return without_credentials(result_to_block(ctx.tool_use_id, result), self.server._secrets)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import traceback
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
@@ -173,7 +174,23 @@ class Redactor:
             seen.add(id(current))
             clean = self._scrub_one(current) and clean
             todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+            if isinstance(current, BaseExceptionGroup):  # a task group's, printed with its members
+                todo += current.exceptions
         return clean
+
+    def make_safe(self, exc: BaseException) -> None:
+        """Make what ``exc`` and the exceptions chained to it carry besides their text safe, in
+        place (`_scrub_carried`): for an error whose text shows no secret but whose request does
+        (a log record's ``exc_info``)."""
+        todo, seen = [exc], set()
+        while todo:
+            current = todo.pop()
+            if id(current) not in seen:
+                seen.add(id(current))
+                self._scrub_carried(current)
+                todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+                if isinstance(current, BaseExceptionGroup):
+                    todo += current.exceptions
 
     def _scrub_one(self, exc: BaseException) -> bool:
         """Scrub ``exc``'s string args and notes in place; False when its str still shows a secret."""
@@ -191,17 +208,20 @@ class Redactor:
         return True
 
     def _scrub_carried(self, exc: BaseException) -> None:
-        """Scrub what ``exc`` carries besides its text, in place: an httpx error's request (and a
-        status error's response's) becomes `safe_request`'s copy, a JSON decoding error's ``doc``
+        """Scrub what ``exc`` carries besides its text, in place: an httpx or httpx2 error's request
+        (and a status error's response's) becomes `safe_request`'s copy, a JSON decoding error's ``doc``
         and an `OSError`'s file names (which its str quotes: a missing command) are scrubbed."""
-        if isinstance(exc, httpx.RequestError):
-            try:
-                exc.request = self.safe_request(exc.request)
-            except RuntimeError:  # made without a request: nothing to scrub
-                pass
-        elif isinstance(exc, httpx.HTTPStatusError):
-            exc.request = exc.response.request = self.safe_request(exc.request)
-        elif isinstance(exc, json.JSONDecodeError) and self._found_in(exc.doc):
+        for library in _http_libraries():
+            if isinstance(exc, library.RequestError):
+                try:
+                    exc.request = self.safe_request(exc.request)
+                except RuntimeError:  # made without a request: nothing to scrub
+                    pass
+                return
+            if isinstance(exc, library.HTTPStatusError):
+                exc.request = exc.response.request = self.safe_request(exc.request)
+                return
+        if isinstance(exc, json.JSONDecodeError) and self._found_in(exc.doc):
             exc.doc = self.scrub(exc.doc)
         elif isinstance(exc, OSError):
             for name in ("filename", "filename2"):
@@ -209,7 +229,7 @@ class Redactor:
                 if isinstance(value, str) and self._found_in(value):
                     setattr(exc, name, self.scrub(value))
 
-    def safe_request(self, request: httpx.Request) -> httpx.Request:
+    def safe_request(self, request: Any) -> Any:
         """What of ``request`` an error may keep: its method, its URL without user info and its
         headers, the value of every credential header and query parameter replaced by
         ``[REDACTED]`` and the secrets scrubbed out of the rest; not its body."""
@@ -225,7 +245,7 @@ class Redactor:
         shown = f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}{self.scrub(path + mark + query)}"
         headers = [(name, "[REDACTED]" if is_credential(name) else self.scrub(value))
                    for name, value in request.headers.multi_items()]  # fmt: skip
-        return httpx.Request(request.method, shown, headers=headers)
+        return type(request)(request.method, shown, headers=headers)  # an httpx2 one for httpx2's
 
     def _scrub_json(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -321,9 +341,21 @@ def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
         record.exc_info, record.exc_text = None, None
     elif redactor._found_in(text):
         record.msg, record.args = redactor.scrub(text), ()
+    if record.exc_info and record.exc_info[1] is not None:
+        # Kept for the handlers: what it carries is made safe (an HTTP error's request and headers).
+        redactor.make_safe(record.exc_info[1])
 
 
 URL_LOGS = _UrlCredentialsFilter()
+
+
+def _http_libraries() -> Iterator[Any]:
+    """httpx, and httpx2 (the MCP SDK's HTTP client, with errors of its own) once it is imported:
+    no error of it can exist before."""
+    yield httpx
+    httpx2 = sys.modules.get("httpx2")
+    if httpx2 is not None:
+        yield httpx2
 
 
 def hide_url_credentials(owner: object, url: str, loggers: Iterable[str]) -> None:
