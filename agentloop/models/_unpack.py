@@ -137,7 +137,7 @@ class _Brotli:
 
 #: How much of a zstd body is given to ``zstandard``'s decompressor at once: it takes no output
 #: bound, and a block of up to 128 KiB of output can be written in 4 bytes, so 32 bytes of input
-#: make at most about 1 MiB. Bodies compressed as text usually are take 2 to 20 bytes per event.
+#: make at most about 1 MiB (an event of a compressed stream of text is a few such calls).
 _ZSTD_SLICE = 32
 
 
