@@ -38,17 +38,24 @@ _RAW = -zlib.MAX_WBITS
 
 class _Layer:
     """One ``content-encoding``. ``deflate`` is a zlib stream, or a raw one from servers that
-    read the name literally: the first piece tells which. Each step makes at most
-    `DECODED_CHUNK` bytes; what it leaves of the input (``unconsumed_tail``) goes to the next."""
+    read the name literally: its first two bytes (a zlib header, or not) tell which. Each step
+    makes at most `DECODED_CHUNK` bytes; what it leaves of the input (``unconsumed_tail``) goes
+    to the next."""
 
-    __slots__ = ("_first", "_inflate", "_name")
+    __slots__ = ("_first", "_held", "_inflate", "_name")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._first = name == "deflate"
+        self._held = b""  # a first read of one byte, too short to tell a zlib header
         self._inflate = zlib.decompressobj(_GZIP if name != "deflate" else _ZLIB)
 
     def decode(self, data: bytes) -> Iterator[bytes]:
+        if self._first:
+            data, self._held = self._held + data, b""
+            if len(data) < 2:
+                self._held = data
+                return
         out = self._step(data)
         while True:
             if out:
@@ -69,6 +76,9 @@ class _Layer:
             raise httpx.DecodingError(f"{self._name}: {exc}") from None
 
     def flush(self) -> Iterator[bytes]:
+        if self._held:  # a body of one byte: cut, as zlib takes a cut body (no output, no error)
+            held, self._held = self._held, b""
+            self._step(held)
         try:
             rest = self._inflate.flush()  # small: `decode` leaves no input and no output behind
         except zlib.error as exc:

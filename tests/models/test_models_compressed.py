@@ -216,3 +216,16 @@ async def test_an_error_body_in_an_encoding_with_no_package_is_left_out() -> Non
     error = await _status_error(404, _Body([packed]), {"content-type": "application/json", "content-encoding": "zstd"})
     assert error.status == 404 and not error.retryable
     assert error.message == "openai HTTP 404: Not Found"  # the status says it; the bytes would not
+
+
+@pytest.mark.parametrize("wbits", [15, -15], ids=["zlib", "raw"])
+def test_a_deflate_body_whose_first_read_is_one_byte_is_decoded(wbits: int) -> None:
+    # Whether a deflate body is a zlib stream or a raw one was told by the first read alone:
+    # a single byte passes for the start of a zlib header, and the raw stream then failed.
+    plain = b'data: {"n": 1}\n\n'
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    packed = packer.compress(plain) + packer.flush()
+    unpack = unpacker({"content-encoding": "deflate"})
+    assert unpack is not None
+    out = [*unpack.decode(packed[:1]), *unpack.decode(packed[1:]), *unpack.flush()]
+    assert b"".join(out) == plain
