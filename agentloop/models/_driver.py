@@ -382,7 +382,8 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
     the stream here keeps one layer that `run_stream` closes itself. A body a proxy
     compressed anyway (we ask for ``identity``) is decoded here too (`_unpack`: gzip, deflate,
     and br or zstd with their optional packages, else `MissingDecoder`), in pieces of at most
-    `DECODED_CHUNK` bytes; httpx's decoders are never used.
+    `DECODED_CHUNK` bytes, each decoded only when the one before was taken (a compression bomb
+    meets the size limits before it is inflated); httpx's decoders are never used.
     """
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)

@@ -9,6 +9,7 @@ transport failure, or an `OSError` of a host's own transport, becomes `ProviderC
 
 from __future__ import annotations
 
+import itertools
 import json
 import ssl
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from ..._errors import (
     StreamProtocolError,
 )
 from .._errbody import clipped, decode_body, is_page, page_text
-from .._unpack import MissingDecoder
+from .._unpack import MissingDecoder, unpacker
 from ._abortable import abortable
 from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
@@ -324,15 +325,24 @@ async def error_body(response: httpx.Response, signal: AbortSignal | None = None
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
-    if response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity"):
-        return bytes(raw[:_ERROR_BODY_LIMIT])
-    # Decoded piece by piece, and no further than the limit: 1 MiB of gzip can hold a gigabyte.
-    pieces = (bytes(raw[i : i + 4096]) for i in range(0, len(raw), 4096))
-    packed = httpx.Response(response.status_code, headers=response.headers, content=pieces)
+    return _decoded(bytes(raw), response.headers)
+
+
+def _decoded(raw: bytes, headers: Mapping[str, str]) -> bytes:
+    """``raw`` as decoded by its ``content-encoding`` (`_unpack`, as a stream's body is), no
+    further than `_ERROR_BODY_LIMIT` (1 MiB of gzip can hold a gigabyte; one of zstd more) and
+    as far as it decodes (a cut or corrupt body keeps what decoded before the fault). A body in
+    an encoding whose package is missing is left out: its bytes would say nothing."""
+    try:
+        unpack = unpacker(headers)
+    except MissingDecoder:
+        return b""
+    if unpack is None:
+        return raw[:_ERROR_BODY_LIMIT]
     decoded = bytearray()
     try:
-        for part in packed.iter_bytes():
-            decoded += part
+        for piece in itertools.chain(unpack.decode(raw), unpack.flush()):
+            decoded += piece
             if len(decoded) >= _ERROR_BODY_LIMIT:
                 break
     except httpx.DecodingError:
