@@ -1,0 +1,192 @@
+"""Promises of docs/interrupts.md, docs/concepts.md and docs/subagents.md that no other test pins."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from agentloop import (
+    AssistantMessage,
+    Event,
+    InterjectionDropped,
+    Message,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolContext,
+    ToolResultBlock,
+    TurnEnded,
+    TurnStarted,
+    tool,
+    validate_transcript,
+)
+from agentloop.policies import EndTurn, Policy
+from agentloop.testing import collect
+from tests.helpers import HangingModel
+
+
+def calls(*names: str) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=[ScriptedToolCall(n, {}) for n in names])
+
+
+def ends(events: Sequence[Event]) -> list[TurnEnded]:
+    return [e for e in events if isinstance(e, TurnEnded) and e.agent_id is None]
+
+
+@tool
+async def step() -> str:
+    """One step."""
+    return "done"
+
+
+# -- interrupts.md --------------------------------------------------------------------------------
+
+
+async def test_a_tool_that_notices_the_abort_and_returns_keeps_the_result_it_returned() -> None:
+    """interrupts.md, Cancel: a tool that returns instead of raising knows best what it did."""
+
+    @tool
+    async def careful(ctx: ToolContext) -> str:
+        """Stop cleanly."""
+        await ctx.signal.wait()
+        return "rolled back the half-written file"
+
+    engine = QueryEngine(ScriptedModel([calls("careful")]), tools=[careful], policies=[])
+    events = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, ToolCallStarted):
+            engine.interrupt()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
+    result = engine.messages[2].tool_results[0]
+    assert (result.text, result.is_error) == ("rolled back the half-written file", False)
+    finished = next(e for e in events if isinstance(e, ToolCallFinished))
+    assert not finished.synthetic and finished.result.text == "rolled back the half-written file"
+    assert engine.messages[-1].kind == "interrupt_notice"
+
+
+async def test_an_interjection_an_abort_drops_is_reported_before_the_results_it_synthesizes() -> None:
+    """interrupts.md, Steer: an InterjectionDropped comes before the results the turn's end
+    synthesizes (here for calls that never started: the abort came before the tools), so a host
+    that stops at the first of those results has heard what became of the text."""
+    engine = QueryEngine(ScriptedModel([calls("step", "step")]), tools=[step], policies=[])
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, AssistantMessage):
+            receipt = engine.interject("also this")
+            engine.interrupt()
+    dropped = [i for i, e in enumerate(events) if isinstance(e, InterjectionDropped)]
+    synthesized = [i for i, e in enumerate(events) if isinstance(e, ToolCallFinished) and e.synthetic]
+    assert len(dropped) == 1 and events[dropped[0]].ids == (receipt,)  # type: ignore[attr-defined]
+    assert len(synthesized) == 2 and dropped[0] < min(synthesized)
+    assert all("never started" in r.text for r in engine.messages[2].tool_results)
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_timeout_around_the_wait_for_an_event_stops_the_run_as_consumer_closed() -> None:
+    """interrupts.md: ``asyncio.wait_for(anext(run), t)`` cancels the run's own await; the run
+    ends there ("consumer_closed", the transcript settled) and no TurnEnded comes."""
+    model = HangingModel(["Half an ", "answer"])
+    engine = QueryEngine(model, policies=[])
+    run = engine.run("Explain")
+    seen = [await anext(run) for _ in range(3)]  # TurnStarted and the two deltas
+    try:
+        await asyncio.wait_for(anext(run), 0.01)  # the model never sends more: this always times out
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("the wait did not time out")
+    rest = [event async for event in run]
+    assert rest == [] and not any(isinstance(e, TurnEnded) for e in seen)
+    assert not engine.running and model.closed
+    last = engine.messages[-1]
+    assert last.role == "assistant" and last.partial and last.meta["abort_reason"] == "consumer_closed"
+    assert last.text == "Half an answer"
+    assert not any(m.kind == "interrupt_notice" for m in engine.messages)
+    assert validate_transcript(engine.messages) == []
+
+
+# -- concepts.md ----------------------------------------------------------------------------------
+
+
+async def test_a_follow_up_turn_starts_a_new_max_turns_count() -> None:
+    """concepts.md, Hard limits: ``max_turns`` counts the model requests of the current turn; a
+    follow-up turn starts a new count, and ``TurnEnded.turns`` is that turn's alone."""
+    model = ScriptedModel([calls("step"), "one", calls("step"), "two"])
+    engine = QueryEngine(model, tools=[step], policies=[], max_turns=2)
+    events: list[Event] = []
+    async for event in engine.run("first"):
+        events.append(event)
+        if isinstance(event, TurnStarted) and event.turn == 1:
+            engine.follow_up("second")
+    assert [(e.reason, e.turns) for e in ends(events)] == [("completed", 2), ("completed", 2)]
+    assert engine.messages[-1].text == "two"
+
+
+async def test_a_send_now_turn_starts_a_new_max_turns_count() -> None:
+    model = ScriptedModel([calls("step"), ScriptedResponse(text="x" * 40, chunk=2), calls("step"), "two"])
+    engine = QueryEngine(model, tools=[step], policies=[], max_turns=2)
+    events: list[Event] = []
+    sent = False
+    async for event in engine.run("first"):
+        events.append(event)
+        if isinstance(event, TextDelta) and not sent:
+            sent = True
+            engine.send_now("instead")
+    assert [(e.reason, e.abort_reason, e.turns) for e in ends(events)] == [
+        ("aborted_streaming", "send_now", 2),
+        ("completed", None, 2),
+    ]
+    assert engine.messages[-1].text == "two"
+
+
+async def test_each_turn_ended_usage_includes_the_earlier_turns_of_the_run() -> None:
+    """concepts.md: each ``TurnEnded.usage`` is the run's tokens so far; the last is the total."""
+    engine = QueryEngine(ScriptedModel([calls("step"), "one", "two", "three"]), tools=[step], policies=[])
+    events: list[Event] = []
+    async for event in engine.run("first"):
+        events.append(event)
+        if isinstance(event, TurnStarted) and event.turn == 1:
+            engine.follow_up("second")
+    first, second = ends(events)
+    assert (first.usage.total, second.usage.total) == (40, 60)  # 20 tokens a scripted response
+    again = ends(await collect(engine.run("third")))
+    assert [e.usage.total for e in again] == [20]  # a new run counts from zero
+
+
+# -- subagents.md ---------------------------------------------------------------------------------
+
+
+class EndAfterResults(Policy):
+    """Ends the turn after the first tool batch, and interrupts the engine as it does."""
+
+    def __init__(self) -> None:
+        self.engine: QueryEngine | None = None
+
+    def on_results(self, message: Message, results: Sequence[ToolResultBlock]) -> EndTurn:
+        assert self.engine is not None
+        self.engine.interrupt("cancel")  # the user's stop lands as the policy ends the turn
+        return EndTurn("enough", reason="hook_stopped")
+
+
+async def test_an_interrupt_that_lands_as_a_policy_ends_the_turn_wins_and_runs_the_abort_hooks() -> None:
+    """subagents.md, Abort hooks: an interrupt that comes as a policy ends the turn wins over the
+    policy, so its hooks run (once)."""
+    policy = EndAfterResults()
+    engine = QueryEngine(ScriptedModel([calls("step"), "never"]), tools=[step], policies=[policy])
+    policy.engine = engine
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = await collect(engine.run("go"))
+    end = ends(events)[-1]
+    assert end.abort_reason == "cancel" and end.reason != "hook_stopped"
+    assert (end.reason, end.detail) == ("aborted_tools", None)
+    assert hooked == ["cancel"]
+    assert engine.messages[-1].kind == "interrupt_notice"
+    assert validate_transcript(engine.messages) == []
