@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from agentloop import (
     AssistantMessage,
     Event,
     InterjectionDropped,
     Message,
+    ModelRequest,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -21,12 +24,13 @@ from agentloop import (
     ToolResultBlock,
     TurnEnded,
     TurnStarted,
+    delegate_tool,
     tool,
     validate_transcript,
 )
 from agentloop.policies import EndTurn, Policy
 from agentloop.testing import collect
-from tests.helpers import HangingModel
+from tests.helpers import HangingModel, VirtualClock
 
 
 def calls(*names: str) -> ScriptedResponse:
@@ -190,3 +194,85 @@ async def test_an_interrupt_that_lands_as_a_policy_ends_the_turn_wins_and_runs_t
     assert hooked == ["cancel"]
     assert engine.messages[-1].kind == "interrupt_notice"
     assert validate_transcript(engine.messages) == []
+
+
+async def test_after_a_break_mid_stream_run_without_a_prompt_is_a_value_error_and_continue_goes_on() -> None:
+    """interrupts.md: a run stopped by the host writes no notice; there is no user message to
+    answer, so ``run()`` without a prompt raises ValueError; ``run("continue")`` goes on."""
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(text="abcdefgh", chunk=2), "ok"]), policies=[])
+    async for event in engine.run("go"):
+        if isinstance(event, TextDelta):
+            break
+    last = engine.messages[-1]
+    assert (last.role, last.text, last.partial, last.meta["abort_reason"]) == (
+        "assistant",
+        "ab",
+        True,
+        "consumer_closed",
+    )
+    with pytest.raises(ValueError, match="needs a prompt"):
+        await collect(engine.run())
+    assert [e.reason for e in ends(await collect(engine.run("continue")))] == ["completed"]
+    assert [m.text for m in engine.messages[-2:]] == ["continue", "ok"]
+
+
+@pytest.mark.parametrize(("grace", "child_ends_after"), [(2.0, 1.9), (0.1, 0.05), (0.04, 0.02)])
+async def test_a_child_cancels_its_deaf_calls_a_moment_before_the_parents_grace_runs_out(
+    grace: float, child_ends_after: float
+) -> None:
+    """subagents.md, Linked abort: a child with its parent's grace cancels its own calls that
+    ignore the signal 0.1 s before the parent's grace runs out, or half the parent's grace if
+    that is shorter, so its own TurnEnded comes within the parent's grace."""
+
+    @tool
+    async def deaf() -> str:
+        """Ignores the signal."""
+        await asyncio.sleep(3600)
+        return "never"
+
+    def script(request: ModelRequest) -> ScriptedResponse:
+        if request.messages[0].text == "go":
+            return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "dig"})])
+        return calls("deaf")
+
+    with VirtualClock() as clock:
+        engine = QueryEngine(
+            ScriptedModel([script], cycle=True),
+            tools=[delegate_tool(), deaf],
+            tool_cancel_grace=grace,
+            policies=[],
+        )
+        aborted_at = None
+        ended_at: dict[str | None, float] = {}
+        async for event in engine.run("go"):
+            if isinstance(event, ToolCallStarted) and event.agent_id == "sub-1" and aborted_at is None:
+                aborted_at = clock.now
+                engine.interrupt()
+            if isinstance(event, TurnEnded):
+                ended_at[event.agent_id] = clock.now
+                assert event.reason == "aborted_tools"
+    assert aborted_at is not None and set(ended_at) == {"sub-1", None}
+    assert ended_at["sub-1"] - aborted_at == pytest.approx(child_ends_after, abs=1e-6)
+    assert ended_at[None] - aborted_at <= grace
+    result = engine.messages[2].tool_results[0]
+    assert "stopped while it was running" in result.text
+
+
+async def test_a_background_childs_tokens_count_for_the_parents_run_and_for_none_while_it_is_idle() -> None:
+    """subagents.md, Usage and limits: a background child's tokens count for the run its parent
+    is in when they are spent, and for none while the parent is idle."""
+    idle_parent = QueryEngine(ScriptedModel(["child answer", "parent answer"]), policies=[])
+    await idle_parent.start_background(idle_parent.subagent(agent_id="bg"), "work")
+    assert [e.usage.total for e in ends(await collect(idle_parent.run("go")))] == [20]  # its own response
+
+    @tool
+    async def spawn(ctx: ToolContext) -> str:
+        """Start a background helper and wait for it."""
+        await ctx.engine.start_background(ctx.engine.subagent(agent_id="bg"), "work")
+        return "spawned"
+
+    model = ScriptedModel([calls("spawn"), "child answer", "parent answer"])
+    parent = QueryEngine(model, tools=[spawn], policies=[])
+    assert [e.usage.total for e in ends(await collect(parent.run("go")))] == [
+        60
+    ]  # two of its own, one child's
