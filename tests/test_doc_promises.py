@@ -276,3 +276,26 @@ async def test_a_background_childs_tokens_count_for_the_parents_run_and_for_none
     assert [e.usage.total for e in ends(await collect(parent.run("go")))] == [
         60
     ]  # two of its own, one child's
+
+
+def test_a_scenarios_defaults_and_the_event_types_its_steps_wait_for_are_as_the_page_says() -> None:
+    """interrupts.md, Scripted scenarios: ``timeout`` 120 s, ``on`` "idle", ``count`` 1, an
+    interrupt's ``reason`` "cancel"; a bare list of steps is a scenario too; each ``on`` the page
+    lists is an event type."""
+    import re
+    import typing
+    from pathlib import Path
+
+    from agentloop.demo.scenario import parse
+
+    for data in ({"steps": [{"do": "interrupt"}]}, [{"do": "interrupt"}]):
+        scenario = parse(data)
+        assert (scenario.prompt, scenario.timeout) == (None, 120.0)
+        (only,) = scenario.steps
+        assert (only.on, only.count, only.reason, only.delay) == ("idle", 1, "cancel", 0.0)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "interrupts.md").read_text(encoding="utf-8")
+    listed = re.search(r"- `on`: an event type \((.*?)\)", page, re.DOTALL)
+    assert listed is not None
+    named = re.findall(r"`(\w+)`", listed.group(1))
+    types = {cls.__dataclass_fields__["type"].default for cls in typing.get_args(Event)}
+    assert len(named) >= 10 and set(named) <= types, set(named) - types
