@@ -299,3 +299,76 @@ def test_a_scenarios_defaults_and_the_event_types_its_steps_wait_for_are_as_the_
     named = re.findall(r"`(\w+)`", listed.group(1))
     types = {cls.__dataclass_fields__["type"].default for cls in typing.get_args(Event)}
     assert len(named) >= 10 and set(named) <= types, set(named) - types
+
+
+@pytest.mark.parametrize("grace", [2.0, 0.05, 0.0])
+@pytest.mark.parametrize("swallows", [False, True])
+async def test_a_tool_deaf_to_the_abort_is_cancelled_one_grace_after_it_and_given_0_1_s_to_unwind(
+    grace: float, swallows: bool
+) -> None:
+    """interrupts.md, Cancel: a tool that ignores the signal is cancelled when
+    ``tool_cancel_grace`` has passed since the abort (not before), and given 0.1 s more; one that
+    swallows the cancellation is abandoned then, and ``run()`` ends."""
+    with VirtualClock() as clock:
+        at: dict[str, float] = {}
+
+        @tool
+        async def deaf() -> str:
+            """Ignores the signal."""
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                at["cancelled"] = clock.now
+                if not swallows:
+                    raise
+            await asyncio.sleep(3600)
+            return "late"
+
+        engine = QueryEngine(
+            ScriptedModel([calls("deaf")]), tools=[deaf], policies=[], tool_cancel_grace=grace
+        )
+        async for event in engine.run("go"):
+            if isinstance(event, ToolCallStarted):
+                engine.interrupt()
+                at["abort"] = clock.now
+        at["end"] = clock.now
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            task.cancel()  # the abandoned call, once the test has seen when the run ended
+            await asyncio.gather(task, return_exceptions=True)
+    assert at["cancelled"] - at["abort"] == pytest.approx(grace, abs=1e-6)
+    assert at["end"] - at["abort"] == pytest.approx(grace + (0.1 if swallows else 0.0), abs=1e-6)
+    assert "stopped while it was running" in engine.messages[2].tool_results[0].text
+
+
+@pytest.mark.parametrize(("grace", "abandoned_after"), [(2.0, 3.0), (0.5, 1.5), (0.05, 1.1), (0.0, 1.1)])
+async def test_a_call_that_swallows_its_timeouts_cancellation_is_abandoned_a_grace_later_at_least_0_1_s(
+    grace: float, abandoned_after: float
+) -> None:
+    """interrupts.md: a call that swallows its own ``timeout``'s cancellation is abandoned
+    ``tool_cancel_grace`` after the timeout (0.1 s at least), with its timeout error, and the turn
+    goes on."""
+
+    @tool(timeout=1)
+    async def stuck() -> str:
+        """Hang."""
+        try:
+            await asyncio.sleep(50)
+        except asyncio.CancelledError:
+            pass  # swallowed: it carries on
+        await asyncio.sleep(50)
+        return "late"
+
+    with VirtualClock() as clock:
+        engine = QueryEngine(
+            ScriptedModel([calls("stuck"), "ok"]), tools=[stuck], policies=[], tool_cancel_grace=grace
+        )
+        at: dict[str, float] = {}
+        async for event in engine.run("go"):
+            at[type(event).__name__] = clock.now
+            if isinstance(event, TurnEnded):
+                assert event.reason == "completed"
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            await asyncio.gather(task, return_exceptions=True)  # the abandoned call, cancelled once more
+    assert at["ToolCallFinished"] - at["ToolCallStarted"] == pytest.approx(abandoned_after, abs=1e-6)
+    assert engine.messages[2].tool_results[0].text.startswith("Tool 'stuck' timed out after 1 s")
+    assert engine.messages[-1].text == "ok"
