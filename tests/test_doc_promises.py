@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from agentloop import (
+    AbortController,
     AssistantMessage,
     Event,
     InterjectionDropped,
@@ -372,3 +373,38 @@ async def test_a_call_that_swallows_its_timeouts_cancellation_is_abandoned_a_gra
     assert at["ToolCallFinished"] - at["ToolCallStarted"] == pytest.approx(abandoned_after, abs=1e-6)
     assert engine.messages[2].tool_results[0].text.startswith("Tool 'stuck' timed out after 1 s")
     assert engine.messages[-1].text == "ok"
+
+
+async def test_a_reason_of_your_own_is_treated_like_cancel() -> None:
+    """concepts.md, Reasons: any other reason is treated like "cancel": the partial text kept
+    with the reason, the interrupt notice written, the run ended, its follow-ups left queued."""
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(text="abcdefgh", chunk=2), "later answer"]), policies=[]
+    )
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, TextDelta) and len(events) == 2:  # the first delta
+            engine.follow_up("later")
+            engine.interrupt("user_left")
+    assert [(e.reason, e.abort_reason) for e in ends(events)] == [("aborted_streaming", "user_left")]
+    cut, notice = engine.messages[-2:]
+    assert cut.partial and cut.meta["abort_reason"] == "user_left" and notice.kind == "interrupt_notice"
+    assert [e.turn for e in await collect(engine.run()) if isinstance(e, TurnStarted)] == [1]
+    assert [m.text for m in engine.messages[-2:]] == ["later", "later answer"]
+
+
+def test_a_listener_that_raises_system_exit_propagates_after_the_others_ran() -> None:
+    """concepts.md: a KeyboardInterrupt or SystemExit from a listener propagates out of
+    ``abort()``, after the others ran."""
+    controller = AbortController()
+    seen: list[str] = []
+
+    def leave(_reason: str) -> None:
+        raise SystemExit(3)
+
+    controller.signal.add_listener(leave)
+    controller.signal.add_listener(seen.append)
+    with pytest.raises(SystemExit) as raised:
+        controller.abort("quit")
+    assert raised.value.code == 3 and seen == ["quit"] and controller.signal.reason == "quit"
