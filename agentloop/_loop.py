@@ -104,6 +104,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     skip = phase.skip
                     try:
                         while stream is not None:
+                            if st.signal._reason is not None:  # aborted while the host held an event
+                                phase.outcome.aborted = True
+                                break
                             task = st.task = current_task(loop)
                             st.cancel_baseline = task.cancelling() if task is not None else 0
                             st.guarding = True
