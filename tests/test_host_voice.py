@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -258,3 +259,204 @@ async def test_a_barge_in_while_the_speaker_holds_a_delta_cuts_a_paused_stream_a
     assert host.speaker.spoken == []  # the one delta was cut off mid-word
     assert [m.kind for m in engine.messages] == [None, None, "interrupt_notice"]
     assert validate_transcript(engine.messages) == []
+
+
+async def test_partial_transcripts_sent_in_quick_succession_start_one_turn_each_delivered_once() -> None:
+    with VirtualClock() as clock:
+        model = ScriptedModel([
+            ScriptedResponse(text="Here is the weather for the whole week. " * 5, chunk=8, delay=0.01),
+            "It is nine.",
+        ])
+        engine = QueryEngine(model)
+        host = Host(engine, clock, Speaker(clock))
+        partials = ["what", "what time", "what time is", "what time is it"]
+        receipts: list[str | None] = []
+
+        def hear() -> None:
+            receipts.extend(host.barge_in("send_now", text) for text in partials)
+
+        asyncio.get_running_loop().call_at(clock.now + 0.1, hear)
+        events = await host.play("weather this week")
+    started = [e for e in events if isinstance(e, TurnStarted)]
+    assert [s.ids for s in started] == [(), tuple(receipts)]  # one turn, every receipt, in order
+    assert [m.text for m in engine.messages[2:6]] == partials
+    assert [m.meta["receipt"] for m in engine.messages[2:6]] == receipts
+    assert model.request_count == 2  # the model answered once, having heard every partial
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_an_also_remark_while_speaking_is_merged_and_the_speech_goes_on() -> None:
+    with VirtualClock() as clock:
+        def answer(request: ModelRequest) -> str:
+            assert request.messages[-1].kind == "interjection"
+            return "Booked, with a window seat."
+
+        model = ScriptedModel([
+            ScriptedResponse(text="Booking your flight now.", chunk=6, delay=0.01,
+                             tool_calls=[ScriptedToolCall("lookup", {"query": "flights"})]),
+            answer,
+        ])
+        engine = QueryEngine(model, tools=[lookup])
+        host = Host(engine, clock, Speaker(clock))
+        receipt: list[str | None] = []
+        asyncio.get_running_loop().call_at(clock.now + 0.05, lambda: receipt.append(host.barge_in("interject", "also, a window seat")))
+        events = await host.play("book me a flight")
+    injected = [e for e in events if isinstance(e, InterjectionInjected)]
+    assert [e.ids for e in injected] == [(receipt[0],)]
+    assert host.speaker.after_barge_in == []  # an "also" silences nothing: the speech went on
+    assert "".join(host.speaker.spoken) == "Booking your flight now.Booked, with a window seat."
+    assert events[-1].reason == "completed"  # type: ignore[union-attr]
+    assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("action", ["interrupt", "send_now"])
+@pytest.mark.parametrize(("timer", "latency"), [
+    ("lookup", 0.0),  # cooperative: stops at once
+    ("ignores_abort", GRACE),  # cancelled when the grace is over
+    pytest.param("swallows_cancel", GRACE + 0.05, marks=pytest.mark.swallows_cancel),  # returns within the unwind time
+])
+async def test_barge_in_over_a_running_tool_ends_the_turn_within_the_grace(action: str, timer: str, latency: float) -> None:
+    tools = {"lookup": lookup, "ignores_abort": set_timer, "swallows_cancel": stubborn_timer(0.05)}
+    name = "lookup" if timer == "lookup" else "set_timer"
+    args: dict[str, Any] = {"query": "pasta"} if timer == "lookup" else {"minutes": 10}
+    with VirtualClock() as clock:
+        model = ScriptedModel([ScriptedResponse(text="One moment.", tool_calls=[ScriptedToolCall(name, args)]), "Sure."])
+        engine = QueryEngine(model, tools=[tools[timer]])
+        host = Host(engine, clock, Speaker(clock))
+
+        async def play() -> list[Event]:
+            seen: list[Event] = []
+            async with contextlib.aclosing(engine.run("set a pasta timer")) as run:
+                async for event in run:
+                    host.events.append((clock.now, event))
+                    seen.append(event)
+                    if isinstance(event, ToolCallStarted):
+                        asyncio.get_running_loop().call_at(clock.now + 0.5, host.barge_in, action, "never mind")
+            return seen
+
+        events = await play()
+    first_end = next(e for e in events if isinstance(e, TurnEnded))
+    assert (first_end.reason, first_end.abort_reason) == ("aborted_tools", "cancel" if action == "interrupt" else action)
+    assert host.latency_to_turn_end(host.barge_ins[0]) == pytest.approx(latency, abs=1e-6)
+    assert host.latency_to_turn_end(host.barge_ins[0]) <= GRACE + UNWIND
+    result = engine.messages[2].tool_results[0]
+    if timer == "swallows_cancel":  # it returned once cancelled: it knows best what it did
+        assert result.text == "timer set for 10 min" and not result.is_error
+    else:
+        assert result.is_error and "stopped while it was running" in result.text
+    assert validate_transcript(engine.messages) == []
+    await settle()
+    assert no_tasks_left() == []
+
+
+@pytest.mark.parametrize("reply", ["yes", "no", "silence", "send_now", "interrupt"])
+async def test_a_permission_prompt_answered_by_voice_or_talked_over(reply: str) -> None:
+    with VirtualClock() as clock:
+        model = ScriptedModel([
+            ScriptedResponse(text="Calling.", tool_calls=[ScriptedToolCall("call_contact", {"name": "Mum"})]),
+            "Done.",
+            "Something else, then.",
+        ])
+        prompt = VoicePrompt(patience=3.0)
+        engine = QueryEngine(model, tools=[call_contact], permission=prompt.ask)
+        host = Host(engine, clock, Speaker(clock))
+        loop = asyncio.get_running_loop()
+        events: list[Event] = []
+        async with contextlib.aclosing(engine.run("call mum")) as run:
+            async for event in run:
+                host.events.append((clock.now, event))
+                events.append(event)
+                if event.type == "permission_requested":
+                    await host.speaker.say("May I call Mum?")  # the question, spoken
+                    if reply in ("yes", "no"):
+                        loop.call_at(clock.now + 1, prompt.answer, reply == "yes")
+                    elif reply in ("send_now", "interrupt"):
+                        loop.call_at(clock.now + 1, host.barge_in, reply, "no wait, call Dad")
+    assert validate_transcript(engine.messages) == []
+    result = engine.messages[2].tool_results[0]
+    first_end = next(e for e in events if isinstance(e, TurnEnded))
+    if reply == "yes":
+        assert (result.text, first_end.reason) == ("calling Mum", "completed")
+    elif reply in ("no", "silence"):
+        said = "the user said no" if reply == "no" else "the user did not answer"
+        assert result.is_error and result.text == f"Permission denied: {said}"
+        assert first_end.reason == "completed"
+    else:
+        assert result.is_error and "never started" in result.text
+        assert first_end.reason == "aborted_tools"
+        assert host.latency_to_turn_end(host.barge_ins[0]) == 0
+        assert prompt.answer(True) is False  # a late "yes" finds no prompt waiting
+    assert prompt.waiting is None
+    await settle()
+    assert no_tasks_left() == []
+
+
+def assistant_script() -> ScriptedModel:
+    """Answers, lookups and timers in turn, for as long as the conversation goes."""
+    return ScriptedModel([
+        ScriptedResponse(text="Let me look that up for you.", chunk=7, delay=0.01,
+                         tool_calls=[ScriptedToolCall("lookup", {"query": "news"})]),
+        ScriptedResponse(text="Here is what I found: nothing new today.", chunk=7, delay=0.01),
+        ScriptedResponse(text="Setting it.", chunk=7, tool_calls=[ScriptedToolCall("set_timer", {"minutes": 5})]),
+        ScriptedResponse(text="Your timer is set.", chunk=7, delay=0.01),
+    ], cycle=True, record=False)
+
+
+async def test_hundreds_of_turns_with_barge_ins_replay_from_the_session_file(tmp_path: Path) -> None:
+    path = tmp_path / "voice.jsonl"
+    with VirtualClock() as clock, JsonlSession(path) as session:
+        engine = QueryEngine(assistant_script(), tools=[lookup, set_timer], session=session)
+        host = Host(engine, clock, Speaker(clock))
+        loop = asyncio.get_running_loop()
+        for n in range(200):
+            action = ("interrupt", "send_now", "interject", None, None)[n % 5]
+            if action is not None:
+                loop.call_at(clock.now + 0.02 + (n % 7) * 0.4, host.barge_in, action, f"remark {n}")
+            await host.play(f"question {n}")
+            assert validate_transcript(engine.messages) == [], n
+            await settle()
+            assert no_tasks_left() == [], n
+            if n % 50 == 49:
+                assert JsonlSession(path).load().messages == engine.messages, n
+        assert engine.session_errors == []
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and loaded.warnings == [] and loaded.repairs == []
+    assert len(engine.messages) > 800
+
+
+async def test_resume_after_a_crash_mid_write_continues_the_conversation(tmp_path: Path) -> None:
+    path, crashed = tmp_path / "voice.jsonl", tmp_path / "crashed.jsonl"
+    with VirtualClock() as clock, JsonlSession(path) as session:
+        engine = QueryEngine(assistant_script(), tools=[lookup, set_timer], session=session)
+        host = Host(engine, clock, Speaker(clock))
+        loop = asyncio.get_running_loop()
+        for n in range(12):
+            loop.call_at(clock.now + 0.05, host.barge_in, "send_now" if n % 3 else "interject", f"and {n}")
+            await host.play(f"question {n}")
+        at_crash: list[Any] = []
+        async with contextlib.aclosing(engine.run("set a timer")) as run:
+            async for event in run:
+                if isinstance(event, ToolCallStarted) and not at_crash:
+                    # The process dies here, while writing its next record: the disk holds the
+                    # records so far and the first half of one more line.
+                    data = path.read_bytes()
+                    last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+                    crashed.write_bytes(data + last[: len(last) // 2])
+                    at_crash = list(engine.messages)
+    held = {m.meta.get("receipt") for m in at_crash} - {None}
+
+    resumed, loaded = JsonlSession.resume(crashed)
+    assert len(loaded.warnings) == 1 and "torn" in loaded.warnings[0]
+    assert loaded.repairs == [f"added a synthetic result for tool_use '{at_crash[-1].tool_uses[0].id}' ({at_crash[-1].tool_uses[0].name})"]
+    assert loaded.messages[:-1] == at_crash
+    assert "no result was recorded" in loaded.messages[-1].tool_results[0].text
+    with VirtualClock() as clock, resumed:
+        engine = QueryEngine(assistant_script(), tools=[lookup, set_timer], session=resumed, messages=loaded.messages)
+        host = Host(engine, clock, Speaker(clock))
+        receipt = engine.send_now("did the timer get set?")
+        assert receipt not in held  # never an id the file holds
+        events = await host.play(None)
+        assert [e.ids for e in events if isinstance(e, TurnStarted)] == [(receipt,)]
+        assert events[-1].reason in ("completed", "aborted_tools")  # type: ignore[union-attr]
+        assert validate_transcript(engine.messages) == []
+    assert JsonlSession(crashed).load().messages == engine.messages
