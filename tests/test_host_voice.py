@@ -129,11 +129,13 @@ class Speaker:
     current: asyncio.Task[None] | None = None
     after_barge_in: list[str] = field(default_factory=list)
     barged: bool = False
+    speaking: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def say(self, text: str) -> None:
         if self.barged:
             self.after_barge_in.append(text)
         self.current = asyncio.ensure_future(asyncio.sleep(TTS))
+        self.speaking.set()
         try:
             await self.current
             self.spoken.append(text)
@@ -460,3 +462,118 @@ async def test_resume_after_a_crash_mid_write_continues_the_conversation(tmp_pat
         assert events[-1].reason in ("completed", "aborted_tools")  # type: ignore[union-attr]
         assert validate_transcript(engine.messages) == []
     assert JsonlSession(crashed).load().messages == engine.messages
+
+
+ACTIONS = ("send_now", "interject", "interrupt", "follow_up", "yes", "no")
+SPEAKING = -1.0  # a gap that waits until the speaker is saying something (within 5 s)
+GAPS = st.sampled_from([SPEAKING, SPEAKING, 0.0, 0.0, 0.005, 0.02, 0.06, 0.3, 1.0, 2.5])
+
+
+@dataclass
+class Ledger:
+    """What became of every text the microphone handed the engine (interrupts.md: receipts)."""
+
+    kinds: dict[str, str] = field(default_factory=dict)
+    reported: dict[str, int] = field(default_factory=dict)
+    in_flight: bool = False  # the host saw the turn's TurnStarted and not yet its TurnEnded
+    answered: bool = False  # the host saw the turn's final answer
+    stops: list[float] = field(default_factory=list)  # barge-ins that stop a turn in flight
+
+    def note(self, receipt: str | None, kind: str) -> None:
+        if receipt is not None:
+            self.kinds[receipt] = kind
+
+    def report(self, ids: tuple[str, ...], kinds: tuple[str, ...]) -> None:
+        for receipt in ids:
+            if self.kinds.get(receipt) in kinds:
+                self.reported[receipt] = self.reported.get(receipt, 0) + 1
+
+    def pending(self) -> set[str]:
+        return set(self.kinds) - set(self.reported)
+
+    def see(self, clock: VirtualClock, event: Event) -> None:
+        if isinstance(event, TurnStarted):
+            self.report(event.ids, ("send_now", "follow_up"))
+            self.in_flight, self.answered = True, False
+        elif isinstance(event, InterjectionInjected | InterjectionDropped):
+            self.report(event.ids, ("interject",))
+        elif event.type == "assistant_message":
+            self.answered = not event.message.tool_uses  # type: ignore[union-attr]
+        elif isinstance(event, TurnEnded):
+            self.in_flight = False
+            late = [t for t in self.stops if clock.now - t > GRACE + UNWIND + 1e-9]
+            assert not late, f"a barge-in waited {clock.now - late[0]:.3f} s for its TurnEnded"
+            if self.stops and not self.answered:
+                assert event.reason in ("aborted_streaming", "aborted_tools"), event
+                assert event.abort_reason in ("cancel", "send_now"), event
+            self.stops.clear()
+
+
+async def microphone(plan: list[tuple[float, str]], host: Host, prompt: VoicePrompt, ledger: Ledger, heard: asyncio.Event) -> None:
+    speaker = host.speaker
+    for n, (gap, action) in enumerate(plan):
+        if gap == SPEAKING:
+            speaker.speaking.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):  # no task of its own, as wait_for's would be
+                    await speaker.speaking.wait()
+        else:
+            await asyncio.sleep(gap)
+        if action in ("yes", "no"):
+            prompt.answer(action == "yes")
+            continue
+        if action in ("interrupt", "send_now") and ledger.in_flight:
+            ledger.stops.append(host.clock.now)
+        ledger.note(host.barge_in(action, f"{action} {n}"), action)
+        heard.set()
+
+
+async def converse(plan: list[tuple[float, str]]) -> None:
+    with VirtualClock() as clock:
+        model = ScriptedModel([
+            ScriptedResponse(text="Let me check.", chunk=4, delay=0.01, tool_calls=[ScriptedToolCall("lookup", {"query": "q"})]),
+            ScriptedResponse(text="May I call your contact?", chunk=5, tool_calls=[ScriptedToolCall("call_contact", {"name": "Ann"})]),
+            ScriptedResponse(text="Setting a timer.", chunk=4, delay=0.02, tool_calls=[
+                ScriptedToolCall("set_timer", {"minutes": 1}), ScriptedToolCall("lookup", {"query": "r"})]),
+            ScriptedResponse(text="All done, anything else?", chunk=3, delay=0.01),
+            ScriptedResponse(text="Hmm, let me think about that one.", chunk=12, delay=2.5),  # a slow network
+        ], cycle=True, record=False)
+        prompt = VoicePrompt(patience=1.0)
+        engine = QueryEngine(model, tools=[lookup, set_timer, call_contact], permission=prompt.ask)
+        host = Host(engine, clock, Speaker(clock))
+        ledger = Ledger()
+        heard = asyncio.Event()
+        mic = asyncio.create_task(microphone(plan, host, prompt, ledger, heard))
+        first: str | None = "hello"
+        for _ in range(len(plan) + 3):
+            if first is None and not ledger.pending():
+                if mic.done():
+                    break
+                heard.clear()
+                waiter = asyncio.ensure_future(heard.wait())
+                await asyncio.wait([mic, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if not ledger.pending():
+                    continue
+            async with contextlib.aclosing(engine.run(first)) as run:
+                async for event in run:
+                    host.events.append((clock.now, event))
+                    ledger.see(clock, event)
+                    if isinstance(event, TurnStarted):
+                        host.speaker.new_turn()
+                    elif isinstance(event, TextDelta):
+                        await host.speaker.say(event.text)
+            first = None
+            assert not engine.running
+            assert validate_transcript(engine.messages) == []
+            await settle()
+            assert [t for t in no_tasks_left() if t is not mic] == []
+        await mic
+    assert ledger.pending() == set(), ledger
+    assert all(count == 1 for count in ledger.reported.values()), ledger.reported
+    assert host.speaker.after_barge_in == []
+
+
+@given(st.lists(st.tuples(GAPS, st.sampled_from(ACTIONS)), max_size=12))
+def test_random_barge_ins_keep_every_promise(plan: list[tuple[float, str]]) -> None:
+    asyncio.run(converse(plan), debug=True)
