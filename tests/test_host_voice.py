@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
+    ToolCallFinished,
     ToolCallStarted,
     ToolContext,
     ToolUseBlock,
@@ -182,6 +184,7 @@ class Host:
     speaker: Speaker
     events: list[tuple[float, Event]] = field(default_factory=list)
     barge_ins: list[float] = field(default_factory=list)
+    leave: bool = False
 
     async def play(self, prompt: str | None) -> list[Event]:
         seen: list[Event] = []
@@ -472,7 +475,7 @@ async def test_resume_after_a_crash_mid_write_continues_the_conversation(tmp_pat
     assert JsonlSession(crashed).load().messages == engine.messages
 
 
-ACTIONS = ("send_now", "interject", "interrupt", "follow_up", "yes", "no")
+ACTIONS = ("send_now", "interject", "interrupt", "follow_up", "yes", "no", "leave")
 SPEAKING = -1.0  # a gap that waits until the speaker is saying something (within 5 s)
 GAPS = st.sampled_from([SPEAKING, SPEAKING, 0.0, 0.0, 0.005, 0.02, 0.06, 0.3, 1.0, 2.5])
 
@@ -495,6 +498,11 @@ class Ledger:
         for receipt in ids:
             if self.kinds.get(receipt) in kinds:
                 self.reported[receipt] = self.reported.get(receipt, 0) + 1
+
+    def left(self) -> None:
+        """The host stopped iterating the run: no TurnEnded will come for the turn."""
+        self.in_flight = False
+        self.stops.clear()
 
     def pending(self) -> set[str]:
         return set(self.kinds) - set(self.reported)
@@ -530,14 +538,18 @@ async def microphone(plan: list[tuple[float, str]], host: Host, prompt: VoicePro
         if action in ("yes", "no"):
             prompt.answer(action == "yes")
             continue
+        if action == "leave":  # the host stops listening to this run at its next event
+            host.leave = True
+            host.speaker.silence()
+            continue
         if action in ("interrupt", "send_now") and ledger.in_flight:
             ledger.stops.append(host.clock.now)
         ledger.note(host.barge_in(action, f"{action} {n}"), action)
         heard.set()
 
 
-async def converse(plan: list[tuple[float, str]]) -> None:
-    with VirtualClock() as clock:
+async def converse(plan: list[tuple[float, str]], path: Path) -> None:
+    with VirtualClock() as clock, JsonlSession(path) as session:
         model = ScriptedModel([
             ScriptedResponse(text="Let me check.", chunk=4, delay=0.01, tool_calls=[ScriptedToolCall("lookup", {"query": "q"})]),
             ScriptedResponse(text="May I call your contact?", chunk=5, tool_calls=[ScriptedToolCall("call_contact", {"name": "Ann"})]),
@@ -547,7 +559,7 @@ async def converse(plan: list[tuple[float, str]]) -> None:
             ScriptedResponse(text="Hmm, let me think about that one.", chunk=12, delay=2.5),  # a slow network
         ], cycle=True, record=False)
         prompt = VoicePrompt(patience=1.0)
-        engine = QueryEngine(model, tools=[lookup, set_timer, call_contact], permission=prompt.ask)
+        engine = QueryEngine(model, tools=[lookup, set_timer, call_contact], permission=prompt.ask, session=session)
         host = Host(engine, clock, Speaker(clock))
         ledger = Ledger()
         heard = asyncio.Event()
@@ -563,28 +575,48 @@ async def converse(plan: list[tuple[float, str]]) -> None:
                 waiter.cancel()
                 if not ledger.pending():
                     continue
-            async with contextlib.aclosing(engine.run(first)) as run:
-                async for event in run:
-                    host.events.append((clock.now, event))
-                    ledger.see(clock, event)
-                    if isinstance(event, TurnStarted):
-                        host.speaker.new_turn()
-                    elif isinstance(event, TextDelta):
-                        await host.speaker.say(event.text)
+            host.leave = left = False  # left: stopped iterating mid-turn
+            async for event in engine.run(first):
+                host.events.append((clock.now, event))
+                ledger.see(clock, event)
+                if host.leave:  # before anything more is said
+                    left = ledger.in_flight
+                    ledger.left()
+                    break
+                if isinstance(event, TurnStarted):
+                    host.speaker.new_turn()
+                elif isinstance(event, TextDelta):
+                    await host.speaker.say(event.text)
             first = None
-            assert not engine.running
+            ended = [e for _, e in host.events if isinstance(e, TurnEnded)]
+            if not left:
+                assert engine.last_turn_ended is ended[-1]
+            elif engine.last_turn_ended is not None:  # api.md: None, but when the host stopped at
+                # one of the events that come with the turn's end, just before its TurnEnded
+                last = host.events[-1][1]
+                assert isinstance(last, InterjectionDropped) or (isinstance(last, ToolCallFinished) and last.synthetic)
+                assert engine.last_turn_ended not in ended
+            if host.leave:  # the run's cleanup goes on in the background, for the grace at most
+                await asyncio.sleep(GRACE + UNWIND)
+            assert not engine.running and engine.signal is None
             assert validate_transcript(engine.messages) == []
+            assert JsonlSession(path).load().messages == engine.messages
             await settle()
             assert [t for t in no_tasks_left() if t is not mic] == []
         await mic
     assert ledger.pending() == set(), ledger
     assert all(count == 1 for count in ledger.reported.values()), ledger.reported
     assert host.speaker.after_barge_in == []
+    assert engine.session_errors == []
+    kept = [r["ids"] for r in JsonlSession(path).load().events if r["type"].startswith("interjection_")]
+    seen = [list(e.ids) for _, e in host.events if isinstance(e, InterjectionInjected | InterjectionDropped)]
+    assert kept == seen  # every receipt's fate is in the file too
 
 
 @given(st.lists(st.tuples(GAPS, st.sampled_from(ACTIONS)), max_size=12))
 def test_random_barge_ins_keep_every_promise(plan: list[tuple[float, str]]) -> None:
-    asyncio.run(converse(plan), debug=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(converse(plan, Path(tmp) / "voice.jsonl"), debug=True)
 
 
 async def test_a_host_that_stops_listening_on_barge_in_starts_the_new_run_after_the_cleanup() -> None:
