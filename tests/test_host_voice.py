@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -669,4 +670,39 @@ async def test_an_also_remark_over_a_permission_prompt_waits_for_the_answer() ->
     assert [e.ids for e in injected] == [(receipt,)]
     assert last_end(events).reason == "completed"
     assert engine.messages[-1].text == "Calling Mum on her mobile."
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_partials_from_the_recogniser_thread_while_the_speaker_holds_a_delta() -> None:
+    # The speech recogniser runs in a thread of its own; it hears the user while the speaker is
+    # saying the first delta, passes on three guesses, then the speaker is told to stop.
+    with VirtualClock() as clock:
+        engine = QueryEngine(PausingModel("Let me see", pause=30))
+        loop = asyncio.get_running_loop()
+        receipts: list[str] = []
+        partials = ["call", "call my", "call my sister"]
+
+        def recogniser(speaking: asyncio.Future[None]) -> None:
+            receipts.extend(engine.send_now(text) for text in partials)
+            loop.call_soon_threadsafe(speaking.cancel)  # silence the speaker
+
+        events: list[tuple[float, Event]] = []
+        async for event in engine.run("what's on today"):
+            events.append((clock.now, event))
+            if isinstance(event, TextDelta) and len(receipts) == 0:
+                speaking: asyncio.Future[None] = loop.create_future()
+                thread = threading.Thread(target=recogniser, args=(speaking,))
+                thread.start()
+                barge_in = clock.now
+                with contextlib.suppress(asyncio.CancelledError):
+                    await speaking
+                thread.join()
+                assert not any(isinstance(e, TurnEnded) for _, e in events)
+            if len(events) > 20:
+                break
+    ends = [(t, e) for t, e in events if isinstance(e, TurnEnded)]
+    assert [(e.reason, e.abort_reason) for _, e in ends] == [("aborted_streaming", "send_now"), ("completed", None)]
+    assert ends[0][0] == barge_in  # at once: the 30 s pause is never waited for
+    assert [e.ids for _, e in events if isinstance(e, TurnStarted)] == [(), tuple(receipts)]
+    assert [m.text for m in engine.messages[2:5]] == partials
     assert validate_transcript(engine.messages) == []
