@@ -549,25 +549,62 @@ async def microphone(plan: list[tuple[float, str]], host: Host, prompt: VoicePro
         heard.set()
 
 
+def voice_model() -> ScriptedModel:
+    return ScriptedModel([
+        ScriptedResponse(text="Let me check.", chunk=4, delay=0.01, tool_calls=[ScriptedToolCall("lookup", {"query": "q"})]),
+        ScriptedResponse(text="May I call your contact?", chunk=5, tool_calls=[ScriptedToolCall("call_contact", {"name": "Ann"})]),
+        ScriptedResponse(text="Setting a timer.", chunk=4, delay=0.02, tool_calls=[
+            ScriptedToolCall("set_timer", {"minutes": 1}), ScriptedToolCall("lookup", {"query": "r"})]),
+        ScriptedResponse(text="All done, anything else?", chunk=3, delay=0.01),
+        ScriptedResponse(text="Hmm, let me think about that one.", chunk=12, delay=2.5),  # a slow network
+    ], cycle=True, record=False)
+
+
+async def listen(host: Host, ledger: Ledger, first: str | None) -> bool:
+    """One run, spoken; True when the host stopped iterating it mid-turn."""
+    host.leave = False
+    async for event in host.engine.run(first):
+        host.events.append((host.clock.now, event))
+        ledger.see(host.clock, event)
+        if host.leave:  # before anything more is said
+            left = ledger.in_flight
+            ledger.left()
+            return left
+        if isinstance(event, TurnStarted):
+            host.speaker.new_turn()
+        elif isinstance(event, TextDelta):
+            await host.speaker.say(event.text)
+    return False
+
+
+async def check_after_run(host: Host, left: bool, path: Path) -> None:
+    engine = host.engine
+    ended = [e for _, e in host.events if isinstance(e, TurnEnded)]
+    if not left:
+        assert engine.last_turn_ended is ended[-1]
+    elif engine.last_turn_ended is not None:  # api.md: None, but when the host stopped at one
+        # of the events that come with the turn's end, just before its TurnEnded
+        last = host.events[-1][1]
+        assert isinstance(last, InterjectionDropped) or (isinstance(last, ToolCallFinished) and last.synthetic)
+        assert all(engine.last_turn_ended is not e for e in ended)  # this turn's, never an earlier one
+    if host.leave:  # the run's cleanup goes on in the background, for the grace at most
+        await asyncio.sleep(GRACE + UNWIND)
+    assert not engine.running and engine.signal is None
+    assert validate_transcript(engine.messages) == []
+    assert JsonlSession(path).load().messages == engine.messages
+
+
 async def converse(plan: list[tuple[float, str]], path: Path) -> None:
     with VirtualClock() as clock, JsonlSession(path) as session:
-        model = ScriptedModel([
-            ScriptedResponse(text="Let me check.", chunk=4, delay=0.01, tool_calls=[ScriptedToolCall("lookup", {"query": "q"})]),
-            ScriptedResponse(text="May I call your contact?", chunk=5, tool_calls=[ScriptedToolCall("call_contact", {"name": "Ann"})]),
-            ScriptedResponse(text="Setting a timer.", chunk=4, delay=0.02, tool_calls=[
-                ScriptedToolCall("set_timer", {"minutes": 1}), ScriptedToolCall("lookup", {"query": "r"})]),
-            ScriptedResponse(text="All done, anything else?", chunk=3, delay=0.01),
-            ScriptedResponse(text="Hmm, let me think about that one.", chunk=12, delay=2.5),  # a slow network
-        ], cycle=True, record=False)
         prompt = VoicePrompt(patience=1.0)
-        engine = QueryEngine(model, tools=[lookup, set_timer, call_contact], permission=prompt.ask, session=session)
+        engine = QueryEngine(voice_model(), tools=[lookup, set_timer, call_contact], permission=prompt.ask, session=session)
         host = Host(engine, clock, Speaker(clock))
         ledger = Ledger()
         heard = asyncio.Event()
         mic = asyncio.create_task(microphone(plan, host, prompt, ledger, heard))
         first: str | None = "hello"
         for _ in range(len(plan) + 3):
-            if first is None and not ledger.pending():
+            if first is None and not ledger.pending():  # idle: wait for the user to say something
                 if mic.done():
                     break
                 heard.clear()
@@ -576,32 +613,9 @@ async def converse(plan: list[tuple[float, str]], path: Path) -> None:
                 waiter.cancel()
                 if not ledger.pending():
                     continue
-            host.leave = left = False  # left: stopped iterating mid-turn
-            async for event in engine.run(first):
-                host.events.append((clock.now, event))
-                ledger.see(clock, event)
-                if host.leave:  # before anything more is said
-                    left = ledger.in_flight
-                    ledger.left()
-                    break
-                if isinstance(event, TurnStarted):
-                    host.speaker.new_turn()
-                elif isinstance(event, TextDelta):
-                    await host.speaker.say(event.text)
+            left = await listen(host, ledger, first)
             first = None
-            ended = [e for _, e in host.events if isinstance(e, TurnEnded)]
-            if not left:
-                assert engine.last_turn_ended is ended[-1]
-            elif engine.last_turn_ended is not None:  # api.md: None, but when the host stopped at
-                # one of the events that come with the turn's end, just before its TurnEnded
-                last = host.events[-1][1]
-                assert isinstance(last, InterjectionDropped) or (isinstance(last, ToolCallFinished) and last.synthetic)
-                assert engine.last_turn_ended not in ended
-            if host.leave:  # the run's cleanup goes on in the background, for the grace at most
-                await asyncio.sleep(GRACE + UNWIND)
-            assert not engine.running and engine.signal is None
-            assert validate_transcript(engine.messages) == []
-            assert JsonlSession(path).load().messages == engine.messages
+            await check_after_run(host, left, path)
             await settle()
             assert [t for t in no_tasks_left() if t is not mic] == []
         await mic
