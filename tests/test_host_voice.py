@@ -720,3 +720,19 @@ async def test_partials_from_the_recogniser_thread_while_the_speaker_holds_a_del
     assert [e.ids for _, e in events if isinstance(e, TurnStarted)] == [(), tuple(receipts)]
     assert [m.text for m in engine.messages[2:5]] == partials
     assert validate_transcript(engine.messages) == []
+
+
+async def test_what_the_user_said_while_idle_starts_the_next_run_in_order() -> None:
+    # The assistant is idle; the user says several things before the host starts the run.
+    engine = QueryEngine(ScriptedModel(["One.", "Two."]))
+    also = engine.interject("also, it's for two people")
+    now = engine.send_now("book a table")
+    then = engine.follow_up("then text Sam")
+    later = engine.interject("at eight")
+    events = [event async for event in engine.run()]
+    assert [e.ids for e in events if isinstance(e, TurnStarted)] == [(also, now, later), (then,)]
+    assert [e.ids for e in events if isinstance(e, InterjectionInjected)] == [(also, later)]
+    assert [m.text for m in engine.messages] == [
+        "also, it's for two people", "book a table", "at eight", "One.", "then text Sam", "Two.",
+    ]
+    assert validate_transcript(engine.messages) == []
