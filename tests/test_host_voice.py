@@ -736,3 +736,27 @@ async def test_what_the_user_said_while_idle_starts_the_next_run_in_order() -> N
         "also, it's for two people", "book a table", "at eight", "One.", "then text Sam", "Two.",
     ]
     assert validate_transcript(engine.messages) == []
+
+
+class EagerModel:
+    """A model whose whole answer is at hand (a local model's buffer): its stream never waits,
+    and it does not look at the signal."""
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        for word in ("One ", "two ", "three ", "four."):
+            yield StreamText(0, word)
+        yield StreamEnd("end_turn", Usage(10, 10))
+
+
+async def test_a_barge_in_over_a_stream_that_never_waits_still_ends_the_turn() -> None:
+    engine = QueryEngine(EagerModel())
+    events: list[Event] = []
+    async for event in engine.run("count"):
+        events.append(event)
+        if isinstance(event, TextDelta) and event.text == "One ":
+            engine.interrupt()  # the speaker heard the user over "One"
+    end = last_end(events)
+    assert (end.reason, end.abort_reason) == ("aborted_streaming", "cancel")
+    assert len([e for e in events if isinstance(e, TextDelta)]) <= 2  # what was already read, at most
+    assert [m.kind for m in engine.messages] == [None, None, "interrupt_notice"]
+    assert validate_transcript(engine.messages) == []
