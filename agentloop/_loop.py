@@ -156,6 +156,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     if phase.outcome.cut is not None:
                                         break
                     finally:
+                        if armed is not None:  # not for a later read's wait
+                            armed.cancel()
                         if stream is not None:
                             await close_stream(stream)
                     for event in phase.conclude():

@@ -313,7 +313,7 @@ class RunState:
         """Cancel the loop's read of the model stream, if it waits: for an abort that came while
         the host held an event, when the hand-over found no read to cancel."""
         task = self.task
-        if self.guarding and not self._cancel_requested and task is not None:
+        if self.guarding and not self._cancel_requested and task is not None and self.signal.aborted:
             self._cancel_requested = True
             task.cancel()
 

@@ -760,3 +760,34 @@ async def test_a_barge_in_over_a_stream_that_never_waits_still_ends_the_turn() -
     assert len([e for e in events if isinstance(e, TextDelta)]) <= 2  # what was already read, at most
     assert [m.kind for m in engine.messages] == [None, None, "interrupt_notice"]
     assert validate_transcript(engine.messages) == []
+
+
+class CutThenSlowModel:
+    """First a stream that stops without its end event and never waits; then a slow answer."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.calls += 1
+        if self.calls == 1:
+            yield StreamText(0, "One ")
+            yield StreamText(0, "two")
+            return
+        await asyncio.sleep(1)
+        yield StreamText(0, "Three.")
+        yield StreamEnd("end_turn", Usage(10, 10))
+
+
+async def test_a_barge_in_at_a_cut_streams_last_delta_leaves_the_new_turn_alone() -> None:
+    with VirtualClock():
+        engine = QueryEngine(CutThenSlowModel())
+        events: list[Event] = []
+        async for event in engine.run("count"):
+            events.append(event)
+            if isinstance(event, TextDelta) and event.text == "two":
+                engine.send_now("count again")
+    ends = [(e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("aborted_streaming", "send_now"), ("completed", None)]
+    assert engine.messages[-1].text == "Three."
+    assert validate_transcript(engine.messages) == []
