@@ -408,3 +408,14 @@ def test_a_listener_that_raises_system_exit_propagates_after_the_others_ran() ->
     with pytest.raises(SystemExit) as raised:
         controller.abort("quit")
     assert raised.value.code == 3 and seen == ["quit"] and controller.signal.reason == "quit"
+
+
+async def test_a_run_without_a_prompt_that_goes_on_from_the_transcript_starts_a_turn_with_no_prompt() -> None:
+    """api.md, TurnStarted: ``prompt`` is None for a turn that starts without a user message of
+    its own (here ``run()`` going on from the results ``max_turns`` stopped at)."""
+    model = ScriptedModel([calls("step"), "done"])
+    engine = QueryEngine(model, tools=[step], policies=[], max_turns=1)
+    assert [e.reason for e in ends(await collect(engine.run("go")))] == ["max_turns"]
+    events = await collect(engine.run())
+    assert [(e.turn, e.prompt, e.ids) for e in events if isinstance(e, TurnStarted)] == [(1, None, ())]
+    assert [e.reason for e in ends(events)] == ["completed"] and engine.messages[-1].text == "done"
