@@ -457,3 +457,17 @@ async def test_a_policy_made_where_a_dropped_one_was_is_not_taken_for_it(caplog:
             pass
     await run.aclose()
     assert not [r.getMessage() for r in caplog.records if "two engines at once" in r.getMessage()]
+
+
+@pytest.mark.closes_loop_under_tasks
+def test_an_engine_kept_after_its_run_was_left_in_a_closed_loop_holds_its_policies_no_more() -> None:
+    engine = QueryEngine(HangingModel())
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    run = loop.run_until_complete(_hold_a_run(engine))
+    held = [p for p in engine.policies if _policy._holders.get(p) is not None]
+    assert held, "the run holds its stateful policies"
+    loop.close()
+    assert not engine.running  # the engine finds its run left there, and settles it
+    assert [p for p in held if _policy._holders.get(p) is not None] == []
+    del run
