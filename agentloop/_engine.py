@@ -36,7 +36,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy, bind_all
-from ._recording import holds_messages, holds_no_records, holds_records
+from ._recording import holds_messages, holds_no_records, holds_records, record_message
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -477,10 +477,7 @@ class QueryEngine:
         if self.session is not None:
             assert self._recorded is not None
             self._recorded.append(message)
-            try:
-                self.session.append_message(message)
-            except Exception as exc:
-                self._store_failed(f"a message ({message.role})", exc)
+            record_message(self, message)
 
     def _record_event(self, event: Event) -> None:
         if self.session is not None:
@@ -514,6 +511,8 @@ class QueryEngine:
         # The run goes on (the transcript in memory is whole), but the file is not: say so where
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
+        # The file lacks a record now: the next message is written with the whole transcript.
+        self._checkpoint_due = self._checkpoint_due or hasattr(self.session, "append_checkpoint")
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
         note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
         log_failure(self, "session store failed: %s", note, exc=exc)

@@ -29,6 +29,7 @@ __all__ = [
     "holds_messages",
     "holds_no_records",
     "holds_records",
+    "record_message",
     "release_sidechain",
     "release_store",
 ]
@@ -198,6 +199,21 @@ def catch_up_session(engine: QueryEngine) -> None:
         except Exception as exc:
             engine._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
     engine._recorded = list(messages)
+
+
+def record_message(engine: QueryEngine, message: Message) -> None:
+    """Append ``message``, just committed, to ``engine``'s session. After a record the store
+    failed to write (a full disk, a file deleted under it), the whole transcript is written as a
+    checkpoint instead, so that the file replays to ``engine.messages`` again once it can."""
+    checkpoint = getattr(engine.session, "append_checkpoint", None)
+    if not engine._checkpoint_due or checkpoint is None:
+        _append(engine, message)
+        return
+    engine._checkpoint_due = False
+    try:
+        checkpoint(list(engine.messages))
+    except Exception as exc:
+        engine._store_failed(f"a message ({message.role}), with the transcript before it", exc)
 
 
 def _append(engine: QueryEngine, message: Message) -> None:

@@ -9,12 +9,14 @@ as the ``fsync`` policy says. The record format is in `_format`, the durable wri
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -92,6 +94,7 @@ class JsonlSession:
         self.fsync_every = fsync_every
         self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the open regular file
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
@@ -156,7 +159,7 @@ class JsonlSession:
 
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
-        with self._lock:
+        with self._lock, self._naming_file():
             if self._fd is not None and self.fsync != "never" and self._unsynced:
                 self._sync()
 
@@ -183,7 +186,7 @@ class JsonlSession:
         self._close_file()
 
     def _close_file(self) -> None:
-        with self._lock:
+        with self._lock, self._naming_file():
             fd = self._fd
             if fd is None:
                 return
@@ -192,7 +195,7 @@ class JsonlSession:
                 if self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
-                self._fd = None
+                self._fd = self._identity = None
                 _OPEN.discard(self)
                 os.close(fd)
 
@@ -228,7 +231,7 @@ class JsonlSession:
         child: the thread lock, maybe held by another thread when it forked, is made anew.
         """
         self._lock = threading.Lock()
-        fd, self._fd = self._fd, None
+        fd, self._fd, self._identity = self._fd, None, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -273,8 +276,10 @@ class JsonlSession:
 
     def _append(self, line: str) -> None:
         data = encode_line(line)
-        with self._lock:
+        with self._lock, self._naming_file():
             fd = self._open()
+            if not self._still_named():
+                self._drop_stale_file(fd)
             if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
                 cut_torn_tail(fd, self.path, keep_whole=True)
                 self._tail_unchecked = False
@@ -288,6 +293,44 @@ class JsonlSession:
                 self._write(fd, self._owed)
                 self._owed = None
             self._write(fd, data)
+
+    @contextlib.contextmanager
+    def _naming_file(self) -> Iterator[None]:
+        """An OSError raised inside names this session's file, if it names none (a failed
+        ``write`` or ``fsync`` says only "No space left on device")."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is None and not isinstance(exc, SessionLockedError):  # it says whose
+                exc.filename = str(self.path)
+            raise
+
+    def _still_named(self) -> bool:
+        """Whether the path still names the file open for appending (the lock held): not
+        deleted, moved away or replaced by a rename over it since it was opened."""
+        if self._identity is None:
+            return True
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return (st.st_dev, st.st_ino) == self._identity
+
+    def _drop_stale_file(self, fd: int) -> None:
+        """Close a file the path no longer names (the lock held), and refuse the append: a
+        record written there would be lost. The next append opens the file at the path."""
+        self._fd = self._identity = self._cut_to = None
+        self._unsynced = 0
+        self._torn = self._tail_unchecked = False
+        _OPEN.discard(self)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise OSError(
+            errno.ESTALE,
+            "the session file was deleted, moved or replaced since this session opened it: this "
+            "record is not written, and the next append opens (or creates) the file at this path",
+            str(self.path),
+        )
 
     def _write(self, fd: int, data: bytes) -> None:
         """Write one whole line (the lock held)."""
@@ -342,6 +385,9 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
+            st = os.fstat(fd)
+            # A file, not a device: watched so that one deleted or replaced under it is noticed.
+            self._identity = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
             _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.

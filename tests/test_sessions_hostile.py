@@ -1,0 +1,169 @@
+"""JsonlSession when the disk, other processes and users misbehave: a full or read-only disk,
+the file deleted or replaced under a writer, damaged files read back."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentloop import Message, QueryEngine, ScriptedModel, ScriptedResponse, ScriptedToolCall, tool
+from agentloop.sessions import JsonlSession
+
+
+def _fail_writes_while(monkeypatch: pytest.MonkeyPatch, full: dict[str, bool], code: int = errno.ENOSPC) -> None:
+    """Every write fails with ``code`` while ``full["on"]`` is set (a full or read-only disk)."""
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if full["on"]:
+            raise OSError(code, os.strerror(code))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def _looking_model() -> ScriptedModel:
+    return ScriptedModel([
+        ScriptedResponse(text="Looking.", tool_calls=[ScriptedToolCall("disk", {})]),
+        ScriptedResponse(text="Again.", tool_calls=[ScriptedToolCall("disk", {})]),
+        "Done.",
+    ])
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EIO])
+async def test_the_file_replays_to_the_engine_messages_once_the_disk_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A message the store failed to append (disk full for a moment) was missing from the file
+    for good: the later appends succeeded, and the file replayed to a transcript with a hole in
+    it (a tool call without its result, repaired into a synthetic error on resume)."""
+    full = {"on": False}
+    calls = 0
+
+    @tool
+    async def disk() -> str:
+        """Fill the disk, then free it."""
+        nonlocal calls
+        calls += 1
+        full["on"] = calls == 1  # the first call's result is lost; the second's is written
+        return f"call {calls}"
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        _fail_writes_while(monkeypatch, full, code)
+        async for _ in engine.run("go"):
+            pass
+    assert engine.messages[-1].text == "Done."
+    # The first call's result and the message after it, while the disk was full.
+    assert len(engine.session_errors) == 2 and all(os.strerror(code) in e for e in engine.session_errors)
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == [] and loaded.repairs == []
+    assert loaded.messages == engine.messages
+
+
+async def test_a_disk_that_stays_full_leaves_the_file_a_whole_earlier_transcript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failure is listed; the file replays to the transcript as it was before the first
+    failure, and the next run after the disk recovers brings it up to date."""
+    full = {"on": False}
+
+    @tool
+    async def disk() -> str:
+        """Fill the disk."""
+        full["on"] = True
+        return "full"
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        _fail_writes_while(monkeypatch, full)
+        async for _ in engine.run("go"):
+            pass
+        before = JsonlSession(path).load()  # the call without its result: repaired as interrupted
+        assert before.messages[:2] == engine.messages[:2] and len(before.messages) == 3
+        assert all("No space left on device" in line for line in engine.session_errors)
+        full["on"] = False
+        engine.model = ScriptedModel(["Still here."])
+        async for _ in engine.run("and now?"):
+            pass
+    assert JsonlSession(path).load().messages == engine.messages
+
+
+def test_an_io_error_names_the_session_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that failed said "[Errno 28] No space left on device" and nothing else: a host
+    with many sessions (and their sidechains) could not tell which file lacked the record."""
+    path = tmp_path / "s.jsonl"
+    full = {"on": False}
+    _fail_writes_while(monkeypatch, full)
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        full["on"] = True
+        with pytest.raises(OSError) as raised:
+            session.append_message(Message.user("two"))
+        full["on"] = False
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "moved"])
+def test_an_append_to_a_file_deleted_or_replaced_under_the_writer_is_refused(
+    tmp_path: Path, how: str
+) -> None:
+    """A session file deleted (or replaced by a rename over it, or moved away) while a session
+    held it open went on "appending" to the unlinked file: every later record was lost without
+    an error, and the file at the path (if any) held none of them."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        if how == "deleted":
+            path.unlink()
+        elif how == "replaced":
+            other = tmp_path / "other.jsonl"
+            other.write_bytes(b"")
+            os.replace(other, path)
+        else:
+            path.rename(tmp_path / "moved.jsonl")
+        with pytest.raises(OSError, match="deleted, moved or replaced") as raised:
+            session.append_message(Message.user("two"))
+        assert raised.value.filename == str(path)
+        session.append_message(Message.user("three"))  # at the path again
+    assert [m.text for m in JsonlSession(path).load().messages] == ["three"]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_again(
+    tmp_path: Path, how: str
+) -> None:
+    """The engine learns of it as of any failed append, and its next commit writes the whole
+    transcript as a checkpoint into the file at the path: nothing of the conversation is lost."""
+    path = tmp_path / "s.jsonl"
+    calls = 0
+
+    @tool
+    async def disk() -> str:
+        """Delete (or replace) the session file."""
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            if how == "deleted":
+                path.unlink()
+            else:
+                (tmp_path / "x.jsonl").write_text('{"type":"message","message":{"role":"user","content":"x"}}\n')
+                os.replace(tmp_path / "x.jsonl", path)
+        return f"call {calls}"
+
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    assert len(engine.session_errors) == 1 and "deleted, moved or replaced" in engine.session_errors[0]
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == [] and loaded.repairs == []
+    assert loaded.messages == engine.messages
