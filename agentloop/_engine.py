@@ -36,7 +36,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy, bind_all
-from ._recording import holds_messages, holds_no_records, holds_records, record_message
+from ._recording import holds_messages, holds_no_records, holds_records, record_lost, record_message
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -484,6 +484,8 @@ class QueryEngine:
             try:
                 self.session.append_event(event)
             except Exception as exc:
+                if isinstance(exc, OSError):  # the file may be a new one (the old one deleted under it)
+                    record_lost(self)
                 self._store_failed(f"an event ({event.type})", exc)
 
     def _vet_history(self) -> None:
@@ -511,8 +513,6 @@ class QueryEngine:
         # The run goes on (the transcript in memory is whole), but the file is not: say so where
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
-        # The file lacks a record now: the next message is written with the whole transcript.
-        self._checkpoint_due = self._checkpoint_due or hasattr(self.session, "append_checkpoint")
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
         note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
         log_failure(self, "session store failed: %s", note, exc=exc)

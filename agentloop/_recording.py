@@ -29,6 +29,7 @@ __all__ = [
     "holds_messages",
     "holds_no_records",
     "holds_records",
+    "record_lost",
     "record_message",
     "release_sidechain",
     "release_store",
@@ -197,6 +198,7 @@ def catch_up_session(engine: QueryEngine) -> None:
                 raise TypeError(f"{type(engine.session).__name__} has no append_checkpoint()")
             checkpoint(list(messages))
         except Exception as exc:
+            record_lost(engine)
             engine._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
     engine._recorded = list(messages)
 
@@ -213,7 +215,15 @@ def record_message(engine: QueryEngine, message: Message) -> None:
     try:
         checkpoint(list(engine.messages))
     except Exception as exc:
+        record_lost(engine)
         engine._store_failed(f"a message ({message.role}), with the transcript before it", exc)
+
+
+def record_lost(engine: QueryEngine) -> None:
+    """What ``engine``'s session holds no longer replays to its transcript (a message it failed
+    to append): the next message is written with the whole transcript, if the store can."""
+    if hasattr(engine.session, "append_checkpoint"):
+        engine._checkpoint_due = True
 
 
 def _append(engine: QueryEngine, message: Message) -> None:
@@ -221,6 +231,7 @@ def _append(engine: QueryEngine, message: Message) -> None:
     try:
         engine.session.append_message(message)
     except Exception as exc:
+        record_lost(engine)
         engine._store_failed(f"a message ({message.role})", exc)
 
 

@@ -167,3 +167,24 @@ async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_
     loaded = JsonlSession(path).load()
     assert loaded.warnings == [] and loaded.repairs == []
     assert loaded.messages == engine.messages
+
+
+def test_a_writer_whose_file_was_replaced_does_not_write_beside_the_new_files_writer(tmp_path: Path) -> None:
+    """The lock is the open file's: a file replaced by a rename over it and resumed by another
+    writer is locked by that one only. The first writer, still holding the old file, appended
+    to it unseen; now it finds the file replaced, and then is refused the new one."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as first:
+        first.append_message(Message.user("one"))
+        (tmp_path / "new.jsonl").write_bytes(b"")
+        os.replace(tmp_path / "new.jsonl", path)
+        second, _ = JsonlSession.resume(path)
+        with second:
+            second.append_message(Message.user("two"))
+            with pytest.raises(OSError, match="replaced"):
+                first.append_message(Message.user("lost"))
+            with pytest.raises(SessionLockedError):
+                first.append_message(Message.user("refused"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["two"]
