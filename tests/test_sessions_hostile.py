@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from agentloop import Message, QueryEngine, ScriptedModel, ScriptedResponse, ScriptedToolCall, tool
+from agentloop import (
+    Message,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolResultBlock,
+    tool,
+)
 from agentloop.sessions import JsonlSession
 
 
@@ -188,3 +196,32 @@ def test_a_writer_whose_file_was_replaced_does_not_write_beside_the_new_files_wr
             with pytest.raises(SessionLockedError):
                 first.append_message(Message.user("refused"))
     assert [m.text for m in JsonlSession(path).load().messages] == ["two"]
+
+
+async def test_a_fork_taken_while_a_tool_runs_sees_the_call_interrupted_and_records_it(tmp_path: Path) -> None:
+    """Forking a file another run is writing: the fork holds the records so far, the call still
+    running there as interrupted, and its own file replays to the fork's transcript."""
+    main, fork_path = tmp_path / "main.jsonl", tmp_path / "fork.jsonl"
+    forked: list[QueryEngine] = []
+
+    @tool
+    async def disk() -> str:
+        """Fork the conversation while this call runs."""
+        loaded = JsonlSession(main).load()
+        assert [r.split(" (")[0] for r in loaded.repairs] == ["added a synthetic result for tool_use 'toolu_0001'"]
+        with JsonlSession(fork_path) as fork:
+            branch = QueryEngine(ScriptedModel(["Forked."]), session=fork, messages=loaded.messages, policies=[])
+            async for _ in branch.run("and then?"):
+                pass
+        forked.append(branch)
+        return "ran"
+
+    with JsonlSession(main) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    (branch,) = forked
+    result = branch.messages[2].content[0]
+    assert isinstance(result, ToolResultBlock) and result.is_error
+    assert JsonlSession(fork_path).load().messages == branch.messages
+    assert JsonlSession(main).load().messages == engine.messages
