@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 import os
+import stat
 import threading
 import weakref
 from typing import TYPE_CHECKING, TypeGuard
@@ -96,17 +97,18 @@ def holds_no_records(store: SessionStore | None) -> bool:
 
 def _file_size(store: SessionStore | None) -> int | None:
     """The size of a `JsonlSession`'s file (0 when there is none yet); None for another store,
-    or a file that cannot be read."""
+    a file that cannot be read, or a directory where the file should be."""
     from .sessions import JsonlSession
 
     if not isinstance(store, JsonlSession):
         return None
     try:
-        return store.path.stat().st_size
+        st = store.path.stat()
     except FileNotFoundError:
         return 0
     except OSError:
         return None
+    return None if stat.S_ISDIR(st.st_mode) else st.st_size  # a directory holds no records: it cannot be opened
 
 
 def claim_store(engine: QueryEngine) -> None:

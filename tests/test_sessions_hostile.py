@@ -225,3 +225,22 @@ async def test_a_fork_taken_while_a_tool_runs_sees_the_call_interrupted_and_reco
     assert isinstance(result, ToolResultBlock) and result.is_error
     assert JsonlSession(fork_path).load().messages == branch.messages
     assert JsonlSession(main).load().messages == engine.messages
+
+
+async def test_a_directory_where_the_session_file_should_be_is_an_error_not_a_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory at the session's path was taken for a file that holds a conversation: the
+    engine warned that its first run would write over "the file's conversation"."""
+    path = tmp_path / "s.jsonl"
+    path.mkdir()
+    with JsonlSession(path) as session, caplog.at_level("WARNING", logger="agentloop"):
+        engine = QueryEngine(ScriptedModel(["hi"]), session=session, policies=[])
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        async for _ in engine.run("x"):
+            pass
+    assert engine.messages[-1].text == "hi"
+    assert engine.session_errors and all(f"Is a directory: '{path}'" in e for e in engine.session_errors)
+    assert not any("checkpoint" in e for e in engine.session_errors)
+    with pytest.raises(IsADirectoryError, match="Is a directory"):
+        JsonlSession(path).load()
