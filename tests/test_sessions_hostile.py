@@ -244,3 +244,36 @@ async def test_a_directory_where_the_session_file_should_be_is_an_error_not_a_co
     assert not any("checkpoint" in e for e in engine.session_errors)
     with pytest.raises(IsADirectoryError, match="Is a directory"):
         JsonlSession(path).load()
+
+
+def test_a_line_written_but_for_its_newline_is_cut_at_the_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that stopped one byte short (the disk full before the newline), whose fragment
+    could not be cut at once either, was left at the close: a whole record without its newline,
+    which a load keeps. The append had raised, so the record was counted as lost (a host that
+    appended it again once the disk recovered, in another process, recorded it twice)."""
+    real_write, real_truncate = os.write, os.ftruncate
+    state = {"write": 0, "truncate": 0}
+
+    def write(fd: int, data: Any) -> int:
+        state["write"] += 1
+        if state["write"] == 2:
+            return real_write(fd, bytes(data)[:-1])
+        if state["write"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    def ftruncate(fd: int, length: int) -> None:
+        state["truncate"] += 1
+        if state["truncate"] == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_truncate(fd, length)
+
+    path = tmp_path / "s.jsonl"
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        with pytest.raises(OSError, match="No space left"):
+            session.append_message(Message.user("two"))
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["one"] and loaded.warnings == []

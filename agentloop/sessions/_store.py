@@ -363,12 +363,17 @@ class JsonlSession:
                 raise
 
     def _drop_uncommitted(self, fd: int) -> None:
-        """Before the file is closed: cut the line of an append whose sync failed, if it is
-        still there (the lock held)."""
+        """Before the file is closed: cut the line of an append whose sync failed, and the part
+        of one whose write failed, if they are still there (the lock held). Either append raised:
+        its record must not be in the file (a part all but its newline would load as whole)."""
         if self._cut_to is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._cut_to)
             self._cut_to = None
+        if self._torn:
+            with contextlib.suppress(OSError):
+                cut_torn_tail(fd, self.path)
+            self._torn = False
 
     def _open(self, *, exclusive: bool = False) -> int:
         if self._closed:
