@@ -72,7 +72,9 @@ class JsonlSession:
     A session is safe to append to from several threads. While its file is open for
     appending (from `acquire` or the first append until `close` or `release`) no other
     session, in this process or another, can open it for appending: they get
-    `SessionLockedError`.
+    `SessionLockedError`. An append finding the file deleted, moved or replaced (a rename
+    over it) since it was opened raises OSError (``ESTALE``), writing nothing; the next
+    append opens the file at the path again. An OSError raised names the file.
     """
 
     def __init__(
