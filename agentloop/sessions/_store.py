@@ -72,9 +72,9 @@ class JsonlSession:
     A session is safe to append to from several threads. While its file is open for
     appending (from `acquire` or the first append until `close` or `release`) no other
     session, in this process or another, can open it for appending: they get
-    `SessionLockedError`. An append finding the file deleted, moved or replaced (a rename
-    over it) since it was opened raises OSError (``ESTALE``), writing nothing; the next
-    append opens the file at the path again. An OSError raised names the file.
+    `SessionLockedError`. An append finding the file deleted, or replaced by a rename over
+    it, since it was opened raises OSError (``ESTALE``), writing nothing; the next append
+    opens the file at the path again. An OSError raised names the file.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class JsonlSession:
         self.fsync_every = fsync_every
         self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
-        self._identity: tuple[int, int] | None = None  # (device, inode) of the open regular file
+        self._regular = False  # the open file is a regular file (not a device, a pipe)
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
@@ -197,7 +197,7 @@ class JsonlSession:
                 if self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
-                self._fd = self._identity = None
+                self._fd = None
                 _OPEN.discard(self)
                 os.close(fd)
 
@@ -233,7 +233,7 @@ class JsonlSession:
         child: the thread lock, maybe held by another thread when it forked, is made anew.
         """
         self._lock = threading.Lock()
-        fd, self._fd, self._identity = self._fd, None, None
+        fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -278,50 +278,44 @@ class JsonlSession:
 
     def _append(self, line: str) -> None:
         data = encode_line(line)
-        with self._lock, self._naming_file():
-            fd = self._open()
-            if not self._still_named():
-                self._drop_stale_file(fd)
-            if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
-                cut_torn_tail(fd, self.path, keep_whole=True)
-                self._tail_unchecked = False
-            if self._torn:
-                cut_torn_tail(fd, self.path)
-                self._torn = False
-            if self._cut_to is not None:
-                os.ftruncate(fd, self._cut_to)
-                self._cut_to = None
-            if self._owed is not None:  # the checkpoint must come before any later record
-                self._write(fd, self._owed)
-                self._owed = None
-            self._write(fd, data)
+        with self._lock:
+            try:
+                self._append_locked(data)
+            except OSError as exc:
+                _name_file(exc, self.path)
+                raise
+
+    def _append_locked(self, data: bytes) -> None:
+        fd = self._open()
+        if self._regular and os.fstat(fd).st_nlink == 0:  # deleted, or replaced by a rename over it
+            self._drop_stale_file(fd)
+        if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
+            cut_torn_tail(fd, self.path, keep_whole=True)
+            self._tail_unchecked = False
+        if self._torn:
+            cut_torn_tail(fd, self.path)
+            self._torn = False
+        if self._cut_to is not None:
+            os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
+        if self._owed is not None:  # the checkpoint must come before any later record
+            self._write(fd, self._owed)
+            self._owed = None
+        self._write(fd, data)
 
     @contextlib.contextmanager
     def _naming_file(self) -> Iterator[None]:
-        """An OSError raised inside names this session's file, if it names none (a failed
-        ``write`` or ``fsync`` says only "No space left on device")."""
+        """An OSError raised inside names this session's file (see `_name_file`)."""
         try:
             yield
         except OSError as exc:
-            if exc.filename is None and not isinstance(exc, SessionLockedError):  # it says whose
-                exc.filename = str(self.path)
+            _name_file(exc, self.path)
             raise
-
-    def _still_named(self) -> bool:
-        """Whether the path still names the file open for appending (the lock held): not
-        deleted, moved away or replaced by a rename over it since it was opened."""
-        if self._identity is None:
-            return True
-        try:
-            st = os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        return (st.st_dev, st.st_ino) == self._identity
 
     def _drop_stale_file(self, fd: int) -> None:
         """Close a file the path no longer names (the lock held), and refuse the append: a
         record written there would be lost. The next append opens the file at the path."""
-        self._fd = self._identity = self._cut_to = None
+        self._fd = self._cut_to = None
         self._unsynced = 0
         self._torn = self._tail_unchecked = False
         _OPEN.discard(self)
@@ -329,7 +323,7 @@ class JsonlSession:
             os.close(fd)
         raise OSError(
             errno.ESTALE,
-            "the session file was deleted, moved or replaced since this session opened it: this "
+            "the session file was deleted, or replaced by another, since this session opened it: this "
             "record is not written, and the next append opens (or creates) the file at this path",
             str(self.path),
         )
@@ -392,9 +386,8 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
-            st = os.fstat(fd)
             # A file, not a device: watched so that one deleted or replaced under it is noticed.
-            self._identity = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+            self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
             _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
@@ -465,6 +458,13 @@ class JsonlSession:
                 log.warning("%s", warning)
                 loaded.warnings.append(warning)
         return session, loaded
+
+
+def _name_file(exc: OSError, path: Path) -> None:
+    """Make ``exc`` name ``path`` if it names no file: a failed ``write`` or ``fsync`` says only
+    "No space left on device". A `SessionLockedError` says whose lock it met itself."""
+    if exc.filename is None and not isinstance(exc, SessionLockedError):
+        exc.filename = str(path)
 
 
 def default_sidechain_dir(path: Path) -> Path:
