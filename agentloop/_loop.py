@@ -293,3 +293,7 @@ def _judge_results(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock], 
                 st.terminal, st.detail = verdict.reason, verdict.message
         elif isinstance(verdict, Nudge):
             st.nudges.append((name, verdict))
+    if st.terminal is not None and st.signal._reason is not None:
+        # An interrupt that came as the policies judged wins, as in `_before_tools`: the turn
+        # ends with the abort's terminal, notice and hooks.
+        st.terminal, st.detail = abort_terminal(st), None
