@@ -36,7 +36,7 @@ from ._options import (
     tool_map,
 )
 from ._policy import Policy, bind_all
-from ._recording import holds_messages, holds_no_records, holds_records
+from ._recording import holds_messages, holds_no_records, holds_records, record_lost, record_message
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
 from ._tools import PermissionCallback, Tool
@@ -477,16 +477,15 @@ class QueryEngine:
         if self.session is not None:
             assert self._recorded is not None
             self._recorded.append(message)
-            try:
-                self.session.append_message(message)
-            except Exception as exc:
-                self._store_failed(f"a message ({message.role})", exc)
+            record_message(self, message)
 
     def _record_event(self, event: Event) -> None:
         if self.session is not None:
             try:
                 self.session.append_event(event)
             except Exception as exc:
+                if isinstance(exc, OSError):  # the file may be a new one (the old one deleted under it)
+                    record_lost(self)
                 self._store_failed(f"an event ({event.type})", exc)
 
     def _vet_history(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 import os
+import stat
 import threading
 import weakref
 from typing import TYPE_CHECKING, TypeGuard
@@ -29,6 +30,8 @@ __all__ = [
     "holds_messages",
     "holds_no_records",
     "holds_records",
+    "record_lost",
+    "record_message",
     "release_sidechain",
     "release_store",
 ]
@@ -94,17 +97,18 @@ def holds_no_records(store: SessionStore | None) -> bool:
 
 def _file_size(store: SessionStore | None) -> int | None:
     """The size of a `JsonlSession`'s file (0 when there is none yet); None for another store,
-    or a file that cannot be read."""
+    a file that cannot be read, or a directory where the file should be."""
     from .sessions import JsonlSession
 
     if not isinstance(store, JsonlSession):
         return None
     try:
-        return store.path.stat().st_size
+        st = store.path.stat()
     except FileNotFoundError:
         return 0
     except OSError:
         return None
+    return None if stat.S_ISDIR(st.st_mode) else st.st_size  # a directory holds no records: it cannot be opened
 
 
 def claim_store(engine: QueryEngine) -> None:
@@ -196,8 +200,32 @@ def catch_up_session(engine: QueryEngine) -> None:
                 raise TypeError(f"{type(engine.session).__name__} has no append_checkpoint()")
             checkpoint(list(messages))
         except Exception as exc:
+            record_lost(engine)
             engine._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
     engine._recorded = list(messages)
+
+
+def record_message(engine: QueryEngine, message: Message) -> None:
+    """Append ``message``, just committed, to ``engine``'s session. After a record the store
+    failed to write (a full disk, a file deleted under it), the whole transcript is written as a
+    checkpoint instead, so that the file replays to ``engine.messages`` again once it can."""
+    checkpoint = getattr(engine.session, "append_checkpoint", None)
+    if not engine._checkpoint_due or checkpoint is None:
+        _append(engine, message)
+        return
+    engine._checkpoint_due = False
+    try:
+        checkpoint(list(engine.messages))
+    except Exception as exc:
+        record_lost(engine)
+        engine._store_failed(f"a message ({message.role}), with the transcript before it", exc)
+
+
+def record_lost(engine: QueryEngine) -> None:
+    """What ``engine``'s session holds no longer replays to its transcript (a message it failed
+    to append): the next message is written with the whole transcript, if the store can."""
+    if hasattr(engine.session, "append_checkpoint"):
+        engine._checkpoint_due = True
 
 
 def _append(engine: QueryEngine, message: Message) -> None:
@@ -205,6 +233,7 @@ def _append(engine: QueryEngine, message: Message) -> None:
     try:
         engine.session.append_message(message)
     except Exception as exc:
+        record_lost(engine)
         engine._store_failed(f"a message ({message.role})", exc)
 
 

@@ -9,12 +9,14 @@ as the ``fsync`` policy says. The record format is in `_format`, the durable wri
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -70,7 +72,9 @@ class JsonlSession:
     A session is safe to append to from several threads. While its file is open for
     appending (from `acquire` or the first append until `close` or `release`) no other
     session, in this process or another, can open it for appending: they get
-    `SessionLockedError`.
+    `SessionLockedError`. An append finding the file deleted, or replaced by a rename over
+    it, since it was opened raises OSError (``ESTALE``), writing nothing; the next append
+    opens the file at the path again. An OSError raised names the file.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class JsonlSession:
         self.fsync_every = fsync_every
         self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
+        self._regular = False  # the open file is a regular file (not a device, a pipe)
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
@@ -156,7 +161,7 @@ class JsonlSession:
 
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
-        with self._lock:
+        with self._lock, self._naming_file():
             if self._fd is not None and self.fsync != "never" and self._unsynced:
                 self._sync()
 
@@ -183,7 +188,7 @@ class JsonlSession:
         self._close_file()
 
     def _close_file(self) -> None:
-        with self._lock:
+        with self._lock, self._naming_file():
             fd = self._fd
             if fd is None:
                 return
@@ -274,20 +279,54 @@ class JsonlSession:
     def _append(self, line: str) -> None:
         data = encode_line(line)
         with self._lock:
-            fd = self._open()
-            if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
-                cut_torn_tail(fd, self.path, keep_whole=True)
-                self._tail_unchecked = False
-            if self._torn:
-                cut_torn_tail(fd, self.path)
-                self._torn = False
-            if self._cut_to is not None:
-                os.ftruncate(fd, self._cut_to)
-                self._cut_to = None
-            if self._owed is not None:  # the checkpoint must come before any later record
-                self._write(fd, self._owed)
-                self._owed = None
-            self._write(fd, data)
+            try:
+                self._append_locked(data)
+            except OSError as exc:
+                _name_file(exc, self.path)
+                raise
+
+    def _append_locked(self, data: bytes) -> None:
+        fd = self._open()
+        if self._regular and os.fstat(fd).st_nlink == 0:  # deleted, or replaced by a rename over it
+            self._drop_stale_file(fd)
+        if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
+            cut_torn_tail(fd, self.path, keep_whole=True)
+            self._tail_unchecked = False
+        if self._torn:
+            cut_torn_tail(fd, self.path)
+            self._torn = False
+        if self._cut_to is not None:
+            os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
+        if self._owed is not None:  # the checkpoint must come before any later record
+            self._write(fd, self._owed)
+            self._owed = None
+        self._write(fd, data)
+
+    @contextlib.contextmanager
+    def _naming_file(self) -> Iterator[None]:
+        """An OSError raised inside names this session's file (see `_name_file`)."""
+        try:
+            yield
+        except OSError as exc:
+            _name_file(exc, self.path)
+            raise
+
+    def _drop_stale_file(self, fd: int) -> None:
+        """Close a file the path no longer names (the lock held), and refuse the append: a
+        record written there would be lost. The next append opens the file at the path."""
+        self._fd = self._cut_to = None
+        self._unsynced = 0
+        self._torn = self._tail_unchecked = False
+        _OPEN.discard(self)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise OSError(
+            errno.ESTALE,
+            "the session file was deleted, or replaced by another, since this session opened it: this "
+            "record is not written, and the next append opens (or creates) the file at this path",
+            str(self.path),
+        )
 
     def _write(self, fd: int, data: bytes) -> None:
         """Write one whole line (the lock held)."""
@@ -320,12 +359,17 @@ class JsonlSession:
                 raise
 
     def _drop_uncommitted(self, fd: int) -> None:
-        """Before the file is closed: cut the line of an append whose sync failed, if it is
-        still there (the lock held)."""
+        """Before the file is closed: cut the line of an append whose sync failed, and the part
+        of one whose write failed, if they are still there (the lock held). Either append raised:
+        its record must not be in the file (a part all but its newline would load as whole)."""
         if self._cut_to is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._cut_to)
             self._cut_to = None
+        if self._torn:
+            with contextlib.suppress(OSError):
+                cut_torn_tail(fd, self.path)
+            self._torn = False
 
     def _open(self, *, exclusive: bool = False) -> int:
         if self._closed:
@@ -342,6 +386,8 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
+            # A file, not a device: watched so that one deleted or replaced under it is noticed.
+            self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
             _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
@@ -412,6 +458,13 @@ class JsonlSession:
                 log.warning("%s", warning)
                 loaded.warnings.append(warning)
         return session, loaded
+
+
+def _name_file(exc: OSError, path: Path) -> None:
+    """Make ``exc`` name ``path`` if it names no file: a failed ``write`` or ``fsync`` says only
+    "No space left on device". A `SessionLockedError` says whose lock it met itself."""
+    if exc.filename is None and not isinstance(exc, SessionLockedError):
+        exc.filename = str(path)
 
 
 def default_sidechain_dir(path: Path) -> Path:

@@ -1,0 +1,289 @@
+"""JsonlSession when the disk, other processes and users misbehave: a full or read-only disk,
+the file deleted or replaced under a writer, damaged files read back."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    Message,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolResultBlock,
+    tool,
+)
+from agentloop.sessions import JsonlSession
+
+
+def _fail_writes_while(monkeypatch: pytest.MonkeyPatch, full: dict[str, bool], code: int = errno.ENOSPC) -> None:
+    """Every write fails with ``code`` while ``full["on"]`` is set (a full or read-only disk)."""
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if full["on"]:
+            raise OSError(code, os.strerror(code))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def _looking_model() -> ScriptedModel:
+    return ScriptedModel([
+        ScriptedResponse(text="Looking.", tool_calls=[ScriptedToolCall("disk", {})]),
+        ScriptedResponse(text="Again.", tool_calls=[ScriptedToolCall("disk", {})]),
+        "Done.",
+    ])
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EIO])
+async def test_the_file_replays_to_the_engine_messages_once_the_disk_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A message the store failed to append (disk full for a moment) was missing from the file
+    for good: the later appends succeeded, and the file replayed to a transcript with a hole in
+    it (a tool call without its result, repaired into a synthetic error on resume)."""
+    full = {"on": False}
+    calls = 0
+
+    @tool
+    async def disk() -> str:
+        """Fill the disk, then free it."""
+        nonlocal calls
+        calls += 1
+        full["on"] = calls == 1  # the first call's result is lost; the second's is written
+        return f"call {calls}"
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        _fail_writes_while(monkeypatch, full, code)
+        async for _ in engine.run("go"):
+            pass
+    assert engine.messages[-1].text == "Done."
+    # The first call's result and the message after it, while the disk was full.
+    assert len(engine.session_errors) == 2 and all(os.strerror(code) in e for e in engine.session_errors)
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == [] and loaded.repairs == []
+    assert loaded.messages == engine.messages
+
+
+async def test_a_disk_that_stays_full_leaves_the_file_a_whole_earlier_transcript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failure is listed; the file replays to the transcript as it was before the first
+    failure, and the next run after the disk recovers brings it up to date."""
+    full = {"on": False}
+
+    @tool
+    async def disk() -> str:
+        """Fill the disk."""
+        full["on"] = True
+        return "full"
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        _fail_writes_while(monkeypatch, full)
+        async for _ in engine.run("go"):
+            pass
+        before = JsonlSession(path).load()  # the call without its result: repaired as interrupted
+        assert before.messages[:2] == engine.messages[:2] and len(before.messages) == 3
+        assert all("No space left on device" in line for line in engine.session_errors)
+        full["on"] = False
+        engine.model = ScriptedModel(["Still here."])
+        async for _ in engine.run("and now?"):
+            pass
+    assert JsonlSession(path).load().messages == engine.messages
+
+
+def test_an_io_error_names_the_session_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that failed said "[Errno 28] No space left on device" and nothing else: a host
+    with many sessions (and their sidechains) could not tell which file lacked the record."""
+    path = tmp_path / "s.jsonl"
+    full = {"on": False}
+    _fail_writes_while(monkeypatch, full)
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        full["on"] = True
+        with pytest.raises(OSError) as raised:
+            session.append_message(Message.user("two"))
+        full["on"] = False
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_an_append_to_a_file_deleted_or_replaced_under_the_writer_is_refused(
+    tmp_path: Path, how: str
+) -> None:
+    """A session file deleted (or replaced by a rename over it) while a session held it open
+    went on "appending" to the unlinked file: every later record was lost without an error,
+    and the file at the path (if any) held none of them."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        if how == "deleted":
+            path.unlink()
+        else:
+            other = tmp_path / "other.jsonl"
+            other.write_bytes(b"")
+            os.replace(other, path)
+        with pytest.raises(OSError, match="deleted, or replaced") as raised:
+            session.append_message(Message.user("two"))
+        assert raised.value.filename == str(path) and raised.value.errno == errno.ESTALE
+        session.append_message(Message.user("three"))  # at the path again
+    assert [m.text for m in JsonlSession(path).load().messages] == ["three"]
+
+
+def test_a_file_moved_away_under_the_writer_keeps_its_records(tmp_path: Path) -> None:
+    """Not protected, and not lost: a file renamed while open receives the records under its
+    new name (what `mv` of a live session does), as documented."""
+    path, moved = tmp_path / "s.jsonl", tmp_path / "archive.jsonl"
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        path.rename(moved)
+        session.append_message(Message.user("two"))
+    assert not path.exists()
+    assert [m.text for m in JsonlSession(moved).load().messages] == ["one", "two"]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_again(
+    tmp_path: Path, how: str
+) -> None:
+    """The engine learns of it as of any failed append, and its next commit writes the whole
+    transcript as a checkpoint into the file at the path: nothing of the conversation is lost."""
+    path = tmp_path / "s.jsonl"
+    calls = 0
+
+    @tool
+    async def disk() -> str:
+        """Delete (or replace) the session file."""
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            if how == "deleted":
+                path.unlink()
+            else:
+                (tmp_path / "x.jsonl").write_text('{"type":"message","message":{"role":"user","content":"x"}}\n')
+                os.replace(tmp_path / "x.jsonl", path)
+        return f"call {calls}"
+
+    with JsonlSession(path) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    assert len(engine.session_errors) == 1 and "deleted, or replaced" in engine.session_errors[0]
+    loaded = JsonlSession(path).load()
+    assert loaded.warnings == [] and loaded.repairs == []
+    assert loaded.messages == engine.messages
+
+
+def test_a_writer_whose_file_was_replaced_does_not_write_beside_the_new_files_writer(tmp_path: Path) -> None:
+    """The lock is the open file's: a file replaced by a rename over it and resumed by another
+    writer is locked by that one only. The first writer, still holding the old file, appended
+    to it unseen; now it finds the file replaced, and then is refused the new one."""
+    from agentloop.sessions import SessionLockedError
+
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as first:
+        first.append_message(Message.user("one"))
+        (tmp_path / "new.jsonl").write_bytes(b"")
+        os.replace(tmp_path / "new.jsonl", path)
+        second, _ = JsonlSession.resume(path)
+        with second:
+            second.append_message(Message.user("two"))
+            with pytest.raises(OSError, match="replaced"):
+                first.append_message(Message.user("lost"))
+            with pytest.raises(SessionLockedError):
+                first.append_message(Message.user("refused"))
+    assert [m.text for m in JsonlSession(path).load().messages] == ["two"]
+
+
+async def test_a_fork_taken_while_a_tool_runs_sees_the_call_interrupted_and_records_it(tmp_path: Path) -> None:
+    """Forking a file another run is writing: the fork holds the records so far, the call still
+    running there as interrupted, and its own file replays to the fork's transcript."""
+    main, fork_path = tmp_path / "main.jsonl", tmp_path / "fork.jsonl"
+    forked: list[QueryEngine] = []
+
+    @tool
+    async def disk() -> str:
+        """Fork the conversation while this call runs."""
+        loaded = JsonlSession(main).load()
+        assert [r.split(" (")[0] for r in loaded.repairs] == ["added a synthetic result for tool_use 'toolu_0001'"]
+        with JsonlSession(fork_path) as fork:
+            branch = QueryEngine(ScriptedModel(["Forked."]), session=fork, messages=loaded.messages, policies=[])
+            async for _ in branch.run("and then?"):
+                pass
+        forked.append(branch)
+        return "ran"
+
+    with JsonlSession(main) as session:
+        engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
+        async for _ in engine.run("go"):
+            pass
+    (branch,) = forked
+    result = branch.messages[2].content[0]
+    assert isinstance(result, ToolResultBlock) and result.is_error
+    assert JsonlSession(fork_path).load().messages == branch.messages
+    assert JsonlSession(main).load().messages == engine.messages
+
+
+async def test_a_directory_where_the_session_file_should_be_is_an_error_not_a_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory at the session's path was taken for a file that holds a conversation: the
+    engine warned that its first run would write over "the file's conversation"."""
+    path = tmp_path / "s.jsonl"
+    path.mkdir()
+    with JsonlSession(path) as session, caplog.at_level("WARNING", logger="agentloop"):
+        engine = QueryEngine(ScriptedModel(["hi"]), session=session, policies=[])
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        async for _ in engine.run("x"):
+            pass
+    assert engine.messages[-1].text == "hi"
+    assert engine.session_errors and all(f"Is a directory: '{path}'" in e for e in engine.session_errors)
+    assert not any("checkpoint" in e for e in engine.session_errors)
+    with pytest.raises(IsADirectoryError, match="Is a directory"):
+        JsonlSession(path).load()
+
+
+def test_a_line_written_but_for_its_newline_is_cut_at_the_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that stopped one byte short (the disk full before the newline), whose fragment
+    could not be cut at once either, was left at the close: a whole record without its newline,
+    which a load keeps. The append had raised, so the record was counted as lost (a host that
+    appended it again once the disk recovered, in another process, recorded it twice)."""
+    real_write, real_truncate = os.write, os.ftruncate
+    state = {"write": 0, "truncate": 0}
+
+    def write(fd: int, data: Any) -> int:
+        state["write"] += 1
+        if state["write"] == 2:
+            return real_write(fd, bytes(data)[:-1])
+        if state["write"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    def ftruncate(fd: int, length: int) -> None:
+        state["truncate"] += 1
+        if state["truncate"] == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_truncate(fd, length)
+
+    path = tmp_path / "s.jsonl"
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        with pytest.raises(OSError, match="No space left"):
+            session.append_message(Message.user("two"))
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["one"] and loaded.warnings == []
