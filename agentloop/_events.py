@@ -59,7 +59,8 @@ class _Event:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnStarted(_Event):
     """A turn begins: ``prompt`` is the user message that starts it (None when the
-    run resumes a transcript that already ends with a user message). ``ids``: the
+    run goes on from the transcript as it stands, or for the turn of an interjection sent
+    after a completed turn's end). ``ids``: the
     receipts of the queued texts (`send_now`, `follow_up`, `submit`) it starts with.
     ``parent_tool_use_id``: for a subagent's turn run by `delegate_tool`, the id of the
     parent's tool call that runs it (None for a main engine's turn)."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._ending import settle_now
 from ._events import Event
+from ._policy import release
 from ._process import kill_left_in
 from ._recording import release_store
 from ._run import RunState
@@ -128,6 +129,8 @@ def forget_closed_run(engine: QueryEngine, st: RunState) -> None:
     if not (st.closed or st.turn_over):
         settle_now(engine, st)
     st.close()
+    if engine.policies:
+        release(engine.policies, engine)
     engine._state = None
     engine._closing = None
     release_store(engine)

@@ -102,8 +102,17 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     # sets it: a held-back delta costs a test and a decrement of a local (7
                     # bytecodes), not two attribute tests and a read-modify-write of one (15).
                     skip = phase.skip
+                    armed: asyncio.Handle | None = None
                     try:
                         while stream is not None:
+                            if st.signal._reason is not None:  # aborted while the host held an event
+                                # The read is cancelled once it waits, so the model's stream ends
+                                # as on any abort; one that came back without waiting is cut here.
+                                if armed is not None:
+                                    armed.cancel()
+                                    phase.outcome.aborted = True
+                                    break
+                                armed = loop.call_soon(st.cancel_read)
                             task = st.task = current_task(loop)
                             st.cancel_baseline = task.cancelling() if task is not None else 0
                             st.guarding = True
@@ -147,6 +156,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     if phase.outcome.cut is not None:
                                         break
                     finally:
+                        if armed is not None:  # not for a later read's wait
+                            armed.cancel()
                         if stream is not None:
                             await close_stream(stream)
                     for event in phase.conclude():
@@ -282,3 +293,7 @@ def _judge_results(engine: QueryEngine, st: RunState, uses: list[ToolUseBlock], 
                 st.terminal, st.detail = verdict.reason, verdict.message
         elif isinstance(verdict, Nudge):
             st.nudges.append((name, verdict))
+    if st.terminal is not None and st.signal._reason is not None:
+        # An interrupt that came as the policies judged wins, as in `_before_tools`: the turn
+        # ends with the abort's terminal, notice and hooks.
+        st.terminal, st.detail = abort_terminal(st), None

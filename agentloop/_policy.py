@@ -294,8 +294,46 @@ def check_hooks(policy: Policy) -> None:
     _plain_hooks.add(cls)
 
 
-# id(policy) -> the engine it was last bound to (an entry goes with its engine).
-_bound: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+class _ByPolicy:
+    """Something known of each policy, by identity (a policy may define ``__eq__``): its entry
+    goes as the policy is collected, so nothing is kept for policies gone, and a policy made
+    later at a collected one's address is not taken for it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Policy], Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, policy: Policy) -> Any:
+        entry = self._entries.get(id(policy))
+        return entry[1] if entry is not None and entry[0]() is policy else None
+
+    def put(self, policy: Policy, value: Any) -> None:
+        key = id(policy)
+        entry = self._entries.get(key)
+        ref = entry[0] if entry is not None and entry[0]() is policy else weakref.ref(policy, self._forget(key))
+        self._entries[key] = (ref, value)
+
+    def drop(self, policy: Policy) -> None:
+        if self.get(policy) is not None:
+            self._entries.pop(id(policy), None)
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[Policy]], None]:
+        def gone(ref: weakref.ref[Policy]) -> None:  # the entry of a new policy at the address stays
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is ref:
+                self._entries.pop(key, None)
+
+        return gone
+
+
+def _engine_of(ref: weakref.ref[Any] | None) -> Any:
+    return ref() if ref is not None else None
+
+
+# Each policy's engine it was last bound to (weakly: an engine is not kept for its policies).
+_bound = _ByPolicy()
 
 
 def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -> None:
@@ -310,12 +348,13 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
             if strict:
                 raise
             log_failure(engine, "policy %s.bind raised; ignored", policy.name)
-        _bound[id(policy)] = engine
+        _bound.put(policy, weakref.ref(engine))
 
 
-# id(policy) -> the engine whose run holds it now (policies with ``one_engine`` only).
-_holders: dict[int, weakref.ref[Any]] = {}
-_warned: set[int] = set()
+# Each policy's engine whose run holds it now (policies with ``one_engine`` only, weakly), and
+# whether it was warned about.
+_holders = _ByPolicy()
+_warned = _ByPolicy()
 
 
 def claim(policies: Sequence[Policy], engine: object) -> None:
@@ -324,34 +363,27 @@ def claim(policies: Sequence[Policy], engine: object) -> None:
     to every engine would be; its counts would mix both runs. A policy bound to another engine's
     tools since this engine bound it (a list shared by engines with other tools) is bound to
     this engine's again, so its tool classes are this run's."""
-    stale = [p for p in policies if _bound.get(id(p)) is not engine]
+    stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
     if stale:
         bind_all(stale, engine)
     for policy in policies:
         if not policy.one_engine:
             continue
-        key = id(policy)
-        held = _holders.get(key)
-        other = held() if held is not None else None
+        other = _engine_of(_holders.get(policy))
         running = other is not None and other is not engine and getattr(other, "_state", None) is not None
-        if running and key not in _warned:
-            _warned.add(key)
-            try:  # the id may be reused once the policy is gone
-                weakref.finalize(policy, _warned.discard, key)
-            except TypeError:  # __slots__ without __weakref__: the id stays marked
-                pass
+        if running and not _warned.get(policy):
+            _warned.put(policy, True)
             log.warning(
                 "policy %s is used by the runs of two engines at once: it keeps per-run state, so "
                 "each run's counts mix with the other's and neither is judged right; give each "
                 "engine its own (default_policies(), a new instance, or policy.fork())",
                 policy.name,
             )
-        _holders[key] = weakref.ref(engine)
+        _holders.put(policy, weakref.ref(engine))
 
 
 def release(policies: Sequence[Policy], engine: object) -> None:
     """The run of ``engine`` has ended: its policies are free."""
     for policy in policies:
-        held = _holders.get(id(policy))
-        if held is not None and held() is engine:
-            del _holders[id(policy)]
+        if _engine_of(_holders.get(policy)) is engine:
+            _holders.drop(policy)

@@ -309,6 +309,14 @@ class RunState:
             task.cancel()
         self.mailbox.put(ABORTED)
 
+    def cancel_read(self) -> None:
+        """Cancel the loop's read of the model stream, if it waits: for an abort that came while
+        the host held an event, when the hand-over found no read to cancel."""
+        task = self.task
+        if self.guarding and not self._cancel_requested and task is not None and self.signal.aborted:
+            self._cancel_requested = True
+            task.cancel()
+
     async def guarded(self, aw: Awaitable[T]) -> T:
         """Await ``aw`` so that an abort cancels it at once; raises `Aborted` then."""
         if self.signal.aborted:

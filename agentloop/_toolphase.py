@@ -18,7 +18,6 @@ from ._commit import noted, ran_with, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, ToolProgress, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
-from ._hostlog import engine_secrets
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
@@ -82,12 +81,13 @@ class Batch:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.timers: list[asyncio.TimerHandle] = []
         self.updated = runner.updated
-        secrets = engine_secrets(engine)
+        # What the run's signal scrubs its listeners' errors of (`run_controller`): the engine's
+        # credentials, for an abort listener raising in a call on any signal (`run_context`).
+        secrets = st.signal._secrets
         for use in batch:  # ids are unique: commit_response saw to it
             key = use.id
-            # A context each: an abort listener raising in the call, on any signal, is logged
-            # without the engine's credentials (`run_context`).
-            task = self.tasks[key] = st.loop.create_task(runner.call(use), context=run_context(secrets))
+            context = run_context(secrets) if secrets is not None else None  # a context each
+            task = self.tasks[key] = st.loop.create_task(runner.call(use), context=context)
             self.waiting[key] = use
             st.pending_tasks[task] = use
             st.spent_tasks.append(task)

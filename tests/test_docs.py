@@ -2,8 +2,10 @@
 
 Convention (documented in docs/index.md): a block fenced ```python runs as a complete script in a
 fresh interpreter, with warnings as errors, and a comment after a ``print(...)`` is the line it
-prints; a block fenced ```python no-run (it needs a network or an API key) is only compiled. The
-names the docs use, in their prose and in every block, must exist (see the last section).
+prints; a block fenced ```python no-run (it needs a network or an API key) is only compiled. A
+```text block right after a runnable block, introduced by prose that speaks of its ``print``s, is
+lines it prints in that order. The names the docs use, in their prose and in every block, must
+exist (see the last section).
 """
 
 from __future__ import annotations
@@ -36,16 +38,20 @@ import agentloop.testing
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# What a block prints, shown after it: prose that mentions its `print`s, then a ```text block.
+SHOWN = re.compile(r"\n((?:(?!```)[^\n]*\n)*?[^\n]*`print`[^\n]*\n(?:(?!```)[^\n]*\n)*?)```text\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def _blocks() -> list[tuple[str, str, bool]]:
+def _blocks() -> list[tuple[str, str, bool, list[str]]]:
     out = []
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
             info = m.group(1).split()
-            out.append((f"{path.relative_to(ROOT)}:{line}", m.group(2), "no-run" not in info))
+            shown = SHOWN.match(text, m.end())
+            in_order = shown.group(2).splitlines() if shown else []
+            out.append((f"{path.relative_to(ROOT)}:{line}", m.group(2), "no-run" not in info, in_order))
     return out
 
 
@@ -53,14 +59,14 @@ BLOCKS = _blocks()
 
 
 def test_the_docs_have_examples() -> None:
-    runnable = [name for name, _, run in BLOCKS if run]
+    runnable = [name for name, _, run, _ in BLOCKS if run]
     assert any(n.startswith("README.md") for n in runnable)
     for page in ("quickstart", "concepts", "interrupts", "cookbook", "subagents"):
         assert any(n.startswith(f"docs/{page}.md") for n in runnable), page
 
 
-@pytest.mark.parametrize(("where", "code", "runs"), BLOCKS, ids=[b[0] for b in BLOCKS])
-def test_code_block(where: str, code: str, runs: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("where", "code", "runs", "in_order"), BLOCKS, ids=[b[0] for b in BLOCKS])
+def test_code_block(where: str, code: str, runs: bool, in_order: list[str], tmp_path: Path) -> None:
     # A syntax error fails here, runnable or not; a no-run snippet may use top-level await.
     compile(code, where, "exec", flags=0 if runs else ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     if not runs:
@@ -79,6 +85,23 @@ def test_code_block(where: str, code: str, runs: bool, tmp_path: Path) -> None:
         assert any(re.fullmatch(pattern, out.rstrip()) for out in printed), (
             f"{where}, line {line}: the comment says it prints {shown!r}; it printed:\n{proc.stdout[-2000:]}"
         )
+    assert _in_order(in_order, [out.rstrip() for out in printed]), (
+        f"{where}: the page shows it prints, in this order:\n{chr(10).join(in_order)}\nit printed:\n{proc.stdout[-2000:]}"
+    )
+
+
+def _in_order(shown: list[str], printed: list[str]) -> bool:
+    """Each line of ``shown`` is printed, after the one before it."""
+    rest = iter(printed)
+    return all(any(out == line for out in rest) for line in shown)
+
+
+def test_the_printed_order_a_page_shows_is_checked() -> None:
+    assert _in_order(["a", "c"], ["a", "b", "c"])
+    assert not _in_order(["c", "a"], ["a", "b", "c"])
+    assert not _in_order(["a", "a"], ["a", "b"])
+    shown = {where: lines for where, _, _, lines in BLOCKS if lines}
+    assert any(where.startswith("docs/subagents.md") for where in shown), shown
 
 
 def _shown_output(code: str) -> list[tuple[int, str]]:
@@ -447,7 +470,7 @@ def test_every_name_the_docs_use_exists(page: Path) -> None:
             opens = bool(DEFINITION.fullmatch(line[: m.start() + 1])) and (line[0] != "`" or not previous.strip())
             problems += _check_span(m.group(1).strip(), opens) + _check_bare(m.group(1).strip())
         previous = line
-    for where, code, _ in BLOCKS:
+    for where, code, _, _ in BLOCKS:
         if where.startswith(str(page.relative_to(ROOT)) + ":"):
             problems += _code_names(code, where)
     assert not problems, "\n".join(problems)
@@ -485,7 +508,7 @@ def test_the_name_check_catches_stale_names() -> None:
 def test_the_examples_pass_the_async_lint_rules(tmp_path: Path) -> None:
     """A host copies the examples into code its own linter checks: the `shell(command,
     timeout=60)` tool tripped ruff's ASYNC109 (an async function with a ``timeout`` parameter)."""
-    for i, (where, code, _) in enumerate(BLOCKS):
+    for i, (where, code, _, _) in enumerate(BLOCKS):
         (tmp_path / f"block_{i:03d}.py").write_text(f"# {where}\n{code}", encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "ASYNC", "--output-format",
