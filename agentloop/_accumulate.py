@@ -12,6 +12,8 @@ from typing import Any
 
 from ._errors import StreamProtocolError
 from ._events import Event, TextDelta, ThinkingDelta, ToolInputDelta
+from ._jsondepth import deeper_than as _deeper_than
+from ._jsondepth import json_too_deep
 from ._messages import (
     Block,
     Message,
@@ -368,19 +370,6 @@ CUT_BY = {
 MAX_PROVIDER_DEPTH = 100
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests dicts and lists more than ``limit`` levels deep (found without
-    recursion, so any depth is measured)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
-
-
 def _provider_block(part: _Part) -> ProviderBlock:
     """The provider block of ``part``; its data scrubbed of lone surrogates, as model text is."""
     return ProviderBlock(provider=part.name, data=scrub_json(part.data or {}))
@@ -436,6 +425,8 @@ def _json_value(body: str) -> Any:
     Raises `ValueError`, also for JSON nested too deeply to decode (a model stuck
     repeating ``[`` in its arguments), never `RecursionError`."""
     text = body.strip(_JSON_SPACE)
+    if json_too_deep(text):  # the same limit on every Python version
+        raise ValueError("it is nested too deeply to decode")
     try:
         try:
             value, end = _scan_json(text, 0)

@@ -156,13 +156,10 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
                 await run_abort_hooks(engine, st.signal.reason or "consumer_closed")
         await _cancel_tasks(st, grace)
         cleanup, engine._cleanup = engine._cleanup, None
-        if cleanup:  # started by abort hooks (closing a tool server, say), owned by them
+        if cleanup and not st.loop.is_closed():  # started by abort hooks (closing a tool server, say), owned by them
             await asyncio.wait(cleanup, timeout=max(0.0, ends_by - st.loop.time()))
     finally:
-        for task in st.pending_tasks:  # the cleanup was cut short (the host cancelled it again)
-            if not task.done() and not task.cancelling():
-                task.cancel()
-        st.pending_tasks.clear()
+        _cancel_left(st)
         if report:
             _report_to_parent(engine, st)
         if st.deadline_handle is not None:
@@ -179,11 +176,22 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
             closing.set_result(None)
 
 
+def _cancel_left(st: RunState) -> None:
+    """Cancel the calls still running: the cleanup was cut short (the host cancelled it again),
+    or the loop was closed under the run, when nothing can run them again (cancelling one
+    then raises, as its waiter schedules the wake-up on the closed loop)."""
+    if not st.loop.is_closed():
+        for task in st.pending_tasks:
+            if not task.done() and not task.cancelling():
+                task.cancel()
+    st.pending_tasks.clear()
+
+
 async def _cancel_tasks(st: RunState, grace: float) -> None:
     """Give the calls still running what is left of their grace, then cancel them;
     abandon those that swallow the cancellation."""
     pending = {t for t in st.pending_tasks if not t.done()}  # cleared by finish, even if this is cut short
-    if not pending:
+    if not pending or st.loop.is_closed():  # closed under the run: there is no waiting on them
         return
     _, still = await asyncio.wait(pending, timeout=st.grace_left(grace))
     for task in still:

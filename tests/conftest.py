@@ -31,6 +31,10 @@ settings.register_profile(
 )
 settings.load_profile("agentloop")
 
+# AGENTLOOP_TEST_EAGER_TASKS=1 (Python 3.12+): every task a test's loop makes starts eagerly, as
+# under a host's asyncio.eager_task_factory.
+EAGER_TASKS = os.environ.get("AGENTLOOP_TEST_EAGER_TASKS", "") not in {"", "0"}
+
 
 def child_pids() -> set[int]:
     """Live (non-zombie) processes whose parent is this process."""
@@ -80,6 +84,8 @@ def watch_tasks(loop: asyncio.AbstractEventLoop, swallowed: list[asyncio.Task[An
             swallowed.append(task)
 
     def make(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
+        if EAGER_TASKS:
+            kwargs.setdefault("eager_start", True)
         task = asyncio.Task(coro, loop=loop, **kwargs)
         task.add_done_callback(note)
         return task

@@ -104,6 +104,21 @@ def test_a_tool_input_nested_too_deeply_is_an_input_error_never_a_recursion_erro
     assert error is not None and "nested too deeply" in error
 
 
+@pytest.mark.parametrize("inner", ["1", '"\\ud800"'])
+def test_a_tool_input_is_refused_past_the_json_depth_limit_on_every_python(inner: str) -> None:
+    """The limit is the library's, not the interpreter's (3.12 and 3.13 decode far deeper
+    than 3.11): the deepest input allowed decodes, one level more is an input error."""
+    from agentloop._jsondepth import MAX_JSON_DEPTH
+
+    def body(levels: int) -> str:  # the input object is a level of its own
+        return '{"path": ' + "[" * (levels - 1) + inner + "]" * (levels - 1) + "}"
+
+    got, error = _input_of(body(MAX_JSON_DEPTH))
+    assert error is None and str(got["path"]).startswith("[[[")
+    got, error = _input_of(body(MAX_JSON_DEPTH + 1))
+    assert got == {} and error is not None and "nested too deeply" in error
+
+
 def test_usage_adds_and_merges_without_losing_counts() -> None:
     zero, some = Usage(), Usage(3, 4, 1, 2)
     assert not zero and some

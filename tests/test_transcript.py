@@ -265,7 +265,7 @@ def test_repair_logs_only_its_own_changes_when_given_a_list_that_holds_some(capl
 
 
 def test_repair_never_gives_a_call_an_id_that_another_call_only_has_once_scrubbed() -> None:
-    """'\ud800_1' becomes '\ufffd_1' when scrubbed: the second '\ud800' call, renamed, must not get
+    r"""'\ud800_1' becomes '\ufffd_1' when scrubbed: the second '\ud800' call, renamed, must not get
     that id too (a duplicate id in the repaired transcript, which every provider refuses)."""
     msgs = [u(T(text="q")), a(use("\ud800"), use("\ud800_1"), use("\ud800")), u(res("\ud800", "1"), res("\ud800_1", "2"), res("\ud800", "3"))]
     fixed = repair_transcript(msgs)

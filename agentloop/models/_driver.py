@@ -20,6 +20,7 @@ import httpx
 
 from .._abort import AbortSignal
 from .._errors import AbortError, ModelError, ProviderConnectionError, StreamProtocolError
+from .._jsondepth import json_too_deep
 from .._messages import (
     Block,
     Message,
@@ -64,6 +65,8 @@ def loads(text: str) -> Any:
     surrogate escape (``"\\ud83d"`` without its pair) decodes to U+FFFD, never to a
     string that UTF-8 cannot encode (see `agentloop._unicode`).
     """
+    if json_too_deep(text):  # the same limit on every Python version
+        raise ValueError(TOO_DEEP)
     try:
         try:
             value, end = _scan_once(text, 0)

@@ -408,6 +408,16 @@ def test_loads_raises_value_error_for_json_nested_too_deeply(text: str) -> None:
         loads(text)
 
 
+def test_loads_has_one_depth_limit_on_every_python() -> None:
+    from agentloop._jsondepth import MAX_JSON_DEPTH
+    from agentloop.models._driver import loads
+
+    deepest = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert str(loads(deepest)).startswith("[[[")
+    with pytest.raises(ValueError, match="nested too deeply"):
+        loads("[" + deepest + "]")
+
+
 async def test_a_chunk_nested_too_deeply_is_a_retryable_protocol_error() -> None:
     chunk = '{"id": "c", "choices": [], "junk": ' + "[" * 5000 + "]" * 5000 + "}"
     server = MockServer(f"data: {chunk}\n\ndata: [DONE]\n\n".encode())
