@@ -75,19 +75,27 @@ def scrub_error(exc: BaseException, redactor: Redactor) -> bool:
     """Scrub ``redactor``'s secrets out of ``exc`` and every exception chained to it, in place
     (`Redactor.scrub_chain`), an `MCPError`'s ``error`` (its message and data) included.
     Returns False when a secret is still shown."""
+    for current in _chain(exc):
+        if isinstance(current, MCPError):
+            error = current.error
+            message, data = redactor.scrub(error.message), redactor._scrub_json(error.data)
+            current.error = error.model_copy(update={"message": message, "data": data})
+            current.args = (error.code, message, data)
+    return redactor.scrub_chain(exc)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception chained to it (cause or context) or in it (a group's), each once."""
     todo, seen = [exc], set()
     while todo:
         current = todo.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, MCPError):
-            error = current.error
-            message, data = redactor.scrub(error.message), redactor._scrub_json(error.data)
-            current.error = error.model_copy(update={"message": message, "data": data})
-            current.args = (error.code, message, data)
+        yield current
         todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-    return redactor.scrub_chain(exc)
+        if isinstance(current, BaseExceptionGroup):
+            todo += current.exceptions
 
 
 def clip_error(exc: BaseException) -> None:
@@ -95,12 +103,7 @@ def clip_error(exc: BaseException) -> None:
     data when it is text; the text ``args`` of another) to its start and end (`clipped`), in
     place: a server's error text, a connection's, a stderr tail may be megabytes. To be called
     once the secrets are scrubbed: a cut never splits one it could then miss."""
-    todo, seen = [exc], set()
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in _chain(exc):
         if isinstance(current, MCPError):
             error = current.error
             data = clipped(error.data) if isinstance(error.data, str) else error.data
@@ -109,9 +112,6 @@ def clip_error(exc: BaseException) -> None:
                 current.args = (error.code, current.error.message, data)
         elif any(isinstance(a, str) and len(a) > QUOTE_LIMIT for a in current.args):
             current.args = tuple(clipped(a) if isinstance(a, str) else a for a in current.args)
-        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-        if isinstance(current, BaseExceptionGroup):
-            todo += current.exceptions
 
 
 def clean_error(exc: BaseException, redactor: Redactor | None) -> bool:
