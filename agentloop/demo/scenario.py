@@ -37,7 +37,6 @@ still waiting for an event while the agent is idle is reported as stuck.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeGuard, get_args
 
 from .._events import Event, TerminalReason, TurnEnded, TurnStarted
+from .._jsondepth import loads
 from .host import Host
 
 __all__ = ["BUILTIN", "Player", "Scenario", "ScenarioError", "Step", "load"]
@@ -104,7 +104,7 @@ def load(source: str) -> Scenario:
     if source == "builtin":
         return parse(BUILTIN)
     try:
-        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        data = loads(Path(source).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"cannot read scenario {source}: {exc}") from None
     return parse(data)

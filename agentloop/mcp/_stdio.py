@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -33,6 +32,7 @@ from mcp import StdioServerParameters, types
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.shared.message import SessionMessage
 
+from .._jsondepth import loads
 from .._process import track, uncancellable, untrack
 from ..models._http import Redactor
 from ._child import ServerChild, spawn
@@ -250,8 +250,8 @@ class Pipes:
 
     def _batch(self, line: bytearray) -> list[SessionMessage]:
         try:
-            items = json.loads(line)
-        except ValueError:
+            items = loads(line)
+        except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
             items = None
         messages: list[SessionMessage] = []
         for item in items if isinstance(items, list) else ():

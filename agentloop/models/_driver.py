@@ -20,7 +20,7 @@ import httpx
 
 from .._abort import AbortSignal
 from .._errors import AbortError, ModelError, ProviderConnectionError, StreamProtocolError
-from .._jsondepth import json_too_deep
+from .._jsondepth import TOO_DEEP, json_too_deep
 from .._messages import (
     Block,
     Message,
@@ -61,7 +61,7 @@ def loads(text: str) -> Any:
     (it skips the whitespace handling that SSE data payloads never need).
 
     Raises `ValueError` (`json.JSONDecodeError`) for invalid JSON, and for JSON nested
-    too deeply to decode (never `RecursionError`). A lone UTF-16
+    more than `MAX_JSON_DEPTH` levels (never `RecursionError`). A lone UTF-16
     surrogate escape (``"\\ud83d"`` without its pair) decodes to U+FFFD, never to a
     string that UTF-8 cannot encode (see `agentloop._unicode`).
     """
@@ -80,9 +80,6 @@ def loads(text: str) -> Any:
         raise ValueError(TOO_DEEP) from None
     return value
 
-
-#: The error for JSON nested deeper than Python can decode (a model stuck repeating ``[``).
-TOO_DEEP = "the JSON is nested too deeply to decode"
 
 
 def count_tokens(value: Any, old: int = 0) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
+from .._jsondepth import TOO_DEEP, check_depth
 from .._messages import Message, holds_iterator, jsonable
 from .._unicode import has_surrogates
 
@@ -159,10 +160,13 @@ def loads_non_finite(line: bytes) -> Any:
     # As json.loads does with bytes: UTF-8 (or the UTF-16/32 a BOM or NUL bytes show), with
     # surrogates kept for the repair to join or replace.
     text = line.decode(json.detect_encoding(line), "surrogatepass")
+    check_depth(text)  # the same limit on every Python version
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError:
         raise
+    except RecursionError:  # unreachable past the check: kept as the same error all the same
+        raise ValueError(TOO_DEEP) from None
     except ValueError:  # not a syntax error: an integer of more digits than int() converts
         return _LONG_INT_DECODER.decode(text)
 

@@ -10,7 +10,6 @@ transport failure, or an `OSError` of a host's own transport, becomes `ProviderC
 from __future__ import annotations
 
 import itertools
-import json
 import ssl
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from ..._errors import (
     ProviderStatusError,
     StreamProtocolError,
 )
+from ..._jsondepth import TOO_DEEP, loads
 from .._errbody import clipped, decode_body, is_page, page_text
 from .._unpack import MissingDecoder, unpacker
 from ._abortable import abortable
@@ -110,8 +110,8 @@ def status_error(
     if secret is not None:
         text = secret.scrub(text)
     try:
-        body: Any = json.loads(text) if text else None
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
+        body: Any = loads(text) if text else None
+    except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
         body = text
     message, kind = error_fields(body)
     if message is None:
@@ -161,13 +161,12 @@ def document_error(
     if secret is not None:
         text = secret.scrub(text)
     try:
-        body = json.loads(text)
-    except ValueError:
-        return None
-    except RecursionError:  # JSON nested deeper than Python decodes: no error body, no response
-        return StreamProtocolError(
-            f"{provider} answered with a JSON document nested too deeply to decode, not an event stream"
-        )
+        body = loads(text)
+    except ValueError as exc:
+        if str(exc) != TOO_DEEP:
+            return None
+        # no error body, no response
+        return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
     if isinstance(body, dict) and body.get("error"):
         error = status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
         if "x-should-retry" not in headers and not isinstance(error, PromptTooLongError):

@@ -8,10 +8,10 @@ and ids are fitted to the 40 characters the API takes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ..._jsondepth import loads
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest, ToolSpec
 from ..._tools import safe_name
@@ -147,8 +147,8 @@ def _kept(blocks: Sequence[Any], server: _Server) -> tuple[dict[str, Any], list[
     for b in blocks:
         if isinstance(b, ThinkingBlock) and b.signature.startswith(_KEPT_PREFIXES):
             try:
-                kept = json.loads(b.signature)
-            except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
+                kept = loads(b.signature)
+            except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
                 continue
             if not isinstance(kept, dict) or not server.made(b, kept):
                 continue

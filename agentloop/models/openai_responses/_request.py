@@ -10,9 +10,9 @@ one's).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ..._jsondepth import loads
 from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
@@ -100,8 +100,8 @@ def _reasoning_item(block: ThinkingBlock, stored: bool, origin: str | None) -> d
     if origin is not None and block.origin is not None and block.origin != origin:
         return None  # another Responses server's (one of unknown origin goes as before)
     try:
-        saved = json.loads(block.signature)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
+        saved = loads(block.signature)
+    except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
         return None
     if not isinstance(saved, dict) or not isinstance(saved.get("id"), str):
         return None
