@@ -12,7 +12,7 @@ from typing import Any
 
 from ._errors import StreamProtocolError
 from ._events import Event, TextDelta, ThinkingDelta, ToolInputDelta
-from ._jsondepth import MAX_JSON_DEPTH, json_too_deep
+from ._jsondepth import TOO_DEEP, check_depth
 from ._jsondepth import deeper_than as _deeper_than
 from ._messages import (
     Block,
@@ -417,9 +417,6 @@ def _no_constant(name: str) -> Any:
 # What json.loads ends up calling (the C scanner), without its Python wrappers.
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(parse_constant=_no_constant).scan_once  # type: ignore[attr-defined]
 
-#: Why a tool input past `MAX_JSON_DEPTH` levels is refused (a model stuck repeating ``[``).
-_TOO_DEEP = f"it is nested too deeply to decode (more than {MAX_JSON_DEPTH} levels)"
-
 
 def _json_value(body: str) -> Any:
     """``json.loads(body)`` for a str (strict: no NaN or Infinity), minus two layers of
@@ -428,8 +425,7 @@ def _json_value(body: str) -> Any:
     Raises `ValueError`, also for JSON nested too deeply to decode (a model stuck
     repeating ``[`` in its arguments), never `RecursionError`."""
     text = body.strip(_JSON_SPACE)
-    if json_too_deep(text):  # the same limit on every Python version
-        raise ValueError(_TOO_DEEP)
+    check_depth(text)  # the same limit on every Python version
     try:
         try:
             value, end = _scan_json(text, 0)
@@ -440,7 +436,7 @@ def _json_value(body: str) -> Any:
         if json_escapes_surrogate(body):
             value = scrub_json(value)
     except RecursionError:
-        raise ValueError(_TOO_DEEP) from None
+        raise ValueError(TOO_DEEP) from None
     return value
 
 

@@ -179,7 +179,6 @@ class RepetitionDetector:
         self._far_needle = max(_FAR_NEEDLE, anchor)
         self._near = max(_NEAR, self._far_needle)
         self._split_from = self._near + self._far_needle  # a shorter buffer has no far distances
-        self._wide = _WIDE
         self.reset()
 
     def reset(self) -> None:
@@ -249,7 +248,7 @@ class RepetitionDetector:
         e = last - self._base
         reach = self._reach[((cp // step - 1) ^ (last // step)).bit_length()]
         a = e - self._k  # the anchor is buf[a:e]
-        if reach <= self._wide or e <= self._split_from:
+        if reach <= _WIDE or e <= self._split_from:
             # One search with the anchor over the whole reach: where it does not recur, neither
             # does the far needle, which ends with it (the usual case: nothing more to do).
             j = buf.rfind(buf[a:e], a - reach if a > reach else 0, e - 1)

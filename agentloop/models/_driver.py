@@ -65,7 +65,7 @@ def loads(text: str) -> Any:
     surrogate escape (``"\\ud83d"`` without its pair) decodes to U+FFFD, never to a
     string that UTF-8 cannot encode (see `agentloop._unicode`).
     """
-    if json_too_deep(text):  # the same limit on every Python version
+    if json_too_deep(text):  # `check_depth`, without a call more per event on the hot path
         raise ValueError(TOO_DEEP)
     try:
         try:
