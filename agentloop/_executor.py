@@ -21,6 +21,7 @@ from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
+from ._subagent import main_engine
 from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
 from ._transcript import lineage_credentials, redacted
 
@@ -428,9 +429,7 @@ def stop_for_ctrl_c(engine: QueryEngine) -> None:
     """A KeyboardInterrupt raised in a call's own code (a tool, a permission prompt): Ctrl-C, for
     the whole run. It goes on out of the event loop; a loop that runs again afterwards (a
     notebook's next cell) finds the run stopped, as ``interrupt()`` stops it, not going on."""
-    while engine.parent is not None:
-        engine = engine.parent
-    engine.interrupt("cancel")
+    main_engine(engine).interrupt("cancel")
 
 
 def loop_gone() -> bool:

@@ -196,6 +196,13 @@ def _depth(engine: QueryEngine) -> int:
     return depth
 
 
+def main_engine(engine: QueryEngine) -> QueryEngine:
+    """The engine at the top of ``engine``'s tree (itself, for a main engine)."""
+    while engine.parent is not None:
+        engine = engine.parent
+    return engine
+
+
 # Per main engine: the last number given to each prefix (an engine going away takes its numbers).
 _numbers: WeakKeyDictionary[QueryEngine, dict[str, int]] = WeakKeyDictionary()
 
@@ -203,10 +210,7 @@ _numbers: WeakKeyDictionary[QueryEngine, dict[str, int]] = WeakKeyDictionary()
 def _new_agent_id(engine: QueryEngine, prefix: str, *, reserve: bool) -> str:
     """The next id of ``prefix`` under ``engine``'s main engine whose sidechain file is free;
     with ``reserve``, the file is created (and held) as the id is taken."""
-    root = engine
-    while root.parent is not None:
-        root = root.parent
-    numbers = _numbers.setdefault(root, {})
+    numbers = _numbers.setdefault(main_engine(engine), {})
     n = numbers.get(prefix, 0)
     while True:
         n += 1
