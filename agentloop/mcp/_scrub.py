@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from .._cmdline import hidden_values, shown_args
 from ..models._errbody import QUOTE_LIMIT, clipped
 from ..models._http import Redactor, credential_parts, is_credential
-from ..models._http._secrets import URL_LOGS, url_credentials
+from ..models._http._secrets import URL_LOGS, exception_tree, url_credentials
 
 _MARK = "[REDACTED]"
 
@@ -75,7 +75,7 @@ def scrub_error(exc: BaseException, redactor: Redactor) -> bool:
     """Scrub ``redactor``'s secrets out of ``exc`` and every exception chained to it, in place
     (`Redactor.scrub_chain`), an `MCPError`'s ``error`` (its message and data) included.
     Returns False when a secret is still shown."""
-    for current in _chain(exc):
+    for current in exception_tree(exc):
         if isinstance(current, MCPError):
             error = current.error
             message, data = redactor.scrub(error.message), redactor._scrub_json(error.data)
@@ -84,26 +84,12 @@ def scrub_error(exc: BaseException, redactor: Redactor) -> bool:
     return redactor.scrub_chain(exc)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and every exception chained to it (cause or context) or in it (a group's), each once."""
-    todo, seen = [exc], set()
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-        if isinstance(current, BaseExceptionGroup):
-            todo += current.exceptions
-
-
 def clip_error(exc: BaseException) -> None:
     """Cut what ``exc`` and every exception chained to it quote (an `MCPError`'s message, and its
     data when it is text; the text ``args`` of another) to its start and end (`clipped`), in
     place: a server's error text, a connection's, a stderr tail may be megabytes. To be called
     once the secrets are scrubbed: a cut never splits one it could then miss."""
-    for current in _chain(exc):
+    for current in exception_tree(exc):
         if isinstance(current, MCPError):
             error = current.error
             data = clipped(error.data) if isinstance(error.data, str) else error.data

@@ -53,7 +53,14 @@ async def _error(status: int, body: _Body, headers: dict[str, str], *, anthropic
 _JSON = {"content-type": "application/json"}
 
 
-@pytest.mark.parametrize("fail", [httpx.ReadError("connection reset"), httpx.RemoteProtocolError("peer closed")])
+@pytest.mark.parametrize(
+    "fail",
+    [
+        httpx.ReadError("connection reset"),
+        httpx.RemoteProtocolError("peer closed"),
+        ConnectionResetError(104, "Connection reset by peer"),  # a host's own transport (aiohttp, a proxy)
+    ],
+)
 async def test_an_error_body_cut_short_keeps_its_status(fail: Exception) -> None:
     # A 401 whose body the connection lost mid-way was a retryable "connection failed": the key
     # was asked about three more times, and the error never said 401.

@@ -25,7 +25,7 @@ from ..._errors import (
     ProviderStatusError,
     StreamProtocolError,
 )
-from ..._jsondepth import TOO_DEEP, loads
+from ..._jsondepth import TOO_DEEP, json_too_deep, loads
 from .._errbody import clipped, decode_body, is_page, page_text
 from .._unpack import MissingDecoder, unpacker
 from ._abortable import abortable
@@ -160,13 +160,12 @@ def document_error(
     text = decode_body(raw, headers)
     if secret is not None:
         text = secret.scrub(text)
+    if json_too_deep(text):  # no error body, no response
+        return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
     try:
         body = loads(text)
-    except ValueError as exc:
-        if str(exc) != TOO_DEEP:
-            return None
-        # no error body, no response
-        return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
+    except ValueError:
+        return None
     if isinstance(body, dict) and body.get("error"):
         error = status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
         if "x-should-retry" not in headers and not isinstance(error, PromptTooLongError):
@@ -318,7 +317,7 @@ async def error_body(response: httpx.Response, signal: AbortSignal | None = None
                 raw += chunk
                 if len(raw) >= _ERROR_BODY_LIMIT:
                     break
-    except (httpx.RequestError, TimeoutError):
+    except (httpx.RequestError, OSError):  # OSError: a host transport's reset; TimeoutError is one
         pass
     finally:
         aclose = getattr(chunks, "aclose", None)

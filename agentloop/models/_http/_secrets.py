@@ -100,6 +100,22 @@ def shown_forms(value: str) -> set[str]:
     }
 
 
+def exception_tree(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception chained to it (``__cause__``, ``__context__``) or in it (an
+    exception group's members, which a traceback prints with it), each once, in no set order.
+    Each is yielded before its links are read: a caller may change it in place."""
+    todo, seen = [exc], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            todo += current.exceptions
+
+
 class Redactor:
     """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
     out of text and errors; its repr shows none of them."""
@@ -165,32 +181,16 @@ class Redactor:
         traceback shows. Returns False when a secret is still shown (an exception whose str is
         not its args)."""
         clean = True
-        todo: list[BaseException] = [exc]
-        seen: set[int] = set()
-        while todo:
-            current = todo.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
+        for current in exception_tree(exc):
             clean = self._scrub_one(current) and clean
-            todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-            if isinstance(current, BaseExceptionGroup):  # a task group's, printed with its members
-                todo += current.exceptions
         return clean
 
     def make_safe(self, exc: BaseException) -> None:
         """Make what ``exc`` and the exceptions chained to it carry besides their text safe, in
         place (`_scrub_carried`): for an error whose text shows no secret but whose request does
         (a log record's ``exc_info``)."""
-        todo, seen = [exc], set()
-        while todo:
-            current = todo.pop()
-            if id(current) not in seen:
-                seen.add(id(current))
-                self._scrub_carried(current)
-                todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-                if isinstance(current, BaseExceptionGroup):
-                    todo += current.exceptions
+        for current in exception_tree(exc):
+            self._scrub_carried(current)
 
     def _scrub_one(self, exc: BaseException) -> bool:
         """Scrub ``exc``'s string args and notes in place; False when its str still shows a secret."""
