@@ -783,3 +783,34 @@ def test_a_short_summary_is_cut_to_columns_not_characters() -> None:
     assert short("\u4e2d" * 100, 20).endswith("\u2026")
     cut = short("a" + _FAMILY * 10, 9)
     assert cells(cut) <= 9 and not cut.removesuffix("\u2026").endswith("\u200d")
+
+
+def test_a_long_word_is_cut_reading_only_the_end_of_what_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A word without spaces (base64, a minified line) was judged at each character against the
+    whole of it so far: the time grew with the square of its length (80,000 characters took
+    1.3 s to wrap). Each judgement reads a few characters, and the wrapping is unchanged."""
+    from agentloop.demo import screen
+
+    seen: list[int] = []
+    judge = screen._breakable
+
+    def breakable(before: str, ch: str) -> bool:
+        seen.append(len(before))
+        return judge(before, ch)
+
+    monkeypatch.setattr(screen, "_breakable", breakable)
+    word = "x" * 3000 + "\u4e2d\u6587" * 500 + "e\u0301" * 200
+    wrapped = wrap(word, 80)
+    assert max(seen) <= 4 and len(seen) == len(screen.clusters(word)) - 1
+    assert wrapped.replace("\n  ", "").replace("\n", "") == word
+    assert all(cells(row) <= 80 for row in wrapped.split("\n"))
+
+
+def test_shorten_reads_no_further_than_its_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2 MB tool result shown as one short line was cut into characters whole first (1.5 s)."""
+    from agentloop.demo import screen
+
+    text = "abc " * 500_000
+    assert screen.shorten(text, 20) == "abc abc abc abc abc\u2026"
+    monkeypatch.setattr(screen, "clusters", lambda _text: pytest.fail("shorten cut the whole text"))
+    assert screen.shorten(text, 20) == "abc abc abc abc abc\u2026"

@@ -113,7 +113,7 @@ def shorten(text: str, width: int, mark: str = "\u2026") -> str:
     if _fits(text, width):
         return text
     room, kept = width - cells(mark), []
-    for cluster in clusters(text):
+    for cluster in _each_cluster(text):
         room -= cells(cluster)
         if room < 0:
             break
@@ -195,12 +195,18 @@ def _parts(word: str, room: int) -> list[str]:
     if not units:
         return [word]
     parts = [units[0]]
+    # The end of the current part without its escapes, as far back as `_breakable` reads (its
+    # last character with a width, and the two before the end): not the whole part again for
+    # every character of a long word.
+    before = _ESCAPE.sub("", units[0])
     for unit in units[1:]:
-        plain = _ESCAPE.sub("", parts[-1])
-        if plain and _breakable(plain, _ESCAPE.sub("", unit)[:1]):
+        plain = _ESCAPE.sub("", unit)
+        if before and _breakable(before, plain[:1]):
             parts.append(unit)
+            before = plain
         else:
             parts[-1] += unit
+            before = before[-1:] + plain if any(_cell(c) for c in plain) else before + plain
     if any(cells(_ESCAPE.sub("", part)) > room for part in parts):
         return units
     return parts
@@ -211,20 +217,28 @@ def clusters(text: str) -> list[str]:
     combining marks, variation selectors and zero-width joiners after it (a ZWJ emoji sequence
     is one), a pair of regional indicators (a flag). An escape sequence goes with the character
     after it (with the last one at the end)."""
-    out: list[str] = []
+    return list(_each_cluster(text))
+
+
+def _each_cluster(text: str) -> Iterator[str]:
+    """`clusters`, one at a time: a reader that stops early (`shorten`) cuts no more of a long text."""
+    current: str | None = None
     pending = ""  # escape sequences before the next character
     for match in _TOKEN.finditer(text):
         token = match.group()
         if token.startswith("\x1b") and len(token) > 1:
             pending += token
-        elif out and not pending and _joins(_ESCAPE.sub("", out[-1]), token):
-            out[-1] += token
+        elif current is not None and not pending and _joins(_ESCAPE.sub("", current), token):
+            current += token
         else:
-            out.append(pending + token)
+            if current is not None:
+                yield current
+            current = pending + token
             pending = ""
     if pending:
-        out.append(out.pop() + pending if out else pending)
-    return out
+        current = current + pending if current is not None else pending
+    if current is not None:
+        yield current
 
 
 def _joins(cluster: str, ch: str) -> bool:
