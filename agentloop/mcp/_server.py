@@ -22,6 +22,7 @@ from .._abort import AbortSignal
 from .._cmdline import shown_args
 from .._ending import wait_at_run_end
 from .._errors import AbortError
+from .._process import uncancellable
 from .._tools import Tool, safe_name
 from ..models._errbody import clipped
 from ..models._http import Redactor, check_headers
@@ -273,14 +274,12 @@ class MCPServer:
         """
         self._closed = True
         self._detach()
-        cancelled: asyncio.CancelledError | None = None
+        await uncancellable(self._closed_down())  # a cancel of the caller's: raised once stopped
+
+    async def _closed_down(self) -> None:
+        """Wait until no connection is closing any more (closing one may start another's close)."""
         while pending := {task for task in self._closing if not task.done()}:
-            try:
-                await asyncio.wait(pending)
-            except asyncio.CancelledError as exc:  # the caller's: raised once the server is stopped
-                cancelled = exc
-        if cancelled is not None:
-            raise cancelled
+            await asyncio.wait(pending)
 
     def _detach(self) -> asyncio.Task[None] | None:
         """Take the connection out of use at once (the next call opens a new one) and close
