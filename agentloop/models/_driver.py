@@ -82,6 +82,13 @@ def loads(text: str) -> Any:
 
 
 
+def made_elsewhere(made_by: str | None, origin: str | None) -> bool:
+    """Whether a thinking block made by ``made_by`` (its ``origin``) came from another server
+    than ``origin`` (the one a request goes to): both known, and not the same. Such a block is
+    never sent there: its signature or reasoning id can be checked only where it was made."""
+    return origin is not None and made_by is not None and made_by != origin
+
+
 def count_tokens(value: Any, old: int = 0) -> int:
     """A token count read from a usage object: ``value`` when it is a count (an int, or a
     float with no fraction, above 0), else ``old``. A count of another type (a str, a list)

@@ -99,4 +99,3 @@ class AnthropicModel(HTTPModel):
         )
         body.update(self.extra_body)
         return "/v1/messages", headers, body
-

@@ -25,7 +25,7 @@ from ..._messages import (
 from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._compat import check_tool_names
-from .._driver import Turn, turns
+from .._driver import Turn, made_elsewhere, turns
 
 _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
 
@@ -198,7 +198,7 @@ def _foreign(block: ThinkingBlock | RedactedThinkingBlock, *, origin: str | None
     the signature (an Anthropic signature is base64). Or thinking another server made
     (DeepSeek's Anthropic API, then api.anthropic.com): its ``origin`` is not ``origin``.
     Sent back, either would fail every request with "Invalid `signature` in `thinking` block"."""
-    if origin is not None and block.origin is not None and block.origin != origin:
+    if made_elsewhere(block.origin, origin):
         return True
     return isinstance(block, ThinkingBlock) and block.signature.startswith("{")
 

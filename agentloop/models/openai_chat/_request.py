@@ -16,7 +16,7 @@ from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest, ToolSpec
 from ..._tools import safe_name
 from .._compat import check_tool_names, short_ids, strict_schema
-from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
 #: ``extra_content`` (``{"type": "extra_content", "call": <id>, "extra_content": {...}}``, the
@@ -134,7 +134,7 @@ class _Server(NamedTuple):
         this origin; or, for a block saved before the origin was kept (none recorded), the
         host its JSON names is this host, as then. Unknown on this side: any server did."""
         if block.origin is not None:
-            return self.origin is None or block.origin == self.origin
+            return not made_elsewhere(block.origin, self.origin)
         return self.host is None or kept.get("host") == self.host
 
 

@@ -17,7 +17,7 @@ from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._compat import check_tool_names, strict_schema
-from .._driver import OPENAI_TOOL_CHOICES, dumps_input, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id
 
 
 def build_request(
@@ -97,7 +97,7 @@ def _item(role: str, block: Any, stored: bool, origin: str | None) -> dict[str, 
 
 
 def _reasoning_item(block: ThinkingBlock, stored: bool, origin: str | None) -> dict[str, Any] | None:
-    if origin is not None and block.origin is not None and block.origin != origin:
+    if made_elsewhere(block.origin, origin):
         return None  # another Responses server's (one of unknown origin goes as before)
     try:
         saved = loads(block.signature)
