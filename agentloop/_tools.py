@@ -132,7 +132,8 @@ class Deny:
     message: str
 
 
-PermissionCallback = Callable[[ToolUseBlock, ToolContext], Awaitable[Allow | Deny]]
+# Usually an async def (it may wait for a person); a plain function answering at once is one too.
+PermissionCallback = Callable[[ToolUseBlock, ToolContext], Awaitable[Allow | Deny] | Allow | Deny]
 
 
 class Tool:
