@@ -65,7 +65,7 @@ class TurnStarted(_Event):
     ``parent_tool_use_id``: for a subagent's turn run by `delegate_tool`, the id of the
     parent's tool call that runs it (None for a main engine's turn)."""
 
-    type: ClassVar[str] = "turn_started"
+    type: ClassVar[Literal["turn_started"]] = "turn_started"
     turn: int
     prompt: Message | None = None
     ids: tuple[str, ...] = ()
@@ -74,13 +74,13 @@ class TurnStarted(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TextDelta(_Event):
-    type: ClassVar[str] = "text_delta"
+    type: ClassVar[Literal["text_delta"]] = "text_delta"
     text: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ThinkingDelta(_Event):
-    type: ClassVar[str] = "thinking_delta"
+    type: ClassVar[Literal["thinking_delta"]] = "thinking_delta"
     thinking: str
 
 
@@ -88,7 +88,7 @@ class ThinkingDelta(_Event):
 class ToolInputDelta(_Event):
     """A fragment of a tool call's input JSON as it streams."""
 
-    type: ClassVar[str] = "tool_input_delta"
+    type: ClassVar[Literal["tool_input_delta"]] = "tool_input_delta"
     tool_use_id: str
     name: str
     partial_json: str
@@ -100,7 +100,7 @@ class AssistantMessage(_Event):
     (``stop_reason``: "end_turn", "tool_use", "max_tokens", "refusal", ...). ``usage``: the
     tokens of this response's request alone (its attempt), as the provider reported them."""
 
-    type: ClassVar[str] = "assistant_message"
+    type: ClassVar[Literal["assistant_message"]] = "assistant_message"
     message: Message
     stop_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
@@ -108,7 +108,7 @@ class AssistantMessage(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PermissionRequested(_Event):
-    type: ClassVar[str] = "permission_requested"
+    type: ClassVar[Literal["permission_requested"]] = "permission_requested"
     tool_use: ToolUseBlock
 
 
@@ -121,7 +121,7 @@ class ToolCallStarted(_Event):
     (``Allow(updated_input=...)``), else None; ``input`` is the input it runs with either way.
     """
 
-    type: ClassVar[str] = "tool_call_started"
+    type: ClassVar[Literal["tool_call_started"]] = "tool_call_started"
     #: Properties its JSON (`event_json`, a session's event record) holds too, after the fields.
     _json_properties: ClassVar[tuple[str, ...]] = ("input",)
     tool_use: ToolUseBlock
@@ -143,7 +143,7 @@ class ToolCallFinished(_Event):
     (``updated_input`` is None for a call that never started).
     """
 
-    type: ClassVar[str] = "tool_call_finished"
+    type: ClassVar[Literal["tool_call_finished"]] = "tool_call_finished"
     _json_properties: ClassVar[tuple[str, ...]] = ("input",)
     tool_use: ToolUseBlock
     result: ToolResultBlock
@@ -162,7 +162,7 @@ class ToolProgress(_Event):
     """A running tool's report for the host (``ctx.emit(ToolProgress(...))``): ``text`` to show,
     for the call ``tool_use_id``. Never part of the transcript; the model does not see it."""
 
-    type: ClassVar[str] = "tool_progress"
+    type: ClassVar[Literal["tool_progress"]] = "tool_progress"
     tool_use_id: str
     text: str
 
@@ -171,7 +171,7 @@ class ToolProgress(_Event):
 class InterjectionInjected(_Event):
     """Queued interjections were merged into the transcript (receipt ``ids``)."""
 
-    type: ClassVar[str] = "interjection_injected"
+    type: ClassVar[Literal["interjection_injected"]] = "interjection_injected"
     texts: tuple[str, ...]
     ids: tuple[str, ...] = ()
 
@@ -180,7 +180,7 @@ class InterjectionInjected(_Event):
 class InterjectionDropped(_Event):
     """Queued interjections were not delivered because the run ended (``reason``)."""
 
-    type: ClassVar[str] = "interjection_dropped"
+    type: ClassVar[Literal["interjection_dropped"]] = "interjection_dropped"
     texts: tuple[str, ...]
     ids: tuple[str, ...] = ()
     reason: str = ""
@@ -188,7 +188,7 @@ class InterjectionDropped(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyNudge(_Event):
-    type: ClassVar[str] = "policy_nudge"
+    type: ClassVar[Literal["policy_nudge"]] = "policy_nudge"
     policy: str
     reminder: str
 
@@ -200,7 +200,7 @@ class DoomLoopDetected(_Event):
     (stream cut, attempt discarded, and no resample: the run was aborted as it was cut, or
     its ``usage_limit`` is reached; the `TurnEnded` that follows says which)."""
 
-    type: ClassVar[str] = "doom_loop_detected"
+    type: ClassVar[Literal["doom_loop_detected"]] = "doom_loop_detected"
     signals: tuple[DoomLoopSignal, ...]
     confident: bool
     action: Literal["resample", "warn", "disarmed", "off", "ended"] = "warn"
@@ -209,13 +209,13 @@ class DoomLoopDetected(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resampling(_Event):
-    type: ClassVar[str] = "resampling"
+    type: ClassVar[Literal["resampling"]] = "resampling"
     attempt: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Retrying(_Event):
-    type: ClassVar[str] = "retrying"
+    type: ClassVar[Literal["retrying"]] = "retrying"
     attempt: int
     error: str
     delay: float
@@ -229,7 +229,7 @@ class AttemptDiscarded(_Event):
     failed attempt that streamed nothing but reported tokens is discarded too, with
     0 characters to erase)."""
 
-    type: ClassVar[str] = "attempt_discarded"
+    type: ClassVar[Literal["attempt_discarded"]] = "attempt_discarded"
     attempt: int
     reason: Literal["retry", "resample"]
     text_chars: int = 0
@@ -246,7 +246,7 @@ class TurnEnded(_Event):
     run's token usage so far, its subagents' included; ``aborted_subagents`` lists subagents the abort
     reached, at any depth (a child's own subagents follow it)."""
 
-    type: ClassVar[str] = "turn_ended"
+    type: ClassVar[Literal["turn_ended"]] = "turn_ended"
     reason: TerminalReason
     abort_reason: str | None = None
     error: str | None = None

@@ -417,3 +417,16 @@ def test_api_permission_callback_type_admits_a_plain_function_that_answers_at_on
     assert {Allow, Deny} <= answers
     assert any(typing.get_origin(a) is collections.abc.Awaitable for a in answers)
     assert inspect.signature(QueryEngine).parameters["permission"].annotation == "PermissionCallback | None"
+
+
+def test_api_each_events_type_is_the_literal_its_host_dispatches_on() -> None:
+    """api.md, Event: each event has a ``type`` string, and the recipes dispatch on it
+    (``if event.type == "permission_requested": event.tool_use.id``). The type checker narrows
+    the ``Event`` union by that test only when each ``type`` is declared as its own literal."""
+    import agentloop._events as events_module
+
+    for cls in typing.get_args(Event):
+        declared = typing.get_type_hints(cls, vars(events_module), include_extras=True)["type"]
+        assert typing.get_origin(declared) is typing.ClassVar, cls.__name__
+        (literal,) = typing.get_args(declared)
+        assert typing.get_origin(literal) is typing.Literal and typing.get_args(literal) == (cls.type,), cls.__name__
