@@ -10,6 +10,8 @@ import asyncio
 import collections.abc
 import inspect
 import logging
+import threading
+import time
 import typing
 from collections.abc import AsyncIterator
 
@@ -430,3 +432,58 @@ def test_api_each_events_type_is_the_literal_its_host_dispatches_on() -> None:
         assert typing.get_origin(declared) is typing.ClassVar, cls.__name__
         (literal,) = typing.get_args(declared)
         assert typing.get_origin(literal) is typing.Literal and typing.get_args(literal) == (cls.type,), cls.__name__
+
+
+async def test_tools_work_in_a_thread_ends_at_the_timeout_at_once_and_at_an_abort_by_the_grace() -> None:
+    """quickstart.md, Tools: work handed to ``asyncio.to_thread`` lets a timeout end the call at
+    once; an abort ends it once ``tool_cancel_grace`` has passed, the thread being unable to see
+    the signal."""
+    release = threading.Event()
+
+    @tool(timeout=30)
+    async def crunch() -> str:
+        """Crunch numbers in a thread."""
+        return await asyncio.to_thread(lambda: "done" if release.wait(3600) else "")
+
+    try:
+        with VirtualClock() as clock:
+            model = ScriptedModel([calls("crunch"), "ok", calls("crunch"), "ok"])
+            engine = QueryEngine(model, tools=[crunch], policies=[], tool_cancel_grace=2.0)
+            took: list[float] = []
+            started = 0.0
+            for prompt in ("time out", "abort"):
+                async for event in engine.run(prompt):
+                    if isinstance(event, ToolCallStarted):
+                        started = clock.now
+                        if prompt == "abort":
+                            engine.interrupt()
+                    if event.type == "tool_call_finished":
+                        took.append(clock.now - started)
+                        assert event.result.is_error  # type: ignore[union-attr]
+        assert took == [pytest.approx(30, abs=1e-9), pytest.approx(2.0, abs=1e-9)]
+    finally:
+        release.set()
+
+
+async def test_tools_a_thread_that_checks_the_signal_ends_the_aborted_call_as_it_returns() -> None:
+    """quickstart.md, Tools: a long loop in the thread checks ``ctx.signal.aborted``; the
+    aborted call then ends as soon as it returns, with what it returned, not at the grace."""
+
+    def work(signal: AbortSignal) -> str:
+        while not signal.aborted:
+            time.sleep(0.001)
+        return "stopped at the signal"
+
+    @tool
+    async def crunch(ctx: ToolContext) -> str:
+        """Crunch numbers in a thread."""
+        return await asyncio.to_thread(work, ctx.signal)
+
+    engine = QueryEngine(ScriptedModel([calls("crunch")]), tools=[crunch], policies=[], tool_cancel_grace=3600)
+    async for event in engine.run("abort"):
+        if isinstance(event, ToolCallStarted):
+            engine.interrupt()
+        end = event
+    assert isinstance(end, TurnEnded) and end.reason == "aborted_tools"
+    result = engine.messages[2].tool_results[0]
+    assert (result.text, result.is_error) == ("stopped at the signal", False)
