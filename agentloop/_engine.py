@@ -268,8 +268,10 @@ class QueryEngine:
 
     @property
     def signal(self) -> AbortSignal | None:
-        """The current turn's abort signal (None when idle); a later turn of the run has its own."""
-        return self._state.signal if self._state is not None else None
+        """The current turn's abort signal (None when idle); a later turn of the run has its own.
+        A run the host stopped iterating is none: its cleanup may go on, its signal aborted."""
+        state = self._state
+        return state.signal if state is not None and not state.released else None
 
     def run(self, prompt: str | Message | None = None) -> AsyncGenerator[Event, None]:
         """Run the loop on ``prompt``; iterate the returned object for events.
@@ -308,6 +310,8 @@ class QueryEngine:
             if waiting is not None:
                 waiting.controller.abort(reason)
             state = self._state
+            if state is not None and state.released and self._fresh_run is not None:
+                state = None  # the host stopped iterating that run and made another: that one is current
             if state is not None:
                 controller = state.controller
                 controller.abort(reason)

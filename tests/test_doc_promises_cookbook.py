@@ -378,8 +378,9 @@ async def test_permission_an_updated_input_equal_to_the_models_is_a_plain_allow(
 
 async def test_api_running_is_true_for_a_run_made_and_false_once_its_host_stops_iterating() -> None:
     """api.md, QueryEngine.running: a run made and not begun is running; one the host stopped
-    iterating (a ``break``) is not, and the repr says idle, though its cleanup goes on in the
-    background (here a tool that ignores the abort is cancelled when the grace runs out)."""
+    iterating (a ``break``) is not, the repr says idle and ``signal`` is None, though its cleanup
+    goes on in the background (here a tool that ignores the abort is cancelled when the grace
+    runs out)."""
     cancelled_at: list[float] = []
 
     @tool
@@ -399,10 +400,12 @@ async def test_api_running_is_true_for_a_run_made_and_false_once_its_host_stops_
         assert engine.running and "running" in repr(engine)
         async for event in run:
             if isinstance(event, ToolCallStarted):
+                assert engine.signal is not None and not engine.signal.aborted
                 break
         del run  # dropped, as a loop over engine.run(...) drops it: its cleanup goes to the background
         stopped_at = clock.now
         assert not engine.running and "idle" in repr(engine)
+        assert engine.signal is None  # api.md, QueryEngine.signal: None when idle
         assert validate_transcript(engine.messages) == []
         await asyncio.sleep(6)
     assert [t - stopped_at for t in cancelled_at] == [pytest.approx(5, abs=1e-9)]
@@ -487,3 +490,27 @@ async def test_tools_a_thread_that_checks_the_signal_ends_the_aborted_call_as_it
     assert isinstance(end, TurnEnded) and end.reason == "aborted_tools"
     result = engine.messages[2].tool_results[0]
     assert (result.text, result.is_error) == ("stopped at the signal", False)
+
+
+async def test_api_an_interrupt_stops_a_run_made_while_the_last_one_still_cleans_up() -> None:
+    """api.md, QueryEngine.run: a ``run()`` started right after a ``break`` waits for the last
+    run's cleanup, and ``interrupt()`` meanwhile stops it, as it stops a run made and not iterated
+    yet: also when the interrupt comes before the new run's first step (a web host's stop that
+    arrives before the task it made the run for has begun)."""
+    with VirtualClock():
+        model = ScriptedModel([calls("deaf"), "the next answer"])
+        engine = QueryEngine(model, tools=[deaf], policies=[], tool_cancel_grace=5)
+        async for event in engine.run("go"):
+            if isinstance(event, ToolCallStarted):
+                break  # the deaf call's cleanup goes on for the grace
+        hooked: list[str] = []
+        engine.on_abort(hooked.append)
+        run = engine.run("next")
+        assert engine.running
+        engine.interrupt("stop")
+        events = await collect(run)
+    end = turn_ended(events)
+    assert (end.reason, end.abort_reason) == ("aborted_streaming", "stop")
+    assert model.request_count == 1 and hooked == ["consumer_closed", "stop"]  # the last run's, then its own
+    assert [m.kind for m in engine.messages[-2:]] == [None, "interrupt_notice"]
+    assert engine.messages[-2].text == "next" and validate_transcript(engine.messages) == []
