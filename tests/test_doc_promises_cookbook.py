@@ -9,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import inspect
+import json
 import logging
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import typing
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +44,8 @@ from agentloop import (
     tool,
     validate_transcript,
 )
+from agentloop.demo import scenario
+from agentloop.demo.scenario import ScenarioError
 from agentloop.models import StreamEnd, StreamEvent, StreamText, StreamUsage
 from agentloop.testing import collect, turn_ended
 from tests.helpers import VirtualClock
@@ -514,3 +522,21 @@ async def test_api_an_interrupt_stops_a_run_made_while_the_last_one_still_cleans
     assert model.request_count == 1 and hooked == ["consumer_closed", "stop"]  # the last run's, then its own
     assert [m.kind for m in engine.messages[-2:]] == [None, "interrupt_notice"]
     assert engine.messages[-2].text == "next" and validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("typo", [{"step": [{"on": "text_delta", "do": "interrupt"}]}, {"promt": "Fix it"}, {"timout": 5}])
+def test_headless_a_scenario_with_a_key_it_does_not_know_is_a_usage_error(typo: dict[str, object], tmp_path: Path) -> None:
+    """cookbook.md, A headless job: ``python -m agentloop demo --script FILE`` exits 2 for a file
+    that is not a scenario. An object with a key a scenario does not have (``"step"`` for
+    ``"steps"``) is none: played, it would do nothing that it says and exit 0, as a step with an
+    unknown key is refused."""
+    script = tmp_path / "scenario.json"
+    script.write_text(json.dumps({"prompt": "Fix the failing test in utils.py", **typo}), encoding="utf-8")
+    with pytest.raises(ScenarioError, match=re.escape(f"unknown keys {sorted(typo)}")):
+        scenario.load(str(script))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(script)],
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2 and "unknown keys" in proc.stderr and proc.stdout == ""
