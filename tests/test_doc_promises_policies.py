@@ -187,6 +187,34 @@ def test_boundary_cases_are_reported_warned_on_text_and_treated_as_loops_on_thin
     assert on_thinking[0].signals[0].format() == f"tail_repetition:{signal}thinking"
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_threshold": "64"},  # read from a config file
+        {"max_chars": None},
+        {"max_chars": -1},
+        {"every": "4"},
+        {"every": True},
+        {"logprob_run": 0},
+        {"logprob_run": "24"},
+        {"logprob_floor": "-6"},
+        {"logprob_floor": float("nan")},
+    ],
+)
+def test_doom_loop_settings_that_are_not_numbers_are_refused_when_the_policy_is_made(settings: dict[str, Any]) -> None:
+    """Judgement: ``max_threshold``, ``max_chars``, ``every``, ``logprob_run`` and
+    ``logprob_floor``. ``max_threshold="64"`` or ``logprob_floor="-6"`` made every judgement
+    raise, which the engine logs and ignores: no loop was ever resampled."""
+    with pytest.raises((TypeError, ValueError), match=next(iter(settings))):
+        ConservativeDoomLoopPolicy(**settings)
+
+
+def test_doom_loop_settings_at_their_least_are_accepted() -> None:
+    policy = ConservativeDoomLoopPolicy(0, max_chars=0, every=1, logprob_run=1, logprob_floor=None)
+    assert (policy.max_threshold, policy.max_chars, policy.every, policy.logprob_run) == (0, 0, 1, 1)
+    assert ConservativeDoomLoopPolicy(logprob_floor=-3).logprob_floor == -3
+
+
 DIGITS = str.maketrans("0123456789", "0000000000")
 
 
