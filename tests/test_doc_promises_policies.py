@@ -11,11 +11,15 @@ import pytest
 from agentloop import (
     Event,
     Message,
+    ModelError,
     PolicyNudge,
     QueryEngine,
+    Resampling,
+    Retrying,
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
+    ToolCallStarted,
     ToolResultBlock,
     ToolUseBlock,
     TurnEnded,
@@ -25,6 +29,7 @@ from agentloop import (
 from agentloop.models import StreamEvent, StreamText, StreamThinking
 from agentloop.policies import (
     ConservativeDoomLoopPolicy,
+    EndTurn,
     IdenticalToolCallRun,
     Nudge,
     Policy,
@@ -63,7 +68,7 @@ async def open_file(path: str) -> str:
     return f"contents of {path}"
 
 
-def verdicts(policy: Policy, text: str, channel: str = "text", size: int = 20) -> list[Verdict]:
+def verdicts(policy: Policy, text: str, channel: str = "text", size: int = 20) -> list[Warn | Resample]:
     """What ``policy`` says of ``text`` streamed on ``channel`` in deltas of ``size`` characters."""
     policy.begin_attempt()
     make = StreamText if channel == "text" else StreamThinking
@@ -132,6 +137,79 @@ async def test_a_nudge_due_when_the_turn_is_aborted_or_over_its_usage_limit_is_d
     await collect(engine.run("and now?"))
     assert all("Remember" not in m.text for m in model.requests[-1].messages)
     assert validate_transcript(engine.messages) == []
+
+
+class EndAsInterrupted(Policy):
+    """Ends the turn from ``on_response`` while the host's interrupt lands."""
+
+    engine: QueryEngine | None = None
+
+    def on_response(self, message: Message) -> Verdict | None:
+        if message.tool_uses and self.engine is not None:
+            self.engine.interrupt()
+            return EndTurn("enough", reason="hook_stopped")
+        return None
+
+
+async def test_an_interrupt_that_lands_as_on_response_ends_the_turn_gets_the_interrupts_results() -> None:
+    """How a policy plugs in, EndTurn: the interrupt wins, so the calls the verdict kept from
+    running get the interrupt's results, not "Not run: ..."; the notice is written."""
+    policy = EndAsInterrupted()
+    both = ScriptedResponse(tool_calls=[ScriptedToolCall("shell", {"command": c}) for c in ("make", "make test")])
+    engine = QueryEngine(ScriptedModel([both, "never"]), tools=[shell], policies=[policy])
+    policy.engine = engine
+    end = end_of(await collect(engine.run("build")))
+    assert (end.reason, end.abort_reason, end.detail) == ("aborted_tools", "cancel", None)
+    results = engine.messages[2].tool_results
+    assert [r.text for r in results] == [engine.texts.never_started] * 2 and all(r.is_error for r in results)
+    assert engine.messages[-1].kind == "interrupt_notice"
+    assert validate_transcript(engine.messages) == []
+
+
+class Hooks(Policy):
+    """Writes down the verdict-less hooks."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def begin_turn(self, *, real_user: bool) -> None:
+        self.seen.append(f"turn {real_user}")
+
+    def begin_attempt(self) -> None:
+        self.seen.append("attempt")
+
+
+async def test_begin_turn_is_called_for_what_a_person_wrote_and_begin_attempt_for_every_attempt() -> None:
+    """How a policy plugs in, the hook table: ``begin_turn(real_user=True)`` for a prompt, a
+    send-now text, a follow-up and a user message the host appended; ``False`` for a resume that
+    adds nothing and a message marked synthetic; never for a nudge, a resample reminder or a
+    transport retry, which do call ``begin_attempt``."""
+    hooks = Hooks()
+    loop = ScriptedResponse(thinking="Let me plan.\n" + "I'll do it.\nI'll execute.\n" * 60, chunk=7)
+    script: list[ScriptedResponse | str] = [
+        ScriptedResponse(error=ModelError("reset", retryable=True)), calls("shell", command="make"),
+        calls("shell", command="make"), loop, "built",  # the first run: retry, nudge, resample
+        calls("shell", command="make test"), "sent now", "followed up", "appended", "synthetic", "resumed",
+    ]  # fmt: skip
+    policies = [ConservativeDoomLoopPolicy(), IdenticalToolCallRun(nudge_at=2, end_at=None), hooks]
+    engine = QueryEngine(ScriptedModel(script), tools=[shell], policies=policies, retry_base_delay=0.001)
+    events = await collect(engine.run("build"))
+    assert {PolicyNudge, Retrying, Resampling} <= {type(e) for e in events}
+    assert hooks.seen == ["turn True", *["attempt"] * 5]  # failed, make, make, loop, built
+    hooks.seen.clear()
+    engine.follow_up("and then document it")
+    async for event in engine.run("test it"):
+        if isinstance(event, ToolCallStarted):
+            engine.send_now("stop, ship it as it is")
+    assert hooks.seen == ["turn True", "attempt", "turn True", "attempt", "turn True", "attempt"]
+    hooks.seen.clear()
+    engine.messages.append(Message.user("and now?"))
+    await collect(engine.run())
+    engine.messages.append(Message.user("Continue.", synthetic=True))
+    await collect(engine.run())
+    engine.messages.pop()
+    await collect(engine.run())
+    assert hooks.seen == ["turn True", "attempt", "turn False", "attempt", "turn False", "attempt"]
 
 
 def test_a_bind_that_raises_when_the_engine_is_made_makes_no_engine() -> None:
