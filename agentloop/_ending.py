@@ -193,6 +193,8 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():
             closing.set_result(None)
+        if st.leave is not None:
+            st.leave()
 
 
 def _cancel_left(st: RunState) -> None:
