@@ -124,15 +124,16 @@ async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) ->
 
 def _abort_wins(st: RunState, reason: TerminalReason) -> TerminalReason:
     """The turn's terminal, read once more as its end begins: an abort that came after a policy
-    ended the turn (while the host held the results it kept from running, or from another thread
-    after the verdicts) ends it as with no policy. The results written stay as they are; a
-    response with calls then ends ``aborted_tools``, a whole answer without any ``completed``."""
+    ended the turn on a response with calls (while the host held the results it kept from
+    running, or from another thread after the verdicts) ends it ``aborted_tools``, as with no
+    policy; the results written stay as they are. After a whole answer without calls the abort
+    has nothing to stop, and the policy's terminal (and its detail) stands."""
     if reason not in _POLICY_ENDS or st.signal._reason is None:
         return reason
-    st.detail = None
     response = st.response
     if response is None or not response.tool_uses:
-        return "completed"
+        return reason
+    st.detail = None
     st.phase = "tools"  # its calls' results are in: the abort is one of the tool phase
     return abort_terminal(st)
 

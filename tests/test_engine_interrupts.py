@@ -1154,11 +1154,11 @@ async def test_an_interrupt_after_a_policy_ended_the_turn_on_results_wins(monkey
     assert validate_transcript(engine.messages) == []
 
 
-async def test_an_interrupt_after_a_policy_ended_a_turn_with_no_calls_ends_it_as_without_the_policy(
+async def test_an_interrupt_after_a_policy_ended_a_turn_with_no_calls_leaves_the_policys_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A whole answer with no calls completes its turn when the interrupt comes after it, with
-    or without a policy: the policy's end does not stand either."""
+    """After a whole answer with no calls the abort has nothing to stop: the policy's end, and
+    its detail, stand (as a plain answer is `completed` after such an interrupt)."""
     from agentloop import Policy
     from agentloop._policy import EndTurn
 
@@ -1170,7 +1170,7 @@ async def test_an_interrupt_after_a_policy_ended_a_turn_with_no_calls_ends_it_as
     _interrupt_as_the_turn_ends(engine, monkeypatch)
     end = (await collect(engine, "go"))[-1]
     assert isinstance(end, TurnEnded)
-    assert (end.reason, end.abort_reason, end.detail) == ("completed", None, None)
+    assert (end.reason, end.abort_reason, end.detail) == ("hook_stopped", None, "enough said")
     assert [m.text for m in engine.messages] == ["go", "the answer"]
 
 
