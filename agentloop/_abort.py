@@ -388,6 +388,26 @@ def run_context(secrets: Secrets) -> contextvars.Context:
     return context
 
 
+def enter_run(secrets: Secrets) -> Callable[[], None]:
+    """For the task a run is iterated in (the run's own code: its policy hooks, abort hooks,
+    session store, and the host's code between events): a listener that raises there, on a
+    signal that knows no credentials (the host's own), is logged with ``secrets()`` replaced by
+    ``[REDACTED]``, as in the run's tool calls (`run_context`). Returns what undoes it, once the
+    run is over; a run ended from another task, or one another run entered after it, leaves the
+    task as it is (what it holds is the engine's, weakly)."""
+    token = _run_secrets.set(secrets)
+
+    def leave() -> None:
+        if _run_secrets.get() is not secrets:  # another context, or another run entered since
+            return
+        try:
+            _run_secrets.reset(token)
+        except ValueError:  # the same value, set in another context
+            pass
+
+    return leave
+
+
 def _log_listener_error(fn: Listener, secrets: Secrets | None) -> None:
     if secrets is not None:
         from ._hostlog import log_scrubbed

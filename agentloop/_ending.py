@@ -15,7 +15,7 @@ import contextvars
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from ._commit import interrupt_notice, settle_partial, settle_results, strip_final
+from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
 from ._hostlog import log_failure
 from ._policy import release
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_end"]
 
+
+# The terminals a policy's EndTurn gives: an abort that comes before the turn's end wins over them.
+_POLICY_ENDS = frozenset({"stationarity_ended", "hook_stopped"})
 
 # The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
@@ -79,6 +82,7 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
     st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one
     events: list[Event] = settle_results(engine, st)
+    reason = _abort_wins(st, reason)
     aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
     abort_reason = st.signal.reason if aborted else None
     if aborted and abort_reason is not None:
@@ -116,6 +120,22 @@ async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) ->
     engine._record_event(ended)
     events.append(ended)
     return events
+
+
+def _abort_wins(st: RunState, reason: TerminalReason) -> TerminalReason:
+    """The turn's terminal, read once more as its end begins: an abort that came after a policy
+    ended the turn on a response with calls (while the host held the results it kept from
+    running, or from another thread after the verdicts) ends it ``aborted_tools``, as with no
+    policy; the results written stay as they are. After a whole answer without calls the abort
+    has nothing to stop, and the policy's terminal (and its detail) stands."""
+    if reason not in _POLICY_ENDS or st.signal._reason is None:
+        return reason
+    response = st.response
+    if response is None or not response.tool_uses:
+        return reason
+    st.detail = None
+    st.phase = "tools"  # its calls' results are in: the abort is one of the tool phase
+    return abort_terminal(st)
 
 
 def _report_to_parent(engine: QueryEngine, st: RunState) -> None:
@@ -174,6 +194,8 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
         closing, engine._closing = engine._closing, None
         if closing is not None and not closing.done():
             closing.set_result(None)
+        if st.leave is not None:
+            st.leave()
 
 
 def _cancel_left(st: RunState) -> None:

@@ -300,11 +300,17 @@ class QueryEngine:
     def interrupt(self, reason: str = "cancel") -> None:
         """Abort the current run with ``reason``. Never blocks, never raises.
 
+        The credentials the engine knows (its model's, its ancestors') are replaced by
+        ``[REDACTED]`` in ``reason``, which goes into events, session files and logs.
+
         A run that waits for the last one's cleanup before it begins (started right after the
         host stopped iterating the last one) is the current run: it starts aborted.
         """
         try:
             reason = "cancel" if reason is None else str(reason)  # the host's reason is always a str
+            # The host's text (an error message passed on) may quote the model's key: the reason
+            # reaches the terminal event, the session file, the abort hooks and their logs.
+            reason = self._without_credentials(reason)
             # The waiting run first: it puts its state in place before it stops waiting.
             waiting = self._next_run
             if waiting is not None:
@@ -334,6 +340,14 @@ class QueryEngine:
                     state.controller.abort(reason)
         except Exception:  # a control call must never raise into its caller
             log_failure(self, "interrupt() failed")
+
+    def _without_credentials(self, reason: str) -> str:
+        """``reason`` without the credentials the engine knows; as it is if they cannot be read
+        (a stop must stop, whatever the model's key holder does)."""
+        try:
+            return redacted(reason, lineage_credentials(self))
+        except Exception:
+            return reason
 
     def send_now(self, text: str) -> str:
         """Stop the current turn and start a new one with ``text`` at once.

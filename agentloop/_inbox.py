@@ -56,8 +56,8 @@ class Texts:
 
     def __post_init__(self) -> None:
         """Raises TypeError for a text that is not a str, and ValueError for a blank
-        ``interrupt_notice`` (a user message of its own, which providers refuse blank): either
-        would fail only when written, in the middle of a run."""
+        ``interrupt_notice`` or ``doom_reminder`` (each a user message, or its start, which
+        providers refuse blank): either would fail only when written, in the middle of a run."""
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, str):
@@ -65,6 +65,11 @@ class Texts:
                 raise TypeError(f"Texts.{f.name} takes a str, not {value!r}{hint}")
         if not self.interrupt_notice.strip():
             raise ValueError(f"Texts.interrupt_notice needs text in it: it is a user message of its own{_NO_NOTICE_HINT}")
+        if not self.doom_reminder.strip():
+            raise ValueError(
+                "Texts.doom_reminder needs text in it: it opens the resample's user message, which is "
+                "blank without it when nothing is replayed"
+            )
 
 
 _NO_NOTICE_HINT = "; to write no notice, pass QueryEngine(interrupt_notice=None)"

@@ -67,9 +67,11 @@ class Warn:
 class Resample:
     """Cut the stream now and resample within the doom budget.
 
-    ``reminder`` replaces the engine's default recovery reminder when set. ``replay=False``
-    leaves the cut attempt's text and reasoning out of the reminder (for a policy that cut it
-    for what it said, rather than for a loop the model should see and leave).
+    ``reminder`` replaces the engine's default recovery reminder when set; a blank one stands
+    for the engine's (``None``: the request would end with a blank user message, which providers
+    refuse). ``replay=False`` leaves the cut attempt's text and reasoning out of the reminder
+    (for a policy that cut it for what it said, rather than for a loop the model should see and
+    leave).
     """
 
     signals: tuple[DoomLoopSignal, ...] = ()
@@ -78,7 +80,8 @@ class Resample:
 
     def __post_init__(self) -> None:
         if self.reminder is not None:
-            object.__setattr__(self, "reminder", _text(self.reminder, "Resample reminder"))
+            reminder = _text(self.reminder, "Resample reminder")
+            object.__setattr__(self, "reminder", reminder if reminder.strip() else None)
 
 
 @dataclass(frozen=True, slots=True)

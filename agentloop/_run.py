@@ -137,6 +137,7 @@ class RunState:
         "injected",
         "last_reason",
         "last_results",
+        "leave",
         "loop",
         "mailbox",
         "nudges",
@@ -197,6 +198,8 @@ class RunState:
         self.aborted_subagents: list[str] = []
         self.nudges: list[tuple[str, Nudge]] = []
         self.token: object = None
+        # Undoes what the run set in its task for abort listeners' errors (`enter_run`).
+        self.leave: Callable[[], None] | None = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.expired = False  # the run's deadline has passed: no further turn starts
         self.turn_over = False

@@ -330,6 +330,8 @@ class ToolCallCycle(StationarityPolicy):
 
     def reset(self) -> None:
         self._history: deque[Signature] = deque(maxlen=self.max_period)
+        # The tools each of those responses called: the texts name them whatever `key` returns.
+        self._tools: deque[frozenset[str]] = deque(maxlen=self.max_period)
         # _streak[k]: how many of the latest responses each equal the one k before it, so the
         # tail repeats with period k for _streak[k] + k responses, however long the cycle runs.
         self._streak = [0] * (self.max_period + 1)
@@ -338,6 +340,7 @@ class ToolCallCycle(StationarityPolicy):
     def on_response(self, message: Message) -> Verdict | None:
         if not message.tool_uses:
             self._history.clear()
+            self._tools.clear()
             self._streak = [0] * (self.max_period + 1)
         return None
 
@@ -349,12 +352,13 @@ class ToolCallCycle(StationarityPolicy):
         for k in range(2, self.max_period + 1):
             streak[k] = streak[k] + 1 if len(h) >= k and h[-k] == sig else 0
         h.append(sig)
+        self._tools.append(frozenset(c.name for c in message.tool_uses))
         found = self._cycle()
         if found is None:
             return None
         block, reps = found
         fields = {"period": len(block), "count": reps, "length": reps * len(block)}
-        tools = ", ".join(sorted({str(k[0][0]) for sig in block for k in sig if isinstance(k[0], tuple)}))
+        tools = ", ".join(sorted(frozenset().union(*list(self._tools)[-len(block) :])))
         if self.end_repeats is not None and reps >= self.end_repeats:
             return EndTurn(_say(self, ToolCallCycle, "end_text", tools=tools, **fields))
         # (A, B) and (B, A) are one cycle seen from two places: key on one rotation.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ._abort import AbortController, scrub_listener_errors
+from ._abort import AbortController, enter_run, scrub_listener_errors
 from ._commit import envelope_due, interjection_message, is_paused
 from ._events import InterjectionInjected, TurnStarted
 from ._handle import left_in_another_loop
@@ -151,6 +151,9 @@ def _begin_alone(
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
+    # A listener raising in the run's own task (a policy hook or an abort hook aborting the
+    # host's own signal) is logged without the engine's credentials, as in its tool calls.
+    st.leave = enter_run(engine_secrets(engine))
     return st, starts
 
 

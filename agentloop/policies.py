@@ -17,6 +17,7 @@ detector in `agentloop._detector`; this module is their public home.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,6 +40,7 @@ from ._stationarity import (
     RepeatedErrorResult,
     StationarityPolicy,
     ToolCallCycle,
+    _count,
     canonical_key,
     is_keepalive,
 )
@@ -117,15 +119,15 @@ class DoomLoopPolicy(Policy):
         logprob_run: int = 24,
         every: int = 4,
     ) -> None:
-        if every < 1:
-            raise ValueError("every must be at least 1")
+        every = _count("every", every, 1, optional=False)
+        logprob_run = _count("logprob_run", logprob_run, 1, optional=False)
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
         self.every = every
         self._text = _Channel(self.detectors["text"]) if "text" in self.detectors else None
         self._thinking = _Channel(self.detectors["thinking"]) if "thinking" in self.detectors else None
         self.server_signals = server_signals
-        self.logprob_floor = logprob_floor
+        self.logprob_floor = _floor(logprob_floor)
         self.logprob_run = logprob_run
         self._seen: set[str] = set()
         self._low_runs: dict[str, int] = {}
@@ -297,6 +299,17 @@ class DoomLoopPolicy(Policy):
         return [DoomLoopSignal("low_logprob", event.channel, source="client")]
 
 
+def _floor(value: float | None) -> float | None:
+    """``logprob_floor``, checked: a number (not NaN) or None. Raises TypeError or ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"logprob_floor must be a number or None, not {value!r}")
+    if math.isnan(value):
+        raise ValueError("logprob_floor must be a number, not NaN")
+    return value
+
+
 class _Channel:
     """One channel's detector and the deltas held back from it: its own list, or, when the
     engine taps the policy, the chunks of the block being streamed (``seen`` of them read)."""
@@ -334,8 +347,9 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
 
     def __init__(self, max_threshold: int = 64, *, max_chars: int = 256, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.max_threshold = max_threshold
-        self.max_chars = max_chars
+        # 0: no tail from that source is confident (a period is at least 1).
+        self.max_threshold = _count("max_threshold", max_threshold, 0, optional=False)
+        self.max_chars = _count("max_chars", max_chars, 0, optional=False)
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
         if signal.stopped:

@@ -1089,6 +1089,91 @@ async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reaso
     assert validate_transcript(engine.messages) == []
 
 
+@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
+async def test_an_interrupt_while_the_host_holds_a_call_a_policy_kept_from_running_wins(reason: str) -> None:
+    """A policy ended the turn on a response with calls, whose "Not run" results the host was
+    handling when the user pressed stop: the turn ended with the policy's terminal, no abort
+    reason, no notice, no ``on_abort`` hook. The abort wins now; the results stay as written."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn | None:
+            return EndTurn("the same call again", reason=reason)  # type: ignore[arg-type]
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("never started")
+
+    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    end, hooked = await _interrupted_at(engine, ToolCallFinished)
+    assert (end.reason, end.abort_reason, end.detail) == ("aborted_tools", "cancel", None)
+    assert hooked == ["cancel"]
+    assert results(engine) == ["Not run: the same call again"]
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
+    assert validate_transcript(engine.messages) == []
+
+
+def _interrupt_as_the_turn_ends(engine: QueryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Land ``engine.interrupt()`` as the turn's end begins, after the policies' verdicts: what an
+    interrupt from another thread does at that instant."""
+    from agentloop import _ending
+
+    settle = _ending.settle_results
+
+    def settle_then_interrupt(*args: Any, **kw: Any) -> Any:
+        engine.interrupt()
+        return settle(*args, **kw)
+
+    monkeypatch.setattr(_ending, "settle_results", settle_then_interrupt)
+
+
+async def test_an_interrupt_after_a_policy_ended_the_turn_on_results_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interrupt came after ``on_results`` had ended the turn, before its TurnEnded: the
+    turn ended ``stationarity_ended`` as if nobody had pressed stop."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Enough(Policy):
+        def on_results(self, message: Message, results: Any) -> EndTurn:
+            return EndTurn("polled enough")
+
+    @tool
+    async def t() -> str:
+        return "real"
+
+    engine = QueryEngine(ScriptedModel([calls("t"), "never"]), tools=[t], policies=[Enough()])
+    _interrupt_as_the_turn_ends(engine, monkeypatch)
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason, end.detail) == ("aborted_tools", "cancel", None)
+    assert hooked == ["cancel"] and results(engine) == ["real"]  # the real result stays
+    assert engine.messages[-1].text == TEXTS.interrupt_notice
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_an_interrupt_after_a_policy_ended_a_turn_with_no_calls_leaves_the_policys_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a whole answer with no calls the abort has nothing to stop: the policy's end, and
+    its detail, stand (as a plain answer is `completed` after such an interrupt)."""
+    from agentloop import Policy
+    from agentloop._policy import EndTurn
+
+    class Gate(Policy):
+        def on_response(self, message: Message) -> EndTurn:
+            return EndTurn("enough said", reason="hook_stopped")
+
+    engine = QueryEngine(ScriptedModel(["the answer"]), policies=[Gate()])
+    _interrupt_as_the_turn_ends(engine, monkeypatch)
+    end = (await collect(engine, "go"))[-1]
+    assert isinstance(end, TurnEnded)
+    assert (end.reason, end.abort_reason, end.detail) == ("hook_stopped", None, "enough said")
+    assert [m.text for m in engine.messages] == ["go", "the answer"]
+
+
 async def test_assistant_message_event_says_why_the_model_stopped() -> None:
     @tool
     async def t() -> str:

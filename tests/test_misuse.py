@@ -502,6 +502,7 @@ async def test_a_tool_timeout_that_is_not_a_number_of_seconds_is_refused_when_th
     [
         ({"interrupt_notice": None}, TypeError),  # meant as "no notice": the engine's option does that
         ({"interrupt_notice": "  "}, ValueError),  # a blank user message, refused by the providers
+        ({"doom_reminder": " \n"}, ValueError),  # the resample's user message, blank without a replay
         ({"never_started": 5}, TypeError),
     ],
 )

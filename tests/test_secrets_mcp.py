@@ -21,7 +21,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mcp.shared.exceptions import MCPError
 
-from agentloop import AbortController, AbortSignal, QueryEngine, ToolContext, tool
+from agentloop import (
+    AbortController,
+    AbortSignal,
+    Allow,
+    Message,
+    Policy,
+    QueryEngine,
+    ToolCallStarted,
+    ToolContext,
+    TurnEnded,
+    tool,
+)
 from agentloop._cmdline import shown_args
 from agentloop.mcp import MCPServer
 from agentloop.mcp._scrub import command_line_credentials
@@ -291,3 +302,80 @@ def test_more_command_line_passwords_are_redacted(args: list[str], shown: list[s
 )
 def test_what_only_looks_like_one_of_those_passwords_is_shown(args: list[str]) -> None:
     assert shown_args(tuple(args)) == args
+
+
+class _AbortsTheHosts(Policy):
+    """A policy that aborts the host's own signal as it judges the response (the host wired its
+    stop button to a policy of its own)."""
+
+    def __init__(self, controller: AbortController) -> None:
+        self.controller = controller
+
+    def on_response(self, message: Message) -> None:
+        self.controller.abort("stop")
+
+
+@pytest.mark.parametrize("where", ["policy", "permission", "on_abort"])
+async def test_a_listener_raising_as_the_runs_own_task_aborts_a_hosts_signal_is_scrubbed(where: str) -> None:
+    """A host's own signal, aborted by the run's own task (a policy hook, the permission
+    callback, an abort hook), not in a tool call: its listener that raised was logged with the
+    engine's key in it."""
+    hosts = AbortController()
+    hosts.signal.add_listener(functools.partial(_raise_quoting, "host listener"))
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Stop."""
+        return "stopped"
+
+    def allow(use: Any, ctx: Any) -> Allow:
+        hosts.abort("stop")
+        return Allow()
+
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(
+                OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                tools=[env],
+                policies=[_AbortsTheHosts(hosts)] if where == "policy" else [],
+                permission=allow if where == "permission" else None,
+            )
+            if where == "on_abort":
+                engine.on_abort(lambda reason: hosts.abort(reason))
+            async for event in engine.run("look"):
+                if where == "on_abort" and isinstance(event, ToolCallStarted):
+                    engine.interrupt()
+    assert hosts.signal.aborted
+    quoted = [t for t in records.texts if f"host listener saw Authorization: Bearer {MARK}" in t]
+    assert quoted and "Traceback (most recent call last)" in quoted[0], records.texts
+    assert not [t for t in records.texts if _HOOK_KEY in t], records.texts
+
+
+async def test_an_abort_reason_that_quotes_the_models_key_is_scrubbed_wherever_it_goes() -> None:
+    """A host's reason text (an error message it passed on as the reason) holding the model's key
+    reached the terminal event, the session's events, the abort hooks and what they log."""
+    hooked: list[str] = []
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Wait for the stop."""
+        await ctx.signal.wait()
+        ctx.signal.throw_if_aborted()
+        return "never"
+
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env])
+            engine.on_abort(hooked.append)
+            events = []
+            async for event in engine.run("look"):
+                events.append(event)
+                if isinstance(event, ToolCallStarted):
+                    engine.interrupt(f"the proxy said: bad key {_HOOK_KEY}")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.abort_reason == f"the proxy said: bad key {MARK}"
+    assert hooked == [end.abort_reason]
+    assert not [e for e in events if _HOOK_KEY in repr(e)]
+    assert not [m for m in engine.messages if _HOOK_KEY in m.model_dump_json()]
+    assert not [t for t in records.texts if _HOOK_KEY in t]
+    assert engine.messages[-1].kind == "interrupt_notice"
