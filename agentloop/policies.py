@@ -303,12 +303,17 @@ class DoomLoopPolicy(Policy):
 def _channels(value: Iterable[str]) -> tuple[str, ...]:
     """``channels``, checked: some of "thinking" and "text" (a str alone would be read letter
     by letter, and watch no channel). Raises TypeError or ValueError."""
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise TypeError(f'channels takes a tuple of "thinking" and "text", not {value!r}')
-    names = tuple(value)
-    wrong = [ch for ch in names if ch not in ("thinking", "text")]
-    if wrong:
-        raise ValueError(f'channels takes "thinking" and "text", not {wrong[0]!r}')
+    if value == ("thinking", "text"):  # the default, as it is (no walk: a policy is made per engine)
+        return value
+    try:
+        if isinstance(value, str):
+            raise TypeError
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f'channels takes a tuple of "thinking" and "text", not {value!r}') from None
+    for ch in names:
+        if ch not in ("thinking", "text"):
+            raise ValueError(f'channels takes "thinking" and "text", not {ch!r}')
     return names
 
 
@@ -316,7 +321,9 @@ def _floor(value: float | None) -> float | None:
     """``logprob_floor``, checked: a number (not NaN) or None. Raises TypeError or ValueError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if type(value) is float and value == value:  # the usual case first (not NaN)
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"logprob_floor must be a number or None, not {value!r}")
     if math.isnan(value):
         raise ValueError("logprob_floor must be a number, not NaN")
