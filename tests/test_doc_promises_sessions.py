@@ -211,3 +211,41 @@ async def test_a_grandchilds_lost_record_is_listed_on_every_engine_above_it_with
 
 def calls_task(task: str) -> ScriptedResponse:
     return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": task})])
+
+
+# -- When the host edits the transcript -----------------------------------------------------------
+
+
+def _given() -> list[Message]:
+    return [Message.user("How do I count words?"), Message(role="assistant", content="Use a dict.")]
+
+
+async def test_messages_given_over_a_file_holding_only_a_torn_line_are_written_as_a_checkpoint(tmp_path: Path) -> None:
+    """sessions.md, When the host edits the transcript: ``messages=`` are written as a checkpoint
+    when the file holds no records yet. A file whose only line was torn by a crash (its first
+    append cut short) holds none: the given messages were left out, and the file replayed to
+    the new run's messages alone."""
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"type":"message","mess', encoding="utf-8")
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Or collections.Counter."]), session=session, messages=_given())
+        await collect(engine.run("Shorter?"))
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and len(loaded.messages) == 4
+    assert (loaded.warnings, loaded.repairs, engine.session_errors) == ([], [], [])
+
+
+async def test_a_file_removed_between_runs_gets_the_whole_transcript_again(tmp_path: Path) -> None:
+    """sessions.md: the file replays to the transcript each run starts from. A file removed
+    while the session let it go between runs (``release()``, a clean-up job) is made again by
+    the next run, which wrote its own messages only: the file replayed to half a conversation."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        engine = QueryEngine(ScriptedModel(["Use a dict.", "Or collections.Counter."]), session=session)
+        await collect(engine.run("How do I count words?"))
+        session.release()
+        path.unlink()
+        await collect(engine.run("Shorter?"))
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == engine.messages and len(loaded.messages) == 4
+    assert (loaded.repairs, engine.session_errors) == ([], [])
