@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import re
@@ -227,3 +228,16 @@ async def test_a_cancel_of_the_task_closing_a_server_propagates_once_the_server_
     assert not pid_alive(pid)
     with pytest.raises(RuntimeError, match="closed"):
         await srv.list_tools()
+
+
+def test_the_defaults_the_doc_states() -> None:
+    """mcp.md, Usage: ``max_message_size=64 MiB`` (stdio), ``http_timeout=30.0`` and
+    ``max_event_size=64 MiB`` (HTTP), ``connect_timeout`` 60 s and no prefix for both."""
+    stdio = inspect.signature(MCPServer.stdio).parameters
+    http = inspect.signature(MCPServer.http).parameters
+    assert stdio["args"].default == () and stdio["env"].default is None and stdio["cwd"].default is None
+    assert stdio["max_message_size"].default == 64 * 1024 * 1024
+    assert http["headers"].default is None and http["http_timeout"].default == 30.0
+    assert http["max_event_size"].default == 64 * 1024 * 1024
+    for made in (MCPServer.stdio("uvx", ["mcp-server-git"]), MCPServer.http("https://tools.example.com/mcp")):
+        assert (made.connect_timeout, made.prefix, made.concurrency_safe, made.timeout) == (60.0, "", False, None)

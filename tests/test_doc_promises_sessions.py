@@ -249,3 +249,14 @@ async def test_a_file_removed_between_runs_gets_the_whole_transcript_again(tmp_p
     loaded = JsonlSession(path).load()
     assert loaded.messages == engine.messages and len(loaded.messages) == 4
     assert (loaded.repairs, engine.session_errors) == ([], [])
+
+
+def test_the_fsync_policy_defaults_to_batch_without_a_count(tmp_path: Path) -> None:
+    """sessions.md, fsync policy: ``"batch"`` is the default, syncing every ``fsync_every``
+    appends only if set; `resume` takes the same options."""
+    session = JsonlSession(tmp_path / "s.jsonl")
+    assert (session.fsync, session.fsync_every) == ("batch", None)
+    resumed, _ = JsonlSession.resume(tmp_path / "s.jsonl", fsync="always", fsync_every=None)
+    with resumed:
+        assert resumed.fsync == "always"
+    assert not (tmp_path / "s.jsonl").exists()  # a missing file resumes as an empty session, made by no one
