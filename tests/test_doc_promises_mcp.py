@@ -241,3 +241,15 @@ def test_the_defaults_the_doc_states() -> None:
     assert http["max_event_size"].default == 64 * 1024 * 1024
     for made in (MCPServer.stdio("uvx", ["mcp-server-git"]), MCPServer.http("https://tools.example.com/mcp")):
         assert (made.connect_timeout, made.prefix, made.concurrency_safe, made.timeout) == (60.0, "", False, None)
+
+
+async def test_on_main_abort_called_by_the_host_returns_once_the_server_is_stopped() -> None:
+    """mcp.md, Connection lifetime: called outside an engine's abort hooks, ``on_main_abort``
+    waits for the close itself: when it returns the old server process is gone, and the next
+    call starts a new one."""
+    async with MCPServer.stdio(sys.executable, [RAW_SERVER], connect_timeout=20) as srv:
+        old = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        await srv.on_main_abort("cancel")
+        assert not pid_alive(old)
+        new = int(result_to_block("t", await srv.call_tool("pid", {})).text)
+        assert new != old and pid_alive(new)
