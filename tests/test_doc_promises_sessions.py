@@ -260,3 +260,21 @@ def test_the_fsync_policy_defaults_to_batch_without_a_count(tmp_path: Path) -> N
     with resumed:
         assert resumed.fsync == "always"
     assert not (tmp_path / "s.jsonl").exists()  # a missing file resumes as an empty session, made by no one
+
+
+async def test_engines_taking_turns_on_one_store_continue_one_transcript(tmp_path: Path) -> None:
+    """sessions.md: engines may take turns on one store: a later engine that starts from the
+    transcript the file holds (``messages=`` the last engine's) continues it, no checkpoint
+    needed, and the file replays to the last engine's transcript."""
+    path = tmp_path / "s.jsonl"
+    with JsonlSession(path) as session:
+        first = QueryEngine(ScriptedModel(["Use a dict."]), session=session, policies=[])
+        await collect(first.run("How do I count words?"))
+        second = QueryEngine(
+            ScriptedModel(["Or collections.Counter."]), session=session, messages=first.messages, policies=[]
+        )
+        await collect(second.run("Shorter?"))
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == second.messages and len(loaded.messages) == 4
+    assert b'"type":"checkpoint"' not in path.read_bytes()
+    assert (first.session_errors, second.session_errors, loaded.repairs) == ([], [], [])
