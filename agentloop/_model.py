@@ -93,7 +93,8 @@ class ModelRequest:
 
     ``messages`` is a read-only view of the transcript (plus, on a doom-loop
     resample, the recovery reminder); it is valid for the duration of the call
-    and must not be kept. ``tool_choice`` is "auto", "none", "any" or a tool name.
+    and must not be kept. ``tool_choice`` is "auto", "none", "any" (or OpenAI's word for it,
+    "required") or a tool name.
     ``attempt`` counts transport retries and resamples of the same turn step.
     """
 

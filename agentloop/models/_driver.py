@@ -124,7 +124,7 @@ def excerpt(text: str, limit: int = 200) -> str:
 #: them: "any" is their "required". A tool name is not here: the two name one tool in shapes of
 #: their own (``{"type": "function", "function": {"name": ...}}`` and ``{"type": "function",
 #: "name": ...}``), which each request builder writes.
-OPENAI_TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "none": "none", "any": "required"}
+OPENAI_TOOL_CHOICES: Mapping[str, str] = {"auto": "auto", "none": "none", "any": "required", "required": "required"}
 
 
 def wire_id(tool_id: str, *, max_len: int) -> str:

@@ -507,6 +507,7 @@ async def test_request_shape_and_headers() -> None:
     [
         ("auto", {"type": "auto"}),
         ("any", {"type": "any"}),
+        ("required", {"type": "any"}),  # OpenAI's word, as QueryEngine(tool_choice=...) takes it
         ("none", {"type": "none"}),
         ("f", {"type": "tool", "name": "f"}),
     ],

@@ -468,7 +468,13 @@ async def test_request_shape() -> None:
 
 @pytest.mark.parametrize(
     ("choice", "wire"),
-    [("auto", "auto"), ("none", "none"), ("f", {"type": "function", "function": {"name": "f"}})],
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("any", "required"),
+        ("required", "required"),  # its own word: never taken for a tool's name
+        ("f", {"type": "function", "function": {"name": "f"}}),
+    ],
 )
 async def test_tool_choice(choice: str, wire: Any) -> None:
     server = MockServer(chat_stream(chat_chunk({"content": "x"}, finish="stop")))

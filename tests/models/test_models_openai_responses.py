@@ -777,3 +777,12 @@ async def test_an_incomplete_response_without_its_status_is_still_incomplete(rea
     _, acc = await run_body(body)
     assert acc.stop_reason == stop  # before: tool_use, and the cut call was "not valid JSON"
     assert "incomplete" in (acc.message().tool_uses[0].input_error or "")
+
+
+@pytest.mark.parametrize("choice", ["any", "required"])
+async def test_any_and_required_force_some_tool_never_one_named_required(choice: str) -> None:
+    server = MockServer(sse(CREATED, completed()))
+    async with server.client() as client:
+        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client)
+        await collect(model, request(tool_choice=choice))
+    assert server.body["tool_choice"] == "required"

@@ -27,7 +27,8 @@ from ..._tools import safe_name
 from .._compat import check_tool_names
 from .._driver import Turn, made_elsewhere, turns
 
-_TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "none": {"type": "none"}}
+# "required" is OpenAI's word for "any" (as the engine's ``tool_choice`` takes it): never a tool name.
+_TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "required": {"type": "any"}, "none": {"type": "none"}}
 
 #: The server-tool calls (each answered by a ``*_tool_result`` block of the server's, by ``id``).
 SERVER_CALLS = frozenset({"server_tool_use", "mcp_tool_use"})
