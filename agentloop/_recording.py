@@ -95,6 +95,24 @@ def holds_no_records(store: SessionStore | None) -> bool:
     return _file_size(store) == 0
 
 
+def _emptied(store: SessionStore) -> bool:
+    """True when ``store`` is a `JsonlSession` whose file is missing or a regular file holding
+    nothing, a torn line aside (a device or a pipe, such as ``os.devnull``, keeps nothing by
+    design)."""
+    from .sessions import JsonlSession
+
+    if not isinstance(store, JsonlSession):
+        return False
+    store._settle_tail()  # a torn only line is no record
+    try:
+        st = store.path.stat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
 def _file_size(store: SessionStore | None) -> int | None:
     """The size of a `JsonlSession`'s file (0 when there is none yet); None for another store,
     a file that cannot be read, or a directory where the file should be."""
@@ -186,6 +204,10 @@ def catch_up_session(engine: QueryEngine) -> None:
     recorded = engine._recorded
     if engine.session is None or recorded is None:
         return
+    if recorded and _emptied(engine.session):
+        # The file holds none of what the engine took it to hold: its only line was torn (the
+        # open cut it), or it was removed while released. The transcript goes there whole.
+        engine._checkpoint_due = True
     messages = engine.messages
     due, engine._checkpoint_due = engine._checkpoint_due, False
     if not due and len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):

@@ -131,6 +131,8 @@ def _names(calls: Sequence[ToolUseBlock]) -> str:
 def _count(name: str, value: Any, least: int, *, optional: bool = True) -> Any:
     """``value``, checked as a setting that counts: a whole number of at least ``least``, or None
     (off) when ``optional``. Raises TypeError or ValueError naming ``name``."""
+    if type(value) is int and value >= least:  # the usual case first: a policy is made per engine
+        return value
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):

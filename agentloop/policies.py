@@ -18,7 +18,7 @@ detector in `agentloop._detector`; this module is their public home.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -121,6 +121,7 @@ class DoomLoopPolicy(Policy):
     ) -> None:
         every = _count("every", every, 1, optional=False)
         logprob_run = _count("logprob_run", logprob_run, 1, optional=False)
+        channels = _channels(channels)
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
         self.every = every
@@ -299,11 +300,30 @@ class DoomLoopPolicy(Policy):
         return [DoomLoopSignal("low_logprob", event.channel, source="client")]
 
 
+def _channels(value: Iterable[str]) -> tuple[str, ...]:
+    """``channels``, checked: some of "thinking" and "text" (a str alone would be read letter
+    by letter, and watch no channel). Raises TypeError or ValueError."""
+    if value == ("thinking", "text"):  # the default, as it is (no walk: a policy is made per engine)
+        return value
+    try:
+        if isinstance(value, str):
+            raise TypeError
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f'channels takes a tuple of "thinking" and "text", not {value!r}') from None
+    for ch in names:
+        if ch not in ("thinking", "text"):
+            raise ValueError(f'channels takes "thinking" and "text", not {ch!r}')
+    return names
+
+
 def _floor(value: float | None) -> float | None:
     """``logprob_floor``, checked: a number (not NaN) or None. Raises TypeError or ValueError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if type(value) is float and value == value:  # the usual case first (not NaN)
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"logprob_floor must be a number or None, not {value!r}")
     if math.isnan(value):
         raise ValueError("logprob_floor must be a number, not NaN")

@@ -26,7 +26,7 @@ from typing import Any
 out = sys.stdout.buffer
 answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests, by id
 
-TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last"]
+TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last", "deep"]
 
 
 def send(message: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -99,6 +99,9 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
     elif name == "deaf":  # reads no more of its stdin (nor answers), once it has said so in a file
         Path(arguments["deaf"]).write_text("deaf\n")
         time.sleep(60)
+    elif name == "deep":  # a line of JSON nested too deeply to decode, then the answer
+        out.write(b"[" * 1000 + b"]" * 1000 + b"\n")
+        send(text(request_id, "after the deep line"))
     elif name == "last":  # answers, and exits at once
         send(text(request_id, "the last answer"))
         os._exit(0)

@@ -159,6 +159,18 @@ class JsonlSession:
                 return False
             return True
 
+    def _settle_tail(self) -> None:
+        """Cut a crash's torn last line now rather than at the next append (the engine, as a
+        run starts, asks whether the file holds any record). An error is left for the append."""
+        with self._lock:
+            if self._fd is None or not self._tail_unchecked or not self._regular:
+                return
+            try:
+                cut_torn_tail(self._fd, self.path, keep_whole=True)
+            except OSError:
+                return
+            self._tail_unchecked = False
+
     def flush(self) -> None:
         """Make every append so far durable (fsync), unless the policy is ``"never"``."""
         with self._lock, self._naming_file():
