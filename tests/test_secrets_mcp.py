@@ -35,6 +35,7 @@ from agentloop import (
     tool,
 )
 from agentloop._cmdline import shown_args
+from agentloop._errors import AbortError
 from agentloop.mcp import MCPServer
 from agentloop.mcp._scrub import command_line_credentials
 from agentloop.models import OpenAIChatModel
@@ -493,3 +494,38 @@ async def test_the_servers_of_tools_set_during_a_run_are_known_to_it() -> None:
             events = [ev async for ev in engine.run("look")]
     assert f"MCP_TOKEN={MARK}" in bodies[1].decode()
     assert not _shown([*(b.decode() for b in bodies), *map(repr, events)])
+
+
+# -- 6. an MCP server's log lines that quote an abort reason --------------------------------------
+
+
+async def test_an_mcp_servers_log_lines_quote_an_abort_reason_scrubbed_and_cut() -> None:
+    """The reason of the host's signal (an error text of megabytes, quoting the server's token)
+    was logged whole by the server as it gave up a call and reset its connection."""
+    reason = _huge(_TOKEN, 300_000)
+    called = asyncio.Event()
+
+    async def hang(request: httpx2.Request) -> httpx2.Response:
+        called.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def serve(request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and json.loads(request.content).get("method") == "tools/call":
+            return await hang(request)
+        return _mcp_answer(request)
+
+    srv, patch = _server(serve)  # type: ignore[arg-type]
+    hosts = AbortController()
+    with patch, logged() as records:
+        async with asyncio.timeout(20), srv:
+            call = asyncio.create_task(srv.call_tool("echo", {}, signal=hosts.signal))
+            await called.wait()
+            hosts.abort(reason)
+            with pytest.raises(AbortError):
+                await call
+            await srv.on_main_abort(reason)
+    lines = [t for t in records.texts if "start-of-text" in t]
+    assert len(lines) == 2, [t[:200] for t in records.texts]
+    for line in lines:
+        _check_capped(line, _TOKEN)
