@@ -18,7 +18,7 @@ detector in `agentloop._detector`; this module is their public home.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -121,6 +121,7 @@ class DoomLoopPolicy(Policy):
     ) -> None:
         every = _count("every", every, 1, optional=False)
         logprob_run = _count("logprob_run", logprob_run, 1, optional=False)
+        channels = _channels(channels)
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
         self.every = every
@@ -297,6 +298,18 @@ class DoomLoopPolicy(Policy):
         if not fired:
             return []
         return [DoomLoopSignal("low_logprob", event.channel, source="client")]
+
+
+def _channels(value: Iterable[str]) -> tuple[str, ...]:
+    """``channels``, checked: some of "thinking" and "text" (a str alone would be read letter
+    by letter, and watch no channel). Raises TypeError or ValueError."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f'channels takes a tuple of "thinking" and "text", not {value!r}')
+    names = tuple(value)
+    wrong = [ch for ch in names if ch not in ("thinking", "text")]
+    if wrong:
+        raise ValueError(f'channels takes "thinking" and "text", not {wrong[0]!r}')
+    return names
 
 
 def _floor(value: float | None) -> float | None:

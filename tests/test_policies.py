@@ -819,3 +819,24 @@ def test_an_end_turn_reason_other_than_its_own_two_is_refused(reason: Any) -> No
     reason outside SPEC §10."""
     with pytest.raises(ValueError, match=r"stationarity_ended.*hook_stopped"):
         EndTurn("stop", reason=reason)
+
+
+@pytest.mark.parametrize(
+    ("channels", "error"),
+    [("text", TypeError), (["text", "answer"], ValueError), (None, TypeError), ([1], ValueError)],
+)
+def test_channels_other_than_thinking_and_text_are_refused_when_the_policy_is_made(
+    channels: Any, error: type[Exception]
+) -> None:
+    """`channels="text"` made detectors for the channels "t", "e" and "x": the text channel was
+    silently not watched."""
+    with pytest.raises(error, match="channels"):
+        ConservativeDoomLoopPolicy(channels=channels)
+
+
+def test_a_policy_watching_thinking_only_leaves_the_text_alone() -> None:
+    policy = ConservativeDoomLoopPolicy(channels=["thinking"], every=1)
+    assert list(policy.detectors) == ["thinking"]
+    assert [policy.on_stream(StreamText(0, "ab" * 200)) for _ in range(4)] == [None] * 4
+    verdicts = [policy.on_stream(StreamThinking(0, "ab" * 200)) for _ in range(4)]
+    assert any(isinstance(v, Resample) for v in verdicts)
