@@ -183,7 +183,7 @@ class ModelPhase:
         if isinstance(credit, str):  # a single watcher, called by the loop itself
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
-                    self.hushed = _garbage(credit, verdict, hushed=self.hushed)
+                    self.hushed = _garbage(self.engine, credit, verdict, hushed=self.hushed)
                 elif not self.misplaced:
                     self.misplaced = True
                     misplaced(credit, "on_stream", verdict)
@@ -412,7 +412,7 @@ class _Panel:
                 continue
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
-                    if _garbage(policy.name, verdict, hushed=i in self.hushed):
+                    if _garbage(self.engine, policy.name, verdict, hushed=i in self.hushed):
                         self.hushed.add(i)
                 elif i not in self.misplaced:
                     self.misplaced.add(i)
@@ -427,11 +427,12 @@ class _Panel:
         return next((said for _, said in heard if isinstance(said, Resample)), heard[0][1])
 
 
-def _garbage(policy: str, value: object, *, hushed: bool) -> bool:
-    """``on_stream`` returned what is not a verdict: logged once per attempt, like a raise (a
-    broken watcher does it on every event), and a coroutine closed every time. Returns True."""
+def _garbage(engine: QueryEngine, policy: str, value: object, *, hushed: bool) -> bool:
+    """``on_stream`` returned what is not a verdict: logged once per attempt (without ``engine``'s
+    credentials), like a raise (a broken watcher does it on every event), and a coroutine closed
+    every time. Returns True."""
     if not hushed:
-        not_a_verdict(policy, "on_stream", value)
+        not_a_verdict(policy, "on_stream", value, engine)
     elif inspect.iscoroutine(value):
         value.close()
     return True
