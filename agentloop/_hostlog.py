@@ -30,10 +30,15 @@ def log_failure(engine: Any, message: str, *args: object, exc: BaseException | N
 
 
 def log_scrubbed(
-    secrets: Callable[[], Iterable[str]], message: str, *args: object, exc: BaseException | None = None, stacklevel: int = 2
+    secrets: Callable[[], Iterable[str]],
+    message: str,
+    *args: object,
+    exc: BaseException | None = None,
+    stacklevel: int = 2,
+    level: int = logging.ERROR,
 ) -> None:
     """`log_failure` with the credentials ``secrets()`` gives (called only when there is an
-    error to log; one that fails counts as none)."""
+    error to log; one that fails counts as none), at ``level``."""
     exc = exc if exc is not None else sys.exc_info()[1]
     found: tuple[str, ...] = ()
     if exc is not None:
@@ -45,9 +50,9 @@ def log_scrubbed(
         text = message % args if args else message
         trace = "".join(traceback.format_exception(exc)).rstrip()
         if any(secret in text or secret in trace for secret in found):
-            log.error("%s\n%s", redacted(text, found), redacted(trace, found), stacklevel=stacklevel)
+            log.log(level, "%s\n%s", redacted(text, found), redacted(trace, found), stacklevel=stacklevel)
             return
-    log.error(message, *args, exc_info=exc, stacklevel=stacklevel)
+    log.log(level, message, *args, exc_info=exc, stacklevel=stacklevel)
 
 
 #: How much of a long string or repr `host_repr` reads: a credential in it is whole when scrubbed.

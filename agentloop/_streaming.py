@@ -26,13 +26,14 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._hostlog import log_failure
+from ._hostlog import log_failure, log_scrubbed
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
+from ._transcript import lineage_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -327,20 +328,24 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
     return DoomLoopDetected(signals=signals, confident=False, action="warn", policy=policy)
 
 
-async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
-    """Close an attempt's stream. What its closing raises is logged and the attempt's outcome
-    stands, a CancelledError included unless the task running the loop is being cancelled
-    (then it is the host's, and propagates)."""
+async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) -> None:
+    """Close an attempt's stream. What its closing raises is logged (at DEBUG, without the
+    credentials the engine knows) and the attempt's outcome stands, a CancelledError included
+    unless the task running the loop is being cancelled (then it is the host's, and propagates)."""
     close = getattr(stream, "aclose", None)
     if close is not None:
         try:
             await close()
         except Exception:
-            log.debug("closing the model stream raised", exc_info=True)
+            _closing_raised(engine, "closing the model stream raised")
         except asyncio.CancelledError:
             if _host_cancelling():
                 raise
-            log.debug("closing the model stream raised CancelledError, though the run was not cancelled", exc_info=True)
+            _closing_raised(engine, "closing the model stream raised CancelledError, though the run was not cancelled")
+
+
+def _closing_raised(engine: QueryEngine, message: str) -> None:
+    log_scrubbed(lambda: lineage_credentials(engine), message, stacklevel=3, level=logging.DEBUG)
 
 
 def _host_cancelling() -> bool:

@@ -34,10 +34,12 @@ from agentloop import (
     Message,
     Policy,
     QueryEngine,
+    ScriptedModel,
     Tool,
     ToolContext,
     ToolProgress,
     ToolResultBlock,
+    TurnEnded,
     event_json,
     tool,
 )
@@ -966,3 +968,43 @@ async def test_what_a_permission_callback_returned_instead_of_a_decision_is_logg
     assert said and all(MARK in t for t in said), records.texts
     shown = [*records.texts, *(b.decode() for b in bodies), *map(event_json, events)]
     assert not [t for t in shown if _HOOK_KEY in t]
+
+
+async def test_what_closing_a_model_stream_raised_is_logged_without_the_models_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stream whose ``aclose()`` fails with the key in its message (a client that prints its
+    request) was logged, at DEBUG, with the key in it."""
+    key = "sk-close-secret-0123456789abcdef"
+
+    class Stream:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __aiter__(self) -> Stream:
+            return self
+
+        async def __anext__(self) -> Any:
+            return await anext(self.inner)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+            raise RuntimeError(f"closing failed for Authorization: Bearer {key}")
+
+    class Model:
+        name = "closing"
+        scripted = ScriptedModel(["fine"])
+
+        def _credentials(self) -> tuple[str, ...]:
+            return (key,)
+
+        def stream(self, request: ModelRequest, signal: Any) -> Stream:
+            return Stream(aiter(self.scripted.stream(request, signal)))
+
+    engine = QueryEngine(Model(), policies=[])  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="agentloop"):
+        events = [e async for e in engine.run("go")]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    logged = [r.getMessage() for r in caplog.records if "closing the model stream raised" in r.getMessage()]
+    assert len(logged) == 1 and "[REDACTED]" in logged[0]
+    assert key not in caplog.text
