@@ -29,6 +29,7 @@ from agentloop import (
     Message,
     Policy,
     QueryEngine,
+    ScriptedModel,
     ToolCallStarted,
     ToolContext,
     TurnEnded,
@@ -529,3 +530,36 @@ async def test_an_mcp_servers_log_lines_quote_an_abort_reason_scrubbed_and_cut()
     assert len(lines) == 2, [t[:200] for t in records.texts]
     for line in lines:
         _check_capped(line, _TOKEN)
+
+
+async def test_runs_stepped_in_turn_in_one_task_each_keep_their_own_keys_out_of_listener_errors() -> None:
+    """A host stepping two engines' runs alternately in one task: a policy hook of the first run
+    aborting a host's signal after the second run began had its listener's error scrubbed of
+    the second engine's key only, and logged the first's."""
+    first_key, second_key = "sk-first-engine-0123456789abcdef", "sk-second-engine-0123456789abcdef"
+
+    def quoting(signal: AbortSignal) -> None:
+        raise RuntimeError(f"listener saw {first_key} and {second_key}")
+
+    hosts = AbortController()
+    hosts.signal.add_listener(quoting)
+
+    class Keyed(ScriptedModel):
+        def __init__(self, key: str, script: list[Any]) -> None:
+            super().__init__(script)
+            self.key = key
+
+        def _credentials(self) -> tuple[str, ...]:
+            return (self.key,)
+
+    first = QueryEngine(Keyed(first_key, ["one"]), policies=[_AbortsTheHosts(hosts)])
+    second = QueryEngine(Keyed(second_key, ["two"]), policies=[])
+    with logged() as records:
+        a, b = aiter(first.run("go")), aiter(second.run("go"))
+        await anext(a)  # the first run has begun
+        await anext(b)  # and so has the second, in the same task
+        rest = [e async for e in a] + [e async for e in b]
+    assert hosts.signal.aborted and sum(isinstance(e, TurnEnded) for e in rest) == 2
+    quoted = [t for t in records.texts if "listener saw" in t]
+    assert quoted and f"listener saw {MARK} and {MARK}" in quoted[0], records.texts
+    assert not [t for t in records.texts if first_key in t or second_key in t], records.texts
