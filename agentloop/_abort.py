@@ -394,11 +394,16 @@ def enter_run(secrets: Secrets) -> Callable[[], None]:
     signal that knows no credentials (the host's own), is logged with ``secrets()`` replaced by
     ``[REDACTED]``, as in the run's tool calls (`run_context`). Returns what undoes it, once the
     run is over; a run ended from another task, or one another run entered after it, leaves the
-    task as it is (what it holds is the engine's, weakly)."""
-    token = _run_secrets.set(secrets)
+    task as it is (what it holds is the engine's, weakly). Runs iterated in turn in one task
+    (a host that steps two engines' runs alternately) each add theirs to those set before: a
+    hook of the first run that aborts a host's signal after the second began is scrubbed of
+    both engines' credentials, never of the second's alone."""
+    outer = _run_secrets.get()
+    mine = secrets if outer is None else _joined(outer, secrets)
+    token = _run_secrets.set(mine)
 
     def leave() -> None:
-        if _run_secrets.get() is not secrets:  # another context, or another run entered since
+        if _run_secrets.get() is not mine:  # another context, or another run entered since
             return
         try:
             _run_secrets.reset(token)
@@ -406,6 +411,10 @@ def enter_run(secrets: Secrets) -> Callable[[], None]:
             pass
 
     return leave
+
+
+def _joined(outer: Secrets, inner: Secrets) -> Secrets:
+    return lambda: (*outer(), *inner())
 
 
 def _log_listener_error(fn: Listener, secrets: Secrets | None) -> None:

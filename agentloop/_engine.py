@@ -420,6 +420,8 @@ class QueryEngine:
     def _set_tools(self, tools: Sequence[Tool] | Mapping[str, Tool]) -> None:
         self._tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
         self.tool_specs = tuple(self.tools.values())
+        if self._state is not None:  # the run reads the credentials of the new tools' servers
+            self._state.secrets = None
         bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
 
     def _refresh_tools(self) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._abort import AbortSignal
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
+from ._hostlog import host_repr
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
 from ._subagent import main_engine
@@ -351,7 +352,8 @@ class CallRunner:
             why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
-            return self._wrong_answer(use, f"The permission callback returned {decision!r}, not Allow or Deny; the tool was not run.")
+            shown = host_repr(self.engine, decision)
+            return self._wrong_answer(use, f"The permission callback returned {shown}, not Allow or Deny; the tool was not run.")
         if decision.updated_input is not None and not isinstance(decision.updated_input, dict):
             return self._wrong_answer(
                 use,
@@ -362,7 +364,8 @@ class CallRunner:
 
     def _wrong_answer(self, use: ToolUseBlock, text: str) -> ToolResultBlock:
         """The result of a permission callback's answer that is not one (the host's bug): the
-        model is told, and so is the host, on the log (the call's input is not logged)."""
+        model is told, and so is the host, on the log (the call's input is not logged); ``text``
+        quotes the answer without the engine's credentials (`host_repr`)."""
         log.warning("tool call %s (%r): %s", use.id, use.name, text)
         return error_result(use.id, text)
 

@@ -10,6 +10,7 @@ holds one is logged with the traceback as text, the credentials replaced by ``[R
 from __future__ import annotations
 
 import logging
+import reprlib
 import sys
 import traceback
 import weakref
@@ -29,10 +30,15 @@ def log_failure(engine: Any, message: str, *args: object, exc: BaseException | N
 
 
 def log_scrubbed(
-    secrets: Callable[[], Iterable[str]], message: str, *args: object, exc: BaseException | None = None, stacklevel: int = 2
+    secrets: Callable[[], Iterable[str]],
+    message: str,
+    *args: object,
+    exc: BaseException | None = None,
+    stacklevel: int = 2,
+    level: int = logging.ERROR,
 ) -> None:
     """`log_failure` with the credentials ``secrets()`` gives (called only when there is an
-    error to log; one that fails counts as none)."""
+    error to log; one that fails counts as none), at ``level``."""
     exc = exc if exc is not None else sys.exc_info()[1]
     found: tuple[str, ...] = ()
     if exc is not None:
@@ -44,9 +50,37 @@ def log_scrubbed(
         text = message % args if args else message
         trace = "".join(traceback.format_exception(exc)).rstrip()
         if any(secret in text or secret in trace for secret in found):
-            log.error("%s\n%s", redacted(text, found), redacted(trace, found), stacklevel=stacklevel)
+            log.log(level, "%s\n%s", redacted(text, found), redacted(trace, found), stacklevel=stacklevel)
             return
-    log.error(message, *args, exc_info=exc, stacklevel=stacklevel)
+    log.log(level, message, *args, exc_info=exc, stacklevel=stacklevel)
+
+
+#: How much of a long string or repr `host_repr` reads: a credential in it is whole when scrubbed.
+_READ = reprlib.Repr()
+_READ.maxstring = _READ.maxother = 4_000
+#: How much of it a log line shows, as `reprlib.repr` would.
+_SHORT = 30
+
+
+def host_repr(engine: Any, value: object, *, short: bool = False) -> str:
+    """The repr of ``value``, what a host's callback returned by mistake (a policy hook, the
+    permission callback), for a log line or an error result: bounded as `reprlib.repr` bounds it,
+    with the credentials ``engine`` knows (`lineage_credentials`) replaced by ``[REDACTED]``
+    before it is cut to its start and end (``short``: the 30 characters or so `reprlib.repr`
+    shows), so that no piece of one is shown. Read only on this error path."""
+    text = _READ.repr(value)
+    try:
+        secrets = lineage_credentials(engine) if engine is not None else ()
+    except Exception:  # what knows them failed: the repr is still shown
+        secrets = ()
+    clean = redacted(text, secrets)
+    if not short:
+        return clean
+    if clean is text:  # nothing to take out: as it was always shown
+        return reprlib.repr(value)
+    if len(clean) <= 2 * _SHORT:
+        return clean
+    return f"{clean[:_SHORT]}...{clean[-_SHORT:]}"
 
 
 def engine_secrets(engine: Any) -> Callable[[], tuple[str, ...]]:

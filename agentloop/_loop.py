@@ -159,7 +159,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                         if armed is not None:  # not for a later read's wait
                             armed.cancel()
                         if stream is not None:
-                            await close_stream(stream)
+                            await close_stream(engine, stream)
                     for event in phase.conclude():
                         yield event
                     if phase.delay is None:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import reprlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from ._hostlog import log_failure
+from ._hostlog import host_repr, log_failure
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
 from ._signals import DoomLoopSignal
@@ -222,7 +221,7 @@ def ask(policies: Sequence[Policy], hook: str, *args: object, engine: Any = None
         if verdict is None:
             continue
         if not isinstance(verdict, VERDICTS):
-            not_a_verdict(policy.name, hook, verdict)
+            not_a_verdict(policy.name, hook, verdict, engine)
             continue
         if not isinstance(verdict, ACTS_ON[hook]):
             misplaced(policy.name, hook, verdict)
@@ -243,17 +242,18 @@ ACTS_ON: dict[str, tuple[type, ...]] = {
 HOOKS = ("bind", "fork", "begin_turn", "begin_attempt", "on_stream", "on_response", "on_results")
 
 
-def not_a_verdict(policy: str, hook: str, value: object) -> None:
+def not_a_verdict(policy: str, hook: str, value: object, engine: Any = None) -> None:
     """A hook returned something that is neither a verdict nor None (``"stop"``, True): a policy
-    bug, logged and ignored like one that raises. A coroutine (an async function set on the
-    instance, which `check_hooks` cannot see) is closed, so it is not reported again, unawaited."""
+    bug, logged and ignored like one that raises, its repr shortened and without ``engine``'s
+    credentials (`host_repr`). A coroutine (an async function set on the instance, which
+    `check_hooks` cannot see) is closed, so it is not reported again, unawaited."""
     if inspect.iscoroutine(value):
         value.close()
     log.error(
         "policy %s.%s returned %s, not a verdict (Nudge, EndTurn, Warn, Resample or None); ignored",
         policy,
         hook,
-        reprlib.repr(value),
+        host_repr(engine, value, short=True),
     )
 
 

@@ -26,13 +26,14 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._hostlog import log_failure
+from ._hostlog import log_failure, log_scrubbed
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
+from ._transcript import lineage_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -183,7 +184,7 @@ class ModelPhase:
         if isinstance(credit, str):  # a single watcher, called by the loop itself
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
-                    self.hushed = _garbage(credit, verdict, hushed=self.hushed)
+                    self.hushed = _garbage(self.engine, credit, verdict, hushed=self.hushed)
                 elif not self.misplaced:
                     self.misplaced = True
                     misplaced(credit, "on_stream", verdict)
@@ -327,20 +328,24 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
     return DoomLoopDetected(signals=signals, confident=False, action="warn", policy=policy)
 
 
-async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
-    """Close an attempt's stream. What its closing raises is logged and the attempt's outcome
-    stands, a CancelledError included unless the task running the loop is being cancelled
-    (then it is the host's, and propagates)."""
+async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) -> None:
+    """Close an attempt's stream. What its closing raises is logged (at DEBUG, without the
+    credentials the engine knows) and the attempt's outcome stands, a CancelledError included
+    unless the task running the loop is being cancelled (then it is the host's, and propagates)."""
     close = getattr(stream, "aclose", None)
     if close is not None:
         try:
             await close()
         except Exception:
-            log.debug("closing the model stream raised", exc_info=True)
+            _closing_raised(engine, "closing the model stream raised")
         except asyncio.CancelledError:
             if _host_cancelling():
                 raise
-            log.debug("closing the model stream raised CancelledError, though the run was not cancelled", exc_info=True)
+            _closing_raised(engine, "closing the model stream raised CancelledError, though the run was not cancelled")
+
+
+def _closing_raised(engine: QueryEngine, message: str) -> None:
+    log_scrubbed(lambda: lineage_credentials(engine), message, stacklevel=3, level=logging.DEBUG)
 
 
 def _host_cancelling() -> bool:
@@ -412,7 +417,7 @@ class _Panel:
                 continue
             if not isinstance(verdict, Resample | Warn):  # nothing else acts here
                 if not isinstance(verdict, VERDICTS):
-                    if _garbage(policy.name, verdict, hushed=i in self.hushed):
+                    if _garbage(self.engine, policy.name, verdict, hushed=i in self.hushed):
                         self.hushed.add(i)
                 elif i not in self.misplaced:
                     self.misplaced.add(i)
@@ -427,11 +432,12 @@ class _Panel:
         return next((said for _, said in heard if isinstance(said, Resample)), heard[0][1])
 
 
-def _garbage(policy: str, value: object, *, hushed: bool) -> bool:
-    """``on_stream`` returned what is not a verdict: logged once per attempt, like a raise (a
-    broken watcher does it on every event), and a coroutine closed every time. Returns True."""
+def _garbage(engine: QueryEngine, policy: str, value: object, *, hushed: bool) -> bool:
+    """``on_stream`` returned what is not a verdict: logged once per attempt (without ``engine``'s
+    credentials), like a raise (a broken watcher does it on every event), and a coroutine closed
+    every time. Returns True."""
     if not hushed:
-        not_a_verdict(policy, "on_stream", value)
+        not_a_verdict(policy, "on_stream", value, engine)
     elif inspect.iscoroutine(value):
         value.close()
     return True

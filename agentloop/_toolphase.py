@@ -219,9 +219,10 @@ def _holds(text: str, secrets: tuple[str, ...]) -> bool:
 
 
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
-    """The credentials of ``engine``'s model and its ancestors' (`lineage_credentials`), to redact
-    from tool results: read once per run (an HTTP model collects them from its key and headers),
-    again only if the model was swapped."""
+    """The credentials of ``engine``'s model and its ancestors' and of their tools' MCP servers
+    (`lineage_credentials`), to redact from tool results: read once per run (an HTTP model
+    collects them from its key and headers), again only if the model was swapped or the tools
+    were set (`QueryEngine._set_tools` drops them)."""
     model = engine.model
     held = st.secrets
     if held is None or held[0] is not model:

@@ -52,6 +52,7 @@ __all__ = [
     "misplaced",
     "redacted",
     "scrubbed",
+    "tool_credentials",
     "unencodable",
 ]
 
@@ -106,13 +107,26 @@ def credentials(model: object) -> tuple[str, ...]:
     return held() if held is not None else ()
 
 
+def tool_credentials(tools: Iterable[object]) -> set[str]:
+    """The credentials the handlers of ``tools`` hold: for an MCP server's tool, those the host
+    gave the server (`agentloop.mcp.MCPServer`) long enough to scrub out of any text."""
+    found: set[str] = set()
+    for tool in tools:
+        held = getattr(getattr(tool, "handler", None), "_credentials", None)
+        if held is not None:
+            found.update(held())
+    return found
+
+
 def lineage_credentials(engine: Any) -> tuple[str, ...]:
     """The credentials of ``engine``'s model and of its ancestors' (a subagent may run on a
-    model of its own: a tool result holding its parent's key must not reach it either),
-    longest first."""
+    model of its own: a tool result holding its parent's key must not reach it either), and
+    those of the MCP servers whose tools they hold (`tool_credentials`), longest first. Read
+    on an error path, or once per run and tool set (`agentloop._toolphase.run_secrets`)."""
     found: set[str] = set()
     while engine is not None:
         found.update(credentials(engine.model))
+        found.update(tool_credentials(getattr(engine, "tool_specs", ())))
         engine = engine.parent
     return tuple(sorted(found, key=len, reverse=True))
 

@@ -34,10 +34,12 @@ from agentloop import (
     Message,
     Policy,
     QueryEngine,
+    ScriptedModel,
     Tool,
     ToolContext,
     ToolProgress,
     ToolResultBlock,
+    TurnEnded,
     event_json,
     tool,
 )
@@ -901,3 +903,108 @@ async def test_a_failing_session_store_is_reported_without_the_engines_credentia
     assert engine.session_errors and records.texts
     assert not [t for t in [*engine.session_errors, *records.texts] if _HOOK_KEY in t]
     assert f"append_message saw Authorization: Bearer {MARK}" in engine.session_errors[0]
+
+
+class _Leaky:
+    """What a host's callback returned by mistake: an object whose repr is the model's key."""
+
+    def __repr__(self) -> str:
+        return _HOOK_KEY
+
+
+#: What a host's callback returned instead of a verdict or a decision, its repr quoting the key:
+#: whole, or in a text that a shortened repr would show the start and end of.
+_WRONG_ANSWERS = {"object": _Leaky, "text": lambda: f"deny: the proxy refused Authorization: Bearer {_HOOK_KEY}"}
+
+
+class _Garbage(Policy):
+    """A policy whose hooks return what is not a verdict."""
+
+    name = "garbage"
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self.make = make
+
+    def on_stream(self, event: Any) -> Any:
+        return self.make()
+
+    def on_response(self, message: Message) -> Any:
+        return self.make()
+
+    def on_results(self, message: Message, results: Any) -> Any:
+        return self.make()
+
+
+class _AlsoGarbage(_Garbage):
+    name = "also garbage"  # two stream watchers: the engine asks them as a panel
+
+
+@pytest.mark.parametrize("panel", [False, True])
+@pytest.mark.parametrize("kind", sorted(_WRONG_ANSWERS))
+async def test_what_a_policy_returned_instead_of_a_verdict_is_logged_without_the_key(kind: str, panel: bool) -> None:
+    make = _WRONG_ANSWERS[kind]
+    policies = [_Garbage(make), _AlsoGarbage(make)] if panel else [_Garbage(make)]
+    with logged() as records:
+        async with _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                                 tools=[_env_tool("ok")], policies=policies)  # fmt: skip
+            [ev async for ev in engine.run("look")]
+    for hook in ("on_stream", "on_response", "on_results"):
+        said = [t for t in records.texts if f".{hook} returned" in t]
+        assert said and all(MARK in t for t in said), (hook, records.texts)
+    assert not [t for t in records.texts if _HOOK_KEY[:12] in t or _HOOK_KEY[-12:] in t], records.texts
+
+
+@pytest.mark.parametrize("kind", sorted(_WRONG_ANSWERS))
+async def test_what_a_permission_callback_returned_instead_of_a_decision_is_logged_without_the_key(kind: str) -> None:
+    make = _WRONG_ANSWERS[kind]
+    bodies: list[bytes] = []
+    with logged() as records:
+        async with _env_then_done(bodies) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                                 tools=[_env_tool("ok")], permission=lambda use, ctx: make())  # fmt: skip
+            events = [ev async for ev in engine.run("look")]
+    said = [t for t in records.texts if "The permission callback returned" in t]
+    assert said and all(MARK in t for t in said), records.texts
+    shown = [*records.texts, *(b.decode() for b in bodies), *map(event_json, events)]
+    assert not [t for t in shown if _HOOK_KEY in t]
+
+
+async def test_what_closing_a_model_stream_raised_is_logged_without_the_models_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stream whose ``aclose()`` fails with the key in its message (a client that prints its
+    request) was logged, at DEBUG, with the key in it."""
+    key = "sk-close-secret-0123456789abcdef"
+
+    class Stream:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __aiter__(self) -> Stream:
+            return self
+
+        async def __anext__(self) -> Any:
+            return await anext(self.inner)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+            raise RuntimeError(f"closing failed for Authorization: Bearer {key}")
+
+    class Model:
+        name = "closing"
+        scripted = ScriptedModel(["fine"])
+
+        def _credentials(self) -> tuple[str, ...]:
+            return (key,)
+
+        def stream(self, request: ModelRequest, signal: Any) -> Stream:
+            return Stream(aiter(self.scripted.stream(request, signal)))
+
+    engine = QueryEngine(Model(), policies=[])  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="agentloop"):
+        events = [e async for e in engine.run("go")]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    logged = [r.getMessage() for r in caplog.records if "closing the model stream raised" in r.getMessage()]
+    assert len(logged) == 1 and "[REDACTED]" in logged[0]
+    assert key not in caplog.text

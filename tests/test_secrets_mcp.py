@@ -12,6 +12,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -28,15 +29,18 @@ from agentloop import (
     Message,
     Policy,
     QueryEngine,
+    ScriptedModel,
     ToolCallStarted,
     ToolContext,
     TurnEnded,
     tool,
 )
 from agentloop._cmdline import shown_args
+from agentloop._errors import AbortError
 from agentloop.mcp import MCPServer
 from agentloop.mcp._scrub import command_line_credentials
 from agentloop.models import OpenAIChatModel
+from agentloop.sessions import JsonlSession
 from tests.test_secrets_audit import (
     _HOOK_KEY,
     _env_then_done,
@@ -379,3 +383,183 @@ async def test_an_abort_reason_that_quotes_the_models_key_is_scrubbed_wherever_i
     assert not [m for m in engine.messages if _HOOK_KEY in m.model_dump_json()]
     assert not [t for t in records.texts if _HOOK_KEY in t]
     assert engine.messages[-1].kind == "interrupt_notice"
+
+
+# -- 5. the credentials of the MCP servers whose tools an engine holds are among those it knows -----
+
+
+def _waiting_env() -> Any:
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Wait for the stop."""
+        await ctx.signal.wait()
+        ctx.signal.throw_if_aborted()
+        return "never"
+
+    return env
+
+
+async def test_an_abort_reason_quoting_an_mcp_servers_credential_is_scrubbed(tmp_path: Path) -> None:
+    """The host passed on an error of its MCP server's as the reason: the server's token reached
+    the terminal event, the session file and the abort hooks."""
+    hooked: list[str] = []
+    srv, patch = _server(_mcp_answer)
+    with patch, logged() as records:
+        async with asyncio.timeout(20), srv, _env_then_done([]) as client:
+            session = JsonlSession(tmp_path / "s.jsonl")
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                                 tools=[_waiting_env(), *await srv.list_tools()], session=session)  # fmt: skip
+            engine.on_abort(hooked.append)
+            events = []
+            async for event in engine.run("look"):
+                events.append(event)
+                if isinstance(event, ToolCallStarted):
+                    engine.interrupt(f"the MCP server said: bad token {_TOKEN}")
+            session.close()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.abort_reason == f"the MCP server said: bad token {MARK}"
+    assert hooked == [end.abort_reason]
+    assert not _shown([*map(repr, events), *(m.model_dump_json() for m in engine.messages)])
+    assert not _shown([(tmp_path / "s.jsonl").read_text(), *records.texts])
+
+
+async def test_a_listener_error_quoting_an_mcp_servers_credential_is_scrubbed() -> None:
+    """A listener on the host's own signal, aborted in the run's task, raised quoting the token the
+    host gave its MCP server."""
+    hosts = AbortController()
+
+    def quoting(reason: str) -> None:
+        raise RuntimeError(f"listener saw Authorization: Bearer {_TOKEN}")
+
+    hosts.signal.add_listener(quoting)
+
+    def allow(use: Any, ctx: Any) -> Allow:
+        hosts.abort("stop")
+        return Allow()
+
+    srv, patch = _server(_mcp_answer)
+    with patch, logged() as records:
+        async with asyncio.timeout(20), srv, _env_then_done([]) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                                 tools=[_waiting_env(), *await srv.list_tools()], permission=allow)  # fmt: skip
+            async for event in engine.run("look"):
+                if isinstance(event, ToolCallStarted):
+                    engine.interrupt()
+    quoted = [t for t in records.texts if f"listener saw Authorization: {MARK}" in t]
+    assert quoted and "Traceback (most recent call last)" in quoted[0], records.texts
+    assert not _shown(records.texts)
+
+
+async def test_a_local_tools_result_quoting_an_mcp_servers_credential_is_scrubbed() -> None:
+    """A tool of the host's own printed the environment the MCP server's token came from."""
+    parents: list[bytes] = []
+    bodies: list[bytes]
+
+    @tool
+    async def env() -> str:
+        """Print the environment."""
+        return f"MCP_TOKEN={_TOKEN}"
+
+    srv, patch = _server(_mcp_answer)
+    with patch:
+        async with asyncio.timeout(20), srv, _env_then_done(parents) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client),
+                                 tools=[env, *await srv.list_tools()])  # fmt: skip
+            events = [ev async for ev in engine.run("look")]
+            async with _env_then_done(bodies := []) as other:
+                # A subagent without the server's tools, on a model of its own: its parent's are known to it.
+                model = OpenAIChatModel("m", api_key="sk-child-0123456789abcdefXYZ", http_client=other)
+                child = engine.subagent(agent_id="worker", model=model, tools=[env])
+                events += [ev async for ev in child.run("look")]
+            seen = [*parents, *bodies]
+    assert [b for b in parents if f"MCP_TOKEN={MARK}" in b.decode()]
+    assert [b for b in bodies if f"MCP_TOKEN={MARK}" in b.decode()]
+    assert not _shown([*(b.decode() for b in seen), *map(repr, events)])
+
+
+async def test_the_servers_of_tools_set_during_a_run_are_known_to_it() -> None:
+    """The MCP server's tools were given to the engine by a tool of its run: the same run knows
+    the server's credentials from then on."""
+    bodies: list[bytes] = []
+    srv, patch = _server(_mcp_answer)
+
+    @tool
+    async def env(ctx: ToolContext) -> str:
+        """Connect the server, then print the environment."""
+        ctx.engine.tools = [env, *await srv.list_tools()]
+        return f"MCP_TOKEN={_TOKEN}"
+
+    with patch:
+        async with asyncio.timeout(20), srv, _env_then_done(bodies) as client:
+            engine = QueryEngine(OpenAIChatModel("m", api_key=_HOOK_KEY, http_client=client), tools=[env])
+            events = [ev async for ev in engine.run("look")]
+    assert f"MCP_TOKEN={MARK}" in bodies[1].decode()
+    assert not _shown([*(b.decode() for b in bodies), *map(repr, events)])
+
+
+# -- 6. an MCP server's log lines that quote an abort reason --------------------------------------
+
+
+async def test_an_mcp_servers_log_lines_quote_an_abort_reason_scrubbed_and_cut() -> None:
+    """The reason of the host's signal (an error text of megabytes, quoting the server's token)
+    was logged whole by the server as it gave up a call and reset its connection."""
+    reason = _huge(_TOKEN, 300_000)
+    called = asyncio.Event()
+
+    async def hang(request: httpx2.Request) -> httpx2.Response:
+        called.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def serve(request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and json.loads(request.content).get("method") == "tools/call":
+            return await hang(request)
+        return _mcp_answer(request)
+
+    srv, patch = _server(serve)  # type: ignore[arg-type]
+    hosts = AbortController()
+    with patch, logged() as records:
+        async with asyncio.timeout(20), srv:
+            call = asyncio.create_task(srv.call_tool("echo", {}, signal=hosts.signal))
+            await called.wait()
+            hosts.abort(reason)
+            with pytest.raises(AbortError):
+                await call
+            await srv.on_main_abort(reason)
+    lines = [t for t in records.texts if "start-of-text" in t]
+    assert len(lines) == 2, [t[:200] for t in records.texts]
+    for line in lines:
+        _check_capped(line, _TOKEN)
+
+
+async def test_runs_stepped_in_turn_in_one_task_each_keep_their_own_keys_out_of_listener_errors() -> None:
+    """A host stepping two engines' runs alternately in one task: a policy hook of the first run
+    aborting a host's signal after the second run began had its listener's error scrubbed of
+    the second engine's key only, and logged the first's."""
+    first_key, second_key = "sk-first-engine-0123456789abcdef", "sk-second-engine-0123456789abcdef"
+
+    def quoting(signal: AbortSignal) -> None:
+        raise RuntimeError(f"listener saw {first_key} and {second_key}")
+
+    hosts = AbortController()
+    hosts.signal.add_listener(quoting)
+
+    class Keyed(ScriptedModel):
+        def __init__(self, key: str, script: list[Any]) -> None:
+            super().__init__(script)
+            self.key = key
+
+        def _credentials(self) -> tuple[str, ...]:
+            return (self.key,)
+
+    first = QueryEngine(Keyed(first_key, ["one"]), policies=[_AbortsTheHosts(hosts)])
+    second = QueryEngine(Keyed(second_key, ["two"]), policies=[])
+    with logged() as records:
+        a, b = aiter(first.run("go")), aiter(second.run("go"))
+        await anext(a)  # the first run has begun
+        await anext(b)  # and so has the second, in the same task
+        rest = [e async for e in a] + [e async for e in b]
+    assert hosts.signal.aborted and sum(isinstance(e, TurnEnded) for e in rest) == 2
+    quoted = [t for t in records.texts if "listener saw" in t]
+    assert quoted and f"listener saw {MARK} and {MARK}" in quoted[0], records.texts
+    assert not [t for t in records.texts if first_key in t or second_key in t], records.texts

@@ -198,7 +198,8 @@ class MCPServer:
         watch(self, secrets)
 
     def _shown(self, text: str) -> str:
-        """``text`` (an error's, for a log line) without this server's credentials, cut."""
+        """``text`` (an error's or an abort reason, for a log line) without this server's
+        credentials, cut."""
         return shown_text(text, self._redactor)
 
     async def __aenter__(self) -> MCPServer:
@@ -317,12 +318,13 @@ class MCPServer:
         if live:
             log.info(
                 "main engine aborted (%s): keeping MCP connection to %s, %d call(s) of runs not aborted use it",
-                reason,
+                self._shown(reason),
                 self.label,
                 live,
             )
             return
-        log.info("main engine aborted (%s): resetting MCP connection to %s", reason, self.label)
+        # The reason is the host's text: it may quote this server's credentials, and be long.
+        log.info("main engine aborted (%s): resetting MCP connection to %s", self._shown(reason), self.label)
         closing = self._detach()
         # Stopping a server takes it a while (a stdio one gets seconds to exit): the turn's
         # end must not wait for it. The run waits for it before it returns, within its
@@ -540,7 +542,7 @@ class MCPServer:
             if call.cancelled() or (signal.aborted and call.exception() is not None):
                 # An error after the abort (the main abort hook reset the connection) is the abort.
                 reason = signal.reason or "cancel"
-                log.info("MCP call %s on %s aborted: %s", name, self.label, reason)
+                log.info("MCP call %s on %s aborted: %s", name, self.label, self._shown(reason))
                 raise AbortError(reason)
             result = call.result()
         relisting = self._relisting

@@ -35,6 +35,11 @@ class Remote:
         self.remote = remote
         self.listing = listing
 
+    def _credentials(self) -> tuple[str, ...]:
+        """The credentials the host gave the server, those long enough to scrub out of any text:
+        an engine holding this tool knows them (`agentloop._transcript.tool_credentials`)."""
+        return self.server._secrets
+
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         redactor = self.server._redactor
         try:
