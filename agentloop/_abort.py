@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import math
@@ -392,29 +393,41 @@ def enter_run(secrets: Secrets) -> Callable[[], None]:
     """For the task a run is iterated in (the run's own code: its policy hooks, abort hooks,
     session store, and the host's code between events): a listener that raises there, on a
     signal that knows no credentials (the host's own), is logged with ``secrets()`` replaced by
-    ``[REDACTED]``, as in the run's tool calls (`run_context`). Returns what undoes it, once the
-    run is over; a run ended from another task, or one another run entered after it, leaves the
-    task as it is (what it holds is the engine's, weakly). Runs iterated in turn in one task
-    (a host that steps two engines' runs alternately) each add theirs to those set before: a
-    hook of the first run that aborts a host's signal after the second began is scrubbed of
-    both engines' credentials, never of the second's alone."""
-    outer = _run_secrets.get()
-    mine = secrets if outer is None else _joined(outer, secrets)
-    token = _run_secrets.set(mine)
+    ``[REDACTED]``, as in the run's tool calls (`run_context`). Returns what undoes it once the
+    run is over, in any order and from any task (a run the host broke out of ends in another).
+
+    The task holds one `_LiveRuns`, made by its first run: runs iterated in turn in it (a host
+    that steps two engines' runs alternately) are scrubbed of every live run's credentials, never
+    of the latest's alone, and what it holds never grows past the runs still going."""
+    current = _run_secrets.get()
+    live = current if isinstance(current, _LiveRuns) else None
+    if live is None:
+        live = _LiveRuns(current)
+        _run_secrets.set(live)
+    live.runs.append(secrets)
 
     def leave() -> None:
-        if _run_secrets.get() is not mine:  # another context, or another run entered since
-            return
-        try:
-            _run_secrets.reset(token)
-        except ValueError:  # the same value, set in another context
-            pass
+        with contextlib.suppress(ValueError):  # left already
+            live.runs.remove(secrets)
 
     return leave
 
 
-def _joined(outer: Secrets, inner: Secrets) -> Secrets:
-    return lambda: (*outer(), *inner())
+class _LiveRuns:
+    """The credentials of the runs going on in a task, and of what was set there before them
+    (a tool call's, for a subagent's run iterated inside it)."""
+
+    __slots__ = ("outer", "runs")
+
+    def __init__(self, outer: Secrets | None) -> None:
+        self.outer = outer
+        self.runs: list[Secrets] = []
+
+    def __call__(self) -> list[str]:
+        found = list(self.outer()) if self.outer is not None else []
+        for secrets in list(self.runs):
+            found.extend(secrets())
+        return found
 
 
 def _log_listener_error(fn: Listener, secrets: Secrets | None) -> None:

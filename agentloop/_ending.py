@@ -128,7 +128,7 @@ def _abort_wins(st: RunState, reason: TerminalReason) -> TerminalReason:
     running, or from another thread after the verdicts) ends it ``aborted_tools``, as with no
     policy; the results written stay as they are. After a whole answer without calls the abort
     has nothing to stop, and the policy's terminal (and its detail) stands."""
-    if reason not in _POLICY_ENDS or st.signal._reason is None:
+    if reason not in _POLICY_ENDS or not st.signal.aborted:
         return reason
     response = st.response
     if response is None or not response.tool_uses:

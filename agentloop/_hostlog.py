@@ -39,6 +39,8 @@ def log_scrubbed(
 ) -> None:
     """`log_failure` with the credentials ``secrets()`` gives (called only when there is an
     error to log; one that fails counts as none), at ``level``."""
+    if not log.isEnabledFor(level):  # a DEBUG line nobody reads costs no search for credentials
+        return
     exc = exc if exc is not None else sys.exc_info()[1]
     found: tuple[str, ...] = ()
     if exc is not None:
@@ -55,19 +57,22 @@ def log_scrubbed(
     log.log(level, message, *args, exc_info=exc, stacklevel=stacklevel)
 
 
-#: How much of a long string or repr `host_repr` reads: a credential in it is whole when scrubbed.
+#: How much of a long string or repr `host_repr` reads: all of it but for a giant, so that a
+#: credential in it is whole when scrubbed (one cut in two by the bound would not be found).
 _READ = reprlib.Repr()
-_READ.maxstring = _READ.maxother = 4_000
+_READ.maxstring = _READ.maxother = 1_000_000
+#: How much of it is shown once scrubbed: its start and end, this long in all.
+_LONG = 4_000
 #: How much of it a log line shows, as `reprlib.repr` would.
 _SHORT = 30
 
 
 def host_repr(engine: Any, value: object, *, short: bool = False) -> str:
     """The repr of ``value``, what a host's callback returned by mistake (a policy hook, the
-    permission callback), for a log line or an error result: bounded as `reprlib.repr` bounds it,
-    with the credentials ``engine`` knows (`lineage_credentials`) replaced by ``[REDACTED]``
-    before it is cut to its start and end (``short``: the 30 characters or so `reprlib.repr`
-    shows), so that no piece of one is shown. Read only on this error path."""
+    permission callback), for a log line or an error result: read whole (up to a million
+    characters), the credentials ``engine`` knows (`lineage_credentials`) replaced by
+    ``[REDACTED]``, then cut to its start and end (4,000 characters; ``short``: the 30 or so
+    `reprlib.repr` shows), so that no piece of one is shown. Read only on this error path."""
     text = _READ.repr(value)
     try:
         secrets = lineage_credentials(engine) if engine is not None else ()
@@ -75,7 +80,7 @@ def host_repr(engine: Any, value: object, *, short: bool = False) -> str:
         secrets = ()
     clean = redacted(text, secrets)
     if not short:
-        return clean
+        return clean if len(clean) <= _LONG else f"{clean[: _LONG // 2]}...{clean[-_LONG // 2 :]}"
     if clean is text:  # nothing to take out: as it was always shown
         return reprlib.repr(value)
     if len(clean) <= 2 * _SHORT:

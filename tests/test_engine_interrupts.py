@@ -1146,7 +1146,7 @@ def _interrupt_as_the_turn_ends(engine: QueryEngine, monkeypatch: pytest.MonkeyP
 
 async def test_an_interrupt_after_a_policy_ended_the_turn_on_results_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     """The interrupt came after ``on_results`` had ended the turn, before its TurnEnded: the
-    turn ended ``stationarity_ended`` as if nobody had pressed stop."""
+    turn used to end ``stationarity_ended`` as if nobody had pressed stop; the abort wins now."""
     from agentloop import Policy
     from agentloop._policy import EndTurn
 

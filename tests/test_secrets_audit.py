@@ -1008,3 +1008,28 @@ async def test_what_closing_a_model_stream_raised_is_logged_without_the_models_k
     logged = [r.getMessage() for r in caplog.records if "closing the model stream raised" in r.getMessage()]
     assert len(logged) == 1 and "[REDACTED]" in logged[0]
     assert key not in caplog.text
+
+
+@pytest.mark.parametrize("at", [0, 1990, 1995, 2000, 3990, 6000])
+def test_a_long_wrong_answer_is_scrubbed_before_it_is_cut_wherever_the_key_sits(at: int) -> None:
+    """What a host's callback returned by mistake is shown cut to its start and end: a key that
+    straddled the cut was shown but for a few characters, the cut made before the scrub."""
+    from agentloop._hostlog import host_repr
+
+    key = "sk-cut-0123456789abcdefghij"
+
+    class Model(ScriptedModel):
+        def _credentials(self) -> tuple[str, ...]:
+            return (key,)
+
+    class Answer:
+        def __repr__(self) -> str:
+            return "x" * at + key + "y" * 5_000
+
+    engine = QueryEngine(Model([]), policies=[])
+    for value in (Answer(), "x" * at + key + "y" * 5_000):
+        shown = host_repr(engine, value)
+        assert len(shown) <= 4_003
+        assert not any(key[i : i + 8] in shown for i in range(len(key) - 7)), shown
+        assert "[REDACTED]" in shown or at != 0  # elsewhere the cut may take it whole
+        assert "sk-cut" not in host_repr(engine, value, short=True)

@@ -563,3 +563,34 @@ async def test_runs_stepped_in_turn_in_one_task_each_keep_their_own_keys_out_of_
     quoted = [t for t in records.texts if "listener saw" in t]
     assert quoted and f"listener saw {MARK} and {MARK}" in quoted[0], records.texts
     assert not [t for t in records.texts if first_key in t or second_key in t], records.texts
+
+
+async def test_runs_broken_out_of_leave_nothing_behind_in_the_hosts_task() -> None:
+    """A run the host breaks out of ends in another task: what it set in the host's task for
+    listener errors stayed, and each later run wrapped it, until reading the credentials hit
+    the recursion limit (after ~1,000 runs) and a listener's error was logged with the key."""
+    from agentloop._abort import _run_secrets
+
+    key = "sk-broken-runs-0123456789abcdef"
+
+    def quoting(signal: AbortSignal) -> None:
+        raise RuntimeError(f"upstream refused Authorization: Bearer {key}")
+
+    class Keyed(ScriptedModel):
+        def _credentials(self) -> tuple[str, ...]:
+            return (key,)
+
+    engine = QueryEngine(Keyed(["hello"] * 1_200), policies=[])
+    for _ in range(1_200):  # each run waits for the cleanup of the one broken out of before it
+        async for _event in engine.run("go"):
+            break
+    live = _run_secrets.get()
+    assert len(getattr(live, "runs", ())) <= 1  # at most the last one's cleanup, still to come
+    hosts = AbortController()
+    hosts.signal.add_listener(quoting)
+    last = QueryEngine(Keyed(["last"]), policies=[_AbortsTheHosts(hosts)])
+    with logged() as records:
+        events = [e async for e in last.run("go")]
+    assert isinstance(events[-1], TurnEnded) and hosts.signal.aborted
+    quoted = [t for t in records.texts if "upstream refused" in t]
+    assert quoted and MARK in quoted[0] and not [t for t in records.texts if key in t], records.texts
