@@ -97,20 +97,23 @@ def holds_no_records(store: SessionStore | None) -> bool:
 
 def _emptied(store: SessionStore) -> bool:
     """True when ``store`` is a `JsonlSession` whose file is missing or a regular file holding
-    nothing, a torn line aside (a device or a pipe, such as ``os.devnull``, keeps nothing by
-    design)."""
+    nothing (a device or a pipe, such as ``os.devnull``, keeps nothing by design)."""
     from .sessions import JsonlSession
 
-    if not isinstance(store, JsonlSession):
+    if not isinstance(store, JsonlSession) or _file_size(store) != 0:
         return False
-    store._settle_tail()  # a torn only line is no record
     try:
-        st = store.path.stat()
-    except FileNotFoundError:
-        return True
+        return not store.path.exists() or store.path.is_file()
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def settle_tail(store: SessionStore) -> None:
+    """Cut a `JsonlSession`'s torn last line now, rather than at its next append."""
+    from .sessions import JsonlSession
+
+    if isinstance(store, JsonlSession):
+        store._settle_tail()
 
 
 def _file_size(store: SessionStore | None) -> int | None:
@@ -204,10 +207,12 @@ def catch_up_session(engine: QueryEngine) -> None:
     recorded = engine._recorded
     if engine.session is None or recorded is None:
         return
-    if recorded and _emptied(engine.session):
-        # The file holds none of what the engine took it to hold: its only line was torn (the
-        # open cut it), or it was removed while released. The transcript goes there whole.
-        engine._checkpoint_due = True
+    if recorded:
+        settle_tail(engine.session)  # a crash's torn only line is no record: cut it now
+        if _emptied(engine.session):
+            # The file holds none of what the engine took it to hold: its only line was torn,
+            # or it was removed while released. The transcript goes there whole.
+            engine._checkpoint_due = True
     messages = engine.messages
     due, engine._checkpoint_due = engine._checkpoint_due, False
     if not due and len(messages) >= len(recorded) and all(map(operator.is_, messages, recorded)):

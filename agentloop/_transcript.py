@@ -103,8 +103,7 @@ def encodable(block: ToolResultBlock) -> ToolResultBlock:
 def credentials(model: object) -> tuple[str, ...]:
     """The credentials an HTTP provider ``model`` holds (its API key, the values of its
     credential headers), longest first; () for any other model (`ScriptedModel`, the host's own)."""
-    held = getattr(model, "_credentials", None)
-    return held() if held is not None else ()
+    return tuple(_held(model))
 
 
 def tool_credentials(tools: Iterable[object]) -> set[str]:
@@ -112,10 +111,24 @@ def tool_credentials(tools: Iterable[object]) -> set[str]:
     gave the server (`agentloop.mcp.MCPServer`) long enough to scrub out of any text."""
     found: set[str] = set()
     for tool in tools:
-        held = getattr(getattr(tool, "handler", None), "_credentials", None)
-        if held is not None:
-            found.update(held())
+        found.update(_held(getattr(tool, "handler", None)))
     return found
+
+
+def _held(holder: object) -> list[str]:
+    """What ``holder._credentials()`` gives: the library's providers and MCP tools say so. A host's
+    object may use that name for something else (a dict, a method returning one str): only a
+    collection of non-empty strs counts, and one that fails counts as none, never breaking a run."""
+    held = getattr(holder, "_credentials", None)
+    if not callable(held):
+        return []
+    try:
+        got = held()
+        if not isinstance(got, tuple | list | set | frozenset):
+            return []
+        return [s for s in got if isinstance(s, str) and s]
+    except Exception:
+        return []
 
 
 def lineage_credentials(engine: Any) -> tuple[str, ...]:

@@ -30,6 +30,9 @@ from agentloop import (
     Policy,
     QueryEngine,
     ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    Tool,
     ToolCallStarted,
     ToolContext,
     TurnEnded,
@@ -594,3 +597,37 @@ async def test_runs_broken_out_of_leave_nothing_behind_in_the_hosts_task() -> No
     assert isinstance(events[-1], TurnEnded) and hosts.signal.aborted
     quoted = [t for t in records.texts if "upstream refused" in t]
     assert quoted and MARK in quoted[0] and not [t for t in records.texts if key in t], records.texts
+
+
+@pytest.mark.parametrize(
+    "held",
+    [{"user": "u"}, "sk-a-single-str-0123456789", lambda: "sk-a-str-not-a-tuple-012345", lambda: 1 / 0, lambda: (1, None)],
+)
+async def test_a_hosts_tool_or_model_with_an_attribute_named_credentials_runs_as_any_other(held: Any) -> None:
+    """A host's class-based tool handler or model keeping its own `_credentials` (a dict, a
+    method returning one str, one that raises) made every run raise, or scrubbed each letter
+    of an abort reason."""
+
+    class Handler:
+        def __init__(self) -> None:
+            self._credentials = held
+
+        async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> str:
+            return "done"
+
+    class Model(ScriptedModel):
+        _credentials = held
+
+    engine = QueryEngine(
+        Model([ScriptedResponse(tool_calls=[ScriptedToolCall("work", {})]), "after", "stopped early"]),
+        tools=[Tool("work", "Work.", {"type": "object"}, Handler())],
+        policies=[],
+    )
+    events = [e async for e in engine.run("go")]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert engine.messages[-1].text == "after"
+    events = []
+    async for event in engine.run("again"):
+        events.append(event)
+        engine.interrupt("user pressed stop")
+    assert isinstance(events[-1], TurnEnded) and events[-1].abort_reason == "user pressed stop"

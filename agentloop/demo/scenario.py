@@ -137,9 +137,10 @@ def parse(data: Any) -> Scenario:
         data = {"steps": data}
     if not isinstance(data, Mapping) or not isinstance(data.get("steps", []), list):
         raise ScenarioError("a scenario is an object with a list of \"steps\" (or just that list)")
-    unknown = set(data) - {f.name for f in fields(Scenario)}
-    if unknown:  # a misspelt "steps" would play nothing and pass
-        raise ScenarioError(f"unknown keys {sorted(unknown)}: a scenario has \"prompt\", \"timeout\" and \"steps\"")
+    top = [f.name for f in fields(Scenario)]
+    if set(data) - set(top):  # a misspelt "steps" would play nothing and pass
+        has = ", ".join(f'"{k}"' for k in top)
+        raise ScenarioError(f"unknown keys {sorted(set(data) - set(top))}: a scenario has {has}")
     prompt, timeout = data.get("prompt"), data.get("timeout", 120.0)
     if prompt is not None and not isinstance(prompt, str):
         raise ScenarioError("\"prompt\" must be a string")
