@@ -331,6 +331,10 @@ class CallRunner:
             except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
                 stop_for_ctrl_c(self.engine)
                 raise
+            except asyncio.CancelledError:
+                if self.signal.aborted or _cancel_requested():
+                    raise  # the run's abort, or this prompt's own cancel: not the callback's to end
+                return _CLOSED  # what it awaited was cancelled (the prompt's future): the user closed it
 
         # One prompt at a time. The turn is held by this call's task, not by the prompt's: a
         # prompt abandoned for ignoring its cancellation gives the turn back all the same (an
@@ -348,6 +352,8 @@ class CallRunner:
             return self._check_failed(use, exc)
         finally:
             lock.release()
+        if decision is _CLOSED:
+            log.debug("the permission prompt for tool call %s (%r) was closed without an answer", use.id, use.name)
         if isinstance(decision, Deny):
             why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
@@ -385,6 +391,17 @@ class CallRunner:
             use.id, use.name, what, tail, exc_info=trace,
         )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
+
+
+#: The answer of a prompt the user closed without answering (a permission callback that ended
+#: with a CancelledError nobody asked of its task, the run not aborted): a denial that says so.
+_CLOSED = Deny("the user closed the permission prompt without answering; the tool was not run.")
+
+
+def _cancel_requested() -> bool:
+    """The running task was asked to cancel (and has not taken the request back)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def _prompt_lock(engine: QueryEngine, permission: PermissionCallback) -> asyncio.Lock:

@@ -142,7 +142,8 @@ async def test_editor_a_prompt_the_user_closes_is_an_error_result_and_the_turn_g
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """cookbook.md, An editor plugin: a prompt the user closes is a cancelled future; the call
-    gets an error result, the tool does not run, and the turn goes on to the model's answer."""
+    gets a denial that says the prompt was closed, the tool does not run, nothing is logged as an
+    error, and the turn goes on to the model's answer."""
     import concurrent.futures
 
     ran: list[str] = []
@@ -164,7 +165,10 @@ async def test_editor_a_prompt_the_user_closes_is_an_error_result_and_the_turn_g
         events = await collect(engine.run("Build it"))
     assert turn_ended(events).reason == "completed" and ran == []
     result = engine.messages[2].tool_results[0]
-    assert result.is_error and "was not run" in result.text
+    assert result.is_error and result.text == (
+        "Permission denied: the user closed the permission prompt without answering; the tool was not run."
+    )
+    assert caplog.records == []
     assert model.request_count == 2 and engine.messages[-1].text == "I will not build, then."
     assert validate_transcript(engine.messages) == []
 

@@ -630,14 +630,14 @@ async def test_abort_between_starting_the_calls_and_their_first_step_asks_no_one
     assert validate_transcript(engine.messages) == []
 
 
-async def test_a_permission_prompt_that_cancels_itself_is_a_failed_check_not_an_interrupt() -> None:
+async def test_a_permission_prompt_that_cancels_itself_is_a_closed_prompt_not_an_interrupt() -> None:
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         raise asyncio.CancelledError  # e.g. a UI dialog torn down by its own framework
 
     engine = engine_for([calls("t"), "carrying on"], tools=[_must_not_run], permission=permission)
     events = await collect(engine, "go")
     [text] = results(engine)
-    assert text.startswith("The permission check failed") and "cancelled" in text
+    assert text == "Permission denied: the user closed the permission prompt without answering; the tool was not run."
     assert "Interrupted" not in text
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
 
