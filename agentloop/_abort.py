@@ -389,6 +389,15 @@ def run_context(secrets: Secrets) -> contextvars.Context:
     return context
 
 
+def task_cancelling() -> bool:
+    """After a CancelledError that no abort of the run's caused: True when the running task was
+    asked to cancel (and has not taken the request back), so the cancel is its owner's and must
+    propagate; False when what it awaited was cancelled of its own (a connection's reader task,
+    a prompt's future the user closed). True outside a task, where nothing else could end it."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 def enter_run(secrets: Secrets) -> Callable[[], None]:
     """For the task a run is iterated in (the run's own code: its policy hooks, abort hooks,
     session store, and the host's code between events): a listener that raises there, on a

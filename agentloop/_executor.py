@@ -16,7 +16,7 @@ import types
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._abort import AbortSignal
+from ._abort import AbortSignal, task_cancelling
 from ._errors import AbortError, ToolInputError
 from ._events import PermissionRequested, ToolCallStarted, _Event
 from ._hostlog import host_repr
@@ -332,7 +332,7 @@ class CallRunner:
                 stop_for_ctrl_c(self.engine)
                 raise
             except asyncio.CancelledError:
-                if self.signal.aborted or _cancel_requested():
+                if self.signal.aborted or task_cancelling():
                     raise  # the run's abort, or this prompt's own cancel: not the callback's to end
                 return _CLOSED  # what it awaited was cancelled (the prompt's future): the user closed it
 
@@ -396,12 +396,6 @@ class CallRunner:
 #: The answer of a prompt the user closed without answering (a permission callback that ended
 #: with a CancelledError nobody asked of its task, the run not aborted): a denial that says so.
 _CLOSED = Deny("the user closed the permission prompt without answering; the tool was not run.")
-
-
-def _cancel_requested() -> bool:
-    """The running task was asked to cancel (and has not taken the request back)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 def _prompt_lock(engine: QueryEngine, permission: PermissionCallback) -> asyncio.Lock:

@@ -15,6 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
+from ._abort import task_cancelling
 from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
@@ -145,7 +146,7 @@ class ModelPhase:
             self.failed(exc)
             return None
         except asyncio.CancelledError:  # raised by the call itself: no await, so no cancel delivered
-            if _host_cancelling():
+            if task_cancelling():
                 raise
             self.cancelled_itself()
             return None
@@ -339,21 +340,13 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
         except Exception:
             _closing_raised(engine, "closing the model stream raised")
         except asyncio.CancelledError:
-            if _host_cancelling():
+            if task_cancelling():
                 raise
             _closing_raised(engine, "closing the model stream raised CancelledError, though the run was not cancelled")
 
 
 def _closing_raised(engine: QueryEngine, message: str) -> None:
     log_scrubbed(lambda: lineage_credentials(engine), message, stacklevel=3, level=logging.DEBUG)
-
-
-def _host_cancelling() -> bool:
-    """After a CancelledError outside a guarded await (so not the run's own abort): True when it
-    is a cancel of the task running the loop, which must propagate; False when the model raised
-    it of its own (it awaited something else that was cancelled)."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 _RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"
