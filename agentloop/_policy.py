@@ -137,8 +137,9 @@ class Policy:
     """Base class: override the hooks you need; each returns None to do nothing.
 
     ``one_engine``: the policy keeps per-run state (counts, a detector's buffer), so one
-    object must not serve two engines' runs at the same time; the engine logs a warning
-    when it does. True for the stock doom-loop and stationarity policies.
+    object must not serve two engines' runs at the same time: the engine whose run finds it
+    held by another engine's run puts its `fork` in its place, keeps that, and logs a warning.
+    True for the stock doom-loop and stationarity policies.
     """
 
     one_engine: ClassVar[bool] = False
