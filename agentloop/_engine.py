@@ -307,7 +307,11 @@ class QueryEngine:
         host stopped iterating the last one) is the current run: it starts aborted.
         """
         try:
-            reason = "cancel" if reason is None else str(reason)  # the host's reason is always a str
+            # The host's reason is always a str, and never blank (one read from an empty field
+            # would say nothing in the terminal event, the session file and the abort hooks).
+            reason = "cancel" if reason is None else str(reason)
+            if not reason.strip():
+                reason = "cancel"
             # The host's text (an error message passed on) may quote the model's key: the reason
             # reaches the terminal event, the session file, the abort hooks and their logs.
             reason = self._without_credentials(reason)

@@ -897,6 +897,22 @@ async def test_interrupt_when_idle_is_a_no_op_and_never_raises() -> None:
     assert events[-1].reason == "completed"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("blank", ["", "  \n"])
+async def test_a_blank_interrupt_reason_is_the_default_cancel(blank: str) -> None:
+    """``interrupt("")`` (a reason read from an empty field) gave a blank ``abort_reason``."""
+    engine = engine_for(["hello there"])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, TurnStarted):
+            engine.interrupt(blank)
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.abort_reason == "cancel"
+    assert hooked == ["cancel"]
+
+
 async def test_on_abort_hooks_receive_the_reason_sync_and_async() -> None:
     got: list[str] = []
 
