@@ -137,8 +137,9 @@ class Policy:
     """Base class: override the hooks you need; each returns None to do nothing.
 
     ``one_engine``: the policy keeps per-run state (counts, a detector's buffer), so one
-    object must not serve two engines' runs at the same time; the engine logs a warning
-    when it does. True for the stock doom-loop and stationarity policies.
+    object must not serve two engines' runs at the same time: the engine whose run finds it
+    held by another engine's run puts its `fork` in its place, keeps that, and logs a warning.
+    True for the stock doom-loop and stationarity policies.
     """
 
     one_engine: ClassVar[bool] = False
@@ -360,29 +361,69 @@ _holders = _ByPolicy()
 _warned = _ByPolicy()
 
 
-def claim(policies: Sequence[Policy], engine: object) -> None:
-    """A run of ``engine`` starts with ``policies``: warn (once per policy) about a stateful one
-    that another engine's run holds at this moment, as a list of policies made once and passed
-    to every engine would be; its counts would mix both runs. A policy bound to another engine's
-    tools since this engine bound it (a list shared by engines with other tools) is bound to
-    this engine's again, so its tool classes are this run's."""
+def claim(policies: list[Policy], engine: Any) -> list[Policy]:
+    """A run of ``engine`` starts with ``policies`` (the engine's own list). A stateful one
+    (``one_engine``) that another engine's run holds at this moment, as a list made once and
+    passed to every engine would be, is replaced in ``policies`` by its `Policy.fork`, which
+    this engine keeps from then on: each run is judged by counts of its own, and neither writes
+    over the other's state. A warning says so, once per policy. Returns the forks put in place
+    (they have seen none of this engine's transcript yet). A policy bound to another engine's
+    tools since this engine bound it (a list shared by engines with other tools, one run after
+    the other) is bound to this engine's again, so its tool classes are this run's."""
+    forks: list[Policy] = []
+    for i, policy in enumerate(policies):
+        if policy.one_engine and _held_elsewhere(policy, engine):
+            twin = _own_copy(policy, engine)
+            if twin is not None:
+                policies[i] = twin
+                forks.append(twin)
     stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
     if stale:
         bind_all(stale, engine)
     for policy in policies:
-        if not policy.one_engine:
-            continue
-        other = _engine_of(_holders.get(policy))
-        running = other is not None and other is not engine and getattr(other, "_state", None) is not None
-        if running and not _warned.get(policy):
-            _warned.put(policy, True)
-            log.warning(
-                "policy %s is used by the runs of two engines at once: it keeps per-run state, so "
-                "each run's counts mix with the other's and neither is judged right; give each "
-                "engine its own (default_policies(), a new instance, or policy.fork())",
-                policy.name,
-            )
-        _holders.put(policy, weakref.ref(engine))
+        if policy.one_engine:
+            _holders.put(policy, weakref.ref(engine))
+    return forks
+
+
+def _held_elsewhere(policy: Policy, engine: object) -> bool:
+    """Another engine's run holds ``policy`` now."""
+    other = _engine_of(_holders.get(policy))
+    return other is not None and other is not engine and getattr(other, "_state", None) is not None
+
+
+_FORKED = (
+    "policy %s is used by the runs of two engines at once: it keeps per-run state, so the engine "
+    "whose run started second now uses its own policy.fork() of it, and keeps it; give each "
+    "engine its own (default_policies(), a new instance, or policy.fork()) to be rid of this warning"
+)
+_SHARED = (
+    "policy %s is used by the runs of two engines at once: it keeps per-run state, and its fork() "
+    "gives %s, so each run's counts mix with the other's and neither is judged right; give each "
+    "engine its own (default_policies(), a new instance, or policy.fork())"
+)
+
+
+def _own_copy(policy: Policy, engine: Any) -> Policy | None:
+    """``policy``'s fork for ``engine``, warned about once per policy; None when `fork` raises
+    or gives no other policy (the policy itself, to share one object): both runs share it then,
+    and the warning says they are not judged right."""
+    try:
+        twin = policy.fork()
+        if isinstance(twin, Policy):
+            check_hooks(twin)
+    except Exception as exc:
+        twin, got = None, f"an error ({type(exc).__name__})"
+    else:
+        got = "the policy itself" if twin is policy else f"a {type(twin).__name__}, not another policy"
+    ok = isinstance(twin, Policy) and twin is not policy
+    if not _warned.get(policy):
+        _warned.put(policy, True)
+        if ok:
+            log.warning(_FORKED, policy.name)
+        else:
+            log.warning(_SHARED, policy.name, got)
+    return twin if ok else None
 
 
 def release(policies: Sequence[Policy], engine: object) -> None:

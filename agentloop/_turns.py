@@ -11,6 +11,7 @@ way. Each turn tells the policies whether a person asked for it (`begin_turn`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ._abort import AbortController, enter_run, scrub_listener_errors
@@ -20,7 +21,7 @@ from ._handle import left_in_another_loop
 from ._hostlog import engine_secrets
 from ._inbox import Queued, envelope
 from ._messages import Message, TextBlock
-from ._policy import ask, claim, notify
+from ._policy import Policy, ask, claim, notify
 from ._recording import catch_up_session, claim_store, release_store
 from ._repair import valid_history
 from ._run import NextRun, RunState
@@ -147,7 +148,9 @@ def _begin_alone(
     if early is not None:
         st.controller.abort(early)
     if engine.policies:
-        claim(engine.policies, engine)
+        forks = claim(engine.policies, engine)
+        if forks:  # copies of policies another engine's run holds: they catch up on this transcript
+            catch_up_policies(engine, forks)
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
@@ -318,26 +321,28 @@ def _take_starts(engine: QueryEngine, *, follow_ups: bool) -> list[Message]:
     return [_user(engine, q.text, wrap and i == 0, meta={"receipt": q.id}) for i, q in enumerate(items)]
 
 
-def catch_up_policies(engine: QueryEngine) -> None:
+def catch_up_policies(engine: QueryEngine, policies: Sequence[Policy] | None = None) -> None:
     """A new engine over a saved transcript (a headless worker resuming its session after a
     restart): its policies are shown what the model did since the last request a person made,
     as if they had watched it, their verdicts dropped (the nudges they would give are in the
     transcript already). So a run that adds nothing gets no fresh allowance after
     ``stationarity_ended``, as a run again on the same engine gets none; a run that brings a
-    person's message resets the counts at its ``begin_turn`` as always."""
+    person's message resets the counts at its ``begin_turn`` as always. ``policies``: only
+    these (the forks a run starting takes of policies another engine's run holds)."""
+    policies = engine.policies if policies is None else policies
     messages = engine.messages
     start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if _by_person(messages[i])), 0)
     for i in range(start, len(messages)):
         message = messages[i]
         if message.role != "assistant":
             continue
-        ask(engine.policies, "on_response", message, engine=engine)
+        ask(policies, "on_response", message, engine=engine)
         uses = message.tool_uses
         if uses and i + 1 < len(messages):
             given = {r.tool_use_id: r for r in messages[i + 1].tool_results}
             results = [given.get(u.id) for u in uses]
             if all(r is not None for r in results):
-                ask(engine.policies, "on_results", message, results, engine=engine)
+                ask(policies, "on_results", message, results, engine=engine)
 
 
 def _by_person(message: Message) -> bool:

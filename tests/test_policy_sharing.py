@@ -1,0 +1,167 @@
+"""One stateful policy object passed to two engines whose runs overlap (a list made once and
+handed to every engine a server makes): both runs stay protected, and nothing raises."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from agentloop import (
+    DoomLoopDetected,
+    Event,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    TurnEnded,
+    TurnStarted,
+    tool,
+)
+from agentloop.policies import (
+    ConservativeDoomLoopPolicy,
+    IdenticalToolCallRun,
+    Policy,
+    RepeatedErrorResult,
+    ToolCallCycle,
+)
+
+CHANT = "I'll do it.\nI'll execute.\n" * 60
+LOOPING = ScriptedResponse(thinking="Let me plan the fix first.\n" + CHANT, text="never shown", chunk=7)
+GOOD = ScriptedResponse(thinking="A fresh plan.", text="Fixed it.")
+
+
+async def _in_lockstep(*runs: AsyncIterator[Event], order: Sequence[int] = ()) -> list[list[Event]]:
+    """Step the runs one event at a time until all have ended, in one task, with no timing
+    involved: in turn, or first as ``order`` says (indexes into ``runs``), so their streams
+    interleave delta by delta."""
+    got: list[list[Event]] = [[] for _ in runs]
+    live = list(range(len(runs)))
+    schedule = iter(order)
+    while live:
+        i = next(schedule, live[0]) % len(runs)
+        if i not in live:
+            i = live[0]
+        try:
+            got[i].append(await anext(runs[i]))
+        except StopAsyncIteration:
+            live.remove(i)
+        else:
+            live.append(live.pop(live.index(i)))  # the others go next, unless ``order`` says
+    return got
+
+
+def _engine(policies: list[Policy]) -> QueryEngine:
+    return QueryEngine(ScriptedModel([LOOPING, GOOD]), policies=policies, retry_base_delay=0.001)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.lists(st.integers(0, 1), max_size=400))
+@example(order=[])  # strictly in turn
+@example(order=[0] * 15)  # the first attempt well under way when the second begins
+async def test_a_doom_loop_policy_shared_by_two_running_engines_catches_the_loop_in_both(
+    order: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.clear()
+    shared: list[Policy] = [ConservativeDoomLoopPolicy()]
+    first, second = _engine(shared), _engine(shared)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        runs = await _in_lockstep(first.run("fix it"), second.run("fix it"), order=order)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    for events in runs:
+        detected = [e for e in events if isinstance(e, DoomLoopDetected)]
+        assert [(d.confident, d.action) for d in detected] == [(True, "resample")]
+        end = events[-1]
+        assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert [m.text for m in first.messages] == [m.text for m in second.messages] == ["fix it", "Fixed it."]
+    # Unless one run ended before the other began, the engine whose run began second forked it.
+    forked = [e for e in (first, second) if e.policies[0] is not shared[0]]
+    warned = [r.getMessage() for r in caplog.records if "two engines at once" in r.getMessage()]
+    assert len(forked) == len(warned) <= 1
+    assert all("uses its own policy.fork()" in w for w in warned)
+    if len(order) < 20:  # neither run can end (27 events) before the other begins
+        assert len(forked) == 1
+    if order == []:  # in turn: the second engine's run began second
+        assert forked == [second]
+
+
+@tool
+async def read_file(path: str) -> str:
+    """Read a file."""
+    raise FileNotFoundError(path)
+
+
+def _stuck_engine(policies: list[Policy], paths: str, **kw: Any) -> QueryEngine:
+    """Its model reads ``paths`` in turn (one letter a file), for ever; each read fails alike."""
+    calls = [ScriptedResponse(tool_calls=[ScriptedToolCall("read_file", {"path": p})]) for p in paths * 40]
+    kw.setdefault("max_turns", 40)
+    return QueryEngine(ScriptedModel(calls[:40]), tools=[read_file], policies=policies, **kw)
+
+
+@pytest.mark.parametrize(
+    ("make", "paths"), [(IdenticalToolCallRun, "a"), (ToolCallCycle, "ab"), (RepeatedErrorResult, "a")]
+)
+async def test_a_stationarity_policy_shared_by_two_running_engines_stops_each_at_its_own_count(
+    make: type[Policy], paths: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    alone = [e async for e in _stuck_engine([make()], paths).run("go")][-1]
+    shared: list[Policy] = [make()]
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        runs = await _in_lockstep(_stuck_engine(shared, paths).run("go"), _stuck_engine(shared, paths).run("go"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert isinstance(alone, TurnEnded) and alone.reason == "stationarity_ended"
+    for events in runs:
+        end = events[-1]
+        assert isinstance(end, TurnEnded) and (end.reason, end.turns) == (alone.reason, alone.turns)
+
+
+async def test_the_fork_a_resumed_run_takes_counts_the_calls_its_own_transcript_made_already() -> None:
+    """A run that adds nothing to a transcript ending in five identical failed calls is stopped
+    after the calls that make twelve, as alone, though another engine's run held the policy."""
+    begun = _stuck_engine([IdenticalToolCallRun()], "a", max_turns=5)
+    async for _event in begun.run("go"):
+        pass
+    assert begun.last_turn_ended is not None and begun.last_turn_ended.reason == "max_turns"
+    alone = [e async for e in _stuck_engine([IdenticalToolCallRun()], "a", messages=begun.messages).run()][-1]
+    assert isinstance(alone, TurnEnded) and (alone.reason, alone.turns) == ("stationarity_ended", 7)
+    shared: list[Policy] = [IdenticalToolCallRun()]
+    resumed = _stuck_engine(shared, "a", messages=begun.messages)
+    other = _stuck_engine(shared, "a").run("go")
+    first = await anext(other)  # its run holds the policy now
+    runs = await _in_lockstep(other, resumed.run())
+    ends = [e for run in runs for e in run[-1:] if isinstance(e, TurnEnded)]
+    assert isinstance(first, TurnStarted)
+    assert [(e.reason, e.turns) for e in ends] == [("stationarity_ended", 12), ("stationarity_ended", 7)]
+
+
+class _OneForTheTree(ConservativeDoomLoopPolicy):
+    """A policy whose fork is itself: one object meant to serve a whole tree of engines."""
+
+    def fork(self) -> Policy:
+        return self
+
+
+class _Unforkable(ConservativeDoomLoopPolicy):
+    """A policy whose fork fails (it would hold a lock, a client)."""
+
+    def fork(self) -> Policy:
+        raise TypeError("cannot copy the client")
+
+
+@pytest.mark.parametrize(("make", "gives"), [(_OneForTheTree, "the policy itself"), (_Unforkable, "an error")])
+async def test_a_shared_doom_loop_policy_that_cannot_be_forked_is_warned_about_and_never_raises(
+    make: type[Policy], gives: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared: list[Policy] = [make()]
+    first, second = _engine(shared), _engine(shared)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        runs = await _in_lockstep(first.run("fix it"), second.run("fix it"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    warned = [r.getMessage() for r in caplog.records if "two engines at once" in r.getMessage()]
+    assert len(warned) == 1 and f"its fork() gives {gives}" in warned[0] and "neither is judged right" in warned[0]
+    assert first.policies == second.policies == shared  # shared still: there is no copy to give either
+    assert [type(r[-1]).__name__ for r in runs] == ["TurnEnded", "TurnEnded"]
