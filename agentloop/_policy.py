@@ -137,8 +137,9 @@ class Policy:
     """Base class: override the hooks you need; each returns None to do nothing.
 
     ``one_engine``: the policy keeps per-run state (counts, a detector's buffer), so one
-    object must not serve two engines' runs at the same time: the engine whose run finds it
-    held by another engine's run puts its `fork` in its place, keeps that, and logs a warning.
+    object must not serve two engines' runs at the same time: the engine made, or whose run
+    starts, while another engine's run holds it puts its `fork` in its place, keeps that, and
+    logs a warning (so a fork drops the per-run state a deep copy would carry over).
     True for the stock doom-loop and stationarity policies.
     """
 
@@ -370,6 +371,21 @@ def claim(policies: list[Policy], engine: Any) -> list[Policy]:
     (they have seen none of this engine's transcript yet). A policy bound to another engine's
     tools since this engine bound it (a list shared by engines with other tools, one run after
     the other) is bound to this engine's again, so its tool classes are this run's."""
+    forks = own_copies(policies, engine)
+    stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
+    if stale:
+        bind_all(stale, engine)
+    for policy in policies:
+        if policy.one_engine:
+            _holders.put(policy, weakref.ref(engine))
+    return forks
+
+
+def own_copies(policies: list[Policy], engine: Any) -> list[Policy]:
+    """Put in ``policies`` (``engine``'s own list) the fork of each stateful policy another
+    engine's run holds now (see `claim`), before ``engine`` writes into it: as its run starts,
+    as it is made (binding its tools, catching up on its transcript) and as its tools change.
+    Returns the forks."""
     forks: list[Policy] = []
     for i, policy in enumerate(policies):
         if policy.one_engine and _held_elsewhere(policy, engine):
@@ -377,12 +393,6 @@ def claim(policies: list[Policy], engine: Any) -> list[Policy]:
             if twin is not None:
                 policies[i] = twin
                 forks.append(twin)
-    stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
-    if stale:
-        bind_all(stale, engine)
-    for policy in policies:
-        if policy.one_engine:
-            _holders.put(policy, weakref.ref(engine))
     return forks
 
 
@@ -393,9 +403,10 @@ def _held_elsewhere(policy: Policy, engine: object) -> bool:
 
 
 _FORKED = (
-    "policy %s is used by the runs of two engines at once: it keeps per-run state, so the engine "
-    "whose run started second now uses its own policy.fork() of it, and keeps it; give each "
-    "engine its own (default_policies(), a new instance, or policy.fork()) to be rid of this warning"
+    "policy %s is used by two engines at once: it keeps per-run state, so the engine made, or "
+    "whose run started, while the other's run held it now uses its own policy.fork() of it, and "
+    "keeps it; give each engine its own (default_policies(), a new instance, or policy.fork()) to "
+    "be rid of this warning"
 )
 _SHARED = (
     "policy %s is used by the runs of two engines at once: it keeps per-run state, and its fork() "

@@ -23,7 +23,7 @@ call that did not finish, and the check that the input is a list of messages at 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from ._messages import (
@@ -102,7 +102,7 @@ def encodable(block: ToolResultBlock) -> ToolResultBlock:
 
 def credentials(model: object) -> tuple[str, ...]:
     """The credentials an HTTP provider ``model`` holds (its API key, the values of its
-    credential headers), longest first; () for any other model (`ScriptedModel`, the host's own)."""
+    credential headers); () for any other model (`ScriptedModel`, the host's own)."""
     return tuple(_held(model))
 
 
@@ -124,7 +124,7 @@ def _held(holder: object) -> list[str]:
         return []
     try:
         got = held()
-        if not isinstance(got, tuple | list | set | frozenset):
+        if isinstance(got, str | bytes | Mapping) or not isinstance(got, Iterable):
             return []
         return [s for s in got if isinstance(s, str) and s]
     except Exception:

@@ -166,8 +166,9 @@ class DoomLoopPolicy(Policy):
         self._blocks = blocks
         self._read_blocks = 0
         hold.skip = self._holds = self.every - 1 if self.detectors else _NO_DETECTOR_HOLDS
-        # The policy keeps no reference to the engine's side: a fork (a deep copy) made
-        # mid-stream takes nothing of the run with it, and nothing of it outlives the run.
+        # The policy keeps no reference to the engine: nothing of the run outlives it. A fork (a
+        # deep copy) made mid-stream copies the attempt's chunks and buffers, which its own
+        # `begin_attempt` clears before it reads any.
         # A closure, not a `functools.partial`: the loop's call of a Python function, and
         # this one's of `_poke`, run in the same interpreter frame loop (no C-level call).
         poke = self._poke

@@ -165,3 +165,38 @@ async def test_a_shared_doom_loop_policy_that_cannot_be_forked_is_warned_about_a
     assert len(warned) == 1 and f"its fork() gives {gives}" in warned[0] and "neither is judged right" in warned[0]
     assert first.policies == second.policies == shared  # shared still: there is no copy to give either
     assert [type(r[-1]).__name__ for r in runs] == ["TurnEnded", "TurnEnded"]
+
+
+@tool(stationarity="tight")
+async def read_same(path: str) -> str:
+    """Read a file that never changes."""
+    return "same"
+
+
+def _reads(n: int) -> list[ScriptedResponse | str]:
+    return [ScriptedResponse(tool_calls=[ScriptedToolCall("read_same", {"path": "a"})]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("made", ["none", "without_tools", "over_a_transcript", "tools_changed"])
+async def test_an_engine_made_with_a_policy_another_engines_run_holds_leaves_that_run_alone(made: str) -> None:
+    """Only a run's start took a fork: an engine made with the shared list meanwhile (a server
+    making one per request from a module-level list) bound the policy to its own tools, or
+    caught it up on its own transcript, under the other engine's run, which was then stopped
+    at the wrong turn (12 turns, or 2, for its 8)."""
+    shared: list[Policy] = [IdenticalToolCallRun()]
+    first = QueryEngine(ScriptedModel(_reads(30)), tools=[read_same], policies=shared, max_turns=30)
+    idle = QueryEngine(ScriptedModel([]), tools=[read_same], policies=shared)  # made before the run
+    run = first.run("go")
+    await anext(run)
+    if made == "without_tools":
+        QueryEngine(ScriptedModel(["hi"]), tools=[], policies=shared)
+    elif made == "over_a_transcript":
+        earlier = QueryEngine(ScriptedModel(_reads(6)), tools=[read_same], policies=[], max_turns=6)
+        async for _event in earlier.run("go"):
+            pass
+        QueryEngine(ScriptedModel([]), tools=[read_same], policies=shared, messages=earlier.messages)
+    elif made == "tools_changed":
+        idle.tools = []  # its tools change while the first engine's run holds the policy
+    events = [e async for e in run]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.turns) == ("stationarity_ended", 8)

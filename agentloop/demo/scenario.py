@@ -138,9 +138,10 @@ def parse(data: Any) -> Scenario:
     if not isinstance(data, Mapping) or not isinstance(data.get("steps", []), list):
         raise ScenarioError("a scenario is an object with a list of \"steps\" (or just that list)")
     top = [f.name for f in fields(Scenario)]
-    if set(data) - set(top):  # a misspelt "steps" would play nothing and pass
+    stray = sorted(set(data) - set(top))
+    if stray:  # a misspelt "steps" would play nothing and pass
         has = ", ".join(f'"{k}"' for k in top)
-        raise ScenarioError(f"unknown keys {sorted(set(data) - set(top))}: a scenario has {has}")
+        raise ScenarioError(f"unknown keys {stray}: a scenario has {has}")
     prompt, timeout = data.get("prompt"), data.get("timeout", 120.0)
     if prompt is not None and not isinstance(prompt, str):
         raise ScenarioError("\"prompt\" must be a string")
