@@ -409,7 +409,7 @@ _FORKED = (
     "be rid of this warning"
 )
 _SHARED = (
-    "policy %s is used by the runs of two engines at once: it keeps per-run state, and its fork() "
+    "policy %s is used by two engines at once: it keeps per-run state, and its fork() "
     "gives %s, so each run's counts mix with the other's and neither is judged right; give each "
     "engine its own (default_policies(), a new instance, or policy.fork())"
 )

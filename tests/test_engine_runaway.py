@@ -1122,7 +1122,7 @@ async def test_stateful_policies_shared_by_two_engines_running_at_once_are_warne
         pass
     async for _event in first:
         pass
-    warned = [r.getMessage() for r in caplog.records if "used by the runs of two engines" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "used by two engines at once" in r.getMessage()]
     if shared:
         assert [w.split()[1] for w in warned] == ["ConservativeDoomLoopPolicy", "IdenticalToolCallRun"]
         async for _event in engine().run("again"):  # warned once per policy, not at every run
