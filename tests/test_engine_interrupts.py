@@ -1079,12 +1079,9 @@ async def test_hook_stopped_terminal_from_a_policy_before_tools_run() -> None:
     assert validate_transcript(engine.messages) == []
 
 
-@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
-async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reason: str) -> None:
-    """The host interrupted as the response came (holding its AssistantMessage) and a policy
-    ended the turn on that response: the turn ended with the policy's terminal, ``abort_reason``
-    None, no notice and no ``on_abort`` hook called, though the host had asked to stop. The
-    interrupt wins now, as it does at checkpoint 2 with no policy."""
+def _gated_engine(reason: str) -> QueryEngine:
+    """An engine whose policy ends the turn (with ``reason``) on its one response, a call of a
+    tool that must never start."""
     from agentloop import Policy
     from agentloop._policy import EndTurn
 
@@ -1096,7 +1093,16 @@ async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reaso
     async def t() -> str:
         raise AssertionError("never started")
 
-    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    return QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+
+
+@pytest.mark.parametrize("reason", ["stationarity_ended", "hook_stopped"])
+async def test_an_interrupt_that_lands_with_a_policys_end_of_the_turn_wins(reason: str) -> None:
+    """The host interrupted as the response came (holding its AssistantMessage) and a policy
+    ended the turn on that response: the turn ended with the policy's terminal, ``abort_reason``
+    None, no notice and no ``on_abort`` hook called, though the host had asked to stop. The
+    interrupt wins now, as it does at checkpoint 2 with no policy."""
+    engine = _gated_engine(reason)
     end, hooked = await _interrupted_at(engine, AssistantMessage)
     assert (end.reason, end.abort_reason) == ("aborted_tools", "cancel")
     assert hooked == ["cancel"]
@@ -1110,18 +1116,7 @@ async def test_an_interrupt_while_the_host_holds_a_call_a_policy_kept_from_runni
     """A policy ended the turn on a response with calls, whose "Not run" results the host was
     handling when the user pressed stop: the turn ended with the policy's terminal, no abort
     reason, no notice, no ``on_abort`` hook. The abort wins now; the results stay as written."""
-    from agentloop import Policy
-    from agentloop._policy import EndTurn
-
-    class Gate(Policy):
-        def on_response(self, message: Message) -> EndTurn | None:
-            return EndTurn("the same call again", reason=reason)  # type: ignore[arg-type]
-
-    @tool
-    async def t() -> str:
-        raise AssertionError("never started")
-
-    engine = QueryEngine(ScriptedModel([calls("t")]), tools=[t], policies=[Gate()])
+    engine = _gated_engine(reason)
     end, hooked = await _interrupted_at(engine, ToolCallFinished)
     assert (end.reason, end.abort_reason, end.detail) == ("aborted_tools", "cancel", None)
     assert hooked == ["cancel"]
