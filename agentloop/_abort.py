@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import itertools
 import math
 import numbers
@@ -414,12 +415,7 @@ def enter_run(secrets: Secrets) -> Callable[[], None]:
         live = _LiveRuns(current)
         _run_secrets.set(live)
     live.runs.append(secrets)
-
-    def leave() -> None:
-        with contextlib.suppress(ValueError):  # left already
-            live.runs.remove(secrets)
-
-    return leave
+    return functools.partial(live.leave, secrets)
 
 
 class _LiveRuns:
@@ -431,6 +427,10 @@ class _LiveRuns:
     def __init__(self, outer: Secrets | None) -> None:
         self.outer = outer
         self.runs: list[Secrets] = []
+
+    def leave(self, secrets: Secrets) -> None:
+        with contextlib.suppress(ValueError):  # left already
+            self.runs.remove(secrets)
 
     def __call__(self) -> list[str]:
         found = list(self.outer()) if self.outer is not None else []

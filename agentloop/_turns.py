@@ -156,7 +156,7 @@ def _begin_alone(
         st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
     # A listener raising in the run's own task (a policy hook or an abort hook aborting the
     # host's own signal) is logged without the engine's credentials, as in its tool calls.
-    st.leave = enter_run(engine_secrets(engine))
+    st.leave = enter_run(st.signal._secrets or engine_secrets(engine))  # the run controller's own
     return st, starts
 
 
