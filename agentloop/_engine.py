@@ -350,7 +350,10 @@ class QueryEngine:
         """``reason`` without the credentials the engine knows; as it is if they cannot be read
         (a stop must stop, whatever the model's key holder does)."""
         try:
-            return redacted(reason, lineage_credentials(self))
+            state = self._state
+            held = state.secrets if state is not None else None  # the run's, read once per tool set
+            secrets = held[1] if held is not None and held[0] is self.model else lineage_credentials(self)
+            return redacted(reason, secrets)
         except Exception:
             return reason
 
