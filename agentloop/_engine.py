@@ -39,6 +39,7 @@ from ._policy import Policy, bind_all, own_copies
 from ._recording import holds_messages, holds_no_records, holds_records, record_lost, record_message
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
+from ._toolphase import run_secrets
 from ._tools import PermissionCallback, Tool
 from ._transcript import lineage_credentials, redacted
 from ._validate import is_valid
@@ -350,10 +351,8 @@ class QueryEngine:
         """``reason`` without the credentials the engine knows; as it is if they cannot be read
         (a stop must stop, whatever the model's key holder does)."""
         try:
-            state = self._state
-            held = state.secrets if state is not None else None  # the run's, read once per tool set
-            secrets = held[1] if held is not None and held[0] is self.model else lineage_credentials(self)
-            return redacted(reason, secrets)
+            state = self._state  # a run's are read once per model and tool set, as for its tool results
+            return redacted(reason, run_secrets(self, state) if state is not None else lineage_credentials(self))
         except Exception:
             return reason
 

@@ -22,11 +22,15 @@ from ._transcript import lineage_credentials, redacted
 log = logging.getLogger("agentloop")
 
 
-def log_failure(engine: Any, message: str, *args: object, exc: BaseException | None = None) -> None:
-    """Log ``message % args`` at ERROR with the traceback of ``exc`` (by default the exception
-    being handled), as ``log.exception`` would; with the credentials ``engine`` knows (its
-    model's and its ancestors', `lineage_credentials`) replaced by ``[REDACTED]`` in both."""
-    log_scrubbed(lambda: lineage_credentials(engine) if engine is not None else (), message, *args, exc=exc, stacklevel=3)
+def log_failure(
+    engine: Any, message: str, *args: object, exc: BaseException | None = None, level: int = logging.ERROR
+) -> None:
+    """Log ``message % args`` at ``level`` (ERROR) with the traceback of ``exc`` (by default the
+    exception being handled), as ``log.exception`` would; with the credentials ``engine`` knows
+    (its model's and its ancestors', `lineage_credentials`) replaced by ``[REDACTED]`` in both."""
+    log_scrubbed(
+        lambda: lineage_credentials(engine) if engine is not None else (), message, *args, exc=exc, stacklevel=3, level=level
+    )
 
 
 def log_scrubbed(

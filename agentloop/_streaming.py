@@ -27,14 +27,13 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._hostlog import log_failure, log_scrubbed
+from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
-from ._transcript import lineage_credentials
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -338,15 +337,13 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
         try:
             await close()
         except Exception:
-            _closing_raised(engine, "closing the model stream raised")
+            log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
         except asyncio.CancelledError:
             if task_cancelling():
                 raise
-            _closing_raised(engine, "closing the model stream raised CancelledError, though the run was not cancelled")
-
-
-def _closing_raised(engine: QueryEngine, message: str) -> None:
-    log_scrubbed(lambda: lineage_credentials(engine), message, stacklevel=3, level=logging.DEBUG)
+            log_failure(
+                engine, "closing the model stream raised CancelledError, though the run was not cancelled", level=logging.DEBUG
+            )
 
 
 _RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"

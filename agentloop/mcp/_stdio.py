@@ -78,13 +78,11 @@ async def stdio_transport(
         child.begin(pipes)
         yield pipes.stdout, pipes.stdin
     finally:
-        if child.loop.is_closed():  # closed with its loop: killed as the loop closed
-            untrack(child)
-        else:
-            try:
+        try:
+            if not child.loop.is_closed():  # closed with its loop: killed as the loop closed
                 await uncancellable(stop(child, pipes))
-            finally:
-                untrack(child)
+        finally:
+            untrack(child)
 
 
 def stdio_connect(

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from .._jsondepth import TOO_DEEP, check_depth
+from .._jsondepth import check_depth
 from .._messages import Message, holds_iterator, jsonable
 from .._unicode import has_surrogates
 
@@ -165,8 +165,6 @@ def loads_non_finite(line: bytes) -> Any:
         return _DECODER.decode(text)
     except json.JSONDecodeError:
         raise
-    except RecursionError:  # unreachable past the check: kept as the same error all the same
-        raise ValueError(TOO_DEEP) from None
     except ValueError:  # not a syntax error: an integer of more digits than int() converts
         return _LONG_INT_DECODER.decode(text)
 

@@ -25,7 +25,7 @@ from ..._errors import (
     ProviderStatusError,
     StreamProtocolError,
 )
-from ..._jsondepth import TOO_DEEP, json_too_deep, loads
+from ..._jsondepth import TOO_DEEP, loads
 from .._errbody import clipped, decode_body, is_page, page_text
 from .._unpack import MissingDecoder, unpacker
 from ._abortable import abortable
@@ -160,12 +160,12 @@ def document_error(
     text = decode_body(raw, headers)
     if secret is not None:
         text = secret.scrub(text)
-    if json_too_deep(text):  # no error body, no response
-        return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
     try:
         body = loads(text)
-    except ValueError:
-        return None
+    except ValueError as exc:  # not JSON, or nested too deep for an error body or a response
+        if str(exc) != TOO_DEEP:
+            return None
+        return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
     if isinstance(body, dict) and body.get("error"):
         error = status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
         if "x-should-retry" not in headers and not isinstance(error, PromptTooLongError):
