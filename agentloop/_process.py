@@ -514,7 +514,11 @@ def track(child: _Child) -> None:
 def _guard(child: _Child) -> None:
     """Set ``child``'s guard timer (see `track`)."""
     timer = child.loop.call_later(_NEVER, _rearm, weakref.ref(child))
-    child.guard = weakref.finalize(timer, _kill_now, [child.pid])
+    try:
+        child.guard = weakref.finalize(timer, _kill_now, [child.pid])
+    except TypeError:  # a loop whose handles take no weak reference: `kill_left_in` and the exit kill
+        timer.cancel()
+        return
     child.guard.atexit = False  # `_kill_at_exit` does it, without closing pipes a running loop reads
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from agentloop import (
     AbortController,
+    AbortError,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -195,3 +196,32 @@ async def test_a_call_outlasting_its_loop_close_guard_timer_is_not_killed_by_it(
         code = "import time; time.sleep(0.3); print('done')"
         result = await run_process(sys.executable, "-c", code, signal=AbortController().signal)
     assert (result.returncode, result.stdout) == (0, "done\n")
+
+
+async def test_a_loop_whose_timer_handles_cannot_be_weakly_referenced_still_runs_and_stops_calls() -> None:
+    """The guard timer is watched through a weak reference to its handle: on a loop whose
+    handles take none (another loop implementation), `run_process` raised TypeError."""
+
+    class Unreferable:
+        __slots__ = ("handle",)
+
+        def __init__(self, handle: asyncio.TimerHandle) -> None:
+            self.handle = handle
+
+        def cancel(self) -> None:
+            self.handle.cancel()
+
+    loop = asyncio.get_running_loop()
+    real = loop.call_later
+    loop.call_later = lambda delay, callback, *args, **kw: Unreferable(real(delay, callback, *args, **kw))  # type: ignore[assignment, method-assign, return-value]
+    try:
+        done = await run_process(sys.executable, "-c", "print('done')", signal=AbortController().signal)
+        controller = AbortController()
+        stopped = asyncio.ensure_future(run_process("sleep", "30", signal=controller.signal))
+        await asyncio.sleep(0)
+        controller.abort("stop")
+        with pytest.raises(AbortError, match="stop"):
+            await asyncio.wait_for(stopped, WAIT)
+    finally:
+        del loop.call_later
+    assert (done.returncode, done.stdout) == (0, "done\n")
