@@ -221,14 +221,7 @@ def catch_up_session(engine: QueryEngine) -> None:
         for message in messages[len(recorded) :]:  # appended by the host
             _append(engine, message)
     else:
-        checkpoint = getattr(engine.session, "append_checkpoint", None)
-        try:
-            if checkpoint is None:
-                raise TypeError(f"{type(engine.session).__name__} has no append_checkpoint()")
-            checkpoint(list(messages))
-        except Exception as exc:
-            record_lost(engine)
-            engine._store_failed("a checkpoint of the transcript" + ("" if due else " the host rewrote"), exc)
+        _checkpoint(engine, "a checkpoint of the transcript" + ("" if due else " the host rewrote"))
     engine._recorded = list(messages)
 
 
@@ -241,11 +234,20 @@ def record_message(engine: QueryEngine, message: Message) -> None:
         _append(engine, message)
         return
     engine._checkpoint_due = False
+    _checkpoint(engine, f"a message ({message.role}), with the transcript before it")
+
+
+def _checkpoint(engine: QueryEngine, what: str) -> None:
+    """Write ``engine``'s whole transcript to its session as a checkpoint; a failure (or a store
+    without ``append_checkpoint``) is recorded as ``what`` lost."""
+    checkpoint = getattr(engine.session, "append_checkpoint", None)
     try:
+        if checkpoint is None:
+            raise TypeError(f"{type(engine.session).__name__} has no append_checkpoint()")
         checkpoint(list(engine.messages))
     except Exception as exc:
         record_lost(engine)
-        engine._store_failed(f"a message ({message.role}), with the transcript before it", exc)
+        engine._store_failed(what, exc)
 
 
 def record_lost(engine: QueryEngine) -> None:
