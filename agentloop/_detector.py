@@ -139,7 +139,15 @@ class RepetitionDetector:
     ``feed(delta)`` returns only new signals. A pattern (one run of one period)
     is reported once when it crosses its threshold and again, as an
     ``exact_repetition`` with the new count, each time its copies double.
-    ``rules`` / ``fence_rules`` replace the channel's thresholds.
+    ``rules`` / ``fence_rules`` replace the channel's thresholds, and ``wordy_rule`` the one
+    for a short unit with letters (a chant; None: the channel's own).
+
+    ``window``: the longest period looked for, in characters (the text kept is bounded by
+    it). ``anchor``: the length of the text looked up at each checkpoint; ``step``: the
+    characters from one checkpoint to the next. ValueError unless ``window >= 2 * anchor``,
+    ``anchor >= 2`` and ``step >= 1``. ``max_candidates``: how many periods are tracked at
+    once (the longest gives way to a new one); ``tries``: how many candidate distances one
+    checkpoint checks at most.
 
     ``live`` (read-only) maps each candidate period being tracked to its run; it
     is empty while the text does not repeat, and then a delta costs one append

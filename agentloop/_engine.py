@@ -63,6 +63,12 @@ class QueryEngine:
     Control calls (`interrupt`, `send_now`, `interject`, `follow_up`, `submit`)
     are plain synchronous calls, safe from any thread; only `run()` is async.
 
+    ``max_parallel_tools`` (default 10): how many consecutive concurrency-safe calls of one
+    response run at once. ``follow_up_behavior``: what `submit` does, "queue" (`follow_up`,
+    the default) or "steer" (`interject`). ``doom_loop_recovery``: cut and resample a doom
+    loop (True) or only report it (False); None reads ``AGENTLOOP_DOOM_LOOP_RECOVERY`` (on
+    unless false, 0, no or off).
+
     Keyword arguments beyond API.md: ``usage_limit`` (total tokens per run,
     subagents' included, terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
     terminal ``deadline``), ``texts`` (every text the library writes),

@@ -70,6 +70,7 @@ class ProcessResult:
 
     @property
     def ok(self) -> bool:
+        """True when the child exited with ``returncode`` 0 and was not killed by the timeout."""
         return self.returncode == 0 and not self.timed_out
 
     def as_json(self) -> dict[str, Any]:
@@ -97,7 +98,7 @@ async def run_process(
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
-    (``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
+    (``kw``: ``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
     ``stderr=subprocess.STDOUT`` merges the child's stderr into ``stdout``, in the
     order it was written (``stderr`` is then empty).
 

@@ -36,6 +36,9 @@ __all__ = ["ScriptedModel", "ScriptedResponse", "ScriptedToolCall"]
 
 @dataclass(frozen=True, slots=True)
 class ScriptedToolCall:
+    """One tool call of a `ScriptedResponse`: the tool's ``name``, its ``input`` (a dict of
+    arguments), and its ``id`` (None: a fresh one each time the response is played)."""
+
     name: str
     input: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
@@ -46,7 +49,7 @@ class ScriptedResponse:
     """One scripted model response.
 
     ``thinking`` streams first (signed unless ``sign_thinking`` is False), then
-    ``text``, then the tool calls. ``chunk`` is the delta size in characters;
+    ``text``, then the ``tool_calls`` (`ScriptedToolCall`s). ``chunk`` is the delta size in characters;
     ``delay`` the pause (seconds) before each event. ``error``: raised after
     ``error_after`` events (None: at the start). ``events``: raw stream events,
     used instead of everything above when given.

@@ -139,8 +139,13 @@ PermissionCallback = Callable[[ToolUseBlock, ToolContext], Awaitable[Allow | Den
 class Tool:
     """A tool the model can call.
 
+    ``name``: 1 to 64 letters, digits, ``_`` or ``-`` (ValueError otherwise).
+    ``description`` and ``input_schema`` (a JSON Schema object) are what the model is shown.
+    ``handler``: ``async (input, ctx) -> result``, called with the model's input (a dict) and
+    a `ToolContext`; TypeError for one that is not callable or is an async generator function.
     ``concurrency_safe``: may run alongside other concurrency-safe calls.
-    ``timeout``: seconds before the call is cancelled with an error result.
+    ``timeout``: seconds before the call is cancelled with an error result (TypeError for
+    what is not a number of seconds, ValueError for a negative one or NaN).
     ``stationarity``: "tight" tools (file reads, todo lists) get the stricter
     repeated-call thresholds. ``poller``: a repeated call whose result changes
     counts as progress.
@@ -192,6 +197,8 @@ class Tool:
         return f"<Tool {self.name!r} concurrency_safe={self.concurrency_safe}>"
 
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Await the handler with ``input`` and ``ctx`` and return what it returns; the engine
+        adds the rest around it (the permission check, the ``timeout``, the result block)."""
         return await self.handler(input, ctx)
 
 

@@ -49,7 +49,9 @@ class SSEDecoder:
     """Turn a byte stream into `ServerSentEvent`s, chunk by chunk.
 
     ``last_event_id`` and ``retry`` keep the latest values the stream set. ``max_event_bytes``:
-    how many bytes may come while no event completes (see the module's docstring).
+    how many bytes may come while no event completes (None: 64 MiB, `MAX_EVENT_BYTES`; see the
+    module's docstring). ``error_field=True`` reads an ``error:`` field line (old llama.cpp
+    servers' mid-stream failure) as an event of type ``"error"`` with the value as its data.
     """
 
     __slots__ = (

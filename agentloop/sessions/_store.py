@@ -50,10 +50,23 @@ class SessionStore(Protocol):
     (any other error is left for the appends to report).
     """
 
-    def append_message(self, message: Message) -> None: ...
-    def append_event(self, event: object) -> None: ...
-    def sidechain(self, agent_id: str) -> SessionStore: ...
-    def close(self) -> None: ...
+    def append_message(self, message: Message) -> None:
+        """Keep ``message``, just committed to the transcript. An exception it raises costs the
+        run nothing: the engine adds a line to its ``session_errors`` and goes on."""
+        ...
+
+    def append_event(self, event: object) -> None:
+        """Keep ``event``, an agentloop event worth keeping; an exception is handled as for
+        `append_message`."""
+        ...
+
+    def sidechain(self, agent_id: str) -> SessionStore:
+        """The store of subagent ``agent_id``'s transcript, kept apart from this one."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds; its owner calls it, never the engine."""
+        ...
 
 
 class JsonlSession:
