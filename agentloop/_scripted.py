@@ -51,8 +51,9 @@ class ScriptedResponse:
     ``thinking`` streams first (signed unless ``sign_thinking`` is False), then
     ``text``, then the ``tool_calls`` (`ScriptedToolCall`s). ``chunk`` is the delta size in characters;
     ``delay`` the pause (seconds) before each event. ``error``: raised after
-    ``error_after`` events (None: at the start). ``events``: raw stream events,
-    used instead of everything above when given.
+    ``error_after`` events (None: at the start; all of them: once they are streamed); ValueError
+    for an ``error_after`` below 0 or past the number of events, which could never raise it.
+    ``events``: raw stream events, used instead of everything above when given.
     """
 
     text: str = ""
@@ -68,7 +69,8 @@ class ScriptedResponse:
     events: Sequence[StreamEvent] | None = None
 
     def __post_init__(self) -> None:
-        """Raises TypeError for a script that could only fail when played, blamed on the model."""
+        """Raises TypeError for a script that could only fail when played, blamed on the model,
+        and ValueError for an ``error_after`` that would never raise its error."""
         for name in ("text", "thinking"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"ScriptedResponse {name} must be a str, not {type(getattr(self, name)).__name__}")
@@ -79,6 +81,13 @@ class ScriptedResponse:
                 raise TypeError(f"ScriptedResponse tool_calls holds ScriptedToolCall(name, input), not {call!r}")
             if not isinstance(call.input, dict):
                 raise TypeError(f"ScriptedToolCall input must be a dict (the tool's arguments), not {call.input!r}")
+        if self.error is not None and self.error_after is not None:
+            count = len(self.stream_events(lambda: ""))
+            if not 0 <= self.error_after <= count:
+                raise ValueError(
+                    f"ScriptedResponse error_after={self.error_after!r} would never raise the error: "
+                    f"this response streams {count} events, so it takes 0 to {count}"
+                )
 
     def stream_events(self, ids: Callable[[], str]) -> list[StreamEvent]:
         """The events this response streams (tool ids drawn from ``ids`` when unset)."""
@@ -193,6 +202,9 @@ class ScriptedModel:
             if signal._reason is not None:  # `throw_if_aborted()`, called only to raise: one call less per event
                 signal.throw_if_aborted()
             yield event
+        if fail_at == len(events):  # after every event: the stream fails as it would have ended
+            assert error is not None
+            raise error
 
 
 def _chunks(text: str, size: int) -> list[str]:

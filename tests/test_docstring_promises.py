@@ -11,7 +11,48 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentloop import (
+    AbortController,
+    AssistantMessage,
+    ConservativeDoomLoopPolicy,
+    Deny,
+    DoomLoopPolicy,
+    DoomLoopSignal,
+    IdenticalToolCallRun,
+    Message,
+    ModelRequest,
+    Policy,
+    ProcessResult,
+    QueryEngine,
+    RepetitionDetector,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    StreamProtocolError,
+    TextBlock,
+    TextDelta,
+    Texts,
+    Tool,
+    ToolCallFinished,
+    ToolContext,
+    ToolResultBlock,
+    ToolUseBlock,
+    TurnEnded,
+    Usage,
+    delegate_tool,
+    event_json,
+    tool,
+    validate_transcript,
+)
+from agentloop.models import SSEDecoder, StreamEnd, StreamText, StreamToolUseStart, StreamUsage, parse_retry
+from agentloop.policies import EndTurn, Nudge, canonical_key, is_keepalive
+from agentloop.sessions import JsonlSession
+from agentloop.testing import collect, turn_ended
 
 PUBLIC_MODULES = [
     "agentloop",
@@ -160,3 +201,418 @@ def test_the_walk_sees_each_public_module(module_name: str) -> None:
     module = importlib.import_module(module_name)
     assert module.__doc__
     assert module.__all__
+
+
+# -- what the docstrings say, held to it ------------------------------------------------------------
+
+
+async def test_scripted_response_error_is_raised_after_error_after_events_however_many_there_are() -> None:
+    """``ScriptedResponse``: "``error``: raised after ``error_after`` events"."""
+    from agentloop import ModelError, ScriptedResponse
+
+    short = ScriptedResponse(text="hi", error=ModelError("reset"), error_after=2)  # 3 events
+    stream = ScriptedModel([short]).stream(_request(), AbortController().signal)
+    assert [type(await anext(stream)).__name__ for _ in range(2)] == ["StreamText", "StreamBlockStop"]
+    with pytest.raises(ModelError, match="reset"):
+        await anext(stream)
+    late = ScriptedResponse(events=[StreamText(0, "Hel")], error=ModelError("cut"), error_after=1)
+    stream = ScriptedModel([late]).stream(_request(), AbortController().signal)
+    assert isinstance(await anext(stream), StreamText)
+    with pytest.raises(ModelError, match="cut"):  # once every event is out: not a missing terminator
+        await anext(stream)
+    for after in (4, 7, -1):  # past the end of the stream, or before its start: never raised
+        with pytest.raises(ValueError, match="error_after"):
+            ScriptedResponse(text="hi", error=ModelError("reset"), error_after=after)
+
+
+async def test_scripted_model_past_its_script_raises_model_error_and_cycle_starts_again() -> None:
+    from agentloop import ModelError
+
+    once = ScriptedModel(["a"])
+    await _drain(once)
+    with pytest.raises(ModelError, match="no response left"):
+        await _drain(once)
+    cycling = ScriptedModel(["a", "b"], cycle=True, record=False)
+    texts = [await _drain(cycling) for _ in range(3)]
+    assert texts == ["a", "b", "a"]
+    assert cycling.requests == [] and cycling.request_count == 3
+    with pytest.raises(TypeError, match="list of responses"):
+        ScriptedModel("ab")  # type: ignore[arg-type]
+
+
+def test_scripted_tool_call_without_an_id_gets_a_fresh_one_each_play() -> None:
+    call = ScriptedResponse(tool_calls=[ScriptedToolCall("read", {"path": "a"})])
+    model = ScriptedModel([call, call])
+    ids = [model._take(_request())[1][0] for _ in range(2)]
+    assert [e.id for e in ids if isinstance(e, StreamToolUseStart)] == ["toolu_0001", "toolu_0002"]
+
+
+def test_usage_total_is_input_plus_output() -> None:
+    assert Usage(input_tokens=7, output_tokens=5, cache_read_tokens=3, cache_write_tokens=2).total == 12
+
+
+async def test_stream_usage_later_events_replace_the_non_zero_fields() -> None:
+    """``StreamUsage``: "later events replace non-zero fields of earlier ones"; ``StreamEnd``'s
+    usage is merged the same way."""
+    events = [
+        StreamUsage(Usage(input_tokens=100, cache_read_tokens=40)),
+        StreamText(0, "ok"),
+        StreamUsage(Usage(output_tokens=9)),
+        StreamEnd("end_turn", Usage(output_tokens=12)),
+    ]
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(events=events)]), policies=[])
+    message = next(e for e in await collect(engine.run("hi")) if isinstance(e, AssistantMessage))
+    assert message.usage == Usage(input_tokens=100, output_tokens=12, cache_read_tokens=40)
+
+
+def test_abort_controller_unlink_stops_following_the_parent() -> None:
+    parent = AbortController()
+    child = AbortController(parent=parent.signal)
+    child.unlink()
+    parent.abort("stop")
+    assert not child.signal.aborted
+    child.abort("own")
+    assert child.signal.reason == "own" and parent.signal.reason == "stop"
+
+
+def test_abort_with_a_reason_that_is_not_a_str_raises_and_aborts_nothing() -> None:
+    controller = AbortController()
+    with pytest.raises(TypeError):
+        controller.abort(None)  # type: ignore[arg-type]
+    assert not controller.signal.aborted
+    controller.abort("later")
+    assert controller.signal.reason == "later"
+
+
+def test_message_user_takes_the_other_fields_validated_as_the_constructor_does() -> None:
+    from pydantic import ValidationError
+
+    made = Message.user("hello", synthetic=True, kind="nudge", meta={"k": 1})
+    assert made == Message(role="user", content=[TextBlock(text="hello")], synthetic=True, kind="nudge", meta={"k": 1})
+    assert Message.assistant("hi", partial=True).partial
+    with pytest.raises(ValidationError):
+        Message.user("hello", synthetic="maybe")
+
+
+@given(
+    text=st.text(max_size=20),
+    synthetic=st.one_of(st.booleans(), st.sampled_from([0, 1, "yes", None])),
+    kind=st.one_of(st.none(), st.text(max_size=5), st.integers()),
+)
+def test_message_user_builds_what_the_constructor_builds(text: str, synthetic: Any, kind: Any) -> None:
+    """The quick path of `Message.user` and the constructor agree on every value, refused or not."""
+    from pydantic import ValidationError
+
+    def made(build: Callable[[], Message]) -> Message | str:
+        try:
+            return build()
+        except ValidationError:
+            return "refused"
+
+    quick = made(lambda: Message.user(text, synthetic=synthetic, kind=kind))
+    slow = made(lambda: Message(role="user", content=[TextBlock(text=text)], synthetic=synthetic, kind=kind))
+    assert quick == slow
+
+
+def test_message_text_and_tool_result_text_concatenate_their_text() -> None:
+    message = Message(
+        role="assistant",
+        content=[TextBlock(text="a"), ToolUseBlock(id="t1", name="x"), TextBlock(text="b"), ToolUseBlock(id="t2", name="y")],
+    )
+    assert message.text == "ab"
+    assert [u.id for u in message.tool_uses] == ["t1", "t2"]
+    block = ToolResultBlock(tool_use_id="t1", content=[TextBlock(text="x"), TextBlock(text="y")])
+    assert block.text == "xy"
+
+
+def test_process_result_ok_is_exit_zero_without_a_timeout() -> None:
+    assert ProcessResult(("true",), 0, "", "").ok
+    assert not ProcessResult(("false",), 1, "", "").ok
+    assert not ProcessResult(("sleep",), 0, "", "", timed_out=True).ok
+
+
+def test_policy_name_is_its_class_name() -> None:
+    class Mine(Policy):
+        pass
+
+    assert Mine().name == "Mine"
+    assert IdenticalToolCallRun().name == "IdenticalToolCallRun"
+
+
+def test_policy_fork_raises_type_error_naming_a_policy_that_cannot_be_copied() -> None:
+    import threading
+
+    class Locked(Policy):
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+    with pytest.raises(TypeError, match="Locked"):
+        Locked().fork()
+
+
+def test_conservative_judge_aborts_only_on_short_thinking_tails_and_stopped_signals() -> None:
+    policy = ConservativeDoomLoopPolicy()
+    judge = policy.judge
+    assert judge(DoomLoopSignal("tail_repetition", "thinking", threshold=64)) == "abort"
+    assert judge(DoomLoopSignal("tail_repetition", "thinking", threshold=65)) == "warn"
+    assert judge(DoomLoopSignal("tail_repetition", "thinking")) == "warn"  # a period not given
+    assert judge(DoomLoopSignal("tail_repetition", "thinking", threshold=256, unit="chars", source="client")) == "abort"
+    assert judge(DoomLoopSignal("tail_repetition", "thinking", threshold=257, unit="chars", source="client")) == "warn"
+    assert judge(DoomLoopSignal("tail_repetition", "text", threshold=2)) == "warn"
+    assert judge(DoomLoopSignal("exact_repetition", "thinking", tokens=2, copies=99)) == "warn"
+    assert judge(DoomLoopSignal("tail_repetition", "text", stopped=True)) == "abort"
+    assert DoomLoopPolicy().judge(DoomLoopSignal("tail_repetition", "thinking", threshold=1, stopped=True)) == "warn"
+
+
+def test_doom_loop_policy_channels_are_checked() -> None:
+    assert set(DoomLoopPolicy(channels=("thinking",)).detectors) == {"thinking"}
+    with pytest.raises((TypeError, ValueError)):
+        DoomLoopPolicy(channels="text")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        DoomLoopPolicy(channels=("speech",))
+
+
+def test_repetition_detector_refuses_a_window_it_cannot_search() -> None:
+    with pytest.raises(ValueError, match="window"):
+        RepetitionDetector(window=16, anchor=16)
+    with pytest.raises(ValueError):
+        RepetitionDetector(anchor=1)
+    with pytest.raises(ValueError):
+        RepetitionDetector(step=0)
+    detector = RepetitionDetector()
+    detector.feed("abc")
+    assert detector.chars == 3
+    detector.reset()
+    assert detector.chars == 0 and detector.tail() is None
+
+
+@given(st.from_regex(r"\A(tail_repetition(:[1-9][0-9]{0,4})?|low_logprob|exact_repetition:[1-9][0-9]{0,3}x[1-9][0-9]{0,3})@[a-z_]{1,8}\Z"))
+def test_doom_loop_signal_format_is_the_inverse_of_parse(text: str) -> None:
+    signal = DoomLoopSignal.parse(text)
+    assert signal.format() == text
+    assert DoomLoopSignal.parse(signal.format()) == signal
+
+
+def test_doom_loop_signal_parse_refuses_what_is_no_signal() -> None:
+    for bad in ("tail_repetition:0@thinking", "exact_repetition:3x0@text", "tail_repetition:٣@text", "loop@text"):
+        with pytest.raises(ValueError, match="not a doom-loop signal"):
+            DoomLoopSignal.parse(bad)
+    with pytest.raises(TypeError):
+        DoomLoopSignal.parse(b"tail_repetition@text")  # type: ignore[arg-type]
+
+
+def test_verdicts_refuse_what_the_engine_could_not_write() -> None:
+    with pytest.raises(ValueError, match="reminder"):
+        Nudge("  ")
+    with pytest.raises(ValueError, match="stationarity_ended"):
+        EndTurn("stop", reason="completed")  # type: ignore[arg-type]
+
+
+def test_texts_are_checked_as_they_are_made() -> None:
+    with pytest.raises(TypeError, match="never_started"):
+        Texts(never_started=None)  # type: ignore[arg-type]
+    for name in ("interrupt_notice", "doom_reminder"):
+        with pytest.raises(ValueError, match=name):
+            Texts(**{name: " "})
+
+
+async def test_a_blank_deny_message_is_permission_denied_alone() -> None:
+    @tool
+    async def touch(path: str) -> str:
+        """Touch a file."""
+        return "touched"
+
+    async def deny(use: ToolUseBlock, ctx: ToolContext) -> Deny:
+        return Deny("  ")
+
+    script = [ScriptedResponse(tool_calls=[ScriptedToolCall("touch", {"path": "a"})]), "done"]
+    engine = QueryEngine(ScriptedModel(script), tools=[touch], permission=deny, policies=[])
+    finished = [e for e in await collect(engine.run("go")) if isinstance(e, ToolCallFinished)]
+    assert [(f.result.text, f.result.is_error) for f in finished] == [("Permission denied.", True)]
+
+
+def test_jsonl_session_sidechain_and_close_keep_their_word(tmp_path: Path) -> None:
+    session = JsonlSession(tmp_path / "s.jsonl")
+    child = session.sidechain("sub-1")
+    assert session.sidechain("sub-1") is child
+    assert child.path == tmp_path / "subagents" / "s" / "sub-1.jsonl"
+    for bad in ("../up", "a/b", ""):
+        with pytest.raises(ValueError):
+            session.sidechain(bad)
+    session.append_message(Message.user("hi"))
+    session.close()
+    session.close()  # idempotent
+    with pytest.raises(ValueError):
+        session.append_message(Message.user("again"))
+    late = session.sidechain("sub-2")
+    with pytest.raises(ValueError):
+        late.append_message(Message.user("late"))
+    assert JsonlSession(tmp_path / "none.jsonl").load().messages == []
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_jsonl_session_takes_a_relative_path_from_the_working_directory_at_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    session = JsonlSession("rel.jsonl")
+    monkeypatch.chdir("/")
+    session.append_message(Message.user("hi"))
+    session.close()
+    assert (tmp_path / "rel.jsonl").exists()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert JsonlSession("~/home.jsonl").path == tmp_path / "home.jsonl"
+
+
+def test_jsonl_session_append_event_writes_what_json_cannot_encode_as_its_repr(tmp_path: Path) -> None:
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    session = JsonlSession(tmp_path / "s.jsonl")
+    session.append_event({"type": "custom", "value": Opaque()})
+    session.close()
+    assert session.load().events == [{"type": "custom", "value": "<opaque>"}]
+
+
+def test_sse_decoder_drops_an_unfinished_event_at_the_end_and_bounds_what_it_holds() -> None:
+    decoder = SSEDecoder()
+    assert [e.data for e in decoder.feed(b"id: 7\nretry: 50\ndata: a\n\ndata: b\n")] == ["a"]
+    assert decoder.last_event_id == "7" and decoder.retry == 50
+    assert decoder.close() == []
+    bounded = SSEDecoder(max_event_bytes=10)
+    with pytest.raises(StreamProtocolError):
+        bounded.feed(b"data: " + b"x" * 20)
+    llama = SSEDecoder(error_field=True)
+    assert [(e.event, e.data) for e in llama.feed(b'error: {"message": "oom"}\n\n')] == [("error", '{"message": "oom"}')]
+
+
+def test_parse_retry_reads_the_documented_headers() -> None:
+    assert parse_retry(400, {"x-should-retry": "true"}) == (True, None)
+    assert parse_retry(503, {"x-should-retry": "false"}) == (False, None)
+    assert parse_retry(503, {"retry-after-ms": "1500", "retry-after": "9"}) == (True, 1.5)
+    assert parse_retry(429, {"retry-after": "4, 60"}) == (True, 4.0)
+    assert parse_retry(429, {"retry-after": "-3"}) == (True, None)
+    assert parse_retry(429, {"retry-after": "Thu, 01 Jan 1970 00:01:40 GMT"}, now=40.0) == (True, 60.0)
+    assert parse_retry(429, httpx.Headers({"Retry-After": "2"})) == (True, 2.0)
+
+
+@given(st.text(), st.text(), st.one_of(st.none(), st.integers(100, 599)))
+def test_parse_retry_never_raises(retry_after: str, retry_after_ms: str, status: int | None) -> None:
+    retryable, delay = parse_retry(status, {"retry-after": retry_after, "retry-after-ms": retry_after_ms})
+    assert isinstance(retryable, bool)
+    assert delay is None or delay >= 0
+
+
+def test_canonical_key_compares_arguments_by_value() -> None:
+    a = ToolUseBlock(id="1", name="read", input={"path": "é", "n": 1.0, "opts": {"b": 1, "a": 2}})
+    b = ToolUseBlock(id="2", name="read", input={"opts": {"a": 2, "b": 1}, "n": 1, "path": "é"})
+    assert canonical_key(a) == canonical_key(b)
+    assert "é" in canonical_key(a)[1]
+    broken = [ToolUseBlock(id=str(i), name="read", input_error=f"not JSON: {i}") for i in range(2)]
+    assert len({canonical_key(c) for c in broken} | {canonical_key(ToolUseBlock(id="9", name="read"))}) == 3
+
+
+def test_is_keepalive_knows_a_shell_call_by_the_tool_s_name() -> None:
+    def call(name: str, **args: Any) -> ToolUseBlock:
+        return ToolUseBlock(id="1", name=name, input=args)
+
+    assert is_keepalive(call("run_shell_command", command="true"))
+    assert is_keepalive(call("runTerminalCommand", cmd="sleep 0"))
+    assert is_keepalive(call("bash", command=["bash", "-lc", ":"]))
+    assert is_keepalive(call("tool", script="exit 0"), shell_tools={"tool"})
+    assert not is_keepalive(call("search", command="true"))
+    assert not is_keepalive(call("bash", command="make"))
+
+
+def test_stationarity_signature_counts_parallel_copies() -> None:
+    uses = [ToolUseBlock(id=str(i), name="read", input={"p": "a"}) for i in range(5)]
+    base, multiplicity = IdenticalToolCallRun().signature(Message(role="assistant", content=list(uses)), [])
+    assert multiplicity == 5 and len(base) == 1
+
+
+def test_subagent_refuses_its_own_or_an_ancestor_s_id() -> None:
+    engine = QueryEngine(ScriptedModel([]), agent_id="main", policies=[])
+    child = engine.subagent(agent_id="child")
+    for taken in ("main", "child"):
+        with pytest.raises(ValueError):
+            child.subagent(agent_id=taken)
+
+
+def test_delegate_tool_refuses_a_depth_that_is_not_a_whole_number_of_at_least_one() -> None:
+    for bad, error in ((0, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)):
+        with pytest.raises(error):
+            delegate_tool(max_depth=bad)  # type: ignore[arg-type]
+
+
+def test_event_json_refuses_what_is_no_event_and_a_bad_bound() -> None:
+    with pytest.raises(TypeError):
+        event_json({"type": "text_delta"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        event_json(TextDelta(text="x"), max_text_chars=-1)
+    with pytest.raises(TypeError):
+        event_json(TextDelta(text="x"), max_text_chars=2.5)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=3), st.just(Message(role="user", content=[]))), max_size=4))
+def test_validate_transcript_never_raises(entries: list[Any]) -> None:
+    problems = validate_transcript(entries)
+    assert isinstance(problems, list)
+    assert bool(problems) == bool(entries) or all(isinstance(e, Message) for e in entries)
+
+
+def test_turn_ended_says_what_is_wrong() -> None:
+    end = TurnEnded(reason="completed")
+    assert turn_ended([TextDelta(text="a"), end]) is end
+    with pytest.raises(AssertionError, match="no TurnEnded"):
+        turn_ended([TextDelta(text="a")])
+    with pytest.raises(AssertionError, match="not the last event"):
+        turn_ended([end, TextDelta(text="a")])
+    with pytest.raises(AssertionError, match="subagent"):
+        turn_ended([TurnEnded(reason="completed", agent_id="sub-1")])
+
+
+def test_tool_refuses_what_it_cannot_make_a_tool_of() -> None:
+    import functools
+
+    def sync(x: int) -> int:
+        return x
+
+    async def untyped(x):  # type: ignore[no-untyped-def]
+        return x
+
+    async def fine(x: int) -> int:
+        return x
+
+    for bad in (sync, functools.partial(fine, 1), untyped):
+        with pytest.raises(TypeError):
+            tool(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name="):
+        tool("search")  # type: ignore[call-overload]
+    with pytest.raises(ValueError):
+        tool(timeout=-1)(fine)
+    with pytest.raises(ValueError):
+        Tool("has space", "", {"type": "object"}, fine)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Tool("t", "", {"type": "object"}, "not callable")  # type: ignore[arg-type]
+
+
+async def test_tool_call_runs_the_handler_with_input_and_context() -> None:
+    seen: list[tuple[dict[str, Any], ToolContext]] = []
+
+    async def handler(raw: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append((raw, ctx))
+        return "ran"
+
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([]), policies=[]))
+    assert await Tool("t", "", {"type": "object"}, handler)({"a": 1}, ctx) == "ran"
+    assert seen == [({"a": 1}, ctx)]
+
+
+def _request() -> ModelRequest:
+    return ModelRequest(messages=[Message.user("hi")])
+
+
+async def _drain(model: ScriptedModel) -> str:
+    events = [e async for e in model.stream(_request(), AbortController().signal)]
+    return "".join(e.text for e in events if isinstance(e, StreamText))
