@@ -44,6 +44,7 @@ from pydantic.fields import FieldInfo
 from ._abort import AbortSignal
 from ._docstring import split_docstring
 from ._errors import ToolInputError
+from ._events import _Event
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
 from ._quick import quick_init
@@ -99,6 +100,13 @@ ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
 Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]
 
 
+def _dropped(event: object) -> None:
+    """The ``emit`` of a context made without one: the events go nowhere, but what is no event
+    is refused as the engine's own ``emit`` refuses it."""
+    if not isinstance(event, _Event):
+        raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(event).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool receives.
@@ -106,13 +114,15 @@ class ToolContext:
     ``signal`` aborts when the run is interrupted: pass it on to anything that
     can wait (`run_process`, a subagent, your own IO). ``emit`` sends an event
     into the run's event stream (a subagent's events reach the host this way);
-    it may be called from any thread (a worker of ``asyncio.to_thread``).
+    it may be called from any thread (a worker of ``asyncio.to_thread``). Anything but an
+    agentloop event is a TypeError, also for a context made by hand (to test a tool), whose
+    ``emit`` drops the events unless one is given.
     """
 
     signal: AbortSignal
     tool_use_id: str
     engine: QueryEngine
-    emit: Callable[[Event], None] = field(repr=False, default=lambda _e: None)
+    emit: Callable[[Event], None] = field(repr=False, default=_dropped)
 
 
 quick_init(ToolContext)  # one per tool call

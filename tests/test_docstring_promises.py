@@ -616,3 +616,12 @@ def _request() -> ModelRequest:
 async def _drain(model: ScriptedModel) -> str:
     events = [e async for e in model.stream(_request(), AbortController().signal)]
     return "".join(e.text for e in events if isinstance(e, StreamText))
+
+
+def test_a_tool_context_made_by_hand_refuses_what_is_no_event_as_the_engine_s_does() -> None:
+    """`ToolContext.emit` takes an agentloop event, anything else is a TypeError (API): also the
+    default of a context a host makes to test its tool, which drops the events."""
+    ctx = ToolContext(AbortController().signal, "t1", QueryEngine(ScriptedModel([]), policies=[]))
+    ctx.emit(TextDelta(text="progress"))
+    with pytest.raises(TypeError, match="agentloop event"):
+        ctx.emit("50% done")  # type: ignore[arg-type]
