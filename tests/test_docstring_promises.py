@@ -625,3 +625,11 @@ def test_a_tool_context_made_by_hand_refuses_what_is_no_event_as_the_engine_s_do
     ctx.emit(TextDelta(text="progress"))
     with pytest.raises(TypeError, match="agentloop event"):
         ctx.emit("50% done")  # type: ignore[arg-type]
+
+
+def test_jsonl_session_fsync_every_takes_a_whole_number_of_appends(tmp_path: Path) -> None:
+    """``fsync_every``: "also fsync every N appends": a count, refused clearly otherwise."""
+    for bad, error in (("3", TypeError), (2.5, TypeError), (True, TypeError), (0, ValueError)):
+        with pytest.raises(error, match="fsync_every"):
+            JsonlSession(tmp_path / "s.jsonl", fsync_every=bad)  # type: ignore[arg-type]
+    assert JsonlSession(tmp_path / "s.jsonl", fsync_every=3).fsync_every == 3
