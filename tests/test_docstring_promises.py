@@ -633,3 +633,22 @@ def test_jsonl_session_fsync_every_takes_a_whole_number_of_appends(tmp_path: Pat
         with pytest.raises(error, match="fsync_every"):
             JsonlSession(tmp_path / "s.jsonl", fsync_every=bad)  # type: ignore[arg-type]
     assert JsonlSession(tmp_path / "s.jsonl", fsync_every=3).fsync_every == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("chunk", "4"),
+        ("chunk", 0),
+        ("delay", "0.1"),
+        ("delay", -1.0),
+        ("error", "boom"),
+        ("events", [StreamText(0, "a"), "b"]),
+        ("usage", {"input_tokens": 3}),
+    ],
+)
+def test_a_scripted_response_that_could_only_fail_when_played_is_refused_when_made(field: str, value: Any) -> None:
+    """``ScriptedResponse``: "Raises TypeError for a script that could only fail when played,
+    blamed on the model" (ValueError for a number out of range)."""
+    with pytest.raises((TypeError, ValueError), match=field):
+        ScriptedResponse(text="hello", **{field: value})
