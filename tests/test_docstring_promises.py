@@ -652,3 +652,21 @@ def test_a_scripted_response_that_could_only_fail_when_played_is_refused_when_ma
     blamed on the model" (ValueError for a number out of range)."""
     with pytest.raises((TypeError, ValueError), match=field):
         ScriptedResponse(text="hello", **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("window", "4096", TypeError),
+        ("step", 2.5, TypeError),
+        ("max_candidates", "8", TypeError),
+        ("max_candidates", 0, ValueError),
+        ("tries", 0, ValueError),
+        ("anchor", True, TypeError),
+    ],
+)
+def test_repetition_detector_refuses_a_setting_it_could_only_fail_on_later(field: str, value: Any, error: type) -> None:
+    """A detector made with a count that is no count failed at its first checkpoint, inside a run
+    (or, with ``tries=0``, never found a loop): refused when it is made, naming the setting."""
+    with pytest.raises(error, match=field):
+        RepetitionDetector(**{field: value})
