@@ -168,14 +168,15 @@ class StationarityPolicy(Policy):
     as "the same call"; subclasses implement ``on_results``.
 
     Tool classes come from `bind` (``stationarity="tight"``, ``poller=True``) and
-    can be added by name with ``tight_tools`` / ``poller_tools``.
+    can be added by name with ``tight_tools`` / ``poller_tools`` (lists of names: a bare str
+    is a TypeError).
     """
 
     one_engine = True  # per-run state: one engine at a time
 
     def __init__(self, *, tight_tools: Iterable[str] = (), poller_tools: Iterable[str] = ()) -> None:
-        self.tight_tools = set(tight_tools)
-        self.poller_tools = set(poller_tools)
+        self.tight_tools = _tool_names("tight_tools", tight_tools)
+        self.poller_tools = _tool_names("poller_tools", poller_tools)
         # The names the last `bind` added (those the host named stay whatever the tools say).
         self._bound_tight: set[str] = set()
         self._bound_pollers: set[str] = set()
@@ -230,6 +231,13 @@ class StationarityPolicy(Policy):
         counts = Counter(self.key(c, by_id.get(c.id)) for c in message.tool_uses)
         m = gcd(*counts.values())
         return frozenset((k, n // m) for k, n in counts.items()), m
+
+
+def _tool_names(field: str, names: Iterable[str]) -> set[str]:
+    """``names`` as a set; TypeError for a bare str, which would be read letter by letter."""
+    if isinstance(names, str):
+        raise TypeError(f"{field} takes a list of tool names: {field}=[{names!r}]")
+    return set(names)
 
 
 class IdenticalToolCallRun(StationarityPolicy):

@@ -157,7 +157,7 @@ class Tool:
     ``timeout``: seconds before the call is cancelled with an error result (TypeError for
     what is not a number of seconds, ValueError for a negative one or NaN).
     ``stationarity``: "tight" tools (file reads, todo lists) get the stricter
-    repeated-call thresholds. ``poller``: a repeated call whose result changes
+    repeated-call thresholds ("normal" the others; ValueError for another word). ``poller``: a repeated call whose result changes
     counts as progress.
     """
 
@@ -193,6 +193,8 @@ class Tool:
                 raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
             if not float(timeout) >= 0:  # NaN too
                 raise ValueError(f"timeout must be >= 0, not {timeout!r}")
+        if stationarity not in ("normal", "tight"):
+            raise ValueError(f'stationarity must be "normal" or "tight", not {stationarity!r}')
         _check_handler(handler)
         self.name = name
         self.description = description

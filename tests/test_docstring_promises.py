@@ -670,3 +670,35 @@ def test_repetition_detector_refuses_a_setting_it_could_only_fail_on_later(field
     (or, with ``tries=0``, never found a loop): refused when it is made, naming the setting."""
     with pytest.raises(error, match=field):
         RepetitionDetector(**{field: value})
+
+
+def test_tool_classes_given_by_name_are_names_not_letters() -> None:
+    """``StationarityPolicy``: tools "can be added by name with ``tight_tools`` / ``poller_tools``":
+    a bare string would be read letter by letter and class no tool."""
+    for field in ("tight_tools", "poller_tools"):
+        with pytest.raises(TypeError, match=field):
+            IdenticalToolCallRun(**{field: "read_file"})
+    assert IdenticalToolCallRun(tight_tools=["read_file"]).tight_tools == {"read_file"}
+
+
+def test_a_tool_s_stationarity_is_normal_or_tight() -> None:
+    """``Tool``: "``stationarity``: "tight" tools ... get the stricter thresholds": another word
+    (a typo, "Tight") silently made a normal tool."""
+
+    async def fine(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="stationarity"):
+        Tool("t", "", {"type": "object"}, fine, stationarity="Tight")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stationarity"):
+        tool(stationarity="strict")(fine)  # type: ignore[call-overload]
+    assert tool(stationarity="tight")(fine).stationarity == "tight"
+
+
+def test_delegate_tool_refuses_a_max_turns_its_subagents_could_not_run_with() -> None:
+    """A ``max_turns`` no engine takes failed every delegated call, one error result at a time."""
+    with pytest.raises(TypeError, match="max_turns"):
+        delegate_tool(max_turns="10")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_turns"):
+        delegate_tool(max_turns=-1)
+    assert delegate_tool(max_turns=1).name == "task"
