@@ -702,3 +702,11 @@ def test_delegate_tool_refuses_a_max_turns_its_subagents_could_not_run_with() ->
     with pytest.raises(ValueError, match="max_turns"):
         delegate_tool(max_turns=-1)
     assert delegate_tool(max_turns=1).name == "task"
+
+
+def test_sse_decoder_refuses_a_bound_that_is_no_number_of_bytes() -> None:
+    """``max_event_bytes``: "how many bytes may come while no event completes": a str failed
+    with an unclear TypeError at the first chunk, and 0 failed every stream."""
+    for bad, error in (("64", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)):
+        with pytest.raises(error, match="max_event_bytes"):
+            SSEDecoder(max_event_bytes=bad)  # type: ignore[arg-type]
