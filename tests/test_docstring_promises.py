@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -240,11 +241,14 @@ async def test_scripted_model_past_its_script_raises_model_error_and_cycle_start
         ScriptedModel("ab")  # type: ignore[arg-type]
 
 
-def test_scripted_tool_call_without_an_id_gets_a_fresh_one_each_play() -> None:
-    call = ScriptedResponse(tool_calls=[ScriptedToolCall("read", {"path": "a"})])
+async def test_scripted_tool_call_without_an_id_gets_a_fresh_one_each_play() -> None:
+    call = ScriptedResponse(tool_calls=[ScriptedToolCall("read", {"path": "a"}), ScriptedToolCall("read", id="mine")])
     model = ScriptedModel([call, call])
-    ids = [model._take(_request())[1][0] for _ in range(2)]
-    assert [e.id for e in ids if isinstance(e, StreamToolUseStart)] == ["toolu_0001", "toolu_0002"]
+    ids = [
+        [e.id async for e in model.stream(_request(), AbortController().signal) if isinstance(e, StreamToolUseStart)]
+        for _ in range(2)
+    ]
+    assert ids == [["toolu_0001", "mine"], ["toolu_0002", "mine"]]
 
 
 def test_usage_total_is_input_plus_output() -> None:
@@ -543,6 +547,18 @@ def test_delegate_tool_refuses_a_depth_that_is_not_a_whole_number_of_at_least_on
     for bad, error in ((0, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)):
         with pytest.raises(error):
             delegate_tool(max_depth=bad)  # type: ignore[arg-type]
+
+
+@given(st.text(), st.one_of(st.none(), st.text(max_size=300)))
+def test_event_json_is_one_line_of_utf8_json_whatever_the_text(text: str, agent_id: str | None) -> None:
+    """``event_json``: "no line break of any kind", "always encodes as UTF-8", every field there."""
+    line = event_json(TextDelta(text=text, agent_id=agent_id))
+    assert len(line.splitlines()) == 1
+    line.encode("utf-8")
+    assert json.loads(line) == {"type": "text_delta", "agent_id": agent_id, "text": text}
+    bounded = json.loads(event_json(TextDelta(text=text, agent_id=agent_id), max_text_chars=8))
+    if agent_id is not None and len(agent_id) <= 256:
+        assert bounded["agent_id"] == agent_id  # an id a reader matches on is kept whole
 
 
 def test_event_json_refuses_what_is_no_event_and_a_bad_bound() -> None:
