@@ -182,7 +182,10 @@ class AbortSignal:
         """
         if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
             raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
-        seconds = float(seconds)
+        try:
+            seconds = float(seconds)
+        except OverflowError:  # an int past any float: as far off as infinity (or as long ago)
+            seconds = math.inf if seconds > 0 else -math.inf
         if math.isnan(seconds):
             raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         if not isinstance(reason, str):  # the timer's abort() would refuse it, and never abort

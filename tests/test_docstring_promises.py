@@ -4,6 +4,7 @@ behaviour it states is true."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from agentloop import (
     AbortController,
+    AbortSignal,
     AssistantMessage,
     ConservativeDoomLoopPolicy,
     Deny,
@@ -726,3 +728,16 @@ def test_sse_decoder_refuses_a_bound_that_is_no_number_of_bytes() -> None:
     for bad, error in (("64", TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)):
         with pytest.raises(error, match="max_event_bytes"):
             SSEDecoder(max_event_bytes=bad)  # type: ignore[arg-type]
+
+
+async def test_a_timeout_longer_than_any_float_never_fires() -> None:
+    """``AbortSignal.timeout``: "infinity (or more than ``threading.TIMEOUT_MAX``) never": an int
+    too large for a float raised OverflowError instead."""
+    import math
+
+    for seconds in (10**400, math.inf):
+        signal = AbortSignal.timeout(seconds)
+        await asyncio.sleep(0)
+        assert not signal.aborted
+    long_ago = AbortSignal.timeout(-(10**400))  # less than zero: aborts at the first chance
+    assert await asyncio.wait_for(long_ago.wait(), 10) == "deadline"
