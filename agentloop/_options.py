@@ -152,7 +152,11 @@ def _check_numbers(options: EngineOptions) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
             what = "a whole number" if whole else "a number of seconds"
             raise TypeError(f"{name} takes {what}{' or None' if optional else ''}, not {value!r}")
-        if not float(value) >= 0:  # NaN too
+        try:
+            at_least_zero = float(value) >= 0  # NaN too
+        except OverflowError:  # an int past any float: no count or number of seconds a run can use
+            raise ValueError(f"{name} is too large") from None
+        if not at_least_zero:
             raise ValueError(f"{name} must be >= 0, not {value!r}")
 
 

@@ -220,7 +220,11 @@ def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             none = " or None" if name == "timeout" else ""
             raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
-        if not float(value) >= 0:  # NaN too
+        try:
+            at_least_zero = float(value) >= 0  # NaN too
+        except OverflowError:  # an int past any float: no number of seconds a clock can add
+            raise ValueError(f"run_process: {name} is too large for a number of seconds") from None
+        if not at_least_zero:
             raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise TypeError(

@@ -191,7 +191,11 @@ class Tool:
         if timeout is not None:  # a config file's "30" would fail every call, blamed on the tool
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
                 raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
-            if not float(timeout) >= 0:  # NaN too
+            try:
+                at_least_zero = float(timeout) >= 0  # NaN too
+            except OverflowError:  # an int past any float: no number of seconds a clock can add
+                raise ValueError("timeout is too large for a number of seconds") from None
+            if not at_least_zero:
                 raise ValueError(f"timeout must be >= 0, not {timeout!r}")
         if stationarity not in ("normal", "tight"):
             raise ValueError(f'stationarity must be "normal" or "tight", not {stationarity!r}')

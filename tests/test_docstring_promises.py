@@ -49,6 +49,7 @@ from agentloop import (
     Usage,
     delegate_tool,
     event_json,
+    run_process,
     tool,
     validate_transcript,
 )
@@ -741,3 +742,21 @@ async def test_a_timeout_longer_than_any_float_never_fires() -> None:
         assert not signal.aborted
     long_ago = AbortSignal.timeout(-(10**400))  # less than zero: aborts at the first chance
     assert await asyncio.wait_for(long_ago.wait(), 10) == "deadline"
+
+
+async def test_a_number_too_large_for_a_float_is_a_value_error_where_type_and_value_errors_are_promised() -> None:
+    """`QueryEngine`, `Tool` and `run_process` raise "TypeError or ValueError" for a setting they
+    cannot run with: an int past any float raised OverflowError instead."""
+    big = 10**400
+
+    async def fine(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="deadline"):
+        QueryEngine(ScriptedModel([]), deadline=big)
+    with pytest.raises(ValueError, match="max_turns"):
+        QueryEngine(ScriptedModel([]), max_turns=big)
+    with pytest.raises(ValueError, match="timeout"):
+        Tool("t", "", {"type": "object"}, fine, timeout=big)
+    with pytest.raises(ValueError, match="kill_grace"):
+        await run_process("true", signal=AbortController().signal, kill_grace=big)
