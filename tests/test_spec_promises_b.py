@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
+import agentloop
+import agentloop.models
+import agentloop.policies
 from agentloop import (
+    AbortController,
     AbortSignal,
     DoomLoopDetected,
     Event,
@@ -18,6 +24,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     ToolCallFinished,
+    ToolContext,
     TurnEnded,
     tool,
     validate_transcript,
@@ -236,3 +243,158 @@ async def test_s7_each_threshold_at_its_bound_and_one_before(
         nudged = next(i for i, m in enumerate(engine.messages) if m.kind == "nudge")
         assert sum(1 for m in engine.messages[:nudged] if m.role == "assistant") == nudge_at
     assert validate_transcript(engine.messages) == []
+
+
+# -- §11: host calls with the wrong types ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent_id", [None, 3, b"sub", ["sub"], "", "   "])
+def test_s11_a_subagent_id_that_is_no_name_is_refused(agent_id: object) -> None:
+    """A subagent's events and sidechain are told apart by its id: ``None`` (its events would pass
+    for the main engine's), a number, bytes or a blank is refused at once, not run with."""
+    engine = QueryEngine(ScriptedModel(["x"]), policies=[])
+    with pytest.raises((TypeError, ValueError), match="agent_id"):
+        engine.subagent(agent_id=agent_id)  # type: ignore[arg-type]
+    if agent_id is not None:
+        with pytest.raises((TypeError, ValueError), match="agent_id"):
+            QueryEngine(ScriptedModel(["x"]), agent_id=agent_id)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("parent", ["main", 3, AbortController()])
+def test_s11_a_parent_that_is_no_engine_is_a_type_error(parent: object) -> None:
+    with pytest.raises(TypeError, match="parent takes a QueryEngine"):
+        QueryEngine(ScriptedModel(["x"]), parent=parent, agent_id="sub-1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, "off"])
+def test_s11_doom_loop_recovery_takes_a_bool_not_a_string_read_from_a_config(value: object) -> None:
+    """``doom_loop_recovery="false"`` would switch recovery on (a non-empty string is true)."""
+    with pytest.raises(TypeError, match="doom_loop_recovery takes True, False or None"):
+        QueryEngine(ScriptedModel(["x"]), doom_loop_recovery=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fn", [None, 3, "cleanup"])
+def test_s11_a_hook_or_listener_that_cannot_be_called_is_refused_when_given(fn: object) -> None:
+    """Not logged as a failure at the abort, far from the mistake: a TypeError where it is made."""
+    engine = QueryEngine(ScriptedModel(["x"]), policies=[])
+    with pytest.raises(TypeError, match="on_abort takes a callable"):
+        engine.on_abort(fn)  # type: ignore[arg-type]
+    controller = AbortController()
+    with pytest.raises(TypeError, match="add_listener takes a callable"):
+        controller.signal.add_listener(fn)  # type: ignore[arg-type]
+    controller.abort()
+    with pytest.raises(TypeError, match="add_listener takes a callable"):
+        controller.signal.add_listener(fn)  # type: ignore[arg-type]
+
+
+# -- API.md: each name with the signature and defaults it lists --------------------------------------
+
+
+def _params(fn: Any) -> dict[str, tuple[str, Any]]:
+    return {n: (p.kind.name, p.default) for n, p in inspect.signature(fn).parameters.items() if n != "self"}
+
+
+E = inspect.Parameter.empty
+KW = "KEYWORD_ONLY"
+POS = "POSITIONAL_OR_KEYWORD"
+
+API_SIGNATURES: list[tuple[str, dict[str, tuple[str, Any]]]] = [
+    ("AbortController", {"parent": (KW, None)}),
+    ("AbortController.abort", {"reason": (POS, "cancel")}),
+    ("AbortSignal.timeout", {"seconds": (POS, E), "reason": (POS, "deadline")}),
+    ("AbortSignal.any", {"signals": (POS, E)}),
+    ("AbortSignal.add_listener", {"fn": (POS, E)}),
+    ("AbortSignal.throw_if_aborted", {}),
+    ("AbortSignal.wait", {}),
+    ("tool", {"fn": (POS, None), "name": (KW, None), "description": (KW, None), "concurrency_safe": (KW, False),
+              "timeout": (KW, None), "stationarity": (KW, "normal")}),
+    ("run_process", {"args": ("VAR_POSITIONAL", E), "signal": (KW, E), "timeout": (KW, None), "kw": ("VAR_KEYWORD", E)}),
+    ("QueryEngine", {"model": (POS, E), "tools": (KW, ()), "system": (KW, None), "messages": (KW, ()),
+                     "policies": (KW, None), "max_turns": (KW, None), "max_parallel_tools": (KW, 10),
+                     "tool_cancel_grace": (KW, 2.0), "permission": (KW, None), "follow_up_behavior": (KW, "queue"),
+                     "interrupt_notice": (KW, "append"), "doom_loop_recovery": (KW, None), "doom_budget": (KW, 2),
+                     "retry_budget": (KW, 3), "parent": (KW, None), "agent_id": (KW, None)}),
+    ("QueryEngine.run", {"prompt": (POS, None)}),
+    ("QueryEngine.interrupt", {"reason": (POS, "cancel")}),
+    ("QueryEngine.send_now", {"text": (POS, E)}),
+    ("QueryEngine.interject", {"text": (POS, E)}),
+    ("QueryEngine.follow_up", {"text": (POS, E)}),
+    ("QueryEngine.submit", {"text": (POS, E)}),
+    ("QueryEngine.subagent", {"agent_id": (KW, E), "overrides": ("VAR_KEYWORD", E)}),
+    ("QueryEngine.on_abort", {"fn": (POS, E), "main_only": (KW, False)}),
+    ("Allow", {"updated_input": (POS, None)}),
+    ("Deny", {"message": (POS, E)}),
+    ("validate_transcript", {"messages": (POS, E)}),
+    ("repair_transcript", {"messages": (POS, E)}),
+    ("ScriptedModel", {"responses": (POS, E)}),
+    ("DoomLoopSignal", {"kind": (POS, E), "channel": (POS, E), "threshold": (POS, None), "tokens": (POS, None), "copies": (POS, None)}),
+    ("DoomLoopSignal.parse", {"text": (POS, E)}),
+    ("models.AnthropicModel", {"model": (POS, E), "api_key": (KW, None), "base_url": (KW, None), "http_client": (KW, None),
+                               "max_tokens": (KW, 4096), "thinking": (KW, None)}),
+    ("models.OpenAIChatModel", {"model": (POS, E), "api_key": (KW, None), "base_url": (KW, None), "http_client": (KW, None)}),
+    ("models.OpenAIResponsesModel", {"model": (POS, E), "api_key": (KW, None), "base_url": (KW, None),
+                                     "http_client": (KW, None), "doom_loop_check": (KW, False)}),
+    ("policies.ConservativeDoomLoopPolicy", {"max_threshold": (POS, 64)}),
+    ("policies.IdenticalToolCallRun", {"nudge_at": (POS, 8), "end_at": (POS, 12), "tight_nudge_at": (POS, 4),
+                                       "tight_end_at": (POS, 8), "keepalive_end_at": (POS, 4)}),
+]
+
+
+@pytest.mark.parametrize(("path", "listed"), API_SIGNATURES, ids=[p for p, _ in API_SIGNATURES])
+def test_api_each_signature_keeps_the_parameters_and_defaults_api_md_lists(path: str, listed: dict[str, tuple[str, Any]]) -> None:
+    """Every parameter API.md lists is there, of its kind, with its default, in its order; what
+    the code adds is optional and comes after them, so no call API.md shows changes meaning."""
+    obj: Any = agentloop
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    params = _params(obj)
+    assert {n: params.get(n) for n in listed} == listed
+    assert [n for n in params if n in listed] == list(listed)
+    names = list(params)
+    last = max(names.index(n) for n in listed) if listed else -1
+    for name, (kind, default) in params.items():
+        if name not in listed:
+            assert default is not E or kind == "VAR_KEYWORD", f"{path}: {name} is an addition that is not optional"
+            assert kind == KW or names.index(name) > last, f"{path}: {name} is put before a listed parameter"
+
+
+def test_api_the_listed_fields_and_types_are_there() -> None:
+    from agentloop.policies import DoomLoopPolicy, RepetitionDetector, StationarityPolicy
+
+    assert issubclass(agentloop.policies.ConservativeDoomLoopPolicy, DoomLoopPolicy)
+    assert issubclass(agentloop.policies.IdenticalToolCallRun, StationarityPolicy)
+    assert callable(RepetitionDetector)
+    assert issubclass(agentloop.AbortError, Exception) and agentloop.AbortError("x").reason == "x"
+    assert isinstance(agentloop.AbortSignal.aborted, property) and isinstance(agentloop.AbortSignal.reason, property)
+    assert typing.get_args(agentloop.TerminalReason) == (
+        "completed", "aborted_streaming", "aborted_tools", "max_turns", "stationarity_ended",
+        "usage_limit", "deadline", "model_error", "prompt_too_long", "hook_stopped",
+    )
+    assert agentloop.ToolResultBlock(tool_use_id="t", content="x").is_error is False
+    block_types = {
+        "TextBlock": "text", "ThinkingBlock": "thinking", "RedactedThinkingBlock": "redacted_thinking",
+        "ToolUseBlock": "tool_use", "ToolResultBlock": "tool_result",
+    }
+    for name, tag in block_types.items():
+        assert getattr(agentloop, name).model_fields["type"].default == tag
+    message = agentloop.Message(role="user", content=[agentloop.TextBlock(text="x")])
+    assert message.partial is False and message.synthetic is False
+    events = {
+        "TurnStarted": (), "TextDelta": ("text",), "ThinkingDelta": ("thinking",), "AssistantMessage": ("message",),
+        "ToolCallStarted": ("tool_use",), "ToolCallFinished": ("tool_use", "result"), "InterjectionInjected": ("texts",),
+        "PolicyNudge": ("policy", "reminder"), "DoomLoopDetected": ("signals", "confident"), "Resampling": ("attempt",),
+        "Retrying": ("attempt", "error", "delay"), "TurnEnded": ("reason", "abort_reason", "error"),
+    }
+    for name, fields in events.items():
+        params = _params(getattr(agentloop, name))
+        assert all(f in params for f in fields), name
+        assert isinstance(getattr(getattr(agentloop, name), "type", None), str), name
+    made = tool(name="t", description="d", concurrency_safe=True, timeout=3.0, stationarity="tight")(_noop)
+    assert (made.name, made.description, made.concurrency_safe, made.timeout, made.stationarity) == ("t", "d", True, 3.0, "tight")
+    assert made.input_schema["type"] == "object"
+    assert "ctx" not in made.input_schema.get("properties", {})
+
+
+async def _noop(n: int, ctx: ToolContext) -> str:
+    """Nothing."""
+    return ""
