@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agentloop
 import agentloop.models
@@ -17,7 +19,9 @@ from agentloop import (
     AbortSignal,
     DoomLoopDetected,
     Event,
+    ModelError,
     PolicyNudge,
+    PromptTooLongError,
     QueryEngine,
     Resampling,
     ScriptedModel,
@@ -26,6 +30,7 @@ from agentloop import (
     ToolCallFinished,
     ToolContext,
     TurnEnded,
+    delegate_tool,
     tool,
     validate_transcript,
 )
@@ -38,7 +43,7 @@ from agentloop.models import (
     StreamUsage,
     Usage,
 )
-from agentloop.policies import ConservativeDoomLoopPolicy, IdenticalToolCallRun
+from agentloop.policies import ConservativeDoomLoopPolicy, EndTurn, IdenticalToolCallRun, Policy
 from agentloop.testing import collect
 
 
@@ -398,3 +403,139 @@ def test_api_the_listed_fields_and_types_are_there() -> None:
 async def _noop(n: int, ctx: ToolContext) -> str:
     """Nothing."""
     return ""
+
+
+# -- §9: limits and terminals inside subagents -------------------------------------------------------
+
+
+@tool
+async def step_tool() -> str:
+    """One step."""
+    return "done"
+
+
+class _StopAtCalls(Policy):
+    def on_response(self, message: Any, *, engine: Any = None) -> EndTurn | None:
+        return EndTurn("stop it", reason="hook_stopped") if message.tool_uses else None
+
+
+@tool
+async def stop_myself(ctx: ToolContext) -> str:
+    """The subagent interrupts itself."""
+    ctx.engine.interrupt("cancel")
+    return "stopped"
+
+
+CHILD_ENDINGS: list[tuple[str, Any, dict[str, Any]]] = [
+    ("max_turns", [calls("step_tool")] * 5, {"max_turns": 2}),
+    ("usage_limit", [calls("step_tool")] * 5, {"usage_limit": 30}),
+    ("deadline", [calls("step_tool")] * 5, {"deadline": 0}),
+    ("model_error", [ScriptedResponse(error=ModelError("no such model"))], {"retry_budget": 0}),
+    ("prompt_too_long", [ScriptedResponse(error=PromptTooLongError("too long", provider="x", status=400))], {}),
+    ("stationarity_ended", [calls("shell", cmd="true")] * 5, {"policies": [IdenticalToolCallRun()]}),
+    ("hook_stopped", [calls("step_tool")] * 5, {"policies": [_StopAtCalls()]}),
+    ("aborted_tools", [calls("stop_myself"), "never"], {}),
+]
+
+
+@pytest.mark.parametrize(("terminal", "script", "settings"), CHILD_ENDINGS, ids=[t for t, _, _ in CHILD_ENDINGS])
+async def test_s9_a_subagents_terminal_reaches_the_parent_as_an_error_result(
+    terminal: str, script: list[Any], settings: dict[str, Any]
+) -> None:
+    """Whatever ends a subagent's turn, the parent gets an error tool result that names it, its
+    own run goes on to its answer, and both transcripts stay valid; a child's own abort never
+    aborts the parent."""
+    children: list[QueryEngine] = []
+
+    @tool
+    async def task(ctx: ToolContext) -> str:
+        """Delegate."""
+        child = ctx.engine.subagent(agent_id="sub-1", model=ScriptedModel(script), **settings)
+        children.append(child)
+        events = await collect(child.run("do it"))
+        end = ends_of(events, "sub-1")
+        assert [e.reason for e in end] == [terminal]
+        raise RuntimeError(f"subagent stopped: {end[0].reason}")
+
+    model = ScriptedModel([calls("task"), "parent done"])
+    engine = QueryEngine(model, tools=[task, step_tool, shell, stop_myself], policies=[])
+    events = await collect(engine.run("go"))
+    assert [e.reason for e in ends(events)] == ["completed"]
+    [finished] = results(events)
+    assert finished.result.is_error and terminal in str(finished.result.content)
+    assert engine.messages[-1].text == "parent done"
+    assert validate_transcript(engine.messages) == [] and validate_transcript(children[0].messages) == []
+
+
+@pytest.mark.parametrize(("terminal", "script", "settings"), CHILD_ENDINGS, ids=[t for t, _, _ in CHILD_ENDINGS])
+async def test_s9_the_delegate_tool_reports_each_subagent_terminal(terminal: str, script: list[Any], settings: dict[str, Any]) -> None:
+    parent = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "do"})]), "parent done"])
+    delegate = delegate_tool(model=ScriptedModel(script), **settings)
+    engine = QueryEngine(parent, tools=[delegate, step_tool, shell, stop_myself], policies=[])
+    events = await collect(engine.run("go"))
+    assert [e.reason for e in ends(events)] == ["completed"]
+    assert [e.reason for e in ends_of(events, "sub-1")] == [terminal]
+    [finished] = results(events)
+    assert finished.result.is_error and f"({terminal}" in str(finished.result.content)
+    assert validate_transcript(engine.messages) == []
+
+
+def ends_of(events: Sequence[Event], agent_id: str) -> list[TurnEnded]:
+    return [e for e in events if isinstance(e, TurnEnded) and e.agent_id == agent_id]
+
+
+# -- §10 ---------------------------------------------------------------------------------------------
+
+
+_RESPONSES = st.sampled_from(
+    [
+        ScriptedResponse(text="an answer"),
+        calls("step"),
+        calls("step", "step"),
+        calls("shell", cmd="true"),
+        ScriptedResponse(error=ModelError("overloaded", retryable=True)),
+        ScriptedResponse(text="half", error=ModelError("cut", retryable=False), error_after=1),
+        ScriptedResponse(error=PromptTooLongError("too long", provider="x", status=400)),
+        ScriptedResponse(events=[StreamThinking(0, "hm"), StreamSignals(("tail_repetition:4@thinking",)), StreamEnd("end_turn")]),
+        ScriptedResponse(events=[StreamText(0, "x"), StreamUsage(None)]),  # type: ignore[arg-type]
+    ]
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    script=st.lists(_RESPONSES, min_size=1, max_size=14),
+    max_turns=st.one_of(st.none(), st.integers(0, 6)),
+    usage_limit=st.one_of(st.none(), st.integers(0, 120)),
+    expired=st.booleans(),
+    stationarity=st.booleans(),
+)
+async def test_s10_every_run_ends_with_exactly_one_terminal_that_says_what_ended_it(
+    script: list[ScriptedResponse], max_turns: int | None, usage_limit: int | None, expired: bool, stationarity: bool
+) -> None:
+    """Any mix of answers, calls, failures, loops and limits: the run's last event is its one
+    `TurnEnded`, its reason is a `TerminalReason`, a limit's terminal is true to the limit, a
+    failure's says what failed, and the transcript is valid."""
+    model = ScriptedModel([*script, "the end"])
+    policies = [ConservativeDoomLoopPolicy(), IdenticalToolCallRun(keepalive_end_at=2)] if stationarity else []
+    engine = QueryEngine(
+        model, tools=[step, shell], policies=policies, max_turns=max_turns, usage_limit=usage_limit,
+        deadline=0 if expired else None, retry_budget=1, retry_base_delay=0, doom_budget=1,
+    )
+    events = await collect(engine.run("go"))
+    main = ends(events)
+    assert len(main) == 1 and events[-1] is main[0]
+    end = main[0]
+    assert end.reason in typing.get_args(agentloop.TerminalReason)
+    if expired:
+        assert end.reason == "deadline" and model.requests == []
+    if end.reason == "max_turns":
+        assert max_turns is not None and end.turns == max_turns
+    if end.reason == "usage_limit":
+        assert usage_limit is not None and end.usage.total >= usage_limit
+    if end.reason in ("model_error", "prompt_too_long"):
+        assert end.error
+    if end.reason == "stationarity_ended":
+        assert stationarity and end.detail
+    assert (end.abort_reason is not None) == (end.reason in ("aborted_streaming", "aborted_tools", "deadline"))
+    assert validate_transcript(engine.messages) == []
