@@ -7,6 +7,7 @@ import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from agentloop import (
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
+    TextDelta,
     ToolCallFinished,
     ToolContext,
     TurnEnded,
@@ -36,6 +38,7 @@ from agentloop import (
 )
 from agentloop.models import (
     ModelRequest,
+    OpenAIResponsesModel,
     StreamEnd,
     StreamSignals,
     StreamText,
@@ -45,6 +48,7 @@ from agentloop.models import (
 )
 from agentloop.policies import ConservativeDoomLoopPolicy, EndTurn, IdenticalToolCallRun, Policy
 from agentloop.testing import collect
+from tests.test_host_policies import responses_stream
 
 
 def calls(*names: str, **inputs: Any) -> ScriptedResponse:
@@ -538,4 +542,69 @@ async def test_s10_every_run_ends_with_exactly_one_terminal_that_says_what_ended
     if end.reason == "stationarity_ended":
         assert stationarity and end.detail
     assert (end.abort_reason is not None) == (end.reason in ("aborted_streaming", "aborted_tools", "deadline"))
+    assert validate_transcript(engine.messages) == []
+
+
+# -- §6: the server's frames -------------------------------------------------------------------------
+
+
+def _responses_model(stream: bytes, headers: list[httpx.Headers], *, check: bool) -> OpenAIResponsesModel:
+    async def handle(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    return OpenAIResponsesModel("gpt-test", api_key="sk-test-0000", http_client=client, doom_loop_check=check)
+
+
+@pytest.mark.parametrize("check", [True, False])
+async def test_s6_the_doom_loop_headers_are_sent_only_when_asked_for(check: bool) -> None:
+    headers: list[httpx.Headers] = []
+    engine = QueryEngine(_responses_model(responses_stream(1, "Hello there.", {}), headers, check=check))
+    await collect(engine.run("go"))
+    sent = {k: v for k, v in headers[0].items() if k.startswith("x-grok-")}
+    assert sent == ({"x-grok-doom-loop-check": "true", "x-grok-exact-repetition-check": "true"} if check else {})
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [["tail_repetition:4@text"], "tail_repetition:4@thinking", [1, None, {"a": 1}], None, ["no signal at all"], []],
+)
+async def test_s6_a_servers_frame_is_absorbed_whatever_it_holds(signals: object) -> None:
+    """A `response.doom_loop_check` frame becomes no text and no event of its own but the verdict
+    on its signals (a warning here); one whose signals are not signal strings is ignored."""
+    stream = responses_stream(1, "Hello there, world.", {1: signals})  # type: ignore[dict-item]
+    engine = QueryEngine(_responses_model(stream, [], check=True))
+    events = await collect(engine.run("go"))
+    assert engine.messages[-1].text == "Hello there, world."
+    detected = [e for e in events if isinstance(e, DoomLoopDetected)]
+    assert [(d.action, [s.format() for s in d.signals]) for d in detected] == (
+        [("warn", ["tail_repetition:4@text"])] if signals == ["tail_repetition:4@text"] else []
+    )
+    assert [e.reason for e in ends(events)] == ["completed"]
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_s9_a_main_abort_that_reaches_a_running_subagent_runs_main_only_cleanup_once() -> None:
+    """The main engine interrupted while its subagent streams: the child ends with the same
+    reason, an ordinary hook runs for each engine, a main-only one once, for the main engine."""
+    seen: list[str] = []
+
+    @tool
+    async def task(ctx: ToolContext) -> str:
+        """Delegate."""
+        child = ctx.engine.subagent(agent_id="c1", model=ScriptedModel([ScriptedResponse(text="abc" * 50, chunk=1)]))
+        async for ev in child.run("work"):
+            if isinstance(ev, TextDelta) and not seen:
+                ctx.engine.interrupt("stop")
+            if isinstance(ev, TurnEnded):
+                seen.append(f"child:{ev.reason}:{ev.abort_reason}")
+        return "child done"
+
+    engine = QueryEngine(ScriptedModel([calls("task"), "done"]), tools=[task], policies=[])
+    engine.on_abort(lambda r: seen.append("main-only:" + r), main_only=True)
+    engine.on_abort(lambda r: seen.append("any:" + r))
+    events = await collect(engine.run("go"))
+    assert seen == ["any:stop", "child:aborted_streaming:stop", "main-only:stop", "any:stop"]
+    assert [(e.reason, e.abort_reason) for e in ends(events)] == [("aborted_tools", "stop")]
     assert validate_transcript(engine.messages) == []
