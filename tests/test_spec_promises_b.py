@@ -39,10 +39,13 @@ from agentloop import (
 from agentloop.models import (
     ModelRequest,
     OpenAIResponsesModel,
+    StreamBlockStop,
     StreamEnd,
     StreamSignals,
     StreamText,
     StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
     StreamUsage,
     Usage,
 )
@@ -607,4 +610,91 @@ async def test_s9_a_main_abort_that_reaches_a_running_subagent_runs_main_only_cl
     events = await collect(engine.run("go"))
     assert seen == ["any:stop", "child:aborted_streaming:stop", "main-only:stop", "any:stop"]
     assert [(e.reason, e.abort_reason) for e in ends(events)] == [("aborted_tools", "stop")]
+    assert validate_transcript(engine.messages) == []
+
+
+# -- §11: hostile tool arguments and return values ------------------------------------------------
+
+
+@tool
+async def add(a: int, b: int = 0) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "says"),
+    [
+        ("add", "[1, 2]", "must be a JSON object"),
+        ("add", "null", "must be a JSON object"),
+        ("add", '{"a": "x"}', "a: Input should be a valid integer"),
+        ("add", '{"a": 1, "zz": 2}', "zz: not a parameter"),
+        ("add", "{", "not valid JSON"),
+        ("add", '{"a": NaN}', "not valid JSON"),
+        ("add", '{"a": 1e999}', "finite number"),
+        ("add", '{"a":' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+        ("add", '{"a": 1}{"a": 2}', "not valid JSON"),
+        ("nope", "{}", "Unknown tool 'nope'"),
+        ("", "{}", "Unknown tool ''"),
+    ],
+)
+async def test_s11_hostile_tool_input_from_the_model_is_an_error_result(name: str, raw: str, says: str) -> None:
+    """What the model sent as a call, however broken, is answered with an error result that says
+    what is wrong; the tool does not run, and the turn goes on to the model's next answer."""
+    call = [StreamToolUseStart(0, "toolu_1", name), StreamToolInput(0, raw), StreamBlockStop(0)]
+    engine = QueryEngine(RawModel(call, [StreamText(0, "sorry")]), tools=[add], policies=[])
+    events = await collect(engine.run("go"))
+    [finished] = results(events)
+    assert finished.result.is_error and says in str(finished.result.content)
+    assert [e.reason for e in ends(events)] == ["completed"] and engine.messages[-1].text == "sorry"
+    assert validate_transcript(engine.messages) == []
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def _never_awaited() -> int:
+    return 1
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: None, False),
+        (lambda: 3, False),
+        (lambda: b"\xff\xfe", False),
+        (lambda: {"a": float("inf")}, False),
+        (lambda: "\ud800 lone surrogate", False),
+        (lambda: "", False),
+        (lambda: object(), False),
+        (_Unprintable, True),
+        (lambda: _nested(100_000), True),
+        (_never_awaited, True),
+    ],
+)
+async def test_s11_a_tools_return_value_of_any_kind_becomes_a_result_never_a_crash(make: Any, error: bool) -> None:
+    @tool
+    async def odd() -> Any:
+        """Return something odd."""
+        return make()
+
+    engine = QueryEngine(ScriptedModel([calls("odd"), "ok"]), tools=[odd], policies=[])
+    events = await collect(engine.run("go"))
+    [finished] = results(events)
+    assert finished.result.is_error is error
+    text = finished.result.content if isinstance(finished.result.content, str) else "".join(b.text for b in finished.result.content)
+    assert text.strip()
+    text.encode("utf-8")  # nothing a provider's JSON encoder would refuse
+    assert [e.reason for e in ends(events)] == ["completed"]
     assert validate_transcript(engine.messages) == []
