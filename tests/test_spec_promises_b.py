@@ -698,3 +698,15 @@ async def test_s11_a_tools_return_value_of_any_kind_becomes_a_result_never_a_cra
     text.encode("utf-8")  # nothing a provider's JSON encoder would refuse
     assert [e.reason for e in ends(events)] == ["completed"]
     assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize(("limit", "requests", "terminal"), [(20, 1, "usage_limit"), (21, 2, "usage_limit"), (40, 2, "usage_limit"), (41, 3, "completed")])
+async def test_s8_usage_limit_at_its_bound_and_one_past(limit: int, requests: int, terminal: str) -> None:
+    """Each scripted response reports 20 tokens; the limit is reached when the run's tokens come to
+    it, and no request starts after that (the results of the last calls are in the transcript)."""
+    model = ScriptedModel([calls("step"), calls("step"), "fine"])
+    engine = QueryEngine(model, tools=[step], policies=[], usage_limit=limit)
+    events = await collect(engine.run("go"))
+    assert [e.reason for e in ends(events)] == [terminal]
+    assert len(model.requests) == requests
+    assert validate_transcript(engine.messages) == []
