@@ -710,3 +710,15 @@ async def test_s8_usage_limit_at_its_bound_and_one_past(limit: int, requests: in
     assert [e.reason for e in ends(events)] == [terminal]
     assert len(model.requests) == requests
     assert validate_transcript(engine.messages) == []
+
+
+async def test_s8_max_turns_counts_responses_not_the_retries_and_resamples_of_one() -> None:
+    """concepts.md: a retry or a resample asks again for the same response; with ``max_turns=1``
+    the turn still gets its one answer after a doom-loop cut and a failed request."""
+    looping = ScriptedResponse(events=[StreamThinking(0, "hm"), StreamSignals(("tail_repetition:4@thinking",)), StreamEnd("end_turn")])
+    model = ScriptedModel([looping, ScriptedResponse(error=ModelError("overloaded", retryable=True)), "good"])
+    engine = QueryEngine(model, max_turns=1, retry_base_delay=0)
+    events = await collect(engine.run("go"))
+    assert len(model.requests) == 3
+    assert [(e.reason, e.turns) for e in ends(events)] == [("completed", 1)]
+    assert engine.messages[-1].text == "good"
