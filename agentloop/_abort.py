@@ -100,7 +100,7 @@ class AbortSignal:
         for an ``fn`` that is not callable.
         """
         if not callable(fn):
-            raise TypeError(f"add_listener takes a callable fn(reason), not {fn!r:.80}")
+            raise TypeError(f"add_listener takes a callable fn(reason), not {type(fn).__name__}")
         key = next(self._keys)
         listeners = self._listeners
         listeners[key] = fn

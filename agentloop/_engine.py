@@ -414,7 +414,7 @@ class QueryEngine:
         Raises TypeError for an ``fn`` that is not callable.
         """
         if not callable(fn):
-            raise TypeError(f"on_abort takes a callable fn(reason), sync or async, not {fn!r:.80}")
+            raise TypeError(f"on_abort takes a callable fn(reason), sync or async, not {type(fn).__name__}")
         self._abort_hooks.append((fn, main_only))
 
     def watch_tools(self, fn: ToolWatcher) -> None:
