@@ -80,10 +80,11 @@ def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
     origin = ev.origin
     if origin is not None and type(origin) is not str:
         raise _malformed(origin, ev)
-    return origin
+    return origin if origin is None or origin.isascii() else scrub(origin)
 
 
 def _redacted_block(data: str, origin: str | None) -> RedactedThinkingBlock:
+    data = scrub(data)  # whole: halves may come in two deltas
     return RedactedThinkingBlock(data=data) if origin is None else RedactedThinkingBlock(data=data, origin=origin)
 
 
@@ -165,7 +166,7 @@ class Accumulator:
             raise _malformed(ev.signature, ev)
         origin = _origin(ev)
         part = self._part(ev, "thinking")
-        part.signature = ev.signature  # whole, never a piece
+        part.signature = scrub(ev.signature)  # whole, never a piece
         part.origin = origin
 
     def _tool_input(self, ev: StreamToolInput) -> ToolInputDelta:
@@ -182,6 +183,8 @@ class Accumulator:
             raise _malformed(id, ev)
         if type(name) is not str:
             raise _malformed(name, ev)
+        if not (id.isascii() and name.isascii()):  # the host is shown the id the transcript keeps
+            id, name = scrub(id), scrub(name)
         part = self._part(ev, "tool_use")
         part.id, part.name = id, name
         return _tool_input_delta(tool_use_id=id, name=name, partial_json="")
@@ -210,7 +213,7 @@ class Accumulator:
                 retryable=True,
             )
         part = self._part(ev, "provider")
-        part.name, part.data, part.closed = ev.provider, ev.data, True
+        part.name, part.data, part.closed = scrub(ev.provider), ev.data, True
 
     def _stop(self, ev: StreamBlockStop) -> None:
         if type(ev.index) is not int:

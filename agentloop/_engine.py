@@ -42,6 +42,7 @@ from ._subagent import take_abort_at_start
 from ._toolphase import run_secrets
 from ._tools import PermissionCallback, Tool
 from ._transcript import lineage_credentials, redacted
+from ._unicode import scrub
 from ._validate import is_valid
 
 if TYPE_CHECKING:
@@ -314,6 +315,7 @@ class QueryEngine:
             reason = "cancel" if reason is None else str(reason)
             if not reason.strip():
                 reason = "cancel"
+            reason = scrub(reason)  # kept in the cut message's meta: text UTF-8 can encode
             # The host's text (an error message passed on) may quote the model's key: the reason
             # reaches the terminal event, the session file, the abort hooks and their logs.
             reason = self._without_credentials(reason)

@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
 from agentloop import (
+    AbortSignal,
     Event,
     ModelError,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
+    TextDelta,
     ToolCallFinished,
+    ToolInputDelta,
     TurnEnded,
     tool,
     validate_transcript,
+)
+from agentloop._model import (
+    ModelRequest,
+    StreamBlockStop,
+    StreamEnd,
+    StreamEvent,
+    StreamProviderBlock,
+    StreamRedactedThinking,
+    StreamSignature,
+    StreamText,
+    StreamThinking,
+    StreamToolInput,
+    StreamToolUseStart,
+    Usage,
 )
 from agentloop.testing import collect
 
@@ -61,3 +79,77 @@ async def test_the_calls_of_a_response_that_failed_for_good_are_answered_as_not_
     finished = [e for e in events if isinstance(e, ToolCallFinished)]
     assert [(e.synthetic, e.result.text) for e in finished] == [(True, result.text)]
     assert validate_transcript(engine.messages) == []
+
+
+# -- design.md, Invariants: no string in the transcript is one UTF-8 cannot encode -----------------
+
+
+def encodes(value: object) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class LoneHalves:
+    """A model of the host's own (no SSE, no driver) whose every string field carries a lone
+    UTF-16 surrogate: the accumulated message is where its output is scrubbed."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.requests += 1
+        if self.requests > 1:
+            yield StreamText(0, "done")
+            yield StreamEnd("end_turn", Usage(1, 1))
+            return
+        yield StreamThinking(0, "think \ud83d")
+        yield StreamSignature(0, "sig\udc00", origin="o\ud800")
+        yield StreamRedactedThinking(1, "opaque\ud800", origin="o\udc00")
+        yield StreamProviderBlock(2, "srv\udfff", {"k": "v\ud800"})
+        yield StreamText(3, "text \udcff")
+        yield StreamToolUseStart(4, "call\ud800", "st\udc80ep")
+        yield StreamToolInput(4, "{}")
+        yield StreamBlockStop(4)
+        yield StreamEnd("tool_use", Usage(1, 1))
+
+
+async def test_every_string_of_a_models_own_output_is_scrubbed_in_the_accumulated_message() -> None:
+    """design.md, Invariants: "Model output (each SSE payload, the accumulated message) [is]
+    scrubbed where [it comes] in": for a model of the host's own, every string of the message
+    the loop commits (the call's id and name, a signature, redacted data and their origin, a
+    provider block's name), not only text, thinking and tool input. The id the host was shown is
+    the one kept."""
+    engine = QueryEngine(LoneHalves(), tools=[step], policies=[])
+    events = await collect(engine.run("go"))
+    assert validate_transcript(engine.messages) == []
+    assert all(encodes(m.model_dump(mode="python")) for m in engine.messages)
+    call = engine.messages[1]
+    use = call.content[-1]
+    assert use.type == "tool_use" and (use.id, use.name) == ("call\ufffd", "st\ufffdep")
+    shown = next(e for e in events if isinstance(e, ToolInputDelta))
+    assert (shown.tool_use_id, shown.name) == (use.id, use.name)
+    assert engine.messages[2].tool_results[0].tool_use_id == use.id
+    assert [e.reason for e in ends(events)] == ["completed"]
+    assert any(isinstance(e, TextDelta) for e in events)
+
+
+async def test_an_interrupt_reason_with_a_lone_surrogate_is_scrubbed_where_it_comes_in() -> None:
+    """design.md, Invariants: the host's text is scrubbed where it comes in; an interrupt's reason
+    is kept with the cut message (``meta["abort_reason"]``) and reported in ``TurnEnded``."""
+    engine = QueryEngine(ScriptedModel([ScriptedResponse(text="abcdefgh", chunk=2)]), policies=[])
+    hooked: list[str] = []
+    engine.on_abort(hooked.append)
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, TextDelta):
+            engine.interrupt("closed \ud83d\ude00 tab \udcff")
+    reason = "closed \U0001f600 tab \ufffd"
+    assert [(e.reason, e.abort_reason) for e in ends(events)] == [("aborted_streaming", reason)]
+    cut = engine.messages[1]
+    assert cut.partial and cut.meta["abort_reason"] == reason
+    assert hooked == [reason]
+    assert all(encodes(m.model_dump(mode="python")) for m in engine.messages)
