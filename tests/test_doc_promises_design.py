@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -153,3 +154,73 @@ async def test_an_interrupt_reason_with_a_lone_surrogate_is_scrubbed_where_it_co
     assert cut.partial and cut.meta["abort_reason"] == reason
     assert hooked == [reason]
     assert all(encodes(m.model_dump(mode="python")) for m in engine.messages)
+
+
+# -- design.md, Dependencies; README.md ------------------------------------------------------------
+
+
+def test_the_runtime_dependencies_are_the_three_the_docs_name_and_nothing_else_is_imported() -> None:
+    """design.md, Dependencies: "Runtime: httpx, pydantic v2 and typing-extensions. Nothing
+    else"; the MCP SDK only for ``agentloop.mcp``. README.md: "httpx (0.27 or newer), pydantic
+    (2.10 or newer), typing-extensions"."""
+    import ast
+    import re
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = dict(re.fullmatch(r"([\w-]+)(.*)", d).groups() for d in project["dependencies"])  # type: ignore[union-attr]
+    assert declared == {"httpx": ">=0.27", "pydantic": ">=2.10", "typing-extensions": ">=4.9"}
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "httpx (0.27 or newer), pydantic (2.10 or newer),\ntyping-extensions" in readme
+    allowed = {"httpx", "pydantic", "pydantic_core", "typing_extensions"}  # pydantic_core: pydantic's own
+    imported: dict[str, set[str]] = {}
+    for path in (root / "agentloop").rglob("*.py"):
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "agentloop":
+                    imported.setdefault(top, set()).add(where)
+    outside = {top: files for top, files in imported.items() if top not in allowed}
+    assert all(f.startswith("agentloop/mcp/") for files in outside.values() for f in files), outside
+    assert "mcp" in outside  # the extra is what agentloop.mcp is built on
+
+
+# -- design.md, Invariants: the engine never yields inside a timeout or a cancel scope -------------
+
+
+@pytest.mark.parametrize("held", ["TextDelta", "ToolCallStarted"])
+async def test_a_host_that_holds_an_event_past_every_timer_of_the_run_is_never_cancelled(held: str) -> None:
+    """design.md, Invariants (PEP 789): "The engine never yields inside a task group, a timeout or
+    a cancel scope". A host that awaits while it holds an event, past the run's ``deadline``, a
+    tool's ``timeout`` and the cancel grace, is never cancelled by them: its await completes; the
+    run ends with the deadline afterwards."""
+    from tests.helpers import VirtualClock
+
+    @tool(timeout=1)
+    async def slow() -> str:
+        """Take a while."""
+        await asyncio.sleep(3600)
+        return "late"
+
+    script = [ScriptedResponse(text="abcdefgh", chunk=2, tool_calls=[ScriptedToolCall("slow", {})]), "ok"]
+    with VirtualClock() as clock:
+        engine = QueryEngine(ScriptedModel(script), tools=[slow], policies=[], deadline=2.0, tool_cancel_grace=0.5)
+        slept: list[float] = []
+        events: list[Event] = []
+        async for event in engine.run("go"):
+            events.append(event)
+            if type(event).__name__ == held and not slept:
+                began = clock.now
+                await asyncio.sleep(10)  # the deadline, the tool's timeout and the grace all pass
+                slept.append(clock.now - began)
+                assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert slept == [pytest.approx(10.0)]
+    assert [(e.reason, e.abort_reason) for e in ends(events)] == [("deadline", "deadline")]
+    assert validate_transcript(engine.messages) == []
