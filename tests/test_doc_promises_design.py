@@ -285,3 +285,47 @@ async def test_a_childs_abandoned_prompt_gives_the_turn_back_to_its_parents_next
     assert [e.reason for e in ends(events)] == ["completed"] and engine.messages[-1].text == "finished"
     assert engine.messages[-2].tool_results[0].text == "did it"
     assert any("ignored cancellation" in r.getMessage() for r in caplog.records)
+
+
+# -- design.md, How an abort reaches everything: the order at the end of an aborted turn -----------
+
+
+@pytest.mark.parametrize("where", ["streaming", "tools"])
+async def test_the_abort_hooks_run_on_a_settled_transcript_with_the_notice_and_turn_ended_comes_last(
+    where: str,
+) -> None:
+    """design.md, How an abort reaches everything: "Then the transcript is settled, the interrupt
+    notice is written (for a cancel), on_abort hooks run (main-only ones only for the main
+    engine), and TurnEnded is the last event of the turn." A hook sees a valid transcript that
+    ends with the notice; a main-only hook runs for the main engine, and no event follows the
+    TurnEnded."""
+    from agentloop import ToolCallStarted, ToolContext
+
+    @tool
+    async def waits(ctx: ToolContext) -> str:
+        """Wait for the stop."""
+        await ctx.signal.wait()
+        return "stopped cleanly"
+
+    response = ScriptedResponse(text="abcdefgh", chunk=2, tool_calls=[ScriptedToolCall("waits", {})])
+    engine = QueryEngine(ScriptedModel([response]), tools=[waits], policies=[])
+    seen: list[tuple[str, str, list[str], str | None]] = []
+
+    def hook(name: str) -> object:
+        def record(reason: str) -> None:
+            last = engine.messages[-1]
+            seen.append((name, reason, validate_transcript(engine.messages), last.kind))
+
+        return record
+
+    engine.on_abort(hook("any"))
+    engine.on_abort(hook("main"), main_only=True)
+    trigger = TextDelta if where == "streaming" else ToolCallStarted
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, trigger) and sum(isinstance(e, trigger) for e in events) == 1:
+            engine.interrupt()
+    assert seen == [("any", "cancel", [], "interrupt_notice"), ("main", "cancel", [], "interrupt_notice")]
+    assert isinstance(events[-1], TurnEnded) and len(ends(events)) == 1
+    assert events[-1].reason == f"aborted_{where}"
