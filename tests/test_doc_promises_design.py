@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import importlib
 import json
+import re
+import sys
+import tomllib
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import pytest
 
 from agentloop import (
     AbortSignal,
+    Allow,
     Event,
     ModelError,
+    ModelRequest,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
     ToolCallFinished,
+    ToolCallStarted,
+    ToolContext,
     ToolInputDelta,
+    ToolUseBlock,
     TurnEnded,
+    Usage,
+    delegate_tool,
     tool,
     validate_transcript,
 )
-from agentloop._model import (
-    ModelRequest,
+from agentloop.models import (
     StreamBlockStop,
     StreamEnd,
     StreamEvent,
@@ -35,9 +47,9 @@ from agentloop._model import (
     StreamThinking,
     StreamToolInput,
     StreamToolUseStart,
-    Usage,
 )
 from agentloop.testing import collect
+from tests.helpers import VirtualClock
 
 
 @tool
@@ -163,12 +175,6 @@ def test_the_runtime_dependencies_are_the_three_the_docs_name_and_nothing_else_i
     """design.md, Dependencies: "Runtime: httpx, pydantic v2 and typing-extensions. Nothing
     else"; the MCP SDK only for ``agentloop.mcp``. README.md: "httpx (0.27 or newer), pydantic
     (2.10 or newer), typing-extensions"."""
-    import ast
-    import re
-    import sys
-    import tomllib
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     declared = dict(re.fullmatch(r"([\w-]+)(.*)", d).groups() for d in project["dependencies"])  # type: ignore[union-attr]
@@ -201,8 +207,6 @@ async def test_a_host_that_holds_an_event_past_every_timer_of_the_run_is_never_c
     a cancel scope". A host that awaits while it holds an event, past the run's ``deadline``, a
     tool's ``timeout`` and the cancel grace, is never cancelled by them: its await completes; the
     run ends with the deadline afterwards."""
-    from tests.helpers import VirtualClock
-
     @tool(timeout=1)
     async def slow() -> str:
         """Take a while."""
@@ -238,8 +242,6 @@ async def test_a_childs_abandoned_prompt_gives_the_turn_back_to_its_parents_next
     parent and its subagents too; an abandoned prompt gives its turn back." A subagent stopped
     (by its own interrupt, the parent not aborted) while its prompt swallows the cancel: the
     parent's next prompt, on the same callback, is asked and answered."""
-    from agentloop import Allow, ModelRequest, ToolCallStarted, ToolContext, ToolUseBlock, delegate_tool
-
     @tool
     async def risky() -> str:
         """Needs a yes."""
@@ -299,8 +301,6 @@ async def test_the_abort_hooks_run_on_a_settled_transcript_with_the_notice_and_t
     engine), and TurnEnded is the last event of the turn." A hook sees a valid transcript that
     ends with the notice; a main-only hook runs for the main engine, and no event follows the
     TurnEnded."""
-    from agentloop import ToolCallStarted, ToolContext
-
     @tool
     async def waits(ctx: ToolContext) -> str:
         """Wait for the stop."""
@@ -329,3 +329,32 @@ async def test_the_abort_hooks_run_on_a_settled_transcript_with_the_notice_and_t
     assert seen == [("any", "cancel", [], "interrupt_notice"), ("main", "cancel", [], "interrupt_notice")]
     assert isinstance(events[-1], TurnEnded) and len(ends(events)) == 1
     assert events[-1].reason == f"aborted_{where}"
+
+
+# -- design.md, Invariants ("Where") and Map of modules --------------------------------------------
+
+
+def test_every_place_design_md_names_exists_and_every_module_opens_with_a_docstring() -> None:
+    """design.md, Map of modules: "One module per concept, each opening with a docstring that says
+    what it holds." Every module file, package and ``module.name`` the page points to (the
+    invariants' "Where" column, the map) exists, so the map cannot go stale."""
+    package = Path(__file__).resolve().parent.parent / "agentloop"
+    page = (package.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    undocumented = [
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None
+    ]
+    assert undocumented == []
+    files = set(re.findall(r"`((?:[\w/]+/)?\w+\.py)`", page))
+    folders = set(re.findall(r"`((?:models|mcp|sessions)(?:/\w+)*/)`", page))
+    names = set(re.findall(r"`((?:[\w/]+/)?_\w+)\.(\w+(?:\.\w+)?)`", page)) - {(f[:-3], "py") for f in files}
+    assert len(files) >= 60 and len(folders) >= 5 and len(names) >= 20, (len(files), len(folders), len(names))
+    # Paths are under agentloop/, but for the tests and benchmarks the page names from the root.
+    missing = [f for f in files | folders if not (package / f).exists() and not (package.parent / f).exists()]
+    assert missing == []
+    for module, attr in sorted(names):
+        found: object = importlib.import_module("agentloop." + module.replace("/", "."))
+        for part in attr.split("."):
+            assert hasattr(found, part), f"design.md names `{module}.{attr}`, which does not exist"
+            found = getattr(found, part)
