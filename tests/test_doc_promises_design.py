@@ -6,6 +6,7 @@ import ast
 import asyncio
 import importlib
 import json
+import logging
 import re
 import sys
 import tomllib
@@ -358,3 +359,59 @@ def test_every_place_design_md_names_exists_and_every_module_opens_with_a_docstr
         for part in attr.split("."):
             assert hasattr(found, part), f"design.md names `{module}.{attr}`, which does not exist"
             found = getattr(found, part)
+
+
+# -- design.md, Invariants: the loop converts back only the cancellation it caused -----------------
+
+
+class ClosingCancels:
+    """A model whose stream (an async iterator of its own, not a generator) raises CancelledError
+    from ``aclose()``: it awaits a reader task that was cancelled as the connection closed.
+    Nobody cancelled the run."""
+
+    def __init__(self, text: str) -> None:
+        self.events: list[StreamEvent] = [StreamText(0, text[i : i + 2]) for i in range(0, len(text), 2)]
+        self.events.append(StreamEnd("end_turn", Usage(1, 1)))
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> ClosingCancels:
+        return self
+
+    def __aiter__(self) -> ClosingCancels:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+    async def aclose(self) -> None:
+        reader = asyncio.ensure_future(asyncio.Event().wait())
+        reader.cancel()
+        await reader  # raises CancelledError: the reader's, not the run's
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+async def test_a_cancelled_error_from_closing_the_model_stream_is_logged_and_the_attempts_outcome_stands(
+    interrupted: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """design.md, Invariants: a CancelledError the model stream raises "while closing it, [...] is
+    logged and the attempt's outcome stands": a completed response is committed as completed,
+    an interrupted one ends as the interrupt; the host's task is not cancelled."""
+    engine = QueryEngine(ClosingCancels("abcdefgh"), policies=[])  # type: ignore[arg-type]
+    events: list[Event] = []
+    with caplog.at_level(logging.DEBUG, logger="agentloop"):
+        async for event in engine.run("go"):
+            events.append(event)
+            if interrupted and isinstance(event, TextDelta) and event.text == "cd":
+                engine.interrupt()  # seen at the next read, which the loop cuts, then closes
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    reply = engine.messages[1]
+    if interrupted:
+        assert [(e.reason, e.abort_reason) for e in ends(events)] == [("aborted_streaming", "cancel")]
+        shown = "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert reply.partial and reply.text == shown != "abcdefgh" and engine.messages[-1].kind == "interrupt_notice"
+    else:
+        assert [(e.reason, e.error) for e in ends(events)] == [("completed", None)]
+        assert not reply.partial and reply.text == "abcdefgh"
+    assert validate_transcript(engine.messages) == []
+    assert any("closing the model stream raised CancelledError" in r.getMessage() for r in caplog.records)
