@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from agentloop import (
+    AbortController,
+    AbortError,
     AbortSignal,
     Allow,
     Event,
@@ -37,6 +39,7 @@ from agentloop import (
     tool,
     validate_transcript,
 )
+from agentloop._executor import race_abort
 from agentloop.models import (
     StreamBlockStop,
     StreamEnd,
@@ -415,3 +418,26 @@ async def test_a_cancelled_error_from_closing_the_model_stream_is_logged_and_the
         assert not reply.partial and reply.text == "abcdefgh"
     assert validate_transcript(engine.messages) == []
     assert any("closing the model stream raised CancelledError" in r.getMessage() for r in caplog.records)
+
+
+# -- design.md, Invariants: nothing handed a coroutine leaves it unawaited -------------------------
+
+
+async def test_race_abort_closes_a_coroutine_it_is_handed_after_the_abort_unstarted() -> None:
+    """design.md, Invariants: "Nothing that was handed a coroutine leaves it unawaited:
+    `race_abort` closes one it gets after the abort" (no "never awaited" warning, which the
+    suite's warnings-as-errors would catch), and the work never starts."""
+    ran: list[str] = []
+
+    async def work() -> str:
+        ran.append("started")
+        return "done"
+
+    controller = AbortController()
+    assert await race_abort(work(), controller.signal) == "done"
+    controller.abort("user_left")
+    late = work()
+    with pytest.raises(AbortError) as raised:
+        await race_abort(late, controller.signal)
+    assert raised.value.reason == "user_left"
+    assert late.cr_frame is None and ran == ["started"]  # closed, never run
