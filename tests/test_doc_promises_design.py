@@ -19,7 +19,6 @@ from agentloop import (
     AbortController,
     AbortError,
     AbortSignal,
-    Allow,
     Event,
     ModelError,
     ModelRequest,
@@ -32,10 +31,8 @@ from agentloop import (
     ToolCallStarted,
     ToolContext,
     ToolInputDelta,
-    ToolUseBlock,
     TurnEnded,
     Usage,
-    delegate_tool,
     tool,
     validate_transcript,
 )
@@ -232,65 +229,6 @@ async def test_a_host_that_holds_an_event_past_every_timer_of_the_run_is_never_c
     assert slept == [pytest.approx(10.0)]
     assert [(e.reason, e.abort_reason) for e in ends(events)] == [("deadline", "deadline")]
     assert validate_transcript(engine.messages) == []
-
-
-# -- design.md, How an abort reaches everything: permission prompts --------------------------------
-
-
-@pytest.mark.swallows_cancel
-async def test_a_childs_abandoned_prompt_gives_the_turn_back_to_its_parents_next_prompt(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """design.md, How an abort reaches everything: "A prompt that swallows the cancellation is
-    given 0.1 s, then abandoned with a warning [...]. Prompts are asked one at a time, across a
-    parent and its subagents too; an abandoned prompt gives its turn back." A subagent stopped
-    (by its own interrupt, the parent not aborted) while its prompt swallows the cancel: the
-    parent's next prompt, on the same callback, is asked and answered."""
-    @tool
-    async def risky() -> str:
-        """Needs a yes."""
-        return "did it"
-
-    release = asyncio.Event()
-    asked: list[str | None] = []
-
-    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow:
-        asked.append(ctx.engine.agent_id)
-        if ctx.engine.agent_id is not None:  # the child's prompt: stop the child, ignore the cancel
-            asyncio.get_running_loop().call_soon(ctx.engine.interrupt)
-            while not release.is_set():
-                try:
-                    await release.wait()
-                except asyncio.CancelledError:
-                    pass
-        return Allow()
-
-    def script(request: ModelRequest) -> ScriptedResponse | str:
-        first = request.messages[0].text
-        done = request.messages[-1].role == "user" and bool(request.messages[-1].tool_results)
-        if first == "go":
-            if len(request.messages) == 1:
-                return ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "dig"})])
-            if len(request.messages) == 3:
-                return ScriptedResponse(tool_calls=[ScriptedToolCall("risky", {})])
-            return "finished"
-        return "child done" if done else ScriptedResponse(tool_calls=[ScriptedToolCall("risky", {})])
-
-    engine = QueryEngine(
-        ScriptedModel([script], cycle=True), tools=[delegate_tool(), risky], policies=[], permission=permission
-    )
-    try:
-        events = await asyncio.wait_for(collect(engine.run("go")), 5)
-    finally:
-        release.set()
-    child_end = [e for e in events if isinstance(e, TurnEnded) and e.agent_id is not None]
-    assert [(e.reason, e.abort_reason) for e in child_end] == [("aborted_tools", "cancel")]
-    assert asked == [None, "sub-1", None]  # the delegation, the child's call, the parent's call
-    started = [e.tool_use.name for e in events if isinstance(e, ToolCallStarted) and e.agent_id is None]
-    assert started == ["task", "risky"]
-    assert [e.reason for e in ends(events)] == ["completed"] and engine.messages[-1].text == "finished"
-    assert engine.messages[-2].tool_results[0].text == "did it"
-    assert any("ignored cancellation" in r.getMessage() for r in caplog.records)
 
 
 # -- design.md, How an abort reaches everything: the order at the end of an aborted turn -----------
