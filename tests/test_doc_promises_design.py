@@ -27,6 +27,7 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
+    Texts,
     ToolCallFinished,
     ToolCallStarted,
     ToolContext,
@@ -379,3 +380,42 @@ async def test_race_abort_closes_a_coroutine_it_is_handed_after_the_abort_unstar
         await race_abort(late, controller.signal)
     assert raised.value.reason == "user_left"
     assert late.cr_frame is None and ran == ["started"]  # closed, never run
+
+
+async def test_texts_the_host_gives_with_a_lone_surrogate_are_scrubbed_before_they_reach_the_transcript() -> None:
+    """design.md, Invariants: the host's text is scrubbed where it comes in; that includes the
+    `Texts` it gives the engine (read from a file decoded with ``surrogateescape``, say), which the
+    engine writes into the transcript as synthetic results, notices and interjections."""
+    texts = Texts(
+        never_started="Not started (caf\udce9)",
+        stopped_running="Stopped (caf\udce9)",
+        interrupt_notice="[Stopped by caf\udce9]",
+        interjection_intro="Caf\udce9 says:",
+        interjection_reminder="Carry on, caf\udce9.",
+    )
+    assert texts.never_started == "Not started (caf\ufffd)" and texts.interjection_reminder == "Carry on, caf\ufffd."
+
+    @tool
+    async def deaf() -> str:
+        """Ignore the signal."""
+        await asyncio.sleep(3600)
+        return "never"
+
+    @tool
+    async def steered(ctx: ToolContext) -> str:
+        """Ask for a steer."""
+        ctx.engine.interject("and the tests")
+        return "looked"
+
+    two_batches = ScriptedResponse(tool_calls=[ScriptedToolCall("deaf", {}), ScriptedToolCall("deaf", {})])
+    script = [two_batches, ScriptedResponse(tool_calls=[ScriptedToolCall("steered", {})]), "ok"]
+    engine = QueryEngine(ScriptedModel(script), tools=[deaf, steered], policies=[], texts=texts, tool_cancel_grace=0)
+    async for event in engine.run("go"):
+        if isinstance(event, ToolCallStarted):
+            engine.interrupt()
+    await collect(engine.run("again"))
+    kinds = [m.kind for m in engine.messages]
+    assert kinds.count("interrupt_notice") == 1 and kinds.count("interjection") == 1
+    assert [r.text for r in engine.messages[2].tool_results] == ["Stopped (caf\ufffd)", "Not started (caf\ufffd)"]
+    assert validate_transcript(engine.messages) == []
+    assert all(encodes(m.model_dump(mode="python")) for m in engine.messages)
