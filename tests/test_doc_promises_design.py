@@ -19,6 +19,7 @@ from agentloop import (
     AbortController,
     AbortError,
     AbortSignal,
+    Allow,
     Event,
     ModelError,
     ModelRequest,
@@ -32,7 +33,9 @@ from agentloop import (
     ToolCallStarted,
     ToolContext,
     ToolInputDelta,
+    ToolUseBlock,
     TurnEnded,
+    TurnStarted,
     Usage,
     tool,
     validate_transcript,
@@ -419,3 +422,60 @@ async def test_texts_the_host_gives_with_a_lone_surrogate_are_scrubbed_before_th
     assert [r.text for r in engine.messages[2].tool_results] == ["Stopped (caf\ufffd)", "Not started (caf\ufffd)"]
     assert validate_transcript(engine.messages) == []
     assert all(encodes(m.model_dump(mode="python")) for m in engine.messages)
+
+
+# -- design.md, How an abort reaches everything: one controller per turn --------------------------
+
+
+async def test_one_signal_per_turn_reaches_the_model_the_prompt_and_the_tools_and_a_send_now_turn_gets_a_fresh_one() -> None:
+    """design.md, How an abort reaches everything: "One `AbortController` per turn (a send-now turn
+    gets a fresh one). Its signal is handed to the model stream, every tool call
+    (`ToolContext.signal`), the permission prompt [...]". The turn a send-now stopped keeps its
+    aborted signal; the send-now's turn, and a follow-up's after it, each get their own."""
+    seen: list[tuple[int, str, AbortSignal]] = []
+    turn = 0
+    script = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("look", {})]),
+        ScriptedResponse(text="abcdefgh", chunk=2),  # the send-now lands here
+        ScriptedResponse(tool_calls=[ScriptedToolCall("look", {})]),
+        "instead",
+        "later",
+    ])
+
+    class Recording:
+        def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+            seen.append((turn, "model", signal))
+            return script.stream(request, signal)
+
+    @tool
+    async def look(ctx: ToolContext) -> str:
+        """Look around."""
+        seen.append((turn, "tool", ctx.signal))
+        return "seen"
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        seen.append((turn, "prompt", ctx.signal))
+        return Allow()
+
+    engine = QueryEngine(Recording(), tools=[look], policies=[], permission=permission)  # type: ignore[arg-type]
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, TurnStarted):
+            turn = event.turn
+            if turn == 1:
+                engine.follow_up("and then this")
+        if isinstance(event, TextDelta) and event.text == "ab":
+            engine.send_now("do this instead")
+    assert [(e.reason, e.abort_reason) for e in ends(events)] == [
+        ("aborted_streaming", "send_now"),
+        ("completed", None),
+        ("completed", None),
+    ]
+    by_turn = {n: {id(s) for t, _, s in seen if t == n} for n in (1, 2, 3)}
+    assert all(len(ids) == 1 for ids in by_turn.values())  # one signal for all of a turn's work
+    assert len(set.union(*by_turn.values())) == 3  # and a fresh one each turn
+    assert [k for t, k, _ in seen if t == 1] == ["model", "prompt", "tool", "model"]
+    assert [k for t, k, _ in seen if t == 2] == ["model", "prompt", "tool", "model"]
+    signals = {t: s for t, _, s in seen}
+    assert signals[1].reason == "send_now" and not signals[2].aborted and not signals[3].aborted
