@@ -76,6 +76,25 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
     )
 
 
+def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
+    """``usage`` if it is a `Usage` of whole numbers; else the event is malformed (a model of the
+    host's own that reports its tokens its own way), rather than failing the run's sum later,
+    outside the engine's error handling."""
+    if (  # written out: no generator made once per response
+        type(usage) is Usage
+        and type(usage.input_tokens) is int
+        and type(usage.output_tokens) is int
+        and type(usage.cache_read_tokens) is int
+        and type(usage.cache_write_tokens) is int
+    ):
+        return usage
+    raise StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
+        f"numbers of tokens: {usage!r:.80}",
+        retryable=True,
+    )
+
+
 def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
     origin = ev.origin
     if origin is not None and type(origin) is not str:
@@ -223,7 +242,7 @@ class Accumulator:
             part.closed = True
 
     def _usage(self, ev: StreamUsage) -> None:
-        self.usage = _merge_usage(self.usage, ev.usage)
+        self.usage = _merge_usage(self.usage, _counted(ev.usage, ev))
 
     def _end(self, ev: StreamEnd) -> None:
         reason = ev.stop_reason
@@ -233,11 +252,13 @@ class Accumulator:
                 f"not a str: {reason!r:.80}",
                 retryable=True,
             )
+        usage = ev.usage
+        if usage is not None:  # the end event's usage alone (the common case) is taken as is
+            usage = _counted(usage, ev)  # checked before the attempt is marked ended
+            self.usage = usage if self.usage is _NO_USAGE else _merge_usage(self.usage, usage)
         self.ended = True
         self.stop_reason = reason
         self.response_id = ev.response_id
-        if ev.usage is not None:  # the end event's usage alone (the common case) is taken as is
-            self.usage = ev.usage if self.usage is _NO_USAGE else _merge_usage(self.usage, ev.usage)
         for part in self._parts.values():
             part.closed = True
 

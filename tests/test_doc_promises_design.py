@@ -52,6 +52,7 @@ from agentloop.models import (
     StreamThinking,
     StreamToolInput,
     StreamToolUseStart,
+    StreamUsage,
 )
 from agentloop.testing import collect
 from tests.helpers import VirtualClock
@@ -479,3 +480,44 @@ async def test_one_signal_per_turn_reaches_the_model_the_prompt_and_the_tools_an
     assert [k for t, k, _ in seen if t == 2] == ["model", "prompt", "tool", "model"]
     signals = {t: s for t, _, s in seen}
     assert signals[1].reason == "send_now" and not signals[2].aborted and not signals[3].aborted
+
+
+# -- design.md, Priorities 3 (every terminal says what ended the turn) for a model's bad usage ------
+
+
+class Reports:
+    """A model of the host's own that reports ``usage`` its own way on its first request."""
+
+    def __init__(self, usage: object, *, separate: bool) -> None:
+        self.usage, self.separate, self.requests = usage, separate, 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.requests += 1
+        yield StreamText(0, "hello")
+        if self.requests > 1:
+            yield StreamEnd("end_turn", Usage(3, 4))
+        elif self.separate:
+            yield StreamUsage(self.usage)  # type: ignore[arg-type]
+            yield StreamEnd("end_turn")
+        else:
+            yield StreamEnd("end_turn", self.usage)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("usage", ["1200 tokens", {"input_tokens": 3}, Usage("3", 4), Usage(3, None)])  # type: ignore[arg-type]
+async def test_a_usage_of_the_wrong_type_from_a_models_own_stream_is_a_malformed_event_not_a_crash(
+    usage: object, separate: bool
+) -> None:
+    """design.md, Priorities 3: "every terminal says what ended the turn", and SPEC's "never a
+    crash": a model of the host's own that reports its usage as something other than a `Usage`
+    of whole numbers is a malformed stream event, retried like any (then the answer is taken),
+    or the turn's `model_error` when no retry is left; ``run()`` never raises for it."""
+    engine = QueryEngine(Reports(usage, separate=separate), policies=[], retry_budget=1, retry_base_delay=0)  # type: ignore[arg-type]
+    events = await collect(engine.run("go"))
+    assert [(e.reason, e.usage) for e in ends(events)] == [("completed", Usage(3, 4))]
+    assert engine.messages[-1].text == "hello"
+    failing = QueryEngine(Reports(usage, separate=separate), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = await collect(failing.run("go"))
+    (end,) = ends(events)
+    assert end.reason == "model_error" and "malformed stream event" in (end.error or "")
+    assert validate_transcript(failing.messages) == [] and not failing.running
