@@ -34,6 +34,7 @@ from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
+from ._unicode import scrub
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -457,7 +458,10 @@ def _backoff(base: float, cap: float, n: int, error: ModelError) -> float:
 
 
 def _describe(error: ModelError) -> str:
+    """What failed, for `TurnEnded.error` (and the results of the calls the failure left unrun):
+    scrubbed of lone surrogates, as the model's other output is (a model of the host's own may
+    quote a server's text as it came)."""
     kind = type(error).__name__
     status = getattr(error, "status", None)
     where = f" (HTTP {status})" if status else ""
-    return f"{kind}{where}: {error.message}"
+    return scrub(f"{kind}{where}: {error.message}")

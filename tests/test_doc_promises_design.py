@@ -77,24 +77,25 @@ async def test_the_calls_of_a_response_that_failed_for_good_are_answered_as_not_
 ) -> None:
     """design.md, Priorities 3: "synthesized results say what happened to each call". A response
     whose stream fails after a call's input was complete keeps the call; its result says the
-    failure left it unrun, not that the user interrupted it (nobody did)."""
+    failure left it unrun, not that the user interrupted it (nobody did). The error it quotes is
+    scrubbed of lone surrogates, as the model's other output is."""
     failing = ScriptedResponse(
         text="Let me look.",
         tool_calls=[ScriptedToolCall("step", {})],
-        error=ModelError("upstream overloaded", retryable=retryable),
+        error=ModelError("upstream overloaded at caf\udce9", retryable=retryable),  # a lone surrogate too
         error_after=5,  # the text, its stop, the call's start, input and stop: then the error
     )
     engine = QueryEngine(ScriptedModel([failing] * 2), tools=[step], policies=[], retry_budget=1 if retryable else 0)
     events = await collect(engine.run("go"))
     (end,) = ends(events)
     assert end.reason == "model_error" and end.abort_reason is None
-    assert end.error is not None and "upstream overloaded" in end.error
+    assert end.error is not None and "upstream overloaded at caf\ufffd" in end.error
     call, answer = engine.messages[-2:]
     assert call.role == "assistant" and call.partial and [b.type for b in call.content] == ["text", "tool_use"]
     (result,) = answer.tool_results
     assert result.is_error and result.tool_use_id == call.content[1].id  # type: ignore[union-attr]
     assert "Interrupted by user" not in result.text
-    assert result.text.startswith("Not run:") and "upstream overloaded" in result.text
+    assert result.text.startswith("Not run:") and "upstream overloaded at caf\ufffd" in result.text
     finished = [e for e in events if isinstance(e, ToolCallFinished)]
     assert [(e.synthetic, e.result.text) for e in finished] == [(True, result.text)]
     assert validate_transcript(engine.messages) == []
