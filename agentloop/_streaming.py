@@ -27,6 +27,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
+from ._executor import describe
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
@@ -162,7 +163,7 @@ class ModelPhase:
         elif isinstance(exc, ModelError):
             outcome.error = exc
         else:  # a model implementation bug: a terminal, never a crash
-            outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
+            outcome.error = ModelError(f"the model raised {describe(exc)}")  # even one that cannot print
 
     def cancelled_itself(self) -> None:
         """The stream raised CancelledError though neither the run's abort nor anyone else

@@ -522,3 +522,39 @@ async def test_a_usage_of_the_wrong_type_from_a_models_own_stream_is_a_malformed
     (end,) = ends(events)
     assert end.reason == "model_error" and "malformed stream event" in (end.error or "")
     assert validate_transcript(failing.messages) == [] and not failing.running
+
+
+class Unprintable(Exception):
+    """A bug of a model's own whose message cannot even be formatted."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class RaisesUnprintable:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        if self.where == "calling stream()":
+            raise Unprintable
+        return self.events()
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        yield StreamText(0, "Let me")
+        raise Unprintable
+
+
+@pytest.mark.parametrize("where", ["calling stream()", "iterating it"])
+async def test_a_model_failing_with_an_exception_that_cannot_be_printed_ends_the_turn_as_a_model_error(
+    where: str,
+) -> None:
+    """design.md, Invariants: what the model stream raises, "raised by the call to `stream()` or
+    while iterating it", is the stream's own failure (`model_error`), a terminal that says what
+    failed, never a crash of ``run()``: also when the exception's ``str()`` itself raises."""
+    engine = QueryEngine(RaisesUnprintable(where), policies=[], retry_budget=0)  # type: ignore[arg-type]
+    events = await collect(engine.run("go"))
+    (end,) = ends(events)
+    assert end.reason == "model_error"
+    assert end.error is not None and "Unprintable (its message could not be formatted)" in end.error
+    assert validate_transcript(engine.messages) == [] and not engine.running
