@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
 from ._events import Event, TurnEnded
+from ._executor import describe
 from ._handle import RunHandle, forget_closed_run
 from ._hostlog import log_failure
 from ._inbox import Inbox, Texts
@@ -544,7 +545,7 @@ class QueryEngine:
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
-        note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
+        note = redacted(f"{who}could not record {what}: {describe(exc)}", lineage_credentials(self))
         log_failure(self, "session store failed: %s", note, exc=exc)
         engine: QueryEngine | None = self
         while engine is not None:

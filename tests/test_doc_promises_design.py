@@ -558,3 +558,31 @@ async def test_a_model_failing_with_an_exception_that_cannot_be_printed_ends_the
     assert end.reason == "model_error"
     assert end.error is not None and "Unprintable (its message could not be formatted)" in end.error
     assert validate_transcript(engine.messages) == [] and not engine.running
+
+
+class StoreFailingUnprintably:
+    """A session store of the host's own whose every write fails with an exception that cannot
+    be printed."""
+
+    def append_message(self, message: object) -> None:
+        raise Unprintable
+
+    def append_event(self, event: object) -> None:
+        raise Unprintable
+
+    def sidechain(self, agent_id: str) -> StoreFailingUnprintably:
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_session_store_failing_with_an_exception_that_cannot_be_printed_does_not_stop_the_run() -> None:
+    """design.md, Priorities 3 (nothing is lost silently) and 1: a failing store is reported in
+    ``session_errors``, the run goes on to its terminal with a valid transcript, also when the
+    store's exception cannot be formatted."""
+    engine = QueryEngine(ScriptedModel(["fine"]), policies=[], session=StoreFailingUnprintably())  # type: ignore[arg-type]
+    events = await collect(engine.run("go"))
+    assert [e.reason for e in ends(events)] == ["completed"] and engine.messages[-1].text == "fine"
+    assert engine.session_errors and all("its message could not be formatted" in n for n in engine.session_errors)
+    assert validate_transcript(engine.messages) == []
