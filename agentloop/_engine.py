@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
 from ._events import Event, TurnEnded
+from ._executor import describe
 from ._handle import RunHandle, forget_closed_run
 from ._hostlog import log_failure
 from ._inbox import Inbox, Texts
@@ -43,6 +44,7 @@ from ._subagent import take_abort_at_start
 from ._toolphase import run_secrets
 from ._tools import PermissionCallback, Tool
 from ._transcript import lineage_credentials, redacted
+from ._unicode import scrub
 from ._validate import is_valid
 
 if TYPE_CHECKING:
@@ -322,6 +324,7 @@ class QueryEngine:
             reason = "cancel" if reason is None else str(reason)
             if not reason.strip():
                 reason = "cancel"
+            reason = scrub(reason)  # kept in the cut message's meta: text UTF-8 can encode
             # The host's text (an error message passed on) may quote the model's key: the reason
             # reaches the terminal event, the session file, the abort hooks and their logs.
             reason = self._without_credentials(reason)
@@ -557,7 +560,7 @@ class QueryEngine:
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
-        note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
+        note = redacted(f"{who}could not record {what}: {describe(exc)}", lineage_credentials(self))
         log_failure(self, "session store failed: %s", note, exc=exc)
         engine: QueryEngine | None = self
         while engine is not None:
