@@ -7,7 +7,9 @@ always yields the same message whichever adapter produced it.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ._errors import StreamProtocolError
@@ -77,9 +79,10 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
 
 
 def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
-    """``usage`` if it is a `Usage` of whole numbers >= 0; else the event is malformed (a model of the
-    host's own that reports its tokens its own way), rather than failing the run's sum later,
-    outside the engine's error handling."""
+    """``usage`` if it is a `Usage` of ints >= 0; one whose counts are whole numbers of another
+    type (``12.0``, a numpy integer), or a subclass of `Usage`, as a copy of it with int counts; else the event is
+    malformed (a model of the host's own that reports its tokens its own way), rather than
+    failing the run's sum later, outside the engine's error handling."""
     if (  # written out: no generator made once per response
         type(usage) is Usage
         and type(usage.input_tokens) is int
@@ -89,6 +92,10 @@ def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
         and min(usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens) >= 0
     ):
         return usage
+    if isinstance(usage, Usage):
+        i, o, r, w = (_whole(n) for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens))
+        if i is not None and o is not None and r is not None and w is not None:
+            return replace(usage, input_tokens=i, output_tokens=o, cache_read_tokens=r, cache_write_tokens=w)
     raise StreamProtocolError(
         f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
         f"numbers of tokens >= 0: {usage!r:.80}",
@@ -96,11 +103,25 @@ def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
     )
 
 
+def _whole(n: object) -> int | None:
+    """``n`` as an int when it is a whole number >= 0 of another type (a float such as ``12.0``,
+    an integral such as a numpy integer; never a bool), else None."""
+    if isinstance(n, bool):
+        return None
+    if isinstance(n, float):
+        return int(n) if n.is_integer() and n >= 0 else None
+    try:
+        value = operator.index(n)  # type: ignore[arg-type]  # a TypeError for what has no __index__
+    except TypeError:
+        return None
+    return value if value >= 0 else None
+
+
 def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
     origin = ev.origin
     if origin is not None and type(origin) is not str:
         raise _malformed(origin, ev)
-    return origin if origin is None or origin.isascii() else scrub(origin)
+    return origin if origin is None else scrub(origin)
 
 
 def _redacted_block(data: str, origin: str | None) -> RedactedThinkingBlock:
@@ -203,7 +224,8 @@ class Accumulator:
             raise _malformed(id, ev)
         if type(name) is not str:
             raise _malformed(name, ev)
-        if not (id.isascii() and name.isascii()):  # the host is shown the id the transcript keeps
+        if not (id.isascii() and name.isascii()):  # the host is shown the id the transcript keeps (a
+            # test inline: one per tool call of every loop iteration, two calls of `scrub` saved)
             id, name = scrub(id), scrub(name)
         part = self._part(ev, "tool_use")
         part.id, part.name = id, name

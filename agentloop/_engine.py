@@ -93,7 +93,7 @@ class QueryEngine:
     permission: Setting[PermissionCallback | None] = Setting()
     follow_up_behavior: Setting[Literal["queue", "steer"]] = Setting()
     interrupt_notice: Setting[Literal["append", "envelope"] | None] = Setting()
-    doom_loop_recovery: Setting[bool] = Setting()
+    doom_loop_recovery: Setting[bool] = Setting(recovery_default)
     doom_budget: Setting[int] = Setting()
     retry_budget: Setting[int] = Setting()
     retry_base_delay: Setting[float] = Setting()
@@ -469,9 +469,7 @@ class QueryEngine:
         could not be told from that engine's, and its sidechain file would be that engine's;
         TypeError or ValueError for an ``agent_id`` that is not a name (None, a number, a blank).
         """
-        if agent_id is None:  # its events would pass for the main engine's
-            raise TypeError("subagent() needs an agent_id, a name such as 'sub-1', not None")
-        check_lineage(None, agent_id, QueryEngine)
+        check_lineage(self, agent_id, QueryEngine)
         _check_nested_id(self, agent_id)
         # Every setting is copied but two: a child writes no interrupt notice (its parent's
         # transcript tells the story), and a forced tool_choice is the parent's own business.
