@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import codecs
-import numbers
 import os
 import signal as _signal
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._abort import AbortSignal
+from ._checks import non_negative
 from ._cmdline import shown_args
 from ._errors import AbortError
 
@@ -214,18 +214,8 @@ def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
 def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
     """Raise TypeError or ValueError for a ``timeout`` or ``kill_grace`` that is not a number of
     seconds >= 0 (``timeout`` may be None), TypeError for a ``stdin`` that is not bytes."""
-    for name, value in (("timeout", timeout), ("kill_grace", kill_grace)):
-        if value is None and name == "timeout":
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            none = " or None" if name == "timeout" else ""
-            raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
-        try:
-            at_least_zero = float(value) >= 0  # NaN too
-        except OverflowError:  # an int past any float: no number of seconds a clock can add
-            raise ValueError(f"run_process: {name} is too large for a number of seconds") from None
-        if not at_least_zero:
-            raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
+    non_negative("run_process: timeout", timeout, optional=True)
+    non_negative("run_process: kill_grace", kill_grace)
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise TypeError(
             f"run_process: stdin takes bytes to feed the child, not {type(stdin).__name__} (for text: text.encode())"
