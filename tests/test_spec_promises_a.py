@@ -31,8 +31,6 @@ from agentloop import (
     ScriptedResponse,
     ScriptedToolCall,
     TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
     ToolContext,
     ToolUseBlock,
     TurnEnded,
@@ -459,4 +457,257 @@ async def test_s4_send_now_in_any_phase_starts_its_text_in_the_same_run_without_
     assert len(sent) == 1 and sent[0].meta.get("receipt") == receipt
     at = engine.messages.index(sent[0])
     assert engine.messages[at + 1].role == "assistant" and not engine.messages[at + 1].partial
+    check_wire(engine.messages)
+
+
+# -- §5: ordering and loss-freedom of queued texts ----------------------------------------------
+
+
+@tool(concurrency_safe=True)
+async def quick(n: int) -> str:
+    """Returns at once."""
+    return f"quick {n}"
+
+
+@tool
+async def alone(n: int) -> str:
+    """Not concurrency-safe: a batch of its own."""
+    return f"alone {n}"
+
+
+_steps = st.lists(
+    st.builds(
+        lambda text, calls: ScriptedResponse(text=text, tool_calls=calls, chunk=3),
+        st.sampled_from(["", "Working. ", "All done."]),
+        st.lists(st.builds(lambda name, n: ScriptedToolCall(name, {"n": n}), st.sampled_from(["quick", "alone"]), st.integers(0, 9)), max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+_sends = st.lists(
+    st.tuples(st.integers(1, 40), st.sampled_from(["interject", "interject_thread", "follow_up", "submit_steer"])),
+    max_size=6,
+)
+
+
+@settings(max_examples=80)
+@given(_steps, _sends)
+def test_s5_queued_texts_are_delivered_once_each_in_the_order_sent(steps: list[ScriptedResponse], sends: list[tuple[int, str]]) -> None:
+    async def main() -> None:
+        engine = QueryEngine(
+            ScriptedModel([*steps, "Final answer."], cycle=True),
+            tools=[quick, alone],
+            policies=[],
+            max_parallel_tools=2,
+            follow_up_behavior="steer",
+        )
+        order: list[tuple[str, str]] = []  # (receipt, kind) in the order sent
+        count = 0
+        async with asyncio.timeout(20):
+            async for _event in engine.run("start"):
+                count += 1
+                for at, how in sends:
+                    if at != count:
+                        continue
+                    text = f"{how} {len(order)}"
+                    if how == "interject":
+                        order.append((engine.interject(text), "int"))
+                    elif how == "submit_steer":
+                        order.append((engine.submit(text), "int"))
+                    elif how == "follow_up":
+                        order.append((engine.follow_up(text), "fup"))
+                    else:
+                        got: list[str] = []
+                        thread = threading.Thread(target=lambda t=text, out=got: out.append(engine.interject(t)))
+                        thread.start()
+                        thread.join()
+                        order.append((got[0], "int"))
+            # What the run left queued (sent as its last turn ended) goes with the next run.
+            if engine.inbox.interjections or engine.inbox.follow_ups:
+                async for _event in engine.run():
+                    pass
+        delivered: list[str] = []
+        for m in engine.messages:
+            delivered += m.meta.get("receipts", []) if m.kind == "interjection" else []
+            if m.meta.get("receipt") is not None:
+                delivered.append(str(m.meta["receipt"]))
+        sent = [r for r, _ in order]
+        assert sorted(delivered) == sorted(sent), (delivered, sent)  # each once, none lost
+        ints = [r for r, kind in order if kind == "int"]
+        assert [r for r in delivered if r in ints] == ints  # interjections keep their order
+        fups = [r for r, kind in order if kind == "fup"]
+        assert [r for r in delivered if r in fups] == fups  # so do follow-ups
+        check_wire(engine.messages)
+
+    asyncio.run(main(), debug=True)
+
+
+# -- §2: an abort while the host holds the event before a request starts no request -------------
+
+
+class Counting:
+    """Counts the streams opened and the ones whose first event was asked for."""
+
+    def __init__(self, inner: ScriptedModel) -> None:
+        self.inner = inner
+        self.opened = 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.opened += 1
+        async for event in self.inner.stream(request, signal):
+            yield event
+
+
+@pytest.mark.parametrize("held", ["TurnStarted", "InterjectionInjected", "PolicyNudge"])
+async def test_s2_an_abort_while_the_host_holds_the_event_before_a_request_sends_no_request(held: str) -> None:
+    from agentloop.policies import Nudge, Policy
+
+    class Nudger(Policy):
+        def on_results(self, message: Message, results: Any) -> Any:
+            return Nudge("try something else")
+
+    model = Counting(ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("quick", {"n": 1})]), "Final answer."]))
+    engine = QueryEngine(model, tools=[quick], policies=[Nudger()] if held == "PolicyNudge" else [])
+    if held == "InterjectionInjected":
+        engine.interject("queued before the run")  # merged at the top of the first iteration
+    opened: list[int] = []
+    events: list[Event] = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if type(event).__name__ == held and not opened:
+            opened.append(model.opened)
+            engine.interrupt()
+    assert opened, [type(e).__name__ for e in events]
+    assert model.opened == opened[0]  # no request was started after the abort
+    assert isinstance(events[-1], TurnEnded) and events[-1].abort_reason == "cancel"
+    check_wire(engine.messages)
+
+
+# -- §1/§2: control calls from inside the loop's own callbacks ---------------------------------
+
+
+async def test_s2_a_call_whose_permission_comes_back_after_the_abort_never_starts() -> None:
+    """The prompt's own code interrupts (the user pressed Esc in the dialog) and then answers
+    Allow: the call must not start, since the run is aborted by then."""
+    ran: list[int] = []
+
+    @tool
+    async def act(n: int) -> str:
+        ran.append(n)
+        return f"acted {n}"
+
+    async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        ctx.engine.interrupt("escape")  # never blocks, never raises, from inside the prompt
+        return Allow()
+
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("act", {"n": 1}), ScriptedToolCall("act", {"n": 2})])]),
+        tools=[act],
+        policies=[],
+        permission=ask,
+    )
+    events = await collect_events(engine.run("go"))
+    assert ran == []
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_tools", "escape")
+    results = [r for m in engine.messages for r in m.tool_results]
+    assert [r.is_error for r in results] == [True, True]
+    assert all(str(r.content).startswith("Interrupted by user") for r in results)
+    check_wire(engine.messages)
+
+
+async def test_s1_s4_send_now_from_inside_a_tool_starts_its_text_in_the_same_run() -> None:
+    @tool
+    async def act(ctx: ToolContext) -> str:
+        ctx.engine.send_now("new plan")
+        return "acted"
+
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("act"), ScriptedToolCall("act")]), "On the new plan."]),
+        tools=[act],
+        policies=[],
+    )
+    events = await collect_events(engine.run("go"))
+    ends = [e for e in events if isinstance(e, TurnEnded)]
+    assert [(e.reason, e.abort_reason) for e in ends] == [("aborted_tools", "send_now"), ("completed", None)]
+    results = [r for m in engine.messages for r in m.tool_results]
+    assert str(results[0].content) == "acted"  # finished: it keeps its real result
+    assert results[1].is_error and str(results[1].content).startswith("Interrupted by user")  # the next batch never started
+    assert [m.text for m in engine.messages if m.role == "user" and not m.synthetic] == ["go", "new plan"]
+    check_wire(engine.messages)
+
+
+async def test_s1_an_interrupt_from_inside_a_subagents_tool_stops_only_the_subagent() -> None:
+    @tool
+    async def act(ctx: ToolContext) -> str:
+        if ctx.engine.parent is not None:
+            ctx.engine.interrupt("child gives up")
+            return "child act"
+        return "parent act"
+
+    model = ScriptedModel(
+        [
+            ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "try"})]),
+            ScriptedResponse(tool_calls=[ScriptedToolCall("act")]),  # the child's
+            ScriptedResponse(tool_calls=[ScriptedToolCall("act")]),  # the parent's, after the child
+            "Parent done.",
+        ]
+    )
+    engine = QueryEngine(model, tools=[act, delegate_tool(tools=[act])], policies=[])
+    events = await collect_events(engine.run("go"))
+    ends = [(e.agent_id, e.reason, e.abort_reason) for e in events if isinstance(e, TurnEnded)]
+    assert ends == [("sub-1", "aborted_tools", "child gives up"), (None, "completed", None)]
+    assert engine.messages[-1].text == "Parent done."
+    check_wire(engine.messages)
+
+
+# -- §1: run() always ends, whatever an abort hook does ---------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["turn_end", "consumer_closed"])
+async def test_s1_an_async_abort_hook_that_never_returns_is_cancelled_after_the_grace_and_run_ends(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Abort hooks are handed the abort like the rest of the run's code; one that hangs (a
+    connection reset that never answers) is cancelled after ``tool_cancel_grace``, as a tool
+    that ignores the signal is, so ``run()`` still ends; the other hooks still run."""
+    hung = asyncio.Event()
+    stopped: list[str] = []
+    later: list[str] = []
+
+    async def hook(reason: str) -> None:
+        hung.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.append(reason)
+            raise
+
+    engine = QueryEngine(
+        ScriptedModel([ScriptedResponse(text="Hello there, this is long", chunk=2)]), policies=[], tool_cancel_grace=0.05
+    )
+    engine.on_abort(hook)
+    engine.on_abort(later.append)
+    events: list[Event] = []
+
+    async def host() -> None:
+        run = engine.run("go")
+        async for event in run:
+            events.append(event)
+            if isinstance(event, TextDelta):
+                if where == "turn_end":
+                    engine.interrupt("escape")
+                else:
+                    await run.aclose()  # the run is settled as consumer_closed: the hooks run then
+                    return
+
+    async with asyncio.timeout(5):
+        await host()
+    reason = "escape" if where == "turn_end" else "consumer_closed"
+    assert hung.is_set() and stopped == [reason] and later == [reason]
+    if where == "turn_end":
+        end = events[-1]
+        assert isinstance(end, TurnEnded) and end.abort_reason == "escape"
+    assert not engine.running
+    assert "did not finish" in caplog.text
     check_wire(engine.messages)
