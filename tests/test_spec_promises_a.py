@@ -711,3 +711,51 @@ async def test_s1_an_async_abort_hook_that_never_returns_is_cancelled_after_the_
     assert not engine.running
     assert "did not finish" in caplog.text
     check_wire(engine.messages)
+
+
+class StuckClose:
+    """A model whose stream, once closed, waits forever in its cleanup (a client's close that
+    never finishes on a dead connection). Its events come without a wait, so an abort stops the
+    stream by closing it, not by cancelling a read."""
+
+    def __init__(self) -> None:
+        self.cleanup_cancelled = False
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        from agentloop._model import StreamText
+
+        try:
+            yield StreamText(0, "Hello ")
+            yield StreamText(0, "world, and more")
+            for _ in range(100):
+                yield StreamText(0, ".")
+        finally:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cleanup_cancelled = True
+                raise
+
+
+async def test_s1_a_model_stream_whose_close_never_finishes_is_cancelled_after_the_grace_and_run_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = StuckClose()
+    engine = QueryEngine(model, policies=[], tool_cancel_grace=0.05)
+    events: list[Event] = []
+
+    async def host() -> None:
+        async for event in engine.run("go"):
+            events.append(event)
+            if isinstance(event, TextDelta) and event.text == "world, and more":
+                engine.interrupt("escape")
+
+    async with asyncio.timeout(5):
+        await host()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_streaming", "escape")
+    assert model.cleanup_cancelled
+    partial = engine.messages[1]
+    assert partial.partial and partial.text.startswith("Hello world, and more")  # the streamed text is kept
+    assert "did not close within" in caplog.text
+    check_wire(engine.messages)
