@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from ._abort import in_task
 from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
 from ._executor import UNWIND
@@ -88,7 +89,7 @@ async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[ob
     never returns (a reset the server never answers) must not keep `run()` from ending, no more
     than a tool that ignores the signal does (at least 0.1 s, as a cancelled call is given to
     unwind). Longer cleanup belongs in `wait_at_run_end`."""
-    if asyncio.current_task() is None:  # driven by hand, not by a task: nothing can cancel it
+    if not in_task():  # driven by hand, not by a task: nothing can cancel it
         await result
         return
     limit = max(grace, UNWIND)  # a quick await is never cut, whatever the grace

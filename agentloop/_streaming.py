@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
-from ._abort import task_cancelling
+from ._abort import in_task, task_cancelling
 from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
@@ -339,7 +339,7 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
         # A close that never finishes (a custom model's cleanup waiting on a dead connection)
         # is cancelled after the cancel grace, as a call that ignores the signal is: run() ends.
         limit = max(engine.options.tool_cancel_grace, UNWIND)
-        scope = asyncio.timeout(limit) if asyncio.current_task() is not None else None
+        scope = asyncio.timeout(limit) if in_task() else None
         try:
             if scope is None:
                 await close()

@@ -759,3 +759,36 @@ async def test_s1_a_model_stream_whose_close_never_finishes_is_cancelled_after_t
     assert partial.partial and partial.text.startswith("Hello world, and more")  # the streamed text is kept
     assert "did not close within" in caplog.text
     check_wire(engine.messages)
+
+
+class StuckCleanup:
+    """A model whose stream waits for its next event (an abort cancels that read), and whose
+    cleanup then waits forever: it absorbs the one cancellation the abort makes."""
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        from agentloop._model import StreamText
+
+        try:
+            yield StreamText(0, "Hello ")
+            yield StreamText(0, "world")
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.Event().wait()
+
+
+async def test_s1_a_model_stream_that_hangs_in_its_cleanup_after_the_abort_is_cancelled_again_after_the_grace() -> None:
+    engine = QueryEngine(StuckCleanup(), policies=[], tool_cancel_grace=0.05)
+    events: list[Event] = []
+
+    async def host() -> None:
+        async for event in engine.run("go"):
+            events.append(event)
+            if isinstance(event, TextDelta) and event.text == "world":
+                engine.interrupt("escape")  # the read of the next event waits: the abort cancels it
+
+    async with asyncio.timeout(5):
+        await host()
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.abort_reason) == ("aborted_streaming", "escape")
+    assert engine.messages[1].partial and engine.messages[1].text == "Hello world"
+    check_wire(engine.messages)
