@@ -396,6 +396,15 @@ def run_context(secrets: Secrets) -> contextvars.Context:
     return context
 
 
+def in_task() -> bool:
+    """True when a task runs the caller: an `asyncio.timeout` can cancel it then. False in a
+    finalizer with no running loop (a run dropped and collected, its stream closed there)."""
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running event loop
+        return False
+
+
 def task_cancelling() -> bool:
     """After a CancelledError that no abort of the run's caused: True when the running task was
     asked to cancel (and has not taken the request back), so the cancel is its owner's and must
