@@ -1,0 +1,391 @@
+"""The host's cancel, at each place the library awaits, reaches the host as a cancel: through an
+`asyncio.timeout` around the host's iteration (a `TimeoutError`, its task's ``cancelling()``
+back to 0), through a `TaskGroup` whose sibling fails (only the sibling's error), or a plain
+``task.cancel()``. The run's own abort, consumed where it was caused, never eats one of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    AbortSignal,
+    Allow,
+    Event,
+    ModelError,
+    QueryEngine,
+    Retrying,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolCallStarted,
+    ToolContext,
+    TurnEnded,
+    tool,
+    validate_transcript,
+)
+from agentloop._model import ModelRequest, StreamEvent, StreamText
+from tests.helpers import HangingModel
+
+OnEvent = Callable[[Event], None]
+
+
+class Host:
+    """Iterates ``engine.run(prompt)`` in a task of its own, under an `asyncio.timeout` that
+    `expire` makes expire at once: the host's deadline passing at the await the run is at."""
+
+    def __init__(self, engine: QueryEngine, prompt: str | None = "go", on_event: OnEvent | None = None) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.on_event = on_event
+        self.events: list[Event] = []
+        self.scope: asyncio.Timeout | None = None
+        self.outcome: tuple[str, int] | None = None
+
+    async def iterate(self) -> None:
+        async for event in self.engine.run(self.prompt):
+            self.events.append(event)
+            if self.on_event is not None:
+                self.on_event(event)
+
+    async def under_timeout(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            async with asyncio.timeout(None) as self.scope:
+                await self.iterate()
+        except TimeoutError:
+            self.outcome = ("timed out", task.cancelling())
+        else:
+            self.outcome = ("ended", task.cancelling())
+
+    def expire(self) -> None:
+        assert self.scope is not None
+        self.scope.reschedule(asyncio.get_running_loop().time())
+
+
+def settled(engine: QueryEngine) -> None:
+    assert not engine.running and engine._state is None
+    assert validate_transcript(engine.messages) == []
+
+
+async def expire_at(host: Host, reached: asyncio.Event) -> None:
+    """Run ``host`` under its timeout, expire it once ``reached`` is set: it times out, its task
+    with no cancel left over."""
+    task = asyncio.create_task(host.under_timeout())
+    await reached.wait()
+    host.expire()
+    await task
+    assert host.outcome == ("timed out", 0)
+    settled(host.engine)
+
+
+async def fail_sibling_at(host: Host, reached: asyncio.Event) -> None:
+    """Run ``host`` in a `TaskGroup` whose other task fails once ``reached`` is set: the group
+    raises that failure alone (the run's task ended by the group's cancel, not by an error)."""
+
+    async def sibling() -> None:
+        await reached.wait()
+        raise LookupError("the sibling failed")
+
+    with pytest.raises(ExceptionGroup) as raised:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(host.iterate())
+            group.create_task(sibling())
+            # In the block until the group cancels it: Python 3.11's TaskGroup takes back its
+            # cancel of the task running it only when the block itself ends with it.
+            await asyncio.Event().wait()
+    assert [type(e) for e in raised.value.exceptions] == [LookupError]
+    me = asyncio.current_task()
+    assert me is not None and me.cancelling() == 0
+    settled(host.engine)
+
+
+async def cancel_at(host: Host, reached: asyncio.Event) -> None:
+    task = asyncio.create_task(host.iterate())
+    await reached.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    settled(host.engine)
+
+
+HOST_CANCELS = [expire_at, fail_sibling_at, cancel_at]
+
+
+# -- the model phase -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_the_model_streams(source: Any) -> None:
+    model = HangingModel()
+    await source(Host(QueryEngine(model, policies=[])), model.waiting)
+    assert model.closed
+
+
+class SlowClose:
+    """Streams some text, waits, and on its way out (closed) waits for ``release``: its closing
+    awaits. ``closing`` is set as the close begins."""
+
+    def __init__(self) -> None:
+        self.waiting, self.closing, self.release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.closed = False
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        try:
+            yield StreamText(0, "Hello")
+            self.waiting.set()
+            await asyncio.Event().wait()
+        finally:
+            self.closing.set()
+            try:
+                await self.release.wait()
+            finally:
+                self.closed = True
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_an_interrupted_stream_closes(source: Any) -> None:
+    model = SlowClose()
+    engine = QueryEngine(model, policies=[])
+
+    async def interrupt_then_wait() -> None:
+        await model.waiting.wait()
+        engine.interrupt()
+
+    stopper = asyncio.create_task(interrupt_then_wait())
+    await source(Host(engine), model.closing)
+    await stopper
+    assert model.closed
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_during_the_retry_back_off(source: Any) -> None:
+    failing = ScriptedResponse(text="Half", chunk=4, error=ModelError("hiccup", retryable=True), error_after=1)
+    engine = QueryEngine(ScriptedModel([failing, "Whole."]), policies=[], retry_base_delay=30.0, retry_max_delay=30.0)
+    backing_off = asyncio.Event()
+
+    def note(event: Event) -> None:
+        if isinstance(event, Retrying):
+            backing_off.set()
+
+    await source(Host(engine, on_event=note), backing_off)
+
+
+# -- the tool phase -------------------------------------------------------------------------------
+
+
+def waiting_tool(running: asyncio.Event, stopped: asyncio.Event) -> Any:
+    @tool
+    async def wait() -> str:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        return "not reached"
+
+    return wait
+
+
+def calls(*names: str) -> ScriptedModel:
+    return ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall(n, {}) for n in names]), "Done."])
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_a_tool_runs(source: Any) -> None:
+    running, stopped = asyncio.Event(), asyncio.Event()
+    engine = QueryEngine(calls("wait"), tools=[waiting_tool(running, stopped)], policies=[], tool_cancel_grace=0.5)
+    await source(Host(engine), running)
+    assert stopped.is_set()
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_a_permission_prompt_waits(source: Any) -> None:
+    asked, closed = asyncio.Event(), asyncio.Event()
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    async def prompt(use: object, ctx: object) -> Allow:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+        return Allow()
+
+    engine = QueryEngine(
+        calls("wait"), tools=[waiting_tool(running, stopped)], policies=[], permission=prompt, tool_cancel_grace=0.5
+    )
+    await source(Host(engine), asked)
+    assert closed.is_set() and not running.is_set()
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_an_abort_hook_waits(source: Any) -> None:
+    running, stopped = asyncio.Event(), asyncio.Event()
+    hooked, unhooked = asyncio.Event(), asyncio.Event()
+    engine = QueryEngine(calls("wait"), tools=[waiting_tool(running, stopped)], policies=[], tool_cancel_grace=0.0)
+    called: list[str] = []
+
+    async def hook(reason: str) -> None:
+        called.append(reason)
+        hooked.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            unhooked.set()
+
+    engine.on_abort(hook)
+
+    def interrupt(event: Event) -> None:
+        if isinstance(event, ToolCallStarted):
+            engine.interrupt()
+
+    await source(Host(engine, on_event=interrupt), hooked)
+    assert unhooked.is_set() and called == ["cancel"]  # called once, not again by the cleanup
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_during_the_grace_an_interrupt_gave(source: Any) -> None:
+    aborted, stopped = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def deaf(ctx: ToolContext) -> str:
+        try:
+            await ctx.signal.wait()
+            aborted.set()
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        return "not reached"
+
+    engine = QueryEngine(calls("deaf"), tools=[deaf], policies=[], tool_cancel_grace=0.2)
+
+    def interrupt(event: Event) -> None:
+        if isinstance(event, ToolCallStarted):
+            engine.interrupt()
+
+    await source(Host(engine, on_event=interrupt), aborted)
+    assert stopped.is_set()
+
+
+# -- a subagent ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_a_subagents_model_streams(source: Any) -> None:
+    from agentloop import delegate_tool
+
+    child_model = HangingModel()
+    parent_model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("delegate", {"task": "look"})]), "Done."])
+    engine = QueryEngine(parent_model, tools=[delegate_tool(name="delegate", model=child_model)], policies=[], tool_cancel_grace=0.2)
+    await source(Host(engine), child_model.waiting)
+    assert child_model.closed
+
+
+# -- the run's own abort, with the host's cancel at the same time -----------------------------------
+
+
+async def test_an_interrupt_under_a_hosts_timeout_leaves_no_cancel_behind() -> None:
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    host = Host(engine)
+
+    async def interrupt() -> None:
+        await model.waiting.wait()
+        engine.interrupt()
+
+    stopper = asyncio.create_task(interrupt())
+    await host.under_timeout()
+    await stopper
+    assert host.outcome == ("ended", 0)
+    assert isinstance(host.events[-1], TurnEnded) and host.events[-1].reason == "aborted_streaming"
+    settled(engine)
+
+
+@pytest.mark.parametrize("order", ["abort first", "host first"])
+async def test_an_interrupt_and_a_host_timeout_together_end_in_the_timeout(order: str) -> None:
+    model = HangingModel()
+    engine = QueryEngine(model, policies=[])
+    host = Host(engine)
+    task = asyncio.create_task(host.under_timeout())
+    await model.waiting.wait()
+    if order == "abort first":
+        engine.interrupt()
+        host.expire()
+    else:
+        host.expire()
+        await asyncio.sleep(0)
+        engine.interrupt()
+    await task
+    assert host.outcome == ("timed out", 0)
+    settled(engine)
+
+
+class SwallowsOnce:
+    """A model stream that catches the first cancel of its read (it should not) and goes on:
+    it streams ``after`` and then ends (``hang=False``) or waits for good (``hang=True``)."""
+
+    def __init__(self, after: tuple[str, ...] = (" there",), hang: bool = False) -> None:
+        self.after = after
+        self.hang = hang
+        self.waiting = asyncio.Event()
+        self.swallowed = False
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        yield StreamText(0, "Hello")
+        self.waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.swallowed = True
+        for text in self.after:
+            yield StreamText(0, text)
+        if self.hang:
+            await asyncio.Event().wait()
+
+
+async def test_an_abort_cancel_the_stream_swallowed_is_taken_back_by_the_runs_end() -> None:
+    """The run's own cancel of the read, caught by the stream, does not stay on the host's
+    task: after the run its ``cancelling()`` is 0, and the same task's next run is not taken
+    for one its host is cancelling."""
+    model = SwallowsOnce()
+    engine = QueryEngine(model, policies=[])
+    host = Host(engine)
+
+    async def interrupt() -> None:
+        await model.waiting.wait()
+        engine.interrupt()
+
+    stopper = asyncio.create_task(interrupt())
+    await host.under_timeout()
+    await stopper
+    assert model.swallowed
+    assert host.outcome == ("ended", 0)
+    ended = host.events[-1]
+    assert isinstance(ended, TurnEnded) and ended.reason == "aborted_streaming"
+    settled(engine)
+
+
+async def test_a_host_timeout_after_a_swallowed_abort_cancel_is_not_taken_for_the_abort() -> None:
+    """The stream caught the abort's cancel, streamed on, then waited; the host's deadline,
+    passing as it handled that delta, reaches it as its TimeoutError, not as the run's abort."""
+    model = SwallowsOnce(hang=True)
+    engine = QueryEngine(model, policies=[])
+    host = Host(engine)
+
+    def expire_on_the_late_delta(event: Event) -> None:
+        if model.swallowed and host.scope is not None and not host.scope.expired():
+            host.expire()
+
+    host.on_event = expire_on_the_late_delta
+    task = asyncio.create_task(host.under_timeout())
+    await model.waiting.wait()
+    engine.interrupt()
+    await task
+    assert model.swallowed
+    assert host.outcome == ("timed out", 0)
+    settled(engine)
