@@ -389,3 +389,107 @@ async def test_a_host_timeout_after_a_swallowed_abort_cancel_is_not_taken_for_th
     assert model.swallowed
     assert host.outcome == ("timed out", 0)
     settled(engine)
+
+
+# -- an HTTP model's stream ------------------------------------------------------------------------
+
+
+def _anthropic_events(*events: tuple[str, dict[str, Any]]) -> bytes:
+    import json
+
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+
+
+_START = _anthropic_events(
+    ("message_start", {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+    ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}}),
+)
+_MORE = _anthropic_events(
+    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}}),
+)
+
+
+class Body:
+    """A response body: ``_START``, then a wait; a cancel of that wait is swallowed (``swallow``,
+    as a host's transport should not) and ``_MORE`` follows, or ends it. ``closed`` once closed."""
+
+    def __init__(self, swallow: bool) -> None:
+        self.swallow = swallow
+        self.blocked = asyncio.Event()
+        self.swallowed = False
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield _START
+        self.blocked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+            self.swallowed = True
+        yield _MORE
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def http_model(body: Body) -> tuple[Any, Any]:
+    import httpx
+
+    from agentloop.models import AnthropicModel
+
+    class Stream(httpx.AsyncByteStream):
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return body.__aiter__()
+
+        async def aclose(self) -> None:
+            await body.aclose()
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Stream())
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(serve))
+    return AnthropicModel("m", api_key="sk-test-SECRET-0123456789", http_client=client), client
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_an_http_models_body_is_read(source: Any) -> None:
+    body = Body(swallow=False)
+    model, client = http_model(body)
+    async with client:
+        await source(Host(QueryEngine(model, policies=[])), body.blocked)
+    assert body.closed
+
+
+async def test_a_read_cancel_the_transport_swallowed_does_not_stay_on_the_task_reading() -> None:
+    """The stream, iterated directly (no engine), cancels its own read of the body on an
+    abort; a transport that catches that cancel and reads on leaves no cancel on the task: the
+    stream ends with AbortError, the task's ``cancelling()`` back to 0."""
+    from agentloop import AbortController, AbortError, Message
+    from agentloop._model import ModelRequest as Request
+
+    body = Body(swallow=True)
+    model, client = http_model(body)
+    controller = AbortController()
+    seen: list[StreamEvent] = []
+
+    async def read() -> int:
+        stream = model.stream(Request(messages=[Message.user("hi")]), controller.signal)
+        try:
+            with pytest.raises(AbortError):
+                seen.extend([event async for event in stream])
+        finally:
+            await stream.aclose()
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    async with client:
+        reading = asyncio.create_task(read())
+        await body.blocked.wait()
+        controller.abort("cancel")
+        assert await reading == 0
+    assert body.swallowed and body.closed

@@ -411,7 +411,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
                     raise AbortError(watch.reason) from None
                 raise
             if watch is not None:
-                watch.reading = False
+                watch.read()
             if unpack is None:  # the usual body: each read as it came, no list per read
                 if chunk:
                     yield chunk
@@ -467,8 +467,15 @@ class _ReadWatch:
         fired, self._fired = self._fired, False
         return fired and self._task is not None and self._task.uncancel() == 0
 
-    def close(self) -> None:
+    def read(self) -> None:
+        """A read came back without a CancelledError: a cancel this watch sent it, the transport
+        caught (and read on), is taken back, else it would stay on the reading task for good."""
         self.reading = False
+        if self._fired:
+            self.withdrawn()
+
+    def close(self) -> None:
+        self.read()  # a read that raised another error in place of the cancel, too
         self._remove()
 
 
