@@ -493,3 +493,72 @@ async def test_a_read_cancel_the_transport_swallowed_does_not_stay_on_the_task_r
         controller.abort("cancel")
         assert await reading == 0
     assert body.swallowed and body.closed
+
+
+# -- an MCP call -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_an_mcp_call_waits(source: Any, tmp_path: Any) -> None:
+    """The run waits on a stdio MCP server's ``slow`` call: the host's cancel stops the call
+    (the server sees it cancelled) and reaches the host; the server is stopped at its close,
+    no process left."""
+    import sys
+    from pathlib import Path
+
+    from agentloop.mcp import MCPServer
+    from tests.helpers import Fifo
+
+    server_script = str(Path(__file__).with_name("mcp_server.py"))
+    async with Fifo(tmp_path / "events") as events:
+        async with MCPServer.stdio(sys.executable, [server_script, "--markers", str(tmp_path)]) as srv:
+            tools = await srv.list_tools()
+            model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 60})]), "Done."])
+            engine = QueryEngine(model, tools=tools, policies=[], tool_cancel_grace=5.0)
+            started = asyncio.Event()
+
+            async def watch() -> None:
+                while await events.line() != "slow.started":
+                    pass
+                started.set()
+
+            watcher = asyncio.create_task(watch())
+            await source(Host(engine), started)
+            await watcher
+            while await events.line() != "slow.cancelled":  # the server saw the call cancelled
+                pass
+
+
+# -- a child process -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grace", [0.0, 5.0])
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_a_tool_waits_on_a_child_process(source: Any, grace: float) -> None:
+    """A tool waits on ``run_process``: the host's cancel stops the process group (by the abort
+    within the grace, or by the cancel of the call once it is over) before it reaches the host."""
+    import sys
+
+    from agentloop import run_process
+
+    started = asyncio.Event()
+    stopped: list[str] = []
+
+    @tool
+    async def sleeper(ctx: ToolContext) -> str:
+        script = "import sys, time; print('up', flush=True); time.sleep(60)"
+
+        def line(text: str) -> None:
+            if text == "up":
+                started.set()
+
+        try:
+            await run_process(sys.executable, "-c", script, signal=ctx.signal, kill_grace=0.5, on_line=line)
+        except BaseException as exc:
+            stopped.append(type(exc).__name__)
+            raise
+        return "not reached"
+
+    engine = QueryEngine(calls("sleeper"), tools=[sleeper], policies=[], tool_cancel_grace=grace)
+    await source(Host(engine), started)
+    assert stopped == ["CancelledError" if grace == 0.0 else "AbortError"]
