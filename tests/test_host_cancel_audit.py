@@ -510,23 +510,23 @@ async def test_a_host_cancel_while_an_mcp_call_waits(source: Any, tmp_path: Any)
     from tests.helpers import Fifo
 
     server_script = str(Path(__file__).with_name("mcp_server.py"))
-    async with Fifo(tmp_path / "events") as events:
-        async with MCPServer.stdio(sys.executable, [server_script, "--markers", str(tmp_path)]) as srv:
-            tools = await srv.list_tools()
-            model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 60})]), "Done."])
-            engine = QueryEngine(model, tools=tools, policies=[], tool_cancel_grace=5.0)
-            started = asyncio.Event()
+    server = MCPServer.stdio(sys.executable, [server_script, "--markers", str(tmp_path)])
+    async with Fifo(tmp_path / "events") as events, server as srv:
+        tools = await srv.list_tools()
+        model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("slow", {"seconds": 60})]), "Done."])
+        engine = QueryEngine(model, tools=tools, policies=[], tool_cancel_grace=5.0)
+        started = asyncio.Event()
 
-            async def watch() -> None:
-                while await events.line() != "slow.started":
-                    pass
-                started.set()
-
-            watcher = asyncio.create_task(watch())
-            await source(Host(engine), started)
-            await watcher
-            while await events.line() != "slow.cancelled":  # the server saw the call cancelled
+        async def watch() -> None:
+            while await events.line() != "slow.started":
                 pass
+            started.set()
+
+        watcher = asyncio.create_task(watch())
+        await source(Host(engine), started)
+        await watcher
+        while await events.line() != "slow.cancelled":  # the server saw the call cancelled
+            pass
 
 
 # -- a child process -------------------------------------------------------------------------------
@@ -562,3 +562,44 @@ async def test_a_host_cancel_while_a_tool_waits_on_a_child_process(source: Any, 
     engine = QueryEngine(calls("sleeper"), tools=[sleeper], policies=[], tool_cancel_grace=grace)
     await source(Host(engine), started)
     assert stopped == ["CancelledError" if grace == 0.0 else "AbortError"]
+
+
+async def interrupt_at(host: Host, reached: asyncio.Event) -> None:
+    """Not a host cancel: the run's own interrupt, once ``reached`` is set; the run ends."""
+    task = asyncio.create_task(host.iterate())
+    await reached.wait()
+    host.engine.interrupt()
+    await task
+    settled(host.engine)
+
+
+@pytest.mark.parametrize("source", [*HOST_CANCELS, interrupt_at])
+async def test_a_prompt_that_unwinds_in_a_few_loop_turns_is_waited_for_not_abandoned(
+    source: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No cancel grace: the run cancels the call while it waits for its cancelled prompt to
+    unwind. A prompt that honours its cancel, closing its dialog in a few loop turns, ends
+    before the run does: not abandoned, nor warned about, nor left running after the run."""
+    import logging
+
+    asked, closed = asyncio.Event(), asyncio.Event()
+
+    async def prompt(use: object, ctx: object) -> Allow:
+        asked.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for _ in range(5):  # a dialog that takes a few loop turns to close
+                await asyncio.sleep(0)
+            closed.set()
+        return Allow()
+
+    @tool
+    async def t() -> str:
+        raise AssertionError("must not run")
+
+    engine = QueryEngine(calls("t"), tools=[t], policies=[], permission=prompt, tool_cancel_grace=0.0)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        await source(Host(engine), asked)
+    assert closed.is_set()  # it ended before the run did
+    assert not [r for r in caplog.records if "ignored cancellation" in r.getMessage()]
