@@ -603,3 +603,38 @@ async def test_a_prompt_that_unwinds_in_a_few_loop_turns_is_waited_for_not_aband
         await source(Host(engine), asked)
     assert closed.is_set()  # it ended before the run did
     assert not [r for r in caplog.records if "ignored cancellation" in r.getMessage()]
+
+
+# -- what must finish though its caller is cancelled ----------------------------------------------
+
+
+async def test_a_cancel_that_came_while_uncancellable_work_ran_is_raised_though_the_work_then_failed() -> None:
+    """`uncancellable` (stopping a process group, an MCP server) runs its work to the end when
+    its caller is cancelled meanwhile, then raises that cancel: also when the work then fails,
+    the failure kept as the cancel's cause, not raised in the cancel's place."""
+    from agentloop._process import uncancellable
+
+    working, fail = asyncio.Event(), asyncio.Event()
+
+    async def work() -> None:
+        working.set()
+        await fail.wait()
+        raise OSError("the pipe broke as it was closed")
+
+    async def caller() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            await uncancellable(work())
+        except asyncio.CancelledError as exc:
+            assert isinstance(exc.__cause__, OSError)
+            raise
+        return task.cancelling()
+
+    calling = asyncio.create_task(caller())
+    await working.wait()
+    calling.cancel()
+    await asyncio.sleep(0)  # the cancel reaches the caller, which goes on waiting for the work
+    fail.set()
+    with pytest.raises(asyncio.CancelledError):
+        await calling
