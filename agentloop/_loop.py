@@ -134,6 +134,11 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 phase.outcome.aborted = True
                                 break
                             except Exception as exc:
+                                if task is not None and st.cancelled_meanwhile(task):
+                                    # The stream turned a cancel of the run's task into this
+                                    # error (a transport's close failing as the cancel unwound it):
+                                    # the cancel goes on, not a retry or a model error.
+                                    raise asyncio.CancelledError from exc
                                 phase.failed(exc)
                                 break
                             finally:

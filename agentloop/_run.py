@@ -286,6 +286,12 @@ class RunState:
         assert self.task is not None
         return self.task.uncancel() <= self.cancel_baseline
 
+    def cancelled_meanwhile(self, task: asyncio.Task[Any]) -> bool:
+        """After a guarded await that raised an error, not the CancelledError: True when someone
+        else asked ``task`` to cancel while it waited (counted as `consume_cancel` does, our
+        abort's own cancel aside). The awaited code turned that cancel into the error."""
+        return task.cancelling() > self.cancel_baseline + (1 if self._cancel_requested else 0)
+
     def take_back_cancel(self) -> None:
         """After a guarded await that ended without the CancelledError our abort's cancel threw
         into it (the awaited code caught it, and went on or raised something else): take that

@@ -331,12 +331,18 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
 async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) -> None:
     """Close an attempt's stream. What its closing raises is logged (at DEBUG, without the
     credentials the engine knows) and the attempt's outcome stands, a CancelledError included
-    unless the task running the loop is being cancelled (then it is the host's, and propagates)."""
+    unless the task running the loop is being cancelled (then it is the host's, and propagates).
+    An error the close raised for a cancel of that task that came while it waited (the stream
+    turned the cancel into it) is that cancel: it propagates as a CancelledError."""
     close = getattr(stream, "aclose", None)
     if close is not None:
+        task = asyncio.current_task()
+        before = task.cancelling() if task is not None else 0
         try:
             await close()
-        except Exception:
+        except Exception as exc:
+            if task is not None and task.cancelling() > before:  # a cancel that came meanwhile, turned into it
+                raise asyncio.CancelledError from exc
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
         except asyncio.CancelledError:
             if task_cancelling():

@@ -126,13 +126,40 @@ async def test_a_host_cancel_while_the_model_streams(source: Any) -> None:
     assert model.closed
 
 
+class TurnsCancelIntoAnError:
+    """Streams some text, then waits; a cancel of that wait becomes a retryable `ModelError` (a
+    client library that wraps whatever ends a read). Every attempt does the same."""
+
+    def __init__(self) -> None:
+        self.waiting = asyncio.Event()
+        self.attempts = 0
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.attempts += 1
+        yield StreamText(0, "Hello")
+        self.waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ModelError("the connection was lost", retryable=True) from None
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_the_stream_turns_into_an_error_is_still_the_hosts_cancel(source: Any) -> None:
+    """Not a model error the run retries: the host's cancel goes on, and no attempt follows."""
+    model = TurnsCancelIntoAnError()
+    await source(Host(QueryEngine(model, policies=[], retry_base_delay=0.0)), model.waiting)
+    assert model.attempts == 1
+
+
 class SlowClose:
     """Streams some text, waits, and on its way out (closed) waits for ``release``: its closing
     awaits. ``closing`` is set as the close begins."""
 
-    def __init__(self) -> None:
+    def __init__(self, convert: bool = False) -> None:
         self.waiting, self.closing, self.release = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self.closed = False
+        self.convert = convert  # a cancel of its closing wait becomes an error of its own
 
     async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         try:
@@ -143,13 +170,20 @@ class SlowClose:
             self.closing.set()
             try:
                 await self.release.wait()
+            except asyncio.CancelledError:
+                if self.convert:
+                    raise RuntimeError("the connection could not be closed cleanly") from None
+                raise
             finally:
                 self.closed = True
 
 
+@pytest.mark.parametrize("convert", [False, True])
 @pytest.mark.parametrize("source", HOST_CANCELS)
-async def test_a_host_cancel_while_an_interrupted_stream_closes(source: Any) -> None:
-    model = SlowClose()
+async def test_a_host_cancel_while_an_interrupted_stream_closes(source: Any, convert: bool) -> None:
+    """Also when the stream's close turns the cancel into an error of its own: logged, and the
+    host's cancel goes on."""
+    model = SlowClose(convert)
     engine = QueryEngine(model, policies=[])
 
     async def interrupt_then_wait() -> None:
@@ -159,6 +193,42 @@ async def test_a_host_cancel_while_an_interrupted_stream_closes(source: Any) -> 
     stopper = asyncio.create_task(interrupt_then_wait())
     await source(Host(engine), model.closing)
     await stopper
+    assert model.closed
+
+
+class ClosedAtAYield(SlowClose):
+    """Streams two deltas at once, then waits; its close waits for ``release``. An interrupt
+    while the host holds the first ends the attempt at the second, the stream paused at its
+    ``yield``: the loop closes it, and the close awaits."""
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        try:
+            yield StreamText(0, "Hello")
+            yield StreamText(0, " there")
+            await asyncio.Event().wait()
+        finally:
+            self.closing.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                if self.convert:
+                    raise RuntimeError("the connection could not be closed cleanly") from None
+                raise
+            finally:
+                self.closed = True
+
+
+@pytest.mark.parametrize("convert", [False, True])
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_the_loop_closes_a_stream(source: Any, convert: bool) -> None:
+    model = ClosedAtAYield(convert)
+    engine = QueryEngine(model, policies=[])
+
+    def interrupt(event: Event) -> None:
+        if getattr(event, "text", None) == "Hello":
+            engine.interrupt()
+
+    await source(Host(engine, on_event=interrupt), model.closing)
     assert model.closed
 
 
@@ -414,8 +484,9 @@ class Body:
     """A response body: ``_START``, then a wait; a cancel of that wait is swallowed (``swallow``,
     as a host's transport should not) and ``_MORE`` follows, or ends it. ``closed`` once closed."""
 
-    def __init__(self, swallow: bool) -> None:
+    def __init__(self, swallow: bool, close_fails: bool = False) -> None:
         self.swallow = swallow
+        self.close_fails = close_fails
         self.blocked = asyncio.Event()
         self.swallowed = False
         self.closed = False
@@ -434,6 +505,8 @@ class Body:
 
     async def aclose(self) -> None:
         self.closed = True
+        if self.close_fails:
+            raise OSError("connection reset while closing")
 
 
 def http_model(body: Body) -> tuple[Any, Any]:
@@ -461,6 +534,17 @@ async def test_a_host_cancel_while_an_http_models_body_is_read(source: Any) -> N
     model, client = http_model(body)
     async with client:
         await source(Host(QueryEngine(model, policies=[])), body.blocked)
+    assert body.closed
+
+
+@pytest.mark.parametrize("source", HOST_CANCELS)
+async def test_a_host_cancel_while_a_body_is_read_whose_close_fails(source: Any) -> None:
+    """The transport's close of the body fails as the host's cancel unwinds the read: the host
+    gets its cancel all the same, not a connection error the run would retry."""
+    body = Body(swallow=False, close_fails=True)
+    model, client = http_model(body)
+    async with client:
+        await source(Host(QueryEngine(model, policies=[], retry_budget=0)), body.blocked)
     assert body.closed
 
 
@@ -638,3 +722,37 @@ async def test_a_cancel_that_came_while_uncancellable_work_ran_is_raised_though_
     fail.set()
     with pytest.raises(asyncio.CancelledError):
         await calling
+
+
+async def test_a_host_timeout_while_a_stream_read_directly_waits_whose_close_fails() -> None:
+    """Iterated directly (no engine), under the host's `asyncio.timeout`: the transport's close of
+    the body fails as the cancel unwinds the read, and the host gets its TimeoutError, not a
+    connection error."""
+    from agentloop import AbortController, Message
+    from agentloop._model import ModelRequest as Request
+
+    body = Body(swallow=False, close_fails=True)
+    model, client = http_model(body)
+
+    scopes: list[asyncio.Timeout] = []
+
+    async def read() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(None) as scope:
+                scopes.append(scope)
+                stream = model.stream(Request(messages=[Message.user("hi")]), AbortController().signal)
+                try:
+                    async for _ in stream:
+                        pass
+                finally:
+                    await stream.aclose()
+        return task.cancelling()
+
+    async with client:
+        reading = asyncio.create_task(read())
+        await body.blocked.wait()
+        scopes[0].reschedule(asyncio.get_running_loop().time())
+        assert await reading == 0
+    assert body.closed

@@ -36,6 +36,7 @@ from .._tools import fitted
 from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
+from ._http._abortable import aclose_keeping_cancel, cancels_asked
 from ._sse import ServerSentEvent, SSEDecoder
 from ._unpack import unpacker
 
@@ -398,6 +399,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
     source: AsyncIterator[bytes] = stream.__aiter__()
     watch = _ReadWatch(signal) if signal is not None else None
     step = source.__anext__
+    asked = cancels_asked()  # a cancel asked of the reader after this is one its close must not hide
     try:
         while True:
             if watch is not None:
@@ -427,7 +429,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
             watch.close()
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
-            await aclose()
+            await aclose_keeping_cancel(aclose, asked)
 
 
 class _ReadWatch:

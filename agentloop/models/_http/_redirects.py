@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 
+from ._abortable import aclose_keeping_cancel, cancels_asked
 from ._secrets import is_credential
 
 
@@ -21,6 +22,7 @@ async def sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterat
     gateway token to the host the redirect names. Every credential header is dropped, and the
     client's own ``auth=`` is not applied there (nor anywhere after), as httpx applies it only
     to the request it was given."""
+    asked = cancels_asked()
     response = await client.send(request, stream=True, follow_redirects=False)
     try:
         hops = 0
@@ -37,7 +39,7 @@ async def sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterat
             response = await client.send(following, stream=True, follow_redirects=False, auth=auth)
         yield response
     finally:
-        await response.aclose()
+        await aclose_keeping_cancel(response.aclose, asked)
 
 
 def _same_origin(sent: httpx.URL, following: httpx.URL) -> bool:
