@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
-from ._abort import task_cancelling
+from ._abort import cancels_asked, task_cancelling
 from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
@@ -336,12 +336,11 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
     turned the cancel into it) is that cancel: it propagates as a CancelledError."""
     close = getattr(stream, "aclose", None)
     if close is not None:
-        task = asyncio.current_task()
-        before = task.cancelling() if task is not None else 0
+        asked = cancels_asked()
         try:
             await close()
         except Exception as exc:
-            if task is not None and task.cancelling() > before:  # a cancel that came meanwhile, turned into it
+            if cancels_asked() > asked:  # a cancel that came meanwhile, turned into it
                 raise asyncio.CancelledError from exc
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
         except asyncio.CancelledError:

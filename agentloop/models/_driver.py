@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from .._abort import AbortSignal
+from .._abort import AbortSignal, cancels_asked
 from .._errors import AbortError, ModelError, ProviderConnectionError, StreamProtocolError
 from .._jsondepth import TOO_DEEP, json_too_deep
 from .._messages import (
@@ -36,7 +36,7 @@ from .._tools import fitted
 from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
-from ._http._abortable import aclose_keeping_cancel, cancels_asked
+from ._http._abortable import aclose_keeping_cancel
 from ._sse import ServerSentEvent, SSEDecoder
 from ._unpack import unpacker
 

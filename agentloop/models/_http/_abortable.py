@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from ..._abort import AbortSignal
+from ..._abort import AbortSignal, cancels_asked
 from ..._errors import AbortError
 
 
@@ -53,13 +53,6 @@ async def abortable(signal: AbortSignal | None, deadline: float | None = None) -
         live = False
         if remove is not None:
             remove()
-
-
-def cancels_asked() -> int:
-    """How many cancels the running task has been asked and not taken back (``cancelling()``;
-    0 outside a task): what `aclose_keeping_cancel` compares with."""
-    task = asyncio.current_task()
-    return task.cancelling() if task is not None else 0
 
 
 async def aclose_keeping_cancel(aclose: Callable[[], Awaitable[object]], asked: int) -> None:

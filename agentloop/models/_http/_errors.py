@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..._abort import AbortSignal
+from ..._abort import AbortSignal, cancels_asked
 from ..._errors import (
     ModelError,
     PromptTooLongError,
@@ -28,7 +28,7 @@ from ..._errors import (
 from ..._jsondepth import TOO_DEEP, loads
 from .._errbody import clipped, decode_body, is_page, page_text
 from .._unpack import MissingDecoder, unpacker
-from ._abortable import abortable, aclose_keeping_cancel, cancels_asked
+from ._abortable import abortable, aclose_keeping_cancel
 from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
 

@@ -7,7 +7,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from ._abortable import aclose_keeping_cancel, cancels_asked
+from ..._abort import cancels_asked
+from ._abortable import aclose_keeping_cancel
 from ._secrets import is_credential
 
 
