@@ -96,8 +96,11 @@ class AbortSignal:
         If the signal is already aborted, ``fn`` is called at once. A listener
         runs in the thread that aborts; exceptions it raises are logged and swallowed
         so one bad listener cannot stop the others. A KeyboardInterrupt or SystemExit
-        propagates out of ``abort()``, after the other listeners ran.
+        propagates out of ``abort()``, after the other listeners ran. Raises TypeError
+        for an ``fn`` that is not callable.
         """
+        if not callable(fn):
+            raise TypeError(f"add_listener takes a callable fn(reason), not {type(fn).__name__}")
         key = next(self._keys)
         listeners = self._listeners
         listeners[key] = fn
@@ -182,7 +185,10 @@ class AbortSignal:
         """
         if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
             raise TypeError(f"AbortSignal.timeout takes a number of seconds, not {seconds!r}")
-        seconds = float(seconds)
+        try:
+            seconds = float(seconds)
+        except OverflowError:  # an int past any float: as far off as infinity (or as long ago)
+            seconds = math.inf if seconds > 0 else -math.inf
         if math.isnan(seconds):
             raise ValueError("AbortSignal.timeout takes a number of seconds, not NaN")
         if not isinstance(reason, str):  # the timer's abort() would refuse it, and never abort

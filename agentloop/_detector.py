@@ -139,7 +139,15 @@ class RepetitionDetector:
     ``feed(delta)`` returns only new signals. A pattern (one run of one period)
     is reported once when it crosses its threshold and again, as an
     ``exact_repetition`` with the new count, each time its copies double.
-    ``rules`` / ``fence_rules`` replace the channel's thresholds.
+    ``rules`` / ``fence_rules`` replace the channel's thresholds, and ``wordy_rule`` the one
+    for a short unit with letters (a chant; None: the channel's own).
+
+    ``window``: the longest period looked for, in characters (the text kept is bounded by
+    it). ``anchor``: the length of the text looked up at each checkpoint; ``step``: the
+    characters from one checkpoint to the next. ``max_candidates``: how many periods are
+    tracked at once (the longest gives way to a new one); ``tries``: how many candidate
+    distances one checkpoint checks at most. TypeError for one of these that is not a whole
+    number; ValueError for one below 1, and unless ``window >= 2 * anchor`` and ``anchor >= 2``.
 
     ``live`` (read-only) maps each candidate period being tracked to its run; it
     is empty while the text does not repeat, and then a delta costs one append
@@ -159,8 +167,14 @@ class RepetitionDetector:
         max_candidates: int = 8,
         tries: int = 4,
     ) -> None:
-        if window < 2 * anchor or anchor < 2 or step < 1:
-            raise ValueError("need window >= 2*anchor, anchor >= 2 and step >= 1")
+        counts = {"window": window, "anchor": anchor, "step": step, "max_candidates": max_candidates, "tries": tries}
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"RepetitionDetector {name} takes a whole number, not {value!r}")
+            if value < 1:
+                raise ValueError(f"RepetitionDetector {name} must be >= 1, not {value!r}")
+        if window < 2 * anchor or anchor < 2:
+            raise ValueError("need window >= 2*anchor and anchor >= 2")
         self.channel = channel
         self.window = window
         self.rules = rules if rules is not None else _DEFAULT_RULES.get(channel, TEXT_RULES)

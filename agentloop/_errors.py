@@ -100,7 +100,8 @@ class ProviderError(ModelError):
 
     ``provider``: "anthropic", "openai", ...; ``status``: HTTP status (200 for an
     error event inside a stream); ``body``: the decoded error body; ``error_type``:
-    the provider's error type string; ``request_id``: the provider's request id.
+    the provider's error type string; ``request_id``: the provider's request id;
+    ``retryable`` and ``retry_after`` as for `ModelError`.
     """
 
     def __init__(
@@ -174,7 +175,8 @@ class ToolInputError(AgentloopError):
 
 
 class TranscriptError(AgentloopError):
-    """A transcript violates the provider rules (see `validate_transcript`)."""
+    """A transcript violates the provider rules (see `validate_transcript`): ``violations``, one
+    line per rule broken, also make up the message."""
 
     def __init__(self, violations: list[str]) -> None:
         super().__init__("invalid transcript:\n" + "\n".join(violations))

@@ -74,19 +74,26 @@ class TurnStarted(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TextDelta(_Event):
+    """A fragment of the response's text as it streams (``text``)."""
+
     type: ClassVar[Literal["text_delta"]] = "text_delta"
     text: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ThinkingDelta(_Event):
+    """A fragment of the response's reasoning as it streams (``thinking``)."""
+
     type: ClassVar[Literal["thinking_delta"]] = "thinking_delta"
     thinking: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolInputDelta(_Event):
-    """A fragment of a tool call's input JSON as it streams."""
+    """A fragment (``partial_json``) of a tool call's input JSON as it streams, for the call
+    ``tool_use_id`` of tool ``name``. A call that came without an id, or with one the transcript
+    already holds, gets a fresh id when its message is committed: from `AssistantMessage` on,
+    events carry that one."""
 
     type: ClassVar[Literal["tool_input_delta"]] = "tool_input_delta"
     tool_use_id: str
@@ -108,6 +115,8 @@ class AssistantMessage(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PermissionRequested(_Event):
+    """The permission callback is being awaited for the call ``tool_use``."""
+
     type: ClassVar[Literal["permission_requested"]] = "permission_requested"
     tool_use: ToolUseBlock
 
@@ -188,6 +197,9 @@ class InterjectionDropped(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyNudge(_Event):
+    """A policy (named by ``policy``) appended ``reminder`` for the model, as a synthetic user
+    message before the next request."""
+
     type: ClassVar[Literal["policy_nudge"]] = "policy_nudge"
     policy: str
     reminder: str
@@ -209,12 +221,19 @@ class DoomLoopDetected(_Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resampling(_Event):
+    """A cut attempt is being resampled (within the engine's ``doom_budget``); ``attempt`` is
+    the new attempt's number (`ModelRequest.attempt`)."""
+
     type: ClassVar[Literal["resampling"]] = "resampling"
     attempt: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Retrying(_Event):
+    """A failed request is being retried after ``delay`` seconds (within the engine's
+    ``retry_budget``): ``error`` says what failed; ``attempt`` is the new attempt's number
+    (`ModelRequest.attempt`)."""
+
     type: ClassVar[Literal["retrying"]] = "retrying"
     attempt: int
     error: str

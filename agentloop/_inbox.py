@@ -29,7 +29,19 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Texts:
-    """Every text the library writes into a transcript; override any of them."""
+    """Every text the library writes into a transcript; override any of them.
+
+    ``never_started`` and ``stopped_running``: the results synthesized after an abort for a
+    call that never started, and for one stopped while it ran. ``interrupt_notice``: the user
+    message that records an interrupt (``QueryEngine(interrupt_notice="append")``);
+    ``interrupt_envelope``: the line the next prompt is wrapped under instead (``"envelope"``).
+    ``interjection_intro`` and ``interjection_reminder``: the lines before and after the
+    texts of an interjection. ``doom_reminder``: the reminder a resample after a doom loop
+    sends. ``result_cut``: put where a tool result over ``max_tool_result_chars`` was cut
+    (``{cut}`` and ``{total}``: the characters cut, and those of the whole result).
+    ``input_updated``: put before the result of a call that ran with the input a permission
+    callback gave it (``{input}``: that input as JSON).
+    """
 
     never_started: str = "Interrupted by user: this tool call never started, so it had no effect."
     stopped_running: str = (

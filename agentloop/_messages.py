@@ -110,7 +110,7 @@ class _Signed(_Shared):
 
 
 class ThinkingBlock(_Signed):
-    """Model reasoning. ``signature`` is opaque provider data that must be sent back
+    """Model reasoning (``thinking``). ``signature`` is opaque provider data that must be sent back
     unchanged; a block with an empty signature is incomplete and never sent.
     ``origin``: the server that made it and alone can check the signature
     (``"https://api.anthropic.com"``: the base URL's scheme, host, port and path), set by each
@@ -216,12 +216,13 @@ class Message(_Shared):
 
     @classmethod
     def user(cls, text: str, **fields: Any) -> Message:
-        """A user message holding one text block."""
+        """A user message holding one text block of ``text``; ``fields`` are its other fields
+        (``synthetic``, ``kind``, ``meta``...), validated as by the constructor."""
         return _one_text(cls, "user", text, fields)
 
     @classmethod
     def assistant(cls, text: str, **fields: Any) -> Message:
-        """An assistant message holding one text block."""
+        """An assistant message holding one text block of ``text``; ``fields`` as for `user`."""
         return _one_text(cls, "assistant", text, fields)
 
     @property

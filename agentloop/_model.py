@@ -50,11 +50,19 @@ class ToolSpec(Protocol):
     """What a provider needs to declare a tool (a `Tool` satisfies it)."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The name the model calls the tool by."""
+        ...
+
     @property
-    def description(self) -> str: ...
+    def description(self) -> str:
+        """What the tool does, as the model reads it."""
+        ...
+
     @property
-    def input_schema(self) -> Mapping[str, Any]: ...
+    def input_schema(self) -> Mapping[str, Any]:
+        """The JSON Schema of the tool's input (an object)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +76,7 @@ class Usage:
 
     @property
     def total(self) -> int:
+        """``input_tokens + output_tokens`` (the cache counts are part of ``input_tokens``)."""
         return self.input_tokens + self.output_tokens
 
     def __bool__(self) -> bool:
@@ -114,6 +123,8 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class StreamText:
+    """A fragment of the text of block ``index`` (the block's index in the response)."""
+
     type: ClassVar[str] = "text"
     index: int
     text: str
@@ -121,6 +132,8 @@ class StreamText:
 
 @dataclass(frozen=True, slots=True)
 class StreamThinking:
+    """A fragment of the reasoning (``thinking``) of block ``index``."""
+
     type: ClassVar[str] = "thinking"
     index: int
     thinking: str
@@ -128,7 +141,7 @@ class StreamThinking:
 
 @dataclass(frozen=True, slots=True)
 class StreamSignature:
-    """Completes a thinking block (the signature is opaque; pass it back verbatim).
+    """Completes thinking block ``index`` (the signature is opaque; pass it back verbatim).
 
     A later one for the same block replaces it, as Anthropic's ``signature_delta``
     does (it carries the whole signature, not a piece of it). ``origin``: the server
@@ -143,7 +156,7 @@ class StreamSignature:
 
 @dataclass(frozen=True, slots=True)
 class StreamRedactedThinking:
-    """Encrypted reasoning; ``origin`` as for `StreamSignature`."""
+    """Encrypted reasoning, a whole block at ``index``; ``origin`` as for `StreamSignature`."""
 
     type: ClassVar[str] = "redacted_thinking"
     index: int
@@ -153,9 +166,9 @@ class StreamRedactedThinking:
 
 @dataclass(frozen=True, slots=True)
 class StreamProviderBlock:
-    """A whole block that the provider's server made and reads back itself (Anthropic's
-    ``server_tool_use`` and ``*_tool_result`` blocks): kept as a `ProviderBlock`, no call
-    for the host to run."""
+    """A whole block at ``index`` that the provider's server made and reads back itself
+    (Anthropic's ``server_tool_use`` and ``*_tool_result`` blocks): kept as a `ProviderBlock`,
+    no call for the host to run."""
 
     type: ClassVar[str] = "provider_block"
     index: int
@@ -165,6 +178,8 @@ class StreamProviderBlock:
 
 @dataclass(frozen=True, slots=True)
 class StreamToolUseStart:
+    """A tool call starts as block ``index``: its ``id`` and the ``name`` of the tool."""
+
     type: ClassVar[str] = "tool_use_start"
     index: int
     id: str
@@ -173,7 +188,7 @@ class StreamToolUseStart:
 
 @dataclass(frozen=True, slots=True)
 class StreamToolInput:
-    """A fragment of the tool input JSON text."""
+    """A fragment (``partial_json``) of the input JSON text of tool call block ``index``."""
 
     type: ClassVar[str] = "tool_input"
     index: int
@@ -182,6 +197,8 @@ class StreamToolInput:
 
 @dataclass(frozen=True, slots=True)
 class StreamBlockStop:
+    """Block ``index`` is complete."""
+
     type: ClassVar[str] = "block_stop"
     index: int
 
@@ -209,7 +226,7 @@ class StreamSignals:
 
 @dataclass(frozen=True, slots=True)
 class StreamLogprobs:
-    """Log probabilities of the tokens just streamed on ``channel``."""
+    """``logprobs``: the log probabilities of the tokens just streamed on ``channel``, in order."""
 
     type: ClassVar[str] = "logprobs"
     channel: Literal["text", "thinking"]
@@ -222,7 +239,8 @@ class StreamEnd:
     "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn" (the
     server paused a turn of its own tools: the engine asks again, to let it go on),
     "model_context_window_exceeded"; plus "repetition": the server cut the output as a
-    repetition loop (vLLM)."""
+    repetition loop (vLLM). ``usage``: the response's usage, merged as a `StreamUsage` is.
+    ``response_id``: the provider's id of the response, when it gives one."""
 
     type: ClassVar[str] = "end"
     stop_reason: str | None = None
@@ -250,7 +268,12 @@ StreamEvent = (
 class Model(Protocol):
     """One streamed request. See the module docstring for the contract."""
 
-    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]: ...
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        """Stream the response to ``request``, the run's ``signal`` at hand: yield `StreamEnd`
+        exactly once, last; raise `ModelError` (``retryable`` when a new attempt could fix it) for
+        a failure; let a cancellation through, closing the response on the way out (the engine
+        cancels the stream to stop it at once)."""
+        ...
 
 
 # Built per delta by every provider, and per attempt by the loop: quick constructors.

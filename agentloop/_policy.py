@@ -147,6 +147,8 @@ class Policy:
 
     @property
     def name(self) -> str:
+        """The name events and logs give the policy (`DoomLoopDetected.policy`,
+        `PolicyNudge.policy`): its class's name, unless a subclass says otherwise."""
         return type(self).__name__
 
     def bind(self, tools: Mapping[str, ToolSpec]) -> None:

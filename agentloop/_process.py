@@ -70,6 +70,7 @@ class ProcessResult:
 
     @property
     def ok(self) -> bool:
+        """True when the child exited with ``returncode`` 0 and was not killed by the timeout."""
         return self.returncode == 0 and not self.timed_out
 
     def as_json(self) -> dict[str, Any]:
@@ -97,7 +98,7 @@ async def run_process(
     **kw: Any,
 ) -> ProcessResult:
     """Run ``args`` and wait for it to exit and its output to end; extra keywords
-    (``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
+    (``kw``: ``cwd``, ``env``...) go to `subprocess.Popen` (not ``shell`` or a text mode: ValueError).
     ``stderr=subprocess.STDOUT`` merges the child's stderr into ``stdout``, in the
     order it was written (``stderr`` is then empty).
 
@@ -224,7 +225,11 @@ def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             none = " or None" if name == "timeout" else ""
             raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
-        if not float(value) >= 0:  # NaN too
+        try:
+            at_least_zero = float(value) >= 0  # NaN too
+        except OverflowError:  # an int past any float: no number of seconds a clock can add
+            raise ValueError(f"run_process: {name} is too large for a number of seconds") from None
+        if not at_least_zero:
             raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise TypeError(

@@ -13,7 +13,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from ._abort import AbortSignal
 from ._errors import ModelError
@@ -36,6 +36,9 @@ __all__ = ["ScriptedModel", "ScriptedResponse", "ScriptedToolCall"]
 
 @dataclass(frozen=True, slots=True)
 class ScriptedToolCall:
+    """One tool call of a `ScriptedResponse`: the tool's ``name``, its ``input`` (a dict of
+    arguments), and its ``id`` (None: a fresh one each time the response is played)."""
+
     name: str
     input: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
@@ -46,10 +49,11 @@ class ScriptedResponse:
     """One scripted model response.
 
     ``thinking`` streams first (signed unless ``sign_thinking`` is False), then
-    ``text``, then the tool calls. ``chunk`` is the delta size in characters;
+    ``text``, then the ``tool_calls`` (`ScriptedToolCall`s). ``chunk`` is the delta size in characters;
     ``delay`` the pause (seconds) before each event. ``error``: raised after
-    ``error_after`` events (None: at the start). ``events``: raw stream events,
-    used instead of everything above when given.
+    ``error_after`` events (None: at the start; all of them: once they are streamed); ValueError
+    for an ``error_after`` below 0 or past the number of events, which could never raise it.
+    ``events``: raw stream events, used instead of everything above when given.
     """
 
     text: str = ""
@@ -65,7 +69,9 @@ class ScriptedResponse:
     events: Sequence[StreamEvent] | None = None
 
     def __post_init__(self) -> None:
-        """Raises TypeError for a script that could only fail when played, blamed on the model."""
+        """Raises TypeError for a script that could only fail when played, blamed on the model
+        (a field of another type), and ValueError for a ``chunk`` below 1, a negative ``delay``,
+        or an ``error_after`` that would never raise its error."""
         for name in ("text", "thinking"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"ScriptedResponse {name} must be a str, not {type(getattr(self, name)).__name__}")
@@ -76,6 +82,33 @@ class ScriptedResponse:
                 raise TypeError(f"ScriptedResponse tool_calls holds ScriptedToolCall(name, input), not {call!r}")
             if not isinstance(call.input, dict):
                 raise TypeError(f"ScriptedToolCall input must be a dict (the tool's arguments), not {call.input!r}")
+        self._check_playable()
+        if self.error is not None and self.error_after is not None:
+            count = len(self.stream_events(lambda: ""))
+            if not 0 <= self.error_after <= count:
+                raise ValueError(
+                    f"ScriptedResponse error_after={self.error_after!r} would never raise the error: "
+                    f"this response streams {count} events, so it takes 0 to {count}"
+                )
+
+    def _check_playable(self) -> None:
+        """The fields a play reads as numbers, an exception and stream events: checked now."""
+        for name, low in (("chunk", 1), ("delay", 0), ("error_after", 0)):
+            value = getattr(self, name)
+            if value is None and name == "error_after":
+                continue
+            kinds = (int,) if name != "delay" else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise TypeError(f"ScriptedResponse {name} takes a number, not {value!r}")
+            if name != "error_after" and not value >= low:  # NaN too
+                raise ValueError(f"ScriptedResponse {name} must be >= {low}, not {value!r}")
+        if self.error is not None and not isinstance(self.error, ModelError):
+            raise TypeError(f"ScriptedResponse error takes a ModelError to raise, not {self.error!r}")
+        if not isinstance(self.usage, Usage | None):
+            raise TypeError(f"ScriptedResponse usage takes a Usage, not {self.usage!r}")
+        bad = next((e for e in self.events or () if not isinstance(e, _STREAM_EVENTS)), None)
+        if bad is not None:
+            raise TypeError(f"ScriptedResponse events holds stream events (StreamText, StreamEnd...), not {bad!r}")
 
     def stream_events(self, ids: Callable[[], str]) -> list[StreamEvent]:
         """The events this response streams (tool ids drawn from ``ids`` when unset)."""
@@ -102,6 +135,8 @@ class ScriptedResponse:
         out.append(StreamEnd(stop_reason=stop, usage=self.usage))
         return out
 
+
+_STREAM_EVENTS = get_args(StreamEvent)
 
 # One per scripted call played: made by a function, not by calling the class (`quick_new`).
 _tool_use_start = quick_new(StreamToolUseStart)
@@ -190,6 +225,9 @@ class ScriptedModel:
             if signal._reason is not None:  # `throw_if_aborted()`, called only to raise: one call less per event
                 signal.throw_if_aborted()
             yield event
+        if fail_at == len(events):  # after every event: the stream fails as it would have ended
+            assert error is not None
+            raise error
 
 
 def _chunks(text: str, size: int) -> list[str]:

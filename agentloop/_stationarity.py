@@ -168,14 +168,15 @@ class StationarityPolicy(Policy):
     as "the same call"; subclasses implement ``on_results``.
 
     Tool classes come from `bind` (``stationarity="tight"``, ``poller=True``) and
-    can be added by name with ``tight_tools`` / ``poller_tools``.
+    can be added by name with ``tight_tools`` / ``poller_tools`` (lists of names: a bare str
+    is a TypeError).
     """
 
     one_engine = True  # per-run state: one engine at a time
 
     def __init__(self, *, tight_tools: Iterable[str] = (), poller_tools: Iterable[str] = ()) -> None:
-        self.tight_tools = set(tight_tools)
-        self.poller_tools = set(poller_tools)
+        self.tight_tools = _tool_names("tight_tools", tight_tools)
+        self.poller_tools = _tool_names("poller_tools", poller_tools)
         # The names the last `bind` added (those the host named stay whatever the tools say).
         self._bound_tight: set[str] = set()
         self._bound_pollers: set[str] = set()
@@ -203,7 +204,9 @@ class StationarityPolicy(Policy):
         return twin
 
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
-        """Identity of one call (see the module docstring)."""
+        """Identity of ``call``: its name and canonical arguments (`canonical_key`), and for a
+        poller tool also ``result`` (its error flag and text), so a poll whose answer changed is
+        another call."""
         name, args = canonical_key(call)
         if result is None or name not in self.poller_tools:
             return name, args
@@ -218,7 +221,8 @@ class StationarityPolicy(Policy):
             self.reset()
 
     def signature(self, message: Message, results: Sequence[ToolResultBlock]) -> tuple[Signature, int]:
-        """The response's calls as a multiset, reduced: (base, multiplicity).
+        """The calls of ``message`` (each keyed with its result in ``results``) as a multiset,
+        reduced: (base, multiplicity).
 
         Order is ignored; ``k`` parallel copies of the same set count ``k`` times
         (five identical calls in one response are five repetitions).
@@ -229,6 +233,13 @@ class StationarityPolicy(Policy):
         return frozenset((k, n // m) for k, n in counts.items()), m
 
 
+def _tool_names(field: str, names: Iterable[str]) -> set[str]:
+    """``names`` as a set; TypeError for a bare str, which would be read letter by letter."""
+    if isinstance(names, str):
+        raise TypeError(f"{field} takes a list of tool names: {field}=[{names!r}]")
+    return set(names)
+
+
 class IdenticalToolCallRun(StationarityPolicy):
     """Consecutive responses with the identical set of tool calls (SPEC §7).
 
@@ -236,9 +247,10 @@ class IdenticalToolCallRun(StationarityPolicy):
     calls) until the next genuine user message: again only when a run of that
     pattern reaches twice the count of its last nudge, also after a detour; at
     ``end_at`` the turn ends with ``stationarity_ended``. A response made only of tight-class tools uses
-    the tight thresholds. ``keepalive_end_at`` no-op calls in a row (any mix of
+    the tight thresholds, ``tight_nudge_at`` and ``tight_end_at``. ``keepalive_end_at`` no-op calls in a row (any mix of
     them, per ``keepalive``) end the turn. ``None`` disables a threshold.
-    Texts are `str.format` templates with ``{count}`` and ``{tools}``.
+    Texts are `str.format` templates with ``{count}`` and ``{tools}``. Other keyword arguments
+    (``kwargs``: ``tight_tools``, ``poller_tools``) go to `StationarityPolicy`.
     """
 
     nudge_text = (
@@ -309,7 +321,8 @@ class ToolCallCycle(StationarityPolicy):
     """Opt-in: a cycle of 2..``max_period`` different responses (A, B, A, B, ...).
 
     Nudges when the last cycle has repeated ``nudge_repeats`` times in a row
-    (again at twice that), ends the turn at ``end_repeats``.
+    (again at twice that), ends the turn at ``end_repeats`` (None: never). Other keyword
+    arguments (``kwargs``) go to `StationarityPolicy`.
     """
 
     nudge_text = (
@@ -389,7 +402,9 @@ class RepeatedErrorResult(StationarityPolicy):
     whatever the arguments (the first ``prefix`` characters of the error are
     compared). A response with a successful result breaks the run: the calls of
     one response are judged together, whatever their order. Nudged once per error
-    until the next genuine user message, again when a run of it doubles."""
+    until the next genuine user message, again when a run of it doubles; the turn ends with
+    ``stationarity_ended`` at ``end_at`` (None: never). Other keyword arguments (``kwargs``)
+    go to `StationarityPolicy`."""
 
     nudge_text = (
         "The tool {tools} has returned the same error {count} times in a row. Repeating the call "
@@ -411,6 +426,8 @@ class RepeatedErrorResult(StationarityPolicy):
         self._nudged: dict[Hashable, int] = {}  # error -> the count it was last nudged at
 
     def key(self, call: ToolUseBlock, result: ToolResultBlock | None) -> Hashable:
+        """The tool's name and the first ``prefix`` characters of ``result`` (the error), the
+        arguments of ``call`` left out."""
         text = result.text[: self.prefix].strip() if result is not None else ""
         return call.name, text
 

@@ -62,7 +62,8 @@ def delegate_tool(
     delegate again, but a call from an engine ``max_depth`` levels below the main
     engine starts no subagent and returns an error result saying the depth limit
     was reached (default 3: main engine, child, grandchild, great-grandchild).
-    Raises TypeError or ValueError for a ``max_depth`` that is not a whole number >= 1.
+    Raises TypeError or ValueError for a ``max_depth`` that is not a whole number >= 1, or a
+    ``max_turns`` that is not one >= 0.
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
     the subagent a narrower tool set); ``policies=`` is a template, forked for each
@@ -74,7 +75,7 @@ def delegate_tool(
     is taken by creating its file, so two processes never take the same one.
     """
 
-    overrides = _checked(max_depth, overrides)
+    overrides = _checked(max_depth, max_turns, overrides)
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
@@ -91,14 +92,16 @@ def delegate_tool(
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True, poller=True)
 
 
-def _checked(max_depth: int, overrides: dict[str, Any]) -> dict[str, Any]:
+def _checked(max_depth: int, max_turns: int, overrides: dict[str, Any]) -> dict[str, Any]:
     """``overrides`` with ``policies`` read once into a tuple (a generator, a set: each child
     forks from it). Raises TypeError or ValueError for a ``max_depth`` that is not a whole
-    number >= 1, TypeError for ``policies`` that is not a list of policies."""
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int):
-        raise TypeError(f"max_depth takes a whole number, not {max_depth!r}")
-    if max_depth < 1:
-        raise ValueError(f"max_depth must be at least 1, not {max_depth!r}")
+    number >= 1 or a ``max_turns`` that is not one >= 0 (as every child would), TypeError for
+    ``policies`` that is not a list of policies."""
+    for name, value, low in (("max_depth", max_depth, 1), ("max_turns", max_turns, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} takes a whole number, not {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be at least {low}, not {value!r}")
     given = overrides.get("policies")
     if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
         raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")

@@ -44,6 +44,7 @@ from pydantic.fields import FieldInfo
 from ._abort import AbortSignal
 from ._docstring import split_docstring
 from ._errors import ToolInputError
+from ._events import _Event
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
 from ._quick import quick_init
@@ -99,6 +100,13 @@ ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
 Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]
 
 
+def _dropped(event: object) -> None:
+    """The ``emit`` of a context made without one: the events go nowhere, but what is no event
+    is refused as the engine's own ``emit`` refuses it."""
+    if not isinstance(event, _Event):
+        raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(event).__name__}")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool receives.
@@ -106,13 +114,15 @@ class ToolContext:
     ``signal`` aborts when the run is interrupted: pass it on to anything that
     can wait (`run_process`, a subagent, your own IO). ``emit`` sends an event
     into the run's event stream (a subagent's events reach the host this way);
-    it may be called from any thread (a worker of ``asyncio.to_thread``).
+    it may be called from any thread (a worker of ``asyncio.to_thread``). Anything but an
+    agentloop event is a TypeError, also for a context made by hand (to test a tool), whose
+    ``emit`` drops the events unless one is given.
     """
 
     signal: AbortSignal
     tool_use_id: str
     engine: QueryEngine
-    emit: Callable[[Event], None] = field(repr=False, default=lambda _e: None)
+    emit: Callable[[Event], None] = field(repr=False, default=_dropped)
 
 
 quick_init(ToolContext)  # one per tool call
@@ -139,10 +149,15 @@ PermissionCallback = Callable[[ToolUseBlock, ToolContext], Awaitable[Allow | Den
 class Tool:
     """A tool the model can call.
 
+    ``name``: 1 to 64 letters, digits, ``_`` or ``-`` (ValueError otherwise).
+    ``description`` and ``input_schema`` (a JSON Schema object) are what the model is shown.
+    ``handler``: ``async (input, ctx) -> result``, called with the model's input (a dict) and
+    a `ToolContext`; TypeError for one that is not callable or is an async generator function.
     ``concurrency_safe``: may run alongside other concurrency-safe calls.
-    ``timeout``: seconds before the call is cancelled with an error result.
+    ``timeout``: seconds before the call is cancelled with an error result (TypeError for
+    what is not a number of seconds, ValueError for a negative one or NaN).
     ``stationarity``: "tight" tools (file reads, todo lists) get the stricter
-    repeated-call thresholds. ``poller``: a repeated call whose result changes
+    repeated-call thresholds ("normal" the others; ValueError for another word). ``poller``: a repeated call whose result changes
     counts as progress.
     """
 
@@ -176,8 +191,14 @@ class Tool:
         if timeout is not None:  # a config file's "30" would fail every call, blamed on the tool
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
                 raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
-            if not float(timeout) >= 0:  # NaN too
+            try:
+                at_least_zero = float(timeout) >= 0  # NaN too
+            except OverflowError:  # an int past any float: no number of seconds a clock can add
+                raise ValueError("timeout is too large for a number of seconds") from None
+            if not at_least_zero:
                 raise ValueError(f"timeout must be >= 0, not {timeout!r}")
+        if stationarity not in ("normal", "tight"):
+            raise ValueError(f'stationarity must be "normal" or "tight", not {stationarity!r}')
         _check_handler(handler)
         self.name = name
         self.description = description
@@ -192,6 +213,8 @@ class Tool:
         return f"<Tool {self.name!r} concurrency_safe={self.concurrency_safe}>"
 
     async def __call__(self, input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Await the handler with ``input`` and ``ctx`` and return what it returns; the engine
+        adds the rest around it (the permission check, the ``timeout``, the result block)."""
         return await self.handler(input, ctx)
 
 

@@ -86,7 +86,10 @@ class DoomLoopPolicy(Policy):
     resamples (`Resample`), else any "warn" reports (`Warn`). This base class
     warns on everything and never aborts.
 
-    ``client_detector=False`` relies on server frames only; ``detector`` passes
+    ``client_detector=False`` relies on server frames only, ``server_signals=False`` on the
+    client detector only (the server's `StreamSignals` are ignored then); ``channels``: the
+    channels the client detector watches, some of "thinking" and "text" (TypeError or
+    ValueError otherwise); ``detector`` passes
     keyword arguments to each channel's `RepetitionDetector` (e.g.
     ``{"window": 2048}``). Low-logprob: ``low_logprob@{channel}`` is raised once
     per run of ``logprob_run`` consecutive tokens whose log probability is below
@@ -366,6 +369,7 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
     signal, and every text-channel signal, only warns, except a signal the server
     ended the response on (``stopped``: vLLM's ``finish_reason: "repetition"``), on
     either channel: the output is cut already, so resampling it loses nothing more.
+    Other keyword arguments (``kwargs``) go to `DoomLoopPolicy`.
     """
 
     def __init__(self, max_threshold: int = 64, *, max_chars: int = 256, **kwargs: Any) -> None:
@@ -375,6 +379,9 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
         self.max_chars = _count("max_chars", max_chars, 0, optional=False)
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
+        """"abort" for a signal the server stopped the response on, and for a thinking-channel
+        ``tail_repetition`` whose period is at most ``max_threshold`` tokens (``max_chars``
+        characters, from the client detector); "warn" for any other."""
         if signal.stopped:
             return "abort"
         if signal.kind != "tail_repetition" or signal.channel != "thinking":

@@ -56,7 +56,9 @@ class MCPServer:
     """A connection to one MCP server, whose tools become agentloop `Tool`s.
 
     Build it with `MCPServer.stdio` or `MCPServer.http`; use it as an async
-    context manager or call `aclose` when done. ``prefix`` is prepended to every
+    context manager or call `aclose` when done. (The constructor takes ``connect``, a
+    function opening one connection's streams, and ``label``, the name the repr, the logs and
+    the errors give the server: what those two make.) ``prefix`` is prepended to every
     tool name (``"fs_"`` turns ``read`` into ``fs_read``); ``concurrency_safe``
     and ``timeout`` are passed to every `Tool` made. ``connect_timeout`` bounds
     the wait for the server's answer to ``initialize``, and apart from it the wait
@@ -122,7 +124,8 @@ class MCPServer:
         INFO, with the values of the credentials in ``env`` (a name holding ``key``,
         ``token``, ``secret``, ``pass``...) replaced by ``[REDACTED]``. ``max_message_size``:
         the most bytes one message from the server may hold (None: no limit); a longer one
-        ends the connection, failing the calls in flight.
+        ends the connection, failing the calls in flight. ``command`` and ``args``: the program
+        and its arguments; ``options`` go to the constructor (``prefix``, ``timeout``...).
         """
         # The command is shown as a command line is, its credentials redacted (``TOKEN=X cmd``).
         label = f"stdio:{shown_args((command,))[0]}"
@@ -164,6 +167,7 @@ class MCPServer:
         A query string (``?token=...``) cannot be taken out, since it is part of
         the address: its credentials are scrubbed out of the records of the loggers
         that quote the URL (the SDK's and its HTTP client's), but prefer ``headers``.
+        ``options`` go to the constructor (``prefix``, ``timeout``...).
         """
         check_url(url)
         # Refused here, not quoted: the HTTP layer's error for a header it cannot send quotes it.
@@ -510,7 +514,8 @@ class MCPServer:
     async def call_tool(
         self, name: str, arguments: Mapping[str, Any], *, signal: AbortSignal | None = None
     ) -> types.CallToolResult:
-        """Call tool ``name`` (the server's name, without prefix) and return the raw result.
+        """Call tool ``name`` (the server's name, without prefix) with ``arguments`` and return
+        the raw result.
 
         With ``signal``: on abort, stop waiting at once, let the SDK send the
         server ``notifications/cancelled`` for the request, and raise

@@ -49,7 +49,9 @@ class SSEDecoder:
     """Turn a byte stream into `ServerSentEvent`s, chunk by chunk.
 
     ``last_event_id`` and ``retry`` keep the latest values the stream set. ``max_event_bytes``:
-    how many bytes may come while no event completes (see the module's docstring).
+    how many bytes may come while no event completes (None: 64 MiB, `MAX_EVENT_BYTES`; see the
+    module's docstring; TypeError for what is not a whole number, ValueError below 1). ``error_field=True`` reads an ``error:`` field line (old llama.cpp
+    servers' mid-stream failure) as an event of type ``"error"`` with the value as its data.
     """
 
     __slots__ = (
@@ -67,6 +69,11 @@ class SSEDecoder:
     )
 
     def __init__(self, *, error_field: bool = False, max_event_bytes: int | None = None) -> None:
+        if max_event_bytes is not None:
+            if isinstance(max_event_bytes, bool) or not isinstance(max_event_bytes, int):
+                raise TypeError(f"max_event_bytes takes a whole number of bytes or None, not {max_event_bytes!r}")
+            if max_event_bytes < 1:
+                raise ValueError(f"max_event_bytes must be >= 1, not {max_event_bytes!r}")
         self.max_event_bytes = MAX_EVENT_BYTES if max_event_bytes is None else max_event_bytes
         self._pending = 0  # bytes fed since the last event completed
         self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")  # drops a leading BOM

@@ -50,17 +50,30 @@ class SessionStore(Protocol):
     (any other error is left for the appends to report).
     """
 
-    def append_message(self, message: Message) -> None: ...
-    def append_event(self, event: object) -> None: ...
-    def sidechain(self, agent_id: str) -> SessionStore: ...
-    def close(self) -> None: ...
+    def append_message(self, message: Message) -> None:
+        """Keep ``message``, just committed to the transcript. An exception it raises costs the
+        run nothing: the engine adds a line to its ``session_errors`` and goes on."""
+        ...
+
+    def append_event(self, event: object) -> None:
+        """Keep ``event``, an agentloop event worth keeping; an exception is handled as for
+        `append_message`."""
+        ...
+
+    def sidechain(self, agent_id: str) -> SessionStore:
+        """The store of subagent ``agent_id``'s transcript, kept apart from this one."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds; its owner calls it, never the engine."""
+        ...
 
 
 class JsonlSession:
     """An append-only JSON Lines session file (see the module docstring).
 
-    ``fsync``: durability policy. ``fsync_every``: with ``"batch"``, also fsync
-    every N appends. ``sidechain_dir``: where subagent files go (default
+    ``fsync``: durability policy (ValueError for another). ``fsync_every``: with ``"batch"``,
+    also fsync every N appends (TypeError for what is not a whole number, ValueError below 1). ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session; another
     name gets ``<name>.d``, see `default_sidechain_dir`). The file
     and its directories are created on the first append (or `acquire`); constructing or
@@ -87,8 +100,11 @@ class JsonlSession:
     ) -> None:
         if fsync not in ("always", "batch", "never"):
             raise ValueError(f"fsync must be 'always', 'batch' or 'never', not {fsync!r}")
-        if fsync_every is not None and fsync_every < 1:
-            raise ValueError("fsync_every must be >= 1")
+        if fsync_every is not None:
+            if isinstance(fsync_every, bool) or not isinstance(fsync_every, int):
+                raise TypeError(f"fsync_every takes a whole number of appends or None, not {fsync_every!r}")
+            if fsync_every < 1:
+                raise ValueError("fsync_every must be >= 1")
         # Absolute now: the file is opened at the first append, and a sidechain's much later,
         # by when the process (a tool, the host) may have changed its working directory.
         self.path = _absolute(path)

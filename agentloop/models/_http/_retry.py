@@ -23,7 +23,8 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 521, 522
 def parse_retry(
     status: int | None, headers: Mapping[str, str], *, now: float | None = None
 ) -> tuple[bool, float | None]:
-    """Decide ``(retryable, retry_after_seconds)`` for a failed HTTP response.
+    """Decide ``(retryable, retry_after_seconds)`` for a failed HTTP response: its ``status``
+    and its ``headers`` (httpx's, whose names match in any case; in a plain dict, lower case).
 
     ``x-should-retry: true|false`` decides outright; otherwise the status
     decides (`RETRYABLE_STATUSES`). The delay comes from ``retry-after-ms``

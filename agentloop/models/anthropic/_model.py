@@ -27,7 +27,12 @@ class AnthropicModel(HTTPModel):
     Anthropic's server tools (``{"type": "web_search_20250305", "name": "web_search"}``),
     or an Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``),
     which replaces the declaration of the engine's tool of the same name (that tool runs it).
-    ``extra_body`` is merged into every request body.
+    ``extra_body`` is merged into every request body. ``anthropic_version``: the
+    ``anthropic-version`` header sent.
+    ``http_client``: an ``httpx.AsyncClient`` to send through (its owner closes it); without
+    one the model makes its own on first use, closed by ``aclose()``. ``extra_headers`` go
+    on every request, each replacing the library's header of the same name (case ignored);
+    ValueError for a name or value HTTP cannot carry (the value is never quoted).
     Thinking is kept with the server that made it (`ThinkingBlock.origin`: the scheme, host,
     port and path of ``base_url``) and sent back to that server only: another Anthropic-compatible
     server (DeepSeek's, Kimi's) cannot check its signatures, and refuses the request.

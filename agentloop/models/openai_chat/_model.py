@@ -32,7 +32,9 @@ class OpenAIChatModel(HTTPModel):
 
     ``api_key`` defaults to ``OPENAI_API_KEY``; with a ``base_url`` (a local
     vLLM, llama.cpp or Ollama server) it may be absent. ``logprobs=True``
-    requests log probabilities and emits `StreamLogprobs`.
+    requests log probabilities and emits `StreamLogprobs` (``top_logprobs``, when set, is sent
+    with it). ``include_usage`` (default True) asks for the usage chunk at the end of the stream
+    (``stream_options``); turn it off for a server that refuses the option.
     ``max_tokens_param``: the body field for `ModelRequest.max_tokens`; ``None`` (the default)
     sends ``"max_completion_tokens"`` to OpenAI and Azure OpenAI (``api.openai.com``,
     ``*.openai.azure.com``, ``*.cognitiveservices.azure.com``) and ``"max_tokens"`` elsewhere, the
@@ -51,6 +53,10 @@ class OpenAIChatModel(HTTPModel):
     What a server asks to have back (Gemini's ``extra_content``, OpenRouter's
     ``reasoning_details``) is kept with the server that sent it (`ThinkingBlock.origin`, as for
     the other providers) and sent back to that server only.
+    ``http_client``: an ``httpx.AsyncClient`` to send through (its owner closes it); without
+    one the model makes its own on first use, closed by ``aclose()``. ``extra_headers`` go
+    on every request, each replacing the library's header of the same name (case ignored);
+    ValueError for a name or value HTTP cannot carry (the value is never quoted).
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 

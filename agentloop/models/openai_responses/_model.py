@@ -36,6 +36,11 @@ class OpenAIResponsesModel(HTTPModel):
     ``strict_tools``: declare the tools ``"strict": true``, their schemas made strict (every
     object closed, every property required; an optional one must accept ``null``); a schema
     that cannot be is a `ModelError` naming the tool.
+    ``extra_body`` is merged into every request body.
+    ``http_client``: an ``httpx.AsyncClient`` to send through (its owner closes it); without
+    one the model makes its own on first use, closed by ``aclose()``. ``extra_headers`` go
+    on every request, each replacing the library's header of the same name (case ignored);
+    ValueError for a name or value HTTP cannot carry (the value is never quoted).
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
