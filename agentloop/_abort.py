@@ -414,6 +414,16 @@ def task_cancelling() -> bool:
     return task is None or task.cancelling() > 0
 
 
+def cancels_asked() -> int:
+    """How many cancels the running task has been asked and not taken back (``cancelling()``):
+    0 outside a task, and with no event loop running (a generator finalized after its loop)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return 0
+    return task.cancelling() if task is not None else 0
+
+
 def enter_run(secrets: Secrets) -> Callable[[], None]:
     """For the task a run is iterated in (the run's own code: its policy hooks, abort hooks,
     session store, and the host's code between events): a listener that raises there, on a

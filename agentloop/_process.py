@@ -186,7 +186,8 @@ async def _end(child: _Child, proto: _Collector, pgid: int, kill_grace: float, *
 async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] | None = None) -> None:
     """Run ``work`` to its end even when the caller is cancelled meanwhile (``on_cancel`` is
     called at each cancellation), then raise that cancellation: what stops a process must not
-    be left running behind the caller."""
+    be left running behind the caller. Should ``work`` then fail, its error is that cancellation's
+    cause, not raised in its place: the caller's cancel is never turned into something else."""
     task = asyncio.ensure_future(work)
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
@@ -198,6 +199,10 @@ async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] |
             cancelled = exc
             if on_cancel is not None:
                 on_cancel()
+        except BaseException as exc:
+            if cancelled is None:
+                raise
+            raise cancelled from exc  # the caller's cancel, which the failure came after
     if cancelled is not None:
         raise cancelled
     task.result()

@@ -297,6 +297,23 @@ class RunState:
             self.task.uncancel()
         return self.task.uncancel() <= self.cancel_baseline
 
+    def cancelled_meanwhile(self, task: asyncio.Task[Any]) -> bool:
+        """After a guarded await that raised an error, not the CancelledError: True when someone
+        else asked ``task`` to cancel while it waited (counted as `consume_cancel` does, our
+        abort's own cancel aside). The awaited code turned that cancel into the error."""
+        return task.cancelling() > self.cancel_baseline + (1 if self._cancel_requested else 0)
+
+    def take_back_cancel(self) -> None:
+        """After a guarded await that ended without the CancelledError our abort's cancel threw
+        into it (the awaited code caught it, and went on or raised something else): take that
+        cancel back. Else it would stay on the task, taken for its owner's by every check
+        after it (``cancelling()``), and the next guarded await's baseline would count it: a
+        cancel of the host's there would be taken for our abort's, and swallowed."""
+        if self._cancel_requested:
+            self._cancel_requested = False
+            if self.task is not None:
+                self.task.uncancel()
+
     def _on_abort(self, _reason: str) -> None:
         # Any thread, even a signal handler: only hand over to the loop.
         try:
@@ -359,6 +376,7 @@ class RunState:
             raise
         finally:
             self.guarding = False
+            self.take_back_cancel()  # still requested: ``aw`` caught it
 
     def cut_off(self) -> bool:
         """True when the task running the loop has been asked to cancel by someone else (not by
