@@ -40,6 +40,11 @@ T = TypeVar("T")
 UNWIND = 0.1
 
 
+def cancel_grace(options: Any) -> float:
+    """The engine's ``tool_cancel_grace``, but at least `UNWIND`: a quick unwind is never cut."""
+    return max(float(options.tool_cancel_grace), UNWIND)
+
+
 def plan_batches(
     uses: Sequence[ToolUseBlock], tools: Mapping[str, Tool], max_parallel: int
 ) -> list[list[ToolUseBlock]]:
@@ -238,7 +243,7 @@ class CallRunner:
                         # a cancel grace later (see `Overdue`), so the timeout holds either way; a
                         # grace of 0 still leaves a call that honours the cancellation time to unwind.
                         overdue = asyncio.get_running_loop().call_later(
-                            tool.timeout + max(self.engine.options.tool_cancel_grace, UNWIND), put, Overdue(use, tool.timeout)
+                            tool.timeout + cancel_grace(self.engine.options), put, Overdue(use, tool.timeout)
                         )
                         try:
                             async with asyncio.timeout(tool.timeout) as scope:

@@ -1,0 +1,195 @@
+"""The abort's cancel grace (SPEC §1): what the run waits for after an abort (a model stream's
+read that absorbed the abort's cancel, the stream's close, async ``on_abort`` hooks) shares one
+grace counted from the abort, and every cancel the run makes of the host's task is its own and
+taken back, so the host's task is left as it was. Time is driven with events and short graces;
+the one bound on time is read from the loop's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentloop import (
+    AbortSignal,
+    Event,
+    QueryEngine,
+    TextDelta,
+    TurnEnded,
+    validate_transcript,
+)
+from agentloop._model import ModelRequest, StreamBlockStop, StreamEnd, StreamEvent, StreamText
+from agentloop._run import RunState
+
+
+class AbsorbsTwice:
+    """A stream whose wait for its next event absorbs the abort's cancel and the one made a
+    grace later too, then ends as if nothing happened."""
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        yield StreamText(0, "Hello ")
+        for _ in range(2):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass
+
+
+async def test_every_cancel_the_run_made_of_a_read_that_absorbed_them_is_taken_back() -> None:
+    """The run cancels the read at the abort and once more a grace later; the stream swallows
+    both and ends. The host's task is left with no cancel of the run's: a host timeout around the
+    run that expires after it is a TimeoutError, not a CancelledError."""
+    engine = QueryEngine(AbsorbsTwice(), policies=[], tool_cancel_grace=0.05)
+    task = asyncio.current_task()
+    assert task is not None
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(None) as scope:
+            async for event in engine.run("go"):
+                if isinstance(event, TextDelta):
+                    engine.interrupt("escape")
+            assert task.cancelling() == 0
+            scope.reschedule(asyncio.get_running_loop().time())
+            await asyncio.Event().wait()
+    assert task.cancelling() == 0
+    assert not engine.running and validate_transcript(engine.messages) == []
+
+
+class Honours:
+    """A stream whose wait for its next event honours the abort's cancel at once."""
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        yield StreamText(0, "Hello ")
+        await asyncio.Event().wait()
+
+
+def run_timers(loop: asyncio.AbstractEventLoop) -> list[Any]:
+    scheduled: list[Any] = getattr(loop, "_scheduled")  # noqa: B009
+    return [
+        h for h in scheduled if not h.cancelled() and getattr(getattr(h, "_callback", None), "__self__", None).__class__ is RunState
+    ]
+
+
+async def test_no_timer_of_the_run_outlives_it_after_an_abort_of_a_read() -> None:
+    """The timer that would cancel the read again is cancelled once the read ended with the
+    abort's cancel: nothing of the run (its task, its state) stays scheduled for the grace."""
+    engine = QueryEngine(Honours(), policies=[], tool_cancel_grace=30.0)
+    async for event in engine.run("go"):
+        if isinstance(event, TextDelta):
+            engine.interrupt("escape")
+    assert run_timers(asyncio.get_running_loop()) == []
+
+
+class SlowClose:
+    """A stream object (no generator) whose ``aclose`` takes a while: a provider draining its
+    HTTP response. ``cut`` when the close was cancelled."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.cut = False
+        self.closed = False
+        self.events: list[StreamEvent] = [StreamText(0, "Hello"), StreamBlockStop(0), StreamEnd("end_turn")]
+
+    def __aiter__(self) -> SlowClose:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+    async def aclose(self) -> None:
+        try:
+            await asyncio.sleep(self.seconds)
+        except asyncio.CancelledError:
+            self.cut = True
+            raise
+        self.closed = True
+
+
+class SlowCloseModel:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.streams: list[SlowClose] = []
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> SlowClose:
+        stream = SlowClose(self.seconds)
+        self.streams.append(stream)
+        return stream
+
+
+async def test_a_close_of_a_stream_nobody_aborted_is_not_cut_however_long_it_takes(caplog: pytest.LogCaptureFixture) -> None:
+    """The cancel grace bounds a close only after an abort: a close of a stream that ended
+    normally, longer than the grace (0 here, so 0.1 s), finishes."""
+    model = SlowCloseModel(0.15)
+    engine = QueryEngine(model, policies=[], tool_cancel_grace=0.0)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        events: list[Event] = [e async for e in engine.run("go")]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert model.streams[0].closed and not model.streams[0].cut
+    assert "did not close" not in caplog.text
+
+
+class HangsEverywhere:
+    """A stream whose read absorbs the abort's cancel in a cleanup that hangs (until cancelled
+    again), and whose close hangs (until cancelled)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __aiter__(self) -> HangsEverywhere:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if not self.sent:
+            self.sent = True
+            return StreamText(0, "Hello")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()  # cancelled again: that one ends it
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        await asyncio.Event().wait()
+
+
+class HangsEverywhereModel:
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> HangsEverywhere:
+        return HangsEverywhere()
+
+
+async def test_the_grace_counts_once_from_the_abort_across_the_read_the_close_and_the_hooks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read whose cleanup hangs, a close that hangs and two hooks that hang: each is cut at
+    what is left of one grace counted from the abort (each given at least 0.1 s to unwind), so
+    run() ends well within twice the grace after the abort, not a grace per step."""
+    grace = 0.5
+    engine = QueryEngine(HangsEverywhereModel(), policies=[], tool_cancel_grace=grace)
+    hooks_cut: list[str] = []
+
+    async def hook(reason: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            hooks_cut.append(reason)
+            raise
+
+    engine.on_abort(hook)
+    engine.on_abort(hook)
+    loop = asyncio.get_running_loop()
+    aborted_at = 0.0
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        async with asyncio.timeout(10):
+            async for event in engine.run("go"):
+                if isinstance(event, TextDelta):
+                    aborted_at = loop.time()
+                    engine.interrupt("escape")
+    took = loop.time() - aborted_at
+    assert hooks_cut == ["escape", "escape"]
+    assert took < 2 * grace + 0.2, took
+    assert "Traceback" not in caplog.text  # an ordinary time-out: a line, not a traceback
