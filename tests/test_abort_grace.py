@@ -193,3 +193,47 @@ async def test_the_grace_counts_once_from_the_abort_across_the_read_the_close_an
     assert hooks_cut == ["escape", "escape"]
     assert took < 2 * grace + 0.2, took
     assert "Traceback" not in caplog.text  # an ordinary time-out: a line, not a traceback
+
+
+class TwoTurns:
+    """Turn one's stream waits for its next event and honours the abort's cancel; turn two's
+    absorbs it in a cleanup that waits until cancelled again, and notes when that came."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.again_at: float | None = None
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        self.calls += 1
+        yield StreamText(0, f"turn {self.calls}")
+        if self.calls == 1:
+            await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.again_at = asyncio.get_running_loop().time()
+                raise
+
+
+async def test_an_earlier_turns_abort_does_not_cancel_a_later_turns_read_again_early() -> None:
+    """A send-now stops turn one's read; turn two is interrupted while its read waits, a while
+    later. Its read is cancelled again a whole grace after its own abort, not by a timer left
+    from turn one's."""
+    grace = 0.5
+    model = TwoTurns()
+    engine = QueryEngine(model, policies=[], tool_cancel_grace=grace)
+    loop = asyncio.get_running_loop()
+    second_abort = 0.0
+    async with asyncio.timeout(10):
+        async for event in engine.run("go"):
+            if isinstance(event, TextDelta) and event.text == "turn 1":
+                engine.send_now("instead")
+            elif isinstance(event, TextDelta) and event.text == "turn 2":
+                await asyncio.sleep(grace / 2)  # turn two's abort comes well after turn one's
+                second_abort = loop.time()
+                engine.interrupt("escape")
+    assert model.again_at is not None
+    assert model.again_at - second_abort >= grace * 0.9
