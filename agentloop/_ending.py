@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._abort import in_task
 from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
+from ._executor import unwound
 from ._hostlog import host_repr, log_failure
 from ._policy import release
 from ._recording import release_sidechain, release_store
@@ -96,29 +97,35 @@ def _failed_first(engine: QueryEngine, st: RunState) -> str | None:
 
 async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[object], grace: float) -> None:
     """Await an async hook's ``result`` for what is left of the cancel ``grace`` (counted once from
-    the abort; at least 0.1 s, as a cancelled call is given to unwind), then cancel it once, with a
-    warning: a hook that never returns (a reset the server never answers) and honours that cancel
-    does not keep `run()` from ending. One that swallows the cancel too is waited for: Python
-    cannot stop it. Longer cleanup belongs in `wait_at_run_end`."""
+    the abort; at least 0.1 s, as a cancelled call is given to unwind), then cancel it, with a
+    warning: a hook that never returns (a reset the server never answers) does not keep `run()`
+    from ending. It runs as a task of its own, so one that swallows that cancel too is abandoned
+    (with a warning) after 0.1 s more, as a tool that ignores its cancellation is. A cancel of the
+    run's task meanwhile cancels the hook too, and goes on. Longer cleanup belongs in
+    `wait_at_run_end`."""
     st = engine._state
     if not in_task() or st is None:  # driven by hand, not by a task: nothing can cancel it
         await result
         return
     limit = st.step_grace(grace)
-    scope = asyncio.timeout(limit)
+    hook = asyncio.ensure_future(result)
     try:
-        async with scope:
-            await result
-    except TimeoutError:
-        if not scope.expired():
-            raise  # the hook's own, a failure like any other
-    if scope.expired():  # an ordinary time-out: logged without its traceback
+        await asyncio.wait((hook,), timeout=limit)
+    finally:
+        cut = not hook.done()
+        if cut:
+            hook.cancel()
+            await unwound(hook)  # abandoned, with a warning, if it ignores its cancel
+    if cut:  # an ordinary time-out: a line, no traceback
         log.warning(
             "on_abort hook %s did not finish within the cancel grace (%.3g s left of tool_cancel_grace) "
             "and was cancelled (cleanup that takes longer can be started as a task of its own)",
             host_repr(engine, fn, short=True),
             limit,
         )
+        if not hook.done() or hook.cancelled():
+            return
+    hook.result()  # what it raised is its failure, logged by the caller
 
 
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:

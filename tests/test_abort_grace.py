@@ -237,3 +237,34 @@ async def test_an_earlier_turns_abort_does_not_cancel_a_later_turns_read_again_e
                 engine.interrupt("escape")
     assert model.again_at is not None
     assert model.again_at - second_abort >= grace * 0.9
+
+
+@pytest.mark.swallows_cancel  # the hook, on purpose
+async def test_an_abort_hook_that_swallows_its_cancel_too_is_abandoned_and_run_ends(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook that hangs past the grace and then swallows the cancel that ends it is given up on,
+    with a warning, as a tool that ignores its cancellation is: run() ends without it; the other
+    hooks still run."""
+    release, finished = asyncio.Event(), asyncio.Event()
+    later: list[str] = []
+
+    async def stubborn(reason: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # swallowed: it ends when it likes
+        finally:
+            finished.set()
+
+    engine = QueryEngine(Honours(), policies=[], tool_cancel_grace=0.05)
+    engine.on_abort(stubborn)
+    engine.on_abort(later.append)
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        async with asyncio.timeout(5):
+            async for event in engine.run("go"):
+                if isinstance(event, TextDelta):
+                    engine.interrupt("escape")
+    assert not engine.running and later == ["escape"]
+    assert not finished.is_set()  # still going, unowned
+    assert "ignored cancellation" in caplog.text
+    release.set()
+    await finished.wait()
