@@ -68,19 +68,21 @@ async def run_abort_hooks(engine: QueryEngine, reason: str, grace: float) -> Non
         for fn, main_only in engine._abort_hooks:
             if main_only and engine.parent is not None:
                 continue
+            awaiting = False
             try:
                 result = fn(reason)
                 if inspect.isawaitable(result):
+                    awaiting = True
                     await _within_grace(engine, fn, result, grace)
             except Exception:
                 log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                if awaiting and (task is None or task.cancelling()):  # the run's task is being cancelled: it goes on
                     raise
-                # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
-                # something that was cancelled). A failed hook, like one that raises.
-                log_failure(engine, "on_abort hook %r failed: it was cancelled, though the run was not", fn)
+                # The hook's own cancellation (raised by its call, or by something it awaited that
+                # was cancelled), whoever cancels the run: a failed hook, like one that raises.
+                log_failure(engine, "on_abort hook %r failed: it was cancelled of its own", fn)
     finally:
         _hooked_engine.reset(token)
 
@@ -125,6 +127,8 @@ async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[ob
         )
         if not hook.done() or hook.cancelled():
             return
+    if hook.cancelled():  # nobody here cancelled it, whoever cancels the run: its own failure
+        raise RuntimeError("it was cancelled of its own (it raised CancelledError, or awaited something cancelled)")
     hook.result()  # what it raised is its failure, logged by the caller
 
 

@@ -17,6 +17,7 @@ from agentloop import (
     AbortSignal,
     Event,
     QueryEngine,
+    ScriptedModel,
     TextDelta,
     TurnEnded,
     validate_transcript,
@@ -268,3 +269,54 @@ async def test_an_abort_hook_that_swallows_its_cancel_too_is_abandoned_and_run_e
     assert "ignored cancellation" in caplog.text
     release.set()
     await finished.wait()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_hook_cancelled_of_its_own_after_a_host_cancel_skips_neither_the_hooks_nor_the_grace(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The host cancels its task while a tool runs; the first abort hook raises a CancelledError of
+    its own. It is that hook's failure: the next hook still runs, and the tool is still given its
+    grace to stop on the abort (it ends with AbortError, not cancelled)."""
+    from agentloop import AbortError, ScriptedResponse, ScriptedToolCall, ToolContext, tool
+
+    running = asyncio.Event()
+    outcome: list[str] = []
+    later: list[str] = []
+
+    @tool
+    async def wait(ctx: ToolContext) -> str:
+        running.set()
+        try:
+            await ctx.signal.wait()
+            ctx.signal.throw_if_aborted()
+        except BaseException as exc:
+            outcome.append(type(exc).__name__)
+            raise
+        return "not reached"
+
+    async def own_cancel_async(reason: str) -> None:
+        raise asyncio.CancelledError
+
+    def own_cancel_sync(reason: str) -> None:
+        raise asyncio.CancelledError
+
+    own_cancel = own_cancel_async if kind == "async" else own_cancel_sync
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("wait", {})]), "Done."])
+    engine = QueryEngine(model, tools=[wait], policies=[], tool_cancel_grace=5.0)
+    engine.on_abort(own_cancel)
+    engine.on_abort(later.append)
+
+    async def host() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    task = asyncio.create_task(host())
+    await running.wait()
+    task.cancel()
+    with caplog.at_level(logging.ERROR, logger="agentloop"), pytest.raises(asyncio.CancelledError):
+        await task
+    assert later == ["consumer_closed"]
+    assert outcome == [AbortError.__name__]
+    assert "own_cancel" in caplog.text
+    assert not engine.running and validate_transcript(engine.messages) == []
