@@ -17,10 +17,9 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from ._abort import in_task
+from ._abort import cancels_asked, in_task
 from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
-from ._executor import unwound
 from ._hostlog import host_repr, log_failure
 from ._policy import release
 from ._recording import release_sidechain, release_store
@@ -37,9 +36,9 @@ __all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_e
 # The terminals a policy's EndTurn gives: an abort that comes before the turn's end wins over them.
 _POLICY_ENDS = frozenset({"stationarity_ended", "hook_stopped"})
 
-# The engine whose abort hooks are being called (set around each call, in the run's task).
 log = logging.getLogger("agentloop")
 
+# The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
 
 
@@ -68,17 +67,15 @@ async def run_abort_hooks(engine: QueryEngine, reason: str, grace: float) -> Non
         for fn, main_only in engine._abort_hooks:
             if main_only and engine.parent is not None:
                 continue
-            awaiting = False
+            asked = cancels_asked()  # the host's cancel of the run may be under way already
             try:
                 result = fn(reason)
                 if inspect.isawaitable(result):
-                    awaiting = True
                     await _within_grace(engine, fn, result, grace)
             except Exception:
                 log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if awaiting and (task is None or task.cancelling()):  # the run's task is being cancelled: it goes on
+                if cancels_asked() > asked:  # a cancel of the run's task came meanwhile: it goes on
                     raise
                 # The hook's own cancellation (raised by its call, or by something it awaited that
                 # was cancelled), whoever cancels the run: a failed hook, like one that raises.
@@ -98,39 +95,29 @@ def _failed_first(engine: QueryEngine, st: RunState) -> str | None:
 
 
 async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[object], grace: float) -> None:
-    """Await an async hook's ``result`` for what is left of the cancel ``grace`` (counted once from
-    the abort; at least 0.1 s, as a cancelled call is given to unwind), then cancel it, with a
-    warning: a hook that never returns (a reset the server never answers) does not keep `run()`
-    from ending. It runs as a task of its own, so one that swallows that cancel too is abandoned
-    (with a warning) after 0.1 s more, as a tool that ignores its cancellation is. A cancel of the
-    run's task meanwhile cancels the hook too, and goes on. Longer cleanup belongs in
-    `wait_at_run_end`."""
+    """Await an async hook's ``result``, in the run's task (it sees the run's context), for what
+    is left of the cancel ``grace`` (counted once from the abort; at least 0.1 s, as a cancelled
+    call is given to unwind), then cancel it, with a warning: a hook that never returns (a reset
+    the server never answers) does not keep `run()` from ending. One cancel is made: a hook that
+    swallows it too keeps the run waiting. Longer cleanup belongs in `wait_at_run_end`."""
     st = engine._state
     if not in_task() or st is None:  # driven by hand, not by a task: nothing can cancel it
         await result
         return
     limit = st.step_grace(grace)
-    hook = asyncio.ensure_future(result)
+    scope = asyncio.timeout(limit)
     try:
-        await asyncio.wait((hook,), timeout=limit)
-    finally:
-        cut = not hook.done()
-        if cut:
-            hook.cancel()
-            await unwound(hook)  # abandoned, with a warning, if it ignores its cancel
-    if cut:  # an ordinary time-out: a line, no traceback
-        log.warning(
-            "on_abort hook %s did not finish within the cancel grace (%.3g s left of tool_cancel_grace) "
-            "and was cancelled (cleanup that takes longer can be started as a task of its own)",
+        async with scope:
+            await result
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the hook's own, a failure like any other
+        log.warning(  # an ordinary time-out: a line, no traceback
+            "on_abort hook %s did not finish within the cancel grace (%.3g s) and was cancelled "
+            "(cleanup that takes longer can be started as a task of its own)",
             host_repr(engine, fn, short=True),
             limit,
         )
-        if not hook.done() or hook.cancelled():
-            return
-    if hook.cancelled():  # nobody here cancelled it, whoever cancels the run: its own failure
-        raise RuntimeError("it was cancelled of its own (it raised CancelledError, or awaited something cancelled)")
-    hook.result()  # what it raised is its failure, logged by the caller
-
 
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
     st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one

@@ -29,7 +29,7 @@ from ._transcript import lineage_credentials, redacted
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "cancel_grace", "hold_until_done", "plan_batches", "unwound"]
+__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "cancel_grace", "hold_until_done", "plan_batches"]
 
 log = logging.getLogger("agentloop")
 
@@ -507,7 +507,7 @@ def hold_until_done(task: asyncio.Task[Any]) -> bool:
     return True
 
 
-async def unwound(task: asyncio.Task[Any]) -> None:
+async def _unwound(task: asyncio.Task[Any]) -> None:
     """Give ``task``, cancelled, `UNWIND` seconds to end; one that ignores its cancellation is
     abandoned (with a warning) rather than allowed to hold the run open. A cancel of the caller's
     meanwhile (the run cancels the call: its grace is over) is raised once ``task`` has ended or
@@ -544,7 +544,7 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
         waiter.cancel()
         if not task.done():
             task.cancel()
-            await unwound(task)
+            await _unwound(task)
     if signal.aborted and (task.cancelled() or not task.done() or isinstance(task.exception(), KeyboardInterrupt)):
         # A KeyboardInterrupt left the loop from the task's own step, which stopped the run: the
         # host had it once, and the abort is what is left of it here.

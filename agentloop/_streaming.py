@@ -27,7 +27,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._executor import describe
+from ._executor import cancel_grace, describe
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
@@ -338,9 +338,10 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
     turned the cancel into it) is that cancel: it propagates as a CancelledError.
 
     Once the run is stopping (its signal aborted, or its task cancelled), the close gets what is
-    left of ``tool_cancel_grace`` counted from the abort (at least 0.1 s), then is cancelled once,
-    with a warning: a close that honours that cancel cannot keep `run()` from ending. A close of
-    a stream nobody stopped (a provider draining its response) is waited for, however long."""
+    left of ``tool_cancel_grace`` counted from the abort (at least 0.1 s); a close of a stream
+    nobody stopped gets the whole grace (at least 0.1 s). Then it is cancelled once, with a
+    warning: a close that honours that cancel cannot keep `run()` from ending (one that swallows
+    it too can: the close runs in the run's task, which nothing can abandon)."""
     close = getattr(stream, "aclose", None)
     if close is None:
         return
@@ -354,11 +355,11 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
             async with scope:
                 await close()
     except Exception as exc:
-        if scope is not None and scope.expired():
-            pass  # cut at its limit: warned below
-        elif cancels_asked() > asked:  # a cancel that came meanwhile, turned into it
+        # First: the scope took its own cancel back, so a count above the one before is another's
+        # (the host's), which the close turned into this error, also when the scope expired too.
+        if cancels_asked() > asked:
             raise asyncio.CancelledError from exc
-        else:
+        if scope is None or not scope.expired():  # else cut at its limit: warned below
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
     except asyncio.CancelledError:
         if task_cancelling():
@@ -367,17 +368,17 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
             engine, "closing the model stream raised CancelledError, though the run was not cancelled", level=logging.DEBUG
         )
     if scope is not None and scope.expired():  # an ordinary time-out: logged without its traceback
-        log.warning("the model stream did not close within %.3g s of the abort and was cancelled", limit)
+        log.warning("the model stream did not close within %.3g s and was cancelled", limit)
 
 
 def _close_limit(engine: QueryEngine) -> float | None:
     """How long a stream's close may take: what is left of the cancel grace once the run is
-    stopping; None (no limit) while it is not, or where nothing can cancel the close (no task)."""
+    stopping, the whole grace while it is not; None where nothing can cancel the close (no task)."""
     st = engine._state
-    if st is None or not in_task():
+    if not in_task():
         return None
-    if not st.signal.aborted and not task_cancelling():
-        return None
+    if st is None or (not st.signal.aborted and not task_cancelling()):
+        return cancel_grace(engine.options)
     return st.step_grace(engine.options.tool_cancel_grace)
 
 
