@@ -28,7 +28,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._model import ModelRequest, StreamEvent, StreamText
-from tests.helpers import HangingModel
+from tests.helpers import HangingModel, VirtualClock
 
 OnEvent = Callable[[Event], None]
 
@@ -714,7 +714,9 @@ async def test_a_prompt_that_unwinds_in_a_few_loop_turns_is_waited_for_not_aband
         raise AssertionError("must not run")
 
     engine = QueryEngine(calls("t"), tools=[t], policies=[], permission=prompt, tool_cancel_grace=0.0)
-    with caplog.at_level(logging.WARNING, logger="agentloop"):
+    # Virtual time: the unwind time runs out only once nothing else is left to run, however slow
+    # the machine is between the dialog's loop turns.
+    with VirtualClock(), caplog.at_level(logging.WARNING, logger="agentloop"):
         await source(Host(engine), asked)
     assert closed.is_set()  # it ended before the run did
     assert not [r for r in caplog.records if "ignored cancellation" in r.getMessage()]
