@@ -14,9 +14,11 @@ import pytest
 from agentloop import (
     Allow,
     Deny,
+    DoomLoopDetected,
     InterjectionInjected,
     ModelError,
     QueryEngine,
+    Resampling,
     Retrying,
     ScriptedModel,
     ScriptedResponse,
@@ -196,4 +198,38 @@ async def test_an_allow_given_in_the_instant_of_an_abort_never_starts_the_tool(f
     result = engine.messages[2].tool_results[0]
     assert result.is_error and result.text.startswith("Interrupted by user")
     assert "never started" in result.text
+    assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("failure", ["doom_loop", "transport"])
+async def test_each_model_request_of_a_turn_has_its_budget_afresh(failure: str) -> None:
+    """The doom-loop budget is the sampler's, like the transport budget: each model request of
+    a turn gets it whole, so a loop in the request after a tool batch is resampled (or an error
+    retried) even when the request before it spent the budget."""
+
+    @tool
+    async def look() -> str:
+        """Look around."""
+        return "seen"
+
+    flaky = ScriptedResponse(error=ModelError("overloaded", retryable=True))
+    bad = CUT if failure == "doom_loop" else flaky
+    model = ScriptedModel([bad, ScriptedResponse(tool_calls=[ScriptedToolCall("look")]), bad, "Done."])
+    budgets = (
+        {"doom_budget": 1, "retry_budget": 0}
+        if failure == "doom_loop"
+        else {"doom_budget": 0, "retry_budget": 1}
+    )
+    engine = QueryEngine(
+        model, tools=[look], policies=[ConservativeDoomLoopPolicy()], retry_base_delay=0.001, **budgets
+    )
+    events = await collect(engine, "go")
+    again = Resampling if failure == "doom_loop" else Retrying
+    assert len([e for e in events if isinstance(e, again)]) == 2
+    assert [e.action for e in events if isinstance(e, DoomLoopDetected)] == (
+        ["resample", "resample"] if failure == "doom_loop" else []
+    )
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
+    assert engine.messages[-1].text == "Done." and len(model.requests) == 4
     assert validate_transcript(engine.messages) == []
