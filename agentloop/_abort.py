@@ -96,8 +96,11 @@ class AbortSignal:
         If the signal is already aborted, ``fn`` is called at once. A listener
         runs in the thread that aborts; exceptions it raises are logged and swallowed
         so one bad listener cannot stop the others. A KeyboardInterrupt or SystemExit
-        propagates out of ``abort()``, after the other listeners ran.
+        propagates out of ``abort()``, after the other listeners ran. Raises TypeError
+        for an ``fn`` that is not callable.
         """
+        if not callable(fn):
+            raise TypeError(f"add_listener takes a callable fn(reason), not {type(fn).__name__}")
         key = next(self._keys)
         listeners = self._listeners
         listeners[key] = fn

@@ -220,7 +220,7 @@ class Accumulator:
             part.closed = True
 
     def _usage(self, ev: StreamUsage) -> None:
-        self.usage = _merge_usage(self.usage, ev.usage)
+        self.usage = _merge_usage(self.usage, _checked_usage(ev.usage, ev))
 
     def _end(self, ev: StreamEnd) -> None:
         reason = ev.stop_reason
@@ -234,7 +234,8 @@ class Accumulator:
         self.stop_reason = reason
         self.response_id = ev.response_id
         if ev.usage is not None:  # the end event's usage alone (the common case) is taken as is
-            self.usage = ev.usage if self.usage is _NO_USAGE else _merge_usage(self.usage, ev.usage)
+            usage = _checked_usage(ev.usage, ev)
+            self.usage = usage if self.usage is _NO_USAGE else _merge_usage(self.usage, usage)
         for part in self._parts.values():
             part.closed = True
 
@@ -438,6 +439,21 @@ def _json_value(body: str) -> Any:
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     return value
+
+
+def _checked_usage(usage: object, event: object) -> Usage:
+    """``usage`` if it is a `Usage` of whole token counts >= 0, else a `StreamProtocolError`:
+    a custom `Model`'s null or text count would otherwise fail where the run adds it up."""
+    if isinstance(usage, Usage) and all(
+        type(n) is int and n >= 0
+        for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens)
+    ):
+        return usage
+    raise StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
+        f"token counts >= 0: {usage!r:.120}",
+        retryable=True,
+    )
 
 
 def _merge_usage(old: Usage, new: Usage) -> Usage:

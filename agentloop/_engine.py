@@ -28,6 +28,7 @@ from ._options import (
     EngineOptions,
     Setting,
     check_entries,
+    check_lineage,
     check_model,
     check_session,
     message_list,
@@ -159,6 +160,7 @@ class QueryEngine:
         public list of settings, and its body sets each attribute once (see the limit below)."""
         check_model(model)
         check_session(session)
+        check_lineage(parent, agent_id, QueryEngine)
         # At most 29 attributes: CPython 3.11 shares one key table among the instances of a class,
         # and the first instance can put 29 keys in it (30 less the one its own creation takes);
         # past that every engine holds a dict of its own (1.3 KB more per engine).
@@ -415,7 +417,10 @@ class QueryEngine:
 
         Hooks are inherited by subagents created afterwards; a ``main_only``
         hook runs only when the main engine (not a subagent) is aborted.
+        Raises TypeError for an ``fn`` that is not callable.
         """
+        if not callable(fn):
+            raise TypeError(f"on_abort takes a callable fn(reason), sync or async, not {type(fn).__name__}")
         self._abort_hooks.append((fn, main_only))
 
     def watch_tools(self, fn: ToolWatcher) -> None:
@@ -458,8 +463,12 @@ class QueryEngine:
         running. ``overrides`` are any `QueryEngine` keyword arguments.
 
         Raises ValueError when ``agent_id`` is this engine's own or an ancestor's: its events
-        could not be told from that engine's, and its sidechain file would be that engine's.
+        could not be told from that engine's, and its sidechain file would be that engine's;
+        TypeError or ValueError for an ``agent_id`` that is not a name (None, a number, a blank).
         """
+        if agent_id is None:  # its events would pass for the main engine's
+            raise TypeError("subagent() needs an agent_id, a name such as 'sub-1', not None")
+        check_lineage(None, agent_id, QueryEngine)
         _check_nested_id(self, agent_id)
         # Every setting is copied but two: a child writes no interrupt notice (its parent's
         # transcript tells the story), and a forced tool_choice is the parent's own business.

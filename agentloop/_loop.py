@@ -39,7 +39,7 @@ from ._run import Aborted, usage_spent
 from ._run import current_task_of as current_task
 from ._streaming import ModelPhase, close_stream
 from ._toolphase import Batch, end_tools, start_tools
-from ._turns import next_turn, open_run, start_turn
+from ._turns import deadline_passed, next_turn, open_run, start_turn
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -220,6 +220,11 @@ def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
     """The terminal of a limit that ends the turn here, if any; for ``usage_limit``, ``st.detail``
     then says whose budget ran out (the engine's own, or one above it that its subagents share)."""
     opts = engine.options
+    handle = st.deadline_handle
+    if handle is not None and st.loop.time() >= handle.when():
+        # Its timer may not have had its turn yet (nothing in the run has waited since the
+        # deadline passed, or it is 0): the deadline is the clock's, not the timer's.
+        deadline_passed(st)
     if st.signal._reason is not None:
         return abort_terminal(st)
     if opts.max_turns is not None and st.turns >= opts.max_turns:

@@ -25,6 +25,7 @@ __all__ = [
     "EngineOptions",
     "Setting",
     "check_entries",
+    "check_lineage",
     "check_model",
     "check_session",
     "message_list",
@@ -80,6 +81,11 @@ class EngineOptions:
                 raise ValueError(f"max_tool_result_chars must be at least 1, not {limit!r}")
         if not isinstance(self.texts, Texts):
             raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(self.texts).__name__}")
+        if not isinstance(self.doom_loop_recovery, bool):  # "false" from a config file is true
+            raise TypeError(
+                "doom_loop_recovery takes True, False or None (None: the AGENTLOOP_DOOM_LOOP_RECOVERY "
+                f"environment variable decides), not {self.doom_loop_recovery!r}"
+            )
         if self.permission is not None and not callable(self.permission):
             raise TypeError(f"permission takes a callable (use, ctx) -> Allow | Deny, not {self.permission!r}")
         choice = self.tool_choice
@@ -162,7 +168,8 @@ def _check_numbers(options: EngineOptions) -> None:
 
 def recovery_default(value: bool | None) -> bool:
     """The argument, else ``AGENTLOOP_DOOM_LOOP_RECOVERY`` (on unless false, 0, no or off; a value
-    it does not know keeps recovery on, and says so in the log)."""
+    it does not know keeps recovery on, and says so in the log). An argument that is not a bool
+    is returned as it is, for `EngineOptions` to refuse."""
     if value is not None:
         return value
     raw = os.environ.get("AGENTLOOP_DOOM_LOOP_RECOVERY", "")
@@ -191,6 +198,19 @@ def check_model(model: object) -> None:
             f"QueryEngine needs a model with a stream(request, signal) method, such as "
             f"ScriptedModel([...]) or a model from agentloop.models; got {model!r}{hint}"
         )
+
+
+def check_lineage(parent: object, agent_id: object, engine_class: type) -> None:
+    """Raise TypeError for a ``parent`` that is not an engine, or an ``agent_id`` that is not a
+    str, ValueError for a blank one: a subagent's events and sidechain file are told apart by it."""
+    if parent is not None and not isinstance(parent, engine_class):
+        raise TypeError(f"parent takes a QueryEngine (or None), not {type(parent).__name__}: use engine.subagent(agent_id=...)")
+    if agent_id is None:
+        return
+    if not isinstance(agent_id, str):
+        raise TypeError(f"agent_id takes a str, a name such as 'sub-1', not {type(agent_id).__name__} {agent_id!r:.80}")
+    if not agent_id.strip():
+        raise ValueError(f"agent_id must be a name such as 'sub-1', not the blank {agent_id!r}")
 
 
 def check_session(session: object) -> None:

@@ -33,7 +33,7 @@ from ._validate import is_valid
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["catch_up_policies", "next_turn", "open_run", "refuse_prompt", "start_turn"]
+__all__ = ["catch_up_policies", "deadline_passed", "next_turn", "open_run", "refuse_prompt", "start_turn"]
 
 
 async def open_run(
@@ -153,7 +153,7 @@ def _begin_alone(
             catch_up_policies(engine, forks)
     engine._closing = st.loop.create_future()
     if engine.options.deadline is not None:
-        st.deadline_handle = st.loop.call_later(engine.options.deadline, _deadline_passed, st)
+        st.deadline_handle = st.loop.call_later(engine.options.deadline, deadline_passed, st)
     # A listener raising in the run's own task (a policy hook or an abort hook aborting the
     # host's own signal) is logged without the engine's credentials, as in its tool calls.
     st.leave = enter_run(st.signal._secrets or engine_secrets(engine))  # the run controller's own
@@ -363,7 +363,7 @@ def _unanswered_person(messages: list[Message]) -> bool:
     return bool(messages) and _by_person(messages[-1])
 
 
-def _deadline_passed(st: RunState) -> None:
+def deadline_passed(st: RunState) -> None:
     """The run's ``deadline`` timer: the run expires, aborted with "deadline"."""
     st.expired = True
     st.controller.abort("deadline")
