@@ -6,9 +6,11 @@ Each test names the behaviour it pins in its docstring.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentloop import (
@@ -33,6 +35,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._model import ModelRequest, StreamEnd, StreamSignals, StreamText
+from agentloop.models import OpenAIResponsesModel
 from agentloop.policies import ConservativeDoomLoopPolicy
 from tests.helpers import VirtualClock, collect, kinds, pid_alive
 
@@ -233,3 +236,55 @@ async def test_each_model_request_of_a_turn_has_its_budget_afresh(failure: str) 
     assert isinstance(end, TurnEnded) and end.reason == "completed"
     assert engine.messages[-1].text == "Done." and len(model.requests) == 4
     assert validate_transcript(engine.messages) == []
+
+
+def _responses_body(signals: object) -> bytes:
+    """A Responses stream answering "Hello", with one doom-loop frame carrying ``signals``."""
+    item = {"type": "message", "id": "m1", "role": "assistant", "content": []}
+    done = {**item, "content": [{"type": "output_text", "text": "Hello"}]}
+    at = {"output_index": 0, "item_id": "m1", "content_index": 0}
+    frames: list[dict[str, object]] = [
+        {"type": "response.created", "response": {"id": "r1", "status": "in_progress", "output": []}},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.output_text.delta", **at, "delta": "Hello"},
+        {"type": "response.doom_loop_check", "signals": signals},
+        {"type": "response.output_text.done", **at, "text": "Hello"},
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        {"type": "response.completed", "response": {"id": "r1", "status": "completed", "output": []}},
+    ]
+    return "".join(f"event: {f['type']}\ndata: {json.dumps(f)}\n\n" for f in frames).encode()
+
+
+@pytest.mark.parametrize("signals", [5, True, {"tail": 32}, 2.5])
+async def test_an_unreadable_doom_loop_frame_is_absorbed_and_the_answer_kept(signals: object) -> None:
+    """The doom-loop frame is a side channel, absorbed before normal parsing so it can never
+    spoil the response: one whose ``signals`` is not a list of signal strings carries no
+    signal, and the answer streams on to its end (it used to end the turn as a model error,
+    "'int' object is not iterable")."""
+    body = _responses_body(signals)
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = OpenAIResponsesModel("grok", api_key="k", http_client=client, doom_loop_check=True)
+        events = await collect(QueryEngine(model, retry_budget=0), "go")
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.error) == ("completed", None)
+    assert not any(isinstance(e, DoomLoopDetected) for e in events)
+    assert events[-2].message.text == "Hello"  # type: ignore[attr-defined]
+
+
+async def test_a_doom_loop_frame_with_one_bare_signal_string_is_that_signal() -> None:
+    """A frame whose ``signals`` is one signal string rather than a list of them carries that
+    signal, which the policy judges as usual (confident here: the attempt is cut and
+    resampled); it used to be read letter by letter, and the signal was lost."""
+    bodies = [_responses_body("tail_repetition:32@thinking"), _responses_body([])]
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=bodies.pop(0)))
+    async with httpx.AsyncClient(transport=transport) as client:
+        model = OpenAIResponsesModel("grok", api_key="k", http_client=client, doom_loop_check=True)
+        events = await collect(QueryEngine(model, policies=[ConservativeDoomLoopPolicy()]), "go")
+    found = [e for e in events if isinstance(e, DoomLoopDetected)]
+    assert [(e.action, [s.format() for s in e.signals]) for e in found] == [
+        ("resample", ["tail_repetition:32@thinking"])
+    ]
+    assert any(isinstance(e, Resampling) for e in events) and bodies == []
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "completed"
