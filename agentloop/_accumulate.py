@@ -7,7 +7,9 @@ always yields the same message whichever adapter produced it.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ._errors import StreamProtocolError
@@ -76,14 +78,54 @@ def _malformed(value: object, event: object) -> StreamProtocolError:
     )
 
 
+def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
+    """``usage`` if it is a `Usage` of ints >= 0; one whose counts are whole numbers of another
+    type (``12.0``, a numpy integer), or a subclass of `Usage`, as a copy of it with int counts; else the event is
+    malformed (a model of the host's own that reports its tokens its own way), rather than
+    failing the run's sum later, outside the engine's error handling."""
+    if (  # written out: no generator made once per response
+        type(usage) is Usage
+        and type(usage.input_tokens) is int
+        and type(usage.output_tokens) is int
+        and type(usage.cache_read_tokens) is int
+        and type(usage.cache_write_tokens) is int
+        and min(usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens) >= 0
+    ):
+        return usage
+    if isinstance(usage, Usage):
+        i, o, r, w = (_whole(n) for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens))
+        if i is not None and o is not None and r is not None and w is not None:
+            return replace(usage, input_tokens=i, output_tokens=o, cache_read_tokens=r, cache_write_tokens=w)
+    raise StreamProtocolError(
+        f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
+        f"numbers of tokens >= 0: {usage!r:.80}",
+        retryable=True,
+    )
+
+
+def _whole(n: object) -> int | None:
+    """``n`` as an int when it is a whole number >= 0 of another type (a float such as ``12.0``,
+    an integral such as a numpy integer; never a bool), else None."""
+    if isinstance(n, bool):
+        return None
+    if isinstance(n, float):
+        return int(n) if n.is_integer() and n >= 0 else None
+    try:
+        value = operator.index(n)  # type: ignore[arg-type]  # a TypeError for what has no __index__
+    except TypeError:
+        return None
+    return value if value >= 0 else None
+
+
 def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
     origin = ev.origin
     if origin is not None and type(origin) is not str:
         raise _malformed(origin, ev)
-    return origin
+    return origin if origin is None else scrub(origin)
 
 
 def _redacted_block(data: str, origin: str | None) -> RedactedThinkingBlock:
+    data = scrub(data)  # whole: halves may come in two deltas
     return RedactedThinkingBlock(data=data) if origin is None else RedactedThinkingBlock(data=data, origin=origin)
 
 
@@ -165,7 +207,7 @@ class Accumulator:
             raise _malformed(ev.signature, ev)
         origin = _origin(ev)
         part = self._part(ev, "thinking")
-        part.signature = ev.signature  # whole, never a piece
+        part.signature = scrub(ev.signature)  # whole, never a piece
         part.origin = origin
 
     def _tool_input(self, ev: StreamToolInput) -> ToolInputDelta:
@@ -182,6 +224,9 @@ class Accumulator:
             raise _malformed(id, ev)
         if type(name) is not str:
             raise _malformed(name, ev)
+        if not (id.isascii() and name.isascii()):  # the host is shown the id the transcript keeps (a
+            # test inline: one per tool call of every loop iteration, two calls of `scrub` saved)
+            id, name = scrub(id), scrub(name)
         part = self._part(ev, "tool_use")
         part.id, part.name = id, name
         return _tool_input_delta(tool_use_id=id, name=name, partial_json="")
@@ -210,7 +255,7 @@ class Accumulator:
                 retryable=True,
             )
         part = self._part(ev, "provider")
-        part.name, part.data, part.closed = ev.provider, ev.data, True
+        part.name, part.data, part.closed = scrub(ev.provider), ev.data, True
 
     def _stop(self, ev: StreamBlockStop) -> None:
         if type(ev.index) is not int:
@@ -220,7 +265,7 @@ class Accumulator:
             part.closed = True
 
     def _usage(self, ev: StreamUsage) -> None:
-        self.usage = _merge_usage(self.usage, _checked_usage(ev.usage, ev))
+        self.usage = _merge_usage(self.usage, _counted(ev.usage, ev))
 
     def _end(self, ev: StreamEnd) -> None:
         reason = ev.stop_reason
@@ -230,12 +275,13 @@ class Accumulator:
                 f"not a str: {reason!r:.80}",
                 retryable=True,
             )
+        usage = ev.usage
+        if usage is not None:  # the end event's usage alone (the common case) is taken as is
+            usage = _counted(usage, ev)  # checked before the attempt is marked ended
+            self.usage = usage if self.usage is _NO_USAGE else _merge_usage(self.usage, usage)
         self.ended = True
         self.stop_reason = reason
         self.response_id = ev.response_id
-        if ev.usage is not None:  # the end event's usage alone (the common case) is taken as is
-            usage = _checked_usage(ev.usage, ev)
-            self.usage = usage if self.usage is _NO_USAGE else _merge_usage(self.usage, usage)
         for part in self._parts.values():
             part.closed = True
 
@@ -439,21 +485,6 @@ def _json_value(body: str) -> Any:
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     return value
-
-
-def _checked_usage(usage: object, event: object) -> Usage:
-    """``usage`` if it is a `Usage` of whole token counts >= 0, else a `StreamProtocolError`:
-    a custom `Model`'s null or text count would otherwise fail where the run adds it up."""
-    if isinstance(usage, Usage) and all(
-        type(n) is int and n >= 0
-        for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens)
-    ):
-        return usage
-    raise StreamProtocolError(
-        f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
-        f"token counts >= 0: {usage!r:.120}",
-        retryable=True,
-    )
 
 
 def _merge_usage(old: Usage, new: Usage) -> Usage:

@@ -79,9 +79,19 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
         _hooked_engine.reset(token)
 
 
+def _failed_first(engine: QueryEngine, st: RunState) -> str | None:
+    """What answers the calls owed when the model phase failed for good: those of the response
+    the failure cut, kept (partial) with the calls it had completed. The failure left them unrun,
+    not an interrupt, and the model is told which (without the engine's credentials). None when
+    the request did not fail: the calls owed are an abort's, answered by `Texts`."""
+    if st.error is None or not st.owed:
+        return None
+    return engine._without_credentials(f"Not run: the model's response failed before it was complete ({st.error}).")
+
+
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
     st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one
-    events: list[Event] = settle_results(engine, st)
+    events: list[Event] = settle_results(engine, st, not_run=_failed_first(engine, st))
     reason = _abort_wins(st, reason)
     aborted = st.signal.aborted and reason in ("aborted_streaming", "aborted_tools", "deadline")
     abort_reason = st.signal.reason if aborted else None

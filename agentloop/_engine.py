@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._abort import AbortSignal
 from ._events import Event, TurnEnded
+from ._executor import describe
 from ._handle import RunHandle, forget_closed_run
 from ._hostlog import log_failure
 from ._inbox import Inbox, Texts
@@ -43,6 +44,7 @@ from ._subagent import take_abort_at_start
 from ._toolphase import run_secrets
 from ._tools import PermissionCallback, Tool
 from ._transcript import lineage_credentials, redacted
+from ._unicode import scrub
 from ._validate import is_valid
 
 if TYPE_CHECKING:
@@ -91,7 +93,7 @@ class QueryEngine:
     permission: Setting[PermissionCallback | None] = Setting()
     follow_up_behavior: Setting[Literal["queue", "steer"]] = Setting()
     interrupt_notice: Setting[Literal["append", "envelope"] | None] = Setting()
-    doom_loop_recovery: Setting[bool] = Setting()
+    doom_loop_recovery: Setting[bool] = Setting(recovery_default)
     doom_budget: Setting[int] = Setting()
     retry_budget: Setting[int] = Setting()
     retry_base_delay: Setting[float] = Setting()
@@ -322,6 +324,7 @@ class QueryEngine:
             reason = "cancel" if reason is None else str(reason)
             if not reason.strip():
                 reason = "cancel"
+            reason = scrub(reason)  # kept in the cut message's meta: text UTF-8 can encode
             # The host's text (an error message passed on) may quote the model's key: the reason
             # reaches the terminal event, the session file, the abort hooks and their logs.
             reason = self._without_credentials(reason)
@@ -466,9 +469,7 @@ class QueryEngine:
         could not be told from that engine's, and its sidechain file would be that engine's;
         TypeError or ValueError for an ``agent_id`` that is not a name (None, a number, a blank).
         """
-        if agent_id is None:  # its events would pass for the main engine's
-            raise TypeError("subagent() needs an agent_id, a name such as 'sub-1', not None")
-        check_lineage(None, agent_id, QueryEngine)
+        check_lineage(self, agent_id, QueryEngine)
         _check_nested_id(self, agent_id)
         # Every setting is copied but two: a child writes no interrupt notice (its parent's
         # transcript tells the story), and a forced tool_choice is the parent's own business.
@@ -557,7 +558,7 @@ class QueryEngine:
         # the host can look, on this engine and on each one above it (a sidechain is part of the
         # main session, and a subagent engine is often gone by the time the host looks).
         who = f"subagent {self.agent_id!r}: " if self.parent is not None and self.agent_id else ""
-        note = redacted(f"{who}could not record {what}: {type(exc).__name__}: {exc}", lineage_credentials(self))
+        note = redacted(f"{who}could not record {what}: {describe(exc)}", lineage_credentials(self))
         log_failure(self, "session store failed: %s", note, exc=exc)
         engine: QueryEngine | None = self
         while engine is not None:

@@ -69,12 +69,15 @@ class Texts:
     def __post_init__(self) -> None:
         """Raises TypeError for a text that is not a str, and ValueError for a blank
         ``interrupt_notice`` or ``doom_reminder`` (each a user message, or its start, which
-        providers refuse blank): either would fail only when written, in the middle of a run."""
+        providers refuse blank): either would fail only when written, in the middle of a run.
+        A lone UTF-16 surrogate (a text read with ``surrogateescape``) becomes U+FFFD, as in
+        the host's other text: these go into the transcript."""
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, str):
                 hint = _NO_NOTICE_HINT if f.name == "interrupt_notice" else ""
                 raise TypeError(f"Texts.{f.name} takes a str, not {value!r}{hint}")
+            object.__setattr__(self, f.name, scrub(value))  # frozen: set as __init__ does
         if not self.interrupt_notice.strip():
             raise ValueError(f"Texts.interrupt_notice needs text in it: it is a user message of its own{_NO_NOTICE_HINT}")
         if not self.doom_reminder.strip():

@@ -217,11 +217,12 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
 
 
 def _limit_reached(engine: QueryEngine, st: RunState) -> TerminalReason | None:
-    """The terminal of a limit that ends the turn here, if any; for ``usage_limit``, ``st.detail``
-    then says whose budget ran out (the engine's own, or one above it that its subagents share)."""
+    """The terminal of a limit that ends the turn here, if any (a deadline that has passed by the
+    clock expires the run here); for ``usage_limit``, ``st.detail`` then says whose budget ran
+    out (the engine's own, or one above it that its subagents share)."""
     opts = engine.options
     handle = st.deadline_handle
-    if handle is not None and st.loop.time() >= handle.when():
+    if handle is not None and not st.expired and st.loop.time() >= handle.when():
         # Its timer may not have had its turn yet (nothing in the run has waited since the
         # deadline passed, or it is 0): the deadline is the clock's, not the timer's.
         deadline_passed(st)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
@@ -116,12 +116,15 @@ class Setting(Generic[T]):
     """A `QueryEngine` setting as an attribute of the engine (``engine.permission = ask``,
     ``engine.system = ...``): it lives in the engine's frozen `EngineOptions`, which setting it
     replaces, checked as at construction. The next run uses the new value; a run in progress may
-    pick it up at its next model request or tool batch."""
+    pick it up at its next model request or tool batch. ``resolve`` turns what is set into
+    what the options hold, as the constructor does (``None`` for `doom_loop_recovery`: the
+    environment variable decides)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "resolve")
 
-    def __init__(self) -> None:
+    def __init__(self, resolve: Callable[[Any], Any] | None = None) -> None:
         self.name = ""
+        self.resolve = resolve
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -139,7 +142,8 @@ class Setting(Generic[T]):
         return value
 
     def __set__(self, engine: _Configured, value: T) -> None:
-        changes: dict[str, Any] = {self.name: value}  # named at run time: checked by EngineOptions
+        resolve = self.resolve
+        changes: dict[str, Any] = {self.name: value if resolve is None else resolve(value)}  # checked by EngineOptions
         engine.options = replace(engine.options, **changes)
 
 
@@ -202,10 +206,13 @@ def check_model(model: object) -> None:
 
 def check_lineage(parent: object, agent_id: object, engine_class: type) -> None:
     """Raise TypeError for a ``parent`` that is not an engine, or an ``agent_id`` that is not a
-    str, ValueError for a blank one: a subagent's events and sidechain file are told apart by it."""
+    str (None only for an engine without a parent), ValueError for a blank one: a subagent's
+    events and sidechain file are told apart by it."""
     if parent is not None and not isinstance(parent, engine_class):
         raise TypeError(f"parent takes a QueryEngine (or None), not {type(parent).__name__}: use engine.subagent(agent_id=...)")
     if agent_id is None:
+        if parent is not None:  # its events would pass for the main engine's
+            raise TypeError("a subagent needs an agent_id, a name such as 'sub-1', not None")
         return
     if not isinstance(agent_id, str):
         raise TypeError(f"agent_id takes a str, a name such as 'sub-1', not {type(agent_id).__name__} {agent_id!r:.80}")

@@ -27,6 +27,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
+from ._executor import describe
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
@@ -34,6 +35,7 @@ from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
+from ._unicode import scrub
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -161,7 +163,7 @@ class ModelPhase:
         elif isinstance(exc, ModelError):
             outcome.error = exc
         else:  # a model implementation bug: a terminal, never a crash
-            outcome.error = ModelError(f"the model raised {type(exc).__name__}: {exc}")
+            outcome.error = ModelError(f"the model raised {describe(exc)}")  # even one that cannot print
 
     def cancelled_itself(self) -> None:
         """The stream raised CancelledError though neither the run's abort nor anyone else
@@ -457,7 +459,10 @@ def _backoff(base: float, cap: float, n: int, error: ModelError) -> float:
 
 
 def _describe(error: ModelError) -> str:
+    """What failed, for `TurnEnded.error` (and the results of the calls the failure left unrun):
+    scrubbed of lone surrogates, as the model's other output is (a model of the host's own may
+    quote a server's text as it came)."""
     kind = type(error).__name__
     status = getattr(error, "status", None)
     where = f" (HTTP {status})" if status else ""
-    return f"{kind}{where}: {error.message}"
+    return scrub(f"{kind}{where}: {error.message}")

@@ -364,6 +364,9 @@ def _unanswered_person(messages: list[Message]) -> bool:
 
 
 def deadline_passed(st: RunState) -> None:
-    """The run's ``deadline`` timer: the run expires, aborted with "deadline"."""
+    """The run's ``deadline`` timer, or the clock read before a request: the run expires,
+    aborted with "deadline"."""
     st.expired = True
+    if st.deadline_handle is not None:  # when the clock was read first: the timer has nothing left to do
+        st.deadline_handle.cancel()
     st.controller.abort("deadline")

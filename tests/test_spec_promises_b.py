@@ -143,6 +143,60 @@ async def test_s11_a_usage_report_that_is_no_count_of_tokens_is_a_malformed_stre
         assert validate_transcript(engine.messages) == []
 
 
+
+class _Tokens(int):
+    """An integral count of another type (as a numpy integer is)."""
+
+
+class _PricedUsage(Usage):
+    """A host's own usage type with a field of its own."""
+
+    cost: float = 0.25
+
+
+@pytest.mark.parametrize(
+    ("usage", "counted"),
+    [
+        (Usage(12.0, 3), Usage(12, 3)),  # type: ignore[arg-type]
+        (Usage(_Tokens(7), _Tokens(2)), Usage(7, 2)),
+        (_PricedUsage(4, 5), Usage(4, 5)),
+    ],
+)
+async def test_s11_a_usage_of_whole_counts_of_another_type_is_counted_not_refused(usage: Usage, counted: Usage) -> None:
+    """A model of the host's own reporting whole counts as floats, integral numbers of another
+    type, or a subclass of Usage: counted as ints (no retry, no model_error)."""
+    for events in ([StreamText(0, "a"), StreamUsage(usage)], [StreamText(0, "a"), StreamEnd("end_turn", usage)]):
+        engine = QueryEngine(RawModel(events), policies=[], retry_budget=0)
+        end = ends(await collect(engine.run("go")))
+        assert [(e.reason, e.usage) for e in end] == [("completed", counted)]
+        got = end[0].usage
+        assert {type(n) for n in (got.input_tokens, got.output_tokens, got.cache_read_tokens, got.cache_write_tokens)} == {int}
+        assert isinstance(end[0].usage, Usage)
+
+
+def test_s11_an_engine_with_a_parent_and_no_agent_id_is_refused() -> None:
+    """A child engine without an id would pass for the main engine in events and sessions."""
+    parent = QueryEngine(ScriptedModel(["ok"]))
+    with pytest.raises(TypeError, match="agent_id"):
+        QueryEngine(ScriptedModel(["ok"]), parent=parent)
+    with pytest.raises(TypeError, match="agent_id"):
+        parent.subagent(agent_id=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("env", "expected"), [("0", False), ("1", True), ("", True)])
+def test_s6_doom_loop_recovery_set_to_none_lets_the_environment_decide_as_at_construction(
+    monkeypatch: pytest.MonkeyPatch, env: str, expected: bool
+) -> None:
+    """``engine.doom_loop_recovery = None`` is what ``QueryEngine(doom_loop_recovery=None)`` is."""
+    monkeypatch.setenv("AGENTLOOP_DOOM_LOOP_RECOVERY", env)
+    engine = QueryEngine(ScriptedModel(["ok"]), doom_loop_recovery=not expected)
+    engine.doom_loop_recovery = None  # type: ignore[assignment]
+    assert engine.doom_loop_recovery is expected
+    assert QueryEngine(ScriptedModel(["ok"]), doom_loop_recovery=None).doom_loop_recovery is expected
+    with pytest.raises(TypeError, match="doom_loop_recovery"):
+        engine.doom_loop_recovery = "false"  # type: ignore[assignment]
+
+
 # -- §6 --------------------------------------------------------------------------------------------
 
 
