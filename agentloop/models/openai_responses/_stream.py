@@ -47,11 +47,9 @@ _INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
 
 
 def _doom_signals(value: object) -> tuple[str, ...]:
-    """The signal strings of a doom-loop frame's ``signals``: its list of them (what is not a
-    str in it is left out), or one bare string; anything else carries none. The frame is a
-    side channel, so what it holds never fails the response it comes with."""
-    if isinstance(value, str):
-        return (value,)
+    """The signal strings of a doom-loop frame's ``signals``, a list of them (what is not a
+    str in it is left out); anything else (a number, an object, one bare string) carries none.
+    The frame is a side channel, so what it holds never fails the response it comes with."""
     if isinstance(value, list):
         return tuple(s for s in value if isinstance(s, str))
     return ()
