@@ -396,6 +396,15 @@ def run_context(secrets: Secrets) -> contextvars.Context:
     return context
 
 
+def in_task() -> bool:
+    """True when a task runs the caller: an `asyncio.timeout` can cancel it then. False in a
+    finalizer with no running loop (a run dropped and collected, its stream closed there)."""
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running event loop
+        return False
+
+
 def task_cancelling() -> bool:
     """After a CancelledError that no abort of the run's caused: True when the running task was
     asked to cancel (and has not taken the request back), so the cancel is its owner's and must
@@ -403,6 +412,16 @@ def task_cancelling() -> bool:
     a prompt's future the user closed). True outside a task, where nothing else could end it."""
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
+
+
+def cancels_asked() -> int:
+    """How many cancels the running task has been asked and not taken back (``cancelling()``):
+    0 outside a task, and with no event loop running (a generator finalized after its loop)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return 0
+    return task.cancelling() if task is not None else 0
 
 
 def enter_run(secrets: Secrets) -> Callable[[], None]:

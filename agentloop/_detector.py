@@ -64,6 +64,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ._checks import count
 from ._signals import DoomLoopSignal
 
 __all__ = ["RepetitionDetector", "Rule"]
@@ -167,14 +168,13 @@ class RepetitionDetector:
         max_candidates: int = 8,
         tries: int = 4,
     ) -> None:
-        counts = {"window": window, "anchor": anchor, "step": step, "max_candidates": max_candidates, "tries": tries}
-        for name, value in counts.items():
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"RepetitionDetector {name} takes a whole number, not {value!r}")
-            if value < 1:
-                raise ValueError(f"RepetitionDetector {name} must be >= 1, not {value!r}")
-        if window < 2 * anchor or anchor < 2:
-            raise ValueError("need window >= 2*anchor and anchor >= 2")
+        window = count("RepetitionDetector window", window, 1, optional=False)
+        anchor = count("RepetitionDetector anchor", anchor, 2, optional=False)
+        step = count("RepetitionDetector step", step, 1, optional=False)
+        max_candidates = count("RepetitionDetector max_candidates", max_candidates, 1, optional=False)
+        tries = count("RepetitionDetector tries", tries, 1, optional=False)
+        if window < 2 * anchor:
+            raise ValueError(f"RepetitionDetector window must be at least 2 * anchor ({2 * anchor}), not {window!r}")
         self.channel = channel
         self.window = window
         self.rules = rules if rules is not None else _DEFAULT_RULES.get(channel, TEXT_RULES)

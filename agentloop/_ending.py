@@ -13,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from ._abort import in_task
 from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
+from ._executor import UNWIND
 from ._hostlog import log_failure
 from ._policy import release
 from ._recording import release_sidechain, release_store
@@ -25,7 +29,7 @@ from ._subagent import abort_background
 from ._toolphase import record_finished
 
 if TYPE_CHECKING:
-    from ._engine import QueryEngine
+    from ._engine import AbortHook, QueryEngine
 
 __all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_end"]
 
@@ -58,6 +62,7 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
     only); a hook that raises, or meets a cancellation of its own, is logged and the rest
     still run."""
     token = _hooked_engine.set(engine)
+    grace = engine.options.tool_cancel_grace
     try:
         for fn, main_only in engine._abort_hooks:
             if main_only and engine.parent is not None:
@@ -65,7 +70,7 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
             try:
                 result = fn(reason)
                 if inspect.isawaitable(result):
-                    await result
+                    await _within_grace(engine, fn, result, grace)
             except Exception:
                 log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
@@ -87,6 +92,32 @@ def _failed_first(engine: QueryEngine, st: RunState) -> str | None:
     if st.error is None or not st.owed:
         return None
     return engine._without_credentials(f"Not run: the model's response failed before it was complete ({st.error}).")
+
+
+async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[object], grace: float) -> None:
+    """Await an async hook's ``result`` for at most ``grace`` seconds, then cancel it: a hook that
+    never returns (a reset the server never answers) must not keep `run()` from ending, no more
+    than a tool that ignores the signal does (at least 0.1 s, as a cancelled call is given to
+    unwind). Longer cleanup belongs in `wait_at_run_end`."""
+    if not in_task():  # driven by hand, not by a task: nothing can cancel it
+        await result
+        return
+    limit = max(grace, UNWIND)  # a quick await is never cut, whatever the grace
+    scope = asyncio.timeout(limit)
+    try:
+        async with scope:
+            await result
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the hook's own, a failure like any other
+        log_failure(
+            engine,
+            "on_abort hook %r did not finish within tool_cancel_grace (%.3g s) and was cancelled "
+            "(cleanup that takes longer can be started as a task of its own)",
+            fn,
+            limit,
+            level=logging.WARNING,
+        )
 
 
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:

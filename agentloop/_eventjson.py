@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+from ._checks import count
 from ._events import Event
 from .sessions._format import dumps, escape_line_breaks, event_to_json
 
@@ -30,18 +31,15 @@ def event_json(event: Event, *, max_text_chars: int | None = None) -> str:
     many characters were left out; the keys and the shape stay as they are, and so do the
     tags and ids a reader dispatches and matches on (the string values of ``type``, ``id``,
     ``tool_use_id``, ``agent_id`` and ``parent_tool_use_id`` up to 256 characters). None (the
-    default) keeps every character. A value that is not an int >= 0 is a `TypeError` or
+    default) keeps every character. A value that is not a whole number >= 0 is a `TypeError` or
     `ValueError`.
     """
     if not isinstance(event, _EVENT_TYPES):
         raise TypeError(f"event_json() takes an agentloop event, not {type(event).__name__}")
     data = event_to_json(event)
-    if max_text_chars is not None:
-        if isinstance(max_text_chars, bool) or not isinstance(max_text_chars, int):
-            raise TypeError(f"event_json() max_text_chars takes an int or None, not {type(max_text_chars).__name__}")
-        if max_text_chars < 0:
-            raise ValueError(f"event_json() max_text_chars must be >= 0, not {max_text_chars}")
-        data = _bounded(data, max_text_chars)
+    limit = count("event_json() max_text_chars", max_text_chars, 0)
+    if limit is not None:
+        data = _bounded(data, limit)
     return escape_line_breaks(dumps(data))
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal, task_cancelling
 from ._errors import AbortError, ToolInputError
-from ._events import PermissionRequested, ToolCallStarted, _Event
+from ._events import PermissionRequested, ToolCallStarted, check_event
 from ._hostlog import host_repr
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
@@ -462,8 +462,7 @@ def _from_any_thread(put: Callable[[object], None]) -> Callable[[object], None]:
     loop_thread = threading.get_ident()
 
     def emit(item: object) -> None:
-        if not isinstance(item, _Event):  # the host's loop reads .type of every event
-            raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(item).__name__}")
+        check_event(item)
         if threading.get_ident() == loop_thread:
             put(item)
             return
@@ -502,6 +501,26 @@ def hold_until_done(task: asyncio.Task[Any]) -> bool:
     return True
 
 
+async def _unwound(task: asyncio.Task[Any]) -> None:
+    """Give ``task``, cancelled, `UNWIND` seconds to end; one that ignores its cancellation is
+    abandoned (with a warning) rather than allowed to hold the run open. A cancel of the caller's
+    meanwhile (the run cancels the call: its grace is over) is raised once ``task`` has ended or
+    that time is up, not before: a prompt that honours its cancel in a few loop turns (a dialog
+    closing) is waited for, not abandoned to run on after the run."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + UNWIND
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done() and (left := ends - loop.time()) > 0:
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError as exc:
+            cancelled = exc  # raised below: the caller's, never swallowed
+    if not task.done() and hold_until_done(task):
+        log.warning("%r ignored cancellation; abandoning it", task.get_coro())
+    if cancelled is not None:
+        raise cancelled
+
+
 async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
     """Await ``aw`` unless ``signal`` aborts first; then cancel it and raise `AbortError`.
 
@@ -519,14 +538,7 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
         waiter.cancel()
         if not task.done():
             task.cancel()
-            # Give it a moment to unwind; a callback that ignores cancellation
-            # is abandoned (with a warning) rather than allowed to hold the run open,
-            # also when this wait is cut short (the run cancels the call meanwhile).
-            try:
-                await asyncio.wait({task}, timeout=UNWIND)
-            finally:
-                if not task.done() and hold_until_done(task):
-                    log.warning("%r ignored cancellation; abandoning it", task.get_coro())
+            await _unwound(task)
     if signal.aborted and (task.cancelled() or not task.done() or isinstance(task.exception(), KeyboardInterrupt)):
         # A KeyboardInterrupt left the loop from the task's own step, which stopped the run: the
         # host had it once, and the abort is what is left of it here.

@@ -106,6 +106,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     try:
                         while stream is not None:
                             if st.signal._reason is not None:  # aborted while the host held an event
+                                st.take_back_cancel()  # the last read caught the abort's cancel, if it did
                                 # The read is cancelled once it waits, so the model's stream ends
                                 # as on any abort; one that came back without waiting is cut here.
                                 if armed is not None:
@@ -133,6 +134,11 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 phase.outcome.aborted = True
                                 break
                             except Exception as exc:
+                                if task is not None and st.cancelled_meanwhile(task):
+                                    # The stream turned a cancel of the run's task into this
+                                    # error (a transport's close failing as the cancel unwound it):
+                                    # the cancel goes on, not a retry or a model error.
+                                    raise asyncio.CancelledError from exc
                                 phase.failed(exc)
                                 break
                             finally:
@@ -156,6 +162,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     if phase.outcome.cut is not None:
                                         break
                     finally:
+                        st.take_back_cancel()  # the stream caught the abort's cancel, if it did
                         if armed is not None:  # not for a later read's wait
                             armed.cancel()
                         if stream is not None:

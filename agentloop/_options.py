@@ -9,12 +9,12 @@ frozen `EngineOptions`; a subagent copies them from its parent's.
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
+from ._checks import count, non_negative
 from ._inbox import Texts
 from ._messages import Message
 from ._policy import Policy, check_hooks
@@ -73,12 +73,7 @@ class EngineOptions:
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {self.follow_up_behavior!r}")
         if self.interrupt_notice not in ("append", "envelope", None):
             raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {self.interrupt_notice!r}")
-        limit = self.max_tool_result_chars
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int):
-                raise TypeError(f"max_tool_result_chars takes a whole number or None, not {limit!r}")
-            if limit < 1:
-                raise ValueError(f"max_tool_result_chars must be at least 1, not {limit!r}")
+        count("max_tool_result_chars", self.max_tool_result_chars, 1)
         if not isinstance(self.texts, Texts):
             raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(self.texts).__name__}")
         if not isinstance(self.doom_loop_recovery, bool):  # "false" from a config file is true
@@ -156,18 +151,7 @@ class _Configured(Protocol):
 def _check_numbers(options: EngineOptions) -> None:
     """Raise TypeError or ValueError for a numeric setting that is not a number >= 0."""
     for name, whole, optional in _NUMBERS:
-        value: Any = getattr(options, name)
-        if value is None and optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
-            what = "a whole number" if whole else "a number of seconds"
-            raise TypeError(f"{name} takes {what}{' or None' if optional else ''}, not {value!r}")
-        try:
-            at_least_zero = float(value) >= 0  # NaN too
-        except OverflowError:  # an int past any float: no count or number of seconds a run can use
-            raise ValueError(f"{name} is too large") from None
-        if not at_least_zero:
-            raise ValueError(f"{name} must be >= 0, not {value!r}")
+        non_negative(name, getattr(options, name), whole=whole, optional=optional)
 
 
 def recovery_default(value: bool | None) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import codecs
-import numbers
 import os
 import signal as _signal
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ._abort import AbortSignal
+from ._checks import non_negative
 from ._cmdline import shown_args
 from ._errors import AbortError
 
@@ -186,7 +186,8 @@ async def _end(child: _Child, proto: _Collector, pgid: int, kill_grace: float, *
 async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] | None = None) -> None:
     """Run ``work`` to its end even when the caller is cancelled meanwhile (``on_cancel`` is
     called at each cancellation), then raise that cancellation: what stops a process must not
-    be left running behind the caller."""
+    be left running behind the caller. Should ``work`` then fail, its error is that cancellation's
+    cause, not raised in its place: the caller's cancel is never turned into something else."""
     task = asyncio.ensure_future(work)
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
@@ -198,6 +199,10 @@ async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] |
             cancelled = exc
             if on_cancel is not None:
                 on_cancel()
+        except BaseException as exc:
+            if cancelled is None:
+                raise
+            raise cancelled from exc  # the caller's cancel, which the failure came after
     if cancelled is not None:
         raise cancelled
     task.result()
@@ -214,18 +219,8 @@ def _check_streams(stderr: int, kw: dict[str, Any]) -> None:
 def _check_args(timeout: object, kill_grace: object, stdin: object) -> None:
     """Raise TypeError or ValueError for a ``timeout`` or ``kill_grace`` that is not a number of
     seconds >= 0 (``timeout`` may be None), TypeError for a ``stdin`` that is not bytes."""
-    for name, value in (("timeout", timeout), ("kill_grace", kill_grace)):
-        if value is None and name == "timeout":
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            none = " or None" if name == "timeout" else ""
-            raise TypeError(f"run_process: {name} takes a number of seconds{none}, not {value!r}")
-        try:
-            at_least_zero = float(value) >= 0  # NaN too
-        except OverflowError:  # an int past any float: no number of seconds a clock can add
-            raise ValueError(f"run_process: {name} is too large for a number of seconds") from None
-        if not at_least_zero:
-            raise ValueError(f"run_process: {name} must be >= 0, not {value!r}")
+    non_negative("run_process: timeout", timeout, optional=True)
+    non_negative("run_process: kill_grace", kill_grace)
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise TypeError(
             f"run_process: stdin takes bytes to feed the child, not {type(stdin).__name__} (for text: text.encode())"

@@ -5,7 +5,9 @@ awaits the model stream (or a retry back-off), an abort cancels that await in
 the host's task, exactly as `asyncio.timeout` does: the cancellation is
 requested only while the loop is inside one of its own awaits, and converted
 back into an abort on the way out (``uncancel()`` counting), so a
-`CancelledError` from anyone else is never swallowed. While tools run, the
+`CancelledError` from anyone else is never swallowed. An await still going a
+cancel grace later (a stream whose cleanup absorbed the cancellation) is
+cancelled once more, and that cancellation is ours too. While tools run, the
 loop waits on its `Mailbox`, which an abort simply wakes.
 """
 
@@ -119,6 +121,7 @@ class RunState:
 
     __slots__ = (
         "_cancel_requested",
+        "_recancels",
         "_remove_listener",
         "aborted_at",
         "aborted_subagents",
@@ -146,6 +149,7 @@ class RunState:
         "pending_events",
         "pending_tasks",
         "phase",
+        "read_grace",
         "released",
         "response",
         "results",
@@ -232,6 +236,10 @@ class RunState:
         self.guarding = False
         self._cancel_requested = False
         self.cancel_baseline = 0
+        # Cancels made again of a guarded await that outlived the first by ``read_grace`` seconds
+        # (a model stream whose cleanup absorbed it): each is ours, and undone with it.
+        self._recancels = 0
+        self.read_grace = 2.0  # the engine's tool_cancel_grace (at least UNWIND), set by open_run
         self._remove_listener = self.signal.add_listener(self._on_abort)
 
     @property
@@ -284,7 +292,27 @@ class RunState:
             return False
         self._cancel_requested = False
         assert self.task is not None
+        while self._recancels:
+            self._recancels -= 1
+            self.task.uncancel()
         return self.task.uncancel() <= self.cancel_baseline
+
+    def cancelled_meanwhile(self, task: asyncio.Task[Any]) -> bool:
+        """After a guarded await that raised an error, not the CancelledError: True when someone
+        else asked ``task`` to cancel while it waited (counted as `consume_cancel` does, our
+        abort's own cancel aside). The awaited code turned that cancel into the error."""
+        return task.cancelling() > self.cancel_baseline + (1 if self._cancel_requested else 0)
+
+    def take_back_cancel(self) -> None:
+        """After a guarded await that ended without the CancelledError our abort's cancel threw
+        into it (the awaited code caught it, and went on or raised something else): take that
+        cancel back. Else it would stay on the task, taken for its owner's by every check
+        after it (``cancelling()``), and the next guarded await's baseline would count it: a
+        cancel of the host's there would be taken for our abort's, and swallowed."""
+        if self._cancel_requested:
+            self._cancel_requested = False
+            if self.task is not None:
+                self.task.uncancel()
 
     def _on_abort(self, _reason: str) -> None:
         # Any thread, even a signal handler: only hand over to the loop.
@@ -310,6 +338,7 @@ class RunState:
         ):
             self._cancel_requested = True
             task.cancel()
+            self.loop.call_later(self.read_grace, self._cancel_again, task)
         self.mailbox.put(ABORTED)
 
     def cancel_read(self) -> None:
@@ -319,6 +348,17 @@ class RunState:
         if self.guarding and not self._cancel_requested and task is not None and self.signal.aborted:
             self._cancel_requested = True
             task.cancel()
+            self.loop.call_later(self.read_grace, self._cancel_again, task)
+
+    def _cancel_again(self, task: asyncio.Task[Any]) -> None:
+        """The guarded await our abort cancelled is still going a grace later (the model's stream
+        absorbed the cancellation in its cleanup, waiting on something that never comes):
+        cancel it again, as a call that ignores the signal is cancelled, so the run ends."""
+        if self.closed or not self.guarding or not self._cancel_requested or self.task is not task or task.done():
+            return
+        log.warning("the model stream did not stop within %.3g s of the abort; cancelling it again", self.read_grace)
+        self._recancels += 1
+        task.cancel()
 
     async def guarded(self, aw: Awaitable[T]) -> T:
         """Await ``aw`` so that an abort cancels it at once; raises `Aborted` then."""
@@ -336,6 +376,7 @@ class RunState:
             raise
         finally:
             self.guarding = False
+            self.take_back_cancel()  # still requested: ``aw`` caught it
 
     def cut_off(self) -> bool:
         """True when the task running the loop has been asked to cancel by someone else (not by

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from ._abort import AbortSignal
+from ._checks import count
 from ._errors import ModelError
 from ._model import (
     ModelRequest,
@@ -52,7 +53,8 @@ class ScriptedResponse:
     ``text``, then the ``tool_calls`` (`ScriptedToolCall`s). ``chunk`` is the delta size in characters;
     ``delay`` the pause (seconds) before each event. ``error``: raised after
     ``error_after`` events (None: at the start; all of them: once they are streamed); ValueError
-    for an ``error_after`` below 0 or past the number of events, which could never raise it.
+    for an ``error_after`` below 0, and, when an ``error`` is given, for one past the number of
+    events, which could never raise it (without an ``error``, ``error_after`` does nothing).
     ``events``: raw stream events, used instead of everything above when given.
     """
 
@@ -70,8 +72,9 @@ class ScriptedResponse:
 
     def __post_init__(self) -> None:
         """Raises TypeError for a script that could only fail when played, blamed on the model
-        (a field of another type), and ValueError for a ``chunk`` below 1, a negative ``delay``,
-        or an ``error_after`` that would never raise its error."""
+        (a field of another type: ``chunk`` and ``error_after`` take a whole number), and
+        ValueError for a ``chunk`` below 1, a negative ``delay`` or ``error_after``, or an
+        ``error_after`` past the events of a response given an ``error`` to raise."""
         for name in ("text", "thinking"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"ScriptedResponse {name} must be a str, not {type(getattr(self, name)).__name__}")
@@ -84,24 +87,21 @@ class ScriptedResponse:
                 raise TypeError(f"ScriptedToolCall input must be a dict (the tool's arguments), not {call.input!r}")
         self._check_playable()
         if self.error is not None and self.error_after is not None:
-            count = len(self.stream_events(lambda: ""))
-            if not 0 <= self.error_after <= count:
+            events = self._event_count()
+            if self.error_after > events:
                 raise ValueError(
                     f"ScriptedResponse error_after={self.error_after!r} would never raise the error: "
-                    f"this response streams {count} events, so it takes 0 to {count}"
+                    f"this response streams {events} events, so it takes 0 to {events}"
                 )
 
     def _check_playable(self) -> None:
         """The fields a play reads as numbers, an exception and stream events: checked now."""
-        for name, low in (("chunk", 1), ("delay", 0), ("error_after", 0)):
-            value = getattr(self, name)
-            if value is None and name == "error_after":
-                continue
-            kinds = (int,) if name != "delay" else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise TypeError(f"ScriptedResponse {name} takes a number, not {value!r}")
-            if name != "error_after" and not value >= low:  # NaN too
-                raise ValueError(f"ScriptedResponse {name} must be >= {low}, not {value!r}")
+        object.__setattr__(self, "chunk", count("ScriptedResponse chunk", self.chunk, 1, optional=False))
+        object.__setattr__(self, "error_after", count("ScriptedResponse error_after", self.error_after, 0))
+        if isinstance(self.delay, bool) or not isinstance(self.delay, int | float):
+            raise TypeError(f"ScriptedResponse delay takes a number of seconds, not {self.delay!r}")
+        if not self.delay >= 0:  # NaN too
+            raise ValueError(f"ScriptedResponse delay must be >= 0, not {self.delay!r}")
         if self.error is not None and not isinstance(self.error, ModelError):
             raise TypeError(f"ScriptedResponse error takes a ModelError to raise, not {self.error!r}")
         if not isinstance(self.usage, Usage | None):
@@ -109,6 +109,17 @@ class ScriptedResponse:
         bad = next((e for e in self.events or () if not isinstance(e, _STREAM_EVENTS)), None)
         if bad is not None:
             raise TypeError(f"ScriptedResponse events holds stream events (StreamText, StreamEnd...), not {bad!r}")
+
+    def _event_count(self) -> int:
+        """How many events `stream_events` gives, counted without making them."""
+        if self.events is not None:
+            return len(self.events)
+        size = self.chunk
+        blocks = [self.thinking, self.text, *(json.dumps(call.input) for call in self.tool_calls)]
+        deltas = sum(-(-len(text) // size) for text in blocks)
+        stops = bool(self.thinking) + bool(self.text) + len(self.tool_calls)  # a block stop each
+        signature = bool(self.thinking) and self.sign_thinking
+        return deltas + stops + len(self.tool_calls) + signature + 1  # tool use starts, the end
 
     def stream_events(self, ids: Callable[[], str]) -> list[StreamEvent]:
         """The events this response streams (tool ids drawn from ``ids`` when unset)."""
@@ -231,5 +242,4 @@ class ScriptedModel:
 
 
 def _chunks(text: str, size: int) -> list[str]:
-    size = max(1, size)
     return [text[i : i + size] for i in range(0, len(text), size)]

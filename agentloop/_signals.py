@@ -23,6 +23,8 @@ import reprlib
 from dataclasses import dataclass
 from typing import Literal
 
+from ._checks import count
+
 __all__ = ["DoomLoopSignal", "SignalKind", "SignalUnit"]
 
 SignalKind = Literal["tail_repetition", "low_logprob", "exact_repetition"]
@@ -56,20 +58,14 @@ class DoomLoopSignal:
     stopped: bool = False
 
     def __post_init__(self) -> None:
-        """Raises ValueError (TypeError for a count that is not an int) for a signal that has no
+        """Raises ValueError (TypeError for a count that is not a whole number) for a signal that has no
         wire form: `format` would write what `parse` refuses."""
         if self.kind not in _KINDS:
             raise ValueError(f"DoomLoopSignal kind must be one of {', '.join(_KINDS)}, not {self.kind!r}")
         if not isinstance(self.channel, str) or not _CHANNEL.fullmatch(self.channel):
             raise ValueError(f"DoomLoopSignal channel must be a name such as 'thinking' or 'text', not {self.channel!r}")
         for name in ("threshold", "tokens", "copies"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"DoomLoopSignal {name} must be an int or None, not {value!r}")
-            if value < 1:
-                raise ValueError(f"DoomLoopSignal {name} must be at least 1, not {value!r}")
+            object.__setattr__(self, name, count(f"DoomLoopSignal {name}", getattr(self, name), 1))
         if self.kind == "exact_repetition" and (self.tokens is None or self.copies is None):
             raise ValueError("an exact_repetition DoomLoopSignal needs tokens and copies")
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, S
 from math import gcd
 from typing import Any
 
+from ._checks import count
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import ToolSpec
 from ._policy import EndTurn, Nudge, Policy, Verdict
@@ -126,20 +127,6 @@ def is_keepalive(call: ToolUseBlock, *, shell_tools: Collection[str] = ()) -> bo
 
 def _names(calls: Sequence[ToolUseBlock]) -> str:
     return ", ".join(sorted({c.name for c in calls}))
-
-
-def _count(name: str, value: Any, least: int, *, optional: bool = True) -> Any:
-    """``value``, checked as a setting that counts: a whole number of at least ``least``, or None
-    (off) when ``optional``. Raises TypeError or ValueError naming ``name``."""
-    if type(value) is int and value >= least:  # the usual case first: a policy is made per engine
-        return value
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number{' or None' if optional else ''}, not {value!r}")
-    if value < least:
-        raise ValueError(f"{name} must be at least {least}, not {value!r}")
-    return value
 
 
 def _say(policy: Policy, owner: type, attr: str, **fields: object) -> str:
@@ -274,10 +261,10 @@ class IdenticalToolCallRun(StationarityPolicy):
         keepalive: Callable[[ToolUseBlock], bool] | None = is_keepalive,
         **kwargs: Any,
     ) -> None:
-        self.nudge_at, self.end_at = _count("nudge_at", nudge_at, 1), _count("end_at", end_at, 1)
-        self.tight_nudge_at = _count("tight_nudge_at", tight_nudge_at, 1)
-        self.tight_end_at = _count("tight_end_at", tight_end_at, 1)
-        self.keepalive_end_at = _count("keepalive_end_at", keepalive_end_at, 1)
+        self.nudge_at, self.end_at = count("nudge_at", nudge_at, 1), count("end_at", end_at, 1)
+        self.tight_nudge_at = count("tight_nudge_at", tight_nudge_at, 1)
+        self.tight_end_at = count("tight_end_at", tight_end_at, 1)
+        self.keepalive_end_at = count("keepalive_end_at", keepalive_end_at, 1)
         self.keepalive = keepalive
         super().__init__(**kwargs)
 
@@ -338,9 +325,9 @@ class ToolCallCycle(StationarityPolicy):
         end_repeats: int | None = 5,
         **kwargs: Any,
     ) -> None:
-        self.max_period = _count("max_period", max_period, 2, optional=False)
-        self.nudge_repeats = _count("nudge_repeats", nudge_repeats, 2, optional=False)
-        self.end_repeats = _count("end_repeats", end_repeats, 2)
+        self.max_period = count("max_period", max_period, 2, optional=False)
+        self.nudge_repeats = count("nudge_repeats", nudge_repeats, 2, optional=False)
+        self.end_repeats = count("end_repeats", end_repeats, 2)
         super().__init__(**kwargs)
 
     def reset(self) -> None:
@@ -415,9 +402,9 @@ class RepeatedErrorResult(StationarityPolicy):
     def __init__(
         self, nudge_at: int = 3, end_at: int | None = 6, *, prefix: int = 200, **kwargs: Any
     ) -> None:
-        self.nudge_at = _count("nudge_at", nudge_at, 1, optional=False)
-        self.end_at = _count("end_at", end_at, 1)
-        self.prefix = _count("prefix", prefix, 0, optional=False)
+        self.nudge_at = count("nudge_at", nudge_at, 1, optional=False)
+        self.end_at = count("end_at", end_at, 1)
+        self.prefix = count("prefix", prefix, 0, optional=False)
         super().__init__(**kwargs)
 
     def reset(self) -> None:

@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal
 
-from ._abort import task_cancelling
+from ._abort import cancels_asked, in_task, task_cancelling
 from ._accumulate import Accumulator
 from ._commit import abort_terminal, commit_response, paused, refused, settle_partial
 from ._errors import AbortError, ModelError, PromptTooLongError, StreamProtocolError
@@ -27,7 +27,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._executor import describe
+from ._executor import UNWIND, describe
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
@@ -333,12 +333,29 @@ def _detected(engine: QueryEngine, verdict: Verdict, policy: str) -> DoomLoopDet
 async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) -> None:
     """Close an attempt's stream. What its closing raises is logged (at DEBUG, without the
     credentials the engine knows) and the attempt's outcome stands, a CancelledError included
-    unless the task running the loop is being cancelled (then it is the host's, and propagates)."""
+    unless the task running the loop is being cancelled (then it is the host's, and propagates).
+    A close still going after ``tool_cancel_grace`` (at least 0.1 s) is cancelled, with a warning.
+    An error the close raised for a cancel of that task that came while it waited (the stream
+    turned the cancel into it) is that cancel: it propagates as a CancelledError."""
     close = getattr(stream, "aclose", None)
     if close is not None:
+        # A close that never finishes (a custom model's cleanup waiting on a dead connection)
+        # is cancelled after the cancel grace, as a call that ignores the signal is: run() ends.
+        limit = max(engine.options.tool_cancel_grace, UNWIND)
+        scope = asyncio.timeout(limit) if in_task() else None
+        asked = cancels_asked()
         try:
-            await close()
-        except Exception:
+            if scope is None:
+                await close()
+            else:
+                async with scope:
+                    await close()
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
+                log_failure(engine, "the model stream did not close within %.3g s and was cancelled", limit, level=logging.WARNING)
+                return
+            if cancels_asked() > asked:  # a cancel that came meanwhile, turned into it
+                raise asyncio.CancelledError from exc
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
         except asyncio.CancelledError:
             if task_cancelling():

@@ -21,11 +21,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
+from ._checks import count
 from ._errors import AbortError, SessionLockedError
 from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event, TurnEnded, TurnStarted
 from ._messages import ToolResultBlock
 from ._policy import Policy
 from ._tools import Tool, ToolContext
+from .sessions._files import plain_file_name
 
 if TYPE_CHECKING:
     from ._abort import AbortSignal
@@ -50,7 +52,7 @@ def delegate_tool(
         "Delegate a self-contained task to a subagent that has the same tools. "
         "It works on its own and returns its final answer."
     ),
-    max_turns: int = 10,
+    max_turns: int | None = 10,
     agent_prefix: str = "sub",
     system: str | None = None,
     max_depth: int = 3,
@@ -62,8 +64,10 @@ def delegate_tool(
     delegate again, but a call from an engine ``max_depth`` levels below the main
     engine starts no subagent and returns an error result saying the depth limit
     was reached (default 3: main engine, child, grandchild, great-grandchild).
-    Raises TypeError or ValueError for a ``max_depth`` that is not a whole number >= 1, or a
-    ``max_turns`` that is not one >= 0.
+    ``max_turns``: each subagent's, as for `QueryEngine` (None: no limit). Raises TypeError or
+    ValueError for a ``max_depth`` that is not a whole number >= 1, or a ``max_turns`` that is
+    neither None nor a whole number >= 0; ValueError for an ``agent_prefix`` no file name can
+    begin with (a ``/``, a ``\\`` or a NUL in it: a subagent's session file is named after its id).
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
     the subagent a narrower tool set); ``policies=`` is a template, forked for each
@@ -75,7 +79,9 @@ def delegate_tool(
     is taken by creating its file, so two processes never take the same one.
     """
 
-    overrides = _checked(max_depth, max_turns, overrides)
+    max_depth = count("max_depth", max_depth, 1, optional=False)
+    max_turns = count("max_turns", max_turns, 0)
+    overrides = _checked(agent_prefix, overrides)
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
@@ -92,16 +98,12 @@ def delegate_tool(
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True, poller=True)
 
 
-def _checked(max_depth: int, max_turns: int, overrides: dict[str, Any]) -> dict[str, Any]:
+def _checked(agent_prefix: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """``overrides`` with ``policies`` read once into a tuple (a generator, a set: each child
-    forks from it). Raises TypeError or ValueError for a ``max_depth`` that is not a whole
-    number >= 1 or a ``max_turns`` that is not one >= 0 (as every child would), TypeError for
-    ``policies`` that is not a list of policies."""
-    for name, value, low in (("max_depth", max_depth, 1), ("max_turns", max_turns, 0)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} takes a whole number, not {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be at least {low}, not {value!r}")
+    forks from it). Raises ValueError for an ``agent_prefix`` no subagent's session file could
+    be named after, TypeError for ``policies`` that is not a list of policies."""
+    if not plain_file_name(f"{agent_prefix}-1"):
+        raise ValueError(f"agent_prefix {agent_prefix!r} cannot begin a file name (a subagent's session file)")
     given = overrides.get("policies")
     if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
         raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import inspect
 import json
-import numbers
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +41,10 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from ._abort import AbortSignal
+from ._checks import non_negative
 from ._docstring import split_docstring
 from ._errors import ToolInputError
-from ._events import _Event
+from ._events import check_event
 from ._messages import TextBlock, ToolResultBlock, ToolUseBlock, jsonable, tool_result_block
 from ._process import ProcessResult
 from ._quick import quick_init
@@ -100,13 +100,6 @@ ToolOutput = str | list[TextBlock] | ToolResultBlock | Any
 Handler = Callable[[dict[str, Any], "ToolContext"], Awaitable[ToolOutput]]
 
 
-def _dropped(event: object) -> None:
-    """The ``emit`` of a context made without one: the events go nowhere, but what is no event
-    is refused as the engine's own ``emit`` refuses it."""
-    if not isinstance(event, _Event):
-        raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(event).__name__}")
-
-
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a running tool receives.
@@ -122,7 +115,7 @@ class ToolContext:
     signal: AbortSignal
     tool_use_id: str
     engine: QueryEngine
-    emit: Callable[[Event], None] = field(repr=False, default=_dropped)
+    emit: Callable[[Event], None] = field(repr=False, default=check_event)  # by hand: events dropped, checked
 
 
 quick_init(ToolContext)  # one per tool call
@@ -188,15 +181,7 @@ class Tool:
             raise ValueError(
                 f"tool name {name!r} is not accepted by the providers: use 1-64 letters, digits, '_' or '-'"
             )
-        if timeout is not None:  # a config file's "30" would fail every call, blamed on the tool
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-                raise TypeError(f"timeout takes a number of seconds or None, not {timeout!r}")
-            try:
-                at_least_zero = float(timeout) >= 0  # NaN too
-            except OverflowError:  # an int past any float: no number of seconds a clock can add
-                raise ValueError("timeout is too large for a number of seconds") from None
-            if not at_least_zero:
-                raise ValueError(f"timeout must be >= 0, not {timeout!r}")
+        non_negative("timeout", timeout, optional=True)  # a config file's "30" would fail every call
         if stationarity not in ("normal", "tight"):
             raise ValueError(f'stationarity must be "normal" or "tight", not {stationarity!r}')
         _check_handler(handler)

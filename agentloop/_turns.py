@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ._abort import AbortController, enter_run, scrub_listener_errors
 from ._commit import envelope_due, interjection_message, is_paused
 from ._events import InterjectionInjected, TurnStarted
+from ._executor import UNWIND
 from ._handle import left_in_another_loop
 from ._hostlog import engine_secrets
 from ._inbox import Queued, envelope
@@ -136,6 +137,7 @@ def _begin_alone(
         raise
     st = RunState(controller, asyncio.current_task())
     st.token = token
+    st.read_grace = max(engine.options.tool_cancel_grace, UNWIND)
     st.injected = injected
     if waited is not None and waited.closed:  # aclose() from another task while it waited
         st.finishing = True

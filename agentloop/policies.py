@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._checks import count
 from ._detector import RepetitionDetector, Rule
 from ._messages import Message
 from ._model import (
@@ -40,7 +41,6 @@ from ._stationarity import (
     RepeatedErrorResult,
     StationarityPolicy,
     ToolCallCycle,
-    _count,
     canonical_key,
     is_keepalive,
 )
@@ -122,8 +122,8 @@ class DoomLoopPolicy(Policy):
         logprob_run: int = 24,
         every: int = 4,
     ) -> None:
-        every = _count("every", every, 1, optional=False)
-        logprob_run = _count("logprob_run", logprob_run, 1, optional=False)
+        every = count("every", every, 1, optional=False)
+        logprob_run = count("logprob_run", logprob_run, 1, optional=False)
         channels = _channels(channels)
         opts = dict(detector or {})
         self.detectors = {ch: RepetitionDetector(ch, **opts) for ch in channels} if client_detector else {}
@@ -375,8 +375,8 @@ class ConservativeDoomLoopPolicy(DoomLoopPolicy):
     def __init__(self, max_threshold: int = 64, *, max_chars: int = 256, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # 0: no tail from that source is confident (a period is at least 1).
-        self.max_threshold = _count("max_threshold", max_threshold, 0, optional=False)
-        self.max_chars = _count("max_chars", max_chars, 0, optional=False)
+        self.max_threshold = count("max_threshold", max_threshold, 0, optional=False)
+        self.max_chars = count("max_chars", max_chars, 0, optional=False)
 
     def judge(self, signal: DoomLoopSignal) -> Judgement:
         """"abort" for a signal the server stopped the response on, and for a thinking-channel

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from .._abort import AbortSignal
+from .._abort import AbortSignal, cancels_asked
 from .._errors import AbortError, ModelError, ProviderConnectionError, StreamProtocolError
 from .._jsondepth import TOO_DEEP, json_too_deep
 from .._messages import (
@@ -36,6 +36,7 @@ from .._tools import fitted
 from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
 from ._http import Connection, Redactor, document_error
+from ._http._abortable import aclose_keeping_cancel
 from ._sse import ServerSentEvent, SSEDecoder
 from ._unpack import unpacker
 
@@ -398,6 +399,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
     source: AsyncIterator[bytes] = stream.__aiter__()
     watch = _ReadWatch(signal) if signal is not None else None
     step = source.__anext__
+    asked = cancels_asked()  # a cancel asked of the reader after this is one its close must not hide
     try:
         while True:
             if watch is not None:
@@ -411,7 +413,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
                     raise AbortError(watch.reason) from None
                 raise
             if watch is not None:
-                watch.reading = False
+                watch.read()
             if unpack is None:  # the usual body: each read as it came, no list per read
                 if chunk:
                     yield chunk
@@ -427,7 +429,7 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
             watch.close()
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
-            await aclose()
+            await aclose_keeping_cancel(aclose, asked)
 
 
 class _ReadWatch:
@@ -467,8 +469,15 @@ class _ReadWatch:
         fired, self._fired = self._fired, False
         return fired and self._task is not None and self._task.uncancel() == 0
 
-    def close(self) -> None:
+    def read(self) -> None:
+        """A read came back without a CancelledError: a cancel this watch sent it, the transport
+        caught (and read on), is taken back, else it would stay on the reading task for good."""
         self.reading = False
+        if self._fired:
+            self.withdrawn()
+
+    def close(self) -> None:
+        self.read()  # a read that raised another error in place of the cancel, too
         self._remove()
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
+from .._checks import count
 from .._errors import StreamProtocolError
 
 __all__ = ["MAX_EVENT_BYTES", "SSEDecoder", "ServerSentEvent"]
@@ -69,12 +70,8 @@ class SSEDecoder:
     )
 
     def __init__(self, *, error_field: bool = False, max_event_bytes: int | None = None) -> None:
-        if max_event_bytes is not None:
-            if isinstance(max_event_bytes, bool) or not isinstance(max_event_bytes, int):
-                raise TypeError(f"max_event_bytes takes a whole number of bytes or None, not {max_event_bytes!r}")
-            if max_event_bytes < 1:
-                raise ValueError(f"max_event_bytes must be >= 1, not {max_event_bytes!r}")
-        self.max_event_bytes = MAX_EVENT_BYTES if max_event_bytes is None else max_event_bytes
+        bound = count("max_event_bytes", max_event_bytes, 1)
+        self.max_event_bytes: int = MAX_EVENT_BYTES if bound is None else bound
         self._pending = 0  # bytes fed since the last event completed
         self._decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")  # drops a leading BOM
         self._error_field = error_field

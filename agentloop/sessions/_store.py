@@ -23,9 +23,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic_core import PydanticSerializationError
 
+from .._checks import count
 from .._errors import SessionLockedError
 from .._messages import Message
-from ._files import O_BINARY, cut_torn_tail, fsync_dir, fsync_file, make_dirs, write_all
+from ._files import O_BINARY, cut_torn_tail, fsync_dir, fsync_file, make_dirs, plain_file_name, write_all
 from ._format import checkpoint_line, dumps, encode_line, event_to_json, meta_holds_iterator
 from ._load import LoadedSession, load_file
 from ._locking import take_lock
@@ -73,7 +74,7 @@ class JsonlSession:
     """An append-only JSON Lines session file (see the module docstring).
 
     ``fsync``: durability policy (ValueError for another). ``fsync_every``: with ``"batch"``,
-    also fsync every N appends (TypeError for what is not a whole number, ValueError below 1). ``sidechain_dir``: where subagent files go (default
+    also fsync every N appends (a whole number, 2.0 too; TypeError for another value, ValueError below 1). ``sidechain_dir``: where subagent files go (default
     ``<dir of path>/subagents/<file name without .jsonl>``, a folder per session; another
     name gets ``<name>.d``, see `default_sidechain_dir`). The file
     and its directories are created on the first append (or `acquire`); constructing or
@@ -100,11 +101,9 @@ class JsonlSession:
     ) -> None:
         if fsync not in ("always", "batch", "never"):
             raise ValueError(f"fsync must be 'always', 'batch' or 'never', not {fsync!r}")
-        if fsync_every is not None:
-            if isinstance(fsync_every, bool) or not isinstance(fsync_every, int):
-                raise TypeError(f"fsync_every takes a whole number of appends or None, not {fsync_every!r}")
-            if fsync_every < 1:
-                raise ValueError("fsync_every must be >= 1")
+        if isinstance(fsync_every, float) and fsync_every.is_integer():  # 2.0 from a config file
+            fsync_every = int(fsync_every)
+        fsync_every = count("fsync_every", fsync_every, 1)
         # Absolute now: the file is opened at the first append, and a sidechain's much later,
         # by when the process (a tool, the host) may have changed its working directory.
         self.path = _absolute(path)
@@ -289,7 +288,7 @@ class JsonlSession:
         asked for once this session is closed comes closed). Raises ValueError
         for an id that is not a plain file name.
         """
-        if not agent_id or agent_id in (".", "..") or any(c in agent_id for c in "/\\\0"):
+        if not plain_file_name(agent_id):
             raise ValueError(f"agent_id {agent_id!r} cannot be used as a file name")
         with self._lock:
             child = self._sidechains.get(agent_id)

@@ -6,15 +6,18 @@ checked between events, it would not reach a request still waiting for its respo
 nor an error body that stalls. `abortable` covers such a wait, one that never yields to the
 caller in between (a timeout scope must not span a generator's ``yield``); the reads of a
 stream's body are watched one by one instead (`agentloop.models._driver`).
+
+And the closes of a response that a cancel unwinds (`aclose_keeping_cancel`): a transport whose
+close fails then must not turn the cancel into a connection error.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from ..._abort import AbortSignal
+from ..._abort import AbortSignal, cancels_asked
 from ..._errors import AbortError
 
 
@@ -50,3 +53,16 @@ async def abortable(signal: AbortSignal | None, deadline: float | None = None) -
         live = False
         if remove is not None:
             remove()
+
+
+async def aclose_keeping_cancel(aclose: Callable[[], Awaitable[object]], asked: int) -> None:
+    """Await ``aclose()``. An error it raises once the running task has been asked to cancel
+    (more cancels than ``asked``, `cancels_asked` when the request began: the host's, or the
+    engine's on an abort) is that cancel, which the transport turned into the error as the
+    cancel unwound it: raised as a CancelledError (the error its cause), never in its place."""
+    try:
+        await aclose()
+    except Exception as exc:
+        if cancels_asked() > asked:
+            raise asyncio.CancelledError from exc
+        raise

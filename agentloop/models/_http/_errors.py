@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..._abort import AbortSignal
+from ..._abort import AbortSignal, cancels_asked
 from ..._errors import (
     ModelError,
     PromptTooLongError,
@@ -28,7 +28,7 @@ from ..._errors import (
 from ..._jsondepth import TOO_DEEP, loads
 from .._errbody import clipped, decode_body, is_page, page_text
 from .._unpack import MissingDecoder, unpacker
-from ._abortable import abortable
+from ._abortable import abortable, aclose_keeping_cancel
 from ._retry import RETRYABLE_STATUSES, parse_retry
 from ._secrets import Redactor
 
@@ -311,6 +311,7 @@ async def error_body(response: httpx.Response, signal: AbortSignal | None = None
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
     chunks = stream.__aiter__()
+    asked = cancels_asked()
     try:
         async with abortable(signal, _ERROR_BODY_WAIT):
             async for chunk in chunks:
@@ -322,7 +323,7 @@ async def error_body(response: httpx.Response, signal: AbortSignal | None = None
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
-            await aclose()
+            await aclose_keeping_cancel(aclose, asked)
     return _decoded(bytes(raw), response.headers)
 
 

@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 
+from ..._abort import cancels_asked
+from ._abortable import aclose_keeping_cancel
 from ._secrets import is_credential
 
 
@@ -21,6 +23,7 @@ async def sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterat
     gateway token to the host the redirect names. Every credential header is dropped, and the
     client's own ``auth=`` is not applied there (nor anywhere after), as httpx applies it only
     to the request it was given."""
+    asked = cancels_asked()
     response = await client.send(request, stream=True, follow_redirects=False)
     try:
         hops = 0
@@ -37,7 +40,7 @@ async def sent(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterat
             response = await client.send(following, stream=True, follow_redirects=False, auth=auth)
         yield response
     finally:
-        await response.aclose()
+        await aclose_keeping_cancel(response.aclose, asked)
 
 
 def _same_origin(sent: httpx.URL, following: httpx.URL) -> bool:
