@@ -1,6 +1,7 @@
 """Checks of the numbers a class or function is given when it is made: a count, a number of
 seconds. One wording, and one idea of a whole number (any `numbers.Integral` but a bool, as
-numpy's integers are), for every setting; each error names the setting.
+numpy's integers are), for every setting (`JsonlSession`'s ``fsync_every`` alone also takes a
+whole float, such as a config file's ``2.0``); each error names the setting.
 
 This module imports nothing of agentloop's: every layer (the kernel, the providers, the
 session store) may use it.

@@ -73,7 +73,7 @@ class EngineOptions:
             raise ValueError(f"follow_up_behavior must be 'queue' or 'steer', not {self.follow_up_behavior!r}")
         if self.interrupt_notice not in ("append", "envelope", None):
             raise ValueError(f"interrupt_notice must be 'append', 'envelope' or None, not {self.interrupt_notice!r}")
-        count("max_tool_result_chars", self.max_tool_result_chars, 1)
+        object.__setattr__(self, "max_tool_result_chars", count("max_tool_result_chars", self.max_tool_result_chars, 1))
         if not isinstance(self.texts, Texts):
             raise TypeError(f"texts takes Texts(...) (the texts to change, by keyword), not {type(self.texts).__name__}")
         if not isinstance(self.doom_loop_recovery, bool):  # "false" from a config file is true

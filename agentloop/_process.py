@@ -199,7 +199,7 @@ async def uncancellable(work: Awaitable[None], on_cancel: Callable[[], object] |
             cancelled = exc
             if on_cancel is not None:
                 on_cancel()
-        except BaseException as exc:
+        except Exception as exc:  # a KeyboardInterrupt or SystemExit is the person's: never replaced
             if cancelled is None:
                 raise
             raise cancelled from exc  # the caller's cancel, which the failure came after

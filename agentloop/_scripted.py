@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from ._abort import AbortSignal
-from ._checks import count
+from ._checks import count, non_negative
 from ._errors import ModelError
 from ._model import (
     ModelRequest,
@@ -98,10 +98,7 @@ class ScriptedResponse:
         """The fields a play reads as numbers, an exception and stream events: checked now."""
         object.__setattr__(self, "chunk", count("ScriptedResponse chunk", self.chunk, 1, optional=False))
         object.__setattr__(self, "error_after", count("ScriptedResponse error_after", self.error_after, 0))
-        if isinstance(self.delay, bool) or not isinstance(self.delay, int | float):
-            raise TypeError(f"ScriptedResponse delay takes a number of seconds, not {self.delay!r}")
-        if not self.delay >= 0:  # NaN too
-            raise ValueError(f"ScriptedResponse delay must be >= 0, not {self.delay!r}")
+        non_negative("ScriptedResponse delay", self.delay)
         if self.error is not None and not isinstance(self.error, ModelError):
             raise TypeError(f"ScriptedResponse error takes a ModelError to raise, not {self.error!r}")
         if not isinstance(self.usage, Usage | None):

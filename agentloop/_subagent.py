@@ -27,7 +27,6 @@ from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event
 from ._messages import ToolResultBlock
 from ._policy import Policy
 from ._tools import Tool, ToolContext
-from .sessions._files import plain_file_name
 
 if TYPE_CHECKING:
     from ._abort import AbortSignal
@@ -81,7 +80,7 @@ def delegate_tool(
 
     max_depth = count("max_depth", max_depth, 1, optional=False)
     max_turns = count("max_turns", max_turns, 0)
-    overrides = _checked(agent_prefix, overrides)
+    overrides = _checked(overrides)
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> ToolResultBlock:
         task = args.get("task")
@@ -98,12 +97,11 @@ def delegate_tool(
     return Tool(name, description, _SCHEMA, handler, concurrency_safe=True, poller=True)
 
 
-def _checked(agent_prefix: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def _checked(overrides: dict[str, Any]) -> dict[str, Any]:
     """``overrides`` with ``policies`` read once into a tuple (a generator, a set: each child
-    forks from it). Raises ValueError for an ``agent_prefix`` no subagent's session file could
-    be named after, TypeError for ``policies`` that is not a list of policies."""
-    if not plain_file_name(f"{agent_prefix}-1"):
-        raise ValueError(f"agent_prefix {agent_prefix!r} cannot begin a file name (a subagent's session file)")
+    forks from it). Raises TypeError for ``policies`` that is not a list of policies. (An
+    ``agent_prefix`` with a ``/`` in it works, but not under a `JsonlSession`, whose sidechain
+    files are named after the ids: each call's result then says so.)"""
     given = overrides.get("policies")
     if isinstance(given, Policy) or (given is not None and not isinstance(given, Iterable)):
         raise TypeError(f"policies takes a list of policies: policies=[{given!r}]")

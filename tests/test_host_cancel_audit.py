@@ -724,6 +724,32 @@ async def test_a_cancel_that_came_while_uncancellable_work_ran_is_raised_though_
         await calling
 
 
+
+async def test_a_keyboard_interrupt_from_uncancellable_work_is_not_turned_into_the_callers_cancel() -> None:
+    """Ctrl-C (or SystemExit) out of the work after the caller's cancel came is the person's, not
+    the library's to replace: it propagates as it is."""
+    from agentloop._process import uncancellable
+
+    # In the test's own task: a KeyboardInterrupt out of a task's step would leave the event loop.
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    assert me is not None
+    work: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+
+    def cancel_then_interrupt() -> None:
+        me.cancel()  # delivered at the caller's next step: it goes on waiting for the work
+        loop.call_soon(lambda: loop.call_soon(work.set_exception, KeyboardInterrupt()))
+
+    loop.call_soon(cancel_then_interrupt)
+    try:
+        await uncancellable(work, on_cancel=lambda: seen.append("cancelled"))
+    except KeyboardInterrupt:
+        seen.append("KeyboardInterrupt")
+    assert seen == ["cancelled", "KeyboardInterrupt"]
+    assert me.uncancel() == 0  # the caller's cancel, which came first, taken back by the test
+
+
 async def test_a_host_timeout_while_a_stream_read_directly_waits_whose_close_fails() -> None:
     """Iterated directly (no engine), under the host's `asyncio.timeout`: the transport's close of
     the body fails as the cancel unwinds the read, and the host gets its TimeoutError, not a

@@ -82,13 +82,20 @@ def test_delegate_tool_still_refuses_what_is_no_count_of_turns() -> None:
             delegate_tool(max_turns=bad)  # type: ignore[arg-type]
 
 
-def test_delegate_tool_refuses_a_prefix_no_sidechain_file_can_be_named_after() -> None:
-    """Each delegated call of ``agent_prefix="a/b"`` failed when its subagent's session file was
-    opened: the prefix is refused when the tool is made, by the rule of a sidechain's file name."""
-    for bad in ("a/b", "a\\b", "a\0b"):
-        with pytest.raises(ValueError, match="agent_prefix"):
-            delegate_tool(agent_prefix=bad)
-    assert delegate_tool(agent_prefix="worker.v2").name == "task"
+async def test_a_prefix_with_a_slash_works_without_a_session_and_says_why_not_under_a_jsonl_session(tmp_path: Path) -> None:
+    """``agent_prefix="team/sub"`` names the children without a session (as it always did); under
+    a `JsonlSession`, which names each subagent's file after its id, each call's result says so."""
+    script = [ScriptedResponse(tool_calls=[ScriptedToolCall("task", {"task": "x"})]), "child", "done"]
+    engine = QueryEngine(ScriptedModel(script), tools=[delegate_tool(agent_prefix="team/sub")], policies=[])
+    events = await collect(engine.run("go"))
+    assert turn_ended(events).reason == "completed"
+    assert [r.content for r in engine.messages[2].content] == ["child"]  # type: ignore[union-attr]
+    session = JsonlSession(tmp_path / "s.jsonl")
+    engine = QueryEngine(ScriptedModel(script), tools=[delegate_tool(agent_prefix="team/sub")], policies=[], session=session)
+    assert turn_ended(await collect(engine.run("go"))).reason == "completed"
+    session.close()
+    result = engine.messages[2].content[0]
+    assert result.is_error and "'team/sub-1' cannot be used as a file name" in str(result.content)  # type: ignore[union-attr]
 
 
 async def test_a_delegated_call_under_a_session_uses_the_prefix_it_was_made_with(tmp_path: Path) -> None:
@@ -192,3 +199,17 @@ def test_the_policies_counts_take_a_whole_number_that_is_no_int() -> None:
     assert ConservativeDoomLoopPolicy(max_threshold=Whole(64)).max_threshold == 64  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="nudge_at takes a whole number"):
         IdenticalToolCallRun(nudge_at=2.0)  # type: ignore[arg-type]
+
+
+def test_a_whole_number_that_is_no_int_is_kept_as_an_int_and_a_delay_takes_any_real_number() -> None:
+    """What a check takes is what the options hold: an int, not the host's integral type (the
+    cut of a result compares and slices with it); a scripted delay takes any real number of
+    seconds (a Fraction too) and refuses what the other numbers of seconds refuse."""
+    from fractions import Fraction
+
+    engine = QueryEngine(ScriptedModel(["ok"]), max_tool_result_chars=Whole(100))  # type: ignore[arg-type]
+    assert type(engine.max_tool_result_chars) is int and engine.max_tool_result_chars == 100
+    assert ScriptedResponse("x", delay=Fraction(1, 2)).delay == Fraction(1, 2)  # type: ignore[arg-type]
+    for bad, error in (("1", TypeError), (True, TypeError), (-1, ValueError), (float("nan"), ValueError), (10**400, ValueError)):
+        with pytest.raises(error, match="ScriptedResponse delay"):
+            ScriptedResponse("x", delay=bad)

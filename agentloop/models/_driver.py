@@ -412,8 +412,10 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
                 if watch is not None and watch.withdrawn():
                     raise AbortError(watch.reason) from None
                 raise
-            if watch is not None:
-                watch.read()
+            if watch is not None:  # `_ReadWatch.read`, inline: once per chunk read
+                watch.reading = False
+                if watch._fired:
+                    watch.withdrawn()
             if unpack is None:  # the usual body: each read as it came, no list per read
                 if chunk:
                     yield chunk
