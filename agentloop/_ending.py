@@ -17,11 +17,10 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from ._abort import in_task
+from ._abort import cancels_asked, in_task
 from ._commit import abort_terminal, interrupt_notice, settle_partial, settle_results, strip_final
 from ._events import Event, InterjectionDropped, TerminalReason, TurnEnded
-from ._executor import UNWIND
-from ._hostlog import log_failure
+from ._hostlog import host_repr, log_failure
 from ._policy import release
 from ._recording import release_sidechain, release_store
 from ._run import RunState, abandon
@@ -36,6 +35,8 @@ __all__ = ["end_turn", "finish", "run_abort_hooks", "settle_now", "wait_at_run_e
 
 # The terminals a policy's EndTurn gives: an abort that comes before the turn's end wins over them.
 _POLICY_ENDS = frozenset({"stationarity_ended", "hook_stopped"})
+
+log = logging.getLogger("agentloop")
 
 # The engine whose abort hooks are being called (set around each call, in the run's task).
 _hooked_engine: contextvars.ContextVar[QueryEngine | None] = contextvars.ContextVar("agentloop_hooked", default=None)
@@ -57,16 +58,16 @@ def wait_at_run_end(task: asyncio.Task[Any]) -> bool:
     return True
 
 
-async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
+async def run_abort_hooks(engine: QueryEngine, reason: str, grace: float) -> None:
     """Call the engine's `on_abort` hooks with ``reason`` (main-only ones for a main engine
     only); a hook that raises, or meets a cancellation of its own, is logged and the rest
-    still run."""
+    still run. An async hook gets what is left of the cancel ``grace``, counted from the abort."""
     token = _hooked_engine.set(engine)
-    grace = engine.options.tool_cancel_grace
     try:
         for fn, main_only in engine._abort_hooks:
             if main_only and engine.parent is not None:
                 continue
+            asked = cancels_asked()  # the host's cancel of the run may be under way already
             try:
                 result = fn(reason)
                 if inspect.isawaitable(result):
@@ -74,12 +75,11 @@ async def run_abort_hooks(engine: QueryEngine, reason: str) -> None:
             except Exception:
                 log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is None or task.cancelling():  # the run's task is being cancelled: it goes on
+                if cancels_asked() > asked:  # a cancel of the run's task came meanwhile: it goes on
                     raise
-                # Nobody cancelled the run: the hook met a cancellation of its own (it awaited
-                # something that was cancelled). A failed hook, like one that raises.
-                log_failure(engine, "on_abort hook %r failed: it was cancelled, though the run was not", fn)
+                # The hook's own cancellation (raised by its call, or by something it awaited that
+                # was cancelled), whoever cancels the run: a failed hook, like one that raises.
+                log_failure(engine, "on_abort hook %r failed: it was cancelled of its own", fn)
     finally:
         _hooked_engine.reset(token)
 
@@ -95,14 +95,16 @@ def _failed_first(engine: QueryEngine, st: RunState) -> str | None:
 
 
 async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[object], grace: float) -> None:
-    """Await an async hook's ``result`` for at most ``grace`` seconds, then cancel it: a hook that
-    never returns (a reset the server never answers) must not keep `run()` from ending, no more
-    than a tool that ignores the signal does (at least 0.1 s, as a cancelled call is given to
-    unwind). Longer cleanup belongs in `wait_at_run_end`."""
-    if not in_task():  # driven by hand, not by a task: nothing can cancel it
+    """Await an async hook's ``result``, in the run's task (it sees the run's context), for what
+    is left of the cancel ``grace`` (counted once from the abort; at least 0.1 s, as a cancelled
+    call is given to unwind), then cancel it, with a warning: a hook that never returns (a reset
+    the server never answers) does not keep `run()` from ending. One cancel is made: a hook that
+    swallows it too keeps the run waiting. Longer cleanup belongs in `wait_at_run_end`."""
+    st = engine._state
+    if not in_task() or st is None:  # driven by hand, not by a task: nothing can cancel it
         await result
         return
-    limit = max(grace, UNWIND)  # a quick await is never cut, whatever the grace
+    limit = st.step_grace(grace)
     scope = asyncio.timeout(limit)
     try:
         async with scope:
@@ -110,15 +112,12 @@ async def _within_grace(engine: QueryEngine, fn: AbortHook, result: Awaitable[ob
     except TimeoutError:
         if not scope.expired():
             raise  # the hook's own, a failure like any other
-        log_failure(
-            engine,
-            "on_abort hook %r did not finish within tool_cancel_grace (%.3g s) and was cancelled "
+        log.warning(  # an ordinary time-out: a line, no traceback
+            "on_abort hook %s did not finish within the cancel grace (%.3g s) and was cancelled "
             "(cleanup that takes longer can be started as a task of its own)",
-            fn,
+            host_repr(engine, fn, short=True),
             limit,
-            level=logging.WARNING,
         )
-
 
 async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) -> list[Event]:
     st.nudges = []  # a reminder no request of this turn carried would reach a model stale, in a later one
@@ -130,7 +129,7 @@ async def end_turn(engine: QueryEngine, st: RunState, reason: TerminalReason) ->
         interrupt_notice(engine, reason, abort_reason)
         st.hooked = True  # before the await: a host that cancels it does not get them called twice
         abort_background(engine, abort_reason)
-        await run_abort_hooks(engine, abort_reason)
+        await run_abort_hooks(engine, abort_reason, engine.options.tool_cancel_grace)
         _report_to_parent(engine, st)
     strip_final(engine)
     inbox = engine.inbox
@@ -214,7 +213,7 @@ async def finish(engine: QueryEngine, st: RunState) -> None:
             settle_now(engine, st)  # "consumer_closed", unless an abort came first
             if not st.hooked:
                 abort_background(engine, st.signal.reason or "consumer_closed")
-                await run_abort_hooks(engine, st.signal.reason or "consumer_closed")
+                await run_abort_hooks(engine, st.signal.reason or "consumer_closed", grace)
         await _cancel_tasks(st, grace)
         cleanup, engine._cleanup = engine._cleanup, None
         if cleanup and not st.loop.is_closed():  # started by abort hooks (closing a tool server, say), owned by them

@@ -29,7 +29,7 @@ from ._transcript import lineage_credentials, redacted
 if TYPE_CHECKING:
     from ._engine import QueryEngine
 
-__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "hold_until_done", "plan_batches"]
+__all__ = ["CallRunner", "Done", "Mailbox", "Overdue", "cancel_grace", "hold_until_done", "plan_batches"]
 
 log = logging.getLogger("agentloop")
 
@@ -38,6 +38,11 @@ T = TypeVar("T")
 #: Seconds a cancelled call (or permission prompt) is given to unwind before it is abandoned:
 #: a ``finally`` that awaits (a connection closed, a process group killed) needs a few loop turns.
 UNWIND = 0.1
+
+
+def cancel_grace(options: Any) -> float:
+    """The engine's ``tool_cancel_grace``, but at least `UNWIND`: a quick unwind is never cut."""
+    return max(float(options.tool_cancel_grace), UNWIND)
 
 
 def plan_batches(
@@ -238,7 +243,7 @@ class CallRunner:
                         # a cancel grace later (see `Overdue`), so the timeout holds either way; a
                         # grace of 0 still leaves a call that honours the cancellation time to unwind.
                         overdue = asyncio.get_running_loop().call_later(
-                            tool.timeout + max(self.engine.options.tool_cancel_grace, UNWIND), put, Overdue(use, tool.timeout)
+                            tool.timeout + cancel_grace(self.engine.options), put, Overdue(use, tool.timeout)
                         )
                         try:
                             async with asyncio.timeout(tool.timeout) as scope:

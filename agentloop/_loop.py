@@ -106,7 +106,6 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                     try:
                         while stream is not None:
                             if st.signal._reason is not None:  # aborted while the host held an event
-                                st.take_back_cancel()  # the last read caught the abort's cancel, if it did
                                 # The read is cancelled once it waits, so the model's stream ends
                                 # as on any abort; one that came back without waiting is cut here.
                                 if armed is not None:
@@ -143,6 +142,8 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 break
                             finally:
                                 st.guarding = False
+                                if st._cancel_requested:  # the stream caught our abort's cancel
+                                    st.take_back_cancel()  # before the host holds an event
                             if shown is not None:
                                 yield shown
                                 if skip:  # a delta the tapped watcher reads from the accumulator later
@@ -162,7 +163,6 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     if phase.outcome.cut is not None:
                                         break
                     finally:
-                        st.take_back_cancel()  # the stream caught the abort's cancel, if it did
                         if armed is not None:  # not for a later read's wait
                             armed.cancel()
                         if stream is not None:

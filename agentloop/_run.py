@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._abort import AbortController, AbortSignal
 from ._accumulate import Accumulator
-from ._executor import CallRunner, Mailbox, hold_until_done
+from ._executor import UNWIND, CallRunner, Mailbox, hold_until_done
 from ._messages import Message, ToolResultBlock, ToolUseBlock
 from ._model import Usage
 from ._policy import Nudge
@@ -120,6 +120,7 @@ class RunState:
     """Everything one `run()` call owns. Lives from the run's start to its end."""
 
     __slots__ = (
+        "_again",
         "_cancel_requested",
         "_recancels",
         "_remove_listener",
@@ -169,7 +170,7 @@ class RunState:
         "used",
     )
 
-    def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, controller: AbortController, task: asyncio.Task[Any] | None, read_grace: float) -> None:
         self.controller = controller
         self.signal: AbortSignal = controller.signal
         self.task = task
@@ -236,10 +237,11 @@ class RunState:
         self.guarding = False
         self._cancel_requested = False
         self.cancel_baseline = 0
-        # Cancels made again of a guarded await that outlived the first by ``read_grace`` seconds
-        # (a model stream whose cleanup absorbed it): each is ours, and undone with it.
+        # Cancels made again of a guarded await that outlived the first by what was left of
+        # ``read_grace`` (a model stream whose cleanup absorbed it): each is ours, undone with it.
         self._recancels = 0
-        self.read_grace = 2.0  # the engine's tool_cancel_grace (at least UNWIND), set by open_run
+        self.read_grace = read_grace
+        self._again: asyncio.TimerHandle | None = None  # the timer that makes that cancel again
         self._remove_listener = self.signal.add_listener(self._on_abort)
 
     @property
@@ -292,16 +294,18 @@ class RunState:
             return False
         self._cancel_requested = False
         assert self.task is not None
-        while self._recancels:
-            self._recancels -= 1
-            self.task.uncancel()
+        self._take_back_recancels(self.task)
         return self.task.uncancel() <= self.cancel_baseline
 
     def cancelled_meanwhile(self, task: asyncio.Task[Any]) -> bool:
         """After a guarded await that raised an error, not the CancelledError: True when someone
         else asked ``task`` to cancel while it waited (counted as `consume_cancel` does, our
         abort's own cancel aside). The awaited code turned that cancel into the error."""
-        return task.cancelling() > self.cancel_baseline + (1 if self._cancel_requested else 0)
+        return task.cancelling() > self.cancel_baseline + self.own_cancels()
+
+    def own_cancels(self) -> int:
+        """How many cancels of the run's task are this run's own and not taken back yet."""
+        return (1 if self._cancel_requested else 0) + self._recancels
 
     def take_back_cancel(self) -> None:
         """After a guarded await that ended without the CancelledError our abort's cancel threw
@@ -312,7 +316,17 @@ class RunState:
         if self._cancel_requested:
             self._cancel_requested = False
             if self.task is not None:
+                self._take_back_recancels(self.task)
                 self.task.uncancel()
+
+    def _take_back_recancels(self, task: asyncio.Task[Any]) -> None:
+        """Undo the cancels made again of the guarded await, and stop the timer that makes one."""
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
+        while self._recancels:
+            self._recancels -= 1
+            task.uncancel()
 
     def _on_abort(self, _reason: str) -> None:
         # Any thread, even a signal handler: only hand over to the loop.
@@ -338,7 +352,7 @@ class RunState:
         ):
             self._cancel_requested = True
             task.cancel()
-            self.loop.call_later(self.read_grace, self._cancel_again, task)
+            self._arm_again(task)
         self.mailbox.put(ABORTED)
 
     def cancel_read(self) -> None:
@@ -348,15 +362,23 @@ class RunState:
         if self.guarding and not self._cancel_requested and task is not None and self.signal.aborted:
             self._cancel_requested = True
             task.cancel()
-            self.loop.call_later(self.read_grace, self._cancel_again, task)
+            self._arm_again(task)
+
+    def _arm_again(self, task: asyncio.Task[Any]) -> None:
+        """Cancel ``task``'s guarded await again once what is left of the grace (counted from the
+        abort, at least `UNWIND`) has passed, if it is still going then."""
+        if self._again is None:
+            self._again = self.loop.call_later(self.step_grace(self.read_grace), self._cancel_again, task)
 
     def _cancel_again(self, task: asyncio.Task[Any]) -> None:
         """The guarded await our abort cancelled is still going a grace later (the model's stream
         absorbed the cancellation in its cleanup, waiting on something that never comes):
-        cancel it again, as a call that ignores the signal is cancelled, so the run ends."""
+        cancel it again, as a call that ignores the signal is cancelled. One that absorbs this
+        cancel too is not cancelled a third time: it ends when it ends."""
+        self._again = None
         if self.closed or not self.guarding or not self._cancel_requested or self.task is not task or task.done():
             return
-        log.warning("the model stream did not stop within %.3g s of the abort; cancelling it again", self.read_grace)
+        log.warning("the model stream did not stop within the cancel grace of the abort; cancelling it again")
         self._recancels += 1
         task.cancel()
 
@@ -384,7 +406,7 @@ class RunState:
         task = asyncio.current_task(self.loop)
         if task is None:
             return False
-        return task.cancelling() > (1 if self._cancel_requested else 0)
+        return task.cancelling() > self.own_cancels()
 
     def grace_left(self, grace: float) -> float:
         """What is left of the calls' cancel ``grace`` (all of it if no abort has reached the loop)."""
@@ -392,8 +414,17 @@ class RunState:
             return grace
         return max(0.0, self.aborted_at + grace - self.loop.time())
 
+    def step_grace(self, grace: float) -> float:
+        """How long one step of stopping after an abort (the read's cleanup, the stream's close,
+        an abort hook) may take: what is left of ``grace``, counted once from the abort, but at
+        least `UNWIND` to unwind."""
+        return max(self.grace_left(grace), UNWIND)
+
     def close(self) -> None:
         self.closed = True
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
         for task in self.spent_tasks:
             # A call ended by KeyboardInterrupt or SystemExit re-raised it (never swallowed) after
             # reporting it; its result is recorded, so its exception is retrieved here, not logged.

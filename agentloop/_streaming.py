@@ -27,7 +27,7 @@ from ._events import (
     Resampling,
     Retrying,
 )
-from ._executor import UNWIND, describe
+from ._executor import cancel_grace, describe
 from ._hostlog import log_failure
 from ._messages import Message
 from ._model import ModelRequest, StreamEvent
@@ -334,35 +334,52 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
     """Close an attempt's stream. What its closing raises is logged (at DEBUG, without the
     credentials the engine knows) and the attempt's outcome stands, a CancelledError included
     unless the task running the loop is being cancelled (then it is the host's, and propagates).
-    A close still going after ``tool_cancel_grace`` (at least 0.1 s) is cancelled, with a warning.
     An error the close raised for a cancel of that task that came while it waited (the stream
-    turned the cancel into it) is that cancel: it propagates as a CancelledError."""
+    turned the cancel into it) is that cancel: it propagates as a CancelledError.
+
+    Once the run is stopping (its signal aborted, or its task cancelled), the close gets what is
+    left of ``tool_cancel_grace`` counted from the abort (at least 0.1 s); a close of a stream
+    nobody stopped gets the whole grace (at least 0.1 s). Then it is cancelled once, with a
+    warning: a close that honours that cancel cannot keep `run()` from ending (one that swallows
+    it too can: the close runs in the run's task, which nothing can abandon)."""
     close = getattr(stream, "aclose", None)
-    if close is not None:
-        # A close that never finishes (a custom model's cleanup waiting on a dead connection)
-        # is cancelled after the cancel grace, as a call that ignores the signal is: run() ends.
-        limit = max(engine.options.tool_cancel_grace, UNWIND)
-        scope = asyncio.timeout(limit) if in_task() else None
-        asked = cancels_asked()
-        try:
-            if scope is None:
+    if close is None:
+        return
+    limit = _close_limit(engine)
+    scope = asyncio.timeout(limit) if limit is not None else None
+    asked = cancels_asked()
+    try:
+        if scope is None:
+            await close()
+        else:
+            async with scope:
                 await close()
-            else:
-                async with scope:
-                    await close()
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
-                log_failure(engine, "the model stream did not close within %.3g s and was cancelled", limit, level=logging.WARNING)
-                return
-            if cancels_asked() > asked:  # a cancel that came meanwhile, turned into it
-                raise asyncio.CancelledError from exc
+    except Exception as exc:
+        # First: the scope took its own cancel back, so a count above the one before is another's
+        # (the host's), which the close turned into this error, also when the scope expired too.
+        if cancels_asked() > asked:
+            raise asyncio.CancelledError from exc
+        if scope is None or not scope.expired():  # else cut at its limit: warned below
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
-        except asyncio.CancelledError:
-            if task_cancelling():
-                raise
-            log_failure(
-                engine, "closing the model stream raised CancelledError, though the run was not cancelled", level=logging.DEBUG
-            )
+    except asyncio.CancelledError:
+        if task_cancelling():
+            raise
+        log_failure(
+            engine, "closing the model stream raised CancelledError, though the run was not cancelled", level=logging.DEBUG
+        )
+    if scope is not None and scope.expired():  # an ordinary time-out: logged without its traceback
+        log.warning("the model stream did not close within %.3g s and was cancelled", limit)
+
+
+def _close_limit(engine: QueryEngine) -> float | None:
+    """How long a stream's close may take: what is left of the cancel grace once the run is
+    stopping, the whole grace while it is not; None where nothing can cancel the close (no task)."""
+    st = engine._state
+    if not in_task():
+        return None
+    if st is None or (not st.signal.aborted and not task_cancelling()):
+        return cancel_grace(engine.options)
+    return st.step_grace(engine.options.tool_cancel_grace)
 
 
 _RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"

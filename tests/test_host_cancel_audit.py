@@ -167,15 +167,20 @@ class SlowClose:
             self.waiting.set()
             await asyncio.Event().wait()
         finally:
-            self.closing.set()
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                if self.convert:
-                    raise RuntimeError("the connection could not be closed cleanly") from None
-                raise
-            finally:
-                self.closed = True
+            await self.cleanup()
+
+    async def cleanup(self) -> None:
+        """The stream's cleanup: it waits for ``release``; a cancel of that wait goes on, or, with
+        ``convert``, becomes an error of its own."""
+        self.closing.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            if self.convert:
+                raise RuntimeError("the connection could not be closed cleanly") from None
+            raise
+        finally:
+            self.closed = True
 
 
 @pytest.mark.parametrize("convert", [False, True])
@@ -207,15 +212,7 @@ class ClosedAtAYield(SlowClose):
             yield StreamText(0, " there")
             await asyncio.Event().wait()
         finally:
-            self.closing.set()
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                if self.convert:
-                    raise RuntimeError("the connection could not be closed cleanly") from None
-                raise
-            finally:
-                self.closed = True
+            await self.cleanup()
 
 
 @pytest.mark.parametrize("convert", [False, True])
@@ -459,6 +456,37 @@ async def test_a_host_timeout_after_a_swallowed_abort_cancel_is_not_taken_for_th
     assert model.swallowed
     assert host.outcome == ("timed out", 0)
     settled(engine)
+
+
+
+async def test_a_host_timeout_while_it_awaits_holding_a_delta_after_a_swallowed_abort_cancel() -> None:
+    """The stream caught the abort's cancel and gave a delta; while the host holds it, awaiting
+    its own work, no cancel of the run's is left on its task, and its deadline passing there is
+    its TimeoutError, not a CancelledError."""
+    model = SwallowsOnce(hang=True)
+    engine = QueryEngine(model, policies=[])
+    loop = asyncio.get_running_loop()
+    never = asyncio.Event()  # the host's own work, which its deadline cuts
+    seen: list[object] = []
+
+    async def host() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            async with asyncio.timeout(None) as scope:
+                async for _event in engine.run("go"):
+                    if model.swallowed and not seen:
+                        seen.append(task.cancelling())
+                        scope.reschedule(loop.time())
+                        await never.wait()
+        except TimeoutError:
+            seen.append(("timed out", task.cancelling()))
+
+    running = asyncio.create_task(host())
+    await model.waiting.wait()
+    engine.interrupt()
+    await running
+    assert seen == [0, ("timed out", 0)]
 
 
 # -- an HTTP model's stream ------------------------------------------------------------------------

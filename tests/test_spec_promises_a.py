@@ -332,9 +332,22 @@ class Waits:
         self.reached = asyncio.Event()
         self.go = asyncio.Event()
 
-    async def hold(self) -> None:
+    async def hold(self, signal: AbortSignal | None = None) -> None:
+        """Wait for ``go``, or, given the call's ``signal``, for its abort too (a tool that honours
+        it ends at once, leaving the grace unused: no race of the child's grace with its parent's)."""
         self.reached.set()
-        await self.go.wait()
+        if signal is None:
+            await self.go.wait()
+            return
+        stopped = asyncio.Event()
+        remove = signal.add_listener(lambda _reason: stopped.set())
+        try:
+            waits = [asyncio.ensure_future(self.go.wait()), asyncio.ensure_future(stopped.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+        finally:
+            remove()
 
 
 class HeldModel:
@@ -365,7 +378,7 @@ def engine_held_in(phase: str, waits: Waits) -> QueryEngine:
     @tool(concurrency_safe=True)
     async def step(ctx: ToolContext) -> str:
         if ctx.engine.parent is not None or phase == "tool":
-            await waits.hold()
+            await waits.hold(ctx.signal)
         return "step done"
 
     async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow:
@@ -435,7 +448,6 @@ async def test_s5_an_interjection_in_any_phase_is_merged_once_at_a_safe_point_an
 async def test_s4_send_now_in_any_phase_starts_its_text_in_the_same_run_without_a_notice(phase: str) -> None:
     waits = Waits()  # never let go: only the abort ends the wait
     engine = engine_held_in(phase, waits)
-    engine.tool_cancel_grace = 0.01
     task = asyncio.ensure_future(collect_events(engine.run("go")))
     async with asyncio.timeout(10):
         await waits.reached.wait()
