@@ -167,15 +167,20 @@ class SlowClose:
             self.waiting.set()
             await asyncio.Event().wait()
         finally:
-            self.closing.set()
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                if self.convert:
-                    raise RuntimeError("the connection could not be closed cleanly") from None
-                raise
-            finally:
-                self.closed = True
+            await self.cleanup()
+
+    async def cleanup(self) -> None:
+        """The stream's cleanup: it waits for ``release``; a cancel of that wait goes on, or, with
+        ``convert``, becomes an error of its own."""
+        self.closing.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            if self.convert:
+                raise RuntimeError("the connection could not be closed cleanly") from None
+            raise
+        finally:
+            self.closed = True
 
 
 @pytest.mark.parametrize("convert", [False, True])
@@ -207,15 +212,7 @@ class ClosedAtAYield(SlowClose):
             yield StreamText(0, " there")
             await asyncio.Event().wait()
         finally:
-            self.closing.set()
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                if self.convert:
-                    raise RuntimeError("the connection could not be closed cleanly") from None
-                raise
-            finally:
-                self.closed = True
+            await self.cleanup()
 
 
 @pytest.mark.parametrize("convert", [False, True])

@@ -46,6 +46,15 @@ _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "too_many_requests", "serve
 _INCOMPLETE = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
 
 
+def _doom_signals(value: object) -> tuple[str, ...]:
+    """The signal strings of a doom-loop frame's ``signals``, a list of them (what is not a
+    str in it is left out); anything else (a number, an object, one bare string) carries none.
+    The frame is a side channel, so what it holds never fails the response it comes with."""
+    if isinstance(value, list):
+        return tuple(s for s in value if isinstance(s, str))
+    return ()
+
+
 class ResponsesMapper(ItemIndex):
     """Maps Responses stream events to `StreamEvent`s, one block per output item (which
     item an event is about is `ItemIndex`'s to say)."""
@@ -83,7 +92,7 @@ class ResponsesMapper(ItemIndex):
             )
         kind = obj.get("type") or sse.event
         if kind == _DOOM or sse.event == _DOOM:  # absorbed here, never parsed as output
-            return (StreamSignals(tuple(str(s) for s in obj.get("signals") or ())),)
+            return (StreamSignals(_doom_signals(obj.get("signals"))),)
         if kind == "error" or sse.event == "error":
             nested = obj.get("error")
             if isinstance(nested, str) and nested:  # a proxy's error in words is its message
