@@ -13,7 +13,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,8 +118,7 @@ async def play_all(batch: list[Scenario], markers: str) -> None:
 
 
 # About 30 s on a quiet machine: each parent interrupt restarts the real MCP server (a Python
-# process importing the SDK). The default 60 s left too little room on a loaded machine.
-@pytest.mark.timeout(240)
+# process importing the SDK); the suite's per-test timeout (pyproject.toml) leaves room for that.
 @settings(max_examples=4)
 @given(st.lists(scenarios, min_size=6, max_size=6))
 def test_property_two_subagents_and_shared_mcp_survive_any_interrupt(batch: list[Scenario]) -> None:
