@@ -99,7 +99,7 @@ def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
     raise StreamProtocolError(
         f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
         f"numbers of tokens >= 0: {usage!r:.80}",
-        retryable=True,
+        retryable=True,  # as any malformed event: a stream that went wrong once may not again
     )
 
 

@@ -72,7 +72,9 @@ async def run_abort_hooks(engine: QueryEngine, reason: str, grace: float) -> Non
                 result = fn(reason)
                 if inspect.isawaitable(result):
                     await _within_grace(engine, fn, result, grace)
-            except Exception:
+            except Exception as exc:
+                if cancels_asked() > asked:  # the hook turned a cancel of the run's task into it
+                    raise asyncio.CancelledError from exc
                 log_failure(engine, "on_abort hook %r failed", fn)
             except asyncio.CancelledError:
                 if cancels_asked() > asked:  # a cancel of the run's task came meanwhile: it goes on

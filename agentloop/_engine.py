@@ -419,7 +419,9 @@ class QueryEngine:
         """Call ``fn(reason)`` (sync or async) when a run is aborted.
 
         Hooks are inherited by subagents created afterwards; a ``main_only``
-        hook runs only when the main engine (not a subagent) is aborted.
+        hook runs only when the main engine (not a subagent) is aborted. An async hook
+        runs in the run's task and gets what is left of ``tool_cancel_grace`` (counted from
+        the abort, at least 0.1 s), then is cancelled once, with a warning.
         Raises TypeError for an ``fn`` that is not callable.
         """
         if not callable(fn):

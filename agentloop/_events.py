@@ -296,12 +296,12 @@ Event = (
 )
 
 
-
 def check_event(item: object) -> None:
     """Raise TypeError for what is no agentloop event: what a tool gives ``ctx.emit`` goes to
     the host's loop, which reads the ``type`` of every event."""
     if not isinstance(item, _Event):
         raise TypeError(f"ctx.emit takes an agentloop event (such as a subagent's), not {type(item).__name__}")
+
 
 # -- construction speed: the loop builds several events per iteration ------------------
 

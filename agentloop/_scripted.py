@@ -80,11 +80,19 @@ class ScriptedResponse:
                 raise TypeError(f"ScriptedResponse {name} must be a str, not {type(getattr(self, name)).__name__}")
         if isinstance(self.tool_calls, ScriptedToolCall):
             raise TypeError("ScriptedResponse tool_calls takes a list: tool_calls=[ScriptedToolCall(...)]")
+        # Read once into tuples: a generator given here is played on every replay, not used up.
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.events is not None:
+            object.__setattr__(self, "events", tuple(self.events))
         for call in self.tool_calls:
             if not isinstance(call, ScriptedToolCall):
                 raise TypeError(f"ScriptedResponse tool_calls holds ScriptedToolCall(name, input), not {call!r}")
             if not isinstance(call.input, dict):
                 raise TypeError(f"ScriptedToolCall input must be a dict (the tool's arguments), not {call.input!r}")
+            if not isinstance(call.name, str) or not isinstance(call.id, str | None):
+                raise TypeError(f"ScriptedToolCall takes a str name and a str id (or None), not {call.name!r}, {call.id!r}")
+        if not isinstance(self.stop_reason, str | None):
+            raise TypeError(f"ScriptedResponse stop_reason takes a str or None, not {self.stop_reason!r}")
         self._check_playable()
         if self.error is not None and self.error_after is not None:
             events = self._event_count()

@@ -65,8 +65,9 @@ def delegate_tool(
     was reached (default 3: main engine, child, grandchild, great-grandchild).
     ``max_turns``: each subagent's, as for `QueryEngine` (None: no limit). Raises TypeError or
     ValueError for a ``max_depth`` that is not a whole number >= 1, or a ``max_turns`` that is
-    neither None nor a whole number >= 0; ValueError for an ``agent_prefix`` no file name can
-    begin with (a ``/``, a ``\\`` or a NUL in it: a subagent's session file is named after its id).
+    neither None nor a whole number >= 0. An ``agent_prefix`` with a ``/``, a ``\\`` or a NUL in it
+    works without a session; under a `JsonlSession`, which names each subagent's file after its
+    id, each call's result is that error.
 
     ``overrides`` are passed to `QueryEngine.subagent` (e.g. ``tools=`` to give
     the subagent a narrower tool set); ``policies=`` is a template, forked for each

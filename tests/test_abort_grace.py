@@ -370,3 +370,33 @@ async def test_a_host_cancel_while_a_cut_close_unwinds_into_an_error_reaches_the
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not engine.running
+
+
+async def test_a_host_cancel_a_hook_turns_into_an_error_reaches_the_host() -> None:
+    """An async hook awaiting a library that turns a cancel into its own error (a connection
+    reset): the host's cancel of the run, arriving then, goes on; it is not logged as the hook's
+    failure with the run ending normally."""
+    waiting = asyncio.Event()
+
+    async def hook(reason: str) -> None:
+        try:
+            waiting.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ConnectionError("reset while the request was cancelled") from None
+
+    engine = QueryEngine(Honours(), policies=[], tool_cancel_grace=30.0)
+    engine.on_abort(hook)
+
+    async def host() -> None:
+        async for event in engine.run("go"):
+            if isinstance(event, TextDelta):
+                engine.interrupt("escape")
+
+    task = asyncio.create_task(host())
+    async with asyncio.timeout(10):
+        await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not engine.running

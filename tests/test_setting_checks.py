@@ -213,3 +213,32 @@ def test_a_whole_number_that_is_no_int_is_kept_as_an_int_and_a_delay_takes_any_r
     for bad, error in (("1", TypeError), (True, TypeError), (-1, ValueError), (float("nan"), ValueError), (10**400, ValueError)):
         with pytest.raises(error, match="ScriptedResponse delay"):
             ScriptedResponse("x", delay=bad)
+
+
+async def test_a_scripted_response_given_generators_plays_them_every_time() -> None:
+    """``events`` and ``tool_calls`` given as generators are read once when the response is made
+    (the check reads them) and played whole, on each replay too."""
+    from agentloop.models import StreamEnd, StreamText
+
+    response = ScriptedResponse(events=(e for e in [StreamText(0, "hi"), StreamEnd("end_turn")]))
+    engine = QueryEngine(ScriptedModel([response, response]), policies=[])
+    for _ in range(2):
+        end = turn_ended(await collect(engine.run("go")))
+        assert end.reason == "completed" and engine.messages[-1].text == "hi"
+    calls = ScriptedResponse(tool_calls=(ScriptedToolCall("missing", {}) for _ in range(2)))
+    assert len(calls.tool_calls) == 2
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ScriptedResponse("x", stop_reason=5),
+        lambda: ScriptedResponse(tool_calls=[ScriptedToolCall(5)]),  # type: ignore[arg-type]
+        lambda: ScriptedResponse(tool_calls=[ScriptedToolCall("a", id=5)]),  # type: ignore[arg-type]
+    ],
+)
+def test_a_scripted_field_of_the_wrong_type_is_refused_when_made(make: Any) -> None:
+    """As the docstring says: a stop_reason, a call's name or id of another type could only fail
+    when played, blamed on the model."""
+    with pytest.raises(TypeError, match=r"stop_reason|ScriptedToolCall"):
+        make()

@@ -776,3 +776,4 @@ async def test_s8_max_turns_counts_responses_not_the_retries_and_resamples_of_on
     assert len(model.requests) == 3
     assert [(e.reason, e.turns) for e in ends(events)] == [("completed", 1)]
     assert engine.messages[-1].text == "good"
+

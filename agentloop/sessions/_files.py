@@ -18,11 +18,11 @@ from ._format import loads_record
 log = logging.getLogger("agentloop")
 
 
-
 def plain_file_name(name: str) -> bool:
     """Whether ``name`` names a file in a directory, not a path (a subagent's sidechain file is
     ``<agent_id>.jsonl``): not empty, ``.`` or ``..``, and no separator or NUL in it."""
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
 
 def write_all(fd: int, data: bytes) -> None:
     # One call in practice; the loop only guards against a short write (disk full, signal).
