@@ -139,25 +139,35 @@ async def test_a_close_of_a_stream_nobody_aborted_that_never_ends_is_cut_after_t
     assert [m.text for m in engine.messages] == ["go", "Hello"]
 
 
-class HangsEverywhere:
-    """A stream whose read absorbs the abort's cancel in a cleanup that hangs (until cancelled
-    again), and whose close hangs (until cancelled)."""
+class OneDelta:
+    """A stream object (no generator) that gives "Hello", then waits as `after_the_delta` does."""
 
     def __init__(self) -> None:
         self.sent = False
 
-    def __aiter__(self) -> HangsEverywhere:
+    def __aiter__(self) -> OneDelta:
         return self
 
     async def __anext__(self) -> StreamEvent:
         if not self.sent:
             self.sent = True
             return StreamText(0, "Hello")
+        await self.after_the_delta()
+        raise StopAsyncIteration
+
+    async def after_the_delta(self) -> None:
+        await asyncio.Event().wait()
+
+
+class HangsEverywhere(OneDelta):
+    """A stream whose read absorbs the abort's cancel in a cleanup that hangs (until cancelled
+    again), and whose close hangs (until cancelled)."""
+
+    async def after_the_delta(self) -> None:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             await asyncio.Event().wait()  # cancelled again: that one ends it
-        raise StopAsyncIteration
 
     async def aclose(self) -> None:
         await asyncio.Event().wait()
@@ -318,23 +328,13 @@ async def test_a_hook_cancelled_of_its_own_after_a_host_cancel_skips_neither_the
     assert not engine.running and validate_transcript(engine.messages) == []
 
 
-class ResetOnSecondCancel:
+class ResetOnSecondCancel(OneDelta):
     """After the abort (its read cancelled), a close that hangs, and, cut at its limit, unwinds by
     waiting again; a cancel of that wait it turns into a connection error."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.unwinding = asyncio.Event()
-        self.sent = False
-
-    def __aiter__(self) -> ResetOnSecondCancel:
-        return self
-
-    async def __anext__(self) -> StreamEvent:
-        if not self.sent:
-            self.sent = True
-            return StreamText(0, "Hello")
-        await asyncio.Event().wait()
-        raise StopAsyncIteration
 
     async def aclose(self) -> None:
         try:

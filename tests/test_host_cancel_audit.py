@@ -353,6 +353,18 @@ async def test_a_host_cancel_while_a_subagents_model_streams(source: Any) -> Non
     assert child_model.closed
 
 
+
+async def interrupted_under_timeout(host: Host, waiting: asyncio.Event) -> None:
+    """Iterate ``host``'s run under its timeout; interrupt the run once ``waiting`` is set."""
+
+    async def interrupt() -> None:
+        await waiting.wait()
+        host.engine.interrupt()
+
+    stopper = asyncio.create_task(interrupt())
+    await host.under_timeout()
+    await stopper
+
 # -- the run's own abort, with the host's cancel at the same time -----------------------------------
 
 
@@ -361,13 +373,7 @@ async def test_an_interrupt_under_a_hosts_timeout_leaves_no_cancel_behind() -> N
     engine = QueryEngine(model, policies=[])
     host = Host(engine)
 
-    async def interrupt() -> None:
-        await model.waiting.wait()
-        engine.interrupt()
-
-    stopper = asyncio.create_task(interrupt())
-    await host.under_timeout()
-    await stopper
+    await interrupted_under_timeout(host, model.waiting)
     assert host.outcome == ("ended", 0)
     assert isinstance(host.events[-1], TurnEnded) and host.events[-1].reason == "aborted_streaming"
     settled(engine)
@@ -423,13 +429,7 @@ async def test_an_abort_cancel_the_stream_swallowed_is_taken_back_by_the_runs_en
     engine = QueryEngine(model, policies=[])
     host = Host(engine)
 
-    async def interrupt() -> None:
-        await model.waiting.wait()
-        engine.interrupt()
-
-    stopper = asyncio.create_task(interrupt())
-    await host.under_timeout()
-    await stopper
+    await interrupted_under_timeout(host, model.waiting)
     assert model.swallowed
     assert host.outcome == ("ended", 0)
     ended = host.events[-1]
