@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ._errors import AbortError
 from ._timers import Timer, timer_thread
@@ -396,13 +397,18 @@ def run_context(secrets: Secrets) -> contextvars.Context:
     return context
 
 
-def in_task() -> bool:
-    """True when a task runs the caller: an `asyncio.timeout` can cancel it then. False in a
-    finalizer with no running loop (a run dropped and collected, its stream closed there)."""
+def _running_task() -> asyncio.Task[Any] | None:
+    """The task running the caller; None outside one, and with no event loop running (a
+    finalizer: a run dropped and collected, its stream closed there)."""
     try:
-        return asyncio.current_task() is not None
+        return asyncio.current_task()
     except RuntimeError:  # no running event loop
-        return False
+        return None
+
+
+def in_task() -> bool:
+    """True when a task runs the caller: an `asyncio.timeout` can cancel it then."""
+    return _running_task() is not None
 
 
 def task_cancelling() -> bool:
@@ -410,17 +416,14 @@ def task_cancelling() -> bool:
     asked to cancel (and has not taken the request back), so the cancel is its owner's and must
     propagate; False when what it awaited was cancelled of its own (a connection's reader task,
     a prompt's future the user closed). True outside a task, where nothing else could end it."""
-    task = asyncio.current_task()
+    task = _running_task()
     return task is None or task.cancelling() > 0
 
 
 def cancels_asked() -> int:
     """How many cancels the running task has been asked and not taken back (``cancelling()``):
     0 outside a task, and with no event loop running (a generator finalized after its loop)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        return 0
+    task = _running_task()
     return task.cancelling() if task is not None else 0
 
 

@@ -7,7 +7,7 @@ always yields the same message whichever adapter produced it.
 from __future__ import annotations
 
 import json
-import operator
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -110,11 +110,10 @@ def _whole(n: object) -> int | None:
         return None
     if isinstance(n, float):
         return int(n) if n.is_integer() and n >= 0 else None
-    try:
-        value = operator.index(n)  # type: ignore[arg-type]  # a TypeError for what has no __index__
-    except TypeError:
-        return None
-    return value if value >= 0 else None
+    if isinstance(n, numbers.Integral):  # as `_checks.count` reads a whole number
+        value = int(n)
+        return value if value >= 0 else None
+    return None
 
 
 def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:

@@ -238,7 +238,8 @@ class RunState:
         self._cancel_requested = False
         self.cancel_baseline = 0
         # Cancels made again of a guarded await that outlived the first by what was left of
-        # ``read_grace`` (a model stream whose cleanup absorbed it): each is ours, undone with it.
+        # ``read_grace`` (the engine's tool_cancel_grace; a model stream whose cleanup absorbed it):
+        # each is ours, undone with it.
         self._recancels = 0
         self.read_grace = read_grace
         self._again: asyncio.TimerHandle | None = None  # the timer that makes that cancel again

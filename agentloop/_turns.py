@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from ._abort import AbortController, enter_run, scrub_listener_errors
 from ._commit import envelope_due, interjection_message, is_paused
 from ._events import InterjectionInjected, TurnStarted
-from ._executor import cancel_grace
 from ._handle import left_in_another_loop
 from ._hostlog import engine_secrets
 from ._inbox import Queued, envelope
@@ -135,7 +134,7 @@ def _begin_alone(
     except BaseException:  # refused: the store is free again
         release_store(engine)
         raise
-    st = RunState(controller, asyncio.current_task(), cancel_grace(engine.options))
+    st = RunState(controller, asyncio.current_task(), engine.options.tool_cancel_grace)
     st.token = token
     st.injected = injected
     if waited is not None and waited.closed:  # aclose() from another task while it waited

@@ -812,3 +812,12 @@ async def test_a_host_timeout_while_a_stream_read_directly_waits_whose_close_fai
         scopes[0].reschedule(asyncio.get_running_loop().time())
         assert await reading == 0
     assert body.closed
+
+
+def test_the_running_task_helpers_answer_with_no_event_loop_running() -> None:
+    """Read in a finalizer after the run's loop is gone (a dropped run's stream closed there):
+    no RuntimeError; no task, so nothing can cancel the close, and a cancel met there is taken
+    for its owner's."""
+    from agentloop._abort import cancels_asked, in_task, task_cancelling
+
+    assert (in_task(), cancels_asked(), task_cancelling()) == (False, 0, True)
