@@ -6,7 +6,17 @@ from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect, load, model_error_run, request, run_fixture, sse
+from _models_support import (
+    API_KEY,
+    MockServer,
+    collect,
+    final,
+    load,
+    model_error_run,
+    request,
+    run_fixture,
+    sse,
+)
 
 from agentloop import QueryEngine, TurnEnded
 from agentloop import Tool as AgentTool
@@ -135,11 +145,17 @@ async def test_fixture_with_literal_ellipsis_is_malformed_json() -> None:
         await run_fixture("anthropic_web_search.repaired.sse", load("anthropic_web_search.sse"))
 
 
-async def test_missing_final_blank_line_means_no_terminator() -> None:
+async def test_missing_final_blank_line_drops_the_last_event() -> None:
+    # The message_stop without its blank line is never dispatched; the body still ended cleanly
+    # after the message_delta that gave the stop reason, which is the end of the answer.
     raw = load("anthropic_tool_use.sdkfixture.sse", terminate=False)
     assert not raw.endswith(b"\n\n")
+    _, acc = await run_fixture("anthropic_tool_use.sdkfixture.sse", raw)
+    _, whole = await run_fixture("anthropic_tool_use.sdkfixture.sse", load("anthropic_tool_use.sdkfixture.sse"))
+    assert final(acc) == final(whole)
+    cut = raw[: raw.rindex(b"event: message_delta")].rstrip(b"\n") + b"\n"  # its blank line gone too
     with pytest.raises(StreamProtocolError, match="message_stop") as info:
-        await run_fixture("anthropic_tool_use.sdkfixture.sse", raw)
+        await run_fixture("anthropic_tool_use.sdkfixture.sse", cut)
     assert info.value.retryable is True
 
 

@@ -54,7 +54,7 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 
 class _Call:
-    __slots__ = ("args", "block", "carried", "extra", "id", "name", "pending", "started")
+    __slots__ = ("args", "block", "carried", "cumulative", "extra", "id", "name", "pending", "size", "started")
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -62,9 +62,30 @@ class _Call:
         self.name = ""
         self.pending: list[str] = []  # argument fragments seen before the name
         self.args: list[str] = []  # every argument fragment, in order
+        self.size = 0  # their length, joined
+        self.cumulative = False  # the server sends all the arguments so far on each chunk
         self.started = False
         self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
         self.carried = False
+
+    def new_part(self, piece: str) -> str:
+        """What ``piece`` adds to the arguments. Some servers resend them: DeepSeek and Baidu
+        Qianfan in cumulative mode send all the arguments so far on every chunk, GLM-style local
+        servers the whole arguments again on the last one. A piece that starts with everything
+        sent so far adds only what follows that (and from then on every piece is read so); one
+        equal to it adds nothing once the arguments are a whole JSON object, or the server was
+        seen resending. Any other piece is the next fragment, as the API streams them. A piece
+        as long as all before it is rare in a real stream (the total doubles each time), so the
+        arguments are joined to compare only a few times per call."""
+        if len(piece) < self.size or not piece.startswith(self.args[0]):
+            return piece
+        sent = "".join(self.args)
+        if len(piece) > len(sent) and piece.startswith(sent):
+            self.cumulative = True
+            return piece[len(sent) :]
+        if piece == sent and (self.cumulative or _whole_object(sent)):
+            return ""
+        return piece
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
@@ -327,7 +348,11 @@ class ChatMapper:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
-            call.args.append(args)
+            if call.args and type(args) is str:
+                args = call.new_part(args)
+            if args:
+                call.args.append(args)
+                call.size += len(args)
         if not call.started and call.name:
             call.started = True
             call.id = call.id or _fresh_id()
@@ -406,6 +431,14 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         return started
+
+
+def _whole_object(text: str) -> bool:
+    """Whether ``text`` is one whole JSON object (a call's complete arguments)."""
+    try:
+        return isinstance(loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
