@@ -317,3 +317,23 @@ async def test_an_anthropic_connection_that_breaks_after_the_stop_reason_is_stil
         with pytest.raises(ProviderConnectionError) as info:
             await collect(AnthropicModel("claude-x", api_key=API_KEY, http_client=client))
     assert info.value.retryable
+
+
+async def test_the_last_content_and_arguments_on_the_finish_chunk_are_kept() -> None:
+    # vLLM before PR #36944, Mistral, SGLang: the last tokens ride on the finish_reason chunk.
+    text = chat_stream(chat_chunk({"content": "Hel"}), chat_chunk({"content": "lo."}, "stop"))
+    _, acc = await run_chat(text)
+    assert (acc.message().text, acc.stop_reason) == ("Hello.", "end_turn")
+    tail = chat_stream(calls(call(0, "a", "f", '{"x": ')), chat_chunk({"tool_calls": [call(0, args="1}")]}, "tool_calls"))
+    _, acc = await run_chat(tail)
+    assert inputs(acc) == [("a", "f", {"x": 1}, None)]
+
+
+async def test_a_placeholder_then_other_whole_arguments_are_answered_with_an_error_not_run() -> None:
+    # A gateway in front of Gemini sends "{}" first and the arguments after: joined, they are not
+    # one JSON object, and no reading of them is sure. The call is not run; the model is told.
+    body = chat_stream(calls(call(0, "a", "echo", "{}")), calls(call(0, args='{"x": 7}')), chat_chunk({}, "tool_calls"))
+    engine = await engine_run(body, chat_stream(chat_chunk({"content": "ok"}), chat_chunk({}, "stop")))
+    (result,) = engine.messages[2].tool_results
+    assert result.is_error
+    assert "not valid JSON" in result.text and "x=" not in result.text
