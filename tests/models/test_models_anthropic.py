@@ -301,6 +301,28 @@ async def test_a_block_started_twice_is_a_retryable_protocol_error() -> None:
     assert info.value.retryable is True
 
 
+async def test_a_block_started_below_one_already_begun_is_a_retryable_protocol_error() -> None:
+    # The message orders its blocks by index: "first" would come before "second", which the host
+    # was shown first. The API numbers blocks from 0 up, one after another.
+    body = sse(START, block_start(1, {"type": "text", "text": ""}), delta_ev(1, {"type": "text_delta", "text": "second"}),
+               block_stop(1), block_start(0, {"type": "text", "text": ""}),
+               delta_ev(0, {"type": "text_delta", "text": "first"}), block_stop(0), message_delta("end_turn"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="after block 1") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_a_delta_for_a_block_before_the_latest_is_a_retryable_protocol_error() -> None:
+    # Its text would join block 0 in the message, before the text of block 1 the host saw first.
+    text = {"type": "text", "text": ""}
+    body = sse(START, block_start(0, text), delta_ev(0, {"type": "text_delta", "text": "one"}), block_stop(0),
+               block_start(1, text), delta_ev(1, {"type": "text_delta", "text": "two"}),
+               delta_ev(0, {"type": "text_delta", "text": "three"}), block_stop(1), message_delta("end_turn"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="block 0, after block 1 began") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
 @pytest.mark.parametrize("signature_first", [True, False])
 async def test_a_signature_before_or_after_the_thinking_text_gives_the_same_block(signature_first: bool) -> None:
     sig, text = delta_ev(0, {"type": "signature_delta", "signature": "EqQB"}), delta_ev(0, {"type": "thinking_delta", "thinking": "Let me see."})

@@ -33,6 +33,8 @@ from typing import Any
 import httpx
 import pytest
 from _models_support import API_KEY, MockServer, RecordingStream, chat_chunk, chat_stream, collect, sse
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from agentloop import QueryEngine, tool, validate_transcript
 from agentloop._errors import ProviderConnectionError, ProviderStreamError, StreamProtocolError
@@ -112,8 +114,9 @@ async def test_an_id_and_name_repeated_or_emptied_on_later_chunks_keep_one_call(
         ['{"path": "a', '{"path": "a.txt"', '{"path": "a.txt"', '{"path": "a.txt", "n": 2}'],  # one adds nothing
         ['{"path": ', '"a.txt", "n": 2}', '{"path": "a.txt", "n": 2}'],  # pieces, then all of it again
         ['{"path": "a.txt", "n": 2}', '{"path": "a.txt", "n": 2}'],  # whole, then whole again
+        ['{"path": "a', '{"path": "a.txt", "n": 2}'],  # all so far, twice: told at the end
     ],
-    ids=["cumulative", "cumulative-repeat", "pieces-then-whole", "whole-twice"],
+    ids=["cumulative", "cumulative-repeat", "pieces-then-whole", "whole-twice", "cumulative-two"],
 )
 async def test_arguments_resent_whole_or_so_far_are_the_calls_input_once(pieces: list[str]) -> None:
     body = chat_stream(
@@ -337,3 +340,31 @@ async def test_a_placeholder_then_other_whole_arguments_are_answered_with_an_err
     (result,) = engine.messages[2].tool_results
     assert result.is_error
     assert "not valid JSON" in result.text and "x=" not in result.text
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-9, 99) | st.sampled_from(["", "a", '{"a": ', "{", '"}']),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.dictionaries(st.sampled_from(["a", "b"]), _JSON, max_size=3), data=st.data())
+@example(value={"a": {"a": 1}}, data=None)
+@example(value={"a": '{"a": '}, data=None)
+async def test_arguments_in_any_ordinary_pieces_are_the_input_whatever_they_repeat(value: dict[str, Any], data: Any) -> None:
+    # The reading of resent arguments never changes a stream whose pieces are each new: one whose
+    # piece repeats all the arguments before it (a nested object, JSON inside a string) included.
+    text = json.dumps(value)
+    if data is None:  # the examples: cut where the text repeats its own beginning
+        cuts = sorted({text.find("{", 1), len(text)} - {-1})
+    else:
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, len(text)), max_size=6))) | {len(text)})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], cuts, strict=False) if b > a]
+    body = chat_stream(
+        calls(call(0, "a", "f", pieces[0])), *(calls(call(0, args=p)) for p in pieces[1:]),
+        chat_chunk({}, "tool_calls"),
+    )
+    _, acc = await run_chat(body)
+    assert inputs(acc) == [("a", "f", value, None)]

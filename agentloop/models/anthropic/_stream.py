@@ -46,6 +46,7 @@ class AnthropicMapper:
     __slots__ = (
         "_blocks",
         "_counts",
+        "_latest",
         "_server",
         "_stop_reason",
         "_usage",
@@ -65,6 +66,7 @@ class AnthropicMapper:
         self.response_id: str | None = None
         # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
+        self._latest = -1  # the index of the block begun last: the only one a delta may go to
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # A tool call's input given whole in its content_block_start (a proxy's), by index: its
@@ -114,6 +116,9 @@ class AnthropicMapper:
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
         block = self._blocks.get(index)
+        if index != self._latest and block is not None:
+            # Blocks stream one after another: this delta's would land before what was shown after it.
+            raise _out_of_place(f"a content_block_delta for block {index}, after block {self._latest} began")
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
@@ -158,6 +163,10 @@ class AnthropicMapper:
         bt = block["type"]
         if index in self._blocks:  # the text or the call already there would be mixed with this one's
             raise _out_of_place(f"a content_block_start for block {index}, which had begun already")
+        if index < self._latest:
+            # The message orders blocks by index: this one would go before what was shown after it.
+            raise _out_of_place(f"a content_block_start for block {index}, after block {self._latest}")
+        self._latest = index
         self._blocks[index] = bt if bt in _MAPPED else ""
         if bt == "text":
             return (StreamText(index, block["text"]),) if block.get("text") else None
