@@ -5,7 +5,19 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agentloop import QueryEngine
+from agentloop import (
+    Allow,
+    Deny,
+    QueryEngine,
+    ScriptedModel,
+    ScriptedResponse,
+    ScriptedToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolContext,
+    ToolUseBlock,
+    tool,
+)
 from agentloop.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
 from agentloop.testing import collect, turn_ended
 
@@ -66,3 +78,56 @@ async def test_a_recorded_stream_without_its_last_blank_line_is_told_apart_from_
         engine = QueryEngine(AnthropicModel("m", api_key=KEY, http_client=client), retry_budget=0)
         end = turn_ended(await collect(engine.run("hi")))
     assert end.error is not None and "truncated" in end.error and "blank line" not in end.error
+
+
+async def test_a_call_whose_input_fails_validation_asks_no_permission() -> None:
+    # A person was asked to allow `delete(path=5, force=True)`, then the call was refused for its
+    # input after all; the callback of the docs' example (`use.input["path"].startswith(...)`)
+    # raised on such an input and its failure was logged as the host's bug.
+    asked: list[dict[str, object]] = []
+
+    @tool
+    async def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        asked.append(use.input)
+        return Deny("not outside the project") if use.input["path"].startswith("/etc") else Allow()
+
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[
+            ScriptedToolCall("delete", {"path": 5, "force": True}),
+            ScriptedToolCall("delete", {"path": "notes.txt"}),
+        ]),
+        "Done.",
+    ])
+    engine = QueryEngine(model, tools=[delete], permission=ask)
+    events = await collect(engine.run("Clean up"))
+    assert asked == [{"path": "notes.txt"}]
+    started = [e.tool_use.input for e in events if isinstance(e, ToolCallStarted)]
+    assert started == [{"path": "notes.txt"}]
+    first, second = engine.messages[2].tool_results
+    assert first.is_error and "invalid tool input" in first.text and "path" in first.text
+    assert not second.is_error and second.text == "deleted notes.txt"
+    assert turn_ended(events).reason == "completed"
+
+
+async def test_a_call_refused_for_its_input_is_never_said_to_start() -> None:
+    # `ToolCallStarted` came for a call whose input then failed validation: a host showed a
+    # spinner for a tool that never ran, and a "running" call the transcript says was not run.
+    @tool
+    async def resize(width: int) -> str:
+        """Resize."""
+        return f"{width} wide"
+
+    model = ScriptedModel([
+        ScriptedResponse(tool_calls=[ScriptedToolCall("resize", {"width": "wide"}), ScriptedToolCall("resize", {"width": 3})]),
+        "Done.",
+    ])
+    engine = QueryEngine(model, tools=[resize])
+    events = await collect(engine.run("Resize"))
+    assert [e.input for e in events if isinstance(e, ToolCallStarted)] == [{"width": 3}]
+    finished = [e.result for e in events if isinstance(e, ToolCallFinished)]
+    assert [r.is_error for r in finished] == [True, False]
+    assert 'width: Input should be a valid integer' in finished[0].text
