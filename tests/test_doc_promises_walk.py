@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import get_args
+
 import httpx
 import pytest
 
 from agentloop import (
     Allow,
     Deny,
+    Event,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -131,3 +136,16 @@ async def test_a_call_refused_for_its_input_is_never_said_to_start() -> None:
     finished = [e.result for e in events if isinstance(e, ToolCallFinished)]
     assert [r.is_error for r in finished] == [True, False]
     assert 'width: Input should be a valid integer' in finished[0].text
+
+
+def test_the_api_page_names_every_field_of_every_event() -> None:
+    # api.md said "ThinkingDelta — a fragment of streamed reasoning": a host guessed `.text`, as
+    # `TextDelta` has, and met an AttributeError; ten other events' lines named none of their fields.
+    api = (Path(__file__).parent.parent / "docs" / "api.md").read_text(encoding="utf-8")
+    lines = {line.split("`")[1]: line for line in api.splitlines() if line.startswith("- `")}
+    unnamed = {
+        cls.__name__: missing
+        for cls in get_args(Event)
+        if (missing := [f.name for f in dataclasses.fields(cls) if f.name != "agent_id" and f"`{f.name}`" not in lines[cls.__name__]])
+    }
+    assert unnamed == {}
