@@ -149,3 +149,52 @@ def test_the_api_page_names_every_field_of_every_event() -> None:
         if (missing := [f.name for f in dataclasses.fields(cls) if f.name != "agent_id" and f"`{f.name}`" not in lines[cls.__name__]])
     }
     assert unnamed == {}
+
+
+_REFUSED_EMPTY = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+    b'"role":"assistant","content":[],"model":"m","usage":{"input_tokens":20,"output_tokens":1}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"refusal","stop_details":'
+    b'{"type":"refusal","category":"cyber"}},"usage":{"output_tokens":0}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+async def test_a_refusal_with_nothing_in_it_is_not_a_silent_completed_turn() -> None:
+    # The anthropic SDK's own refusal fixture: no text at all. No `AssistantMessage` came, the
+    # turn ended `completed` with nothing else to tell, and `engine.messages[-1].text`, where the
+    # docs send a host for the answer, was the user's own prompt.
+    sse = {"content-type": "text/event-stream"}
+    async with httpx.AsyncClient(transport=_serving(httpx.Response(200, headers=sse, content=_REFUSED_EMPTY))) as client:
+        engine = QueryEngine(AnthropicModel("m", api_key=KEY, http_client=client))
+        end = turn_ended(await collect(engine.run("hi")))
+    assert end.reason == "completed"
+    assert end.detail is not None and "refusal" in end.detail and "empty" in end.detail
+    assert [m.role for m in engine.messages] == ["user"]
+
+
+async def test_an_empty_answer_after_a_tool_batch_says_so() -> None:
+    @tool
+    async def ls() -> str:
+        """List."""
+        return "a.py"
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("ls")]), ScriptedResponse(text=" ")])
+    engine = QueryEngine(model, tools=[ls])
+    end = turn_ended(await collect(engine.run("List")))
+    assert end.reason == "completed" and end.detail is not None and "end_turn" in end.detail
+    # A turn that answered has no detail.
+    end = turn_ended(await collect(QueryEngine(ScriptedModel(["Hi."])).run("Hi")))
+    assert end.detail is None
+
+
+async def test_run_without_a_prompt_on_a_new_engine_says_the_transcript_is_empty() -> None:
+    # "the transcript does not end with a user message", said of a transcript with nothing in it.
+    engine = QueryEngine(ScriptedModel(["Hi."]))
+    with pytest.raises(ValueError, match=r"needs a prompt: the transcript is empty"):
+        await collect(engine.run())
+    await collect(engine.run("Hi"))
+    with pytest.raises(ValueError, match=r"needs a prompt: the transcript ends with the model's response"):
+        await collect(engine.run())
