@@ -258,8 +258,8 @@ def _first_turn(
     if last is None:
         raise ValueError("run() needs a prompt: the transcript is empty, so there is nothing to go on from")
     raise ValueError(
-        "run() needs a prompt: the transcript ends with the model's response, not a user message "
-        "(run() with no prompt goes on from one, or from a paused response)"
+        "run() needs a prompt: the transcript does not end with a user message but with the model's "
+        "response (run() with no prompt goes on from a user message, or from a paused response)"
     )
 
 

@@ -196,5 +196,5 @@ async def test_run_without_a_prompt_on_a_new_engine_says_the_transcript_is_empty
     with pytest.raises(ValueError, match=r"needs a prompt: the transcript is empty"):
         await collect(engine.run())
     await collect(engine.run("Hi"))
-    with pytest.raises(ValueError, match=r"needs a prompt: the transcript ends with the model's response"):
+    with pytest.raises(ValueError, match=r"needs a prompt: the transcript does not end with a user message but with the model's response"):
         await collect(engine.run())
