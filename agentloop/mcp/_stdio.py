@@ -34,7 +34,9 @@ from mcp.shared.message import SessionMessage
 
 from .._jsondepth import loads
 from .._process import track, uncancellable, untrack
+from .._unicode import scrub_json
 from ..models._http import Redactor
+from ._answers import error_answer
 from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
 from ._stop import stop
@@ -243,12 +245,38 @@ class Pipes:
         try:
             return [SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))]
         except ValueError:  # pydantic's ValidationError, invalid JSON included
+            pass
+        message = self._salvaged(line)
+        if message is None:
             self._not_json_rpc(line)
             return []
+        return [SessionMessage(message)]
+
+    def _salvaged(self, line: bytearray) -> types.JSONRPCMessage | None:
+        """The message on a line of JSON that `parse` could not read as it is: one holding bytes
+        that are not UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says
+        so); or an answer of the wrong shape, read as an error answer to its request (which then
+        fails rather than waiting for ever). None for anything else."""
+        try:
+            value = scrub_json(loads(bytes(line).decode("utf-8", "replace")))
+        except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
+            return None
+        try:
+            message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
+        except ValueError:
+            return error_answer(value, self.label)
+        log.log(
+            logging.DEBUG if self.stdout.mangled else logging.WARNING,
+            "MCP server %s wrote a message that is not valid UTF-8 (or holds a lone surrogate): read with "
+            "U+FFFD in place of what could not be read",
+            self.label,
+        )
+        self.stdout.mangled = True
+        return message
 
     def _batch(self, line: bytearray) -> list[SessionMessage]:
         try:
-            items = loads(line)
+            items = scrub_json(loads(bytes(line).decode("utf-8", "replace")))
         except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
             items = None
         messages: list[SessionMessage] = []
@@ -256,7 +284,9 @@ class Pipes:
             try:
                 messages.append(SessionMessage(types.jsonrpc_message_adapter.validate_python(item, by_name=False)))
             except ValueError:
-                continue
+                error = error_answer(item, self.label)  # its request fails rather than waits
+                if error is not None:
+                    messages.append(SessionMessage(error))
         if not isinstance(items, list) or len(messages) < len(items) or not items:
             self._not_json_rpc(line)
         return messages
@@ -336,6 +366,7 @@ class Stdout:
         self._closed = False
         self._batch: collections.deque[SessionMessage] = collections.deque()  # the rest of a batch read
         self.noisy = False  # a line that is not JSON-RPC was seen (and warned about)
+        self.mangled = False  # a message that is not valid Unicode was seen (and warned about)
 
     @property
     def end_reason(self) -> str | None:

@@ -1,0 +1,101 @@
+"""agentloop.mcp against a server that answers in ways the protocol does not allow: bytes that
+are not UTF-8, a lone surrogate, an answer or a tool listing of the wrong shape, a content type
+of a later protocol. Each costs at most its own call (or its own tool), never the connection,
+and no call waits for an answer the server already sent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from agentloop.mcp import MCPServer, result_to_block
+from tests.helpers import child_pids_alive, exited
+
+RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
+
+
+@pytest.fixture(autouse=True)
+async def no_child_left_behind() -> AsyncIterator[None]:
+    before = child_pids_alive()
+    yield
+    while left := child_pids_alive() - before:
+        for pid in left:
+            await exited(pid)
+
+
+def _raw(*args: str, **options: Any) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [RAW_SERVER, *args], **{"connect_timeout": 10, **options})
+
+
+async def _text(srv: MCPServer, name: str) -> str:
+    async with asyncio.timeout(10):  # an answer dropped on the way is a call that waits for ever
+        return result_to_block("t", await srv.call_tool(name, {})).text
+
+
+@pytest.mark.parametrize(("tool", "text"), [("latin1", "caf\ufffd"), ("surrogate", "a\ufffdb")])
+async def test_an_answer_that_is_not_valid_unicode_is_read_with_replacement_characters(
+    tool: str, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line holding bytes that are not UTF-8 (a server writing Latin-1), or a lone surrogate
+    escape, was taken for "not a JSON-RPC message" and skipped: the call whose answer it was
+    waited for ever (or its tool timeout)."""
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with _raw() as srv:
+            assert await _text(srv, tool) == text
+            assert await _text(srv, "last") == "the last answer"  # the same server: nothing was lost
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "U+FFFD" in warnings[0] and srv.label in warnings[0], warnings
+
+
+async def test_an_answer_of_the_wrong_shape_fails_its_call_not_waits(caplog: pytest.LogCaptureFixture) -> None:
+    """An error answer whose code is not a number was skipped as "not JSON-RPC": the call waited for
+    ever. It fails the call, saying so, and the connection goes on."""
+    async with _raw() as srv:
+        pid = await _text(srv, "pid")
+        with pytest.raises(MCPError, match="not a valid JSON-RPC") as raised:
+            await _text(srv, "bad_error")
+        assert srv.label in str(raised.value) and "went wrong" not in str(raised.value)
+        assert await _text(srv, "pid") == pid
+
+
+async def test_a_result_of_the_wrong_shape_is_a_short_error() -> None:
+    """A result whose ``content`` is not a list raised pydantic's ValidationError, whose text (a
+    dozen lines, links to pydantic's site, the server's values) became the model's tool result."""
+    async with _raw() as srv:
+        pid = await _text(srv, "pid")
+        with pytest.raises(MCPError) as raised:
+            await _text(srv, "bad_result")
+        message = str(raised.value)
+        assert "bad_result" in message and srv.label in message and "content" in message
+        assert "pydantic" not in message and "\n" not in message and len(message) < 400, message
+        assert await _text(srv, "pid") == pid
+
+
+async def test_content_of_a_type_this_client_does_not_know_is_described_and_the_rest_kept() -> None:
+    """A block of a content type of a later protocol failed the whole result (pydantic's dump of
+    thirteen errors): the texts beside it were lost."""
+    async with _raw() as srv:
+        async with asyncio.timeout(10):
+            block = result_to_block("t", await srv.call_tool("new_content", {}))
+    assert not block.is_error
+    assert [b.text for b in block.content] == ["before", "[hologram content, not shown]", "after"]  # type: ignore[union-attr]
+
+
+async def test_a_listing_with_entries_that_are_not_tools_keeps_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    """One tool of an invalid schema failed the whole tools/list: no tool of the server was offered,
+    and every call failed too (the SDK lists the tools again to check a call's result)."""
+    with caplog.at_level("WARNING", logger="agentloop"):
+        async with _raw("--bad-tools") as srv:
+            names = [t.name for t in await srv.list_tools()]
+            assert names[:3] == ["split", "joined", "big"] and "pid" in names and "bad" not in names
+            assert (await _text(srv, "pid")).isdigit()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'bad'" in w and srv.label in w for w in warnings), warnings
+    assert all("pydantic" not in w for w in warnings), warnings
