@@ -3,8 +3,10 @@ the file deleted or replaced under a writer, damaged files read back."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +289,45 @@ def test_a_line_written_but_for_its_newline_is_cut_at_the_close(tmp_path: Path, 
             session.append_message(Message.user("two"))
     loaded = JsonlSession(path).load()
     assert [m.text for m in loaded.messages] == ["one"] and loaded.warnings == []
+
+
+@pytest.mark.parametrize("how", ["load", "resume"])
+def test_a_fifo_at_the_session_path_is_not_read_for_ever(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO at the session's path was read until a writer opened and closed it: `load` and
+    `resume` waited for ever (and on a pipe another process reads, as ``/dev/stdout`` piped to a
+    viewer, they would have taken its data). What is written to a pipe is not kept there: it
+    loads as empty, and says why."""
+    path = tmp_path / "s.jsonl"
+    os.mkfifo(path)
+    outcome: list[Any] = []
+
+    def read() -> None:
+        if how == "load":
+            outcome.append(JsonlSession(path).load())
+        else:
+            session, loaded = JsonlSession.resume(path)
+            session.close()
+            outcome.append(loaded)
+
+    reader = threading.Thread(target=read, daemon=True)
+    with caplog.at_level("WARNING", logger="agentloop"):
+        reader.start()
+        reader.join(timeout=30)
+    if reader.is_alive():
+        with contextlib.suppress(OSError):  # a writer that comes and goes ends the wait of `load`
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"{how} waited for a writer of the FIFO")
+    (loaded,) = outcome
+    assert loaded.messages == [] and len(loaded.warnings) == 1
+    assert str(path) in loaded.warnings[0] and "not a regular file" in loaded.warnings[0]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == loaded.warnings
+
+
+def test_devnull_loads_as_empty_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """``os.devnull`` is how a host keeps nothing: loading it (or resuming it) says nothing."""
+    with caplog.at_level("WARNING", logger="agentloop"):
+        session, loaded = JsonlSession.resume(os.devnull)
+        session.close()
+    assert loaded.messages == [] and loaded.warnings == [] and caplog.records == []

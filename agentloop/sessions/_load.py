@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +57,11 @@ def load_file(path: Path, *, quiet: bool = False) -> LoadedSession:
     """The session in the file at ``path``, repaired (see `JsonlSession.load`); raises OSError
     if the file exists but cannot be read. ``quiet``: the warnings are returned, not logged."""
     try:
-        data = path.read_bytes()
+        data = _read(path)
     except FileNotFoundError:
         return LoadedSession(messages=[])
+    if data is None:
+        return _not_a_file(path, quiet=quiet)
     # A string holds a surrogate only through a \ud escape, or through the bytes of one
     # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
     # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
@@ -88,6 +92,32 @@ def load_file(path: Path, *, quiet: bool = False) -> LoadedSession:
             log.warning("%s", warning)
         loaded.warnings.append(warning)
     loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
+    return loaded
+
+
+def _read(path: Path) -> bytes | None:
+    """The bytes of the file at ``path``; None when it is not a regular file (a FIFO, a socket,
+    a device), which is not read: a FIFO would be read until a writer came and went (for ever),
+    a pipe another process reads (``/dev/stdout`` piped to a viewer) would lose its data, and
+    ``/dev/zero`` never ends. Raises OSError as reading does (`IsADirectoryError` for a
+    directory)."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        return None
+    return path.read_bytes()
+
+
+def _not_a_file(path: Path, *, quiet: bool) -> LoadedSession:
+    """What a path that is not a regular file loads as: nothing, with a warning (but for
+    ``os.devnull``, where a host that keeps nothing writes)."""
+    loaded = LoadedSession(messages=[])
+    with contextlib.suppress(OSError):
+        if os.path.samefile(path, os.devnull):
+            return loaded
+    warning = f"{path}: not a regular file (a FIFO, a socket or a device): nothing is read back from it"
+    if not quiet:
+        log.warning("%s", warning)
+    loaded.warnings.append(warning)
     return loaded
 
 
