@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import threading
 from pathlib import Path
@@ -331,3 +332,35 @@ def test_devnull_loads_as_empty_without_a_warning(caplog: pytest.LogCaptureFixtu
         session, loaded = JsonlSession.resume(os.devnull)
         session.close()
     assert loaded.messages == [] and loaded.warnings == [] and caplog.records == []
+
+
+def test_a_huge_value_in_a_damaged_line_is_not_quoted_whole_in_its_warning(tmp_path: Path) -> None:
+    """The warnings for a record of an unknown type, a block of an unknown type, or fields this
+    version does not know quoted the value whole: a line of a megabyte was a megabyte of log."""
+    huge = "x" * (1 << 20)
+    records = [
+        {"type": huge},
+        {"type": "message", "message": {"role": "user", "content": [{"type": huge}, {"type": "text", "text": "a"}]}},
+        {"type": "message", "message": {"role": "user", "content": [{"type": "text", "text": "b"}], huge: 1, "y" * 99: 2}},
+    ]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["a", "b"]
+    assert len(loaded.warnings) == 3 and all(len(w) < 500 + len(str(path)) for w in loaded.warnings), [
+        len(w) for w in loaded.warnings
+    ]
+    assert "unknown record type 'xxx" in loaded.warnings[0] and "block of unknown type 'xxx" in loaded.warnings[1]
+    assert "ignored unknown field(s) 'xxx" in loaded.warnings[2] and "'yyy" in loaded.warnings[2]
+
+
+def test_a_message_of_plain_text_content_with_a_field_this_version_does_not_know_is_kept(tmp_path: Path) -> None:
+    """A message whose content is a string (as `Message` accepts, and a file written by hand or by
+    another tool holds) was skipped whole for one unknown field, where one whose content is a
+    list of blocks lost only that field."""
+    path = tmp_path / "s.jsonl"
+    record = {"type": "message", "message": {"role": "user", "content": "hi", "id": "m1"}}
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("hi")]
+    assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["the last line: ignored unknown field(s) 'id' of a message"]

@@ -167,7 +167,7 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
         elif kind == "checkpoint":
             loaded.messages = [_message(m, notes) for m in record["messages"]]
         else:
-            return f"unknown record type {kind!r}"
+            return f"unknown record type {_quoted(kind)}"
     except (ValueError, KeyError, TypeError, ValidationError, RecursionError) as exc:
         # RecursionError: a line nested deeper than the parser's stack (damage, or not a session)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -205,11 +205,12 @@ def _message(data: Any, notes: list[str]) -> Message:
     try:
         return Message.model_validate(data)
     except ValidationError as exc:
-        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        if not isinstance(data, dict) or not isinstance(data.get("content"), list | str):
             raise
         lost: list[str] = []
         known = _known_fields(data, Message, "message", lost)
-        known["content"] = _known_blocks(data["content"], lost)
+        if isinstance(data["content"], list):  # a string is text: no block in it to drop
+            known["content"] = _known_blocks(data["content"], lost)
         try:
             message = Message.model_validate(known)
         except ValidationError:
@@ -224,11 +225,11 @@ def _known_blocks(blocks: list[Any], lost: list[str]) -> list[Any]:
         cls = _BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
         if cls is None:
             if isinstance(block, dict):
-                lost.append(f"dropped a block of unknown type {block.get('type')!r}")
+                lost.append(f"dropped a block of unknown type {_quoted(block.get('type'))}")
             else:
                 out.append(block)  # not a block at all: validation fails, as it should
             continue
-        known = _known_fields(block, cls, f"{block['type']} block", lost)
+        known = _known_fields(block, cls, f"{block['type']} block", lost)  # a known type: short
         if cls is ToolResultBlock and isinstance(known.get("content"), list):
             known["content"] = _known_blocks(known["content"], lost)
         out.append(known)
@@ -238,5 +239,18 @@ def _known_blocks(blocks: list[Any], lost: list[str]) -> list[Any]:
 def _known_fields(data: dict[str, Any], cls: type[BaseModel], what: str, lost: list[str]) -> dict[str, Any]:
     unknown = [k for k in data if k not in cls.model_fields]
     if unknown:
-        lost.append(f"ignored unknown field(s) {', '.join(map(repr, unknown))} of a {what}")
+        names = ", ".join(map(_quoted, unknown[:_NAMED]))
+        more = f" and {len(unknown) - _NAMED} more" if len(unknown) > _NAMED else ""
+        lost.append(f"ignored unknown field(s) {names}{more} of a {what}")
     return {k: v for k, v in data.items() if k in cls.model_fields}
+
+
+_QUOTED = 80  # characters of a value a warning quotes
+_NAMED = 5  # unknown fields a warning names
+
+
+def _quoted(value: Any) -> str:
+    """``repr(value)`` cut to `_QUOTED` characters: a warning quotes what a damaged line holds,
+    never all of it (a line of a megabyte would be a megabyte of log)."""
+    text = repr(value)
+    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}..."
