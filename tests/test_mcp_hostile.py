@@ -6,6 +6,7 @@ and no call waits for an answer the server already sent."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -99,3 +100,67 @@ async def test_a_listing_with_entries_that_are_not_tools_keeps_the_others(caplog
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("'bad'" in w and srv.label in w for w in warnings), warnings
     assert all("pydantic" not in w for w in warnings), warnings
+
+
+class _GarbledHttpServer:
+    """A streamable HTTP MCP server in an `httpx2.MockTransport` whose answer to a tools/call is
+    ``garbage`` (with its content type), until ``garbage`` is None."""
+
+    def __init__(self) -> None:
+        self.garbage: tuple[bytes, str] | None = None
+
+    async def handle(self, request: Any) -> Any:
+        import httpx2
+
+        if request.method != "POST":
+            return httpx2.Response(405 if request.method == "GET" else 200)
+        body = json.loads(request.content)
+        if "id" not in body:
+            return httpx2.Response(202)
+        if body["method"] == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": body["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "garbled", "version": "1"},
+            }
+        elif body["method"] == "tools/list":
+            result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
+        elif self.garbage is not None:
+            content, kind = self.garbage
+            return httpx2.Response(200, content=content, headers={"content-type": kind})
+        else:
+            result = {"content": [{"type": "text", "text": "fine"}]}
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result},
+                               headers={"mcp-session-id": "s1"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        (b"event: message\ndata: <html>secret-ish page</html>\n\n", "text/event-stream"),
+        (b'event: message\ndata: {"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"m"}}\n\n', "text/event-stream"),
+        (b"<html>secret-ish page</html>", "application/json"),
+    ],
+)
+async def test_an_http_answer_that_is_not_json_rpc_is_a_one_line_error(
+    garbage: tuple[bytes, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK failed such a call with pydantic's dump of every error, the server's text quoted:
+    a dozen lines for the model. The call fails in one line saying what happened, and the
+    connection goes on."""
+    import functools
+
+    import httpx2
+
+    fake = _GarbledHttpServer()
+    monkeypatch.setattr(httpx2, "AsyncClient", functools.partial(httpx2.AsyncClient, transport=httpx2.MockTransport(fake.handle)))
+    async with MCPServer.http("http://mcp.invalid/mcp", connect_timeout=10) as srv:
+        assert await _text(srv, "t") == "fine"
+        fake.garbage = garbage
+        with pytest.raises(MCPError) as raised:
+            await _text(srv, "t")
+        message = str(raised.value)
+        assert "not valid JSON-RPC" in message and srv.label in message, message
+        assert "\n" not in message and "pydantic" not in message and "secret-ish" not in message, message
+        fake.garbage = None
+        assert await _text(srv, "t") == "fine"

@@ -8,6 +8,7 @@ the wrong shape was dropped, leaving its request waiting for ever. Here each cos
 - `readable` is a result with the tools of a listing that are not valid tools left out (a
   warning names each), and each content block of an unknown type replaced by a text saying
   what it was;
+- `readable` also makes the SDK's error for an HTTP answer that is not JSON-RPC one line;
 - `error_answer` is the error answer that stands for an answer of the wrong shape, so that its
   request fails at once, saying why;
 - `invalid_result` is the error of a result that still does not validate: a line, not
@@ -30,6 +31,9 @@ from ..models._errbody import clipped
 
 log = logging.getLogger("agentloop")
 
+#: How the errors of the SDK's HTTP transport for an answer it could not parse begin.
+_SDK_UNPARSED = ("Failed to parse SSE message: ", "Failed to parse JSON response: ")
+
 #: The content block types of the protocol this SDK reads (the sampling ones included).
 _KNOWN_CONTENT = frozenset({"text", "image", "audio", "resource_link", "resource", "tool_use", "tool_result"})
 
@@ -38,6 +42,8 @@ def readable(message: Any, label: str, version: str | None) -> Any:
     """``message`` (what the transport read; ``version`` the protocol the session agreed) with a
     result's content of unknown types described and a listing's invalid tools left out;
     anything else as it is."""
+    if isinstance(message, types.JSONRPCError):
+        return _unparsed(message, label)
     if not isinstance(message, types.JSONRPCResponse) or not isinstance(message.result, dict):
         return message
     result = message.result
@@ -53,6 +59,18 @@ def readable(message: Any, label: str, version: str | None) -> Any:
     if result is message.result:
         return message
     return message.model_copy(update={"result": result})
+
+
+def _unparsed(message: types.JSONRPCError, label: str) -> types.JSONRPCError:
+    """``message``, but for the error the SDK's HTTP transport answers a request with when the
+    server's answer was not JSON-RPC ("Failed to parse SSE message: " and pydantic's dump of
+    every error, the server's text quoted): that one in a line."""
+    error = message.error
+    if error.code != types.PARSE_ERROR or not error.message.startswith(_SDK_UNPARSED):
+        return message
+    what = error.message.partition(":")[0]
+    text = f"MCP server {label} answered with a message that is not valid JSON-RPC ({what})"
+    return message.model_copy(update={"error": error.model_copy(update={"message": text, "data": None})})
 
 
 def _unknown(block: Any) -> bool:
