@@ -29,7 +29,7 @@ answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests,
 
 TOOLS = [
     "split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last", "deep",
-    "latin1", "surrogate", "bad_error", "bad_result", "new_content",
+    "latin1", "surrogate", "bad_error", "bad_result", "new_content", "deep_answer", "cut_answer",
 ]  # fmt: skip
 
 
@@ -111,6 +111,13 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         out.flush()
     elif name == "surrogate":  # an answer whose text holds a lone UTF-16 surrogate (valid JSON, no valid Unicode)
         send(text(request_id, "a\ud800b"))
+    elif name in ("deep_answer", "cut_answer"):  # nested past any parser's depth; cut short, then a line break
+        answer = json.dumps(text(request_id, "x")).encode()
+        if name == "deep_answer":
+            depth = int(arguments.get("n", 1000))
+            answer = answer[:-1] + b',"structuredContent":{"a":' + b"[" * depth + b"]" * depth + b"}}"
+        out.write((answer if name == "deep_answer" else answer[:40]) + b"\n")
+        out.flush()
     elif name == "bad_error":  # an error answer whose code is not a number
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": "oops", "message": "went wrong"}})
     elif name == "bad_result":  # a result whose content is not a list

@@ -35,9 +35,9 @@ def _raw(*args: str, **options: Any) -> MCPServer:
     return MCPServer.stdio(sys.executable, [RAW_SERVER, *args], **{"connect_timeout": 10, **options})
 
 
-async def _text(srv: MCPServer, name: str) -> str:
+async def _text(srv: MCPServer, name: str, arguments: dict[str, Any] | None = None) -> str:
     async with asyncio.timeout(10):  # an answer dropped on the way is a call that waits for ever
-        return result_to_block("t", await srv.call_tool(name, {})).text
+        return result_to_block("t", await srv.call_tool(name, arguments or {})).text
 
 
 @pytest.mark.parametrize(("tool", "text"), [("latin1", "caf\ufffd"), ("surrogate", "a\ufffdb")])
@@ -53,6 +53,18 @@ async def test_an_answer_that_is_not_valid_unicode_is_read_with_replacement_char
             assert await _text(srv, "last") == "the last answer"  # the same server: nothing was lost
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "U+FFFD" in warnings[0] and srv.label in warnings[0], warnings
+
+
+@pytest.mark.parametrize(("tool", "arguments"), [("deep_answer", {}), ("deep_answer", {"n": 300}), ("cut_answer", {})])
+async def test_an_answer_that_cannot_be_decoded_fails_its_call_not_waits(tool: str, arguments: dict[str, Any]) -> None:
+    """An answer nested too deeply to decode, or cut short before its line break, was skipped as a
+    line that is not JSON-RPC, and its call waited for ever (or its tool timeout)."""
+    async with _raw() as srv:
+        pid = await _text(srv, "pid")
+        with pytest.raises(MCPError, match="not a valid JSON-RPC answer") as raised:
+            await _text(srv, tool, arguments)
+        assert srv.label in str(raised.value)
+        assert await _text(srv, "pid") == pid
 
 
 async def test_an_answer_of_the_wrong_shape_fails_its_call_not_waits(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,14 +10,17 @@ the wrong shape was dropped, leaving its request waiting for ever. Here each cos
   what it was;
 - `readable` also makes the SDK's error for an HTTP answer that is not JSON-RPC one line;
 - `error_answer` is the error answer that stands for an answer of the wrong shape, so that its
-  request fails at once, saying why;
+  request fails at once, saying why, and `undecodable_answer` the one for an answer that cannot be
+  decoded at all (cut short, or nested too deeply);
 - `invalid_result` is the error of a result that still does not validate: a line, not
   pydantic's dump of every error (with links to its site and the server's values).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +119,28 @@ def error_answer(value: Any, label: str) -> types.JSONRPCError | None:
     request = value.get("id")
     if not isinstance(request, str | int) or isinstance(request, bool):
         return None
-    message = f"MCP server {label} answered with a message that is not a valid JSON-RPC answer"
+    return _failing(request, label, "")
+
+
+def undecodable_answer(text: str, label: str) -> types.JSONRPCError | None:
+    """The error answer standing for JSON ``text`` that cannot be decoded (cut short, or nested
+    deeper than `MAX_JSON_DEPTH`) when it starts as an answer to a request does
+    (``{"jsonrpc": "2.0", "id": ..., "result"``, as servers write it); None for anything else."""
+    start = _ANSWER_START.match(text, 0, 1024)
+    if start is None:
+        return None
+    request = json.loads(start.group(1))
+    return _failing(request, label, " (it could not be decoded: cut short, or nested too deeply)")
+
+
+#: The start of an answer as servers write it: ``jsonrpc``, then ``id``, then ``result`` or ``error``.
+_ANSWER_START = re.compile(
+    r'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")\s*,\s*"(?:result|error)"\s*:'
+)
+
+
+def _failing(request: str | int, label: str, why: str) -> types.JSONRPCError:
+    message = f"MCP server {label} answered with a message that is not a valid JSON-RPC answer{why}"
     log.warning("%s (to request %s); the request fails", message, repr(request)[:40])
     return types.JSONRPCError(jsonrpc="2.0", id=request, error=types.ErrorData(code=types.INTERNAL_ERROR, message=message))
 

@@ -34,9 +34,9 @@ from mcp.shared.message import SessionMessage
 
 from .._jsondepth import loads
 from .._process import track, uncancellable, untrack
-from .._unicode import scrub_json
+from .._unicode import json_escapes_surrogate, scrub_json
 from ..models._http import Redactor
-from ._answers import error_answer
+from ._answers import error_answer, undecodable_answer
 from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
 from ._stop import stop
@@ -253,18 +253,32 @@ class Pipes:
         return [SessionMessage(message)]
 
     def _salvaged(self, line: bytearray) -> types.JSONRPCMessage | None:
-        """The message on a line of JSON that `parse` could not read as it is: one holding bytes
-        that are not UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says
-        so); or an answer of the wrong shape, read as an error answer to its request (which then
-        fails rather than waiting for ever). None for anything else."""
+        """The message on a line `parse` could not read as it is: one holding bytes that are not
+        UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says so); or an
+        answer it still cannot read (of the wrong shape, cut short, nested too deeply), read as an
+        error answer to its request, which then fails rather than waits for ever. None for
+        anything else (a line that is not JSON-RPC)."""
+        raw = bytes(line)
         try:
-            value = scrub_json(loads(bytes(line).decode("utf-8", "replace")))
+            text, lossy = raw.decode("utf-8"), False
+        except UnicodeDecodeError:
+            text, lossy = raw.decode("utf-8", "replace"), True
+        try:
+            value = loads(text)
         except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
-            return None
-        try:
-            message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
-        except ValueError:
-            return error_answer(value, self.label)
+            return undecodable_answer(text, self.label)
+        if lossy or json_escapes_surrogate(text):
+            value = scrub_json(value)
+            try:
+                message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
+            except ValueError:
+                pass
+            else:
+                self._mangled()
+                return message
+        return error_answer(value, self.label)
+
+    def _mangled(self) -> None:
         log.log(
             logging.DEBUG if self.stdout.mangled else logging.WARNING,
             "MCP server %s wrote a message that is not valid UTF-8 (or holds a lone surrogate): read with "
@@ -272,7 +286,6 @@ class Pipes:
             self.label,
         )
         self.stdout.mangled = True
-        return message
 
     def _batch(self, line: bytearray) -> list[SessionMessage]:
         try:
