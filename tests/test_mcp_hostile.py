@@ -14,9 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from agentloop.mcp import MCPServer, result_to_block
+from agentloop.mcp._stdio import Pipes
+from agentloop.models._http import Redactor
 from tests.helpers import child_pids_alive, exited
 
 RAW_SERVER = str(Path(__file__).with_name("mcp_raw_server.py"))
@@ -176,3 +181,41 @@ async def test_an_http_answer_that_is_not_json_rpc_is_a_one_line_error(
         assert "\n" not in message and "pydantic" not in message and "secret-ish" not in message, message
         fake.garbage = None
         assert await _text(srv, "t") == "fine"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    request=st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=10)),
+    payload=st.one_of(
+        st.text(),  # any text: lone surrogates included, written as \ud800 escapes
+        st.binary().map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")),  # any bytes but a line break
+    ),
+    shape=st.sampled_from(["text", "error", "bad_code", "bad_content", "cut", "deep"]),
+)
+def test_property_every_answer_line_answers_its_request(request: int | str, payload: str | bytes, shape: str) -> None:
+    """Whatever a line answering a request holds (bytes that are not UTF-8, lone surrogates, a
+    shape the SDK refuses, JSON cut short or nested past any parser's depth), reading it yields an
+    answer to that request, a result or an error: never nothing, which leaves the request waiting."""
+    rid = json.dumps(request).encode()
+    if isinstance(payload, str):
+        value = json.dumps(payload).encode()  # ensure_ascii: a surrogate is a \\ud800 escape
+    else:
+        value = b'"' + payload.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'  # raw bytes in a string
+    body = {
+        "text": b'"result":{"content":[{"type":"text","text":%s}]}' % value,
+        "error": b'"error":{"code":-32000,"message":%s}' % value,
+        "bad_code": b'"error":{"code":%s,"message":"m"}' % value,
+        "bad_content": b'"result":{"content":%s}' % value,
+        "cut": b'"result":{"content":[{"type":"text","text":%s' % value,
+        "deep": b'"result":{"content":[],"structuredContent":{"a":%s%s%s}}' % (b"[" * 500, value, b"]" * 500),
+    }[shape]
+    line = bytearray(b'{"jsonrpc":"2.0","id":%s,%s}' % (rid, body) if shape != "cut" else b'{"jsonrpc":"2.0","id":%s,%s' % (rid, body))
+    loop = asyncio.new_event_loop()
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        messages = [m.message for m in pipes.parse(line)]
+    finally:
+        loop.close()
+    assert len(messages) == 1, line
+    (message,) = messages
+    assert isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id == request
