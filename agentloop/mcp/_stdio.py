@@ -10,6 +10,9 @@ reads and writes, in place of the SDK's own ``stdio_client``, which:
 - handed the server the host's own stderr (which then had to be a real file): here stderr is
   read line by line into the ``agentloop`` log (INFO), with the credentials the host passed in
   ``env`` or on the command line scrubbed, and its last lines say why a server stopped;
+- dropped an answer holding bytes that are not UTF-8 or a lone surrogate, or one it could not
+  read (cut short, of the wrong shape), leaving its request waiting for ever: here the first is
+  read with U+FFFD, and the second fails its request (`_answers`);
 - noticed a server's death only at the end of its stdout, which a process it left behind can
   hold open for ever: here its exit ends the connection too.
 
