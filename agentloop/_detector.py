@@ -62,7 +62,9 @@ the confident verdict is reserved for the thinking channel.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ._checks import count
 from ._signals import DoomLoopSignal
@@ -150,7 +152,7 @@ class RepetitionDetector:
     distances one checkpoint checks at most. TypeError for one of these that is not a whole
     number; ValueError for one below 1, and unless ``window >= 2 * anchor`` and ``anchor >= 2``.
 
-    ``live`` (read-only) maps each candidate period being tracked to its run; it
+    ``live`` (a read-only view) maps each candidate period being tracked to its run; it
     is empty while the text does not repeat, and then a delta costs one append
     until the next checkpoint.
     """
@@ -186,7 +188,7 @@ class RepetitionDetector:
         self._tries = tries
         self._keep = 2 * window + 2 * anchor
         self._trim_at = self._keep + window  # the buffer's length past which it is trimmed to _keep
-        self.live: dict[int, _Run] = {}
+        self._live: dict[int, _Run] = {}
         # Search reach by the bit length of (first checkpoint index - 1) ^ (last index): twice
         # the stride of the chunk's farthest-reaching checkpoint.
         self._reach = _reach_table(step, window)
@@ -204,11 +206,17 @@ class RepetitionDetector:
         self._n = 0  # characters fed so far
         self._done = 0  # characters appended to _buf and checked (read while a run is live)
         self._next_cp = self._step * ((self._k + self._step - 1) // self._step)
-        self.live.clear()  # the same dict across resets: holders may keep a reference
+        self._live.clear()  # the same dict across resets: holders may keep a reference (`live`)
         self._in_fence = False
         self._fence_scan = 0
         self._toggles: list[int] = []  # fence toggles seen in the last chunk with a back-tick
         self.fired = 0
+
+    @property
+    def live(self) -> Mapping[int, _Run]:
+        """The runs being tracked, by candidate period: a read-only view that follows the
+        detector, also across resets."""
+        return MappingProxyType(self._live)
 
     @property
     def chars(self) -> int:
@@ -224,10 +232,10 @@ class RepetitionDetector:
 
     def tail(self) -> tuple[int, int] | None:
         """(period, length) of the live run with the smallest period, or None."""
-        if not self.live:
+        if not self._live:
             return None
-        p = min(self.live)
-        return p, self._n - self.live[p].onset
+        p = min(self._live)
+        return p, self._n - self._live[p].onset
 
     def feed(self, delta: str) -> tuple[DoomLoopSignal, ...]:
         """Add streamed text; return the signals that became due.
@@ -238,7 +246,7 @@ class RepetitionDetector:
         n = self._n + len(delta)
         self._n = n
         cp = self._next_cp
-        if n < cp and not self.live:
+        if n < cp and not self._live:
             self._pending += delta
             return ()
         if self._pending:
@@ -250,7 +258,7 @@ class RepetitionDetector:
         self._buf = buf
         if "`" in delta:
             self._scan_fences(buf, n)
-        if self.live:  # else a checkpoint is due (see the queueing above)
+        if self._live:  # else a checkpoint is due (see the queueing above)
             return self._check(buf, n)
         # The common case, inline: a checkpoint reached and no live run. One search
         # per chunk, at its last checkpoint, reaching as far back as the
@@ -279,7 +287,7 @@ class RepetitionDetector:
             if j >= 0:
                 self._done = last
                 self._candidates(buf, last, j, self._far_needle, reach)
-                if self.live:
+                if self._live:
                     return self._check(buf, n)
         # No run is live, so `_done` is not read before the next adoption sets it.
         if n > self._trim_n:
@@ -304,7 +312,7 @@ class RepetitionDetector:
             j = buf.rfind(buf[f:e], f - reach if f > reach else 0, e - near - 1)
             if j >= 0:
                 self._candidates(buf, last, j, self._far_needle, reach)
-        if self.live:
+        if self._live:
             return self._check(buf, n)
         # No run is live, so `_done` is not read before the next adoption sets it.
         if n > self._trim_n:
@@ -324,7 +332,7 @@ class RepetitionDetector:
 
     def _check(self, buf: str, n: int) -> tuple[DoomLoopSignal, ...]:
         """The general case: live runs to extend and judge, and maybe a checkpoint."""
-        runs, step = self.live, self._step
+        runs, step = self._live, self._step
         out: list[DoomLoopSignal] = []
         pos = self._done
         cp = self._next_cp
@@ -356,12 +364,12 @@ class RepetitionDetector:
         if frm >= to:
             return
         base = self._base
-        for p in list(self.live):
+        for p in list(self._live):
             a, b = frm - base, to - base
             if buf[a:b] == buf[a - p : b - p]:
                 continue
             end = next(i for i in range(a, b) if buf[i] != buf[i - p]) + base
-            run = self.live.pop(p)
+            run = self._live.pop(p)
             self._judge(run, end, out, buf)  # a run that crossed its threshold mid-delta still fires
 
     def _search(self, buf: str, cp: int, reach: int) -> None:
@@ -402,7 +410,7 @@ class RepetitionDetector:
         k, e = self._k, cp - self._base
         d = e - n - j
         for _ in range(self._tries):
-            run = self.live.get(d)
+            run = self._live.get(d)
             onset = run.onset if run is not None else self._onset(buf, cp, d)
             if onset is None:
                 # Any longer period p > d repeats the last max(p, k) characters, so the last
@@ -447,11 +455,11 @@ class RepetitionDetector:
         return a - d + base
 
     def _adopt(self, d: int, onset: int) -> None:
-        for q in [q for q in self.live if q % d == 0 and self.live[q].onset >= onset]:
-            del self.live[q]  # a multiple inside the new run adds nothing
-        if len(self.live) >= self._max_candidates:
-            del self.live[max(self.live)]
-        self.live[d] = _Run(d, onset)
+        for q in [q for q in self._live if q % d == 0 and self._live[q].onset >= onset]:
+            del self._live[q]  # a multiple inside the new run adds nothing
+        if len(self._live) >= self._max_candidates:
+            del self._live[max(self._live)]
+        self._live[d] = _Run(d, onset)
 
     def _judge(self, run: _Run, end: int, out: list[DoomLoopSignal], buf: str) -> None:
         p = run.period

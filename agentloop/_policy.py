@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -362,6 +363,9 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
 # whether it was warned about.
 _holders = _ByPolicy()
 _warned = _ByPolicy()
+# Held while a run claims its policies (`claim`), by runs starting in two threads at once. Reentrant:
+# a policy's fork() is the host's code.
+_claiming = threading.RLock()
 
 
 def claim(policies: list[Policy], engine: Any) -> list[Policy]:
@@ -373,13 +377,14 @@ def claim(policies: list[Policy], engine: Any) -> list[Policy]:
     (they have seen none of this engine's transcript yet). A policy bound to another engine's
     tools since this engine bound it (a list shared by engines with other tools, one run after
     the other) is bound to this engine's again, so its tool classes are this run's."""
-    forks = own_copies(policies, engine)
+    with _claiming:  # engines of two threads: the look and the take are one step
+        forks = own_copies(policies, engine)
+        for policy in policies:
+            if policy.one_engine:
+                _holders.put(policy, weakref.ref(engine))
     stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
     if stale:
         bind_all(stale, engine)
-    for policy in policies:
-        if policy.one_engine:
-            _holders.put(policy, weakref.ref(engine))
     return forks
 
 

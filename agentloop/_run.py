@@ -221,8 +221,9 @@ class RunState:
         # The whole of each result cut by max_tool_result_chars in this tool phase, for the policies
         # (a poller's progress can be in the part cut out); None while nothing was cut.
         self.uncut: dict[str, ToolResultBlock] | None = None
-        # The model whose credentials were read for this run, and them (see `run_secrets`).
-        self.secrets: tuple[object, tuple[str, ...]] | None = None
+        # What the credentials of this run were read from (its lineage's models and tools), and
+        # them (see `run_secrets`).
+        self.secrets: tuple[tuple[object, ...], tuple[str, ...]] | None = None
         self.turn_index = 0
         # The interjections queued before the run, which its first turn begins with: reported
         # right after that turn's TurnStarted.

@@ -221,10 +221,22 @@ def _holds(text: str, secrets: tuple[str, ...]) -> bool:
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
     """The credentials of ``engine``'s model and its ancestors' and of their tools' MCP servers
     (`lineage_credentials`), to redact from tool results: read once per run (an HTTP model
-    collects them from its key and headers), again only if the model was swapped or the tools
-    were set (`QueryEngine._set_tools` drops them)."""
-    model = engine.model
+    collects them from its key and headers), again only if a model of the lineage was swapped,
+    an ancestor's tools were set (a background child runs on while its parent changes them), or
+    the engine's own were (`QueryEngine._set_tools` drops them)."""
+    sources = _credential_sources(engine)
     held = st.secrets
-    if held is None or held[0] is not model:
-        held = st.secrets = (model, lineage_credentials(engine))
+    if held is None or len(held[0]) != len(sources) or any(a is not b for a, b in zip(held[0], sources, strict=True)):
+        held = st.secrets = (sources, lineage_credentials(engine))
     return held[1]
+
+
+def _credential_sources(engine: QueryEngine) -> tuple[object, ...]:
+    """What `lineage_credentials` reads, but the engine's own tools: its model, and each
+    ancestor's model and tool set (a new tuple each time they are set)."""
+    found: list[object] = [engine.model]
+    parent = engine.parent
+    while parent is not None:
+        found += (parent.model, parent.tool_specs)
+        parent = parent.parent
+    return tuple(found)

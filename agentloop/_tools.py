@@ -130,9 +130,14 @@ class Allow:
 
 @dataclass(frozen=True, slots=True)
 class Deny:
-    """Permission refused; ``message`` becomes the call's error result."""
+    """Permission refused; ``message`` becomes the call's error result (TypeError for one that
+    is not a str)."""
 
     message: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.message, str):
+            raise TypeError(f"Deny message must be a str, not {type(self.message).__name__}")
 
 
 # Usually an async def (it may wait for a person); a plain function answering at once is one too.

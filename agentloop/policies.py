@@ -355,7 +355,7 @@ class _Channel:
 
     def __init__(self, det: RepetitionDetector) -> None:
         self.det = det
-        self.live = det.live  # the detector keeps this dict across resets
+        self.live = det._live  # the detector's own dict (kept across resets), not its read-only view
         self.parts: list[str] = []
         self.seen = 0
 

@@ -504,3 +504,23 @@ def test_aperiodic_text_with_recurring_anchors_agrees_with_reference(seed: int, 
     det = RepetitionDetector("text")
     assert fires(det, chunks(text, *sizes, seed)) == []
     assert det.tail() == reference_tail(text)
+
+
+def test_live_is_a_read_only_view_that_follows_the_detector_across_resets() -> None:
+    """``live`` was a plain attribute: ``det.live = {}`` (or ``det.live.clear()``) mid-run left
+    the detector extending runs it no longer listed, and a holder of the old dict (the doom-loop
+    policy) read a stale one. It is a read-only view of the runs now."""
+    det = RepetitionDetector(window=256, anchor=8, step=8)
+    view = det.live
+    det.feed("abcdefg " * 40)
+    assert view and set(view) == set(det.live)  # the view follows the detector
+    with pytest.raises(AttributeError):
+        det.live = {}  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        det.live.clear()  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        det.live[3] = det.live[min(det.live)]  # type: ignore[index]
+    det.reset()
+    assert not view  # a view kept across resets follows the detector
+    det.feed("xyz " * 40)
+    assert view and set(view) == set(det.live)

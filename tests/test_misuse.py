@@ -600,3 +600,12 @@ async def test_tools_and_model_assigned_between_runs_are_checked_when_assigned()
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert engine.model is model and engine.messages[-1].text == "done"
     assert "pong" in str(model.requests[1].messages[-1].content[0])
+
+
+@pytest.mark.parametrize("bad", [5, b"no", None, ["no"]])
+def test_a_deny_whose_message_is_not_text_is_refused_at_construction(bad: object) -> None:
+    """``Deny(5)`` was taken, and the model was told only "Permission denied." (the host's reason lost)."""
+    from agentloop import Deny
+
+    with pytest.raises(TypeError, match=r"Deny message must be a str, not "):
+        Deny(bad)  # type: ignore[arg-type]

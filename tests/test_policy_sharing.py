@@ -3,6 +3,7 @@ handed to every engine a server makes): both runs stay protected, and nothing ra
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -200,3 +201,76 @@ async def test_an_engine_made_with_a_policy_another_engines_run_holds_leaves_tha
     events = [e async for e in run]
     end = events[-1]
     assert isinstance(end, TurnEnded) and (end.reason, end.turns) == ("stationarity_ended", 8)
+
+
+def test_two_threads_starting_runs_over_one_policy_at_once_never_both_take_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Engines in two threads (each with its event loop, as a threaded server runs them) given
+    one policy list: the claim of a run looked whether another run held a policy, then took
+    it, and a second thread's run starting between the two took it as well: both runs wrote
+    into one policy's counts. The claim is atomic now: the second run waits, and forks."""
+    import threading
+
+    from agentloop import _policy
+
+    first_checked, go_on, first_may_end = threading.Event(), threading.Event(), threading.Event()
+    shared = [IdenticalToolCallRun()]
+
+    def hold(request: Any) -> str:
+        assert first_may_end.wait(30)  # the first run holds its policy until the second's claim is over
+        return "done"
+
+    first = QueryEngine(ScriptedModel([hold]), policies=shared)
+    second = QueryEngine(ScriptedModel(["done"]), policies=shared)
+    real = _policy._held_elsewhere
+
+    def held_elsewhere(policy: Any, engine: object) -> bool:
+        found = real(policy, engine)
+        if engine is first and not first_checked.is_set():  # the first claim looked, and has not taken it yet
+            first_checked.set()
+            assert go_on.wait(30)
+        return found
+
+    monkeypatch.setattr(_policy, "_held_elsewhere", held_elsewhere)
+    claiming = getattr(_policy, "_claiming", None)
+    if claiming is not None:
+
+        class Noted:
+            """The claims' lock: the second thread waiting on it lets the first claim go on."""
+
+            def __enter__(self) -> None:
+                if threading.current_thread() is second_thread:
+                    go_on.set()
+                claiming.__enter__()
+
+            def __exit__(self, *exc: object) -> None:
+                claiming.__exit__(*exc)
+
+        monkeypatch.setattr(_policy, "_claiming", Noted())
+
+    def run_second() -> None:
+        try:
+            assert first_checked.wait(30)
+            asyncio.run(_drain(second))
+        finally:
+            go_on.set()
+            first_may_end.set()
+
+    second_thread = threading.Thread(target=run_second)
+    second_thread.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentloop"):
+            asyncio.run(_drain(first))
+    finally:
+        go_on.set()
+        first_may_end.set()
+        second_thread.join(30)
+    assert first.policies[0] is shared[0]
+    assert second.policies[0] is not shared[0]  # the second run forked its own
+    assert "used by two engines at once" in caplog.text
+
+
+async def _drain(engine: QueryEngine) -> None:
+    async for _ in engine.run("hi"):
+        pass

@@ -136,26 +136,41 @@ def test_an_append_to_a_file_deleted_or_replaced_under_the_writer_is_refused(
             other = tmp_path / "other.jsonl"
             other.write_bytes(b"")
             os.replace(other, path)
-        with pytest.raises(OSError, match="deleted, or replaced") as raised:
+        with pytest.raises(OSError, match="deleted, moved away, or replaced") as raised:
             session.append_message(Message.user("two"))
         assert raised.value.filename == str(path) and raised.value.errno == errno.ESTALE
         session.append_message(Message.user("three"))  # at the path again
     assert [m.text for m in JsonlSession(path).load().messages] == ["three"]
 
 
-def test_a_file_moved_away_under_the_writer_keeps_its_records(tmp_path: Path) -> None:
-    """Not protected, and not lost: a file renamed while open receives the records under its
-    new name (what `mv` of a live session does), as documented."""
+@pytest.mark.parametrize("how", ["moved", "moved, then replaced", "hard-linked, then deleted"])
+def test_an_append_to_a_file_moved_away_under_the_writer_is_refused_and_the_next_opens_the_path(
+    tmp_path: Path, how: str
+) -> None:
+    """A file renamed while open (``mv`` of a live session, a log rotation) took every later
+    record to its new name: the path held nothing, or a file put there later that no writer
+    had locked, and a resume from the path lost them. The path is looked up at each append now:
+    the append is refused (``ESTALE``), the moved file keeps what it had, and the next append
+    opens the file at the path (an engine then writes its whole transcript there)."""
     path, moved = tmp_path / "s.jsonl", tmp_path / "archive.jsonl"
     with JsonlSession(path) as session:
         session.append_message(Message.user("one"))
-        path.rename(moved)
-        session.append_message(Message.user("two"))
-    assert not path.exists()
-    assert [m.text for m in JsonlSession(moved).load().messages] == ["one", "two"]
+        if how.startswith("hard-linked"):
+            os.link(path, moved)
+            path.unlink()
+        else:
+            path.rename(moved)
+        if how.endswith("replaced"):
+            path.write_bytes(b"")
+        with pytest.raises(OSError, match="deleted, moved away, or replaced") as raised:
+            session.append_message(Message.user("two"))
+        assert raised.value.filename == str(path) and raised.value.errno == errno.ESTALE
+        session.append_message(Message.user("three"))  # at the path again
+    assert [m.text for m in JsonlSession(moved).load().messages] == ["one"]
+    assert [m.text for m in JsonlSession(path).load().messages] == ["three"]
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("how", ["deleted", "replaced", "moved"])
 async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_again(
     tmp_path: Path, how: str
 ) -> None:
@@ -172,6 +187,8 @@ async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_
         if calls == 1:
             if how == "deleted":
                 path.unlink()
+            elif how == "moved":
+                path.rename(tmp_path / "archive.jsonl")
             else:
                 (tmp_path / "x.jsonl").write_text('{"type":"message","message":{"role":"user","content":"x"}}\n')
                 os.replace(tmp_path / "x.jsonl", path)
@@ -181,7 +198,7 @@ async def test_a_run_whose_file_is_deleted_under_it_writes_its_whole_transcript_
         engine = QueryEngine(_looking_model(), tools=[disk], session=session, policies=[])
         async for _ in engine.run("go"):
             pass
-    assert len(engine.session_errors) == 1 and "deleted, or replaced" in engine.session_errors[0]
+    assert len(engine.session_errors) == 1 and "deleted, moved away, or replaced" in engine.session_errors[0]
     loaded = JsonlSession(path).load()
     assert loaded.warnings == [] and loaded.repairs == []
     assert loaded.messages == engine.messages

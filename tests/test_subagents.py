@@ -847,3 +847,60 @@ async def test_last_words_out_of_a_doom_loop_come_with_the_note_too() -> None:
     assert result.is_error and "stopped before finishing (max_turns). Its last words: 3 papers so far. (" in result.text
     assert result.text.endswith("came out of a doom loop: its output kept repeating itself and resampling did not "
                                 "stop it, so it may be cut short or padded with repeats. Check it before relying on it.)")
+
+
+class _Keyed(ScriptedModel):
+    """A model holding a credential, as an HTTP provider does (its key)."""
+
+    def __init__(self, key: str, script: list[Any]) -> None:
+        super().__init__(script)
+        self.key = key
+
+    def _credentials(self) -> tuple[str, ...]:
+        return (self.key,)
+
+
+class _KeyedHandler:
+    """A tool handler holding a credential, as an MCP server's tool does."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def _credentials(self) -> tuple[str, ...]:
+        return (self.key,)
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return "ok"
+
+
+@pytest.mark.parametrize("change", ["model", "tools"])
+async def test_a_running_childs_results_are_redacted_of_its_parents_credentials_given_meanwhile(change: str) -> None:
+    """A child read its ancestors' credentials once per run: a background child that goes on
+    while its parent swaps its model (a rotated key) or its tools (a new MCP server) let the
+    parent's new credential through in its tool results. They are read again after a change."""
+    from agentloop import Tool
+
+    new = "parent-new-credential-0123456789"
+    parent = QueryEngine(_Keyed("parent-old-credential-0123456789", ["hi"]), policies=[])
+
+    @tool
+    async def env() -> str:
+        """Print the environment."""
+        return f"TOKEN={new}"
+
+    @tool
+    async def rotate() -> str:
+        """The parent's set-up changes while this child runs."""
+        if change == "model":
+            parent.model = _Keyed(new, ["hi"])
+        else:
+            parent.tools = [Tool("remote", "A server's tool.", {"type": "object"}, _KeyedHandler(new))]
+        return "rotated"
+
+    calls = [ScriptedToolCall("env", {}, id="before"), ScriptedToolCall("rotate", {}), ScriptedToolCall("env", {}, id="after")]
+    script = [ScriptedResponse(tool_calls=[call]) for call in calls]
+    child = parent.subagent(agent_id="bg", model=ScriptedModel([*script, "done"]), tools=[env, rotate])
+    await collect(child, "go")
+    results = {r.tool_use_id: r.text for m in child.messages for r in m.tool_results}
+    assert results["before"] == f"TOKEN={new}"  # not a credential of the lineage yet
+    assert results["after"] == "TOKEN=[REDACTED]"

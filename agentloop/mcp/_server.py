@@ -519,7 +519,10 @@ class MCPServer:
 
         With ``signal``: on abort, stop waiting at once, let the SDK send the
         server ``notifications/cancelled`` for the request, and raise
-        `AbortError` with the signal's reason. A result that arrived first wins.
+        `AbortError` with the signal's reason. A result that arrived first wins. The abort waits
+        for that notification to be handed over, never for the server: over stdio it is written
+        without waiting even for a server that stopped reading, over HTTP its post is bounded by
+        ``http_timeout`` (and the SDK gives up a cancel it cannot write within 5 s).
         Raises `MCPError` for a protocol error (unknown tool, connection lost).
         """
         self._in_flight.append(signal)
@@ -543,7 +546,7 @@ class MCPServer:
                 aborted.cancel()
                 if not call.done():
                     call.cancel()  # the SDK writes notifications/cancelled on the way out
-                    await asyncio.wait((call,))
+                    await asyncio.wait((call,))  # bounded: see the docstring of call_tool
             if call.cancelled() or (signal.aborted and call.exception() is not None):
                 # An error after the abort (the main abort hook reset the connection) is the abort.
                 reason = signal.reason or "cancel"

@@ -86,9 +86,9 @@ class JsonlSession:
     A session is safe to append to from several threads. While its file is open for
     appending (from `acquire` or the first append until `close` or `release`) no other
     session, in this process or another, can open it for appending: they get
-    `SessionLockedError`. An append finding the file deleted, or replaced by a rename over
-    it, since it was opened raises OSError (``ESTALE``), writing nothing; the next append
-    opens the file at the path again. An OSError raised names the file.
+    `SessionLockedError`. An append finding that the path no longer names the file it opened
+    (deleted, moved away, or replaced by a rename over it) raises OSError (``ESTALE``), writing
+    nothing; the next append opens the file at the path again. An OSError raised names the file.
     """
 
     def __init__(
@@ -111,7 +111,7 @@ class JsonlSession:
         self.fsync_every = fsync_every
         self.sidechain_dir = _absolute(sidechain_dir) if sidechain_dir is not None else default_sidechain_dir(self.path)
         self._fd: int | None = None
-        self._regular = False  # the open file is a regular file (not a device, a pipe)
+        self._identity: tuple[int, int] | None = None  # (device, inode) of an open regular file
         self._closed = False
         self._unsynced = 0
         self._torn = False  # a failed append may have left part of its line at the end
@@ -178,7 +178,7 @@ class JsonlSession:
         """Cut a crash's torn last line now rather than at the next append (the engine, as a
         run starts, asks whether the file holds any record). An error is left for the append."""
         with self._lock:
-            if self._fd is None or not self._tail_unchecked or not self._regular:
+            if self._fd is None or not self._tail_unchecked or self._identity is None:
                 return
             try:
                 cut_torn_tail(self._fd, self.path, keep_whole=True)
@@ -314,7 +314,7 @@ class JsonlSession:
 
     def _append_locked(self, data: bytes) -> None:
         fd = self._open()
-        if self._regular and os.fstat(fd).st_nlink == 0:  # deleted, or replaced by a rename over it
+        if self._identity is not None and not self._named(fd, self._identity):
             self._drop_stale_file(fd)
         if self._tail_unchecked:  # cut a crash's torn last line (a whole record is kept)
             cut_torn_tail(fd, self.path, keep_whole=True)
@@ -339,6 +339,18 @@ class JsonlSession:
             _name_file(exc, self.path)
             raise
 
+    def _named(self, fd: int, identity: tuple[int, int]) -> bool:
+        """Whether the path still names the open file: not deleted, moved away (a rename, a log
+        rotation) or replaced (a rename over it). A path that cannot be looked up for another
+        reason (a directory made unreadable) leaves the question to the file's link count."""
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            return os.fstat(fd).st_nlink > 0
+        return (st.st_dev, st.st_ino) == identity
+
     def _drop_stale_file(self, fd: int) -> None:
         """Close a file the path no longer names (the lock held), and refuse the append: a
         record written there would be lost. The next append opens the file at the path."""
@@ -350,7 +362,7 @@ class JsonlSession:
             os.close(fd)
         raise OSError(
             errno.ESTALE,
-            "the session file was deleted, or replaced by another, since this session opened it: this "
+            "the session file was deleted, moved away, or replaced by another, since this session opened it: this "
             "record is not written, and the next append opens (or creates) the file at this path",
             str(self.path),
         )
@@ -413,8 +425,9 @@ class JsonlSession:
                 os.close(fd)
                 raise
             self._fd = fd
-            # A file, not a device: watched so that one deleted or replaced under it is noticed.
-            self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            # A file, not a device: watched so that one deleted, moved or replaced under it is noticed.
+            st = os.fstat(fd)
+            self._identity = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
             _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
