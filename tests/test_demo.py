@@ -282,6 +282,25 @@ def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
     assert not _runner_processes()
 
 
+@pytest.mark.parametrize("how", ["script", "pipe"])
+def test_output_to_a_full_disk_is_one_line_on_stderr_and_status_1(how: str) -> None:
+    """``python -m agentloop demo > /dev/full``: each write failed with ENOSPC, which came out as
+    tracebacks (from the run's task, from an idle callback, from the session), and a scenario then
+    waited for its timeout, as its player had died in the callback."""
+    args = ["--script", "builtin", "--speed", "4"] if how == "script" else []
+    with open(os.devnull, "rb") as devnull, open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentloop", "demo", *args],
+            cwd=ROOT, env=_env(), stdin=devnull, stdout=full, stderr=subprocess.PIPE, timeout=60,
+        )
+    assert b"Traceback" not in proc.stderr, proc.stderr.decode()[-3000:]
+    assert proc.stderr.decode().splitlines() == [
+        "agentloop demo: cannot write the output: [Errno 28] No space left on device"
+    ]
+    assert proc.returncode == 1
+    assert not _runner_processes()
+
+
 def test_output_in_an_encoding_without_the_demos_symbols() -> None:
     """A console in an 8-bit code page (or output piped on such a system): the demo's symbols in ASCII
     (they were '?', and the turn header began "?? turn 1 ??"), '?' for anything else it cannot show."""
