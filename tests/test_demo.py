@@ -936,6 +936,24 @@ def test_no_command_is_usage_on_stderr_and_status_2(capsys: pytest.CaptureFixtur
     assert info.value.code == 0 and out.startswith("usage: agentloop") and err == ""
 
 
+@pytest.mark.parametrize(
+    ("argv", "bad"), [(["demo", "--bogus"], "--bogus"), (["demo", "extra"], "extra"), (["demo", "--plain", "-x"], "-x")]
+)
+def test_a_bad_argument_to_demo_shows_the_demos_usage(
+    argv: list[str], bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentloop demo --bogus`` answered with the usage of ``agentloop`` (``COMMAND ...``), which
+    names none of the demo's options: the error is the demo's, under its own usage."""
+    from agentloop.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert err.startswith("usage: agentloop demo") and "--provider" in err
+    assert err.endswith(f"\nagentloop demo: error: unrecognized arguments: {bad}\n")
+
+
 def test_with_term_dumb_text_left_before_ctrl_d_does_not_run_into_the_summary() -> None:
     """With TERM=dumb the terminal echoes what is typed: "abc" then Ctrl-D twice left the cursor
     after "abc", and the summary's first line began there ("abc── summary ──")."""
