@@ -381,3 +381,29 @@ def test_a_message_of_plain_text_content_with_a_field_this_version_does_not_know
     loaded = JsonlSession(path).load()
     assert loaded.messages == [Message.user("hi")]
     assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["the last line: ignored unknown field(s) 'id' of a message"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "rm", "arguments": "{}"}}]},
+        {"tool_call_id": "c1"},
+        {"function_call": {"name": "rm", "arguments": "{}"}},
+    ],
+)
+def test_a_message_of_plain_text_content_with_a_field_that_changes_its_meaning_is_skipped(
+    tmp_path: Path, field: dict[str, Any]
+) -> None:
+    """A message of string content with a field that makes it something else than text (an
+    assistant's tool calls, a tool's result, as OpenAI writes them) was kept as plain text, with
+    only a warning: a transcript the model would read as saying what it did not."""
+    path = tmp_path / "s.jsonl"
+    records = [
+        {"type": "message", "message": {"role": "user", "content": "hi"}},
+        {"type": "message", "message": {"role": "assistant", "content": "calling", **field}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("hi")]
+    (warning,) = loaded.warnings
+    assert "skipped" in warning and repr(next(iter(field))) in warning, warning
