@@ -23,7 +23,16 @@ from ._hostlog import host_repr
 from ._messages import ToolResultBlock, ToolUseBlock, tool_result_block
 from ._quick import quick_new
 from ._subagent import main_engine
-from ._tools import Allow, Deny, PermissionCallback, Tool, ToolContext, input_noted, output_to_result
+from ._tools import (
+    Allow,
+    Deny,
+    PermissionCallback,
+    Tool,
+    ToolContext,
+    input_noted,
+    input_refusal,
+    output_to_result,
+)
 from ._transcript import lineage_credentials, redacted
 
 if TYPE_CHECKING:
@@ -221,7 +230,9 @@ class CallRunner:
             if result is None:
                 ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
                 if self.permission is not None:
-                    decision = await self._ask(use, ctx)
+                    assert tool is not None  # a call without its tool was refused above
+                    refused = input_refusal(tool, given, ctx)  # no one is asked about a call that cannot run
+                    decision = await self._ask(use, ctx) if refused is None else self._failed(use, tool, refused, None, None)
                     if not isinstance(decision, Allow):
                         result = decision  # refused: the refusal is the result
                     elif decision.updated_input is not None and decision.updated_input != given:
@@ -232,12 +243,15 @@ class CallRunner:
                     self.signal.throw_if_aborted()
                 self.started.add(key)
                 updated = None if tool_input is given else tool_input
-                put(_call_started(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 pending: object = None  # what the handler returned, for `_failed` to tell a sync one
                 try:
+                    # A `@tool` handler validates the input when called, before the call is said to
+                    # start: an input it refuses gets its error result without a `ToolCallStarted`.
+                    pending = call = tool.handler(tool_input, ctx)
+                    put(_call_started(tool_use=use, updated_input=updated))
                     if tool.timeout is None:
-                        output = await (pending := tool.handler(tool_input, ctx))
+                        output = await call
                     else:
                         # If the timeout's cancellation is swallowed, the loop gives up on the call
                         # a cancel grace later (see `Overdue`), so the timeout holds either way; a
@@ -247,7 +261,7 @@ class CallRunner:
                         )
                         try:
                             async with asyncio.timeout(tool.timeout) as scope:
-                                output = await (pending := tool.handler(tool_input, ctx))
+                                output = await call
                         finally:
                             overdue.cancel()
                 except (asyncio.CancelledError, KeyboardInterrupt):

@@ -96,7 +96,7 @@ class ModelPhase:
     def __init__(self, engine: QueryEngine, st: RunState) -> None:
         self.engine = engine
         self.st = st
-        st.phase, st.response, st.paused = "model", None, False
+        st.phase, st.response, st.paused, st.detail = "model", None, False, None
         opts = engine.options
         self.retries, self.dooms = opts.retry_budget, opts.doom_budget
         self.armed = opts.doom_loop_recovery and opts.doom_budget > 0  # a budget of 0: no resample at all
@@ -232,7 +232,11 @@ class ModelPhase:
         if error is None:
             message = acc.committable()
             st.acc = None
-            if message is None:
+            if message is None:  # nothing to commit: said, should it end the turn
+                st.detail = (
+                    f"the model's response was empty (stop reason {acc.stop_reason!r}): no text and no "
+                    "tool call, so nothing was added to the transcript"
+                )
                 return []
             st.paused = acc.stop_reason == "pause_turn"
             if st.paused:

@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
@@ -334,7 +335,30 @@ def _handler(
             return f(*_positional(kwargs, positional), **kwargs)
         return f(**kwargs)
 
+    _VALIDATING.add(handler)
     return handler
+
+
+#: The handlers `@tool` made: each validates its input when called and runs nothing of the
+#: function until awaited, so calling one and closing what it returns checks an input.
+_VALIDATING: weakref.WeakSet[Callable[..., object]] = weakref.WeakSet()
+
+
+def input_refusal(tool: Tool, given: dict[str, Any], ctx: ToolContext) -> ToolInputError | None:
+    """Why ``given`` is not an input ``tool`` takes, checked without running the tool; None when
+    it is, and for a handler made by hand, which may act as soon as it is called."""
+    try:
+        if tool.handler not in _VALIDATING:
+            return None
+    except TypeError:  # a handler that cannot be hashed is not one `@tool` made
+        return None
+    try:
+        pending = tool.handler(given, ctx)
+    except ToolInputError as exc:
+        return exc
+    if inspect.iscoroutine(pending):
+        pending.close()  # never started: nothing of the tool ran
+    return None
 
 
 # The handler's comprehensions are functions of their own: written in it, their free variables

@@ -255,7 +255,12 @@ def _first_turn(
     last = engine.messages[-1] if engine.messages else None
     if engine.inbox.interjections or (last is not None and (last.role == "user" or is_paused(last))):
         return [], None  # resume: the transcript (or the queue) holds the input, or a paused turn goes on
-    raise ValueError("run() needs a prompt: the transcript does not end with a user message")
+    if last is None:
+        raise ValueError("run() needs a prompt: the transcript is empty, so there is nothing to go on from")
+    raise ValueError(
+        "run() needs a prompt: the transcript does not end with a user message but with the model's "
+        "response (run() with no prompt goes on from a user message, or from a paused response)"
+    )
 
 
 def _queued_first(

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ settings.load_profile("agentloop")
 # AGENTLOOP_TEST_EAGER_TASKS=1 (Python 3.12+): every task a test's loop makes starts eagerly, as
 # under a host's asyncio.eager_task_factory.
 EAGER_TASKS = os.environ.get("AGENTLOOP_TEST_EAGER_TASKS", "") not in {"", "0"}
+if EAGER_TASKS and sys.version_info < (3, 12):
+    raise pytest.UsageError(
+        "AGENTLOOP_TEST_EAGER_TASKS needs Python 3.12 or later (asyncio.Task takes eager_start from 3.12); "
+        f"this is Python {sys.version_info.major}.{sys.version_info.minor}"
+    )
 
 
 def child_pids() -> set[int]:

@@ -9,7 +9,8 @@ not JSON, requests to the client, a server that exits at a chosen moment.
 ``initialize`` with protocol version V; ``--noise`` prints a banner before the first answer; ``--changes-on-list`` says the tool list
 changed at every ``tools/list``; ``--methods FILE`` appends the method of each message received;
 ``--mute-init-from N`` / ``--mute-list-from N`` make the N-th start (and every later one) never
-answer ``initialize`` / ``tools/list``.
+answer ``initialize`` / ``tools/list``; ``--bad-tools`` lists, among the tools, some whose
+entries are not valid tools.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 out = sys.stdout.buffer
 answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests, by id
 
-TOOLS = ["split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last", "deep"]
+TOOLS = [
+    "split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last", "deep",
+    "latin1", "surrogate", "bad_error", "bad_result", "new_content", "deep_answer", "cut_answer",
+]  # fmt: skip
 
 
 def send(message: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -102,6 +106,25 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
     elif name == "deep":  # a line of JSON nested too deeply to decode, then the answer
         out.write(b"[" * 1000 + b"]" * 1000 + b"\n")
         send(text(request_id, "after the deep line"))
+    elif name == "latin1":  # an answer whose text is Latin-1, not UTF-8
+        out.write(b'{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"caf\xe9"}]}}\n' % json.dumps(request_id).encode())
+        out.flush()
+    elif name == "surrogate":  # an answer whose text holds a lone UTF-16 surrogate (valid JSON, no valid Unicode)
+        send(text(request_id, "a\ud800b"))
+    elif name in ("deep_answer", "cut_answer"):  # nested past any parser's depth; cut short, then a line break
+        answer = json.dumps(text(request_id, "x")).encode()
+        if name == "deep_answer":
+            depth = int(arguments.get("n", 1000))
+            answer = answer[:-1] + b',"structuredContent":{"a":' + b"[" * depth + b"]" * depth + b"}}"
+        out.write((answer if name == "deep_answer" else answer[:40]) + b"\n")
+        out.flush()
+    elif name == "bad_error":  # an error answer whose code is not a number
+        send({"jsonrpc": "2.0", "id": request_id, "error": {"code": "oops", "message": "went wrong"}})
+    elif name == "bad_result":  # a result whose content is not a list
+        send({"jsonrpc": "2.0", "id": request_id, "result": {"content": 5}})
+    elif name == "new_content":  # a content type of a later protocol, between two texts
+        content = [{"type": "text", "text": "before"}, {"type": "hologram", "data": "..."}, {"type": "text", "text": "after"}]
+        send({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
     elif name == "last":  # answers, and exits at once
         send(text(request_id, "the last answer"))
         os._exit(0)
@@ -122,6 +145,7 @@ def main() -> None:
     parser.add_argument("--methods", type=Path, help="a file to append the method of each message received to")
     parser.add_argument("--mute-init-from", type=int, default=0)
     parser.add_argument("--mute-list-from", type=int, default=0)
+    parser.add_argument("--bad-tools", action="store_true", help="list tools of invalid shapes among the others")
     args = parser.parse_args()
     start = 1
     if args.starts is not None:
@@ -152,7 +176,9 @@ def main() -> None:
         elif method == "tools/list":
             if args.changes_on_list:
                 send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-            tools = [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]
+            tools: list[Any] = [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]
+            if args.bad_tools:  # tools no client can read: a schema of the wrong shape, not a tool at all
+                tools[1:1] = [{"name": "bad", "inputSchema": {"type": "object", "properties": 5}}, {"nom": "x"}, 7]
             send({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": tools}})
         elif method == "tools/call":
             call(message["id"], message["params"]["name"], message["params"].get("arguments") or {})

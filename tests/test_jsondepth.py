@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mcp import types
 
 from agentloop import Message, ThinkingBlock
 from agentloop._errors import StreamProtocolError
@@ -89,14 +90,17 @@ def test_a_session_line_at_the_limit_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("depth", "closed"), _cases())
-async def test_an_mcp_batch_line_too_deep_is_skipped_as_not_json_rpc(
+async def test_an_mcp_line_too_deep_is_skipped_and_an_answer_too_deep_fails_its_request(
     depth: int, closed: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     pipes = Pipes(asyncio.get_running_loop(), "deep", Redactor([]), None)
     with caplog.at_level(logging.WARNING, logger="agentloop"):
         assert pipes.parse(bytearray(_nested(depth, closed).encode())) == []
-        assert pipes.parse(bytearray(('{"jsonrpc":"2.0","id":1,"result":' + _nested(depth, closed)).encode())) == []
+        # An answer too deep to decode fails its request, which would otherwise wait for ever.
+        (answer,) = pipes.parse(bytearray(('{"jsonrpc":"2.0","id":1,"result":' + _nested(depth, closed)).encode()))
     assert "not a JSON-RPC message" in caplog.text
+    assert isinstance(answer.message, types.JSONRPCError) and answer.message.id == 1
+    assert "could not be decoded" in answer.message.error.message
 
 
 @pytest.mark.parametrize(("depth", "closed"), _cases())

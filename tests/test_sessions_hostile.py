@@ -3,8 +3,11 @@ the file deleted or replaced under a writer, damaged files read back."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -339,3 +342,77 @@ def test_a_device_number_that_differs_between_the_path_and_the_open_file_alone_i
         monkeypatch.undo()
     expected = [] if replaced else ["one", "two"]
     assert [m.text for m in JsonlSession(path).load().messages] == expected
+
+
+@pytest.mark.parametrize("how", ["load", "resume"])
+def test_a_fifo_at_the_session_path_is_not_read_for_ever(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO at the session's path was read until a writer opened and closed it: `load` and
+    `resume` waited for ever (and on a pipe another process reads, as ``/dev/stdout`` piped to a
+    viewer, they would have taken its data). What is written to a pipe is not kept there: it
+    loads as empty, and says why."""
+    path = tmp_path / "s.jsonl"
+    os.mkfifo(path)
+    outcome: list[Any] = []
+
+    def read() -> None:
+        if how == "load":
+            outcome.append(JsonlSession(path).load())
+        else:
+            session, loaded = JsonlSession.resume(path)
+            session.close()
+            outcome.append(loaded)
+
+    reader = threading.Thread(target=read, daemon=True)
+    with caplog.at_level("WARNING", logger="agentloop"):
+        reader.start()
+        reader.join(timeout=30)
+    if reader.is_alive():
+        with contextlib.suppress(OSError):  # a writer that comes and goes ends the wait of `load`
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"{how} waited for a writer of the FIFO")
+    (loaded,) = outcome
+    assert loaded.messages == [] and len(loaded.warnings) == 1
+    assert str(path) in loaded.warnings[0] and "not a regular file" in loaded.warnings[0]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == loaded.warnings
+
+
+def test_devnull_loads_as_empty_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """``os.devnull`` is how a host keeps nothing: loading it (or resuming it) says nothing."""
+    with caplog.at_level("WARNING", logger="agentloop"):
+        session, loaded = JsonlSession.resume(os.devnull)
+        session.close()
+    assert loaded.messages == [] and loaded.warnings == [] and caplog.records == []
+
+
+def test_a_huge_value_in_a_damaged_line_is_not_quoted_whole_in_its_warning(tmp_path: Path) -> None:
+    """The warnings for a record of an unknown type, a block of an unknown type, or fields this
+    version does not know quoted the value whole: a line of a megabyte was a megabyte of log."""
+    huge = "x" * (1 << 20)
+    records = [
+        {"type": huge},
+        {"type": "message", "message": {"role": "user", "content": [{"type": huge}, {"type": "text", "text": "a"}]}},
+        {"type": "message", "message": {"role": "user", "content": [{"type": "text", "text": "b"}], huge: 1, "y" * 99: 2}},
+    ]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert [m.text for m in loaded.messages] == ["a", "b"]
+    assert len(loaded.warnings) == 3 and all(len(w) < 500 + len(str(path)) for w in loaded.warnings), [
+        len(w) for w in loaded.warnings
+    ]
+    assert "unknown record type 'xxx" in loaded.warnings[0] and "block of unknown type 'xxx" in loaded.warnings[1]
+    assert "ignored unknown field(s) 'xxx" in loaded.warnings[2] and "'yyy" in loaded.warnings[2]
+
+
+def test_a_message_of_plain_text_content_with_a_field_this_version_does_not_know_is_kept(tmp_path: Path) -> None:
+    """A message whose content is a string (as `Message` accepts, and a file written by hand or by
+    another tool holds) was skipped whole for one unknown field, where one whose content is a
+    list of blocks lost only that field."""
+    path = tmp_path / "s.jsonl"
+    record = {"type": "message", "message": {"role": "user", "content": "hi", "id": "m1"}}
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("hi")]
+    assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["the last line: ignored unknown field(s) 'id' of a message"]

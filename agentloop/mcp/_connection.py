@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -15,9 +16,11 @@ from typing import Any
 import anyio
 from mcp import ClientSession, types
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from .. import __version__
 from ..models._errbody import clipped
+from ._answers import readable
 
 log = logging.getLogger("agentloop")
 
@@ -103,9 +106,9 @@ class Connection:
         try:
             async with connect() as (read, write):
                 self._read = read
-                async with _Session(
-                    _Watched(read, self._ended), write, message_handler=self._message, client_info=_CLIENT
-                ) as session:
+                watched = _Watched(read, self._ended, self.label)
+                async with _Session(watched, write, message_handler=self._message, client_info=_CLIENT) as session:
+                    watched.session = session
                     session.label, session.listing_timeout = self.label, timeout
                     try:
                         async with asyncio.timeout(timeout):
@@ -190,13 +193,16 @@ class _Session(ClientSession):
 class _Watched:
     """A transport's read stream that calls ``on_end`` when it ends (the server closed the
     connection). The SDK's session fails the requests then in flight, and every later one;
-    this lets the next one go to a new connection instead, since it never reached the old."""
+    this lets the next one go to a new connection instead, since it never reached the old.
+    An answer is handed on `readable`: what of it is not valid MCP costs only itself."""
 
-    __slots__ = ("_on_end", "_stream")
+    __slots__ = ("_label", "_on_end", "_stream", "session")
 
-    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
+    def __init__(self, stream: Any, on_end: Callable[[], None], label: str) -> None:
         self._stream = stream
         self._on_end = on_end
+        self._label = label
+        self.session: ClientSession | None = None  # the session reading it: the protocol it agreed
 
     @property
     def last_context(self) -> Any:  # the streamable HTTP transport's, read by the SDK's dispatcher
@@ -204,10 +210,16 @@ class _Watched:
 
     async def receive(self) -> Any:
         try:
-            return await self._stream.receive()
+            item = await self._stream.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._on_end()
             raise
+        if isinstance(item, SessionMessage):
+            version = self.session.protocol_version if self.session is not None else None
+            message = readable(item.message, self._label, version)
+            if message is not item.message:
+                item = dataclasses.replace(item, message=message)
+        return item
 
     def __aiter__(self) -> _Watched:
         return self

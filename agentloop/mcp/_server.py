@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from mcp import ClientSession, types
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from .._abort import AbortSignal
 from .._cmdline import shown_args
@@ -27,6 +28,7 @@ from .._tools import Tool, safe_name
 from ..models._errbody import clipped
 from ..models._http import Redactor, check_headers
 from ..models._http._client import MIN_TOOL_SECRET
+from ._answers import invalid_result
 from ._connection import Connect, Connection
 from ._http import check_url, http_connect, public_url, split_userinfo
 from ._scrub import scrubbing, server_credentials, shown_text, watch
@@ -387,6 +389,8 @@ class MCPServer:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             try:
                 page = await session.list_tools(params=params)
+            except ValidationError as exc:  # not a listing at all (its invalid tools are left out)
+                raise invalid_result(exc, self.label, "tools/list") from None
             except MCPError as exc:
                 await self._lost(exc, conn)
                 raise
@@ -586,6 +590,8 @@ class MCPServer:
         try:
             with scrubbing(self._redactor, self.label):
                 result = await session.call_tool(name, dict(arguments))
+        except ValidationError as exc:  # the answer is not a valid tool result
+            raise invalid_result(exc, self.label, f"tools/call {name[:100]!r}") from None
         except MCPError as exc:
             await self._lost(exc, conn)
             if exc.code == types.CONNECTION_CLOSED and conn.why():

@@ -10,6 +10,9 @@ reads and writes, in place of the SDK's own ``stdio_client``, which:
 - handed the server the host's own stderr (which then had to be a real file): here stderr is
   read line by line into the ``agentloop`` log (INFO), with the credentials the host passed in
   ``env`` or on the command line scrubbed, and its last lines say why a server stopped;
+- dropped an answer holding bytes that are not UTF-8 or a lone surrogate, or one it could not
+  read (cut short, of the wrong shape), leaving its request waiting for ever: here the first is
+  read with U+FFFD, and the second fails its request (`_answers`);
 - noticed a server's death only at the end of its stdout, which a process it left behind can
   hold open for ever: here its exit ends the connection too.
 
@@ -34,7 +37,9 @@ from mcp.shared.message import SessionMessage
 
 from .._jsondepth import loads
 from .._process import track, uncancellable, untrack
+from .._unicode import json_escapes_surrogate, scrub_json
 from ..models._http import Redactor
+from ._answers import error_answer, undecodable_answer
 from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
 from ._stop import stop
@@ -243,12 +248,51 @@ class Pipes:
         try:
             return [SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))]
         except ValueError:  # pydantic's ValidationError, invalid JSON included
+            pass
+        message = self._salvaged(line)
+        if message is None:
             self._not_json_rpc(line)
             return []
+        return [SessionMessage(message)]
+
+    def _salvaged(self, line: bytearray) -> types.JSONRPCMessage | None:
+        """The message on a line `parse` could not read as it is: one holding bytes that are not
+        UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says so); or an
+        answer it still cannot read (of the wrong shape, cut short, nested too deeply), read as an
+        error answer to its request, which then fails rather than waits for ever. None for
+        anything else (a line that is not JSON-RPC)."""
+        raw = bytes(line)
+        try:
+            text, lossy = raw.decode("utf-8"), False
+        except UnicodeDecodeError:
+            text, lossy = raw.decode("utf-8", "replace"), True
+        try:
+            value = loads(text)
+        except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
+            return undecodable_answer(text, self.label)
+        if lossy or json_escapes_surrogate(text):
+            value = scrub_json(value)
+            try:
+                message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
+            except ValueError:
+                pass
+            else:
+                self._mangled()
+                return message
+        return error_answer(value, self.label)
+
+    def _mangled(self) -> None:
+        log.log(
+            logging.DEBUG if self.stdout.mangled else logging.WARNING,
+            "MCP server %s wrote a message that is not valid UTF-8 (or holds a lone surrogate): read with "
+            "U+FFFD in place of what could not be read",
+            self.label,
+        )
+        self.stdout.mangled = True
 
     def _batch(self, line: bytearray) -> list[SessionMessage]:
         try:
-            items = loads(line)
+            items = scrub_json(loads(bytes(line).decode("utf-8", "replace")))
         except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
             items = None
         messages: list[SessionMessage] = []
@@ -256,7 +300,9 @@ class Pipes:
             try:
                 messages.append(SessionMessage(types.jsonrpc_message_adapter.validate_python(item, by_name=False)))
             except ValueError:
-                continue
+                error = error_answer(item, self.label)  # its request fails rather than waits
+                if error is not None:
+                    messages.append(SessionMessage(error))
         if not isinstance(items, list) or len(messages) < len(items) or not items:
             self._not_json_rpc(line)
         return messages
@@ -336,6 +382,7 @@ class Stdout:
         self._closed = False
         self._batch: collections.deque[SessionMessage] = collections.deque()  # the rest of a batch read
         self.noisy = False  # a line that is not JSON-RPC was seen (and warned about)
+        self.mangled = False  # a message that is not valid Unicode was seen (and warned about)
 
     @property
     def end_reason(self) -> str | None:

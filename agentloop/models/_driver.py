@@ -263,6 +263,11 @@ async def run_stream(
                 yield ev
             return
         said = _held(response, head, redactor)
+    if decoder.unterminated:  # whole lines, but no blank line after the last event
+        said += (
+            "; its last event had no blank line after it, so it was not read, as the event stream "
+            "rules say (a recorded stream must end with an empty line)"
+        )
     raise StreamProtocolError(
         f"{conn.provider} stream ended without {mapper.terminator} (connection cut or truncated response)"
         + said,

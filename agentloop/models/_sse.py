@@ -49,7 +49,9 @@ class ServerSentEvent:
 class SSEDecoder:
     """Turn a byte stream into `ServerSentEvent`s, chunk by chunk.
 
-    ``last_event_id`` and ``retry`` keep the latest values the stream set. ``max_event_bytes``:
+    ``last_event_id`` and ``retry`` keep the latest values the stream set. ``unterminated`` is
+    True once `close` dropped an event whose lines had all ended but no blank line followed (a
+    recorded stream whose file lost its last empty line), False for one cut inside a line. ``max_event_bytes``:
     how many bytes may come while no event completes (None: 64 MiB, `MAX_EVENT_BYTES`; see the
     module's docstring; TypeError for what is not a whole number, ValueError below 1). ``error_field=True`` reads an ``error:`` field line (old llama.cpp
     servers' mid-stream failure) as an event of type ``"error"`` with the value as its data.
@@ -67,6 +69,7 @@ class SSEDecoder:
         "last_event_id",
         "max_event_bytes",
         "retry",
+        "unterminated",
     )
 
     def __init__(self, *, error_field: bool = False, max_event_bytes: int | None = None) -> None:
@@ -82,6 +85,7 @@ class SSEDecoder:
         self._event: str | None = None
         self.last_event_id: str | None = None
         self.retry: int | None = None
+        self.unterminated = False
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode ``chunk`` and return the events it completed (often none). Raises
@@ -137,6 +141,7 @@ class SSEDecoder:
     def close(self) -> list[ServerSentEvent]:
         """End of stream: an event without its blank line is dropped (WHATWG)."""
         self._decoder.decode(b"", final=True)
+        self.unterminated = self._has_data and not self._tail
         self._tail = []
         self._data = []
         self._has_data = False

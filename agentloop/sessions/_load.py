@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +57,11 @@ def load_file(path: Path, *, quiet: bool = False) -> LoadedSession:
     """The session in the file at ``path``, repaired (see `JsonlSession.load`); raises OSError
     if the file exists but cannot be read. ``quiet``: the warnings are returned, not logged."""
     try:
-        data = path.read_bytes()
+        data = _read(path)
     except FileNotFoundError:
         return LoadedSession(messages=[])
+    if data is None:
+        return _not_a_file(path, quiet=quiet)
     # A string holds a surrogate only through a \ud escape, or through the bytes of one
     # encoded as if it were a character (0xED 0xA0-0xBF: json decodes bytes with
     # "surrogatepass"; CESU-8 writers do this): without either, rule R9 need not be
@@ -88,6 +92,32 @@ def load_file(path: Path, *, quiet: bool = False) -> LoadedSession:
             log.warning("%s", warning)
         loaded.warnings.append(warning)
     loaded.messages = repair(loaded.messages, changes=loaded.repairs, text_checked=not (escaped or encoded))
+    return loaded
+
+
+def _read(path: Path) -> bytes | None:
+    """The bytes of the file at ``path``; None when it is not a regular file (a FIFO, a socket,
+    a device), which is not read: a FIFO would be read until a writer came and went (for ever),
+    a pipe another process reads (``/dev/stdout`` piped to a viewer) would lose its data, and
+    ``/dev/zero`` never ends. Raises OSError as reading does (`IsADirectoryError` for a
+    directory)."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        return None
+    return path.read_bytes()
+
+
+def _not_a_file(path: Path, *, quiet: bool) -> LoadedSession:
+    """What a path that is not a regular file loads as: nothing, with a warning (but for
+    ``os.devnull``, where a host that keeps nothing writes)."""
+    loaded = LoadedSession(messages=[])
+    with contextlib.suppress(OSError):
+        if os.path.samefile(path, os.devnull):
+            return loaded
+    warning = f"{path}: not a regular file (a FIFO, a socket or a device): nothing is read back from it"
+    if not quiet:
+        log.warning("%s", warning)
+    loaded.warnings.append(warning)
     return loaded
 
 
@@ -137,7 +167,7 @@ def _read_record(line: bytes, loaded: LoadedSession, notes: list[str]) -> str | 
         elif kind == "checkpoint":
             loaded.messages = [_message(m, notes) for m in record["messages"]]
         else:
-            return f"unknown record type {kind!r}"
+            return f"unknown record type {_quoted(kind)}"
     except (ValueError, KeyError, TypeError, ValidationError, RecursionError) as exc:
         # RecursionError: a line nested deeper than the parser's stack (damage, or not a session)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -175,11 +205,12 @@ def _message(data: Any, notes: list[str]) -> Message:
     try:
         return Message.model_validate(data)
     except ValidationError as exc:
-        if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        if not isinstance(data, dict) or not isinstance(data.get("content"), list | str):
             raise
         lost: list[str] = []
         known = _known_fields(data, Message, "message", lost)
-        known["content"] = _known_blocks(data["content"], lost)
+        if isinstance(data["content"], list):  # a string is text: no block in it to drop
+            known["content"] = _known_blocks(data["content"], lost)
         try:
             message = Message.model_validate(known)
         except ValidationError:
@@ -194,11 +225,11 @@ def _known_blocks(blocks: list[Any], lost: list[str]) -> list[Any]:
         cls = _BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
         if cls is None:
             if isinstance(block, dict):
-                lost.append(f"dropped a block of unknown type {block.get('type')!r}")
+                lost.append(f"dropped a block of unknown type {_quoted(block.get('type'))}")
             else:
                 out.append(block)  # not a block at all: validation fails, as it should
             continue
-        known = _known_fields(block, cls, f"{block['type']} block", lost)
+        known = _known_fields(block, cls, f"{block['type']} block", lost)  # a known type: short
         if cls is ToolResultBlock and isinstance(known.get("content"), list):
             known["content"] = _known_blocks(known["content"], lost)
         out.append(known)
@@ -208,5 +239,18 @@ def _known_blocks(blocks: list[Any], lost: list[str]) -> list[Any]:
 def _known_fields(data: dict[str, Any], cls: type[BaseModel], what: str, lost: list[str]) -> dict[str, Any]:
     unknown = [k for k in data if k not in cls.model_fields]
     if unknown:
-        lost.append(f"ignored unknown field(s) {', '.join(map(repr, unknown))} of a {what}")
+        names = ", ".join(map(_quoted, unknown[:_NAMED]))
+        more = f" and {len(unknown) - _NAMED} more" if len(unknown) > _NAMED else ""
+        lost.append(f"ignored unknown field(s) {names}{more} of a {what}")
     return {k: v for k, v in data.items() if k in cls.model_fields}
+
+
+_QUOTED = 80  # characters of a value a warning quotes
+_NAMED = 5  # unknown fields a warning names
+
+
+def _quoted(value: Any) -> str:
+    """``repr(value)`` cut to `_QUOTED` characters: a warning quotes what a damaged line holds,
+    never all of it (a line of a megabyte would be a megabyte of log)."""
+    text = repr(value)
+    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}..."

@@ -460,9 +460,10 @@ class JsonlSession:
     def load(self) -> LoadedSession:
         """Read the file and return its repaired transcript (see `LoadedSession`).
 
-        A missing file loads as an empty session. Torn and corrupt lines are
-        skipped with a warning (logged on the ``agentloop`` logger and returned);
-        nothing committed before them is lost. Raises OSError if the file
+        A missing file loads as an empty session, and so does a path that is not a regular
+        file (a FIFO, a device: not read, with a warning; ``os.devnull`` without one). Torn and
+        corrupt lines are skipped with a warning (logged on the ``agentloop`` logger and
+        returned); nothing committed before them is lost. Raises OSError if the file
         exists but cannot be read.
         """
         return load_file(self.path)

@@ -1,0 +1,165 @@
+"""What a server's answers become when they are not what the protocol allows.
+
+The SDK validates an answer as a whole: one tool of an invalid schema failed a whole
+tools/list (and with it every later call, which lists the tools again to check its result),
+one content block of a type this SDK does not know failed a whole result, and an answer of
+the wrong shape was dropped, leaving its request waiting for ever. Here each costs only itself:
+
+- `readable` is a result with the tools of a listing that are not valid tools left out (a
+  warning names each), and each content block of an unknown type replaced by a text saying
+  what it was;
+- `readable` also makes the SDK's error for an HTTP answer that is not JSON-RPC one line;
+- `error_answer` is the error answer that stands for an answer of the wrong shape, so that its
+  request fails at once, saying why, and `undecodable_answer` the one for an answer that cannot be
+  decoded at all (cut short, or nested too deeply);
+- `invalid_result` is the error of a result that still does not validate: a line, not
+  pydantic's dump of every error (with links to its site and the server's values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mcp import types
+from mcp.shared.exceptions import MCPError
+from mcp_types import methods
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from ..models._errbody import clipped
+
+log = logging.getLogger("agentloop")
+
+#: How the errors of the SDK's HTTP transport for an answer it could not parse begin.
+_SDK_UNPARSED = ("Failed to parse SSE message: ", "Failed to parse JSON response: ")
+
+#: The content block types of the protocol this SDK reads (the sampling ones included).
+_KNOWN_CONTENT = frozenset({"text", "image", "audio", "resource_link", "resource", "tool_use", "tool_result"})
+
+
+def readable(message: Any, label: str, version: str | None) -> Any:
+    """``message`` (what the transport read; ``version`` the protocol the session agreed) with a
+    result's content of unknown types described and a listing's invalid tools left out;
+    anything else as it is."""
+    if isinstance(message, types.JSONRPCError):
+        return _unparsed(message, label)
+    if not isinstance(message, types.JSONRPCResponse) or not isinstance(message.result, dict):
+        return message
+    result = message.result
+    content, tools = result.get("content"), result.get("tools")
+    if isinstance(content, list) and any(_unknown(block) for block in content):
+        result = {**result, "content": [_described(block) if _unknown(block) else block for block in content]}
+    if isinstance(tools, list):
+        invalid = _invalid_tools(result, version)
+        for i in sorted(invalid):
+            _warn_invalid_tool(tools[i], invalid[i], label)
+        if invalid:
+            result = {**result, "tools": [tool for i, tool in enumerate(tools) if i not in invalid]}
+    if result is message.result:
+        return message
+    return message.model_copy(update={"result": result})
+
+
+def _unparsed(message: types.JSONRPCError, label: str) -> types.JSONRPCError:
+    """``message``, but for the error the SDK's HTTP transport answers a request with when the
+    server's answer was not JSON-RPC ("Failed to parse SSE message: " and pydantic's dump of
+    every error, the server's text quoted): that one in a line."""
+    error = message.error
+    if error.code != types.PARSE_ERROR or not error.message.startswith(_SDK_UNPARSED):
+        return message
+    what = error.message.partition(":")[0]
+    text = f"MCP server {label} answered with a message that is not valid JSON-RPC ({what})"
+    return message.model_copy(update={"error": error.model_copy(update={"message": text, "data": None})})
+
+
+def _unknown(block: Any) -> bool:
+    return isinstance(block, dict) and isinstance(block.get("type"), str) and block["type"] not in _KNOWN_CONTENT
+
+
+def _described(block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "text", "text": f"[{block['type'][:40]} content, not shown]"}
+
+
+def _invalid_tools(result: dict[str, Any], version: str | None) -> dict[int, str]:
+    """The index of each tool of the tools/list ``result`` that does not validate (as the SDK
+    validates it: for ``version``, then as its own model), with what is wrong with it."""
+    checks: list[Callable[[], object]] = [lambda: types.ListToolsResult.model_validate(result, by_name=False)]
+    if version is not None:
+        checks.insert(0, lambda: methods.validate_server_result("tools/list", version, result))
+    invalid: dict[int, str] = {}
+    for check in checks:
+        try:
+            check()
+        except ValidationError as exc:
+            for error in exc.errors(include_url=False, include_input=False):
+                loc = error["loc"]
+                if len(loc) >= 2 and loc[0] == "tools" and isinstance(loc[1], int):
+                    invalid.setdefault(loc[1], _said(error, skip=2))
+        except (KeyError, ValueError):  # a version or a method the SDK has no surface for
+            continue
+    return invalid
+
+
+def _warn_invalid_tool(tool: Any, why: str, label: str) -> None:
+    name = tool.get("name") if isinstance(tool, dict) else None
+    what = f"the tool {name[:100]!r}" if isinstance(name, str) else "an entry"
+    log.warning("MCP server %s lists %s that is not a valid MCP tool (%s); it is not offered", label, what, why)
+
+
+def error_answer(value: Any, label: str) -> types.JSONRPCError | None:
+    """The error answer standing for ``value`` (decoded JSON) when it is an answer to a request
+    (an ``id``, a ``result`` or an ``error``, no ``method``) that is not valid JSON-RPC; None for
+    anything else."""
+    if not isinstance(value, dict) or "method" in value or not ("result" in value or "error" in value):
+        return None
+    request = value.get("id")
+    if not isinstance(request, str | int) or isinstance(request, bool):
+        return None
+    return _failing(request, label, "")
+
+
+def undecodable_answer(text: str, label: str) -> types.JSONRPCError | None:
+    """The error answer standing for JSON ``text`` that cannot be decoded (cut short, or nested
+    deeper than `MAX_JSON_DEPTH`) when it starts as an answer to a request does
+    (``{"jsonrpc": "2.0", "id": ..., "result"``, as servers write it); None for anything else."""
+    start = _ANSWER_START.match(text, 0, 1024)
+    if start is None:
+        return None
+    request = json.loads(start.group(1))
+    return _failing(request, label, " (it could not be decoded: cut short, or nested too deeply)")
+
+
+#: The start of an answer as servers write it: ``jsonrpc``, then ``id``, then ``result`` or ``error``.
+_ANSWER_START = re.compile(
+    r'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")\s*,\s*"(?:result|error)"\s*:'
+)
+
+
+def _failing(request: str | int, label: str, why: str) -> types.JSONRPCError:
+    message = f"MCP server {label} answered with a message that is not a valid JSON-RPC answer{why}"
+    log.warning("%s (to request %s); the request fails", message, repr(request)[:40])
+    return types.JSONRPCError(jsonrpc="2.0", id=request, error=types.ErrorData(code=types.INTERNAL_ERROR, message=message))
+
+
+def invalid_result(exc: ValidationError, label: str, what: str) -> MCPError:
+    """The error for the answer to ``what`` (``tools/call 'x'``) that did not validate."""
+    message = f"MCP server {label} answered {what} with a result that is not valid MCP ({_first(exc)})"
+    return MCPError(types.INTERNAL_ERROR, clipped(message))
+
+
+def _first(exc: ValidationError) -> str:
+    """Where the first error is and what it says, without the value found there."""
+    errors = exc.errors(include_url=False, include_input=False)
+    if not errors:
+        return "invalid"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return _said(errors[0]) + more
+
+
+def _said(error: ErrorDetails, skip: int = 0) -> str:
+    where = ".".join(str(part) for part in error["loc"][skip:])[:100] or "the whole"
+    return f"{where}: {error['msg'][:200]}"
