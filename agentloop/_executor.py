@@ -374,7 +374,8 @@ class CallRunner:
         if decision is _CLOSED:
             log.debug("the permission prompt for tool call %s (%r) was closed without an answer", use.id, use.name)
         if isinstance(decision, Deny):
-            why = decision.message.strip()
+            # A str, unless the Deny was made around its check (object.__new__, an unpickler).
+            why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
             shown = host_repr(self.engine, decision)
