@@ -172,14 +172,7 @@ class DoomLoopPolicy(Policy):
         # The policy keeps no reference to the engine: nothing of the run outlives it. A fork (a
         # deep copy) made mid-stream copies the attempt's chunks and buffers, which its own
         # `begin_attempt` clears before it reads any.
-        # A closure, not a `functools.partial`: the loop's call of a Python function, and
-        # this one's of `_poke`, run in the same interpreter frame loop (no C-level call).
-        poke = self._poke
-
-        def watch(event: StreamEvent) -> Verdict | None:
-            return poke(hold, event)
-
-        return watch
+        return self._watcher(hold)
 
     def on_stream(self, event: StreamEvent) -> Verdict | None:
         # Called once per delta (once per `every` when tapped): exact-type tests first.
@@ -192,9 +185,9 @@ class DoomLoopPolicy(Policy):
         elif isinstance(event, StreamLogprobs):
             return self._verdict(self._logprobs(event))
         else:
-            return self._poke(None, event) if self._blocks is not None else None
-        if self._blocks is not None:
-            return self._poke(None, event)
+            return self._watcher(_Unheld())(event) if self._blocks is not None else None
+        if self._blocks is not None:  # tapped, and called by someone else than the engine
+            return self._watcher(_Unheld())(event)
         if ch is None:  # no client detector on this channel
             return None
         parts = ch.parts
@@ -204,38 +197,46 @@ class DoomLoopPolicy(Policy):
         signals = ch.flush()
         return self._verdict(signals) if signals else None
 
-    def _poke(self, hold: Hold | None, event: StreamEvent) -> Verdict | None:
-        """Tapped: called for one delta in `every` (for each one while a run is live) and for
-        every other event. Hands each detector what its block received since the last call,
-        and sets how many deltas the engine holds back next: after a delta, ``every - 1`` (0
-        while a run is live); after another event, the count goes on unless a run is live now.
-        Only the channels a block of the attempt streams to are looked at (``_feeding``): a
-        text-only stream pays for one channel, not two. No blocks: another engine's run, which
-        one object cannot serve at once (``one_engine``), released them; nothing to read."""
-        blocks = self._blocks
-        if blocks is None:
-            return None
-        if type(event) in _DELTAS:
-            left = -1
-        elif isinstance(event, _SIGNALS):
-            return self.on_stream(event)
-        else:
-            left = hold.skip if hold is not None else 0
-        signals = self._follow(blocks) if len(blocks) != self._read_blocks else ()
-        skips = self._holds
-        for ch in self._feeding:
-            parts, seen = ch.parts, ch.seen
-            n = len(parts)
-            if n > seen:
-                ch.seen = n
-                got = ch.det.feed("".join(parts[seen:]))  # one part: that part, not a copy
-                if got:
-                    signals += got
-            if ch.live:
-                skips = 0
-        if hold is not None:
+    def _watcher(self, hold: Hold) -> Callable[[StreamEvent], Verdict | None]:
+        """The tapped watcher, which the engine calls for one delta in `every` (for each one
+        while a run is live) and for every other event. It hands each detector what its block
+        received since the last call, and sets how many deltas the engine holds back next
+        (``hold.skip``): after a delta, ``every - 1`` (0 while a run is live); after another
+        event, the count goes on unless a run is live now. Only the channels a block of the
+        attempt streams to are looked at (``_feeding``): a text-only stream pays for one
+        channel, not two. No blocks: another engine's run, which one object cannot serve at
+        once (``one_engine``), released them; nothing to read.
+
+        The body is the closure itself, not a call of a method from it: the engine calls it
+        once per hand-over, and a Python call more there costs ~300 instructions a hand-over
+        (`benchmarks/callgrind_overhead.py`)."""
+
+        def watch(event: StreamEvent) -> Verdict | None:
+            blocks = self._blocks
+            if blocks is None:
+                return None
+            if type(event) in _DELTAS:
+                left = -1
+            elif isinstance(event, _SIGNALS):
+                return self.on_stream(event)
+            else:
+                left = hold.skip
+            signals = self._follow(blocks) if len(blocks) != self._read_blocks else ()
+            skips = self._holds
+            for ch in self._feeding:
+                parts, seen = ch.parts, ch.seen
+                n = len(parts)
+                if n > seen:
+                    ch.seen = n
+                    got = ch.det.feed("".join(parts[seen:]))  # one part: that part, not a copy
+                    if got:
+                        signals += got
+                if ch.live:
+                    skips = 0
             hold.skip = left if left >= 0 and skips else skips
-        return self._verdict(signals) if signals else None
+            return self._verdict(signals) if signals else None
+
+        return watch
 
     def _follow(self, blocks: Mapping[int, _Part]) -> tuple[DoomLoopSignal, ...]:
         """Blocks began since the last call: in the order they began, each channel reads the
@@ -334,6 +335,16 @@ def _floor(value: float | None) -> float | None:
     if math.isnan(value):
         raise ValueError("logprob_floor must be a number, not NaN")
     return value
+
+
+class _Unheld:
+    """The hold of a call of the tapped watcher that the engine did not make (`on_stream`
+    called directly): it holds back nothing, and what the watcher sets is dropped."""
+
+    __slots__ = ("skip",)
+
+    def __init__(self) -> None:
+        self.skip = 0
 
 
 class _Channel:

@@ -6,7 +6,17 @@ from typing import Any
 
 import httpx
 import pytest
-from _models_support import API_KEY, MockServer, collect, load, model_error_run, request, run_fixture, sse
+from _models_support import (
+    API_KEY,
+    MockServer,
+    collect,
+    final,
+    load,
+    model_error_run,
+    request,
+    run_fixture,
+    sse,
+)
 
 from agentloop import QueryEngine, TurnEnded
 from agentloop import Tool as AgentTool
@@ -135,11 +145,17 @@ async def test_fixture_with_literal_ellipsis_is_malformed_json() -> None:
         await run_fixture("anthropic_web_search.repaired.sse", load("anthropic_web_search.sse"))
 
 
-async def test_missing_final_blank_line_means_no_terminator() -> None:
+async def test_missing_final_blank_line_drops_the_last_event() -> None:
+    # The message_stop without its blank line is never dispatched; the body still ended cleanly
+    # after the message_delta that gave the stop reason, which is the end of the answer.
     raw = load("anthropic_tool_use.sdkfixture.sse", terminate=False)
     assert not raw.endswith(b"\n\n")
+    _, acc = await run_fixture("anthropic_tool_use.sdkfixture.sse", raw)
+    _, whole = await run_fixture("anthropic_tool_use.sdkfixture.sse", load("anthropic_tool_use.sdkfixture.sse"))
+    assert final(acc) == final(whole)
+    cut = raw[: raw.rindex(b"event: message_delta")].rstrip(b"\n") + b"\n"  # its blank line gone too
     with pytest.raises(StreamProtocolError, match="message_stop") as info:
-        await run_fixture("anthropic_tool_use.sdkfixture.sse", raw)
+        await run_fixture("anthropic_tool_use.sdkfixture.sse", cut)
     assert info.value.retryable is True
 
 
@@ -281,6 +297,28 @@ async def test_a_block_started_twice_is_a_retryable_protocol_error() -> None:
                delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(0),
                message_delta("tool_use"), STOP)  # fmt: skip
     with pytest.raises(StreamProtocolError, match="had begun already") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_a_block_started_below_one_already_begun_is_a_retryable_protocol_error() -> None:
+    # The message orders its blocks by index: "first" would come before "second", which the host
+    # was shown first. The API numbers blocks from 0 up, one after another.
+    body = sse(START, block_start(1, {"type": "text", "text": ""}), delta_ev(1, {"type": "text_delta", "text": "second"}),
+               block_stop(1), block_start(0, {"type": "text", "text": ""}),
+               delta_ev(0, {"type": "text_delta", "text": "first"}), block_stop(0), message_delta("end_turn"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="after block 1") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+async def test_a_delta_for_a_block_before_the_latest_is_a_retryable_protocol_error() -> None:
+    # Its text would join block 0 in the message, before the text of block 1 the host saw first.
+    text = {"type": "text", "text": ""}
+    body = sse(START, block_start(0, text), delta_ev(0, {"type": "text_delta", "text": "one"}), block_stop(0),
+               block_start(1, text), delta_ev(1, {"type": "text_delta", "text": "two"}),
+               delta_ev(0, {"type": "text_delta", "text": "three"}), block_stop(1), message_delta("end_turn"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="block 0, after block 1 began") as info:
         await run_body(body)
     assert info.value.retryable is True
 

@@ -3,7 +3,9 @@
 Server-tool blocks (``server_tool_use``, ``web_search_tool_result`` and the other
 ``*_tool_result`` blocks) are run by Anthropic itself and need no client result: each is
 given whole at its ``content_block_stop``, as a `StreamProviderBlock`. An ``error`` event
-becomes `ProviderStreamError` (or `PromptTooLongError`).
+becomes `ProviderStreamError` (or `PromptTooLongError`), and so does a proxy's failure sent as
+bare ``data: {"error": ...}``. The terminator is ``message_stop``, or a body that ends cleanly
+after the ``message_delta`` that gives the stop reason (compatible gateways that send none).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..._model import (
 )
 from .._driver import count_tokens, excerpt, loads
 from .._http._errors import prompt_too_long
+from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
 from ._request import SERVER_CALLS
 
@@ -43,6 +46,7 @@ class AnthropicMapper:
     __slots__ = (
         "_blocks",
         "_counts",
+        "_latest",
         "_server",
         "_stop_reason",
         "_usage",
@@ -62,6 +66,7 @@ class AnthropicMapper:
         self.response_id: str | None = None
         # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
+        self._latest = -1  # the index of the block begun last: the only one a delta may go to
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # A tool call's input given whole in its content_block_start (a proxy's), by index: its
@@ -92,6 +97,10 @@ class AnthropicMapper:
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind is None:
             kind = sse.event
+            if kind is None and isinstance(obj, dict) and obj.get("error"):
+                # A proxy's failure as bare data, with neither an ``event:`` line nor a type
+                # (LiteLLM's /v1/messages wrote it so): the server's error, not a cut stream.
+                raise self._error(obj)
         try:
             if kind == "content_block_delta":
                 return self._delta(obj)
@@ -107,6 +116,9 @@ class AnthropicMapper:
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
         block = self._blocks.get(index)
+        if index != self._latest and block is not None:
+            # Blocks stream one after another: this delta's would land before what was shown after it.
+            raise _out_of_place(f"a content_block_delta for block {index}, after block {self._latest} began")
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
@@ -151,6 +163,10 @@ class AnthropicMapper:
         bt = block["type"]
         if index in self._blocks:  # the text or the call already there would be mixed with this one's
             raise _out_of_place(f"a content_block_start for block {index}, which had begun already")
+        if index < self._latest:
+            # The message orders blocks by index: this one would go before what was shown after it.
+            raise _out_of_place(f"a content_block_start for block {index}, after block {self._latest}")
+        self._latest = index
         self._blocks[index] = bt if bt in _MAPPED else ""
         if bt == "text":
             return (StreamText(index, block["text"]),) if block.get("text") else None
@@ -209,14 +225,24 @@ class AnthropicMapper:
             return [*(StreamToolInput(index, whole) for index, whole in self._whole.items()), end]
         return (end,)
 
+    def at_eof(self) -> Sequence[StreamEvent] | None:
+        """The end of a body that stopped cleanly without ``message_stop``: complete once a
+        ``message_delta`` gave the stop reason (compatible gateways end there, as Chat servers
+        without ``[DONE]`` do), else None (cut). A connection that breaks is never taken for it."""
+        return self._message_stop({}) if self._stop_reason is not None else None
+
     def _error(self, obj: Any) -> ProviderError:
         err = obj.get("error") if isinstance(obj, dict) else None
         if not isinstance(err, dict):  # a proxy's error in words is its message
             err = {"message": err} if isinstance(err, str) else {}
         kind = err.get("type")
+        code = str(err.get("code"))  # a proxy's: the HTTP status of the upstream failure
+        if kind == "None":  # how LiteLLM's proxy writes the type of an exception that has none
+            kind = code if code.isascii() and code.isdigit() else None
         message = err.get("message") or "stream error"
         request_id = obj.get("request_id") if isinstance(obj, dict) else None
         too_long = prompt_too_long(message)
+        transient = kind in _RETRYABLE_ERRORS or (code.isascii() and code.isdigit() and int(code) in RETRYABLE_STATUSES)
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
             f"anthropic stream error ({kind}): {message}" if kind else f"anthropic stream error: {message}",
@@ -225,7 +251,7 @@ class AnthropicMapper:
             body=obj,
             request_id=request_id or self.request_id,
             error_type=kind,
-            retryable=not too_long and kind in _RETRYABLE_ERRORS,
+            retryable=not too_long and transient,
         )
 
 

@@ -14,6 +14,9 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   whose signature is `EXTRA_CONTENT` JSON, and sent back on that call, to the server that
   sent it only (the block's ``origin``).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
+- DeepSeek and Baidu Qianfan in cumulative mode: every tool-call chunk carries all the
+  arguments so far; GLM-style servers: the whole arguments again on the last chunk. Either
+  is taken once (``_Call.new_part`` in `_stream`).
 - Mistral's reasoning models: ``delta.content`` as a list of typed chunks
   (``thinking``, ``text``); litellm: ``arguments`` as an object.
 - DeepSeek and Moonshot (Kimi) thinking mode: ``delta.reasoning_content``, which must

@@ -54,7 +54,7 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 
 class _Call:
-    __slots__ = ("args", "block", "carried", "extra", "id", "name", "pending", "started")
+    __slots__ = ("args", "block", "carried", "cumulative", "extra", "held", "id", "name", "pending", "size", "started")
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -62,9 +62,50 @@ class _Call:
         self.name = ""
         self.pending: list[str] = []  # argument fragments seen before the name
         self.args: list[str] = []  # every argument fragment, in order
+        self.size = 0  # their length, joined
+        self.cumulative = False  # the server sends all the arguments so far on each chunk
+        self.held: str | None = None  # a piece that may be all the arguments so far, resent
         self.started = False
         self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
         self.carried = False
+
+    def new_part(self, piece: str) -> str:
+        """What of ``piece`` to add to the arguments now. Some servers resend them: DeepSeek and
+        Baidu Qianfan in cumulative mode send all the arguments so far on every chunk, GLM-style
+        local servers the whole arguments again on the last one.
+
+        A piece that starts with all the arguments so far and goes on is held back (``held``):
+        a piece of a real stream can be so too (a nested object that repeats its parent's
+        beginning). The next piece tells: one that starts with the held piece means the server
+        resends (``cumulative``, each piece read from then on as all so far); another means the
+        held piece was a fragment, given with it. `settle` tells at the end. A piece equal to all
+        so far adds nothing once they are a whole JSON object. The caller passes only a piece as
+        long as all the arguments so far, or any while one is held: rare in a real stream (the
+        total doubles each time), so the arguments are joined to compare only a few times."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not piece.startswith(held):
+                return held + piece  # the held piece was a fragment after all
+            self.cumulative = True
+        if not piece.startswith(self.args[0]):
+            return piece
+        sent = "".join(self.args)
+        if self.cumulative:
+            return piece[len(sent) :] if piece.startswith(sent) else piece
+        if len(piece) > len(sent) and piece.startswith(sent):
+            self.held = piece
+            return ""
+        return "" if piece == sent and _whole_object(sent) else piece
+
+    def settle(self) -> str:
+        """The held piece's part of the arguments, once no piece follows it: a fragment when the
+        arguments with it are whole JSON, else the server's resend of all of them."""
+        held, self.held = self.held, None
+        if held is None:
+            return ""
+        sent = "".join(self.args)
+        return held if _whole_object(sent + held) else held[len(sent) :]
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
@@ -309,6 +350,7 @@ class ChatMapper:
         call = self._calls.get(key)
         fn = raw.get("function") or {}
         if call is not None and call.succeeded_by(raw, fn):
+            self._settle(call, out)
             out.append(StreamBlockStop(call.block))  # complete: it ends here
             call = None
         if call is None:
@@ -327,7 +369,11 @@ class ChatMapper:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
-            call.args.append(args)
+            if call.args and type(args) is str and (len(args) >= call.size or call.held is not None):
+                args = call.new_part(args)  # rare: a piece that may resend the arguments
+            if args:
+                call.args.append(args)
+                call.size += len(args)
         if not call.started and call.name:
             call.started = True
             call.id = call.id or _fresh_id()
@@ -341,6 +387,17 @@ class ChatMapper:
                 call.pending.append(args)
         if call.extra is not None and call.started:
             self._carry(call, out)
+
+    def _settle(self, call: _Call, out: list[StreamEvent]) -> None:
+        """Give the piece a call held back (`_Call.new_part`), now that none follows it."""
+        text = call.settle()
+        if text:
+            call.args.append(text)
+            call.size += len(text)
+            if call.started:
+                out.append(StreamToolInput(call.block, text))
+            else:
+                call.pending.append(text)
 
     def _carry(self, call: _Call, out: list[StreamEvent]) -> None:
         """Keep a call's ``extra_content`` (Gemini's thought signature) in a block of its own, a
@@ -397,6 +454,8 @@ class ChatMapper:
         error the model can act on."""
         started = False
         for call in self._calls.values():
+            if call.held is not None:
+                self._settle(call, out)
             if not call.started and call.pending:
                 call.started = True
                 call.id = call.id or _fresh_id()
@@ -406,6 +465,14 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         return started
+
+
+def _whole_object(text: str) -> bool:
+    """Whether ``text`` is one whole JSON object (a call's complete arguments)."""
+    try:
+        return isinstance(loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
