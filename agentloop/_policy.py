@@ -369,7 +369,8 @@ _warned = _ByPolicy()
 _busy = _ByPolicy()
 # Held while a run's claim looks whether another engine has its policies and marks the others its
 # own, by runs starting in two threads at once: never while a policy's fork() (the host's code) or
-# a log handler runs. Reentrant: a `_ByPolicy` entry dropped by the collector may run under it.
+# a log handler runs. Reentrant, so that nothing run while it is held (a collection's weakref
+# callbacks included) could ever deadlock on it.
 _claiming = threading.RLock()
 
 

@@ -315,8 +315,8 @@ def test_a_device_number_that_differs_between_the_path_and_the_open_file_alone_i
 ) -> None:
     """On overlayfs and some network file systems a `stat` of the path and an `fstat` of the
     open file can give one file two device numbers: the check that the path still names the
-    open file compared (device, inode), and refused every append there. The inode decides then,
-    with the open file still linked; a file replaced at the path is still refused."""
+    open file compared the path's with the open file's, and refused every append there. It
+    compares the path's now with the path's at open; a file replaced at the path is still refused."""
     path = tmp_path / "s.jsonl"
     real_stat = os.stat
 
@@ -328,9 +328,9 @@ def test_a_device_number_that_differs_between_the_path_and_the_open_file_alone_i
             return os.stat_result(fields)
         return found
 
+    monkeypatch.setattr(os, "stat", stat)
     with JsonlSession(path) as session:
         session.append_message(Message.user("one"))
-        monkeypatch.setattr(os, "stat", stat)
         if replaced:
             other = tmp_path / "other.jsonl"
             other.write_bytes(b"")
@@ -426,16 +426,17 @@ def test_a_message_of_plain_text_content_with_a_field_this_version_does_not_know
         {"function_call": {"name": "rm", "arguments": "{}"}},
     ],
 )
-def test_a_message_of_plain_text_content_with_a_field_that_changes_its_meaning_is_skipped(
-    tmp_path: Path, field: dict[str, Any]
+@pytest.mark.parametrize("content", ["calling", [{"type": "text", "text": "calling"}]], ids=["str", "blocks"])
+def test_a_message_with_a_field_that_changes_its_meaning_is_skipped(
+    tmp_path: Path, field: dict[str, Any], content: object
 ) -> None:
-    """A message of string content with a field that makes it something else than text (an
-    assistant's tool calls, a tool's result, as OpenAI writes them) was kept as plain text, with
-    only a warning: a transcript the model would read as saying what it did not."""
+    """A message with a field that makes it something else than text (an assistant's tool
+    calls, a tool's result, as OpenAI writes them) was kept as plain text, with only a warning:
+    a transcript the model would read as saying what it did not. So with content blocks."""
     path = tmp_path / "s.jsonl"
     records = [
         {"type": "message", "message": {"role": "user", "content": "hi"}},
-        {"type": "message", "message": {"role": "assistant", "content": "calling", **field}},
+        {"type": "message", "message": {"role": "assistant", "content": content, **field}},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     loaded = JsonlSession(path).load()

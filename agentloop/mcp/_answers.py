@@ -47,7 +47,10 @@ def _content_types() -> frozenset[str]:
     """The block types a tool result may hold, as the SDK's `CallToolResult` reads them: the
     ``type`` of each member of its content union (so a later SDK's new types are known)."""
     found: set[str] = set()
-    hints: list[Any] = [types.CallToolResult.model_fields["content"].annotation]
+    field = getattr(types.CallToolResult, "model_fields", {}).get("content")
+    if field is None:  # a later SDK that reads results otherwise: every type left to it
+        return frozenset()
+    hints: list[Any] = [field.annotation]
     while hints:  # list[...], a union, Annotated[...]: down to the models in them
         hint = hints.pop()
         fields = getattr(hint, "model_fields", None)

@@ -346,20 +346,28 @@ class JsonlSession:
     def _named(self, fd: int, identity: tuple[int, int]) -> bool:
         """Whether the path still names the open file: not deleted, moved away (a rename, a log
         rotation) or replaced (a rename over it). A path that cannot be looked up for another
-        reason (a directory made unreadable) leaves the question to the file's link count, as
-        does a path naming the file's inode on a device other than the open file's."""
+        reason (a directory made unreadable) leaves the question to the file's link count."""
         try:
             st = os.stat(self.path)
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError:
             return os.fstat(fd).st_nlink > 0
-        if st.st_ino != identity[1]:
-            return False
-        # One inode: the same file, unless the devices differ. On overlayfs and some network file
-        # systems a stat of the path and an fstat of the open file give one file two devices
-        # (see `_locking._lock_holder`): there the open file still being linked confirms it.
-        return st.st_dev == identity[0] or os.fstat(fd).st_nlink > 0
+        return (st.st_dev, st.st_ino) == identity
+
+    def _identify(self, fd: int) -> tuple[int, int] | None:
+        """(device, inode) of the open file as a stat of the path gives them, or None for what is
+        not a regular file (a device, a pipe: not watched). The device is the path's: on overlayfs
+        and some network file systems a stat of the path and an fstat of the open file give one
+        file two devices (see `_locking._lock_holder`), and the path is what later appends look up."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            at = os.stat(self.path)
+        except OSError:
+            return st.st_dev, st.st_ino
+        return (at.st_dev if at.st_ino == st.st_ino else st.st_dev), st.st_ino
 
     def _drop_stale_file(self, fd: int) -> None:
         """Close a file the path no longer names (the lock held), and refuse the append: a
@@ -436,8 +444,7 @@ class JsonlSession:
                 raise
             self._fd = fd
             # A file, not a device: watched so that one deleted, moved or replaced under it is noticed.
-            st = os.fstat(fd)
-            self._identity = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+            self._identity = self._identify(fd)
             _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
