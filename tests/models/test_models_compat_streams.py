@@ -263,10 +263,16 @@ async def test_an_anthropic_error_event_mid_stream_is_the_servers_error(error: d
     [({"type": "api_error", "message": "upstream reset"}, True),
      ({"message": "upstream reset", "type": "None", "code": "503"}, True),
      ({"message": "upstream reset", "type": "invalid_request_error", "code": "400"}, False),
+     ({"message": "upstream reset", "type": "authentication_error", "code": "500"}, False),  # the type says
+     ({"message": "upstream reset", "code": 503}, True),  # no type: the code says
      ("upstream reset", False)],
 )
-async def test_a_proxys_error_as_bare_data_is_the_servers_error_not_a_cut_stream(error: Any, retryable: bool) -> None:
-    body = anthropic_events(MESSAGE, *TEXT) + sse((None, {"error": error}))
+@pytest.mark.parametrize("event", [None, "message"], ids=["no-event-line", "event-message"])
+async def test_a_proxys_error_as_bare_data_is_the_servers_error_not_a_cut_stream(
+    error: Any, retryable: bool, event: str | None
+) -> None:
+    # ``event: message`` is SSE's default name, as good as no event line.
+    body = anthropic_events(MESSAGE, *TEXT) + sse((event, {"error": error}))
     with pytest.raises(ProviderStreamError, match="upstream reset") as info:
         await run_anthropic(body)
     assert info.value.retryable is retryable
