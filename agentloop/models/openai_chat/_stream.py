@@ -384,7 +384,11 @@ class ChatMapper:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
-            args = call.add(args, finishing)
+            if call.held < 0 and (not call.args or len(args) < call.size):  # the common case: a new piece
+                call.args.append(args)
+                call.size += len(args)
+            else:
+                args = call.add(args, finishing)  # rare: a piece that may resend the arguments
         if not call.started and call.name:
             call.started = True
             call.minted = not call.id
