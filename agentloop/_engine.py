@@ -37,7 +37,7 @@ from ._options import (
     recovery_default,
     tool_map,
 )
-from ._policy import Policy, bind_all, own_copies
+from ._policy import Policy, bind_all, occupied
 from ._recording import holds_messages, holds_no_records, holds_records, record_lost, record_message
 from ._repair import valid_history
 from ._subagent import take_abort_at_start
@@ -199,12 +199,12 @@ class QueryEngine:
 
             policies = default_policies()
         self.policies: list[Policy] = policy_list(policies)
-        own_copies(self.policies, self)  # not one another engine's run is using: its own fork
-        bind_all(self.policies, self, strict=True)
-        if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
-            from ._turns import catch_up_policies
+        with occupied(self.policies, self):  # not one another engine's run is using: its own fork
+            bind_all(self.policies, self, strict=True)
+            if self.policies and self.messages:  # a saved transcript resumed: the policies catch up on it
+                from ._turns import catch_up_policies
 
-            catch_up_policies(self)
+                catch_up_policies(self)
         self.parent = parent
         self.agent_id = agent_id
         self.session = session
@@ -445,8 +445,8 @@ class QueryEngine:
         self.tool_specs = tuple(self.tools.values())
         if self._state is not None:  # the run reads the credentials of the new tools' servers
             self._state.secrets = None
-        own_copies(self.policies, self)  # not one another engine's run is using: its own fork
-        bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
+        with occupied(self.policies, self):  # not one another engine's run is using: its own fork
+            bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
 
     def _refresh_tools(self) -> None:
         """Apply the tool watchers (the loop calls this before each model request)."""

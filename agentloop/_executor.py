@@ -29,8 +29,10 @@ from ._tools import (
     PermissionCallback,
     Tool,
     ToolContext,
+    ToolOutput,
+    checked_call,
+    close_unstarted,
     input_noted,
-    input_refusal,
     output_to_result,
 )
 from ._transcript import lineage_credentials, redacted
@@ -227,29 +229,42 @@ class CallRunner:
             result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
             given: dict[str, Any] = use.input
             tool_input = given
+            opened: Awaitable[ToolOutput] | Exception | None = None  # the handler's call made to check the input (`checked_call`)
             if result is None:
+                assert tool is not None  # a call without its tool was refused above
                 ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
-                if self.permission is not None:
-                    assert tool is not None  # a call without its tool was refused above
-                    refused = input_refusal(tool, given, ctx)  # no one is asked about a call that cannot run
-                    decision = await self._ask(use, ctx) if refused is None else self._failed(use, tool, refused, None, None)
+                opened = checked_call(tool, given, ctx)
+                if isinstance(opened, ToolInputError):  # no one is asked about a call that cannot run
+                    result = self._failed(use, tool, opened, None, None)
+                elif self.permission is not None:
+                    try:
+                        decision = await self._ask(use, ctx)
+                    except BaseException:
+                        close_unstarted(opened)
+                        raise
                     if not isinstance(decision, Allow):
+                        close_unstarted(opened)
                         result = decision  # refused: the refusal is the result
                     elif decision.updated_input is not None and decision.updated_input != given:
+                        close_unstarted(opened)
                         tool_input = self.updated[key] = decision.updated_input
+                        opened = checked_call(tool, tool_input, ctx)
+                        if isinstance(opened, ToolInputError):
+                            result = self._updated_refused(use, opened)
             if result is None:
                 assert tool is not None  # a call without its tool was refused above
                 if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
+                    close_unstarted(opened)
                     self.signal.throw_if_aborted()
                 self.started.add(key)
                 updated = None if tool_input is given else tool_input
+                put(_call_started(tool_use=use, updated_input=updated))
                 scope: asyncio.Timeout | None = None
                 pending: object = None  # what the handler returned, for `_failed` to tell a sync one
                 try:
-                    # A `@tool` handler validates the input when called, before the call is said to
-                    # start: an input it refuses gets its error result without a `ToolCallStarted`.
-                    pending = call = tool.handler(tool_input, ctx)
-                    put(_call_started(tool_use=use, updated_input=updated))
+                    if isinstance(opened, Exception):  # a validator's own error: the tool's failure
+                        raise opened
+                    pending = call = tool.handler(tool_input, ctx) if opened is None else opened
                     if tool.timeout is None:
                         output = await call
                     else:
@@ -304,6 +319,16 @@ class CallRunner:
             names = ", ".join(sorted(self.tools)) or "(none)"
             return error_result(use.id, f"Unknown tool {use.name!r}. Available tools: {names}.")
         return error_result(use.id, f"Tool {use.name!r} was not run: {use.input_error}")
+
+    @staticmethod
+    def _updated_refused(use: ToolUseBlock, exc: ToolInputError) -> ToolResultBlock:
+        """The result of a call whose input a permission callback replaced with one the tool
+        refuses: it did not run, with either input."""
+        return error_result(
+            use.id,
+            f"Tool {use.name!r} was not run: the permission check changed this call's input, and the "
+            f"tool refused the input it was given: {exc}",
+        )
 
     def _failed(
         self, use: ToolUseBlock, tool: Tool, exc: BaseException, scope: asyncio.Timeout | None, returned: object
@@ -374,7 +399,8 @@ class CallRunner:
         if decision is _CLOSED:
             log.debug("the permission prompt for tool call %s (%r) was closed without an answer", use.id, use.name)
         if isinstance(decision, Deny):
-            why = decision.message.strip()
+            # A str, unless the Deny was made around its check (object.__new__, an unpickler).
+            why = decision.message.strip() if isinstance(decision.message, str) else ""
             return error_result(use.id, f"Permission denied: {why}" if why else "Permission denied.")
         if not isinstance(decision, Allow):
             shown = host_repr(self.engine, decision)

@@ -271,6 +271,8 @@ def _before_tools(engine: QueryEngine, st: RunState) -> list[ToolUseBlock]:
         # the transcript as it is, lets go on.
         if not engine.inbox.interjections and not st.paused:
             st.terminal = "completed"
+        else:  # the turn goes on: an empty response's note (`ModelPhase`) is for a turn it ends
+            st.detail = None
         return []
     if st.signal._reason is not None:  # checkpoint 2: no tool starts
         st.phase = "tools"

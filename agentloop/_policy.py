@@ -16,12 +16,14 @@ Hook order within a turn:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
+import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -363,9 +365,22 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
 # whether it was warned about.
 _holders = _ByPolicy()
 _warned = _ByPolicy()
-# Held while a run claims its policies (`claim`), by runs starting in two threads at once. Reentrant:
-# a policy's fork() is the host's code.
+# Each policy an engine is being made over, or is setting its tools for, by that engine (`occupied`).
+_busy = _ByPolicy()
+# Held while a run's claim looks whether another engine has its policies and marks the others its
+# own, by runs starting in two threads at once: never while a policy's fork() (the host's code) or
+# a log handler runs. Reentrant: a `_ByPolicy` entry dropped by the collector may run under it.
 _claiming = threading.RLock()
+
+
+def _claims_after_fork() -> None:
+    """In a forked child: the thread that held the claims' lock (starting a run) is not there."""
+    global _claiming
+    _claiming = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_claims_after_fork)
 
 
 def claim(policies: list[Policy], engine: Any) -> list[Policy]:
@@ -378,35 +393,67 @@ def claim(policies: list[Policy], engine: Any) -> list[Policy]:
     tools since this engine bound it (a list shared by engines with other tools, one run after
     the other) is bound to this engine's again, so its tool classes are this run's."""
     with _claiming:  # engines of two threads: the look and the take are one step
-        forks = own_copies(policies, engine)
-        for policy in policies:
-            if policy.one_engine:
-                _holders.put(policy, weakref.ref(engine))
+        held = _held_at(policies, engine)
+        _mark(_holders, [p for i, p in enumerate(policies) if i not in held], engine)
+    forks = _fork_at(policies, engine, held)  # outside the lock: fork() is the host's code
+    if held:
+        with _claiming:  # the forks, or a policy that could not be forked (shared then, warned)
+            _mark(_holders, [policies[i] for i in held], engine)
     stale = [p for p in policies if _engine_of(_bound.get(p)) is not engine]
     if stale:
         bind_all(stale, engine)
     return forks
 
 
-def own_copies(policies: list[Policy], engine: Any) -> list[Policy]:
-    """Put in ``policies`` (``engine``'s own list) the fork of each stateful policy another
-    engine's run holds now (see `claim`), before ``engine`` writes into it: as its run starts,
-    as it is made (binding its tools, catching up on its transcript) and as its tools change.
-    Returns the forks."""
+@contextlib.contextmanager
+def occupied(policies: list[Policy], engine: Any) -> Iterator[list[Policy]]:
+    """While ``engine`` is made (binding its tools, catching up on its transcript) or sets its
+    tools, the stateful policies of ``policies`` (its own list) are its own: one another
+    engine's run holds is replaced by its fork first (see `claim`), and a run starting in
+    another thread meanwhile forks the others. Yields the forks put in place."""
+    with _claiming:
+        held = _held_at(policies, engine)
+        mine = [p for i, p in enumerate(policies) if p.one_engine and i not in held]
+        _mark(_busy, mine, engine)
+    try:
+        yield _fork_at(policies, engine, held)
+    finally:
+        with _claiming:
+            for policy in mine:
+                if _engine_of(_busy.get(policy)) is engine:
+                    _busy.drop(policy)
+
+
+def _held_at(policies: list[Policy], engine: Any) -> set[int]:
+    """The places in ``policies`` of the stateful policies another engine has now (the lock held)."""
+    return {i for i, p in enumerate(policies) if p.one_engine and _held_elsewhere(p, engine)}
+
+
+def _mark(marks: _ByPolicy, policies: list[Policy], engine: Any) -> None:
+    for policy in policies:
+        if policy.one_engine:
+            marks.put(policy, weakref.ref(engine))
+
+
+def _fork_at(policies: list[Policy], engine: Any, held: set[int]) -> list[Policy]:
+    """Put in ``policies`` the fork of each policy at a place of ``held``; return the forks."""
     forks: list[Policy] = []
-    for i, policy in enumerate(policies):
-        if policy.one_engine and _held_elsewhere(policy, engine):
-            twin = _own_copy(policy, engine)
-            if twin is not None:
-                policies[i] = twin
-                forks.append(twin)
+    for i in sorted(held):
+        twin = _own_copy(policies[i], engine)
+        if twin is not None:
+            policies[i] = twin
+            forks.append(twin)
     return forks
 
 
 def _held_elsewhere(policy: Policy, engine: object) -> bool:
-    """Another engine's run holds ``policy`` now."""
+    """Another engine's run holds ``policy`` now, or another engine is being made over it or
+    setting its tools."""
     other = _engine_of(_holders.get(policy))
-    return other is not None and other is not engine and getattr(other, "_state", None) is not None
+    if other is not None and other is not engine and getattr(other, "_state", None) is not None:
+        return True
+    busy = _engine_of(_busy.get(policy))
+    return busy is not None and busy is not engine
 
 
 _FORKED = (
@@ -435,8 +482,10 @@ def _own_copy(policy: Policy, engine: Any) -> Policy | None:
     else:
         got = "the policy itself" if twin is policy else f"a {type(twin).__name__}, not another policy"
     ok = isinstance(twin, Policy) and twin is not policy
-    if not _warned.get(policy):
+    with _claiming:  # two threads forking one policy at once: one warning
+        first = not _warned.get(policy)
         _warned.put(policy, True)
+    if first:
         if ok:
             log.warning(_FORKED, policy.name)
         else:

@@ -22,7 +22,14 @@ from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
 from ._tools import cut_result, result_length
-from ._transcript import encodable, interrupted_result, lineage_credentials, redacted, without_credentials
+from ._transcript import (
+    credentials_of,
+    encodable,
+    interrupted_result,
+    lineage_sources,
+    redacted,
+    without_credentials,
+)
 
 if TYPE_CHECKING:
     from ._engine import QueryEngine
@@ -221,22 +228,10 @@ def _holds(text: str, secrets: tuple[str, ...]) -> bool:
 def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
     """The credentials of ``engine``'s model and its ancestors' and of their tools' MCP servers
     (`lineage_credentials`), to redact from tool results: read once per run (an HTTP model
-    collects them from its key and headers), again only if a model of the lineage was swapped,
-    an ancestor's tools were set (a background child runs on while its parent changes them), or
-    the engine's own were (`QueryEngine._set_tools` drops them)."""
-    sources = _credential_sources(engine)
+    collects them from its key and headers), again only if a model or a tool set of the lineage
+    was replaced (a background child runs on while its parent changes them)."""
+    sources = lineage_sources(engine)
     held = st.secrets
     if held is None or len(held[0]) != len(sources) or any(a is not b for a, b in zip(held[0], sources, strict=True)):
-        held = st.secrets = (sources, lineage_credentials(engine))
+        held = st.secrets = (sources, credentials_of(sources))
     return held[1]
-
-
-def _credential_sources(engine: QueryEngine) -> tuple[object, ...]:
-    """What `lineage_credentials` reads, but the engine's own tools: its model, and each
-    ancestor's model and tool set (a new tuple each time they are set)."""
-    found: list[object] = [engine.model]
-    parent = engine.parent
-    while parent is not None:
-        found += (parent.model, parent.tool_specs)
-        parent = parent.parent
-    return tuple(found)

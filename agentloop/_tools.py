@@ -17,7 +17,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import NoneType, UnionType
+from types import CodeType, NoneType, UnionType
 from typing import (
     TYPE_CHECKING,
     Annotated,
@@ -335,30 +335,45 @@ def _handler(
             return f(*_positional(kwargs, positional), **kwargs)
         return f(**kwargs)
 
-    _VALIDATING.add(handler)
+    if is_async_def(f):  # a sync def marked as async runs its body when called: not checked first
+        _VALIDATING.add(handler)
     return handler
 
 
-#: The handlers `@tool` made: each validates its input when called and runs nothing of the
-#: function until awaited, so calling one and closing what it returns checks an input.
+#: The handlers `@tool` made over an ``async def``: each validates its input when called and
+#: runs nothing of the function until awaited, so one can be called before its call starts.
 _VALIDATING: weakref.WeakSet[Callable[..., object]] = weakref.WeakSet()
 
 
-def input_refusal(tool: Tool, given: dict[str, Any], ctx: ToolContext) -> ToolInputError | None:
-    """Why ``given`` is not an input ``tool`` takes, checked without running the tool; None when
-    it is, and for a handler made by hand, which may act as soon as it is called."""
+def is_async_def(f: object) -> bool:
+    """Whether ``f`` (a function or a bound method) is an ``async def``: calling it runs none of
+    its body. A sync def that `inspect.markcoroutinefunction` marked (Python 3.12+) is not."""
+    code = getattr(getattr(f, "__func__", f), "__code__", None)
+    return isinstance(code, CodeType) and bool(code.co_flags & inspect.CO_COROUTINE)
+
+
+def checked_call(tool: Tool, given: dict[str, Any], ctx: ToolContext) -> Awaitable[ToolOutput] | Exception | None:
+    """``tool``'s handler called with ``given`` before the call starts, which checks the input
+    and runs nothing of the tool: what it returned (a coroutine not yet started, to await or
+    `close_unstarted`), or what validation raised (a `ToolInputError`, or a validator's own
+    error, the tool's failure). None for a handler that may act as soon as it is called (one
+    made by hand): it is called when the call starts."""
     try:
         if tool.handler not in _VALIDATING:
             return None
     except TypeError:  # a handler that cannot be hashed is not one `@tool` made
         return None
     try:
-        pending = tool.handler(given, ctx)
-    except ToolInputError as exc:
+        return tool.handler(given, ctx)
+    except Exception as exc:
         return exc
+
+
+def close_unstarted(pending: object) -> None:
+    """Close what `checked_call` returned, for a call that will not run it: no coroutine is
+    left never awaited."""
     if inspect.iscoroutine(pending):
-        pending.close()  # never started: nothing of the tool ran
-    return None
+        pending.close()
 
 
 # The handler's comprehensions are functions of their own: written in it, their free variables

@@ -48,7 +48,9 @@ __all__ = [
     "encodable_message",
     "ends_with_space",
     "interrupted_result",
+    "credentials_of",
     "lineage_credentials",
+    "lineage_sources",
     "misplaced",
     "redacted",
     "scrubbed",
@@ -136,11 +138,25 @@ def lineage_credentials(engine: Any) -> tuple[str, ...]:
     model of its own: a tool result holding its parent's key must not reach it either), and
     those of the MCP servers whose tools they hold (`tool_credentials`), longest first. Read
     on an error path, or once per run and tool set (`agentloop._toolphase.run_secrets`)."""
-    found: set[str] = set()
+    return credentials_of(lineage_sources(engine))
+
+
+def lineage_sources(engine: Any) -> tuple[object, ...]:
+    """What `lineage_credentials` reads: the model and the tool set (a new tuple each time the
+    tools are set) of ``engine`` and of each of its ancestors, in turn."""
+    found: list[object] = []
     while engine is not None:
-        found.update(credentials(engine.model))
-        found.update(tool_credentials(getattr(engine, "tool_specs", ())))
+        found += (engine.model, getattr(engine, "tool_specs", ()))
         engine = engine.parent
+    return tuple(found)
+
+
+def credentials_of(sources: tuple[object, ...]) -> tuple[str, ...]:
+    """The credentials of the models and tool sets of ``sources`` (`lineage_sources`), longest first."""
+    found: set[str] = set()
+    for model, specs in zip(sources[::2], sources[1::2], strict=True):
+        found.update(credentials(model))
+        found.update(tool_credentials(specs))  # type: ignore[arg-type]
     return tuple(sorted(found, key=len, reverse=True))
 
 

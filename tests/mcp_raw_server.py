@@ -122,8 +122,9 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": "oops", "message": "went wrong"}})
     elif name == "bad_result":  # a result whose content is not a list
         send({"jsonrpc": "2.0", "id": request_id, "result": {"content": 5}})
-    elif name == "new_content":  # a content type of a later protocol, between two texts
-        content = [{"type": "text", "text": "before"}, {"type": "hologram", "data": "..."}, {"type": "text", "text": "after"}]
+    elif name == "new_content":  # a content type of a later protocol (or of sampling only), between two texts
+        block = {"type": arguments.get("type", "hologram"), "data": "...", "id": "u1", "name": "n", "input": {}}
+        content = [{"type": "text", "text": "before"}, block, {"type": "text", "text": "after"}]
         send({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
     elif name == "last":  # answers, and exits at once
         send(text(request_id, "the last answer"))

@@ -13,7 +13,7 @@ import termios
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentloop import Event
@@ -353,16 +353,20 @@ def test_the_input_line_fits_its_columns_and_shows_the_cursor(text: str, cursor:
 
 @given(st.lists(st.sampled_from(["word", "a", "longer-word", "\u65e5\u672c", "\x1b[1mbold\x1b[0m", ""]), max_size=40),
        st.integers(10, 50))
+@example(["", "word", "longer-word"], 15)
 def test_wrapped_lines_fit_and_keep_every_word(words: list[str], width: int) -> None:
     """Every row fits; the words come back in order, whole unless too long for a row under the
     indent (then broken where the rows end, no longer left to the terminal to break) or in
     Chinese (broken between its characters)."""
     line = "  " + " ".join(words)
     wrapped = wrap(line, width)
+    # A row after the first goes on under the line's own indent plus two (an empty first word
+    # adds a space to it), at most half the width: a word wider than what is left is broken.
+    room = width - min(len(line) - len(line.lstrip(" ")) + 2, width // 2)
     shown = iter(wrapped.split())
     for word in line.split():
         got = next(shown)
-        while got != word and (cells(re.sub(r"\x1b\[[0-9;]*m", "", word)) > width - 4 or "\u65e5" in word):
+        while got != word and (cells(re.sub(r"\x1b\[[0-9;]*m", "", word)) > room or "\u65e5" in word):
             assert word.startswith(got), (word, got, wrapped)
             got += next(shown)
         assert got == word, wrapped

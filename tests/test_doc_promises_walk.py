@@ -53,34 +53,29 @@ async def test_a_refused_key_says_where_the_key_comes_from(cls: type, env_var: s
         engine = QueryEngine(cls("m", api_key=KEY, http_client=client))
         end = turn_ended(await collect(engine.run("hi")))
     assert end.reason == "model_error" and end.error is not None
-    assert "HTTP 401" in end.error and "api_key=" in end.error and env_var in end.error
+    assert "HTTP 401" in end.error and end.error.endswith("(the server refused the key passed as api_key=)")
+    assert env_var not in end.error  # the key was not read from it
     assert KEY not in end.error
 
 
-_TEXT_STREAM = (
-    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
-    b'"role":"assistant","content":[],"model":"m","usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
-    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
-    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n'
-    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
-    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}\n\n'
-    b'event: message_stop\ndata: {"type":"message_stop"}\n'
-)
+_RESPONSES_STREAM = (Path(__file__).parent / "models" / "fixtures" / "openai_responses_text.prism.sse").read_bytes()
 
 
 async def test_a_recorded_stream_without_its_last_blank_line_is_told_apart_from_a_cut_one() -> None:
     # A stream saved to a file loses its last blank line easily (an editor, `.strip()`), and its
     # last event, the terminator, is then dropped as the SSE rules say. The error read "stream ended
-    # without message_stop (connection cut or truncated response)" of a body that held one.
+    # without response.completed (connection cut or truncated response)" of a body that held one.
     sse = {"content-type": "text/event-stream"}
-    async with httpx.AsyncClient(transport=_serving(httpx.Response(200, headers=sse, content=_TEXT_STREAM))) as client:
-        engine = QueryEngine(AnthropicModel("m", api_key=KEY, http_client=client), retry_budget=0)
+    assert _RESPONSES_STREAM.endswith(b"}\n\n")
+    unended = _RESPONSES_STREAM[:-1]
+    async with httpx.AsyncClient(transport=_serving(httpx.Response(200, headers=sse, content=unended))) as client:
+        engine = QueryEngine(OpenAIResponsesModel("m", api_key=KEY, http_client=client), retry_budget=0)
         end = turn_ended(await collect(engine.run("hi")))
     assert end.reason == "model_error" and end.error is not None
-    assert "without message_stop" in end.error and "blank line" in end.error
-    cut = _TEXT_STREAM[: _TEXT_STREAM.index(b"event: message_stop")] + b'event: message_stop\ndata: {"ty'
+    assert "without response.completed" in end.error and "blank line" in end.error
+    cut = _RESPONSES_STREAM[:-40]
     async with httpx.AsyncClient(transport=_serving(httpx.Response(200, headers=sse, content=cut))) as client:
-        engine = QueryEngine(AnthropicModel("m", api_key=KEY, http_client=client), retry_budget=0)
+        engine = QueryEngine(OpenAIResponsesModel("m", api_key=KEY, http_client=client), retry_budget=0)
         end = turn_ended(await collect(engine.run("hi")))
     assert end.error is not None and "truncated" in end.error and "blank line" not in end.error
 

@@ -609,3 +609,28 @@ def test_a_deny_whose_message_is_not_text_is_refused_at_construction(bad: object
 
     with pytest.raises(TypeError, match=r"Deny message must be a str, not "):
         Deny(bad)  # type: ignore[arg-type]
+
+
+async def test_a_deny_made_without_its_check_whose_message_is_not_text_is_still_a_denial() -> None:
+    """A `Deny` made around its check (``object.__new__``, an unpickler setting its slot) with a
+    message that is not a str: reading its message raised AttributeError outside the callback's
+    guard, and the run failed where the call was to be denied."""
+    from agentloop import Deny, ToolUseBlock
+
+    @tool
+    async def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    odd = object.__new__(Deny)
+    object.__setattr__(odd, "message", 5)
+
+    async def ask(use: ToolUseBlock, ctx: object) -> Deny:
+        return odd
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("delete", {"path": "x"})]), "done"])
+    engine = QueryEngine(model, tools=[delete], permission=ask)  # type: ignore[arg-type]
+    await collect(engine.run("clean up"))
+    [result] = engine.messages[2].tool_results
+    assert result.is_error and result.text == "Permission denied."
+    assert engine.messages[-1].text == "done"

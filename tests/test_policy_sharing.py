@@ -4,9 +4,12 @@ handed to every engine a server makes): both runs stay protected, and nothing ra
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
+import threading
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -274,3 +277,120 @@ def test_two_threads_starting_runs_over_one_policy_at_once_never_both_take_it(
 async def _drain(engine: QueryEngine) -> None:
     async for _ in engine.run("hi"):
         pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_child_forked_while_another_thread_claims_policies_runs_with_policies() -> None:
+    """A process forked while a thread of it was claiming its run's policies: the child's copy
+    of the claims' lock stayed held by a thread it does not have, and every run of the child
+    that had a stateful policy waited for it for ever."""
+    from agentloop import _policy
+
+    held, done = threading.Event(), threading.Event()
+
+    def claiming() -> None:  # a run starting in another thread, inside its claim as the fork happens
+        with _policy._claiming:
+            held.set()
+            done.wait(30)
+
+    other = threading.Thread(target=claiming)
+    other.start()
+    try:
+        assert held.wait(10)
+        code = os.fork()
+        if code == 0:  # the child: exit status 0 if its run ends, whatever happens
+            status = 2
+            try:
+                faulthandler.dump_traceback_later(20, exit=True)  # a deadlock ends the child too
+                engine = QueryEngine(ScriptedModel(["ok"]), policies=[IdenticalToolCallRun()])
+                asyncio.run(_drain(engine))
+                status = 0 if engine.messages[-1].text == "ok" else 1
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(code, 0)
+    finally:
+        done.set()
+        other.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _WaitingFork(IdenticalToolCallRun):
+    """A policy whose fork() waits for another thread's run to have started (the host's code:
+    it may wait on anything)."""
+
+    started = threading.Event()
+    waited: ClassVar[list[bool]] = []
+
+    def fork(self) -> Policy:
+        other = QueryEngine(ScriptedModel([self._started]), policies=[IdenticalToolCallRun()])
+        thread = threading.Thread(target=lambda: asyncio.run(_drain(other)))
+        thread.start()
+        self.waited.append(self.started.wait(10))  # bounded: the old claim waited here for ever
+        thread.join(30)
+        return super().fork()
+
+    def _started(self, request: Any) -> str:
+        self.started.set()  # the other thread's run is past its start (and its claim)
+        return "ok"
+
+
+def test_a_policy_fork_waiting_on_another_threads_run_start_does_not_deadlock() -> None:
+    """A run forking a policy another engine's run held called fork() with the process-wide
+    claims' lock held: every other thread's run start waited behind it, and a fork() waiting
+    for one of them never returned."""
+    shared = [_WaitingFork()]
+    first = QueryEngine(ScriptedModel(["done"]), policies=shared)
+    second = QueryEngine(ScriptedModel(["done"]), policies=shared)
+
+    async def main() -> None:
+        run = first.run("hi")
+        await run.__anext__()  # the first run holds the policy
+        await _drain(second)
+        async for _ in run:
+            pass
+
+    asyncio.run(main())
+    assert _WaitingFork.waited == [True]
+    assert second.policies[0] is not shared[0]
+
+
+def test_an_engine_made_over_a_policy_another_threads_run_claims_never_shares_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine made (binding its tools, catching up on its transcript) over a policy list a
+    run in another thread claims at that moment: the engine's check and the run's take were
+    not one step, so both could write into one policy. One of the two gets a fork."""
+    from agentloop import _policy
+
+    shared = [IdenticalToolCallRun()]
+    runner = QueryEngine(ScriptedModel(["done"]), policies=shared)
+    binding, claimed = threading.Event(), threading.Event()
+    real_bind = _policy.bind_all
+
+    def bind_all(policies: Any, engine: Any, *, strict: bool = False) -> None:
+        if engine is not runner and not binding.is_set():  # the new engine, past its check
+            binding.set()
+            claimed.wait(5)  # the run's claim, if it may go on, comes now
+        real_bind(policies, engine, strict=strict)
+
+    monkeypatch.setattr(_policy, "bind_all", bind_all)
+    monkeypatch.setattr("agentloop._engine.bind_all", bind_all)
+    real_claim = _policy.claim
+
+    def claim(policies: Any, engine: Any) -> Any:
+        try:
+            return real_claim(policies, engine)
+        finally:
+            claimed.set()
+
+    monkeypatch.setattr("agentloop._turns.claim", claim)
+
+    def run_other() -> None:
+        assert binding.wait(10)
+        asyncio.run(_drain(runner))
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    made = QueryEngine(ScriptedModel(["done"]), messages=[], policies=shared)
+    thread.join(30)
+    assert made.policies[0] is not runner.policies[0]

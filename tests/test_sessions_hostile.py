@@ -309,6 +309,41 @@ def test_a_line_written_but_for_its_newline_is_cut_at_the_close(tmp_path: Path, 
     assert [m.text for m in loaded.messages] == ["one"] and loaded.warnings == []
 
 
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_device_number_that_differs_between_the_path_and_the_open_file_alone_is_not_a_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replaced: bool
+) -> None:
+    """On overlayfs and some network file systems a `stat` of the path and an `fstat` of the
+    open file can give one file two device numbers: the check that the path still names the
+    open file compared (device, inode), and refused every append there. The inode decides then,
+    with the open file still linked; a file replaced at the path is still refused."""
+    path = tmp_path / "s.jsonl"
+    real_stat = os.stat
+
+    def stat(target: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        found = real_stat(target, *args, **kwargs)
+        if isinstance(target, (str, os.PathLike)) and Path(target) == path:
+            fields = list(found)
+            fields[2] += 1  # st_dev, as an overlay's upper layer gives it
+            return os.stat_result(fields)
+        return found
+
+    with JsonlSession(path) as session:
+        session.append_message(Message.user("one"))
+        monkeypatch.setattr(os, "stat", stat)
+        if replaced:
+            other = tmp_path / "other.jsonl"
+            other.write_bytes(b"")
+            os.replace(other, path)
+            with pytest.raises(OSError, match="deleted, moved away, or replaced"):
+                session.append_message(Message.user("two"))
+        else:
+            session.append_message(Message.user("two"))
+        monkeypatch.undo()
+    expected = [] if replaced else ["one", "two"]
+    assert [m.text for m in JsonlSession(path).load().messages] == expected
+
+
 @pytest.mark.parametrize("how", ["load", "resume"])
 def test_a_fifo_at_the_session_path_is_not_read_for_ever(
     tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
@@ -381,3 +416,29 @@ def test_a_message_of_plain_text_content_with_a_field_this_version_does_not_know
     loaded = JsonlSession(path).load()
     assert loaded.messages == [Message.user("hi")]
     assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["the last line: ignored unknown field(s) 'id' of a message"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "rm", "arguments": "{}"}}]},
+        {"tool_call_id": "c1"},
+        {"function_call": {"name": "rm", "arguments": "{}"}},
+    ],
+)
+def test_a_message_of_plain_text_content_with_a_field_that_changes_its_meaning_is_skipped(
+    tmp_path: Path, field: dict[str, Any]
+) -> None:
+    """A message of string content with a field that makes it something else than text (an
+    assistant's tool calls, a tool's result, as OpenAI writes them) was kept as plain text, with
+    only a warning: a transcript the model would read as saying what it did not."""
+    path = tmp_path / "s.jsonl"
+    records = [
+        {"type": "message", "message": {"role": "user", "content": "hi"}},
+        {"type": "message", "message": {"role": "assistant", "content": "calling", **field}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    loaded = JsonlSession(path).load()
+    assert loaded.messages == [Message.user("hi")]
+    (warning,) = loaded.warnings
+    assert "skipped" in warning and repr(next(iter(field))) in warning, warning

@@ -22,11 +22,10 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from mcp import types
 from mcp.shared.exceptions import MCPError
-from mcp_types import methods
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
@@ -37,8 +36,31 @@ log = logging.getLogger("agentloop")
 #: How the errors of the SDK's HTTP transport for an answer it could not parse begin.
 _SDK_UNPARSED = ("Failed to parse SSE message: ", "Failed to parse JSON response: ")
 
-#: The content block types of the protocol this SDK reads (the sampling ones included).
-_KNOWN_CONTENT = frozenset({"text", "image", "audio", "resource_link", "resource", "tool_use", "tool_result"})
+_by_version: Callable[[str, str, dict[str, Any]], object] | None
+try:  # how the SDK checks a result for the protocol version agreed: a surface a later SDK may move
+    from mcp.types.methods import validate_server_result as _by_version
+except (ImportError, AttributeError):  # pragma: no cover - mcp 2.3 has it; without it, not checked so
+    _by_version = None
+
+
+def _content_types() -> frozenset[str]:
+    """The block types a tool result may hold, as the SDK's `CallToolResult` reads them: the
+    ``type`` of each member of its content union (so a later SDK's new types are known)."""
+    found: set[str] = set()
+    hints: list[Any] = [types.CallToolResult.model_fields["content"].annotation]
+    while hints:  # list[...], a union, Annotated[...]: down to the models in them
+        hint = hints.pop()
+        fields = getattr(hint, "model_fields", None)
+        if isinstance(fields, dict) and "type" in fields:
+            found.update(arg for arg in get_args(fields["type"].annotation) if isinstance(arg, str))
+        else:
+            hints.extend(get_args(hint))
+    return frozenset(found)
+
+
+#: The content block types of a tool result in the protocol this SDK reads (none found: a block is
+#: left to the SDK to validate).
+_KNOWN_CONTENT = _content_types()
 
 
 def readable(message: Any, label: str, version: str | None) -> Any:
@@ -77,7 +99,8 @@ def _unparsed(message: types.JSONRPCError, label: str) -> types.JSONRPCError:
 
 
 def _unknown(block: Any) -> bool:
-    return isinstance(block, dict) and isinstance(block.get("type"), str) and block["type"] not in _KNOWN_CONTENT
+    kind = block.get("type") if isinstance(block, dict) else None
+    return isinstance(kind, str) and bool(_KNOWN_CONTENT) and kind not in _KNOWN_CONTENT
 
 
 def _described(block: dict[str, Any]) -> dict[str, Any]:
@@ -88,8 +111,9 @@ def _invalid_tools(result: dict[str, Any], version: str | None) -> dict[int, str
     """The index of each tool of the tools/list ``result`` that does not validate (as the SDK
     validates it: for ``version``, then as its own model), with what is wrong with it."""
     checks: list[Callable[[], object]] = [lambda: types.ListToolsResult.model_validate(result, by_name=False)]
-    if version is not None:
-        checks.insert(0, lambda: methods.validate_server_result("tools/list", version, result))
+    by_version = _by_version
+    if version is not None and by_version is not None:
+        checks.insert(0, lambda: by_version("tools/list", version, result))
     invalid: dict[int, str] = {}
     for check in checks:
         try:
@@ -99,8 +123,8 @@ def _invalid_tools(result: dict[str, Any], version: str | None) -> dict[int, str
                 loc = error["loc"]
                 if len(loc) >= 2 and loc[0] == "tools" and isinstance(loc[1], int):
                     invalid.setdefault(loc[1], _said(error, skip=2))
-        except (KeyError, ValueError):  # a version or a method the SDK has no surface for
-            continue
+        except Exception:  # a version or a method the SDK has no surface for, or its own bug:
+            continue  # the answer goes on to the SDK, which reports what is wrong with it
     return invalid
 
 
@@ -112,9 +136,11 @@ def _warn_invalid_tool(tool: Any, why: str, label: str) -> None:
 
 def error_answer(value: Any, label: str) -> types.JSONRPCError | None:
     """The error answer standing for ``value`` (decoded JSON) when it is an answer to a request
-    (an ``id``, a ``result`` or an ``error``, no ``method``) that is not valid JSON-RPC; None for
-    anything else."""
-    if not isinstance(value, dict) or "method" in value or not ("result" in value or "error" in value):
+    (``"jsonrpc": "2.0"``, an ``id``, a ``result`` or an ``error``, no ``method``) that is not
+    valid JSON-RPC; None for anything else (a JSON log line that happens to hold an ``id``)."""
+    if not isinstance(value, dict) or value.get("jsonrpc") != "2.0" or "method" in value:
+        return None
+    if "result" not in value and "error" not in value:
         return None
     request = value.get("id")
     if not isinstance(request, str | int) or isinstance(request, bool):

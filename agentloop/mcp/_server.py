@@ -524,9 +524,13 @@ class MCPServer:
         With ``signal``: on abort, stop waiting at once, let the SDK send the
         server ``notifications/cancelled`` for the request, and raise
         `AbortError` with the signal's reason. A result that arrived first wins. The abort waits
-        for that notification to be handed over, never for the server: over stdio it is written
-        without waiting even for a server that stopped reading, over HTTP its post is bounded by
-        ``http_timeout`` (and the SDK gives up a cancel it cannot write within 5 s).
+        for that notification to be handed to the transport, never for the server's answer. Over
+        stdio it is queued for the server's stdin at once, also when a server that stopped
+        reading has filled the pipe: agentloop's stdio transport never holds a notification back
+        (only a request waits for room). Over HTTP it is posted after the messages before it,
+        each answer read within ``http_timeout``, and the SDK stops waiting to hand it over after
+        5 s (its ``_ABANDON_WRITE_TIMEOUT``, for a write that blocks on any transport): an abort
+        waits 5 s at most there.
         Raises `MCPError` for a protocol error (unknown tool, connection lost).
         """
         self._in_flight.append(signal)

@@ -257,29 +257,37 @@ class Pipes:
 
     def _salvaged(self, line: bytearray) -> types.JSONRPCMessage | None:
         """The message on a line `parse` could not read as it is: one holding bytes that are not
-        UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says so); or an
-        answer it still cannot read (of the wrong shape, cut short, nested too deeply), read as an
-        error answer to its request, which then fails rather than waits for ever. None for
+        UTF-8 or a lone surrogate, read with U+FFFD in their place (a warning says so); one nested
+        deeper than pydantic reads JSON (near 200 levels) but no deeper than `MAX_JSON_DEPTH`; or
+        an answer it still cannot read (of the wrong shape, cut short, nested too deeply), read as
+        an error answer to its request, which then fails rather than waits for ever. None for
         anything else (a line that is not JSON-RPC)."""
+        try:
+            value, mangled = self._decoded(line)
+        except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
+            return undecodable_answer(bytes(line).decode("utf-8", "replace"), self.label)
+        try:
+            message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
+        except ValueError:
+            return error_answer(value, self.label)
+        if mangled:
+            self._mangled()
+        return message
+
+    def _decoded(self, line: bytearray) -> tuple[object, bool]:
+        """The JSON on ``line``, and whether it was not valid Unicode: its bytes that are not
+        UTF-8 and its lone surrogates are U+FFFD then (the caller warns, `_mangled`). Raises
+        ValueError for a line that is not JSON or is nested more than `MAX_JSON_DEPTH` levels."""
         raw = bytes(line)
         try:
-            text, lossy = raw.decode("utf-8"), False
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            text, lossy = raw.decode("utf-8", "replace"), True
-        try:
-            value = loads(text)
-        except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
-            return undecodable_answer(text, self.label)
-        if lossy or json_escapes_surrogate(text):
-            value = scrub_json(value)
-            try:
-                message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
-            except ValueError:
-                pass
-            else:
-                self._mangled()
-                return message
-        return error_answer(value, self.label)
+            return scrub_json(loads(raw.decode("utf-8", "replace"))), True
+        value = loads(text)
+        if json_escapes_surrogate(text):  # may hold one (a cheap check): scrubbing tells
+            scrubbed = scrub_json(value)
+            return scrubbed, scrubbed != value
+        return value, False
 
     def _mangled(self) -> None:
         log.log(
@@ -292,9 +300,11 @@ class Pipes:
 
     def _batch(self, line: bytearray) -> list[SessionMessage]:
         try:
-            items = scrub_json(loads(bytes(line).decode("utf-8", "replace")))
+            items, mangled = self._decoded(line)
         except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
-            items = None
+            items, mangled = None, False
+        if mangled:
+            self._mangled()
         messages: list[SessionMessage] = []
         for item in items if isinstance(items, list) else ():
             try:

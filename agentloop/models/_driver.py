@@ -263,7 +263,7 @@ async def run_stream(
                 yield ev
             return
         said = _held(response, head, redactor)
-    if decoder.unterminated:  # whole lines, but no blank line after the last event
+    if _would_end(decoder.dropped):  # the terminator itself, whole but for its blank line
         said += (
             "; its last event had no blank line after it, so it was not read, as the event stream "
             "rules say (a recorded stream must end with an empty line)"
@@ -273,6 +273,25 @@ async def run_stream(
         + said,
         retryable=True,
     )
+
+
+#: The events that end a response (each provider's terminator and its like), by event name,
+#: JSON ``type`` or data.
+_ENDS = frozenset({"message_stop", "response.completed", "response.incomplete", "response.failed", "[DONE]"})
+
+
+def _would_end(sse: ServerSentEvent | None) -> bool:
+    """Whether ``sse``, an event the decoder dropped for want of its blank line, would have ended
+    the response: a body cut in another event was cut, not saved without its last empty line."""
+    if sse is None:
+        return False
+    if sse.event in _ENDS or sse.data.strip() in _ENDS:
+        return True
+    try:
+        kind = json.loads(sse.data).get("type")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return kind in _ENDS
 
 
 def _at_end(

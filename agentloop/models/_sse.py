@@ -51,7 +51,8 @@ class SSEDecoder:
 
     ``last_event_id`` and ``retry`` keep the latest values the stream set. ``unterminated`` is
     True once `close` dropped an event whose lines had all ended but no blank line followed (a
-    recorded stream whose file lost its last empty line), False for one cut inside a line. ``max_event_bytes``:
+    recorded stream whose file lost its last empty line, or a connection cut between an event's
+    lines), False for one cut inside a line; ``dropped`` is that event (None otherwise). ``max_event_bytes``:
     how many bytes may come while no event completes (None: 64 MiB, `MAX_EVENT_BYTES`; see the
     module's docstring; TypeError for what is not a whole number, ValueError below 1). ``error_field=True`` reads an ``error:`` field line (old llama.cpp
     servers' mid-stream failure) as an event of type ``"error"`` with the value as its data.
@@ -66,6 +67,7 @@ class SSEDecoder:
         "_pending",
         "_skip_lf",
         "_tail",
+        "dropped",
         "last_event_id",
         "max_event_bytes",
         "retry",
@@ -86,6 +88,7 @@ class SSEDecoder:
         self.last_event_id: str | None = None
         self.retry: int | None = None
         self.unterminated = False
+        self.dropped: ServerSentEvent | None = None
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode ``chunk`` and return the events it completed (often none). Raises
@@ -133,6 +136,7 @@ class SSEDecoder:
 
     def _endless(self) -> StreamProtocolError:
         self.close()  # what was held goes
+        self.unterminated, self.dropped = False, None  # too long to hold, not unended
         return StreamProtocolError(
             f"event stream: more than {self.max_event_bytes} bytes without an event completed (a line or "
             "an event that never ends): not a stream this decoder can hold"
@@ -142,6 +146,7 @@ class SSEDecoder:
         """End of stream: an event without its blank line is dropped (WHATWG)."""
         self._decoder.decode(b"", final=True)
         self.unterminated = self._has_data and not self._tail
+        self.dropped = self._dispatch() if self.unterminated else None
         self._tail = []
         self._data = []
         self._has_data = False

@@ -1,7 +1,8 @@
 """Reading a session file back: its records, torn and corrupt lines skipped, repaired.
 
 `load_file` is what `JsonlSession.load` does; a message written by a newer version is kept
-without the fields and blocks this version does not know.
+without the fields and blocks this version does not know (but for a field that changes what a
+message of text means, such as OpenAI's ``tool_calls``: that message is skipped).
 """
 
 from __future__ import annotations
@@ -192,6 +193,9 @@ def _with_input(event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+#: Fields (OpenAI's) that make a message of text content something else: one holding them is skipped.
+_MEANING_CHANGING = ("tool_calls", "tool_call_id", "function_call")
+
 _BLOCKS: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
     for cls in (TextBlock, ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, ToolResultBlock, ProviderBlock)
@@ -207,6 +211,10 @@ def _message(data: Any, notes: list[str]) -> Message:
     except ValidationError as exc:
         if not isinstance(data, dict) or not isinstance(data.get("content"), list | str):
             raise
+        if isinstance(data["content"], str) and (changing := [k for k in _MEANING_CHANGING if k in data]):
+            # Text with tool calls, or a tool's result, written as another tool writes them: kept
+            # as plain text, it would tell the model something else than the file says.
+            raise ValueError(f"a message of text content with {_quoted(changing[0])}, which changes its meaning") from None
         lost: list[str] = []
         known = _known_fields(data, Message, "message", lost)
         if isinstance(data["content"], list):  # a string is text: no block in it to drop

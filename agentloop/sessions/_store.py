@@ -88,7 +88,11 @@ class JsonlSession:
     session, in this process or another, can open it for appending: they get
     `SessionLockedError`. An append finding that the path no longer names the file it opened
     (deleted, moved away, or replaced by a rename over it) raises OSError (``ESTALE``), writing
-    nothing; the next append opens the file at the path again. An OSError raised names the file.
+    nothing; the next append opens the file at the path again, creating it and any missing
+    directory of its path as the first append does (a session folder renamed away comes back
+    under its old name), and an engine then writes its whole transcript there, so that the file
+    at the path can be resumed alone (after each log rotation, the new file holds all of it
+    again). An OSError raised names the file.
     """
 
     def __init__(
@@ -342,14 +346,20 @@ class JsonlSession:
     def _named(self, fd: int, identity: tuple[int, int]) -> bool:
         """Whether the path still names the open file: not deleted, moved away (a rename, a log
         rotation) or replaced (a rename over it). A path that cannot be looked up for another
-        reason (a directory made unreadable) leaves the question to the file's link count."""
+        reason (a directory made unreadable) leaves the question to the file's link count, as
+        does a path naming the file's inode on a device other than the open file's."""
         try:
             st = os.stat(self.path)
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError:
             return os.fstat(fd).st_nlink > 0
-        return (st.st_dev, st.st_ino) == identity
+        if st.st_ino != identity[1]:
+            return False
+        # One inode: the same file, unless the devices differ. On overlayfs and some network file
+        # systems a stat of the path and an fstat of the open file give one file two devices
+        # (see `_locking._lock_holder`): there the open file still being linked confirms it.
+        return st.st_dev == identity[0] or os.fstat(fd).st_nlink > 0
 
     def _drop_stale_file(self, fd: int) -> None:
         """Close a file the path no longer names (the lock held), and refuse the append: a

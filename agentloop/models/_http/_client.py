@@ -27,6 +27,7 @@ from ._abortable import abortable
 from ._errors import clip_message, connection_error, error_body, status_error
 from ._redirects import sent
 from ._secrets import (
+    KEY_VARIABLES,
     URL_LOGS,
     Redactor,
     Secret,
@@ -305,7 +306,7 @@ class Connection:
                 async with abortable(signal):
                     response = await stack.enter_async_context(sent(client, request))
                 if not 200 <= response.status_code < 300:
-                    raise self._status_error(response, await error_body(response, signal), redactor)
+                    raise self._status_error(response, await error_body(response, signal), redactor, headers)
                 yield response
         except httpx.HTTPStatusError as exc:
             # The host's client raised for the status itself (a response hook that calls
@@ -313,7 +314,7 @@ class Connection:
             # failed and whether to retry. Not chained: its message quotes the request URL; the
             # request it holds (still its context) is replaced by a scrubbed copy.
             redactor.scrub_chain(exc)
-            raise self._status_error(exc.response, b"", redactor) from None
+            raise self._status_error(exc.response, b"", redactor, headers) from None
         except (httpx.RequestError, OSError) as exc:  # OSError: a host transport's own (ConnectionResetError)
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
@@ -344,7 +345,9 @@ class Connection:
             base["user-agent"] = _user_agent()
         return base
 
-    def _status_error(self, response: httpx.Response, raw: bytes, redactor: Redactor) -> ProviderStatusError:
+    def _status_error(
+        self, response: httpx.Response, raw: bytes, redactor: Redactor, headers: Mapping[str, str]
+    ) -> ProviderStatusError:
         return status_error(
             self.provider,
             response.status_code,
@@ -352,7 +355,36 @@ class Connection:
             raw,
             request_id_header=self.request_id_header,
             secret=redactor,
+            refused=self._refused(response, headers) if response.status_code == 401 else "",
         )
+
+    def _refused(self, response: httpx.Response, headers: Mapping[str, str]) -> str:
+        """Whose credential a 401 refused, as the request that went out tells (``headers``: the
+        model's, ``extra_headers`` among them, as it gave them): the key and where it was read
+        from, a header of ``extra_headers`` or of the host's ``http_client``, or none at all."""
+        try:
+            sent = response.request.headers
+        except RuntimeError:  # a response built without its request
+            sent = httpx.Headers(headers)
+        secret = self.secret
+        key = secret.reveal() if secret is not None else None
+        names = [name for name in sent if is_credential(name) and (key is None or key not in sent[name])]
+        went = [secret.origin] if secret is not None and len(names) < sum(is_credential(n) for n in sent) else []
+        given = {name.lower(): name for name in headers if is_credential(name)}
+        for name in names:
+            if self.host_sets(name) and name not in given:
+                went.append(f"the credential in the {name} header the http_client sends")
+            else:
+                went.append(f"the credential in the {given.get(name, name)} header of extra_headers")
+        if self._url_secrets:
+            went.append("the credential in base_url")
+        if len(went) == 1:
+            return f"the server refused {went[0]}"
+        if went:
+            return "the server refused one of the credentials sent: " + "; ".join(went)
+        variable = KEY_VARIABLES.get(self.provider)
+        where = f"pass api_key= or set the {variable} environment variable" if variable else "pass api_key="
+        return f"no credential was sent: {where}"
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.
@@ -418,7 +450,7 @@ def openai_connection(api_key: str | None, base_url: str | None, http_client: ht
     return Connection(
         "openai",
         base_url or "https://api.openai.com/v1",
-        secret=resolve_key(api_key, "OPENAI_API_KEY"),
+        secret=resolve_key(api_key, KEY_VARIABLES["openai"]),
         http_client=http_client,
         request_id_header="x-request-id",
     )
@@ -440,7 +472,7 @@ def openai_headers(conn: Connection, *, key_optional: bool, extra: Mapping[str, 
     secret = conn.secret
     hosts = conn.host_sets("authorization")  # the host's own client carries the credential
     if secret is None and not key_optional and not hosts and not gives(extra, "authorization"):
-        raise missing_key("openai", "OPENAI_API_KEY")
+        raise missing_key("openai", KEY_VARIABLES["openai"])
     base = {"content-type": "application/json", "accept": "text/event-stream"}
     if secret is not None and not hosts:
         base["authorization"] = f"Bearer {secret.reveal()}"

@@ -99,8 +99,10 @@ def status_error(
     *,
     request_id_header: str,
     secret: Redactor | None,
+    refused: str = "",
 ) -> ProviderStatusError:
     """Build the error for a non-2xx response (the key scrubbed from body and message).
+    ``refused``: for a 401, whose credential the server refused (`Connection` knows).
 
     A 400/413 whose message, type or code says the context does not fit becomes
     `PromptTooLongError`. (Also used for an error body a server sent with 200 instead of
@@ -127,7 +129,7 @@ def status_error(
     if status in (200, 400, 413) and prompt_too_long(message, kind, error_code(body)):
         cls, retryable = PromptTooLongError, False
     error = cls(
-        f"{provider} HTTP {status}: {message}{_refused_key(provider, status)}",
+        f"{provider} HTTP {status}: {message}" + (f" ({refused})" if refused and status == 401 else ""),
         provider=provider,
         status=status,
         body=body,
@@ -139,21 +141,6 @@ def status_error(
     if secret is not None:  # a secret the body escaped (``\\/``, ``\\u002b``) is plain once decoded
         secret.scrub_error(error)
     return error
-
-
-#: Where each provider's key comes from, for the error of a key the server refused.
-_KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-
-
-def _refused_key(provider: str, status: int) -> str:
-    """What a 401 adds to its message: where the credential it refused came from."""
-    if status != 401:
-        return ""
-    variable = _KEY_VARIABLES.get(provider, "the provider's key variable")
-    return (
-        f" (the server refused the credential: check the key passed as api_key=, or read from "
-        f"{variable} when api_key is not given, or the credential in extra_headers)"
-    )
 
 
 def document_error(

@@ -262,14 +262,20 @@ class Redactor:
     __str__ = __repr__
 
 
+#: The environment variable each provider's key is read from when ``api_key=`` is not given.
+KEY_VARIABLES = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
 class Secret(Redactor):
-    """An API key that never shows itself in a repr or str."""
+    """An API key that never shows itself in a repr or str; ``origin`` says where it came from
+    (``api_key=``, an environment variable), for the error of a server that refuses it."""
 
-    __slots__ = ("_value",)
+    __slots__ = ("_value", "origin")
 
-    def __init__(self, value: str) -> None:
+    def __init__(self, value: str, origin: str = "the key given") -> None:
         super().__init__((value,))
         self._value = value
+        self.origin = origin
 
     def reveal(self) -> str:
         """The key itself, for the request header only."""
@@ -294,8 +300,10 @@ class Secret(Redactor):
 
 def resolve_key(api_key: str | None, env_var: str) -> Secret | None:
     """The explicit key, else the environment variable's, else None."""
-    value = api_key if api_key is not None else os.environ.get(env_var)
-    return Secret(value) if value else None
+    if api_key is not None:
+        return Secret(api_key, "the key passed as api_key=") if api_key else None
+    value = os.environ.get(env_var)
+    return Secret(value, f"the key read from the {env_var} environment variable") if value else None
 
 
 class _UrlCredentialsFilter(logging.Filter):

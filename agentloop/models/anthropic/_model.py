@@ -11,7 +11,7 @@ from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
 from .._driver import Prepared, run_stream
 from .._http._client import Connection, HTTPModel, check_headers, gives, merge_headers, missing_key, origin_of
-from .._http._secrets import resolve_key
+from .._http._secrets import KEY_VARIABLES, resolve_key
 from ._request import build_request
 from ._stream import AnthropicMapper
 
@@ -67,7 +67,7 @@ class AnthropicModel(HTTPModel):
         self._conn = Connection(
             "anthropic",
             base_url or "https://api.anthropic.com",
-            secret=resolve_key(api_key, "ANTHROPIC_API_KEY"),
+            secret=resolve_key(api_key, KEY_VARIABLES["anthropic"]),
             http_client=http_client,
             request_id_header="request-id",
         )
@@ -82,7 +82,7 @@ class AnthropicModel(HTTPModel):
         secret = self._conn.secret
         hosts = self._conn.host_sets(self.auth_header)  # the host's own client carries the credential
         if secret is None and not hosts and not gives(self.extra_headers, self.auth_header):
-            raise missing_key("anthropic", "ANTHROPIC_API_KEY")
+            raise missing_key("anthropic", KEY_VARIABLES["anthropic"])
         headers = {
             "anthropic-version": self.anthropic_version,
             "content-type": "application/json",
