@@ -115,8 +115,9 @@ async def test_an_id_and_name_repeated_or_emptied_on_later_chunks_keep_one_call(
         ['{"path": ', '"a.txt", "n": 2}', '{"path": "a.txt", "n": 2}'],  # pieces, then all of it again
         ['{"path": "a.txt", "n": 2}', '{"path": "a.txt", "n": 2}'],  # whole, then whole again
         ['{"path": "a', '{"path": "a.txt", "n": 2}'],  # all so far, twice: told at the end
+        ['{"path": "a', '{"path": "a', '{"path": "a.txt", "n": 2}'],  # a repeat before the resend shows
     ],
-    ids=["cumulative", "cumulative-repeat", "pieces-then-whole", "whole-twice", "cumulative-two"],
+    ids=["cumulative", "cumulative-repeat", "pieces-then-whole", "whole-twice", "cumulative-two", "repeat-first"],
 )
 async def test_arguments_resent_whole_or_so_far_are_the_calls_input_once(pieces: list[str]) -> None:
     body = chat_stream(
@@ -262,10 +263,16 @@ async def test_an_anthropic_error_event_mid_stream_is_the_servers_error(error: d
     [({"type": "api_error", "message": "upstream reset"}, True),
      ({"message": "upstream reset", "type": "None", "code": "503"}, True),
      ({"message": "upstream reset", "type": "invalid_request_error", "code": "400"}, False),
+     ({"message": "upstream reset", "type": "authentication_error", "code": "500"}, False),  # the type says
+     ({"message": "upstream reset", "code": 503}, True),  # no type: the code says
      ("upstream reset", False)],
 )
-async def test_a_proxys_error_as_bare_data_is_the_servers_error_not_a_cut_stream(error: Any, retryable: bool) -> None:
-    body = anthropic_events(MESSAGE, *TEXT) + sse((None, {"error": error}))
+@pytest.mark.parametrize("event", [None, "message"], ids=["no-event-line", "event-message"])
+async def test_a_proxys_error_as_bare_data_is_the_servers_error_not_a_cut_stream(
+    error: Any, retryable: bool, event: str | None
+) -> None:
+    # ``event: message`` is SSE's default name, as good as no event line.
+    body = anthropic_events(MESSAGE, *TEXT) + sse((event, {"error": error}))
     with pytest.raises(ProviderStreamError, match="upstream reset") as info:
         await run_anthropic(body)
     assert info.value.retryable is retryable
@@ -343,28 +350,73 @@ async def test_a_placeholder_then_other_whole_arguments_are_answered_with_an_err
 
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-9, 99) | st.sampled_from(["", "a", '{"a": ', "{", '"}']),
+    st.none() | st.booleans() | st.integers(-9, 99) | st.sampled_from(["", "a", '{"a": ', "{", '"}', '{"a": 1}']),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2),
-    max_leaves=6,
+    max_leaves=8,
 )
+_DEEP = {"a": {"a": {"a": {"a": {"a": 1}}}}}
+
+
+def shown_and_recorded(events: list[Any], acc: Any) -> list[tuple[str, str]]:
+    """Per tool call: the input text the host was shown, piece by piece, and the one recorded."""
+    blocks = acc.blocks()
+    return [("".join(e.partial_json for e in events if type(e).__name__ == "StreamToolInput" and e.index == i),
+             "".join(part.chunks)) for i, part in blocks.items() if part.kind == "tool_use"]  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(value=st.dictionaries(st.sampled_from(["a", "b"]), _JSON, max_size=3), data=st.data())
-@example(value={"a": {"a": 1}}, data=None)
-@example(value={"a": '{"a": '}, data=None)
-async def test_arguments_in_any_ordinary_pieces_are_the_input_whatever_they_repeat(value: dict[str, Any], data: Any) -> None:
-    # The reading of resent arguments never changes a stream whose pieces are each new: one whose
-    # piece repeats all the arguments before it (a nested object, JSON inside a string) included.
+@given(value=_JSON, cuts=st.lists(st.integers(1, 80), max_size=6), then=st.booleans())
+@example(value=_DEEP, cuts=[6, 18], then=False)  # pieces that each start with all before them
+@example(value={"a": {"a": 1}}, cuts=[6], then=True)  # so, and the next call at the same index
+@example(value={"a": '{"a": '}, cuts=[9], then=False)
+async def test_any_json_value_in_any_pieces_is_recorded_as_it_came(value: Any, cuts: list[int], then: bool) -> None:
+    # The reading of resent arguments never changes a stream whose pieces are each new, whatever
+    # they repeat (a nested object that starts as its parent, JSON inside a string): the joined
+    # pieces are valid JSON, and that is the call's input. Followed by another call at index 0
+    # (Gemini's parallel calls), after arguments that are an object, the two stay apart.
     text = json.dumps(value)
-    if data is None:  # the examples: cut where the text repeats its own beginning
-        cuts = sorted({text.find("{", 1), len(text)} - {-1})
-    else:
-        cuts = sorted(set(data.draw(st.lists(st.integers(1, len(text)), max_size=6))) | {len(text)})
-    pieces = [text[a:b] for a, b in zip([0, *cuts], cuts, strict=False) if b > a]
+    then = then and isinstance(value, dict)
+    ends = sorted({c for c in cuts if c < len(text)} | {len(text)})
+    pieces = [text[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+    following = [calls(call(0, "b", "g", '{"y": 2}'))] if then else []
+    body = chat_stream(
+        calls(call(0, "a", "f", pieces[0])), *(calls(call(0, args=p)) for p in pieces[1:]), *following,
+        chat_chunk({}, "tool_calls"),
+    )
+    events, acc = await run_chat(body)
+    assert shown_and_recorded(events, acc) == [(text, text)] + ([('{"y": 2}', '{"y": 2}')] if then else [])
+    if isinstance(value, dict):
+        assert inputs(acc)[0] == ("a", "f", value, None)
+
+
+_WORDS = st.text("abz09 .", max_size=4)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.dictionaries(st.sampled_from(["path", "n"]), _WORDS | st.integers(0, 99), min_size=1), cuts=st.lists(st.integers(1, 40), min_size=1, max_size=6))
+@example(value={"path": "a.txt"}, cuts=[11, 11])  # a piece that repeats all so far, before the resend shows
+async def test_arguments_resent_so_far_any_number_of_times_are_the_input_once(value: dict[str, Any], cuts: list[int]) -> None:
+    # Cumulative mode (DeepSeek, Baidu Qianfan): each piece is all the arguments so far, some
+    # repeated unchanged; the call's input is the arguments once, and the host is shown them so.
+    text = json.dumps(value)
+    pieces = [text[:c] for c in sorted(c for c in cuts if c < len(text))] + [text]
     body = chat_stream(
         calls(call(0, "a", "f", pieces[0])), *(calls(call(0, args=p)) for p in pieces[1:]),
         chat_chunk({}, "tool_calls"),
     )
-    _, acc = await run_chat(body)
-    assert inputs(acc) == [("a", "f", value, None)]
+    events, acc = await run_chat(body)
+    assert (inputs(acc), shown_and_recorded(events, acc)) == ([("a", "f", value, None)], [(text, text)])
+
+
+async def test_two_identical_calls_without_ids_at_one_index_are_an_error_not_one_call() -> None:
+    # No id tells a second identical call from a resend; only the finish chunk's repeat is read
+    # as one (GLM-style servers resend there). Otherwise the call is answered with an error.
+    twice = chat_stream(calls(call(None, None, "f", '{"x": 1}')), calls(call(None, None, "f", '{"x": 1}')),
+                        chat_chunk({}, "tool_calls"))  # fmt: skip
+    _, acc = await run_chat(twice)
+    ((_, name, _, error),) = inputs(acc)
+    assert name == "f" and error is not None and '{"x": 1}{"x": 1}' in error
+    resent = chat_stream(calls(call(None, None, "f", '{"x": 1}')),
+                         chat_chunk({"tool_calls": [call(None, None, None, '{"x": 1}')]}, "tool_calls"))  # fmt: skip
+    _, acc = await run_chat(resent)
+    assert [(n, i, e) for _, n, i, e in inputs(acc)] == [("f", {"x": 1}, None)]

@@ -97,9 +97,10 @@ class AnthropicMapper:
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind is None:
             kind = sse.event
-            if kind is None and isinstance(obj, dict) and obj.get("error"):
-                # A proxy's failure as bare data, with neither an ``event:`` line nor a type
-                # (LiteLLM's /v1/messages wrote it so): the server's error, not a cut stream.
+            if (kind is None or kind == "message") and isinstance(obj, dict) and obj.get("error"):
+                # A proxy's failure as bare data, with neither a type nor an ``event:`` line (or
+                # SSE's default ``event: message``; LiteLLM's /v1/messages wrote it so): the
+                # server's error, not a cut stream.
                 raise self._error(obj)
         try:
             if kind == "content_block_delta":
@@ -236,13 +237,15 @@ class AnthropicMapper:
         if not isinstance(err, dict):  # a proxy's error in words is its message
             err = {"message": err} if isinstance(err, str) else {}
         kind = err.get("type")
-        code = str(err.get("code"))  # a proxy's: the HTTP status of the upstream failure
-        if kind == "None":  # how LiteLLM's proxy writes the type of an exception that has none
+        if kind is None or kind == "None":  # "None": how LiteLLM's proxy writes a missing type
+            code = str(err.get("code"))  # a proxy's: the HTTP status of the upstream failure
             kind = code if code.isascii() and code.isdigit() else None
+            transient = kind is not None and int(code) in RETRYABLE_STATUSES
+        else:  # an explicit type says whether the failure is transient, whatever the code
+            transient = kind in _RETRYABLE_ERRORS
         message = err.get("message") or "stream error"
         request_id = obj.get("request_id") if isinstance(obj, dict) else None
         too_long = prompt_too_long(message)
-        transient = kind in _RETRYABLE_ERRORS or (code.isascii() and code.isdigit() and int(code) in RETRYABLE_STATUSES)
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
             f"anthropic stream error ({kind}): {message}" if kind else f"anthropic stream error: {message}",

@@ -16,7 +16,7 @@ model: its key, headers, stream options and connection. Local-server quirks hand
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - DeepSeek and Baidu Qianfan in cumulative mode: every tool-call chunk carries all the
   arguments so far; GLM-style servers: the whole arguments again on the last chunk. Either
-  is taken once (``_Call.new_part`` in `_stream`).
+  is taken once when the pieces joined are not valid JSON (``_Call.arguments`` in `_stream`).
 - Mistral's reasoning models: ``delta.content`` as a list of typed chunks
   (``thinking``, ``text``); litellm: ``arguments`` as an object.
 - DeepSeek and Moonshot (Kimi) thinking mode: ``delta.reasoning_content``, which must

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from ..._accumulate import CUT_BY
@@ -54,70 +55,84 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 
 class _Call:
-    __slots__ = ("args", "block", "carried", "cumulative", "extra", "held", "id", "name", "pending", "size", "started")
+    __slots__ = ("args", "block", "carried", "extra", "held", "id", "minted", "name", "pending", "repeat_ok", "size",
+                 "started")  # fmt: skip
 
     def __init__(self, block: int) -> None:
         self.block = block
         self.id = ""
+        self.minted = False  # the id is ours: the server sent none
         self.name = ""
         self.pending: list[str] = []  # argument fragments seen before the name
-        self.args: list[str] = []  # every argument fragment, in order
+        self.args: list[str] = []  # every argument fragment, in order, as it came
         self.size = 0  # their length, joined
-        self.cumulative = False  # the server sends all the arguments so far on each chunk
-        self.held: str | None = None  # a piece that may be all the arguments so far, resent
+        self.held = -1  # once a fragment may resend the arguments: how much of them was shown
+        self.repeat_ok = False  # the last fragment may be a whole repeat (see `arguments`)
         self.started = False
         self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
         self.carried = False
 
-    def new_part(self, piece: str) -> str:
-        """What of ``piece`` to add to the arguments now. Some servers resend them: DeepSeek and
-        Baidu Qianfan in cumulative mode send all the arguments so far on every chunk, GLM-style
-        local servers the whole arguments again on the last one.
+    def add(self, piece: str, finishing: bool) -> str:
+        """Keep ``piece`` of the arguments; what of it to show now. Some servers resend them
+        (DeepSeek and Baidu Qianfan in cumulative mode send all the arguments so far on every
+        chunk, GLM-style servers the whole arguments again on the last one), which only the end
+        of the call tells (`arguments`): from a piece that starts with all the arguments so far
+        on, nothing is shown until then. The caller passes only a piece as long as all the
+        arguments so far, or any once held: rare in a real stream (the total doubles each time),
+        so the arguments are joined to compare only a few times."""
+        held = self.held >= 0
+        if not held and self.args and len(piece) >= self.size and piece.startswith(self.args[0]):
+            held = piece.startswith("".join(self.args))
+            if held:
+                self.held = self.size
+        self.args.append(piece)
+        self.size += len(piece)
+        self.repeat_ok = finishing or (bool(self.id) and not self.minted)
+        return "" if held else piece
 
-        A piece that starts with all the arguments so far and goes on is held back (``held``):
-        a piece of a real stream can be so too (a nested object that repeats its parent's
-        beginning). The next piece tells: one that starts with the held piece means the server
-        resends (``cumulative``, each piece read from then on as all so far); another means the
-        held piece was a fragment, given with it. `settle` tells at the end. A piece equal to all
-        so far adds nothing once they are a whole JSON object. The caller passes only a piece as
-        long as all the arguments so far, or any while one is held: rare in a real stream (the
-        total doubles each time), so the arguments are joined to compare only a few times."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            if not piece.startswith(held):
-                return held + piece  # the held piece was a fragment after all
-            self.cumulative = True
-        if not piece.startswith(self.args[0]):
-            return piece
-        sent = "".join(self.args)
-        if self.cumulative:
-            return piece[len(sent) :] if piece.startswith(sent) else piece
-        if len(piece) > len(sent) and piece.startswith(sent):
-            self.held = piece
-            return ""
-        return "" if piece == sent and _whole_object(sent) else piece
+    def arguments(self) -> str:
+        """The call's arguments, decided by validity once it ends: the fragments joined whenever
+        that is valid JSON (the standard wire); else a reading of them as resent, the last
+        fragment, when it is valid JSON and either each fragment starts with the one before
+        (cumulative) or the fragments before it, joined, are whole JSON it starts with (whole
+        again); else the fragments joined (an error quotes them). A last fragment that only
+        repeats all before it is read so only if the call has the server's id or the fragment
+        came with the ``finish_reason``: two identical calls without ids stay a visible error."""
+        args = self.args
+        plain = "".join(args)
+        if self.held < 0 or _valid(plain):
+            return plain
+        last = args[-1]
+        before = plain[: len(plain) - len(last)]
+        if last == before and not self.repeat_ok:
+            return plain
+        cumulative = all(b.startswith(a) for a, b in pairwise(args))
+        if (cumulative or (last.startswith(before) and _valid(before))) and _valid(last):
+            return last
+        return plain
 
     def settle(self) -> str:
-        """The held piece's part of the arguments, once no piece follows it: a fragment when the
-        arguments with it are whole JSON, else the server's resend of all of them."""
-        held, self.held = self.held, None
-        if held is None:
+        """What of the arguments is left to show once the call ends (all of them joined or the
+        resent whole, `arguments`, less what was shown); "" when nothing was held back."""
+        if self.held < 0:
             return ""
-        sent = "".join(self.args)
-        return held if _whole_object(sent + held) else held[len(sent) :]
+        whole, plain, shown = self.arguments(), "".join(self.args), self.held
+        self.held = -1
+        if not whole.startswith(plain[:shown]):  # cannot be: each reading starts with what was shown
+            whole = plain
+        return whole[shown:]
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
         OpenAI endpoint (and gateways in front of it) send parallel calls whole, one per
         chunk, all with ``index`` 0 or none. Such a delta has a name and an id of its own,
-        and this call's arguments are already a whole JSON object (a vLLM fragment with a
-        fresh id has neither a name nor follows whole arguments)."""
+        and this call's arguments (`arguments`) are already a whole JSON object (a vLLM
+        fragment with a fresh id has neither a name nor follows whole arguments)."""
         new_id = raw.get("id")
         if not (self.started and fn.get("name") and new_id and new_id != self.id):
             return False
         try:
-            value = loads("".join(self.args))
+            value = loads(self.arguments())
         except ValueError:
             return False
         return isinstance(value, dict)
@@ -215,7 +230,7 @@ class ChatMapper:
                 if delta and not self._late:
                     self._late = _late_delta(delta, self._finish)
             elif delta:
-                self._delta(delta, out)
+                self._delta(delta, out, bool(choice.get("finish_reason")))
             if self.logprobs and self._finish is None:
                 values = _logprob_values(choice.get("logprobs"))
                 if values:  # the tokens of what this chunk streamed: reasoning, or text
@@ -262,7 +277,7 @@ class ChatMapper:
         )
         out.append(StreamUsage(self._usage))
 
-    def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
+    def _delta(self, delta: dict[str, Any], out: list[StreamEvent], finishing: bool) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
             out.append(StreamThinking(self._channel("thinking", out), reasoning))
@@ -282,7 +297,7 @@ class ChatMapper:
         calls = delta.get("tool_calls")
         if calls:
             for pos, call in enumerate(calls):
-                self._tool_delta(call, pos, out)
+                self._tool_delta(call, pos, out, finishing)
 
     def _keep_details(self, details: list[Any]) -> None:
         """Keep OpenRouter's ``reasoning_details`` pieces, as one list for the response: the
@@ -337,7 +352,7 @@ class ChatMapper:
             out.append(StreamBlockStop(self._cur))
             self._cur_kind = ""
 
-    def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent]) -> None:
+    def _tool_delta(self, raw: dict[str, Any], pos: int, out: list[StreamEvent], finishing: bool) -> None:
         key = raw.get("index")
         if key is None:  # no index (Gemini) or a null one: placed by position
             key = pos
@@ -369,13 +384,14 @@ class ChatMapper:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
-            if call.args and type(args) is str and (len(args) >= call.size or call.held is not None):
-                args = call.new_part(args)  # rare: a piece that may resend the arguments
-            if args:
+            if call.held < 0 and (not call.args or len(args) < call.size):  # the common case: a new piece
                 call.args.append(args)
                 call.size += len(args)
+            else:
+                args = call.add(args, finishing)  # rare: a piece that may resend the arguments
         if not call.started and call.name:
             call.started = True
+            call.minted = not call.id
             call.id = call.id or _fresh_id()
             out.append(StreamToolUseStart(call.block, call.id, call.name))
             out.extend(StreamToolInput(call.block, p) for p in call.pending)
@@ -389,11 +405,9 @@ class ChatMapper:
             self._carry(call, out)
 
     def _settle(self, call: _Call, out: list[StreamEvent]) -> None:
-        """Give the piece a call held back (`_Call.new_part`), now that none follows it."""
+        """Show what of a call's arguments was held back (`_Call.settle`), now that it ends."""
         text = call.settle()
         if text:
-            call.args.append(text)
-            call.size += len(text)
             if call.started:
                 out.append(StreamToolInput(call.block, text))
             else:
@@ -454,7 +468,7 @@ class ChatMapper:
         error the model can act on."""
         started = False
         for call in self._calls.values():
-            if call.held is not None:
+            if call.held >= 0:
                 self._settle(call, out)
             if not call.started and call.pending:
                 call.started = True
@@ -467,12 +481,13 @@ class ChatMapper:
         return started
 
 
-def _whole_object(text: str) -> bool:
-    """Whether ``text`` is one whole JSON object (a call's complete arguments)."""
+def _valid(text: str) -> bool:
+    """Whether ``text`` is valid JSON (as a call's arguments are once complete)."""
     try:
-        return isinstance(loads(text), dict)
+        loads(text)
     except ValueError:
         return False
+    return True
 
 
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
