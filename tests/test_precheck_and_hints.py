@@ -132,6 +132,47 @@ async def test_a_checked_call_not_run_as_checked_leaves_no_coroutine_unawaited(a
     assert ran == ([] if isinstance(answer, Deny) else ["b"])
 
 
+class _Unequal:
+    """A value that cannot be compared: its ``==`` raises."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+
+@pytest.mark.parametrize("how", ["raises", "aborts", "unequal"])
+async def test_a_checked_call_is_closed_whatever_ends_its_prompt(how: str) -> None:
+    # The coroutine made to check the input before the prompt was left never awaited when
+    # comparing the permission's input raised; the raising and aborting prompts are closed too.
+    ran: list[object] = []
+
+    @tool
+    async def t(path: Any) -> str:
+        """T."""
+        ran.append(path)
+        return "ran"
+
+    def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        if how == "raises":
+            raise RuntimeError("prompt broke")
+        if how == "aborts":
+            engine.interrupt()
+            return Allow()
+        return Allow(updated_input={"path": _Unequal()})
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("t", {"path": "a"})]), "Done."])
+    engine = QueryEngine(model, tools=[t], permission=ask)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        events = await collect(engine.run("go"))
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert ran == []
+    assert not any(isinstance(e, ToolCallStarted) for e in events)
+    assert turn_ended(events).reason == ("aborted_tools" if how == "aborts" else "completed")
+
+
 async def test_a_hand_made_handler_runs_after_its_call_started() -> None:
     # A sync handler returning an awaitable was called before ToolCallStarted: its progress came
     # first, and one that raised had a ToolCallFinished with no ToolCallStarted.
@@ -157,7 +198,7 @@ async def test_a_hand_made_handler_runs_after_its_call_started() -> None:
     ]
 
 
-def test_only_a_real_async_def_is_checked_before_it_runs() -> None:
+def test_only_a_real_async_def_is_checked_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def sync(path: str) -> Any:
         return None
 
@@ -168,9 +209,20 @@ def test_only_a_real_async_def_is_checked_before_it_runs() -> None:
         async def method(self, path: str) -> str:
             return path
 
+    # Marked as inspect.markcoroutinefunction marks one (3.12+); below 3.12 the mark and the
+    # check that reads it are put in place the same way, so the test can fail on any version.
     marker = getattr(inspect, "_is_coroutine_mark", None)
-    if marker is not None:  # how inspect.markcoroutinefunction marks one (3.12+)
-        sync._is_coroutine_marker = marker  # type: ignore[attr-defined]
+    if marker is None:
+        marker = object()
+        real_check = inspect.iscoroutinefunction
+
+        def marked_check(f: object) -> bool:
+            return getattr(f, "_is_coroutine_marker", None) is marker or real_check(f)
+
+        monkeypatch.setattr(inspect, "_is_coroutine_mark", marker, raising=False)
+        monkeypatch.setattr(inspect, "iscoroutinefunction", marked_check)
+    sync._is_coroutine_marker = marker  # type: ignore[attr-defined]
+    assert inspect.iscoroutinefunction(sync)  # what a check by inspect alone would let through
     assert not _tools.is_async_def(sync)
     assert _tools.is_async_def(real) and _tools.is_async_def(Holder().method)
 
@@ -220,6 +272,8 @@ async def test_a_permission_input_the_tool_refuses_gets_one_true_message() -> No
     assert text.startswith("Tool 'rd' was not run: the permission check changed this call's input, and the tool refused")
     assert "valid integer" in text
     assert not any(isinstance(e, ToolCallStarted) for e in events)
+    finished = next(e for e in events if isinstance(e, ToolCallFinished))
+    assert finished.updated_input is None and finished.input == {"n": 1}
 
 
 async def test_an_empty_response_is_told_only_on_a_completed_turn() -> None:
