@@ -4,6 +4,7 @@ an unended stream and an empty response: each says only what is true of the case
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import inspect
 import json
@@ -390,3 +391,44 @@ async def test_a_stream_cut_after_a_whole_line_of_an_event_that_does_not_end_it_
         end = turn_ended(await collect(engine.run("hi")))
     assert end.error is not None and "without message_stop" in end.error
     assert "blank line" not in end.error and "recorded" not in end.error
+
+
+PASSWORD = "pw-userinfo-5647382910abcdefgh"
+
+
+async def _refused_by(model_for: Any, **client: Any) -> str:
+    """The error of a 401 whose body echoes the request's headers: no secret of any origin in it."""
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_echo), **client) as c:
+        end = turn_ended(await collect(QueryEngine(model_for(c), retry_budget=0).run("hi")))
+    assert end.reason == "model_error" and end.error is not None
+    basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+    for secret in (KEY, TOKEN, PASSWORD, basic, KEY[-8:], PASSWORD[-8:]):
+        assert secret not in end.error
+    return end.error
+
+
+@pytest.mark.parametrize("key", [KEY, None], ids=["with-key", "no-key"])
+async def test_a_refused_user_info_of_base_url_is_not_put_down_to_extra_headers(
+    key: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # httpx sends base_url's user:password as a Basic Authorization header, in place of the key's:
+    # the 401 blamed an extra_headers the host never set.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url = f"https://user:{PASSWORD}@gateway.example/v1"
+    error = await _refused_by(lambda c: OpenAIChatModel("m", api_key=key, base_url=url, http_client=c))
+    assert error.endswith("(the server refused the user info in base_url, sent in the authorization header)")
+
+
+async def test_a_refused_credential_of_the_clients_auth_is_put_down_to_it() -> None:
+    auth = httpx.BasicAuth("user", PASSWORD)
+    error = await _refused_by(lambda c: OpenAIChatModel("m", api_key=KEY, http_client=c), auth=auth)
+    assert error.endswith("(the server refused the credential the http_client's auth= puts in the authorization header)")
+
+
+async def test_a_refused_credential_of_extra_headers_is_told_apart_from_the_key() -> None:
+    extra = {"X-Gateway-Token": TOKEN}
+    error = await _refused_by(lambda c: AnthropicModel("m", api_key=KEY, http_client=c, extra_headers=extra))
+    assert error.endswith(
+        "(the server refused one of the credentials sent: the key passed as api_key=; "
+        "the credential in the X-Gateway-Token header of extra_headers)"
+    )
