@@ -230,8 +230,20 @@ def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
     (`lineage_credentials`), to redact from tool results: read once per run (an HTTP model
     collects them from its key and headers), again only if a model or a tool set of the lineage
     was replaced (a background child runs on while its parent changes them)."""
-    sources = lineage_sources(engine)
     held = st.secrets
-    if held is None or len(held[0]) != len(sources) or any(a is not b for a, b in zip(held[0], sources, strict=True)):
+    if held is None or not _same_lineage(engine, held[0]):
+        sources = lineage_sources(engine)
         held = st.secrets = (sources, credentials_of(sources))
     return held[1]
+
+
+def _same_lineage(engine: QueryEngine | None, sources: tuple[object, ...]) -> bool:
+    """Whether ``sources`` are still `lineage_sources(engine)`: compared in place, each model
+    and tool set by identity, with nothing built (once for each batch of tool results)."""
+    i, n = 0, len(sources)
+    while engine is not None:
+        if i >= n or sources[i] is not engine.model or sources[i + 1] is not getattr(engine, "tool_specs", ()):
+            return False
+        i += 2
+        engine = engine.parent
+    return i == n
