@@ -480,6 +480,31 @@ def test_a_call_in_cumulative_mode_cut_by_the_token_limit_is_an_error_quoting_it
     assert shown_and_recorded(events, acc) == [(text, text)]
 
 
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON, cuts=st.lists(st.integers(1, 60), min_size=1, max_size=6), short=st.integers(0, 5),
+       finish=st.sampled_from(["length", "content_filter"]))  # fmt: skip
+def test_arguments_so_far_under_a_cut_finish_are_never_taken_as_complete(
+    value: Any, cuts: list[int], short: int, finish: str
+) -> None:
+    # Pieces that each start with the one before, cut by the finish: unless they joined are
+    # valid JSON, the call is an error; what the host is shown is what is recorded.
+    text = json.dumps(value)
+    text = text[: len(text) - short] or text
+    ends = [*sorted({c for c in cuts if c < len(text)}), len(text)]
+    pieces = [text[:e] for e in ends]
+    events = map_chunks(calls(call(0, "a", "f", pieces[0])), *(calls(call(0, args=p)) for p in pieces[1:]),
+                        chat_chunk({}, finish))  # fmt: skip
+    acc = accumulate(events)
+    ((_, _, _, error),) = inputs(acc)
+    (shown, recorded) = shown_and_recorded(events, acc)[0]
+    assert shown == recorded
+    if len(pieces) > 1:
+        try:
+            json.loads("".join(pieces))
+        except ValueError:
+            assert error is not None
+
+
 @pytest.mark.parametrize("finish", ["length", "content_filter"])
 async def test_a_call_cut_by_the_finish_is_never_read_as_a_resend(finish: str) -> None:
     # '{"a": ' then '{"a": 1}': resent so far, or a nested object cut by the token limit. The
