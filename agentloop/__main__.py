@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line's parser, and its ``demo`` command's."""
     import argparse  # here, where a Ctrl-C is a quiet exit (see main)
 
     parser = argparse.ArgumentParser(prog="agentloop", description="agentloop command line")
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--speed", type=float, default=1.0, help="speed factor for the scripted model (default 1)")
     demo.add_argument("--plain", action="store_true", help="no colour, no status line")
-    return parser
+    return parser, demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,9 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    parser, demo = _parsers()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # for the demo, under its own usage, which names its options
+        (demo if args.command == "demo" else parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command != "demo":  # no command: a usage error (help asked for, --help, goes to stdout)
-        _parser().print_help(sys.stderr)
+        parser.print_help(sys.stderr)
         return 2
     if args.provider is None and (args.model or args.base_url):  # else the offline demo runs, ignoring them
         print("agentloop demo: --model and --base-url need --provider (without it the demo is offline)", file=sys.stderr)

@@ -218,80 +218,74 @@ class CallRunner:
         then re-raised: never swallowed) or a bug in agentloop (never lost). The
         task reports itself, which saves the loop a done-callback hop, and awaits
         the handler directly: no helper coroutine, so one frame less for every
-        resumption of every call. That is why it is longer than most: each of its
-        awaits (the permission prompt, the handler, with or without a timeout) has
-        to be here; what needs none is a method (`_refusal`, `_failed`, `_unusual`).
+        resumption of every call. That is why it is longer than most: each await of
+        the handler (with or without a timeout) has to be here; the permission prompt,
+        awaited only by a call that has one, is `_prompted`; what awaits nothing is a
+        method (`_refusal`, `_failed`, `_unusual`). The handler's call made to check the
+        input (`checked_call`) is closed at the end unless it was handed over to be awaited.
         """
         put = self.emit
         key = use.id  # a pydantic model's fields are read through its __getattr__ hook: read once
+        opened: Awaitable[ToolOutput] | Exception | None = None
         try:
             tool = self.tools.get(use.name)
-            result = self._refusal(use, tool) if tool is None or use.input_error is not None else None
-            given: dict[str, Any] = use.input
-            tool_input = given
-            opened: Awaitable[ToolOutput] | Exception | None = None  # the handler's call made to check the input (`checked_call`)
-            if result is None:
-                assert tool is not None  # a call without its tool was refused above
+            if tool is None or use.input_error is not None:
+                result = self._refusal(use, tool)
+            else:
                 ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
+                given: dict[str, Any] = use.input
+                tool_input = given
                 opened = checked_call(tool, given, ctx)
+                refused: ToolResultBlock | None = None
                 if isinstance(opened, ToolInputError):  # no one is asked about a call that cannot run
-                    result = self._failed(use, tool, opened, None, None)
+                    refused = self._failed(use, tool, opened, None, None)
                 elif self.permission is not None:
-                    try:
-                        decision = await self._ask(use, ctx)
-                    except BaseException:
-                        close_unstarted(opened)
-                        raise
-                    if not isinstance(decision, Allow):
-                        close_unstarted(opened)
-                        result = decision  # refused: the refusal is the result
-                    elif decision.updated_input is not None and decision.updated_input != given:
-                        close_unstarted(opened)
-                        tool_input = self.updated[key] = decision.updated_input
-                        opened = checked_call(tool, tool_input, ctx)
-                        if isinstance(opened, ToolInputError):
-                            result = self._updated_refused(use, opened)
-            if result is None:
-                assert tool is not None  # a call without its tool was refused above
-                if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
-                    close_unstarted(opened)
-                    self.signal.throw_if_aborted()
-                self.started.add(key)
-                updated = None if tool_input is given else tool_input
-                put(_call_started(tool_use=use, updated_input=updated))
-                scope: asyncio.Timeout | None = None
-                pending: object = None  # what the handler returned, for `_failed` to tell a sync one
-                try:
-                    if isinstance(opened, Exception):  # a validator's own error: the tool's failure
-                        raise opened
-                    pending = call = tool.handler(tool_input, ctx) if opened is None else opened
-                    if tool.timeout is None:
-                        output = await call
-                    else:
-                        # If the timeout's cancellation is swallowed, the loop gives up on the call
-                        # a cancel grace later (see `Overdue`), so the timeout holds either way; a
-                        # grace of 0 still leaves a call that honours the cancellation time to unwind.
-                        overdue = asyncio.get_running_loop().call_later(
-                            tool.timeout + cancel_grace(self.engine.options), put, Overdue(use, tool.timeout)
-                        )
-                        try:
-                            async with asyncio.timeout(tool.timeout) as scope:
-                                output = await call
-                        finally:
-                            overdue.cancel()
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
-                    if isinstance(exc, GeneratorExit) and loop_gone():
-                        raise
-                    result = self._failed(use, tool, exc, scope, pending)
+                    refused, tool_input, opened = await self._prompted(use, tool, ctx, opened)
+                if refused is not None:
+                    result = refused
                 else:
-                    if type(output) is str and output.strip():  # the common case, as output_to_result builds it
-                        result = tool_result_block(key, output)
+                    if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
+                        self.signal.throw_if_aborted()
+                    self.started.add(key)
+                    updated = None if tool_input is given else tool_input
+                    if updated is not None:  # told only of a call that started
+                        self.updated[key] = updated
+                    put(_call_started(tool_use=use, updated_input=updated))
+                    scope: asyncio.Timeout | None = None
+                    pending: object = None  # what the handler returned, for `_failed` to tell a sync one
+                    try:
+                        if isinstance(opened, Exception):  # a validator's own error: the tool's failure
+                            raise opened
+                        pending = call = tool.handler(tool_input, ctx) if opened is None else opened
+                        if tool.timeout is None:
+                            opened = None  # handed over
+                            output = await call
+                        else:
+                            # If the timeout's cancellation is swallowed, the loop gives up on the call
+                            # a cancel grace later (see `Overdue`), so the timeout holds either way; a
+                            # grace of 0 still leaves a call that honours the cancellation time to unwind.
+                            overdue = asyncio.get_running_loop().call_later(
+                                tool.timeout + cancel_grace(self.engine.options), put, Overdue(use, tool.timeout)
+                            )
+                            try:
+                                async with asyncio.timeout(tool.timeout) as scope:
+                                    opened = None  # handed over
+                                    output = await call
+                            finally:
+                                overdue.cancel()
+                    except (asyncio.CancelledError, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
+                        if isinstance(exc, GeneratorExit) and loop_gone():
+                            raise
+                        result = self._failed(use, tool, exc, scope, pending)
                     else:
-                        result = self._unusual(use, output)
-                if updated is not None:  # the model's call is left as it wrote it: its result says what ran
-                    result = input_noted(result, updated, self.engine.options.texts.input_updated)
+                        if type(output) is str and output.strip():  # the common case, as output_to_result builds it
+                            result = tool_result_block(key, output)
+                        else:
+                            result = self._unusual(use, output)
+                    if updated is not None:  # the model's call is left as it wrote it: its result says what ran
+                        result = input_noted(result, updated, self.engine.options.texts.input_updated)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             if isinstance(exc, KeyboardInterrupt):
                 stop_for_ctrl_c(self.engine)
@@ -303,6 +297,29 @@ class CallRunner:
             put(Done((use, exc)))
         else:
             put(Done((use, result)))
+        finally:
+            if opened is not None:  # made to check the input, never awaited: no warning left behind
+                close_unstarted(opened)
+
+    async def _prompted(
+        self, use: ToolUseBlock, tool: Tool, ctx: ToolContext, opened: Awaitable[ToolOutput] | Exception | None
+    ) -> tuple[ToolResultBlock | None, dict[str, Any], Awaitable[ToolOutput] | Exception | None]:
+        """Ask the permission callback about a call whose input checked (``opened``, what
+        `checked_call` made of it): the refusal (None when allowed), the input to run with,
+        and the handler's call checked with that input. An input the callback put in the
+        model's place is checked again; the call checked with the model's is closed then."""
+        given: dict[str, Any] = use.input
+        decision = await self._ask(use, ctx)
+        if not isinstance(decision, Allow):
+            return decision, given, opened  # refused: the refusal is the result
+        replaced = decision.updated_input
+        if replaced is not None and replaced != given:
+            close_unstarted(opened)  # checked with the input it will not run with
+            opened = checked_call(tool, replaced, ctx)
+            if isinstance(opened, ToolInputError):
+                return self._updated_refused(use, opened), replaced, opened
+            return None, replaced, opened
+        return None, given, opened
 
     @staticmethod
     def _unusual(use: ToolUseBlock, output: object) -> ToolResultBlock:

@@ -282,6 +282,25 @@ def test_output_piped_into_a_reader_that_stops_ends_the_demo_quietly() -> None:
     assert not _runner_processes()
 
 
+@pytest.mark.parametrize("how", ["script", "pipe"])
+def test_output_to_a_full_disk_is_one_line_on_stderr_and_status_1(how: str) -> None:
+    """``python -m agentloop demo > /dev/full``: each write failed with ENOSPC, which came out as
+    tracebacks (from the run's task, from an idle callback, from the session), and a scenario then
+    waited for its timeout, as its player had died in the callback."""
+    args = ["--script", "builtin", "--speed", "4"] if how == "script" else []
+    with open(os.devnull, "rb") as devnull, open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentloop", "demo", *args],
+            cwd=ROOT, env=_env(), stdin=devnull, stdout=full, stderr=subprocess.PIPE, timeout=60,
+        )
+    assert b"Traceback" not in proc.stderr, proc.stderr.decode()[-3000:]
+    assert proc.stderr.decode().splitlines() == [
+        "agentloop demo: cannot write the output: [Errno 28] No space left on device"
+    ]
+    assert proc.returncode == 1
+    assert not _runner_processes()
+
+
 def test_output_in_an_encoding_without_the_demos_symbols() -> None:
     """A console in an 8-bit code page (or output piped on such a system): the demo's symbols in ASCII
     (they were '?', and the turn header began "?? turn 1 ??"), '?' for anything else it cannot show."""
@@ -915,6 +934,24 @@ def test_no_command_is_usage_on_stderr_and_status_2(capsys: pytest.CaptureFixtur
         main(["--help"])
     out, err = capsys.readouterr()
     assert info.value.code == 0 and out.startswith("usage: agentloop") and err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "bad"), [(["demo", "--bogus"], "--bogus"), (["demo", "extra"], "extra"), (["demo", "--plain", "-x"], "-x")]
+)
+def test_a_bad_argument_to_demo_shows_the_demos_usage(
+    argv: list[str], bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentloop demo --bogus`` answered with the usage of ``agentloop`` (``COMMAND ...``), which
+    names none of the demo's options: the error is the demo's, under its own usage."""
+    from agentloop.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert err.startswith("usage: agentloop demo") and "--provider" in err
+    assert err.endswith(f"\nagentloop demo: error: unrecognized arguments: {bad}\n")
 
 
 def test_with_term_dumb_text_left_before_ctrl_d_does_not_run_into_the_summary() -> None:

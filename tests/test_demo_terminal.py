@@ -162,6 +162,22 @@ def test_a_line_left_unsent_at_ctrl_d_on_a_terminal_is_not_sent() -> None:
     assert reader.unsent == "abc" and piped.unsent == ""  # the terminal's cursor is after "abc"
 
 
+def test_a_long_line_from_a_pipe_is_read_in_linear_time() -> None:
+    """A file of one long line piped in (``demo < dump.json``) was read in quadratic time: each
+    4 KB read copied and searched all of the line so far for a line break (32 MB took minutes)."""
+    import time
+
+    reader, got = _reader()
+    chunk = b"x" * 4096
+    began = time.process_time()
+    for _ in range(32 * 256):  # 32 MB, as the reader's thread reads it
+        reader.feed(chunk)
+    reader.feed(b"\nnext\n")
+    reader.feed(b"")
+    assert time.process_time() - began < 5  # quadratic, it took minutes
+    assert [len(line) for line in got[:-2]] == [32 * 1024 * 1024] and got[-2:] == ["next", "<eof>"]
+
+
 def test_with_an_editor_the_reader_passes_keys_and_redraws() -> None:
     ed = LineEditor()
     reader, got = _reader(editor=ed)

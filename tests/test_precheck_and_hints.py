@@ -4,6 +4,7 @@ an unended stream and an empty response: each says only what is true of the case
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import inspect
 import json
@@ -132,6 +133,47 @@ async def test_a_checked_call_not_run_as_checked_leaves_no_coroutine_unawaited(a
     assert ran == ([] if isinstance(answer, Deny) else ["b"])
 
 
+class _Unequal:
+    """A value that cannot be compared: its ``==`` raises."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+
+@pytest.mark.parametrize("how", ["raises", "aborts", "unequal"])
+async def test_a_checked_call_is_closed_whatever_ends_its_prompt(how: str) -> None:
+    # The coroutine made to check the input before the prompt was left never awaited when
+    # comparing the permission's input raised; the raising and aborting prompts are closed too.
+    ran: list[object] = []
+
+    @tool
+    async def t(path: Any) -> str:
+        """T."""
+        ran.append(path)
+        return "ran"
+
+    def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        if how == "raises":
+            raise RuntimeError("prompt broke")
+        if how == "aborts":
+            engine.interrupt()
+            return Allow()
+        return Allow(updated_input={"path": _Unequal()})
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("t", {"path": "a"})]), "Done."])
+    engine = QueryEngine(model, tools=[t], permission=ask)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        events = await collect(engine.run("go"))
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert ran == []
+    assert not any(isinstance(e, ToolCallStarted) for e in events)
+    assert turn_ended(events).reason == ("aborted_tools" if how == "aborts" else "completed")
+
+
 async def test_a_hand_made_handler_runs_after_its_call_started() -> None:
     # A sync handler returning an awaitable was called before ToolCallStarted: its progress came
     # first, and one that raised had a ToolCallFinished with no ToolCallStarted.
@@ -157,7 +199,7 @@ async def test_a_hand_made_handler_runs_after_its_call_started() -> None:
     ]
 
 
-def test_only_a_real_async_def_is_checked_before_it_runs() -> None:
+def test_only_a_real_async_def_is_checked_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     def sync(path: str) -> Any:
         return None
 
@@ -168,9 +210,20 @@ def test_only_a_real_async_def_is_checked_before_it_runs() -> None:
         async def method(self, path: str) -> str:
             return path
 
+    # Marked as inspect.markcoroutinefunction marks one (3.12+); below 3.12 the mark and the
+    # check that reads it are put in place the same way, so the test can fail on any version.
     marker = getattr(inspect, "_is_coroutine_mark", None)
-    if marker is not None:  # how inspect.markcoroutinefunction marks one (3.12+)
-        sync._is_coroutine_marker = marker  # type: ignore[attr-defined]
+    if marker is None:
+        marker = object()
+        real_check = inspect.iscoroutinefunction
+
+        def marked_check(f: object) -> bool:
+            return getattr(f, "_is_coroutine_marker", None) is marker or real_check(f)
+
+        monkeypatch.setattr(inspect, "_is_coroutine_mark", marker, raising=False)
+        monkeypatch.setattr(inspect, "iscoroutinefunction", marked_check)
+    sync._is_coroutine_marker = marker  # type: ignore[attr-defined]
+    assert inspect.iscoroutinefunction(sync)  # what a check by inspect alone would let through
     assert not _tools.is_async_def(sync)
     assert _tools.is_async_def(real) and _tools.is_async_def(Holder().method)
 
@@ -220,6 +273,8 @@ async def test_a_permission_input_the_tool_refuses_gets_one_true_message() -> No
     assert text.startswith("Tool 'rd' was not run: the permission check changed this call's input, and the tool refused")
     assert "valid integer" in text
     assert not any(isinstance(e, ToolCallStarted) for e in events)
+    finished = next(e for e in events if isinstance(e, ToolCallFinished))
+    assert finished.updated_input is None and finished.input == {"n": 1}
 
 
 async def test_an_empty_response_is_told_only_on_a_completed_turn() -> None:
@@ -336,3 +391,44 @@ async def test_a_stream_cut_after_a_whole_line_of_an_event_that_does_not_end_it_
         end = turn_ended(await collect(engine.run("hi")))
     assert end.error is not None and "without message_stop" in end.error
     assert "blank line" not in end.error and "recorded" not in end.error
+
+
+PASSWORD = "pw-userinfo-5647382910abcdefgh"
+
+
+async def _refused_by(model_for: Any, **client: Any) -> str:
+    """The error of a 401 whose body echoes the request's headers: no secret of any origin in it."""
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_echo), **client) as c:
+        end = turn_ended(await collect(QueryEngine(model_for(c), retry_budget=0).run("hi")))
+    assert end.reason == "model_error" and end.error is not None
+    basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+    for secret in (KEY, TOKEN, PASSWORD, basic, KEY[-8:], PASSWORD[-8:]):
+        assert secret not in end.error
+    return end.error
+
+
+@pytest.mark.parametrize("key", [KEY, None], ids=["with-key", "no-key"])
+async def test_a_refused_user_info_of_base_url_is_not_put_down_to_extra_headers(
+    key: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # httpx sends base_url's user:password as a Basic Authorization header, in place of the key's:
+    # the 401 blamed an extra_headers the host never set.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url = f"https://user:{PASSWORD}@gateway.example/v1"
+    error = await _refused_by(lambda c: OpenAIChatModel("m", api_key=key, base_url=url, http_client=c))
+    assert error.endswith("(the server refused the user info in base_url, sent in the authorization header)")
+
+
+async def test_a_refused_credential_of_the_clients_auth_is_put_down_to_it() -> None:
+    auth = httpx.BasicAuth("user", PASSWORD)
+    error = await _refused_by(lambda c: OpenAIChatModel("m", api_key=KEY, http_client=c), auth=auth)
+    assert error.endswith("(the server refused the credential the http_client's auth= puts in the authorization header)")
+
+
+async def test_a_refused_credential_of_extra_headers_is_told_apart_from_the_key() -> None:
+    extra = {"X-Gateway-Token": TOKEN}
+    error = await _refused_by(lambda c: AnthropicModel("m", api_key=KEY, http_client=c, extra_headers=extra))
+    assert error.endswith(
+        "(the server refused one of the credentials sent: the key passed as api_key=; "
+        "the credential in the X-Gateway-Token header of extra_headers)"
+    )

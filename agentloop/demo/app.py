@@ -2,7 +2,8 @@
 
 `run(options)` is what ``python -m agentloop demo`` calls; it returns the exit
 status: 0 when the final transcript is valid, 1 when it is not (or a scenario
-got stuck), 2 for a usage error (a missing provider or API key).
+got stuck, or the output could not be written: a full disk), 2 for a usage
+error (a missing provider or API key).
 """
 
 from __future__ import annotations
@@ -105,12 +106,17 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
     session = _session(model, screen, opts, scenario)
     try:
-        return asyncio.run(session)
+        status = asyncio.run(session)
     except KeyboardInterrupt:  # Ctrl-C before the handler was installed, or after it was removed
         session.close()  # if it came before the session started: no "never awaited" warning
         return 130
     finally:
         screen.stop()
+    if screen.failed is not None:
+        with contextlib.suppress(OSError):
+            print(f"agentloop demo: cannot write the output: {screen.failed}", file=sys.stderr)
+        return 1
+    return status
 
 
 def _check_no_running_loop() -> None:

@@ -189,7 +189,7 @@ class Host:
 
     def print_transcript(self) -> None:
         msgs = self.engine.messages
-        self.r.note(f"transcript ({len(msgs)} messages):", "bold")
+        self.r.note(f"transcript ({len(msgs)} message{'' if len(msgs) == 1 else 's'}):", "bold")
         for line in format_transcript(msgs):
             self.r.screen.line(line)
 

@@ -149,14 +149,25 @@ class LineReader:
             self._decoder = codecs.getincrementaldecoder(encoding)("replace")
         except LookupError:
             self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._buf = ""
+        self._parts: list[str] = []  # the line in progress, as read
         self._closed = False
 
     @property
     def unsent(self) -> str:
         """Text typed with no Enter after it (none with an editor, which draws the line itself):
         on a terminal that echoes the lines, the cursor is still after it."""
-        return self._buf
+        return "".join(self._parts)
+
+    def _lines(self, text: str) -> list[str]:
+        """The lines ``text`` completes. Only ``text`` is searched for line breaks and the line in
+        progress is joined once it ends: a long line from a pipe is read in linear time."""
+        *ended, rest = text.split("\n")
+        if ended:
+            ended[0] = "".join([*self._parts, ended[0]])
+            self._parts = []
+        if rest:
+            self._parts.append(rest)
+        return ended
 
     def start(self) -> None:
         threading.Thread(target=self._pump, name="agentloop-demo-stdin", daemon=True).start()
@@ -186,12 +197,11 @@ class LineReader:
                 self._on_edit()
             ended = self.editor.eof or not data
         else:
-            self._buf += text
-            *lines, self._buf = self._buf.split("\n")
+            lines = self._lines(text)
             ended = not data
-            if ended and self._partial and self._buf.strip():
-                lines.append(self._buf)
-                self._buf = ""
+            if ended and self._partial and self.unsent.strip():
+                lines.append(self.unsent)
+                self._parts = []
         for line in lines:
             if self._closed:
                 return

@@ -14,7 +14,8 @@ Piped output (or ``--plain``) gets none of this, nor any escape sequence;
 
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
-``on_closed`` once, so the host can end the session. A character the output's
+``on_closed`` once, so the host can end the session. Output that cannot be
+written (a full disk) ends it the same way, and ``failed`` says why. A character the output's
 encoding cannot hold (a console in an 8-bit code page) is written as its ASCII
 look-alike where the demo's symbols have one (``--`` for ``──``), else as ``?``.
 """
@@ -442,6 +443,7 @@ class Screen:
         self.style = Style(color)
         self.at_line_start = True
         self.closed = False  # the output went away: nothing more is written
+        self.failed: OSError | None = None  # why, when it was not that nobody reads (a full disk)
         self.keyboard = False  # an input line under the status line (keys read one by one)
         self._live = False  # started on a TTY: a status line whenever the terminal has room
         self.on_closed: Callable[[], None] | None = None
@@ -478,9 +480,11 @@ class Screen:
                 encoding = getattr(self.out, "encoding", None) or "ascii"
                 self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
             self.out.flush()
+        except BlockingIOError:  # a terminal left non-blocking by another program: not the end of it
+            raise
         except OSError as exc:
-            if exc.errno not in _GONE:  # a full disk, a non-blocking terminal: not "nobody reads"
-                raise
+            if exc.errno not in _GONE:  # a full disk: nothing more can be shown, and it is worth saying
+                self.failed = exc
             self._close()
 
     def _close(self) -> None:

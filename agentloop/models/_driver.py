@@ -13,7 +13,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -185,6 +185,7 @@ async def run_stream(
     signal: AbortSignal,
     *,
     error_field: bool = False,
+    extra: Collection[str] = (),
 ) -> AsyncIterator[StreamEvent]:
     """Run one streamed request and yield its events.
 
@@ -196,7 +197,7 @@ async def run_stream(
     read timeout. A body that is one JSON document and no event stream raises what
     `document_error` says instead, and one of more than `_HEAD_LIMIT` bytes with no event,
     unless it says it is an event stream, a `StreamProtocolError` (not retryable) once read
-    that far. Never catches
+    that far. ``extra``: the names of the model's ``extra_headers`` (see `Connection.open`). Never catches
     `asyncio.CancelledError`.
 
     Longer than most: it is the generator the model phase awaits for every event, so its
@@ -206,7 +207,7 @@ async def run_stream(
     path, headers, body = prepare()
     if signal.aborted:
         raise AbortError(signal.reason or "cancel")
-    async with conn.open(path, headers, body, signal) as response:
+    async with conn.open(path, headers, body, signal, extra=extra) as response:
         redactor = conn.redactor(headers, response.request)
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)

@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
@@ -261,8 +261,11 @@ class Connection:
         headers: Mapping[str, str],
         body: Mapping[str, Any],
         signal: AbortSignal | None = None,
+        *,
+        extra: Collection[str] = (),
     ) -> AsyncIterator[httpx.Response]:
-        """POST ``body`` as JSON and yield the open 2xx streaming response.
+        """POST ``body`` as JSON and yield the open 2xx streaming response (``extra``: the names
+        of the caller's ``extra_headers`` among ``headers``, for a 401 to say whose it refused).
 
         The response is closed on the way out (never drained), also on
         cancellation. Raises `ProviderStatusError` (or `PromptTooLongError`)
@@ -306,7 +309,7 @@ class Connection:
                 async with abortable(signal):
                     response = await stack.enter_async_context(sent(client, request))
                 if not 200 <= response.status_code < 300:
-                    raise self._status_error(response, await error_body(response, signal), redactor, headers)
+                    raise self._status_error(response, await error_body(response, signal), redactor, headers, extra)
                 yield response
         except httpx.HTTPStatusError as exc:
             # The host's client raised for the status itself (a response hook that calls
@@ -314,7 +317,7 @@ class Connection:
             # failed and whether to retry. Not chained: its message quotes the request URL; the
             # request it holds (still its context) is replaced by a scrubbed copy.
             redactor.scrub_chain(exc)
-            raise self._status_error(exc.response, b"", redactor, headers) from None
+            raise self._status_error(exc.response, b"", redactor, headers, extra) from None
         except (httpx.RequestError, OSError) as exc:  # OSError: a host transport's own (ConnectionResetError)
             error = connection_error(self.provider, exc, redactor, request.extensions.get("timeout"))
             # Chained, the transport error is printed with the traceback: scrubbed too, or left out.
@@ -346,7 +349,12 @@ class Connection:
         return base
 
     def _status_error(
-        self, response: httpx.Response, raw: bytes, redactor: Redactor, headers: Mapping[str, str]
+        self,
+        response: httpx.Response,
+        raw: bytes,
+        redactor: Redactor,
+        headers: Mapping[str, str],
+        extra: Collection[str],
     ) -> ProviderStatusError:
         return status_error(
             self.provider,
@@ -355,28 +363,27 @@ class Connection:
             raw,
             request_id_header=self.request_id_header,
             secret=redactor,
-            refused=self._refused(response, headers) if response.status_code == 401 else "",
+            refused=self._refused(response, headers, extra) if response.status_code == 401 else "",
         )
 
-    def _refused(self, response: httpx.Response, headers: Mapping[str, str]) -> str:
+    def _refused(self, response: httpx.Response, headers: Mapping[str, str], extra: Collection[str]) -> str:
         """Whose credential a 401 refused, as the request that went out tells (``headers``: the
-        model's, ``extra_headers`` among them, as it gave them): the key and where it was read
-        from, a header of ``extra_headers`` or of the host's ``http_client``, or none at all."""
+        model's as it gave them, ``extra`` the names of those from ``extra_headers``): the key
+        and where it was read from, a header of ``extra_headers`` or of the host's ``http_client``,
+        one its ``auth=`` or the user info in ``base_url`` put in, or none at all."""
         try:
             sent = response.request.headers
         except RuntimeError:  # a response built without its request
             sent = httpx.Headers(headers)
         secret = self.secret
         key = secret.reveal() if secret is not None else None
-        names = [name for name in sent if is_credential(name) and (key is None or key not in sent[name])]
-        went = [secret.origin] if secret is not None and len(names) < sum(is_credential(n) for n in sent) else []
-        given = {name.lower(): name for name in headers if is_credential(name)}
-        for name in names:
-            if self.host_sets(name) and name not in given:
-                went.append(f"the credential in the {name} header the http_client sends")
-            else:
-                went.append(f"the credential in the {given.get(name, name)} header of extra_headers")
-        if self._url_secrets:
+        credentials = [name for name in sent if is_credential(name)]
+        others = [name for name in credentials if key is None or key not in sent[name]]
+        went = [secret.origin] if secret is not None and len(others) < len(credentials) else []
+        given = {name.lower(): value for name, value in headers.items()}
+        named = {name.lower(): name for name in extra}
+        went += [self._whose(name, sent[name], given, named) for name in others]
+        if len(url_credentials(self._prefix)) < len(self._url_secrets):  # a ?key=... of base_url's
             went.append("the credential in base_url")
         if len(went) == 1:
             return f"the server refused {went[0]}"
@@ -385,6 +392,22 @@ class Connection:
         variable = KEY_VARIABLES.get(self.provider)
         where = f"pass api_key= or set the {variable} environment variable" if variable else "pass api_key="
         return f"no credential was sent: {where}"
+
+    def _whose(self, name: str, value: str, given: Mapping[str, str], named: Mapping[str, str]) -> str:
+        """Where the ``name`` header a request carried with ``value`` (not the key) came from:
+        ``extra_headers`` (``named``), the host's ``http_client``, or, when it left with a value the
+        model (``given``) and the client did not set, the client's ``auth=`` or base_url's user info."""
+        if given.get(name) == value:
+            if name in named:
+                return f"the credential in the {named[name]} header of extra_headers"
+            return f"the credential in the {name} header"
+        if name not in given and self.host_sets(name) and self.client.headers.get(name) == value:
+            return f"the credential in the {name} header the http_client sends"
+        if not self._owns and self._client is not None and self._client.auth is not None:
+            return f"the credential the http_client's auth= puts in the {name} header"
+        if httpx.URL(self._prefix).userinfo:
+            return f"the user info in base_url, sent in the {name} header"
+        return f"the credential in the {name} header"
 
     def _encode(self, body: Mapping[str, Any]) -> bytes:
         """The request body as strict JSON (no NaN or Infinity) in UTF-8.

@@ -76,7 +76,13 @@ class AnthropicModel(HTTPModel):
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
         origin = self._origin
-        return run_stream(self._conn, lambda: self._prepare(request), lambda rid: AnthropicMapper(rid, origin), signal)
+        return run_stream(
+            self._conn,
+            lambda: self._prepare(request),
+            lambda rid: AnthropicMapper(rid, origin),
+            signal,
+            extra=self.extra_headers,
+        )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         secret = self._conn.secret

@@ -106,6 +106,7 @@ class OpenAIChatModel(HTTPModel):
             lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, origin=origin),
             signal,
             error_field=True,
+            extra=self.extra_headers,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:

@@ -73,7 +73,13 @@ class OpenAIResponsesModel(HTTPModel):
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
         origin = self._origin
-        return run_stream(self._conn, lambda: self._prepare(request), lambda rid: ResponsesMapper(rid, origin), signal)
+        return run_stream(
+            self._conn,
+            lambda: self._prepare(request),
+            lambda rid: ResponsesMapper(rid, origin),
+            signal,
+            extra=self.extra_headers,
+        )
 
     def _prepare(self, request: ModelRequest) -> Prepared:
         extra = merge_headers(_DOOM_HEADERS, self.extra_headers) if self.doom_loop_check else self.extra_headers
