@@ -27,7 +27,8 @@ deviation from the official API fed as the server sends it (an ``httpx.MockTrans
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -37,8 +38,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentloop import QueryEngine, tool, validate_transcript
+from agentloop._accumulate import Accumulator
 from agentloop._errors import ProviderConnectionError, ProviderStreamError, StreamProtocolError
 from agentloop.models import AnthropicModel, OpenAIChatModel
+from agentloop.models._sse import ServerSentEvent
+from agentloop.models.openai_chat._stream import ChatMapper
 
 
 async def run_chat(body: bytes) -> tuple[list[Any], Any]:
@@ -364,6 +368,25 @@ def shown_and_recorded(events: list[Any], acc: Any) -> list[tuple[str, str]]:
              "".join(part.chunks)) for i, part in blocks.items() if part.kind == "tool_use"]  # fmt: skip
 
 
+@st.composite
+def parallel_streams(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[str]]:
+    """Several calls at distinct indexes, each of any JSON value cut in any pieces, their pieces
+    interleaved across chunks as they came; and each call's arguments."""
+    texts = [json.dumps(v) for v in draw(st.lists(_JSON, min_size=1, max_size=3))]
+    queues: list[list[dict[str, Any]]] = []
+    for k, text in enumerate(texts):
+        cuts = draw(st.lists(st.integers(1, 80), max_size=5))
+        ends = sorted({c for c in cuts if c < len(text)} | {len(text)})
+        pieces = [text[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+        queues.append([call(k, f"c{k}", "f", pieces[0]), *(call(k, args=p) for p in pieces[1:])])
+    chunks = []
+    while any(queues):
+        live = [q for q in queues if q]
+        picked = draw(st.lists(st.sampled_from(range(len(live))), min_size=1, max_size=len(live), unique=True))
+        chunks.append(calls(*(live[i].pop(0) for i in picked)))
+    return chunks, texts
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=_JSON, cuts=st.lists(st.integers(1, 80), max_size=6), then=st.booleans())
 @example(value=_DEEP, cuts=[6, 18], then=False)  # pieces that each start with all before them
@@ -387,6 +410,110 @@ async def test_any_json_value_in_any_pieces_is_recorded_as_it_came(value: Any, c
     assert shown_and_recorded(events, acc) == [(text, text)] + ([('{"y": 2}', '{"y": 2}')] if then else [])
     if isinstance(value, dict):
         assert inputs(acc)[0] == ("a", "f", value, None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=parallel_streams(), finish=st.sampled_from(["tool_calls", "stop", "length"]))
+@example(stream=([calls(call(0, "c0", "f", '{"a": '), call(1, "c1", "f", '{"a": ')),
+                  calls(call(1, args='{"a": 1}}')), calls(call(0, args='{"a": 1}}'))], ['{"a": {"a": 1}}'] * 2),
+         finish="tool_calls")  # fmt: skip
+async def test_parallel_calls_in_any_pieces_interleaved_are_each_recorded_as_they_came(
+    stream: tuple[list[dict[str, Any]], list[str]], finish: str
+) -> None:
+    chunks, texts = stream
+    events, acc = await run_chat(chat_stream(*chunks, chat_chunk({}, finish)))
+    ids = [c.id for c in acc.message().tool_uses]  # in the order the calls began
+    assert sorted(ids) == [f"c{k}" for k in range(len(texts))]
+    assert shown_and_recorded(events, acc) == [(texts[int(i[1:])], texts[int(i[1:])]) for i in ids]
+
+
+def map_chunks(*chunks: dict[str, Any]) -> list[Any]:
+    mapper = ChatMapper()
+    events: list[Any] = []
+    for chunk in chunks:
+        events.extend(mapper.handle(ServerSentEvent(json.dumps(chunk))) or ())
+    return [*events, *(mapper.handle(ServerSentEvent("[DONE]")) or ())]
+
+
+def accumulate(events: list[Any]) -> Accumulator:
+    acc = Accumulator()
+    for event in events:
+        acc.feed(event)
+    return acc
+
+
+def cumulative(text: str, step: int) -> Iterator[dict[str, Any]]:
+    """``text`` sent in cumulative mode: every chunk holds all of it so far, ``step`` more each time."""
+    yield calls(call(0, "a", "f", text[:step]))
+    for end in [*range(2 * step, len(text), step), len(text)]:
+        yield calls(call(0, args=text[:end]))
+
+
+def test_a_long_call_in_cumulative_mode_is_mapped_in_memory_linear_in_its_size() -> None:
+    # 200 KB in 10-character steps: the pieces together are 2 GB, kept whole they would not fit.
+    value = {"content": "y" * 200_000}
+    text = json.dumps(value)
+    mapper = ChatMapper()
+    events: list[Any] = []
+    tracemalloc.start()
+    try:
+        for chunk in cumulative(text, 10):
+            events.extend(mapper._chunk(chunk) or ())
+        events.extend(mapper._chunk(chat_chunk({}, "tool_calls")) or ())
+        events.extend(mapper._end())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * len(text)  # kept whole, the pieces took 30 000 times it
+    acc = accumulate(events)
+    assert inputs(acc) == [("a", "f", value, None)]
+    assert shown_and_recorded(events, acc) == [(text, text)]
+
+
+def test_a_call_in_cumulative_mode_cut_by_the_token_limit_is_an_error_quoting_its_last_piece() -> None:
+    text = json.dumps({"content": "y" * 20_000})[:-5]
+    events = map_chunks(*cumulative(text, 10), chat_chunk({}, "length"))
+    acc = accumulate(events)
+    ((_, name, _, error),) = inputs(acc)
+    assert acc.stop_reason == "max_tokens" and name == "f" and error is not None
+    assert text[-20:] in error and text[:20] + text[:20] not in error
+    assert shown_and_recorded(events, acc) == [(text, text)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON, cuts=st.lists(st.integers(1, 60), min_size=1, max_size=6), short=st.integers(0, 5),
+       finish=st.sampled_from(["length", "content_filter"]))  # fmt: skip
+def test_arguments_so_far_under_a_cut_finish_are_never_taken_as_complete(
+    value: Any, cuts: list[int], short: int, finish: str
+) -> None:
+    # Pieces that each start with the one before, cut by the finish: unless they joined are
+    # valid JSON, the call is an error; what the host is shown is what is recorded.
+    text = json.dumps(value)
+    text = text[: len(text) - short] or text
+    ends = [*sorted({c for c in cuts if c < len(text)}), len(text)]
+    pieces = [text[:e] for e in ends]
+    events = map_chunks(calls(call(0, "a", "f", pieces[0])), *(calls(call(0, args=p)) for p in pieces[1:]),
+                        chat_chunk({}, finish))  # fmt: skip
+    acc = accumulate(events)
+    ((_, _, _, error),) = inputs(acc)
+    (shown, recorded) = shown_and_recorded(events, acc)[0]
+    assert shown == recorded
+    if len(pieces) > 1:
+        try:
+            json.loads("".join(pieces))
+        except ValueError:
+            assert error is not None
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+async def test_a_call_cut_by_the_finish_is_never_read_as_a_resend(finish: str) -> None:
+    # '{"a": ' then '{"a": 1}': resent so far, or a nested object cut by the token limit. The
+    # output was cut, so the call is not taken as complete: it is answered with an error.
+    body = chat_stream(calls(call(0, "a", "f", '{"a": ')), calls(call(0, args='{"a": 1}')), chat_chunk({}, finish))
+    events, acc = await run_chat(body)
+    ((_, _, _, error),) = inputs(acc)
+    assert error is not None and '{"a": {"a": 1}' in error
+    assert shown_and_recorded(events, acc) == [('{"a": {"a": 1}', '{"a": {"a": 1}')]
 
 
 _WORDS = st.text("abz09 .", max_size=4)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from array import array
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -55,8 +56,8 @@ REASONING_SIGNATURE = '{"type":"reasoning_content"}'
 
 
 class _Call:
-    __slots__ = ("args", "block", "carried", "extra", "held", "id", "minted", "name", "pending", "repeat_ok", "size",
-                 "started")  # fmt: skip
+    __slots__ = ("args", "block", "carried", "chain", "extra", "held", "id", "minted", "name", "pending", "repeat_ok",
+                 "size", "started")  # fmt: skip
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -64,9 +65,12 @@ class _Call:
         self.minted = False  # the id is ours: the server sent none
         self.name = ""
         self.pending: list[str] = []  # argument fragments seen before the name
-        self.args: list[str] = []  # every argument fragment, in order, as it came
+        self.args: list[str] = []  # every argument fragment, in order, as it came (see `chain`)
         self.size = 0  # their length, joined
         self.held = -1  # once a fragment may resend the arguments: how much of them was shown
+        # While each fragment held back starts with the one before (cumulative mode), the
+        # fragments' lengths; ``args`` is then only the last, the others its beginnings.
+        self.chain: array[int] | None = None
         self.repeat_ok = False  # the last fragment may be a whole repeat (see `arguments`)
         self.started = False
         self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
@@ -85,42 +89,92 @@ class _Call:
             held = piece.startswith("".join(self.args))
             if held:
                 self.held = self.size
-        self.args.append(piece)
-        self.size += len(piece)
+                if all(b.startswith(a) for a, b in pairwise(self.args)):
+                    self.chain = array("q", [len(a) for a in self.args])
+                    del self.args[:-1]
+        self._keep(piece)
         self.repeat_ok = finishing or (bool(self.id) and not self.minted)
         return "" if held else piece
 
-    def arguments(self) -> str:
+    def _keep(self, piece: str) -> None:
+        """Keep ``piece``: while each starts with the one before, only the last one whole (in
+        cumulative mode the fragments together grow with the square of the arguments)."""
+        chain = self.chain
+        if chain is not None:
+            if piece.startswith(self.args[-1]):
+                self.args[-1] = piece
+                chain.append(len(piece))
+                self.size += len(piece)
+                return
+            self.args = self._chained()  # not a resend of all so far: every fragment counts
+            self.chain = None
+        self.args.append(piece)
+        self.size += len(piece)
+
+    def _chained(self, upto: int | None = None) -> list[str]:
+        """The fragments of a `chain`, the first ``upto`` of them (all by default)."""
+        last, lengths = self.args[-1], self.chain or ()
+        return [last[:n] for n in lengths[:upto]]
+
+    def arguments(self, cut: bool = False) -> str:
         """The call's arguments, decided by validity once it ends: the fragments joined whenever
-        that is valid JSON (the standard wire); else a reading of them as resent, the last
-        fragment, when it is valid JSON and either each fragment starts with the one before
-        (cumulative) or the fragments before it, joined, are whole JSON it starts with (whole
-        again); else the fragments joined (an error quotes them). A last fragment that only
+        that is valid JSON (the standard wire); else, unless the output was ``cut`` where it
+        was (a resend could not be told from a cut piece then), a reading of them as resent:
+        the last fragment, when it is valid JSON and either each fragment starts with the one
+        before (cumulative) or the fragments before it, joined, are whole JSON it starts with
+        (whole again); else the fragments joined (an error quotes them), or, when each starts
+        with the one before, the last (what the server meant). A last fragment that only
         repeats all before it is read so only if the call has the server's id or the fragment
         came with the ``finish_reason``: two identical calls without ids stay a visible error."""
+        if self.chain is not None:
+            return self._cumulative(cut)
         args = self.args
         plain = "".join(args)
-        if self.held < 0 or _valid(plain):
+        if self.held < 0 or cut or _valid(plain):
             return plain
         last = args[-1]
         before = plain[: len(plain) - len(last)]
         if last == before and not self.repeat_ok:
             return plain
-        cumulative = all(b.startswith(a) for a, b in pairwise(args))
-        if (cumulative or (last.startswith(before) and _valid(before))) and _valid(last):
+        if last.startswith(before) and _valid(before) and _valid(last):
             return last
         return plain
 
-    def settle(self) -> str:
+    def _cumulative(self, cut: bool) -> str:
+        """`arguments` when each fragment starts with the one before. The fragments joined are
+        checked only while they are a few times the last one: an ordinary stream whose pieces
+        each repeat all before them (a nested object, one digit at a time) stays short."""
+        last = self.args[-1]
+        if self.size <= _JOINED * len(last) + _JOINED_MIN:
+            plain = "".join(self._chained())
+            if _valid(plain):
+                return plain
+            if self.size == 2 * len(last) and plain == last + last and not self.repeat_ok:
+                return plain  # a bare repeat, maybe a second identical call
+        if not _valid(last):
+            return last
+        return "".join(self._chained()) if cut else last
+
+    def settle(self, cut: bool = False) -> str:
         """What of the arguments is left to show once the call ends (all of them joined or the
         resent whole, `arguments`, less what was shown); "" when nothing was held back."""
         if self.held < 0:
             return ""
-        whole, plain, shown = self.arguments(), "".join(self.args), self.held
+        whole, shown = self.arguments(cut), self.held
         self.held = -1
-        if not whole.startswith(plain[:shown]):  # cannot be: each reading starts with what was shown
-            whole = plain
+        if not whole.startswith(self._shown(shown)):  # cannot be: each reading starts with what was shown
+            whole = "".join(self._chained() if self.chain is not None else self.args)
         return whole[shown:]
+
+    def _shown(self, shown: int) -> str:
+        """The first ``shown`` characters of the fragments joined."""
+        if self.chain is None:
+            return "".join(self.args)[:shown]
+        kept, count = 0, 0
+        while kept < shown:
+            kept += self.chain[count]
+            count += 1
+        return "".join(self._chained(count))[:shown]
 
     def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
@@ -404,9 +458,10 @@ class ChatMapper:
         if call.extra is not None and call.started:
             self._carry(call, out)
 
-    def _settle(self, call: _Call, out: list[StreamEvent]) -> None:
-        """Show what of a call's arguments was held back (`_Call.settle`), now that it ends."""
-        text = call.settle()
+    def _settle(self, call: _Call, out: list[StreamEvent], cut: bool = False) -> None:
+        """Show what of a call's arguments was held back (`_Call.settle`), now that it ends;
+        ``cut``: the finish cut the output wherever it was (no resend is read then)."""
+        text = call.settle(cut)
         if text:
             if call.started:
                 out.append(StreamToolInput(call.block, text))
@@ -444,13 +499,13 @@ class ChatMapper:
             raise StreamProtocolError("openai chat stream: [DONE] without any output or finish_reason")
         out: list[StreamEvent] = []
         self._close_current(out)
-        started = self._close_calls(out)
+        reason = _FINISH.get(self._finish or "stop", self._finish)
+        started = self._close_calls(out, reason in CUT_BY)
         if self._details:  # kept in a block of its own, to go back on this message
             kept = {"type": REASONING_DETAILS, REASONING_DETAILS: self._details}
             out.append(StreamSignature(self._next, json.dumps(kept, separators=(",", ":")), self.origin))
             out.append(StreamBlockStop(self._next))
             self._next += 1
-        reason = _FINISH.get(self._finish or "stop", self._finish)
         if started and reason not in CUT_BY:  # a stop that cut the output wherever it was
             # Some servers say "stop" after a tool call; but a call cut by the token limit
             # (or a filter) is not one the model finished, and the host is told why.
@@ -461,7 +516,7 @@ class ChatMapper:
         out.append(StreamEnd(reason, self._usage, self.response_id))
         return out
 
-    def _close_calls(self, out: list[StreamEvent]) -> bool:
+    def _close_calls(self, out: list[StreamEvent], cut: bool) -> bool:
         """Stop every tool call at the end of the stream; True if there was one. A call whose
         arguments came but whose name never did is started then, with no name: dropped, its
         turn would end as if nothing were called; kept, it is answered with an unknown-tool
@@ -469,7 +524,7 @@ class ChatMapper:
         started = False
         for call in self._calls.values():
             if call.held >= 0:
-                self._settle(call, out)
+                self._settle(call, out, cut)
             if not call.started and call.pending:
                 call.started = True
                 call.id = call.id or _fresh_id()
@@ -479,6 +534,12 @@ class ChatMapper:
                 started = True
                 out.append(StreamBlockStop(call.block))
         return started
+
+
+#: The fragments of a call in cumulative mode are joined to check only while that is at most
+#: this many times the last one, plus `_JOINED_MIN` characters.
+_JOINED = 4
+_JOINED_MIN = 4096
 
 
 def _valid(text: str) -> bool:
