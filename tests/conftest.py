@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
@@ -35,6 +36,12 @@ settings.load_profile("agentloop")
 # AGENTLOOP_TEST_EAGER_TASKS=1 (Python 3.12+): every task a test's loop makes starts eagerly, as
 # under a host's asyncio.eager_task_factory.
 EAGER_TASKS = os.environ.get("AGENTLOOP_TEST_EAGER_TASKS", "") not in {"", "0"}
+
+# A shell without job control starts a command it runs in the background (`cmd &`) with Ctrl-C
+# ignored, and every process the tests start would inherit that: the tests of Ctrl-C need it
+# delivered, as in a terminal. Python then installs its own handler only if it was not ignored.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if EAGER_TASKS and sys.version_info < (3, 12):
     raise pytest.UsageError(
         "AGENTLOOP_TEST_EAGER_TASKS needs Python 3.12 or later (asyncio.Task takes eager_start from 3.12); "
