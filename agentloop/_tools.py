@@ -14,7 +14,6 @@ import hashlib
 import inspect
 import json
 import re
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType, NoneType, UnionType
@@ -336,13 +335,16 @@ def _handler(
         return f(**kwargs)
 
     if is_async_def(f):  # a sync def marked as async runs its body when called: not checked first
-        _VALIDATING.add(handler)
+        handler._agentloop_checked_first = _VALIDATING  # type: ignore[attr-defined]
     return handler
 
 
-#: The handlers `@tool` made over an ``async def``: each validates its input when called and
-#: runs nothing of the function until awaited, so one can be called before its call starts.
-_VALIDATING: weakref.WeakSet[Callable[..., object]] = weakref.WeakSet()
+#: The mark of a handler `@tool` made over an ``async def`` (its ``_agentloop_checked_first``):
+#: it validates its input when called and runs nothing of the function until awaited, so it
+#: can be called before its call starts. An attribute, read in C once per call, where a
+#: `weakref.WeakSet` lookup made a weak reference in Python each time; a private object, which
+#: no other callable (a mock answering every attribute) can hold by chance.
+_VALIDATING = object()
 
 
 def is_async_def(f: object) -> bool:
@@ -358,13 +360,14 @@ def checked_call(tool: Tool, given: dict[str, Any], ctx: ToolContext) -> Awaitab
     `close_unstarted`), or what validation raised (a `ToolInputError`, or a validator's own
     error, the tool's failure). None for a handler that may act as soon as it is called (one
     made by hand): it is called when the call starts."""
+    handler = tool.handler
     try:
-        if tool.handler not in _VALIDATING:
+        if getattr(handler, "_agentloop_checked_first", None) is not _VALIDATING:
             return None
-    except TypeError:  # a handler that cannot be hashed is not one `@tool` made
+    except Exception:  # a callable whose attributes raise is not one `@tool` made
         return None
     try:
-        return tool.handler(given, ctx)
+        return handler(given, ctx)
     except Exception as exc:
         return exc
 
