@@ -442,9 +442,7 @@ class QueryEngine:
 
     def _set_tools(self, tools: Sequence[Tool] | Mapping[str, Tool]) -> None:
         self._tools = tool_map(tools)  # a new dict: a tool phase in progress keeps its own
-        self.tool_specs = tuple(self.tools.values())
-        if self._state is not None:  # the run reads the credentials of the new tools' servers
-            self._state.secrets = None
+        self.tool_specs = tuple(self.tools.values())  # a new tuple: a run reads its servers' credentials again
         with occupied(self.policies, self):  # not one another engine's run is using: its own fork
             bind_all(self.policies, self)  # each one: a policy's bug leaves the others bound to these tools
 

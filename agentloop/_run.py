@@ -29,6 +29,7 @@ from ._policy import Nudge
 if TYPE_CHECKING:
     from ._engine import QueryEngine
     from ._events import Event, InterjectionInjected, TerminalReason
+    from ._transcript import Sources
 
 __all__ = [
     "ABORTED",
@@ -223,7 +224,7 @@ class RunState:
         self.uncut: dict[str, ToolResultBlock] | None = None
         # What the credentials of this run were read from (its lineage's models and tools), and
         # them (see `run_secrets`).
-        self.secrets: tuple[tuple[object, ...], tuple[str, ...]] | None = None
+        self.secrets: tuple[Sources, tuple[str, ...]] | None = None
         self.turn_index = 0
         # The interjections queued before the run, which its first turn begins with: reported
         # right after that turn's TurnStarted.

@@ -23,6 +23,7 @@ from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
 from ._tools import cut_result, result_length
 from ._transcript import (
+    Sources,
     credentials_of,
     encodable,
     interrupted_result,
@@ -237,13 +238,11 @@ def run_secrets(engine: QueryEngine, st: RunState) -> tuple[str, ...]:
     return held[1]
 
 
-def _same_lineage(engine: QueryEngine | None, sources: tuple[object, ...]) -> bool:
+def _same_lineage(engine: QueryEngine | None, sources: Sources) -> bool:
     """Whether ``sources`` are still `lineage_sources(engine)`: compared in place, each model
     and tool set by identity, with nothing built (once for each batch of tool results)."""
-    i, n = 0, len(sources)
-    while engine is not None:
-        if i >= n or sources[i] is not engine.model or sources[i + 1] is not getattr(engine, "tool_specs", ()):
+    for model, specs in sources:
+        if engine is None or model is not engine.model or specs is not getattr(engine, "tool_specs", ()):
             return False
-        i += 2
         engine = engine.parent
-    return i == n
+    return engine is None

@@ -654,8 +654,7 @@ def output_to_result(tool_use_id: str, output: ToolOutput) -> ToolResultBlock:
     elif isinstance(output, ProcessResult):  # ``return await run_process(...)``
         content = json.dumps(output.as_json(), ensure_ascii=False)
     elif inspect.isawaitable(output):  # ``return fetch(url)``: an await left out
-        if inspect.iscoroutine(output):
-            output.close()  # never run, and never warned about as "never awaited"
+        close_unstarted(output)  # never run, and never warned about as "never awaited"
         raise TypeError(f"a {type(output).__name__} object, not its result (is an await missing?)")
     else:
         try:

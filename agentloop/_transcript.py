@@ -141,22 +141,26 @@ def lineage_credentials(engine: Any) -> tuple[str, ...]:
     return credentials_of(lineage_sources(engine))
 
 
-def lineage_sources(engine: Any) -> tuple[object, ...]:
+#: What a lineage's credentials are read from: (model, tool set) of an engine and of each ancestor.
+Sources = tuple[tuple[object, tuple[object, ...]], ...]
+
+
+def lineage_sources(engine: Any) -> Sources:
     """What `lineage_credentials` reads: the model and the tool set (a new tuple each time the
     tools are set) of ``engine`` and of each of its ancestors, in turn."""
-    found: list[object] = []
+    found: list[tuple[object, tuple[object, ...]]] = []
     while engine is not None:
-        found += (engine.model, getattr(engine, "tool_specs", ()))
+        found.append((engine.model, getattr(engine, "tool_specs", ())))
         engine = engine.parent
     return tuple(found)
 
 
-def credentials_of(sources: tuple[object, ...]) -> tuple[str, ...]:
+def credentials_of(sources: Sources) -> tuple[str, ...]:
     """The credentials of the models and tool sets of ``sources`` (`lineage_sources`), longest first."""
     found: set[str] = set()
-    for model, specs in zip(sources[::2], sources[1::2], strict=True):
+    for model, specs in sources:
         found.update(credentials(model))
-        found.update(tool_credentials(specs))  # type: ignore[arg-type]
+        found.update(tool_credentials(specs))
     return tuple(sorted(found, key=len, reverse=True))
 
 
