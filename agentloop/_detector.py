@@ -38,13 +38,16 @@ How (exact, no hashing heuristics):
   characters recur p back: the distances beyond are searched with the last 64
   characters, a needle that recurs by chance far less often in real text
   (indentation, keywords, a line written twice) and that CPython's search
-  skips along faster. While no run is live and the reach is at most 256, one
-  search of the anchor over the whole reach comes first: the far needle ends
-  with the anchor, so where the anchor does not recur (most checkpoints), the
-  far needle does not either, and a checkpoint costs that one search. A wider
-  reach is searched in two parts, the near distances with the anchor and the
-  far ones with the far needle: a 16-character needle crosses a long reach
-  more slowly than a 64-character one.
+  skips along faster. While no run is live and the reach is at most 4,096 (the
+  default window), one search of the anchor over the whole reach comes first:
+  the far needle ends with the anchor, so where the anchor does not recur
+  (most checkpoints), the far needle does not either, and a checkpoint costs
+  that one search. The anchor crosses a long reach more slowly than the far
+  needle would, but one search costs less than two (each is a Python call, a
+  needle sliced and its skip table built): on standard-library source the
+  detector alone costs 11.4k instead of 12.3k instructions per 96-character
+  hand-over, 16.6k instead of 18.6k per 480 (callgrind). A wider reach is searched in two parts, the near distances
+  with the anchor and the far ones with the far needle.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
 - Memory is bounded: the buffer keeps at most ``3*window`` characters.
@@ -106,7 +109,7 @@ _BLOCK = 64  # slice size for the backwards onset search
 _NEAR = 64  # distances searched with the anchor itself; farther ones with the far needle
 _FAR_NEEDLE = 64  # the needle of the far search: any period past _NEAR repeats this much
 _LONG_NEEDLE = 64  # longest needle of a continued candidate search
-_WIDE = 256  # a reach past this is searched in two parts (the anchor near, the far needle far)
+_WIDE = 4096  # a reach past this is searched in two parts (the anchor near, the far needle far)
 
 
 @functools.lru_cache(maxsize=16)
