@@ -1009,3 +1009,49 @@ async def test_after_the_showcase_every_turn_runs_the_tests_and_suggests_what_is
     assert tools == ["run_tests"]
     assert "CI" not in said and "/mode queue" in said and "!text" in said
     assert validate_transcript(engine.messages) == []
+
+
+def test_the_idle_ctrl_c_that_arms_the_exit_expires() -> None:
+    """A Ctrl-C at idle armed the exit for good: another one minutes later quit the demo. The
+    arming lasts `IDLE_CTRL_C_WINDOW` seconds (driven here by a fake clock)."""
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import IDLE_CTRL_C_WINDOW, Host
+    from agentloop.demo.render import HELP, Renderer
+    from agentloop.demo.screen import Screen
+
+    now = [1000.0]
+    out = io.StringIO()
+    host = Host(
+        build_engine(ScriptedModel(["Hello."]), speed=100), Renderer(Screen(out, tty=False, color=False)),
+        clock=lambda: now[0],
+    )
+    assert 0 < IDLE_CTRL_C_WINDOW <= 10
+    assert any(f"twice within {IDLE_CTRL_C_WINDOW:g} seconds" in what for _, what in HELP)  # as /help says
+    host.sigint()
+    assert f"Ctrl-C again within {IDLE_CTRL_C_WINDOW:g}s" in out.getvalue()
+    now[0] += 120  # minutes later: a first Ctrl-C again, not an exit
+    host.sigint()
+    assert not host.exit.is_set()
+    assert out.getvalue().count("Ctrl-C again") == 2
+    now[0] += IDLE_CTRL_C_WINDOW  # just at the window's end: still armed
+    host.sigint()
+    assert host.exit.is_set()
+
+
+def test_two_ctrl_c_in_quick_succession_at_idle_exit() -> None:
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    now = [5.0]
+    host = Host(
+        build_engine(ScriptedModel(["Hello."]), speed=100),
+        Renderer(Screen(io.StringIO(), tty=False, color=False)), clock=lambda: now[0],
+    )
+    host.sigint()
+    now[0] += 0.5
+    host.sigint()
+    assert host.exit.is_set()
