@@ -1055,3 +1055,34 @@ def test_two_ctrl_c_in_quick_succession_at_idle_exit() -> None:
     now[0] += 0.5
     host.sigint()
     assert host.exit.is_set()
+
+
+def test_ctrl_c_during_a_script_interrupts_it_and_is_not_reported_stuck(tmp_path: Path) -> None:
+    """Ctrl-C while a scenario played cancelled the turn, and the player, finding the agent idle
+    with a step still waiting for an event, reported the scenario as stuck. It is the interrupt
+    path, as at the keyboard: the turn is cancelled, no further step is played, and the report says
+    the scenario was interrupted (exit status 130)."""
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({
+        "prompt": "Fix the failing test in utils.py",
+        "steps": [{"on": "turn_ended", "turn": 5, "do": "prompt", "text": "never played"}],
+    }))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(script)],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+    )
+    try:
+        assert proc.stdout is not None
+        assert "turn 1" in proc.stdout.readline()  # the handlers are in place before the first turn
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert err == ""
+    assert "(interrupted: cancel)" in out, out[-2000:]
+    assert "stuck" not in out and "never played" not in out.split("summary")[0]
+    assert "[script] interrupted by Ctrl-C before step 1" in out
+    assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])"), out[-2000:]
+    assert proc.returncode == 130
+    assert not _runner_processes()

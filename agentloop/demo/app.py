@@ -3,7 +3,8 @@
 `run(options)` is what ``python -m agentloop demo`` calls; it returns the exit
 status: 0 when the final transcript is valid, 1 when it is not (or a scenario
 got stuck, or the output could not be written: a full disk), 2 for a usage
-error (a missing provider or API key).
+error (a missing provider or API key), 130 when Ctrl-C cut a scenario short (or
+came before the demo handles it).
 """
 
 from __future__ import annotations
@@ -174,6 +175,8 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
         screen.start(keyboard=editor is not None)
         if scenario is not None:
             player = Player(host, scenario)
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # Ctrl-C ends the scenario
+                loop.add_signal_handler(signal.SIGINT, player.interrupt)
             player.begin()
             try:
                 async with asyncio.timeout(scenario.timeout):
@@ -182,6 +185,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
                 renderer.note(f"[script] timed out after {scenario.timeout:g}s", "red")
                 player.stuck = True
             stuck = player.stuck
+            interrupted = player.interrupted
         else:
             renderer.note(f"agentloop demo: {_what(opts)}", "bold")
             renderer.help()
@@ -196,7 +200,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             await _first(host.exit, host.shown)
             reader.start()  # what was typed meanwhile waits in the terminal (or the pipe)
             await host.exit.wait()
-            stuck = False
+            stuck = interrupted = False
         await host.close()
     finally:
         if reader is not None:
@@ -212,7 +216,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             with contextlib.suppress(Exception):
                 await close()
     valid = host.summary()
-    return 0 if valid and not stuck else 1
+    return 1 if not valid or stuck else 130 if interrupted else 0
 
 
 async def _first(*events: asyncio.Event) -> None:
