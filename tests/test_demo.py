@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
 import json
 import os
@@ -1086,3 +1087,87 @@ def test_ctrl_c_during_a_script_interrupts_it_and_is_not_reported_stuck(tmp_path
     assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])"), out[-2000:]
     assert proc.returncode == 130
     assert not _runner_processes()
+
+
+def _nonblocking(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+
+def _set_nonblocking(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+def _read_until(fd: int, marker: bytes, got: bytearray) -> None:
+    """Read ``fd`` into ``got`` until ``marker`` is in it or the end of file (30 s at most per read)."""
+    while marker not in got:
+        ready, _, _ = select.select([fd], [], [], 30)
+        assert ready, f"no output for 30 s: {bytes(got[-2000:])!r}"
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        got += data
+
+
+def test_output_left_non_blocking_by_another_program_is_written_whole() -> None:
+    """Standard output left O_NONBLOCK (a crashed node or ssh does that to a terminal): a write that
+    found the pipe full failed with EAGAIN, and the demo ended in a BlockingIOError traceback. It
+    writes in blocking mode for the session, and puts the flag back on exit."""
+    read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 4096)
+        _set_nonblocking(write_fd)
+        with contextlib.suppress(BlockingIOError):  # fill the pipe: the demo's first write finds it full
+            while True:
+                os.write(write_fd, b"#" * 512)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
+            cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.PIPE,
+        )
+        try:
+            got = bytearray()
+            _read_until(read_fd, b"transcript valid (validate_transcript(engine.messages) == [])\n", got)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        log = got.lstrip(b"#").decode()
+        assert log.startswith("\u2500\u2500 turn 1") and "terminals: aborted_streaming x1" in log
+        assert _nonblocking(write_fd)  # given back as it was found
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_input_left_non_blocking_by_another_program_is_waited_for() -> None:
+    """Standard input left O_NONBLOCK: a read with nothing typed yet failed with EAGAIN, which the
+    demo took for the end of its input (it quit before anything was typed). It waits for input,
+    and puts the flag back on exit."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        _set_nonblocking(in_read)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--speed", "4"],
+            cwd=ROOT, env=_env(), stdin=in_read, stdout=out_write, stderr=subprocess.PIPE,
+        )
+        os.close(out_write)
+        try:
+            got = bytearray()
+            _read_until(out_read, "idle \u2014".encode(), got)  # the first turn ended, nothing typed yet
+            os.write(in_write, b"/quit\n")
+            _read_until(out_read, b"\0", got)  # to the end of the output
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        log = got.decode()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        assert "end of input" not in log and "\u203a /quit\n" in log
+        assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+        assert _nonblocking(in_read)  # given back as it was found
+    finally:
+        for fd in (in_read, in_write, out_read):
+            os.close(fd)

@@ -22,7 +22,7 @@ from .._model import Model
 from .._scripted import ScriptedModel
 from .editor import LineEditor
 from .host import Host
-from .keyboard import LineReader, TerminalMode, parse
+from .keyboard import Blocking, LineReader, TerminalMode, parse
 from .project import Project, make_permission, make_tools
 from .render import Renderer
 from .scenario import Player, Scenario, ScenarioError, load
@@ -104,7 +104,16 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     except (DemoError, ScenarioError) as exc:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
-    screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
+    # A terminal (or pipe) left non-blocking by another program: blocking for the session.
+    modes = Blocking([fd for fd in map(_fileno, (sys.stdin, stream, sys.stderr)) if fd is not None])
+    modes.apply()
+    try:
+        return _play(model, Screen.for_stream(stream, plain=opts.plain or scenario is not None), opts, scenario)
+    finally:
+        modes.restore()
+
+
+def _play(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     session = _session(model, screen, opts, scenario)
     try:
         status = asyncio.run(session)
@@ -118,6 +127,16 @@ def run(opts: Options, out: TextIO | None = None) -> int:
             print(f"agentloop demo: cannot write the output: {screen.failed}", file=sys.stderr)
         return 1
     return status
+
+
+def _fileno(stream: object) -> int | None:
+    """The descriptor of ``stream``, if it has one."""
+    fileno = getattr(stream, "fileno", None)
+    try:
+        fd = fileno() if fileno is not None else None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    return fd if isinstance(fd, int) else None
 
 
 def _check_no_running_loop() -> None:
