@@ -63,6 +63,15 @@ def test_a_paste_of_several_lines_is_one_message_sent_by_enter() -> None:
         assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["a\nb"], cut
 
 
+def test_a_pasted_crlf_is_one_line_break() -> None:
+    """Text copied with Windows line ends (CR LF) came out with an empty line after every line:
+    the CR and the LF were each a line break."""
+    whole = PASTE.format("one\r\ntwo\r\n\r\nthree\rfour\nfive") + "\r"
+    for cut in range(len(whole) + 1):  # however the reads cut it, a CR LF between them too
+        ed = LineEditor()
+        assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["one\ntwo\n\nthree\nfour\nfive"], cut
+
+
 def test_a_paste_of_a_megabyte_is_taken_and_drawn_in_linear_time() -> None:
     """Pasting a large file froze the demo, Ctrl-C included: each character was inserted by
     copying the whole line, and each read redrew it by measuring all of it (a minute for 1 MB)."""
