@@ -1172,3 +1172,33 @@ def test_input_left_non_blocking_by_another_program_is_waited_for() -> None:
     finally:
         for fd in (in_read, in_write, out_read):
             os.close(fd)
+
+
+def test_a_terminal_left_non_blocking_by_another_program() -> None:
+    """A terminal a crashed program left O_NONBLOCK: the demo's first read found nothing typed yet,
+    failed with EAGAIN, and was taken for Ctrl-D (the demo quit at once). It reads and writes as
+    usual, and the terminal is left non-blocking, as it was found, for the program after it."""
+    flag = "import fcntl, os; print('NONBLOCK', bool(fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK))"
+    set_flag = "import fcntl, os; fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)"
+    py = sys.executable
+    script = f'"{py}" -c "{set_flag}"; "{py}" -m agentloop demo --speed 4; echo STATUS=$?; "{py}" -c "{flag}"'
+    child = pexpect.spawn(
+        "sh", ["-c", script], cwd=str(ROOT), env=_env(), encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect("turn 1")
+        child.send("keep the public API unchanged\r")
+        child.expect("steer delivered to the model: keep the public API unchanged")
+        child.expect_exact("type a message")  # idle
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(r"STATUS=(\d+)")
+        status = child.match.group(1)
+        child.expect(r"NONBLOCK (\w+)")
+        flag_after = child.match.group(1)
+        child.expect(pexpect.EOF)
+        before = child.before
+    finally:
+        child.close(force=True)
+    assert status == "0" and flag_after == "True"
+    assert "Traceback" not in before
