@@ -220,7 +220,8 @@ class Player:
             return
         self.interrupted = True
         self._waiting = False  # a step's delay that is running: the step is not played
-        self.host.r.note(f"[script] interrupted by Ctrl-C before step {self._i + 1}", "yellow")
+        where = f"before step {self._i + 1}" if self.step is not None else "after its last step"
+        self.host.r.note(f"[script] interrupted by Ctrl-C {where}", "yellow")
         if self.host.busy:
             self.host.r.note("Ctrl-C: cancel -> engine.interrupt('cancel')", "yellow")
             self.host.engine.interrupt("cancel")
