@@ -20,13 +20,12 @@ import contextlib
 import copy
 import inspect
 import logging
-import os
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from ._forklock import ForkSafeLock
 from ._hostlog import host_repr, log_failure
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
@@ -371,17 +370,7 @@ _busy = _ByPolicy()
 # own, by runs starting in two threads at once: never while a policy's fork() (the host's code) or
 # a log handler runs. Reentrant, so that nothing run while it is held (a collection's weakref
 # callbacks included) could ever deadlock on it.
-_claiming = threading.RLock()
-
-
-def _claims_after_fork() -> None:
-    """In a forked child: the thread that held the claims' lock (starting a run) is not there."""
-    global _claiming
-    _claiming = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_claims_after_fork)
+_claiming = ForkSafeLock()  # a forked child finds it free
 
 
 def claim(policies: list[Policy], engine: Any) -> list[Policy]:
