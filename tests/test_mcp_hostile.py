@@ -324,3 +324,41 @@ def _sent(value: bytes) -> str | None:
     except ValueError:  # UnicodeDecodeError included
         return None
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def _undecodable(members: list[tuple[str, str]], cut: bool) -> bytes:
+    """An answer with ``members`` (raw JSON values) in this order: cut short before its end, or
+    with its result nested deeper than any decoder reads."""
+    parts = [f'"{key}":{value}' for key, value in members]
+    line = "{" + ",".join(parts) + "}"
+    return line[: line.index('"result":') + 30].encode() if cut else line.encode()
+
+
+_DEEP = "[" * 2000 + "]" * 2000
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(["jsonrpc", "id", "result"]), cut=st.booleans(), request=st.sampled_from(["7", '"r-7"']))
+def test_an_undecodable_answer_is_recognised_whatever_its_keys_order(order: list[str], cut: bool, request: str) -> None:
+    """An answer that cannot be decoded was recognised only when its keys came as servers usually
+    write them (jsonrpc, id, result): in another order its request waited for ever."""
+    if cut:  # what a cut answer says of itself comes before the cut
+        order = [k for k in order if k != "result"] + ["result"]
+    values = {"jsonrpc": '"2.0"', "id": request, "result": '{"content":[{"type":"text","text":"' + "x" * 60 + '"}]' + ("" if cut else "," + '"deep":' + _DEEP + "}")}
+    [answer] = _parsed(_undecodable([(k, values[k]) for k in order], cut))
+    assert isinstance(answer, types.JSONRPCError)
+    assert answer.id == json.loads(request) and "could not be decoded" in answer.error.message
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id":1,"jsonrpc":"2.0","method":"x","result":' + _DEEP.encode() + b"}",  # a request, not an answer
+        b'{"id":1,"jsonrpc":"1.0","result":' + _DEEP.encode() + b"}",
+        b'{"result":' + _DEEP.encode() + b',"jsonrpc":"2.0"}',  # no id
+        b'{"deep":{"id":1,"jsonrpc":"2.0","result":' + _DEEP.encode() + b"}}",  # not the top level's
+        b'{"id":[1],"jsonrpc":"2.0","result":' + _DEEP.encode() + b"}",
+    ],
+)
+def test_an_undecodable_line_that_is_not_an_answer_fails_no_request(line: bytes) -> None:
+    assert _parsed(line) == []
