@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -56,6 +57,8 @@ __all__ = [
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
+log = logging.getLogger("agentloop")
+
 
 def loads(text: str) -> Any:
     """`json.loads` for the hot path: same results and errors, less per-call overhead
@@ -88,6 +91,45 @@ def made_elsewhere(made_by: str | None, origin: str | None) -> bool:
     than ``origin`` (the one a request goes to): both known, and not the same. Such a block is
     never sent there: its signature or reasoning id can be checked only where it was made."""
     return origin is not None and made_by is not None and made_by != origin
+
+
+def usage_fields(raw: Any, stream: str, *paths: str) -> list[Any]:
+    """The values at ``paths`` (``"input_tokens"``, ``"input_tokens_details.cached_tokens"``)
+    of a response's usage object ``raw``, for `count_tokens`: None where absent, and where
+    malformed (a usage or a part of it that is not an object, a count that is not a number).
+    Malformed usage is a provider's bug, sent again on every retry, so it is no reason to retry:
+    the response is kept, the counts it would give are unknown (0), and one warning names it."""
+    problems: list[str] = []
+    if type(raw) is not dict:
+        if raw:  # null, or an empty list where an empty object was meant, is no usage
+            problems.append(f"the usage is a {type(raw).__name__}, not an object")
+        raw = {}
+    values: list[Any] = []
+    for path in paths:
+        *parents, key = path.split(".")
+        obj: dict[str, Any] = raw
+        for parent in parents:
+            part = obj.get(parent)
+            said = f"{parent} is a {type(part).__name__}, not an object"
+            if part and type(part) is not dict and said not in problems:
+                problems.append(said)
+            obj = part if type(part) is dict else {}
+        value = obj.get(key)
+        if value is not None and not _is_count(value):
+            problems.append(f"{key} is {type(value).__name__}, not a count")
+            value = None
+        values.append(value)
+    if problems:
+        log.warning(
+            "%s: malformed usage in the response (%s); the token counts it would give are unknown and "
+            "counted as 0; the response is kept, not retried (the server would send it so again)",
+            stream, "; ".join(problems),
+        )  # fmt: skip
+    return values
+
+
+def _is_count(value: Any) -> bool:
+    return (type(value) is int and value >= 0) or (type(value) is float and value.is_integer() and value >= 0)
 
 
 def count_tokens(value: Any, old: int = 0) -> int:

@@ -34,7 +34,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads
+from .._driver import count_tokens, excerpt, loads, usage_fields
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
@@ -53,6 +53,8 @@ _CUT_FINISH = {"abort": "the server aborted the response",
 #: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
 REASONING_SIGNATURE = '{"type":"reasoning_content"}'
+#: The counts a usage object gives, in the order `_read_usage` takes them.
+_COUNTS = ("prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "prompt_cache_hit_tokens")
 
 
 class _Call:
@@ -262,7 +264,7 @@ class ChatMapper:
             self.response_id = obj.get("id") or None
         out: list[StreamEvent] = []
         usage = obj.get("usage")
-        if usage and type(usage) is dict:
+        if usage:
             self._read_usage(usage, out)
         choices = obj.get("choices")
         if usage and not choices:
@@ -292,7 +294,7 @@ class ChatMapper:
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
                 nested = choice.get("usage")  # Moonshot's place for it
-                if not usage and nested and type(nested) is dict:
+                if not usage and nested:
                     self._read_usage(nested, out)
                 if self._finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
@@ -321,13 +323,12 @@ class ChatMapper:
             return first
         return next((c for c in choices if c.get("index") is None or c.get("index") == self._choice), None)
 
-    def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
-        details = usage.get("prompt_tokens_details")
-        cached = count_tokens(details.get("cached_tokens")) if type(details) is dict else 0
+    def _read_usage(self, usage: Any, out: list[StreamEvent]) -> None:
+        prompt, completion, cached, hit = usage_fields(usage, "openai chat stream", *_COUNTS)
         self._usage = Usage(
-            count_tokens(usage.get("prompt_tokens")),
-            count_tokens(usage.get("completion_tokens")),
-            cached or count_tokens(usage.get("prompt_cache_hit_tokens")),  # DeepSeek's name for it
+            count_tokens(prompt),
+            count_tokens(completion),
+            count_tokens(cached) or count_tokens(hit),  # DeepSeek's name for it
         )
         out.append(StreamUsage(self._usage))
 
