@@ -239,8 +239,8 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "done", "keep_reasoning", "logprobs", "origin", "request_id",
-                 "response_id", "terminator")  # fmt: skip
+                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "done", "keep_reasoning", "logprobs", "origin",
+                 "request_id", "response_id", "settled", "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -249,12 +249,17 @@ class ChatMapper:
         logprobs: bool = False,
         keep_reasoning: bool = False,
         origin: str | None = None,
+        usage_asked: bool = False,
     ) -> None:
         self.request_id = request_id
         self.origin = origin  # the server's (`origin_of`), the kept blocks' `origin`
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
+        # The answer is whole: a finish_reason came, and the usage if the request asked for it
+        # (``usage_asked``, ``include_usage``); a body held open after it ends after the grace.
+        self.settled = False
+        self._usage_asked = usage_asked
         self.terminator = "data: [DONE]"
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
@@ -333,6 +338,7 @@ class ChatMapper:
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested and type(nested) is dict:
                     self._read_usage(nested, out)
+                self.settled = self._usage is not None or not self._usage_asked
                 if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
                 if finish == "repetition":
