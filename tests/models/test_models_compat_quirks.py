@@ -229,3 +229,76 @@ async def test_an_id_and_name_on_every_piece_and_an_empty_last_piece_keep_one_ca
     )
     _, acc = await run_chat(body)
     assert inputs(acc) == [("a", "f", {"x": 1}, None)]
+
+
+# -- Azure OpenAI, empty and null parts ----------------------------------------------------------
+
+_FILTERS = {"hate": {"filtered": False, "severity": "safe"}, "violence": {"filtered": False, "severity": "safe"}}
+
+
+def azure(choice: dict[str, Any] | None, **top: Any) -> dict[str, Any]:
+    """A chunk as Azure OpenAI sends it: a choice with its ``content_filter_results``, or none."""
+    chunk: dict[str, Any] = {"id": "chatcmpl-az", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
+                             "choices": [] if choice is None else [{"index": 0, "content_filter_results": {}, **choice}]}  # fmt: skip
+    chunk.update(top)
+    return chunk
+
+
+async def test_an_azure_stream_with_its_content_filter_chunks_is_read_as_the_answer() -> None:
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    body = chat_stream(
+        azure(None, id="", model="", object="", created=0,
+              prompt_filter_results=[{"prompt_index": 0, "content_filter_results": _FILTERS}]),
+        azure({"delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}),
+        azure({"delta": {"content": "Hi"}, "finish_reason": None, "content_filter_results": _FILTERS}),
+        azure({"delta": {}, "finish_reason": "stop"}),
+        # Asynchronous filtering: the verdict on the last of the text, after the finish, with no delta.
+        azure({"finish_reason": None, "content_filter_results": _FILTERS,
+               "content_filter_offsets": {"check_offset": 0, "start_offset": 0, "end_offset": 2}}, id="", model=""),
+        azure(None, usage=usage),
+    )  # fmt: skip
+    _, acc = await run_chat(body)
+    assert (acc.message().text, acc.stop_reason, acc.usage.input_tokens, acc.response_id) == ("Hi", "end_turn", 9, "chatcmpl-az")
+
+
+async def test_an_azure_content_filter_finish_is_a_refusal() -> None:
+    blocked = {**_FILTERS, "violence": {"filtered": True, "severity": "high"}}
+    body = chat_stream(azure({"delta": {"content": "Par"}}), azure({"delta": {}, "finish_reason": "content_filter",
+                                                                    "content_filter_results": blocked}))  # fmt: skip
+    _, acc = await run_chat(body)
+    assert (acc.message().text, acc.stop_reason) == ("Par", "refusal")
+
+
+async def test_null_and_empty_parts_and_a_role_on_every_delta_are_read_as_nothing_more() -> None:
+    body = chat_stream(
+        {"id": "chatcmpl-1", "choices": None},
+        {"id": "chatcmpl-1", "choices": []},
+        chat_chunk({"role": "assistant", "content": "He"}),
+        {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": None, "finish_reason": None}]},
+        chat_chunk({"role": "assistant", "content": "llo", "tool_calls": []}),
+        chat_chunk({"role": "assistant"}, "stop", usage={"prompt_tokens": 3, "completion_tokens": 2}),
+    )
+    _, acc = await run_chat(body)
+    assert (acc.message().text, acc.stop_reason, acc.usage.output_tokens) == ("Hello", "end_turn", 2)
+
+
+@pytest.mark.parametrize("indexes", [[1, 2], [0, 2], [3, 1], [5, 0]], ids=["from-1", "gap", "descending", "gap-down"])
+async def test_tool_call_indexes_with_gaps_keep_every_call_in_the_order_it_began(indexes: list[int]) -> None:
+    first, second = indexes
+    body = chat_stream(
+        calls(call(first, "a", "f", '{"x": ')), calls(call(second, "b", "g", '{"y": ')),
+        calls(call(first, args="1}"), call(second, args="2}")), chat_chunk({}, "tool_calls"),
+    )
+    _, acc = await run_chat(body)
+    assert inputs(acc) == [("a", "f", {"x": 1}, None), ("b", "g", {"y": 2}, None)]
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [{"index": 0}, [None], ["text"], [{"index": 0, "delta": "text"}], [{"index": 0, "delta": {"tool_calls": {"x": 1}}}]],
+    ids=["an-object", "null", "a-string", "delta-a-string", "calls-an-object"],
+)
+async def test_choices_of_another_shape_are_a_protocol_error_not_a_crash(choices: Any) -> None:
+    body = chat_stream(chat_chunk({"content": "Hi"}), {"id": "chatcmpl-1", "choices": choices}, chat_chunk({}, "stop"))
+    with pytest.raises(StreamProtocolError, match="malformed chunk"):
+        await run_chat(body)

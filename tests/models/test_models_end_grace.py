@@ -82,8 +82,9 @@ USED = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     ("chunks", "kw"),
     [([chat_chunk({"content": "Hi"}), chat_chunk({}, "stop")], {"include_usage": False}),
      ([chat_chunk({"content": "Hi"}), chat_chunk({}, "stop", usage=USED)], {}),  # usage on the finish chunk
-     ([chat_chunk({"content": "Hi"}, usage=USED), chat_chunk({}, "stop")], {})],  # usage on every chunk (vLLM)
-    ids=["no-usage-asked", "usage-on-finish", "usage-before"],
+     ([chat_chunk({"content": "Hi"}, usage=USED), chat_chunk({}, "stop")], {}),  # usage on every chunk (vLLM)
+     ([chat_chunk({"content": "Hi"}), chat_chunk({}, "stop"), chat_chunk({}, usage=USED)], {})],  # on an empty choice
+    ids=["no-usage-asked", "usage-on-finish", "usage-before", "usage-after-with-a-choice"],
 )  # fmt: skip
 async def test_a_chat_stream_quiet_after_its_finish_ends_complete_after_the_grace(
     monkeypatch: pytest.MonkeyPatch, chunks: list[dict[str, Any]], kw: dict[str, Any]

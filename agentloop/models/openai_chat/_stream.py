@@ -307,6 +307,8 @@ class ChatMapper:
         usage = obj.get("usage")
         if usage and type(usage) is dict:
             self._read_usage(usage, out)
+            if self._finish is not None:  # after the finish (on a chunk with an empty choice, too)
+                self.settled = True
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
