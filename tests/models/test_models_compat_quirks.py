@@ -222,6 +222,32 @@ async def test_an_identical_call_on_the_finish_chunk_is_read_as_a_resend_with_a_
     assert "'a'" in record.getMessage() and "'f'" in record.getMessage()
 
 
+async def test_a_call_with_the_same_id_after_whitespace_pieces_is_the_next_call() -> None:
+    body = chat_stream(
+        calls(call(0, "a", "f", '{"x": ')), calls(call(0, "a", "f", "1}")), calls(call(0, "a", "f", " ")),
+        calls(call(0, "a", "g", '{"y": 2}')), chat_chunk({}, "tool_calls"),
+    )
+    _, acc = await run_chat(body)
+    assert inputs(acc) == [("a", "f", {"x": 1}, None), ("a", "g", {"y": 2}, None)]
+
+
+def test_pieces_with_the_id_and_name_repeated_are_not_all_parsed_again_at_each_piece() -> None:
+    # vLLM's id and name on every piece: the check for a next call with the same id parses the
+    # arguments so far only where they could be whole (they end with "}"), not at every piece.
+    mapper, parsed = _stream.ChatMapper(), []
+    real = _stream.loads
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+
+    pieces = ['{"rows": [', *(['{"a": ', "1}, "] * 300), '{"a": 1}]}']
+    with mock.patch.object(_stream, "loads", counting):
+        for piece in pieces:
+            mapper._chunk(calls(call(0, "a", "f", piece)))
+    assert sum(parsed) < 20 * len("".join(pieces))
+
+
 async def test_an_id_and_name_on_every_piece_and_an_empty_last_piece_keep_one_call() -> None:
     body = chat_stream(
         calls(call(0, "a", "f", '{"x": 1}')), calls(call(0, "a", "f", "")), calls(call(0, "a", "f", " ")),
@@ -302,3 +328,18 @@ async def test_choices_of_another_shape_are_a_protocol_error_not_a_crash(choices
     body = chat_stream(chat_chunk({"content": "Hi"}), {"id": "chatcmpl-1", "choices": choices}, chat_chunk({}, "stop"))
     with pytest.raises(StreamProtocolError, match="malformed chunk"):
         await run_chat(body)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sent=st.lists(st.tuples(st.sampled_from(["f", "g"]), st.dictionaries(st.sampled_from(["x", "y"]),
+                                                                             st.integers(0, 2), max_size=2)),
+                     min_size=1, max_size=4),
+       same_id=st.booleans())  # fmt: skip
+async def test_whole_calls_at_one_index_one_per_chunk_are_each_kept_once(
+    sent: list[tuple[str, dict[str, Any]]], same_id: bool
+) -> None:
+    # Whole calls one after another at index 0, with one id for all or one each, identical or
+    # not: as many calls as were sent, each with its own input, none merged, none doubled.
+    chunks = [calls(call(0, "a" if same_id else f"c{k}", name, json.dumps(args))) for k, (name, args) in enumerate(sent)]
+    _, acc = await run_chat(chat_stream(*chunks, chat_chunk({}, "tool_calls")))
+    assert [(n, i, e) for _, n, i, e in inputs(acc)] == [(name, args, None) for name, args in sent]

@@ -209,17 +209,27 @@ class _Call:
             return False
         return isinstance(value, dict)
 
+    def _ends_object(self) -> bool:
+        """Whether the arguments so far end with ``}`` (whitespace after it aside)."""
+        for piece in reversed(self.args):
+            tail = piece.rstrip()
+            if tail:
+                return tail[-1] == "}"
+        return False
+
     def _named_again(self, fn: dict[str, Any], finishing: bool) -> bool:
         """Whether a delta with this call's id and a name, after its whole arguments, starts
         another call: it carries the beginning of a JSON object, and names another tool or
         holds other arguments. The same call again is another call too, except on the chunk
         with the ``finish_reason`` or once the call's pieces were read as resent (GLM-style
         servers, cumulative mode: a resend, `settle` warns of it). vLLM repeats the id and name
-        on every piece, but a piece after whole arguments is none, or whitespace."""
+        on every piece, but a piece after whole arguments is none, or whitespace. Checked only
+        when the arguments so far end with ``}`` (in valid JSON a ``}`` is never followed by a
+        ``{``), so a stream of pieces is not joined and parsed again at every piece."""
         args = fn.get("arguments")
         if type(args) is dict:
             args = json.dumps(args)
-        if type(args) is not str or args.lstrip()[:1] != "{":
+        if type(args) is not str or args.lstrip()[:1] != "{" or not self._ends_object():
             return False
         if fn["name"] != self.name:
             return True
@@ -227,7 +237,8 @@ class _Call:
             same = loads(args) == loads(self.arguments())
         except ValueError:
             return True  # the first piece of other arguments (or not JSON: kept apart, an error)
-        return not same or (not finishing and self.held < 0)
+        resent = self.held >= 0 and (len(self.args) > 1 or self.chain is not None)  # not a placeholder alone
+        return not same or not (finishing or resent)
 
 
 class ChatMapper:
