@@ -126,8 +126,9 @@ class _Call:
     def arguments(self, cut: bool = False) -> str:
         """The call's arguments, decided by validity once it ends: the fragments joined whenever
         that is valid JSON (the standard wire); else, unless the output was ``cut`` where it
-        was (a resend could not be told from a cut piece then), a reading of them as resent:
-        the last fragment, when it is valid JSON and either each fragment starts with the one
+        was (a resend could not be told from a cut piece then), what follows a leading ``{}``
+        placeholder when that is one whole object (`_after_placeholder`), or a reading of them
+        as resent: the last fragment, when it is valid JSON and either each fragment starts with the one
         before (cumulative) or the fragments before it, joined, are whole JSON it starts with
         (whole again); else the fragments joined (an error quotes them), or, when each starts
         with the one before, the last (what the server meant). A last fragment that only
