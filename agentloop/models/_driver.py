@@ -464,6 +464,8 @@ async def _body(
                 chunk = await (step() if deadline is None else _settled_read(step, deadline))
             except StopAsyncIteration:
                 break
+            except _GraceOver:  # what a compressed body still held is no part of the answer
+                return
             except asyncio.CancelledError:
                 if watch is not None and watch.withdrawn():
                     raise AbortError(watch.reason) from None
@@ -490,17 +492,21 @@ async def _body(
             await aclose_keeping_cancel(aclose, asked)
 
 
+class _GraceOver(Exception):
+    """The grace after a whole answer ran out: the body ends there (`_settled_read`)."""
+
+
 async def _settled_read(step: Callable[[], Awaitable[bytes]], deadline: float) -> bytes:
-    """The next chunk of a body whose answer is whole, or `StopAsyncIteration` (the body ends
-    there) once the loop's clock passes ``deadline``: a server that keeps the body open after
-    its stop reason (no ``[DONE]``, keep-alives) would otherwise hold the finished answer until
-    the read timeout, which then fails it."""
+    """The next chunk of a body whose answer is whole, or `_GraceOver` once the loop's clock
+    passes ``deadline``: a server that keeps the body open after its stop reason (no ``[DONE]``,
+    keep-alives) would otherwise hold the finished answer until the read timeout, which then
+    fails it."""
     try:
         async with asyncio.timeout_at(deadline) as within:
             return await step()
     except TimeoutError:
         if within.expired():
-            raise StopAsyncIteration from None
+            raise _GraceOver from None
         raise
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -59,9 +60,11 @@ class FakeClock:
             await asyncio.sleep(0)
 
 
-async def start(model_of: Callable[[httpx.AsyncClient], Any], stream: QuietStream) -> tuple[httpx.AsyncClient, Any]:
+async def start(
+    model_of: Callable[[httpx.AsyncClient], Any], stream: QuietStream, **headers: str
+) -> tuple[httpx.AsyncClient, Any]:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+        return httpx.Response(200, headers={"content-type": "text/event-stream", **headers}, stream=stream)
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     task = asyncio.create_task(collect(model_of(client)))
@@ -188,3 +191,18 @@ async def test_an_anthropic_stream_quiet_after_its_stop_reason_ends_complete_aft
         _, acc = await task
     assert (acc.message().text, acc.stop_reason, acc.usage.output_tokens) == ("Hi", "end_turn", 3)
     assert stream.closed
+
+
+async def test_a_compressed_body_held_open_after_its_finish_ends_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy that gzips the stream anyway: what was sent is decoded as it came (a sync flush),
+    # and the unfinished compressed stream is not finished when the grace runs out.
+    clock = FakeClock(monkeypatch)
+    packer = zlib.compressobj(wbits=31)
+    body = chat_stream(chat_chunk({"content": "Hi"}), chat_chunk({}, "stop"), done=False)
+    stream = QuietStream([packer.compress(body) + packer.flush(zlib.Z_SYNC_FLUSH)])
+    client, task = await start(chat(end_grace=GRACE, include_usage=False), stream, **{"content-encoding": "gzip"})
+    async with contextlib.aclosing(client):
+        await clock.advance(GRACE + 0.1)
+        assert task.done()
+        _, acc = task.result()
+    assert (acc.message().text, acc.stop_reason) == ("Hi", "end_turn") and stream.closed
