@@ -55,6 +55,7 @@ class AnthropicMapper:
         "origin",
         "request_id",
         "response_id",
+        "settled",
         "terminator",
     )
 
@@ -62,6 +63,7 @@ class AnthropicMapper:
         self.request_id = request_id
         self.origin = origin
         self.done = False
+        self.settled = False  # the stop reason came: a body held open after it ends after the grace
         self.terminator = "message_stop"
         self.response_id: str | None = None
         # The type of each block started, by index; "" for one not mapped as it streams.
@@ -200,6 +202,7 @@ class AnthropicMapper:
         reason = obj.get("delta", {}).get("stop_reason")
         if reason is not None:
             self._stop_reason = reason
+            self.settled = True
         usage = obj.get("usage")
         if usage:
             self._count(usage)
