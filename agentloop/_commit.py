@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event, InterjectionInjected, PolicyNudge, TerminalReason, ToolCallFinished
-from ._inbox import Queued, envelope
+from ._inbox import Queued, envelope, told_for
 from ._messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock, message
 from ._policy import notify
 from ._repair import unused_id
@@ -184,7 +184,9 @@ def settle_results(engine: QueryEngine, st: RunState, not_run: str | None = None
     for use in st.owed:
         result = st.results.get(use.id)
         if result is None:
-            text = not_run or (texts.stopped_running if use.id in st.started else texts.never_started)
+            text = not_run or told_for(
+                texts.stopped_running if use.id in st.started else texts.never_started, st.signal.reason
+            )
             updated = ran_with(st, use.id)
             result = noted(engine, interrupted_result(use.id, text), updated)
             events.append(ToolCallFinished(tool_use=use, result=result, synthetic=True, updated_input=updated))
@@ -244,7 +246,8 @@ def interrupt_notice(engine: QueryEngine, reason: TerminalReason, abort_reason: 
     if abort_reason in _NO_NOTICE or mode is None:
         return
     if mode == "append":
-        engine._commit(Message.user(engine.options.texts.interrupt_notice, synthetic=True, kind="interrupt_notice"))
+        notice = told_for(engine.options.texts.interrupt_notice, abort_reason)
+        engine._commit(Message.user(notice, synthetic=True, kind="interrupt_notice"))
         return
     # "envelope" (grok's way) writes nothing now: the next user message is wrapped (envelope_due).
 

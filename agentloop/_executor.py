@@ -213,44 +213,29 @@ class CallRunner:
     async def call(self, use: ToolUseBlock) -> None:
         """One call's task: run it and put its outcome, a `Done`, into the mailbox.
 
-        The outcome is the result, or what ended the call without one: an
-        `AbortError` when the run was aborted first, a cancellation (reported,
-        then re-raised: never swallowed) or a bug in agentloop (never lost). The
-        task reports itself, which saves the loop a done-callback hop, and awaits
-        the handler directly: no helper coroutine, so one frame less for every
-        resumption of every call. That is why it is longer than most: each await of
-        the handler (with or without a timeout) has to be here; the permission prompt,
-        awaited only by a call that has one, is `_prompted`; what awaits nothing is a
-        method (`_refusal`, `_failed`, `_unusual`). The handler's call made to check the
-        input (`checked_call`) is closed at the end unless it was handed over to be awaited.
+        The outcome is the result, or what ended the call without one (`_ended`). The task
+        reports itself, which saves the loop a done-callback hop, and awaits the handler
+        directly, with or without a timeout: no helper coroutine, so one frame less for every
+        resumption of every call. What awaits nothing is a method: the input's check
+        (`_checked`), the start (`_begin`), the results (`_failed`, `_unusual`); the permission
+        prompt, awaited only by a call that has one, is `_prompted`. The handler's call made to
+        check the input (`checked_call`) is closed at the end unless it was handed over to be awaited.
         """
-        put = self.emit
         key = use.id  # a pydantic model's fields are read through its __getattr__ hook: read once
         opened: Awaitable[ToolOutput] | Exception | None = None
         try:
-            tool = self.tools.get(use.name)
-            if tool is None or use.input_error is not None:
-                result = self._refusal(use, tool)
+            checked = self._checked(use, key)
+            if isinstance(checked, ToolResultBlock):
+                result = checked
             else:
-                ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
-                given: dict[str, Any] = use.input
-                tool_input = given
-                opened = checked_call(tool, given, ctx)
-                refused: ToolResultBlock | None = None
-                if isinstance(opened, ToolInputError):  # no one is asked about a call that cannot run
-                    refused = self._failed(use, tool, opened, None, None)
-                elif self.permission is not None:
+                tool, ctx, given, opened = checked
+                refused, tool_input = None, given
+                if self.permission is not None:
                     refused, tool_input, opened = await self._prompted(use, tool, ctx, opened)
                 if refused is not None:
                     result = refused
                 else:
-                    if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
-                        self.signal.throw_if_aborted()
-                    self.started.add(key)
-                    updated = None if tool_input is given else tool_input
-                    if updated is not None:  # told only of a call that started
-                        self.updated[key] = updated
-                    put(_call_started(tool_use=use, updated_input=updated))
+                    updated = self._begin(use, key, given, tool_input)
                     scope: asyncio.Timeout | None = None
                     pending: object = None  # what the handler returned, for `_failed` to tell a sync one
                     try:
@@ -261,12 +246,7 @@ class CallRunner:
                             opened = None  # handed over
                             output = await call
                         else:
-                            # If the timeout's cancellation is swallowed, the loop gives up on the call
-                            # a cancel grace later (see `Overdue`), so the timeout holds either way; a
-                            # grace of 0 still leaves a call that honours the cancellation time to unwind.
-                            overdue = asyncio.get_running_loop().call_later(
-                                tool.timeout + cancel_grace(self.engine.options), put, Overdue(use, tool.timeout)
-                            )
+                            overdue = self._overdue(use, tool.timeout)
                             try:
                                 async with asyncio.timeout(tool.timeout) as scope:
                                     opened = None  # handed over
@@ -286,20 +266,62 @@ class CallRunner:
                             result = self._unusual(use, output)
                     if updated is not None:  # the model's call is left as it wrote it: its result says what ran
                         result = input_noted(result, updated, self.engine.options.texts.input_updated)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                stop_for_ctrl_c(self.engine)
-            put(Done((use, exc)))
-            raise
         except BaseException as exc:
-            if isinstance(exc, GeneratorExit) and loop_gone():
+            if self._ended(use, exc):
                 raise
-            put(Done((use, exc)))
         else:
-            put(Done((use, result)))
+            self.emit(Done((use, result)))
         finally:
             if opened is not None:  # made to check the input, never awaited: no warning left behind
                 close_unstarted(opened)
+
+    def _checked(
+        self, use: ToolUseBlock, key: str
+    ) -> ToolResultBlock | tuple[Tool, ToolContext, dict[str, Any], Awaitable[ToolOutput] | Exception | None]:
+        """The refusal of a call that cannot run (no such tool, input that never parsed or that
+        the tool refuses: no one is asked about it), or its tool, context, input, and the
+        handler's call checked with that input (`checked_call`)."""
+        tool = self.tools.get(use.name)
+        if tool is None or use.input_error is not None:
+            return self._refusal(use, tool)
+        ctx = _tool_context(self.signal, key, self.engine, self.emit_any_thread)
+        given: dict[str, Any] = use.input
+        opened = checked_call(tool, given, ctx)
+        if isinstance(opened, ToolInputError):
+            return self._failed(use, tool, opened, None, None)
+        return tool, ctx, given, opened
+
+    def _begin(self, use: ToolUseBlock, key: str, given: dict[str, Any], tool_input: dict[str, Any]) -> dict[str, Any] | None:
+        """The call starts, unless the run was aborted first (`AbortError`): it is marked started
+        and the host told (`ToolCallStarted`). Returns the input a permission callback put in
+        the model's place (None when the call runs with the model's): a call that started only."""
+        if self.signal._reason is not None:  # `throw_if_aborted()`, called only to raise
+            self.signal.throw_if_aborted()
+        self.started.add(key)
+        updated = None if tool_input is given else tool_input
+        if updated is not None:
+            self.updated[key] = updated
+        self.emit(_call_started(tool_use=use, updated_input=updated))
+        return updated
+
+    def _overdue(self, use: ToolUseBlock, timeout: float) -> asyncio.TimerHandle:
+        """The timer that gives up on a call a cancel grace after its timeout (see `Overdue`): if
+        the timeout's cancellation is swallowed, the timeout holds all the same; a grace of 0
+        still leaves a call that honours the cancellation time to unwind."""
+        when = timeout + cancel_grace(self.engine.options)
+        return asyncio.get_running_loop().call_later(when, self.emit, Overdue(use, timeout))
+
+    def _ended(self, use: ToolUseBlock, exc: BaseException) -> bool:
+        """Put what ended the call without a result into the mailbox: an `AbortError` when the
+        run was aborted first, a cancellation, Ctrl-C (which stops the run first) or a bug in
+        agentloop (never lost). True when it goes on (a cancellation is never swallowed); a
+        GeneratorExit of a loop that is gone goes on unreported, nothing can be scheduled."""
+        if isinstance(exc, GeneratorExit) and loop_gone():
+            return True
+        if isinstance(exc, KeyboardInterrupt):
+            stop_for_ctrl_c(self.engine)
+        self.emit(Done((use, exc)))
+        return isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit))
 
     async def _prompted(
         self, use: ToolUseBlock, tool: Tool, ctx: ToolContext, opened: Awaitable[ToolOutput] | Exception | None
@@ -313,13 +335,32 @@ class CallRunner:
         if not isinstance(decision, Allow):
             return decision, given, opened  # refused: the refusal is the result
         replaced = decision.updated_input
-        if replaced is not None and replaced != given:
+        if replaced is None:
+            return None, given, opened
+        try:
+            changed = replaced != given
+        except Exception as exc:  # a value of the host's whose __eq__ raises: the callback's answer is unusable
+            return self._uncomparable(use, exc), given, opened
+        if changed:
             close_unstarted(opened)  # checked with the input it will not run with
             opened = checked_call(tool, replaced, ctx)
             if isinstance(opened, ToolInputError):
                 return self._updated_refused(use, opened), replaced, opened
             return None, replaced, opened
         return None, given, opened
+
+    def _uncomparable(self, use: ToolUseBlock, exc: Exception) -> ToolResultBlock:
+        """The result of an ``Allow(updated_input=...)`` that cannot be compared with the model's
+        input (a value's ``__eq__`` raised): the host's bug, told as the callback's wrong answer."""
+        what = describe(exc)
+        secrets = lineage_credentials(self.engine)
+        if secrets:
+            what = redacted(what, secrets)
+        return self._wrong_answer(
+            use,
+            f"The permission callback returned Allow(updated_input=...) whose values cannot be compared "
+            f"with the call's input ({what}); the tool was not run.",
+        )
 
     @staticmethod
     def _unusual(use: ToolUseBlock, output: object) -> ToolResultBlock:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 from ._unicode import scrub
 
-__all__ = ["Inbox", "Queued", "Texts", "escape_envelope"]
+__all__ = ["Inbox", "Queued", "Texts", "escape_envelope", "told_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,9 @@ class Texts:
     """Every text the library writes into a transcript; override any of them.
 
     ``never_started`` and ``stopped_running``: the results synthesized after an abort for a
-    call that never started, and for one stopped while it ran. ``interrupt_notice``: the user
+    call that never started, and for one stopped while it ran (after the run's deadline, or
+    the host's code that stopped reading the run, the "Interrupted by user" they open with
+    says which instead). ``interrupt_notice``: the user
     message that records an interrupt (``QueryEngine(interrupt_notice="append")``);
     ``interrupt_envelope``: the line the next prompt is wrapped under instead (``"envelope"``).
     ``interjection_intro`` and ``interjection_reminder``: the lines before and after the
@@ -88,6 +90,29 @@ class Texts:
 
 
 _NO_NOTICE_HINT = "; to write no notice, pass QueryEngine(interrupt_notice=None)"
+
+#: The abort reasons of interrupts no user asked for, and what interrupted: the run's own
+#: deadline, and the host's code that stopped iterating the run. Any other reason is the
+#: user's (Ctrl-C, send-now, a host's own reason, which is treated like "cancel").
+_NOT_THE_USER = {
+    "deadline": "because the run's deadline passed",
+    "consumer_closed": "because the application stopped reading the run",
+}
+_USER_WORDS = "nterrupted by user"  # "Interrupted by user: ...", "[Request interrupted by user]"
+
+
+def told_for(text: str, reason: str | None) -> str:
+    """``text`` (one of the `Texts` written for an interrupt) true to ``reason``, the abort's:
+    for an interrupt no user asked for (the run's deadline, the host's code that stopped
+    reading the run) the words "interrupted by user" it opens with say what interrupted
+    instead. A text without those words near its start (the host's own) is kept."""
+    why = _NOT_THE_USER.get(reason) if reason is not None else None
+    if why is None:
+        return text
+    at = text.find(_USER_WORDS, 0, 40)
+    if at < 0:
+        return text
+    return f"{text[:at]}nterrupted {why}{text[at + len(_USER_WORDS):]}"
 
 
 _TAG = re.compile(r"<(?=\s*/?\s*user_query)", re.IGNORECASE)

@@ -20,13 +20,12 @@ import contextlib
 import copy
 import inspect
 import logging
-import os
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from ._forklock import ForkSafeLock
 from ._hostlog import host_repr, log_failure
 from ._messages import Message, ToolResultBlock
 from ._model import StreamEvent, ToolSpec
@@ -371,17 +370,7 @@ _busy = _ByPolicy()
 # own, by runs starting in two threads at once: never while a policy's fork() (the host's code) or
 # a log handler runs. Reentrant, so that nothing run while it is held (a collection's weakref
 # callbacks included) could ever deadlock on it.
-_claiming = threading.RLock()
-
-
-def _claims_after_fork() -> None:
-    """In a forked child: the thread that held the claims' lock (starting a run) is not there."""
-    global _claiming
-    _claiming = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_claims_after_fork)
+_claiming = ForkSafeLock()  # a forked child finds it free
 
 
 def claim(policies: list[Policy], engine: Any) -> list[Policy]:
@@ -396,7 +385,7 @@ def claim(policies: list[Policy], engine: Any) -> list[Policy]:
     with _claiming:  # engines of two threads: the look and the take are one step
         held = _held_at(policies, engine)
         _mark(_holders, [p for i, p in enumerate(policies) if i not in held], engine)
-    forks = _fork_at(policies, engine, held)  # outside the lock: fork() is the host's code
+    forks = _fork_at(policies, engine, held, _holders)  # outside the lock: fork() is the host's code
     if held:
         with _claiming:  # the forks, or a policy that could not be forked (shared then, warned)
             _mark(_holders, [policies[i] for i in held], engine)
@@ -416,11 +405,13 @@ def occupied(policies: list[Policy], engine: Any) -> Iterator[list[Policy]]:
         held = _held_at(policies, engine)
         mine = [p for i, p in enumerate(policies) if p.one_engine and i not in held]
         _mark(_busy, mine, engine)
+    forks: list[Policy] = []
     try:
-        yield _fork_at(policies, engine, held)
+        forks = _fork_at(policies, engine, held, _busy)
+        yield forks
     finally:
         with _claiming:
-            for policy in mine:
+            for policy in mine + forks:
                 if _engine_of(_busy.get(policy)) is engine:
                     _busy.drop(policy)
 
@@ -436,11 +427,12 @@ def _mark(marks: _ByPolicy, policies: list[Policy], engine: Any) -> None:
             marks.put(policy, weakref.ref(engine))
 
 
-def _fork_at(policies: list[Policy], engine: Any, held: set[int]) -> list[Policy]:
-    """Put in ``policies`` the fork of each policy at a place of ``held``; return the forks."""
+def _fork_at(policies: list[Policy], engine: Any, held: set[int], marks: _ByPolicy) -> list[Policy]:
+    """Put in ``policies`` the fork of each policy at a place of ``held``, marked ``engine``'s
+    in ``marks``; return the forks."""
     forks: list[Policy] = []
     for i in sorted(held):
-        twin = _own_copy(policies[i], engine)
+        twin = _own_copy(policies[i], engine, marks)
         if twin is not None:
             policies[i] = twin
             forks.append(twin)
@@ -470,10 +462,12 @@ _SHARED = (
 )
 
 
-def _own_copy(policy: Policy, engine: Any) -> Policy | None:
-    """``policy``'s fork for ``engine``, warned about once per policy; None when `fork` raises
-    or gives no other policy (the policy itself, to share one object): both runs share it then,
-    and the warning says they are not judged right."""
+def _own_copy(policy: Policy, engine: Any, marks: _ByPolicy) -> Policy | None:
+    """``policy``'s fork for ``engine``, marked its own in ``marks`` (in the step that sees no
+    other engine has it) and warned about once per policy; None when `fork` raises or gives no
+    other policy free to take (the policy itself, to share one object, or one another engine is
+    using, a pool's spare handed out twice): both runs share ``policy`` then, and the warning
+    says they are not judged right."""
     try:
         twin = policy.fork()
         if isinstance(twin, Policy):
@@ -484,6 +478,12 @@ def _own_copy(policy: Policy, engine: Any) -> Policy | None:
         got = "the policy itself" if twin is policy else f"a {type(twin).__name__}, not another policy"
     ok = isinstance(twin, Policy) and twin is not policy
     with _claiming:  # two threads forking one policy at once: one warning
+        if ok and twin is not None and twin.one_engine:
+            ok = not _held_elsewhere(twin, engine)
+            if ok:
+                _mark(marks, [twin], engine)
+            else:
+                got = "a policy another engine is using"
         first = not _warned.get(policy)
         _warned.put(policy, True)
     if first:

@@ -11,13 +11,12 @@ before the run writes, and the release of both at the run's end.
 from __future__ import annotations
 
 import operator
-import os
 import stat
-import threading
 import weakref
 from typing import TYPE_CHECKING, TypeGuard
 
 from ._errors import SessionLockedError
+from ._forklock import ForkSafeLock
 from ._messages import Message
 
 if TYPE_CHECKING:
@@ -45,17 +44,7 @@ _store_writers: weakref.WeakValueDictionary[object, QueryEngine] = weakref.WeakV
 # runs in several threads (an event loop each), and a run starting between another's check and
 # its claim would pass the check too. Re-entrant: a signal handler reading `QueryEngine.running`
 # on a thread inside a claim may settle a run left in a closed loop, which releases its store.
-_store_claims = threading.RLock()
-
-
-def _claims_after_fork() -> None:
-    """In a forked child: the thread that held the claims (starting a run) is not there."""
-    global _store_claims
-    _store_claims = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_claims_after_fork)
+_store_claims = ForkSafeLock()  # a forked child finds it free
 
 
 def _store_key(store: SessionStore) -> object:

@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 from ._checks import count
 from ._errors import AbortError, SessionLockedError
 from ._events import AssistantMessage, AttemptDiscarded, DoomLoopDetected, Event, TurnEnded, TurnStarted
+from ._inbox import told_for
 from ._messages import ToolResultBlock
 from ._policy import Policy
 from ._tools import Tool, ToolContext
@@ -177,7 +178,8 @@ def _stopped(child: QueryEngine, ctx: ToolContext) -> ToolResultBlock:
     words = _last_words(child).strip()
     if not words:
         raise AbortError(ctx.signal.reason or "cancel")
-    text = f"{ctx.engine.options.texts.stopped_running} Its last words: {words[:2000]}"
+    stopped = told_for(ctx.engine.options.texts.stopped_running, ctx.signal.reason)
+    text = f"{stopped} Its last words: {words[:2000]}"
     return ToolResultBlock(tool_use_id=ctx.tool_use_id, content=text, is_error=True)
 
 

@@ -18,6 +18,7 @@ from ._commit import noted, ran_with, settle_results
 from ._errors import AbortError
 from ._events import Event, ToolCallFinished, ToolProgress, _Event
 from ._executor import UNWIND, CallRunner, Done, Overdue, describe, error_result
+from ._inbox import told_for
 from ._messages import ToolResultBlock, ToolUseBlock
 from ._run import ABORTED, GRACE_OVER, RunState, abandon
 from ._subagent import link_signal
@@ -199,7 +200,8 @@ def _record(engine: QueryEngine, st: RunState, done: Done) -> ToolCallFinished:
         isinstance(outcome, (AbortError, asyncio.CancelledError)) and st.signal.aborted
     ):  # a Ctrl-C that landed in the call's own code stopped it as an interrupt does
         texts = engine.options.texts
-        result = interrupted_result(use.id, texts.stopped_running if use.id in st.started else texts.never_started)
+        text = texts.stopped_running if use.id in st.started else texts.never_started
+        result = interrupted_result(use.id, told_for(text, st.signal.reason))
         synthetic = True
     elif isinstance(outcome, asyncio.CancelledError):  # cancelled by the tool itself or by its host, not by an abort
         effects = "; it may have had side effects" if use.id in st.started else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
 import json
 import os
@@ -440,8 +441,9 @@ def test_the_status_line_comes_back_when_a_small_terminal_grows(
 
 
 def test_only_output_that_went_away_ends_the_screen() -> None:
-    """EPIPE or EIO: nobody reads any more, the session ends. EAGAIN from a terminal left non-blocking
-    by another program is not that: it is raised as before, not taken for a closed output."""
+    """EPIPE or EIO: nobody reads any more, the session ends quietly. EAGAIN from an output that
+    stays non-blocking (one the demo cannot make blocking: no descriptor) is not that: it used to
+    be raised, a traceback; the session ends with it as the reason (one line on stderr, status 1)."""
     from agentloop.demo.screen import Screen
 
     class Failing(io.StringIO):
@@ -459,10 +461,10 @@ def test_only_output_that_went_away_ends_the_screen() -> None:
     gone.line("b")  # dropped: the screen is closed
     assert gone.closed and ended == ["closed"]
     busy = Screen(Failing(BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")), tty=False, color=False)
-    busy.on_closed = lambda: ended.append("wrongly closed")
-    with pytest.raises(BlockingIOError):
-        busy.line("a")
-    assert not busy.closed and ended == ["closed"]
+    busy.on_closed = lambda: ended.append("busy")
+    busy.line("a")
+    assert busy.closed and ended == ["closed", "busy"]
+    assert isinstance(busy.failed, BlockingIOError) and gone.failed is None
 
 
 def test_keys_a_terminal_echoes_as_control_characters_are_not_part_of_a_typed_line() -> None:
@@ -1009,3 +1011,194 @@ async def test_after_the_showcase_every_turn_runs_the_tests_and_suggests_what_is
     assert tools == ["run_tests"]
     assert "CI" not in said and "/mode queue" in said and "!text" in said
     assert validate_transcript(engine.messages) == []
+
+
+def test_the_idle_ctrl_c_that_arms_the_exit_expires() -> None:
+    """A Ctrl-C at idle armed the exit for good: another one minutes later quit the demo. The
+    arming lasts `IDLE_CTRL_C_WINDOW` seconds (driven here by a fake clock)."""
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import IDLE_CTRL_C_WINDOW, Host
+    from agentloop.demo.render import HELP, Renderer
+    from agentloop.demo.screen import Screen
+
+    now = [1000.0]
+    out = io.StringIO()
+    host = Host(
+        build_engine(ScriptedModel(["Hello."]), speed=100), Renderer(Screen(out, tty=False, color=False)),
+        clock=lambda: now[0],
+    )
+    assert 0 < IDLE_CTRL_C_WINDOW <= 10
+    assert any(f"twice within {IDLE_CTRL_C_WINDOW:g} seconds" in what for _, what in HELP)  # as /help says
+    host.sigint()
+    assert f"Ctrl-C again within {IDLE_CTRL_C_WINDOW:g}s" in out.getvalue()
+    now[0] += 120  # minutes later: a first Ctrl-C again, not an exit
+    host.sigint()
+    assert not host.exit.is_set()
+    assert out.getvalue().count("Ctrl-C again") == 2
+    now[0] += IDLE_CTRL_C_WINDOW  # just at the window's end: still armed
+    host.sigint()
+    assert host.exit.is_set()
+
+
+def test_two_ctrl_c_in_quick_succession_at_idle_exit() -> None:
+    from agentloop import ScriptedModel
+    from agentloop.demo.app import build_engine
+    from agentloop.demo.host import Host
+    from agentloop.demo.render import Renderer
+    from agentloop.demo.screen import Screen
+
+    now = [5.0]
+    host = Host(
+        build_engine(ScriptedModel(["Hello."]), speed=100),
+        Renderer(Screen(io.StringIO(), tty=False, color=False)), clock=lambda: now[0],
+    )
+    host.sigint()
+    now[0] += 0.5
+    host.sigint()
+    assert host.exit.is_set()
+
+
+def test_ctrl_c_during_a_script_interrupts_it_and_is_not_reported_stuck(tmp_path: Path) -> None:
+    """Ctrl-C while a scenario played cancelled the turn, and the player, finding the agent idle
+    with a step still waiting for an event, reported the scenario as stuck. It is the interrupt
+    path, as at the keyboard: the turn is cancelled, no further step is played, and the report says
+    the scenario was interrupted (exit status 130)."""
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({
+        "prompt": "Fix the failing test in utils.py",
+        "steps": [{"on": "turn_ended", "turn": 5, "do": "prompt", "text": "never played"}],
+    }))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentloop", "demo", "--script", str(script)],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
+    )
+    try:
+        assert proc.stdout is not None
+        assert "turn 1" in proc.stdout.readline()  # the handlers are in place before the first turn
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert err == ""
+    assert "(interrupted: cancel)" in out, out[-2000:]
+    assert "stuck" not in out and "never played" not in out.split("summary")[0]
+    assert "[script] interrupted by Ctrl-C before step 1" in out
+    assert out.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])"), out[-2000:]
+    assert proc.returncode == 130
+    assert not _runner_processes()
+
+
+def _nonblocking(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+
+def _set_nonblocking(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+def _read_until(fd: int, marker: bytes, got: bytearray) -> None:
+    """Read ``fd`` into ``got`` until ``marker`` is in it or the end of file (30 s at most per read)."""
+    while marker not in got:
+        ready, _, _ = select.select([fd], [], [], 30)
+        assert ready, f"no output for 30 s: {bytes(got[-2000:])!r}"
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        got += data
+
+
+def test_output_left_non_blocking_by_another_program_is_written_whole() -> None:
+    """Standard output left O_NONBLOCK (a crashed node or ssh does that to a terminal): a write that
+    found the pipe full failed with EAGAIN, and the demo ended in a BlockingIOError traceback. It
+    writes in blocking mode for the session, and puts the flag back on exit."""
+    read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 4096)
+        _set_nonblocking(write_fd)
+        with contextlib.suppress(BlockingIOError):  # fill the pipe: the demo's first write finds it full
+            while True:
+                os.write(write_fd, b"#" * 512)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
+            cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.PIPE,
+        )
+        try:
+            got = bytearray()
+            _read_until(read_fd, b"transcript valid (validate_transcript(engine.messages) == [])\n", got)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        log = got.lstrip(b"#").decode()
+        assert log.startswith("\u2500\u2500 turn 1") and "terminals: aborted_streaming x1" in log
+        assert _nonblocking(write_fd)  # given back as it was found
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_input_left_non_blocking_by_another_program_is_waited_for() -> None:
+    """Standard input left O_NONBLOCK: a read with nothing typed yet failed with EAGAIN, which the
+    demo took for the end of its input (it quit before anything was typed). It waits for input,
+    and puts the flag back on exit."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        _set_nonblocking(in_read)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--speed", "4"],
+            cwd=ROOT, env=_env(), stdin=in_read, stdout=out_write, stderr=subprocess.PIPE,
+        )
+        os.close(out_write)
+        try:
+            got = bytearray()
+            _read_until(out_read, "idle \u2014".encode(), got)  # the first turn ended, nothing typed yet
+            os.write(in_write, b"/quit\n")
+            _read_until(out_read, b"\0", got)  # to the end of the output
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        log = got.decode()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        assert "end of input" not in log and "\u203a /quit\n" in log
+        assert log.rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+        assert _nonblocking(in_read)  # given back as it was found
+    finally:
+        for fd in (in_read, in_write, out_read):
+            os.close(fd)
+
+
+def test_a_terminal_left_non_blocking_by_another_program() -> None:
+    """A terminal a crashed program left O_NONBLOCK: the demo's first read found nothing typed yet,
+    failed with EAGAIN, and was taken for Ctrl-D (the demo quit at once). It reads and writes as
+    usual, and the terminal is left non-blocking, as it was found, for the program after it."""
+    flag = "import fcntl, os; print('NONBLOCK', bool(fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK))"
+    set_flag = "import fcntl, os; fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK)"
+    py = sys.executable
+    script = f'"{py}" -c "{set_flag}"; "{py}" -m agentloop demo --speed 4; echo STATUS=$?; "{py}" -c "{flag}"'
+    child = pexpect.spawn(
+        "sh", ["-c", script], cwd=str(ROOT), env=_env(), encoding="utf-8", timeout=30, dimensions=(24, 110),
+    )
+    try:
+        child.expect("turn 1")
+        child.send("keep the public API unchanged\r")
+        child.expect("steer delivered to the model: keep the public API unchanged")
+        child.expect_exact("type a message")  # idle
+        child.sendeof()
+        child.expect(r"transcript valid \(validate_transcript")
+        child.expect(r"STATUS=(\d+)")
+        status = child.match.group(1)
+        child.expect(r"NONBLOCK (\w+)")
+        flag_after = child.match.group(1)
+        child.expect(pexpect.EOF)
+        before = child.before
+    finally:
+        child.close(force=True)
+    assert status == "0" and flag_after == "True"
+    assert "Traceback" not in before

@@ -63,6 +63,15 @@ def test_a_paste_of_several_lines_is_one_message_sent_by_enter() -> None:
         assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["a\nb"], cut
 
 
+def test_a_pasted_crlf_is_one_line_break() -> None:
+    """Text copied with Windows line ends (CR LF) came out with an empty line after every line:
+    the CR and the LF were each a line break."""
+    whole = PASTE.format("one\r\ntwo\r\n\r\nthree\rfour\nfive") + "\r"
+    for cut in range(len(whole) + 1):  # however the reads cut it, a CR LF between them too
+        ed = LineEditor()
+        assert ed.feed(whole[:cut]) + ed.feed(whole[cut:]) == ["one\ntwo\n\nthree\nfour\nfive"], cut
+
+
 def test_a_paste_of_a_megabyte_is_taken_and_drawn_in_linear_time() -> None:
     """Pasting a large file froze the demo, Ctrl-C included: each character was inserted by
     copying the whole line, and each read redrew it by measuring all of it (a minute for 1 MB)."""
@@ -834,3 +843,68 @@ def test_shorten_reads_no_further_than_its_width(monkeypatch: pytest.MonkeyPatch
     assert screen.shorten(text, 20) == "abc abc abc abc abc\u2026"
     monkeypatch.setattr(screen, "clusters", lambda _text: pytest.fail("shorten cut the whole text"))
     assert screen.shorten(text, 20) == "abc abc abc abc abc\u2026"
+
+
+def test_output_made_non_blocking_during_the_session_loses_no_text() -> None:
+    """A full pipe or terminal made non-blocking by another program while the demo runs: the write
+    failed with EAGAIN (BlockingIOError, a traceback, and the text that did not fit was lost)."""
+    import fcntl
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 4096)
+    out = open(write_fd, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    screen = Screen(out, tty=False, color=False)
+    fcntl.fcntl(write_fd, fcntl.F_SETFL, fcntl.fcntl(write_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    got = bytearray()
+
+    def drain() -> None:
+        while data := os.read(read_fd, 65536):
+            got.extend(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        for i in range(20):
+            screen.line(f"{i:02d}" + "x" * 30000)
+    finally:
+        out.close()
+        reader.join()
+        os.close(read_fd)
+    assert screen.failed is None and not screen.closed
+    assert got.decode() == "".join(f"{i:02d}" + "x" * 30000 + "\n" for i in range(20))
+
+
+async def test_input_made_non_blocking_during_the_session_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of standard input made non-blocking by another program failed with EAGAIN, taken
+    for the end of the input: the demo quit. The reader waits until there is input."""
+    import fcntl
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(read_fd, fcntl.F_SETFL, fcntl.fcntl(read_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    tried = threading.Event()  # the reader's thread found nothing to read
+    real_read = os.read
+
+    def read(fd: int, n: int) -> bytes:
+        try:
+            return real_read(fd, n)
+        except BlockingIOError:
+            if fd == read_fd:
+                tried.set()
+            raise
+
+    monkeypatch.setattr(os, "read", read)
+    got: list[str] = []
+    ended = asyncio.Event()
+    reader = LineReader(asyncio.get_running_loop(), read_fd, got.append, ended.set)
+    try:
+        reader.start()
+        assert await asyncio.to_thread(tried.wait, 30)
+        os.write(write_fd, b"hello\n")
+        os.close(write_fd)
+        await asyncio.wait_for(ended.wait(), 30)
+    finally:
+        reader.stop()
+        os.close(read_fd)
+    assert got == ["hello"]

@@ -324,3 +324,96 @@ def _sent(value: bytes) -> str | None:
     except ValueError:  # UnicodeDecodeError included
         return None
     return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def _undecodable(members: list[tuple[str, str]], cut: bool) -> bytes:
+    """An answer with ``members`` (raw JSON values) in this order: cut short before its end, or
+    with its result nested deeper than any decoder reads."""
+    parts = [f'"{key}":{value}' for key, value in members]
+    line = "{" + ",".join(parts) + "}"
+    return line[: line.index('"result":') + 30].encode() if cut else line.encode()
+
+
+_DEEP = "[" * 2000 + "]" * 2000
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(["jsonrpc", "id", "result"]), cut=st.booleans(), request=st.sampled_from(["7", '"r-7"']))
+def test_an_undecodable_answer_is_recognised_whatever_its_keys_order(order: list[str], cut: bool, request: str) -> None:
+    """An answer that cannot be decoded was recognised only when its keys came as servers usually
+    write them (jsonrpc, id, result): in another order its request waited for ever."""
+    if cut:  # what a cut answer says of itself comes before the cut
+        order = [k for k in order if k != "result"] + ["result"]
+    values = {"jsonrpc": '"2.0"', "id": request, "result": '{"content":[{"type":"text","text":"' + "x" * 60 + '"}]' + ("" if cut else "," + '"deep":' + _DEEP + "}")}
+    [answer] = _parsed(_undecodable([(k, values[k]) for k in order], cut))
+    assert isinstance(answer, types.JSONRPCError)
+    assert answer.id == json.loads(request) and "could not be decoded" in answer.error.message
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id":1,"jsonrpc":"2.0","method":"x","result":' + _DEEP.encode() + b"}",  # a request, not an answer
+        b'{"id":1,"jsonrpc":"1.0","result":' + _DEEP.encode() + b"}",
+        b'{"result":' + _DEEP.encode() + b',"jsonrpc":"2.0"}',  # no id
+        b'{"deep":{"id":1,"jsonrpc":"2.0","result":' + _DEEP.encode() + b"}}",  # not the top level's
+        b'{"id":[1],"jsonrpc":"2.0","result":' + _DEEP.encode() + b"}",
+    ],
+)
+def test_an_undecodable_line_that_is_not_an_answer_fails_no_request(line: bytes) -> None:
+    assert _parsed(line) == []
+
+
+class _CountingRedactor(Redactor):
+    """A redactor that counts the stderr lines given to it: each is a line worked on in Python."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self, values: Any) -> None:
+        super().__init__(values)
+        self.seen = 0
+
+    def scrub(self, text: str) -> str:
+        self.seen += 1
+        return super().scrub(text)
+
+
+def test_a_stderr_flood_costs_a_little_per_block_and_keeps_the_last_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """A server writing two million lines to stderr cost about 5 s of the event loop's time: each
+    line was decoded, scrubbed and logged. Now a block read costs about a split, a bounded number
+    of its lines are logged (the rest counted), and the last lines are kept for the error that
+    quotes them."""
+    import time
+
+    loop = asyncio.new_event_loop()
+    redactor = _CountingRedactor(("sekrit-0123456789",))
+    try:
+        pipes = Pipes(loop, "p", redactor, None)
+        body = b"".join(b"line %d of the flood\n" % i for i in range(2_000_000))
+        body += b"Traceback: sekrit-0123456789 was refused\nfatal: the last words\n"
+        blocks = range(0, len(body), 256 << 10)
+        with caplog.at_level(logging.INFO, logger="agentloop"):
+            began = time.process_time()
+            for at in blocks:
+                pipes.pipe_data_received(2, body[at : at + (256 << 10)])
+            took = time.process_time() - began
+    finally:
+        loop.close()
+    assert list(pipes.tail)[-2:] == ["Traceback: [REDACTED] was refused", "fatal: the last words"]
+    assert redactor.seen <= 25 * len(blocks)
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged[-1].endswith("(stderr): fatal: the last words") and "sekrit" not in " ".join(logged)
+    assert len(logged) <= 25 * len(blocks) and any("lines not logged" in m for m in logged)
+    assert took < 1.5  # about 5 s before, 0.2 s now: a bound a busy machine keeps
+
+
+def test_stderr_lines_split_across_blocks_and_an_overlong_one_are_read_as_before() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        for piece in [b"one ", b"line\ntwo\n\n", b"x" * 20_000, b"y" * 10, b"\nthree", b"\r\n", b"last"]:
+            pipes.pipe_data_received(2, piece)
+        pipes.pipe_connection_lost(2)
+    finally:
+        loop.close()
+    assert list(pipes.tail) == ["one line", "two", "x" * 2000 + "…", "three", "last"]

@@ -203,3 +203,31 @@ async def test_a_permission_callback_failing_with_the_models_key_logs_it_scrubbe
     logged = "\n".join(caplog.text.splitlines() + [r.getMessage() for r in caplog.records])
     assert "permission callback failed" in logged and "RuntimeError" in logged and "KeyError" in logged
     assert key not in logged and "key=[REDACTED]" in logged
+
+
+async def test_an_updated_input_whose_comparison_raises_is_the_hosts_error_not_agentloops(caplog: Any) -> None:
+    """A value of ``updated_input`` whose ``__eq__`` raises (a host object): comparing it with the
+    model's input raised out of the call, and the call was reported as failed inside agentloop.
+    It is the permission callback's answer that is wrong: an error result that says so."""
+    ran.clear()
+
+    class Touchy:
+        def __eq__(self, other: object) -> bool:
+            raise TypeError("cannot compare a Touchy")
+
+        __hash__ = object.__hash__
+
+    async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        return Allow(updated_input={"command": Touchy()})
+
+    engine = _engine(permission, {"command": "ls"})
+    with caplog.at_level("WARNING", logger="agentloop"):
+        events = await collect(engine, "look")
+    assert ran == []
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    [result] = engine.messages[2].tool_results
+    assert result.is_error
+    assert "inside agentloop" not in result.text
+    assert "updated_input" in result.text and "cannot compare a Touchy" in result.text and "not run" in result.text
+    assert not any(isinstance(e, ToolCallStarted) for e in events)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]

@@ -394,3 +394,42 @@ def test_an_engine_made_over_a_policy_another_threads_run_claims_never_shares_it
     made = QueryEngine(ScriptedModel(["done"]), messages=[], policies=shared)
     thread.join(30)
     assert made.policies[0] is not runner.policies[0]
+
+
+class _PooledFork(IdenticalToolCallRun):
+    """A policy whose fork hands out one spare object from a pool, the same one every time."""
+
+    spare: ClassVar[Policy | None] = None
+
+    def fork(self) -> Policy:
+        assert _PooledFork.spare is not None
+        return _PooledFork.spare
+
+
+@pytest.mark.parametrize("when", ["made", "run"])
+async def test_a_fork_that_is_a_policy_another_engines_run_holds_is_not_shared_with_it(
+    when: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fork() gave a policy another engine's run was using (a pool's spare already handed out):
+    the engine made, or whose run started, took it as its own, so both engines wrote into one
+    stateful policy. It is refused as a fork, with a warning that names the problem."""
+    spare = _PooledFork.spare = _PooledFork()
+    shared: list[Policy] = [_PooledFork()]
+    owner = QueryEngine(ScriptedModel(_reads(30)), tools=[read_same], policies=[spare], max_turns=30)
+    holder = QueryEngine(ScriptedModel(_reads(30)), tools=[read_same], policies=shared, max_turns=30)
+    owning, holding = owner.run("go"), holder.run("go")
+    await anext(owning), await anext(holding)  # each run holds its policy now
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        if when == "made":
+            third = QueryEngine(ScriptedModel(["hi"]), tools=[], policies=shared)
+        else:
+            third = QueryEngine(ScriptedModel(_reads(3)), tools=[read_same], policies=[shared[0]], max_turns=3)
+            runs = await _in_lockstep(third.run("go"), order=[0])
+            assert isinstance(runs[0][-1], TurnEnded)
+    assert third.policies[0] is not spare
+    warned = [r.getMessage() for r in caplog.records if "two engines at once" in r.getMessage()]
+    assert len(warned) == 1 and "another engine is using" in warned[0]
+    events = [e async for e in owning]
+    end = events[-1]
+    assert isinstance(end, TurnEnded) and (end.reason, end.turns) == ("stationarity_ended", 8)
+    await holding.aclose()

@@ -146,6 +146,8 @@ async def main() -> None:
 
 
 asyncio.run(main())
+for store in (left.session, engine.session):  # closed here, not left to the interpreter's teardown
+    store.close()
 print("done")
 """
 
@@ -257,3 +259,40 @@ def test_two_threads_starting_runs_of_one_engine_at_once_get_one_run_and_one_err
     first.join(10)
     assert isinstance(outcomes["second"], RuntimeError) and "in progress" in str(outcomes["second"])
     assert [m.text for m in engine.messages] == ["first", "one"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_the_claim_locks_share_one_lock_a_forked_child_finds_free() -> None:
+    """The policies' and the session stores' claim locks are one kind of lock, renewed in a
+    forked child by one mechanism: a child forked while another thread held either takes it."""
+    from agentloop import _policy, _recording
+    from agentloop._forklock import ForkSafeLock
+
+    locks = [_policy._claiming, _recording._store_claims]
+    assert all(type(lock) is ForkSafeLock for lock in locks)
+    held, done = threading.Event(), threading.Event()
+
+    def holding() -> None:
+        with locks[0], locks[1]:
+            held.set()
+            done.wait(30)
+
+    other = threading.Thread(target=holding)
+    other.start()
+    try:
+        assert held.wait(10)
+        code = os.fork()
+        if code == 0:
+            status = 2
+            try:
+                faulthandler.dump_traceback_later(30, exit=True)
+                status = 0 if all(lock.acquire(timeout=5) for lock in locks) else 1
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(code, 0)
+    finally:
+        done.set()
+        other.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    with locks[0], locks[0]:  # re-entrant
+        pass

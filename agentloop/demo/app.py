@@ -3,7 +3,8 @@
 `run(options)` is what ``python -m agentloop demo`` calls; it returns the exit
 status: 0 when the final transcript is valid, 1 when it is not (or a scenario
 got stuck, or the output could not be written: a full disk), 2 for a usage
-error (a missing provider or API key).
+error (a missing provider or API key), 130 when Ctrl-C cut a scenario short (or
+came before the demo handles it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .._model import Model
 from .._scripted import ScriptedModel
 from .editor import LineEditor
 from .host import Host
-from .keyboard import LineReader, TerminalMode, parse
+from .keyboard import Blocking, LineReader, TerminalMode, parse
 from .project import Project, make_permission, make_tools
 from .render import Renderer
 from .scenario import Player, Scenario, ScenarioError, load
@@ -103,7 +104,16 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     except (DemoError, ScenarioError) as exc:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
-    screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None)
+    # A terminal (or pipe) left non-blocking by another program: blocking for the session.
+    modes = Blocking([fd for fd in map(_fileno, (sys.stdin, stream, sys.stderr)) if fd is not None])
+    modes.apply()
+    try:
+        return _play(model, Screen.for_stream(stream, plain=opts.plain or scenario is not None), opts, scenario)
+    finally:
+        modes.restore()
+
+
+def _play(model: Model, screen: Screen, opts: Options, scenario: Scenario | None) -> int:
     session = _session(model, screen, opts, scenario)
     try:
         status = asyncio.run(session)
@@ -117,6 +127,16 @@ def run(opts: Options, out: TextIO | None = None) -> int:
             print(f"agentloop demo: cannot write the output: {screen.failed}", file=sys.stderr)
         return 1
     return status
+
+
+def _fileno(stream: object) -> int | None:
+    """The descriptor of ``stream``, if it has one."""
+    fileno = getattr(stream, "fileno", None)
+    try:
+        fd = fileno() if fileno is not None else None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    return fd if isinstance(fd, int) else None
 
 
 def _check_no_running_loop() -> None:
@@ -174,6 +194,8 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
         screen.start(keyboard=editor is not None)
         if scenario is not None:
             player = Player(host, scenario)
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # Ctrl-C ends the scenario
+                loop.add_signal_handler(signal.SIGINT, player.interrupt)
             player.begin()
             try:
                 async with asyncio.timeout(scenario.timeout):
@@ -182,6 +204,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
                 renderer.note(f"[script] timed out after {scenario.timeout:g}s", "red")
                 player.stuck = True
             stuck = player.stuck
+            interrupted = player.interrupted
         else:
             renderer.note(f"agentloop demo: {_what(opts)}", "bold")
             renderer.help()
@@ -196,7 +219,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             await _first(host.exit, host.shown)
             reader.start()  # what was typed meanwhile waits in the terminal (or the pipe)
             await host.exit.wait()
-            stuck = False
+            stuck = interrupted = False
         await host.close()
     finally:
         if reader is not None:
@@ -212,7 +235,7 @@ async def _session(model: Model, screen: Screen, opts: Options, scenario: Scenar
             with contextlib.suppress(Exception):
                 await close()
     valid = host.summary()
-    return 0 if valid and not stuck else 1
+    return 1 if not valid or stuck else 130 if interrupted else 0
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -10,8 +10,8 @@ terminal with a status line the demo reads keys one by one instead, and
 that Enter completed; ``eof`` is set by Ctrl-D on an empty line. Keys: printable
 text, Backspace, Delete, Left, Right, Home, End (and Ctrl-A, -E, -B, -F), Up
 and Down (the lines sent before), Ctrl-U, Ctrl-K, Ctrl-W (delete to the start,
-to the end, a word back). A bracketed paste keeps its line breaks: several
-pasted lines are one message, sent by Enter. Any other key or control
+to the end, a word back). A bracketed paste keeps its line breaks (a CR LF is
+one): several pasted lines are one message, sent by Enter. Any other key or control
 character is ignored.
 """
 
@@ -52,6 +52,7 @@ class LineEditor:
         self.eof = False  # Ctrl-D on an empty line: no more input is taken
         self._pending = ""  # an escape sequence that the end of a read cut (or the Escape key)
         self._pasting = False
+        self._cr = False  # the paste so far ends with a CR: an LF next is part of the same line break
         self._history: list[str] = []
         self._limit = history
         self._recall = 0  # the history entry shown (len(history): the line being typed)
@@ -71,9 +72,11 @@ class LineEditor:
         while i < n and not self.eof:
             run = (_PASTED if self._pasting else _TEXT).match(data, i)
             if run is not None:
-                self._insert(run.group().translate(_AS_TYPED))
+                text = self._pasted(run.group()) if self._pasting else run.group()
+                self._insert(text.translate(_AS_TYPED))
                 i = run.end()
                 continue
+            self._cr = False
             ch = data[i]
             if ch == "\x1b":
                 m = _SEQUENCE.match(data, i)
@@ -97,6 +100,14 @@ class LineEditor:
                 self._key(_CONTROL[ch])
             i += 1  # any other control character is not text
         return lines
+
+    def _pasted(self, text: str) -> str:
+        """Pasted ``text`` with a CR LF (Windows line ends) as one line break, also when a read
+        ended between the two."""
+        if self._cr and text.startswith("\n"):
+            text = text[1:]
+        self._cr = text.endswith("\r")
+        return text.replace("\r\n", "\n")
 
     def _sequence(self, seq: str) -> None:
         if seq == PASTE_START:

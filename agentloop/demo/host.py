@@ -10,6 +10,7 @@ into the `Renderer`; the host itself never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
@@ -20,7 +21,10 @@ from .editor import LineEditor
 from .keyboard import Input
 from .render import Renderer, format_transcript, short
 
-__all__ = ["Host"]
+__all__ = ["IDLE_CTRL_C_WINDOW", "Host"]
+
+# Seconds a Ctrl-C at idle stays armed: a second one within them exits; a later one arms it again.
+IDLE_CTRL_C_WINDOW = 3.0
 
 
 class Host:
@@ -35,11 +39,13 @@ class Host:
         hints: bool = False,
         editor: LineEditor | None = None,
         echo: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``hints``: a person is at the keyboard; when a turn ends, what to do next is shown on the
         status line, or on a line of its own where there is no status line (--plain, TERM=dumb).
         ``editor``: the line being typed, when the demo edits it. ``echo``: nothing shows what was
-        typed (the demo edits the line, or the input is a pipe): a command is printed as it runs."""
+        typed (the demo edits the line, or the input is a pipe): a command is printed as it runs.
+        ``clock``: the time in seconds, for how long an idle Ctrl-C stays armed."""
         self.engine = engine
         self.hints = hints
         self.editor = editor
@@ -50,7 +56,8 @@ class Host:
         self.exit = asyncio.Event()
         self.on_event: Callable[[Event], None] | None = None
         self.on_idle: Callable[[], None] | None = None
-        self._idle_sigint = False
+        self._clock = clock
+        self._armed_at: float | None = None  # when a Ctrl-C at idle armed the exit
         self._input_ended = False
         # A turn's header is on the screen (or its run ended without one): the keyboard is read
         # from then on, so that what is typed shows below the turn it acts on.
@@ -68,7 +75,7 @@ class Host:
             if prompt:  # None: the running turn takes what the inbox holds anyway
                 self.engine.follow_up(prompt)
             return
-        self._idle_sigint = False
+        self._armed_at = None
         try:
             # Made here, not in the task: from now on the run is the engine's current one, so what
             # is typed before the task's first step steers or stops this run.
@@ -195,18 +202,18 @@ class Host:
 
     def sigint(self) -> None:
         """Ctrl-C: cancel the turn; when idle, clear the line being typed, or a hint, and a second
-        one exits."""
+        one within `IDLE_CTRL_C_WINDOW` seconds exits."""
         if self.busy:
             self.r.note("Ctrl-C: cancel -> engine.interrupt('cancel')", "yellow")
             self.engine.interrupt("cancel")
         elif self.editor is not None and self.editor.text:  # as a shell does
             self.editor.clear()
             self.r.screen.typed("", 0)
-        elif self._idle_sigint:
+        elif self._armed_at is not None and self._clock() - self._armed_at <= IDLE_CTRL_C_WINDOW:
             self.quit()
         else:
-            self._idle_sigint = True
-            self.r.note("(idle: Ctrl-C again or Ctrl-D to exit)", "dim")
+            self._armed_at = self._clock()
+            self.r.note(f"(idle: Ctrl-C again within {IDLE_CTRL_C_WINDOW:g}s, or Ctrl-D, to exit)", "dim")
 
     def end_of_input(self) -> None:
         """The end of input that is not a person at a terminal (a pipe, a file): what it asked

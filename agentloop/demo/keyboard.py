@@ -12,6 +12,12 @@ not lost.
 end, and on Ctrl-Z): keys unechoed and one by one for the demo's line editor,
 and Ctrl-C never echoed as ``^C`` over the output.
 
+`Blocking` puts standard input and output in blocking mode for the session and
+back as they were at the end: another program (a crashed node or ssh) can leave
+the terminal non-blocking (O_NONBLOCK), and a read or a write would then fail
+with EAGAIN. A read that still finds it set (set again meanwhile) waits until
+there is something to read.
+
 `parse` turns a typed line into an `Input`: a command (``/help``), a send-now
 message (``!text``) or a plain message.
 """
@@ -23,6 +29,7 @@ import codecs
 import contextlib
 import os
 import re
+import select
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +38,13 @@ from typing import Any, Literal
 from .editor import LineEditor
 
 try:
+    import fcntl
     import termios
 except ImportError:  # pragma: no cover - not a POSIX system: the terminal is left as it is
+    fcntl = None  # type: ignore[assignment]
     termios = None  # type: ignore[assignment]
 
-__all__ = ["Input", "LineReader", "TerminalMode", "parse"]
+__all__ = ["Blocking", "Input", "LineReader", "TerminalMode", "blocking", "parse"]
 
 # What a terminal puts in a line for a key that is not text: an escape sequence (an arrow or
 # function key: CSI or SS3; ESC and one character for Alt+key) or another control character
@@ -111,6 +120,38 @@ class TerminalMode:
                 termios.tcsetattr(self.fd, termios.TCSAFLUSH, saved)
 
 
+def blocking(fd: int) -> bool:
+    """Clear O_NONBLOCK on ``fd``; True if it was set (and is cleared now)."""
+    if fcntl is None:  # pragma: no cover
+        return False
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if not flags & os.O_NONBLOCK:
+            return False
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+class Blocking:
+    """Blocking mode on the descriptors given for the session; `restore` sets O_NONBLOCK again on
+    those that had it (the flag belongs to the open file, which the shell shares)."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds = fds
+        self._cleared: list[int] = []
+
+    def apply(self) -> None:
+        self._cleared = [fd for fd in dict.fromkeys(self._fds) if blocking(fd)]
+
+    def restore(self) -> None:
+        cleared, self._cleared = self._cleared, []
+        for fd in cleared:
+            with contextlib.suppress(OSError, ValueError):
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
 class LineReader:
     """Calls ``on_line(text)`` per complete line and ``on_eof()`` once at end of input.
 
@@ -179,12 +220,24 @@ class LineReader:
         while True:
             try:
                 data = os.read(self._fd, 4096)
+            except BlockingIOError:  # made non-blocking again by another program: wait for input
+                if self._wait():
+                    continue
+                data = b""
             except OSError:  # e.g. EIO when the terminal went away
                 data = b""
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 self._loop.call_soon_threadsafe(self.feed, data)
             if not data:
                 return
+
+    def _wait(self) -> bool:
+        """Wait until the descriptor is readable; False if it cannot be waited on."""
+        try:
+            select.select([self._fd], [], [])
+        except (OSError, ValueError):
+            return False
+        return True
 
     def feed(self, data: bytes) -> None:
         """Take ``data`` as read (``b""``: the end of input)."""

@@ -46,7 +46,7 @@ __all__ = ["HELP", "Renderer", "Stats", "format_transcript", "help_text", "short
 
 # The keys, and what to watch for: (key, what it does), shown under a column of keys.
 HELP = (
-    ("Ctrl-C", "interrupt the turn: engine.interrupt() (when idle, twice: exit)"),
+    ("Ctrl-C", "interrupt the turn: engine.interrupt() (when idle, twice within 3 seconds: exit)"),
     ("typing", "steer the turn while it works: engine.interject(text); when idle, a line starts a new turn"),
     ("!text", "drop the turn and send text now: engine.send_now(text)"),
     ("/mode queue", "typing waits for the turn to end: engine.follow_up(text) (/mode steer: back to steering)"),

@@ -31,7 +31,9 @@ the previous step fired:
 turn with ``text``; queued as a follow-up if a run is going), ``mode``
 (``text`` is "steer" or "queue"), ``transcript`` (print it) and ``quit``.
 The scenario ends when the last step has fired and the agent is idle; a step
-still waiting for an event while the agent is idle is reported as stuck.
+still waiting for an event while the agent is idle is reported as stuck. Ctrl-C
+cancels the turn in progress (as at the keyboard) and ends the scenario there,
+reported as interrupted; a second Ctrl-C quits.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ class Player:
         self.scenario = scenario
         self.finished = asyncio.Event()
         self.stuck = False
+        self.interrupted = False  # by Ctrl-C: the run was cancelled and no further step played
         self._i = 0
         self._seen = 0
         self._turn = 0
@@ -193,7 +196,7 @@ class Player:
         if isinstance(ev, TurnStarted):
             self._turn += 1
         step = self.step
-        if step is None or self._waiting or step.on != ev.type or not self._matches(step, ev):
+        if step is None or self._waiting or self.interrupted or step.on != ev.type or not self._matches(step, ev):
             return
         self._seen += 1
         if self._seen >= step.count:
@@ -208,11 +211,28 @@ class Player:
                 return False
         return step.terminal is None or (isinstance(ev, TurnEnded) and ev.reason == step.terminal)
 
+    def interrupt(self) -> None:
+        """Ctrl-C: the turn in progress is cancelled (as at the keyboard) and no further step is
+        played; the scenario finishes once the agent is idle. A second Ctrl-C quits."""
+        if self.interrupted:
+            self.host.quit()
+            self.finished.set()
+            return
+        self.interrupted = True
+        self._waiting = False  # a step's delay that is running: the step is not played
+        where = f"before step {self._i + 1}" if self.step is not None else "after its last step"
+        self.host.r.note(f"[script] interrupted by Ctrl-C {where}", "yellow")
+        if self.host.busy:
+            self.host.r.note("Ctrl-C: cancel -> engine.interrupt('cancel')", "yellow")
+            self.host.engine.interrupt("cancel")
+        else:
+            self.finished.set()
+
     def idle(self) -> None:
         step = self.step
         if self._waiting:
             return
-        if step is None or self.host.exit.is_set():  # the end, or the user quit (SIGTERM, say)
+        if step is None or self.interrupted or self.host.exit.is_set():  # the end, Ctrl-C, SIGTERM
             self.finished.set()
         elif step.on == "idle":
             self._trigger(step)
@@ -229,6 +249,8 @@ class Player:
             self._fire(step)
 
     def _fire(self, step: Step) -> None:
+        if self.interrupted:  # Ctrl-C during the step's delay: the step is not played
+            return
         self._waiting = False
         if self.host.exit.is_set():  # the user quit during the step's delay
             self.finished.set()

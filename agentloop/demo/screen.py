@@ -12,6 +12,10 @@ comes (see `Flow`).
 Piped output (or ``--plain``) gets none of this, nor any escape sequence;
 ``NO_COLOR`` (https://no-color.org) removes the colours only.
 
+Output made non-blocking by another program (O_NONBLOCK: a crashed node or ssh
+leaves a terminal so) is made blocking again before each write: a write that
+found the pipe or the terminal full would fail with EAGAIN and drop text.
+
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
 ``on_closed`` once, so the host can end the session. Output that cannot be
@@ -29,6 +33,8 @@ import shutil
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
+
+from .keyboard import blocking
 
 __all__ = ["Flow", "Screen", "Style", "clusters", "fit_input", "shorten", "wrap"]
 
@@ -460,6 +466,10 @@ class Screen:
         # ASCII, and what is cut to fit a row is measured as written ("..." takes three columns).
         self._ascii = not _shows(out, "\u2026\u203a")
         self._cell = _cell_ascii if self._ascii else _cell
+        try:
+            self._fd: int | None = out.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream in memory, or none at all
+            self._fd = None
 
     @classmethod
     def for_stream(cls, out: TextIO, *, plain: bool = False) -> Screen:
@@ -473,19 +483,22 @@ class Screen:
         """Write and flush ``text``; every byte the screen writes goes through here."""
         if self.closed or not text:
             return
+        if self._fd is not None:  # made non-blocking by another program meanwhile: blocking again
+            blocking(self._fd)  # (a write that found a full pipe or terminal would drop text: EAGAIN)
         try:
-            try:
-                self.out.write(text)
-            except UnicodeEncodeError:  # the stream encodes before it writes: nothing went out yet
-                encoding = getattr(self.out, "encoding", None) or "ascii"
-                self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
-            self.out.flush()
-        except BlockingIOError:  # a terminal left non-blocking by another program: not the end of it
-            raise
+            self._write(text)
         except OSError as exc:
             if exc.errno not in _GONE:  # a full disk: nothing more can be shown, and it is worth saying
                 self.failed = exc
             self._close()
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text)
+        except UnicodeEncodeError:  # the stream encodes before it writes: nothing went out yet
+            encoding = getattr(self.out, "encoding", None) or "ascii"
+            self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
+        self.out.flush()
 
     def _close(self) -> None:
         self.closed = True

@@ -153,19 +153,68 @@ def error_answer(value: Any, label: str) -> types.JSONRPCError | None:
 
 def undecodable_answer(text: str, label: str) -> types.JSONRPCError | None:
     """The error answer standing for JSON ``text`` that cannot be decoded (cut short, or nested
-    deeper than `MAX_JSON_DEPTH`) when it starts as an answer to a request does
-    (``{"jsonrpc": "2.0", "id": ..., "result"``, as servers write it); None for anything else."""
-    start = _ANSWER_START.match(text, 0, 1024)
-    if start is None:
+    deeper than `MAX_JSON_DEPTH`) when it opens an answer to a request: an object whose own
+    members, in any order, as far as they can be read, are ``"jsonrpc": "2.0"``, an ``id``, and
+    a ``result`` or an ``error`` (no ``method``); None for anything else."""
+    members = _members(text)
+    if members.get("jsonrpc") != '"2.0"' or "method" in members:
         return None
-    request = json.loads(start.group(1))
-    return _failing(request, label, " (it could not be decoded: cut short, or nested too deeply)")
+    if "result" not in members and "error" not in members:
+        return None
+    raw = members.get("id")
+    if raw is None or _ANSWER_ID.fullmatch(raw) is None:
+        return None
+    return _failing(json.loads(raw), label, " (it could not be decoded: cut short, or nested too deeply)")
 
 
-#: The start of an answer as servers write it: ``jsonrpc``, then ``id``, then ``result`` or ``error``.
-_ANSWER_START = re.compile(
-    r'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")\s*,\s*"(?:result|error)"\s*:'
-)
+#: A JSON token: a string, a punctuation mark, or a bare literal (a number, true, false, null).
+_TOKEN = re.compile(r'\s*("[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\],:]|[^\s{}\[\],:"]+)')
+#: An id an answer may carry: a number, or a string of up to 200 characters.
+_ANSWER_ID = re.compile(r'-?\d{1,18}|"(?:[^"\\]|\\.){0,200}"')
+#: Tokens read at most, to find the members after a deeply nested value: a bound on the work.
+_SCAN_TOKENS = 20_000
+
+
+def _members(text: str) -> dict[str, str]:
+    """The members of the JSON object ``text`` opens, read as far as the text goes (it may be
+    cut short) or `_SCAN_TOKENS` tokens: each key with its value's raw text when that is a
+    scalar, else the value's opening bracket."""
+    found: dict[str, str] = {}
+    opened = _TOKEN.match(text)
+    if opened is None or opened.group(1) != "{":
+        return found
+    pos, depth, key, want = opened.end(), 1, "", "key"
+    for _ in range(_SCAN_TOKENS):
+        token = _TOKEN.match(text, pos)
+        if token is None:
+            break
+        pos, tok = token.end(), token.group(1)
+        if depth > 1:  # inside a member's value: only its brackets count
+            depth += 1 if tok in ("{", "[") else -1 if tok in ("}", "]") else 0
+        elif want == "key":
+            if not tok.startswith('"'):
+                break  # "}" (the end) or not JSON
+            key, want = _key(tok), ":"
+        elif want == ":":
+            if tok != ":":
+                break
+            want = "value"
+        elif want == "value":
+            found[key], want = tok, ","
+            depth += tok in ("{", "[")
+        elif tok != ",":
+            break  # "}" (the end) or not JSON
+        else:
+            want = "key"
+    return found
+
+
+def _key(token: str) -> str:
+    try:
+        key = json.loads(token)
+    except ValueError:
+        return ""
+    return key if isinstance(key, str) else ""
 
 
 def _failing(request: str | int, label: str, why: str) -> types.JSONRPCError:

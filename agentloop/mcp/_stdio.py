@@ -51,6 +51,7 @@ _READ_AHEAD = 1 << 20  # bytes of whole messages read ahead of the session befor
 _STDERR_BYTES = 8 << 10  # bytes of one stderr line kept (the rest of a longer one is dropped)
 _STDERR_CHARS = 2000  # characters of one stderr line logged
 _STDERR_TAIL = 5  # stderr lines kept for the error that says why a server stopped
+_STDERR_LOGGED = 20  # of the stderr lines one read ends, the last ones logged (the others counted)
 _EXCERPT = 200  # characters quoted of a stdout line that is not JSON-RPC
 
 
@@ -155,7 +156,8 @@ class Pipes:
         self.open.discard(fd)
         if fd == 2:
             if self._err and not self._err_skip:
-                self._err_line()
+                self._err_line(bytes(self._err))
+                self._err.clear()
         elif fd == 0:
             self.resume_writing()  # a writer waiting finds the pipe gone
             self._going()
@@ -360,22 +362,35 @@ class Pipes:
     # -- stderr ------------------------------------------------------------------------
 
     def _stderr(self, data: bytes) -> None:
-        pieces = data.split(b"\n")
-        for i, piece in enumerate(pieces):
-            if not self._err_skip:
-                self._err += piece[: _STDERR_BYTES + 1 - len(self._err)]
-                if len(self._err) > _STDERR_BYTES:
-                    self._err_line()
-                    self._err_skip = True  # the rest of this line is dropped
-            if i < len(pieces) - 1:  # a line break ended this piece
-                if self._err_skip:
-                    self._err_skip = False
-                else:
-                    self._err_line()
+        """A block read from stderr: a flood (a server logging millions of lines) costs about a
+        split per block, not Python work per line. Of the lines a block ends, the last
+        `_STDERR_LOGGED` are logged and kept for the tail; the others are only counted."""
+        *ended, rest = data.split(b"\n")
+        if ended:
+            if self._err_skip:  # the rest of an overlong line, logged already: dropped
+                self._err_skip = False
+                del ended[0]
+            elif self._err:
+                ended[0] = bytes(self._err) + ended[0]
+            self._err.clear()
+            self._err_lines(ended)
+        if rest and not self._err_skip:
+            self._err += rest[: _STDERR_BYTES + 1 - len(self._err)]
+            if len(self._err) > _STDERR_BYTES:  # logged now, the rest of it dropped
+                self._err_line(bytes(self._err))
+                self._err.clear()
+                self._err_skip = True
 
-    def _err_line(self) -> None:
-        text = self.scrub.scrub(self._err.decode("utf-8", "replace").rstrip("\r"))
-        self._err.clear()
+    def _err_lines(self, lines: list[bytes]) -> None:
+        dropped = len(lines) - _STDERR_LOGGED
+        if dropped > 0:
+            log.info("MCP server %s (stderr): %d lines not logged (it writes faster than they are read)", self.label, dropped)
+            lines = lines[dropped:]
+        for line in lines:
+            self._err_line(line)
+
+    def _err_line(self, line: bytes) -> None:
+        text = self.scrub.scrub(line[: _STDERR_BYTES + 1].decode("utf-8", "replace").rstrip("\r"))
         if len(text) > _STDERR_CHARS:
             text = text[:_STDERR_CHARS] + "…"
         if text.strip():

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -41,10 +43,12 @@ from ._sse import ServerSentEvent, SSEDecoder
 from ._unpack import unpacker
 
 __all__ = [
+    "END_GRACE",
     "OPENAI_TOOL_CHOICES",
     "Mapper",
     "Prepared",
     "Turn",
+    "check_end_grace",
     "count_tokens",
     "dumps_input",
     "excerpt",
@@ -55,6 +59,8 @@ __all__ = [
 ]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+log = logging.getLogger("agentloop")
 
 
 def loads(text: str) -> Any:
@@ -88,6 +94,45 @@ def made_elsewhere(made_by: str | None, origin: str | None) -> bool:
     than ``origin`` (the one a request goes to): both known, and not the same. Such a block is
     never sent there: its signature or reasoning id can be checked only where it was made."""
     return origin is not None and made_by is not None and made_by != origin
+
+
+def usage_fields(raw: Any, stream: str, *paths: str) -> list[Any]:
+    """The values at ``paths`` (``"input_tokens"``, ``"input_tokens_details.cached_tokens"``)
+    of a response's usage object ``raw``, for `count_tokens`: None where absent, and where
+    malformed (a usage or a part of it that is not an object, a count that is not a number).
+    Malformed usage is a provider's bug, sent again on every retry, so it is no reason to retry:
+    the response is kept, the counts it would give are unknown (0), and one warning names it."""
+    problems: list[str] = []
+    if type(raw) is not dict:
+        if raw:  # null, or an empty list where an empty object was meant, is no usage
+            problems.append(f"the usage is a {type(raw).__name__}, not an object")
+        raw = {}
+    values: list[Any] = []
+    for path in paths:
+        *parents, key = path.split(".")
+        obj: dict[str, Any] = raw
+        for parent in parents:
+            part = obj.get(parent)
+            said = f"{parent} is a {type(part).__name__}, not an object"
+            if part and type(part) is not dict and said not in problems:
+                problems.append(said)
+            obj = part if type(part) is dict else {}
+        value = obj.get(key)
+        if value is not None and not _is_count(value):
+            problems.append(f"{key} is {type(value).__name__}, not a count")
+            value = None
+        values.append(value)
+    if problems:
+        log.warning(
+            "%s: malformed usage in the response (%s); the token counts it would give are unknown and "
+            "counted as 0; the response is kept, not retried (the server would send it so again)",
+            stream, "; ".join(problems),
+        )  # fmt: skip
+    return values
+
+
+def _is_count(value: Any) -> bool:
+    return (type(value) is int and value >= 0) or (type(value) is float and value.is_integer() and value >= 0)
 
 
 def count_tokens(value: Any, old: int = 0) -> int:
@@ -169,7 +214,9 @@ class Mapper(Protocol):
     raised once the events returned with it are out (what a failed response held),
     in place of `StreamEnd`. And an ``at_eof()``, called when the body ends cleanly
     before the terminator: the events it returns (ending with `StreamEnd`) complete the
-    stream; None leaves it cut.
+    stream; None leaves it cut. A mapper with ``at_eof`` may have ``settled`` too: True once the
+    answer is whole (``at_eof`` would complete it), so a body held open after it ends after the
+    model's grace (`run_stream`).
     """
 
     done: bool
@@ -186,6 +233,7 @@ async def run_stream(
     *,
     error_field: bool = False,
     extra: Collection[str] = (),
+    grace: float | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """Run one streamed request and yield its events.
 
@@ -197,8 +245,10 @@ async def run_stream(
     read timeout. A body that is one JSON document and no event stream raises what
     `document_error` says instead, and one of more than `_HEAD_LIMIT` bytes with no event,
     unless it says it is an event stream, a `StreamProtocolError` (not retryable) once read
-    that far. ``extra``: the names of the model's ``extra_headers`` (see `Connection.open`). Never catches
-    `asyncio.CancelledError`.
+    that far. ``extra``: the names of the model's ``extra_headers`` (see `Connection.open`). ``grace``:
+    seconds a body may stay open, sending nothing or only keep-alives, once the mapper's answer is
+    whole (its ``settled``) before it ends as if the body had (`Mapper`, ``at_eof``); None: no limit
+    but the read timeout's. Never catches `asyncio.CancelledError`.
 
     Longer than most: it is the generator the model phase awaits for every event, so its
     per-chunk and per-event work is written out here (a helper generator would cost each
@@ -212,7 +262,7 @@ async def run_stream(
         mapper = make_mapper(response.headers.get(conn.request_id_header))
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
-        chunks = _body(response, signal)
+        chunks = _body(response, signal, mapper if grace is not None and hasattr(mapper, "settled") else None, grace)
         head: list[bytes] | None = []  # the body while it has no event: a JSON answer is explained
         size = 0
         stall = _stall_limit(response)
@@ -274,6 +324,22 @@ async def run_stream(
         + said,
         retryable=True,
     )
+
+
+#: Seconds a body may stay open once its answer is whole (the stop reason, and the usage when it
+#: was asked for) before it ends as complete: the default of a model's ``end_grace``. What
+#: follows the stop reason (the usage chunk, ``[DONE]``, ``message_stop``) comes at once.
+END_GRACE = 2.0
+
+
+def check_end_grace(value: float | None) -> float | None:
+    """A model's ``end_grace`` as given (None, or seconds: a finite number, 0 or more);
+    ValueError for another value."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"end_grace takes None or a finite number of seconds, 0 or more, not {value!r}")
+    return float(value)
 
 
 #: The events that end a response (each provider's terminator and its like), by event name,
@@ -406,9 +472,13 @@ def _web_page(
     )
 
 
-async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> AsyncGenerator[bytes, None]:
+async def _body(
+    response: httpx.Response, signal: AbortSignal | None = None, mapper: Any = None, grace: float | None = None
+) -> AsyncGenerator[bytes, None]:
     """The response body, read from the transport stream directly; a read that waits when
-    ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`).
+    ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`). Once ``mapper`` is
+    ``settled`` (its answer whole), the body ends ``grace`` seconds later, whatever it still sends
+    (`_settled_read`).
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
@@ -425,14 +495,19 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
     watch = _ReadWatch(signal) if signal is not None else None
     step = source.__anext__
     asked = cancels_asked()  # a cancel asked of the reader after this is one its close must not hide
+    deadline: float | None = None
     try:
         while True:
+            if mapper is not None and mapper.settled and grace is not None:
+                deadline, mapper = asyncio.get_running_loop().time() + grace, None
             if watch is not None:
                 watch.reading = True
             try:
-                chunk = await step()
+                chunk = await (step() if deadline is None else _settled_read(step, deadline))
             except StopAsyncIteration:
                 break
+            except _GraceOver:  # what a compressed body still held is no part of the answer
+                return
             except asyncio.CancelledError:
                 if watch is not None and watch.withdrawn():
                     raise AbortError(watch.reason) from None
@@ -457,6 +532,24 @@ async def _body(response: httpx.Response, signal: AbortSignal | None = None) -> 
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose_keeping_cancel(aclose, asked)
+
+
+class _GraceOver(Exception):
+    """The grace after a whole answer ran out: the body ends there (`_settled_read`)."""
+
+
+async def _settled_read(step: Callable[[], Awaitable[bytes]], deadline: float) -> bytes:
+    """The next chunk of a body whose answer is whole, or `_GraceOver` once the loop's clock
+    passes ``deadline``: a server that keeps the body open after its stop reason (no ``[DONE]``,
+    keep-alives) would otherwise hold the finished answer until the read timeout, which then
+    fails it."""
+    try:
+        async with asyncio.timeout_at(deadline) as within:
+            return await step()
+    except TimeoutError:
+        if within.expired():
+            raise _GraceOver from None
+        raise
 
 
 class _ReadWatch:

@@ -9,7 +9,7 @@ import httpx
 
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
-from .._driver import Prepared, run_stream
+from .._driver import END_GRACE, Prepared, check_end_grace, run_stream
 from .._http._client import Connection, HTTPModel, check_headers, gives, merge_headers, missing_key, origin_of
 from .._http._secrets import KEY_VARIABLES, resolve_key
 from ._request import build_request
@@ -36,6 +36,9 @@ class AnthropicModel(HTTPModel):
     Thinking is kept with the server that made it (`ThinkingBlock.origin`: the scheme, host,
     port and path of ``base_url``) and sent back to that server only: another Anthropic-compatible
     server (DeepSeek's, Kimi's) cannot check its signatures, and refuses the request.
+    ``end_grace``: seconds to wait, once a ``message_delta`` gave the stop reason, for the rest
+    of the body (``message_stop``, its end) before the response ends as complete anyway (a
+    gateway that keeps the connection open); None waits for the body's end (the read timeout).
     Errors: the `ProviderError` tree, `StreamProtocolError`, `AbortError`.
     """
 
@@ -53,8 +56,10 @@ class AnthropicModel(HTTPModel):
         extra_headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
         extra_tools: Sequence[Mapping[str, Any]] = (),
+        end_grace: float | None = END_GRACE,
     ) -> None:
         self.model = model
+        self.end_grace = check_end_grace(end_grace)
         self.max_tokens = max_tokens
         self.thinking = (
             {"type": "enabled", "budget_tokens": thinking} if isinstance(thinking, int) else thinking
@@ -82,6 +87,7 @@ class AnthropicModel(HTTPModel):
             lambda rid: AnthropicMapper(rid, origin),
             signal,
             extra=self.extra_headers,
+            grace=self.end_grace,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:

@@ -29,7 +29,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads
+from .._driver import count_tokens, excerpt, loads, usage_fields
 from .._http._errors import prompt_too_long
 from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
@@ -55,6 +55,7 @@ class AnthropicMapper:
         "origin",
         "request_id",
         "response_id",
+        "settled",
         "terminator",
     )
 
@@ -62,6 +63,7 @@ class AnthropicMapper:
         self.request_id = request_id
         self.origin = origin
         self.done = False
+        self.settled = False  # the stop reason came: a body held open after it ends after the grace
         self.terminator = "message_stop"
         self.response_id: str | None = None
         # The type of each block started, by index; "" for one not mapped as it streams.
@@ -200,21 +202,23 @@ class AnthropicMapper:
         reason = obj.get("delta", {}).get("stop_reason")
         if reason is not None:
             self._stop_reason = reason
+            self.settled = True
         usage = obj.get("usage")
         if usage:
             self._count(usage)
         return None
 
-    def _count(self, raw: dict[str, Any]) -> None:
+    def _count(self, raw: Any) -> None:
         """Take the counts of a usage object. They are cumulative: present fields replace old ones.
         Anthropic's ``input_tokens`` is only the prompt after the last cache breakpoint; the
         `Usage` counts the whole prompt, cached part included, as OpenAI's do."""
         fresh, output, read, write = self._counts
+        given = usage_fields(raw, "anthropic stream", *_COUNTS)
         self._counts = counts = (
-            count_tokens(raw.get("input_tokens"), fresh),
-            count_tokens(raw.get("output_tokens"), output),
-            count_tokens(raw.get("cache_read_input_tokens"), read),
-            count_tokens(raw.get("cache_creation_input_tokens"), write),
+            count_tokens(given[0], fresh),
+            count_tokens(given[1], output),
+            count_tokens(given[2], read),
+            count_tokens(given[3], write),
         )
         fresh, output, read, write = counts
         self._usage = Usage(fresh + read + write, output, read, write)
@@ -310,5 +314,7 @@ _HANDLERS: dict[str, _Handler] = {
     "message_delta": AnthropicMapper._message_delta,
     "message_stop": AnthropicMapper._message_stop,
 }
+#: The counts of a usage object, in the order `_count` keeps them.
+_COUNTS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 # The event names whose data this mapper reads: data that is not JSON in one is malformed.
 _READ = frozenset({*_HANDLERS, "content_block_delta", "error"})

@@ -12,7 +12,12 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   the next call (``_Call.succeeded_by`` in `_stream`). A call's ``extra_content`` (Gemini 3's
   thought signature, which must go back with the call) is kept in a thinking block
   whose signature is `EXTRA_CONTENT` JSON, and sent back on that call, to the server that
-  sent it only (the block's ``origin``).
+  sent it only (the block's ``origin``). Its first versions (and gateways passing its chunks
+  on) spell the finish reason ``finishReason``, in Gemini's upper case (``STOP``); gateways in
+  front of it may send a ``{}`` placeholder before a call's arguments (``_after_placeholder``).
+- DeepSeek, GLM and engines behind OpenRouter: parallel calls with one id at one index; a
+  named delta with that id and whole arguments of its own starts the next call
+  (``_Call._named_again``).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - DeepSeek and Baidu Qianfan in cumulative mode: every tool-call chunk carries all the
   arguments so far; GLM-style servers: the whole arguments again on the last chunk. Either
@@ -42,7 +47,8 @@ is ``data: [DONE]``, or the final usage chunk after a ``finish_reason`` (the ser
 has finished then), or a body that ends cleanly after a ``finish_reason`` (servers that
 send no ``[DONE]``); a stream without either, or whose ``[DONE]`` follows neither a
 ``finish_reason`` nor the final usage chunk (a cut stream closed by a proxy),
-raises `StreamProtocolError`.
+raises `StreamProtocolError`. A body held open once the answer is whole ends as complete after
+the model's ``end_grace`` (the mapper's ``settled``).
 """
 
 from ._model import OpenAIChatModel

@@ -9,7 +9,7 @@ import httpx
 
 from ..._abort import AbortSignal
 from ..._model import ModelRequest, StreamEvent
-from .._driver import Prepared, run_stream
+from .._driver import END_GRACE, Prepared, check_end_grace, run_stream
 from .._http._client import HTTPModel, check_headers, openai_connection, openai_headers, origin_of
 from ._request import build_request
 from ._stream import ChatMapper
@@ -50,6 +50,10 @@ class OpenAIChatModel(HTTPModel):
     ``api.mistral.ai`` only. ``strict_tools``: declare the tools ``"strict": true``, their schemas
     made strict (every object closed, every property required; an optional one must accept
     ``null``); a schema that cannot be is a `ModelError` naming the tool.
+    ``end_grace``: seconds to wait, once the answer is whole (its ``finish_reason``, and the usage
+    when ``include_usage`` asked for it), for the rest of the body (``[DONE]``, its end) before the
+    response ends as complete anyway (Ollama versions and proxies keep the connection open); None
+    waits for the body's end (the read timeout).
     What a server asks to have back (Gemini's ``extra_content``, OpenRouter's
     ``reasoning_details``) is kept with the server that sent it (`ThinkingBlock.origin`, as for
     the other providers) and sent back to that server only.
@@ -76,8 +80,10 @@ class OpenAIChatModel(HTTPModel):
         echo_reasoning: bool | None = None,
         short_tool_ids: bool | None = None,
         strict_tools: bool = False,
+        end_grace: float | None = END_GRACE,
     ) -> None:
         self.model = model
+        self.end_grace = check_end_grace(end_grace)
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.include_usage = include_usage
@@ -99,14 +105,15 @@ class OpenAIChatModel(HTTPModel):
 
     def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
         """Stream one response; see `agentloop.models.Model`."""
-        logprobs, keep, origin = self.logprobs, self.echo_reasoning, self._origin
+        logprobs, keep, origin, usage = self.logprobs, self.echo_reasoning, self._origin, self.include_usage
         return run_stream(
             self._conn,
             lambda: self._prepare(request),
-            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, origin=origin),
+            lambda rid: ChatMapper(rid, logprobs=logprobs, keep_reasoning=keep, origin=origin, usage_asked=usage),
             signal,
             error_field=True,
             extra=self.extra_headers,
+            grace=self.end_grace,
         )
 
     def _prepare(self, request: ModelRequest) -> Prepared:

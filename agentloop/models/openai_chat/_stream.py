@@ -34,7 +34,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads
+from .._driver import count_tokens, excerpt, loads, usage_fields
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
@@ -44,7 +44,14 @@ log = logging.getLogger("agentloop")
 _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
            "length": "max_tokens", "model_length": "max_tokens", "content_filter": "refusal",
            "repetition": "repetition", "eos": "end_turn", "eos_token": "end_turn",
-           "stop_sequence": "stop_sequence"}  # fmt: skip
+           "stop_sequence": "stop_sequence",
+           # Gemini's own finish reasons, which gateways in front of it pass on (upper case,
+           # read lowered): the token limit, and the safety and policy filters.
+           "max_tokens": "max_tokens", "safety": "refusal", "recitation": "refusal",
+           "blocklist": "refusal", "prohibited_content": "refusal", "spii": "refusal",
+           "image_safety": "refusal",
+           # Anthropic's, from gateways that translate its stop reasons into this wire.
+           "end_turn": "end_turn", "tool_use": "tool_use"}  # fmt: skip
 #: Finish reasons that stop the output wherever it was, as a dropped connection does: vLLM's
 #: "abort" (the server aborted the request), DeepSeek's "insufficient_system_resource".
 _CUT_FINISH = {"abort": "the server aborted the response",
@@ -53,6 +60,8 @@ _CUT_FINISH = {"abort": "the server aborted the response",
 #: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
 REASONING_SIGNATURE = '{"type":"reasoning_content"}'
+#: The counts a usage object gives, in the order `_read_usage` takes them.
+_COUNTS = ("prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "prompt_cache_hit_tokens")
 
 
 class _Call:
@@ -119,8 +128,9 @@ class _Call:
     def arguments(self, cut: bool = False) -> str:
         """The call's arguments, decided by validity once it ends: the fragments joined whenever
         that is valid JSON (the standard wire); else, unless the output was ``cut`` where it
-        was (a resend could not be told from a cut piece then), a reading of them as resent:
-        the last fragment, when it is valid JSON and either each fragment starts with the one
+        was (a resend could not be told from a cut piece then), what follows a leading ``{}``
+        placeholder when that is one whole object (`_after_placeholder`), or a reading of them
+        as resent: the last fragment, when it is valid JSON and either each fragment starts with the one
         before (cumulative) or the fragments before it, joined, are whole JSON it starts with
         (whole again); else the fragments joined (an error quotes them), or, when each starts
         with the one before, the last (what the server meant). A last fragment that only
@@ -132,6 +142,9 @@ class _Call:
         plain = "".join(args)
         if self.held < 0 or cut or _valid(plain):
             return plain
+        rest = _after_placeholder(plain)
+        if rest is not None:
+            return rest
         last = args[-1]
         before = plain[: len(plain) - len(last)]
         if last == before and not self.repeat_ok:
@@ -164,6 +177,11 @@ class _Call:
         self.held = -1
         if not whole.startswith(self._shown(shown)):  # cannot be: each reading starts with what was shown
             whole = "".join(self._chained() if self.chain is not None else self.args)
+        elif self.size == 2 * len(whole) and len(self.args[-1]) == len(whole):  # the same, twice: one call
+            log.warning(
+                "openai chat stream: tool call %r (%r) sent its whole arguments again; read as a resend, "
+                "one call (two identical calls would need ids of their own)", self.id, self.name,
+            )
         return whole[shown:]
 
     def _shown(self, shown: int) -> str:
@@ -176,20 +194,54 @@ class _Call:
             count += 1
         return "".join(self._chained(count))[:shown]
 
-    def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> bool:
+    def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any], finishing: bool) -> bool:
         """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
         OpenAI endpoint (and gateways in front of it) send parallel calls whole, one per
-        chunk, all with ``index`` 0 or none. Such a delta has a name and an id of its own,
-        and this call's arguments (`arguments`) are already a whole JSON object (a vLLM
-        fragment with a fresh id has neither a name nor follows whole arguments)."""
+        chunk, all with ``index`` 0 or none. Such a delta has a name and an id (one of its own,
+        or this call's: DeepSeek, GLM and engines behind OpenRouter give parallel calls one id,
+        `_named_again`), and this call's arguments (`arguments`) are already a whole JSON
+        object (a vLLM fragment with a fresh id has neither a name nor follows whole arguments)."""
         new_id = raw.get("id")
-        if not (self.started and fn.get("name") and new_id and new_id != self.id):
+        if not (self.started and fn.get("name") and new_id):
+            return False
+        if new_id == self.id and not self._named_again(fn, finishing):
             return False
         try:
             value = loads(self.arguments())
         except ValueError:
             return False
         return isinstance(value, dict)
+
+    def _ends_object(self) -> bool:
+        """Whether the arguments so far end with ``}`` (whitespace after it aside)."""
+        for piece in reversed(self.args):
+            tail = piece.rstrip()
+            if tail:
+                return tail[-1] == "}"
+        return False
+
+    def _named_again(self, fn: dict[str, Any], finishing: bool) -> bool:
+        """Whether a delta with this call's id and a name, after its whole arguments, starts
+        another call: it carries the beginning of a JSON object, and names another tool or
+        holds other arguments. The same call again is another call too, except on the chunk
+        with the ``finish_reason`` or once the call's pieces were read as resent (GLM-style
+        servers, cumulative mode: a resend, `settle` warns of it). vLLM repeats the id and name
+        on every piece, but a piece after whole arguments is none, or whitespace. Checked only
+        when the arguments so far end with ``}`` (in valid JSON a ``}`` is never followed by a
+        ``{``), so a stream of pieces is not joined and parsed again at every piece."""
+        args = fn.get("arguments")
+        if type(args) is dict:
+            args = json.dumps(args)
+        if type(args) is not str or args.lstrip()[:1] != "{" or not self._ends_object():
+            return False
+        if fn["name"] != self.name:
+            return True
+        try:
+            same = loads(args) == loads(self.arguments())
+        except ValueError:
+            return True  # the first piece of other arguments (or not JSON: kept apart, an error)
+        resent = self.held >= 0 and (len(self.args) > 1 or self.chain is not None)  # not a placeholder alone
+        return not same or not (finishing or resent)
 
 
 class ChatMapper:
@@ -201,8 +253,8 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "done", "keep_reasoning", "logprobs", "origin", "request_id",
-                 "response_id", "terminator")  # fmt: skip
+                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "done", "keep_reasoning", "logprobs", "origin",
+                 "request_id", "response_id", "settled", "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -211,12 +263,17 @@ class ChatMapper:
         logprobs: bool = False,
         keep_reasoning: bool = False,
         origin: str | None = None,
+        usage_asked: bool = False,
     ) -> None:
         self.request_id = request_id
         self.origin = origin  # the server's (`origin_of`), the kept blocks' `origin`
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
+        # The answer is whole: a finish_reason came, and the usage if the request asked for it
+        # (``usage_asked``, ``include_usage``); a body held open after it ends after the grace.
+        self.settled = False
+        self._usage_asked = usage_asked
         self.terminator = "data: [DONE]"
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
@@ -262,8 +319,10 @@ class ChatMapper:
             self.response_id = obj.get("id") or None
         out: list[StreamEvent] = []
         usage = obj.get("usage")
-        if usage and type(usage) is dict:
+        if usage:
             self._read_usage(usage, out)
+            if self._finish is not None:  # after the finish (on a chunk with an empty choice, too)
+                self.settled = True
         choices = obj.get("choices")
         if usage and not choices:
             self._final_usage = True
@@ -289,23 +348,25 @@ class ChatMapper:
                 values = _logprob_values(choice.get("logprobs"))
                 if values:  # the tokens of what this chunk streamed: reasoning, or text
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
+            finish = choice.get("finish_reason") or choice.get("finishReason")
+            if finish:
+                self._finish = finish = _finish_reason(finish)
                 nested = choice.get("usage")  # Moonshot's place for it
-                if not usage and nested and type(nested) is dict:
+                if not usage and nested:
                     self._read_usage(nested, out)
-                if self._finish == "error":
+                self.settled = self._usage is not None or not self._usage_asked
+                if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
-                if self._finish == "repetition":
+                if finish == "repetition":
                     # vLLM's repetition_detection: the server judged the output a token loop and
                     # ended it there. A doom-loop verdict for the policies, not a normal stop.
                     out.append(StreamSignals((f"tail_repetition@{self._last_kind}",), stopped=True))
-                elif self._finish in _CUT_FINISH:
+                elif finish in _CUT_FINISH:
                     # The output stops wherever it was, as with a dropped connection, so it is not
                     # passed off as a finished answer.
                     raise StreamProtocolError(
-                        f"openai chat stream: {_CUT_FINISH[self._finish]} (finish_reason "
-                        f"{self._finish!r}); the output was cut",
+                        f"openai chat stream: {_CUT_FINISH[finish]} (finish_reason "
+                        f"{finish!r}); the output was cut",
                         retryable=True,
                     )
         return out or None
@@ -321,13 +382,12 @@ class ChatMapper:
             return first
         return next((c for c in choices if c.get("index") is None or c.get("index") == self._choice), None)
 
-    def _read_usage(self, usage: dict[str, Any], out: list[StreamEvent]) -> None:
-        details = usage.get("prompt_tokens_details")
-        cached = count_tokens(details.get("cached_tokens")) if type(details) is dict else 0
+    def _read_usage(self, usage: Any, out: list[StreamEvent]) -> None:
+        prompt, completion, cached, hit = usage_fields(usage, "openai chat stream", *_COUNTS)
         self._usage = Usage(
-            count_tokens(usage.get("prompt_tokens")),
-            count_tokens(usage.get("completion_tokens")),
-            cached or count_tokens(usage.get("prompt_cache_hit_tokens")),  # DeepSeek's name for it
+            count_tokens(prompt),
+            count_tokens(completion),
+            count_tokens(cached) or count_tokens(hit),  # DeepSeek's name for it
         )
         out.append(StreamUsage(self._usage))
 
@@ -418,7 +478,7 @@ class ChatMapper:
             )
         call = self._calls.get(key)
         fn = raw.get("function") or {}
-        if call is not None and call.succeeded_by(raw, fn):
+        if call is not None and call.succeeded_by(raw, fn, finishing):
             self._settle(call, out)
             out.append(StreamBlockStop(call.block))  # complete: it ends here
             call = None
@@ -441,6 +501,8 @@ class ChatMapper:
             if call.held < 0 and (not call.args or len(args) < call.size):  # the common case: a new piece
                 call.args.append(args)
                 call.size += len(args)
+                if call.size == len(args) and len(args) < 8 and args.strip() == "{}":
+                    call.held, args = 0, ""  # maybe a placeholder: shown once the call ends
             else:
                 args = call.add(args, finishing)  # rare: a piece that may resend the arguments
         if not call.started and call.name:
@@ -542,6 +604,25 @@ _JOINED = 4
 _JOINED_MIN = 4096
 
 
+def _after_placeholder(text: str) -> str | None:
+    """The arguments after a leading ``{}`` placeholder (gateways in front of Gemini send one,
+    then the call's arguments whole): ``text`` less the placeholder when what follows it is one
+    whole JSON object, else None. Only for ``text`` that is not valid JSON: arguments that are,
+    or a beginning of such arguments, never hold more after a leading ``{}`` than whitespace.
+    What follows may not be ``{}`` again: that is a repeat (`_Call.arguments` reads those)."""
+    head = text.lstrip()
+    if head[:2] != "{}":
+        return None
+    rest = head[2:].strip()
+    if rest[:1] != "{" or rest == "{}":
+        return None
+    try:
+        value = loads(rest)
+    except ValueError:
+        return None
+    return rest if type(value) is dict else None
+
+
 def _valid(text: str) -> bool:
     """Whether ``text`` is valid JSON (as a call's arguments are once complete)."""
     try:
@@ -549,6 +630,24 @@ def _valid(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _finish_reason(value: Any) -> str:
+    """A choice's finish reason as this mapping reads it: lowered (Gemini's ``STOP``,
+    ``MAX_TOKENS``, which gateways pass on). One it does not know is kept as it came (the answer
+    ends with it as its stop reason), with a warning; one that is not a string is a
+    `StreamProtocolError` (not retryable: the server would send it again)."""
+    if type(value) is not str:
+        raise StreamProtocolError(
+            f"openai chat stream: the finish_reason is not a string: {excerpt(json.dumps(value))}"
+        )
+    reason = value.lower()
+    if reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
+        log.warning(
+            "openai chat stream: finish_reason %r is not one this library knows; the answer ends with "
+            "it as its stop reason", value,
+        )
+    return reason
 
 
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:

@@ -32,7 +32,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads
+from .._driver import count_tokens, excerpt, loads, usage_fields
 from .._http._errors import prompt_too_long
 from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
@@ -458,12 +458,12 @@ def _block(item: Item) -> int:
 
 
 def _usage(response: dict[str, Any]) -> Usage:
-    raw = response.get("usage") or {}
-    return Usage(
-        count_tokens(raw.get("input_tokens")),
-        count_tokens(raw.get("output_tokens")),
-        count_tokens((raw.get("input_tokens_details") or {}).get("cached_tokens")),
-    )
+    given = usage_fields(response.get("usage"), "openai responses stream", *_COUNTS)
+    return Usage(count_tokens(given[0]), count_tokens(given[1]), count_tokens(given[2]))
+
+
+#: The counts a usage object gives, in the order of `Usage`'s fields.
+_COUNTS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens")
 
 
 #: The events that carry a part's final text.
