@@ -72,6 +72,15 @@ async def test_an_unknown_finish_reason_ends_the_answer_as_given_with_a_warning(
     assert "'MALFORMED_FUNCTION_CALL'" in record.getMessage() and "not one this library knows" in record.getMessage()
 
 
+async def test_an_unknown_finish_reason_on_several_chunks_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Some servers repeat the finish reason on the chunks after it (the usage chunk, a filter's).
+    body = chat_stream(chat_chunk({"content": "Hi"}), *[finish_chunk("MALFORMED_FUNCTION_CALL")] * 3)
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        _, acc = await run_chat(body)
+    assert acc.stop_reason == "malformed_function_call"
+    assert len([r for r in caplog.records if "not one this library knows" in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("reason", [1, {"type": "stop"}, ["stop"], True])
 async def test_a_finish_reason_that_is_not_a_string_is_a_clear_protocol_error(reason: Any) -> None:
     with pytest.raises(StreamProtocolError, match="finish_reason is not a string") as info:

@@ -350,7 +350,7 @@ class ChatMapper:
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             finish = choice.get("finish_reason") or choice.get("finishReason")
             if finish:
-                self._finish = finish = _finish_reason(finish)
+                self._finish = finish = _finish_reason(finish, self._finish)
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
@@ -632,17 +632,18 @@ def _valid(text: str) -> bool:
     return True
 
 
-def _finish_reason(value: Any) -> str:
+def _finish_reason(value: Any, before: str | None) -> str:
     """A choice's finish reason as this mapping reads it: lowered (Gemini's ``STOP``,
     ``MAX_TOKENS``, which gateways pass on). One it does not know is kept as it came (the answer
-    ends with it as its stop reason), with a warning; one that is not a string is a
-    `StreamProtocolError` (not retryable: the server would send it again)."""
+    ends with it as its stop reason), with a warning, once a response (not again on the chunks
+    after it that repeat it, ``before``); one that is not a string is a `StreamProtocolError`
+    (not retryable: the server would send it again)."""
     if type(value) is not str:
         raise StreamProtocolError(
             f"openai chat stream: the finish_reason is not a string: {excerpt(json.dumps(value))}"
         )
     reason = value.lower()
-    if reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
+    if reason != before and reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
         log.warning(
             "openai chat stream: finish_reason %r is not one this library knows; the answer ends with "
             "it as its stop reason", value,
