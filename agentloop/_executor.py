@@ -433,6 +433,10 @@ class CallRunner:
             except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
                 stop_for_ctrl_c(self.engine)
                 raise
+            except SystemExit as exc:
+                # A prompt's own parser refusing the answer typed (argparse, click): raised from this
+                # task's step, it would leave the event loop and end the host program. A failed check.
+                raise _PromptExited(exc) from exc
             except asyncio.CancelledError:
                 if self.signal.aborted or task_cancelling():
                     raise  # the run's abort, or this prompt's own cancel: not the callback's to end
@@ -448,8 +452,10 @@ class CallRunner:
             if self.signal.aborted:  # the run's abort: the call never started
                 raise
             return self._check_failed(use, exc)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except (asyncio.CancelledError, KeyboardInterrupt):
             raise
+        except _PromptExited as exc:
+            return self._check_failed(use, exc.exited)
         except BaseException as exc:  # GeneratorExit or a framework's own: the callback's failure too
             return self._check_failed(use, exc)
         finally:
@@ -494,6 +500,14 @@ class CallRunner:
             use.id, use.name, what, tail, exc_info=trace,
         )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
+
+
+class _PromptExited(Exception):
+    """A permission callback raised SystemExit: carried out of the prompt's task as an error."""
+
+    def __init__(self, exited: SystemExit) -> None:
+        super().__init__(exited)
+        self.exited = exited
 
 
 #: The answer of a prompt the user closed without answering (a permission callback that ended
