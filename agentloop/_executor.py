@@ -412,6 +412,9 @@ class CallRunner:
             if self.signal.aborted:
                 raise exc
             return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
+        if isinstance(exc, BaseExceptionGroup) and self.signal.aborted and _only_aborts(exc):
+            # The parts of a tool that fans out (asyncio.TaskGroup) each stopped on the abort.
+            raise AbortError(self.signal.reason or "cancel") from exc
         what = describe(exc)
         return error_result(use.id, f"Tool {use.name!r} raised {what}{'.' if what == type(exc).__name__ else ''}")
 
@@ -500,6 +503,12 @@ class CallRunner:
             use.id, use.name, what, tail, exc_info=trace,
         )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
+
+
+def _only_aborts(group: BaseExceptionGroup[BaseException]) -> bool:
+    """True when every exception in ``group`` (nested groups included) is an `AbortError`."""
+    _, rest = group.split(AbortError)
+    return rest is None
 
 
 class _PromptExited(Exception):
