@@ -524,3 +524,49 @@ def test_live_is_a_read_only_view_that_follows_the_detector_across_resets() -> N
     assert not view  # a view kept across resets follows the detector
     det.feed("xyz " * 40)
     assert view and set(view) == set(det.live)
+
+
+@pytest.mark.parametrize("period", [2049, 3000, 4096])
+def test_a_period_of_the_top_octave_fires_by_its_fourth_copy(period: int) -> None:
+    """Past the last reach below the window (2,048 characters by default), periods are searched
+    for at half the rate: one is adopted within ``2 * period`` characters of its second copy, so
+    it fires after its third copy and before its fourth, with its own period."""
+    rnd = random.Random(period)
+    onset = len(PROSE)
+    text = PROSE + random_text(rnd, period) * 5
+    det = RepetitionDetector("thinking")
+    fired = next(
+        (i + 1 for i, ch in enumerate(text) if any(s.kind == "tail_repetition" for s in det.feed(ch))), None
+    )
+    assert fired is not None and onset + 3 * period <= fired <= onset + 4 * period
+    assert det.tail() is not None and det.tail()[0] == period  # type: ignore[index]
+    assert det._reach[:10] == (64, 64, 128, 256, 512, 1024, 2048, 2048, 4096, 4096)
+
+
+@FAST
+@given(st.integers(16, 2048), st.integers(0, 2**32), st.sampled_from([(1, 24), (30, 200), (400, 600)]))
+def test_one_search_first_over_a_wide_reach_changes_no_signal(
+    length: int, seed: int, chunking: tuple[int, int]
+) -> None:
+    """Up to the default window the anchor is searched for over the whole reach first, and the
+    far needle only where it recurs: the same signals, in the same deltas, as when every reach
+    past 256 characters is searched in two parts (near with the anchor, far with the far needle)."""
+    import agentloop._detector as module
+
+    rnd = random.Random(seed)
+    at = rnd.randrange(len(REAL) - 3 * length)
+    text = REAL[at : at + 2 * length] + REAL[at + 2 * length : at + 3 * length] * 5
+    deltas = chunks(text, *chunking, seed)
+    one = _signals_by_delta(deltas)
+    saved = module._WIDE
+    module._WIDE = 256
+    try:
+        two = _signals_by_delta(deltas)
+    finally:
+        module._WIDE = saved
+    assert one == two
+
+
+def _signals_by_delta(deltas: list[str]) -> list[tuple[str, ...]]:
+    det = RepetitionDetector("text")
+    return [tuple(s.format() for s in det.feed(d)) for d in deltas]
