@@ -109,10 +109,10 @@ def _script(tag: str) -> ScriptedModel:
     ])
 
 
-def _conversations(count: int, policies: list[Policy], seed: int) -> list[Conversation]:
+def _conversations(count: int, policies: list[Policy], seed: int, first: int = 0) -> list[Conversation]:
     rng = random.Random(seed)
     out = []
-    for n in range(count):
+    for n in range(first, first + count):
         engine = QueryEngine(_script(f"conv{n:04d}"), tools=[fast, slow, guarded], policies=policies,
                              permission=permission)
         plan = rng.choice(PLANS[:2] if rng.random() < 0.5 else PLANS[2:])  # a random half interrupted
@@ -184,8 +184,9 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("agentloop") and r.levelno >= logging.WARNING]
 
 
-async def _run_all(convs: list[Conversation]) -> None:
-    everyone = asyncio.Event()
+async def _run_all(convs: list[Conversation], everyone: asyncio.Event | None = None) -> None:
+    """Run every conversation at once; ``everyone`` is set once all their runs have begun."""
+    everyone = everyone if everyone is not None else asyncio.Event()
     begun = Counter[str]()
 
     def started() -> None:
@@ -218,6 +219,25 @@ async def test_hundreds_of_engines_over_one_policy_list_each_end_as_their_host_s
     warned = _warnings(caplog)
     assert len(warned) == len(shared), [r.getMessage()[:80] for r in warned]
     assert sorted(r.args[0] for r in warned) == sorted(p.name for p in shared)  # type: ignore[index]
+
+
+async def test_engines_made_per_request_while_others_run_warn_once_per_shared_policy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="agentloop")
+    shared: list[Policy] = [ConservativeDoomLoopPolicy(), IdenticalToolCallRun()]
+    early = _conversations(150, shared, seed=8)
+    async with asyncio.timeout(120), asyncio.TaskGroup() as group:
+        begun = asyncio.Event()
+        running = group.create_task(_run_all(early, begun))
+        await begun.wait()
+        late = _conversations(150, shared, seed=9, first=150)  # made while early runs hold the policies
+        group.create_task(_run_all(late))
+        await running
+    for conv in early + late:
+        _check(conv)
+    warned = _warnings(caplog)
+    assert len(warned) == len(shared), [r.getMessage()[:80] for r in warned]
 
 
 async def test_engines_dropped_after_their_runs_leave_nothing_alive() -> None:
