@@ -339,7 +339,7 @@ class _UrlCredentialsFilter(logging.Filter):
         key = id(owner)
         with self._entries():
             entry = self._live.get(key)
-            if entry is not None and entry[0]() is owner:
+            if entry is not None:  # its own, watched again, or a collected one's at the address
                 self._tails.remove(entry[1])
             self._live[key] = (weakref.ref(owner, self._forget(key)), values)
             self._tails.add(values)
