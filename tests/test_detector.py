@@ -527,13 +527,14 @@ def test_live_is_a_read_only_view_that_follows_the_detector_across_resets() -> N
 
 
 @FAST
-@given(st.integers(16, 2048), st.integers(0, 2**32), st.sampled_from([(1, 24), (30, 200), (400, 600)]))
+@given(st.integers(16, 4096), st.integers(0, 2**32), st.sampled_from([(1, 4), (1, 24), (30, 200), (400, 600)]))
 def test_one_search_first_over_a_wide_reach_changes_no_signal(
     length: int, seed: int, chunking: tuple[int, int]
 ) -> None:
     """Up to the default window the anchor is searched for over the whole reach first, and the
-    far needle only where it recurs: the same signals, in the same deltas, as when every reach
-    past 256 characters is searched in two parts (near with the anchor, far with the far needle)."""
+    far needle only where it recurs: the same signals, in the same deltas, and the same tail as
+    when every reach past 256 characters is searched in two parts (near with the anchor, far with
+    the far needle), for units up to the window."""
     import agentloop._detector as module
 
     rnd = random.Random(seed)
@@ -550,9 +551,10 @@ def test_one_search_first_over_a_wide_reach_changes_no_signal(
     assert one == two
 
 
-def _signals_by_delta(deltas: list[str]) -> list[tuple[str, ...]]:
+def _signals_by_delta(deltas: list[str]) -> list[tuple[tuple[str, ...], tuple[int, int] | None]]:
+    """The signals of every delta, with the tail after it."""
     det = RepetitionDetector("text")
-    return [tuple(s.format() for s in det.feed(d)) for d in deltas]
+    return [(tuple(s.format() for s in det.feed(d)), det.tail()) for d in deltas]
 
 
 @FAST
