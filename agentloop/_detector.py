@@ -45,7 +45,8 @@ How (exact, no hashing heuristics):
   with the anchor and the far ones with the far needle.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
-- Memory is bounded: the buffer keeps at most ``3*window`` characters.
+- Memory is bounded: the buffer keeps at most ``3*window + 2*anchor``
+  characters.
 
 Thresholds: a run of length L with smallest period p fires when ``L/p`` and
 ``L`` reach the first `Rule` whose ``below`` exceeds p, per channel. The
