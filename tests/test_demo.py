@@ -1202,3 +1202,70 @@ def test_a_terminal_left_non_blocking_by_another_program() -> None:
         child.close(force=True)
     assert status == "0" and flag_after == "True"
     assert "Traceback" not in before
+
+
+def test_unbuffered_output_made_non_blocking_in_the_middle_of_a_write_loses_no_text() -> None:
+    """Under ``python -u`` (PYTHONUNBUFFERED) standard output writes to the descriptor itself: a
+    write that found the pipe full once another program had made it non-blocking wrote part of the
+    line, and the rest was dropped without an error (exit status 0). The demo writes every byte,
+    waiting for room, and gives the output back non-blocking, as it was made during the session."""
+    long_command = "/start" + "x" * 50_000 + "end"  # a command name is read in lower case
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        fcntl.fcntl(out_write, fcntl.F_SETPIPE_SZ, 4096)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--speed", "4"],
+            cwd=ROOT, env=_env(PYTHONUNBUFFERED="1"), stdin=in_read, stdout=out_write, stderr=subprocess.PIPE,
+        )
+        try:
+            got = bytearray()
+            _read_until(out_read, "idle \u2014".encode(), got)  # the first turn ended
+            os.write(in_write, f"{long_command}\n/quit\n".encode())
+            # The line is ten times the pipe: once its start is read, the demo is inside its write.
+            _read_until(out_read, b"/start", got)
+            _set_nonblocking(out_write)
+            _read_until(out_read, b"transcript valid (validate_transcript(engine.messages) == [])\n", got)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.communicate()
+        log = got.decode()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        assert f"\u203a {long_command}\n" in log  # the line as typed, whole
+        assert f"unknown command {long_command}: try /help\n" in log
+        assert _nonblocking(out_write)  # made non-blocking during the session: given back so
+    finally:
+        for fd in (in_read, in_write, out_read, out_write):
+            os.close(fd)
+
+
+def test_a_scenario_leaves_standard_input_as_it_found_it() -> None:
+    """A scenario never reads standard input, and its O_NONBLOCK flag belongs to the open file,
+    which other programs share: the demo made it blocking for the session all the same."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        _set_nonblocking(in_read)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentloop", "demo", "--script", "builtin", "--speed", "4"],
+            cwd=ROOT, env=_env(), stdin=in_read, stdout=out_write, stderr=subprocess.PIPE,
+        )
+        os.close(out_write)
+        try:
+            got = bytearray()
+            _read_until(out_read, b"turn 1", got)  # the session has begun
+            during = _nonblocking(in_read)
+            _read_until(out_read, b"\0", got)  # to the end of the output
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert err == b"", err.decode()[-3000:]
+        assert proc.returncode == 0
+        assert got.decode().rstrip().endswith("transcript valid (validate_transcript(engine.messages) == [])")
+        assert during and _nonblocking(in_read)
+    finally:
+        for fd in (in_read, in_write, out_read):
+            os.close(fd)

@@ -908,3 +908,116 @@ async def test_input_made_non_blocking_during_the_session_is_waited_for(monkeypa
         reader.stop()
         os.close(read_fd)
     assert got == ["hello"]
+
+
+def _nonblocking(fd: int) -> bool:
+    import fcntl
+
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+
+def _set_nonblocking(fd: int) -> None:
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+
+def test_output_made_non_blocking_during_the_session_is_given_back_non_blocking() -> None:
+    """Another program made the output non-blocking while the demo ran: the screen made it
+    blocking again before its next write and never put the flag back. The session's `Blocking`
+    records it, and gives it back at the end."""
+    from agentloop.demo.keyboard import Blocking
+
+    read_fd, write_fd = os.pipe()
+    out = open(write_fd, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    try:
+        modes = Blocking([write_fd])
+        modes.apply()  # blocking already: nothing to give back
+        screen = Screen(out, tty=False, color=False, modes=modes)
+        screen.line("before")
+        _set_nonblocking(write_fd)  # by another program, during the session
+        screen.line("after")
+        assert not _nonblocking(write_fd)
+        modes.restore()
+        assert _nonblocking(write_fd)
+        assert os.read(read_fd, 100) == b"before\nafter\n"
+    finally:
+        out.close()
+        os.close(read_fd)
+
+
+def test_ctrl_c_while_the_session_makes_its_descriptors_blocking_gives_back_those_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C after the first descriptor was made blocking and before the others were: the
+    demo ended with that descriptor blocking for good (the list of those to give back was not
+    made yet, and the restore was outside the reach of the interrupt)."""
+    import sys
+
+    from agentloop.demo import app, keyboard
+
+    pipes = [os.pipe(), os.pipe()]
+    outs = [open(w, "w", encoding="utf-8") for _, w in pipes]  # noqa: SIM115 - closed below
+    real = keyboard.blocking
+    cleared: list[int] = []
+
+    def interrupted(fd: int) -> bool:
+        if cleared:
+            raise KeyboardInterrupt
+        cleared.append(fd)
+        return real(fd)
+
+    try:
+        for _, w in pipes:
+            _set_nonblocking(w)
+        monkeypatch.setattr(keyboard, "blocking", interrupted)
+        monkeypatch.setattr(sys, "stderr", outs[1])
+        with pytest.raises(KeyboardInterrupt):
+            app.run(app.Options(script="builtin"), out=outs[0])
+        assert cleared == [pipes[0][1]]
+        assert _nonblocking(pipes[0][1]) and _nonblocking(pipes[1][1])
+    finally:
+        for out, (r, _) in zip(outs, pipes, strict=True):
+            out.close()
+            os.close(r)
+
+
+def test_a_write_that_finds_a_non_blocking_output_full_waits_for_room_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every byte once, in order, and a wait (not a loop of failing writes) while there is no room."""
+    import fcntl
+    import select
+    import threading
+
+    from agentloop.demo import screen
+
+    read_fd, write_fd = os.pipe()
+    fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 4096)
+    _set_nonblocking(write_fd)
+    data = bytes(range(256)) * 400  # 25 times the pipe
+    waits: list[list[int]] = []
+    waiting = threading.Event()  # the writer found the pipe full: the reading begins
+    real_select = select.select
+
+    def watched(r: list[int], w: list[int], x: list[int]) -> tuple[list[int], list[int], list[int]]:
+        waits.append(w)
+        waiting.set()
+        return real_select(r, w, x)
+
+    monkeypatch.setattr(select, "select", watched)
+    writer = threading.Thread(target=screen._write_all, args=(write_fd, data))
+    writer.start()
+    got = bytearray()
+    try:
+        assert waiting.wait(30)
+        while len(got) < len(data):
+            ready, _, _ = real_select([read_fd], [], [], 30)
+            assert ready, f"{len(got)} bytes of {len(data)}"
+            got += os.read(read_fd, 65536)
+    finally:
+        writer.join(30)
+        os.close(read_fd)
+        os.close(write_fd)
+    assert bytes(got) == data
+    assert waits and all(w == [write_fd] for w in waits) and len(waits) <= len(data) // 4096 + 1

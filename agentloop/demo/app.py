@@ -104,11 +104,15 @@ def run(opts: Options, out: TextIO | None = None) -> int:
     except (DemoError, ScenarioError) as exc:
         print(f"agentloop demo: {exc}", file=sys.stderr)
         return 2
-    # A terminal (or pipe) left non-blocking by another program: blocking for the session.
-    modes = Blocking([fd for fd in map(_fileno, (sys.stdin, stream, sys.stderr)) if fd is not None])
-    modes.apply()
-    try:
-        return _play(model, Screen.for_stream(stream, plain=opts.plain or scenario is not None), opts, scenario)
+    # A terminal (or pipe) left non-blocking by another program: blocking for the session. Standard
+    # input is left as it is when a scenario plays: nothing reads it (and the flag is the open
+    # file's, which other programs share).
+    streams = (stream, sys.stderr) if scenario is not None else (sys.stdin, stream, sys.stderr)
+    modes = Blocking([fd for fd in map(_fileno, streams) if fd is not None])
+    try:  # a Ctrl-C while the flags are cleared gives back those cleared already
+        modes.apply()
+        screen = Screen.for_stream(stream, plain=opts.plain or scenario is not None, modes=modes)
+        return _play(model, screen, opts, scenario)
     finally:
         modes.restore()
 

@@ -15,8 +15,9 @@ and Ctrl-C never echoed as ``^C`` over the output.
 `Blocking` puts standard input and output in blocking mode for the session and
 back as they were at the end: another program (a crashed node or ssh) can leave
 the terminal non-blocking (O_NONBLOCK), and a read or a write would then fail
-with EAGAIN. A read that still finds it set (set again meanwhile) waits until
-there is something to read.
+with EAGAIN. The flag found set again during the session (`Blocking.ensure`) is
+put back at the end too. A read that still finds it set waits until there is
+something to read.
 
 `parse` turns a typed line into an `Input`: a command (``/help``), a send-now
 message (``!text``) or a plain message.
@@ -136,14 +137,26 @@ def blocking(fd: int) -> bool:
 
 class Blocking:
     """Blocking mode on the descriptors given for the session; `restore` sets O_NONBLOCK again on
-    those that had it (the flag belongs to the open file, which the shell shares)."""
+    those that had it (the flag belongs to the open file, which the shell shares), and on those
+    `ensure` found non-blocking later in the session (another program set the flag meanwhile)."""
 
     def __init__(self, fds: list[int]) -> None:
         self._fds = fds
         self._cleared: list[int] = []
 
     def apply(self) -> None:
-        self._cleared = [fd for fd in dict.fromkeys(self._fds) if blocking(fd)]
+        """Make the descriptors given blocking; each is recorded as soon as its flag is cleared
+        (a Ctrl-C in between leaves nothing that `restore` does not put back)."""
+        for fd in dict.fromkeys(self._fds):
+            self.ensure(fd)
+
+    def ensure(self, fd: int) -> bool:
+        """Clear O_NONBLOCK on ``fd`` if it is set, recorded for `restore`; True if it was set."""
+        if not blocking(fd):
+            return False
+        if fd not in self._cleared:
+            self._cleared.append(fd)
+        return True
 
     def restore(self) -> None:
         cleared, self._cleared = self._cleared, []

@@ -13,8 +13,12 @@ Piped output (or ``--plain``) gets none of this, nor any escape sequence;
 ``NO_COLOR`` (https://no-color.org) removes the colours only.
 
 Output made non-blocking by another program (O_NONBLOCK: a crashed node or ssh
-leaves a terminal so) is made blocking again before each write: a write that
-found the pipe or the terminal full would fail with EAGAIN and drop text.
+leaves a terminal so) is made blocking again before each write, through the
+session's `Blocking`, which puts the flag back at the end: a write that found the
+pipe or the terminal full would fail with EAGAIN and drop text. Output with a
+descriptor is written to it directly, to the last byte: a flag set again in the
+middle of a write (the text layer would drop what did not fit, silently, under
+``python -u``) makes the screen wait until the output has room, and go on.
 
 Output that goes away (a pipe into ``head`` that closed, a terminal that hung
 up) is not an error of the demo: the screen drops what follows and calls
@@ -29,12 +33,13 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import shutil
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
-from .keyboard import blocking
+from .keyboard import Blocking
 
 __all__ = ["Flow", "Screen", "Style", "clusters", "fit_input", "shorten", "wrap"]
 
@@ -427,6 +432,19 @@ def fit_input(text: str, cursor: int, width: int, mark: str = "\u2026") -> tuple
     return before, at, after
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd``, once each: a descriptor made non-blocking (by
+    another program) that has no room is waited for, and the write goes on where it stopped."""
+    rest = memoryview(data)
+    while rest:
+        try:
+            written = os.write(fd, rest)
+        except BlockingIOError:
+            select.select([], [fd], [])
+            continue
+        rest = rest[written:]
+
+
 class Style:
     """ANSI styling, or none at all."""
 
@@ -443,8 +461,9 @@ class Style:
 class Screen:
     """Writes output; keeps track of the cursor column, the status line and the input line."""
 
-    def __init__(self, out: TextIO, *, tty: bool, color: bool) -> None:
+    def __init__(self, out: TextIO, *, tty: bool, color: bool, modes: Blocking | None = None) -> None:
         self.out = out
+        self._modes = modes if modes is not None else Blocking([])  # records the flags it clears
         self.tty = tty
         self.style = Style(color)
         self.at_line_start = True
@@ -466,16 +485,19 @@ class Screen:
         # ASCII, and what is cut to fit a row is measured as written ("..." takes three columns).
         self._ascii = not _shows(out, "\u2026\u203a")
         self._cell = _cell_ascii if self._ascii else _cell
+        # The descriptor written to directly: on POSIX, where another program can make it
+        # non-blocking (elsewhere the stream writes, as it would translate line ends or write to
+        # a console in its own way).
         try:
-            self._fd: int | None = out.fileno()
+            self._fd: int | None = out.fileno() if os.name == "posix" else None
         except (AttributeError, OSError, ValueError):  # a stream in memory, or none at all
             self._fd = None
 
     @classmethod
-    def for_stream(cls, out: TextIO, *, plain: bool = False) -> Screen:
+    def for_stream(cls, out: TextIO, *, plain: bool = False, modes: Blocking | None = None) -> Screen:
         tty = not plain and out.isatty() and os.environ.get("TERM", "") != "dumb"
         color = tty and not os.environ.get("NO_COLOR")
-        return cls(out, tty=tty, color=color)
+        return cls(out, tty=tty, color=color, modes=modes)
 
     # -- output -----------------------------------------------------------------
 
@@ -483,10 +505,13 @@ class Screen:
         """Write and flush ``text``; every byte the screen writes goes through here."""
         if self.closed or not text:
             return
-        if self._fd is not None:  # made non-blocking by another program meanwhile: blocking again
-            blocking(self._fd)  # (a write that found a full pipe or terminal would drop text: EAGAIN)
         try:
-            self._write(text)
+            if self._fd is None:
+                self._write(text)
+            else:  # made non-blocking by another program meanwhile: blocking again, given back at the end
+                self._modes.ensure(self._fd)
+                self.out.flush()  # what the stream holds goes first
+                _write_all(self._fd, self._encode(text))
         except OSError as exc:
             if exc.errno not in _GONE:  # a full disk: nothing more can be shown, and it is worth saying
                 self.failed = exc
@@ -499,6 +524,14 @@ class Screen:
             encoding = getattr(self.out, "encoding", None) or "ascii"
             self.out.write(text.translate(_ASCII).encode(encoding, "replace").decode(encoding))
         self.out.flush()
+
+    def _encode(self, text: str) -> bytes:
+        """``text`` in the stream's encoding (what it cannot hold in ASCII look-alikes, else ``?``)."""
+        encoding = getattr(self.out, "encoding", None) or "utf-8"
+        try:
+            return text.encode(encoding, getattr(self.out, "errors", None) or "strict")
+        except UnicodeEncodeError:
+            return text.translate(_ASCII).encode(encoding, "replace")
 
     def _close(self) -> None:
         self.closed = True

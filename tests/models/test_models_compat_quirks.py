@@ -5,7 +5,7 @@
   its first versions, gateways that pass Gemini's chunks on), Gemini's own upper-case values
   (``STOP``, ``MAX_TOKENS``, ``SAFETY``, higress and other proxies before they lowered them).
 - A tool call that begins with a ``{}`` placeholder, its arguments after it (gateways in front of
-  Gemini), and two identical whole calls that share one id at one index.
+  Gemini), and whole calls that share one id at one index (the same call again: a resend).
 - Azure OpenAI's content filter chunks (``prompt_filter_results`` on a ``choices: []`` chunk with
   ``"id": ""`` first, ``content_filter_results`` on a choice with no delta after the finish),
   ``delta: null``, ``role`` on every delta, usage on the finish chunk, gaps in the tool call
@@ -70,6 +70,15 @@ async def test_an_unknown_finish_reason_ends_the_answer_as_given_with_a_warning(
     assert (acc.message().text, acc.stop_reason) == ("Hi", "malformed_function_call")
     (record,) = [r for r in caplog.records if "finish_reason" in r.getMessage()]
     assert "'MALFORMED_FUNCTION_CALL'" in record.getMessage() and "not one this library knows" in record.getMessage()
+
+
+async def test_an_unknown_finish_reason_on_several_chunks_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Some servers repeat the finish reason on the chunks after it (the usage chunk, a filter's).
+    body = chat_stream(chat_chunk({"content": "Hi"}), *[finish_chunk("MALFORMED_FUNCTION_CALL")] * 3)
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        _, acc = await run_chat(body)
+    assert acc.stop_reason == "malformed_function_call"
+    assert len([r for r in caplog.records if "not one this library knows" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("reason", [1, {"type": "stop"}, ["stop"], True])
@@ -199,13 +208,53 @@ async def test_a_whole_call_with_the_same_id_at_the_same_index_is_the_next_call(
                            ("a", second["function"]["name"], args if type(args) is dict else json.loads(args), None)]  # fmt: skip
 
 
-async def test_two_identical_calls_with_one_id_at_one_index_are_both_run_and_answered_each() -> None:
+@pytest.mark.parametrize(
+    "first",
+    [['{"q": ', "1}"], ['{"q": 1}'], ['{"q":', " 1", "}"], ['{"q": 1}', " "]],
+    ids=["in-pieces", "whole", "three-pieces", "whitespace-after"],
+)
+@pytest.mark.parametrize("repeat", ['{"q": 1}', '{"q":1}', {"q": 1}], ids=["same-text", "other-spacing", "object"])
+async def test_an_identical_whole_repeat_before_the_finish_chunk_is_a_resend_run_once(
+    first: list[str], repeat: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GLM-style servers resend the whole call (its id, name and arguments) once its arguments are
+    # whole, on a chunk of its own before the finish chunk: one call, run once, with a warning.
+    # Two identical calls sharing one id, whole one per chunk, look just the same: read as one
+    # (a tool run twice is worse than a duplicate call missed), and the warning says so.
+    body = chat_stream(
+        calls(call(0, "c1", "echo", first[0])), *(calls(call(0, args=p)) for p in first[1:]),
+        calls(call(0, "c1", "echo", repeat)), chat_chunk({}, "tool_calls"),
+    )
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        events, acc = await run_chat(body)
+    assert inputs(acc) == [("c1", "echo", {"q": 1}, None)]
+    assert shown_and_recorded(events, acc) == [("".join(first), "".join(first))]
+    (record,) = [r for r in caplog.records if "again" in r.getMessage()]
+    assert "'c1'" in record.getMessage() and "'echo'" in record.getMessage()
+
+
+async def test_an_identical_whole_repeat_is_run_once_by_the_engine() -> None:
     same = call(0, "call_0", "echo", '{"x": 1}')
-    first = chat_stream(calls(same), calls(same), chat_chunk({}, "tool_calls"))
+    first = chat_stream(calls(same), calls(same), calls(same), chat_chunk({}, "tool_calls"))
     engine = await engine_run(first, chat_stream(chat_chunk({"content": "ok"}), chat_chunk({}, "stop")))
-    uses = engine.messages[1].tool_uses
-    assert [u.input for u in uses] == [{"x": 1}, {"x": 1}] and len({u.id for u in uses}) == 2
-    assert [r.text for r in engine.messages[2].tool_results] == ["x=1", "x=1"]
+    assert [u.input for u in engine.messages[1].tool_uses] == [{"x": 1}]
+    assert [r.text for r in engine.messages[2].tool_results] == ["x=1"]
+
+
+@pytest.mark.parametrize(
+    "repeat",
+    [call(0, "c1", "other", '{"q": 1}'), call(0, "c1", "echo", '{"q": 2}'), call(0, "c1", "echo", '{"q": 1, "r": 0}')],
+    ids=["other-name", "other-arguments", "more-arguments"],
+)
+async def test_a_repeat_of_the_id_with_another_name_or_other_arguments_after_pieces_is_the_next_call(
+    repeat: dict[str, Any],
+) -> None:
+    body = chat_stream(
+        calls(call(0, "c1", "echo", '{"q": ')), calls(call(0, args="1}")), calls(repeat), chat_chunk({}, "tool_calls")
+    )
+    _, acc = await run_chat(body)
+    fn = repeat["function"]
+    assert inputs(acc) == [("c1", "echo", {"q": 1}, None), ("c1", fn["name"], json.loads(fn["arguments"]), None)]
 
 
 async def test_an_identical_call_on_the_finish_chunk_is_read_as_a_resend_with_a_warning(
@@ -246,6 +295,62 @@ def test_pieces_with_the_id_and_name_repeated_are_not_all_parsed_again_at_each_p
         for piece in pieces:
             mapper._chunk(calls(call(0, "a", "f", piece)))
     assert sum(parsed) < 20 * len("".join(pieces))
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [['{"tex": "', *([r"\\frac{a}", "{b}"] * 2000), '"}'],  # LaTeX in a string
+     ['{"m": [{"s": "', *(["x}", "{y"] * 2000), '"}]}'],  # a string in an object in a list
+     ['{"s": "', *([r'\\\"}', r"{\\\\"] * 2000), '"}']],  # escaped quotes and backslashes
+    ids=["latex", "nested", "escapes"],
+)  # fmt: skip
+def test_pieces_ending_with_a_brace_before_one_starting_with_one_are_scanned_once(pieces: list[str]) -> None:
+    # vLLM's id and name on every piece, and arguments so far that end with "}" before a piece
+    # that starts with "{" (in valid JSON, only inside a string: LaTeX): the arguments are not
+    # joined and parsed again at each such piece, only where they may be whole.
+    mapper, parsed = _stream.ChatMapper(), []
+    real = _stream.loads
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+
+    events: list[Any] = []
+    with mock.patch.object(_stream, "loads", counting):
+        for piece in pieces:
+            events.extend(mapper._chunk(calls(call(0, "a", "f", piece))) or ())
+        events.extend(mapper._chunk(chat_chunk({}, "tool_calls")) or ())
+        events.extend(mapper._end())
+    text = "".join(pieces)
+    assert sum(parsed) < 4 * len(text)
+    assert [type(e).__name__ for e in events].count("StreamToolUseStart") == 1
+    assert "".join(e.partial_json for e in events if type(e).__name__ == "StreamToolInput") == text
+
+
+_TRICKY = st.text(alphabet='{}[]"\\ a', max_size=5)  # braces, quotes and backslashes in strings
+_VALUES = st.recursive(
+    st.none() | st.integers(-9, 99) | _TRICKY,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(_TRICKY, _VALUES, max_size=3), copies=st.integers(1, 3),
+       cuts=st.lists(st.integers(1, 300), max_size=8), indent=st.sampled_from([None, 1]))  # fmt: skip
+def test_the_shape_of_arguments_in_any_pieces_says_whole_only_after_one_or_two_objects(
+    value: dict[str, Any], copies: int, cuts: list[int], indent: int | None
+) -> None:
+    # The cheap test before a parse: true after any piece that ends one whole object, or two
+    # (a placeholder and the arguments, or the arguments resent), never inside one or after three.
+    one = json.dumps(value, indent=indent)
+    text = " ".join([one] * copies)
+    ends = sorted({c for c in cuts if c < len(text)} | {len(text)})
+    shape, start = _stream._Shape(), 0
+    for end in ends:
+        shape.feed(text[start:end])
+        start = end
+        assert shape.may_be_whole() == (text[:end].rstrip() in (one, f"{one} {one}")), text[:end]
 
 
 async def test_an_id_and_name_on_every_piece_and_an_empty_last_piece_keep_one_call() -> None:
@@ -339,7 +444,10 @@ async def test_whole_calls_at_one_index_one_per_chunk_are_each_kept_once(
     sent: list[tuple[str, dict[str, Any]]], same_id: bool
 ) -> None:
     # Whole calls one after another at index 0, with one id for all or one each, identical or
-    # not: as many calls as were sent, each with its own input, none merged, none doubled.
+    # not: each call once, with its own input, none merged, none doubled; with one id, a call
+    # identical to the one before it is that call resent.
     chunks = [calls(call(0, "a" if same_id else f"c{k}", name, json.dumps(args))) for k, (name, args) in enumerate(sent)]
     _, acc = await run_chat(chat_stream(*chunks, chat_chunk({}, "tool_calls")))
-    assert [(n, i, e) for _, n, i, e in inputs(acc)] == [(name, args, None) for name, args in sent]
+    # With one id, a call identical to the one before it is a resend of it (one call).
+    expected = [s for k, s in enumerate(sent) if not (same_id and k and s == sent[k - 1])]
+    assert [(n, i, e) for _, n, i, e in inputs(acc)] == [(name, args, None) for name, args in expected]

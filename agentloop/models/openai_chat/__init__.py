@@ -16,8 +16,8 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   on) spell the finish reason ``finishReason``, in Gemini's upper case (``STOP``); gateways in
   front of it may send a ``{}`` placeholder before a call's arguments (``_after_placeholder``).
 - DeepSeek, GLM and engines behind OpenRouter: parallel calls with one id at one index; a
-  named delta with that id and whole arguments of its own starts the next call
-  (``_Call._named_again``).
+  named delta with that id and whole arguments of its own starts the next call, the same call
+  again is a GLM-style resend, dropped with a warning (``_Call._named_again``).
 - Ollama: a whole tool call in one chunk; ``delta.reasoning``.
 - DeepSeek and Baidu Qianfan in cumulative mode: every tool-call chunk carries all the
   arguments so far; GLM-style servers: the whole arguments again on the last chunk. Either

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from array import array
 from collections.abc import Sequence
@@ -66,7 +67,7 @@ _COUNTS = ("prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_t
 
 class _Call:
     __slots__ = ("args", "block", "carried", "chain", "extra", "held", "id", "minted", "name", "pending", "repeat_ok",
-                 "size", "started")  # fmt: skip
+                 "shape", "size", "started")  # fmt: skip
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -80,6 +81,7 @@ class _Call:
         # While each fragment held back starts with the one before (cumulative mode), the
         # fragments' lengths; ``args`` is then only the last, the others its beginnings.
         self.chain: array[int] | None = None
+        self.shape = _Shape()  # of ``args`` joined, scanned as far as asked (`_may_be_whole`)
         self.repeat_ok = False  # the last fragment may be a whole repeat (see `arguments`)
         self.started = False
         self.extra: dict[str, Any] | None = None  # its extra_content, until carried into a block
@@ -101,6 +103,7 @@ class _Call:
                 if all(b.startswith(a) for a, b in pairwise(self.args)):
                     self.chain = array("q", [len(a) for a in self.args])
                     del self.args[:-1]
+                    self.shape = _Shape()  # not used while the chain lasts
         self._keep(piece)
         self.repeat_ok = finishing or (bool(self.id) and not self.minted)
         return "" if held else piece
@@ -117,6 +120,7 @@ class _Call:
                 return
             self.args = self._chained()  # not a resend of all so far: every fragment counts
             self.chain = None
+            self.shape = _Shape()
         self.args.append(piece)
         self.size += len(piece)
 
@@ -178,10 +182,7 @@ class _Call:
         if not whole.startswith(self._shown(shown)):  # cannot be: each reading starts with what was shown
             whole = "".join(self._chained() if self.chain is not None else self.args)
         elif self.size == 2 * len(whole) and len(self.args[-1]) == len(whole):  # the same, twice: one call
-            log.warning(
-                "openai chat stream: tool call %r (%r) sent its whole arguments again; read as a resend, "
-                "one call (two identical calls would need ids of their own)", self.id, self.name,
-            )
+            _resent(self)
         return whole[shown:]
 
     def _shown(self, shown: int) -> str:
@@ -194,54 +195,130 @@ class _Call:
             count += 1
         return "".join(self._chained(count))[:shown]
 
-    def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any], finishing: bool) -> bool:
-        """Whether a delta under this call's ``index`` is in fact the next call: Gemini's
-        OpenAI endpoint (and gateways in front of it) send parallel calls whole, one per
-        chunk, all with ``index`` 0 or none. Such a delta has a name and an id (one of its own,
-        or this call's: DeepSeek, GLM and engines behind OpenRouter give parallel calls one id,
-        `_named_again`), and this call's arguments (`arguments`) are already a whole JSON
+    def succeeded_by(self, raw: dict[str, Any], fn: dict[str, Any]) -> str:
+        """Whether a delta under this call's ``index`` is in fact the next call (``"next"``),
+        this call resent whole (``"resend"``), or neither (``""``, a piece of this call).
+        Gemini's OpenAI endpoint (and gateways in front of it) send parallel calls whole, one
+        per chunk, all with ``index`` 0 or none. Such a delta has a name and an id (one of its
+        own, or this call's: DeepSeek, GLM and engines behind OpenRouter give parallel calls one
+        id, `_named_again`), and this call's arguments (`arguments`) are already a whole JSON
         object (a vLLM fragment with a fresh id has neither a name nor follows whole arguments)."""
         new_id = raw.get("id")
         if not (self.started and fn.get("name") and new_id):
-            return False
-        if new_id == self.id and not self._named_again(fn, finishing):
-            return False
+            return ""
+        if new_id == self.id:
+            return self._named_again(fn)
+        return "next" if self._may_be_whole() and self._whole() is not None else ""
+
+    def _whole(self) -> dict[str, Any] | None:
+        """The arguments (`arguments`), when they are a whole JSON object; else None."""
         try:
             value = loads(self.arguments())
         except ValueError:
-            return False
-        return isinstance(value, dict)
+            return None
+        return value if type(value) is dict else None
 
-    def _ends_object(self) -> bool:
-        """Whether the arguments so far end with ``}`` (whitespace after it aside)."""
-        for piece in reversed(self.args):
-            tail = piece.rstrip()
-            if tail:
-                return tail[-1] == "}"
-        return False
+    def _may_be_whole(self) -> bool:
+        """Whether the arguments so far may be whole (a cheap test before `_whole`): their
+        JSON shape (`_Shape`), scanned from where it was last asked, so each character is
+        scanned once; in cumulative mode, whether the last fragment ends with ``}``."""
+        if self.chain is not None:
+            return self.args[-1].rstrip()[-1:] == "}"
+        shape = self.shape
+        for piece in self.args[shape.pieces :]:
+            shape.feed(piece)
+        return shape.may_be_whole()
 
-    def _named_again(self, fn: dict[str, Any], finishing: bool) -> bool:
-        """Whether a delta with this call's id and a name, after its whole arguments, starts
-        another call: it carries the beginning of a JSON object, and names another tool or
-        holds other arguments. The same call again is another call too, except on the chunk
-        with the ``finish_reason`` or once the call's pieces were read as resent (GLM-style
-        servers, cumulative mode: a resend, `settle` warns of it). vLLM repeats the id and name
-        on every piece, but a piece after whole arguments is none, or whitespace. Checked only
-        when the arguments so far end with ``}`` (in valid JSON a ``}`` is never followed by a
-        ``{``), so a stream of pieces is not joined and parsed again at every piece."""
+    def _named_again(self, fn: dict[str, Any]) -> str:
+        """What a delta with this call's id and a name is, after its whole arguments: when it
+        carries the beginning of a JSON object, the next call if it names another tool or
+        holds other arguments, else the same call resent whole (GLM-style servers resend the
+        whole call, on the chunk with the ``finish_reason`` or before it). Two identical calls
+        sharing one id look just the same, and are read as one too: a tool run twice is worse
+        than a call missed (the caller warns of it). vLLM repeats the id and name on every
+        piece, but a piece after whole arguments is none, or whitespace. Checked only when the
+        arguments so far may be whole (`_may_be_whole`), so a stream of pieces is not joined
+        and parsed again at every piece."""
         args = fn.get("arguments")
         if type(args) is dict:
             args = json.dumps(args)
-        if type(args) is not str or args.lstrip()[:1] != "{" or not self._ends_object():
-            return False
+        if type(args) is not str or args.lstrip()[:1] != "{" or not self._may_be_whole():
+            return ""
+        whole = self._whole()
+        if whole is None:
+            return ""
         if fn["name"] != self.name:
-            return True
+            return "next"
         try:
-            same = loads(args) == loads(self.arguments())
+            same = loads(args) == whole
         except ValueError:
-            return True  # the first piece of other arguments (or not JSON: kept apart, an error)
-        resent = self.held >= 0 and (len(self.args) > 1 or self.chain is not None)  # not a placeholder alone
-        return not same or not (finishing or resent)
+            return "next"  # the first piece of other arguments (or not JSON: kept apart, an error)
+        return "resend" if same else "next"
+
+
+class _Shape:
+    """The JSON shape of a call's arguments joined, fed fragment by fragment: the nesting
+    depth, inside a string or not (after a backslash or not), how many values closed at the
+    top level. Arguments that may be read as one whole object (`_Call.arguments`: the
+    fragments joined, a ``{}`` placeholder and an object, or an object and its resend) are at
+    the top level, outside a string, after one or two values closed there with nothing else
+    between them but whitespace; whatever else is ``broken`` for good."""
+
+    __slots__ = ("broken", "closed", "depth", "escaped", "pieces", "string")
+
+    def __init__(self) -> None:
+        self.pieces = 0  # the fragments fed so far
+        self.depth = 0
+        self.string = False
+        self.escaped = False
+        self.closed = 0
+        self.broken = False
+
+    def may_be_whole(self) -> bool:
+        return not self.broken and self.depth == 0 and not self.string and self.closed > 0
+
+    def feed(self, text: str) -> None:
+        self.pieces += 1
+        pos, end = 0, len(text)
+        if self.escaped:
+            self.escaped, pos = False, 1
+        while pos < end and not self.broken:
+            if self.string:
+                found = _IN_STRING.search(text, pos)
+                if found is None:
+                    return
+                pos = found.end()
+                if found.group() == "\\":
+                    self.escaped = pos >= end
+                    pos += 1
+                else:
+                    self.string = False
+                continue
+            found = _OUTSIDE.search(text, pos)
+            stop = end if found is None else found.start()
+            if self.depth == 0 and pos < stop and not text[pos:stop].isspace():
+                self.broken = True  # a value other than an object or array, or after one
+            if found is None:
+                return
+            pos = found.end()
+            self._mark(found.group())
+
+    def _mark(self, char: str) -> None:
+        if char == '"':
+            self.string = True
+            self.broken |= self.depth == 0
+        elif char in "{[":
+            self.depth += 1
+        else:
+            self.depth -= 1
+            if self.depth == 0:
+                self.closed += 1
+            self.broken |= self.depth < 0 or self.closed > 2
+
+
+#: What ends or escapes in a JSON string; what opens or closes a value outside one.
+_IN_STRING = re.compile(r'["\\]')
+_OUTSIDE = re.compile(r'["{}\[\]]')
 
 
 class ChatMapper:
@@ -350,7 +427,7 @@ class ChatMapper:
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             finish = choice.get("finish_reason") or choice.get("finishReason")
             if finish:
-                self._finish = finish = _finish_reason(finish)
+                self._finish = finish = _finish_reason(finish, self._finish)
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
@@ -478,7 +555,8 @@ class ChatMapper:
             )
         call = self._calls.get(key)
         fn = raw.get("function") or {}
-        if call is not None and call.succeeded_by(raw, fn, finishing):
+        follows = "" if call is None else call.succeeded_by(raw, fn)
+        if call is not None and follows == "next":
             self._settle(call, out)
             out.append(StreamBlockStop(call.block))  # complete: it ends here
             call = None
@@ -494,7 +572,10 @@ class ChatMapper:
         if extra and not call.carried and type(extra) is dict:
             call.extra = extra
         args = fn.get("arguments")
-        if args:
+        if follows == "resend":  # dropped: the call's arguments stand as they came
+            _resent(call)
+            args = None
+        elif args:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
             args = json.dumps(args) if type(args) is dict else args
@@ -604,6 +685,14 @@ _JOINED = 4
 _JOINED_MIN = 4096
 
 
+def _resent(call: _Call) -> None:
+    """Warn that ``call`` was sent whole again and read as a resend: one call."""
+    log.warning(
+        "openai chat stream: tool call %r (%r) sent its whole arguments again; read as a resend, one call "
+        "(two identical calls would need ids of their own)", call.id, call.name,
+    )
+
+
 def _after_placeholder(text: str) -> str | None:
     """The arguments after a leading ``{}`` placeholder (gateways in front of Gemini send one,
     then the call's arguments whole): ``text`` less the placeholder when what follows it is one
@@ -632,17 +721,18 @@ def _valid(text: str) -> bool:
     return True
 
 
-def _finish_reason(value: Any) -> str:
+def _finish_reason(value: Any, before: str | None) -> str:
     """A choice's finish reason as this mapping reads it: lowered (Gemini's ``STOP``,
     ``MAX_TOKENS``, which gateways pass on). One it does not know is kept as it came (the answer
-    ends with it as its stop reason), with a warning; one that is not a string is a
-    `StreamProtocolError` (not retryable: the server would send it again)."""
+    ends with it as its stop reason), with a warning, once a response (not again on the chunks
+    after it that repeat it, ``before``); one that is not a string is a `StreamProtocolError`
+    (not retryable: the server would send it again)."""
     if type(value) is not str:
         raise StreamProtocolError(
             f"openai chat stream: the finish_reason is not a string: {excerpt(json.dumps(value))}"
         )
     reason = value.lower()
-    if reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
+    if reason != before and reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
         log.warning(
             "openai chat stream: finish_reason %r is not one this library knows; the answer ends with "
             "it as its stop reason", value,
