@@ -73,7 +73,8 @@ class QueryEngine:
     unless false, 0, no or off).
 
     Keyword arguments beyond API.md: ``usage_limit`` (total tokens per run,
-    subagents' included, terminal ``usage_limit``), ``deadline`` (seconds of wall clock per run,
+    subagents' included, terminal ``usage_limit``; it cannot hold when the provider's usage is
+    unreadable, counted as 0 with a warning that says so), ``deadline`` (seconds of wall clock per run,
     terminal ``deadline``), ``texts`` (every text the library writes),
     ``session`` (a `agentloop.sessions.SessionStore` receiving each committed
     message; a record it fails to append costs the run nothing and adds one line

@@ -412,6 +412,9 @@ class CallRunner:
             if self.signal.aborted:
                 raise exc
             return error_result(use.id, f"Tool {use.name!r} raised AbortError although the run was not aborted.")
+        if isinstance(exc, BaseExceptionGroup) and self.signal.aborted and _only_aborts(exc):
+            # The parts of a tool that fans out (asyncio.TaskGroup) each stopped on the abort.
+            raise AbortError(self.signal.reason or "cancel") from exc
         what = describe(exc)
         return error_result(use.id, f"Tool {use.name!r} raised {what}{'.' if what == type(exc).__name__ else ''}")
 
@@ -433,6 +436,14 @@ class CallRunner:
             except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
                 stop_for_ctrl_c(self.engine)
                 raise
+            except SystemExit as exc:
+                # A prompt's own parser refusing the answer typed (argparse, click): raised from this
+                # task's step, it would leave the event loop and end the host program. A failed check.
+                # Once the run is aborted it is a host abort listener's exit (the callback called
+                # interrupt()): that one propagates out of abort(), as docs/concepts.md says.
+                if self.signal.aborted:
+                    raise
+                raise _PromptExited(exc) from exc
             except asyncio.CancelledError:
                 if self.signal.aborted or task_cancelling():
                     raise  # the run's abort, or this prompt's own cancel: not the callback's to end
@@ -448,8 +459,10 @@ class CallRunner:
             if self.signal.aborted:  # the run's abort: the call never started
                 raise
             return self._check_failed(use, exc)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except (asyncio.CancelledError, KeyboardInterrupt):
             raise
+        except _PromptExited as exc:
+            return self._check_failed(use, exc.exited)
         except BaseException as exc:  # GeneratorExit or a framework's own: the callback's failure too
             return self._check_failed(use, exc)
         finally:
@@ -494,6 +507,20 @@ class CallRunner:
             use.id, use.name, what, tail, exc_info=trace,
         )  # fmt: skip
         return error_result(use.id, f"The permission check failed ({what}); the tool was not run.")
+
+
+def _only_aborts(group: BaseExceptionGroup[BaseException]) -> bool:
+    """True when every exception in ``group`` (nested groups included) is an `AbortError`."""
+    _, rest = group.split(AbortError)
+    return rest is None
+
+
+class _PromptExited(Exception):
+    """A permission callback raised SystemExit: carried out of the prompt's task as an error."""
+
+    def __init__(self, exited: SystemExit) -> None:
+        super().__init__(exited)
+        self.exited = exited
 
 
 #: The answer of a prompt the user closed without answering (a permission callback that ended

@@ -34,7 +34,8 @@ class Texts:
     ``never_started`` and ``stopped_running``: the results synthesized after an abort for a
     call that never started, and for one stopped while it ran (after the run's deadline, or
     the host's code that stopped reading the run, the "Interrupted by user" they open with
-    says which instead). ``interrupt_notice``: the user
+    goes on to say which: "Interrupted by user-set deadline (...)", "Interrupted by user code
+    (...)"). ``interrupt_notice``: the user
     message that records an interrupt (``QueryEngine(interrupt_notice="append")``);
     ``interrupt_envelope``: the line the next prompt is wrapped under instead (``"envelope"``).
     ``interjection_intro`` and ``interjection_reminder``: the lines before and after the
@@ -91,21 +92,23 @@ class Texts:
 
 _NO_NOTICE_HINT = "; to write no notice, pass QueryEngine(interrupt_notice=None)"
 
-#: The abort reasons of interrupts no user asked for, and what interrupted: the run's own
-#: deadline, and the host's code that stopped iterating the run. Any other reason is the
-#: user's (Ctrl-C, send-now, a host's own reason, which is treated like "cancel").
+#: The abort reasons of interrupts no person asked for at that moment, and what interrupted: the
+#: run's own deadline, and the host's code that stopped iterating the run. Each keeps the opening
+#: "Interrupted by user" (SPEC section 3) and says whose setting or code it was. Any other reason
+#: is the user's (Ctrl-C, send-now, a host's own reason, which is treated like "cancel").
 _NOT_THE_USER = {
-    "deadline": "because the run's deadline passed",
-    "consumer_closed": "because the application stopped reading the run",
+    "deadline": "by user-set deadline (the run's deadline passed)",
+    "consumer_closed": "by user code (the application stopped reading the run)",
 }
 _USER_WORDS = "nterrupted by user"  # "Interrupted by user: ...", "[Request interrupted by user]"
 
 
 def told_for(text: str, reason: str | None) -> str:
     """``text`` (one of the `Texts` written for an interrupt) true to ``reason``, the abort's:
-    for an interrupt no user asked for (the run's deadline, the host's code that stopped
-    reading the run) the words "interrupted by user" it opens with say what interrupted
-    instead. A text without those words near its start (the host's own) is kept."""
+    for an interrupt no person asked for (the run's deadline, the host's code that stopped
+    reading the run) the words "interrupted by user" it opens with go on to say what
+    interrupted ("Interrupted by user-set deadline (...)"), so the text still begins
+    "Interrupted by user". A text without those words near its start (the host's own) is kept."""
     why = _NOT_THE_USER.get(reason) if reason is not None else None
     if why is None:
         return text

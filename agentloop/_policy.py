@@ -361,7 +361,7 @@ def bind_all(policies: Sequence[Policy], engine: Any, *, strict: bool = False) -
 
 
 # Each policy's engine whose run holds it now (policies with ``one_engine`` only, weakly), and
-# whether it was warned about.
+# what it was warned about ("forked", "shared": each outcome of its forks once).
 _holders = _ByPolicy()
 _warned = _ByPolicy()
 # Each policy an engine is being made over, or is setting its tools for, by that engine (`occupied`).
@@ -464,7 +464,7 @@ _SHARED = (
 
 def _own_copy(policy: Policy, engine: Any, marks: _ByPolicy) -> Policy | None:
     """``policy``'s fork for ``engine``, marked its own in ``marks`` (in the step that sees no
-    other engine has it) and warned about once per policy; None when `fork` raises or gives no
+    other engine has it) and warned about once per policy and outcome; None when `fork` raises or gives no
     other policy free to take (the policy itself, to share one object, or one another engine is
     using, a pool's spare handed out twice): both runs share ``policy`` then, and the warning
     says they are not judged right."""
@@ -484,8 +484,10 @@ def _own_copy(policy: Policy, engine: Any, marks: _ByPolicy) -> Policy | None:
                 _mark(marks, [twin], engine)
             else:
                 got = "a policy another engine is using"
-        first = not _warned.get(policy)
-        _warned.put(policy, True)
+        outcome = "forked" if ok else "shared"
+        told: frozenset[str] = _warned.get(policy) or frozenset()
+        first = outcome not in told
+        _warned.put(policy, told | {outcome})
     if first:
         if ok:
             log.warning(_FORKED, policy.name)

@@ -656,6 +656,61 @@ async def test_a_tool_that_cancels_itself_gets_an_error_result_not_an_interrupt(
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
 
 
+# Python 3.11's TaskGroup leaves its task's cancel request after a part fails (3.12 fixed it).
+_TASKGROUP_LEAVES_CANCEL = (pytest.mark.swallows_cancel,) if sys.version_info < (3, 12) else ()
+
+
+@pytest.mark.parametrize(
+    "nested", [pytest.param(False, marks=_TASKGROUP_LEAVES_CANCEL), pytest.param(True, marks=_TASKGROUP_LEAVES_CANCEL)]
+)
+async def test_a_tool_whose_task_group_parts_stop_on_the_abort_gets_the_interrupted_result(nested: bool) -> None:
+    """A tool that fans out with asyncio.TaskGroup, each part stopping with AbortError when the
+    run is interrupted, raises an ExceptionGroup of AbortErrors (nested, for a group inside a
+    part): the call was stopped by the abort, as one that raises AbortError itself is, not a tool
+    that failed."""
+
+    async def part(ctx: ToolContext) -> None:
+        await ctx.signal.wait()
+        raise AbortError(ctx.signal.reason or "cancel")
+
+    async def parts(ctx: ToolContext) -> None:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(2):
+                group.create_task(part(ctx))
+
+    @tool
+    async def fan(ctx: ToolContext) -> str:
+        """Fan out."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(parts(ctx) if nested else part(ctx))
+            group.create_task(part(ctx))
+        return "done"
+
+    engine = engine_for([calls("fan"), "unused"], tools=[fan])
+    events = []
+    async for event in engine.run("go"):
+        events.append(event)
+        if isinstance(event, ToolCallStarted):
+            asyncio.get_running_loop().call_soon(engine.interrupt, "stop")
+    [finished] = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert finished.synthetic and finished.result.is_error
+    assert results(engine) == [TEXTS.stopped_running]
+    assert isinstance(events[-1], TurnEnded) and (events[-1].reason, events[-1].abort_reason) == ("aborted_tools", "stop")
+    assert validate_transcript(engine.messages) == []
+
+
+async def test_a_tool_raising_a_group_of_abort_errors_without_an_abort_is_a_failed_call() -> None:
+    @tool
+    async def odd() -> str:
+        """Raises a group of AbortErrors although nothing aborted."""
+        raise ExceptionGroup("parts", [AbortError("cancel"), AbortError("cancel")])
+
+    engine = engine_for([calls("odd"), "carrying on"], tools=[odd])
+    events = await collect(engine, "go")
+    assert results(engine) == ["Tool 'odd' raised ExceptionGroup: parts (2 sub-exceptions)"]
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+
+
 async def test_permission_deny_allow_update_and_failure_become_results() -> None:
     async def permission(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
         if use.input.get("x") == "deny":

@@ -290,7 +290,7 @@ def check_interrupted(engine: QueryEngine, tree: Tree, end: TurnEnded, events: l
     assert sorted(child_ends) == sorted(tree.children)
     assert {e.abort_reason for e in child_ends.values()} == {reason}
     results = engine.messages[2].tool_results
-    said = "Interrupted because the run's deadline passed" if reason == "deadline" else "Interrupted by user"
+    said = "Interrupted by user-set deadline (the run's deadline passed)" if reason == "deadline" else "Interrupted by user"
     assert len(results) == 10 and all(r.is_error and said in r.text for r in results)
     tree.check(engine)
 

@@ -426,7 +426,7 @@ async def test_headless_exit_codes_follow_the_terminals() -> None:
 
     code, engine, end = await headless(calls({"command": "wait"}), "Build", deadline=0.2, tool_cancel_grace=0.05)
     assert (code, end.reason, end.abort_reason) == (3, "deadline", "deadline")
-    assert engine.messages[-1].tool_results[0].text.startswith("Interrupted because the run's deadline passed")
+    assert engine.messages[-1].tool_results[0].text.startswith("Interrupted by user-set deadline (the run's deadline passed)")
     assert not released.is_set()
 
 
@@ -592,7 +592,7 @@ async def test_a_client_cancel_during_an_mcp_call_leaves_nothing_running(how: st
             events = await task
             assert isinstance(events[-1], TurnEnded) and events[-1].abort_reason == "consumer_closed"
         assert validate_transcript(engine.messages) == [] and not engine.running
-        assert engine.messages[-1].tool_results[0].text.startswith("Interrupted because the application stopped reading the run")
+        assert engine.messages[-1].tool_results[0].text.startswith("Interrupted by user code (the application stopped reading the run)")
         _, end = await drive(engine, "Which process now?")
         check_job(engine, end, "completed")
 

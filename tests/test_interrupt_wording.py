@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentloop import (
     QueryEngine,
@@ -17,6 +19,7 @@ from agentloop import (
     ToolCallStarted,
     tool,
 )
+from agentloop._inbox import told_for
 
 
 @tool
@@ -74,13 +77,14 @@ async def test_the_users_interrupt_reads_interrupted_by_user(reason: str) -> Non
 @pytest.mark.parametrize(
     ("reason", "why"),
     [
-        ("deadline", "Interrupted because the run's deadline passed"),
-        ("consumer_closed", "Interrupted because the application stopped reading the run"),
+        ("deadline", "Interrupted by user-set deadline (the run's deadline passed)"),
+        ("consumer_closed", "Interrupted by user code (the application stopped reading the run)"),
     ],
 )
 async def test_an_interrupt_not_the_users_says_what_interrupted(reason: str, why: str) -> None:
     """A run stopped by its deadline, or by the host's code closing it, wrote "Interrupted by
-    user" for its calls, which the user never did."""
+    user" for its calls, which the user never did. The results still begin "Interrupted by
+    user" (SPEC section 3), going on to say whose setting or code it was."""
     engine = await _interrupted(reason)
     texts = _texts(engine)
     assert texts[0] == why + ": this tool call was stopped while it was running; it may have had side effects."
@@ -92,10 +96,30 @@ async def test_a_deadline_of_the_engine_says_so() -> None:
     engine = _engine(deadline=0.05)
     async for _event in engine.run("go"):
         pass
-    assert _texts(engine)[0].startswith("Interrupted because the run's deadline passed: this tool call was stopped")
+    assert _texts(engine)[0].startswith("Interrupted by user-set deadline (the run's deadline passed): this tool call was stopped")
 
 
 async def test_texts_of_the_hosts_own_are_kept_as_written() -> None:
     mine = Texts(never_started="Not run.", stopped_running="Stopped.")
     engine = await _interrupted("deadline", texts=mine)
     assert _texts(engine)[:2] == ["Stopped.", "Not run."]
+
+
+_REASONS = ["cancel", "send_now", "escape", "deadline", "consumer_closed"]
+
+
+@pytest.mark.parametrize("reason", _REASONS)
+async def test_every_synthesized_result_begins_interrupted_by_user(reason: str) -> None:
+    """SPEC section 3: a synthetic result's content begins "Interrupted by user", whatever stopped
+    the run, and says what happened to the call."""
+    engine = await _interrupted(reason)
+    results = [r.text for m in engine.messages for r in m.tool_results]
+    assert len(results) == 2 and all(r.startswith("Interrupted by user") for r in results), results
+    assert "stopped while it was running" in results[0] and "never started" in results[1]
+
+
+@given(reason=st.one_of(st.sampled_from(_REASONS), st.text(max_size=20)))
+def test_every_interrupt_text_keeps_its_interrupted_by_user_opening(reason: str) -> None:
+    for text in (Texts().never_started, Texts().stopped_running):
+        told = told_for(text, reason)
+        assert told.startswith("Interrupted by user") and told.endswith(text.split(":", 1)[1])

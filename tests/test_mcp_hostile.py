@@ -378,33 +378,95 @@ class _CountingRedactor(Redactor):
         return super().scrub(text)
 
 
-def test_a_stderr_flood_costs_a_little_per_block_and_keeps_the_last_lines(caplog: pytest.LogCaptureFixture) -> None:
-    """A server writing two million lines to stderr cost about 5 s of the event loop's time: each
-    line was decoded, scrubbed and logged. Now a block read costs about a split, a bounded number
-    of its lines are logged (the rest counted), and the last lines are kept for the error that
-    quotes them."""
-    import time
+def _fixed_clock(loop: asyncio.AbstractEventLoop, now: list[float]) -> None:
+    """The loop's clock reads ``now[0]``: the stderr budget's window moves only when a test says."""
+    loop.time = lambda: now[0]  # type: ignore[method-assign]
 
+
+def test_a_stderr_flood_costs_a_little_per_block_and_keeps_the_last_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """A server writing a flood of lines to stderr cost Python work per line: each was decoded,
+    scrubbed and logged. Now, past the budget of a window, a block read costs about a split, a
+    bounded number of its lines are logged (the rest counted), and the last lines are kept for the
+    error that quotes them."""
     loop = asyncio.new_event_loop()
+    _fixed_clock(loop, [0.0])
     redactor = _CountingRedactor(("sekrit-0123456789",))
     try:
         pipes = Pipes(loop, "p", redactor, None)
-        body = b"".join(b"line %d of the flood\n" % i for i in range(2_000_000))
+        body = b"".join(b"line %d of the flood\n" % i for i in range(200_000))
         body += b"Traceback: sekrit-0123456789 was refused\nfatal: the last words\n"
         blocks = range(0, len(body), 256 << 10)
         with caplog.at_level(logging.INFO, logger="agentloop"):
-            began = time.process_time()
             for at in blocks:
                 pipes.pipe_data_received(2, body[at : at + (256 << 10)])
-            took = time.process_time() - began
     finally:
         loop.close()
     assert list(pipes.tail)[-2:] == ["Traceback: [REDACTED] was refused", "fatal: the last words"]
-    assert redactor.seen <= 25 * len(blocks)
+    assert redactor.seen <= 200 + 25 * len(blocks)
     logged = [r.getMessage() for r in caplog.records]
     assert logged[-1].endswith("(stderr): fatal: the last words") and "sekrit" not in " ".join(logged)
-    assert len(logged) <= 25 * len(blocks) and any("lines not logged" in m for m in logged)
-    assert took < 1.5  # about 5 s before, 0.2 s now: a bound a busy machine keeps
+    assert logged[0].endswith("(stderr): line 0 of the flood")
+    assert len(logged) <= 200 + 25 * len(blocks) and any("lines not logged" in m for m in logged)
+
+
+_TRACEBACK = b"".join(
+    [b"Traceback (most recent call last):\n"]
+    + [b'  File "/srv/server.py", line %d, in step%d\n    step%d()\n' % (i, i, i + 1) for i in range(15)]
+    + [b"RuntimeError: the database is gone\n"]
+)
+
+
+def test_a_traceback_written_at_once_is_logged_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """A crash's traceback (32 lines, one read of the pipe) lost its head: only the last 20 lines
+    of a read were logged, with a line claiming a flood. A burst within the window's budget is
+    logged in full."""
+    loop = asyncio.new_event_loop()
+    _fixed_clock(loop, [0.0])
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        with caplog.at_level(logging.INFO, logger="agentloop"):
+            pipes.pipe_data_received(2, _TRACEBACK)
+    finally:
+        loop.close()
+    logged = [r.getMessage().split("(stderr): ", 1)[1] for r in caplog.records]
+    assert logged == _TRACEBACK.decode().splitlines()
+    assert logged[0] == "Traceback (most recent call last):"
+
+
+def test_after_a_flood_a_later_window_logs_a_traceback_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """The budget is per window: a flood spends it, and a crash a while later is logged in full."""
+    loop = asyncio.new_event_loop()
+    now = [0.0]
+    _fixed_clock(loop, now)
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        pipes.pipe_data_received(2, b"noise\n" * 10_000)
+        now[0] = 5.0
+        with caplog.at_level(logging.INFO, logger="agentloop"):
+            pipes.pipe_data_received(2, _TRACEBACK)
+    finally:
+        loop.close()
+    logged = [r.getMessage().split("(stderr): ", 1)[1] for r in caplog.records]
+    assert logged == _TRACEBACK.decode().splitlines()
+
+
+def test_a_burst_over_the_byte_budget_is_cut_though_its_lines_are_few(caplog: pytest.LogCaptureFixture) -> None:
+    """Long lines spend the budget by their bytes: 100 lines of 4 KiB log the first 64 KiB's worth
+    in full, count the middle, and log the last ones."""
+    loop = asyncio.new_event_loop()
+    _fixed_clock(loop, [0.0])
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        with caplog.at_level(logging.INFO, logger="agentloop"):
+            pipes.pipe_data_received(2, b"".join(b"%03d" % i + b"x" * 4093 + b"\n" for i in range(100)))
+    finally:
+        loop.close()
+    logged = [r.getMessage() for r in caplog.records]
+    counted = [m for m in logged if "lines not logged" in m]
+    assert len(counted) == 1 and len(logged) < 100
+    heads = [m.split("(stderr): ", 1)[1][:3] for m in logged if m not in counted]
+    assert heads[0] == "000" and heads[-1] == "099"
+    assert len(heads) + int(counted[0].split("(stderr): ", 1)[1].split()[0]) == 100
 
 
 def test_stderr_lines_split_across_blocks_and_an_overlong_one_are_read_as_before() -> None:

@@ -433,3 +433,27 @@ async def test_a_fork_that_is_a_policy_another_engines_run_holds_is_not_shared_w
     end = events[-1]
     assert isinstance(end, TurnEnded) and (end.reason, end.turns) == ("stationarity_ended", 8)
     await holding.aclose()
+
+
+async def test_a_refused_fork_after_a_forked_one_is_warned_about_too(caplog: pytest.LogCaptureFixture) -> None:
+    """One flag per policy served both warnings: once a fork was taken and warned about, a later
+    fork refused (the pool's spare, now held by the first fork's run) shared the policy between
+    two runs without a word. Each outcome is warned about once per policy."""
+    spare = _PooledFork.spare = _PooledFork()
+    shared: list[Policy] = [_PooledFork()]
+    holder = QueryEngine(ScriptedModel(_reads(30)), tools=[read_same], policies=shared, max_turns=30)
+    holding = holder.run("go")
+    await anext(holding)  # the holder's run holds the policy
+    with caplog.at_level(logging.WARNING, logger="agentloop"):
+        forked = QueryEngine(ScriptedModel(_reads(30)), tools=[read_same], policies=shared, max_turns=30)
+        assert forked.policies[0] is spare  # the fork is taken
+        running = forked.run("go")
+        await anext(running)  # its run holds the spare now
+        refused = QueryEngine(ScriptedModel(["hi"]), tools=[], policies=shared)
+        again = QueryEngine(ScriptedModel(["hi"]), tools=[], policies=shared)
+    assert refused.policies[0] is not spare and again.policies[0] is not spare
+    warned = [r.getMessage() for r in caplog.records if "two engines at once" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "now uses its own policy.fork()" in warned[0] and "another engine is using" in warned[1]
+    await running.aclose()
+    await holding.aclose()

@@ -729,7 +729,7 @@ async def test_a_deadline_stops_a_subagent_whichever_engine_set_it(whose: str) -
     assert result.is_error
     if whose == "parent":
         assert ends[None].reason == "deadline" and ends[None].aborted_subagents == ("sub-1",)
-        assert result.text.startswith("Interrupted because the run's deadline passed: this tool call was stopped")
+        assert result.text.startswith("Interrupted by user-set deadline (the run's deadline passed): this tool call was stopped")
     else:
         assert ends[None].reason == "completed" and "deadline" in result.text
         assert engine.messages[-1].text == "The parent goes on."

@@ -296,3 +296,51 @@ def test_the_claim_locks_share_one_lock_a_forked_child_finds_free() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     with locks[0], locks[0]:  # re-entrant
         pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_child_forked_while_its_own_thread_held_the_claim_lock_releases_it() -> None:
+    """The lock was made afresh in every forked child, also in one forked while its own thread
+    held it (``with lock: os.fork()``): leaving the ``with`` in the child then raised
+    RuntimeError ("cannot release un-acquired lock"). The owning thread's hold goes on in the
+    child: it releases it, nested holds too, and the lock is free after."""
+    from agentloop._forklock import ForkSafeLock
+
+    lock = ForkSafeLock()
+    with lock, lock:
+        code = os.fork()
+        if code == 0:
+            status = 2
+            try:
+                faulthandler.dump_traceback_later(30, exit=True)
+                lock.release()
+                lock.release()
+                got: list[bool] = []
+
+                def take() -> None:
+                    got.append(lock.acquire(timeout=5))
+                    if got[0]:
+                        lock.release()
+
+                free = threading.Thread(target=take)
+                status = 3
+                free.start()
+                free.join(10)
+                status = 0 if got == [True] else 4  # another thread takes the lock: it is free
+            except RuntimeError:
+                status = 1
+            finally:
+                os._exit(status)
+    _, status = os.waitpid(code, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_fork_safe_locks_share_one_at_fork_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each lock registered an at-fork callback of its own, never removed: a process making many
+    locks gathered callbacks for ever. One registration of the module renews them all."""
+    from agentloop import _forklock
+
+    registered: list[object] = []
+    monkeypatch.setattr(os, "register_at_fork", lambda **kw: registered.append(kw), raising=False)
+    made = [_forklock.ForkSafeLock() for _ in range(50)]
+    assert registered == [] and len(made) == 50

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from agentloop import (
     AbortController,
     AbortError,
+    Allow,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -39,6 +40,7 @@ from agentloop import (
     Texts,
     Tool,
     ToolCallFinished,
+    ToolCallStarted,
     ToolContext,
     ToolInputError,
     ToolResultBlock,
@@ -242,6 +244,79 @@ async def test_a_tool_whose_command_line_parser_exits_gives_an_error_result_not_
     assert result.is_error and result.text == "Tool 'grep' tried to exit the program (SystemExit(2)); it was stopped there."
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     assert validate_transcript(engine.messages) == []
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_permission_callback_whose_parser_exits_is_a_failed_check_not_a_host_exit(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A prompt that parses the user's typed answer with argparse exits on one it refuses: as in a
+    # tool, that SystemExit must not end the host program (nor leave the event loop from the
+    # prompt's task); the call is not run, and the turn goes on.
+    @tool
+    async def act() -> str:
+        """Act."""
+        raise AssertionError("a call whose check failed must not run")
+
+    def parse(answer: list[str]) -> Allow:
+        parser = argparse.ArgumentParser(prog="confirm")
+        parser.add_argument("--yes", action="store_true", required=True)
+        with contextlib.redirect_stderr(io.StringIO()):
+            parser.parse_args(answer)
+        return Allow()
+
+    def sync_check(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        return parse(["--nope"])
+
+    async def async_check(use: ToolUseBlock, ctx: ToolContext) -> Allow:
+        await asyncio.sleep(0)
+        return parse(["--nope"])
+
+    check = sync_check if kind == "sync" else async_check
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("act", {})]), "ok"])
+    engine = QueryEngine(model, tools=[act], permission=check, policies=[])
+    with caplog.at_level(logging.ERROR, logger="agentloop"):
+        events = await collect(engine, "go")
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    assert result.is_error and result.text == "The permission check failed (SystemExit: 2); the tool was not run."
+    assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
+    assert not any(isinstance(e, ToolCallStarted) for e in events)
+    assert validate_transcript(engine.messages) == []
+    assert any("permission callback failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_host_listeners_exit_during_a_permission_prompt_still_ends_the_program() -> None:
+    # The callback interrupts the run and a host abort listener calls sys.exit(): that SystemExit
+    # propagates out of abort() (docs/concepts.md), so it ends the program; it is not the
+    # callback's parser refusing an answer, and must not become a failed check.
+    script = """
+import asyncio, sys
+from agentloop import Deny, QueryEngine, tool
+from agentloop.testing import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+@tool
+async def act() -> str:
+    \"\"\"Act.\"\"\"
+    return "ran"
+
+async def check(use, ctx):
+    ctx.signal.add_listener(lambda reason: sys.exit(7))
+    engine.interrupt("user typed q")
+    return Deny("q")
+
+model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("act", {})]), "ok"])
+engine = QueryEngine(model, tools=[act], permission=check, policies=[])
+
+async def main():
+    async for _ in engine.run("go"):
+        pass
+    print("run ended without the exit")
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 7, (done.stdout, done.stderr[-2000:])
+    assert "run ended without the exit" not in done.stdout
 
 
 class _Point(BaseModel):

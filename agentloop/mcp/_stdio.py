@@ -51,7 +51,10 @@ _READ_AHEAD = 1 << 20  # bytes of whole messages read ahead of the session befor
 _STDERR_BYTES = 8 << 10  # bytes of one stderr line kept (the rest of a longer one is dropped)
 _STDERR_CHARS = 2000  # characters of one stderr line logged
 _STDERR_TAIL = 5  # stderr lines kept for the error that says why a server stopped
-_STDERR_LOGGED = 20  # of the stderr lines one read ends, the last ones logged (the others counted)
+_STDERR_LOGGED = 20  # past the window's budget, of the lines one read ends the last ones logged
+_STDERR_WINDOW = 1.0  # seconds of the stderr budget's window
+_STDERR_BUDGET_LINES = 200  # stderr lines of a window logged in full
+_STDERR_BUDGET_BYTES = 64 << 10  # bytes of stderr lines of a window logged in full
 _EXCERPT = 200  # characters quoted of a stdout line that is not JSON-RPC
 
 
@@ -142,6 +145,9 @@ class Pipes:
         self._signs = False  # a sign that the server is going was seen (`_going`)
         self._err = bytearray()  # the stderr line being received
         self._err_skip = False  # dropping the rest of an overlong stderr line
+        self._err_window = -_STDERR_WINDOW  # when the stderr budget's window began (loop time)
+        self._err_lines_left = 0  # stderr lines the window may still log in full
+        self._err_bytes_left = 0  # and their bytes
         self._writable: asyncio.Future[None] | None = None  # set while stdin's buffer is full
 
     # -- what the server child tells ------------------------------------------------
@@ -362,9 +368,11 @@ class Pipes:
     # -- stderr ------------------------------------------------------------------------
 
     def _stderr(self, data: bytes) -> None:
-        """A block read from stderr: a flood (a server logging millions of lines) costs about a
-        split per block, not Python work per line. Of the lines a block ends, the last
-        `_STDERR_LOGGED` are logged and kept for the tail; the others are only counted."""
+        """A block read from stderr. Each window of `_STDERR_WINDOW` seconds logs its first lines in
+        full (up to `_STDERR_BUDGET_LINES` lines or `_STDERR_BUDGET_BYTES`), so a traceback written
+        at once is logged whole. Past that budget a flood (a server logging millions of lines) costs
+        about a split per block, not Python work per line: of the lines a block ends, the last
+        `_STDERR_LOGGED` are logged and kept for the tail, the others only counted."""
         *ended, rest = data.split(b"\n")
         if ended:
             if self._err_skip:  # the rest of an overlong line, logged already: dropped
@@ -382,12 +390,39 @@ class Pipes:
                 self._err_skip = True
 
     def _err_lines(self, lines: list[bytes]) -> None:
-        dropped = len(lines) - _STDERR_LOGGED
-        if dropped > 0:
-            log.info("MCP server %s (stderr): %d lines not logged (it writes faster than they are read)", self.label, dropped)
-            lines = lines[dropped:]
-        for line in lines:
+        full = self._err_budget(lines)
+        for line in lines[:full]:
             self._err_line(line)
+        dropped = len(lines) - full - _STDERR_LOGGED
+        if dropped > 0:
+            log.info(
+                "MCP server %s (stderr): %d lines not logged (more than %d lines or %d KiB in %g s)",
+                self.label,
+                dropped,
+                _STDERR_BUDGET_LINES,
+                _STDERR_BUDGET_BYTES >> 10,
+                _STDERR_WINDOW,
+            )
+        for line in lines[max(full, len(lines) - _STDERR_LOGGED) :]:
+            self._err_line(line)
+
+    def _err_budget(self, lines: list[bytes]) -> int:
+        """How many of ``lines``, from the first, the window's budget logs in full (spending it);
+        a new window, once the last one is over, has the whole budget."""
+        now = self.loop.time()
+        if now - self._err_window >= _STDERR_WINDOW:
+            self._err_window = now
+            self._err_lines_left, self._err_bytes_left = _STDERR_BUDGET_LINES, _STDERR_BUDGET_BYTES
+        full = 0
+        for line in lines[: self._err_lines_left]:  # bounded by the budget, not by the block
+            size = min(len(line), _STDERR_BYTES) + 1
+            if size > self._err_bytes_left:
+                self._err_bytes_left = 0
+                break
+            self._err_bytes_left -= size
+            full += 1
+        self._err_lines_left -= full
+        return full
 
     def _err_line(self, line: bytes) -> None:
         text = self.scrub.scrub(line[: _STDERR_BYTES + 1].decode("utf-8", "replace").rstrip("\r"))

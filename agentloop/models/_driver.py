@@ -96,12 +96,35 @@ def made_elsewhere(made_by: str | None, origin: str | None) -> bool:
     return origin is not None and made_by is not None and made_by != origin
 
 
+class UsageReader:
+    """Reads the usage objects of one response, for `count_tokens`. Malformed usage (a usage or a
+    part of it that is not an object, a count that is not a number) is a provider's bug, sent
+    again on every retry, so it is no reason to retry: the response is kept, the counts it would
+    give are unknown (0), and one warning per response names it, however many usage objects
+    (one per chunk, as vLLM sends them) are malformed."""
+
+    __slots__ = ("_stream", "_warned")
+
+    def __init__(self, stream: str) -> None:
+        self._stream = stream  # what the warning names: "openai chat stream"
+        self._warned = False
+
+    def __call__(self, raw: Any, *paths: str) -> list[Any]:
+        """The values at ``paths`` (``"input_tokens"``, ``"input_tokens_details.cached_tokens"``)
+        of the usage object ``raw``: None where absent, and where malformed."""
+        values, problems = _usage_values(raw, paths)
+        if problems and not self._warned:
+            self._warned = True
+            _warn_malformed(self._stream, problems)
+        return values
+
+
 def usage_fields(raw: Any, stream: str, *paths: str) -> list[Any]:
-    """The values at ``paths`` (``"input_tokens"``, ``"input_tokens_details.cached_tokens"``)
-    of a response's usage object ``raw``, for `count_tokens`: None where absent, and where
-    malformed (a usage or a part of it that is not an object, a count that is not a number).
-    Malformed usage is a provider's bug, sent again on every retry, so it is no reason to retry:
-    the response is kept, the counts it would give are unknown (0), and one warning names it."""
+    """`UsageReader` for a response that has one usage object."""
+    return UsageReader(stream)(raw, *paths)
+
+
+def _usage_values(raw: Any, paths: Sequence[str]) -> tuple[list[Any], list[str]]:
     problems: list[str] = []
     if type(raw) is not dict:
         if raw:  # null, or an empty list where an empty object was meant, is no usage
@@ -122,13 +145,16 @@ def usage_fields(raw: Any, stream: str, *paths: str) -> list[Any]:
             problems.append(f"{key} is {type(value).__name__}, not a count")
             value = None
         values.append(value)
-    if problems:
-        log.warning(
-            "%s: malformed usage in the response (%s); the token counts it would give are unknown and "
-            "counted as 0; the response is kept, not retried (the server would send it so again)",
-            stream, "; ".join(problems),
-        )  # fmt: skip
-    return values
+    return values, problems
+
+
+def _warn_malformed(stream: str, problems: list[str]) -> None:
+    log.warning(
+        "%s: malformed usage in the response (%s); the token counts it would give are unknown and "
+        "counted as 0, so a usage_limit cannot hold while this provider's usage is unreadable; the "
+        "response is kept, not retried (the server would send it so again)",
+        stream, "; ".join(problems),
+    )  # fmt: skip
 
 
 def _is_count(value: Any) -> bool:

@@ -29,7 +29,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads, usage_fields
+from .._driver import UsageReader, count_tokens, excerpt, loads
 from .._http._errors import prompt_too_long
 from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
@@ -50,6 +50,7 @@ class AnthropicMapper:
         "_server",
         "_stop_reason",
         "_usage",
+        "_usage_read",
         "_whole",
         "done",
         "origin",
@@ -66,6 +67,7 @@ class AnthropicMapper:
         self.settled = False  # the stop reason came: a body held open after it ends after the grace
         self.terminator = "message_stop"
         self.response_id: str | None = None
+        self._usage_read = UsageReader("anthropic stream")  # warns once of malformed usage
         # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
         self._latest = -1  # the index of the block begun last: the only one a delta may go to
@@ -213,7 +215,7 @@ class AnthropicMapper:
         Anthropic's ``input_tokens`` is only the prompt after the last cache breakpoint; the
         `Usage` counts the whole prompt, cached part included, as OpenAI's do."""
         fresh, output, read, write = self._counts
-        given = usage_fields(raw, "anthropic stream", *_COUNTS)
+        given = self._usage_read(raw, *_COUNTS)
         self._counts = counts = (
             count_tokens(given[0], fresh),
             count_tokens(given[1], output),

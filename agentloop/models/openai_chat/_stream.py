@@ -35,7 +35,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import count_tokens, excerpt, loads, usage_fields
+from .._driver import UsageReader, count_tokens, excerpt, loads
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
@@ -330,8 +330,8 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "done", "keep_reasoning", "logprobs", "origin",
-                 "request_id", "response_id", "settled", "terminator")  # fmt: skip
+                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "_usage_read", "done", "keep_reasoning",
+                 "logprobs", "origin", "request_id", "response_id", "settled", "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -351,6 +351,7 @@ class ChatMapper:
         # (``usage_asked``, ``include_usage``); a body held open after it ends after the grace.
         self.settled = False
         self._usage_asked = usage_asked
+        self._usage_read = UsageReader("openai chat stream")  # warns once of malformed usage
         self.terminator = "data: [DONE]"
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
@@ -460,7 +461,7 @@ class ChatMapper:
         return next((c for c in choices if c.get("index") is None or c.get("index") == self._choice), None)
 
     def _read_usage(self, usage: Any, out: list[StreamEvent]) -> None:
-        prompt, completion, cached, hit = usage_fields(usage, "openai chat stream", *_COUNTS)
+        prompt, completion, cached, hit = self._usage_read(usage, *_COUNTS)
         self._usage = Usage(
             count_tokens(prompt),
             count_tokens(completion),
