@@ -322,9 +322,12 @@ class _UrlCredentialsFilter(logging.Filter):
     a handler reading ``exc_info`` itself would otherwise see the credential.
 
     A record's message is searched for the credentials by their last four characters (`_Tails`),
-    not one credential after another: a process with a model per conversation, each of its own
-    key, pays per record what a process with one pays. A record with a traceback is searched
-    for all of them (an error is rare; what it carries, not only its text, is made safe)."""
+    not one credential after another once there are more than a few: a process with a model per
+    conversation, each of its own key, pays per record about what a process with one pays. A
+    record with a traceback is searched for each of them in turn (an error is rare; what it
+    carries, not only its text, is made safe). A record that cannot be formatted is searched in
+    its ``msg`` and ``args``, which the logging module prints when it reports it, and keeps them
+    scrubbed. An owner collected while a record is looked up is forgotten at the next record."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -388,10 +391,7 @@ class _UrlCredentialsFilter(logging.Filter):
                 secrets = [value for _, values in self._live.values() for value in values]
             scrub_record(record, Redactor(secrets))
             return True
-        try:
-            text = record.getMessage()
-        except Exception:  # a malformed record is the logging module's to report, not ours
-            return True
+        text = _shown_text(record)
         with self._entries():
             found = self._tails.found_in(text)
         if found:
@@ -401,25 +401,31 @@ class _UrlCredentialsFilter(logging.Filter):
 
 #: Each four characters of a text, overlapping: found in C, for a text of any length.
 _QUADS = re.compile(r"(?=(.{4}))", re.DOTALL)
-#: A longer text is searched for every credential in turn: its four-character pieces would
-#: take more memory than the search.
-_MAX_QUADS = 65_536
+#: A longer text is searched in pieces of this many characters (each with the three after it, so
+#: that a tail across two pieces is found): its four-character pieces take memory.
+_CHUNK = 65_536
+#: With this many forms or fewer, a text is searched for each in turn: a few searches in C cost
+#: less than the four-character pieces of a long text.
+_FEW_FORMS = 16
 
 
 class _Tails:
     """Credentials indexed by the last four characters of each form they are shown in
     (`shown_forms`), each counted as often as it was added: which of them a text holds is found
-    by looking its four-character pieces up, whatever the number of credentials. Shorter forms
-    are looked for one by one."""
+    by looking its four-character pieces up, whatever the number of credentials, a long text a
+    piece at a time. Shorter forms, and all of them while there are few, are looked for one by one."""
 
     def __init__(self) -> None:
         self._by_tail: dict[str, dict[tuple[str, str], int]] = {}
         self._short: dict[tuple[str, str], int] = {}
+        self._count = 0  # the (form, credential) pairs held
 
     def add(self, values: Iterable[str]) -> None:
         for pair in self._pairs(values):
             form = pair[0]
             bucket = self._short if len(form) < 4 else self._by_tail.setdefault(form[-4:], {})
+            if pair not in bucket:
+                self._count += 1
             bucket[pair] = bucket.get(pair, 0) + 1
 
     def remove(self, values: Iterable[str]) -> None:
@@ -431,11 +437,12 @@ class _Tails:
             bucket[pair] -= 1
             if not bucket[pair]:
                 del bucket[pair]
+                self._count -= 1
                 if not bucket and len(form) >= 4:
                     del self._by_tail[form[-4:]]
 
     def __len__(self) -> int:
-        return sum(map(len, self._by_tail.values())) + len(self._short)
+        return self._count
 
     @staticmethod
     def _pairs(values: Iterable[str]) -> set[tuple[str, str]]:
@@ -444,12 +451,27 @@ class _Tails:
 
     def found_in(self, text: str) -> list[str]:
         """The credentials one of whose forms ``text`` holds."""
-        if len(text) > _MAX_QUADS:
-            pairs: Iterable[tuple[str, str]] = [p for bucket in self._by_tail.values() for p in bucket]
+        pairs: Iterable[tuple[str, str]]
+        if self._count <= _FEW_FORMS:
+            pairs = [p for bucket in self._by_tail.values() for p in bucket]
         else:
-            tails = self._by_tail.keys() & set(_QUADS.findall(text))
+            tails: set[str] = set()
+            for start in range(0, max(len(text) - 3, 1), _CHUNK):
+                tails |= self._by_tail.keys() & set(_QUADS.findall(text, start, start + _CHUNK + 3))
             pairs = [p for tail in tails for p in self._by_tail[tail]]
         return sorted({value for form, value in [*pairs, *self._short] if form in text})
+
+
+def _shown_text(record: logging.LogRecord) -> str:
+    """The text of ``record`` a handler can show: its message or, when it cannot be formatted, its
+    ``msg`` and ``args``, which the logging module prints in its report of the failure."""
+    try:
+        return record.getMessage()
+    except Exception:
+        try:
+            return f"{record.msg!s} {record.args!r}"
+        except Exception:  # the report says it cannot print them either
+            return ""
 
 
 def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
@@ -457,7 +479,8 @@ def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
     traceback it carries quotes one, that traceback (then folded into the message as text)."""
     try:
         text = record.getMessage()
-    except Exception:  # a malformed record is the logging module's to report, not ours
+    except Exception:  # malformed: the logging module reports it with its msg and args
+        _scrub_malformed(record, redactor)
         return
     trace = ""
     if record.exc_info and record.exc_info[1] is not None:
@@ -470,6 +493,33 @@ def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
     if record.exc_info and record.exc_info[1] is not None:
         # Kept for the handlers: what it carries is made safe (an HTTP error's request and headers).
         redactor.make_safe(record.exc_info[1])
+
+
+def _scrub_malformed(record: logging.LogRecord, redactor: Redactor) -> None:
+    """Scrub ``redactor``'s secrets out of a record that cannot be formatted, in place: its ``msg``
+    and ``args`` become scrubbed strings (as many, so that it stays malformed and is reported so),
+    and a traceback that quotes one is kept as scrubbed text (``exc_text``)."""
+    if redactor._found_in(_shown_text(record)):
+        args = record.args if isinstance(record.args, tuple) else (record.args,)
+        record.msg = redactor.scrub(str(record.msg))
+        record.args = tuple(_scrubbed_arg(arg, redactor) for arg in args)
+    if record.exc_info and record.exc_info[1] is not None:
+        trace = record.exc_text or "".join(traceback.format_exception(record.exc_info[1])).rstrip()
+        if redactor._found_in(trace):
+            record.exc_info, record.exc_text = None, redactor.scrub(trace)
+        else:
+            redactor.make_safe(record.exc_info[1])
+
+
+def _scrubbed_arg(arg: object, redactor: Redactor) -> object:
+    """``arg`` itself, or when its repr shows a secret, its text scrubbed."""
+    try:
+        shown = repr(arg)
+    except Exception:
+        return "[REDACTED]"
+    if not redactor._found_in(shown):
+        return arg
+    return redactor.scrub(arg if isinstance(arg, str) else shown)
 
 
 URL_LOGS = _UrlCredentialsFilter()
