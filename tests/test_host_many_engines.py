@@ -528,7 +528,7 @@ def test_a_malformed_record_with_a_traceback_keeps_no_credential() -> None:
     URL_LOGS.watch(owner, url_credentials(url), ())
     try:
         raise ValueError(f"refused {url}")
-    except ValueError as exc:
+    except ValueError:
         record = logging.LogRecord("httpx", logging.ERROR, __file__, 1, "%d: %s", ({"url": url},), sys.exc_info())
     URL_LOGS.filter(record)
     shown = f"{record.msg!s} {record.args!r} {record.exc_text} {record.exc_info}"
