@@ -74,7 +74,7 @@ class QueryEngine:
 
     Keyword arguments beyond API.md: ``usage_limit`` (total tokens per run,
     subagents' included, terminal ``usage_limit``; it cannot hold when the provider's usage is
-    unreadable, counted as 0 with a warning that names it), ``deadline`` (seconds of wall clock per run,
+    unreadable, counted as 0 with a warning that says so), ``deadline`` (seconds of wall clock per run,
     terminal ``deadline``), ``texts`` (every text the library writes),
     ``session`` (a `agentloop.sessions.SessionStore` receiving each committed
     message; a record it fails to append costs the run nothing and adds one line

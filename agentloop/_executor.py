@@ -439,6 +439,10 @@ class CallRunner:
             except SystemExit as exc:
                 # A prompt's own parser refusing the answer typed (argparse, click): raised from this
                 # task's step, it would leave the event loop and end the host program. A failed check.
+                # Once the run is aborted it is a host abort listener's exit (the callback called
+                # interrupt()): that one propagates out of abort(), as docs/concepts.md says.
+                if self.signal.aborted:
+                    raise
                 raise _PromptExited(exc) from exc
             except asyncio.CancelledError:
                 if self.signal.aborted or task_cancelling():

@@ -16,7 +16,6 @@ Contract for implementers:
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
@@ -64,14 +63,6 @@ class ToolSpec(Protocol):
     def input_schema(self) -> Mapping[str, Any]:
         """The JSON Schema of the tool's input (an object)."""
         ...
-
-
-#: The ``usage_limit`` over the model request being streamed, as a warning names it ("the run's
-#: usage_limit of 500 tokens"); None when no limit holds. Set by the engine before each request, read
-#: by a provider whose usage cannot be read: counted as 0, it never brings the run to that limit.
-usage_limit_in_force: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "agentloop_usage_limit", default=None
-)
 
 
 @dataclass(frozen=True, slots=True)

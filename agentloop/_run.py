@@ -495,21 +495,6 @@ def usage_spent(engine: QueryEngine, tokens: int) -> str | None:
     return f"{whose} usage_limit of {spent.options.usage_limit} tokens (shared with its subagents) is reached"
 
 
-def usage_limit_named(engine: QueryEngine) -> str | None:
-    """The ``usage_limit`` over ``engine``'s model requests, as a warning names it: its own, else
-    the nearest one above it that its subagents share; None when no limit holds."""
-    limit = engine.options.usage_limit
-    if limit is not None:
-        whose = "its own" if engine.parent is not None else "the run's"
-        return f"{whose} usage_limit of {limit} tokens"
-    above = engine.parent
-    while above is not None:
-        if above.options.usage_limit is not None:
-            return f"the usage_limit of {above.options.usage_limit} tokens it shares with its parent"
-        above = above.parent
-    return None
-
-
 def _spent_ancestor(engine: QueryEngine) -> QueryEngine | None:
     """The nearest running engine above ``engine`` that has reached its ``usage_limit``, if any."""
     parent = engine.parent

@@ -30,11 +30,11 @@ from ._events import (
 from ._executor import cancel_grace, describe
 from ._hostlog import log_failure
 from ._messages import Message
-from ._model import ModelRequest, StreamEvent, usage_limit_in_force
+from ._model import ModelRequest, StreamEvent
 from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a_verdict, notify
 from ._quick import quick_new
 from ._recovery import doom_reminder
-from ._run import RunState, TranscriptView, charge_ancestors, usage_limit_named, usage_spent
+from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
 from ._unicode import scrub
 
 if TYPE_CHECKING:
@@ -137,7 +137,6 @@ class ModelPhase:
         if st.signal._reason is not None:  # `aborted`, without a call (see the note in `_loop`)
             self.outcome.aborted = True
             return None
-        usage_limit_in_force.set(usage_limit_named(engine))  # for a provider whose usage is unreadable
         try:
             produced = engine.model.stream(request, st.signal)
             try:

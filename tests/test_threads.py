@@ -315,11 +315,18 @@ def test_a_child_forked_while_its_own_thread_held_the_claim_lock_releases_it() -
                 faulthandler.dump_traceback_later(30, exit=True)
                 lock.release()
                 lock.release()
-                free = threading.Thread(target=lambda: lock.acquire(timeout=5) and lock.release())
+                got: list[bool] = []
+
+                def take() -> None:
+                    got.append(lock.acquire(timeout=5))
+                    if got[0]:
+                        lock.release()
+
+                free = threading.Thread(target=take)
                 status = 3
                 free.start()
                 free.join(10)
-                status = 0
+                status = 0 if got == [True] else 4  # another thread takes the lock: it is free
             except RuntimeError:
                 status = 1
             finally:

@@ -285,6 +285,40 @@ async def test_a_permission_callback_whose_parser_exits_is_a_failed_check_not_a_
     assert any("permission callback failed" in r.getMessage() for r in caplog.records)
 
 
+def test_a_host_listeners_exit_during_a_permission_prompt_still_ends_the_program() -> None:
+    # The callback interrupts the run and a host abort listener calls sys.exit(): that SystemExit
+    # propagates out of abort() (docs/concepts.md), so it ends the program; it is not the
+    # callback's parser refusing an answer, and must not become a failed check.
+    script = """
+import asyncio, sys
+from agentloop import Deny, QueryEngine, tool
+from agentloop.testing import ScriptedModel, ScriptedResponse, ScriptedToolCall
+
+@tool
+async def act() -> str:
+    \"\"\"Act.\"\"\"
+    return "ran"
+
+async def check(use, ctx):
+    ctx.signal.add_listener(lambda reason: sys.exit(7))
+    engine.interrupt("user typed q")
+    return Deny("q")
+
+model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("act", {})]), "ok"])
+engine = QueryEngine(model, tools=[act], permission=check, policies=[])
+
+async def main():
+    async for _ in engine.run("go"):
+        pass
+    print("run ended without the exit")
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 7, (done.stdout, done.stderr[-2000:])
+    assert "run ended without the exit" not in done.stdout
+
+
 class _Point(BaseModel):
     x: int
     label: str

@@ -33,7 +33,7 @@ from .._messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .._model import StreamEvent, usage_limit_in_force
+from .._model import StreamEvent
 from .._tools import fitted
 from .._unicode import scrub_json
 from ._errbody import PAGE_TYPES, decode_body, is_page, media_type, page_text
@@ -149,12 +149,11 @@ def _usage_values(raw: Any, paths: Sequence[str]) -> tuple[list[Any], list[str]]
 
 
 def _warn_malformed(stream: str, problems: list[str]) -> None:
-    limit = usage_limit_in_force.get()
-    unheld = f"; {limit} cannot hold while this provider's usage is unreadable" if limit else ""
     log.warning(
         "%s: malformed usage in the response (%s); the token counts it would give are unknown and "
-        "counted as 0%s; the response is kept, not retried (the server would send it so again)",
-        stream, "; ".join(problems), unheld,
+        "counted as 0, so a usage_limit cannot hold while this provider's usage is unreadable; the "
+        "response is kept, not retried (the server would send it so again)",
+        stream, "; ".join(problems),
     )  # fmt: skip
 
 

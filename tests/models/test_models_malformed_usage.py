@@ -148,7 +148,7 @@ async def test_malformed_usage_in_every_event_of_a_response_warns_once(
 async def test_malformed_usage_under_a_usage_limit_warns_that_the_limit_cannot_hold(
     cls: type[Any], body: Callable[..., bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Usage read as 0 never reaches a run's usage_limit: the warning says so, naming the limit."""
+    """Usage read as 0 never reaches a run's usage_limit: the warning says so."""
     client = httpx.AsyncClient(
         transport=httpx.MockTransport(
             lambda _r: httpx.Response(200, content=body("oops"), headers={"content-type": "text/event-stream"})
@@ -160,14 +160,6 @@ async def test_malformed_usage_under_a_usage_limit_warns_that_the_limit_cannot_h
     await client.aclose()
     assert isinstance(events[-1], TurnEnded) and events[-1].reason == "completed"
     (warned,) = [r.getMessage() for r in caplog.records if "malformed usage" in r.getMessage()]
-    assert "usage_limit of 500 tokens" in warned and "cannot hold" in warned
+    assert "a usage_limit cannot hold while this provider's usage is unreadable" in warned
 
 
-@pytest.mark.parametrize(("cls", "body"), PROVIDERS, ids=["anthropic", "chat", "responses"])
-async def test_malformed_usage_without_a_usage_limit_names_none(
-    cls: type[Any], body: Callable[..., bytes], caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="agentloop"):
-        await _run(cls, body("oops"))
-    (warned,) = [r.getMessage() for r in caplog.records if "malformed usage" in r.getMessage()]
-    assert "usage_limit" not in warned
