@@ -20,16 +20,11 @@ How (exact, no hashing heuristics):
   by comparing slices backwards.
 - The search reach grows geometrically with the checkpoint's alignment:
   ``2*step`` characters at every checkpoint, twice that (and twice the stride)
-  at every 2nd, and so on while it stays below ``window``. A period p within
-  that reach is therefore adopted at most one stride (shorter than p, or
-  ``step`` for p <= step) after its second copy is complete, before any rule
-  that asks for three copies can be due. The periods past it (the top octave:
-  2,049 to 4,096 characters by default) are searched for at half the rate,
-  with ``window`` reached at the checkpoints one alignment further only: such
-  a period is adopted at most ``2*p`` characters after its second copy, so
-  before its fourth, and the widest searches (which only the top octave
-  needs) come half as often. Scanning costs O(log window) C-level character
-  comparisons per character, and Python runs once per checkpoint, not per character (one ``rfind`` per
+  at every 2nd, and so on up to ``window``. A period p is therefore adopted at
+  most one stride (shorter than p, or ``step`` for p <= step) after its second
+  copy is complete, before any rule that asks for three copies can be due;
+  scanning costs O(log window) C-level character comparisons per character,
+  and Python runs once per checkpoint, not per character (one ``rfind`` per
   reach; a method call only when the needle recurs). Growing by 2 rather than
   4 scans about a quarter less: a chunk pays for the farthest-reaching
   checkpoint it spans, and the next reach up is only twice as far.
@@ -50,7 +45,8 @@ How (exact, no hashing heuristics):
   with the anchor and the far ones with the far needle.
 - A live candidate is extended per delta with one slice comparison; the first
   mismatch (found only when the comparison fails) ends the run.
-- Memory is bounded: the buffer keeps at most ``3*window`` characters.
+- Memory is bounded: the buffer keeps at most ``3*window + 2*anchor``
+  characters.
 
 Thresholds: a run of length L with smallest period p fires when ``L/p`` and
 ``L`` reach the first `Rule` whose ``below`` exceeds p, per channel. The
@@ -115,18 +111,8 @@ _WIDE = 4096  # a reach past this is searched in two parts (the anchor near, the
 @functools.lru_cache(maxsize=16)
 def _reach_table(step: int, window: int) -> tuple[int, ...]:
     """The search reach by bit length (see `RepetitionDetector.__init__`): one table per
-    (step, window), shared by the detectors that use it (a policy makes two per engine).
-
-    A reach is twice its checkpoints' stride while that is shorter than ``window``. The periods
-    past the last such reach (the top octave, up to ``window``) are looked for at half that
-    rate, the stride of the first checkpoint whose reach would pass ``window`` being skipped: a
-    period p there is found at most ``2 * p`` characters after its second copy, before its fourth,
-    for half the scanning its octave took."""
-    reach = [min(step << max(b, 1), window) for b in range(65)]
-    top = reach.index(window)  # the first level that reaches the window
-    if top > 1 and reach[top - 1] < window:
-        reach[top] = reach[top - 1]  # its periods are left to the next level, at half the rate
-    return tuple(reach)
+    (step, window), shared by the detectors that use it (a policy makes two per engine)."""
+    return tuple(min(step << max(b, 1), window) for b in range(65))
 
 
 def _stricter(rule: Rule | None, other: Rule | None) -> Rule | None:

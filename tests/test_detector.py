@@ -526,31 +526,15 @@ def test_live_is_a_read_only_view_that_follows_the_detector_across_resets() -> N
     assert view and set(view) == set(det.live)
 
 
-@pytest.mark.parametrize("period", [2049, 3000, 4096])
-def test_a_period_of_the_top_octave_fires_by_its_fourth_copy(period: int) -> None:
-    """Past the last reach below the window (2,048 characters by default), periods are searched
-    for at half the rate: one is adopted within ``2 * period`` characters of its second copy, so
-    it fires after its third copy and before its fourth, with its own period."""
-    rnd = random.Random(period)
-    onset = len(PROSE)
-    text = PROSE + random_text(rnd, period) * 5
-    det = RepetitionDetector("thinking")
-    fired = next(
-        (i + 1 for i, ch in enumerate(text) if any(s.kind == "tail_repetition" for s in det.feed(ch))), None
-    )
-    assert fired is not None and onset + 3 * period <= fired <= onset + 4 * period
-    assert det.tail() is not None and det.tail()[0] == period  # type: ignore[index]
-    assert det._reach[:10] == (64, 64, 128, 256, 512, 1024, 2048, 2048, 4096, 4096)
-
-
 @FAST
-@given(st.integers(16, 2048), st.integers(0, 2**32), st.sampled_from([(1, 24), (30, 200), (400, 600)]))
+@given(st.integers(16, 4096), st.integers(0, 2**32), st.sampled_from([(1, 4), (1, 24), (30, 200), (400, 600)]))
 def test_one_search_first_over_a_wide_reach_changes_no_signal(
     length: int, seed: int, chunking: tuple[int, int]
 ) -> None:
     """Up to the default window the anchor is searched for over the whole reach first, and the
-    far needle only where it recurs: the same signals, in the same deltas, as when every reach
-    past 256 characters is searched in two parts (near with the anchor, far with the far needle)."""
+    far needle only where it recurs: the same signals, in the same deltas, and the same tail as
+    when every reach past 256 characters is searched in two parts (near with the anchor, far with
+    the far needle), for units up to the window."""
     import agentloop._detector as module
 
     rnd = random.Random(seed)
@@ -567,6 +551,41 @@ def test_one_search_first_over_a_wide_reach_changes_no_signal(
     assert one == two
 
 
-def _signals_by_delta(deltas: list[str]) -> list[tuple[str, ...]]:
+def _signals_by_delta(deltas: list[str]) -> list[tuple[tuple[str, ...], tuple[int, int] | None]]:
+    """The signals of every delta, with the tail after it."""
     det = RepetitionDetector("text")
-    return [tuple(s.format() for s in det.feed(d)) for d in deltas]
+    return [(tuple(s.format() for s in det.feed(d)), det.tail()) for d in deltas]
+
+
+@FAST
+@given(
+    st.sampled_from([(3000, 16, 32), (5000, 16, 32), (3000, 64, 100), (5000, 64, 100)]),
+    st.integers(0, 1000),
+    st.integers(0, 2**32),
+    st.sampled_from([(1, 4), (1, 24), (30, 200)]),
+)
+@example((5000, 16, 32), 788, 4471, (1, 4))
+def test_a_period_past_half_the_window_fires_by_its_third_copy_with_its_whole_run(
+    geometry: tuple[int, int, int], share: int, seed: int, chunking: tuple[int, int]
+) -> None:
+    """The longest periods a window holds (past half of it), with the default and a custom
+    anchor and step: the loop fires by its third copy plus the delta it lands in, and the run
+    reported then and at the end is the whole of it, as the brute-force reference reads it,
+    however far back its onset was when the buffer was trimmed."""
+    window, anchor, step = geometry
+    p = window // 2 + 1 + share * (window - window // 2 - 1) // 1000
+    rnd = random.Random(seed)
+    text = random_text(rnd, rnd.randint(0, 400)) + random_text(rnd, p) * 5
+    text += text[-p : -p + rnd.randint(0, p - 1)]
+    det = RepetitionDetector("thinking", window=window, anchor=anchor, step=step)
+    lo, hi = chunking
+    pos, fired = 0, None
+    for d in chunks(text, lo, hi, seed):
+        pos += len(d)
+        if any(s.kind == "tail_repetition" for s in det.feed(d)) and fired is None:
+            fired = pos
+            assert det.tail() == reference_tail(text[:pos], window, anchor)
+    ref = reference_tail(text, window, anchor)
+    assert ref is not None and ref[0] == p and det.tail() == ref and fired is not None
+    onset = len(text) - ref[1]
+    assert 3 * p <= fired - onset < 3 * p + hi, (p, (fired - onset) / p)

@@ -9,9 +9,11 @@ URL out of other libraries' log records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 import weakref
@@ -22,6 +24,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 import httpx
 
 from ..._errors import ModelError, ProviderError
+from ..._forklock import ForkSafeLock
 from ..._transcript import redacted
 
 #: Words in a header or query parameter name that mark its value as a credential:
@@ -316,22 +319,137 @@ class _UrlCredentialsFilter(logging.Filter):
     forgets an owner when it is garbage-collected. A record holding none of them passes
     untouched; none is made while the logger is below its level. A record whose traceback
     (``exc_info``) quotes one is logged with that traceback as text, scrubbed, in its message:
-    a handler reading ``exc_info`` itself would otherwise see the credential."""
+    a handler reading ``exc_info`` itself would otherwise see the credential.
+
+    A record's message is searched for the credentials by their last four characters (`_Tails`),
+    not one credential after another: a process with a model per conversation, each of its own
+    key, pays per record what a process with one pays. A record with a traceback is searched
+    for all of them (an error is rare; what it carries, not only its text, is made safe)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._live: weakref.WeakKeyDictionary[object, tuple[str, ...]] = weakref.WeakKeyDictionary()
+        self._live: dict[int, tuple[weakref.ref[object], tuple[str, ...]]] = {}
+        self._tails = _Tails()
+        self._gone: list[int] = []  # owners collected, not yet dropped
+        self._lock = ForkSafeLock()  # records are logged from any thread; a forked child finds it free
+        self._reading = False  # the lock's holder is looking at the entries: a collection leaves them
 
     def watch(self, owner: object, secrets: Iterable[str], loggers: Iterable[str]) -> None:
-        self._live[owner] = tuple(secrets)
+        values = tuple(secrets)
+        key = id(owner)
+        with self._entries():
+            entry = self._live.get(key)
+            if entry is not None:  # its own, watched again, or a collected one's at the address
+                self._tails.remove(entry[1])
+            self._live[key] = (weakref.ref(owner, self._forget(key)), values)
+            self._tails.add(values)
         for name in loggers:
             logging.getLogger(name).addFilter(self)  # a filter already there is not added again
 
+    def _forget(self, key: int) -> Callable[[weakref.ref[object]], None]:
+        def gone(ref: weakref.ref[object]) -> None:  # run by a collection: maybe mid-lookup, any thread
+            self._gone.append(key)
+            if not self._reading and self._lock.acquire(blocking=False):
+                try:
+                    if not self._reading:
+                        with self._entries():
+                            pass
+                finally:
+                    self._lock.release()
+
+        return gone
+
+    @contextlib.contextmanager
+    def _entries(self) -> Iterator[None]:
+        """The entries to look at or change: the lock held, the owners collected meanwhile forgotten,
+        and a collection while they are looked at leaves them as they are (forgotten next time)."""
+        with self._lock:
+            self._reading = True
+            try:
+                self._drop_gone()
+                yield
+            finally:
+                self._reading = False
+
+    def _drop_gone(self) -> None:
+        """Forget the owners collected: an entry of a new owner at the address stays."""
+        while self._gone:
+            key = self._gone.pop()
+            entry = self._live.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._live[key]
+                self._tails.remove(entry[1])
+
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = [value for values in list(self._live.values()) for value in values]
-        if secrets:
+        if not self._live:
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            with self._entries():
+                secrets = [value for _, values in self._live.values() for value in values]
             scrub_record(record, Redactor(secrets))
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record is the logging module's to report, not ours
+            return True
+        with self._entries():
+            found = self._tails.found_in(text)
+        if found:
+            scrub_record(record, Redactor(found))
         return True
+
+
+#: Each four characters of a text, overlapping: found in C, for a text of any length.
+_QUADS = re.compile(r"(?=(.{4}))", re.DOTALL)
+#: A longer text is searched for every credential in turn: its four-character pieces would
+#: take more memory than the search.
+_MAX_QUADS = 65_536
+
+
+class _Tails:
+    """Credentials indexed by the last four characters of each form they are shown in
+    (`shown_forms`), each counted as often as it was added: which of them a text holds is found
+    by looking its four-character pieces up, whatever the number of credentials. Shorter forms
+    are looked for one by one."""
+
+    def __init__(self) -> None:
+        self._by_tail: dict[str, dict[tuple[str, str], int]] = {}
+        self._short: dict[tuple[str, str], int] = {}
+
+    def add(self, values: Iterable[str]) -> None:
+        for pair in self._pairs(values):
+            form = pair[0]
+            bucket = self._short if len(form) < 4 else self._by_tail.setdefault(form[-4:], {})
+            bucket[pair] = bucket.get(pair, 0) + 1
+
+    def remove(self, values: Iterable[str]) -> None:
+        for pair in self._pairs(values):
+            form = pair[0]
+            bucket = self._short if len(form) < 4 else self._by_tail.get(form[-4:])
+            if bucket is None or pair not in bucket:
+                continue
+            bucket[pair] -= 1
+            if not bucket[pair]:
+                del bucket[pair]
+                if not bucket and len(form) >= 4:
+                    del self._by_tail[form[-4:]]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._by_tail.values())) + len(self._short)
+
+    @staticmethod
+    def _pairs(values: Iterable[str]) -> set[tuple[str, str]]:
+        """(form, credential) for each form of each credential."""
+        return {(form, value) for value in values if value for form in shown_forms(value)}
+
+    def found_in(self, text: str) -> list[str]:
+        """The credentials one of whose forms ``text`` holds."""
+        if len(text) > _MAX_QUADS:
+            pairs: Iterable[tuple[str, str]] = [p for bucket in self._by_tail.values() for p in bucket]
+        else:
+            tails = self._by_tail.keys() & set(_QUADS.findall(text))
+            pairs = [p for tail in tails for p in self._by_tail[tail]]
+        return sorted({value for form, value in [*pairs, *self._short] if form in text})
 
 
 def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
