@@ -513,18 +513,52 @@ def test_timeouts_made_outside_a_loop_share_one_thread_that_ends_when_none_is_pe
     assert not thread.is_alive()
 
 
-def test_a_timeout_made_in_a_loop_that_closed_still_aborts_on_time() -> None:
+class _TimerClock:
+    """A stand-in for ``time.monotonic`` in the timers: it moves only when told to. Once
+    ``watch()`` is called it counts the reads the timer thread makes with nothing left in its
+    inbox (so with every timer handed to it so far in its heap)."""
+
+    def __init__(self) -> None:
+        from agentloop._timers import timer_thread
+
+        self.now = time.monotonic()
+        self._inbox = timer_thread._inbox
+        self._reads: int | None = None  # not counting yet
+        self.looked = threading.Event()  # the thread has been round its loop with all it was given
+
+    def monotonic(self) -> float:
+        on_thread = threading.current_thread().name == "agentloop-timeouts"
+        if self._reads is not None and on_thread and self._inbox.empty():
+            self._reads += 1
+            if self._reads >= 3:  # three reads in a row: at least one whole pass of pop_due
+                self.looked.set()
+        return self.now
+
+    def watch(self) -> None:
+        self._reads = 0
+
+
+def test_a_timeout_made_in_a_loop_that_closed_still_aborts_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # asyncio.run() closed its loop with the timer still in it: the signal never aborted, in a
     # later asyncio.run() or a thread alike.
+    from agentloop import _abort, _timers
+
     async def make(seconds: float, reason: str) -> AbortSignal:
         return AbortSignal.timeout(seconds, reason=reason)
 
-    start = time.monotonic()
-    held = asyncio.run(make(0.2, "held"))
-    fired = threading.Event()
-    held.add_listener(lambda r: fired.set())
-    assert fired.wait(10) and held.reason == "held"
-    assert time.monotonic() - start >= 0.2  # not early either
+    clock = _TimerClock()
+    with monkeypatch.context() as patch:
+        for module in (_abort, _timers):
+            patch.setattr(module, "time", clock)
+        held = asyncio.run(make(0.2, "held"))  # its timer goes to the thread as the loop closes
+        assert not held.aborted  # not early: no time has passed on the timers' clock
+        clock.watch()
+        fired = threading.Event()
+        held.add_listener(lambda r: (fired.set(), clock.looked.set()))
+        assert clock.looked.wait(10), "the timer thread never took the timer"
+        assert not held.aborted  # the thread holds the timer and has seen it is not due yet
+        clock.now += 0.2
+        assert fired.wait(10) and held.reason == "held"
 
     later = asyncio.run(make(0.05, "later"))
 

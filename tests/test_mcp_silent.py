@@ -96,8 +96,13 @@ async def test_a_first_call_on_a_server_that_never_answers_tools_list_gets_its_a
 ) -> None:
     # The listing before the call is given up after connect_timeout; the call is sent and answered,
     # and nothing waits for a listing afterwards (the SDK's own, to check the result, included).
-    srv, tools = await _restarted("list", tmp_path / "starts", connect_timeout=0.5)
+    srv, tools = await _restarted("list", tmp_path / "starts", connect_timeout=30)
     try:
+        # The new process answers initialize under the generous bound (a busy machine may take
+        # a while to start it); only the listing, which is never answered, meets the short one.
+        async with asyncio.timeout(30):
+            session = await srv.session()
+        srv.connect_timeout = session.listing_timeout = 0.5  # type: ignore[attr-defined]
         finished = await _first_call(srv, tools)
         assert not finished.result.is_error and finished.result.text.isdigit()
         assert f"MCP server {srv.label} answered the call of 'pid' but not tools/list within 0.5 s" in caplog.text
