@@ -246,8 +246,7 @@ def interrupt_notice(engine: QueryEngine, reason: TerminalReason, abort_reason: 
     if abort_reason in _NO_NOTICE or mode is None:
         return
     if mode == "append":
-        notice = told_for(engine.options.texts.interrupt_notice, abort_reason)
-        engine._commit(Message.user(notice, synthetic=True, kind="interrupt_notice"))
+        engine._commit(Message.user(engine.options.texts.interrupt_notice, synthetic=True, kind="interrupt_notice"))
         return
     # "envelope" (grok's way) writes nothing now: the next user message is wrapped (envelope_due).
 

@@ -100,22 +100,23 @@ _NOT_THE_USER = {
     "deadline": "by user-set deadline (the run's deadline passed)",
     "consumer_closed": "by user code (the application stopped reading the run)",
 }
-_USER_WORDS = "nterrupted by user"  # "Interrupted by user: ...", "[Request interrupted by user]"
+_USER_WORDS = "Interrupted by user"  # the opening of the stock results: "Interrupted by user: ..."
 
 
 def told_for(text: str, reason: str | None) -> str:
-    """``text`` (one of the `Texts` written for an interrupt) true to ``reason``, the abort's:
-    for an interrupt no person asked for (the run's deadline, the host's code that stopped
-    reading the run) the words "interrupted by user" it opens with go on to say what
+    """``text`` (one of the `Texts` written for an interrupted call) true to ``reason``, the
+    abort's: for an interrupt no person asked for (the run's deadline, the host's code that
+    stopped reading the run) the words "Interrupted by user" it opens with go on to say what
     interrupted ("Interrupted by user-set deadline (...)"), so the text still begins
-    "Interrupted by user". A text without those words near its start (the host's own) is kept."""
+    "Interrupted by user". A text that does not open with those words as a whole (the host's
+    own, "Uninterrupted ...", "Interrupted by users' ...") is kept as written."""
     why = _NOT_THE_USER.get(reason) if reason is not None else None
-    if why is None:
+    if why is None or not text.startswith(_USER_WORDS):
         return text
-    at = text.find(_USER_WORDS, 0, 40)
-    if at < 0:
-        return text
-    return f"{text[:at]}nterrupted {why}{text[at + len(_USER_WORDS):]}"
+    rest = text[len(_USER_WORDS) :]
+    if rest[:1].isalnum() or rest[:1] in "_'-":
+        return text  # a longer word ("Interrupted by username"): not the stock opening
+    return f"Interrupted {why}{rest}"
 
 
 _TAG = re.compile(r"<(?=\s*/?\s*user_query)", re.IGNORECASE)

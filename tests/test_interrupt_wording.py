@@ -105,6 +105,22 @@ async def test_texts_of_the_hosts_own_are_kept_as_written() -> None:
     assert _texts(engine)[:2] == ["Stopped.", "Not run."]
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Uninterrupted by user input; retry later.",
+        "Sorry: this was interrupted by user request or a limit.",
+        "Interrupted by username policy.",
+        "interrupted by user (lower case): the host's own.",
+    ],
+)
+@pytest.mark.parametrize("reason", ["deadline", "consumer_closed"])
+def test_a_hosts_text_not_opening_with_interrupted_by_user_is_kept_whole(text: str, reason: str) -> None:
+    # Only the stock opening, "Interrupted by user" as a whole at the start, goes on to say what
+    # interrupted; the words elsewhere (or inside a longer word) were spliced into mid-sentence.
+    assert told_for(text, reason) == text
+
+
 _REASONS = ["cancel", "send_now", "escape", "deadline", "consumer_closed"]
 
 
