@@ -70,10 +70,14 @@ class _Part:
         self.data: dict[str, Any] | None = None
 
 
+# The errors of a malformed event name the type of what it carries, never the value: a model's
+# value may hold a credential (a key a server echoed), and these errors are raised outside the
+# scrubbing of a model's own errors (`agentloop.models` rejects a wrong type itself, scrubbed).
+
+
 def _malformed(value: object, event: object) -> StreamProtocolError:
     return StreamProtocolError(
-        f"malformed stream event: {type(event).__name__} carries {type(value).__name__} where a str belongs: "
-        f"{value!r:.80}",
+        f"malformed stream event: {type(event).__name__} carries {type(value).__name__} where a str belongs",
         retryable=True,
     )
 
@@ -98,9 +102,23 @@ def _counted(usage: Usage, event: StreamUsage | StreamEnd) -> Usage:
             return replace(usage, input_tokens=i, output_tokens=o, cache_read_tokens=r, cache_write_tokens=w)
     raise StreamProtocolError(
         f"malformed stream event: {type(event).__name__} carries a usage that is not a Usage of whole "
-        f"numbers of tokens >= 0: {usage!r:.80}",
+        f"numbers of tokens >= 0: {_usage_types(usage)}",
         retryable=True,  # as any malformed event: a stream that went wrong once may not again
     )
+
+
+def _usage_types(usage: object) -> str:
+    """What a malformed usage is, by types only (`_malformed`): ``a dict``, or the counts of a
+    `Usage` that are not whole numbers >= 0 (``input_tokens is str``, ``output_tokens is negative``)."""
+    if not isinstance(usage, Usage):
+        return f"a {type(usage).__name__}"
+    bad = []
+    for field in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+        n = getattr(usage, field)
+        if _whole(n) is None:
+            negative = isinstance(n, int | float) and not isinstance(n, bool) and n < 0
+            bad.append(f"{field} is {'negative' if negative else type(n).__name__}")
+    return ", ".join(bad) or f"a {type(usage).__name__}"
 
 
 def _whole(n: object) -> int | None:
@@ -131,7 +149,7 @@ def _redacted_block(data: str, origin: str | None) -> RedactedThinkingBlock:
 def _bad_index(index: object, event: object) -> StreamProtocolError:
     return StreamProtocolError(
         f"malformed stream event: {type(event).__name__} carries a block index of type "
-        f"{type(index).__name__}, not an int: {index!r:.80}",
+        f"{type(index).__name__}, not an int",
         retryable=True,
     )
 
@@ -177,7 +195,7 @@ class Accumulator:
                 return apply(self, ev)
         raise StreamProtocolError(
             f"malformed stream event: the model yielded {type(ev).__name__}, not one of the stream "
-            f"events of agentloop.models (StreamText, StreamEnd, ...): {ev!r:.80}"
+            "events of agentloop.models (StreamText, StreamEnd, ...)"
         )
 
     # The one check every model's events pass through: a field of the wrong type (a server's
@@ -244,7 +262,7 @@ class Accumulator:
         if type(ev.data) is not dict:
             raise StreamProtocolError(
                 f"malformed stream event: StreamProviderBlock carries {type(ev.data).__name__} where a dict "
-                f"belongs: {ev.data!r:.80}",
+                "belongs",
                 retryable=True,
             )
         if _deeper_than(ev.data, MAX_PROVIDER_DEPTH):
@@ -271,7 +289,7 @@ class Accumulator:
         if reason is not None and type(reason) is not str:  # a list or a dict would fail the commit
             raise StreamProtocolError(
                 f"malformed stream event: StreamEnd carries a stop_reason of type {type(reason).__name__}, "
-                f"not a str: {reason!r:.80}",
+                "not a str",
                 retryable=True,
             )
         usage = ev.usage

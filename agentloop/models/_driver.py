@@ -53,6 +53,7 @@ __all__ = [
     "dumps_input",
     "excerpt",
     "loads",
+    "not_a_str",
     "run_stream",
     "turns",
     "wire_id",
@@ -190,6 +191,17 @@ def excerpt(text: str, limit: int = 200) -> str:
         run = _TOKEN_RUN.match(text, limit)  # never None: the pattern matches the empty string
         end = run.end() if run is not None else limit
     return text[: min(end, limit + 512)]
+
+
+def not_a_str(where: str, field: str, value: Any) -> StreamProtocolError:
+    """The error for a ``field`` of an event that should be a str and is ``value``, of another
+    type (retryable, as malformed data is). Raised by a mapper, where the model's errors are
+    scrubbed of its secrets (`run_stream`), rather than passed on in a stream event whose own check
+    would reject it outside that scrubbing. ``where``: what was malformed (``"openai chat stream:
+    malformed chunk"``)."""
+    return StreamProtocolError(
+        f"{where}: its {field} is {type(value).__name__}, not a str: {excerpt(repr(value))}", retryable=True
+    )
 
 
 #: ``ModelRequest.tool_choice``'s words as both OpenAI APIs (Chat Completions, Responses) spell

@@ -14,6 +14,7 @@ from _models_support import (
     final,
     load,
     model_error_run,
+    request,
     run_fixture,
     split,
     sse,
@@ -22,6 +23,7 @@ from _models_support import run_responses as run_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentloop._abort import AbortController
 from agentloop._errors import ProviderStreamError, StreamProtocolError
 from agentloop.models import OpenAIResponsesModel, StreamText
 
@@ -249,3 +251,52 @@ async def test_an_item_added_without_ids_after_one_that_is_done_is_a_new_item() 
 
     _, acc = await run_body(sse(CREATED, *message("A"), *message("B"), COMPLETED))
     assert [b.text for b in acc.message().content] == ["A", "B"]  # type: ignore[union-attr]
+
+
+# -- a completed response whose status says it failed ------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+@pytest.mark.parametrize("terminal", ["response.completed", "response.incomplete"])
+async def test_a_terminal_event_whose_response_failed_is_the_error_of_response_failed(terminal: str, status: str) -> None:
+    # Before, it ended the answer as an empty end_turn: a failure passed off as a finished answer.
+    error = {"code": "server_error", "message": "Upstream model crashed"}
+    failed = sse(CREATED, ev("response.failed", response={"id": "resp_1", "status": "failed", "error": error}))
+    body = sse(CREATED, ev(terminal, response={"id": "resp_1", "status": status, "error": error}))
+    raised = []
+    for stream in (failed, body):
+        server = MockServer(stream)
+        async with server.client() as client:
+            with pytest.raises(ProviderStreamError) as info:
+                await collect(OpenAIResponsesModel("m", api_key=API_KEY, http_client=client))
+        assert server.streams[0].closed
+        raised.append((type(info.value), str(info.value), info.value.retryable, info.value.status))
+    assert raised[1] == raised[0]
+    assert "Upstream model crashed" in raised[1][1] and raised[1][2] is True
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+async def test_a_completed_response_that_failed_without_an_error_says_its_status(status: str) -> None:
+    body = sse(CREATED, ev("response.completed", response={"id": "resp_1", "status": status, "error": None}))
+    with pytest.raises(ProviderStreamError, match=f"status {status!r}") as info:
+        await run_body(body)
+    assert info.value.retryable is False
+
+
+async def test_a_completed_response_that_failed_keeps_what_streamed_before_its_error() -> None:
+    # As with response.failed: the output it holds and its usage come out, then the error.
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=MSG),
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="Hi"),
+        ev("response.completed", response={"id": "resp_1", "status": "cancelled", "usage": {"input_tokens": 3, "output_tokens": 1}}),
+    )
+    events: list[Any] = []
+    server = MockServer(body)
+    async with server.client() as client:
+        model = OpenAIResponsesModel("m", api_key=API_KEY, http_client=client)
+        with pytest.raises(ProviderStreamError):
+            async for event in model.stream(request(), AbortController().signal):
+                events.append(event)  # noqa: PERF401 (what came before the error is what is checked)
+    assert [type(e).__name__ for e in events] == ["StreamText", "StreamUsage"]
+    assert not any(type(e).__name__ == "StreamEnd" for e in events)

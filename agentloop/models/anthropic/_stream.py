@@ -29,7 +29,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import UsageReader, count_tokens, excerpt, loads
+from .._driver import UsageReader, count_tokens, excerpt, loads, not_a_str
 from .._http._errors import prompt_too_long
 from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
@@ -136,11 +136,11 @@ class AnthropicMapper:
         if dt == "text_delta":
             if block != "text":
                 raise _wrong_block(dt, block, index)
-            return (StreamText(index, delta["text"]),)
+            return (StreamText(index, _str(delta, "text", obj)),)
         if dt == "input_json_delta":
             if block != "tool_use":
                 raise _wrong_block(dt, block, index)
-            part = delta["partial_json"]
+            part = _str(delta, "partial_json", obj)
             if not part:
                 return None
             if self._whole:
@@ -150,13 +150,14 @@ class AnthropicMapper:
             if block != "thinking":
                 raise _wrong_block(dt, block, index)
             if dt == "thinking_delta":
-                return (StreamThinking(index, delta["thinking"]),)
-            return (StreamSignature(index, delta["signature"], self.origin),)
+                return (StreamThinking(index, _str(delta, "thinking", obj)),)
+            return (StreamSignature(index, _str(delta, "signature", obj), self.origin),)
         return None  # citations_delta and future delta types
 
     def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         message = obj["message"]
-        self.response_id = message.get("id")
+        given = message.get("id")
+        self.response_id = given if type(given) is str else None
         usage = message.get("usage")
         if usage:
             self._count(usage)
@@ -174,20 +175,21 @@ class AnthropicMapper:
         self._latest = index
         self._blocks[index] = bt if bt in _MAPPED else ""
         if bt == "text":
-            return (StreamText(index, block["text"]),) if block.get("text") else None
+            return (StreamText(index, _str(block, "text", obj)),) if block.get("text") else None
         if bt == "thinking":
             whole: list[StreamEvent] = []
             if block.get("thinking"):
-                whole.append(StreamThinking(index, block["thinking"]))
+                whole.append(StreamThinking(index, _str(block, "thinking", obj)))
             if block.get("signature"):  # a proxy that sends the whole block up front
-                whole.append(StreamSignature(index, block["signature"], self.origin))
+                whole.append(StreamSignature(index, _str(block, "signature", obj), self.origin))
             return whole
         if bt == "redacted_thinking":
-            return (StreamRedactedThinking(index, block["data"], self.origin),)
+            return (StreamRedactedThinking(index, _str(block, "data", obj), self.origin),)
         if bt == "tool_use":
+            id, name = _str(block, "id", obj), _str(block, "name", obj)
             if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
                 self._whole[index] = json.dumps(block["input"])
-            return (StreamToolUseStart(index, block["id"], block["name"]),)
+            return (StreamToolUseStart(index, id, name),)
         if bt in SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
             self._server[index] = (block, [])  # given whole at its content_block_stop
         return None  # future block types: skipped
@@ -203,6 +205,8 @@ class AnthropicMapper:
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
         if reason is not None:
+            if type(reason) is not str:
+                raise not_a_str(f"anthropic stream: malformed {obj.get('type')} event", "stop_reason", reason)
             self._stop_reason = reason
             self.settled = True
         usage = obj.get("usage")
@@ -275,6 +279,18 @@ def _index(obj: dict[str, Any]) -> int:
             retryable=True,
         )
     return index
+
+
+def _str(holder: dict[str, Any], field: str, obj: dict[str, Any]) -> str:
+    """The str ``holder[field]`` of the event ``obj`` (KeyError when absent). Another type is a
+    malformed event raised here, where the model's errors are scrubbed of its secrets, and not
+    passed on in a stream event whose own check would reject it outside that scrubbing."""
+    value = holder[field]
+    if type(value) is not str:
+        kind = obj.get("type")
+        what = f"{holder.get('type')} block" if kind == "content_block_start" else holder.get("type")
+        raise not_a_str(f"anthropic stream: malformed {kind} event", f"{what}'s {field}", value)
+    return value
 
 
 def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequence[StreamEvent] | None:

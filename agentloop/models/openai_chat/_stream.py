@@ -35,7 +35,7 @@ from ..._model import (
     StreamUsage,
     Usage,
 )
-from .._driver import UsageReader, count_tokens, excerpt, loads
+from .._driver import UsageReader, count_tokens, excerpt, loads, not_a_str
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
@@ -57,6 +57,9 @@ _FINISH = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_
 #: "abort" (the server aborted the request), DeepSeek's "insufficient_system_resource".
 _CUT_FINISH = {"abort": "the server aborted the response",
                "insufficient_system_resource": "the server ran out of resources for the response"}  # fmt: skip
+
+#: What a value of the wrong type makes malformed (`not_a_str`).
+_MALFORMED = "openai chat stream: malformed chunk"
 
 #: The signature of a reasoning block kept for ``echo_reasoning``: not a real signature, and
 #: JSON, so the Anthropic and Responses adapters see it as another provider's and never send it.
@@ -394,7 +397,8 @@ class ChatMapper:
 
     def _chunk(self, obj: dict[str, Any]) -> list[StreamEvent] | None:
         if not self.response_id:  # Azure's filter chunks carry "id": ""
-            self.response_id = obj.get("id") or None
+            given = obj.get("id")
+            self.response_id = given if type(given) is str and given else None
         out: list[StreamEvent] = []
         usage = obj.get("usage")
         if usage:
@@ -472,6 +476,9 @@ class ChatMapper:
     def _delta(self, delta: dict[str, Any], out: list[StreamEvent], finishing: bool) -> None:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
+            if type(reasoning) is not str:
+                field = "reasoning" if delta.get("reasoning") else "reasoning_content"
+                raise not_a_str(_MALFORMED, f"delta's {field}", reasoning)
             out.append(StreamThinking(self._channel("thinking", out), reasoning))
         details = delta.get("reasoning_details")
         if details and type(details) is list:
@@ -480,10 +487,14 @@ class ChatMapper:
         if content:
             if type(content) is list:
                 self._parts(content, out)
-            else:
+            elif type(content) is str:
                 out.append(StreamText(self._channel("text", out), content))
+            else:
+                raise not_a_str(_MALFORMED, "delta's content", content)
         refusal = delta.get("refusal")
         if refusal:
+            if type(refusal) is not str:
+                raise not_a_str(_MALFORMED, "delta's refusal", refusal)
             self._refusal = True
             out.append(StreamText(self._channel("text", out), refusal))
         calls = delta.get("tool_calls")
@@ -518,14 +529,22 @@ class ChatMapper:
             kind = part.get("type")
             if kind == "text":
                 piece = part.get("text") or ""
+                if type(piece) is not str:
+                    raise not_a_str(_MALFORMED, "content part's text", piece)
                 if piece:
                     out.append(StreamText(self._channel("text", out), piece))
             elif kind == "thinking":
                 inner = part.get("thinking") or ""
                 if type(inner) is list:
-                    piece = "".join(p.get("text") or "" for p in inner)
-                else:
+                    texts = [p.get("text") or "" for p in inner]
+                    bad = next((t for t in texts if type(t) is not str), None)
+                    if bad is not None:
+                        raise not_a_str(_MALFORMED, "thinking part's text", bad)
+                    piece = "".join(texts)
+                elif type(inner) is str:
                     piece = inner
+                else:
+                    raise not_a_str(_MALFORMED, "content part's thinking", inner)
                 if piece:
                     out.append(StreamThinking(self._channel("thinking", out), piece))
 
@@ -556,6 +575,9 @@ class ChatMapper:
             )
         call = self._calls.get(key)
         fn = raw.get("function") or {}
+        for field, value in (("id", raw.get("id")), ("name", fn.get("name"))):
+            if value and type(value) is not str:
+                raise not_a_str(_MALFORMED, f"tool call's {field}", value)
         follows = "" if call is None else call.succeeded_by(raw, fn)
         if call is not None and follows == "next":
             self._settle(call, out)
@@ -579,7 +601,10 @@ class ChatMapper:
         elif args:
             self._last_kind = "text"
             # A whole input sent as an object (litellm's ollama_chat adapter) is encoded as JSON.
-            args = json.dumps(args) if type(args) is dict else args
+            if type(args) is dict:
+                args = json.dumps(args)
+            elif type(args) is not str:
+                raise not_a_str(_MALFORMED, "tool call's arguments", args)
             if call.held < 0 and (not call.args or len(args) < call.size):  # the common case: a new piece
                 call.args.append(args)
                 call.size += len(args)

@@ -146,7 +146,10 @@ class ResponsesMapper(ItemIndex):
             self.response_id = (obj.get("response") or {}).get("id") or self.response_id
             return None
         if kind == "response.completed" or kind == "response.incomplete":
-            return self._end(obj["response"], kind == "response.incomplete")
+            response = obj["response"]
+            if response.get("status") in _FAILED:  # a failure, whichever event ends it
+                return self._failed(obj)
+            return self._end(response, kind == "response.incomplete")
         if kind == "response.failed":
             return self._failed(obj)
         nested = obj.get("error")
@@ -386,12 +389,15 @@ class ResponsesMapper(ItemIndex):
         return out
 
     def _failed(self, obj: dict[str, Any]) -> Sequence[StreamEvent]:
-        """``response.failed``: its error, raised once what the failed response holds is out (the
-        output the stream had not carried, the usage it was billed) as `failure`."""
+        """``response.failed``, or a ``response.completed`` whose response's ``status`` is
+        ``failed`` or ``cancelled`` (`_FAILED`): its error, raised once what the failed response
+        holds is out (the output the stream had not carried, the usage it was billed) as `failure`."""
         response = obj.get("response") or {}
         given = response.get("error")
         if isinstance(given, str) and given:  # a proxy's error in words is its message
             given = {"message": given}
+        elif not given and obj.get("type") != "response.failed":  # its status is the news
+            given = {"message": f"the response ended with status {excerpt(repr(response.get('status')))}"}
         error = self._error(obj, given if isinstance(given, dict) else {})
         try:
             out = self._output(response)
@@ -490,6 +496,9 @@ _COUNTS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens"
 
 
 #: The events that carry a part's final text.
+#: The ``status`` of a response that did not finish: one that a ``response.completed`` (or
+#: ``.incomplete``) carries is the failure ``response.failed`` would be.
+_FAILED = frozenset({"failed", "cancelled"})
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
                          "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
                          "response.reasoning_text.done"})  # fmt: skip
