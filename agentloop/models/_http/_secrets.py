@@ -89,7 +89,12 @@ def shown_forms(value: str) -> set[str]:
     """The forms ``value`` takes in the texts an error can hold: as given, escaped in JSON (an
     error body that echoes a header: ``\\"`` for ``"``), in a repr (the HTTP layer quotes a value
     it refuses as bytes: ``b'tok\\n'``) and percent-encoded, every reserved character (a URL's
-    query parameter, a form)."""
+    query parameter, a form).
+
+    Not escaped in lower case (``%2f``): httpx and `quote` write upper case, and httpx quotes a
+    URL's escapes as written, the form `url_credentials` takes as given. Nor the base64 of a URL's
+    ``user:password``: neither httpx nor agentloop prints the Basic header made of it (an error's
+    request shows it ``[REDACTED]``; a server's echo is scrubbed as the sent header's value)."""
     if _PLAIN.issuperset(value):
         return {value}
     return {
@@ -319,10 +324,13 @@ class _UrlCredentialsFilter(logging.Filter):
     forgets an owner when it is garbage-collected. A record holding none of them passes
     untouched; none is made while the logger is below its level. A record whose traceback
     (``exc_info``) quotes one is logged with that traceback as text, scrubbed, in its message:
-    a handler reading ``exc_info`` itself would otherwise see the credential.
+    a handler reading ``exc_info`` itself would otherwise see the credential. The other parts of
+    a record a formatter prints are scrubbed in place (`_other_parts`): its call stack, a
+    traceback it holds as text only, and its string extras (a host's format's ``%(url)s``).
 
-    A record's message is searched for the credentials by their last four characters (`_Tails`),
-    not one credential after another once there are more than a few: a process with a model per
+    A record's message (with those other parts, in the same search) is searched for the
+    credentials by their last four characters (`_Tails`), not one credential after another once
+    there are more than a few: a process with a model per
     conversation, each of its own key, pays per record about what a process with one pays. A
     record with a traceback is searched for each of them in turn (an error is rare; what it
     carries, not only its text, is made safe). A record that cannot be formatted is searched in
@@ -392,6 +400,9 @@ class _UrlCredentialsFilter(logging.Filter):
             scrub_record(record, Redactor(secrets))
             return True
         text = _shown_text(record)
+        others = _other_parts(record)
+        if others:  # a call stack, a traceback as text, extras: searched with the message, at once
+            text = "\n".join([text, *(value for _, value in others)])
         with self._entries():
             found = self._tails.found_in(text)
         if found:
@@ -474,13 +485,44 @@ def _shown_text(record: logging.LogRecord) -> str:
             return ""
 
 
+#: The attributes of every record, and those a formatter sets (``message``, ``asctime``, made
+#: anew each time it formats one): any other is an ``extra=`` (or a record factory's) that a
+#: host's format string can print (``%(url)s``).
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+#: How many attributes a record made by the logging module has: one with no more has no extra.
+_PLAIN_RECORD = len(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
+
+
+def _other_parts(record: logging.LogRecord) -> list[tuple[str, str]]:
+    """(attribute, text) of each part of ``record`` besides its message and ``exc_info`` that a
+    formatter prints: its call stack (``stack_info``), a traceback already formatted (``exc_text``,
+    which a record sent from another process carries without ``exc_info``) and each extra that is
+    a string. A record without any costs a look at two attributes and a count of them all."""
+    attributes = record.__dict__
+    extras = len(attributes) > _PLAIN_RECORD
+    if not extras and attributes.get("stack_info") is None and attributes.get("exc_text") is None:
+        return []
+    names = ["stack_info", "exc_text", *(attributes.keys() - _STANDARD if extras else ())]
+    return [(name, value) for name in names if isinstance(value := attributes.get(name), str)]
+
+
+def _scrub_other_parts(record: logging.LogRecord, redactor: Redactor) -> None:
+    """Scrub ``redactor``'s secrets out of `_other_parts` of ``record``, in place: an extra that is
+    not a string is left as it is (a host's format may need its type: ``%(attempt)d``)."""
+    for name, value in _other_parts(record):
+        if redactor._found_in(value):
+            setattr(record, name, redactor.scrub(value))
+
+
 def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
     """Scrub ``redactor``'s secrets out of ``record`` in place: its message and, when the
-    traceback it carries quotes one, that traceback (then folded into the message as text)."""
+    traceback it carries quotes one, that traceback (then folded into the message as text); its
+    call stack, a traceback it holds as text and its string extras (`_other_parts`)."""
     try:
         text = record.getMessage()
     except Exception:  # malformed: the logging module reports it with its msg and args
         _scrub_malformed(record, redactor)
+        _scrub_other_parts(record, redactor)
         return
     trace = ""
     if record.exc_info and record.exc_info[1] is not None:
@@ -493,6 +535,7 @@ def scrub_record(record: logging.LogRecord, redactor: Redactor) -> None:
     if record.exc_info and record.exc_info[1] is not None:
         # Kept for the handlers: what it carries is made safe (an HTTP error's request and headers).
         redactor.make_safe(record.exc_info[1])
+    _scrub_other_parts(record, redactor)
 
 
 def _scrub_malformed(record: logging.LogRecord, redactor: Redactor) -> None:

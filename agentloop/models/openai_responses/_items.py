@@ -127,11 +127,12 @@ class ItemIndex:
                 return found
         return None
 
-    def _output_item(self, obj: dict[str, Any], raw: dict[str, Any]) -> Item:
+    def _output_item(self, obj: dict[str, Any], raw: dict[str, Any], added: bool = False) -> Item:
         """The item of an ``output_item.added``/``.done`` event, found by its id (a function
         call without one, from llama.cpp, by its ``call_id``, which its argument deltas name as
         their ``item_id``), else by its ``output_index`` unless another item is there, and then
-        known by both."""
+        known by both. An ``added`` event does not take an item whose ``output_item.done`` came
+        from its ``output_index`` alone: an item that nothing names after one that is done is a new one."""
         kind = raw["type"]
         ids = item_ids(raw)
         index = obj.get("output_index")
@@ -140,7 +141,8 @@ class ItemIndex:
         item = self.known(ids)
         if item is None:
             seen = self._items.get(index)  # (None: the item that nothing named)
-            if seen is not None and seen.kind == kind and not (ids and seen.id and seen.id not in ids):
+            if (seen is not None and seen.kind == kind and not (added and seen.done)
+                    and not (ids and seen.id and seen.id not in ids)):
                 item = seen
         if item is None:
             item = self._new(kind)

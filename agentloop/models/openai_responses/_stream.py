@@ -110,16 +110,20 @@ class ResponsesMapper(ItemIndex):
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             self._refusal |= kind == "response.refusal.delta"
             item = self._item(obj, "message")
-            delta = obj["delta"]
+            delta = _str(obj, "delta")
+            if item.done:
+                raise _after_done(item, kind)
             part = obj.get("content_index", 0)
             if part != item.part:
-                item.switch(part)
+                _switch(item, part, kind)
             item.streamed = True
             item.chunks.append(delta)
             return (StreamText(item.block, delta),)
         if kind == "response.function_call_arguments.delta":
             item = self._item(obj, "function_call")
-            delta = obj["delta"]
+            delta = _str(obj, "delta")
+            if item.done and delta:
+                raise _after_done(item, kind)
             if not item.started or not delta:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
@@ -156,12 +160,14 @@ class ResponsesMapper(ItemIndex):
         item = self._item(obj, "reasoning")
         if raw:
             item.raw = True  # its summary is not what streamed: not compared with it
-        text = obj["delta"]
+        text = _str(obj, "delta")
         if not text:
             return None  # an empty part adds nothing, not even a separator
+        if item.done:
+            raise _after_done(item, str(obj.get("type")))
         part = obj.get("content_index" if raw else "summary_index", 0)
         if part != item.part:
-            item.switch(part)
+            _switch(item, part, str(obj.get("type")))
         item.chunks.append(text)
         if item.streamed and len(item.chunks) == 1:
             text = "\n\n" + text  # a new summary part
@@ -234,6 +240,8 @@ class ResponsesMapper(ItemIndex):
             )
         if not rest:
             return []
+        if item.done:
+            raise _after_done(item, "a final copy that adds to its text")
         if part != item.part:
             if item.part != -1 and not part > item.part:
                 raise StreamProtocolError(
@@ -252,13 +260,15 @@ class ResponsesMapper(ItemIndex):
     def _start_call(self, item: Item, raw: dict[str, Any]) -> list[StreamEvent]:
         item.started = True
         self._calls += 1
-        out: list[StreamEvent] = [
-            StreamToolUseStart(item.block, raw.get("call_id") or raw["id"], raw["name"])
-        ]
-        if raw.get("arguments"):
+        name = _str(raw, "name")
+        args = raw.get("arguments")
+        if args and type(args) is not str:
+            raise _malformed_value(raw, "arguments", args)
+        out: list[StreamEvent] = [StreamToolUseStart(item.block, raw.get("call_id") or raw["id"], name)]
+        if args:
             item.streamed = True
-            item.chunks.append(raw["arguments"])
-            out.append(StreamToolInput(item.block, raw["arguments"]))
+            item.chunks.append(args)
+            out.append(StreamToolInput(item.block, args))
         return out
 
     def _settle(self, item: Item, final: Any) -> list[StreamEvent]:
@@ -281,6 +291,8 @@ class ResponsesMapper(ItemIndex):
             return []
         if final.startswith(streamed):
             rest = final[len(streamed) :]
+            if item.done:
+                raise _after_done(item, "final arguments that add to its input")
             item.chunks.append(rest)
             item.streamed = True
             return [StreamToolInput(item.block, rest)]
@@ -297,7 +309,7 @@ class ResponsesMapper(ItemIndex):
 
     def _item_added(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         raw = obj["item"]
-        item = self._output_item(obj, raw)
+        item = self._output_item(obj, raw, added=True)
         if raw["type"] != "function_call" or item.started:
             return None
         return self._start_call(item, raw)
@@ -353,6 +365,14 @@ class ResponsesMapper(ItemIndex):
 
     def _end(self, response: dict[str, Any], incomplete: bool) -> Sequence[StreamEvent]:
         out = self._output(response)
+        nameless = next((i for i in self._items.values() if i.kind == "function_call" and not i.started), None)
+        if nameless is not None:
+            raise StreamProtocolError(
+                f"openai responses stream: the arguments of the function call {excerpt(repr(nameless.id))} "
+                "streamed, but no event named the call (no output_item event, not in the response's "
+                "output): it cannot be made without its name",
+                retryable=True,
+            )
         self.done = True
         self.response_id = response.get("id") or self.response_id
         reason = None
@@ -369,7 +389,10 @@ class ResponsesMapper(ItemIndex):
         """``response.failed``: its error, raised once what the failed response holds is out (the
         output the stream had not carried, the usage it was billed) as `failure`."""
         response = obj.get("response") or {}
-        error = self._error(obj, response.get("error") or {})
+        given = response.get("error")
+        if isinstance(given, str) and given:  # a proxy's error in words is its message
+            given = {"message": given}
+        error = self._error(obj, given if isinstance(given, dict) else {})
         try:
             out = self._output(response)
         except (StreamProtocolError, KeyError, TypeError, AttributeError):
@@ -470,6 +493,46 @@ _COUNTS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens"
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
                          "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
                          "response.reasoning_text.done"})  # fmt: skip
+
+
+def _str(obj: dict[str, Any], field: str) -> str:
+    """The str ``obj[field]`` (KeyError when absent). Another type is a malformed event raised
+    here, where the model's errors are scrubbed of its secrets, and not passed on in an event
+    whose own check would quote it whole."""
+    value = obj[field]
+    if type(value) is not str:
+        raise _malformed_value(obj, field, value)
+    return value
+
+
+def _malformed_value(obj: dict[str, Any], field: str, value: Any) -> StreamProtocolError:
+    return StreamProtocolError(
+        f"openai responses stream: malformed {obj.get('type')} {'event' if field == 'delta' else 'item'}: "
+        f"its {field} is {type(value).__name__}, not a str: {excerpt(repr(value))}",
+        retryable=True,
+    )
+
+
+def _switch(item: Item, part: Any, kind: str) -> None:
+    """Make ``part`` the part of ``item`` now streaming. A part before the one streaming (a
+    number lower than its) cannot be put in its place: its text would follow the later part's."""
+    if type(part) is int and type(item.part) is int and part < item.part:
+        raise StreamProtocolError(
+            f"openai responses stream: a {kind} event for part {part} after part {item.part} of the "
+            f"{item.kind} item {excerpt(repr(item.id))}: its text cannot be put in its place",
+            retryable=True,
+        )
+    item.switch(part)
+
+
+def _after_done(item: Item, what: str) -> StreamProtocolError:
+    """An item's text, thinking or arguments added after its ``output_item.done``, which gave the
+    item whole and stopped its block: taken, it would make the item what the server said it is not."""
+    return StreamProtocolError(
+        f"openai responses stream: {what} for the {item.kind} item {excerpt(repr(item.id))} after its "
+        "output_item.done, which gave it whole",
+        retryable=True,
+    )
 
 
 def _part(obj: dict[str, Any]) -> dict[str, Any]:
