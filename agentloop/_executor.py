@@ -258,6 +258,8 @@ class CallRunner:
                     except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
                         if isinstance(exc, GeneratorExit) and loop_gone():
                             raise
+                        if isinstance(exc, BaseExceptionGroup) and ctrl_c_in(exc):
+                            raise KeyboardInterrupt from exc
                         result = self._failed(use, tool, exc, scope, pending)
                     else:
                         if type(output) is str and output.strip():  # the common case, as output_to_result builds it
@@ -436,6 +438,11 @@ class CallRunner:
             except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
                 stop_for_ctrl_c(self.engine)
                 raise
+            except BaseExceptionGroup as exc:  # Ctrl-C in a task group of the prompt's: as above
+                if not ctrl_c_in(exc):
+                    raise
+                stop_for_ctrl_c(self.engine)
+                raise KeyboardInterrupt from exc
             except SystemExit as exc:
                 # A prompt's own parser refusing the answer typed (argparse, click): raised from this
                 # task's step, it would leave the event loop and end the host program. A failed check.
@@ -576,6 +583,15 @@ def stop_for_ctrl_c(engine: QueryEngine) -> None:
     main_engine(engine).interrupt("cancel")
 
 
+def ctrl_c_in(group: BaseExceptionGroup[BaseException]) -> bool:
+    """Whether ``group`` holds a KeyboardInterrupt (nested groups included): Ctrl-C landed in one
+    of the tasks of a task group in a call's own code, which raised it with the others' outcomes.
+    It is Ctrl-C all the same, for the whole run, not the call's failure: a bare KeyboardInterrupt
+    is raised for it, the group chained to it (asyncio lets only a bare one out of the event loop
+    to the host)."""
+    return group.subgroup(KeyboardInterrupt) is not None
+
+
 def loop_gone() -> bool:
     """No event loop runs this code, or its loop is closed: a coroutine closed with the loop it
     was left in (closed under it) may only unwind, since nothing can be scheduled there."""
@@ -670,6 +686,11 @@ async def race_abort(aw: Awaitable[T], signal: AbortSignal) -> T:
         if not task.done():
             task.cancel()
             await _unwound(task)
+        elif signal.aborted and not task.cancelled():
+            # Ended as the run was aborted (a KeyboardInterrupt out of its own step, which the host
+            # had already): its outcome is of no use, also when this wait is cancelled meanwhile
+            # (asyncio.run cancels every task once Ctrl-C has left the loop).
+            task.exception()
     if signal.aborted and (task.cancelled() or not task.done() or isinstance(task.exception(), KeyboardInterrupt)):
         # A KeyboardInterrupt left the loop from the task's own step, which stopped the run: the
         # host had it once, and the abort is what is left of it here.

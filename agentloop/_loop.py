@@ -126,7 +126,7 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                 break
                             except asyncio.CancelledError:
                                 if not st.consume_cancel():
-                                    if task is None or task.cancelling():  # a cancel of the run's task
+                                    if task is None or task.cancelling() > st.cancels_before(task):  # the run's task's
                                         raise
                                     phase.cancelled_itself()  # nobody cancelled the run: a failure
                                     break

@@ -139,6 +139,8 @@ class RunState:
         "finishing",
         "guarding",
         "hooked",
+        "host",
+        "host_cancels",
         "injected",
         "last_reason",
         "last_results",
@@ -175,6 +177,12 @@ class RunState:
         self.controller = controller
         self.signal: AbortSignal = controller.signal
         self.task = task
+        # The task that began the run, and the cancels it had been asked then and not taken back:
+        # a run begun in its host's own cancel cleanup (an ``except CancelledError:`` or a
+        # ``finally`` that saves a summary) finds its task cancelling already, by a cancel that is
+        # no one's of this run (`cancels_before`).
+        self.host = task
+        self.host_cancels = task.cancelling() if task is not None else 0
         self.loop = asyncio.get_running_loop()
         self.mailbox = Mailbox()
         self.turns = 0
@@ -405,11 +413,23 @@ class RunState:
 
     def cut_off(self) -> bool:
         """True when the task running the loop has been asked to cancel by someone else (not by
-        this run's own abort): whoever owns the run wants it to end now."""
+        this run's own abort) since the run began: whoever owns the run wants it to end now."""
         task = asyncio.current_task(self.loop)
         if task is None:
             return False
-        return task.cancelling() > self.own_cancels()
+        return task.cancelling() > self.own_cancels() + self.cancels_before(task)
+
+    def cancels_before(self, task: asyncio.Task[Any]) -> int:
+        """The cancels ``task`` had been asked when it began the run (its host's cancel cleanup
+        runs it): not cancels of the run. 0 for another task."""
+        return self.host_cancels if task is self.host else 0
+
+    def owner_cancelling(self) -> bool:
+        """`task_cancelling` for this run: after a CancelledError no abort of the run's caused,
+        True when the running task was asked to cancel since the run began (the cancel is its
+        owner's, and propagates), not only before (a run in the host's cancel cleanup)."""
+        task = current_task_of(self.loop)
+        return task is None or task.cancelling() > self.cancels_before(task)
 
     def grace_left(self, grace: float) -> float:
         """What is left of the calls' cancel ``grace`` (all of it if no abort has reached the loop)."""

@@ -147,7 +147,7 @@ class ModelPhase:
             self.failed(exc)
             return None
         except asyncio.CancelledError:  # raised by the call itself: no await, so no cancel delivered
-            if task_cancelling():
+            if st.owner_cancelling():
                 raise
             self.cancelled_itself()
             return None
@@ -366,7 +366,7 @@ async def close_stream(engine: QueryEngine, stream: AsyncIterator[StreamEvent]) 
         if scope is None or not scope.expired():  # else cut at its limit: warned below
             log_failure(engine, "closing the model stream raised", level=logging.DEBUG)
     except asyncio.CancelledError:
-        if task_cancelling():
+        if _owner_cancelling(engine):
             raise
         log_failure(
             engine, "closing the model stream raised CancelledError, though the run was not cancelled", level=logging.DEBUG
@@ -381,9 +381,15 @@ def _close_limit(engine: QueryEngine) -> float | None:
     st = engine._state
     if not in_task():
         return None
-    if st is None or (not st.signal.aborted and not task_cancelling()):
+    if st is None or (not st.signal.aborted and not st.owner_cancelling()):
         return cancel_grace(engine.options)
     return st.step_grace(engine.options.tool_cancel_grace)
+
+
+def _owner_cancelling(engine: QueryEngine) -> bool:
+    """`RunState.owner_cancelling` of ``engine``'s run (`task_cancelling` with none)."""
+    st = engine._state
+    return st.owner_cancelling() if st is not None else task_cancelling()
 
 
 _RAISED = "policy %s.on_stream raised; ignored (logged once per attempt)"

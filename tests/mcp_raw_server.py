@@ -30,6 +30,7 @@ answers: dict[Any, dict[str, Any]] = {}  # the client's answers to our requests,
 TOOLS = [
     "split", "joined", "big", "noise", "ping", "roots", "exit", "stderr", "pid", "changes", "batch", "deaf", "last", "deep",
     "latin1", "surrogate", "bad_error", "bad_result", "new_content", "deep_answer", "cut_answer",
+    "cut_before_id",
 ]  # fmt: skip
 
 
@@ -117,6 +118,11 @@ def call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
             depth = int(arguments.get("n", 1000))
             answer = answer[:-1] + b',"structuredContent":{"a":' + b"[" * depth + b"]" * depth + b"}}"
         out.write((answer if name == "deep_answer" else answer[:40]) + b"\n")
+        out.flush()
+    elif name == "cut_before_id":  # an answer whose id comes after its result, cut short before the id
+        answer = {"jsonrpc": "2.0", "result": {"content": [{"type": "text", "text": "x"}]}, "id": request_id}
+        whole = json.dumps(answer).encode()
+        out.write(whole[: whole.rindex(b'"id"')] + b"\n")
         out.flush()
     elif name == "bad_error":  # an error answer whose code is not a number
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": "oops", "message": "went wrong"}})

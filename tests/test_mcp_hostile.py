@@ -72,6 +72,66 @@ async def test_an_answer_that_cannot_be_decoded_fails_its_call_not_waits(tool: s
         assert await _text(srv, "pid") == pid
 
 
+async def test_an_answer_cut_short_before_its_id_ends_the_connection_not_waits() -> None:
+    """An answer whose ``id`` came after its ``result``, cut short before the id, was skipped as a
+    line that is not JSON-RPC: which request it answered cannot be told, and its call waited for
+    ever (or its tool timeout), the server alive. The connection ends, saying why; the next call
+    gets a new server."""
+    async with _raw() as srv:
+        pid = await _text(srv, "pid")
+        with pytest.raises(MCPError, match="cut short before its id") as raised:
+            await _text(srv, "cut_before_id")
+        assert srv.label in str(raised.value)
+        assert await _text(srv, "pid") != pid
+
+
+def _parsed_ending(line: bytes) -> tuple[list[Any], str | None]:
+    """The messages `Pipes.parse` reads on ``line``, and the connection's end reason after it."""
+    loop = asyncio.new_event_loop()
+    try:
+        pipes = Pipes(loop, "p", Redactor(()), None)
+        return [m.message for m in pipes.parse(bytearray(line))], pipes.end_reason
+    finally:
+        loop.close()
+
+
+_RESULT = b'"result":{"content":[{"type":"text","text":"hi"}]}'
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0",' + _RESULT,  # the id never came
+        b'{"jsonrpc":"2.0",' + _RESULT + b',"id":',
+        b'{"jsonrpc":"2.0",' + _RESULT + b',"id":3',  # 3, or 34 cut after its first digit
+        b'{"jsonrpc":"2.0",' + _RESULT + b',"id":"r-',
+        b'{"jsonrpc":"2.0","result":{"content":[{"type":"text","text":"hi',  # cut inside the result
+        b'{"result":{"content":[]},"error":{"code":1,"message":"m"},"id":12',  # no jsonrpc yet: it may come after
+    ],
+)
+def test_an_answer_cut_short_before_its_whole_id_fails_no_other_request_and_ends_the_connection(line: bytes) -> None:
+    messages, reason = _parsed_ending(line)
+    assert messages == []
+    assert reason is not None and "cut short before its id" in reason
+
+
+@pytest.mark.parametrize(
+    ("line", "rid"),
+    [
+        (b'{"result":{"content":[]},"id":3,', 3),  # the jsonrpc member was to come after the id
+        (b'{"result":{"content":[]},"id":34 ', 34),  # whitespace after it: the number is whole
+        (b'{"result":{"content":[{"type":"text","text":"x"}]},"id":"r-3"', "r-3"),
+        (b'{"jsonrpc":"2.0","error":{"code":1,"message":"m"},"id":-7}', None),  # whole: decoded as it is
+    ],
+)
+def test_an_answer_cut_short_after_its_whole_id_fails_that_request(line: bytes, rid: Any) -> None:
+    messages, reason = _parsed_ending(line)
+    (answer,) = messages
+    assert isinstance(answer, types.JSONRPCError) and reason is None
+    if rid is not None:
+        assert answer.id == rid and "could not be decoded" in answer.error.message
+
+
 async def test_a_valid_answer_nested_deeper_than_pydantic_reads_answers_its_call() -> None:
     """pydantic stops near 200 levels, the line's own decoding at 400: a valid answer nested 300
     levels deep failed its call as "not a valid JSON-RPC answer"."""

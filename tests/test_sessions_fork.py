@@ -115,3 +115,54 @@ def test_a_forked_child_writes_once_the_parent_has_let_go(tmp_path: Path) -> Non
     os.close(ready_w)
     assert _wait(pid) == _WROTE
     assert _records(path) == ["parent", "child"]
+
+
+@pytest.mark.parametrize(
+    ("held_in", "child", "records"),
+    [
+        ("make_dirs", _WROTE, ["from the child", "parent"]),  # nothing opened yet: the child may write
+        ("_identify", _REFUSED, ["parent"]),  # opened and locked, not yet listed as open
+    ],
+)
+def test_a_child_forked_while_another_thread_opens_the_session_keeps_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_in: str, child: int, records: list[str]
+) -> None:
+    """A thread of the parent was opening the session's file as the process forked. Held before
+    the open (its thread lock taken), the child's first append waited for that thread for ever: it
+    is not in the child. Held once the file was open and locked but before the session was listed
+    as open, the child kept the parent's descriptor and wrote through the parent's lock. The
+    child finds the thread lock free, and lets go of what it inherited."""
+    import signal
+    import threading
+
+    from agentloop.sessions import _store
+
+    path = tmp_path / "new" / "s.jsonl"
+    session = JsonlSession(path)
+    entered, go_on = threading.Event(), threading.Event()
+    owner = _store if held_in == "make_dirs" else JsonlSession
+    real = getattr(owner, held_in)
+
+    def hold(*args: object) -> object:
+        if threading.current_thread().name == "opener":  # held there, the session's lock taken
+            entered.set()
+            go_on.wait()
+        return real(*args)
+
+    monkeypatch.setattr(owner, held_in, hold)
+    opener = threading.Thread(target=session.acquire, name="opener")
+    opener.start()
+    try:
+        assert entered.wait(timeout=60)
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a child stuck on the lock ends, and the test fails, rather than hanging
+            _in_child("append", session)
+        assert _wait(pid) == child
+    finally:
+        go_on.set()
+        opener.join()
+    session.append_message(Message.user("parent"))
+    session.close()
+    assert _records(path) == records

@@ -443,3 +443,25 @@ def test_a_message_with_a_field_that_changes_its_meaning_is_skipped(
     assert loaded.messages == [Message.user("hi")]
     (warning,) = loaded.warnings
     assert "skipped" in warning and repr(next(iter(field))) in warning, warning
+
+
+@pytest.mark.parametrize("agent_id", ["C:evil", "c:", "a:stream", "CON", "nul", "Com1.x", "aux .x", "a?b", "a|b", "a\tb"])
+def test_an_id_windows_reads_as_a_drive_a_stream_or_a_device_is_not_a_file_name_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_id: str
+) -> None:
+    """On Windows, ``<folder> / "C:evil.jsonl"`` is ``C:evil.jsonl``, in drive C's working directory:
+    out of the session's folder. ``a:stream`` writes to a hidden stream of a file ``a``, ``CON``
+    to the console. Each was taken as a plain file name there."""
+    from pathlib import PureWindowsPath
+
+    from agentloop.sessions import _files
+
+    assert PureWindowsPath("D:/srv/subagents/s") / "C:evil.jsonl" == PureWindowsPath("C:evil.jsonl")
+    session = JsonlSession(tmp_path / "s.jsonl")
+    monkeypatch.setattr(_files, "WINDOWS", True)
+    with pytest.raises(ValueError, match="cannot be used as a file name"):
+        session.sidechain(agent_id)
+    assert session.sidechain("helper-1").path.name == "helper-1.jsonl"
+    monkeypatch.setattr(_files, "WINDOWS", False)  # elsewhere each is a file name like any other
+    assert session.sidechain(agent_id).path.name == f"{agent_id}.jsonl"
+    session.close()

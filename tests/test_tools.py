@@ -31,6 +31,7 @@ from agentloop import (
     AbortController,
     AbortError,
     Allow,
+    Deny,
     QueryEngine,
     ScriptedModel,
     ScriptedResponse,
@@ -478,6 +479,78 @@ def test_ctrl_c_in_a_tools_own_code_goes_through_and_the_call_gets_the_interrupt
     assert validate_transcript(engine.messages) == []
     [result] = engine.messages[-1].tool_results
     assert result.is_error and result.text == Texts().stopped_running
+
+
+def _ctrl_c(shape: str) -> BaseException:
+    """Ctrl-C as a call's own code may raise it: bare, or wrapped in the exception group of a task
+    group one of whose children it landed in (beside another child's failure, or nested)."""
+    if shape == "bare":
+        return KeyboardInterrupt()
+    if shape == "group":
+        return BaseExceptionGroup("unhandled errors in a TaskGroup", [KeyboardInterrupt()])
+    inner = BaseExceptionGroup("inner", [asyncio.CancelledError(), KeyboardInterrupt()])
+    return BaseExceptionGroup("outer", [ValueError("a sibling failed"), inner])
+
+
+@pytest.mark.parametrize("shape", ["bare", "group", "nested"])
+def test_ctrl_c_wrapped_in_an_exception_group_stops_the_run_as_a_bare_one_does(
+    shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A task group inside the tool, one of whose children got the KeyboardInterrupt, raises it in
+    # a BaseExceptionGroup: that was the tool's failure (an error result, the run going on to ask
+    # the model again) and the Ctrl-C was swallowed.
+    @tool
+    async def crunch() -> str:
+        """Crunch numbers."""
+        raise _ctrl_c(shape)
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("crunch", {})]), "ok"])
+    engine = QueryEngine(model, tools=[crunch])
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    gc.collect()
+    assert "never retrieved" not in caplog.text
+    assert validate_transcript(engine.messages) == [] and not engine.running
+    assert model.request_count == 1
+    [result] = engine.messages[-1].tool_results
+    assert result.is_error and result.text == Texts().stopped_running
+
+
+@pytest.mark.parametrize("shape", ["bare", "group", "nested"])
+def test_ctrl_c_wrapped_in_an_exception_group_at_a_permission_prompt_stops_the_run(
+    shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[str] = []
+
+    @tool
+    async def crunch() -> str:
+        """Crunch numbers."""
+        ran.append("crunch")
+        return "crunched"
+
+    async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        raise _ctrl_c(shape)
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("crunch", {})]), "ok"])
+    engine = QueryEngine(model, tools=[crunch], permission=ask)
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    with caplog.at_level(logging.ERROR, logger="agentloop"), pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    gc.collect()
+    assert "never retrieved" not in caplog.text and "permission callback failed" not in caplog.text
+    assert validate_transcript(engine.messages) == [] and not engine.running
+    assert ran == [] and model.request_count == 1
+    [result] = engine.messages[-1].tool_results
+    assert result.is_error and result.text == Texts().never_started
 
 
 async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,7 +11,8 @@ the wrong shape was dropped, leaving its request waiting for ever. Here each cos
 - `readable` also makes the SDK's error for an HTTP answer that is not JSON-RPC one line;
 - `error_answer` is the error answer that stands for an answer of the wrong shape, so that its
   request fails at once, saying why, and `undecodable_answer` the one for an answer that cannot be
-  decoded at all (cut short, or nested too deeply);
+  decoded at all (cut short, or nested too deeply); `cut_before_id` tells an answer cut short
+  before its id, which no request can be given (the transport ends the connection then);
 - `invalid_result` is the error of a result that still does not validate: a line, not
   pydantic's dump of every error (with links to its site and the server's values).
 """
@@ -154,17 +155,35 @@ def error_answer(value: Any, label: str) -> types.JSONRPCError | None:
 def undecodable_answer(text: str, label: str) -> types.JSONRPCError | None:
     """The error answer standing for JSON ``text`` that cannot be decoded (cut short, or nested
     deeper than `MAX_JSON_DEPTH`) when it opens an answer to a request: an object whose own
-    members, in any order, as far as they can be read, are ``"jsonrpc": "2.0"``, an ``id``, and
-    a ``result`` or an ``error`` (no ``method``); None for anything else."""
-    members = _members(text)
-    if members.get("jsonrpc") != '"2.0"' or "method" in members:
-        return None
-    if "result" not in members and "error" not in members:
+    members, in any order, as far as they can be read, are ``"jsonrpc": "2.0"`` (or, cut short,
+    none yet: it may have been to come), an ``id``, and a ``result`` or an ``error`` (no
+    ``method``); None for anything else, and for an answer cut short before its whole id
+    (`cut_before_id`). An id that the cut may have shortened (a number the text ends with) is not
+    taken for the id: it could be another request's."""
+    members, cut = _members(text)
+    if not _answer(members, cut):
         return None
     raw = members.get("id")
     if raw is None or _ANSWER_ID.fullmatch(raw) is None:
         return None
     return _failing(json.loads(raw), label, " (it could not be decoded: cut short, or nested too deeply)")
+
+
+def cut_before_id(text: str) -> bool:
+    """Whether JSON ``text`` that cannot be decoded is an answer to a request (as
+    `undecodable_answer` reads one) cut short before its whole id: which request it answers
+    cannot be told, so no request would ever get it."""
+    members, cut = _members(text)
+    return cut and _answer(members, cut) and "id" not in members
+
+
+def _answer(members: dict[str, str], cut: bool) -> bool:
+    """Whether an object's ``members`` are those of an answer: ``"jsonrpc": "2.0"`` (or, when
+    it was ``cut`` short, none yet), a ``result`` or an ``error``, no ``method``."""
+    version = members.get("jsonrpc")
+    if version != '"2.0"' and not (cut and version is None):
+        return False
+    return "method" not in members and ("result" in members or "error" in members)
 
 
 #: A JSON token: a string, a punctuation mark, or a bare literal (a number, true, false, null).
@@ -175,19 +194,21 @@ _ANSWER_ID = re.compile(r'-?\d{1,18}|"(?:[^"\\]|\\.){0,200}"')
 _SCAN_TOKENS = 20_000
 
 
-def _members(text: str) -> dict[str, str]:
-    """The members of the JSON object ``text`` opens, read as far as the text goes (it may be
-    cut short) or `_SCAN_TOKENS` tokens: each key with its value's raw text when that is a
-    scalar, else the value's opening bracket."""
+def _members(text: str) -> tuple[dict[str, str], bool]:
+    """The members of the JSON object ``text`` opens, read as far as the text goes or
+    `_SCAN_TOKENS` tokens: each key with its value's raw text when that is a scalar, else the
+    value's opening bracket; and whether the text was cut short (it ran out, or ends in a
+    string left open, inside the object). A bare value (a number) the text ends with may
+    have been cut too: it is left out (its key, too)."""
     found: dict[str, str] = {}
     opened = _TOKEN.match(text)
     if opened is None or opened.group(1) != "{":
-        return found
+        return found, False
     pos, depth, key, want = opened.end(), 1, "", "key"
     for _ in range(_SCAN_TOKENS):
         token = _TOKEN.match(text, pos)
-        if token is None:
-            break
+        if token is None:  # the end of the text, or a string it ends in: cut short
+            return found, True
         pos, tok = token.end(), token.group(1)
         if depth > 1:  # inside a member's value: only its brackets count
             depth += 1 if tok in ("{", "[") else -1 if tok in ("}", "]") else 0
@@ -200,13 +221,15 @@ def _members(text: str) -> dict[str, str]:
                 break
             want = "value"
         elif want == "value":
-            found[key], want = tok, ","
+            if pos < len(text) or tok in ("{", "[") or tok.startswith('"'):
+                found[key] = tok
+            want = ","
             depth += tok in ("{", "[")
         elif tok != ",":
             break  # "}" (the end) or not JSON
         else:
             want = "key"
-    return found
+    return found, False
 
 
 def _key(token: str) -> str:

@@ -12,7 +12,8 @@ reads and writes, in place of the SDK's own ``stdio_client``, which:
   ``env`` or on the command line scrubbed, and its last lines say why a server stopped;
 - dropped an answer holding bytes that are not UTF-8 or a lone surrogate, or one it could not
   read (cut short, of the wrong shape), leaving its request waiting for ever: here the first is
-  read with U+FFFD, and the second fails its request (`_answers`);
+  read with U+FFFD, and the second fails its request (`_answers`), or, cut short before its id
+  (no request can be told), ends the connection, which fails every call waiting on it;
 - noticed a server's death only at the end of its stdout, which a process it left behind can
   hold open for ever: here its exit ends the connection too.
 
@@ -39,7 +40,7 @@ from .._jsondepth import loads
 from .._process import track, uncancellable, untrack
 from .._unicode import json_escapes_surrogate, scrub_json
 from ..models._http import Redactor
-from ._answers import error_answer, undecodable_answer
+from ._answers import cut_before_id, error_answer, undecodable_answer
 from ._child import ServerChild, spawn
 from ._connection import Connect, Streams
 from ._stop import stop
@@ -118,6 +119,10 @@ def stdio_connect(
         )
 
     return connect
+
+class _CutBeforeId(Exception):
+    """A line holds an answer cut short before its id: no request can be given it (`Pipes.parse`)."""
+
 
 class Pipes:
     """The server process's pipes: stdout cut into lines, stderr into the log, stdin's flow
@@ -257,7 +262,11 @@ class Pipes:
             return [SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))]
         except ValueError:  # pydantic's ValidationError, invalid JSON included
             pass
-        message = self._salvaged(line)
+        try:
+            message = self._salvaged(line)
+        except _CutBeforeId:
+            self._end("the server sent an answer cut short before its id (which request it answers cannot be told)")
+            return []
         if message is None:
             self._not_json_rpc(line)
             return []
@@ -269,11 +278,16 @@ class Pipes:
         deeper than pydantic reads JSON (near 200 levels) but no deeper than `MAX_JSON_DEPTH`; or
         an answer it still cannot read (of the wrong shape, cut short, nested too deeply), read as
         an error answer to its request, which then fails rather than waits for ever. None for
-        anything else (a line that is not JSON-RPC)."""
+        anything else (a line that is not JSON-RPC). Raises `_CutBeforeId` for an answer cut short
+        before its id."""
         try:
             value, mangled = self._decoded(line)
         except ValueError:  # not JSON, or nested more than MAX_JSON_DEPTH levels
-            return undecodable_answer(bytes(line).decode("utf-8", "replace"), self.label)
+            text = bytes(line).decode("utf-8", "replace")
+            answer = undecodable_answer(text, self.label)
+            if answer is None and cut_before_id(text):
+                raise _CutBeforeId from None
+            return answer
         try:
             message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_python(value, by_name=False)
         except ValueError:

@@ -254,7 +254,8 @@ class Mapper(Protocol):
     before the terminator: the events it returns (ending with `StreamEnd`) complete the
     stream; None leaves it cut. A mapper with ``at_eof`` may have ``settled`` too: True once the
     answer is whole (``at_eof`` would complete it), so a body held open after it ends after the
-    model's grace (`run_stream`).
+    model's grace (`run_stream`); and a ``grace_over()``, called when the grace ran out, before
+    ``at_eof``.
     """
 
     done: bool
@@ -534,10 +535,11 @@ async def _body(
     step = source.__anext__
     asked = cancels_asked()  # a cancel asked of the reader after this is one its close must not hide
     deadline: float | None = None
+    settled: Any = None  # the mapper, once its answer is whole
     try:
         while True:
             if mapper is not None and mapper.settled and grace is not None:
-                deadline, mapper = asyncio.get_running_loop().time() + grace, None
+                deadline, settled, mapper = asyncio.get_running_loop().time() + grace, mapper, None
             if watch is not None:
                 watch.reading = True
             try:
@@ -545,6 +547,9 @@ async def _body(
             except StopAsyncIteration:
                 break
             except _GraceOver:  # what a compressed body still held is no part of the answer
+                over = getattr(settled, "grace_over", None)
+                if over is not None:
+                    over()
                 return
             except asyncio.CancelledError:
                 if watch is not None and watch.withdrawn():

@@ -18,10 +18,36 @@ from ._format import loads_record
 log = logging.getLogger("agentloop")
 
 
+#: Whether file names are read as Windows reads them (`plain_file_name`).
+WINDOWS = os.name == "nt"
+
+#: What Windows reads as a device in a file name, whatever follows a dot (``CON.jsonl`` is the console).
+_DEVICES = frozenset(
+    [
+        "CON",
+        "PRN",
+        "AUX",
+        "NUL",
+        "CONIN$",
+        "CONOUT$",
+        *(f"{port}{n}" for port in ("COM", "LPT") for n in "0123456789"),
+    ]
+)
+
+
 def plain_file_name(name: str) -> bool:
     """Whether ``name`` names a file in a directory, not a path (a subagent's sidechain file is
-    ``<agent_id>.jsonl``): not empty, ``.`` or ``..``, and no separator or NUL in it."""
-    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+    ``<agent_id>.jsonl``): not empty, ``.`` or ``..``, and no separator or NUL in it. On Windows,
+    nor a drive (``C:x`` is ``x`` in drive C's working directory, out of the folder it is joined
+    to), an alternate data stream (``a:b``), a device (``CON``, ``nul.x``), or a character no
+    Windows file name holds."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return False
+    if WINDOWS:
+        if any(c in name for c in ':*?"<>|') or any(ord(c) < 32 for c in name):
+            return False
+        return name.split(".")[0].rstrip(" ").upper() not in _DEVICES
+    return True
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -43,7 +43,7 @@ def event_to_json(value: Any) -> Any:
     if isinstance(value, BaseModel):
         if not meta_holds_iterator(value):
             try:
-                return value.model_dump(mode="json")
+                return _keys_kept(value.model_dump(mode="json"), value)
             except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
                 pass
         return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
@@ -66,6 +66,40 @@ def event_to_json(value: Any) -> Any:
     return value
 
 
+def _keys_kept(dumped: Any, raw: Any) -> Any:
+    """``dumped`` (a JSON-mode dump of ``raw``) with each key that held a surrogate as ``raw`` has
+    it: the dump writes such a key's UTF-8 bytes, one U+FFFD each (a pair of halves, an emoji,
+    becomes six), where it keeps a value exactly, for the writer to escape and the reader to
+    repair. ``dumped`` itself (not a copy) when no key needed it."""
+    if isinstance(dumped, dict):
+        if isinstance(raw, BaseModel):
+            raws = [(key, getattr(raw, key, None)) for key in dumped]
+        elif isinstance(raw, Mapping) and len(raw) == len(dumped):
+            raws = list(raw.items())
+        elif isinstance(raw, Mapping):  # keys that differ only in their surrogates, made one by the dump
+            return event_to_json(raw)
+        else:
+            return dumped
+        out: dict[Any, Any] = {}
+        for (key, value), (was, old) in zip(dumped.items(), raws, strict=True):
+            if isinstance(was, str) and key != was and key == _mangled(was):
+                key = was
+            out[key] = _keys_kept(value, old)
+        same = all(k is d for k, d in zip(out, dumped, strict=True)) and all(
+            v is d for v, d in zip(out.values(), dumped.values(), strict=True)
+        )
+        return dumped if same else out
+    if isinstance(dumped, list) and isinstance(raw, list | tuple) and len(raw) == len(dumped):
+        items = [_keys_kept(d, r) for d, r in zip(dumped, raw, strict=True)]
+        return dumped if all(i is d for i, d in zip(items, dumped, strict=True)) else items
+    return dumped
+
+
+def _mangled(key: str) -> str:
+    """``key`` as a JSON-mode dump writes a key holding a surrogate (see `_keys_kept`)."""
+    return key.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def meta_holds_iterator(value: object) -> bool:
     """Whether ``value`` is a message whose ``meta`` (the host's data) holds an iterator, which
     a pydantic dump would drain: forever, for an endless one."""
@@ -85,8 +119,24 @@ def escape_line_breaks(line: str) -> str:
     return line
 
 
+def message_json(message: Message) -> str:
+    """``message`` as JSON text: pydantic's, or, for one holding a lone UTF-16 surrogate (kept
+    exactly, as a \\udXXX escape, in a key too) or a value in the host's ``meta`` that JSON
+    cannot encode (written as its repr, as in an event record), `dumps` of `event_to_json`."""
+    if not meta_holds_iterator(message):
+        try:
+            text = message.model_dump_json()
+        except (PydanticSerializationError, ValueError):
+            pass
+        else:
+            # A key holding a surrogate is written as U+FFFDs, with no error (see `_keys_kept`).
+            if "\ufffd" not in text:
+                return text
+    return dumps(event_to_json(message))
+
+
 def checkpoint_line(messages: Sequence[Message]) -> str:
-    return dumps({"type": "checkpoint", "messages": [event_to_json(m) for m in messages]}) + "\n"
+    return '{"type":"checkpoint","messages":[' + ",".join(map(message_json, messages)) + "]}\n"
 
 
 def dumps(obj: Any) -> str:

@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import stat
-import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -21,13 +20,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic_core import PydanticSerializationError
-
 from .._checks import count
 from .._errors import SessionLockedError
+from .._forklock import ForkSafeLock
 from .._messages import Message
 from ._files import O_BINARY, cut_torn_tail, fsync_dir, fsync_file, make_dirs, plain_file_name, write_all
-from ._format import checkpoint_line, dumps, encode_line, event_to_json, meta_holds_iterator
+from ._format import checkpoint_line, dumps, encode_line, event_to_json, message_json
 from ._load import LoadedSession, load_file
 from ._locking import take_lock
 
@@ -123,7 +121,9 @@ class JsonlSession:
         self._cut_to: int | None = None  # the size before the line of an append whose sync failed
         self._owed: bytes | None = None  # a checkpoint line resume() could not write: goes first
         self._dirs_owed: list[Path] = []  # directories whose new entries are not yet synced
-        self._lock = threading.Lock()
+        # Renewed in a forked child when another thread held it (that thread is not in the child):
+        # one opening the file, or asking for a sidechain, as the process forked.
+        self._lock = ForkSafeLock()
         self._sidechains: dict[str, JsonlSession] = {}
 
     def __repr__(self) -> str:
@@ -133,17 +133,7 @@ class JsonlSession:
 
     def append_message(self, message: Message) -> None:
         """Append one committed message. Raises ValueError once closed, OSError on IO failure."""
-        body = None
-        if not meta_holds_iterator(message):
-            try:
-                body = message.model_dump_json()
-            except (PydanticSerializationError, ValueError):
-                # A lone UTF-16 surrogate (kept exactly, as a \udXXX escape), or a value in the host's
-                # ``meta`` that JSON cannot encode (written as its repr, as in an event record).
-                pass
-        if body is None:
-            body = dumps(event_to_json(message))
-        self._append('{"type":"message","message":' + body + "}\n")
+        self._append('{"type":"message","message":' + message_json(message) + "}\n")
 
     def append_checkpoint(self, messages: Sequence[Message]) -> None:
         """Append a checkpoint record: on load, ``messages`` replace every message read before
@@ -260,10 +250,9 @@ class JsonlSession:
         after the parent closed the file. Closing it leaves the parent's lock as it is (a lock
         taken with ``flock`` goes with the last descriptor of the open file). The session stays
         usable: its next append opens the file afresh, refused with `SessionLockedError` while
-        the parent (or anyone else) holds the lock. Only the forking thread lives on in the
-        child: the thread lock, maybe held by another thread when it forked, is made anew.
+        the parent (or anyone else) holds the lock. (The thread lock, maybe held by another
+        thread when the process forked, is a `ForkSafeLock`: the child finds it free.)
         """
-        self._lock = threading.Lock()
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -432,20 +421,24 @@ class JsonlSession:
         if self._closed:
             raise ValueError(f"I/O operation on closed session {str(self.path)!r}")
         if self._fd is None:
-            made = make_dirs(self.path.parent)
-            created = exclusive or not self.path.exists()
-            # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
-            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY | (os.O_EXCL if exclusive else 0)
-            fd = os.open(self.path, flags, 0o600)
+            # Listed as open first, and the descriptor kept as soon as it is made: the child of a
+            # fork (by another thread, now) lets go of any descriptor the session holds.
+            _OPEN.add(self)
             try:
+                made = make_dirs(self.path.parent)
+                created = exclusive or not self.path.exists()
+                # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
+                flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY | (os.O_EXCL if exclusive else 0)
+                self._fd = fd = os.open(self.path, flags, 0o600)
                 take_lock(fd, self.path)
             except BaseException:
-                os.close(fd)
+                opened, self._fd = self._fd, None
+                _OPEN.discard(self)
+                if opened is not None:
+                    os.close(opened)
                 raise
-            self._fd = fd
             # A file, not a device: watched so that one deleted, moved or replaced under it is noticed.
             self._identity = self._identify(fd)
-            _OPEN.add(self)
             # Checked at the next append, not here: `resume` takes the lock before it loads (a
             # file another writer appends to cannot be read whole), and the load reports the tear.
             self._tail_unchecked = True

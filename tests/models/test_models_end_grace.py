@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,7 +17,7 @@ import httpx
 import pytest
 from _models_support import API_KEY, chat_chunk, chat_stream, collect, sse
 
-from agentloop.models import AnthropicModel, OpenAIChatModel
+from agentloop.models import AnthropicModel, OpenAIChatModel, StreamUsage
 
 GRACE = 2.0
 
@@ -122,25 +123,57 @@ async def test_the_grace_is_counted_from_the_finish_not_from_each_keep_alive(mon
     assert acc.stop_reason == "end_turn" and stream.closed
 
 
-@pytest.mark.parametrize(
-    ("chunks", "kw"),
-    [([chat_chunk({"content": "Hi"})], {"include_usage": False}),  # no finish yet
-     ([chat_chunk({"content": "Hi"}), chat_chunk({}, "stop")], {})],  # the usage asked for has not come
-    ids=["before-finish", "usage-missing"],
-)
-async def test_a_chat_stream_quiet_before_its_answer_is_whole_waits_on(
-    monkeypatch: pytest.MonkeyPatch, chunks: list[dict[str, Any]], kw: dict[str, Any]
-) -> None:
+async def test_a_chat_stream_quiet_before_its_finish_waits_on(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(monkeypatch)
     usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": USED}
-    stream = QuietStream([chat_stream(*chunks, done=False)], [chat_stream(chat_chunk({}, "stop"), usage)])
-    client, task = await start(chat(end_grace=GRACE, **kw), stream)
+    stream = QuietStream([chat_stream(chat_chunk({"content": "Hi"}), done=False)], [chat_stream(chat_chunk({}, "stop"), usage)])
+    client, task = await start(chat(end_grace=GRACE, include_usage=False), stream)
     async with contextlib.aclosing(client):
         await clock.advance(10 * GRACE)
         assert not task.done() and not stream.closed
         stream.go.set()
         _, acc = await task
     assert (acc.message().text, acc.stop_reason) == ("Hi", "end_turn")
+
+
+async def test_a_chat_stream_quiet_after_its_finish_without_the_usage_asked_for_ends_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The answer is whole at its finish_reason: a usage chunk that never comes does not hold
+    # it until the read timeout. The usage is unknown (0), and a warning says so, once.
+    clock = FakeClock(monkeypatch)
+    stream = QuietStream([chat_stream(chat_chunk({"content": "Hi"}), chat_chunk({}, "stop"), done=False)], hold=True)
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        client, task = await start(chat(end_grace=GRACE), stream)
+        async with contextlib.aclosing(client):
+            await clock.advance(GRACE - 0.1)
+            assert not task.done() and not stream.closed
+            await clock.advance(0.2)
+            assert task.done()
+            events, acc = task.result()
+    assert (acc.message().text, acc.stop_reason, acc.ended) == ("Hi", "end_turn", True)
+    assert (acc.usage.input_tokens, acc.usage.output_tokens) == (0, 0)
+    assert stream.closed and not any(isinstance(e, StreamUsage) for e in events)
+    (record,) = [r for r in caplog.records if "usage" in r.getMessage()]
+    assert "include_usage" in record.getMessage()
+
+
+async def test_the_usage_that_comes_within_the_grace_after_the_finish_is_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(monkeypatch)
+    usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": USED}
+    body = chat_stream(chat_chunk({"content": "Hi"}), chat_chunk({}, "stop"), done=False)
+    stream = QuietStream([body], [chat_stream(usage, done=False)], hold=True)
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        client, task = await start(chat(end_grace=GRACE), stream)
+        async with contextlib.aclosing(client):
+            await clock.advance(GRACE - 0.5)
+            assert not task.done()
+            stream.go.set()
+            _, acc = await task
+    assert (acc.message().text, acc.stop_reason, acc.usage.input_tokens, acc.usage.output_tokens) == ("Hi", "end_turn", 5, 2)
+    assert stream.closed and not caplog.records
 
 
 async def test_an_end_grace_of_none_waits_for_the_end_of_the_body(monkeypatch: pytest.MonkeyPatch) -> None:

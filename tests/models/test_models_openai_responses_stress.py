@@ -1,8 +1,10 @@
-"""OpenAIResponsesModel under stress: any chunking of a stream, events after an item's end,
+"""OpenAIResponsesModel under stress: any chunking of a stream (inside a UTF-8 character, between a
+CR and its LF, in an event of several data lines), events after an item's end,
 malformed values that quote the server's data, a failed response's error in words."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ from hypothesis import strategies as st
 
 from agentloop._abort import AbortController
 from agentloop._errors import ProviderStreamError, StreamProtocolError
-from agentloop.models import OpenAIResponsesModel, StreamText
+from agentloop.models import OpenAIResponsesModel, StreamBlockStop, StreamText, StreamThinking
 
 CREATED = ev("response.created", response={"id": "resp_1", "status": "in_progress"})
 COMPLETED = ev("response.completed", response={"id": "resp_1", "status": "completed",
@@ -38,8 +40,14 @@ def _crlf(body: bytes) -> bytes:
     return body.replace(b"\n", b"\r\n")
 
 
+def _utf8(*events: tuple[str, Any]) -> bytes:
+    """`sse` with the JSON written as servers write it, non-ASCII characters as themselves
+    (``sse``'s json.dumps escapes them, and its body would be ASCII only)."""
+    return sse(*((name, json.dumps(data, ensure_ascii=False)) for name, data in events))
+
+
 #: A stream whose text, thinking and arguments hold characters of two, three and four bytes.
-_WIDE = sse(
+_WIDE = _utf8(
     CREATED,
     ev("response.output_item.added", output_index=0, item={"id": "rs_1", "type": "reasoning", "summary": []}),
     ev("response.reasoning_summary_text.delta", output_index=0, item_id="rs_1", summary_index=0, delta="Ça va 😀"),
@@ -57,11 +65,32 @@ _WIDE = sse(
     COMPLETED,
 )  # fmt: skip
 
+#: A stream whose events' data span several ``data:`` lines, one of them named by its
+#: ``event:`` line alone (its data has no ``type``).
+_LINES = (
+    sse(CREATED, ev("response.output_item.added", output_index=0, item=MSG))
+    + b'event: response.output_text.delta\ndata: {"output_index": 0,\ndata: "item_id": "msg_1",\n'
+    b'data: "content_index": 0, "delta": "Hi"}\n\n'
+    + b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta",\n'
+    b'data:  "output_index": 0, "item_id": "msg_1",\ndata:"content_index": 0,\ndata: "delta": " there"}\n\n'
+    + sse(
+        ev("response.output_item.done", output_index=0,
+           item={**MSG, "content": [{"type": "output_text", "text": "Hi there"}]}),
+        COMPLETED,
+    )
+)  # fmt: skip
+
 _BODIES = {
     "text": load("openai_responses_text.prism.sse"),
     "reasoning-call": load("openai_responses_reasoning_function_call.prism.sse"),
     "wide": _WIDE,
+    "lines": _LINES,
 }
+
+
+def test_the_streams_hold_what_their_cuts_must_fall_inside() -> None:
+    assert max(_WIDE) > 127  # UTF-8 of several bytes, not \u escapes
+    assert b"\ndata: " in _LINES.replace(b"\ndata: {", b"")  # an event's data on several lines
 
 
 async def _outcome(body: bytes | list[bytes]) -> dict[str, Any]:
@@ -79,6 +108,53 @@ async def test_any_stream_cut_anywhere_gives_the_same_events_and_message(name: s
     assert await _outcome(split(body, cuts)) == await _outcome(whole)
 
 
+def _crlf_cuts(body: bytes) -> list[int]:
+    """The offsets between the CR and the LF of each line end of ``body``."""
+    return [i for i in range(1, len(body)) if body[i - 1 : i + 1] == b"\r\n"]
+
+
+def _char_cuts(body: bytes) -> list[int]:
+    """The offsets inside a character of several bytes (before each continuation byte)."""
+    return [i for i in range(1, len(body)) if 0x80 <= body[i] < 0xC0]
+
+
+async def test_a_stream_cut_inside_every_wide_character_gives_the_same_outcome() -> None:
+    assert await _outcome(split(_WIDE, _char_cuts(_WIDE))) == await _outcome(_WIDE)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.booleans(), st.data())
+async def test_a_wide_stream_cut_inside_some_characters_and_anywhere_gives_the_same_outcome(crlf: bool, data: st.DataObject) -> None:
+    body = _crlf(_WIDE) if crlf else _WIDE
+    cuts = data.draw(st.lists(st.sampled_from(_char_cuts(body)), min_size=1, max_size=10))
+    cuts += data.draw(st.lists(st.integers(1, len(body) - 1), max_size=10))
+    assert await _outcome(split(body, cuts)) == await _outcome(_WIDE)
+
+
+@pytest.mark.parametrize("name", sorted(_BODIES))
+async def test_a_crlf_stream_cut_between_every_cr_and_its_lf_gives_the_same_outcome(name: str) -> None:
+    # Each chunk but the last ends in CR, and the next begins with its LF: one line break.
+    whole = _BODIES[name]
+    body = _crlf(whole)
+    assert await _outcome(split(body, _crlf_cuts(body))) == await _outcome(whole)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(_BODIES)), st.data())
+async def test_a_crlf_stream_cut_at_some_line_ends_and_anywhere_gives_the_same_outcome(name: str, data: st.DataObject) -> None:
+    whole = _BODIES[name]
+    body = _crlf(whole)
+    cuts = data.draw(st.lists(st.sampled_from(_crlf_cuts(body)), max_size=20))
+    cuts += data.draw(st.lists(st.integers(1, len(body) - 1), max_size=10))
+    assert await _outcome(split(body, cuts)) == await _outcome(whole)
+
+
+async def test_the_lines_stream_is_read_whole() -> None:
+    got = await _outcome(_crlf(_LINES))
+    assert [b["text"] for b in got["message"]["content"]] == ["Hi there"]
+    assert got["stop_reason"] == "end_turn"
+
+
 async def test_the_wide_stream_is_read_whole() -> None:
     got = await _outcome([_WIDE[i : i + 1] for i in range(len(_WIDE))])  # one byte at a time
     thinking, text, call = got["message"]["content"]
@@ -89,22 +165,89 @@ async def test_the_wide_stream_is_read_whole() -> None:
 # -- events for an item after its output_item.done ---------------------------------------
 
 
-@pytest.mark.parametrize(
-    "late",
-    [
-        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta=" more"),
-        ev("response.output_text.done", output_index=0, item_id="msg_1", content_index=0, text="Hi more"),
-    ],
-    ids=["delta", "longer-final-copy"],
-)
-async def test_text_for_a_message_after_its_item_is_done_is_a_retryable_protocol_error(late: Any) -> None:
-    # Before, the text went to a block already stopped: the answer became what the item said it was not.
+def _litellm(*reasoning_again: str, output: bool = True) -> bytes:
+    """A stream shaped as LiteLLM's Responses bridge to a chat model sends it: the reasoning item
+    and the message both at output_index 0, the reasoning item done when the first text comes,
+    and the thinking of a model that reasons again later under the same rs_ id. Its completed
+    output holds the thinking and the text whole."""
+    rs = {"id": "rs_1", "type": "reasoning", "summary": None}
+    thinking, text = "Think" + "".join(reasoning_again), "Hi" + " there" * len(reasoning_again)
+
+    def summary(text: str) -> Any:
+        return ev("response.reasoning_summary_text.delta", item_id="rs_1", output_index=0, delta=text)
+
+    def delta(text: str) -> Any:
+        return ev("response.output_text.delta", item_id="msg_1", output_index=0, content_index=0, delta=text)
+
+    done_rs = {**rs, "summary": [{"type": "summary_text", "text": "Think"}]}
+    events = [CREATED, ev("response.output_item.added", output_index=0, item=rs), summary("Think"),
+              ev("response.reasoning_summary_text.done", item_id="rs_1", output_index=0, summary_index=0, text="Think"),
+              ev("response.output_item.done", output_index=0, item=done_rs), delta("Hi")]
+    for again in reasoning_again:
+        events += [summary(again), delta(" there")]
+    message = {**MSG, "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    events += [ev("response.output_text.done", item_id="msg_1", output_index=0, content_index=0, text=text),
+               ev("response.content_part.done", item_id="msg_1", output_index=0, content_index=0,
+                  part={"type": "reasoning_text", "reasoning": thinking}),
+               ev("response.output_item.done", output_index=0, item=message)]
+    final = [{**rs, "summary": [{"type": "summary_text", "text": thinking}]}, message] if output else []
+    events.append(ev("response.completed", response={"id": "resp_1", "status": "completed", "output": final}))
+    return sse(*events)  # fmt: skip
+
+
+@pytest.mark.parametrize("output", [True, False], ids=["output", "no-output"])
+async def test_thinking_after_its_reasoning_item_is_done_opens_another_thinking_block(output: bool) -> None:
+    # LiteLLM's bridge: before, a retryable protocol error, a response never taken (and re-billed).
+    events, acc = await run_body(_litellm(" again", " more", output=output))
+    thinking = [(e.index, e.thinking) for e in events if isinstance(e, StreamThinking)]
+    assert thinking == [(0, "Think"), (2, " again"), (2, " more")]
+    assert acc.stop_reason == "end_turn"
+    first, text, second = acc.message().content
+    assert (first.thinking, text.text, second.thinking) == ("Think", "Hi there there", " again more")  # type: ignore[union-attr]
+    assert json.loads(first.signature)["id"] == "rs_1"  # type: ignore[union-attr]
+    assert second.signature == ""  # type: ignore[union-attr]  # the item went with the first block
+    committed = acc.committable()
+    assert committed is not None and [b.type for b in committed.content] == ["thinking", "text"]
+    stops = [e.index for e in events if isinstance(e, StreamBlockStop)]
+    assert sorted(stops) == ([0, 1, 2] if output else [0, 1])
+
+
+async def test_a_litellm_stream_that_reasons_once_is_as_before() -> None:
+    _, acc = await run_body(_litellm())
+    assert [b.type for b in acc.message().content] == ["thinking", "text"]
+
+
+async def test_a_final_copy_that_contradicts_thinking_split_over_two_blocks_is_a_retryable_protocol_error() -> None:
+    body = _litellm(" again").replace(b'"text": "Think again"', b'"text": "Think other"')
+    with pytest.raises(StreamProtocolError, match="differs from its final text") as info:
+        await run_body(body)
+    assert info.value.retryable is True
+
+
+@pytest.mark.parametrize("output", [True, False], ids=["output", "no-output"])
+async def test_text_for_a_message_after_its_item_is_done_opens_another_text_block(output: bool) -> None:
+    message = {**MSG, "content": [{"type": "output_text", "text": "Hi more"}]}
     body = sse(
         CREATED,
         ev("response.output_item.added", output_index=0, item=MSG),
         ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="Hi"),
         ev("response.output_item.done", output_index=0, item={**MSG, "content": [{"type": "output_text", "text": "Hi"}]}),
-        late,
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta=" more"),
+        ev("response.completed", response={"id": "resp_1", "status": "completed", "output": [message] if output else []}),
+    )  # fmt: skip
+    events, acc = await run_body(body)
+    assert [(e.index, e.text) for e in events if isinstance(e, StreamText)] == [(0, "Hi"), (1, " more")]
+    assert [b.text for b in acc.message().content] == ["Hi", " more"]  # type: ignore[union-attr]
+    assert acc.message().text == "Hi more"
+
+
+async def test_a_final_copy_that_adds_to_a_done_message_is_a_retryable_protocol_error() -> None:
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=MSG),
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="Hi"),
+        ev("response.output_item.done", output_index=0, item={**MSG, "content": [{"type": "output_text", "text": "Hi"}]}),
+        ev("response.output_text.done", output_index=0, item_id="msg_1", content_index=0, text="Hi more"),
         COMPLETED,
     )
     with pytest.raises(StreamProtocolError, match=r"after its output_item\.done") as info:
@@ -112,20 +255,62 @@ async def test_text_for_a_message_after_its_item_is_done_is_a_retryable_protocol
     assert info.value.retryable is True
 
 
-async def test_arguments_for_a_call_after_its_item_is_done_are_a_retryable_protocol_error() -> None:
+@pytest.mark.parametrize(
+    "late",
+    [
+        ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta="x"),
+        ev("response.function_call_arguments.done", output_index=0, item_id="fc_1", arguments='{"a":1}x'),
+    ],
+    ids=["delta", "longer-final-copy"],
+)
+async def test_arguments_for_a_call_after_its_item_is_done_are_a_protocol_error_not_retried(late: Any) -> None:
     # Before, the call's input became '{"a":1}x' (a call not run, answered with an error) where
-    # the item said '{"a":1}'.
+    # the item said '{"a":1}'. A server that does it does it again: a retry would be billed for
+    # the same stream.
     body = sse(
         CREATED,
         ev("response.output_item.added", output_index=0, item=CALL),
         ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta='{"a":1}'),
         ev("response.output_item.done", output_index=0, item={**CALL, "arguments": '{"a":1}'}),
-        ev("response.function_call_arguments.delta", output_index=0, item_id="fc_1", delta="x"),
+        late,
         COMPLETED,
     )
     with pytest.raises(StreamProtocolError, match=r"after its output_item\.done") as info:
         await run_body(body)
-    assert info.value.retryable is True
+    assert info.value.retryable is False
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta=""),
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=1, delta=""),
+        ev("response.refusal.delta", output_index=0, item_id="msg_1", content_index=0, delta=""),
+    ],
+    ids=["text", "text-other-part", "refusal"],
+)
+async def test_an_empty_text_delta_after_its_item_is_done_changes_nothing(empty: Any) -> None:
+    # As an empty delta of arguments or thinking did: before, a protocol error.
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=MSG),
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="Hi"),
+        ev("response.output_item.done", output_index=0, item={**MSG, "content": [{"type": "output_text", "text": "Hi"}]}),
+        empty,
+        COMPLETED,
+    )
+    events, acc = await run_body(body)
+    assert [e.text for e in events if isinstance(e, StreamText)] == ["Hi"]
+    assert [b.text for b in acc.message().content] == ["Hi"]  # type: ignore[union-attr]
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_an_empty_delta_for_another_part_does_not_switch_parts() -> None:
+    # Before, the empty delta made part 1 the one streaming, and part 0's next delta was "for a
+    # part before the one streaming".
+    body = sse(CREATED, _text(0, "A"), _text(1, ""), _text(0, "B"), COMPLETED)
+    _, acc = await run_body(body)
+    assert acc.message().text == "AB"
 
 
 async def test_final_copies_that_repeat_a_done_item_add_nothing() -> None:

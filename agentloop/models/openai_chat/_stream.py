@@ -350,8 +350,9 @@ class ChatMapper:
         self.logprobs = logprobs
         self.keep_reasoning = keep_reasoning  # sign each finished reasoning block, so it is kept
         self.done = False
-        # The answer is whole: a finish_reason came, and the usage if the request asked for it
-        # (``usage_asked``, ``include_usage``); a body held open after it ends after the grace.
+        # The answer is whole: a finish_reason came; a body held open after it ends after the
+        # grace, whether or not the usage the request asked for (``usage_asked``,
+        # ``include_usage``) came in it (`grace_over`).
         self.settled = False
         self._usage_asked = usage_asked
         self._usage_read = UsageReader("openai chat stream")  # warns once of malformed usage
@@ -436,7 +437,7 @@ class ChatMapper:
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
-                self.settled = self._usage is not None or not self._usage_asked
+                self.settled = True
                 if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
                 if finish == "repetition":
@@ -647,6 +648,16 @@ class ChatMapper:
         self._next += 1
         out.append(StreamSignature(block, json.dumps(kept, separators=(",", ":")), self.origin))
         out.append(StreamBlockStop(block))
+
+    def grace_over(self) -> None:
+        """The body stayed open for the whole grace after the ``finish_reason``: warn when the
+        usage the request asked for never came (the answer ends without it, its counts unknown,
+        0, as for malformed usage)."""
+        if self._usage_asked and self._usage is None:
+            log.warning(
+                "openai chat stream: no usage came within the end grace after the finish_reason, though "
+                "include_usage asked for it; the answer ends without it (its token counts unknown, 0)"
+            )
 
     def at_eof(self) -> list[StreamEvent] | None:
         """The end of a body that stopped cleanly without ``[DONE]``: complete once a

@@ -19,7 +19,8 @@ from .._driver import excerpt, loads
 class Item:
     """One output item of the stream: its block, its kind and ids, and what it has streamed."""
 
-    __slots__ = ("block", "chunks", "done", "done_parts", "id", "kind", "part", "raw", "started", "streamed")
+    __slots__ = ("before", "block", "chunks", "done", "done_parts", "id", "kind", "part", "raw", "started",
+                 "streamed")  # fmt: skip
 
     def __init__(self, block: int, kind: str) -> None:
         self.block = block
@@ -35,6 +36,18 @@ class Item:
         self.part = -1
         self.chunks: list[str] = []
         self.done_parts: dict[Any, str] = {}
+        # The item, done already, that this one continues (text or thinking that came after its
+        # output_item.done): its final copies are of the two streamed texts, one after the other.
+        self.before: Item | None = None
+
+    def text_of(self, part: Any) -> str:
+        """The text ``part`` has streamed: in the items this one continues, then in this one."""
+        texts = []
+        item: Item | None = self
+        while item is not None:  # (a loop: a server may close and continue an item many times)
+            texts.append("".join(item.chunks) if part == item.part else item.done_parts.get(part, ""))
+            item = item.before
+        return "".join(reversed(texts))
 
     def switch(self, part: Any) -> None:
         """Make ``part`` the part now streaming."""
@@ -91,6 +104,17 @@ class ItemIndex:
         if ident and type(ident) is str:
             item.id = ident
             self._items.setdefault(ident, item)
+        return item
+
+    def _reopen(self, done: Item) -> Item:
+        """A new item that continues ``done`` (its kind, its ids, in a block of its own), for text
+        or thinking that came after its ``output_item.done``: from now on, the item every key of
+        ``done`` names."""
+        item = self._new(done.kind)
+        item.id, item.raw, item.before = done.id, done.raw, done
+        for key, found in list(self._items.items()):
+            if found is done:
+                self._items[key] = item
         return item
 
     def _another(self, obj: dict[str, Any], key: Any, seen: Item, kind: str) -> Item:

@@ -108,11 +108,13 @@ class ResponsesMapper(ItemIndex):
 
     def _event(self, kind: str | None, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
-            self._refusal |= kind == "response.refusal.delta"
             item = self._item(obj, "message")
             delta = _str(obj, "delta")
-            if item.done:
-                raise _after_done(item, kind)
+            if not delta:
+                return None  # an empty delta changes nothing (not even the part streaming)
+            self._refusal |= kind == "response.refusal.delta"
+            if item.done:  # text after the message was given whole: a block of its own
+                item = self._reopen(item)
             part = obj.get("content_index", 0)
             if part != item.part:
                 _switch(item, part, kind)
@@ -123,7 +125,7 @@ class ResponsesMapper(ItemIndex):
             item = self._item(obj, "function_call")
             delta = _str(obj, "delta")
             if item.done and delta:
-                raise _after_done(item, kind)
+                raise _after_done(item, kind, retryable=False)
             if not item.started or not delta:
                 return None  # arguments of a call we never saw start: taken from .done
             item.streamed = True
@@ -166,8 +168,8 @@ class ResponsesMapper(ItemIndex):
         text = _str(obj, "delta")
         if not text:
             return None  # an empty part adds nothing, not even a separator
-        if item.done:
-            raise _after_done(item, str(obj.get("type")))
+        if item.done:  # thinking after the item was given whole (LiteLLM, reasoning again): a new block
+            item = self._reopen(item)
         part = obj.get("content_index" if raw else "summary_index", 0)
         if part != item.part:
             _switch(item, part, str(obj.get("type")))
@@ -234,11 +236,13 @@ class ResponsesMapper(ItemIndex):
             item.chunks = [streamed] if streamed else []
         else:
             streamed = item.done_parts.get(part, "")
-        rest = final_rest(streamed, final)
+        # An item continued after its output_item.done: the final copy is of both blocks' text.
+        earlier = "" if item.before is None else item.before.text_of(part)
+        rest = final_rest(earlier + streamed, final)
         if rest is None:
             raise StreamProtocolError(
                 "openai responses stream: a streamed text differs from its final text "
-                f"(streamed {excerpt(streamed)!r}, final {excerpt(final)!r})",
+                f"(streamed {excerpt(earlier + streamed)!r}, final {excerpt(final)!r})",
                 retryable=True,
             )
         if not rest:
@@ -295,7 +299,7 @@ class ResponsesMapper(ItemIndex):
         if final.startswith(streamed):
             rest = final[len(streamed) :]
             if item.done:
-                raise _after_done(item, "final arguments that add to its input")
+                raise _after_done(item, "final arguments that add to its input", retryable=False)
             item.chunks.append(rest)
             item.streamed = True
             return [StreamToolInput(item.block, rest)]
@@ -336,7 +340,7 @@ class ResponsesMapper(ItemIndex):
                 saved["content"] = raw["content"]
             if raw.get("encrypted_content"):
                 saved["encrypted_content"] = raw["encrypted_content"]
-            if not item.done:
+            if not item.done and item.before is None:  # (the item went with the block it continues)
                 out.append(StreamSignature(item.block, json.dumps(saved, separators=(",", ":")), self.origin))
         elif kind == "message":
             for i, p in enumerate(raw.get("content") or ()):
@@ -534,13 +538,16 @@ def _switch(item: Item, part: Any, kind: str) -> None:
     item.switch(part)
 
 
-def _after_done(item: Item, what: str) -> StreamProtocolError:
-    """An item's text, thinking or arguments added after its ``output_item.done``, which gave the
-    item whole and stopped its block: taken, it would make the item what the server said it is not."""
+def _after_done(item: Item, what: str, *, retryable: bool = True) -> StreamProtocolError:
+    """A final copy that adds to an item's text, or arguments added to a call, after its
+    ``output_item.done``, which gave the item whole and stopped its block: taken, it would make
+    the item what the server said it is not (a call's input changed after it was given). Not
+    ``retryable`` for a call's arguments: a server that sends them does so on every attempt, and
+    each retry would be billed for the same stream."""
     return StreamProtocolError(
         f"openai responses stream: {what} for the {item.kind} item {excerpt(repr(item.id))} after its "
         "output_item.done, which gave it whole",
-        retryable=True,
+        retryable=retryable,
     )
 
 
