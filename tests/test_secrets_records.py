@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import logging.handlers
+import os
 import pickle
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -197,3 +199,41 @@ def test_every_part_of_a_record_is_scrubbed_as_a_search_for_every_live_credentia
     # "[REDACTED]" is made of none of the letters drawn: no form of a credential can be left in it.
     printed = [record.getMessage(), record.stack_info, record.exc_text, record.url]
     assert not [form for secret in secrets for form in shown_forms(secret) for text in printed if form in text]
+
+
+def test_overlapping_forms_of_one_length_are_scrubbed_the_same_whatever_the_hash_seed() -> None:
+    # Two credentials whose forms have one length and overlap in the text: the filter scrubs with
+    # those a record was found to hold, and that must give what scrubbing with all of them gives,
+    # in every process (a set's order follows the hash seed).
+    text, watched, found = '.."."...".', ["..", "\\", '".'], ['".', ".."]
+    code = (
+        "from agentloop.models._http._secrets import Redactor\n"
+        f"a = Redactor({watched!r}).scrub({text!r})\n"
+        f"b = Redactor({found!r}).scrub({text!r})\n"
+        "print(a == b, b)\n"
+    )
+    seen = set()
+    for seed in range(8):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout.split()
+        assert out[0] == "True", (seed, out)
+        seen.add(out[1])
+    assert len(seen) == 1, seen  # the same scrubbed text in every process
+
+
+@pytest.mark.parametrize("others", [0, 30])
+def test_a_record_that_cannot_be_formatted_has_its_other_parts_scrubbed(others: int) -> None:
+    # One argument for two placeholders: the filter scrubs what such a record carries, its
+    # extras and call stack too, before a handler tries (and fails) to format it.
+    with _watched(others) as (logger, _kept):
+        record = logger.makeRecord(
+            logger.name, logging.WARNING, __file__, 1, "POST %s %s", (URL,), None,
+            extra={"url": URL}, sinfo=f"Stack (most recent call last):\n  connect({URL!r})",
+        )
+        for flt in logger.filters:
+            assert isinstance(flt, logging.Filter) and flt.filter(record)
+        assert SECRET not in record.url and SHOWN in record.url
+        assert record.stack_info is not None and SECRET not in record.stack_info
+        assert SHOWN in record.stack_info

@@ -124,6 +124,10 @@ def exception_tree(exc: BaseException) -> Iterator[BaseException]:
             todo += current.exceptions
 
 
+def _longest_first(text: str) -> tuple[int, str]:
+    return -len(text), text
+
+
 class Redactor:
     """Scrubs secrets (the API key, credential headers, credentials in ``base_url``)
     out of text and errors; its repr shows none of them."""
@@ -145,7 +149,10 @@ class Redactor:
         form left alone, a shorter secret inside it would be scrubbed and the rest shown."""
         plain = {v for v in values if v}
         forms = {form for v in plain for form in shown_forms(v)}
-        return tuple(sorted(plain, key=len, reverse=True)), tuple(sorted(forms, key=len, reverse=True))
+        # Ties of length in one fixed order: two overlapping forms of one length are replaced the
+        # same way whichever set they came in (and whatever the hash seed), so the scrubbed text is
+        # the same for the credentials a record was found to hold and for all of those watched.
+        return tuple(sorted(plain, key=_longest_first)), tuple(sorted(forms, key=_longest_first))
 
     @property
     def values(self) -> tuple[str, ...]:
