@@ -253,13 +253,15 @@ class CallRunner:
                                     output = await call
                             finally:
                                 overdue.cancel()
-                    except (asyncio.CancelledError, KeyboardInterrupt):
+                    except asyncio.CancelledError:
                         raise
                     except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
                         if isinstance(exc, GeneratorExit) and loop_gone():
                             raise
-                        if isinstance(exc, BaseExceptionGroup) and ctrl_c_in(exc):
-                            raise KeyboardInterrupt from exc
+                        if ctrl_c_had(exc):  # the host has it: the run stops, the call ends quietly
+                            raise ctrl_c_seen(self.engine, self.signal) from exc
+                        if isinstance(exc, KeyboardInterrupt):  # raised in this task: it goes out from here
+                            raise
                         result = self._failed(use, tool, exc, scope, pending)
                     else:
                         if type(output) is str and output.strip():  # the common case, as output_to_result builds it
@@ -435,14 +437,13 @@ class CallRunner:
                 decision: Awaitable[Allow | Deny] | Allow | Deny = permission(use, ctx)
                 # A plain function answering at once is a permission callback too (as for on_abort).
                 return await decision if inspect.isawaitable(decision) else decision
-            except KeyboardInterrupt:  # goes out of the loop from this task: the run stops first
-                stop_for_ctrl_c(self.engine)
-                raise
-            except BaseExceptionGroup as exc:  # Ctrl-C in a task group of the prompt's: as above
-                if not ctrl_c_in(exc):
+            except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+                if ctrl_c_had(exc):  # a task group's child had it, and the host from there
+                    raise ctrl_c_seen(self.engine, self.signal) from exc
+                if isinstance(exc, BaseExceptionGroup):
                     raise
-                stop_for_ctrl_c(self.engine)
-                raise KeyboardInterrupt from exc
+                stop_for_ctrl_c(self.engine)  # goes out of the loop from this task: the run stops first
+                raise
             except SystemExit as exc:
                 # A prompt's own parser refusing the answer typed (argparse, click): raised from this
                 # task's step, it would leave the event loop and end the host program. A failed check.
@@ -583,13 +584,36 @@ def stop_for_ctrl_c(engine: QueryEngine) -> None:
     main_engine(engine).interrupt("cancel")
 
 
-def ctrl_c_in(group: BaseExceptionGroup[BaseException]) -> bool:
-    """Whether ``group`` holds a KeyboardInterrupt (nested groups included): Ctrl-C landed in one
-    of the tasks of a task group in a call's own code, which raised it with the others' outcomes.
-    It is Ctrl-C all the same, for the whole run, not the call's failure: a bare KeyboardInterrupt
-    is raised for it, the group chained to it (asyncio lets only a bare one out of the event loop
-    to the host)."""
-    return group.subgroup(KeyboardInterrupt) is not None
+#: The frame of a callback the event loop runs (a task's step): a KeyboardInterrupt whose traceback
+#: passed through it left the loop from there, out to the host.
+_LOOP_CALLBACK = asyncio.events.Handle._run.__code__
+
+
+def ctrl_c_had(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C the host had already: a KeyboardInterrupt raised in a child task of
+    a task group in a call's own code left the event loop from that child's own step, and the
+    group raises it again in the call's task, in a BaseExceptionGroup (nested groups included;
+    anyio) or bare (asyncio.TaskGroup). Raised from the call's task too, it would be a second
+    Ctrl-C no one pressed (in asyncio.run's cleanup, or a notebook's next cell). A bare one raised
+    in the call's own task has not been out of the loop: that one goes out from there."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(KeyboardInterrupt) is not None
+    if not isinstance(exc, KeyboardInterrupt):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _LOOP_CALLBACK:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def ctrl_c_seen(engine: QueryEngine, signal: AbortSignal) -> AbortError:
+    """What a call's task raises for Ctrl-C the host had already (`ctrl_c_had`): the run stops as
+    for a bare one (`stop_for_ctrl_c`), and the call ends on the abort, quietly: the call is
+    reported stopped, and nothing goes out of the loop a second time."""
+    stop_for_ctrl_c(engine)
+    return AbortError(signal.reason or "cancel")
 
 
 def loop_gone() -> bool:

@@ -114,7 +114,9 @@ async def drive(engine: QueryEngine, prompt: str | Message | None, token: object
                                     break
                                 armed = loop.call_soon(st.cancel_read)
                             task = st.task = current_task(loop)
-                            st.cancel_baseline = task.cancelling() if task is not None else 0
+                            baseline = st.cancel_baseline = task.cancelling() if task is not None else 0
+                            if baseline < st.host_cancels:  # the host took back a cancel it began under
+                                st.lower_host_cancels(task, baseline)
                             st.guarding = True
                             try:
                                 streamed = await anext(stream)

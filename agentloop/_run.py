@@ -399,7 +399,9 @@ class RunState:
             _close(aw)
             raise Aborted
         task = self.task = current_task_of(self.loop)
-        self.cancel_baseline = task.cancelling() if task is not None else 0
+        baseline = self.cancel_baseline = task.cancelling() if task is not None else 0
+        if baseline < self.host_cancels:
+            self.lower_host_cancels(task, baseline)
         self.guarding = True
         try:
             return await aw
@@ -418,6 +420,13 @@ class RunState:
         if task is None:
             return False
         return task.cancelling() > self.own_cancels() + self.cancels_before(task)
+
+    def lower_host_cancels(self, task: asyncio.Task[Any] | None, cancelling: int) -> None:
+        """``task`` is asked ``cancelling`` cancels as a guarded await starts, fewer than when it
+        began the run: its host took back (``uncancel()``) a cancel the run began under, so a
+        cancel asked from here on is one of the run, and propagates (`cancels_before`)."""
+        if task is self.host:
+            self.host_cancels = cancelling
 
     def cancels_before(self, task: asyncio.Task[Any]) -> int:
         """The cancels ``task`` had been asked when it began the run (its host's cancel cleanup

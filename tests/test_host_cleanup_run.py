@@ -230,3 +230,40 @@ async def test_a_second_cancel_of_the_host_during_a_run_in_its_cancel_cleanup_go
         await task
     assert seen["cancelled"] == 2 and "events" not in seen
     assert validate_transcript(engine.messages) == [] and not engine.running
+
+
+
+class _Paced:
+    """A model whose stream writes a part, then waits for ``go`` (``reading`` set) to write the
+    next, then waits until cancelled (``read_on`` set)."""
+
+    def __init__(self) -> None:
+        self.reading = asyncio.Event()
+        self.go = asyncio.Event()
+        self.read_on = asyncio.Event()
+
+    async def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamEvent]:
+        yield StreamText(0, "Half ")
+        self.reading.set()
+        await self.go.wait()
+        yield StreamText(0, "an")
+        self.read_on.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_cancel_of_the_host_after_it_took_back_the_first_goes_through() -> None:
+    # The cancel the run began under is taken back while the model's stream waits, and the task
+    # is cancelled anew later: cancelling() is 1 again, no more than when the run began, and that
+    # new cancel was swallowed, the run ending on a model error ("though the run was not cancelled").
+    model = _Paced()
+    engine = QueryEngine(model)
+    task, seen = await _in_cleanup(engine)
+    await model.reading.wait()
+    assert task.uncancel() == 0  # the first cancel is handled
+    model.go.set()
+    await model.read_on.wait()  # the stream ran on: read again, from a task not cancelling
+    task.cancel()  # the host cancels again: this one is the run's
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen["cancelled"] == 1 and "events" not in seen
+    assert validate_transcript(engine.messages) == [] and not engine.running

@@ -132,6 +132,22 @@ def test_an_answer_cut_short_after_its_whole_id_fails_that_request(line: bytes, 
         assert answer.id == rid and "could not be decoded" in answer.error.message
 
 
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # A JSON log line cut short: it holds an error or an id and a result, but also members no
+        # answer has, so it is no answer even without its "jsonrpc" (it never had one).
+        b'{"error": {"code": 500}, "message": "Traceback (most recent call last):',
+        b'{"level": "info", "id": 7, "result": {"rows": 3}, "note": "multi',
+        b'{"id": 7, "result": {"rows": 3}, "logger": "db", "msg": "multi',
+        b'{"result": {"rows": 3}, "ts": 1700000000, "id": 7, "x',
+    ],
+)
+def test_a_cut_json_log_line_is_no_answer(line: bytes) -> None:
+    messages, reason = _parsed_ending(line)
+    assert messages == [] and reason is None  # skipped: the connection goes on, no request fails
+
 async def test_a_valid_answer_nested_deeper_than_pydantic_reads_answers_its_call() -> None:
     """pydantic stops near 200 levels, the line's own decoding at 400: a valid answer nested 300
     levels deep failed its call as "not a valid JSON-RPC answer"."""

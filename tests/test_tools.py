@@ -51,6 +51,7 @@ from agentloop import (
     validate_transcript,
 )
 from agentloop._executor import Mailbox, plan_batches
+from agentloop._inbox import told_for
 from agentloop._messages import ToolUseBlock
 from agentloop._tools import TOOL_NAME, cut_result, safe_name
 from tests.helpers import Fifo, VirtualClock, collect, exited
@@ -498,7 +499,9 @@ def test_ctrl_c_wrapped_in_an_exception_group_stops_the_run_as_a_bare_one_does(
 ) -> None:
     # A task group inside the tool, one of whose children got the KeyboardInterrupt, raises it in
     # a BaseExceptionGroup: that was the tool's failure (an error result, the run going on to ask
-    # the model again) and the Ctrl-C was swallowed.
+    # the model again) and the Ctrl-C was swallowed. The child's step let it out to the host
+    # already (the tests with real task groups below): the group stops the run, and no second
+    # KeyboardInterrupt is raised for it.
     @tool
     async def crunch() -> str:
         """Crunch numbers."""
@@ -511,13 +514,13 @@ def test_ctrl_c_wrapped_in_an_exception_group_stops_the_run_as_a_bare_one_does(
         async for _ in engine.run("go"):
             pass
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) if shape == "bare" else contextlib.nullcontext():
         asyncio.run(main())
     gc.collect()
     assert "never retrieved" not in caplog.text
     assert validate_transcript(engine.messages) == [] and not engine.running
     assert model.request_count == 1
-    [result] = engine.messages[-1].tool_results
+    [result] = [r for m in engine.messages for r in m.tool_results]
     assert result.is_error and result.text == Texts().stopped_running
 
 
@@ -543,14 +546,117 @@ def test_ctrl_c_wrapped_in_an_exception_group_at_a_permission_prompt_stops_the_r
         async for _ in engine.run("go"):
             pass
 
-    with caplog.at_level(logging.ERROR, logger="agentloop"), pytest.raises(KeyboardInterrupt):
+    bare = pytest.raises(KeyboardInterrupt) if shape == "bare" else contextlib.nullcontext()
+    with caplog.at_level(logging.ERROR, logger="agentloop"), bare:
         asyncio.run(main())
     gc.collect()
     assert "never retrieved" not in caplog.text and "permission callback failed" not in caplog.text
     assert validate_transcript(engine.messages) == [] and not engine.running
     assert ran == [] and model.request_count == 1
-    [result] = engine.messages[-1].tool_results
+    [result] = [r for m in engine.messages for r in m.tool_results]
     assert result.is_error and result.text == Texts().never_started
+
+
+async def _ctrl_c_in_a_child(group: str) -> None:
+    """Ctrl-C landing in one child of a real task group (asyncio's own or anyio's), the other
+    child waiting: asyncio lets it out of the event loop from the child's own step."""
+
+    async def child() -> None:
+        raise KeyboardInterrupt
+
+    if group == "asyncio":
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(child())
+            await asyncio.Event().wait()
+    else:
+        import anyio
+
+        async with anyio.create_task_group() as atg:
+            atg.start_soon(child)
+            await asyncio.Event().wait()
+
+
+def _engine_with_a_task_group(group: str, where: str) -> tuple[QueryEngine, ScriptedModel, list[str]]:
+    ran: list[str] = []
+
+    @tool
+    async def crunch() -> str:
+        """Crunch numbers."""
+        ran.append("crunch")
+        if where == "tool":
+            await _ctrl_c_in_a_child(group)
+        return "crunched"
+
+    async def ask(use: ToolUseBlock, ctx: ToolContext) -> Allow | Deny:
+        await _ctrl_c_in_a_child(group)
+        return Allow()
+
+    model = ScriptedModel([ScriptedResponse(tool_calls=[ScriptedToolCall("crunch", {})]), "ok"])
+    engine = QueryEngine(model, tools=[crunch], permission=ask if where == "permission" else None)
+    return engine, model, ran
+
+
+def _check_interrupted(engine: QueryEngine, model: ScriptedModel, ran: list[str], where: str) -> None:
+    assert validate_transcript(engine.messages) == [] and not engine.running
+    assert model.request_count == 1
+    [result] = [r for m in engine.messages for r in m.tool_results]
+    text = Texts().stopped_running if where == "tool" else Texts().never_started
+    # Stopped for Ctrl-C, or by asyncio.run's cleanup, which may cancel the run's reader first.
+    assert result.is_error and result.text in (text, told_for(text, "consumer_closed"))
+    assert ran == (["crunch"] if where == "tool" else [])
+
+
+@pytest.mark.parametrize("where", ["tool", "permission"])
+@pytest.mark.parametrize("group", ["asyncio", "anyio"])
+def test_ctrl_c_in_a_real_task_groups_child_reaches_the_host_once(
+    group: str, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The child's KeyboardInterrupt leaves the loop from the child's step: the host has it. The
+    # group then raises it again in the call's task (bare, or in a BaseExceptionGroup); raising it
+    # once more from there was a second Ctrl-C, landing in asyncio.run's cleanup ("Task exception
+    # was never retrieved", "Task was destroyed but it is pending").
+    engine, model, ran = _engine_with_a_task_group(group, where)
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    interrupts = 0
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            interrupts += 1
+        gc.collect()
+    assert interrupts == 1
+    assert "never retrieved" not in caplog.text and "destroyed but it is pending" not in caplog.text
+    _check_interrupted(engine, model, ran, where)
+
+
+@pytest.mark.parametrize("where", ["tool", "permission"])
+@pytest.mark.parametrize("group", ["asyncio", "anyio"])
+def test_ctrl_c_in_a_real_task_groups_child_leaves_no_stray_interrupt_for_the_next_cell(
+    group: str, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A notebook runs its loop again for the next cell: that one must not get a Ctrl-C no one pressed.
+    engine, model, ran = _engine_with_a_task_group(group, where)
+
+    async def main() -> None:
+        async for _ in engine.run("go"):
+            pass
+
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            cell = loop.create_task(main())
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(cell)
+            loop.run_until_complete(cell)  # the next cell waits for the run: it ends, interrupted
+            gc.collect()
+    finally:
+        loop.close()
+    assert "never retrieved" not in caplog.text and "destroyed but it is pending" not in caplog.text
+    _check_interrupted(engine, model, ran, where)
 
 
 async def test_a_tools_timeout_holds_although_the_tool_swallows_the_cancellation(caplog: pytest.LogCaptureFixture) -> None:

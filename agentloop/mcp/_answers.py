@@ -160,8 +160,8 @@ def undecodable_answer(text: str, label: str) -> types.JSONRPCError | None:
     ``method``); None for anything else, and for an answer cut short before its whole id
     (`cut_before_id`). An id that the cut may have shortened (a number the text ends with) is not
     taken for the id: it could be another request's."""
-    members, cut = _members(text)
-    if not _answer(members, cut):
+    members, cut, keys = _members(text)
+    if not _answer(members, cut, keys):
         return None
     raw = members.get("id")
     if raw is None or _ANSWER_ID.fullmatch(raw) is None:
@@ -173,15 +173,21 @@ def cut_before_id(text: str) -> bool:
     """Whether JSON ``text`` that cannot be decoded is an answer to a request (as
     `undecodable_answer` reads one) cut short before its whole id: which request it answers
     cannot be told, so no request would ever get it."""
-    members, cut = _members(text)
-    return cut and _answer(members, cut) and "id" not in members
+    members, cut, keys = _members(text)
+    return cut and _answer(members, cut, keys) and "id" not in members
 
 
-def _answer(members: dict[str, str], cut: bool) -> bool:
+#: The members an answer has: a line cut short before its "jsonrpc" is taken for one only when
+#: every member read is one of these (a JSON log line has others: "level", "message").
+_ANSWER_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
+
+
+def _answer(members: dict[str, str], cut: bool, keys: set[str]) -> bool:
     """Whether an object's ``members`` are those of an answer: ``"jsonrpc": "2.0"`` (or, when
-    it was ``cut`` short, none yet), a ``result`` or an ``error``, no ``method``."""
+    it was ``cut`` short, none yet, and only members an answer has among the ``keys`` read), a
+    ``result`` or an ``error``, no ``method``."""
     version = members.get("jsonrpc")
-    if version != '"2.0"' and not (cut and version is None):
+    if version != '"2.0"' and not (cut and version is None and keys <= _ANSWER_KEYS):
         return False
     return "method" not in members and ("result" in members or "error" in members)
 
@@ -194,21 +200,23 @@ _ANSWER_ID = re.compile(r'-?\d{1,18}|"(?:[^"\\]|\\.){0,200}"')
 _SCAN_TOKENS = 20_000
 
 
-def _members(text: str) -> tuple[dict[str, str], bool]:
+def _members(text: str) -> tuple[dict[str, str], bool, set[str]]:
     """The members of the JSON object ``text`` opens, read as far as the text goes or
     `_SCAN_TOKENS` tokens: each key with its value's raw text when that is a scalar, else the
-    value's opening bracket; and whether the text was cut short (it ran out, or ends in a
-    string left open, inside the object). A bare value (a number) the text ends with may
-    have been cut too: it is left out (its key, too)."""
+    value's opening bracket; whether the text was cut short (it ran out, or ends in a
+    string left open, inside the object); and every key read, its value whole or not. A bare
+    value (a number) the text ends with may have been cut too: it is left out of the members
+    (its key, too)."""
     found: dict[str, str] = {}
+    keys: set[str] = set()
     opened = _TOKEN.match(text)
     if opened is None or opened.group(1) != "{":
-        return found, False
+        return found, False, keys
     pos, depth, key, want = opened.end(), 1, "", "key"
     for _ in range(_SCAN_TOKENS):
         token = _TOKEN.match(text, pos)
         if token is None:  # the end of the text, or a string it ends in: cut short
-            return found, True
+            return found, True, keys
         pos, tok = token.end(), token.group(1)
         if depth > 1:  # inside a member's value: only its brackets count
             depth += 1 if tok in ("{", "[") else -1 if tok in ("}", "]") else 0
@@ -216,6 +224,7 @@ def _members(text: str) -> tuple[dict[str, str], bool]:
             if not tok.startswith('"'):
                 break  # "}" (the end) or not JSON
             key, want = _key(tok), ":"
+            keys.add(key)
         elif want == ":":
             if tok != ":":
                 break
@@ -229,7 +238,7 @@ def _members(text: str) -> tuple[dict[str, str], bool]:
             break  # "}" (the end) or not JSON
         else:
             want = "key"
-    return found, False
+    return found, False, keys
 
 
 def _key(token: str) -> str:

@@ -239,3 +239,28 @@ async def test_a_compressed_body_held_open_after_its_finish_ends_complete(monkey
         assert task.done()
         _, acc = task.result()
     assert (acc.message().text, acc.stop_reason) == ("Hi", "end_turn") and stream.closed
+
+
+@pytest.mark.parametrize("asked", [True, False])
+async def test_a_chat_body_that_closes_after_its_finish_without_the_usage_asked_for_warns_once(
+    asked: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The body ends after the finish_reason, no usage chunk and no [DONE]: the answer is whole,
+    # its usage unknown (0). Held open instead, the grace warns of the missing usage; closed, it
+    # went by with no word.
+    body = chat_stream(chat_chunk({"content": "Hi"}), chat_chunk({}, "stop"), done=False)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    with caplog.at_level(logging.WARNING, "agentloop"):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            _, acc = await collect(chat(include_usage=asked)(client))
+    assert (acc.message().text, acc.stop_reason, acc.ended) == ("Hi", "end_turn", True)
+    assert (acc.usage.input_tokens, acc.usage.output_tokens) == (0, 0)
+    warned = [r.getMessage() for r in caplog.records if "usage" in r.getMessage()]
+    if asked:
+        (record,) = warned
+        assert "include_usage" in record and "unknown, 0" in record
+    else:
+        assert warned == []

@@ -653,16 +653,26 @@ class ChatMapper:
         """The body stayed open for the whole grace after the ``finish_reason``: warn when the
         usage the request asked for never came (the answer ends without it, its counts unknown,
         0, as for malformed usage)."""
-        if self._usage_asked and self._usage is None:
-            log.warning(
-                "openai chat stream: no usage came within the end grace after the finish_reason, though "
-                "include_usage asked for it; the answer ends without it (its token counts unknown, 0)"
-            )
+        self._no_usage("within the end grace after the finish_reason")
 
     def at_eof(self) -> list[StreamEvent] | None:
         """The end of a body that stopped cleanly without ``[DONE]``: complete once a
-        ``finish_reason`` came (TGI before 2.2, ik_llama.cpp end there), else None (cut)."""
-        return self._end() if self._finish is not None else None
+        ``finish_reason`` came (TGI before 2.2, ik_llama.cpp end there), else None (cut); a
+        usage asked for that never came is warned of, as when the grace ends the body."""
+        if self._finish is None:
+            return None
+        self._no_usage("before the body ended after the finish_reason")
+        return self._end()
+
+    def _no_usage(self, when: str) -> None:
+        """Warn, once, that the usage the request asked for (``include_usage``) did not come ``when``."""
+        if self._usage_asked and self._usage is None:
+            self._usage_asked = False  # warned: the grace's end is followed by `at_eof`
+            log.warning(
+                "openai chat stream: no usage came %s, though include_usage asked for it; the answer "
+                "ends without it (its token counts unknown, 0)",
+                when,
+            )
 
     def _end(self) -> list[StreamEvent]:
         if self._finish is None and not self._final_usage:
