@@ -75,9 +75,10 @@ class _Part:
 # scrubbing of a model's own errors (`agentloop.models` rejects a wrong type itself, scrubbed).
 
 
-def _malformed(value: object, event: object) -> StreamProtocolError:
+def _malformed(value: object, event: object, field: str, belongs: str = "str") -> StreamProtocolError:
+    """``event``'s ``field`` is ``value``, not a ``belongs``: the error says which field and its type."""
     return StreamProtocolError(
-        f"malformed stream event: {type(event).__name__} carries {type(value).__name__} where a str belongs",
+        f"malformed stream event: {type(event).__name__}'s {field} is {type(value).__name__}, not a {belongs}",
         retryable=True,
     )
 
@@ -137,7 +138,7 @@ def _whole(n: object) -> int | None:
 def _origin(ev: StreamSignature | StreamRedactedThinking) -> str | None:
     origin = ev.origin
     if origin is not None and type(origin) is not str:
-        raise _malformed(origin, ev)
+        raise _malformed(origin, ev, "origin")
     return origin if origin is None else scrub(origin)
 
 
@@ -208,20 +209,20 @@ class Accumulator:
     def _text(self, ev: StreamText) -> TextDelta:
         text = ev.text
         if type(text) is not str:
-            raise _malformed(text, ev)
+            raise _malformed(text, ev, "text")
         self._part(ev, "text").chunks.append(text)
         return _text_delta(text=text)
 
     def _thinking(self, ev: StreamThinking) -> ThinkingDelta:
         text = ev.thinking
         if type(text) is not str:
-            raise _malformed(text, ev)
+            raise _malformed(text, ev, "thinking")
         self._part(ev, "thinking").chunks.append(text)
         return _thinking_delta(thinking=text)
 
     def _signature(self, ev: StreamSignature) -> None:
         if type(ev.signature) is not str:
-            raise _malformed(ev.signature, ev)
+            raise _malformed(ev.signature, ev, "signature")
         origin = _origin(ev)
         part = self._part(ev, "thinking")
         part.signature = scrub(ev.signature)  # whole, never a piece
@@ -230,7 +231,7 @@ class Accumulator:
     def _tool_input(self, ev: StreamToolInput) -> ToolInputDelta:
         text = ev.partial_json
         if type(text) is not str:
-            raise _malformed(text, ev)
+            raise _malformed(text, ev, "partial_json")
         part = self._part(ev, "tool_use")
         part.chunks.append(text)
         return _tool_input_delta(tool_use_id=part.id, name=part.name, partial_json=text)
@@ -238,9 +239,9 @@ class Accumulator:
     def _tool_start(self, ev: StreamToolUseStart) -> ToolInputDelta:
         id, name = ev.id, ev.name
         if type(id) is not str:
-            raise _malformed(id, ev)
+            raise _malformed(id, ev, "id")
         if type(name) is not str:
-            raise _malformed(name, ev)
+            raise _malformed(name, ev, "name")
         if not (id.isascii() and name.isascii()):  # the host is shown the id the transcript keeps (a
             # test inline: one per tool call of every loop iteration, two calls of `scrub` saved)
             id, name = scrub(id), scrub(name)
@@ -250,7 +251,7 @@ class Accumulator:
 
     def _redacted(self, ev: StreamRedactedThinking) -> None:
         if type(ev.data) is not str:
-            raise _malformed(ev.data, ev)
+            raise _malformed(ev.data, ev, "data")
         origin = _origin(ev)
         part = self._part(ev, "redacted_thinking")
         part.chunks.append(ev.data)
@@ -258,13 +259,9 @@ class Accumulator:
 
     def _provider(self, ev: StreamProviderBlock) -> None:
         if type(ev.provider) is not str:
-            raise _malformed(ev.provider, ev)
+            raise _malformed(ev.provider, ev, "provider")
         if type(ev.data) is not dict:
-            raise StreamProtocolError(
-                f"malformed stream event: StreamProviderBlock carries {type(ev.data).__name__} where a dict "
-                "belongs",
-                retryable=True,
-            )
+            raise _malformed(ev.data, ev, "data", "dict")
         if _deeper_than(ev.data, MAX_PROVIDER_DEPTH):
             raise StreamProtocolError(
                 f"malformed stream event: StreamProviderBlock carries data nested more than "

@@ -479,7 +479,7 @@ async def test_a_model_that_yields_something_else_is_an_error_not_silence() -> N
 
 async def test_a_model_whose_event_has_a_wrong_field_is_retried() -> None:
     model, _, error = await model_error_of("wrong-field")
-    assert "StreamText carries int where a str belongs" in error
+    assert "StreamText's text is int, not a str" in error
     assert model.calls == 4  # retried as a malformed stream, within retry_budget=3
 
 

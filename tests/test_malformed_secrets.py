@@ -99,3 +99,29 @@ async def test_a_custom_models_value_of_the_wrong_type_never_shows_its_key(
     assert end.error is not None and "malformed stream event" in end.error
     log = "\n".join(logging.Formatter("%(message)s").format(r) for r in caplog.records)
     _no_key(end.error, repr(events), repr(engine.messages), log)
+
+
+#: What each error says of its event: the field that is of the wrong type, and that type.
+_SAYS: dict[str, str] = {
+    "text": "StreamText's text is list, not a str",
+    "thinking": "StreamThinking's thinking is dict, not a str",
+    "signature": "StreamSignature's signature is list, not a str",
+    "origin": "StreamSignature's origin is list, not a str",
+    "redacted": "StreamRedactedThinking's data is dict, not a str",
+    "redacted-origin": "StreamRedactedThinking's origin is dict, not a str",
+    "tool-id": "StreamToolUseStart's id is list, not a str",
+    "tool-name": "StreamToolUseStart's name is dict, not a str",
+    "partial-json": "StreamToolInput's partial_json is dict, not a str",
+    "provider": "StreamProviderBlock's provider is list, not a str",
+    "provider-data": "StreamProviderBlock's data is list, not a dict",
+}
+
+
+@pytest.mark.parametrize(("case", "says"), list(_SAYS.items()), ids=list(_SAYS))
+def test_the_accumulators_error_names_the_field_of_the_wrong_type(case: str, says: str) -> None:
+    # Before, an event of two str fields (a tool call's id and name, a signature and its origin)
+    # gave the same error for either: which field was bad could not be told.
+    with pytest.raises(StreamProtocolError) as info:
+        Accumulator().feed(_BAD[case])
+    assert info.value.message == f"malformed stream event: {says}"
+    assert info.value.retryable is True

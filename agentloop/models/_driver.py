@@ -193,14 +193,15 @@ def excerpt(text: str, limit: int = 200) -> str:
     return text[: min(end, limit + 512)]
 
 
-def not_a_str(where: str, field: str, value: Any) -> StreamProtocolError:
+def not_a_str(where: str, field: str, value: Any, *, retryable: bool = True) -> StreamProtocolError:
     """The error for a ``field`` of an event that should be a str and is ``value``, of another
-    type (retryable, as malformed data is). Raised by a mapper, where the model's errors are
+    type (retryable, as malformed data is, unless ``retryable=False``: a stop reason, which a
+    server that sent it so sends so again). Raised by a mapper, where the model's errors are
     scrubbed of its secrets (`run_stream`), rather than passed on in a stream event whose own check
     would reject it outside that scrubbing. ``where``: what was malformed (``"openai chat stream:
     malformed chunk"``)."""
     return StreamProtocolError(
-        f"{where}: its {field} is {type(value).__name__}, not a str: {excerpt(repr(value))}", retryable=True
+        f"{where}: its {field} is {type(value).__name__}, not a str: {excerpt(repr(value))}", retryable=retryable
     )
 
 

@@ -130,7 +130,7 @@ async def test_a_server_call_whose_input_was_cut_is_not_kept() -> None:
 
 def test_a_provider_block_event_of_the_wrong_shape_is_a_protocol_error() -> None:
     acc = Accumulator()
-    with pytest.raises(StreamProtocolError, match="where a dict belongs"):
+    with pytest.raises(StreamProtocolError, match="data is list, not a dict"):
         acc.feed(StreamProviderBlock(0, "anthropic", ["not", "a", "block"]))  # type: ignore[arg-type]
 
 

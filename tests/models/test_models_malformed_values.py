@@ -5,6 +5,7 @@ and the key shows nowhere the host looks (the turn's error, the events, the log,
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from _models_support import API_KEY, MockServer, chat_chunk, chat_stream, collec
 
 from agentloop import QueryEngine, TurnEnded
 from agentloop._errors import StreamProtocolError
-from agentloop.models import AnthropicModel, OpenAIChatModel
+from agentloop.models import AnthropicModel, OpenAIChatModel, StreamEnd
 
 #: A piece of the key: a quote cut short would still show it.
 PIECE = API_KEY[8:20]
@@ -45,6 +46,11 @@ _CHAT: dict[str, bytes] = {
     ),
     "content-part-thinking": chat_stream(
         chat_chunk({"content": [{"type": "thinking", "thinking": {"k": API_KEY}}]}), chat_chunk(finish="stop")
+    ),
+    "content-part-thinking-list": chat_stream(
+        chat_chunk({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": "ok"},
+                                                                  {"type": "text", "text": [API_KEY]}]}]}),
+        chat_chunk(finish="stop"),
     ),
     "refusal": chat_stream(chat_chunk({"refusal": [API_KEY]}), chat_chunk(finish="stop")),
     "reasoning": chat_stream(chat_chunk({"reasoning": {"k": API_KEY}}), chat_chunk(finish="stop")),
@@ -111,6 +117,8 @@ _CASES = [(OpenAIChatModel, name, body) for name, body in _CHAT.items()] + [
 ]
 _IDS = [f"{'chat' if cls is OpenAIChatModel else 'anthropic'}-{name}" for cls, name, _ in _CASES]
 _PREFIX = {OpenAIChatModel: "openai chat stream: ", AnthropicModel: "anthropic stream: "}
+#: A stop reason that is not a string: the server would send it so again, so it is not retried.
+_FOR_GOOD = {"finish-reason", "stop-reason"}
 
 
 @pytest.mark.parametrize(("cls", "name", "body"), _CASES, ids=_IDS)
@@ -125,7 +133,9 @@ async def test_a_value_of_the_wrong_type_is_the_models_own_error_and_never_shows
             await collect(cls("m", api_key=API_KEY, http_client=client))
     error = info.value
     assert str(error).startswith(_PREFIX[cls]), str(error)  # not the accumulator's "malformed stream event"
-    assert error.retryable is (name != "finish-reason")  # a finish_reason not a string: sent so again
+    assert error.retryable is (name not in _FOR_GOOD)
+    # It says which value was wrong, and its type (not a TypeError of the mapper's, caught after).
+    assert re.search(r" is (list|dict), not an? (str|int): " if name != "finish-reason" else "is not a string", str(error))
     _no_key(str(error), repr(error), repr(error.args))
     assert server.streams[0].closed
 
@@ -143,7 +153,7 @@ async def test_a_run_that_meets_a_value_of_the_wrong_type_never_shows_the_key(
     end = events[-1]
     assert isinstance(end, TurnEnded) and end.reason == "model_error"
     assert end.error is not None and end.error.startswith("StreamProtocolError: " + _PREFIX[cls])
-    assert [e.type for e in events].count("retrying") == (name != "finish-reason")  # malformed: retried once
+    assert [e.type for e in events].count("retrying") == (name not in _FOR_GOOD)  # malformed: retried once
     _no_key(end.error, repr(events), repr(engine.messages), _log_text(caplog))
 
 
@@ -175,3 +185,21 @@ async def test_a_usage_or_response_id_of_the_wrong_type_keeps_the_answer_and_nev
     assert isinstance(end, TurnEnded) and end.reason == "completed"
     assert engine.messages[-1].text == "Hi"
     _no_key(repr(events), repr(engine.messages), _log_text(caplog))
+
+
+@pytest.mark.parametrize(
+    ("cls", "body", "kept"),
+    [(*_KEPT[1], "chatcmpl-1"), (*_KEPT[3], None)],  # Chat: the id of the next chunk, a string
+    ids=["chat-id", "anthropic-id"],
+)
+async def test_a_response_id_of_the_wrong_type_is_not_kept_by_the_model(
+    cls: type[Any], body: bytes, kept: str | None
+) -> None:
+    # The engine does not read the response id, so a run cannot tell: the model's own end must.
+    server = MockServer(body)
+    async with server.client() as client:
+        events, acc = await collect(cls("m", api_key=API_KEY, http_client=client))
+    end = events[-1]
+    assert isinstance(end, StreamEnd) and end.stop_reason == "end_turn"
+    assert end.response_id == kept and acc.response_id == kept
+    assert acc.text() == "Hi"

@@ -485,3 +485,21 @@ async def test_a_completed_response_that_failed_keeps_what_streamed_before_its_e
                 events.append(event)  # noqa: PERF401 (what came before the error is what is checked)
     assert [type(e).__name__ for e in events] == ["StreamText", "StreamUsage"]
     assert not any(type(e).__name__ == "StreamEnd" for e in events)
+
+
+@pytest.mark.parametrize("status", [["failed"], {"state": "failed"}, 7, None], ids=["list", "dict", "int", "null"])
+@pytest.mark.parametrize("terminal", ["response.completed", "response.incomplete"])
+async def test_a_terminal_event_whose_status_is_not_a_string_ends_the_answer(terminal: str, status: Any) -> None:
+    # Before, a list or a dict raised TypeError (unhashable) where the status was looked up among
+    # the failed ones: a malformed stream, retried, though the answer had come whole.
+    body = sse(
+        CREATED,
+        ev("response.output_item.added", output_index=0, item=MSG),
+        ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="Hi"),
+        ev(terminal, response={"id": "resp_1", "status": status, "usage": {"input_tokens": 3, "output_tokens": 1}}),
+    )
+    events, acc = await run_body(body)
+    end = events[-1]
+    assert type(end).__name__ == "StreamEnd"
+    assert acc.text() == "Hi" and acc.usage.output_tokens == 1
+    assert acc.stop_reason == "end_turn"  # (no incomplete_details says why an incomplete one stopped)

@@ -205,8 +205,9 @@ class AnthropicMapper:
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
         if reason is not None:
-            if type(reason) is not str:
-                raise not_a_str(f"anthropic stream: malformed {obj.get('type')} event", "stop_reason", reason)
+            if type(reason) is not str:  # as a Chat finish_reason: the server would send it so again
+                where = f"anthropic stream: malformed {obj.get('type')} event"
+                raise not_a_str(where, "stop_reason", reason, retryable=False)
             self._stop_reason = reason
             self.settled = True
         usage = obj.get("usage")

@@ -149,8 +149,9 @@ class ResponsesMapper(ItemIndex):
             return None
         if kind == "response.completed" or kind == "response.incomplete":
             response = obj["response"]
-            if response.get("status") in _FAILED:  # a failure, whichever event ends it
-                return self._failed(obj)
+            status = response.get("status")
+            if type(status) is str and status in _FAILED:  # a failure, whichever event ends it (a
+                return self._failed(obj)  # list or a dict is no status: looked up, it is unhashable)
             return self._end(response, kind == "response.incomplete")
         if kind == "response.failed":
             return self._failed(obj)
