@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,86 @@ def test_a_child_forked_while_another_thread_opens_the_session_keeps_one_writer(
     session.append_message(Message.user("parent"))
     session.close()
     assert _records(path) == records
+
+
+def _holds_a_descriptor_of(path: Path) -> bool:
+    """Whether this process has a descriptor open on the file at ``path``."""
+    named = os.stat(path)
+    listing = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    for name in os.listdir(listing):
+        try:
+            if os.path.samestat(os.fstat(int(name)), named):
+                return True
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return False
+
+
+@pytest.mark.parametrize("step", ["open", "close"])
+def test_a_child_forked_as_another_thread_makes_or_closes_the_descriptor_inherits_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A thread of the parent had made the session's descriptor (``os.open`` returned) but not yet
+    kept it, or had let go of it but not yet closed it, as another thread forked: the child
+    inherited a descriptor its session did not know of, so it could not let go of it, and with it
+    kept the parent's lock after the parent closed the file. A fork waits for that step to end."""
+    import signal
+    import threading
+
+    from agentloop._forklock import ForkSafeLock
+    from agentloop.sessions import _store
+
+    path = tmp_path / "s.jsonl"
+    session = JsonlSession(path)
+    if step == "close":
+        session.acquire()
+    in_step, go_on = threading.Event(), threading.Event()
+    real_open, real_close = os.open, os.close
+
+    def stop_in_step() -> None:
+        if threading.current_thread().name == "worker":
+            in_step.set()
+            go_on.wait()
+
+    def open_(*args: Any, **kwargs: Any) -> int:
+        fd = real_open(*args, **kwargs)
+        stop_in_step()  # made, not yet kept
+        return fd
+
+    def close(fd: int) -> None:
+        stop_in_step()  # let go of, not yet closed
+        real_close(fd)
+
+    class Guard(ForkSafeLock):
+        """The store's guard, which lets the worker go on once a fork waits for it."""
+
+        __slots__ = ()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if threading.current_thread() is threading.main_thread():
+                go_on.set()
+            return super().acquire(blocking, timeout)
+
+    monkeypatch.setattr(_store, "_FD_GUARD", Guard(), raising=False)
+    monkeypatch.setattr(os, "open" if step == "open" else "close", open_ if step == "open" else close)
+    worker = threading.Thread(target=session.acquire if step == "open" else session.release, name="worker")
+    worker.start()
+    try:
+        assert in_step.wait(timeout=60)
+        sys.stdout.flush(), sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            code = _FAILED
+            try:
+                code = _WROTE if _holds_a_descriptor_of(path) else _REFUSED
+            finally:
+                os._exit(code)
+        assert _wait(pid) == _REFUSED  # the child holds no descriptor of the file
+    finally:
+        go_on.set()
+        worker.join()
+        monkeypatch.undo()
+        session.close()
+    with JsonlSession(path) as again:
+        again.acquire()

@@ -445,7 +445,7 @@ def test_a_message_with_a_field_that_changes_its_meaning_is_skipped(
     assert "skipped" in warning and repr(next(iter(field))) in warning, warning
 
 
-@pytest.mark.parametrize("agent_id", ["C:evil", "c:", "a:stream", "CON", "nul", "Com1.x", "aux .x", "a?b", "a|b", "a\tb"])
+@pytest.mark.parametrize("agent_id", ["C:evil", "c:", "a:stream", "CON", "nul", "Com1.x", "COM\u00b9", "lpt\u00b2", "LPT\u00b3.x", "aux .x", "a?b", "a|b", "a\tb"])
 def test_an_id_windows_reads_as_a_drive_a_stream_or_a_device_is_not_a_file_name_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_id: str
 ) -> None:

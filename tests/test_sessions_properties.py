@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -58,10 +59,24 @@ def _save(path: Path, messages: list[Message]) -> None:
             session.append_message(message)
 
 
-def test_a_key_holding_surrogates_loads_as_the_repair_has_it(tmp_path: Path) -> None:
+_HOST = object()
+
+
+@pytest.mark.parametrize(
+    ("meta", "meta_loaded"),
+    [
+        ({}, {}),
+        ({"host": _HOST}, {"host": repr(_HOST)}),  # not JSON: its repr, the message dumped field by field
+        ({"a": {"\ud83d": 2}}, {"a": {"\ud83d": 2}}),  # a key pydantic cannot encode: the same
+    ],
+)
+def test_a_key_holding_surrogates_loads_as_the_repair_has_it(
+    tmp_path: Path, meta: dict[str, object], meta_loaded: dict[str, object]
+) -> None:
     """A key holding a surrogate (a tool call's input, the host's ``meta``) was written as its UTF-8
     bytes, one U+FFFD each: an emoji given as a pair of halves came back as six U+FFFD, not joined
-    as the repair joins it, and a lone half as three. Keys are written as values are, exactly."""
+    as the repair joins it, and a lone half as three. Keys are written as values are, exactly,
+    also in a message whose ``meta`` pydantic cannot dump."""
     emoji, lone = "\ud83d\ude00", "k\ud800"
     use = ToolUseBlock(id="t1", name="read", input={emoji: emoji, lone: {lone: [{emoji: 1}]}})
     messages = [
@@ -69,7 +84,7 @@ def test_a_key_holding_surrogates_loads_as_the_repair_has_it(tmp_path: Path) -> 
         Message(role="assistant", content=[use]),
         Message(role="user", content=[ToolResultBlock(tool_use_id="t1", content="ok")]),
         Message(
-            role="assistant", content=[ToolUseBlock(id="t2", name="read", input={emoji: 1})], meta={lone: 2}
+            role="assistant", content=[ToolUseBlock(id="t2", name="read", input={emoji: 1})], meta={lone: 2, **meta}
         ),
         Message(role="user", content=[ToolResultBlock(tool_use_id="t2", content="ok")]),
     ]
@@ -80,15 +95,16 @@ def test_a_key_holding_surrogates_loads_as_the_repair_has_it(tmp_path: Path) -> 
     for line in path.read_text(encoding="utf-8").splitlines():
         assert "\ufffd" not in line and "\\ufffd" not in line
     loaded = JsonlSession(path).load()
-    assert loaded.messages == repair_transcript(messages)
+    assert [m.model_copy(update={"meta": {}}) for m in loaded.messages] == [
+        m.model_copy(update={"meta": {}}) for m in repair_transcript(messages)
+    ]
     assert loaded.messages[1].content[0].input == {
         "\U0001f600": "\U0001f600",
         "k\ufffd": {"k\ufffd": [{"\U0001f600": 1}]},
     }
     assert loaded.messages[3].content[0].input == {"\U0001f600": 1}
-    assert loaded.messages[0].meta == {lone: lone} and loaded.messages[3].meta == {
-        lone: 2
-    }  # the host's, exactly
+    assert loaded.messages[0].meta == {lone: lone}  # the host's, exactly
+    assert loaded.messages[3].meta == {lone: 2, **meta_loaded}
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

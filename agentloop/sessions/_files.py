@@ -21,7 +21,8 @@ log = logging.getLogger("agentloop")
 #: Whether file names are read as Windows reads them (`plain_file_name`).
 WINDOWS = os.name == "nt"
 
-#: What Windows reads as a device in a file name, whatever follows a dot (``CON.jsonl`` is the console).
+#: What Windows reads as a device in a file name, whatever follows a dot (``CON.jsonl`` is the console);
+#: the superscript digits ¹ ² ³ count as digits there (``COM¹`` is a port).
 _DEVICES = frozenset(
     [
         "CON",
@@ -30,7 +31,7 @@ _DEVICES = frozenset(
         "NUL",
         "CONIN$",
         "CONOUT$",
-        *(f"{port}{n}" for port in ("COM", "LPT") for n in "0123456789"),
+        *(f"{port}{n}" for port in ("COM", "LPT") for n in "0123456789\u00b9\u00b2\u00b3"),
     ]
 )
 

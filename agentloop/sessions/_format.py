@@ -46,7 +46,7 @@ def event_to_json(value: Any) -> Any:
                 return _keys_kept(value.model_dump(mode="json"), value)
             except (PydanticSerializationError, ValueError):  # a host's object in a message's meta, ...
                 pass
-        return {name: jsonable(getattr(value, name), repr) for name in type(value).model_fields}
+        return _fields_to_json(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         tag = getattr(type(value), "type", None)
@@ -64,6 +64,26 @@ def event_to_json(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return event_to_json(value.value)
     return value
+
+
+def _fields_to_json(model: BaseModel) -> dict[str, Any]:
+    """A model pydantic cannot dump whole, field by field: each as a dump writes it (its keys kept,
+    see `_keys_kept`), but a message's ``meta`` (the host's data), and any field pydantic cannot
+    dump, with what JSON cannot encode in it as its repr."""
+    out: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        field = getattr(model, name)
+        if not (name == "meta" and isinstance(model, Message)):  # a dump may drain an iterator there
+            try:
+                dumped = model.model_dump(mode="json", include={name})
+            except (PydanticSerializationError, ValueError):
+                pass
+            else:
+                if name in dumped:  # else left out by the model's serializer, as in a whole dump
+                    out[name] = _keys_kept(dumped[name], field)
+                continue
+        out[name] = jsonable(field, repr)
+    return out
 
 
 def _keys_kept(dumped: Any, raw: Any) -> Any:

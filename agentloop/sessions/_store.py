@@ -218,9 +218,7 @@ class JsonlSession:
                 if self.fsync != "never" and self._unsynced:
                     self._sync()
             finally:
-                self._fd = None
-                _OPEN.discard(self)
-                os.close(fd)
+                self._close_fd(fd)
 
     def __del__(self) -> None:
         # As Python's own files do: a session dropped while its file is open closes the file
@@ -231,11 +229,20 @@ class JsonlSession:
         fd = getattr(self, "_fd", None)
         if fd is None:
             return
-        self._fd = None
+        # The guard only if free: a finalizer runs wherever the collector does, maybe in a
+        # thread holding a lock that the thread now forking (holding the guard) waits for.
         try:
+            guard = _FD_GUARD if _FD_GUARD.acquire(blocking=False) else None
+        except (AttributeError, NameError, TypeError):  # at interpreter exit, the module may be torn down
+            guard = None
+        try:
+            self._fd = None
             os.close(fd)
         except OSError:
             pass
+        finally:
+            if guard is not None:
+                guard.release()
         try:
             warnings.warn(f"unclosed session file {str(self.path)!r}", ResourceWarning, stacklevel=1)
         except (AttributeError, TypeError):  # at interpreter exit, the module may be torn down
@@ -361,12 +368,11 @@ class JsonlSession:
     def _drop_stale_file(self, fd: int) -> None:
         """Close a file the path no longer names (the lock held), and refuse the append: a
         record written there would be lost. The next append opens the file at the path."""
-        self._fd = self._cut_to = None
+        self._cut_to = None
         self._unsynced = 0
         self._torn = self._tail_unchecked = False
-        _OPEN.discard(self)
         with contextlib.suppress(OSError):
-            os.close(fd)
+            self._close_fd(fd)
         raise OSError(
             errno.ESTALE,
             "the session file was deleted, moved away, or replaced by another, since this session opened it: this "
@@ -421,21 +427,24 @@ class JsonlSession:
         if self._closed:
             raise ValueError(f"I/O operation on closed session {str(self.path)!r}")
         if self._fd is None:
-            # Listed as open first, and the descriptor kept as soon as it is made: the child of a
-            # fork (by another thread, now) lets go of any descriptor the session holds.
+            # Listed as open first, and the descriptor kept as it is made, as one step for a fork
+            # (see `_FD_GUARD`): the child of a fork (by another thread, now) lets go of any
+            # descriptor the session holds, and inherits no other.
             _OPEN.add(self)
             try:
                 made = make_dirs(self.path.parent)
                 created = exclusive or not self.path.exists()
                 # Owner only (a transcript may hold secrets): the umask can only take bits away from 0o600.
                 flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | O_BINARY | (os.O_EXCL if exclusive else 0)
-                self._fd = fd = os.open(self.path, flags, 0o600)
+                name = os.fspath(self.path)
+                with _FD_GUARD:
+                    self._fd = fd = os.open(name, flags, 0o600)
                 take_lock(fd, self.path)
             except BaseException:
-                opened, self._fd = self._fd, None
-                _OPEN.discard(self)
-                if opened is not None:
-                    os.close(opened)
+                if self._fd is None:
+                    _OPEN.discard(self)
+                else:
+                    self._close_fd(self._fd)
                 raise
             # A file, not a device: watched so that one deleted, moved or replaced under it is noticed.
             self._identity = self._identify(fd)
@@ -444,6 +453,16 @@ class JsonlSession:
             self._tail_unchecked = True
             self._dirs_owed += ([self.path.parent] if created else []) + made
         return self._fd
+
+    def _close_fd(self, fd: int) -> None:
+        """Let go of the descriptor ``fd`` and close it, as one step for a fork (see `_FD_GUARD`):
+        a child forked meanwhile would inherit a descriptor its session no longer knows of."""
+        try:
+            with _FD_GUARD:
+                self._fd = None
+                os.close(fd)
+        finally:
+            _OPEN.discard(self)
 
     def _sync(self) -> None:
         assert self._fd is not None
@@ -547,12 +566,33 @@ def _absolute(path: str | os.PathLike[str]) -> Path:
 #: The sessions whose file is open for appending (see `JsonlSession._forget_file`).
 _OPEN: weakref.WeakSet[JsonlSession] = weakref.WeakSet()
 
+#: Held while a session's descriptor is made and kept (``os.open`` and ``_fd`` set), or let go of
+#: and closed, and by the thread that forks, across the fork: a child never inherits a descriptor
+#: its session does not know of (made but not yet kept, or let go of but not yet closed), which it
+#: could not let go of, and which would keep the parent's lock (a ``flock`` goes with the open
+#: file, shared by both copies) after the parent closed the file. Held for a system call, never
+#: while waiting for another lock; re-entrant (a finalizer may close a file in the thread holding
+#: it), and a new one in the child, where the thread that forked holds the parent's.
+_FD_GUARD = ForkSafeLock()
+
+
+def _before_fork() -> None:
+    _FD_GUARD.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _FD_GUARD.release()
+
 
 def _after_fork_in_child() -> None:
+    global _FD_GUARD
+    _FD_GUARD = ForkSafeLock()
     for session in list(_OPEN):
         session._forget_file()
     _OPEN.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
