@@ -333,8 +333,8 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "_usage_read", "done", "keep_reasoning",
-                 "logprobs", "origin", "request_id", "response_id", "settled", "terminator")  # fmt: skip
+                 "_late", "_next", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read", "done",
+                 "keep_reasoning", "logprobs", "origin", "request_id", "response_id", "settled", "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -366,6 +366,7 @@ class ChatMapper:
         self._next = 0
         self._finish: str | None = None
         self._late = False  # a delta came after the finish_reason (and was left out, with a warning)
+        self._refinished = False  # another finish_reason came after it (ignored, with a warning)
         self._refusal = False
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
@@ -433,11 +434,22 @@ class ChatMapper:
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             finish = choice.get("finish_reason") or choice.get("finishReason")
             if finish:
-                self._finish = finish = _finish_reason(finish, self._finish)
+                first = self._finish
+                # The unknown value of a chunk sent after the first is warned of as one ignored.
+                finish = _finish_reason(finish, first if first is None or type(finish) is not str else finish.lower())
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
                 self.settled = True
+                if first is not None:  # sent again: the first decided, what follows is no part of it
+                    if finish != first and not self._refinished:
+                        self._refinished = True
+                        log.warning(
+                            "openai chat stream: the server sent finish_reason %r after its finish_reason %r; "
+                            "the answer ends with the first", finish, first,
+                        )
+                    return out or None
+                self._finish = finish
                 if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
                 if finish == "repetition":
