@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop._accumulate import Accumulator
+from agentloop._errors import ProviderStatusError, ProviderStreamError
 from agentloop.models import OpenAIChatModel, StreamEnd, StreamEvent, StreamSignals
 
 CHAT_FIXTURES = [
@@ -152,3 +153,44 @@ async def test_a_changed_finish_reason_is_warned_of_once_however_many_chunks_car
         _, acc = await _run(body)
     assert acc.stop_reason == "max_tokens"
     assert len([r for r in caplog.records if "finish_reason" in r.getMessage()]) == 1
+
+
+# -- errors in the body of a 200 -----------------------------------------------------------
+
+_KEYED = f"Incorrect API key provided: {API_KEY}."
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "kind", "retryable"),
+    [
+        # An error chunk with a code that is a word, with one that is a status, with none.
+        (chat_stream({"error": {"message": _KEYED, "type": "server_error", "code": None}}), None,
+         ProviderStreamError, True),
+        (chat_stream(chat_chunk({"content": "hi"}), {"error": {"message": _KEYED, "code": 502}}), None,
+         ProviderStreamError, True),
+        (chat_stream({"error": {"message": _KEYED, "type": "invalid_request_error"}}), None,
+         ProviderStreamError, False),
+        # A 200 whose body is a JSON error, not an event stream, whatever its content type says.
+        (json.dumps({"error": {"message": _KEYED, "type": "server_error"}}).encode(),
+         {"content-type": "application/json"}, ProviderStatusError, True),
+        (json.dumps({"error": {"message": _KEYED, "type": "invalid_request_error"}}).encode(), None,
+         ProviderStatusError, False),
+        # A finish_reason "error" whose detail quotes the key.
+        (chat_stream({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "error",
+                                              "error": {"message": _KEYED}}]}), None,
+         ProviderStreamError, True),
+    ],
+)  # fmt: skip
+async def test_an_error_in_a_200_body_is_raised_without_the_key_and_the_response_is_closed(
+    body: bytes, headers: dict[str, str] | None, kind: type[Exception], retryable: bool
+) -> None:
+    server = MockServer(body, headers=headers)
+    async with server.client() as client:
+        with pytest.raises(kind) as caught:
+            await collect(OpenAIChatModel("m", api_key=API_KEY, http_client=client))
+    err = caught.value
+    assert getattr(err, "retryable", None) is retryable
+    assert "Incorrect API key provided" in str(err)
+    for text in (str(err), repr(err), repr(vars(err)), repr(getattr(err, "body", None))):
+        assert API_KEY not in text
+    assert server.streams and all(s.closed for s in server.streams)
