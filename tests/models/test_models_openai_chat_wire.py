@@ -72,6 +72,12 @@ def _inside_characters(body: bytes) -> list[int]:
     return [i for i, b in enumerate(body) if b & 0xC0 == 0x80]
 
 
+def _inside_line_ends(body: bytes) -> list[int]:
+    """The offsets in ``body`` between the CR and the LF of a line that an event's next
+    ``data:`` line follows."""
+    return [i + 1 for i in range(len(body) - 2) if body[i : i + 3] == b"\r\nd" and body[i - 2 : i] != b"\r\n"]
+
+
 @pytest.mark.parametrize("name", CHAT_FIXTURES)
 async def test_the_reencoded_streams_are_what_they_claim(name: str) -> None:
     body = reencoded(name)
@@ -97,10 +103,12 @@ async def test_a_reencoded_stream_cut_at_any_bytes_gives_the_same_events_and_mes
     body = reencoded(name)
     whole_events, whole = await _run(body)
     # One cut always falls inside a character, so reading each piece as UTF-8 of its own would
-    # garble it; the others fall anywhere (between CR and LF, inside "data:", in the JSON).
+    # garble it; one between the CR and the LF of a line inside an event, so reading them as two
+    # line ends would end the event there, its JSON cut; the others fall anywhere.
     inside = data.draw(st.sampled_from(_inside_characters(body)), label="inside a character")
+    crlf = data.draw(st.sampled_from(_inside_line_ends(body)), label="between CR and LF")
     cuts = data.draw(st.lists(st.integers(1, len(body) - 1), max_size=30), label="cuts")
-    events, acc = await _run(split(body, [inside, *cuts]))
+    events, acc = await _run(split(body, [inside, crlf, *cuts]))
     assert events == whole_events
     assert final(acc) == final(whole)
 
