@@ -75,6 +75,7 @@ def build_request(
         {"role": role, "content": [_block(b) for b in blocks]}
         for role, blocks in _fit(turns(_unrefused(request.messages), foreign=foreign, provider="anthropic"))
     ]
+    _strip_last(messages)
     body: dict[str, Any] = {"model": model, "max_tokens": limit, "messages": messages, "stream": True}
     if request.system:
         body["system"] = request.system
@@ -94,6 +95,20 @@ def build_request(
     if thinking is not None and not forced and not _unthought_tool_turn(messages):
         body["thinking"] = thinking
     return body
+
+
+def _strip_last(messages: list[dict[str, Any]]) -> None:
+    """The request's last turn, when it is the assistant's (a paused response sent back, a
+    host's prefill), without whitespace at the end of its last block if that is text: the API
+    refuses it ("final assistant content cannot end with trailing whitespace"). A committed
+    response has none, but the thinking `_fit` leaves out after its text can leave it last."""
+    if not messages or messages[-1]["role"] != "assistant":
+        return
+    content = messages[-1]["content"]
+    last = content[-1]
+    text = last.get("text")
+    if last.get("type") == "text" and isinstance(text, str) and text != text.rstrip():
+        content[-1] = {**last, "text": text.rstrip()}  # a copy: a `ProviderBlock`'s data is the host's
 
 
 def _unthought_tool_turn(messages: list[dict[str, Any]]) -> bool:

@@ -47,6 +47,7 @@ class AnthropicMapper:
         "_blocks",
         "_counts",
         "_latest",
+        "_open",
         "_server",
         "_stop_reason",
         "_usage",
@@ -71,6 +72,7 @@ class AnthropicMapper:
         # The type of each block started, by index; "" for one not mapped as it streams.
         self._blocks: dict[int, str] = {}
         self._latest = -1  # the index of the block begun last: the only one a delta may go to
+        self._open = False  # whether that block is still streaming (no content_block_stop yet)
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # A tool call's input given whole in its content_block_start (a proxy's), by index: its
@@ -131,6 +133,10 @@ class AnthropicMapper:
             if kept is not None and obj["delta"]["type"] == "input_json_delta":  # a server tool call's input
                 kept[1].append(obj["delta"]["partial_json"])
             return None  # a skipped block's, or a server-tool block's (whole at its content_block_stop)
+        if not self._open:
+            # The block was whole at its stop (its text shown whole, its call possibly run): more
+            # of it would change what was already final.
+            raise _out_of_place(f"a content_block_delta for block {index} after its content_block_stop")
         delta = obj["delta"]
         dt = delta["type"]
         if dt == "text_delta":
@@ -172,7 +178,7 @@ class AnthropicMapper:
         if index < self._latest:
             # The message orders blocks by index: this one would go before what was shown after it.
             raise _out_of_place(f"a content_block_start for block {index}, after block {self._latest}")
-        self._latest = index
+        self._latest, self._open = index, True
         self._blocks[index] = bt if bt in _MAPPED else ""
         if bt == "text":
             return (StreamText(index, _str(block, "text", obj)),) if block.get("text") else None
@@ -196,6 +202,8 @@ class AnthropicMapper:
 
     def _block_stop(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
+        if index == self._latest:
+            self._open = False
         if self._blocks.get(index):
             whole = self._whole.pop(index, None) if self._whole else None
             return (StreamBlockStop(index),) if whole is None else (StreamToolInput(index, whole), StreamBlockStop(index))
@@ -248,6 +256,8 @@ class AnthropicMapper:
         if not isinstance(err, dict):  # a proxy's error in words is its message
             err = {"message": err} if isinstance(err, str) else {}
         kind = err.get("type")
+        if type(kind) is not str:  # a list, a number: no type to read (and not one to keep)
+            kind = None
         if kind is None or kind == "None":  # "None": how LiteLLM's proxy writes a missing type
             code = str(err.get("code"))  # a proxy's: the HTTP status of the upstream failure
             kind = code if code.isascii() and code.isdigit() else None
@@ -255,7 +265,11 @@ class AnthropicMapper:
         else:  # an explicit type says whether the failure is transient, whatever the code
             transient = kind in _RETRYABLE_ERRORS
         message = err.get("message") or "stream error"
+        if type(message) is not str:
+            message = str(message)
         request_id = obj.get("request_id") if isinstance(obj, dict) else None
+        if type(request_id) is not str:  # the header's, then
+            request_id = None
         too_long = prompt_too_long(message)
         cls = PromptTooLongError if too_long else ProviderStreamError
         return cls(
