@@ -284,10 +284,10 @@ class Accumulator:
     def _end(self, ev: StreamEnd) -> None:
         reason = ev.stop_reason
         if reason is not None and type(reason) is not str:  # a list or a dict would fail the commit
+            # Not retried, as the providers' own check is not: a model that ends so ends so again.
             raise StreamProtocolError(
                 f"malformed stream event: StreamEnd carries a stop_reason of type {type(reason).__name__}, "
-                "not a str",
-                retryable=True,
+                "not a str"
             )
         usage = ev.usage
         if usage is not None:  # the end event's usage alone (the common case) is taken as is

@@ -35,6 +35,8 @@ from ._policy import VERDICTS, Policy, Resample, Verdict, Warn, misplaced, not_a
 from ._quick import quick_new
 from ._recovery import doom_reminder
 from ._run import RunState, TranscriptView, charge_ancestors, usage_spent
+from ._toolphase import run_secrets
+from ._transcript import redacted
 from ._unicode import scrub
 
 if TYPE_CHECKING:
@@ -293,7 +295,7 @@ class ModelPhase:
         if not error.retryable or self.retries <= 0 or st.signal.aborted or too_long or spent is not None:
             settle_partial(engine, st)
             st.terminal = "prompt_too_long" if isinstance(error, PromptTooLongError) else "model_error"
-            st.error = _describe(error)
+            st.error = _describe(error, run_secrets(engine, st))
             if spent is not None:
                 st.terminal, st.detail = "usage_limit", spent
                 st.error += f" (not retried: {spent})"
@@ -308,7 +310,7 @@ class ModelPhase:
         events: list[Event] = [_discarded(acc, self.attempt, "retry")] if not acc.empty or acc.usage else []
         st.acc = None
         self.attempt += 1
-        events.append(Retrying(attempt=self.attempt, error=str(error), delay=delay))
+        events.append(Retrying(attempt=self.attempt, error=redacted(str(error), run_secrets(engine, st)), delay=delay))
         self.delay = delay
         return events
 
@@ -502,11 +504,12 @@ def _backoff(base: float, cap: float, n: int, error: ModelError) -> float:
     return float(delay)
 
 
-def _describe(error: ModelError) -> str:
+def _describe(error: ModelError, secrets: tuple[str, ...]) -> str:
     """What failed, for `TurnEnded.error` (and the results of the calls the failure left unrun):
     scrubbed of lone surrogates, as the model's other output is (a model of the host's own may
-    quote a server's text as it came)."""
+    quote a server's text as it came), and of the credentials the engine knows, ``secrets`` (a
+    model of the host's own may quote its ancestors' key: the built-in ones scrub their own)."""
     kind = type(error).__name__
     status = getattr(error, "status", None)
     where = f" (HTTP {status})" if status else ""
-    return scrub(f"{kind}{where}: {error.message}")
+    return redacted(scrub(f"{kind}{where}: {error.message}"), secrets)

@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 
@@ -256,13 +256,21 @@ class Mapper(Protocol):
     stream; None leaves it cut. A mapper with ``at_eof`` may have ``settled`` too: True once the
     answer is whole (``at_eof`` would complete it), so a body held open after it ends after the
     model's grace (`run_stream`); and a ``grace_over()``, called when the grace ran out, before
-    ``at_eof``.
+    ``at_eof``. And a ``redactor`` (None until `run_stream` sets it to the request's), which the
+    values of the stream its warnings quote are scrubbed with.
     """
 
     done: bool
     terminator: str
 
     def handle(self, sse: ServerSentEvent) -> Sequence[StreamEvent] | None: ...
+
+
+class _Quoting(Protocol):
+    """A `Mapper` with a ``redactor``: `run_stream` gives it the request's, to take the secrets
+    out of the values from the stream its warnings quote."""
+
+    redactor: Redactor | None
 
 
 async def run_stream(
@@ -300,6 +308,8 @@ async def run_stream(
     async with conn.open(path, headers, body, signal, extra=extra) as response:
         redactor = conn.redactor(headers, response.request)
         mapper = make_mapper(response.headers.get(conn.request_id_header))
+        if hasattr(mapper, "redactor"):  # one whose warnings quote the server's values
+            cast(_Quoting, mapper).redactor = redactor
         decoder = SSEDecoder(error_field=error_field)
         feed, handle = decoder.feed, mapper.handle
         chunks = _body(response, signal, mapper if grace is not None and hasattr(mapper, "settled") else None, grace)

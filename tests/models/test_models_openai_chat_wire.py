@@ -202,3 +202,14 @@ async def test_an_error_in_a_200_body_is_raised_without_the_key_and_the_response
     for text in (str(err), repr(err), repr(vars(err)), repr(getattr(err, "body", None))):
         assert API_KEY not in text
     assert server.streams and all(s.closed for s in server.streams)
+
+
+async def test_an_unknown_finish_reason_sent_after_the_first_is_not_quoted(caplog: pytest.LogCaptureFixture) -> None:
+    echoed = f"bad key {API_KEY}"
+    body = chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, "stop"), chat_chunk({}, echoed), USAGE)
+    with caplog.at_level("WARNING", logger="agentloop"):
+        _, acc = await _run(body)
+    assert acc.stop_reason == "end_turn"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'stop'" in warned[0] and "does not know" in warned[0]
+    assert not any(API_KEY.lower() in w.lower() for w in warned)

@@ -36,6 +36,7 @@ from ..._model import (
     Usage,
 )
 from .._driver import UsageReader, count_tokens, excerpt, loads, not_a_str
+from .._http import Redactor
 from .._sse import ServerSentEvent
 from ._errors import finish_error, stream_error
 from ._request import EXTRA_CONTENT, REASONING_DETAILS
@@ -175,7 +176,7 @@ class _Call:
             return last
         return "".join(self._chained()) if cut else last
 
-    def settle(self, cut: bool = False) -> str:
+    def settle(self, cut: bool = False, redactor: Redactor | None = None) -> str:
         """What of the arguments is left to show once the call ends (all of them joined or the
         resent whole, `arguments`, less what was shown); "" when nothing was held back."""
         if self.held < 0:
@@ -185,7 +186,7 @@ class _Call:
         if not whole.startswith(self._shown(shown)):  # cannot be: each reading starts with what was shown
             whole = "".join(self._chained() if self.chain is not None else self.args)
         elif self.size == 2 * len(whole) and len(self.args[-1]) == len(whole):  # the same, twice: one call
-            _resent(self)
+            _resent(self, redactor)
         return whole[shown:]
 
     def _shown(self, shown: int) -> str:
@@ -334,7 +335,8 @@ class ChatMapper:
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
                  "_late", "_next", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read", "done",
-                 "keep_reasoning", "logprobs", "origin", "request_id", "response_id", "settled", "terminator")  # fmt: skip
+                 "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "settled",
+                 "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -357,6 +359,8 @@ class ChatMapper:
         self._usage_asked = usage_asked
         self._usage_read = UsageReader("openai chat stream")  # warns once of malformed usage
         self.terminator = "data: [DONE]"
+        # The request's secrets, set by `run_stream`: taken out of the server's values a warning quotes.
+        self.redactor: Redactor | None = None
         self.response_id: str | None = None
         self._calls: dict[int, _Call] = {}
         self._choice: Any = None  # the index of the answer's choice, once a chunk named one
@@ -436,7 +440,8 @@ class ChatMapper:
             if finish:
                 first = self._finish
                 # The unknown value of a chunk sent after the first is warned of as one ignored.
-                finish = _finish_reason(finish, first if first is None or type(finish) is not str else finish.lower())
+                again = first if first is None or type(finish) is not str else finish.lower()
+                finish = _finish_reason(finish, again, self.redactor)
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
@@ -445,8 +450,8 @@ class ChatMapper:
                     if finish != first and not self._refinished:
                         self._refinished = True
                         log.warning(
-                            "openai chat stream: the server sent finish_reason %r after its finish_reason %r; "
-                            "the answer ends with the first", finish, first,
+                            "openai chat stream: the server sent finish_reason %s after its finish_reason %s; "
+                            "the answer ends with the first", _named(finish), _named(first),
                         )
                     return out or None
                 self._finish = finish
@@ -609,7 +614,7 @@ class ChatMapper:
             call.extra = extra
         args = fn.get("arguments")
         if follows == "resend":  # dropped: the call's arguments stand as they came
-            _resent(call)
+            _resent(call, self.redactor)
             args = None
         elif args:
             self._last_kind = "text"
@@ -643,7 +648,7 @@ class ChatMapper:
     def _settle(self, call: _Call, out: list[StreamEvent], cut: bool = False) -> None:
         """Show what of a call's arguments was held back (`_Call.settle`), now that it ends;
         ``cut``: the finish cut the output wherever it was (no resend is read then)."""
-        text = call.settle(cut)
+        text = call.settle(cut, self.redactor)
         if text:
             if call.started:
                 out.append(StreamToolInput(call.block, text))
@@ -744,12 +749,19 @@ _JOINED = 4
 _JOINED_MIN = 4096
 
 
-def _resent(call: _Call) -> None:
+def _resent(call: _Call, redactor: Redactor | None) -> None:
     """Warn that ``call`` was sent whole again and read as a resend: one call."""
     log.warning(
-        "openai chat stream: tool call %r (%r) sent its whole arguments again; read as a resend, one call "
-        "(two identical calls would need ids of their own)", call.id, call.name,
+        "openai chat stream: tool call %s (%s) sent its whole arguments again; read as a resend, one call "
+        "(two identical calls would need ids of their own)", _quoted(call.id, redactor), _quoted(call.name, redactor),
     )
+
+
+def _quoted(value: str, redactor: Redactor | None) -> str:
+    """The repr of ``value``, a server's, for a warning: the request's secrets taken out of it (a
+    server or a proxy may echo the key anywhere)."""
+    text = repr(value)
+    return redactor.scrub(text) if redactor is not None else text
 
 
 def _after_placeholder(text: str) -> str | None:
@@ -780,7 +792,7 @@ def _valid(text: str) -> bool:
     return True
 
 
-def _finish_reason(value: Any, before: str | None) -> str:
+def _finish_reason(value: Any, before: str | None, redactor: Redactor | None = None) -> str:
     """A choice's finish reason as this mapping reads it: lowered (Gemini's ``STOP``,
     ``MAX_TOKENS``, which gateways pass on). One it does not know is kept as it came (the answer
     ends with it as its stop reason), with a warning, once a response (not again on the chunks
@@ -791,12 +803,25 @@ def _finish_reason(value: Any, before: str | None) -> str:
             f"openai chat stream: the finish_reason is not a string: {excerpt(json.dumps(value))}"
         )
     reason = value.lower()
-    if reason != before and reason not in _FINISH and reason not in _CUT_FINISH and reason != "error":
+    if reason != before and not _known(reason):
         log.warning(
-            "openai chat stream: finish_reason %r is not one this library knows; the answer ends with "
-            "it as its stop reason", value,
+            "openai chat stream: finish_reason %s is not one this library knows; the answer ends with "
+            "it as its stop reason", _quoted(value, redactor),
         )
     return reason
+
+
+def _known(finish: str) -> bool:
+    """Whether ``finish`` (lowered) is a finish reason this mapping knows: one it does not know is
+    quoted only in the warning about it (`_finish_reason`), where the request's secrets are taken
+    out of it as it came."""
+    return finish in _FINISH or finish in _CUT_FINISH or finish == "error"
+
+
+def _named(finish: str) -> str:
+    """``finish`` (lowered) as a warning names it: quoted when it is one this mapping knows; one it
+    does not know is quoted only in the warning about it (`_known`)."""
+    return repr(finish) if _known(finish) else "(one this library does not know)"
 
 
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
@@ -805,8 +830,8 @@ def _late_delta(delta: dict[str, Any], finish: str) -> bool:
     late = [k for k in ("content", "refusal", "reasoning", "reasoning_content", "tool_calls") if delta.get(k)]
     if late:
         log.warning(
-            "openai chat stream: the server sent %s after its finish_reason %r; left out of the answer",
-            " and ".join(late), finish,
+            "openai chat stream: the server sent %s after its finish_reason %s; left out of the answer",
+            " and ".join(late), _named(finish),
         )
     return bool(late)
 

@@ -145,7 +145,7 @@ class ResponsesMapper(ItemIndex):
         if kind == "response.output_item.done":
             return self._item_done(obj)
         if kind in ("response.created", "response.in_progress", "response.queued"):
-            self.response_id = (obj.get("response") or {}).get("id") or self.response_id
+            self.response_id = _id_or(obj.get("response"), self.response_id)
             return None
         if kind == "response.completed" or kind == "response.incomplete":
             response = obj["response"]
@@ -382,7 +382,7 @@ class ResponsesMapper(ItemIndex):
                 retryable=True,
             )
         self.done = True
-        self.response_id = response.get("id") or self.response_id
+        self.response_id = _id_or(response, self.response_id)
         reason = None
         # Cut by the token limit or a filter: that is why it stopped, even with a call in it.
         if incomplete or response.get("status") == "incomplete":
@@ -507,6 +507,13 @@ _FAILED = frozenset({"failed", "cancelled"})
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
                          "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
                          "response.reasoning_text.done"})  # fmt: skip
+
+
+def _id_or(response: Any, before: str | None) -> str | None:
+    """The ``id`` of ``response`` when it is a non-empty string, else ``before``: an id of another
+    type (a list, a number) is not kept, as the other providers' mappings drop one."""
+    given = response.get("id") if type(response) is dict else None
+    return given if type(given) is str and given else before
 
 
 def _str(obj: dict[str, Any], field: str) -> str:
