@@ -334,8 +334,9 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refusal", "_usage", "_usage_asked", "_usage_read", "done", "keep_reasoning",
-                 "logprobs", "origin", "redactor", "request_id", "response_id", "settled", "terminator")  # fmt: skip
+                 "_late", "_next", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read", "done",
+                 "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "settled",
+                 "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -369,6 +370,7 @@ class ChatMapper:
         self._next = 0
         self._finish: str | None = None
         self._late = False  # a delta came after the finish_reason (and was left out, with a warning)
+        self._refinished = False  # another finish_reason came after it (ignored, with a warning)
         self._refusal = False
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
@@ -436,11 +438,23 @@ class ChatMapper:
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             finish = choice.get("finish_reason") or choice.get("finishReason")
             if finish:
-                self._finish = finish = _finish_reason(finish, self._finish, self.redactor)
+                first = self._finish
+                # The unknown value of a chunk sent after the first is warned of as one ignored.
+                again = first if first is None or type(finish) is not str else finish.lower()
+                finish = _finish_reason(finish, again, self.redactor)
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
                 self.settled = True
+                if first is not None:  # sent again: the first decided, what follows is no part of it
+                    if finish != first and not self._refinished:
+                        self._refinished = True
+                        log.warning(
+                            "openai chat stream: the server sent finish_reason %s after its finish_reason %s; "
+                            "the answer ends with the first", _named(finish), _named(first),
+                        )
+                    return out or None
+                self._finish = finish
                 if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
                 if finish == "repetition":
@@ -804,6 +818,12 @@ def _known(finish: str) -> bool:
     return finish in _FINISH or finish in _CUT_FINISH or finish == "error"
 
 
+def _named(finish: str) -> str:
+    """``finish`` (lowered) as a warning names it: quoted when it is one this mapping knows; one it
+    does not know is quoted only in the warning about it (`_known`)."""
+    return repr(finish) if _known(finish) else "(one this library does not know)"
+
+
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
     """Warn of a delta with output that came after the answer's ``finish`` (it is left out of
     the answer, as a stream ended there would have it); whether it had any."""
@@ -811,7 +831,7 @@ def _late_delta(delta: dict[str, Any], finish: str) -> bool:
     if late:
         log.warning(
             "openai chat stream: the server sent %s after its finish_reason %s; left out of the answer",
-            " and ".join(late), repr(finish) if _known(finish) else "(one this library does not know)",
+            " and ".join(late), _named(finish),
         )
     return bool(late)
 
