@@ -391,12 +391,15 @@ class ChatMapper:
         except ValueError as exc:
             if sse.event == "error":
                 raise stream_error({"error": {"message": data}}, self.request_id) from None
+            if not data.strip():  # "data:" alone (a proxy's keep-alive): it carries nothing
+                return None
             raise StreamProtocolError(
                 f"openai chat stream: malformed JSON in data: {exc}; data: {excerpt(data)!r}", retryable=True
             ) from None
         if not isinstance(obj, dict):
             raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {excerpt(data)!r}")
-        if sse.event == "error" or obj.get("error"):
+        if sse.event == "error" or obj.get("error") or obj.get("object") == "error":
+            # The last: older vLLM's flat error, {"object": "error", "message", "type", "code"}.
             raise stream_error(obj, self.request_id)
         try:
             return self._chunk(obj)
