@@ -258,10 +258,13 @@ class CallRunner:
                     except BaseException as exc:  # SystemExit, GeneratorExit, a framework's own: the tool's failure too
                         if isinstance(exc, GeneratorExit) and loop_gone():
                             raise
-                        if ctrl_c_had(exc):  # the host has it: the run stops, the call ends quietly
+                        had = ctrl_c_had(exc)
+                        if had:  # the host has it: the run stops, the call ends quietly
                             raise ctrl_c_seen(self.engine, self.signal) from exc
-                        if isinstance(exc, KeyboardInterrupt):  # raised in this task: it goes out from here
-                            raise
+                        if had is not None:  # raised in this task: it goes out from here, bare
+                            if isinstance(exc, KeyboardInterrupt):
+                                raise
+                            raise KeyboardInterrupt from exc
                         result = self._failed(use, tool, exc, scope, pending)
                     else:
                         if type(output) is str and output.strip():  # the common case, as output_to_result builds it
@@ -438,12 +441,18 @@ class CallRunner:
                 # A plain function answering at once is a permission callback too (as for on_abort).
                 return await decision if inspect.isawaitable(decision) else decision
             except (KeyboardInterrupt, BaseExceptionGroup) as exc:
-                if ctrl_c_had(exc):  # a task group's child had it, and the host from there
-                    raise ctrl_c_seen(self.engine, self.signal) from exc
-                if isinstance(exc, BaseExceptionGroup):
+                had = ctrl_c_had(exc)
+                if had:  # another task had it, and the host from there
+                    seen = ctrl_c_seen(self.engine, self.signal)
+                    if task_cancelling():  # asyncio.run's cleanup cancels every task: the cancel goes on
+                        raise asyncio.CancelledError from exc
+                    raise seen from exc
+                if had is None:
                     raise
                 stop_for_ctrl_c(self.engine)  # goes out of the loop from this task: the run stops first
-                raise
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                raise KeyboardInterrupt from exc
             except SystemExit as exc:
                 # A prompt's own parser refusing the answer typed (argparse, click): raised from this
                 # task's step, it would leave the event loop and end the host program. A failed check.
@@ -589,17 +598,47 @@ def stop_for_ctrl_c(engine: QueryEngine) -> None:
 _LOOP_CALLBACK = asyncio.events.Handle._run.__code__
 
 
-def ctrl_c_had(exc: BaseException) -> bool:
-    """Whether ``exc`` is Ctrl-C the host had already: a KeyboardInterrupt raised in a child task of
-    a task group in a call's own code left the event loop from that child's own step, and the
-    group raises it again in the call's task, in a BaseExceptionGroup (nested groups included;
-    anyio) or bare (asyncio.TaskGroup). Raised from the call's task too, it would be a second
-    Ctrl-C no one pressed (in asyncio.run's cleanup, or a notebook's next cell). A bare one raised
-    in the call's own task has not been out of the loop: that one goes out from there."""
+def ctrl_c_had(exc: BaseException) -> bool | None:
+    """Whether ``exc``, raised in a call's task (a tool's call, a permission prompt), is Ctrl-C the
+    host had already (True), Ctrl-C that has not left the event loop yet (False), or no Ctrl-C at
+    all (None).
+
+    asyncio lets a KeyboardInterrupt out of the loop from the step of the task it was raised in,
+    after keeping it as that task's outcome. One raised in another task than the call's (a task
+    group's child, a task awaited, the task ``wait_for`` makes for a coroutine) reached the host
+    from there, and reaches the call when the loop runs again: raised from the call's task too, it
+    would be a second Ctrl-C no one pressed (in asyncio.run's cleanup, or a notebook's next cell).
+    It is told by being some task's outcome (`_kept_by_a_task`), or, once that task is gone (a task
+    group lets go of its children before raising their errors), by a traceback that went through
+    the loop's own frames. A BaseExceptionGroup holding KeyboardInterrupts (anyio's task groups)
+    is the host's when every one of them is."""
     if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(KeyboardInterrupt) is not None
+        if exc.subgroup(KeyboardInterrupt) is None:
+            return None
+        return exc.subgroup(lambda leaf: isinstance(leaf, KeyboardInterrupt) and not ctrl_c_had(leaf)) is None
     if not isinstance(exc, KeyboardInterrupt):
-        return False
+        return None
+    return _kept_by_a_task(exc) or _left_the_loop(exc)
+
+
+def _kept_by_a_task(exc: BaseException) -> bool:
+    """Whether ``exc`` is the outcome of a finished task still alive (asyncio keeps every live
+    task in a weak registry, finished ones included): a task cannot be given an exception from
+    outside (`Task.set_exception` raises), so a KeyboardInterrupt it keeps was raised in its own
+    step, and went out of the loop from there. ``Future.result()`` hands it on with the traceback
+    it had then, before it went out: the traceback alone cannot tell."""
+    for registry in ("_all_tasks", "_scheduled_tasks"):  # the name before Python 3.12, and after
+        tasks = getattr(asyncio.tasks, registry, None)
+        if tasks is None:
+            continue
+        for task in list(tasks):
+            if task.done() and not task.cancelled() and getattr(task, "_exception", None) is exc:
+                return True
+    return False
+
+
+def _left_the_loop(exc: BaseException) -> bool:
+    """Whether ``exc``'s traceback passed through a callback the loop ran (`_LOOP_CALLBACK`)."""
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is _LOOP_CALLBACK:

@@ -497,11 +497,11 @@ def _ctrl_c(shape: str) -> BaseException:
 def test_ctrl_c_wrapped_in_an_exception_group_stops_the_run_as_a_bare_one_does(
     shape: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A task group inside the tool, one of whose children got the KeyboardInterrupt, raises it in
-    # a BaseExceptionGroup: that was the tool's failure (an error result, the run going on to ask
-    # the model again) and the Ctrl-C was swallowed. The child's step let it out to the host
-    # already (the tests with real task groups below): the group stops the run, and no second
-    # KeyboardInterrupt is raised for it.
+    # A BaseExceptionGroup holding a KeyboardInterrupt was the tool's failure (an error result, the
+    # run going on to ask the model again) and the Ctrl-C was swallowed. This one's KeyboardInterrupt
+    # never left the event loop (raised in the call's own task): it goes out from there, bare, the
+    # group chained to it. One a real task group's child raised went out from that child's step
+    # already (the tests with real task groups below): no second one is raised for it.
     @tool
     async def crunch() -> str:
         """Crunch numbers."""
@@ -514,7 +514,7 @@ def test_ctrl_c_wrapped_in_an_exception_group_stops_the_run_as_a_bare_one_does(
         async for _ in engine.run("go"):
             pass
 
-    with pytest.raises(KeyboardInterrupt) if shape == "bare" else contextlib.nullcontext():
+    with pytest.raises(KeyboardInterrupt):
         asyncio.run(main())
     gc.collect()
     assert "never retrieved" not in caplog.text
@@ -546,8 +546,7 @@ def test_ctrl_c_wrapped_in_an_exception_group_at_a_permission_prompt_stops_the_r
         async for _ in engine.run("go"):
             pass
 
-    bare = pytest.raises(KeyboardInterrupt) if shape == "bare" else contextlib.nullcontext()
-    with caplog.at_level(logging.ERROR, logger="agentloop"), bare:
+    with caplog.at_level(logging.ERROR, logger="agentloop"), pytest.raises(KeyboardInterrupt):
         asyncio.run(main())
     gc.collect()
     assert "never retrieved" not in caplog.text and "permission callback failed" not in caplog.text
@@ -568,6 +567,15 @@ async def _ctrl_c_in_a_child(group: str) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(child())
             await asyncio.Event().wait()
+    elif group == "body":  # in the task group's own body, the call's task: it never left the loop
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(asyncio.Event().wait())
+            await asyncio.sleep(0)
+            raise KeyboardInterrupt
+    elif group == "await":  # a child task awaited: asyncio throws its KeyboardInterrupt into the awaiting task
+        await asyncio.create_task(child())
+    elif group == "wait_for":  # a task made for the coroutine: the call's task reads the result from it
+        await asyncio.wait_for(child(), 60)
     else:
         import anyio
 
@@ -607,7 +615,7 @@ def _check_interrupted(engine: QueryEngine, model: ScriptedModel, ran: list[str]
 
 
 @pytest.mark.parametrize("where", ["tool", "permission"])
-@pytest.mark.parametrize("group", ["asyncio", "anyio"])
+@pytest.mark.parametrize("group", ["asyncio", "anyio", "await", "wait_for", "body"])
 def test_ctrl_c_in_a_real_task_groups_child_reaches_the_host_once(
     group: str, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -629,12 +637,13 @@ def test_ctrl_c_in_a_real_task_groups_child_reaches_the_host_once(
             interrupts += 1
         gc.collect()
     assert interrupts == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR] == []
     assert "never retrieved" not in caplog.text and "destroyed but it is pending" not in caplog.text
     _check_interrupted(engine, model, ran, where)
 
 
 @pytest.mark.parametrize("where", ["tool", "permission"])
-@pytest.mark.parametrize("group", ["asyncio", "anyio"])
+@pytest.mark.parametrize("group", ["asyncio", "anyio", "await", "wait_for", "body"])
 def test_ctrl_c_in_a_real_task_groups_child_leaves_no_stray_interrupt_for_the_next_cell(
     group: str, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -649,12 +658,17 @@ def test_ctrl_c_in_a_real_task_groups_child_leaves_no_stray_interrupt_for_the_ne
     try:
         with caplog.at_level(logging.DEBUG, logger="asyncio"):
             cell = loop.create_task(main())
-            with pytest.raises(KeyboardInterrupt):
-                loop.run_until_complete(cell)
-            loop.run_until_complete(cell)  # the next cell waits for the run: it ends, interrupted
+            interrupts = 0
+            for _ in range(2):  # this cell, and the next one, which waits for the run: it ends, interrupted
+                try:
+                    loop.run_until_complete(cell)
+                except KeyboardInterrupt:  # a second one would be a Ctrl-C no one pressed
+                    interrupts += 1
             gc.collect()
     finally:
         loop.close()
+    assert interrupts == 1 and cell.done()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR] == []
     assert "never retrieved" not in caplog.text and "destroyed but it is pending" not in caplog.text
     _check_interrupted(engine, model, ran, where)
 

@@ -264,3 +264,57 @@ async def test_a_chat_body_that_closes_after_its_finish_without_the_usage_asked_
         assert "include_usage" in record and "unknown, 0" in record
     else:
         assert warned == []
+
+
+class PacedStream(httpx.AsyncByteStream):
+    """A body that sends its first chunk, then each next one when `step` allows it (``waiting``
+    set while it waits), then holds the body open until cancelled; records whether it was closed."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.waiting, self.next = asyncio.Event(), asyncio.Event()
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(self.chunks):
+            if i:
+                self.waiting.set()
+                await self.next.wait()
+                self.next.clear()
+            yield chunk
+        self.waiting.set()
+        await asyncio.Event().wait()
+
+    async def step(self) -> None:
+        await self.waiting.wait()
+        self.waiting.clear()
+        self.next.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_output_after_the_finish_counts_the_grace_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A gateway that puts "stop" on every chunk: the answer is not whole at the first one, so an
+    # answer that takes longer than the grace is not cut; the grace runs from the last output.
+    clock = FakeClock(monkeypatch)
+    pieces = ["Hello", " world", ",", " again", "!"]
+    stream = PacedStream([chat_stream(chat_chunk({"content": p}, "stop"), done=False) for p in pieces])
+    client = httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)))  # fmt: skip
+    async with contextlib.aclosing(client):
+        task = asyncio.create_task(collect(chat(end_grace=GRACE, include_usage=False)(client)))
+        for _ in pieces[1:]:
+            await stream.waiting.wait()
+            await clock.advance(0.75 * GRACE)
+            assert not task.done()
+            await stream.step()
+        await clock.advance(GRACE - 0.1)
+        assert not task.done()
+        await clock.advance(0.2)
+        assert task.done()
+        _, acc = task.result()
+    assert (acc.message().text, acc.stop_reason, acc.ended) == ("Hello world, again!", "end_turn", True)
+    assert stream.closed

@@ -657,10 +657,9 @@ async def test_a_tool_call_that_never_names_its_tool_is_kept_and_answered_not_dr
     assert len(requests) == 2
 
 
-async def test_a_delta_after_finish_reason_is_not_added_to_the_answer(caplog: pytest.LogCaptureFixture) -> None:
-    # The server said the answer was finished; text (or a tool call) it sends after that, before
-    # [DONE], was appended to the answer, which the same stream ended by a usage chunk or by the
-    # body's end would not have had. It is left out, with a warning.
+async def test_a_delta_after_finish_reason_is_added_to_the_answer(caplog: pytest.LogCaptureFixture) -> None:
+    # Output after a finish_reason means it was not final (gateways put "stop" on chunks that
+    # go on): the text and the call are kept, as the official SDK's accumulator keeps them.
     body = chat_stream(
         chat_chunk({"role": "assistant", "content": "Hello"}),
         chat_chunk({}, finish="stop"),
@@ -671,7 +670,6 @@ async def test_a_delta_after_finish_reason_is_not_added_to_the_answer(caplog: py
     with caplog.at_level("WARNING", logger="agentloop"):
         _, acc = await run_body(body)
     message = acc.message()
-    assert message.text == "Hello" and not message.tool_uses
-    assert acc.stop_reason == "end_turn"
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "after its finish_reason" in warnings[0]
+    assert message.text == "Hello and more again" and [u.name for u in message.tool_uses] == ["late"]
+    assert acc.stop_reason == "tool_use"
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []

@@ -213,3 +213,101 @@ async def test_an_unknown_finish_reason_sent_after_the_first_is_not_quoted(caplo
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "'stop'" in warned[0] and "does not know" in warned[0]
     assert not any(API_KEY.lower() in w.lower() for w in warned)
+
+
+# -- output after a finish_reason (gateways that put "stop" on every chunk) ---------------
+
+
+def _tool(index: int, id: str | None = None, name: str | None = None, args: str | None = None) -> dict[str, Any]:
+    fn = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    return {"index": index, **({"id": id, "type": "function"} if id else {}), "function": fn}
+
+
+async def _warned(body: bytes, caplog: pytest.LogCaptureFixture) -> tuple[list[StreamEvent], Accumulator, list[str]]:
+    with caplog.at_level("WARNING", logger="agentloop"):
+        events, acc = await _run(body)
+    return events, acc, [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+@given(pieces=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=8), finished=st.data())
+async def test_an_answer_with_a_finish_reason_on_every_chunk_is_kept_whole(pieces: list[str], finished: Any) -> None:
+    # LiteLLM on Gemini, one-api, one-hub: "stop" on every chunk (or on some), the answer is all of them.
+    stops = finished.draw(st.lists(st.booleans(), min_size=len(pieces), max_size=len(pieces)), label="stops")
+    chunks = [chat_chunk({"content": p}, "stop" if s or i == len(pieces) - 1 else None)
+              for i, (p, s) in enumerate(zip(pieces, stops, strict=True))]  # fmt: skip
+    _, acc = await _run(chat_stream(*chunks, USAGE))
+    assert acc.message().text == "".join(pieces)
+    assert acc.stop_reason == "end_turn"
+
+
+async def test_stop_on_every_chunk_keeps_the_whole_text_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    body = chat_stream(*(chat_chunk({"content": p}, "stop") for p in ("Hello", " world", "!")), USAGE)
+    _, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason, warned) == ("Hello world!", "end_turn", [])
+
+
+@pytest.mark.parametrize(
+    ("chunks", "reason"),
+    [
+        # gcli2api: the reasoning chunk and the tool-call chunk both carry "stop".
+        ([chat_chunk({"reasoning_content": "weather, so a call"}, "stop"),
+          chat_chunk({"tool_calls": [_tool(0, "c1", "weather", '{"city": "Oslo"}')]}, "stop")], "tool_use"),
+        # A merging gateway: "stop" on the text, then the calls, then "tool_calls".
+        ([chat_chunk({"content": "Let me look."}, "stop"),
+          chat_chunk({"tool_calls": [_tool(0, "c1", "weather", "")]}),
+          chat_chunk({"tool_calls": [_tool(0, args='{"city": "Oslo"}')]}),
+          chat_chunk({}, "tool_calls")], "tool_use"),
+        # The same, with no reason after the calls: the calls still end the turn as tool_use.
+        ([chat_chunk({"content": "Let me look."}, "stop"),
+          chat_chunk({"tool_calls": [_tool(0, "c1", "weather", '{"city": "Oslo"}')]})], "tool_use"),
+    ],
+    ids=["reasoning-then-call", "text-then-call-then-tool-calls", "text-then-call"],
+)  # fmt: skip
+async def test_a_tool_call_after_a_finish_reason_is_kept_and_ends_the_turn_as_tool_use(
+    chunks: list[dict[str, Any]], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, acc, warned = await _warned(chat_stream(*chunks, USAGE), caplog)
+    (use,) = acc.committable().tool_uses
+    assert (use.id, use.name, use.input) == ("c1", "weather", {"city": "Oslo"})
+    assert acc.stop_reason == reason and warned == []
+
+
+async def test_the_reason_after_the_last_output_decides(caplog: pytest.LogCaptureFixture) -> None:
+    # "stop" then more text then "length": the answer was cut by the token limit after all.
+    body = chat_stream(chat_chunk({"content": "Hi"}, "stop"), chat_chunk({"content": " there"}),
+                       chat_chunk({}, "length"), chat_chunk({}, "stop"), USAGE)  # fmt: skip
+    _, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason) == ("Hi there", "max_tokens")
+    assert len(warned) == 1 and "'stop'" in warned[0] and "'length'" in warned[0]
+
+
+@pytest.mark.parametrize("first", ["stop", "length", "tool_calls"])
+async def test_a_content_filter_after_the_finish_reason_makes_the_answer_a_refusal(
+    first: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A filter's verdict that comes late is not dropped: the host is told the answer was filtered.
+    body = chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, first), chat_chunk({}, "content_filter"), USAGE)
+    _, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason) == ("hi", "refusal")
+    assert len(warned) == 1 and "'content_filter'" in warned[0]
+
+
+@pytest.mark.parametrize("late", [1, ["stop"], {"reason": "stop"}, True])
+async def test_a_later_finish_reason_that_is_not_a_string_is_ignored_with_one_warning(
+    late: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    later = [{"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": late}]}] * 3
+    body = chat_stream(chat_chunk({"content": "hi"}), chat_chunk({}, "stop"), *later, USAGE)
+    _, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason) == ("hi", "end_turn")
+    assert len(warned) == 1 and "'stop'" in warned[0]
+
+
+async def test_output_after_a_repetition_finish_is_left_out_and_signals_once(caplog: pytest.LogCaptureFixture) -> None:
+    # The server judged the output a loop and cut it there: what it sends after is no part of it.
+    body = chat_stream(chat_chunk({"content": "la la"}), chat_chunk({}, "repetition"),
+                       chat_chunk({"content": " la"}, "repetition"), USAGE)  # fmt: skip
+    events, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason) == ("la la", "repetition")
+    assert len([e for e in events if isinstance(e, StreamSignals)]) == 1
+    assert len(warned) == 1 and "'repetition'" in warned[0]

@@ -68,8 +68,8 @@ def _resend(call_id: str, name: str) -> bytes:
 _WARNED: dict[str, tuple[bytes, str]] = {
     "finish-reason": (chat_stream(chat_chunk({"content": "Hi"}), chat_chunk(finish=f"stop {API_KEY}")),
                       "is not one this library knows"),
-    "late-delta": (chat_stream(chat_chunk({"content": "Hi"}), chat_chunk(finish=f"x{API_KEY}"),
-                               chat_chunk({"content": "more"})), "after its finish_reason"),
+    "late-finish": (chat_stream(chat_chunk({"content": "Hi"}), chat_chunk(finish=f"x{API_KEY}"),
+                                chat_chunk(finish="length")), "after its finish_reason"),
     "resent-id": (_resend(f"call_{API_KEY}", "f"), "sent its whole arguments again"),
     "resent-name": (_resend("call_1", f"f_{API_KEY}"), "sent its whole arguments again"),
 }  # fmt: skip

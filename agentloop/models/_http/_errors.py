@@ -66,10 +66,22 @@ def _unwrapped(body: Any) -> Any:
 
 
 def error_code(body: Any) -> object:
-    """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``), else None."""
+    """The ``code`` of an OpenAI-style error body (``{"error": {"code": ...}}``, or the flat
+    error of older vLLM, `flat_error`), else None."""
     body = _unwrapped(body)
-    err = body.get("error") if isinstance(body, dict) else None
-    return err.get("code") if isinstance(err, dict) else None
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict):
+        return err.get("code")
+    return body.get("code") if flat_error(body) else None
+
+
+def flat_error(body: Any) -> bool:
+    """Whether ``body`` is an error written flat, as older vLLM (and servers built on its
+    protocol classes) write one: ``{"object": "error", "message", "type", "param", "code"}``,
+    with no ``error`` key, the code an HTTP status (an int)."""
+    return isinstance(body, dict) and body.get("object") == "error" and not body.get("error")
 
 
 def error_fields(body: Any) -> tuple[str | None, str | None]:
@@ -152,7 +164,8 @@ def document_error(
     secret: Redactor | None,
 ) -> ModelError | None:
     """The error for a 2xx body that is one JSON document instead of an event stream
-    (None when ``raw`` is not JSON): a gateway's error body sent with status 200 becomes
+    (None when ``raw`` is not JSON): a gateway's error body sent with status 200 (older vLLM's
+    flat one too, `flat_error`) becomes
     `ProviderStatusError` (``status=200``, or `PromptTooLongError`), anything else (a whole
     response: the server ignored ``"stream": true``) `StreamProtocolError`, not retryable,
     since the same request gets the same answer. An error body is retryable as its type or
@@ -168,7 +181,7 @@ def document_error(
         if str(exc) != TOO_DEEP:
             return None
         return StreamProtocolError(f"{provider} answered with a JSON document, not an event stream: {TOO_DEEP}")
-    if isinstance(body, dict) and body.get("error"):
+    if isinstance(body, dict) and (body.get("error") or flat_error(body)):
         error = status_error(provider, 200, headers, raw, request_id_header=request_id_header, secret=secret)
         if "x-should-retry" not in headers and not isinstance(error, PromptTooLongError):
             error.retryable = transient(body)

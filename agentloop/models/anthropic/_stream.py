@@ -101,6 +101,8 @@ class AnthropicMapper:
                 # this mapper does not read (a proxy's "event: keepalive" with empty data): the
                 # API asks for unknown event types to be passed over.
                 return None
+            if sse.event in (None, "message") and not sse.data.strip():
+                return None  # "data:" alone, with no name (a proxy's keep-alive): it carries nothing
             if sse.event == "error":  # the server's error, in words: its message
                 raise self._error({"type": "error", "error": {"message": sse.data}}) from None
             raise StreamProtocolError(

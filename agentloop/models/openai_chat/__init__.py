@@ -39,6 +39,9 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   (``stop_sequence``), DeepSeek (``insufficient_system_resource``, a cut;
   ``prompt_cache_hit_tokens``), Moonshot (usage in the finish choice), LiteLLM's proxy
   (an error ``code`` that is an HTTP status as a str).
+- Gateways in front of Gemini and others (LiteLLM, one-api, one-hub): ``finish_reason``
+  ``stop`` on every chunk, or on the text before the tool calls; output after a finish reason
+  is kept, and the reason after the last output decides (``ChatMapper._chunk``).
 - The output limit goes as ``max_tokens`` to any server but OpenAI's and Azure's
   (Ollama drops ``max_completion_tokens``, Mistral's API refuses it).
 

@@ -1,6 +1,7 @@
 """The errors a Chat Completions stream reports in-band, as `ProviderError`s.
 
-An error chunk (``data: {"error": ...}``, or an ``error`` event) becomes `ProviderStreamError`,
+An error chunk (``data: {"error": ...}``, older vLLM's flat ``data: {"object": "error", ...}``,
+or an ``error`` event) becomes `ProviderStreamError`,
 or `PromptTooLongError` for a context overflow; ``finish_reason: "error"`` too, retryable. A
 code that is an HTTP status (vLLM's int, LiteLLM's str) or a known transient code is retryable.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._errors import PromptTooLongError, ProviderError, ProviderStreamError
-from .._http._errors import error_fields, prompt_too_long
+from .._http._errors import error_code, error_fields, prompt_too_long
 from .._http._retry import RETRYABLE_STATUSES
 
 _RETRYABLE_CODES = frozenset({"rate_limit_exceeded", "server_error", "internal_server_error",
@@ -23,8 +24,7 @@ def stream_error(obj: dict[str, Any], request_id: str | None) -> ProviderError:
     """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
     overflow (llama.cpp's ``exceed_context_size_error``, OpenAI's ``context_length_exceeded``)."""
     message, kind = error_fields(obj)
-    err = obj.get("error")
-    code = err.get("code") if isinstance(err, dict) else None
+    code = error_code(obj)
     if kind == "None":  # how LiteLLM's proxy writes the type of an exception that has none
         kind = str(code) if code is not None else None
     too_long = prompt_too_long(message, kind, code)

@@ -334,9 +334,9 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read", "done",
-                 "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "settled",
-                 "terminator")  # fmt: skip
+                 "_late", "_next", "_open", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read",
+                 "done", "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "resumed",
+                 "settled", "terminator")  # fmt: skip
 
     def __init__(
         self,
@@ -356,6 +356,9 @@ class ChatMapper:
         # grace, whether or not the usage the request asked for (``usage_asked``,
         # ``include_usage``) came in it (`grace_over`).
         self.settled = False
+        # How many chunks brought output after a finish_reason (it was not final then): each
+        # counts the grace again from there (`_driver._body`).
+        self.resumed = 0
         self._usage_asked = usage_asked
         self._usage_read = UsageReader("openai chat stream")  # warns once of malformed usage
         self.terminator = "data: [DONE]"
@@ -369,7 +372,8 @@ class ChatMapper:
         self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
         self._next = 0
         self._finish: str | None = None
-        self._late = False  # a delta came after the finish_reason (and was left out, with a warning)
+        self._late = False  # output came after a repetition finish (and was left out, with a warning)
+        self._open = False  # output came after the finish_reason: the next one decides instead
         self._refinished = False  # another finish_reason came after it (ignored, with a warning)
         self._refusal = False
         self._usage: Usage | None = None
@@ -387,12 +391,15 @@ class ChatMapper:
         except ValueError as exc:
             if sse.event == "error":
                 raise stream_error({"error": {"message": data}}, self.request_id) from None
+            if not data.strip():  # "data:" alone (a proxy's keep-alive): it carries nothing
+                return None
             raise StreamProtocolError(
                 f"openai chat stream: malformed JSON in data: {exc}; data: {excerpt(data)!r}", retryable=True
             ) from None
         if not isinstance(obj, dict):
             raise StreamProtocolError(f"openai chat stream: expected a JSON object, got {excerpt(data)!r}")
-        if sse.event == "error" or obj.get("error"):
+        if sse.event == "error" or obj.get("error") or obj.get("object") == "error":
+            # The last: older vLLM's flat error, {"object": "error", "message", "type", "code"}.
             raise stream_error(obj, self.request_id)
         try:
             return self._chunk(obj)
@@ -427,33 +434,39 @@ class ChatMapper:
                 if choice is None:
                     return out or None
             delta = choice.get("delta")
-            if self._finish is not None:  # the answer was finished: what comes after is no part of it
-                if delta and not self._late:
-                    self._late = _late_delta(delta, self._finish)
-            elif delta:
+            if delta and self._finish is not None and _has_output(delta):
+                # Gateways put "stop" on chunks that go on (on every one, or on the text before
+                # the calls): output after the finish_reason means it was not final. But a
+                # server that judged the output a loop ended it there: what follows is left out.
+                if self._finish == "repetition":
+                    delta = None
+                    if not self._late:
+                        self._late = _late_delta(choice["delta"], self._finish)
+                else:
+                    self._open = True
+                    self.resumed += 1
+            if delta and (self._finish is None or self._open):
                 self._delta(delta, out, bool(choice.get("finish_reason")))
-            if self.logprobs and self._finish is None:
+            if self.logprobs and (self._finish is None or self._open):
                 values = _logprob_values(choice.get("logprobs"))
                 if values:  # the tokens of what this chunk streamed: reasoning, or text
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
             finish = choice.get("finish_reason") or choice.get("finishReason")
             if finish:
-                first = self._finish
-                # The unknown value of a chunk sent after the first is warned of as one ignored.
-                again = first if first is None or type(finish) is not str else finish.lower()
-                finish = _finish_reason(finish, again, self.redactor)
                 nested = choice.get("usage")  # Moonshot's place for it
                 if not usage and nested:
                     self._read_usage(nested, out)
-                self.settled = True
-                if first is not None:  # sent again: the first decided, what follows is no part of it
-                    if finish != first and not self._refinished:
-                        self._refinished = True
-                        log.warning(
-                            "openai chat stream: the server sent finish_reason %s after its finish_reason %s; "
-                            "the answer ends with the first", _named(finish), _named(first),
-                        )
+                if self._finish is not None and not self._open:
+                    self._late_finish(finish)
                     return out or None
+                first, self._open = self._finish, False
+                # One sent again after output is warned of, if unknown, only where it differs.
+                again = first if first is None or type(finish) is not str else finish.lower()
+                if type(finish) is not str and first is not None:  # the one before it stands
+                    self._late_finish(finish)
+                    return out or None
+                finish = _finish_reason(finish, again, self.redactor)
+                self.settled = True
                 self._finish = finish
                 if finish == "error":
                     raise finish_error(choice.get("error"), self.request_id)
@@ -470,6 +483,30 @@ class ChatMapper:
                         retryable=True,
                     )
         return out or None
+
+    def _late_finish(self, finish: Any) -> None:
+        """A ``finish_reason`` sent again after the answer's, with no output since: the first
+        decides (``length`` then ``stop`` is still ``max_tokens``; a later ``abort``, ``error``
+        or ``repetition`` neither cuts nor fails it, nor signals again; one that is not a string
+        is ignored), except a filter's verdict (``content_filter``, Gemini's ``SAFETY``...) after
+        a reason that is not one: the answer ends as a refusal then, so a host is never told a
+        filtered answer ended normally. One that differs is warned of, once."""
+        first = self._finish
+        late = finish.lower() if type(finish) is str else None
+        if late == first:
+            return
+        verdict = late is not None and _FINISH.get(late) == "refusal" and first != "repetition" \
+            and _FINISH.get(first or "") != "refusal"  # fmt: skip
+        if verdict:
+            self._finish = late
+        if self._refinished and not verdict:
+            return
+        self._refinished = True
+        said = _named(late) if late is not None else f"of type {type(finish).__name__}"
+        log.warning(
+            "openai chat stream: the server sent finish_reason %s after its finish_reason %s; the answer ends "
+            "with the %s", said, _named(first or ""), "filter's verdict, a refusal" if verdict else "first",
+        )
 
     def _ours(self, choices: list[Any]) -> dict[str, Any] | None:
         """The answer's choice in a chunk, None when it has none. A server asked for one choice
@@ -824,10 +861,19 @@ def _named(finish: str) -> str:
     return repr(finish) if _known(finish) else "(one this library does not know)"
 
 
+#: The fields of a delta that bring output.
+_OUTPUT = ("content", "refusal", "reasoning", "reasoning_content", "tool_calls")
+
+
+def _has_output(delta: dict[str, Any]) -> bool:
+    """Whether ``delta`` brings output (text, reasoning, a refusal, a tool call's piece)."""
+    return any(delta.get(k) for k in _OUTPUT)
+
+
 def _late_delta(delta: dict[str, Any], finish: str) -> bool:
     """Warn of a delta with output that came after the answer's ``finish`` (it is left out of
     the answer, as a stream ended there would have it); whether it had any."""
-    late = [k for k in ("content", "refusal", "reasoning", "reasoning_content", "tool_calls") if delta.get(k)]
+    late = [k for k in _OUTPUT if delta.get(k)]
     if late:
         log.warning(
             "openai chat stream: the server sent %s after its finish_reason %s; left out of the answer",

@@ -81,6 +81,8 @@ class ResponsesMapper(ItemIndex):
             if sse.event == "error":  # the server's error, in words: its message (as in Chat)
                 err = {"message": sse.data}
                 raise self._error({"error": err}, err) from None
+            if sse.event in (None, "message") and not sse.data.strip():
+                return None  # "data:" alone, with no name (a proxy's keep-alive): it carries nothing
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
                 f"data: {excerpt(sse.data)!r}",
