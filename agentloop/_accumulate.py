@@ -363,13 +363,16 @@ class Accumulator:
         """The message to commit: `message` without the blocks that may never be sent (the
         droppable ones of `validate_transcript`: whitespace-only text, thinking without a
         signature, a call whose input never completed), which are not made at all, and with
-        trailing whitespace stripped from the last block if it is text (the transcript never
-        changes after commit, so a session file replays to it exactly). None when nothing
-        sendable was streamed."""
+        trailing whitespace stripped from the last text block if only thinking (redacted or
+        not) follows it: the end of the message as a request sends it (which leaves thinking
+        out at the end of a turn), where the API refuses trailing whitespace, and sent alike
+        whether the message is the request's last or not. The transcript never changes after
+        commit, so a session file replays to it exactly. None when nothing sendable was streamed."""
         blocks: list[Block] = []
         order = sorted(self._parts)
         cut = CUT_BY.get(self.stop_reason or "") if self.ended else None
-        tail: str | None = None  # the text of the last block kept, if it is text
+        tail: str | None = None  # the text of the last text block kept, if only thinking follows it
+        at = 0  # its place in ``blocks``
         for index in order:
             part = self._parts[index]
             kind = part.kind
@@ -377,16 +380,18 @@ class Accumulator:
                 text = scrub("".join(part.chunks))
                 if not text.strip():
                     continue
+                at = len(blocks)
                 blocks.append(text_block(text))
                 tail = text
                 continue
             if kind == "thinking":
-                if not part.signature:
-                    continue
-                blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature, part.origin))
-            elif kind == "redacted_thinking":
+                if part.signature:
+                    blocks.append(thinking_block(scrub("".join(part.chunks)), part.signature, part.origin))
+                continue
+            if kind == "redacted_thinking":
                 blocks.append(_redacted_block("".join(part.chunks), part.origin))
-            elif kind == "provider":
+                continue
+            if kind == "provider":
                 blocks.append(_provider_block(part))
             else:
                 if not part.closed:  # its input never completed
@@ -396,7 +401,7 @@ class Accumulator:
         if not blocks:
             return None
         if tail is not None and tail != tail.rstrip():
-            blocks[-1] = text_block(tail.rstrip())
+            blocks[at] = text_block(tail.rstrip())
         return message("assistant", blocks, partial=partial)
 
 

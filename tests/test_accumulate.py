@@ -247,9 +247,12 @@ def _stream(draw: st.DrawFn) -> list[Any]:
     without the end event (and a stop reason that cuts the output, or not)."""
     events: list[Any] = []
     for index in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["text", "thinking", "tool_use"]))
+        kind = draw(st.sampled_from(["text", "thinking", "tool_use", "redacted"]))
         if kind == "tool_use":
             events.append(StreamToolUseStart(index, f"toolu_{index}", "t"))
+        if kind == "redacted":
+            events.append(StreamRedactedThinking(index, "cmVk"))
+            continue
         for piece in draw(st.lists(_PIECES, max_size=3)):
             if kind == "text":
                 events.append(StreamText(index, piece))
@@ -268,17 +271,43 @@ def _stream(draw: st.DrawFn) -> list[Any]:
 
 def clean_assistant(message: Message) -> Message | None:
     """The reference: the streamed message without the blocks `validate_transcript` calls
-    droppable, trailing whitespace stripped from a last text block (None: nothing left)."""
+    droppable, trailing whitespace stripped from the last text block if only thinking follows
+    it (None: nothing left)."""
     from agentloop._messages import text_block
     from agentloop._transcript import droppable as _droppable
 
     kept = [b for b in message.content if _droppable(b) is None]
     if not kept:
         return None
-    last = kept[-1]
+    end = len(kept) - 1
+    while end >= 0 and isinstance(kept[end], ThinkingBlock | RedactedThinkingBlock):
+        end -= 1
+    last = kept[end] if end >= 0 else None
     if isinstance(last, TextBlock) and last.text != last.text.rstrip():
-        kept[-1] = text_block(last.text.rstrip())
+        kept[end] = text_block(last.text.rstrip())
     return message.model_copy(update={"content": kept})
+
+
+@pytest.mark.parametrize("after", [["thinking"], ["redacted"], ["thinking", "redacted"], ["tool_use"], []])
+def test_committed_text_followed_only_by_thinking_ends_without_whitespace(after: list[str]) -> None:
+    # The end of the message as a request sends it (thinking is left out at the end of a turn).
+    acc = Accumulator()
+    for event in [StreamText(0, "Let me see  \n"), StreamBlockStop(0)]:
+        acc.feed(event)
+    for index, kind in enumerate(after, 1):
+        if kind == "thinking":
+            acc.feed(StreamThinking(index, "hmm"))
+            acc.feed(StreamSignature(index, "sig"))
+        elif kind == "redacted":
+            acc.feed(StreamRedactedThinking(index, "cmVk"))
+        else:
+            acc.feed(StreamToolUseStart(index, "toolu_1", "t"))
+            acc.feed(StreamToolInput(index, "{}"))
+        acc.feed(StreamBlockStop(index))
+    acc.feed(StreamEnd(stop_reason="end_turn"))
+    got = acc.committable()
+    assert got is not None and len(got.content) == 1 + len(after)
+    assert got.content[0] == TextBlock(text="Let me see  \n" if after == ["tool_use"] else "Let me see")
 
 
 @given(events=_stream(), partial=st.booleans())

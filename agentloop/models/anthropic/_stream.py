@@ -47,8 +47,10 @@ class AnthropicMapper:
         "_blocks",
         "_counts",
         "_latest",
+        "_moved",
         "_open",
         "_server",
+        "_shift",
         "_stop_reason",
         "_usage",
         "_usage_read",
@@ -73,6 +75,11 @@ class AnthropicMapper:
         self._blocks: dict[int, str] = {}
         self._latest = -1  # the index of the block begun last: the only one a delta may go to
         self._open = False  # whether that block is still streaming (no content_block_stop yet)
+        # The index a block's events carry, by its index on the wire, where they differ: text or
+        # thinking after a block's content_block_stop opens a block of its own under the next
+        # index, and every block begun after it is numbered one further on (``_shift``).
+        self._moved: dict[int, int] = {}
+        self._shift = 0
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # A tool call's input given whole in its content_block_start (a proxy's), by index: its
@@ -135,32 +142,56 @@ class AnthropicMapper:
             if kept is not None and obj["delta"]["type"] == "input_json_delta":  # a server tool call's input
                 kept[1].append(obj["delta"]["partial_json"])
             return None  # a skipped block's, or a server-tool block's (whole at its content_block_stop)
-        if not self._open:
-            # The block was whole at its stop (its text shown whole, its call possibly run): more
-            # of it would change what was already final.
-            raise _out_of_place(f"a content_block_delta for block {index} after its content_block_stop")
         delta = obj["delta"]
         dt = delta["type"]
+        at = self._moved.get(index, index) if self._moved else index
         if dt == "text_delta":
             if block != "text":
                 raise _wrong_block(dt, block, index)
-            return (StreamText(index, _str(delta, "text", obj)),)
+            text = _str(delta, "text", obj)
+            if not self._open:
+                if not text:
+                    return None  # an empty delta after the stop changes nothing
+                at = self._reopen(index)
+            return (StreamText(at, text),)
         if dt == "input_json_delta":
             if block != "tool_use":
                 raise _wrong_block(dt, block, index)
             part = _str(delta, "partial_json", obj)
             if not part:
                 return None
+            if not self._open:
+                raise _after_stop(dt, index)
             if self._whole:
                 self._whole.pop(index, None)
-            return (StreamToolInput(index, part),)
+            return (StreamToolInput(at, part),)
         if dt == "thinking_delta" or dt == "signature_delta":
             if block != "thinking":
                 raise _wrong_block(dt, block, index)
             if dt == "thinking_delta":
-                return (StreamThinking(index, _str(delta, "thinking", obj)),)
-            return (StreamSignature(index, _str(delta, "signature", obj), self.origin),)
+                text = _str(delta, "thinking", obj)
+                if not self._open:
+                    if not text:
+                        return None
+                    at = self._reopen(index)
+                return (StreamThinking(at, text),)
+            signature = _str(delta, "signature", obj)
+            if not self._open:
+                if not signature:
+                    return None
+                raise _after_stop(dt, index)
+            return (StreamSignature(at, signature, self.origin),)
         return None  # citations_delta and future delta types
+
+    def _reopen(self, index: int) -> int:
+        """The index of a new block for text or thinking that came for block ``index`` after its
+        content_block_stop (a gateway's second segment sent to a block it closed): the block was
+        whole there, so the rest is a block of its own, after it and before any begun later. It
+        streams until the next content_block_stop for ``index``."""
+        self._shift += 1
+        at = self._moved[index] = index + self._shift
+        self._open = True
+        return at
 
     def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         message = obj["message"]
@@ -182,22 +213,25 @@ class AnthropicMapper:
             raise _out_of_place(f"a content_block_start for block {index}, after block {self._latest}")
         self._latest, self._open = index, True
         self._blocks[index] = bt if bt in _MAPPED else ""
+        at = index
+        if self._shift:  # after a block opened again: numbered past it
+            at = self._moved[index] = index + self._shift
         if bt == "text":
-            return (StreamText(index, _str(block, "text", obj)),) if block.get("text") else None
+            return (StreamText(at, _str(block, "text", obj)),) if block.get("text") else None
         if bt == "thinking":
             whole: list[StreamEvent] = []
             if block.get("thinking"):
-                whole.append(StreamThinking(index, _str(block, "thinking", obj)))
+                whole.append(StreamThinking(at, _str(block, "thinking", obj)))
             if block.get("signature"):  # a proxy that sends the whole block up front
-                whole.append(StreamSignature(index, _str(block, "signature", obj), self.origin))
+                whole.append(StreamSignature(at, _str(block, "signature", obj), self.origin))
             return whole
         if bt == "redacted_thinking":
-            return (StreamRedactedThinking(index, _str(block, "data", obj), self.origin),)
+            return (StreamRedactedThinking(at, _str(block, "data", obj), self.origin),)
         if bt == "tool_use":
             id, name = _str(block, "id", obj), _str(block, "name", obj)
             if block.get("input"):  # a proxy that sends the whole input up front: given at the block's end
                 self._whole[index] = json.dumps(block["input"])
-            return (StreamToolUseStart(index, id, name),)
+            return (StreamToolUseStart(at, id, name),)
         if bt in SERVER_CALLS or (bt.endswith("_tool_result") and bt != "tool_result"):
             self._server[index] = (block, [])  # given whole at its content_block_stop
         return None  # future block types: skipped
@@ -208,9 +242,10 @@ class AnthropicMapper:
             self._open = False
         if self._blocks.get(index):
             whole = self._whole.pop(index, None) if self._whole else None
-            return (StreamBlockStop(index),) if whole is None else (StreamToolInput(index, whole), StreamBlockStop(index))
+            at = self._moved.get(index, index) if self._moved else index
+            return (StreamBlockStop(at),) if whole is None else (StreamToolInput(at, whole), StreamBlockStop(at))
         kept = self._server.pop(index, None)
-        return None if kept is None else _server_block(index, *kept)
+        return None if kept is None else _server_block(self._moved.get(index, index), *kept)
 
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
@@ -244,7 +279,8 @@ class AnthropicMapper:
         self.done = True
         end = StreamEnd(self._stop_reason, self._usage, self.response_id)
         if self._whole:  # a call whose content_block_stop never came
-            return [*(StreamToolInput(index, whole) for index, whole in self._whole.items()), end]
+            moved = self._moved
+            return [*(StreamToolInput(moved.get(index, index), whole) for index, whole in self._whole.items()), end]
         return (end,)
 
     def at_eof(self) -> Sequence[StreamEvent] | None:
@@ -328,6 +364,16 @@ def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequen
 
 def _out_of_place(what: str) -> StreamProtocolError:
     return StreamProtocolError(f"anthropic stream: {what}", retryable=True)
+
+
+def _after_stop(delta: str, index: int) -> StreamProtocolError:
+    """More of a call's input, or another signature, after the block's content_block_stop, which
+    gave it whole (a call may be run from there): taken, it would change a call already given, or
+    the signature of its thinking. Not retryable: a server that sends it does so on every attempt,
+    and each retry would be billed for the same stream."""
+    return StreamProtocolError(
+        f"anthropic stream: a {delta} for block {index} after its content_block_stop", retryable=False
+    )
 
 
 def _wrong_block(delta: str, block: str, index: int) -> StreamProtocolError:
