@@ -312,15 +312,30 @@ async def test_a_block_started_below_one_already_begun_is_a_retryable_protocol_e
     assert info.value.retryable is True
 
 
-async def test_a_delta_for_a_block_before_the_latest_is_a_retryable_protocol_error() -> None:
-    # Its text would join block 0 in the message, before the text of block 1 the host saw first.
+@pytest.mark.parametrize("later_closed", [True, False])
+async def test_text_for_a_block_before_the_latest_opens_a_new_block_at_the_end(later_closed: bool) -> None:
+    # Block 0 was whole once block 1 began: its text would join it in the message, before the
+    # text of block 1 the host saw first. It is a block of its own after block 1 (as a Responses
+    # message's text after its output_item.done), and block 2 comes after it.
     text = {"type": "text", "text": ""}
+    middle = [delta_ev(0, {"type": "text_delta", "text": "three"}), block_stop(0)]
     body = sse(START, block_start(0, text), delta_ev(0, {"type": "text_delta", "text": "one"}), block_stop(0),
                block_start(1, text), delta_ev(1, {"type": "text_delta", "text": "two"}),
-               delta_ev(0, {"type": "text_delta", "text": "three"}), block_stop(1), message_delta("end_turn"), STOP)  # fmt: skip
-    with pytest.raises(StreamProtocolError, match="block 0, after block 1 began") as info:
+               *([block_stop(1), *middle] if later_closed else [*middle, block_stop(1)]),
+               block_start(2, text), delta_ev(2, {"type": "text_delta", "text": "four"}), block_stop(2),
+               message_delta("end_turn"), STOP)  # fmt: skip
+    _, acc = await run_body(body)
+    assert [b.text for b in acc.message().content] == ["one", "two", "three", "four"]  # type: ignore[union-attr]
+
+
+async def test_a_call_input_for_a_block_before_the_latest_is_not_retried() -> None:
+    body = sse(START, block_start(0, TOOL_BLOCK), delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}),
+               block_stop(0), block_start(1, {"type": "text", "text": ""}),
+               delta_ev(0, {"type": "input_json_delta", "partial_json": "{}"}), block_stop(1),
+               message_delta("tool_use"), STOP)  # fmt: skip
+    with pytest.raises(StreamProtocolError, match="after its content_block_stop") as info:
         await run_body(body)
-    assert info.value.retryable is True
+    assert info.value.retryable is False
 
 
 @pytest.mark.parametrize("signature_first", [True, False])

@@ -611,3 +611,79 @@ async def test_a_stream_interrupted_inside_a_tool_call_leaves_a_transcript_the_n
                 assert b["text"].strip()
     # Not the last turn: its text goes as it was streamed (only a final assistant turn may not end in whitespace).
     assert messages[1]["content"][0] == {"type": "text", "text": "Let me look  \n"}
+
+
+# -- a stop reason sent again ---------------------------------------------------------------------
+
+
+def _mapped(events: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    from agentloop.models._sse import ServerSentEvent
+    from agentloop.models.anthropic._stream import AnthropicMapper
+
+    mapper, out = AnthropicMapper(), []
+    for name, obj in events:
+        out.extend(mapper.handle(ServerSentEvent(json.dumps(obj), name)) or ())
+    return out
+
+
+def _reason(events: list[tuple[str, dict[str, Any]]]) -> Any:
+    return _mapped(events)[-1].stop_reason
+
+
+_TEXT = [START, _start(0, type="text", text=""), _delta(0, type="text_delta", text="a"), _stop(0)]
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "ends"),
+    [
+        ("max_tokens", "end_turn", "max_tokens"),
+        ("end_turn", "max_tokens", "end_turn"),
+        ("tool_use", "end_turn", "tool_use"),
+        ("end_turn", "refusal", "refusal"),
+        ("max_tokens", "max_tokens", "max_tokens"),
+    ],
+)
+def test_the_first_stop_reason_decides_when_no_output_came_since(
+    first: str, then: str, ends: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert _reason([*_TEXT, _end(first), _end(then), STOP]) == ends
+    warned = [r for r in caplog.records if "stop_reason" in r.getMessage()]
+    assert len(warned) == (first != then)
+
+
+def test_a_stop_reason_differing_again_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    assert _reason([*_TEXT, _end("max_tokens"), _end("end_turn"), _end("stop_sequence"), STOP]) == "max_tokens"
+    assert len([r for r in caplog.records if "stop_reason" in r.getMessage()]) == 1
+
+
+def test_a_stop_reason_after_output_that_came_after_the_first_decides() -> None:
+    events = [*_TEXT, _end("max_tokens"), _start(1, type="text", text=""), _delta(1, type="text_delta", text="b"),
+              _stop(1), _end("end_turn"), STOP]  # fmt: skip
+    assert _reason(events) == "end_turn"
+
+
+@pytest.mark.parametrize("bad", [5, ["x"], {"a": 1}, True])
+def test_a_malformed_stop_reason_after_a_settled_one_is_warned_of_and_ignored(
+    bad: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    late = ("message_delta", {"type": "message_delta", "delta": {"stop_reason": bad}, "usage": {"output_tokens": 3}})
+    assert _reason([*_TEXT, _end("end_turn"), late, STOP]) == "end_turn"
+    assert any("stop_reason" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("bad", [5, ["x"]])
+def test_a_malformed_stop_reason_with_none_settled_fails_the_answer_unretried(bad: Any) -> None:
+    late = ("message_delta", {"type": "message_delta", "delta": {"stop_reason": bad}, "usage": {"output_tokens": 3}})
+    with pytest.raises(StreamProtocolError) as caught:
+        _mapped([*_TEXT, late, STOP])
+    assert caught.value.retryable is False
+
+
+@pytest.mark.parametrize("data", [" ", "  \n"])
+def test_an_error_event_of_whitespace_reads_stream_error(data: str) -> None:
+    from agentloop.models._sse import ServerSentEvent
+    from agentloop.models.anthropic._stream import AnthropicMapper
+
+    with pytest.raises(ProviderStreamError) as caught:
+        AnthropicMapper().handle(ServerSentEvent(data, "error"))
+    assert str(caught.value) == "anthropic stream error: stream error"

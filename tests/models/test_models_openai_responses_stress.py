@@ -465,7 +465,7 @@ async def test_a_completed_response_that_failed_without_an_error_says_its_status
     body = sse(CREATED, ev("response.completed", response={"id": "resp_1", "status": status, "error": None}))
     with pytest.raises(ProviderStreamError, match=f"status {status!r}") as info:
         await run_body(body)
-    assert info.value.retryable is False
+    assert info.value.retryable is (status == "failed")  # nothing said of a failure: taken for a transient one
 
 
 async def test_a_completed_response_that_failed_keeps_what_streamed_before_its_error() -> None:
@@ -503,3 +503,70 @@ async def test_a_terminal_event_whose_status_is_not_a_string_ends_the_answer(ter
     assert type(end).__name__ == "StreamEnd"
     assert acc.text() == "Hi" and acc.usage.output_tokens == 1
     assert acc.stop_reason == "end_turn"  # (no incomplete_details says why an incomplete one stopped)
+
+
+# -- keep-alives, incomplete details, failures that say nothing ------------------------------------
+
+
+def _feed(*events: tuple[str | None, str]) -> list[Any]:
+    from agentloop.models._sse import ServerSentEvent
+    from agentloop.models.openai_responses._stream import ResponsesMapper
+
+    mapper, out = ResponsesMapper(), []
+    for name, data in events:
+        out.extend(mapper.handle(ServerSentEvent(data, name)) or ())
+    return out
+
+
+@pytest.mark.parametrize("name", ["keepalive", "ping", "heartbeat"])
+@pytest.mark.parametrize("data", ["", " "])
+def test_an_event_the_mapper_does_not_read_with_empty_data_is_passed_over(name: str, data: str) -> None:
+    assert _feed((name, data)) == []
+
+
+@pytest.mark.parametrize("name", ["response.output_text.delta", "response.completed"])
+def test_an_event_the_mapper_reads_with_empty_data_is_still_malformed(name: str) -> None:
+    with pytest.raises(StreamProtocolError):
+        _feed((name, ""))
+
+
+def _ended(details: Any) -> Any:
+    text = ev("response.output_text.delta", output_index=0, item_id="msg_1", content_index=0, delta="hi")
+    done = ev("response.incomplete", response={"id": "resp_1", "status": "incomplete",
+                                              "incomplete_details": details, "output": []})  # fmt: skip
+    added = ev("response.output_item.added", output_index=0, item=MSG)
+    out = _feed(*((name, json.dumps(data)) for name, data in (CREATED, added, text, done)))
+    return out[-1].stop_reason
+
+
+@pytest.mark.parametrize(
+    ("details", "reason"),
+    [
+        ("max_output_tokens", "max_tokens"),
+        ("content_filter", "refusal"),
+        ({"reason": "max_output_tokens"}, "max_tokens"),
+        (["max_output_tokens"], "end_turn"),
+        ({"reason": 5}, "end_turn"),
+        ({"reason": ["max_output_tokens"]}, "end_turn"),
+        (7, "end_turn"),
+        (None, "end_turn"),
+    ],
+)
+def test_incomplete_details_of_any_shape_end_the_answer_unretried(details: Any, reason: str) -> None:
+    assert _ended(details) == reason
+
+
+@pytest.mark.parametrize(("status", "retried"), [("failed", True), ("cancelled", False)])
+@pytest.mark.parametrize("event", ["response.completed", "response.failed"])
+def test_a_failure_that_says_nothing_is_retried_unless_cancelled(status: str, retried: bool, event: str) -> None:
+    done = ev(event, response={"id": "resp_1", "status": status})
+    with pytest.raises(ProviderStreamError) as caught:
+        _feed(*((name, json.dumps(data)) for name, data in (CREATED, done)))
+    assert caught.value.retryable is retried
+
+
+@pytest.mark.parametrize("data", [" ", "  \n"])
+def test_an_error_event_of_whitespace_reads_stream_error(data: str) -> None:
+    with pytest.raises(ProviderStreamError) as caught:
+        _feed(("error", data))
+    assert str(caught.value).endswith("stream error")

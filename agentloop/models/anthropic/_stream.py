@@ -11,6 +11,7 @@ after the ``message_delta`` that gives the stop reason (compatible gateways that
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ from .._http._retry import RETRYABLE_STATUSES
 from .._sse import ServerSentEvent
 from ._request import SERVER_CALLS
 
+log = logging.getLogger("agentloop")
+
 _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
 
@@ -44,13 +47,16 @@ class AnthropicMapper:
     server streaming (`origin_of`), given to each thinking block it signs."""
 
     __slots__ = (
+        "_again",
         "_blocks",
         "_counts",
         "_latest",
         "_moved",
         "_open",
+        "_rewarned",
         "_server",
         "_shift",
+        "_since",
         "_stop_reason",
         "_usage",
         "_usage_read",
@@ -80,12 +86,17 @@ class AnthropicMapper:
         # index, and every block begun after it is numbered one further on (``_shift``).
         self._moved: dict[int, int] = {}
         self._shift = 0
+        # The blocks before the one begun last whose late text or thinking streams in a new block
+        # (until their next content_block_stop), by their index on the wire.
+        self._again: set[int] = set()
         # The server-tool blocks being streamed, by index: the block, and its input's JSON parts.
         self._server: dict[int, tuple[dict[str, Any], list[str]]] = {}
         # A tool call's input given whole in its content_block_start (a proxy's), by index: its
         # input unless input_json_delta streams one, as in the official SDK.
         self._whole: dict[int, str] = {}
         self._stop_reason: str | None = None
+        self._since = False  # output came after the stop reason: the next one decides instead
+        self._rewarned = False  # a later stop reason that differs was warned of (once)
         self._usage = Usage()
         # The wire's counts so far: input (the uncached part), output, cache read, cache written.
         self._counts = (0, 0, 0, 0)
@@ -104,7 +115,7 @@ class AnthropicMapper:
             if sse.event in (None, "message") and not sse.data.strip():
                 return None  # "data:" alone, with no name (a proxy's keep-alive): it carries nothing
             if sse.event == "error":  # the server's error, in words: its message
-                raise self._error({"type": "error", "error": {"message": sse.data}}) from None
+                raise self._error({"type": "error", "error": {"message": sse.data.strip()}}) from None
             raise StreamProtocolError(
                 f"anthropic stream: malformed JSON in {sse.event or 'data'} event: {exc}; data: {excerpt(sse.data)!r}",
                 retryable=True,
@@ -119,11 +130,17 @@ class AnthropicMapper:
                 raise self._error(obj)
         try:
             if kind == "content_block_delta":
-                return self._delta(obj)
+                out = self._delta(obj)
+                if out and self.settled:
+                    self._since = True
+                return out
             if sse.event == "error" or kind == "error":
                 raise self._error(obj)
             handler = _HANDLERS.get(kind)  # type: ignore[arg-type]
-            return None if handler is None else handler(self, obj)
+            out = None if handler is None else handler(self, obj)
+            if out and self.settled and not self._since:
+                self._since = any(type(e) is not StreamBlockStop for e in out)
+            return out
         except (KeyError, TypeError, AttributeError) as exc:
             raise StreamProtocolError(
                 f"anthropic stream: malformed {kind} event ({type(exc).__name__}: {exc})", retryable=True
@@ -132,9 +149,6 @@ class AnthropicMapper:
     def _delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         index = _index(obj)
         block = self._blocks.get(index)
-        if index != self._latest and block is not None:
-            # Blocks stream one after another: this delta's would land before what was shown after it.
-            raise _out_of_place(f"a content_block_delta for block {index}, after block {self._latest} began")
         if not block:
             if block is None:
                 raise _out_of_place(f"a content_block_delta for block {index}, which no content_block_start began")
@@ -145,11 +159,13 @@ class AnthropicMapper:
         delta = obj["delta"]
         dt = delta["type"]
         at = self._moved.get(index, index) if self._moved else index
+        # Blocks stream one after another: one before the block begun last was whole when that began.
+        streaming = self._open if index == self._latest else index in self._again
         if dt == "text_delta":
             if block != "text":
                 raise _wrong_block(dt, block, index)
             text = _str(delta, "text", obj)
-            if not self._open:
+            if not streaming:
                 if not text:
                     return None  # an empty delta after the stop changes nothing
                 at = self._reopen(index)
@@ -160,7 +176,7 @@ class AnthropicMapper:
             part = _str(delta, "partial_json", obj)
             if not part:
                 return None
-            if not self._open:
+            if not streaming:
                 raise _after_stop(dt, index)
             if self._whole:
                 self._whole.pop(index, None)
@@ -170,13 +186,13 @@ class AnthropicMapper:
                 raise _wrong_block(dt, block, index)
             if dt == "thinking_delta":
                 text = _str(delta, "thinking", obj)
-                if not self._open:
+                if not streaming:
                     if not text:
                         return None
                     at = self._reopen(index)
                 return (StreamThinking(at, text),)
             signature = _str(delta, "signature", obj)
-            if not self._open:
+            if not streaming:
                 if not signature:
                     return None
                 raise _after_stop(dt, index)
@@ -185,12 +201,16 @@ class AnthropicMapper:
 
     def _reopen(self, index: int) -> int:
         """The index of a new block for text or thinking that came for block ``index`` after its
-        content_block_stop (a gateway's second segment sent to a block it closed): the block was
-        whole there, so the rest is a block of its own, after it and before any begun later. It
-        streams until the next content_block_stop for ``index``."""
+        content_block_stop, or after a later block began (a gateway's second segment sent to a block
+        it closed): the block was whole there, so the rest is a block of its own, after every block
+        begun so far (as text after a Responses item's ``output_item.done``) and before any begun
+        later. It streams until the next content_block_stop for ``index``."""
         self._shift += 1
-        at = self._moved[index] = index + self._shift
-        self._open = True
+        at = self._moved[index] = self._latest + self._shift
+        if index == self._latest:
+            self._open = True
+        else:
+            self._again.add(index)
         return at
 
     def _message_start(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
@@ -240,6 +260,8 @@ class AnthropicMapper:
         index = _index(obj)
         if index == self._latest:
             self._open = False
+        elif self._again:
+            self._again.discard(index)
         if self._blocks.get(index):
             whole = self._whole.pop(index, None) if self._whole else None
             at = self._moved.get(index, index) if self._moved else index
@@ -250,15 +272,41 @@ class AnthropicMapper:
     def _message_delta(self, obj: dict[str, Any]) -> Sequence[StreamEvent] | None:
         reason = obj.get("delta", {}).get("stop_reason")
         if reason is not None:
-            if type(reason) is not str:  # as a Chat finish_reason: the server would send it so again
-                where = f"anthropic stream: malformed {obj.get('type')} event"
-                raise not_a_str(where, "stop_reason", reason, retryable=False)
-            self._stop_reason = reason
+            first = self._stop_reason
+            if first is not None and not self._since:
+                self._late_reason(reason)
+            elif type(reason) is not str:
+                if first is None:  # as a Chat finish_reason: the server would send it so again
+                    where = f"anthropic stream: malformed {obj.get('type')} event"
+                    raise not_a_str(where, "stop_reason", reason, retryable=False)
+                self._late_reason(reason)  # the one before it stands
+            else:
+                self._stop_reason, self._since = reason, False
             self.settled = True
         usage = obj.get("usage")
         if usage:
             self._count(usage)
         return None
+
+    def _late_reason(self, reason: Any) -> None:
+        """A stop reason sent again after the answer's with no output since, or one that is not a
+        string after it: the first decides (``max_tokens`` then ``end_turn`` is still a cut
+        answer; a malformed one is ignored), except a refusal after a reason that is not one, so
+        a host is never told a refused answer ended normally. One that differs is warned of, once."""
+        first = self._stop_reason
+        if reason == first:
+            return
+        verdict = reason == "refusal"
+        if verdict:
+            self._stop_reason = reason
+        if self._rewarned and not verdict:
+            return
+        self._rewarned = True
+        said = _named(reason) if type(reason) is str else f"of type {type(reason).__name__}"
+        log.warning(
+            "anthropic stream: the server sent stop_reason %s after its stop_reason %s; the answer ends with the %s",
+            said, _named(first or ""), "refusal" if verdict else "first",
+        )
 
     def _count(self, raw: Any) -> None:
         """Take the counts of a usage object. They are cumulative: present fields replace old ones.
@@ -362,6 +410,12 @@ def _server_block(index: int, block: dict[str, Any], parts: list[str]) -> Sequen
     return (StreamProviderBlock(index, "anthropic", block),)
 
 
+def _named(reason: str) -> str:
+    """A stop reason as a warning names it: quoted when it is one the API documents (a server's
+    value of its own is not quoted, so nothing of the request it may echo reaches a log)."""
+    return repr(reason) if reason in _KNOWN_REASONS else "(one this library does not know)"
+
+
 def _out_of_place(what: str) -> StreamProtocolError:
     return StreamProtocolError(f"anthropic stream: {what}", retryable=True)
 
@@ -395,6 +449,9 @@ _HANDLERS: dict[str, _Handler] = {
     "message_delta": AnthropicMapper._message_delta,
     "message_stop": AnthropicMapper._message_stop,
 }
+#: The stop reasons the Messages API documents.
+_KNOWN_REASONS = frozenset({"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
+                            "model_context_window_exceeded"})  # fmt: skip
 #: The counts of a usage object, in the order `_count` keeps them.
 _COUNTS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 # The event names whose data this mapper reads: data that is not JSON in one is malformed.

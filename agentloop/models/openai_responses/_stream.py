@@ -79,10 +79,12 @@ class ResponsesMapper(ItemIndex):
             obj = loads(sse.data)
         except ValueError as exc:
             if sse.event == "error":  # the server's error, in words: its message (as in Chat)
-                err = {"message": sse.data}
+                err = {"message": sse.data.strip()}
                 raise self._error({"error": err}, err) from None
-            if sse.event in (None, "message") and not sse.data.strip():
-                return None  # "data:" alone, with no name (a proxy's keep-alive): it carries nothing
+            if not sse.data.strip() and (sse.event in (None, "message") or sse.event not in _READ):
+                # "data:" alone, with no name, or an event this mapper does not read (a proxy's
+                # "event: keepalive" or "event: ping" with empty data): it carries nothing.
+                return None
             raise StreamProtocolError(
                 f"openai responses stream: malformed JSON in {sse.event or 'data'} event: {exc}; "
                 f"data: {excerpt(sse.data)!r}",
@@ -388,8 +390,11 @@ class ResponsesMapper(ItemIndex):
         reason = None
         # Cut by the token limit or a filter: that is why it stopped, even with a call in it.
         if incomplete or response.get("status") == "incomplete":
-            details = response.get("incomplete_details") or {}
-            reason = _INCOMPLETE.get(str(details.get("reason")))
+            # Its details are an object with a reason, or (a proxy's) the reason itself; details of
+            # another shape, or a reason that is not a string, say none: it ends as its status says.
+            details = response.get("incomplete_details")
+            said = details if type(details) is str else details.get("reason") if type(details) is dict else None
+            reason = _INCOMPLETE.get(said) if type(said) is str else None
         if reason is None:
             reason = "tool_use" if self._calls else "refusal" if self._refusal else "end_turn"
         out.append(StreamEnd(reason, _usage(response), self.response_id))
@@ -401,11 +406,14 @@ class ResponsesMapper(ItemIndex):
         holds is out (the output the stream had not carried, the usage it was billed) as `failure`."""
         response = obj.get("response") or {}
         given = response.get("error")
+        # A failure the server says nothing of is taken for a transient one (as Chat's
+        # finish_reason "error" with no error is); a cancelled response is not retried.
+        silent = not given and response.get("status") != "cancelled"
         if isinstance(given, str) and given:  # a proxy's error in words is its message
             given = {"message": given}
         elif not given and obj.get("type") != "response.failed":  # its status is the news
             given = {"message": f"the response ended with status {excerpt(repr(response.get('status')))}"}
-        error = self._error(obj, given if isinstance(given, dict) else {})
+        error = self._error(obj, given if isinstance(given, dict) else {}, transient=silent)
         try:
             out = self._output(response)
         except (StreamProtocolError, KeyError, TypeError, AttributeError):
@@ -461,9 +469,10 @@ class ResponsesMapper(ItemIndex):
             out.extend(self._finish(item, raw))
         return out
 
-    def _error(self, obj: dict[str, Any], err: dict[str, Any]) -> ProviderError:
+    def _error(self, obj: dict[str, Any], err: dict[str, Any], *, transient: bool = False) -> ProviderError:
         """`ProviderStreamError`, or `PromptTooLongError` (``status=200``) for a context
-        overflow (``context_length_exceeded``, sent as an ``error`` event)."""
+        overflow (``context_length_exceeded``, sent as an ``error`` event); ``transient``:
+        retryable whatever ``err`` says."""
         code = err.get("code") or err.get("type")
         message = err.get("message") or "stream error"
         too_long = prompt_too_long(message, err.get("type"), err.get("code"))
@@ -471,7 +480,8 @@ class ResponsesMapper(ItemIndex):
         # A proxy's code may be an HTTP status, as an int or a str (LiteLLM's "429").
         status = str(err.get("code"))
         retryable = not too_long and (
-            bool({str(code), str(err.get("type"))} & _RETRYABLE_CODES)
+            transient
+            or bool({str(code), str(err.get("type"))} & _RETRYABLE_CODES)
             or (status.isdigit() and int(status) in RETRYABLE_STATUSES)
         )
         return cls(
@@ -502,10 +512,20 @@ def _usage(response: dict[str, Any]) -> Usage:
 _COUNTS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens")
 
 
-#: The events that carry a part's final text.
 #: The ``status`` of a response that did not finish: one that a ``response.completed`` (or
 #: ``.incomplete``) carries is the failure ``response.failed`` would be.
 _FAILED = frozenset({"failed", "cancelled"})
+#: The event names this mapper reads: empty data in one is malformed (in another, it is passed over).
+_READ = frozenset({"error", _DOOM, "response.completed", "response.incomplete", "response.failed",
+                   "response.created", "response.in_progress", "response.queued",
+                   "response.output_item.added", "response.output_item.done",
+                   "response.output_text.delta", "response.refusal.delta",
+                   "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                   "response.reasoning_summary_text.delta", "response.reasoning_text.delta",
+                   "response.output_text.done", "response.refusal.done", "response.content_part.done",
+                   "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+                   "response.reasoning_text.done"})  # fmt: skip
+#: The events that carry a part's final text.
 _FINAL_TEXT = frozenset({"response.output_text.done", "response.refusal.done", "response.content_part.done",
                          "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
                          "response.reasoning_text.done"})  # fmt: skip
