@@ -13,7 +13,7 @@ import logging
 import threading
 import traceback
 import types
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abort import AbortSignal, task_cancelling
@@ -631,10 +631,25 @@ def _kept_by_a_task(exc: BaseException) -> bool:
         tasks = getattr(asyncio.tasks, registry, None)
         if tasks is None:
             continue
-        for task in list(tasks):
-            if task.done() and not task.cancelled() and getattr(task, "_exception", None) is exc:
-                return True
+        for task in _snapshot(tasks):
+            try:
+                if task.done() and not task.cancelled() and getattr(task, "_exception", None) is exc:
+                    return True
+            except Exception:  # a registry of another shape (a later Python): the traceback decides
+                return False
     return False
+
+
+def _snapshot(tasks: Iterable[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    """The tasks of a registry shared by every thread's loop (a WeakSet): another thread making a
+    task while it is copied changes its size under the copy, so it is copied again, as
+    `asyncio.all_tasks` does; never failing (an empty list after that: the traceback decides)."""
+    for _ in range(1000):
+        try:
+            return list(tasks)
+        except RuntimeError:
+            continue
+    return []
 
 
 def _left_the_loop(exc: BaseException) -> bool:

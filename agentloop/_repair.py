@@ -113,10 +113,15 @@ def _clean_blocks(messages: Sequence[Message], ids: _Ids, notes: list[str], *, c
 def unused_id(old: str, taken: AbstractSet[str]) -> str:
     """A fresh id for a tool call: ``old`` with the smallest suffix ``_n`` not in ``taken``
     (``toolu_n`` when ``old`` is empty)."""
-    stem, n = old or "toolu", 1
+    return _unused(old, taken, 1)[0]
+
+
+def _unused(old: str, taken: AbstractSet[str], start: int) -> tuple[str, int]:
+    """`unused_id`, looking from the suffix ``start`` on (none below it is free): the id, and its suffix."""
+    stem, n = old or "toolu", start
     while f"{stem}_{n}" in taken:
         n += 1
-    return f"{stem}_{n}"
+    return f"{stem}_{n}", n
 
 
 class _Ids:
@@ -132,12 +137,16 @@ class _Ids:
         self.taken |= {scrub(b.tool_use_id) for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
         self.used: set[str] = set()
         self.origin: dict[str, str] = {}  # a renamed call's new id: the id it had
+        # By id: the suffix after the last one it was given. ``taken`` only grows, so none below
+        # it is free: each call of an id repeated n times does not look again at those before.
+        self.suffix: dict[str, int] = {}
 
     def use(self, block: ToolUseBlock) -> ToolUseBlock:
         if block.id and block.id not in self.used:
             self.used.add(block.id)
             return block
-        fresh = unused_id(block.id, self.taken)
+        fresh, n = _unused(block.id, self.taken, self.suffix.get(block.id, 1))
+        self.suffix[block.id] = n + 1
         self.taken.add(fresh)
         self.used.add(fresh)
         self.origin[fresh] = block.id

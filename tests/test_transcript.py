@@ -722,3 +722,30 @@ def test_is_valid_refuses_one_call_answered_twice_in_place_of_another() -> None:
     case = [u(T(text="q")), a(use("1"), use("2")), u(res("1"), res("1"))]
     assert validate_transcript(case) != [] and not is_valid(case)
     assert is_valid(repair_transcript(case))
+
+
+def test_repair_finds_unused_ids_for_many_calls_of_one_id_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each repeated id looked for its new one from "_1" up, past all those given before: a
+    # history with thousands of calls of one id took seconds to repair (quadratic in them).
+    from agentloop import _repair
+
+    probes = 0
+
+    class Counted(set[str]):
+        def __contains__(self, item: object) -> bool:
+            nonlocal probes
+            probes += 1
+            return super().__contains__(item)
+
+    init = _repair._Ids.__init__
+
+    def counted_init(self: _repair._Ids, messages: list[Message]) -> None:
+        init(self, messages)
+        self.taken = Counted(self.taken)
+
+    monkeypatch.setattr(_repair._Ids, "__init__", counted_init)
+    n = 400
+    fixed = repair_transcript([u(T(text="go")), a(*[use("a") for _ in range(n)], use("a_3"))])
+    assert validate_transcript(fixed) == []
+    assert [b.id for b in fixed[1].tool_uses] == ["a", *[f"a_{k}" for k in (1, 2, *range(4, n + 1))], "a_3"]
+    assert probes <= 3 * n

@@ -57,6 +57,7 @@ __all__ = [
     "run_stream",
     "turns",
     "wire_id",
+    "wire_ids",
 ]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -223,6 +224,30 @@ def wire_id(tool_id: str, *, max_len: int) -> str:
     ``^[a-zA-Z0-9_-]+$``, is the tool-name rule: `agentloop._tools.safe_name`.)
     """
     return tool_id if len(tool_id) <= max_len else fitted(tool_id, max_len, safe_chars=False)
+
+
+def wire_ids(fit: Callable[[str], str], *, max_len: int, safe_chars: bool) -> Callable[[str], str]:
+    """For one request: each tool call id as ``fit`` sends it (`wire_id`, or Anthropic's
+    `agentloop._tools.safe_name`), kept apart from the others. Fitting keeps two different ids
+    apart but for one that is itself what fitting makes of another (``"a.b"`` and its Anthropic
+    wire form ``"a_b_2e7336dc8e"``); the id seen later then takes a hash of itself and a count,
+    so that no two calls of the request share a wire id. Ids are mapped in the order they first
+    appear, so a request's ids are sent as in the requests before it (prompt caches hold)."""
+    given: dict[str, str] = {}
+    taken: set[str] = set()
+
+    def wire(tool_id: str) -> str:
+        out = given.get(tool_id)
+        if out is None:
+            out, salt = fit(tool_id), 0
+            while out in taken:
+                salt += 1
+                out = fitted(f"{tool_id}#{salt}", max_len, safe_chars=safe_chars)
+            given[tool_id] = out
+            taken.add(out)
+        return out
+
+    return wire
 
 
 def dumps_input(value: Mapping[str, Any]) -> str:

@@ -259,3 +259,36 @@ def test_request_bytes_are_deterministic_and_an_earlier_request_is_a_prefix_of_a
                 continue  # a request is made of a valid transcript that ends with the user's turn
             earlier = _wire(api, part)
             assert json.dumps(earlier[:-1]) == json.dumps(later[: len(earlier) - 1]), (api, k)
+
+
+@pytest.mark.parametrize("api", ["anthropic", "chat", "responses"])
+def test_two_ids_that_fit_to_one_wire_id_stay_apart(api: str) -> None:
+    # Fitting keeps apart two different ids but for one that is itself another's fitted form
+    # (an id that is not [a-zA-Z0-9_-] for Anthropic, one too long for OpenAI): both calls
+    # went with one id, which every provider refuses, though the transcript is valid.
+    long = "call." + "x" * 70
+    first, twin = {"anthropic": (long, safe_name(long)), "chat": (long, wire_id(long, max_len=40)), "responses": (long, wire_id(long, max_len=64))}[api]
+    msgs = [
+        Message.user("go"),
+        Message(role="assistant", content=[ToolUseBlock(id=first, name="t", input={}), ToolUseBlock(id=twin, name="t", input={})]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id=twin, content="2"), ToolResultBlock(tool_use_id=first, content="1")]),
+    ]
+    assert validate_transcript(msgs) == []
+    request = ModelRequest(messages=msgs)
+    if api == "anthropic":
+        body = anthropic_api.build_request(request, model="m", max_tokens=64, thinking=None)
+        check_anthropic(body)
+        calls = [b["id"] for b in body["messages"][1]["content"]]
+        outputs = {b["tool_use_id"]: b["content"] for b in body["messages"][2]["content"]}
+    elif api == "chat":
+        body = chat_api.build_request(request, model="m")
+        check_chat(body)
+        calls = [c["id"] for c in body["messages"][1]["tool_calls"]]
+        outputs = {m["tool_call_id"]: m["content"] for m in body["messages"][2:]}
+    else:
+        body = responses_api.build_request(request, model="m")
+        check_responses(body)
+        calls = [i["call_id"] for i in body["input"] if i["type"] == "function_call"]
+        outputs = {i["call_id"]: i["output"] for i in body["input"] if i["type"] == "function_call_output"}
+    assert len(set(calls)) == 2
+    assert [outputs[c] for c in calls] == ["1", "2"]  # each result still answers its own call

@@ -8,7 +8,7 @@ tool-result text is left out; ``extra_tools`` are declared as given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..._messages import (
 from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._compat import check_tool_names
-from .._driver import Turn, made_elsewhere, turns
+from .._driver import Turn, made_elsewhere, turns, wire_ids
 
 # "required" is OpenAI's word for "any" (as the engine's ``tool_choice`` takes it): never a tool name.
 _TOOL_CHOICE = {"auto": {"type": "auto"}, "any": {"type": "any"}, "required": {"type": "any"}, "none": {"type": "none"}}
@@ -71,8 +71,9 @@ def build_request(
     if type(budget) is int and limit <= budget and not interleaved:
         limit += budget
     foreign = partial(_foreign, origin=origin)
+    ids = wire_ids(safe_name, max_len=64, safe_chars=True)
     messages = [
-        {"role": role, "content": [_block(b) for b in blocks]}
+        {"role": role, "content": [_block(b, ids) for b in blocks]}
         for role, blocks in _fit(turns(_unrefused(request.messages), foreign=foreign, provider="anthropic"))
     ]
     _strip_last(messages)
@@ -219,7 +220,7 @@ def _foreign(block: ThinkingBlock | RedactedThinkingBlock, *, origin: str | None
     return isinstance(block, ThinkingBlock) and block.signature.startswith("{")
 
 
-def _block(block: Block) -> dict[str, Any]:
+def _block(block: Block, ids: Callable[[str], str]) -> dict[str, Any]:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
     if isinstance(block, ThinkingBlock):
@@ -227,11 +228,11 @@ def _block(block: Block) -> dict[str, Any]:
     if isinstance(block, RedactedThinkingBlock):
         return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": safe_name(block.id), "name": safe_name(block.name), "input": block.input}
+        return {"type": "tool_use", "id": ids(block.id), "name": safe_name(block.name), "input": block.input}
     if isinstance(block, ProviderBlock):
         return block.data  # as the server sent it
     assert isinstance(block, ToolResultBlock)
-    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": safe_name(block.tool_use_id)}
+    out: dict[str, Any] = {"type": "tool_result", "tool_use_id": ids(block.tool_use_id)}
     # Blank text is refused here too ("text content blocks must contain non-whitespace
     # text"); a result with nothing else to say is sent without content, which is allowed.
     if isinstance(block.content, str):

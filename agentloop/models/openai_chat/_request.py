@@ -9,6 +9,7 @@ and ids are fitted to the 40 characters the API takes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from ..._jsondepth import loads
@@ -16,7 +17,7 @@ from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest, ToolSpec
 from ..._tools import safe_name
 from .._compat import check_tool_names, short_ids, strict_schema
-from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id, wire_ids
 
 #: The ``type`` of the JSON signature of a thinking block that holds a tool call's
 #: ``extra_content`` (``{"type": "extra_content", "call": <id>, "extra_content": {...}}``, the
@@ -57,7 +58,7 @@ def build_request(
     schema that cannot be strict.
     """
     check_tool_names("openai", request.tools, gemini=host == GEMINI_HOST)
-    ids: Callable[[str], str] = short_ids() if short_tool_ids else lambda i: wire_id(i, max_len=40)
+    ids: Callable[[str], str] = short_ids() if short_tool_ids else wire_ids(partial(wire_id, max_len=40), max_len=40, safe_chars=False)
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})

@@ -10,6 +10,8 @@ one's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..._jsondepth import loads
@@ -17,7 +19,7 @@ from ..._messages import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ..._model import ModelRequest
 from ..._tools import safe_name
 from .._compat import check_tool_names, strict_schema
-from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id
+from .._driver import OPENAI_TOOL_CHOICES, dumps_input, made_elsewhere, result_text, turns, wire_id, wire_ids
 
 
 def build_request(
@@ -35,8 +37,9 @@ def build_request(
     """
     check_tool_names("openai", request.tools)
     items: list[dict[str, Any]] = []
+    ids = wire_ids(partial(wire_id, max_len=64), max_len=64, safe_chars=False)
     for role, blocks in turns(request.messages):
-        made = (_item(role, b, stored, origin) for b in blocks)
+        made = (_item(role, b, stored, origin, ids) for b in blocks)
         turn = [item for item in made if item is not None]
         items.extend(_followed(turn) if role == "assistant" else turn)
     body: dict[str, Any] = {"model": model, "input": items}
@@ -79,17 +82,17 @@ def _followed(turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _item(role: str, block: Any, stored: bool, origin: str | None) -> dict[str, Any] | None:
+def _item(role: str, block: Any, stored: bool, origin: str | None, ids: Callable[[str], str]) -> dict[str, Any] | None:
     if isinstance(block, TextBlock):
         return {"type": "message", "role": role, "content": block.text}
     if isinstance(block, ToolResultBlock):
         return {
             "type": "function_call_output",
-            "call_id": wire_id(block.tool_use_id, max_len=64),
+            "call_id": ids(block.tool_use_id),
             "output": result_text(block, mark_error=True),
         }
     if isinstance(block, ToolUseBlock):
-        return {"type": "function_call", "call_id": wire_id(block.id, max_len=64), "name": safe_name(block.name),
+        return {"type": "function_call", "call_id": ids(block.id), "name": safe_name(block.name),
                 "arguments": dumps_input(block.input)}  # fmt: skip
     if isinstance(block, ThinkingBlock):
         return _reasoning_item(block, stored, origin)
