@@ -553,8 +553,9 @@ async def _body(
     """The response body, read from the transport stream directly; a read that waits when
     ``signal`` is aborted ends at once with `AbortError` (see `_ReadWatch`). Once ``mapper`` is
     ``settled`` (its answer whole), the body ends ``grace`` seconds later, whatever it still sends
-    (`_settled_read`), counted again from each chunk that brought output after that (a mapper's
-    ``resumed`` count, when it has one: the answer was not whole then).
+    (`_settled_read`); once output came after that (a mapper's ``resumed`` count, when it has
+    one), its stop reason is known not to be final, and the grace no longer applies: the body
+    ends with its terminator, its end, or the read timeout.
 
     `httpx.Response.aiter_bytes` stacks three async generators that are left
     for the garbage collector to finalize when a reader stops early; reading
@@ -573,15 +574,15 @@ async def _body(
     asked = cancels_asked()  # a cancel asked of the reader after this is one its close must not hide
     deadline: float | None = None
     settled: Any = None  # the mapper, once its answer is whole
-    resumed = 0  # how often output came after its answer seemed whole (`resumed`, Chat's mappers)
     try:
         while True:
             if mapper is not None and grace is not None and mapper.settled:
-                # Armed at the first finish, and again from each output after it: the answer
-                # was not whole then (gateways that put "stop" on every chunk).
-                now = getattr(mapper, "resumed", 0)
-                if settled is None or now != resumed:
-                    deadline, settled, resumed = asyncio.get_running_loop().time() + grace, mapper, now
+                if getattr(mapper, "resumed", 0):
+                    # Output came after its stop reason (gateways that put "stop" on every
+                    # chunk): no stop reason of this body is final, so none arms the grace.
+                    deadline = settled = mapper = None
+                elif settled is None:
+                    deadline, settled = asyncio.get_running_loop().time() + grace, mapper
             if watch is not None:
                 watch.reading = True
             try:

@@ -296,25 +296,34 @@ class PacedStream(httpx.AsyncByteStream):
         self.closed = True
 
 
-async def test_output_after_the_finish_counts_the_grace_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A gateway that puts "stop" on every chunk: the answer is not whole at the first one, so an
-    # answer that takes longer than the grace is not cut; the grace runs from the last output.
+async def test_once_output_came_after_a_finish_the_grace_no_longer_ends_the_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A gateway that puts "stop" on every chunk: once output came after a "stop", no "stop" is
+    # final, so a pause longer than the grace (a model writing a whole tool call in one piece)
+    # does not end the answer; [DONE] does.
     clock = FakeClock(monkeypatch)
-    pieces = ["Hello", " world", ",", " again", "!"]
-    stream = PacedStream([chat_stream(chat_chunk({"content": p}, "stop"), done=False) for p in pieces])
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    chunks = [chat_chunk({"content": "Hello"}, "stop"), chat_chunk({"content": " world"}, "stop"),
+              chat_chunk({"tool_calls": [call]}, "stop")]  # fmt: skip
+    stream = PacedStream([*(chat_stream(c, done=False) for c in chunks), b"data: [DONE]\n\n"])
     client = httpx.AsyncClient(transport=httpx.MockTransport(
         lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)))  # fmt: skip
     async with contextlib.aclosing(client):
         task = asyncio.create_task(collect(chat(end_grace=GRACE, include_usage=False)(client)))
-        for _ in pieces[1:]:
-            await stream.waiting.wait()
-            await clock.advance(0.75 * GRACE)
-            assert not task.done()
-            await stream.step()
-        await clock.advance(GRACE - 0.1)
+        await stream.waiting.wait()
+        await clock.advance(0.5 * GRACE)
+        await stream.step()  # " world", with "stop" again: the first "stop" was not final
+        await stream.waiting.wait()
+        await clock.advance(1.25 * GRACE)
         assert not task.done()
-        await clock.advance(0.2)
-        assert task.done()
-        _, acc = task.result()
-    assert (acc.message().text, acc.stop_reason, acc.ended) == ("Hello world, again!", "end_turn", True)
+        await stream.step()  # the tool call
+        await stream.waiting.wait()
+        await clock.advance(5 * GRACE)
+        assert not task.done()
+        await stream.step()  # [DONE]
+        _, acc = await task  # the answer ends with it
+    message = acc.message()
+    assert (message.text, [(u.id, u.name, u.input) for u in message.tool_uses]) == ("Hello world", [("c1", "f", {"a": 1})])
+    assert (acc.stop_reason, acc.ended) == ("tool_use", True)
     assert stream.closed

@@ -311,3 +311,70 @@ async def test_output_after_a_repetition_finish_is_left_out_and_signals_once(cap
     assert (acc.message().text, acc.stop_reason) == ("la la", "repetition")
     assert len([e for e in events if isinstance(e, StreamSignals)]) == 1
     assert len(warned) == 1 and "'repetition'" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "text"),
+    [
+        ([chat_chunk({"content": "hi"}, "content_filter"), chat_chunk({"content": " more"}, "stop")], "hi"),
+        # Gemini's own reasons, passed on by a gateway (upper case).
+        ([chat_chunk({"content": "hi"}, "SAFETY"), chat_chunk({"content": " more"}, "STOP")], "hi"),
+        ([chat_chunk({"content": "hi"}), chat_chunk({}, "content_filter"),
+          chat_chunk({"tool_calls": [_tool(0, "c1", "weather", "{}")]}, "tool_calls")], "hi"),
+    ],
+    ids=["content-filter-then-text", "safety-then-text", "content-filter-then-call"],
+)  # fmt: skip
+async def test_output_after_a_filter_verdict_is_left_out_and_the_answer_is_a_refusal(
+    chunks: list[dict[str, Any]], text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A filter stopped the answer: what follows is no part of it, and it is never passed off
+    # as a normal end (nor as a tool call to run).
+    _, acc, warned = await _warned(chat_stream(*chunks, USAGE), caplog)
+    message = acc.message()
+    assert (message.text, message.tool_uses, acc.stop_reason) == (text, [], "refusal")
+    assert len(warned) == 1 and "after its finish_reason" in warned[0]
+
+
+_WHOLE = "Hello world, how are you?"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "thinking"),
+    [
+        # The answer, its finish, then the whole answer again in one chunk (an aggregating gateway).
+        ([chat_chunk({"content": "Hello world,"}), chat_chunk({"content": " how are you?"}), chat_chunk({}, "stop"),
+          chat_chunk({"role": "assistant", "content": _WHOLE}, "stop")], ""),
+        # "stop" on every chunk, the last the whole of it.
+        ([chat_chunk({"content": "Hello world,"}, "stop"), chat_chunk({"content": " how are you?"}, "stop"),
+          chat_chunk({"content": _WHOLE}, "stop")], ""),
+        # The reasoning and the text, each sent whole again.
+        ([chat_chunk({"reasoning_content": "A greeting, "}), chat_chunk({"reasoning_content": "so greet back."}),
+          chat_chunk({"content": "Hello world,"}), chat_chunk({"content": " how are you?"}, "stop"),
+          chat_chunk({"reasoning_content": "A greeting, so greet back.", "content": _WHOLE}, "stop")],
+         "A greeting, so greet back."),
+    ],
+    ids=["after-the-finish", "stop-on-every-chunk", "reasoning-and-text"],
+)  # fmt: skip
+async def test_the_whole_answer_sent_again_after_the_finish_is_left_out_once(
+    chunks: list[dict[str, Any]], thinking: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, acc, warned = await _warned(chat_stream(*chunks, USAGE), caplog)
+    message = acc.message()
+    said = "".join(getattr(b, "thinking", "") for b in message.content)
+    assert (message.text, said, acc.stop_reason) == (_WHOLE, thinking, "end_turn")
+    assert len(warned) == 1 and "again" in warned[0] and _WHOLE not in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [("a", "aa"), ("Hello there!", "Hello there!Hello there!"), ("x" * 15, "x" * 30), ("x" * 16, "x" * 16)],
+    ids=["one-character", "short", "15-characters", "16-characters"],
+)
+async def test_a_repeat_after_the_finish_is_a_resend_only_from_16_characters(
+    text: str, kept: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A short piece equal to all the text so far may well be the model's next piece ("a", "a"):
+    # it is kept; from 16 characters, it is read as the answer sent again.
+    body = chat_stream(chat_chunk({"content": text}, "stop"), chat_chunk({"content": text}, "stop"), USAGE)
+    _, acc, warned = await _warned(body, caplog)
+    assert (acc.message().text, acc.stop_reason, len(warned)) == (kept, "end_turn", int(kept == text))

@@ -41,7 +41,9 @@ model: its key, headers, stream options and connection. Local-server quirks hand
   (an error ``code`` that is an HTTP status as a str).
 - Gateways in front of Gemini and others (LiteLLM, one-api, one-hub): ``finish_reason``
   ``stop`` on every chunk, or on the text before the tool calls; output after a finish reason
-  is kept, and the reason after the last output decides (``ChatMapper._chunk``).
+  is kept (not after ``repetition`` or a filter's verdict), the reason after the last output
+  decides, the end grace no longer applies, and the whole text sent again at the end is left
+  out (``ChatMapper._chunk``, ``ChatMapper._unresent``).
 - The output limit goes as ``max_tokens`` to any server but OpenAI's and Azure's
   (Ollama drops ``max_completion_tokens``, Mistral's API refuses it).
 

@@ -334,8 +334,8 @@ class ChatMapper:
     """
 
     __slots__ = ("_calls", "_choice", "_cur", "_cur_kind", "_details", "_final_usage", "_finish", "_last_kind",
-                 "_late", "_next", "_open", "_refinished", "_refusal", "_usage", "_usage_asked", "_usage_read",
-                 "done", "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "resumed",
+                 "_late", "_next", "_open", "_refinished", "_refusal", "_resent", "_said", "_usage", "_usage_asked",
+                 "_usage_read", "done", "keep_reasoning", "logprobs", "origin", "redactor", "request_id", "response_id", "resumed",
                  "settled", "terminator")  # fmt: skip
 
     def __init__(
@@ -356,8 +356,8 @@ class ChatMapper:
         # grace, whether or not the usage the request asked for (``usage_asked``,
         # ``include_usage``) came in it (`grace_over`).
         self.settled = False
-        # How many chunks brought output after a finish_reason (it was not final then): each
-        # counts the grace again from there (`_driver._body`).
+        # How many chunks brought output after a finish_reason (it was not final then): the
+        # grace no longer applies once one did (`_driver._body`).
         self.resumed = 0
         self._usage_asked = usage_asked
         self._usage_read = UsageReader("openai chat stream")  # warns once of malformed usage
@@ -372,10 +372,14 @@ class ChatMapper:
         self._last_kind = "text"  # what streamed last: "thinking", or "text" (text or tool arguments)
         self._next = 0
         self._finish: str | None = None
-        self._late = False  # output came after a repetition finish (and was left out, with a warning)
+        self._late = False  # output came after a final finish (and was left out, with a warning)
         self._open = False  # output came after the finish_reason: the next one decides instead
         self._refinished = False  # another finish_reason came after it (ignored, with a warning)
         self._refusal = False
+        # The pieces of the latest text and reasoning blocks, and their length: the whole of
+        # one sent again after a finish_reason is a resend (`_unresent`).
+        self._said: dict[str, tuple[list[str], int]] = {}
+        self._resent = False  # a resend was left out (and warned of, once)
         self._usage: Usage | None = None
         self._final_usage = False  # the usage-only chunk a server sends once it has finished
         self._details: list[dict[str, Any]] = []  # OpenRouter's reasoning_details, pieces joined
@@ -434,20 +438,24 @@ class ChatMapper:
                 if choice is None:
                     return out or None
             delta = choice.get("delta")
+            resent = False
             if delta and self._finish is not None and _has_output(delta):
                 # Gateways put "stop" on chunks that go on (on every one, or on the text before
                 # the calls): output after the finish_reason means it was not final. But a
-                # server that judged the output a loop ended it there: what follows is left out.
-                if self._finish == "repetition":
+                # server that judged the output a loop, or a filter that stopped it, ended it
+                # there: what follows is left out.
+                if self._finish == "repetition" or _FINISH.get(self._finish) == "refusal":
                     delta = None
                     if not self._late:
-                        self._late = _late_delta(choice["delta"], self._finish)
+                        self._late = self._refinished = _late_delta(choice["delta"], self._finish)
                 else:
-                    self._open = True
-                    self.resumed += 1
+                    delta, resent = self._unresent(delta)
+                    if delta:
+                        self._open = True
+                        self.resumed += 1
             if delta and (self._finish is None or self._open):
                 self._delta(delta, out, bool(choice.get("finish_reason")))
-            if self.logprobs and (self._finish is None or self._open):
+            if self.logprobs and not resent and (self._finish is None or self._open):
                 values = _logprob_values(choice.get("logprobs"))
                 if values:  # the tokens of what this chunk streamed: reasoning, or text
                     out.append(StreamLogprobs("thinking" if self._last_kind == "thinking" else "text", values))
@@ -483,6 +491,31 @@ class ChatMapper:
                         retryable=True,
                     )
         return out or None
+
+    def _unresent(self, delta: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        """A delta after a ``finish_reason`` without what it sends again: a ``content`` (or
+        ``reasoning``) equal to the whole text of the latest text (or reasoning) block, of at
+        least `_RESEND_MIN` characters, is the answer sent whole again (a gateway that ends
+        with the aggregate), not more of it: it is left out, with a warning, once. The delta
+        left (None when nothing is), and whether anything was left out."""
+        dropped = []
+        for field, kind in (("content", "text"), ("reasoning", "thinking"), ("reasoning_content", "thinking")):
+            value = delta.get(field)
+            said = self._said.get(kind)
+            if type(value) is str and len(value) >= _RESEND_MIN and said is not None and said[1] == len(value) \
+                    and "".join(said[0]) == value:  # fmt: skip
+                dropped.append(field)
+        if not dropped:
+            return delta, False
+        if not self._resent:
+            self._resent = True
+            log.warning(
+                "openai chat stream: the server sent the whole %s again after its finish_reason %s; read as a "
+                "resend, left out (an answer repeated word for word would be too)",
+                " and ".join(dropped), _named(self._finish or ""),
+            )
+        left = {k: v for k, v in delta.items() if k not in dropped}
+        return (left if _has_output(left) else None), True
 
     def _late_finish(self, finish: Any) -> None:
         """A ``finish_reason`` sent again after the answer's, with no output since: the first
@@ -534,7 +567,7 @@ class ChatMapper:
             if type(reasoning) is not str:
                 field = "reasoning" if delta.get("reasoning") else "reasoning_content"
                 raise not_a_str(_MALFORMED, f"delta's {field}", reasoning)
-            out.append(StreamThinking(self._channel("thinking", out), reasoning))
+            out.append(StreamThinking(self._said_in("thinking", reasoning, out), reasoning))
         details = delta.get("reasoning_details")
         if details and type(details) is list:
             self._keep_details(details)
@@ -543,7 +576,7 @@ class ChatMapper:
             if type(content) is list:
                 self._parts(content, out)
             elif type(content) is str:
-                out.append(StreamText(self._channel("text", out), content))
+                out.append(StreamText(self._said_in("text", content, out), content))
             else:
                 raise not_a_str(_MALFORMED, "delta's content", content)
         refusal = delta.get("refusal")
@@ -551,7 +584,7 @@ class ChatMapper:
             if type(refusal) is not str:
                 raise not_a_str(_MALFORMED, "delta's refusal", refusal)
             self._refusal = True
-            out.append(StreamText(self._channel("text", out), refusal))
+            out.append(StreamText(self._said_in("text", refusal, out), refusal))
         calls = delta.get("tool_calls")
         if calls:
             for pos, call in enumerate(calls):
@@ -587,7 +620,7 @@ class ChatMapper:
                 if type(piece) is not str:
                     raise not_a_str(_MALFORMED, "content part's text", piece)
                 if piece:
-                    out.append(StreamText(self._channel("text", out), piece))
+                    out.append(StreamText(self._said_in("text", piece, out), piece))
             elif kind == "thinking":
                 inner = part.get("thinking") or ""
                 if type(inner) is list:
@@ -601,13 +634,23 @@ class ChatMapper:
                 else:
                     raise not_a_str(_MALFORMED, "content part's thinking", inner)
                 if piece:
-                    out.append(StreamThinking(self._channel("thinking", out), piece))
+                    out.append(StreamThinking(self._said_in("thinking", piece, out), piece))
+
+    def _said_in(self, kind: str, piece: str, out: list[StreamEvent]) -> int:
+        """The block ``piece`` of ``kind`` goes to (`_channel`), the piece kept with the others
+        of that block (`_unresent` compares a resend with them)."""
+        block = self._channel(kind, out)
+        pieces, size = self._said[kind]
+        pieces.append(piece)
+        self._said[kind] = pieces, size + len(piece)
+        return block
 
     def _channel(self, kind: str, out: list[StreamEvent]) -> int:
         if self._cur_kind != kind:
             self._close_current(out)
             self._cur, self._cur_kind = self._next, kind
             self._last_kind = kind
+            self._said[kind] = [], 0
             self._next += 1
         return self._cur
 
@@ -860,6 +903,10 @@ def _named(finish: str) -> str:
     does not know is quoted only in the warning about it (`_known`)."""
     return repr(finish) if _known(finish) else "(one this library does not know)"
 
+
+#: The fewest characters a text sent whole again after a ``finish_reason`` has to have to be read
+#: as a resend (`ChatMapper._unresent`): a shorter one may well be the model's next piece.
+_RESEND_MIN = 16
 
 #: The fields of a delta that bring output.
 _OUTPUT = ("content", "refusal", "reasoning", "reasoning_content", "tool_calls")
