@@ -687,3 +687,15 @@ def test_an_error_event_of_whitespace_reads_stream_error(data: str) -> None:
     with pytest.raises(ProviderStreamError) as caught:
         AnthropicMapper().handle(ServerSentEvent(data, "error"))
     assert str(caught.value) == "anthropic stream error: stream error"
+
+
+_REASONS = st.sampled_from(["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_REASONS, st.integers(), st.lists(st.text(max_size=3), max_size=2)), min_size=1, max_size=5)
+       .filter(lambda rs: type(rs[0]) is str))  # fmt: skip
+def test_with_no_output_between_them_the_first_stop_reason_or_a_refusal_ends_the_answer(reasons: list[Any]) -> None:
+    ends = _reason([*_TEXT, *(("message_delta", {"type": "message_delta", "delta": {"stop_reason": r}}) for r in reasons),
+                    STOP])  # fmt: skip
+    assert ends == ("refusal" if "refusal" in reasons else reasons[0])
